@@ -1,0 +1,39 @@
+# Two commands set everything up on a fresh machine with Python 3.11 and make:
+#   make run    start the whole system on the embedded default
+#   make test   create the environment and pass the tests
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test security chaos bench lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/pgw up
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not chaos_long" -p no:cacheprovider
+
+security: $(STAMP)
+	$(BIN)/python -m pytest -q -m security -p no:cacheprovider
+
+chaos: $(STAMP)
+	$(BIN)/python -m pytest -q -m chaos -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+lint: $(STAMP)
+	$(BIN)/pip install --quiet ruff
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) .pgw .pytest_cache

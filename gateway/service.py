@@ -1,0 +1,67 @@
+"""The life cycle every long-lived part shares (STYLE.md "Lifecycles").
+
+A service is an async context manager: entering starts it, ``drain()`` stops
+taking new work and finishes in-flight work (idempotent), exiting releases
+everything. ``run_services`` wires several with an AsyncExitStack, waits for
+a stop event, drains them in reverse order and logs-and-continues past a
+drain step that fails.
+
+Services that ``pgw up`` runs are listed in ``UP_SERVICES``: name -> factory
+``(config, nc) -> Service``. A module that adds a service appends to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gateway.logs import get_logger
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+
+    from gateway.config import Config
+
+log = get_logger("pgw.service")
+
+
+class Service(Protocol):
+    name: str
+
+    async def __aenter__(self) -> Any: ...
+    async def __aexit__(self, *exc: object) -> None: ...
+    async def drain(self) -> None: ...
+
+
+ServiceFactory = Callable[["Config", "Client"], Service]
+
+# name -> "module:attribute" of a ServiceFactory; imported lazily so that a
+# service's dependencies load only when it runs.
+UP_SERVICES: dict[str, str] = {
+    "gateway": "gateway.app:Gateway",
+}
+
+
+def load_factory(name: str) -> ServiceFactory:
+    module, _, attr = UP_SERVICES[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+async def run_services(services: list[Service], stop: asyncio.Event, *, on_started: Callable[[], None] | None = None) -> None:
+    """Start ``services`` in order, wait for ``stop``, drain in reverse, close."""
+    async with contextlib.AsyncExitStack() as stack:
+        for svc in services:
+            await stack.enter_async_context(svc)
+            log.info("service started", service=svc.name)
+        if on_started:
+            on_started()
+        await stop.wait()
+        for svc in reversed(services):
+            try:
+                await svc.drain()
+                log.info("service drained", service=svc.name)
+            except Exception:  # noqa: BLE001 - keep stopping the others
+                log.exception("drain failed; continuing", service=svc.name)

@@ -1,0 +1,139 @@
+"""The JetStream streams and KV buckets of DESIGN §2, created idempotently.
+
+A second start changes nothing. A stream that exists with an incompatible
+configuration is reported (``StreamConflict``), never silently replaced: the
+operator decides whether to migrate it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import NotFoundError
+
+from subjects.errors import PgwError
+from subjects.names import Subjects
+
+DAY = 86400.0
+
+
+class StreamConflict(PgwError):
+    """An existing stream's configuration differs from what the contract needs."""
+
+    def __init__(self, stream: str, differences: dict[str, tuple[object, object]]) -> None:
+        self.stream = stream
+        self.differences = differences
+        diff = "; ".join(f"{k}: have {h!r}, need {w!r}" for k, (h, w) in differences.items())
+        super().__init__(
+            f"stream {stream} exists with an incompatible configuration ({diff}); "
+            "not replacing it - migrate or delete it deliberately"
+        )
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    name: str
+    config: StreamConfig
+
+
+def stream_plans(subjects: Subjects, *, replicas: int = 1, duplicate_window_s: float = 3600.0) -> list[StreamPlan]:
+    """Every stream of the bus contract (DESIGN §2) under ``subjects.prefix``."""
+    dw = duplicate_window_s
+
+    def cfg(name: str, subs: list[str], **kw: object) -> StreamPlan:
+        base: dict[str, object] = {
+            "name": name,
+            "subjects": subs,
+            "storage": StorageType.FILE,
+            "num_replicas": replicas,
+            "duplicate_window": dw,
+            "retention": RetentionPolicy.LIMITS,
+            "discard": DiscardPolicy.OLD,
+        }
+        base.update(kw)
+        return StreamPlan(name, StreamConfig(**base))  # type: ignore[arg-type]
+
+    return [
+        cfg(
+            "PGW_INBOUND",
+            [subjects.all_agents("envelope"), subjects.all_agents("transition")],
+            max_age=7 * DAY,
+        ),
+        cfg("PGW_OUTBOUND", [subjects.all_agents("outcome")], max_age=30 * DAY),
+        cfg("PGW_SURFACE", [subjects.all_principals("surface")], max_age=30 * DAY),
+        cfg("PGW_VERDICTS", [subjects.all_verdicts], max_age=90 * DAY),
+        cfg(
+            "PGW_REGISTRATION",
+            [subjects.capsule_register],
+            retention=RetentionPolicy.WORK_QUEUE,
+        ),
+        cfg("PGW_CAPSULES", [subjects.capsule_registered]),
+        cfg("PGW_EVENTLOG", [subjects.all_log], deny_delete=True, deny_purge=True),
+    ]
+
+
+# Fields that must match exactly for the stream to be the one the contract needs.
+_CHECKED = ("subjects", "retention", "storage", "deny_delete", "deny_purge", "num_replicas")
+
+
+def _differences(have: StreamConfig, want: StreamConfig) -> dict[str, tuple[object, object]]:
+    out: dict[str, tuple[object, object]] = {}
+    for f in _CHECKED:
+        h, w = getattr(have, f), getattr(want, f)
+        if f == "subjects":
+            h, w = sorted(h or []), sorted(w or [])
+        if f in ("deny_delete", "deny_purge"):
+            h, w = bool(h), bool(w)
+        if h != w:
+            out[f] = (h, w)
+    return out
+
+
+async def ensure_streams(
+    js: JetStreamContext, subjects: Subjects, *, replicas: int = 1, duplicate_window_s: float = 3600.0
+) -> dict[str, str]:
+    """Create missing streams; return ``{name: "created" | "exists"}``.
+
+    Raises StreamConflict for the first stream whose configuration is incompatible.
+    """
+    result: dict[str, str] = {}
+    for plan in stream_plans(subjects, replicas=replicas, duplicate_window_s=duplicate_window_s):
+        try:
+            info = await js.stream_info(plan.name)
+        except NotFoundError:
+            await js.add_stream(plan.config)
+            result[plan.name] = "created"
+            continue
+        diff = _differences(info.config, plan.config)
+        if diff:
+            raise StreamConflict(plan.name, diff)
+        result[plan.name] = "exists"
+    return result
+
+
+KV_BUCKETS = {
+    # moment state: pending / resolved / expired, first answer wins by CAS.
+    "PGW_MOMENTS": {"history": 1},
+    # spec 002 correlationId dedup/replay cache.
+    "PGW_DEDUP": {"history": 1},
+}
+
+
+async def ensure_kv(js: JetStreamContext, name: str, *, replicas: int = 1, ttl: float | None = None):  # noqa: ANN201
+    """Open KV bucket ``name``, creating it (file storage) if missing."""
+    from nats.js.api import KeyValueConfig
+    from nats.js.errors import BucketNotFoundError
+
+    try:
+        return await js.key_value(name)
+    except BucketNotFoundError:
+        return await js.create_key_value(
+            KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, replicas=replicas, ttl=ttl)
+        )

@@ -1,0 +1,174 @@
+"""Subject builders and parsers for the bus contract (DESIGN §2).
+
+Every subject starts with a configurable prefix (``pgw`` by default).
+``{agent}`` and ``{principal}`` are single tokens matching
+``[A-Za-z0-9_-]{1,64}``; a principal handle ``~alice`` is written ``alice``.
+Anything else raises :class:`SubjectError`: a token is never mangled into a
+valid one, because two different names must never map to one subject.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from subjects.errors import SubjectError
+
+TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,3}$")
+VERDICT_CLASSES = (
+    "blocked",
+    "denied",
+    "hitl_dispatched",
+    "resolved",
+    "expired",
+    "executed",
+    "errored",
+    "engine_failure",
+)
+LOG_EVENT_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+
+AgentChannel = Literal["envelope", "idp", "transition", "outcome"]
+PrincipalChannel = Literal["surface", "resolve", "pending"]
+
+
+def check_token(value: object, what: str = "token") -> str:
+    """Return ``value`` if it is a valid subject token, else raise SubjectError."""
+    if not isinstance(value, str):
+        raise SubjectError(repr(value), what, "must be a string")
+    if not TOKEN_RE.match(value):
+        if value == "":
+            why = "must not be empty"
+        elif len(value) > 64:
+            why = "must be at most 64 characters"
+        else:
+            why = "may contain only A-Z, a-z, 0-9, '_' and '-'"
+        raise SubjectError(value, what, why)
+    return value
+
+
+def agent_token(agent: str) -> str:
+    """Validate an agent id for use as a subject token."""
+    return check_token(agent, "agent token")
+
+
+def principal_token(principal: str) -> str:
+    """Map a principal handle (``~alice`` or ``alice``) to its subject token.
+
+    Only one leading ``~`` is removed (spec 000 §3 handles); the rest must be a
+    valid token as it stands.
+    """
+    if isinstance(principal, str) and principal.startswith("~"):
+        principal = principal[1:]
+    return check_token(principal, "principal token")
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedSubject:
+    """A subject split into its role, the identity token and the channel."""
+
+    role: Literal["agent", "principal", "verdict", "capsule", "log", "capabilities"]
+    token: str | None
+    channel: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    """All subjects of the contract under one prefix."""
+
+    prefix: str = "pgw"
+
+    def __post_init__(self) -> None:
+        if not _PREFIX_RE.match(self.prefix):
+            raise SubjectError(self.prefix, "subject prefix", "must be 1-4 dot-separated tokens")
+
+    # -- agent side -------------------------------------------------------
+    def agent(self, agent: str, channel: AgentChannel) -> str:
+        return f"{self.prefix}.agent.{agent_token(agent)}.{channel}"
+
+    def envelope(self, agent: str) -> str:
+        return self.agent(agent, "envelope")
+
+    def idp(self, agent: str) -> str:
+        return self.agent(agent, "idp")
+
+    def transition(self, agent: str) -> str:
+        return self.agent(agent, "transition")
+
+    def outcome(self, agent: str) -> str:
+        return self.agent(agent, "outcome")
+
+    # -- principal side ---------------------------------------------------
+    def principal(self, principal: str, channel: PrincipalChannel) -> str:
+        return f"{self.prefix}.principal.{principal_token(principal)}.{channel}"
+
+    def surface(self, principal: str) -> str:
+        return self.principal(principal, "surface")
+
+    def resolve(self, principal: str) -> str:
+        return self.principal(principal, "resolve")
+
+    def pending(self, principal: str) -> str:
+        """Request-reply snapshot of a principal's pending items (served by the gateway)."""
+        return self.principal(principal, "pending")
+
+    # -- downstream -------------------------------------------------------
+    def verdict(self, verdict_class: str) -> str:
+        if verdict_class not in VERDICT_CLASSES:
+            raise SubjectError(verdict_class, "verdict class", f"must be one of {VERDICT_CLASSES}")
+        return f"{self.prefix}.verdict.{verdict_class}"
+
+    def log(self, event: str) -> str:
+        if not LOG_EVENT_RE.match(event):
+            raise SubjectError(event, "log event", "must be UPPER_SNAKE_CASE")
+        return f"{self.prefix}.log.{event}"
+
+    @property
+    def capsule_register(self) -> str:
+        return f"{self.prefix}.capsule.register"
+
+    @property
+    def capsule_registered(self) -> str:
+        return f"{self.prefix}.capsule.registered"
+
+    @property
+    def capabilities(self) -> str:
+        return f"{self.prefix}.capabilities"
+
+    # -- wildcards used by the gateway's own consumers ---------------------
+    def all_agents(self, channel: AgentChannel) -> str:
+        return f"{self.prefix}.agent.*.{channel}"
+
+    def all_principals(self, channel: PrincipalChannel) -> str:
+        return f"{self.prefix}.principal.*.{channel}"
+
+    @property
+    def all_verdicts(self) -> str:
+        return f"{self.prefix}.verdict.*"
+
+    @property
+    def all_log(self) -> str:
+        return f"{self.prefix}.log.*"
+
+    # -- parsing ------------------------------------------------------------
+    def parse(self, subject: str) -> ParsedSubject:
+        """Split a concrete subject of this contract; raise SubjectError otherwise."""
+        head = self.prefix + "."
+        if not subject.startswith(head):
+            raise SubjectError(subject, "subject", f"does not start with prefix {self.prefix!r}")
+        parts = subject[len(head) :].split(".")
+        match parts:
+            case ["agent", token, ("envelope" | "idp" | "transition" | "outcome") as ch]:
+                return ParsedSubject("agent", agent_token(token), ch)
+            case ["principal", token, ("surface" | "resolve" | "pending") as ch]:
+                return ParsedSubject("principal", check_token(token, "principal token"), ch)
+            case ["verdict", cls] if cls in VERDICT_CLASSES:
+                return ParsedSubject("verdict", None, cls)
+            case ["capsule", ("register" | "registered") as ch]:
+                return ParsedSubject("capsule", None, ch)
+            case ["log", event] if LOG_EVENT_RE.match(event):
+                return ParsedSubject("log", None, event)
+            case ["capabilities"]:
+                return ParsedSubject("capabilities", None, None)
+        raise SubjectError(subject, "subject", "is not a subject of the bus contract")

