@@ -49,3 +49,16 @@ async def nc(nats_server: EmbeddedServer):  # noqa: ANN201
         yield client
     finally:
         await client.drain()
+
+
+@pytest.fixture
+async def gateway(nats_server: EmbeddedServer, make_config, nc):  # noqa: ANN201
+    """A running gateway (in-process) against the test server, open mode."""
+    from gateway.app import Gateway
+
+    config = make_config()
+    gw_nc = await connect(nats_server.client_url, name="gateway")
+    gw = Gateway(config, gw_nc)
+    async with gw:
+        yield gw
+    await gw_nc.drain()

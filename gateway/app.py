@@ -1,0 +1,158 @@
+"""The gateway service: the envelope worker, the resolution and pending services.
+
+Stateless workers: all state lives in JetStream streams and KV buckets, so
+any number of instances can run (queue group ``pgw-gateway`` and one shared
+durable consumer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import structlog
+from nats.aio.client import Client
+
+from gateway.config import Config
+from gateway.logs import get_logger
+from gateway.moments import MomentDesk, Refused
+from gateway.pipeline import EnvelopeWorker
+from gateway.publish import Publisher
+from gateway.stages.kind import BUILTIN_KINDS, KindSpec
+from gateway.streams import ensure_streams
+from subjects.client import ensure_agent_consumer
+from subjects.errors import SubjectError
+from subjects.wire import PendingReply, ResolveReply, resolve_request_decoder
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
+    from gateway.stages.base import Ctx
+    from subjects.wire import Outcome
+
+log = get_logger("pgw.gateway")
+QUEUE = "pgw-gateway"
+_enc = msgspec.json.Encoder()
+
+# In-process parts started with the gateway: "module:Class", constructed as
+# Class(gateway), each an async context manager with ``drain()``.
+GATEWAY_PARTS: list[str] = []
+
+
+class Gateway:
+    name = "gateway"
+
+    def __init__(self, config: Config, nc: Client) -> None:
+        self.config = config
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.subjects = config.subjects
+        self.publisher = Publisher(self.js, self.subjects)
+        self.desk = MomentDesk(self.js, self.subjects, self.publisher)
+        self.kinds: dict[str, KindSpec] = dict(BUILTIN_KINDS)
+        self.outcome_hooks: list[Callable[[Ctx, Outcome], Awaitable[None]]] = [self._remember_agent]
+        self.failure_hooks: list[Callable[[Any, Msg], Awaitable[bool]]] = []
+        self.timing_hooks: list[Callable[[str, float], None]] = []
+        self.worker = EnvelopeWorker(self)
+        self.parts: list[Any] = []
+        self._subs: list[Any] = []
+        self._known_agents: set[str] = set()
+        self._stack = contextlib.AsyncExitStack()
+        self._drained = False
+
+    async def __aenter__(self) -> Gateway:
+        await ensure_streams(self.js, self.subjects, duplicate_window_s=self.config.gateway.duplicate_window_s)
+        await self.desk.start()
+        for agent in self.config.agents:
+            await ensure_agent_consumer(self.js, agent, prefix=self.subjects.prefix)
+            self._known_agents.add(agent)
+        if not self.config.agents:
+            log.warning(
+                "OPEN MODE: no agent-principal bindings are configured, so any agent may address "
+                "any principal (spec 000 §8.4). Configure [agents.NAME] principals = [...] to restrict."
+            )
+        for spec in GATEWAY_PARTS:
+            module, _, attr = spec.partition(":")
+            part = getattr(importlib.import_module(module), attr)(self)
+            await self._stack.enter_async_context(part)
+            self.parts.append(part)
+        self._subs.append(await self.nc.subscribe(self.subjects.all_principals("resolve"), queue=QUEUE, cb=self._on_resolve))
+        self._subs.append(await self.nc.subscribe(self.subjects.all_principals("pending"), queue=QUEUE, cb=self._on_pending))
+        await self.worker.start()
+        await self.nc.flush()
+        return self
+
+    async def drain(self) -> None:
+        """Stop taking work, finish in-flight work. Idempotent."""
+        if self._drained:
+            return
+        self._drained = True
+        await self.worker.drain()
+        for part in reversed(self.parts):
+            try:
+                await part.drain()
+            except Exception:  # noqa: BLE001
+                log.exception("part drain failed; continuing", part=type(part).__name__)
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.drain()
+        self._subs = []
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.drain()
+        await self._stack.aclose()
+        await self.desk.close()
+
+    async def _remember_agent(self, ctx: Ctx, outcome: Outcome) -> None:
+        # The agent's durable outcome consumer exists before it needs it.
+        if ctx.agent not in self._known_agents:
+            await ensure_agent_consumer(self.js, ctx.agent, prefix=self.subjects.prefix)
+            self._known_agents.add(ctx.agent)
+
+    # -- principal.{p}.resolve -------------------------------------------
+    async def _on_resolve(self, msg: Msg) -> None:
+        reply = await self.handle_resolve(msg.subject, msg.data)
+        if msg.reply:
+            await msg.respond(_enc.encode(reply))
+
+    async def handle_resolve(self, subject: str, data: bytes) -> ResolveReply:
+        structlog.contextvars.clear_contextvars()
+        try:
+            principal = self.subjects.parse(subject).token or ""
+        except SubjectError:
+            return ResolveReply(status="refused", code="invalid_subject", reason="not a resolve subject")
+        try:
+            req = resolve_request_decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            log.info("resolution refused", principal=principal, code="invalid_resolution")
+            return ResolveReply(status="refused", code="invalid_resolution", reason=str(e)[:300])
+        except Exception:  # noqa: BLE001 - hostile input (e.g. recursion) must not kill the callback
+            return ResolveReply(status="refused", code="invalid_resolution", reason="undecodable resolution")
+        try:
+            reply = await self.desk.resolve(principal, req.moment_id, req.resolution)
+        except Refused as r:
+            reply = ResolveReply(status="refused", moment_id=req.moment_id, code=r.code, reason=r.reason)
+        except Exception:  # noqa: BLE001
+            log.exception("resolution failed", principal=principal, moment_id=req.moment_id)
+            reply = ResolveReply(status="refused", moment_id=req.moment_id, code="engine_failure", reason="the gateway could not record the answer; try again")
+        log.info("resolution", principal=principal, moment_id=req.moment_id, status=reply.status, code=reply.code)
+        return reply
+
+    # -- principal.{p}.pending -------------------------------------------
+    async def _on_pending(self, msg: Msg) -> None:
+        try:
+            principal = self.subjects.parse(msg.subject).token or ""
+            items = await self.desk.pending(principal)
+        except Exception:  # noqa: BLE001
+            log.exception("pending lookup failed", subject=msg.subject[:200])
+            items = []
+        if msg.reply:
+            await msg.respond(_enc.encode(PendingReply(items=items)))
+
+
+async def wait_forever(stop: asyncio.Event) -> None:
+    await stop.wait()

@@ -1,0 +1,514 @@
+"""The moment desk: every binding moment and clarification awaiting a principal.
+
+State lives in the JetStream KV bucket ``PGW_MOMENTS`` under the key
+``{principal}.{moment_id}``, so any number of gateway instances share it and
+it survives restarts. Transitions use compare-and-set on the KV revision:
+the first valid answer wins (DESIGN §4.2), a second one is refused even
+after a restart, and a moment expires at most once.
+
+A terminal transition is written first with ``published = False``, then its
+messages (outcome, verdict, withdrawn item) are published with deterministic
+``Nats-Msg-Id``s, then the record is marked ``published``. A crash in between
+leaves a record that any instance's watcher re-drives; the stream drops the
+repeats, so the agent hears exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import heapq
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+from gateway.logs import get_logger
+from gateway.publish import Publisher
+from gateway.streams import ensure_kv
+from subjects.names import Subjects
+from subjects.util import now_rfc3339, stable_id, to_rfc3339
+from subjects.wire import (
+    BindingMoment,
+    BindingMomentItem,
+    ClarificationAnswers,
+    ClarificationItem,
+    ClarificationQuestion,
+    DialogueVeto,
+    FreeTextAnswer,
+    HemDecision,
+    MomentExpired,
+    OptionChoice,
+    Resolution,
+    ResolutionOutcome,
+    ResolveReply,
+    SurfaceItem,
+    Verdict,
+    WithdrawnItem,
+)
+
+log = get_logger("pgw.moments")
+
+BUCKET = "PGW_MOMENTS"
+MOMENT_TTL_S = 30 * 86400.0
+
+
+@dataclass(frozen=True)
+class HemContext:
+    """Links a human-escalation moment to the IDP it gates (spec 003 HEM)."""
+
+    idp_id: str
+    session_id: str
+    action: str
+
+
+class HemInfo(msgspec.Struct, frozen=True):
+    idp_id: str
+    session_id: str
+    action: str
+
+
+class MomentRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What the desk keeps of one moment."""
+
+    moment_id: str
+    agent: str
+    principal: str
+    envelope_id: str
+    correlation_id: str
+    item: SurfaceItem
+    dispatch_verdict_id: str
+    created_at: float
+    expires_at: float | None = None
+    untrusted: bool = False
+    hem: HemInfo | None = None
+    status: Literal["pending", "resolved", "expired"] = "pending"
+    published: bool = True
+    resolution: Resolution | None = None
+    resolved_at: float | None = None
+    traceparent: str | None = None
+
+
+_dec = msgspec.json.Decoder(MomentRecord)
+_enc = msgspec.json.Encoder()
+
+HemCallback = Callable[[MomentRecord, str, Resolution | None], Awaitable[None]]
+
+
+class Refused(Exception):
+    """A resolution the desk will not accept; carries the reply code."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        self.code = code
+        self.reason = reason
+        super().__init__(f"{code}: {reason}")
+
+
+def _key(principal: str, moment_id: str) -> str:
+    return f"{principal}.{moment_id}"
+
+
+def hem_decision_of(resolution: Resolution | None) -> str:
+    match resolution:
+        case OptionChoice(index=0):
+            return "approve"
+        case OptionChoice():
+            return "deny"
+        case FreeTextAnswer():
+            return "free_text"
+        case DialogueVeto():
+            return "dialogue"
+    return "expired"
+
+
+class MomentDesk:
+    """Dispatch, resolve and expire moments; shared state in KV."""
+
+    def __init__(self, js: JetStreamContext, subjects: Subjects, publisher: Publisher) -> None:
+        self.js = js
+        self.subjects = subjects
+        self.publisher = publisher
+        self.kv: Any = None
+        self._hem_callbacks: list[HemCallback] = []
+        self._heap: list[tuple[float, str]] = []
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watcher: Any = None
+        self._closing = False
+
+    # -- life cycle -------------------------------------------------------
+    async def start(self) -> None:
+        self.kv = await ensure_kv(self.js, BUCKET, ttl=MOMENT_TTL_S)
+        self._watcher = await self.kv.watchall()
+        self._tasks = [
+            asyncio.create_task(self._watch(), name="moments-watch"),
+            asyncio.create_task(self._expiry_loop(), name="moments-expiry"),
+        ]
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):
+                await self._watcher.stop()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+
+    def on_hem_decision(self, callback: HemCallback) -> None:
+        self._hem_callbacks.append(callback)
+
+    # -- dispatch ---------------------------------------------------------
+    async def dispatch(
+        self,
+        *,
+        agent: str,
+        principal: str,
+        binding_moment: BindingMoment | None = None,
+        questions: list[ClarificationQuestion] | None = None,
+        context_type: str | None = None,
+        envelope_id: str,
+        correlation_id: str,
+        untrusted: bool = False,
+        expires_in_s: int | None = None,
+        traceparent: str | None = None,
+        hem: HemContext | None = None,
+        moment_id: str | None = None,
+        action_type: str = "pgw.binding_moment",
+    ) -> str:
+        """Store the moment, publish its surface item and the hitl_dispatched verdict.
+
+        Idempotent for one ``moment_id``: a redelivered input republishes the
+        same messages (dropped by the stream) and never re-opens a closed moment.
+        """
+        moment_id = moment_id or stable_id("moment", agent, envelope_id)
+        now = time.time()
+        expires_at = now + expires_in_s if expires_in_s else None
+        common = dict(
+            agent=agent,
+            principal=principal,
+            created_at=to_rfc3339(now),
+            untrusted=untrusted,
+            traceparent=traceparent,
+            moment_id=moment_id,
+            envelope_id=envelope_id,
+            correlation_id=correlation_id,
+            expires_at=to_rfc3339(expires_at) if expires_at else None,
+        )
+        item: SurfaceItem
+        if binding_moment is not None:
+            item = BindingMomentItem(binding_moment=binding_moment, hem=hem is not None, **common)
+        else:
+            item = ClarificationItem(questions=questions or [], context_type=context_type, **common)
+        record = MomentRecord(
+            moment_id=moment_id,
+            agent=agent,
+            principal=principal,
+            envelope_id=envelope_id,
+            correlation_id=correlation_id,
+            item=item,
+            dispatch_verdict_id=stable_id("dispatch", moment_id),
+            created_at=now,
+            expires_at=expires_at,
+            untrusted=untrusted,
+            hem=HemInfo(hem.idp_id, hem.session_id, hem.action) if hem else None,
+            traceparent=traceparent,
+        )
+        key = _key(principal, moment_id)
+        try:
+            await self.kv.create(key, _enc.encode(record))
+        except KeyWrongLastSequenceError:
+            record = _dec.decode((await self.kv.get(key)).value)
+        if record.status == "pending":
+            await self.publisher.surface(record.item, f"item:{moment_id}")
+        await self.publisher.verdict(
+            Verdict(
+                verdict_id=record.dispatch_verdict_id,
+                verdict_class="hitl_dispatched",
+                decision="needs_input",
+                approver="policy",
+                human_disposed=False,
+                ts=to_rfc3339(record.created_at),
+                agent=agent,
+                principal=principal,
+                action_type="idp.hem" if hem else action_type,
+                action_id=moment_id,
+                envelope_id=envelope_id,
+                correlation_id=correlation_id,
+                moment_id=moment_id,
+                idp_id=hem.idp_id if hem else None,
+                untrusted=untrusted,
+                traceparent=traceparent,
+            )
+        )
+        return moment_id
+
+    # -- queries ----------------------------------------------------------
+    async def get(self, principal: str, moment_id: str) -> tuple[MomentRecord, int] | None:
+        try:
+            entry = await self.kv.get(_key(principal, moment_id))
+        except KeyNotFoundError:
+            return None
+        if entry.value is None:
+            return None
+        return _dec.decode(entry.value), entry.revision
+
+    async def pending(self, principal: str) -> list[SurfaceItem]:
+        """Items still awaiting ``principal``, oldest first."""
+        now = time.time()
+        watcher = await self.kv.watch(f"{principal}.*", ignore_deletes=True)
+        records: list[MomentRecord] = []
+        try:
+            while True:
+                entry = await watcher.updates(timeout=5.0)
+                if entry is None:
+                    break
+                if entry.value:
+                    rec = _dec.decode(entry.value)
+                    if rec.status == "pending" and not (rec.expires_at and rec.expires_at <= now):
+                        records.append(rec)
+        finally:
+            await watcher.stop()
+        records.sort(key=lambda r: r.created_at)
+        return [r.item for r in records]
+
+    # -- resolution -------------------------------------------------------
+    async def resolve(self, principal: str, moment_id: str, resolution: Resolution) -> ResolveReply:
+        """Check and record the principal's answer; first valid answer wins."""
+        for _ in range(5):
+            found = await self.get(principal, moment_id)
+            if found is None:
+                # Unknown and foreign moments look the same: no existence oracle.
+                raise Refused("unknown_moment", "no such moment for this principal")
+            rec, rev = found
+            if rec.status == "resolved":
+                if rec.resolution == resolution and not rec.published:
+                    await self._publish_final(rec, rev)
+                raise Refused("already_resolved", "this moment was already answered")
+            if rec.status == "expired" or (rec.expires_at and rec.expires_at <= time.time()):
+                raise Refused("expired", "this moment expired before it was answered")
+            self._check(rec, resolution)
+            rec.status = "resolved"
+            rec.resolution = resolution
+            rec.resolved_at = time.time()
+            rec.published = False
+            try:
+                rev = await self.kv.update(_key(principal, moment_id), _enc.encode(rec), last=rev)
+            except KeyWrongLastSequenceError:
+                continue  # someone else changed it; re-read and decide again
+            await self._publish_final(rec, rev)
+            return ResolveReply(status="accepted", moment_id=moment_id)
+        raise Refused("conflict", "the moment changed concurrently; try again")
+
+    def _check(self, rec: MomentRecord, resolution: Resolution) -> None:
+        item = rec.item
+        if isinstance(item, ClarificationItem):
+            if not isinstance(resolution, ClarificationAnswers):
+                raise Refused("wrong_resolution_kind", "a clarification is answered with 'answers'")
+            known = {q.id for q in item.questions}
+            unknown = sorted(set(resolution.answers) - known)
+            if unknown:
+                raise Refused("unknown_question", f"no question with id {unknown[0]!r}")
+            return
+        assert isinstance(item, BindingMomentItem)
+        q = item.binding_moment.question
+        match resolution:
+            case OptionChoice(index=i):
+                if i >= len(q.options):
+                    raise Refused("index_out_of_range", f"option index {i} is not in 0..{len(q.options) - 1}")
+            case FreeTextAnswer():
+                if not q.hatches.free_text:
+                    raise Refused("hatch_closed", "the answer-space hatch (free_text) is closed for this moment")
+            case DialogueVeto():
+                if not q.hatches.dialogue:
+                    raise Refused("hatch_closed", "the question-space hatch (dialogue) is closed for this moment")
+            case ClarificationAnswers():
+                raise Refused("wrong_resolution_kind", "a binding moment is answered with option, free_text or dialogue")
+        # DESIGN §3.2 step 7, spec 002 "Trust boundary": an untrusted moment
+        # cannot advance an approval gate.
+        if rec.untrusted and rec.hem is not None:
+            raise Refused(
+                "untrusted_content_blocks_approval",
+                "this moment carries untrusted content and cannot approve the action it gates",
+            )
+
+    # -- terminal messages ----------------------------------------------------
+    async def _publish_final(self, rec: MomentRecord, rev: int) -> None:
+        mid = rec.moment_id
+        ts = to_rfc3339(rec.resolved_at or time.time())
+        if rec.status == "resolved":
+            res = rec.resolution
+            assert res is not None
+            decision = hem_decision_of(res) if rec.hem else None
+            outcome: Any
+            if rec.hem:
+                outcome = HemDecision(
+                    agent=rec.agent, ts=ts, untrusted=rec.untrusted, traceparent=rec.traceparent,
+                    moment_id=mid, principal=rec.principal, idp_id=rec.hem.idp_id,
+                    session_id=rec.hem.session_id, decision=decision,  # type: ignore[arg-type]
+                    text=res.text if isinstance(res, FreeTextAnswer) else None,
+                )
+            else:
+                outcome = ResolutionOutcome(
+                    agent=rec.agent, ts=ts, untrusted=rec.untrusted, traceparent=rec.traceparent,
+                    moment_id=mid, principal=rec.principal, envelope_id=rec.envelope_id,
+                    correlation_id=rec.correlation_id, resolution=res, resolved_at=ts,
+                )
+            if rec.hem:
+                accept = decision == "approve"
+            else:
+                accept = not isinstance(res, DialogueVeto)
+            text = getattr(res, "text", None) or getattr(res, "objection", None)
+            verdict = Verdict(
+                verdict_id=stable_id("resolved", mid),
+                verdict_class="resolved",
+                decision="accept" if accept else "reject",
+                approver="human",
+                human_disposed=True,
+                ts=ts,
+                agent=rec.agent,
+                principal=rec.principal,
+                action_type="idp.hem" if rec.hem else "pgw.binding_moment",
+                action_id=mid,
+                envelope_id=rec.envelope_id,
+                correlation_id=rec.correlation_id,
+                moment_id=mid,
+                idp_id=rec.hem.idp_id if rec.hem else None,
+                supersedes=rec.dispatch_verdict_id,
+                untrusted=rec.untrusted,
+                traceparent=rec.traceparent,
+                resolution_kind=res.__struct_config__.tag,  # type: ignore[arg-type]
+                option_index=res.index if isinstance(res, OptionChoice) else None,
+                # spec 000 §13: free-form answers are not persisted beyond need;
+                # the verdict (and so the public capsule) keeps only a digest.
+                text_digest=hashlib.sha256(text.encode()).hexdigest() if text else None,
+            )
+            withdrawn_reason: Literal["resolved", "expired"] = "resolved"
+        else:
+            decision = "expired"
+            outcome = (
+                HemDecision(
+                    agent=rec.agent, ts=ts, untrusted=rec.untrusted, traceparent=rec.traceparent,
+                    moment_id=mid, principal=rec.principal, idp_id=rec.hem.idp_id,
+                    session_id=rec.hem.session_id, decision="expired",
+                )
+                if rec.hem
+                else MomentExpired(
+                    agent=rec.agent, ts=ts, untrusted=rec.untrusted, traceparent=rec.traceparent,
+                    moment_id=mid, principal=rec.principal, envelope_id=rec.envelope_id,
+                    correlation_id=rec.correlation_id,
+                )
+            )
+            # DESIGN §6: a timeout is a refusal, never a consent.
+            verdict = Verdict(
+                verdict_id=stable_id("expired", mid),
+                verdict_class="expired",
+                decision="reject",
+                approver="policy",
+                human_disposed=False,
+                ts=ts,
+                agent=rec.agent,
+                principal=rec.principal,
+                action_type="idp.hem" if rec.hem else "pgw.binding_moment",
+                action_id=mid,
+                envelope_id=rec.envelope_id,
+                correlation_id=rec.correlation_id,
+                moment_id=mid,
+                idp_id=rec.hem.idp_id if rec.hem else None,
+                supersedes=rec.dispatch_verdict_id,
+                untrusted=rec.untrusted,
+                traceparent=rec.traceparent,
+            )
+            withdrawn_reason = "expired"
+        withdrawn = WithdrawnItem(
+            agent=rec.agent, principal=rec.principal, created_at=ts, untrusted=rec.untrusted,
+            traceparent=rec.traceparent, moment_id=mid, reason=withdrawn_reason,
+        )
+        await asyncio.gather(
+            self.publisher.outcome(outcome, f"final:{mid}"),
+            self.publisher.verdict(verdict),
+            self.publisher.surface(withdrawn, f"withdrawn:{mid}"),
+        )
+        if rec.hem:
+            for cb in self._hem_callbacks:
+                await cb(rec, decision or "expired", rec.resolution)
+        rec.published = True
+        with contextlib.suppress(KeyWrongLastSequenceError):
+            await self.kv.update(_key(rec.principal, mid), _enc.encode(rec), last=rev)
+
+    # -- expiry and re-drive ------------------------------------------------
+    async def _watch(self) -> None:
+        """Track pending expiries and re-drive unpublished terminal records."""
+        while not self._closing:
+            try:
+                entry = await self._watcher.updates(timeout=3600)
+            except Exception:  # noqa: BLE001 - timeout or closed; keep watching
+                if self._closing:
+                    return
+                continue
+            if entry is None or not entry.value:
+                continue
+            try:
+                rec = _dec.decode(entry.value)
+            except msgspec.DecodeError:
+                log.warning("undecodable moment record", key=entry.key)
+                continue
+            if rec.status == "pending" and rec.expires_at:
+                heapq.heappush(self._heap, (rec.expires_at, entry.key))
+                self._wake.set()
+            elif rec.status != "pending" and not rec.published:
+                # Give the instance that wrote it a moment to finish, then re-drive.
+                asyncio.get_running_loop().call_later(2.0, self._redrive_soon, entry.key)
+
+    def _redrive_soon(self, key: str) -> None:
+        if not self._closing:
+            self._tasks.append(asyncio.create_task(self._redrive(key)))
+
+    async def _redrive(self, key: str) -> None:
+        principal, _, mid = key.partition(".")
+        found = await self.get(principal, mid)
+        if found and found[0].status != "pending" and not found[0].published:
+            log.info("re-driving unpublished moment outcome", moment_id=mid)
+            await self._publish_final(*found)
+
+    async def _expiry_loop(self) -> None:
+        while not self._closing:
+            now = time.time()
+            while self._heap and self._heap[0][0] <= now:
+                _, key = heapq.heappop(self._heap)
+                try:
+                    await self._expire(key)
+                except Exception:  # noqa: BLE001 - one bad record must not stop expiry
+                    log.exception("expiry failed", key=key)
+            timeout = (self._heap[0][0] - now) if self._heap else 3600.0
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=max(0.01, timeout))
+
+    async def _expire(self, key: str) -> None:
+        principal, _, mid = key.partition(".")
+        found = await self.get(principal, mid)
+        if not found:
+            return
+        rec, rev = found
+        if rec.status != "pending" or not rec.expires_at or rec.expires_at > time.time():
+            return
+        rec.status = "expired"
+        rec.resolved_at = rec.expires_at
+        rec.published = False
+        try:
+            rev = await self.kv.update(key, _enc.encode(rec), last=rev)
+        except KeyWrongLastSequenceError:
+            return  # answered or expired by another instance first
+        log.info("moment expired", moment_id=mid, agent=rec.agent)
+        await self._publish_final(rec, rev)
+
+
+__all__ = ["HemContext", "MomentDesk", "MomentRecord", "Refused", "hem_decision_of", "now_rfc3339"]

@@ -1,0 +1,250 @@
+"""The envelope pipeline and its JetStream worker (DESIGN §3.2).
+
+A durable pull consumer on ``PGW_INBOUND`` (``agent.*.envelope``). Each
+message is a turn; each envelope in it runs the stages in spec 002 order and
+ends in exactly one outcome to the agent and, for every decision, a verdict.
+The message is acked only after all of that is durably published; every
+publish has a deterministic ``Nats-Msg-Id``, so a worker killed mid-way
+redelivers and the result is the same, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import structlog
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from gateway.logs import get_logger
+from gateway.stages import kind, payload, route, shape, trust
+from gateway.stages.base import Ctx, Refuse, Turn
+from subjects.errors import SubjectError
+from subjects.util import now_rfc3339, stable_id
+from subjects.wire import EnvelopeOutcome, NoticeItem, Outcome, Verdict
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
+    from gateway.app import Gateway
+
+log = get_logger("pgw.pipeline")
+
+Stage = Callable[[Ctx], Awaitable[None]]
+
+# spec 002 "Production flow": shape -> kind -> payload -> contract -> limits
+# -> redaction -> trust -> dedup -> route. Stages are inserted here in order.
+STAGES: list[Stage] = [shape.run, kind.run, payload.run, trust.run]
+
+DURABLE = "pgw-gateway"
+
+
+class Pipeline:
+    """Runs turns through the stages and publishes their results."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.stages = list(STAGES)
+
+    async def process_turn(self, turn: Turn) -> list[Outcome]:
+        try:
+            values = shape.decode_body(turn.body, self.gw.config.limits)
+        except Refuse as r:
+            ctx = Ctx(self.gw, turn, 0, None)
+            return [await self._finish(ctx, await self._refuse(ctx, r))]
+        outcomes = []
+        # spec 002 "Wire serialization": processed in array order.
+        for i, raw in enumerate(values):
+            ctx = Ctx(self.gw, turn, i, raw)
+            ctx.extra["turn_size"] = len(values)
+            outcomes.append(await self.process_envelope(ctx))
+        return outcomes
+
+    async def process_envelope(self, ctx: Ctx) -> Outcome:
+        try:
+            for stage in self.stages:
+                await stage(ctx)
+            assert ctx.kind is not None
+            if "cached_outcome" in ctx.extra:  # set by the dedup stage: replay short-circuit
+                return ctx.extra["cached_outcome"]
+            outcome: Outcome = await route.HANDLERS[ctx.kind.handler](ctx)
+        except Refuse as r:
+            outcome = await self._refuse(ctx, r)
+        return await self._finish(ctx, outcome)
+
+    async def _finish(self, ctx: Ctx, outcome: Outcome) -> Outcome:
+        await self.gw.publisher.outcome(outcome, self.outcome_msg_id(ctx))
+        for hook in self.gw.outcome_hooks:
+            await hook(ctx, outcome)
+        status = getattr(outcome, "status", outcome.__struct_config__.tag)
+        log.info(
+            "envelope",
+            envelope_id=ctx.envelope_id,
+            agent=ctx.agent,
+            principal=ctx.principal,
+            type=ctx.env.type if ctx.env else None,
+            status=status,
+            code=getattr(outcome, "code", None),
+            moment_id=getattr(outcome, "moment_id", None),
+            seq=ctx.turn.stream_seq,
+        )
+        return outcome
+
+    @staticmethod
+    def outcome_msg_id(ctx: Ctx) -> str:
+        return f"outcome:{ctx.agent}:{ctx.turn.stream_seq}:{ctx.index}"
+
+    async def _refuse(self, ctx: Ctx, r: Refuse) -> EnvelopeOutcome:
+        """Every refusal: an outcome to the agent with its code, and a verdict (DESIGN §3.2)."""
+        seq, idx = str(ctx.turn.stream_seq), str(ctx.index)
+        ts = now_rfc3339()
+        etype = ctx.env.type if ctx.env else None
+        action_id = ctx.envelope_id or f"seq-{seq}-{idx}"
+        verdict = Verdict(
+            verdict_id=stable_id("refused", ctx.agent, seq, idx),
+            verdict_class=r.verdict_class,
+            decision="reject",
+            approver="policy",
+            human_disposed=False,
+            ts=ts,
+            agent=ctx.agent,
+            principal=ctx.principal,
+            action_type=f"pgw.envelope:{etype}" if etype else "pgw.envelope",
+            action_id=action_id,
+            envelope_id=ctx.envelope_id,
+            correlation_id=ctx.correlation_id,
+            reason=r.refusal,
+            untrusted=ctx.untrusted,
+            traceparent=ctx.turn.traceparent,
+        )
+        pubs = [self.gw.publisher.verdict(verdict)]
+        if r.notice is not None and ctx.principal:
+            # spec 000 §9.3 / §12.5: the principal sees the conventional payload
+            # and a diagnostic, never a partial decision.
+            notice = NoticeItem(
+                agent=ctx.agent,
+                principal=ctx.principal,
+                created_at=ts,
+                untrusted=ctx.untrusted,
+                traceparent=ctx.turn.traceparent,
+                item_id=stable_id("notice", ctx.agent, seq, idx),
+                envelope_id=action_id,
+                diagnostic=f"The agent's binding moment was discarded as malformed: {r.reason}",
+                conventional=r.notice,
+            )
+            pubs.append(self.gw.publisher.surface(notice, f"notice:{ctx.agent}:{seq}:{idx}"))
+        await asyncio.gather(*pubs)
+        return EnvelopeOutcome(
+            agent=ctx.agent,
+            ts=ts,
+            untrusted=ctx.untrusted,
+            traceparent=ctx.turn.traceparent,
+            status=r.status,
+            envelope_id=ctx.envelope_id,
+            correlation_id=ctx.correlation_id,
+            type=etype,
+            code=r.code,
+            reason=r.reason,
+            details=r.details,
+            warnings=list(ctx.warnings),
+            cap_kind=r.cap_kind,
+            refused_type=r.refused_type,
+            accepted_types=r.accepted_types,
+        )
+
+
+class EnvelopeWorker:
+    """Pulls ``agent.*.envelope`` from PGW_INBOUND and runs the pipeline."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.pipeline = Pipeline(gw)
+        self._sub = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        cfg = self.gw.config.gateway
+        self._sub = await self.gw.js.pull_subscribe(
+            self.gw.subjects.all_agents("envelope"),
+            durable=DURABLE,
+            stream="PGW_INBOUND",
+            config=ConsumerConfig(
+                durable_name=DURABLE,
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.ALL,
+                ack_wait=cfg.ack_wait_s,
+                max_deliver=cfg.max_deliver,
+                max_ack_pending=cfg.batch * 16,
+            ),
+        )
+        self._task = asyncio.create_task(self._loop(), name="envelope-worker")
+
+    async def _loop(self) -> None:
+        batch = self.gw.config.gateway.batch
+        assert self._sub is not None
+        while not self._stopping:
+            try:
+                msgs = await self._sub.fetch(batch, timeout=0.5)
+            except (NatsTimeout, TimeoutError):
+                continue
+            except Exception:  # noqa: BLE001 - connection trouble: keep the loop alive
+                if self._stopping:
+                    return
+                log.exception("fetch failed; retrying")
+                await asyncio.sleep(0.5)
+                continue
+            await asyncio.gather(*(self.handle(m) for m in msgs))
+
+    async def handle(self, msg: Msg) -> None:
+        meta = msg.metadata
+        structlog.contextvars.clear_contextvars()
+        try:
+            parsed = self.gw.subjects.parse(msg.subject)
+        except SubjectError as e:
+            # Not even the agent id can be read: drop with a logged reason.
+            log.warning("dropped message on an invalid subject", subject=msg.subject[:200], reason=str(e))
+            await msg.term()
+            return
+        headers = msg.headers or {}
+        turn = Turn(
+            agent=parsed.token or "",
+            subject=msg.subject,
+            stream_seq=meta.sequence.stream,
+            body=msg.data,
+            msg_id=headers.get("Nats-Msg-Id"),
+            traceparent=headers.get("traceparent"),
+            num_delivered=meta.num_delivered,
+        )
+        structlog.contextvars.bind_contextvars(agent=turn.agent, seq=turn.stream_seq, traceparent=turn.traceparent)
+        t0 = time.perf_counter()
+        try:
+            await self.pipeline.process_turn(turn)
+        except Exception:  # noqa: BLE001 - a worker never dies on one message
+            log.exception("turn failed; will be redelivered", delivered=turn.num_delivered)
+            for hook in self.gw.failure_hooks:
+                with contextlib.suppress(Exception):
+                    if await hook(turn, msg):
+                        return
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=1.0)
+            return
+        await msg.ack()
+        for hook in self.gw.timing_hooks:
+            hook("turn", time.perf_counter() - t0)
+
+    async def drain(self) -> None:
+        """Stop fetching; let the in-flight batch finish. Idempotent."""
+        self._stopping = True
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None

@@ -1,0 +1,89 @@
+"""What the stages share: the per-envelope context and the refusal signal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from subjects.wire import AIEnvelope, Detail, Refusal
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+    from gateway.stages.kind import KindSpec
+
+
+@dataclass
+class Turn:
+    """One inbound message: a single envelope or a JSON array of them (DESIGN §3.2)."""
+
+    agent: str
+    subject: str
+    stream_seq: int
+    body: bytes
+    msg_id: str | None
+    traceparent: str | None
+    num_delivered: int = 1
+
+
+@dataclass
+class Ctx:
+    """One envelope travelling through the stages."""
+
+    gw: Gateway
+    turn: Turn
+    index: int
+    raw: Any  # the decoded JSON value of this envelope
+    env: AIEnvelope | None = None
+    kind: KindSpec | None = None
+    payload: Any = None  # the typed payload Struct after the payload stage
+    envelope_id: str | None = None
+    correlation_id: str | None = None
+    untrusted: bool = False
+    principal: str | None = None
+    warnings: list[Detail] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def agent(self) -> str:
+        return self.turn.agent
+
+    def warn(self, message: str, rule: str, path: str | None = None) -> None:
+        self.warnings.append(Detail(message=message, rule=rule, path=path))
+
+
+class Refuse(Exception):  # noqa: N818 - a control-flow signal, not an error condition
+    """Raised by a stage to refuse the envelope with a spec code.
+
+    ``status`` is the spec 002 EnvelopeOutcome status; ``verdict_class`` the
+    DESIGN §6 row (``blocked`` before routing, ``denied`` for policy gates).
+    """
+
+    def __init__(
+        self,
+        code: str,
+        reason: str,
+        *,
+        details: list[Detail] | None = None,
+        status: Literal["invalid", "gated", "breached"] = "invalid",
+        verdict_class: Literal["blocked", "denied"] = "blocked",
+        cap_kind: Literal["envelopes", "schema", "clarification"] | None = None,
+        refused_type: str | None = None,
+        accepted_types: list[str] | None = None,
+        notice: Any = None,
+        silent: bool = False,
+    ) -> None:
+        super().__init__(f"{code}: {reason}")
+        self.code = code
+        self.reason = reason
+        self.details = details or []
+        self.status = status
+        self.verdict_class = verdict_class
+        self.cap_kind = cap_kind
+        self.refused_type = refused_type
+        self.accepted_types = accepted_types
+        self.notice = notice
+        self.silent = silent  # discard-and-warn: no failure outcome, only a warning
+
+    @property
+    def refusal(self) -> Refusal:
+        return Refusal(code=self.code, reason=self.reason, details=self.details)

@@ -1,0 +1,141 @@
+"""The machine-checkable slot grammar of spec 000 §5-§6.
+
+Every violation is reported with its own rule name and JSON path, all at once,
+so an agent can fix its moment in one round. Section numbers follow the
+draft's headings (§6.1 synopsis ... §6.9 meta).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from subjects.constraints import MAX_LIST_ITEMS, MAX_OPTIONS, MIN_OPTIONS
+from subjects.wire import Detail
+
+SLOT_MAX = 2000
+LABEL_MAX = 200
+REASONING_MAX = 1000
+REQUIRED = ("synopsis", "findings", "recommendations", "offer", "question")
+ALLOWED = (*REQUIRED, "meta")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _text(out: list[Detail], v: Any, path: str, rule: str, limit: int) -> None:
+    if not isinstance(v, str) or not v.strip():
+        out.append(Detail(message=f"{path} must be a non-empty string", path=path, rule=rule))
+    elif len(v) > limit:
+        out.append(Detail(message=f"{path} is longer than {limit} characters", path=path, rule="string_too_long"))
+
+
+def _text_list(out: list[Detail], v: Any, path: str, rule: str) -> None:
+    if not isinstance(v, list):
+        out.append(Detail(message=f"{path} must be an array of strings", path=path, rule=rule))
+        return
+    if len(v) > MAX_LIST_ITEMS:
+        out.append(Detail(message=f"{path} has more than {MAX_LIST_ITEMS} entries", path=path, rule=rule))
+    for i, s in enumerate(v[:MAX_LIST_ITEMS]):
+        _text(out, s, f"{path}[{i}]", rule, SLOT_MAX)
+
+
+def check_binding_moment(bm: Any, path: str = "$.payload.binding_moment") -> list[Detail]:
+    """All grammar violations of ``bm``; an empty list means well-formed."""
+    out: list[Detail] = []
+    if not isinstance(bm, dict):
+        return [Detail(message=f"{path} must be an object (spec 000 §5)", path=path, rule="not_object")]
+    for m in REQUIRED:  # spec 000 §5: these members are REQUIRED
+        if m not in bm:
+            out.append(Detail(message=f"REQUIRED member {m!r} is missing (spec 000 §5)", path=f"{path}.{m}", rule="missing_member"))
+    for m in bm:
+        if m not in ALLOWED:  # spec 000 §5: "exactly the members specified"
+            out.append(Detail(message=f"unknown member {str(m)[:64]!r} (spec 000 §5)", path=f"{path}.{m}", rule="unknown_member"))
+    if "synopsis" in bm:
+        _text(out, bm["synopsis"], f"{path}.synopsis", "synopsis", SLOT_MAX)  # §6.1
+    if "findings" in bm:
+        _text_list(out, bm["findings"], f"{path}.findings", "findings")  # §6.2
+    if "recommendations" in bm:
+        _text_list(out, bm["recommendations"], f"{path}.recommendations", "recommendations")  # §6.3
+    if "offer" in bm:
+        _text(out, bm["offer"], f"{path}.offer", "offer", SLOT_MAX)  # §6.4
+    if "question" in bm:
+        _check_question(out, bm["question"], f"{path}.question")
+    meta = bm.get("meta")
+    if meta is not None:  # §6.9: OPTIONAL, both members individually OPTIONAL
+        if not isinstance(meta, dict):
+            out.append(Detail(message=f"{path}.meta must be an object", path=f"{path}.meta", rule="meta"))
+        else:
+            for k, v in meta.items():
+                if k not in ("decision_class", "calibration_note"):
+                    out.append(Detail(message=f"unknown meta member {str(k)[:64]!r}", path=f"{path}.meta.{k}", rule="unknown_member"))
+                elif v is not None:
+                    _text(out, v, f"{path}.meta.{k}", "meta", 1000)
+    return out
+
+
+def _check_question(out: list[Detail], q: Any, path: str) -> None:
+    if not isinstance(q, dict):
+        out.append(Detail(message=f"{path} must be an object", path=path, rule="question"))
+        return
+    for m in q:
+        if m not in ("stem", "options", "recommended_idx", "hatches"):
+            out.append(Detail(message=f"unknown member {str(m)[:64]!r}", path=f"{path}.{m}", rule="unknown_member"))
+    if "stem" not in q:
+        out.append(Detail(message="REQUIRED member 'stem' is missing (spec 000 §6.5)", path=f"{path}.stem", rule="missing_member"))
+    else:
+        _text(out, q["stem"], f"{path}.stem", "stem", SLOT_MAX)
+    options = q.get("options")
+    n_options: int | None = None
+    if "options" not in q:
+        out.append(Detail(message="REQUIRED member 'options' is missing (spec 000 §6.6)", path=f"{path}.options", rule="missing_member"))
+    elif not isinstance(options, list):
+        out.append(Detail(message="options must be an array (spec 000 §6.6)", path=f"{path}.options", rule="options_type"))
+    else:
+        n_options = len(options)
+        if not MIN_OPTIONS <= n_options <= MAX_OPTIONS:
+            out.append(Detail(
+                message=f"options has {n_options} entries; spec 000 §6.6 requires {MIN_OPTIONS} to {MAX_OPTIONS}",
+                path=f"{path}.options", rule="options_count",
+            ))
+        for i, opt in enumerate(options[:MAX_OPTIONS + 1]):
+            op = f"{path}.options[{i}]"
+            if not isinstance(opt, dict):
+                out.append(Detail(message=f"{op} must be an object with label and reasoning", path=op, rule="option_type"))
+                continue
+            for m in opt:
+                if m not in ("label", "reasoning"):
+                    out.append(Detail(message=f"unknown member {str(m)[:64]!r}", path=f"{op}.{m}", rule="unknown_member"))
+            if "label" not in opt:
+                out.append(Detail(message=f"{op}.label is REQUIRED (spec 000 §6.6)", path=f"{op}.label", rule="option_label"))
+            else:
+                _text(out, opt["label"], f"{op}.label", "option_label", LABEL_MAX)
+            if "reasoning" not in opt:
+                out.append(Detail(message=f"{op}.reasoning is REQUIRED (spec 000 §6.6)", path=f"{op}.reasoning", rule="option_reasoning"))
+            else:
+                _text(out, opt["reasoning"], f"{op}.reasoning", "option_reasoning", REASONING_MAX)
+    # spec 000 §6.7: present, an integer, non-negative, strictly less than len(options).
+    if "recommended_idx" not in q:
+        out.append(Detail(message="recommended_idx is REQUIRED (spec 000 §6.7)", path=f"{path}.recommended_idx", rule="recommended_idx_missing"))
+    else:
+        idx = q["recommended_idx"]
+        if not _is_int(idx):
+            out.append(Detail(message="recommended_idx must be an integer marking exactly one option (spec 000 §6.7)", path=f"{path}.recommended_idx", rule="recommended_idx_type"))
+        elif idx < 0 or (n_options is not None and idx >= n_options):
+            out.append(Detail(
+                message=f"recommended_idx {idx} is out of range for {n_options} options (spec 000 §6.7)",
+                path=f"{path}.recommended_idx", rule="recommended_idx_range",
+            ))
+    # spec 000 §6.8: hatches is an object with two REQUIRED booleans.
+    hatches = q.get("hatches")
+    if "hatches" not in q:
+        out.append(Detail(message="hatches is REQUIRED (spec 000 §6.8)", path=f"{path}.hatches", rule="missing_member"))
+    elif not isinstance(hatches, dict):
+        out.append(Detail(message="hatches must be an object (spec 000 §6.8)", path=f"{path}.hatches", rule="hatches_type"))
+    else:
+        for h in ("free_text", "dialogue"):
+            if not isinstance(hatches.get(h), bool):
+                out.append(Detail(message=f"hatches.{h} must be a boolean (spec 000 §6.8)", path=f"{path}.hatches.{h}", rule="hatch_not_boolean"))
+        for m in hatches:
+            if m not in ("free_text", "dialogue"):
+                out.append(Detail(message=f"unknown member {str(m)[:64]!r}", path=f"{path}.hatches.{m}", rule="unknown_member"))

@@ -1,0 +1,119 @@
+"""Stage 1, shape: bytes -> JSON -> the closed AIEnvelope top level.
+
+Refusal code ``invalid_envelope_shape`` (spec 002 "Validation outcomes").
+Hostile bodies are refused, never crash the worker: too large, not UTF-8,
+not JSON, duplicate keys, NaN/Infinity, nesting too deep, strings too long
+(DESIGN §3.2, §7). The migration defaults of spec 002 "Migration" (missing
+``meta``/``meta.source``, missing ``correlationId``) are applied with warnings.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+
+from gateway.config import LimitsConfig
+from gateway.stages.base import Ctx, Refuse
+from subjects.util import now_rfc3339
+from subjects.wire import AIEnvelope, Detail, EnvelopeMeta
+
+CODE = "invalid_envelope_shape"
+
+
+def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k[:64]!r}")
+        out[k] = v
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _refuse(reason: str, path: str | None = None) -> Refuse:
+    return Refuse(CODE, reason, details=[Detail(message=reason, path=path, rule="shape")])
+
+
+def _check_graph(value: Any, limits: LimitsConfig) -> None:
+    """Depth and string-length limits over the whole graph, iteratively."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            if depth > limits.max_depth:
+                raise _refuse(f"nested deeper than {limits.max_depth} levels")
+            for k, child in v.items():
+                if len(k) > limits.max_string_chars:
+                    raise _refuse(f"a key is longer than {limits.max_string_chars} characters")
+                stack.append((child, depth + 1))
+        elif isinstance(v, list):
+            if depth > limits.max_depth:
+                raise _refuse(f"nested deeper than {limits.max_depth} levels")
+            stack.extend((child, depth + 1) for child in v)
+        elif isinstance(v, str) and len(v) > limits.max_string_chars:
+            raise _refuse(f"a string is longer than {limits.max_string_chars} characters")
+
+
+def decode_body(body: bytes, limits: LimitsConfig) -> list[Any]:
+    """Decode a turn: one envelope, or a JSON array of envelopes (DESIGN §3.2 step 5)."""
+    if len(body) > limits.max_body_bytes:
+        raise _refuse(f"body is {len(body)} bytes; the limit is {limits.max_body_bytes}")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _refuse(f"body is not valid UTF-8 (byte {e.start})") from None
+    try:
+        value = json.loads(text, object_pairs_hook=_no_dupes, parse_constant=_no_constants)
+    except RecursionError:
+        raise _refuse(f"nested deeper than {limits.max_depth} levels") from None
+    except ValueError as e:  # JSONDecodeError, duplicates, NaN, over-long integers
+        raise _refuse(f"body is not valid JSON: {str(e)[:200]}") from None
+    _check_graph(value, limits)
+    if isinstance(value, list):
+        if not value:
+            raise _refuse("a turn must hold at least one envelope")
+        return value
+    return [value]
+
+
+def readable_id(raw: Any, key: str) -> str | None:
+    """An id from a raw envelope that failed validation, where one can be read."""
+    if isinstance(raw, dict):
+        v = raw.get(key)
+        if isinstance(v, str) and 0 < len(v) <= 128:
+            return v
+    return None
+
+
+async def run(ctx: Ctx) -> None:
+    raw = ctx.raw
+    ctx.envelope_id = readable_id(raw, "envelopeId")
+    ctx.correlation_id = readable_id(raw, "correlationId")
+    if not isinstance(raw, dict):
+        raise _refuse(f"an envelope must be a JSON object, not {type(raw).__name__}", f"$[{ctx.index}]")
+    try:
+        env = msgspec.convert(raw, AIEnvelope)
+    except msgspec.ValidationError as e:
+        raise _refuse(str(e)) from None
+    if env.envelopeId is None:
+        # spec 002: "Engine assigns if absent" - deterministic, so redelivery agrees.
+        env.envelopeId = f"auto-{ctx.turn.stream_seq}-{ctx.index}"
+        ctx.warn("envelopeId absent; assigned by the gateway", "migration", "$.envelopeId")
+    if env.meta is None:
+        env.meta = EnvelopeMeta(ts=now_rfc3339(), source="ai-generation")
+        ctx.warn("meta absent; synthesized (spec 002 Migration 2)", "migration", "$.meta")
+    elif env.meta.source is None:
+        env.meta.source = "ai-generation"
+        ctx.warn("meta.source absent; assumed 'ai-generation' (spec 002 Migration 2)", "migration", "$.meta.source")
+    if env.correlationId is None:
+        # spec 002 Migration 3: synthesize ${runId}:${nodeId}:${envelopeId}.
+        env.correlationId = f"{ctx.agent}:{env.nodeId or '-'}:{env.envelopeId}"[:128]
+        ctx.warn("correlationId absent; synthesized (spec 002 Migration 3)", "migration", "$.correlationId")
+    ctx.env = env
+    ctx.envelope_id = env.envelopeId
+    ctx.correlation_id = env.correlationId

@@ -1,0 +1,331 @@
+"""Thin async clients of the bus contract, over nats-py.
+
+``Agent`` publishes envelopes and reads its outcomes; ``Surface`` reads a
+principal's items and answers them. An agent or surface author needs nothing
+but this module and a NATS connection.
+
+    agent = Agent(nc, "planner")
+    res = await agent.ask("alice", moment)         # -> ResolutionOutcome
+
+    surface = Surface(nc, "alice")
+    async for item in surface.items():             # pending first, then live
+        await surface.resolve(item.moment_id, OptionChoice(index=0))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from subjects.errors import RefusedError
+from subjects.names import Subjects, agent_token, principal_token
+from subjects.util import now_rfc3339
+from subjects.wire import (
+    BindingMoment,
+    BindingMomentItem,
+    ClarificationItem,
+    DialogueVeto,
+    EnvelopeOutcome,
+    FreeTextAnswer,
+    OptionChoice,
+    Outcome,
+    ResolutionOutcome,
+    Resolution,
+    ResolveReply,
+    ResolveRequest,
+    SurfaceItem,
+    WithdrawnItem,
+    outcome_decoder,
+    pending_reply_decoder,
+    resolve_reply_decoder,
+    surface_item_decoder,
+)
+
+_enc = msgspec.json.Encoder()
+OUTBOUND_STREAM = "PGW_OUTBOUND"
+BINDING_MOMENT_KIND = "vendor.pgw.binding_moment"
+
+
+def outcome_durable(agent: str) -> str:
+    """Name of the durable consumer that carries ``agent``'s outcomes."""
+    return f"outcome-{agent_token(agent)}"
+
+
+async def ensure_agent_consumer(js: JetStreamContext, agent: str, *, prefix: str = "pgw") -> str:
+    """Create (idempotently) the durable consumer an agent pulls its outcomes from.
+
+    The gateway pre-creates it, so an agent needs no right to create consumers
+    (DESIGN §7, nats-server #3202).
+    """
+    durable = outcome_durable(agent)
+    await js.add_consumer(
+        OUTBOUND_STREAM,
+        ConsumerConfig(
+            durable_name=durable,
+            filter_subject=Subjects(prefix).outcome(agent),
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=30,
+        ),
+    )
+    return durable
+
+
+def envelope(
+    type: str,
+    payload: Any,
+    *,
+    envelope_id: str | None = None,
+    correlation_id: str | None = None,
+    content_trust: str | None = None,
+    node_id: str | None = None,
+    source: str = "ai-generation",
+    **meta: Any,
+) -> dict[str, Any]:
+    """Build a spec 002 AI Envelope as a plain dict."""
+    eid = envelope_id or uuid.uuid4().hex
+    m: dict[str, Any] = {"source": source, "ts": now_rfc3339(), **meta}
+    if content_trust:
+        m["contentTrust"] = content_trust
+    env: dict[str, Any] = {
+        "type": type,
+        "envelopeId": eid,
+        "correlationId": correlation_id or eid,
+        "payload": payload,
+        "meta": m,
+    }
+    if node_id:
+        env["nodeId"] = node_id
+    return env
+
+
+class Agent:
+    """An agent runtime's side of the bus."""
+
+    def __init__(self, nc: Client, agent: str, *, prefix: str = "pgw") -> None:
+        self.nc = nc
+        self.agent = agent_token(agent)
+        self.subjects = Subjects(prefix)
+        self.js = nc.jetstream()
+        self._sub: Any = None
+        self._pump: asyncio.Task[None] | None = None
+        self._waiters: list[tuple[Any, asyncio.Future[Outcome]]] = []
+        self._unclaimed: asyncio.Queue[Outcome] = asyncio.Queue()
+
+    async def send(self, body: dict[str, Any] | list[dict[str, Any]]) -> str:
+        """Publish one envelope (or a turn: a list of them); return the (first) envelope id."""
+        first = body[0] if isinstance(body, list) else body
+        eid = str(first["envelopeId"])
+        await self.js.publish(
+            self.subjects.envelope(self.agent),
+            _enc.encode(body),
+            headers={"Nats-Msg-Id": f"{self.agent}:{eid}"},
+        )
+        return eid
+
+    async def send_moment(
+        self,
+        principal: str,
+        moment: BindingMoment | dict[str, Any],
+        *,
+        expires_in_s: int | None = None,
+        conventional: Any = None,
+        **env_kw: Any,
+    ) -> str:
+        payload: dict[str, Any] = {
+            "principal": principal_token(principal),
+            "binding_moment": msgspec.to_builtins(moment),
+        }
+        if expires_in_s is not None:
+            payload["expires_in_s"] = expires_in_s
+        if conventional is not None:
+            payload["conventional"] = conventional
+        return await self.send(envelope(BINDING_MOMENT_KIND, payload, **env_kw))
+
+    async def ask(self, principal: str, moment: BindingMoment | dict[str, Any], *, timeout: float | None = None, **kw: Any) -> ResolutionOutcome:
+        """Send a binding moment and wait for the principal's resolution.
+
+        Raises RefusedError if the gateway refuses the moment or it expires.
+        """
+        await self._ensure_pump()
+        eid = kw.get("envelope_id") or uuid.uuid4().hex
+        kw["envelope_id"] = eid
+        accepted = self._expect(lambda o: isinstance(o, EnvelopeOutcome) and o.envelope_id == eid)
+        await self.send_moment(principal, moment, **kw)
+        out = await asyncio.wait_for(accepted, timeout)
+        assert isinstance(out, EnvelopeOutcome)
+        if out.status != "accepted" or not out.moment_id:
+            raise RefusedError(out.code or out.status, out.reason or "refused")
+        mid = out.moment_id
+        final = await asyncio.wait_for(
+            self._expect(lambda o: getattr(o, "moment_id", None) == mid and not isinstance(o, EnvelopeOutcome)),
+            timeout,
+        )
+        if not isinstance(final, ResolutionOutcome):
+            raise RefusedError("expired", "the moment expired before the principal answered")
+        return final
+
+    async def outcome_for(self, envelope_id: str, timeout: float | None = None) -> EnvelopeOutcome:
+        """Wait for the envelope outcome of ``envelope_id``."""
+        await self._ensure_pump()
+        out = await asyncio.wait_for(
+            self._expect(lambda o: isinstance(o, EnvelopeOutcome) and o.envelope_id == envelope_id), timeout
+        )
+        assert isinstance(out, EnvelopeOutcome)
+        return out
+
+    async def outcomes(self) -> AsyncIterator[Outcome]:
+        """Every outcome no ``ask``/``outcome_for`` call is waiting for, in order."""
+        await self._ensure_pump()
+        while True:
+            yield await self._unclaimed.get()
+
+    def _expect(self, pred: Any) -> asyncio.Future[Outcome]:
+        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        # Something already pulled but unclaimed may be the one.
+        kept: list[Outcome] = []
+        while not self._unclaimed.empty():
+            o = self._unclaimed.get_nowait()
+            if not fut.done() and pred(o):
+                fut.set_result(o)
+            else:
+                kept.append(o)
+        for o in kept:
+            self._unclaimed.put_nowait(o)
+        if not fut.done():
+            self._waiters.append((pred, fut))
+        return fut
+
+    async def _ensure_pump(self) -> None:
+        if self._pump is not None:
+            return
+        durable = outcome_durable(self.agent)
+        try:
+            self._sub = await self.js.pull_subscribe_bind(durable, OUTBOUND_STREAM)
+        except Exception:  # noqa: BLE001 - not created yet: create it where allowed (open mode)
+            await ensure_agent_consumer(self.js, self.agent, prefix=self.subjects.prefix)
+            self._sub = await self.js.pull_subscribe_bind(durable, OUTBOUND_STREAM)
+        self._pump = asyncio.create_task(self._run_pump(), name=f"agent-{self.agent}-outcomes")
+
+    async def _run_pump(self) -> None:
+        while True:
+            try:
+                msgs = await self._sub.fetch(64, timeout=1.0)
+            except (NatsTimeout, TimeoutError):
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - reconnecting; try again
+                await asyncio.sleep(0.2)
+                continue
+            for m in msgs:
+                try:
+                    out = outcome_decoder.decode(m.data)
+                except msgspec.DecodeError:
+                    await m.term()
+                    continue
+                for i, (pred, fut) in enumerate(self._waiters):
+                    if not fut.done() and pred(out):
+                        fut.set_result(out)
+                        del self._waiters[i]
+                        break
+                else:
+                    self._unclaimed.put_nowait(out)
+                await m.ack()
+            self._waiters = [(p, f) for p, f in self._waiters if not f.done()]
+
+    async def close(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+            self._pump = None
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+
+def item_key(item: SurfaceItem) -> str:
+    return getattr(item, "moment_id", None) or getattr(item, "item_id", "")
+
+
+class Surface:
+    """A principal's surface: read items, answer moments."""
+
+    def __init__(self, nc: Client, principal: str, *, prefix: str = "pgw", timeout: float = 10.0) -> None:
+        self.nc = nc
+        self.principal = principal_token(principal)
+        self.subjects = Subjects(prefix)
+        self.timeout = timeout
+
+    async def pending(self) -> list[SurfaceItem]:
+        """Items still awaiting this principal (also those sent while it was offline)."""
+        msg = await self.nc.request(self.subjects.pending(self.principal), b"{}", timeout=self.timeout)
+        return list(pending_reply_decoder.decode(msg.data).items)
+
+    async def items(self) -> AsyncIterator[SurfaceItem]:
+        """Pending items first, then live ones; each item once; ``withdrawn`` as it happens."""
+        queue: asyncio.Queue[SurfaceItem] = asyncio.Queue()
+
+        async def on_msg(msg: Any) -> None:
+            with contextlib.suppress(msgspec.DecodeError):
+                queue.put_nowait(surface_item_decoder.decode(msg.data))
+
+        sub = await self.nc.subscribe(self.subjects.surface(self.principal), cb=on_msg)
+        await self.nc.flush()
+        seen: set[str] = set()
+        withdrawn: set[str] = set()
+        try:
+            for item in await self.pending():
+                seen.add(item_key(item))
+                yield item
+            while True:
+                item = await queue.get()
+                key = item_key(item)
+                if isinstance(item, WithdrawnItem):
+                    if key in withdrawn:
+                        continue
+                    withdrawn.add(key)
+                elif key in seen or key in withdrawn:
+                    continue
+                seen.add(key)
+                yield item
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def resolve(self, moment_id: str, resolution: Resolution) -> ResolveReply:
+        """Answer a moment; the reply says accepted, or why refused."""
+        body = _enc.encode(ResolveRequest(moment_id=moment_id, resolution=resolution))
+        msg = await self.nc.request(self.subjects.resolve(self.principal), body, timeout=self.timeout)
+        return resolve_reply_decoder.decode(msg.data)
+
+    async def choose(self, item: BindingMomentItem, index: int) -> ResolveReply:
+        return await self.resolve(item.moment_id, OptionChoice(index=index))
+
+    async def answer(self, item: BindingMomentItem, text: str) -> ResolveReply:
+        return await self.resolve(item.moment_id, FreeTextAnswer(text=text))
+
+    async def reject_question(self, item: BindingMomentItem, objection: str | None = None) -> ResolveReply:
+        return await self.resolve(item.moment_id, DialogueVeto(objection=objection))
+
+
+__all__ = [
+    "Agent",
+    "BindingMomentItem",
+    "ClarificationItem",
+    "Surface",
+    "ensure_agent_consumer",
+    "envelope",
+    "outcome_durable",
+]
