@@ -21,8 +21,9 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from gateway.logs import get_logger
-from gateway.stages import kind, payload, route, shape, trust
+from gateway.stages import contract, dedup, kind, limits, payload, redaction, route, shape, trust
 from gateway.stages.base import Ctx, Refuse, Turn
+from gateway.stages.state import pipeline_state
 from subjects.errors import SubjectError
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import EnvelopeOutcome, NoticeItem, Outcome, Verdict
@@ -38,7 +39,16 @@ Stage = Callable[[Ctx], Awaitable[None]]
 
 # spec 002 "Production flow": shape -> kind -> payload -> contract -> limits
 # -> redaction -> trust -> dedup -> route. Stages are inserted here in order.
-STAGES: list[Stage] = [shape.run, kind.run, payload.run, trust.run]
+STAGES: list[Stage] = [
+    shape.run,
+    kind.run,
+    payload.run,
+    contract.run,
+    limits.run,
+    redaction.run,
+    trust.run,
+    dedup.run,
+]
 
 DURABLE = "pgw-gateway"
 
@@ -55,6 +65,9 @@ class Pipeline:
             values = shape.decode_body(turn.body, self.gw.config.limits)
         except Refuse as r:
             ctx = Ctx(self.gw, turn, 0, None)
+            hint = getattr(r, "hint", None)  # ids read back where they can be (DESIGN §3.2)
+            ctx.envelope_id = shape.readable_id(hint, "envelopeId")
+            ctx.correlation_id = shape.readable_id(hint, "correlationId")
             return [await self._finish(ctx, await self._refuse(ctx, r))]
         outcomes = []
         # spec 002 "Wire serialization": processed in array order.
@@ -65,31 +78,42 @@ class Pipeline:
         return outcomes
 
     async def process_envelope(self, ctx: Ctx) -> Outcome:
+        refused = False
         try:
             for stage in self.stages:
                 await stage(ctx)
             assert ctx.kind is not None
             if "cached_outcome" in ctx.extra:  # set by the dedup stage: replay short-circuit
-                return ctx.extra["cached_outcome"]
+                return await self._finish(ctx, ctx.extra["cached_outcome"])
             outcome: Outcome = await route.HANDLERS[ctx.kind.handler](ctx)
         except Refuse as r:
+            # spec 002: validation refusals count against schemaRounds; past it, cap.breached.
+            r = await limits.count_refusal(ctx, r)
             outcome = await self._refuse(ctx, r)
-        return await self._finish(ctx, outcome)
+            refused = True
+        return await self._finish(ctx, outcome, refused=refused)
 
-    async def _finish(self, ctx: Ctx, outcome: Outcome) -> Outcome:
-        await self.gw.publisher.outcome(outcome, self.outcome_msg_id(ctx))
+    async def _finish(self, ctx: Ctx, outcome: Outcome, *, refused: bool = False) -> Outcome:
+        red = (await pipeline_state(self.gw)).redactor
+        # SR-1: no secret in any downstream byte, whatever stage produced the text.
+        outcome = red.scrub_struct(outcome)
+        msg_id = ctx.extra.get("outcome_msg_id") or self.outcome_msg_id(ctx)
+        await self.gw.publisher.outcome(outcome, msg_id)
+        await dedup.settle(ctx, outcome, msg_id, refused)
         for hook in self.gw.outcome_hooks:
             await hook(ctx, outcome)
         status = getattr(outcome, "status", outcome.__struct_config__.tag)
+        code = getattr(outcome, "code", None)
         log.info(
             "envelope",
-            envelope_id=ctx.envelope_id,
+            envelope_id=red.text(ctx.envelope_id) if ctx.envelope_id else None,
             agent=ctx.agent,
             principal=ctx.principal,
-            type=ctx.env.type if ctx.env else None,
+            type=red.text(ctx.env.type[:128]) if ctx.env else None,
             status=status,
-            code=getattr(outcome, "code", None),
+            code=red.text(code) if code else None,
             moment_id=getattr(outcome, "moment_id", None),
+            replayed=getattr(outcome, "replayed", False) or None,
             seq=ctx.turn.stream_seq,
         )
         return outcome
@@ -121,6 +145,8 @@ class Pipeline:
             untrusted=ctx.untrusted,
             traceparent=ctx.turn.traceparent,
         )
+        red = (await pipeline_state(self.gw)).redactor
+        verdict = red.scrub_struct(verdict)
         pubs = [self.gw.publisher.verdict(verdict)]
         if r.notice is not None and ctx.principal:
             # spec 000 §9.3 / §12.5: the principal sees the conventional payload
@@ -136,7 +162,7 @@ class Pipeline:
                 diagnostic=f"The agent's binding moment was discarded as malformed: {r.reason}",
                 conventional=r.notice,
             )
-            pubs.append(self.gw.publisher.surface(notice, f"notice:{ctx.agent}:{seq}:{idx}"))
+            pubs.append(self.gw.publisher.surface(red.scrub_struct(notice), f"notice:{ctx.agent}:{seq}:{idx}"))
         await asyncio.gather(*pubs)
         return EnvelopeOutcome(
             agent=ctx.agent,

@@ -120,16 +120,22 @@ class Agent:
         self._pump: asyncio.Task[None] | None = None
         self._waiters: list[tuple[Any, asyncio.Future[Outcome]]] = []
         self._unclaimed: asyncio.Queue[Outcome] = asyncio.Queue()
+        self._sent: dict[str, None] = {}  # msg ids published by this process (DESIGN §7)
 
     async def send(self, body: dict[str, Any] | list[dict[str, Any]]) -> str:
         """Publish one envelope (or a turn: a list of them); return the (first) envelope id."""
         first = body[0] if isinstance(body, list) else body
         eid = str(first["envelopeId"])
-        await self.js.publish(
-            self.subjects.envelope(self.agent),
-            _enc.encode(body),
-            headers={"Nats-Msg-Id": f"{self.agent}:{eid}"},
-        )
+        subject, data, mid = self.subjects.envelope(self.agent), _enc.encode(body), f"{self.agent}:{eid}"
+        retry = mid in self._sent  # our own earlier attempt may be the stored one
+        self._sent[mid] = None
+        if len(self._sent) > 10_000:
+            self._sent.pop(next(iter(self._sent)))
+        ack = await self.js.publish(subject, data, headers={"Nats-Msg-Id": mid})
+        if ack.duplicate and not retry:
+            # DESIGN §7: someone pre-used our id to get this envelope dropped;
+            # re-send under an unguessable id (gateway dedup absorbs a true repeat).
+            await self.js.publish(subject, data, headers={"Nats-Msg-Id": f"{mid}:{uuid.uuid4().hex}"})
         return eid
 
     async def send_moment(
@@ -165,9 +171,13 @@ class Agent:
         assert isinstance(out, EnvelopeOutcome)
         if out.status != "accepted" or not out.moment_id:
             raise RefusedError(out.code or out.status, out.reason or "refused")
-        mid = out.moment_id
+        return await self.resolution_for(out.moment_id, timeout=timeout)
+
+    async def resolution_for(self, moment_id: str, *, timeout: float | None = None) -> ResolutionOutcome:
+        """Wait for the principal's answer to ``moment_id``; RefusedError if it expires."""
+        await self._ensure_pump()
         final = await asyncio.wait_for(
-            self._expect(lambda o: getattr(o, "moment_id", None) == mid and not isinstance(o, EnvelopeOutcome)),
+            self._expect(lambda o: getattr(o, "moment_id", None) == moment_id and not isinstance(o, EnvelopeOutcome)),
             timeout,
         )
         if not isinstance(final, ResolutionOutcome):

@@ -84,6 +84,8 @@ class Refuse(Exception):  # noqa: N818 - a control-flow signal, not an error con
         self.notice = notice
         self.silent = silent  # discard-and-warn: no failure outcome, only a warning
 
+    hint: Any = None  # a best-effort parse of an undecodable body, to read ids back
+
     @property
     def refusal(self) -> Refusal:
         return Refusal(code=self.code, reason=self.reason, details=self.details)

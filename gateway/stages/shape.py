@@ -72,13 +72,23 @@ def decode_body(body: bytes, limits: LimitsConfig) -> list[Any]:
     except RecursionError:
         raise _refuse(f"nested deeper than {limits.max_depth} levels") from None
     except ValueError as e:  # JSONDecodeError, duplicates, NaN, over-long integers
-        raise _refuse(f"body is not valid JSON: {str(e)[:200]}") from None
+        r = _refuse(f"body is not valid JSON: {str(e)[:200]}")
+        r.hint = _lenient(text)
+        raise r from None
     _check_graph(value, limits)
     if isinstance(value, list):
         if not value:
             raise _refuse("a turn must hold at least one envelope")
         return value
     return [value]
+
+
+def _lenient(text: str) -> Any:
+    """Best-effort parse (last duplicate wins, NaN allowed) only to read ids back to the agent."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
 
 
 def readable_id(raw: Any, key: str) -> str | None:

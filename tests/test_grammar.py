@@ -1,0 +1,106 @@
+"""Each spec 000 §5-§6 grammar violation is refused with its own reason, and nothing reaches the surface."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import msgspec
+import pytest
+
+from gateway.stages.moment_grammar import check_binding_moment
+from subjects.client import Agent, Surface
+from tests.moments import GOOD_MOMENT
+
+
+def mutate(path: str, value: object = ...) -> dict:
+    """GOOD_MOMENT with ``path`` (dot/index path) set to ``value``, or deleted if ``...``."""
+    m = copy.deepcopy(GOOD_MOMENT)
+    parts = path.split(".")
+    cur: object = m
+    for p in parts[:-1]:
+        cur = cur[int(p)] if isinstance(cur, list) else cur[p]  # type: ignore[index]
+    last = parts[-1]
+    if value is ...:
+        del cur[int(last) if isinstance(cur, list) else last]  # type: ignore[arg-type]
+    elif isinstance(cur, list):
+        cur[int(last)] = value
+    else:
+        cur[last] = value  # type: ignore[index]
+    return m
+
+
+VIOLATIONS = [
+    ("synopsis", ..., "missing_member"),
+    ("findings", ..., "missing_member"),
+    ("recommendations", ..., "missing_member"),
+    ("offer", ..., "missing_member"),
+    ("question", ..., "missing_member"),
+    ("extra_slot", "x", "unknown_member"),
+    ("synopsis", "", "synopsis"),
+    ("findings", "not a list", "findings"),
+    ("recommendations", [1, 2], "recommendations"),
+    ("question.stem", ..., "missing_member"),
+    ("question.options", [{"label": "Only one", "reasoning": "r"}], "options_count"),
+    ("question.options", [{"label": f"o{i}", "reasoning": "r"} for i in range(5)], "options_count"),
+    ("question.options", "a, b", "options_type"),
+    ("question.options.1.label", ..., "option_label"),
+    ("question.options.1.reasoning", ..., "option_reasoning"),
+    ("question.options.0", "just a label", "option_type"),
+    ("question.recommended_idx", ..., "recommended_idx_missing"),
+    ("question.recommended_idx", 3, "recommended_idx_range"),
+    ("question.recommended_idx", -1, "recommended_idx_range"),
+    ("question.recommended_idx", [0, 1], "recommended_idx_type"),
+    ("question.recommended_idx", True, "recommended_idx_type"),
+    ("question.recommended_idx", 0.0, "recommended_idx_type"),
+    ("question.hatches", ..., "missing_member"),
+    ("question.hatches.free_text", "yes", "hatch_not_boolean"),
+    ("question.hatches.dialogue", ..., "hatch_not_boolean"),
+    ("question.options.0.label", "x" * 201, "string_too_long"),
+]
+
+
+def test_good_moment_has_no_violations():
+    """The realistic good moment passes the grammar (a false refusal would be a bug)."""
+    assert check_binding_moment(GOOD_MOMENT) == []
+
+
+@pytest.mark.parametrize(("path", "value", "rule"), VIOLATIONS)
+def test_each_violation_has_its_own_rule(path, value, rule):
+    """Every machine-checkable slot rule of spec 000 §5-§6 is reported with its own rule name."""
+    rules = [d.rule for d in check_binding_moment(mutate(path, value))]
+    assert rule in rules, rules
+
+
+async def test_grammar_violations_are_refused_end_to_end(gateway, nc):
+    """Malformed moments are refused to the agent with their rule, get a blocked verdict, and never reach the surface."""
+    agent = Agent(nc, "grammar-agent")
+    surface = Surface(nc, "alice")
+    seen: list[object] = []
+
+    async def watch() -> None:
+        async for item in surface.items():
+            seen.append(item)
+
+    watcher = asyncio.create_task(watch())
+    cases = [VIOLATIONS[i] for i in (0, 10, 14, 17, 23)]
+    for path, value, rule in cases:
+        eid = await agent.send_moment("alice", mutate(path, value))
+        out = await agent.outcome_for(eid, timeout=10)
+        assert (out.status, out.code) == ("invalid", "envelope_invalid"), out
+        assert rule in [d.rule for d in out.details]
+    # A good one afterwards goes through, proving the surface was listening all along.
+    eid = await agent.send_moment("alice", GOOD_MOMENT)
+    ok = await agent.outcome_for(eid, timeout=10)
+    assert ok.status == "accepted"
+    for _ in range(100):
+        if seen:
+            break
+        await asyncio.sleep(0.05)
+    watcher.cancel()
+    assert [getattr(i, "moment_id", None) for i in seen] == [ok.moment_id]
+    js = nc.jetstream()
+    info = await js.stream_info("PGW_VERDICTS")
+    verdicts = [msgspec.json.decode((await js.get_msg("PGW_VERDICTS", s)).data) for s in range(1, info.state.last_seq + 1)]
+    assert sorted(v["verdict_class"] for v in verdicts) == ["blocked"] * len(cases) + ["hitl_dispatched"]
+    await agent.close()

@@ -1,0 +1,71 @@
+"""`pgw up` in a subprocess: starts, serves the demo, refuses a second instance, stops cleanly on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PGW = str(Path(sys.executable).parent / "pgw")
+
+
+def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 30.0) -> tuple[str, re.Match]:
+    """Read the child's stdout until ``pattern`` matches (the banner is printed to stdout)."""
+    buf = ""
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), False)
+    while time.monotonic() < deadline:
+        chunk = proc.stdout.read()
+        if chunk:
+            buf += chunk.decode(errors="replace")
+            m = re.search(pattern, buf)
+            if m:
+                return buf, m
+        elif proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise AssertionError(f"pattern {pattern!r} not seen; output so far:\n{buf}")
+
+
+@pytest.mark.slow
+def test_up_starts_serves_and_stops_cleanly(tmp_path):
+    """`pgw up` prints where to connect, the demo runs against it, a second `up` is refused, SIGINT stops it all."""
+    cfg = tmp_path / "pgw.toml"
+    cfg.write_text("[server]\nport = -1\nmonitor_port = -1\nwebsocket_port = -1\n")
+    data = tmp_path / "data"
+    env = {**os.environ, "PGW_LOG_LEVEL": "WARNING"}
+    proc = subprocess.Popen(
+        [PGW, "--config", str(cfg), "--data-dir", str(data), "--log-format", "json", "up"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+    )
+    try:
+        _, m = read_until(proc, r"NATS\s+(nats://127\.0\.0\.1:\d+)")
+        url = m.group(1)
+        demo = subprocess.run([PGW, "demo", "--server", url], capture_output=True, text=True, timeout=60, env=env)
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        assert "<- resolution on" in demo.stdout and "recommended" in demo.stdout
+
+        second = subprocess.run(
+            [PGW, "--config", str(cfg), "--data-dir", str(data), "up"], capture_output=True, text=True, timeout=30, env=env
+        )
+        assert second.returncode == 1
+        assert "already running" in second.stderr
+
+        server_pids = [int(p.stem.split("_")[-1]) for p in (data / "nats" / "run").glob("*.ports")]
+        assert server_pids, "the embedded server wrote no ports file"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        for pid in server_pids:  # the embedded nats-server is gone too
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
