@@ -20,6 +20,7 @@ run: $(STAMP)
 	$(BIN)/pgw up
 
 test: $(STAMP)
+	-sh tests/web/setup.sh
 	$(BIN)/python -m pytest -q -m "not chaos_long" -p no:cacheprovider
 
 security: $(STAMP)

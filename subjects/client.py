@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,6 +26,7 @@ from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 
 from subjects.errors import RefusedError
 from subjects.names import Subjects, agent_token, principal_token
@@ -36,6 +38,7 @@ from subjects.wire import (
     DialogueVeto,
     EnvelopeOutcome,
     FreeTextAnswer,
+    NoticeItem,
     OptionChoice,
     Outcome,
     ResolutionOutcome,
@@ -219,11 +222,14 @@ class Agent:
         if self._pump is not None:
             return
         durable = outcome_durable(self.agent)
+        # pull_subscribe_bind does not check that the consumer exists: ask first.
+        # The gateway creates it for configured agents and on an agent's first
+        # message; in open mode an agent that has never sent creates it itself.
         try:
-            self._sub = await self.js.pull_subscribe_bind(durable, OUTBOUND_STREAM)
-        except Exception:  # noqa: BLE001 - not created yet: create it where allowed (open mode)
+            await self.js.consumer_info(OUTBOUND_STREAM, durable)
+        except NotFoundError:
             await ensure_agent_consumer(self.js, self.agent, prefix=self.subjects.prefix)
-            self._sub = await self.js.pull_subscribe_bind(durable, OUTBOUND_STREAM)
+        self._sub = await self.js.pull_subscribe_bind(durable, OUTBOUND_STREAM)
         self._pump = asyncio.create_task(self._run_pump(), name=f"agent-{self.agent}-outcomes")
 
     async def _run_pump(self) -> None:
@@ -288,8 +294,23 @@ class Surface:
         queue: asyncio.Queue[SurfaceItem] = asyncio.Queue()
 
         async def on_msg(msg: Any) -> None:
-            with contextlib.suppress(msgspec.DecodeError):
+            try:
                 queue.put_nowait(surface_item_decoder.decode(msg.data))
+            except msgspec.DecodeError as e:
+                # spec 000 §9.3: what cannot be rendered falls back to a notice,
+                # never to a partial decision and never to silence.
+                queue.put_nowait(
+                    NoticeItem(
+                        agent="unknown",
+                        principal=self.principal,
+                        created_at=now_rfc3339(),
+                        untrusted=True,
+                        item_id=hashlib.sha256(msg.data).hexdigest()[:32],
+                        envelope_id="",
+                        diagnostic=f"this surface could not read an item: {str(e)[:200]}",
+                        conventional=msg.data[:4096].decode("utf-8", "replace"),
+                    )
+                )
 
         sub = await self.nc.subscribe(self.subjects.surface(self.principal), cb=on_msg)
         await self.nc.flush()

@@ -1,0 +1,523 @@
+// The browser surface of Principal Gateway (DESIGN §4, spec 000 §9).
+//
+// Connects straight to NATS over the server's WebSocket listener with the
+// principal's own credentials (@nats-io/nats-core wsconnect), subscribes to
+// principal.{P}.surface, asks principal.{P}.pending for what is still waiting,
+// answers on principal.{P}.resolve and shows the gateway's reply. Every item
+// goes through planItem (plan.js) first; only plans are rendered, and only
+// with textContent, never as HTML.
+
+import {
+  credsAuthenticator,
+  nkeyAuthenticator,
+  wsconnect,
+} from "@nats-io/nats-core";
+import { planItem } from "./plan.js";
+
+window.pgwPlan = planItem; // for the cross-model test, and for curious principals
+
+const enc = new TextEncoder();
+const dec = new TextDecoder();
+
+const REFUSALS = {
+  already_resolved: "This moment was already answered, on another device or surface.",
+  expired: "This moment expired before your answer arrived.",
+  unknown_moment: "The gateway does not know this moment.",
+  hatch_closed: "That hatch is closed for this moment.",
+  index_out_of_range: "No such option.",
+  untrusted_content_blocks_approval: "Untrusted content cannot approve the action it gates.",
+};
+const GONE = new Set(["already_resolved", "expired", "unknown_moment"]);
+
+// ---------------------------------------------------------------------------
+// DOM helpers (textContent only: agent text is never parsed as HTML)
+// ---------------------------------------------------------------------------
+
+function put(el, ...children) {
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k === "text") el.textContent = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+  return put(el, ...children);
+}
+
+function fmtTime(ts) {
+  if (!ts) return "";
+  const d = new Date(ts);
+  if (Number.isNaN(d.getTime())) return ts;
+  return d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+}
+
+// ---------------------------------------------------------------------------
+// State
+// ---------------------------------------------------------------------------
+
+const state = {
+  nc: null,
+  subjects: null,
+  cards: new Map(), // key -> {plan, el}
+  seen: new Set(),
+  closed: new Set(),
+  answeredHere: new Set(),
+  inFlight: new Set(), // moments this tab is answering: their reply is shown before the card goes
+};
+
+const $list = () => document.getElementById("items");
+const $empty = () => document.getElementById("empty");
+const $activity = () => document.getElementById("activity");
+
+function setConn(status, text) {
+  const el = document.getElementById("conn");
+  el.dataset.status = status;
+  el.querySelector(".conn-text").textContent = text;
+}
+
+function logActivity(text, kind = "info") {
+  const li = h("li", { class: `activity-${kind}` }, h("time", { text: new Date().toLocaleTimeString() }), " ", text);
+  $activity().prepend(li);
+  document.getElementById("activity-section").hidden = false;
+}
+
+function updateEmpty() {
+  const n = state.cards.size;
+  $empty().hidden = n > 0;
+  document.getElementById("count").textContent = n === 1 ? "1 item waiting" : `${n} items waiting`;
+}
+
+function keyOf(item) {
+  if (!item || typeof item !== "object") return null;
+  const id = item.moment_id || item.item_id;
+  return typeof id === "string" && typeof item.item === "string" ? [item.item, id] : null;
+}
+
+// Each item once; never resurrect a moment already withdrawn (DESIGN §4.1).
+function fresh(item) {
+  const k = keyOf(item);
+  if (!k) return true;
+  const s = k.join("\u0000");
+  if (state.seen.has(s)) return false;
+  state.seen.add(s);
+  if (k[0] === "withdrawn") {
+    state.closed.add(k[1]);
+    return true;
+  }
+  return !state.closed.has(k[1]);
+}
+
+function accept(item) {
+  if (!fresh(item)) return;
+  const plan = planItem(item);
+  if (plan.plan === "withdraw") {
+    const card = state.cards.get(plan.moment_id);
+    if (card && state.inFlight.has(plan.moment_id)) {
+      card.withdrawn = plan.reason; // resolve() shows this tab's reply, then removes the card
+    } else if (card) {
+      removeCard(plan.moment_id);
+      if (!state.answeredHere.has(plan.moment_id)) {
+        const what = card.plan.synopsis || "a moment";
+        const why = plan.reason === "resolved" ? "was answered on another device" : plan.reason === "expired" ? "expired unanswered" : "was withdrawn by the agent";
+        logActivity(`“${what}” ${why}.`, "withdrawn");
+      }
+    }
+    return;
+  }
+  const key = plan.moment_id || plan.item_id || `anon-${state.seen.size}-${Math.random()}`;
+  if (state.cards.has(key)) return;
+  const el = renderPlan(plan, key);
+  state.cards.set(key, { plan, el });
+  $list().append(el);
+  updateEmpty();
+}
+
+function removeCard(key) {
+  const card = state.cards.get(key);
+  if (!card) return;
+  state.cards.delete(key);
+  card.el.remove();
+  updateEmpty();
+}
+
+// ---------------------------------------------------------------------------
+// Rendering (spec 000 §9.1 invariants; the plan already enforces them)
+// ---------------------------------------------------------------------------
+
+function cardHeader(plan, label) {
+  return h(
+    "header",
+    { class: "card-head" },
+    h("span", { class: "kind", text: label }),
+    h("span", { class: "agent" }, "from agent ", h("strong", { text: plan.agent })),
+    plan.created_at ? h("time", { class: "when", datetime: plan.created_at, text: fmtTime(plan.created_at) }) : null,
+  );
+}
+
+function untrustedBanner(plan) {
+  if (!plan.untrusted) return null;
+  return h(
+    "div",
+    { class: "banner banner-untrusted", role: "note" },
+    h("strong", { text: "Untrusted content. " }),
+    "This was built from content the gateway marked untrusted. Check it before you rely on it; it cannot approve an action on its own.",
+  );
+}
+
+function replyBox() {
+  return h("div", { class: "reply", role: "status", "aria-live": "polite" });
+}
+
+function showReply(card, ok, text) {
+  const box = card.querySelector(".reply");
+  box.className = `reply ${ok ? "reply-ok" : "reply-refused"}`;
+  box.textContent = text;
+}
+
+async function resolve(key, resolution, card, what) {
+  const buttons = card.querySelectorAll("button, input, textarea");
+  buttons.forEach((b) => (b.disabled = true));
+  showReply(card, true, "Sending your answer…");
+  state.inFlight.add(key);
+  let reply;
+  try {
+    const msg = await state.nc.request(
+      state.subjects.resolve,
+      enc.encode(JSON.stringify({ moment_id: key, resolution })),
+      { timeout: 10000 },
+    );
+    reply = JSON.parse(dec.decode(msg.data));
+  } catch (e) {
+    reply = { status: "refused", code: "unreachable", reason: `The gateway did not answer (${e.message}). Nothing was recorded; try again.` };
+  }
+  state.inFlight.delete(key);
+  const withdrawn = state.cards.get(key)?.withdrawn;
+  if (reply.status === "accepted") {
+    state.answeredHere.add(key);
+    card.classList.add("answered");
+    showReply(card, true, `Accepted: ${what}. The agent has your answer.`);
+    logActivity(`You answered “${state.cards.get(key)?.plan.synopsis || "a question"}”: ${what}.`, "ok");
+    setTimeout(() => removeCard(key), 2500);
+  } else {
+    const text = REFUSALS[reply.code] || reply.reason || "Refused.";
+    showReply(card, false, `Not accepted — ${text}${reply.code ? ` (${reply.code})` : ""}`);
+    if (GONE.has(reply.code) || withdrawn) {
+      card.classList.add("answered");
+      setTimeout(() => removeCard(key), 4000);
+    } else {
+      buttons.forEach((b) => (b.disabled = false));
+      card.dispatchEvent(new Event("pgw-reenable"));
+    }
+  }
+}
+
+function renderDecision(plan, key) {
+  const card = h("article", {
+    class: `card card-decision${plan.untrusted ? " is-untrusted" : ""}`,
+    "data-moment-id": plan.moment_id,
+    "aria-labelledby": `syn-${key}`,
+  });
+  const meta = h(
+    "div",
+    { class: "meta" },
+    plan.hem ? h("span", { class: "chip chip-hem", text: "Approval before action" }) : null,
+    plan.decision_class ? h("span", { class: "chip", text: plan.decision_class }) : null,
+    plan.expires_at ? h("span", { class: "chip chip-expiry", text: `Answer by ${fmtTime(plan.expires_at)}` }) : null,
+  );
+  const briefing = h(
+    "section",
+    { class: "briefing", "aria-label": "Briefing" },
+    plan.calibration_note ? h("p", { class: "calibration" }, h("strong", { text: "Note from the agent: " }), plan.calibration_note) : null,
+    h("h2", { class: "synopsis", id: `syn-${key}`, text: plan.synopsis }),
+    h(
+      "div",
+      { class: "brief-cols" },
+      h("div", {}, h("h3", { text: "Findings" }), h("ul", { class: "findings" }, plan.findings.map((f) => h("li", { text: f })))),
+      h("div", {}, h("h3", { text: "Recommendations" }), h("ul", { class: "recommendations" }, plan.recommendations.map((r) => h("li", { text: r })))),
+    ),
+    h("p", { class: "offer", text: plan.offer }),
+  );
+  let chosen = null;
+  const submit = h("button", { type: "submit", class: "btn btn-primary answer", disabled: true, text: "Choose an option" });
+  const options = plan.options.map((o) => {
+    const id = `opt-${key}-${o.index}`;
+    const input = h("input", { type: "radio", name: `opt-${key}`, id, value: String(o.index) });
+    input.addEventListener("change", () => {
+      chosen = o.index;
+      submit.disabled = false;
+      submit.textContent = `Answer: ${o.label}`;
+    });
+    return h(
+      "label",
+      { class: `option${o.recommended ? " recommended" : ""}`, for: id, "data-index": String(o.index) },
+      input,
+      h(
+        "span",
+        { class: "option-body" },
+        h("span", { class: "option-label" }, h("span", { text: o.label }), o.recommended ? h("span", { class: "badge-rec", text: "Recommended by the agent" }) : null),
+        h("span", { class: "option-reasoning", text: o.reasoning }),
+      ),
+    );
+  });
+  const form = h(
+    "form",
+    {
+      class: "decision",
+      onsubmit: (ev) => {
+        ev.preventDefault();
+        if (chosen === null) return;
+        resolve(plan.moment_id, { kind: "option", index: chosen }, card, `“${plan.options[chosen].label}”`);
+      },
+    },
+    h("fieldset", {}, h("legend", { class: "stem", text: plan.stem }), options),
+    h("div", { class: "actions" }, submit),
+  );
+  // Every hatch marked true is its own affordance (spec 000 §9.1, §12.3).
+  const hatchRow = h("div", { class: "hatches", role: "group", "aria-label": "Escape hatches" });
+  const panels = h("div", { class: "hatch-panels" });
+  for (const hatch of plan.hatches) {
+    const panelId = `hatch-${hatch.kind}-${key}`;
+    const ta = h("textarea", {
+      id: `${panelId}-text`,
+      rows: "3",
+      maxlength: "4000",
+      placeholder: hatch.kind === "free_text" ? "Your answer, in your own words" : "Optional: what is wrong with the question?",
+    });
+    const send = h("button", { type: "submit", class: "btn btn-primary", text: hatch.kind === "free_text" ? "Send my answer" : "Send: reject the question" });
+    const panel = h(
+      "form",
+      {
+        class: `hatch-panel hatch-${hatch.kind}`,
+        id: panelId,
+        hidden: true,
+        onsubmit: (ev) => {
+          ev.preventDefault();
+          const text = ta.value.trim();
+          if (hatch.kind === "free_text") {
+            if (!text) {
+              ta.focus();
+              return;
+            }
+            resolve(plan.moment_id, { kind: "free_text", text }, card, "your own answer");
+          } else {
+            resolve(plan.moment_id, text ? { kind: "dialogue", objection: text } : { kind: "dialogue" }, card, "you rejected the question");
+          }
+        },
+      },
+      h("label", { for: `${panelId}-text`, text: hatch.kind === "free_text" ? hatch.hint : "Reject the question and reopen deliberation with the agent." }),
+      ta,
+      h(
+        "div",
+        { class: "actions" },
+        send,
+        h("button", { type: "button", class: "btn btn-quiet", text: "Cancel", onclick: () => (panel.hidden = true) }),
+      ),
+    );
+    const btn = h("button", {
+      type: "button",
+      class: `btn btn-hatch hatch-${hatch.kind}`,
+      "aria-controls": panelId,
+      title: hatch.hint,
+      onclick: () => {
+        for (const p of panels.children) if (p !== panel) p.hidden = true;
+        panel.hidden = !panel.hidden;
+        if (!panel.hidden) ta.focus();
+      },
+      text: hatch.label,
+    });
+    hatchRow.append(btn);
+    panels.append(panel);
+  }
+  put(
+    card,
+    cardHeader(plan, plan.hem ? "Approval" : "Decision"),
+    untrustedBanner(plan),
+    meta.childElementCount ? meta : null,
+    briefing,
+    h("section", { class: "binding", "aria-label": "Decision" }, form, plan.hatches.length ? h("div", { class: "hatch-block" }, h("span", { class: "hatch-intro", text: "None of these fits?" }), hatchRow) : null, panels),
+    replyBox(),
+  );
+  return card;
+}
+
+function renderClarification(plan, key) {
+  const card = h("article", { class: `card card-clarification${plan.untrusted ? " is-untrusted" : ""}`, "data-moment-id": plan.moment_id });
+  const inputs = plan.questions.map((q, i) => {
+    const id = `q-${key}-${i}`;
+    return [q.id, h("div", { class: "question" }, h("label", { for: id, text: q.question }), h("textarea", { id, rows: "2", maxlength: "4000", required: true }))];
+  });
+  const form = h(
+    "form",
+    {
+      onsubmit: (ev) => {
+        ev.preventDefault();
+        const answers = {};
+        for (const [qid, box] of inputs) answers[qid] = box.querySelector("textarea").value.trim();
+        if (Object.values(answers).some((v) => !v)) return;
+        resolve(plan.moment_id, { kind: "answers", answers }, card, "your answers");
+      },
+    },
+    inputs.map(([, el]) => el),
+    h("div", { class: "actions" }, h("button", { type: "submit", class: "btn btn-primary", text: "Send answers" })),
+  );
+  put(
+    card,
+    cardHeader(plan, "Question"),
+    untrustedBanner(plan),
+    plan.expires_at ? h("div", { class: "meta" }, h("span", { class: "chip chip-expiry", text: `Answer by ${fmtTime(plan.expires_at)}` })) : null,
+    h("h2", { class: "synopsis", text: plan.questions.length > 1 ? "The agent asks you some questions" : "The agent asks you a question" }),
+    form,
+    replyBox(),
+  );
+  return card;
+}
+
+function dismissButton(key) {
+  return h("div", { class: "actions" }, h("button", { type: "button", class: "btn btn-quiet", text: "Dismiss", onclick: () => removeCard(key) }));
+}
+
+function renderAuthorization(plan, key) {
+  const blocked = plan.status === "BLOCKED";
+  const card = h("article", { class: `card card-authorization${blocked ? " is-blocked" : ""}`, "data-item-id": plan.item_id });
+  put(
+    card,
+    cardHeader(plan, blocked ? "BLOCKED" : "Authorization"),
+    untrustedBanner(plan),
+    h("h2", { class: "synopsis", text: blocked ? "BLOCKED: this authorization envelope is not shown" : plan.title }),
+    h("p", { class: "muted", text: `Workflow ${plan.workflow_id} · variant ${plan.variant}` }),
+    h("dl", { class: "fields" }, plan.fields.map((f) => [h("dt", { text: f.label }), h("dd", { text: f.value })])),
+    dismissButton(key),
+  );
+  return card;
+}
+
+function renderNotice(plan, key) {
+  const card = h("article", { class: "card card-notice", "data-item-id": plan.item_id });
+  put(
+    card,
+    cardHeader(plan, "Notice"),
+    untrustedBanner(plan),
+    h("h2", { class: "synopsis", text: "Not a decision: shown as a notice" }),
+    h("p", { class: "diagnostic", text: plan.diagnostic }),
+    plan.conventional !== null ? h("div", {}, h("h3", { text: "What the agent sent" }), h("pre", { class: "conventional", text: plan.conventional })) : null,
+    dismissButton(key),
+  );
+  return card;
+}
+
+function renderPlan(plan, key) {
+  switch (plan.plan) {
+    case "decision":
+      return renderDecision(plan, key);
+    case "clarification":
+      return renderClarification(plan, key);
+    case "authorization":
+      return renderAuthorization(plan, key);
+    default:
+      return renderNotice(plan, key);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// NATS
+// ---------------------------------------------------------------------------
+
+function authOptions(auth) {
+  if (!auth) return {};
+  switch (auth.type) {
+    case "nkey":
+      return { authenticator: nkeyAuthenticator(enc.encode(auth.value)), ...(auth.inbox_prefix ? { inboxPrefix: auth.inbox_prefix } : {}) };
+    case "creds":
+      return { authenticator: credsAuthenticator(enc.encode(auth.value)) };
+    case "userpass":
+      return { user: auth.user, pass: auth.pass };
+    case "token":
+      return { token: auth.value };
+    default:
+      throw new Error(`unsupported credentials type ${auth.type}`);
+  }
+}
+
+async function loadPending({ reconcile = false } = {}) {
+  const msg = await state.nc.request(state.subjects.pending, enc.encode("{}"), { timeout: 10000 });
+  const reply = JSON.parse(dec.decode(msg.data));
+  const items = reply.items || [];
+  if (reconcile) {
+    // After a reconnect: a moment that left the pending set while we were
+    // offline had its `withdrawn` sent then; drop its card now.
+    const still = new Set(items.map((i) => i && (i.moment_id || i.item_id)));
+    for (const [key, card] of [...state.cards]) {
+      const answerable = card.plan.plan === "decision" || card.plan.plan === "clarification";
+      if (answerable && !still.has(key) && !state.inFlight.has(key)) {
+        state.closed.add(key);
+        removeCard(key);
+        logActivity(`“${card.plan.synopsis || "A question"}” is no longer waiting (answered or expired while this page was offline).`, "withdrawn");
+      }
+    }
+  }
+  for (const item of items) accept(item);
+}
+
+async function main() {
+  const token = new URLSearchParams(location.search).get("t") || "";
+  const cfg = await (await fetch(`/config.json?t=${encodeURIComponent(token)}`, { cache: "no-store" })).json();
+  document.getElementById("principal").textContent = `~${cfg.principal}`;
+  document.title = `~${cfg.principal} · Principal Gateway`;
+  const p = `${cfg.prefix}.principal.${cfg.principal}`;
+  state.subjects = { surface: `${p}.surface`, resolve: `${p}.resolve`, pending: `${p}.pending` };
+  setConn("connecting", "Connecting…");
+  state.nc = await wsconnect({
+    servers: cfg.ws_url.split(",").map((u) => u.trim()),
+    name: `pgw-surface-web-${cfg.principal}`,
+    maxReconnectAttempts: -1,
+    reconnectTimeWait: 1000,
+    ...authOptions(cfg.auth),
+  });
+  // Subscribe before asking for the snapshot, so nothing falls in between.
+  const queue = [];
+  let ready = false;
+  const sub = state.nc.subscribe(state.subjects.surface);
+  (async () => {
+    for await (const m of sub) {
+      let item;
+      try {
+        item = JSON.parse(dec.decode(m.data));
+      } catch {
+        item = dec.decode(m.data);
+      }
+      if (ready) accept(item);
+      else queue.push(item);
+    }
+  })();
+  await state.nc.flush();
+  await loadPending();
+  ready = true;
+  queue.splice(0).forEach(accept);
+  setConn("connected", "Connected");
+  document.body.dataset.ready = "true";
+  (async () => {
+    for await (const s of state.nc.status()) {
+      if (s.type === "disconnect") setConn("offline", "Offline — reconnecting…");
+      if (s.type === "reconnect") {
+        setConn("connected", "Connected");
+        loadPending({ reconcile: true }).catch(() => {});
+      }
+    }
+  })();
+}
+
+main().catch((e) => {
+  setConn("offline", "Not connected");
+  const box = document.getElementById("fatal");
+  box.hidden = false;
+  box.textContent = `Could not connect to the gateway: ${e.message}`;
+});

@@ -1,0 +1,122 @@
+"""``pgw surface`` (terminal) and ``pgw surface-web`` (browser): principal surfaces.
+
+Both speak only the bus contract (DESIGN §4) with the principal's own
+credentials: ``--creds FILE`` (global option, before or after the subcommand), else
+``{creds_dir}/principal-{P}.creds`` when ``pgw creds`` made one, else none.
+See docs/surfaces.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from subjects.names import principal_token
+
+if TYPE_CHECKING:
+    from gateway.config import Config
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "surface",
+        help="terminal surface: read and answer a principal's binding moments",
+        description="Show a principal's pending moments and answer them: arrow keys pick an option, "
+        "f answers in your own words, d rejects the question, Enter answers. "
+        "--json prints items as JSON lines and reads answers (ResolveRequest JSON lines) from stdin.",
+    )
+    p.add_argument("--principal", "-p", required=True, help="principal handle (alice or ~alice)")
+    p.add_argument("--json", action="store_true", help="non-interactive: JSON lines out, answers from stdin")
+    p.add_argument("--follow", action="store_true", help="with --json: keep running after stdin ends")
+    p.add_argument("--no-color", action="store_true", help="no ANSI colours")
+    p.set_defaults(handler=run_surface)
+
+    w = sub.add_parser(
+        "surface-web",
+        help="browser surface: serve the page on localhost for a principal",
+        description="Serve the browser surface on 127.0.0.1. The page connects to NATS over the "
+        "server's WebSocket listener with the principal's credentials.",
+    )
+    w.add_argument("--principal", "-p", required=True, help="principal handle (alice or ~alice)")
+    w.add_argument("--port", type=int, help="HTTP port on 127.0.0.1 (default: surfaces.web_port, 8765; 0 = any)")
+    w.add_argument("--ws-url", help="NATS WebSocket URL (default: surfaces.ws_url or the embedded server's)")
+    w.add_argument("--open", action="store_true", help="open the page in the default browser")
+    w.set_defaults(handler=run_surface_web)
+
+
+def principal_creds(args: argparse.Namespace, config: Config, principal: str) -> str | None:
+    """The credentials to use: explicit, else the file ``pgw creds`` wrote for this principal."""
+    if config.creds:  # --creds (before or after the subcommand) or $NATS_CREDS
+        return config.creds
+    creds_dir = Path(config.security.creds_dir) if config.security.creds_dir else config.data_path / "creds"
+    candidate = creds_dir / f"principal-{principal}.creds"
+    return str(candidate) if candidate.exists() else None
+
+
+def ws_url_of(args: argparse.Namespace, config: Config) -> str:
+    if getattr(args, "ws_url", None):
+        return args.ws_url
+    if config.surfaces.ws_url:
+        return config.surfaces.ws_url
+    return f"ws://{config.server.host}:{config.server.websocket_port}"
+
+
+async def run_surface(args: argparse.Namespace, config: Config) -> int:
+    from consumers.surfaces.feed import ConnectionWatch, SurfaceFeed, connect_principal
+    from consumers.surfaces.terminal import TerminalSurface, run_json
+
+    principal = principal_token(args.principal)
+    creds = principal_creds(args, config, principal)
+    if not args.json and not sys.stdin.isatty():
+        print("pgw surface: stdin is not a terminal; use --json for scripts", file=sys.stderr)
+        return 2
+    watch = ConnectionWatch()
+    nc = await connect_principal(config.nats_url, creds=creds, name=f"pgw-surface-{principal}", watch=watch)
+    try:
+        feed = SurfaceFeed(nc, principal, prefix=config.prefix, watch=watch)
+        if args.json:
+            return await run_json(feed, follow=args.follow)
+        ui = TerminalSurface(feed, color=not args.no_color and sys.stdout.isatty())
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signal.SIGTERM, ui.quit.set)
+            loop.add_signal_handler(signal.SIGHUP, ui.quit.set)
+        return await ui.run()
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.drain()
+
+
+async def run_surface_web(args: argparse.Namespace, config: Config) -> int:
+    from consumers.surfaces.feed import browser_auth
+    from consumers.surfaces.web import WebSurfaceServer
+
+    principal = principal_token(args.principal)
+    creds = principal_creds(args, config, principal)
+    server = WebSurfaceServer(
+        principal=principal,
+        ws_url=ws_url_of(args, config),
+        prefix=config.prefix,
+        auth=browser_auth(config.nats_url, creds),
+        host=config.surfaces.web_host,
+        port=config.surfaces.web_port if args.port is None else args.port,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    async with server:
+        print(f"Browser surface for ~{principal}: {server.url}", flush=True)
+        print(f"(NATS WebSocket {server.ws_url}; Ctrl-C stops)", flush=True)
+        if args.open:
+            import webbrowser
+
+            webbrowser.open(server.url)
+        await stop.wait()
+    return 0
