@@ -42,6 +42,8 @@ ServiceFactory = Callable[["Config", "Client"], Service]
 # service's dependencies load only when it runs.
 UP_SERVICES: dict[str, str] = {
     "gateway": "gateway.app:Gateway",
+    "signer": "consumers.signer:Signer",
+    "registrar": "consumers.registrar:Registrar",
 }
 
 

@@ -1,0 +1,122 @@
+"""Signer throughput: capsules/s through the real signer vs raw JCS + Ed25519 + COSE encode.
+
+Both sides sign the same capsules in the same run, so the ratio is what the
+signer's machinery (verdict decode, capsule construction rules, ledger
+append, JetStream publish with fsync, ack) costs on top of the bare crypto
+and encoding. Run alone: ``.venv/bin/python -m benchmarks.bench_signer``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import tempfile
+import time
+from pathlib import Path
+
+import cbor2
+import rfc8785
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from consumers import capsule as capm
+from consumers.signer import Signer, claims_for, sign_payload
+from gateway.config import load_config
+from gateway.connect import connect
+from gateway.keys import SigningKey, kid_of
+from gateway.publish import Publisher
+from gateway.server import EmbeddedServer
+from gateway.streams import ensure_streams
+from subjects.util import stable_id
+from subjects.wire import Refusal, ReportedEffect, Verdict
+
+N = 600
+SALT = "00" * 32
+
+
+def _verdicts(n: int) -> list[Verdict]:
+    out = []
+    for i in range(n):
+        kw: dict[str, object] = {
+            "verdict_id": stable_id("bench", str(i)), "ts": "2026-03-01T12:00:00.000Z", "agent": "bench",
+            "action_type": "envelope", "action_id": f"bench:{i}", "approver": "policy", "human_disposed": False,
+        }
+        if i % 2:
+            kw.update(verdict_class="blocked", decision="reject", reason=Refusal("invalid_envelope_shape", "x"))
+        else:
+            kw.update(verdict_class="executed", decision="accept",
+                      effect=ReportedEffect(type="write_order", status="confirmed", request={"n": str(i)},
+                                            response={"ok": True, "id": str(i)}))
+        out.append(Verdict(**kw))  # type: ignore[arg-type]
+    return out
+
+
+def _raw_baseline(payloads: list[dict], key: Ed25519PrivateKey, kid: str) -> float:
+    """capsules/s for JCS + SHA-256 id + Ed25519 + COSE_Sign1 encode, nothing else."""
+    t0 = time.perf_counter()
+    for p in payloads:
+        hashlib.sha256(rfc8785.dumps({k: v for k, v in p.items() if k not in ("capsule_id", "chain", "ledger")}))
+        body = rfc8785.dumps(p)
+        prot = cbor2.dumps({1: -8, 4: kid.encode(), 3: capm.MEDIA_TYPE, 15: claims_for(p)})
+        sig = key.sign(cbor2.dumps(["Signature1", prot, b"", body]))
+        cbor2.dumps(cbor2.CBORTag(18, [prot, {}, body, sig]))
+    return len(payloads) / (time.perf_counter() - t0)
+
+
+def _inprocess(verdicts: list[Verdict], key: SigningKey) -> float:
+    """capsules/s for capsule construction (all rules) + pycose signing, no NATS."""
+    t0 = time.perf_counter()
+    for i, v in enumerate(verdicts, start=1):
+        cap = capm.capsule_from_verdict(v, operator="bench", salt=SALT)
+        cap = capm.attach_ledger(cap, capm.Ledger(position=i, prev_hash=capm.GENESIS_HASH))
+        sign_payload(cap.to_json(), key)
+    return len(verdicts) / (time.perf_counter() - t0)
+
+
+async def _through_signer(verdicts: list[Verdict], tmp: Path) -> float:
+    async with EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=-1) as srv:
+        nc = await connect(srv.client_url, name="bench")
+        try:
+            js = nc.jetstream()
+            config = load_config(None, data_dir=str(tmp / "data"), nats_url=srv.client_url,
+                                 log_format="json")
+            await ensure_streams(js, config.subjects)
+            pub = Publisher(js, config.subjects)
+            await asyncio.gather(*(pub.verdict(v) for v in verdicts))
+            t0 = time.perf_counter()
+            async with Signer(config, nc) as signer:
+                await signer.wait_signed(len(verdicts), timeout=600)
+                elapsed = time.perf_counter() - t0
+            return len(verdicts) / elapsed
+        finally:
+            await nc.close()
+
+
+def run() -> list[dict]:
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    verdicts = _verdicts(N)
+    priv = Ed25519PrivateKey.generate()
+    key = SigningKey("signer", kid_of(priv.public_key()), priv)
+    payloads = []
+    for i, v in enumerate(verdicts, start=1):
+        cap = capm.capsule_from_verdict(v, operator="bench", salt=SALT)
+        payloads.append(capm.attach_ledger(cap, capm.Ledger(position=i, prev_hash=capm.GENESIS_HASH)).to_dict())
+    baseline = _raw_baseline(payloads, priv, key.kid)
+    inproc = _inprocess(verdicts, key)
+    with tempfile.TemporaryDirectory() as d:
+        signer = asyncio.run(_through_signer(verdicts, Path(d)))
+    return [
+        {"name": "signer: capsules/s end to end (NATS, ledger, fsync)", "value": round(signer, 1),
+         "baseline": round(baseline, 1), "ratio": round(signer / baseline, 4), "unit": "capsules/s"},
+        {"name": "signer: capsule build + pycose sign, in process", "value": round(inproc, 1),
+         "baseline": round(baseline, 1), "ratio": round(inproc / baseline, 4), "unit": "capsules/s"},
+    ]
+
+
+if __name__ == "__main__":
+    for row in run():
+        print(f"{row['name']}: {row['value']} {row['unit']} vs raw JCS+Ed25519+COSE {row['baseline']} "
+              f"(ratio {row['ratio']})")

@@ -1,0 +1,585 @@
+"""The Agent Action Capsule of spec 004 §5: model, JSON-DIGEST and construction rules.
+
+A capsule is built only through :func:`build_capsule`, which enforces at
+construction time every producer-side rule the spec states:
+
+- the honest in-the-loop flag (§5.4, §13): :class:`Disposition` cannot hold
+  ``human_disposed: true`` with a non-human approver (the typed constructors
+  :meth:`Disposition.by_human` / :meth:`Disposition.by_policy` are the way in);
+- the confirmed-effect binding (§5.2): ``confirmed`` needs a response digest,
+  ``planned`` carries no digest, ``dispatched`` no response digest;
+- the effect-attestation matrix with the planned carve (§5.2);
+- verdict_class / effect_mode orthogonality (§5.4.2);
+- assurance claimed only as achieved (§5.3): effect_mode must equal the mode
+  derived from the effect, ``anchored`` is never claimed at signing time, and
+  ``chained`` only with a ledger linkage present;
+- no floating-point numbers anywhere (§5.1: amounts are decimal strings).
+
+:func:`capsule_from_verdict` maps a gateway :class:`~subjects.wire.Verdict`
+to a capsule (DESIGN §6 table). It is a pure function of the verdict and
+static configuration (operator, salt, parent id, ledger linkage), so a
+verdict redelivered after a crash yields a byte-identical capsule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from datetime import UTC
+from typing import Any, Literal
+
+import msgspec
+import rfc8785
+from msgspec import Struct
+
+from subjects.errors import PgwError
+from subjects.util import parse_rfc3339
+from subjects.wire import Verdict
+
+SPEC_VERSION = "draft-mih-scitt-agent-action-capsule-01"
+FORMAT_VERSION = "2"
+MEDIA_TYPE = "application/agent-action-capsule+json"
+OUTCOME_MEDIA_TYPE = "application/agent-action-capsule-outcome+json"
+
+# --- §12.1 registries (seeded values, verbatim). Unknown values are informational.
+VERDICT_CLASSES = frozenset(
+    {
+        "executed", "blocked", "hitl_dispatched", "denied", "timeout", "errored",
+        "engine_failure", "deferred", "needs_decision", "expired", "escalated", "resolved",
+    }
+)
+DECISIONS = frozenset({"accept", "reject", "needs_input", "deferred"})
+EFFECT_TYPES = frozenset({"write_order", "send_payment"})
+IRREVERSIBILITY_CLASSES = ("two_way", "one_way_recoverable", "one_way_consequential", "one_way_terminal")
+EFFECT_ATTESTATIONS = frozenset({"gate_executed", "runtime_claimed"})
+CHAIN_RELATIONS = frozenset({"supersedes"})
+
+# --- closed enums fixed by the spec text (not registry-governed).
+EFFECT_STATUSES = ("planned", "dispatched", "confirmed", "failed", "reverted")  # §5.2
+APPROVERS = ("human", "policy")  # §5.4
+ATTESTATION_MODES = ("self_attested", "anchored")  # §5.3
+EFFECT_MODES = ("not_applicable", "dispatched_unconfirmed", "confirmed")  # §5.3
+LEDGER_MODES = ("standalone", "chained", "anchored")  # §5.3, ordered
+ACTION_TYPES = ("fyi", "decide")  # §5.1
+
+# §5.4.2: classes that by their kind never dispatch (resolved per the pairing rule).
+NEVER_DISPATCH = frozenset(
+    {"blocked", "hitl_dispatched", "denied", "engine_failure", "deferred",
+     "needs_decision", "expired", "escalated", "resolved"}
+)
+# §5.4.4 open-items predicate.
+OPEN_CLASSES = frozenset({"deferred", "needs_decision", "hitl_dispatched", "escalated", "blocked"})
+
+GENESIS_HASH = "0" * 64
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_SNAKE = re.compile(r"[^a-z0-9]+")
+
+
+class CapsuleError(PgwError, ValueError):
+    """A capsule would violate a construction rule of spec 004; ``rule`` cites it."""
+
+    def __init__(self, rule: str, why: str) -> None:
+        self.rule = rule
+        self.why = why
+        super().__init__(f"capsule construction refused ({rule}): {why}")
+
+
+# ---------------------------------------------------------------------------
+# JSON-DIGEST (§2): HEX(SHA-256(JCS(normalize(v))))
+# ---------------------------------------------------------------------------
+
+
+def normalize(value: Any) -> Any:
+    """Absent-field normalization (§2): drop null, [] and {} members, bottom-up.
+
+    Members of objects are removed; array elements are kept in place (an
+    array's positions carry meaning) but normalized themselves.
+    """
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            nv = normalize(v)
+            if nv is None or (isinstance(nv, (dict, list)) and not nv):
+                continue
+            out[k] = nv
+        return out
+    if isinstance(value, (list, tuple)):
+        return [normalize(v) for v in value]
+    return value
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """RFC 8785 (JCS) serialization of ``normalize(value)``."""
+    return rfc8785.dumps(normalize(value))
+
+
+def json_digest(value: Any) -> str:
+    """JSON-DIGEST (§2). Raises CapsuleError if the value has no JCS form."""
+    try:
+        return hashlib.sha256(canonical_bytes(value)).hexdigest()
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as e:
+        raise CapsuleError("§2 JSON-DIGEST", f"value has no JCS form: {e}") from e
+
+
+def find_floats(value: Any, path: str = "$") -> list[str]:
+    """Paths of every floating-point number in ``value`` (§5.1, §6 check 1)."""
+    if isinstance(value, float):
+        return [path]
+    if isinstance(value, Mapping):
+        return [p for k, v in value.items() for p in find_floats(v, f"{path}.{k}")]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in find_floats(v, f"{path}[{i}]")]
+    return []
+
+
+def identity_form(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The canonical capsule form (§5.1): the envelope minus capsule_id and chain linkage."""
+    return {k: v for k, v in payload.items() if k not in ("capsule_id", "chain", "ledger")}
+
+
+def compute_capsule_id(payload: Mapping[str, Any]) -> str:
+    return json_digest(identity_form(payload))
+
+
+def ledger_entry_hash(position: int, capsule_id: str, chain: Mapping[str, Any] | None, prev_hash: str) -> str:
+    """Hash of one link of the signer's hash chain over what it signed (§5.3 ``chained``).
+
+    The link commits to the capsule's content address, its supersedes block
+    (which capsule_id leaves out) and the previous link, so removing,
+    reordering or altering a signed capsule breaks every later link.
+    """
+    return json_digest(
+        {"position": position, "capsule_id": capsule_id, "chain": dict(chain or {}), "prev_hash": prev_hash}
+    )
+
+
+def effect_mode_of(effect: Mapping[str, Any] | None) -> str:
+    """Derive assurance.effect_mode from the effect record (§5.2 matrix, total over status)."""
+    if not effect:
+        return "not_applicable"
+    status = effect.get("status")
+    if status == "planned":
+        return "not_applicable"
+    if status == "confirmed":
+        return "confirmed"
+    return "dispatched_unconfirmed"  # dispatched, failed, reverted (and anything unknown)
+
+
+# ---------------------------------------------------------------------------
+# The typed capsule (§5)
+# ---------------------------------------------------------------------------
+
+
+class _Block(Struct, frozen=True, forbid_unknown_fields=True):
+    # Defaults are emitted (spec_version, relation...); normalize() drops the None ones.
+    pass
+
+
+class ExpiryPolicy(_Block):
+    """§5.4 expiry_policy: integer seconds, never a duration string."""
+
+    ttl_seconds: int
+    on_expiry: Literal["expired", "escalated"]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ttl_seconds, bool) or self.ttl_seconds < 0:
+            raise CapsuleError("§5.4 expiry_policy", "ttl_seconds must be a non-negative integer")
+
+
+class Disposition(_Block):
+    """§5.4 disposition. ``human_disposed: true`` with a non-human approver is unrepresentable."""
+
+    decision: str
+    approver: Literal["human", "policy"]
+    human_disposed: bool
+    authority: str | None = None
+    verdict_class: str | None = None
+    reason_digest: str | None = None
+    expiry_policy: ExpiryPolicy | None = None
+
+    def __post_init__(self) -> None:
+        # §5.4, §13: a producer cannot construct a capsule claiming a human disposed a policy act.
+        if self.human_disposed and self.approver != "human":
+            raise CapsuleError("§5.4 human_disposed", "human_disposed: true requires approver 'human'")
+        if self.approver not in APPROVERS:
+            raise CapsuleError("§5.4 approver", f"approver must be one of {APPROVERS}")
+        if self.expiry_policy is not None and self.decision != "deferred" and self.verdict_class != "deferred":
+            raise CapsuleError("§5.4 expiry_policy", "expiry_policy is for deferral dispositions only")
+        if self.reason_digest is not None and not _HEX64.match(self.reason_digest):
+            raise CapsuleError("§5.4 reason_digest", "reason_digest must be a JSON-DIGEST")
+
+    @classmethod
+    def by_human(cls, decision: str, *, verdict_class: str | None = None,
+                 reason_digest: str | None = None, expiry_policy: ExpiryPolicy | None = None) -> Disposition:
+        """A human acted: approver human, human_disposed true."""
+        return cls(decision, "human", True, None, verdict_class, reason_digest, expiry_policy)
+
+    @classmethod
+    def by_policy(cls, decision: str, *, authority: str | None = None, verdict_class: str | None = None,
+                  reason_digest: str | None = None, expiry_policy: ExpiryPolicy | None = None) -> Disposition:
+        """A policy disposed it: approver policy, human_disposed false (no way to say otherwise)."""
+        return cls(decision, "policy", False, authority, verdict_class, reason_digest, expiry_policy)
+
+
+class EffectRecord(_Block):
+    """§5.2 Effect Record."""
+
+    type: str
+    status: Literal["planned", "dispatched", "confirmed", "failed", "reverted"]
+    request_digest: str | None = None
+    response_digest: str | None = None
+    external_ref: str | None = None
+    irreversibility_class: str | None = None
+    effect_attestation: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in EFFECT_STATUSES:
+            raise CapsuleError("§5.2 status", f"effect.status must be one of {EFFECT_STATUSES}")
+        for name in ("request_digest", "response_digest"):
+            v = getattr(self, name)
+            if v is not None and not _HEX64.match(v):
+                raise CapsuleError("§5.2 binding", f"{name} must be a JSON-DIGEST (64 lowercase hex)")
+        if self.status == "planned" and (self.request_digest or self.response_digest):
+            raise CapsuleError("§5.2 binding", "planned: request_digest and response_digest MUST be absent")
+        if self.status == "dispatched" and self.response_digest:
+            raise CapsuleError("§5.2 binding", "dispatched: response_digest MUST be absent")
+        if self.status == "confirmed" and not self.response_digest:
+            raise CapsuleError("§5.2 confirmed-effect", "confirmed without a response_digest")
+        # §5.2 matrix with the planned carve: absent for planned, REQUIRED once dispatched.
+        if self.status == "planned" and self.effect_attestation is not None:
+            raise CapsuleError("§5.2 planned carve", "effect_attestation MUST be absent for planned")
+        if self.status != "planned" and not self.effect_attestation:
+            raise CapsuleError("§5.2 attestation matrix", f"effect_attestation REQUIRED for status {self.status}")
+
+
+class Assurance(_Block):
+    """§5.3 assurance: every mode a rederivable claim."""
+
+    attestation_mode: Literal["self_attested", "anchored"]
+    effect_mode: Literal["not_applicable", "dispatched_unconfirmed", "confirmed"]
+    ledger_mode: Literal["standalone", "chained", "anchored"]
+
+
+class Chain(_Block):
+    """§5.4.4 chain block: single parent."""
+
+    parent_capsule_id: str
+    relation: str = "supersedes"
+
+    def __post_init__(self) -> None:
+        if not _HEX64.match(self.parent_capsule_id):
+            raise CapsuleError("§5.4.4 chain", "parent_capsule_id must be a capsule_id")
+
+
+class Ledger(_Block):
+    """The signer's hash-chain linkage (§5.3 ``chained``); chain linkage, so outside capsule_id."""
+
+    position: int
+    prev_hash: str
+    prev_capsule_id: str | None = None
+
+
+class ConstraintRecord(_Block):
+    """§8.1: the public verdict of one deterministic check; evidence by digest only."""
+
+    id: str
+    result: Literal["pass", "fail", "n/a"]
+    blocking: bool
+    check_type: str | None = None
+    severity: str | None = None
+    evidence_digest: str | None = None
+
+
+class Capsule(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """§5 payload. Field order is irrelevant on the wire: it is serialized with JCS."""
+
+    spec_version: str = SPEC_VERSION
+    format_version: str = FORMAT_VERSION
+    capsule_id: str = ""
+    action_id: str
+    action_type: Literal["fyi", "decide"]
+    operator: str
+    developer: str
+    timestamp: str
+    decision_id: str | None = None
+    disposition: Disposition
+    effect: EffectRecord | None = None
+    assurance: Assurance
+    constraints: list[ConstraintRecord] | None = None
+    chain: Chain | None = None
+    ledger: Ledger | None = None
+    # Payload-only extension (§9): this host's correlation ids, namespaced.
+    pgw: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return normalize(msgspec.to_builtins(self))
+
+    def to_json(self) -> bytes:
+        """The payload bytes that get signed: JCS of the normalized capsule."""
+        return canonical_bytes(self.to_dict())
+
+
+def _check_timestamp(ts: str) -> None:
+    try:
+        dt = parse_rfc3339(ts)
+    except ValueError as e:
+        raise CapsuleError("§5.1 timestamp", str(e)) from e
+    if not ts.endswith("Z") or dt.utcoffset() != parse_rfc3339("2000-01-01T00:00:00Z").utcoffset():
+        raise CapsuleError("§5.1 timestamp", "timestamp must be RFC 3339 UTC with a 'Z' suffix")
+
+
+def build_capsule(
+    *,
+    action_id: str,
+    action_type: str,
+    operator: str,
+    developer: str,
+    timestamp: str,
+    disposition: Disposition,
+    effect: EffectRecord | None = None,
+    ledger: Ledger | None = None,
+    chain: Chain | None = None,
+    constraints: list[ConstraintRecord] | None = None,
+    decision_id: str | None = None,
+    attestation_mode: str = "self_attested",
+    effect_mode: str | None = None,
+    ledger_mode: str | None = None,
+    pgw: dict[str, Any] | None = None,
+    ledger_pending: bool = False,
+) -> Capsule:
+    """Construct a capsule, enforcing §5.2-§5.4.2 and computing capsule_id (§5.1)."""
+    if action_type not in ACTION_TYPES:
+        raise CapsuleError("§5.1 action_type", f"must be one of {ACTION_TYPES}")
+    for name, v in (("action_id", action_id), ("operator", operator), ("developer", developer)):
+        if not isinstance(v, str) or not v:
+            raise CapsuleError(f"§5.1 {name}", "REQUIRED non-empty string")
+    _check_timestamp(timestamp)
+    derived = effect_mode_of(msgspec.to_builtins(effect) if effect else None)
+    if effect_mode is None:
+        effect_mode = derived
+    # §5.3: never record a mode that was not achieved.
+    if effect_mode != derived:
+        raise CapsuleError("§5.3 assurance", f"effect_mode {effect_mode!r} but the effect derives {derived!r}")
+    if attestation_mode != "self_attested":
+        raise CapsuleError("§5.3 assurance", "anchored needs a verified receipt, which a capsule cannot carry at signing")
+    if ledger_mode is None:
+        ledger_mode = "chained" if (ledger or ledger_pending) else "standalone"
+    if ledger_mode == "chained" and ledger is None and not ledger_pending:
+        raise CapsuleError("§5.3 assurance", "ledger_mode chained without a hash-chain linkage")
+    if ledger_mode == "anchored":
+        raise CapsuleError("§5.3 assurance", "ledger_mode anchored is never claimed at signing")
+    # §5.4.2 orthogonality, enforced at construction.
+    vc = disposition.verdict_class
+    if vc in NEVER_DISPATCH and derived != "not_applicable":
+        raise CapsuleError("§5.4.2 orthogonality", f"{vc} never dispatches but effect_mode is {derived}")
+    if vc == "errored" and derived != "dispatched_unconfirmed":
+        raise CapsuleError("§5.4.2 orthogonality", "errored pairs with effect_mode dispatched_unconfirmed")
+    if vc == "resolved" and effect is not None and effect.effect_attestation is not None:
+        raise CapsuleError("§5.4.2 pairing rule", "resolved carries no effect_attestation")
+    cap = Capsule(
+        action_id=action_id,
+        action_type=action_type,  # type: ignore[arg-type]
+        operator=operator,
+        developer=developer,
+        timestamp=timestamp,
+        decision_id=decision_id,
+        disposition=disposition,
+        effect=effect,
+        assurance=Assurance(attestation_mode, effect_mode, ledger_mode),  # type: ignore[arg-type]
+        constraints=constraints or None,
+        chain=chain,
+        ledger=ledger,
+        pgw=pgw or None,
+    )
+    body = cap.to_dict()
+    floats = find_floats(body)
+    if floats:
+        raise CapsuleError("§5.1 decimal strings", f"floating-point values at {', '.join(floats)}")
+    return msgspec.structs.replace(cap, capsule_id=compute_capsule_id(body))
+
+
+# ---------------------------------------------------------------------------
+# Verdict -> capsule (DESIGN §6)
+# ---------------------------------------------------------------------------
+
+
+def utc_z(ts: str) -> str:
+    """The verdict time as RFC 3339 UTC 'Z' (deterministic: from the verdict, not the clock)."""
+    dt = parse_rfc3339(ts).astimezone(UTC)
+    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def salted_digest(salt: str, value: Any) -> str:
+    """§13: commit a low-entropy value under the per-tenant salt, as a JSON-DIGEST."""
+    return json_digest({"salt": salt, "value": value})
+
+
+def reason_object(v: Verdict) -> dict[str, Any] | None:
+    """§5.4 structured reason: machine-readable members only, never free prose."""
+    if v.reason is not None:
+        rules = sorted(
+            {(d.rule or "", d.path or "") for d in v.reason.details if d.rule or d.path}
+        )
+        return {"code": v.reason.code, "rules": [{"rule": r, "path": p} for r, p in rules]}
+    if v.resolution_kind is not None:
+        return {
+            "resolution_kind": v.resolution_kind,
+            "option_index": v.option_index,
+            "text_digest": v.text_digest,
+        }
+    return None
+
+
+def _constraint_id(code: str) -> str:
+    # §9.1: producer-local ids are namespaced; lowercase snake_case (§8.1).
+    return "io.pgw." + (_SNAKE.sub("_", code.lower()).strip("_") or "unnamed")
+
+
+def _effect_record(v: Verdict, notes: list[str]) -> EffectRecord | None:
+    """The effect as observed by the gateway: reported by the runtime, never upgraded."""
+    vc = v.verdict_class
+    if vc in NEVER_DISPATCH:
+        if v.effect is not None:
+            notes.append("effect_dropped_never_dispatch")
+        return None
+    e = v.effect
+    if e is None:
+        if vc == "errored":
+            # §5.4.2: errored ran and threw; not_applicable would falsely assert nothing happened.
+            return EffectRecord(type=v.action_type or "unknown", status="dispatched",
+                                effect_attestation="runtime_claimed")
+        return None
+    status = e.status if e.status in EFFECT_STATUSES else "dispatched"
+    if status != e.status:
+        notes.append("effect_status_unrecognized")
+    if vc == "errored" and status in ("confirmed", "planned"):
+        status = "dispatched"  # state unknown: the least claim that is still true
+        notes.append("effect_status_downgraded_errored")
+    req = resp = None
+    if e.request is not None and status != "planned":
+        try:
+            req = json_digest(e.request)
+        except CapsuleError:
+            notes.append("request_not_digestable")
+    if e.response is not None and status in ("confirmed", "failed", "reverted"):
+        try:
+            resp = json_digest(e.response)
+        except CapsuleError:
+            notes.append("response_not_digestable")
+    if status == "confirmed" and resp is None:
+        # §5.2 confirmed-effect invariant: no confirmed without the observed response's digest.
+        status = "dispatched"
+        notes.append("effect_confirmed_without_response")
+    return EffectRecord(
+        type=e.type,
+        status=status,  # type: ignore[arg-type]
+        request_digest=req,
+        response_digest=resp,
+        external_ref=e.external_ref,
+        irreversibility_class=e.irreversibility_class,
+        effect_attestation=None if status == "planned" else "runtime_claimed",
+    )
+
+
+def capsule_from_verdict(
+    v: Verdict,
+    *,
+    operator: str,
+    salt: str,
+    default_developer: str = "principal-gateway",
+    authority: str | None = None,
+    parent_capsule_id: str | None = None,
+    chained: bool = True,
+    fallback_ts: str | None = None,
+) -> Capsule:
+    """The capsule of one verdict (DESIGN §6); deterministic in its inputs.
+
+    With ``chained`` the capsule claims ``ledger_mode: chained`` and must get
+    its linkage with :func:`attach_ledger` before it is signed.
+    """
+    notes: list[str] = []
+    try:
+        timestamp = utc_z(v.ts)
+    except (ValueError, TypeError):
+        # Still deterministic: the caller passes the verdict's stream time, fixed across redeliveries.
+        if fallback_ts is None:
+            raise CapsuleError("§5.1 timestamp", f"verdict ts {v.ts!r} is not RFC 3339") from None
+        timestamp = utc_z(fallback_ts)
+        notes.append("verdict_ts_unparseable")
+    effect = _effect_record(v, notes)
+    reason = reason_object(v)
+    reason_digest = salted_digest(salt, reason) if reason is not None else None
+    vc: str | None = v.verdict_class
+    if vc == "executed" and reason_digest is None:
+        vc = None  # §5.4: legitimately absent for a clean executed verdict
+    if v.approver == "human" and v.human_disposed:
+        disp = Disposition.by_human(v.decision, verdict_class=vc, reason_digest=reason_digest)
+    elif v.approver == "human":
+        disp = Disposition(v.decision, "human", False, None, vc, reason_digest)
+    else:
+        disp = Disposition.by_policy(v.decision, authority=authority, verdict_class=vc,
+                                     reason_digest=reason_digest)
+    constraints = None
+    if v.reason is not None:
+        constraints = [
+            ConstraintRecord(
+                id=_constraint_id(v.reason.code),
+                result="fail",
+                blocking=v.decision == "reject",
+                check_type="gateway_rule",
+                severity="error",
+                evidence_digest=salted_digest(salt, msgspec.to_builtins(v.reason)),
+            )
+        ]
+    action_type = v.action_type if v.action_type in ACTION_TYPES else "decide"
+    pgw = {
+        "verdict_id": v.verdict_id,
+        "action_kind": v.action_type,
+        "agent": v.agent,
+        "principal_digest": salted_digest(salt, v.principal) if v.principal else None,
+        "envelope_id": v.envelope_id,
+        "correlation_id": v.correlation_id,
+        "moment_id": v.moment_id,
+        "idp_id": v.idp_id,
+        "untrusted": v.untrusted or None,
+        "notes": notes,
+    }
+    chain = Chain(parent_capsule_id) if parent_capsule_id else None
+    action_id = v.action_id or f"verdict:{v.verdict_id}"
+    return build_capsule(
+        action_id=action_id,
+        action_type=action_type,
+        operator=operator,
+        developer=v.agent or default_developer,
+        timestamp=timestamp,
+        decision_id=action_id,
+        disposition=disp,
+        effect=effect,
+        chain=chain,
+        constraints=constraints,
+        pgw=pgw,
+        ledger_pending=chained,
+    )
+
+
+def attach_ledger(cap: Capsule, ledger: Ledger) -> Capsule:
+    """Add the hash-chain linkage; capsule_id is unchanged (chain linkage is outside it, §5.1)."""
+    if cap.assurance.ledger_mode != "chained":
+        raise CapsuleError("§5.3 assurance", "ledger linkage on a capsule not claiming chained")
+    if ledger.position < 1 or not _HEX64.match(ledger.prev_hash):
+        raise CapsuleError("§5.3 ledger", "malformed ledger linkage")
+    return msgspec.structs.replace(cap, ledger=ledger)
+
+
+def ready_to_sign(cap: Capsule) -> None:
+    """Refuse a capsule whose claimed assurance is not backed by what it carries."""
+    if cap.assurance.ledger_mode == "chained" and cap.ledger is None:
+        raise CapsuleError("§5.3 assurance", "ledger_mode chained without a hash-chain linkage")
+    if cap.capsule_id != compute_capsule_id(cap.to_dict()):
+        raise CapsuleError("§5.1 capsule_id", "capsule_id does not match the canonical form")
+
+
+def subject_urn(operator: str, action_id: str) -> str:
+    """§3.1 CWT ``sub``."""
+    return f"urn:agent-action-capsule:{operator}:{action_id}"

@@ -1,0 +1,471 @@
+"""Class 1 verification of capsules (spec 004 §6, §7).
+
+:func:`verify_statement` takes the bytes of a Signed or Transparent Statement
+and returns a :class:`Result` with one ``ok`` and findings in the fixed order:
+
+0. substrate (COSE_Sign1 by reference to RFC 9052): structure, header rules
+   (protected ``alg`` pinned per key; no ``alg``/``crit`` unprotected; no
+   unknown critical label), signature against a trusted key, receipts;
+1. structural; 2. identity; 3. confirmed-effect binding; 4. verdict/effect
+   orthogonality; 5. effect-attestation matrix; 6. chain semantics (store);
+7. assurance reconciliation; 8. unknown registry values (informational).
+
+It never raises, whatever the input (garbage bytes included), and consults
+no model, clock or network (§6). ``ok`` is false iff a finding has severity
+``error``; ``warning`` (concurrent supersedes) and ``info`` never fail it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+import msgspec
+from msgspec import Struct, field
+
+from consumers import capsule as capm
+from consumers.cose import CoseError, Sign1, TrustedKey, decode_sign1, verify_receipt, verify_sign1
+
+Severity = Literal["error", "warning", "info"]
+CHECK_NAMES = {
+    0: "substrate",
+    1: "structural",
+    2: "identity",
+    3: "confirmed_effect",
+    4: "orthogonality",
+    5: "attestation_matrix",
+    6: "chain",
+    7: "assurance",
+    8: "registry",
+}
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_MODE_ORDER = {m: i for i, m in enumerate(capm.EFFECT_MODES)}
+_LEDGER_ORDER = {m: i for i, m in enumerate(capm.LEDGER_MODES)}
+
+
+class Finding(Struct, omit_defaults=True):
+    check: int
+    name: str
+    code: str
+    severity: Severity
+    message: str
+    path: str | None = None
+
+
+class Result(Struct, omit_defaults=True):
+    ok: bool
+    findings: list[Finding] = field(default_factory=list)
+    source: str | None = None
+    capsule_id: str | None = None
+    kid: str | None = None
+    verdict_class: str | None = None
+    assurance: dict[str, str] | None = None  # what this verifier rederived (§13: the tier it verified)
+    effect_grade: str | None = None
+
+
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKeyError(k)
+        out[k] = v
+    return out
+
+
+def parse_payload(data: bytes) -> dict[str, Any] | None:
+    """The capsule JSON, or None if not a JSON object without duplicate keys."""
+    try:
+        obj = json.loads(data.decode("utf-8"), object_pairs_hook=_pairs)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def payload_of(data: bytes) -> dict[str, Any] | None:
+    """Best-effort payload of a statement, for building a store; never raises."""
+    try:
+        msg = decode_sign1(data)
+        return parse_payload(msg.payload or b"")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+# ---------------------------------------------------------------------------
+# The store (§5.4.4: the producer's store of capsules, for chain checks)
+# ---------------------------------------------------------------------------
+
+
+class Store:
+    """Capsules indexed for chain and ledger checks; order = ledger order, then input order."""
+
+    def __init__(self, payloads: Iterable[Mapping[str, Any]]) -> None:
+        self.by_id: dict[str, Mapping[str, Any]] = {}
+        self.by_position: dict[int, Mapping[str, Any]] = {}
+        self.children: dict[str, list[tuple[tuple[int, int], str]]] = defaultdict(list)
+        for i, p in enumerate(payloads):
+            cid = p.get("capsule_id")
+            if not isinstance(cid, str) or cid in self.by_id:
+                continue
+            self.by_id[cid] = p
+            led = p.get("ledger")
+            pos = led.get("position") if isinstance(led, dict) else None
+            if isinstance(pos, int) and not isinstance(pos, bool):
+                self.by_position.setdefault(pos, p)
+            ch = p.get("chain")
+            if isinstance(ch, dict) and ch.get("relation") == "supersedes":
+                parent = ch.get("parent_capsule_id")
+                if isinstance(parent, str):
+                    order = (pos if isinstance(pos, int) else 1 << 62, i)
+                    self.children[parent].append((order, cid))
+
+    def authoritative_child(self, parent: str) -> str | None:
+        kids = sorted(self.children.get(parent, []))
+        return kids[0][1] if kids else None
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+
+def open_items(store: Store) -> list[Mapping[str, Any]]:
+    """§5.4.4 open-items predicate over the store."""
+    out = []
+    for cid, p in store.by_id.items():
+        disp = p.get("disposition")
+        vc = disp.get("verdict_class") if isinstance(disp, dict) else None
+        if vc in capm.OPEN_CLASSES and not store.children.get(cid):
+            out.append(p)
+    return sorted(out, key=lambda p: (str(p.get("timestamp")), str(p.get("capsule_id"))))
+
+
+# ---------------------------------------------------------------------------
+# Verification
+# ---------------------------------------------------------------------------
+
+
+class _Run:
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+
+    def add(self, check: int, code: str, message: str, severity: Severity = "error", path: str | None = None) -> None:
+        self.findings.append(Finding(check, CHECK_NAMES[check], code, severity, message, path))
+
+    def errors(self, check: int) -> bool:
+        return any(f.check == check and f.severity == "error" for f in self.findings)
+
+
+def verify_statement(
+    data: bytes,
+    *,
+    keys: Mapping[str, TrustedKey],
+    ts_keys: Mapping[str, TrustedKey] | None = None,
+    store: Store | None = None,
+    source: str | None = None,
+) -> Result:
+    """Class 1 verification of one statement; never raises."""
+    run = _Run()
+    res = Result(ok=False, source=source)
+    try:
+        _verify(data, keys, dict(ts_keys or {}), store, run, res)
+    except Exception as e:  # noqa: BLE001 - §6: a verifier returns a result, never throws
+        run.add(0, "verifier_internal_error", f"{type(e).__name__}: {e}")
+    run.findings.sort(key=lambda f: f.check)  # stable: the fixed order of §6
+    res.findings = run.findings
+    res.ok = not any(f.severity == "error" for f in run.findings)
+    return res
+
+
+def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, TrustedKey],
+            store: Store | None, run: _Run, res: Result) -> None:
+    # -- 0: substrate -------------------------------------------------------
+    try:
+        msg = decode_sign1(data)
+    except CoseError as e:
+        run.add(0, e.code, e.why)
+        return
+    res.kid = msg.kid
+    key = keys.get(msg.kid or "")
+    if key is None:
+        run.add(0, "cose_key_untrusted", f"kid {msg.kid!r} is not a trusted key")
+    else:
+        try:
+            verify_sign1(msg, key)
+        except CoseError as e:
+            run.add(0, e.code, e.why)
+    if msg.protected.get(3) != capm.MEDIA_TYPE:
+        run.add(0, "content_type", f"content_type must be {capm.MEDIA_TYPE}")
+    anchored = _check_receipts(msg, ts_keys, run)
+
+    payload = parse_payload(msg.payload or b"")
+    if payload is None:
+        run.add(1, "payload_not_json", "payload is not a JSON object (or has duplicate keys)")
+        return
+    res.capsule_id = payload.get("capsule_id") if isinstance(payload.get("capsule_id"), str) else None
+    disp = payload.get("disposition") if isinstance(payload.get("disposition"), dict) else {}
+    vc = disp.get("verdict_class")
+    res.verdict_class = vc if isinstance(vc, str) else None
+
+    # -- 1: structural ------------------------------------------------------
+    _structural(payload, msg, run)
+    if run.errors(1) and not isinstance(payload.get("disposition"), dict):
+        return
+    effect = payload.get("effect") if isinstance(payload.get("effect"), dict) else None
+    derived = capm.effect_mode_of(effect)
+
+    # -- 2: identity --------------------------------------------------------
+    try:
+        cid = capm.compute_capsule_id(payload)
+        if cid != payload.get("capsule_id"):
+            run.add(2, "capsule_id_mismatch", f"capsule_id does not match the canonical form (recomputed {cid})")
+    except capm.CapsuleError as e:
+        run.add(2, "capsule_id_uncomputable", e.why)
+
+    # -- 3: confirmed-effect binding ------------------------------------------
+    if effect is not None:
+        st = effect.get("status")
+        rd, qd = effect.get("response_digest"), effect.get("request_digest")
+        if st == "confirmed" and not (isinstance(rd, str) and _HEX64.match(rd)):
+            run.add(3, "confirmed_without_response_digest",
+                    "effect.status confirmed without a well-formed response_digest", path="$.effect")
+        if st == "planned" and (rd is not None or qd is not None):
+            run.add(3, "planned_with_digest", "planned: request_digest and response_digest MUST be absent",
+                    path="$.effect")
+        if st == "dispatched" and rd is not None:
+            run.add(3, "dispatched_with_response_digest", "dispatched: response_digest MUST be absent",
+                    path="$.effect")
+
+    # -- 4: orthogonality ---------------------------------------------------------
+    if vc in capm.NEVER_DISPATCH and derived != "not_applicable":
+        run.add(4, "never_dispatch_with_effect",
+                f"verdict_class {vc} never dispatches but the effect derives {derived}")
+    if vc == "errored" and derived != "dispatched_unconfirmed":
+        run.add(4, "errored_not_dispatched", f"errored pairs with dispatched_unconfirmed, not {derived}")
+
+    # -- 5: effect-attestation matrix -----------------------------------------------
+    att = effect.get("effect_attestation") if effect is not None else None
+    if effect is not None:
+        if derived == "not_applicable" and att is not None:
+            run.add(5, "attestation_must_be_absent",
+                    "effect_attestation present where nothing executed (planned carve)", path="$.effect")
+        if derived != "not_applicable" and att is None:
+            run.add(5, "attestation_required",
+                    f"effect_attestation REQUIRED for effect.status {effect.get('status')}", path="$.effect")
+
+    # -- 6: chain semantics ---------------------------------------------------------
+    chain = payload.get("chain") if isinstance(payload.get("chain"), dict) else None
+    if chain is not None:
+        parent = chain.get("parent_capsule_id")
+        if store is None:
+            run.add(6, "chain_not_checked", "no store given: chain parent not checked", "info")
+        elif parent not in store.by_id:
+            run.add(6, "chain_parent_missing", f"chain parent {parent} is not in the store")
+        elif chain.get("relation") == "supersedes":
+            first = store.authoritative_child(parent)
+            if first is not None and first != payload.get("capsule_id"):
+                run.add(6, "concurrent_supersedes",
+                        f"a later supersedes of {parent}; {first} is authoritative", "warning")
+
+    # -- 7: assurance reconciliation --------------------------------------------------
+    _assurance(payload, derived, anchored, store, run, res)
+
+    # -- 8: unknown registry values -------------------------------------------------
+    grade = att if att in capm.EFFECT_ATTESTATIONS else ("runtime_claimed" if att is not None else None)
+    res.effect_grade = grade
+    checks = [
+        ("verdict_class", vc, capm.VERDICT_CLASSES),
+        ("disposition.decision", disp.get("decision"), capm.DECISIONS),
+        ("effect.type", effect.get("type") if effect else None, capm.EFFECT_TYPES),
+        ("irreversibility_class", effect.get("irreversibility_class") if effect else None,
+         frozenset(capm.IRREVERSIBILITY_CLASSES)),
+        ("effect_attestation", att, capm.EFFECT_ATTESTATIONS),
+        ("chain.relation", chain.get("relation") if chain else None, capm.CHAIN_RELATIONS),
+    ]
+    for name, value, registry in checks:
+        if value is not None and value not in registry:
+            extra = " (graded no stronger than runtime_claimed)" if name == "effect_attestation" else ""
+            run.add(8, "unregistered_value", f"{name} {value!r} is not registered{extra}", "info")
+
+
+def _check_receipts(msg: Sign1, ts_keys: dict[str, TrustedKey], run: _Run) -> bool:
+    receipts = msg.receipts()
+    if not receipts:
+        return False
+    if not ts_keys:
+        run.add(0, "receipt_not_verified", "receipt present but no trusted Transparency Service key", "info")
+        return False
+    statement = msg.statement_bytes()
+    anchored = False
+    for r in receipts:
+        try:
+            verify_receipt(r, statement, ts_keys)
+            anchored = True
+        except CoseError as e:
+            run.add(0, e.code, f"receipt: {e.why}")
+    return anchored
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str) and bool(v)
+
+
+def _structural(p: dict[str, Any], msg: Sign1, run: _Run) -> None:
+    def need(path: str, ok: bool, why: str, code: str = "field_invalid") -> None:
+        if not ok:
+            run.add(1, code, why, path=path)
+
+    need("$.spec_version", p.get("spec_version") == capm.SPEC_VERSION,
+         f"spec_version must be {capm.SPEC_VERSION!r}", "spec_version_unsupported")
+    need("$.format_version", p.get("format_version") == capm.FORMAT_VERSION,
+         f"format_version must be {capm.FORMAT_VERSION!r}", "format_version_unsupported")
+    need("$.capsule_id", isinstance(p.get("capsule_id"), str) and bool(_HEX64.match(p["capsule_id"])),
+         "capsule_id REQUIRED, 64 lowercase hex")
+    for f in ("action_id", "operator", "developer"):
+        need(f"$.{f}", _is_str(p.get(f)), f"{f} REQUIRED string")
+    need("$.action_type", p.get("action_type") in capm.ACTION_TYPES, "action_type must be 'fyi' or 'decide'")
+    ts = p.get("timestamp")
+    try:
+        capm._check_timestamp(ts)
+    except (capm.CapsuleError, TypeError, AttributeError):
+        run.add(1, "field_invalid", "timestamp REQUIRED, RFC 3339 UTC with 'Z'", path="$.timestamp")
+    d = p.get("disposition")
+    if not isinstance(d, dict):
+        run.add(1, "field_missing", "disposition REQUIRED object", path="$.disposition")
+    else:
+        need("$.disposition.decision", _is_str(d.get("decision")), "decision REQUIRED string")
+        need("$.disposition.approver", d.get("approver") in capm.APPROVERS,
+             "approver is a closed enum: 'human' or 'policy'", "approver_not_conforming")
+        need("$.disposition.human_disposed", isinstance(d.get("human_disposed"), bool),
+             "human_disposed REQUIRED boolean")
+        if d.get("human_disposed") is True and d.get("approver") != "human":
+            # §6: asserted defensively against bytes not made by a conforming constructor.
+            run.add(1, "disposition_dishonest", "human_disposed true requires approver 'human'",
+                    path="$.disposition")
+        for f in ("verdict_class", "authority"):
+            if f in d:
+                need(f"$.disposition.{f}", _is_str(d[f]), f"{f} must be a string")
+        if "reason_digest" in d:
+            need("$.disposition.reason_digest", isinstance(d["reason_digest"], str)
+                 and bool(_HEX64.match(d["reason_digest"])), "reason_digest must be a JSON-DIGEST")
+        if "expiry_policy" in d:
+            ep = d["expiry_policy"]
+            ok = (isinstance(ep, dict) and isinstance(ep.get("ttl_seconds"), int)
+                  and not isinstance(ep.get("ttl_seconds"), bool) and ep.get("on_expiry") in ("expired", "escalated"))
+            need("$.disposition.expiry_policy", ok, "expiry_policy is {ttl_seconds: integer, on_expiry}")
+    a = p.get("assurance")
+    if not isinstance(a, dict):
+        run.add(1, "field_missing", "assurance REQUIRED object", path="$.assurance")
+    else:
+        need("$.assurance.attestation_mode", a.get("attestation_mode") in capm.ATTESTATION_MODES, "attestation_mode")
+        need("$.assurance.effect_mode", a.get("effect_mode") in capm.EFFECT_MODES, "effect_mode")
+        need("$.assurance.ledger_mode", a.get("ledger_mode") in capm.LEDGER_MODES, "ledger_mode")
+    e = p.get("effect")
+    if e is not None:
+        if not isinstance(e, dict):
+            run.add(1, "field_invalid", "effect must be an object", path="$.effect")
+        else:
+            need("$.effect.type", _is_str(e.get("type")), "effect.type REQUIRED string")
+            need("$.effect.status", e.get("status") in capm.EFFECT_STATUSES,
+                 f"effect.status must be one of {capm.EFFECT_STATUSES}")
+            if "request_digest" in e:
+                need("$.effect.request_digest", isinstance(e["request_digest"], str)
+                     and bool(_HEX64.match(e["request_digest"])), "request_digest must be a JSON-DIGEST")
+    ch = p.get("chain")
+    if ch is not None:
+        ok = isinstance(ch, dict) and isinstance(ch.get("parent_capsule_id"), str) \
+            and bool(_HEX64.match(ch["parent_capsule_id"])) and _is_str(ch.get("relation"))
+        need("$.chain", ok, "chain is {parent_capsule_id, relation}")
+    led = p.get("ledger")
+    if led is not None:
+        ok = isinstance(led, dict) and isinstance(led.get("position"), int) \
+            and not isinstance(led.get("position"), bool) and led["position"] >= 1 \
+            and isinstance(led.get("prev_hash"), str) and bool(_HEX64.match(led["prev_hash"]))
+        need("$.ledger", ok, "ledger is {position >= 1, prev_hash, prev_capsule_id?}")
+    for path in capm.find_floats(p):
+        run.add(1, "float_value", "floating-point value in a digest-bearing field (use decimal strings)", path=path)
+    # §3.1 protected header claims.
+    claims = msg.cwt_claims
+    if not claims:
+        run.add(1, "cwt_claims_missing", "protected header must carry CWT claims (label 15)")
+    else:
+        need("cwt.iss", claims.get(1) == p.get("developer"), "CWT iss must be the capsule's developer", "cwt_iss")
+        if _is_str(p.get("operator")) and _is_str(p.get("action_id")):
+            need("cwt.sub", claims.get(2) == capm.subject_urn(p["operator"], p["action_id"]),
+                 "CWT sub must be urn:agent-action-capsule:{operator}:{action_id}", "cwt_sub")
+        need("cwt.capsule_statement_type", claims.get("capsule_statement_type") in ("agent_action", "outcome"),
+             "capsule_statement_type REQUIRED", "cwt_statement_type")
+        known = {"capsule_statement_type", "capsule_action_type", "capsule_decision_id"}
+        for k in claims:
+            if isinstance(k, str) and k.startswith("capsule_") and k not in known:
+                run.add(1, "unknown_header_claim", f"unrecognized header claim {k!r}", "info")
+
+
+def _predecessor_ok(p: Mapping[str, Any], pred: Mapping[str, Any]) -> bool:
+    led, pled = p.get("ledger") or {}, pred.get("ledger") or {}
+    try:
+        h = capm.ledger_entry_hash(pled["position"], pred["capsule_id"], pred.get("chain"), pled["prev_hash"])
+    except (KeyError, TypeError, capm.CapsuleError):
+        return False
+    return h == led.get("prev_hash") and led.get("prev_capsule_id") == pred.get("capsule_id")
+
+
+def _assurance(p: dict[str, Any], derived: str, anchored: bool, store: Store | None, run: _Run,
+               res: Result) -> None:
+    a = p.get("assurance") if isinstance(p.get("assurance"), dict) else {}
+    # attestation_mode: anchored only after a verified receipt (§3.2).
+    att_mode = "anchored" if anchored else "self_attested"
+    if a.get("attestation_mode") == "anchored" and not anchored:
+        run.add(7, "attestation_overclaim", "attestation_mode anchored without a verified receipt")
+    # effect_mode: rederived from the effect record.
+    claimed = a.get("effect_mode")
+    if claimed in _MODE_ORDER and claimed != derived:
+        over = _MODE_ORDER[claimed] > _MODE_ORDER[derived]
+        run.add(7, "effect_mode_overclaim" if over else "effect_mode_mismatch",
+                f"effect_mode {claimed} but the effect derives {derived}")
+    # ledger_mode: standalone vs chained from the presence and integrity of the linkage.
+    led = p.get("ledger") if isinstance(p.get("ledger"), dict) else None
+    ledger_mode = "standalone"
+    if led is not None and isinstance(led.get("position"), int):
+        pos = led["position"]
+        if pos == 1:
+            if led.get("prev_hash") == capm.GENESIS_HASH and led.get("prev_capsule_id") is None:
+                ledger_mode = "chained"
+            else:
+                run.add(7, "ledger_broken", "ledger position 1 must link to the genesis hash")
+        elif store is not None and (pos - 1) in store.by_position:
+            if _predecessor_ok(p, store.by_position[pos - 1]):
+                ledger_mode = "chained"
+            else:
+                run.add(7, "ledger_broken", f"hash-chain link to position {pos - 1} does not verify")
+        else:
+            run.add(7, "ledger_unverified",
+                    f"ledger predecessor (position {pos - 1}) not available: linkage present, integrity unchecked",
+                    "info")
+    claimed_l = a.get("ledger_mode")
+    if claimed_l in _LEDGER_ORDER:
+        if claimed_l == "anchored" and not anchored:
+            run.add(7, "ledger_overclaim", "ledger_mode anchored without a verified receipt")
+        elif claimed_l == "chained" and led is None:
+            run.add(7, "ledger_overclaim", "ledger_mode chained without a hash-chain linkage")
+    res.assurance = {"attestation_mode": att_mode, "effect_mode": derived, "ledger_mode": ledger_mode}
+
+
+def verify_many(
+    items: list[tuple[str, bytes]],
+    *,
+    keys: Mapping[str, TrustedKey],
+    ts_keys: Mapping[str, TrustedKey] | None = None,
+    store: Store | None = None,
+) -> list[Result]:
+    """Verify a set of statements; the set itself is the store unless one is given."""
+    if store is None:
+        store = Store(p for p in (payload_of(d) for _, d in items) if p is not None)
+    return [verify_statement(d, keys=keys, ts_keys=ts_keys, store=store, source=s) for s, d in items]
+
+
+result_encoder = msgspec.json.Encoder()

@@ -1,0 +1,286 @@
+"""Capsule commands (spec 004): ``pgw signer``, ``pgw registrar``, ``pgw verify``,
+``pgw keys`` and ``pgw capsules open-items``.
+
+Also runnable without the full CLI: ``python -m gateway.commands.capsules ...``
+takes the same global options and only these subcommands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from nats.js.errors import NotFoundError
+
+from consumers.cose import TrustedKey
+from consumers.registrar import Registrar, load_ts_key, read_pinned_ts_keys
+from consumers.signer import Signer
+from consumers.verifier import Result, Store, open_items, payload_of, verify_many, verify_statement
+from gateway.config import Config
+from gateway.connect import connect
+from gateway.keys import kid_of, public_keys, rotate
+from gateway.logs import get_logger
+from gateway.service import run_services
+from gateway.streams import ensure_streams
+
+log = get_logger("pgw.cli")
+_enc = msgspec.json.Encoder()
+
+
+def _stop_event() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("signer", help="run the capsule signer (verdicts -> signed capsules) against --server")
+    p.set_defaults(handler=handle_signer)
+
+    p = sub.add_parser("registrar", help="run the SCITT registrar (capsule.register -> capsule.registered)")
+    p.set_defaults(handler=handle_registrar)
+
+    p = sub.add_parser("verify", help="Class 1 verification of capsules (spec 004 §6)")
+    p.add_argument("paths", nargs="*", help="statement files or directories of them")
+    p.add_argument("--stream", action="append", default=[],
+                   help="verify every statement in a stream (PGW_REGISTRATION, PGW_CAPSULES)")
+    p.add_argument("--key", action="append", default=[],
+                   help="trusted signer key: raw hex or a PEM public key file (added to the data folder's keys)")
+    p.add_argument("--ts-key", action="append", default=[], help="trusted Transparency Service key (hex or PEM)")
+    p.add_argument("--store", action="append", default=[],
+                   help="extra capsules for chain checks: a directory, or stream:NAME")
+    p.add_argument("--json", action="store_true", help="one JSON result per line")
+    p.set_defaults(handler=handle_verify)
+
+    p = sub.add_parser("keys", help="print the public keys (raw hex, PEM, kid) verifiers should trust")
+    p.add_argument("--rotate", metavar="ROLE", help="make a new active key for ROLE (old keys stay valid)")
+    p.add_argument("--role", help="only this role")
+    p.set_defaults(handler=handle_keys)
+
+    p = sub.add_parser("capsules", help="capsule queries")
+    csub = p.add_subparsers(dest="capsules_command", metavar="QUERY", required=True)
+    q = csub.add_parser("open-items", help="items still open per spec 004 §5.4.4")
+    q.add_argument("paths", nargs="*", help="statement files or directories")
+    q.add_argument("--stream", action="append", default=[], help="stream(s) to read (default PGW_CAPSULES "
+                   "and PGW_REGISTRATION when no path is given)")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(handler=handle_open_items)
+
+
+# -- services -----------------------------------------------------------------
+
+
+async def _run_one(config: Config, factory: type, name: str) -> int:
+    nc = await connect(config.nats_url, creds=config.creds, name=f"pgw-{name}")
+    try:
+        await ensure_streams(nc.jetstream(), config.subjects,
+                             duplicate_window_s=config.gateway.duplicate_window_s)
+        stop = _stop_event()
+        await run_services([factory(config, nc)], stop,
+                           on_started=lambda: log.info(f"{name} ready", server=config.nats_url))
+    finally:
+        await nc.drain()
+    return 0
+
+
+async def handle_signer(args: argparse.Namespace, config: Config) -> int:
+    return await _run_one(config, Signer, "signer")
+
+
+async def handle_registrar(args: argparse.Namespace, config: Config) -> int:
+    return await _run_one(config, Registrar, "registrar")
+
+
+# -- keys -----------------------------------------------------------------------
+
+
+async def handle_keys(args: argparse.Namespace, config: Config) -> int:
+    if args.rotate:
+        k = rotate(config.data_path, args.rotate)
+        print(f"rotated {args.rotate}: new active kid {k.kid}")
+    keys = public_keys(config.data_path, args.role)
+    if not keys:
+        print(f"no keys under {config.data_path / 'keys'} (they are created on first start)", file=sys.stderr)
+        return 1
+    for k in keys:
+        print(f"role: {k.role}\nkid: {k.kid}\nstatus: {'active' if k.active else 'retired'}\n"
+              f"alg: EdDSA (Ed25519)\nraw: {k.raw_hex}\n{k.pem}")
+    return 0
+
+
+# -- reading statements ------------------------------------------------------------
+
+
+def _read_paths(paths: list[str]) -> list[tuple[str, bytes]]:
+    out: list[tuple[str, bytes]] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out += [(str(f), f.read_bytes()) for f in sorted(p.rglob("*")) if f.is_file()]
+        else:
+            out.append((str(p), p.read_bytes()))
+    return out
+
+
+async def read_stream(config: Config, stream: str) -> list[tuple[str, bytes]]:
+    """Every message of ``stream`` by sequence (a direct read: no consumer, nothing acked)."""
+    nc = await connect(config.nats_url, creds=config.creds, name="pgw-verify")
+    try:
+        js = nc.jetstream()
+        state = (await js.stream_info(stream)).state
+        out = []
+        for seq in range(state.first_seq or 1, (state.last_seq or 0) + 1):
+            try:
+                m = await js.get_msg(stream, seq)
+            except NotFoundError:
+                continue
+            out.append((f"{stream}#{seq}", m.data or b""))
+        return out
+    finally:
+        await nc.close()
+
+
+def _parse_key(spec: str, role: str) -> TrustedKey:
+    s = spec.strip()
+    if len(s) == 64 and all(c in "0123456789abcdefABCDEF" for c in s):
+        pub = Ed25519PublicKey.from_public_bytes(bytes.fromhex(s))
+    else:
+        loaded = serialization.load_pem_public_key(Path(s).read_bytes())
+        if not isinstance(loaded, Ed25519PublicKey):
+            raise SystemExit(f"pgw verify: {s} is not an Ed25519 public key")
+        pub = loaded
+    return TrustedKey(kid_of(pub), pub, role=role)
+
+
+def trusted_keys(config: Config, extra: list[str]) -> dict[str, TrustedKey]:
+    """The signer keys of the data folder (active and retired) plus ``--key``."""
+    keys: dict[str, TrustedKey] = {}
+    try:
+        for k in public_keys(config.data_path, "signer"):
+            keys[k.kid] = TrustedKey(k.kid, k.public, role="signer")
+    except Exception as e:  # noqa: BLE001 - an unreadable folder just means no default keys
+        print(f"pgw verify: not using keys of {config.data_path}: {e}", file=sys.stderr)
+    for spec in extra:
+        k = _parse_key(spec, "signer")
+        keys[k.kid] = k
+    return keys
+
+
+def trusted_ts_keys(config: Config, extra: list[str]) -> dict[str, TrustedKey]:
+    keys = read_pinned_ts_keys(config.data_path)
+    if config.registrar.ts_public_key:
+        k = load_ts_key(config.registrar.ts_public_key)
+        keys[k.kid] = k
+    for spec in extra:
+        k = _parse_key(spec, "ts")
+        keys[k.kid] = k
+    return keys
+
+
+async def _gather(config: Config, paths: list[str], streams: list[str]) -> list[tuple[str, bytes]]:
+    items = _read_paths(paths)
+    for s in streams:
+        items += await read_stream(config, s)
+    return items
+
+
+def format_result(r: Result) -> str:
+    head = "OK  " if r.ok else "FAIL"
+    a = r.assurance or {}
+    line = (f"{head} {r.source}  capsule_id={r.capsule_id or '-'} verdict_class={r.verdict_class or '-'} "
+            f"attestation={a.get('attestation_mode', '-')} ledger={a.get('ledger_mode', '-')}")
+    for f in r.findings:
+        line += f"\n      [{f.check} {f.name}] {f.severity}: {f.code}: {f.message}" + (f" ({f.path})" if f.path else "")
+    return line
+
+
+async def handle_verify(args: argparse.Namespace, config: Config) -> int:
+    if not args.paths and not args.stream:
+        print("pgw verify: give statement files/directories or --stream NAME", file=sys.stderr)
+        return 2
+    items = await _gather(config, args.paths, args.stream)
+    extra_store: list[tuple[str, bytes]] = []
+    for s in args.store:
+        extra_store += await read_stream(config, s[7:]) if s.startswith("stream:") else _read_paths([s])
+    keys = trusted_keys(config, args.key)
+    ts_keys = trusted_ts_keys(config, args.ts_key)
+    single = len(items) == 1 and not args.stream and not Path(args.paths[0]).is_dir()  # noqa: ASYNC240 - a CLI stat
+    if extra_store:
+        store = Store(p for p in (payload_of(d) for _, d in items + extra_store) if p is not None)
+        results = verify_many(items, keys=keys, ts_keys=ts_keys, store=store)
+    elif single:  # one statement and no store: chain parents are reported as not checked
+        results = [verify_statement(items[0][1], keys=keys, ts_keys=ts_keys, source=items[0][0])]
+    else:  # the set is the store
+        results = verify_many(items, keys=keys, ts_keys=ts_keys)
+    for r in results:
+        print(_enc.encode(r).decode() if args.json else format_result(r))
+    bad = sum(not r.ok for r in results)
+    if not args.json:
+        print(f"{len(results)} statement(s): {len(results) - bad} ok, {bad} failed")
+    return 0 if bad == 0 and results else 1
+
+
+async def handle_open_items(args: argparse.Namespace, config: Config) -> int:
+    streams = args.stream or ([] if args.paths else ["PGW_CAPSULES", "PGW_REGISTRATION"])
+    items = await _gather(config, args.paths, streams)
+    store = Store(p for p in (payload_of(d) for _, d in items) if p is not None)
+    rows = open_items(store)
+    for p in rows:
+        d = p.get("disposition", {})
+        row = {"capsule_id": p.get("capsule_id"), "verdict_class": d.get("verdict_class"),
+               "action_id": p.get("action_id"), "timestamp": p.get("timestamp"),
+               "decision": d.get("decision")}
+        if args.json:
+            print(_enc.encode(row).decode())
+        else:
+            print(f"{row['timestamp']}  {row['verdict_class']:<16} {row['capsule_id']}  {row['action_id']}")
+    if not args.json:
+        print(f"{len(rows)} open item(s) among {len(store)} capsule(s)")
+    return 0
+
+
+# -- standalone entry point -----------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gateway.commands.capsules``: these subcommands without the full CLI."""
+    from gateway.cli import config_from_args
+    from gateway.logs import configure_logging
+    from subjects.errors import PgwError
+
+    parser = argparse.ArgumentParser(prog="pgw")
+    parser.add_argument("--server", "-s")
+    parser.add_argument("--creds")
+    parser.add_argument("--config", "-c")
+    parser.add_argument("--data-dir")
+    parser.add_argument("--log-format", choices=["auto", "json", "console"])
+    parser.add_argument("--log-level", default=os.environ.get("PGW_LOG_LEVEL", "INFO"))
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except PgwError as e:
+        print(f"pgw: {e}", file=sys.stderr)
+        return 2
+    configure_logging(config.log_format, args.log_level)
+    try:
+        return asyncio.run(args.handler(args, config))
+    except KeyboardInterrupt:
+        return 130
+    except PgwError as e:
+        print(f"pgw: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""The registrar against the SCRAPI test Transparency Service (spec 004 §3.2)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+from typing import Any
+
+import msgspec
+import pytest
+import structlog
+
+from consumers.cose import TrustedKey, decode_sign1, statement_leaf
+from consumers.registrar import DLQ_STREAM, Registrar, pinned_ts_keys_path
+from consumers.signer import Signer
+from consumers.verifier import payload_of, verify_many
+from gateway.commands import capsules as cli
+from gateway.config import Config
+from gateway.publish import Publisher
+from tests.scitt_ts import ScittTS
+from tests.test_capsule_model import design_rows
+from tests.test_capsule_signer import signer_keys, stream_items, wait_count
+
+
+def _config(make_config: Any, ts: ScittTS | None, **registrar: object) -> Config:
+    reg: dict[str, object] = {"backoff_base_s": 0.05, "backoff_max_s": 0.2, "poll_timeout_s": 5.0}
+    if ts is not None:
+        reg["ts_url"] = ts.url
+    reg.update(registrar)
+    return make_config(registrar=reg)
+
+
+async def _signed(nc: Any, config: Config, rows: list[Any]) -> None:
+    js = nc.jetstream()
+    pub = Publisher(js, config.subjects)
+    for v in rows:
+        await pub.verdict(v)
+    async with Signer(config, nc):
+        await wait_count(js, "PGW_REGISTRATION", len(rows))
+
+
+@pytest.mark.parametrize("mode", ["sync", "accepted", "see_other"])
+async def test_registration_anchors_with_verified_receipts(nc: Any, make_config: Any, mode: str) -> None:
+    """201, 202-then-poll and 303-then-poll all end with verified Transparent Statements on capsule.registered."""
+    rows = design_rows()[:4]
+    async with ScittTS(mode=mode, polls_before_ready=2) as ts:  # type: ignore[arg-type]
+        config = _config(make_config, ts, ts_public_key=ts.public_hex)
+        await _signed(nc, config, rows)
+        js = nc.jetstream()
+        async with Registrar(config, nc) as reg:
+            await wait_count(js, "PGW_CAPSULES", len(rows))
+            assert reg.registered == len(rows)
+        assert len(ts.leaves) == len(rows)  # the TS log really holds each statement once
+        items = await stream_items(js, "PGW_CAPSULES")
+        assert (await js.stream_info("PGW_REGISTRATION")).state.messages == 0  # work queue drained
+        ts_keys = {ts.kid: TrustedKey(ts.kid, ts.key.public_key())}
+        results = verify_many([(s, d) for s, d, _ in items], keys=signer_keys(config), ts_keys=ts_keys)
+        assert all(r.ok and r.assurance["attestation_mode"] == "anchored" for r in results), results
+        for _, d, h in items:
+            msg = decode_sign1(d)
+            assert len(msg.receipts()) == 1
+            assert h["Nats-Msg-Id"] == payload_of(d)["capsule_id"]
+            assert statement_leaf(d) in ts.leaves
+        # without the TS key the same statements are only self-attested
+        plain = verify_many([(s, d) for s, d, _ in items], keys=signer_keys(config))
+        assert {r.assurance["attestation_mode"] for r in plain} == {"self_attested"}
+
+
+async def test_transient_failures_are_retried(nc: Any, make_config: Any) -> None:
+    """Two 503s are retried with backoff and the statement is then registered."""
+    async with ScittTS(fail_first=2) as ts:
+        config = _config(make_config, ts, ts_public_key=ts.public_hex, max_failures=5)
+        await _signed(nc, config, design_rows()[:1])
+        async with Registrar(config, nc) as reg:
+            await wait_count(nc.jetstream(), "PGW_CAPSULES", 1)
+            assert reg.dead_lettered == 0
+        assert ts.posts == 3
+
+
+async def test_repeated_failure_goes_to_dead_letter(nc: Any, make_config: Any) -> None:
+    """After max_failures failed deliveries the statement is dead-lettered with the error, not anchored."""
+    async with ScittTS(fail_first=-1) as ts:
+        config = _config(make_config, ts, ts_public_key=ts.public_hex, max_failures=3)
+        await _signed(nc, config, design_rows()[:2])
+        js = nc.jetstream()
+        async with Registrar(config, nc):
+            await wait_count(js, DLQ_STREAM, 2)
+        items = await stream_items(js, DLQ_STREAM)
+        records = [json.loads(d) for _, d, _ in items]
+        assert {r["attempts"] for r in records} == {3}
+        assert all("503" in r["last_error"] for r in records)
+        cids = {payload_of(base64.b64decode(r["statement_b64"]))["capsule_id"] for r in records}
+        assert cids == {r["capsule_id"] for r in records}
+        assert (await js.stream_info("PGW_CAPSULES")).state.messages == 0
+        assert (await js.stream_info("PGW_REGISTRATION")).state.messages == 0
+        assert ts.posts == 6
+
+
+async def test_forged_receipt_is_never_anchored(nc: Any, make_config: Any) -> None:
+    """A receipt not signed by the trusted TS key is refused: nothing reaches capsule.registered."""
+    async with ScittTS(bad_receipts=True) as ts:
+        config = _config(make_config, ts, ts_public_key=ts.public_hex, max_failures=2)
+        await _signed(nc, config, design_rows()[:1])
+        js = nc.jetstream()
+        async with Registrar(config, nc):
+            await wait_count(js, DLQ_STREAM, 1)
+        rec = json.loads((await stream_items(js, DLQ_STREAM))[0][1])
+        assert "signature" in rec["last_error"]
+        assert (await js.stream_info("PGW_CAPSULES")).state.messages == 0
+
+
+async def test_ts_key_trusted_on_first_use_is_pinned(nc: Any, make_config: Any) -> None:
+    """Without a configured key the TS's published key is pinned to the data folder and then used."""
+    async with ScittTS() as ts:
+        config = _config(make_config, ts)
+        await _signed(nc, config, design_rows()[:1])
+        async with Registrar(config, nc):
+            await wait_count(nc.jetstream(), "PGW_CAPSULES", 1)
+        assert json.loads(pinned_ts_keys_path(config.data_path).read_text()) == {ts.kid: ts.public_hex}
+
+
+async def test_no_ts_configured_capsules_wait(nc: Any, make_config: Any) -> None:
+    """With no ts_url the registrar starts, consumes nothing and says how many capsules wait."""
+    config = _config(make_config, None)
+    await _signed(nc, config, design_rows()[:3])
+    with structlog.testing.capture_logs() as logs:
+        async with Registrar(config, nc) as reg:
+            assert reg.waiting == 3
+    js = nc.jetstream()
+    assert (await js.stream_info("PGW_REGISTRATION")).state.messages == 3
+    assert (await js.stream_info("PGW_CAPSULES")).state.messages == 0
+    warning = next(e for e in logs if e["log_level"] == "warning")
+    assert "no Transparency Service configured" in warning["event"] and "registrar.ts_url" in warning["event"]
+    assert warning["waiting"] == 3
+
+
+async def test_cli_verify_stream_and_open_items(nc: Any, make_config: Any, capsys: Any) -> None:
+    """`pgw verify --stream` passes the signer's output with the data folder's keys; open-items lists the open ones."""
+    rows = design_rows()
+    async with ScittTS() as ts:
+        config = _config(make_config, ts)
+        await _signed(nc, config, rows)
+        async with Registrar(config, nc):
+            await wait_count(nc.jetstream(), "PGW_CAPSULES", len(rows))
+    capsys.readouterr()
+    args = argparse.Namespace(paths=[], stream=["PGW_CAPSULES"], key=[], ts_key=[], store=[], json=True)
+    assert await cli.handle_verify(args, config) == 0
+    results = [msgspec.json.decode(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(results) == len(rows) and all(r["ok"] for r in results)
+    assert {r["assurance"]["attestation_mode"] for r in results} == {"anchored"}  # pinned TS key used
+    args = argparse.Namespace(paths=[], stream=["PGW_CAPSULES"], json=True)
+    assert await cli.handle_open_items(args, config) == 0
+    open_rows = [msgspec.json.decode(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["verdict_class"] for r in open_rows] == ["blocked"]
+
+
+async def test_cli_verify_files_and_keys(tmp_path: Any, nc: Any, make_config: Any, capsys: Any) -> None:
+    """`pgw verify DIR` fails a tampered statement file; `pgw keys` prints hex, PEM and kid of each key."""
+    config = make_config()
+    await _signed(nc, config, design_rows()[:2])
+    d = tmp_path / "caps"
+    d.mkdir()
+    items = await stream_items(nc.jetstream(), "PGW_REGISTRATION")
+    for i, (_, data, _) in enumerate(items):
+        (d / f"{i}.cose").write_bytes(data)
+    (d / "junk.cose").write_bytes(b"\x00garbage")
+    capsys.readouterr()
+    args = argparse.Namespace(paths=[str(d)], stream=[], key=[], ts_key=[], store=[], json=False)
+    assert await cli.handle_verify(args, config) == 1
+    out = capsys.readouterr().out
+    assert out.count("OK  ") == 2 and "FAIL" in out and "junk.cose" in out and "cose_malformed" in out
+    args = argparse.Namespace(paths=[str(d / "0.cose")], stream=[], key=[], ts_key=[], store=[], json=False)
+    assert await cli.handle_verify(args, config) == 0
+    assert await cli.handle_keys(argparse.Namespace(rotate=None, role=None), config) == 0
+    out = capsys.readouterr().out
+    from gateway.keys import public_keys
+
+    k = public_keys(config.data_path, "signer")[0]
+    assert f"kid: {k.kid}" in out and k.raw_hex in out and "BEGIN PUBLIC KEY" in out and "status: active" in out
+    assert await cli.handle_keys(argparse.Namespace(rotate="signer", role="signer"), config) == 0
+    out = capsys.readouterr().out
+    assert out.count("status: retired") == 1 and out.count("status: active") == 1
+    # statements signed before the rotation still verify with the data folder's keys
+    args = argparse.Namespace(paths=[str(d / "0.cose")], stream=[], key=[], ts_key=[], store=[], json=False)
+    assert await cli.handle_verify(args, config) == 0
+    await asyncio.sleep(0)
