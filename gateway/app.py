@@ -40,7 +40,13 @@ _enc = msgspec.json.Encoder()
 
 # In-process parts started with the gateway: "module:Class", constructed as
 # Class(gateway), each an async context manager with ``drain()``.
-GATEWAY_PARTS: list[str] = []
+GATEWAY_PARTS: list[str] = [
+    "gateway.metrics:MetricsPart",  # issue 8: counters, nats.micro, consumer lag, /metrics
+    "gateway.deadletter:DeadLetters",  # issue 8: poison messages after max_deliver
+    "gateway.security.part:SecurityPart",  # issue 7: Nats-Msg-Id binding, per-principal durables
+    "gateway.kernel.service:KernelService",  # issue 4: IDP kernel (spec 003)
+    "gateway.capabilities:CapabilitiesPart",  # issue 3: capabilities responder, pipeline state
+]
 
 
 class Gateway:
@@ -75,15 +81,23 @@ class Gateway:
                 "OPEN MODE: no agent-principal bindings are configured, so any agent may address "
                 "any principal (spec 000 §8.4). Configure [agents.NAME] principals = [...] to restrict."
             )
-        for spec in GATEWAY_PARTS:
-            module, _, attr = spec.partition(":")
-            part = getattr(importlib.import_module(module), attr)(self)
-            await self._stack.enter_async_context(part)
-            self.parts.append(part)
-        self._subs.append(await self.nc.subscribe(self.subjects.all_principals("resolve"), queue=QUEUE, cb=self._on_resolve))
-        self._subs.append(await self.nc.subscribe(self.subjects.all_principals("pending"), queue=QUEUE, cb=self._on_pending))
-        await self.worker.start()
-        await self.nc.flush()
+        try:
+            for spec in GATEWAY_PARTS:
+                module, _, attr = spec.partition(":")
+                part = getattr(importlib.import_module(module), attr)(self)
+                await self._stack.enter_async_context(part)
+                self.parts.append(part)
+            self._subs.append(await self.nc.subscribe(self.subjects.all_principals("resolve"), queue=QUEUE, cb=self._on_resolve))
+            self._subs.append(await self.nc.subscribe(self.subjects.all_principals("pending"), queue=QUEUE, cb=self._on_pending))
+            await self.worker.start()
+            await self.nc.flush()
+        except BaseException:
+            # A part that fails at start (e.g. a bad configuration) must not leave
+            # the parts started before it running (their tasks would outlive us).
+            await self.drain()
+            await self._stack.aclose()
+            await self.desk.close()
+            raise
         return self
 
     async def drain(self) -> None:

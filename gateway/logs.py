@@ -13,6 +13,22 @@ from typing import Literal
 import structlog
 
 
+class _CurrentStderr:
+    """A file-like object that writes to whatever ``sys.stderr`` is now."""
+
+    def write(self, s: str) -> int:
+        try:
+            return sys.stderr.write(s)
+        except ValueError:  # closed stream: logging must never crash the caller
+            return 0
+
+    def flush(self) -> None:
+        try:
+            sys.stderr.flush()
+        except ValueError:
+            pass
+
+
 def configure_logging(fmt: Literal["auto", "json", "console"] = "auto", level: str = "INFO") -> None:
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     renderer: structlog.typing.Processor = (
@@ -27,7 +43,9 @@ def configure_logging(fmt: Literal["auto", "json", "console"] = "auto", level: s
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # Resolve sys.stderr at each write, not at configure time: a stream
+        # captured or replaced later (tests, daemons) must not be kept open.
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
 

@@ -1,0 +1,116 @@
+"""Kernel commands: ``pgw log verify`` and the dev/demo ``pgw mandate`` helpers.
+
+``pgw log verify`` walks the event log (``PGW_EVENTLOG``, or one subject of
+it) and checks every event's Ed25519 signature against the kernel public
+keys of the data folder (active and retired), or those given with
+``--pubkey``, and the hash chain (spec 003 §8.2). It prints one JSON result
+and exits 0 when the log is intact, 1 at the first break.
+
+``pgw mandate issue`` signs a mandate JWT (EdDSA) with the dev issuer key of
+the data folder (``keys/mandate_issuer``, created on first use); the kernel
+trusts it only with ``kernel.trust_dev_issuer = true`` or when its public
+key (``pgw mandate pubkey``) is listed in ``kernel.issuers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from gateway.config import Config
+from gateway.connect import connect
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    lg = sub.add_parser("log", help="the kernel event log (spec 003): verify signatures and the hash chain")
+    lsub = lg.add_subparsers(dest="log_command", metavar="ACTION")
+    v = lsub.add_parser("verify", help="walk the event log; report the first break or bad signature")
+    v.add_argument("--stream", default="PGW_EVENTLOG", help="stream to verify (default PGW_EVENTLOG)")
+    v.add_argument("--subject", help="only this subject (e.g. pgw.log.IDP_SUBMITTED); links still checked")
+    v.add_argument(
+        "--pubkey", action="append", default=[], metavar="PEM",
+        help="kernel public key PEM file to trust (repeatable); default: the keys in the data folder",
+    )
+    v.set_defaults(handler=verify_command)
+
+    m = sub.add_parser("mandate", help="dev/demo mandate JWTs for the IDP kernel")
+    msub = m.add_subparsers(dest="mandate_command", metavar="ACTION")
+    i = msub.add_parser("issue", help="print a mandate JWT signed with the dev issuer key")
+    i.add_argument("--agent", required=True, help="the agent (JWT sub)")
+    i.add_argument("--so-id", required=True, help="the governed object UUID")
+    i.add_argument("--principal", required=True, help="the principal handle for HEM")
+    i.add_argument("--action", action="append", required=True, help="a Cedar action in scope (repeatable)")
+    i.add_argument("--mission-ref", help="MissionDeclaration UUID")
+    i.add_argument("--ttl", type=int, default=3600, help="seconds until exp (default 3600)")
+    i.add_argument("--jti", help="mandate id (default: a new UUID)")
+    i.set_defaults(handler=issue_command)
+    p = msub.add_parser("pubkey", help="print the dev issuer's kid and public key PEM")
+    p.set_defaults(handler=pubkey_command)
+
+
+def kernel_keys(config: Config, pem_files: list[str]) -> dict[str, Ed25519PublicKey]:
+    from gateway.keys import kid_of, public_keys
+
+    if pem_files:
+        out = {}
+        for f in pem_files:
+            key = serialization.load_pem_public_key(Path(f).read_bytes())
+            if not isinstance(key, Ed25519PublicKey):
+                raise SystemExit(f"pgw: {f} is not an Ed25519 public key")
+            out[kid_of(key)] = key
+        return out
+    return {k.kid: k.public for k in public_keys(config.data_path, "kernel")}
+
+
+async def verify_command(args: argparse.Namespace, config: Config) -> int:
+    from gateway.kernel.eventlog import verify_stream
+
+    keys = kernel_keys(config, args.pubkey)
+    nc = await connect(config.nats_url, creds=config.creds, name="pgw-log-verify")
+    try:
+        result = await verify_stream(nc.jetstream(), config.subjects, keys, stream=args.stream, subject=args.subject)
+    finally:
+        await nc.close()
+    out: dict[str, Any] = result.to_dict()
+    out["stream"] = args.stream
+    if args.subject:
+        out["subject"] = args.subject
+    if not keys:
+        out["warning"] = "no kernel public keys found; every event will fail signature verification"
+    print(json.dumps(out, indent=2))
+    return 0 if result.ok else 1
+
+
+async def issue_command(args: argparse.Namespace, config: Config) -> int:
+    from gateway.kernel.mandate import DEV_ISSUER_ROLE, issue_mandate
+    from gateway.keys import load_or_create
+
+    key = load_or_create(config.data_path, DEV_ISSUER_ROLE)
+    token = issue_mandate(
+        key.private, key.kid, agent=args.agent, so_id=args.so_id, principal=args.principal,
+        actions=args.action, ttl_s=args.ttl, jti=args.jti, mission_ref=args.mission_ref,
+    )
+    print(token)
+    if not config.kernel.trust_dev_issuer and key.kid not in config.kernel.issuers:
+        print(
+            f"pgw: note: the kernel trusts this issuer only with kernel.trust_dev_issuer = true "
+            f"or kernel.issuers.{key.kid} = <PEM from `pgw mandate pubkey`>",
+            file=sys.stderr,
+        )
+    return 0
+
+
+async def pubkey_command(args: argparse.Namespace, config: Config) -> int:
+    from gateway.kernel.mandate import DEV_ISSUER_ROLE
+    from gateway.keys import load_or_create
+
+    key = load_or_create(config.data_path, DEV_ISSUER_ROLE)
+    pem = key.public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    print(f"# kid {key.kid}\n{pem}", end="")
+    return 0

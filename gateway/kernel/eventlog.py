@@ -1,0 +1,315 @@
+"""The kernel's event log: signed, hash-chained, on stream ``PGW_EVENTLOG``.
+
+spec 003 §5.3 and §8.2: every event is kernel-signed (Ed25519, the
+``kernel`` key of ``gateway.keys``) and committed to the log, and the
+IDP_SUBMITTED event is acknowledged by the server before Cedar runs. The
+stream denies delete and purge (``gateway.streams``).
+
+The whole stream is one hash chain: each event carries the stream sequence
+and the digest of the event before it. Several gateway instances append to
+the same chain; each append carries ``Nats-Expected-Last-Sequence`` (the
+sequence the writer believes is last), so the server refuses an append
+that would fork the chain (error 10071) and the writer re-reads the head and
+re-signs. Appends also carry a deterministic ``Nats-Msg-Id``, so a
+redelivered input yields the event once (the duplicate's PubAck points at
+the original).
+
+``verify_stream`` walks the stream (or one subject) and reports the first
+break: an undecodable entry, a bad or unknown-key signature, a wrong
+``prev_seq`` or ``prev_digest``, an event whose subject does not match its type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+
+from gateway.keys import SigningKey
+from gateway.logs import get_logger
+from subjects.errors import PgwError
+from subjects.idp import GENESIS_DIGEST, LogEvent, b64url, log_event_decoder
+from subjects.names import Subjects
+from subjects.util import now_rfc3339
+
+log = get_logger("pgw.kernel.eventlog")
+
+STREAM = "PGW_EVENTLOG"
+_WRONG_LAST_SEQUENCE = 10071
+
+
+class EventLogError(PgwError):
+    """The event log could not be written (after retries)."""
+
+
+class LogAppendError(EventLogError):
+    """The server refused one append; ``err_code`` is the JetStream API error code."""
+
+    def __init__(self, err_code: int | None, description: str) -> None:
+        self.err_code = err_code
+        self.description = description
+        super().__init__(f"event log append refused ({err_code}): {description}")
+
+
+@dataclass(frozen=True)
+class Appended:
+    seq: int
+    event: LogEvent
+    duplicate: bool
+
+
+class EventLog:
+    """Append signed events to the chain; one writer lock per process, CAS across processes."""
+
+    def __init__(self, nc: Client, subjects: Subjects, key: SigningKey, *, stream: str = STREAM) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.subjects = subjects
+        self.key = key
+        self.stream = stream
+        self._lock = asyncio.Lock()
+        self._head: tuple[int, str] | None = None
+        self.ack_timeout_s = 10.0
+        self._reply_prefix: str | None = None
+        self._acks: dict[str, asyncio.Future[PubAck]] = {}
+
+    async def _send(self, subject: str, data: bytes, headers: dict[str, str]) -> asyncio.Future[PubAck]:
+        """Publish now (in order on this connection); the future resolves with the PubAck or the API error."""
+        if self._reply_prefix is None:
+            prefix = self.nc.new_inbox() + "."
+
+            async def on_ack(msg: Any) -> None:
+                fut = self._acks.pop(msg.subject, None)
+                if fut is None or fut.done():
+                    return
+                try:
+                    resp = json.loads(msg.data) if msg.data else {}
+                except ValueError:
+                    resp = {}
+                if "error" in resp:
+                    err = resp["error"]
+                    fut.set_exception(LogAppendError(err.get("err_code"), err.get("description", "")))
+                elif "seq" in resp:
+                    fut.set_result(PubAck.from_response(resp))
+                else:
+                    fut.set_exception(LogAppendError(None, "no stream answered (is PGW_EVENTLOG created?)"))
+
+            await self.nc.subscribe(prefix + "*", cb=on_ack)
+            self._reply_prefix = prefix
+        inbox = self._reply_prefix + self.nc._nuid.next().decode()
+        fut: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+        self._acks[inbox] = fut
+        await self.nc.publish(subject, data, reply=inbox, headers={**headers, "Nats-Expected-Stream": self.stream})
+        return fut
+
+    async def head(self) -> tuple[int, str]:
+        """(last sequence, digest of the last event) as the server has it now."""
+        info = await self.js.stream_info(self.stream)
+        last = info.state.last_seq or 0
+        if last == 0:
+            return 0, GENESIS_DIGEST
+        raw = await self.js.get_msg(self.stream, last)
+        return last, log_event_decoder.decode(raw.data).digest()
+
+    def sign(self, event: LogEvent) -> LogEvent:
+        event.kid = self.key.kid
+        event.sig = b64url(self.key.sign(event.signing_bytes()))
+        return event
+
+    async def append(
+        self,
+        event_type: str,
+        body: Mapping[str, Any],
+        *,
+        msg_id: str,
+        event_id: str | None = None,
+        traceparent: str | None = None,
+    ) -> Appended:
+        """Sign ``body`` as ``event_type``, chain it, publish and wait for the PubAck.
+
+        Appends are pipelined: the lock covers signing and sending only. The
+        next event is chained onto this one's locally computed digest at the
+        sequence the server must give it; if the server disagrees (another
+        writer, or a duplicate that consumed no sequence) the append fails
+        with "wrong last sequence", so does every append pipelined behind
+        it, and each re-reads the head and retries. The chain never forks.
+        """
+        subject = self.subjects.log(event_type)
+        plain = msgspec.to_builtins(dict(body))
+        for _attempt in range(50):
+            async with self._lock:
+                if self._head is None:
+                    self._head = await self.head()
+                prev_seq, prev_digest = self._head
+                ev = self.sign(
+                    LogEvent(
+                        event_id=event_id or msg_id,
+                        event_type=event_type,
+                        ts=now_rfc3339(),
+                        prev_seq=prev_seq,
+                        prev_digest=prev_digest,
+                        kid=self.key.kid,
+                        body=plain,
+                    )
+                )
+                headers = {"Nats-Msg-Id": msg_id, "Nats-Expected-Last-Sequence": str(prev_seq)}
+                if traceparent:
+                    headers["traceparent"] = traceparent
+                data = ev.canonical_bytes()
+                fut = await self._send(subject, data, headers)
+                # == ev.digest(), without canonicalizing twice
+                self._head = (prev_seq + 1, hashlib.sha256(data).hexdigest())
+            try:
+                ack = await asyncio.wait_for(fut, timeout=self.ack_timeout_s)
+            except LogAppendError as e:
+                if e.err_code == _WRONG_LAST_SEQUENCE:
+                    await self._reset(prev_seq + 1)
+                    continue
+                await self._reset(prev_seq + 1)
+                raise
+            except BaseException:
+                await self._reset(prev_seq + 1)
+                raise
+            if ack.duplicate:
+                # Nothing was stored: the optimistic head is wrong.
+                await self._reset(prev_seq + 1)
+                raw = await self.js.get_msg(self.stream, ack.seq)
+                return Appended(ack.seq, log_event_decoder.decode(raw.data), True)
+            if ack.seq != prev_seq + 1:  # pragma: no cover - the server enforces this
+                await self._reset(prev_seq + 1)
+                raise EventLogError(f"{event_type} stored at {ack.seq}, expected {prev_seq + 1}")
+            return Appended(ack.seq, ev, False)
+        raise EventLogError(f"could not append {event_type}: the chain head kept moving")
+
+    async def _reset(self, failed_seq: int) -> None:
+        """Forget the optimistic head if it still builds on the failed append."""
+        async with self._lock:
+            if self._head is not None and self._head[0] >= failed_seq:
+                self._head = None
+
+    async def get(self, seq: int) -> LogEvent:
+        raw = await self.js.get_msg(self.stream, seq)
+        return log_event_decoder.decode(raw.data)
+
+
+# ---------------------------------------------------------------------------
+# Verification (`pgw log verify`)
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class VerifyResult:
+    ok: bool
+    checked: int
+    last_seq: int
+    first_break: dict[str, Any] | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "checked": self.checked,
+            "last_seq": self.last_seq,
+            "first_break": self.first_break,
+            "counts": self.counts,
+        }
+
+
+def check_signature(ev: LogEvent, keys: Mapping[str, Ed25519PublicKey]) -> str | None:
+    """None if ``ev`` is signed by a known key, else what is wrong."""
+    key = keys.get(ev.kid)
+    if key is None:
+        return f"signed with unknown kid {ev.kid!r}"
+    try:
+        key.verify(ev.signature, ev.signing_bytes())
+    except (InvalidSignature, ValueError):
+        return "bad signature"
+    return None
+
+
+async def _iter_stream(js: JetStreamContext, stream: str, subject: str) -> Any:
+    """Yield (seq, subject, data) of every message on ``subject`` in stream order."""
+    info = await js.stream_info(stream, subjects_filter=subject)
+    # With a filter the server lists the matching subjects and their counts.
+    if not info.state.messages or not sum((info.state.subjects or {}).values()):
+        return
+    sub = await js.subscribe(subject, stream=stream, ordered_consumer=True)
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=10)
+            md = msg.metadata
+            yield md.sequence.stream, msg.subject, msg.data
+            if md.num_pending == 0:
+                return
+    finally:
+        await sub.unsubscribe()
+
+
+async def verify_stream(
+    js: JetStreamContext,
+    subjects: Subjects,
+    keys: Mapping[str, Ed25519PublicKey],
+    *,
+    stream: str = STREAM,
+    subject: str | None = None,
+) -> VerifyResult:
+    """Walk ``stream`` (or only ``subject``) and report the first break of chain or signature.
+
+    With a subject filter, each event's predecessor is fetched by its
+    ``prev_seq`` so the chain link is still checked.
+    """
+    whole = subject is None
+    filt = subject or f"{subjects.prefix}.log.>"
+    result = VerifyResult(ok=True, checked=0, last_seq=0)
+    prev: tuple[int, str] | None = (0, GENESIS_DIGEST) if whole else None
+
+    def brk(seq: int, problem: str, event_type: str | None = None) -> VerifyResult:
+        result.ok = False
+        result.first_break = {"seq": seq, "event_type": event_type, "problem": problem}
+        return result
+
+    async for seq, subj, data in _iter_stream(js, stream, filt):
+        result.last_seq = seq
+        try:
+            ev = log_event_decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            return brk(seq, f"undecodable event: {e}")
+        result.counts[ev.event_type] = result.counts.get(ev.event_type, 0) + 1
+        try:
+            if subj != subjects.log(ev.event_type):
+                return brk(seq, f"event type {ev.event_type!r} published on {subj!r}", ev.event_type)
+        except ValueError:
+            return brk(seq, f"invalid event type {ev.event_type!r}", ev.event_type)
+        bad = check_signature(ev, keys)
+        if bad:
+            return brk(seq, bad, ev.event_type)
+        if whole:
+            assert prev is not None
+            expect_seq, expect_digest = prev
+        else:
+            expect_seq = seq - 1
+            if expect_seq == 0:
+                expect_digest = GENESIS_DIGEST
+            else:
+                try:
+                    raw = await js.get_msg(stream, expect_seq)
+                    expect_digest = log_event_decoder.decode(raw.data).digest()
+                except Exception as e:  # noqa: BLE001 - reported as a break, never raised
+                    return brk(seq, f"predecessor {expect_seq} unreadable: {e}", ev.event_type)
+        if ev.prev_seq != expect_seq:
+            return brk(seq, f"prev_seq is {ev.prev_seq}, expected {expect_seq}", ev.event_type)
+        if ev.prev_digest != expect_digest:
+            return brk(seq, "prev_digest does not match the digest of the previous event", ev.event_type)
+        prev = (seq, ev.digest())
+        result.checked += 1
+    return result

@@ -1,0 +1,185 @@
+"""Mandate JWT verification (spec 003 §2 "Mandate JWT", DESIGN §5.1).
+
+A mandate is a JWT signed with EdDSA or ES256 by a trusted issuer from
+configuration (``kernel.issuers``: JWT header ``kid`` -> public key PEM,
+inline or a file path). Required claims: ``jti``, ``sub`` (the agent),
+``so_id``, ``principal``, ``actions``, ``exp``; optional ``mission_ref``.
+``kernel.revoked_jtis`` is the revocation list.
+
+The check order reports the strongest finding first: a bad signature
+(nothing in the token can be trusted), then revocation, then expiry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from gateway.config import KernelConfig
+from subjects.errors import ConfigError, PgwError
+from subjects.names import TOKEN_RE
+
+ALGORITHMS = ["EdDSA", "ES256"]
+DEV_ISSUER_ROLE = "mandate_issuer"
+
+
+class MandateError(PgwError):
+    """The mandate failed verification; ``code`` is the REJECT code for the agent."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        self.code = code
+        self.reason = reason
+        super().__init__(f"{code}: {reason}")
+
+
+@dataclass(frozen=True)
+class Mandate:
+    jti: str
+    sub: str
+    so_id: str
+    principal: str
+    actions: tuple[str, ...]
+    exp: int
+    mission_ref: str | None
+    issuer_kid: str
+    claims: dict[str, Any]
+
+
+def _load_key(kid: str, value: str) -> Any:
+    text = value if "-----BEGIN" in value else None
+    if text is None:
+        try:
+            text = Path(value).expanduser().read_text()
+        except OSError as e:
+            raise ConfigError(f"kernel.issuers.{kid}", f"cannot read public key file {value!r}: {e}") from e
+    try:
+        key = serialization.load_pem_public_key(text.encode())
+    except ValueError as e:
+        raise ConfigError(f"kernel.issuers.{kid}", f"not a PEM public key: {e}") from e
+    if not isinstance(key, ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey):
+        raise ConfigError(f"kernel.issuers.{kid}", "issuer keys must be Ed25519 (EdDSA) or P-256 (ES256)")
+    if isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name != "secp256r1":
+        raise ConfigError(f"kernel.issuers.{kid}", "EC issuer keys must be on P-256 (ES256)")
+    return key
+
+
+class MandateVerifier:
+    """Verify mandate JWTs against the configured issuers and revocation list."""
+
+    def __init__(self, cfg: KernelConfig, data_dir: Path | None = None) -> None:
+        self.cfg = cfg
+        self.keys: dict[str, Any] = {kid: _load_key(kid, v) for kid, v in cfg.issuers.items()}
+        if cfg.trust_dev_issuer and data_dir is not None:
+            from gateway.keys import load_or_create
+
+            k = load_or_create(data_dir, DEV_ISSUER_ROLE)
+            self.keys.setdefault(k.kid, k.public)
+        self.revoked = frozenset(cfg.revoked_jtis)
+
+    def verify(self, token: object, *, agent: str, now: float | None = None) -> Mandate:
+        if not isinstance(token, str) or not token:
+            raise MandateError("MANDATE_INVALID", "the request carries no mandate JWT")
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.InvalidTokenError:
+            raise MandateError("MANDATE_INVALID", "the mandate is not a well-formed JWT") from None
+        alg = header.get("alg")
+        if alg not in ALGORITHMS:
+            raise MandateError("MANDATE_INVALID", f"mandate algorithm must be one of {ALGORITHMS}")
+        kid = header.get("kid")
+        if kid is None and len(self.keys) == 1:
+            kid = next(iter(self.keys))
+        key = self.keys.get(kid) if isinstance(kid, str) else None
+        if key is None:
+            raise MandateError("MANDATE_INVALID", "the mandate is not from a trusted issuer")
+        if (alg == "EdDSA") != isinstance(key, ed25519.Ed25519PublicKey):
+            raise MandateError("MANDATE_INVALID", "the mandate algorithm does not match the issuer key")
+        try:
+            claims = jwt.decode(
+                token,
+                key,
+                algorithms=[alg],
+                options={"verify_exp": False, "verify_aud": False, "require": ["jti", "sub", "exp"]},
+            )
+        except jwt.MissingRequiredClaimError as e:
+            raise MandateError("MANDATE_INVALID", f"the mandate lacks the {e.claim!r} claim") from None
+        except jwt.InvalidTokenError:
+            raise MandateError("MANDATE_INVALID", "the mandate signature does not verify") from None
+        jti = claims.get("jti")
+        if not isinstance(jti, str) or not jti:
+            raise MandateError("MANDATE_INVALID", "the mandate jti must be a non-empty string")
+        if jti in self.revoked:
+            raise MandateError("MANDATE_REVOKED", "the mandate has been revoked")
+        exp = claims.get("exp")
+        if not isinstance(exp, int | float) or isinstance(exp, bool):
+            raise MandateError("MANDATE_INVALID", "the mandate exp must be a number")
+        import time
+
+        if (now if now is not None else time.time()) > exp + self.cfg.clock_skew_s:
+            raise MandateError("MANDATE_EXPIRED", "the mandate has expired")
+        nbf = claims.get("nbf")
+        if isinstance(nbf, int | float) and (now or time.time()) + self.cfg.clock_skew_s < nbf:
+            raise MandateError("MANDATE_INVALID", "the mandate is not yet valid")
+        for name in ("so_id", "principal"):
+            if not isinstance(claims.get(name), str) or not claims[name]:
+                raise MandateError("MANDATE_INVALID", f"the mandate lacks the {name!r} claim")
+        actions = claims.get("actions")
+        if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
+            raise MandateError("MANDATE_INVALID", "the mandate 'actions' claim must be a list of strings")
+        if claims["sub"] != agent:
+            raise MandateError("MANDATE_INVALID", "the mandate was not issued to this agent")
+        principal = claims["principal"].removeprefix("~")
+        if not TOKEN_RE.match(principal):
+            raise MandateError("MANDATE_INVALID", "the mandate principal is not a valid principal handle")
+        mission_ref = claims.get("mission_ref")
+        if mission_ref is not None and not isinstance(mission_ref, str):
+            raise MandateError("MANDATE_INVALID", "the mandate mission_ref must be a string")
+        return Mandate(
+            jti=jti,
+            sub=claims["sub"],
+            so_id=claims["so_id"],
+            principal=principal,
+            actions=tuple(actions),
+            exp=int(exp),
+            mission_ref=mission_ref,
+            issuer_kid=str(kid),
+            claims=claims,
+        )
+
+
+def issue_mandate(
+    private_key: Any,
+    kid: str,
+    *,
+    agent: str,
+    so_id: str,
+    principal: str,
+    actions: list[str],
+    ttl_s: int = 3600,
+    jti: str | None = None,
+    mission_ref: str | None = None,
+    now: float | None = None,
+) -> str:
+    """Sign a mandate (dev/demo and tests): EdDSA for Ed25519 keys, ES256 for P-256 keys."""
+    import time
+    import uuid
+
+    t = int(now if now is not None else time.time())
+    claims: dict[str, Any] = {
+        "jti": jti or str(uuid.uuid4()),
+        "sub": agent,
+        "so_id": so_id,
+        "principal": principal,
+        "actions": list(actions),
+        "iat": t,
+        "exp": t + ttl_s,
+    }
+    if mission_ref is not None:
+        claims["mission_ref"] = mission_ref
+    alg = "EdDSA" if isinstance(private_key, ed25519.Ed25519PrivateKey) else "ES256"
+    return jwt.encode(claims, private_key, algorithm=alg, headers={"kid": kid})

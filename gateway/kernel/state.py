@@ -1,0 +1,314 @@
+"""Kernel state: the idp_id index and per-session state, shared by every instance.
+
+Kept in the JetStream KV bucket ``PGW_KERNEL`` (file storage), so every
+gateway instance sees the same index and a restart loses nothing. Every
+change is a compare-and-set on the entry's revision (``create`` for a new
+entry, ``update(last=rev)`` otherwise), so two instances cannot both advance
+one session's step_sequence or both record one idp_id.
+
+The event log is the ground truth (spec 003 §8.4: the index is "rebuilt from
+the Event Log on kernel restart"): at start ``rebuild`` replays every log
+event after the bucket's ``_checkpoint`` and applies it idempotently (status
+only moves forward, ``last_step`` is a max, mismatch counts are sets), so a
+bucket that lags the log - a crash between the log append and the KV write -
+or a bucket that was lost entirely is brought back to what the log says.
+
+Keys:
+* ``idp.{so_id}.{idp_id}``  -> ``IdpEntry`` (spec 003 §5.2(c): unique per governed object)
+* ``tr.{agent}.{idp_id}``   -> so_id, to find the IDP a transition report names
+* ``sess.{digest(agent, session_id)}`` -> ``SessionEntry``
+* ``_checkpoint``           -> last log sequence the rebuild applied
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Literal
+
+import msgspec
+from msgspec import Struct, field
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+from gateway.logs import get_logger
+from gateway.streams import ensure_kv
+from subjects.errors import PgwError
+from subjects.idp import log_event_decoder
+from subjects.util import stable_id
+
+log = get_logger("pgw.kernel.state")
+
+BUCKET = "PGW_KERNEL"
+
+IdpStatus = Literal[
+    "submitted", "permitted", "denied", "hem_pending", "hem_approved", "hem_denied", "transitioned"
+]
+# Forward order of an IDP's life; a status never moves backwards.
+_RANK = {
+    "submitted": 0,
+    "permitted": 1,
+    "denied": 1,
+    "hem_pending": 1,
+    "hem_approved": 2,
+    "hem_denied": 2,
+    "transitioned": 3,
+}
+SessionState = Literal["ACTIVE", "HEM_PENDING", "TERMINATED"]
+HemTrigger = Literal["HEM_URGENCY_REQUIRED", "MISSION_REF_MISMATCH_THRESHOLD", "IDP_COMMITMENT_GAP"]
+
+
+class IdpEntry(Struct, kw_only=True, omit_defaults=True):
+    idp_id: str
+    so_id: str
+    agent: str
+    principal: str
+    session_id: str
+    step_sequence: int
+    requested_action: str
+    mandate_id: str
+    profile: str
+    submitted_seq: int
+    status: IdpStatus = "submitted"
+    moment_id: str | None = None
+    transition_seq: int | None = None
+
+
+class SessionEntry(Struct, kw_only=True, omit_defaults=True):
+    agent: str
+    session_id: str
+    last_step: int = 0
+    state: SessionState = "ACTIVE"
+    hem_idp_id: str | None = None
+    hem_moment_id: str | None = None
+    hem_trigger: HemTrigger | None = None
+    hem_principal: str | None = None
+    mismatches: list[str] = field(default_factory=list)
+
+
+_idp_dec = msgspec.json.Decoder(IdpEntry)
+_sess_dec = msgspec.json.Decoder(SessionEntry)
+_enc = msgspec.json.Encoder()
+
+
+def idp_key(so_id: str, idp_id: str) -> str:
+    return f"idp.{so_id.lower()}.{idp_id.lower()}"
+
+
+def tr_key(agent: str, idp_id: str) -> str:
+    return f"tr.{agent}.{idp_id.lower()}"
+
+
+def session_key(agent: str, session_id: str) -> str:
+    return f"sess.{stable_id('session', agent, session_id)}"
+
+
+class ConflictError(PgwError):
+    """A compare-and-set lost against another writer; re-read and decide again."""
+
+
+class KernelState:
+    def __init__(self, js: JetStreamContext) -> None:
+        self.js = js
+        self.kv: Any = None
+
+    async def open(self) -> None:
+        self.kv = await ensure_kv(self.js, BUCKET)
+
+    # -- reads --------------------------------------------------------------
+    async def _get(self, key: str) -> tuple[bytes, int] | None:
+        try:
+            e = await self.kv.get(key)
+        except KeyNotFoundError:
+            return None
+        if not e.value:
+            return None
+        return e.value, e.revision
+
+    async def idp(self, so_id: str, idp_id: str) -> tuple[IdpEntry, int] | None:
+        got = await self._get(idp_key(so_id, idp_id))
+        return (_idp_dec.decode(got[0]), got[1]) if got else None
+
+    async def so_of(self, agent: str, idp_id: str) -> str | None:
+        got = await self._get(tr_key(agent, idp_id))
+        return got[0].decode() if got else None
+
+    async def session(self, agent: str, session_id: str) -> tuple[SessionEntry, int]:
+        got = await self._get(session_key(agent, session_id))
+        if got is None:
+            return SessionEntry(agent=agent, session_id=session_id), 0
+        return _sess_dec.decode(got[0]), got[1]
+
+    # -- compare-and-set writes ----------------------------------------------
+    async def _cas(self, key: str, value: bytes, rev: int) -> int:
+        try:
+            if rev == 0:
+                return await self.kv.create(key, value)
+            return await self.kv.update(key, value, last=rev)
+        except KeyWrongLastSequenceError as e:
+            raise ConflictError(key) from e
+
+    async def put_session(self, s: SessionEntry, rev: int) -> int:
+        return await self._cas(session_key(s.agent, s.session_id), _enc.encode(s), rev)
+
+    async def put_idp(self, e: IdpEntry, rev: int) -> int:
+        return await self._cas(idp_key(e.so_id, e.idp_id), _enc.encode(e), rev)
+
+    async def put_tr(self, agent: str, idp_id: str, so_id: str) -> None:
+        with contextlib.suppress(KeyWrongLastSequenceError):
+            await self.kv.create(tr_key(agent, idp_id), so_id.encode())
+
+    async def update_session(self, agent: str, session_id: str, fn: Any) -> SessionEntry:
+        """Apply ``fn(entry) -> bool`` (True = changed) with CAS retries; return the result."""
+        for _ in range(20):
+            s, rev = await self.session(agent, session_id)
+            if not fn(s):
+                return s
+            try:
+                await self.put_session(s, rev)
+                return s
+            except ConflictError:
+                continue
+        raise ConflictError(session_key(agent, session_id))
+
+    async def advance_idp(self, so_id: str, idp_id: str, status: IdpStatus, **extra: Any) -> IdpEntry | None:
+        """Move an IDP forward to ``status`` (never backwards); None if unknown."""
+        for _ in range(20):
+            got = await self.idp(so_id, idp_id)
+            if got is None:
+                return None
+            e, rev = got
+            if _RANK[status] < _RANK[e.status] or (e.status == status and not extra):
+                return e
+            e.status = status
+            for k, v in extra.items():
+                setattr(e, k, v)
+            try:
+                await self.put_idp(e, rev)
+                return e
+            except ConflictError:
+                continue
+        raise ConflictError(idp_key(so_id, idp_id))
+
+    # -- rebuild from the log (spec 003 §8.4) -----------------------------------
+    async def rebuild(self, js: JetStreamContext, stream: str) -> int:
+        """Apply every log event after the checkpoint; return how many were applied."""
+        got = await self._get("_checkpoint")
+        start = int(got[0]) if got else 0
+        info = await js.stream_info(stream)
+        last = info.state.last_seq or 0
+        if last <= start:
+            return 0
+        from nats.js.api import ConsumerConfig, DeliverPolicy
+
+        sub = await js.subscribe(
+            f"{info.config.subjects[0] if info.config.subjects else '>'}",
+            stream=stream,
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start + 1),
+        )
+        applied = 0
+        try:
+            while True:
+                msg = await sub.next_msg(timeout=10)
+                seq = msg.metadata.sequence.stream
+                try:
+                    ev = log_event_decoder.decode(msg.data)
+                    await self.apply(ev.event_type, ev.body, seq)
+                    applied += 1
+                except Exception:
+                    log.exception("could not apply log event during rebuild", seq=seq)
+                if seq >= last:
+                    break
+        finally:
+            await sub.unsubscribe()
+        await self.kv.put("_checkpoint", str(last).encode())
+        log.info("kernel state rebuilt from the event log", applied=applied, from_seq=start + 1, to_seq=last)
+        return applied
+
+    async def apply(self, event_type: str, body: dict[str, Any], seq: int) -> None:
+        """Apply one log event to the state, idempotently."""
+        match event_type:
+            case "IDP_SUBMITTED":
+                so_id, idp_id, agent = body["so_id"], body["idp_id"], body["agent"]
+                if await self.idp(so_id, idp_id) is None:
+                    entry = IdpEntry(
+                        idp_id=idp_id,
+                        so_id=so_id,
+                        agent=agent,
+                        principal=body["principal"],
+                        session_id=body["session_id"],
+                        step_sequence=body["step_sequence"],
+                        requested_action=body["requested_action"],
+                        mandate_id=body["mandate_id"],
+                        profile=body["profile"],
+                        submitted_seq=seq,
+                    )
+                    with contextlib.suppress(ConflictError):
+                        await self.put_idp(entry, 0)
+                await self.put_tr(agent, idp_id, so_id)
+                step = body["step_sequence"]
+
+                def bump(s: SessionEntry) -> bool:
+                    if s.last_step >= step:
+                        return False
+                    s.last_step = step
+                    return True
+
+                await self.update_session(agent, body["session_id"], bump)
+            case "CEDAR_PERMIT_RECORDED":
+                await self.advance_idp(body["so_id"], body["idp_id"], "permitted")
+            case "CEDAR_DENY_RECORDED":
+                await self.advance_idp(body["so_id"], body["idp_id"], "denied")
+            case "STATE_TRANSITIONED":
+                await self.advance_idp(body["so_id"], body["idp_id"], "transitioned", transition_seq=seq)
+            case "IDP_MISSION_REF_MISMATCH_REJECTED":
+                idp_id = body["idp_id"]
+
+                def count(s: SessionEntry) -> bool:
+                    if idp_id in s.mismatches:
+                        return False
+                    s.mismatches.append(idp_id)
+                    return True
+
+                await self.update_session(body["agent"], body["session_id"], count)
+            case "HEM_ESCALATED":
+                if body.get("so_id") and body["trigger"] == "HEM_URGENCY_REQUIRED":
+                    await self.advance_idp(body["so_id"], body["idp_id"], "hem_pending", moment_id=body["moment_id"])
+                await self.update_session(body["agent"], body["session_id"], _escalate(body))
+            case "HEM_RESOLVED":
+                await self.resolve_hem(body)
+
+    async def resolve_hem(self, body: dict[str, Any]) -> SessionEntry:
+        """Apply a HEM decision (``HEM_RESOLVED`` body): idempotent by moment id."""
+        trigger, decision = body["trigger"], body["decision"]
+        approve = decision == "approve"
+        if trigger == "HEM_URGENCY_REQUIRED" and body.get("so_id"):
+            await self.advance_idp(body["so_id"], body["idp_id"], "hem_approved" if approve else "hem_denied")
+
+        def settle(s: SessionEntry) -> bool:
+            if s.hem_moment_id != body["moment_id"] or s.state != "HEM_PENDING":
+                return False
+            if trigger == "HEM_URGENCY_REQUIRED" or approve:
+                s.state = "ACTIVE"
+                s.mismatches = []
+            else:
+                # A commitment gap or repeated mission mismatches that the human
+                # did not approve ends the session (spec 003 §5.5.2).
+                s.state = "TERMINATED"
+            return True
+
+        return await self.update_session(body["agent"], body["session_id"], settle)
+
+
+def _escalate(body: dict[str, Any]) -> Any:
+    def fn(s: SessionEntry) -> bool:
+        if s.hem_moment_id == body["moment_id"]:
+            return False
+        s.state = "HEM_PENDING"
+        s.hem_idp_id = body["idp_id"]
+        s.hem_moment_id = body["moment_id"]
+        s.hem_trigger = body["trigger"]
+        s.hem_principal = body["principal"]
+        return True
+
+    return fn

@@ -1,0 +1,262 @@
+"""HEM round trips through a real surface client, transition reports and commitment verification (spec 003 §4.4, §5.5, §6.3)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from gateway.kernel.service import KernelService
+from subjects.client import Agent, Surface
+from subjects.idp import EnrichedDeny, HemPending, Permit, Reject
+from subjects.util import stable_id
+from subjects.wire import BindingMomentItem, HemDecision, OptionChoice
+from tests.kernel_support import (
+    Issuer,
+    idp,
+    policy_dir,
+    read_log,
+    read_verdicts,
+    request,
+    running_gateway,
+)
+
+AGENT, PRINCIPAL = "bot", "alice"
+
+
+class LogWatch:
+    """Futures for kernel log events as they are published (no sleeps)."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.waiters: list[tuple[str, Any, asyncio.Future[Any]]] = []
+
+    async def start(self, nc: Any) -> None:
+        async def on(msg: Any) -> None:
+            ev = msgspec.json.decode(msg.data)
+            if msg.subject.startswith("pgw.verdict."):
+                ev["event_type"] = "verdict:" + ev["verdict_class"]
+            self.events.append(ev)
+            for et, pred, fut in self.waiters:
+                if not fut.done() and ev["event_type"] == et and pred(ev):
+                    fut.set_result(ev)
+
+        self.subs = [await nc.subscribe(subj, cb=on) for subj in ("pgw.log.>", "pgw.verdict.>")]
+        await nc.flush()
+
+    async def wait(self, event_type: str, pred: Any = lambda ev: True, timeout: float = 10) -> Any:
+        for ev in self.events:
+            if ev["event_type"] == event_type and pred(ev):
+                return ev
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.waiters.append((event_type, pred, fut))
+        return await asyncio.wait_for(fut, timeout)
+
+
+class Env:
+    def __init__(self, nc: Any, gw: Any, issuer: Issuer, watch: LogWatch) -> None:
+        self.nc, self.gw, self.watch = nc, gw, watch
+        self.js = nc.jetstream()
+        self.so = str(uuid.uuid4())
+        self.token, self.jti = issuer.mandate(agent=AGENT, so_id=self.so, principal=PRINCIPAL)
+
+    def idp(self, step: int, action: str = "CloseBooking", **over: Any) -> dict[str, Any]:
+        return idp(so_id=self.so, mandate_id=self.jti, step=step, action=action, **over)
+
+    async def send(self, rec: dict[str, Any]) -> Any:
+        return await request(self.nc, AGENT, {"mandate": self.token, "idp": rec})
+
+    async def report(self, idp_id: str, executed: str, effect: dict[str, Any] | None = None, msg_id: str | None = None) -> None:
+        body = {"idp_id": idp_id, "executed_action": executed, "effect": effect or {"type": "booking.close", "status": "dispatched"}}
+        await self.js.publish(f"pgw.agent.{AGENT}.transition", msgspec.json.encode(body),
+                              headers={"Nats-Msg-Id": msg_id or f"{AGENT}:{uuid.uuid4()}"})
+
+    async def outcome(self, pred: Any, agent: Agent) -> Any:
+        async def first() -> Any:
+            async for o in agent.outcomes():
+                if pred(o):
+                    return o
+            return None
+
+        return await asyncio.wait_for(first(), 10)
+
+
+@pytest.fixture
+async def env(make_config: Any, nc: Any, tmp_path: Path) -> AsyncIterator[Env]:
+    """A gateway with the kernel; agent bot is bound to principal alice."""
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = make_config(
+        kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))},
+        agents={AGENT: {"principals": [PRINCIPAL]}},
+    )
+    watch = LogWatch()
+    await watch.start(nc)
+    async with running_gateway(cfg, nc) as gw:
+        yield Env(nc, gw, issuer, watch)
+
+
+async def _moment(surface: Surface, idp_id: str) -> BindingMomentItem:
+    async def first() -> BindingMomentItem:
+        async for item in surface.items():
+            if isinstance(item, BindingMomentItem) and item.envelope_id == idp_id:
+                return item
+        raise AssertionError("surface closed")
+
+    return await asyncio.wait_for(first(), 10)
+
+
+async def test_hem_approve_round_trip(env: Env) -> None:
+    """hem_urgency REQUIRED reaches the principal as a gateway-built moment; approve reaches the agent and permits exactly that idp_id once."""
+    rec = env.idp(1, "ProcessPayment", reasoning_basis={"type": "INFERENCE", "description": "The invoice looks due today"},
+                  confidence_level=0.62, hem_urgency="REQUIRED")
+    r = await env.send(rec)
+    assert isinstance(r, HemPending)
+    item = await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"])
+    bm = item.binding_moment
+    assert item.hem and item.moment_id == r.moment_id
+    assert "ProcessPayment" in bm.synopsis and rec["declared_goal"]["description"] in bm.synopsis
+    assert any("INFERENCE" in f and "invoice looks due" in f for f in bm.findings)
+    assert any("0.62" in f for f in bm.findings)
+    assert [o.label for o in bm.question.options] == ["Approve", "Deny"]
+    assert all(o.reasoning for o in bm.question.options)
+    assert bm.question.hatches.free_text and bm.question.hatches.dialogue
+    blocked = await env.send(env.idp(2, "ReadBooking"))
+    assert isinstance(blocked, EnrichedDeny) and blocked.deny_code == "HEM_PENDING"
+
+    agent = Agent(env.nc, AGENT)
+    try:
+        reply = await Surface(env.nc, PRINCIPAL).resolve(item.moment_id, OptionChoice(index=0))
+        assert reply.status == "accepted"
+        decision = await env.outcome(lambda o: isinstance(o, HemDecision), agent)
+    finally:
+        await agent.close()
+    assert decision.decision == "approve" and decision.idp_id == rec["idp_id"]
+
+    await env.report(rec["idp_id"], "ProcessPayment")
+    await env.watch.wait("IDP_COMMITMENT_VERIFIED", lambda ev: ev["body"]["record"]["idp_id"] == rec["idp_id"])
+    await env.watch.wait("verdict:executed", lambda v: v["idp_id"] == rec["idp_id"])
+    executed = [v for v in await read_verdicts(env.js, "executed") if v.idp_id == rec["idp_id"]]
+    assert executed[0].supersedes == stable_id("resolved", item.moment_id) and executed[0].approver == "human"
+    assert executed[0].human_disposed is True
+    # Exactly once: a second, different report for the same idp_id is refused.
+    await env.report(rec["idp_id"], "ProcessPayment", {"type": "booking.close", "status": "failed"})
+    refused = await env.watch.wait("TRANSITION_REFUSED", lambda ev: ev["body"]["idp_id"] == rec["idp_id"])
+    assert "already reported" in refused["body"]["reason"]
+    assert isinstance(await env.send(env.idp(2, "ReadBooking")), Permit)
+
+
+async def test_hem_deny_round_trip(env: Env) -> None:
+    """A denied HEM moment reaches the agent as hem_decision deny; the IDP may not transition; the session resumes."""
+    rec = env.idp(1, hem_urgency="REQUIRED")
+    assert isinstance(await env.send(rec), HemPending)
+    item = await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"])
+    agent = Agent(env.nc, AGENT)
+    try:
+        assert (await Surface(env.nc, PRINCIPAL).resolve(item.moment_id, OptionChoice(index=1))).status == "accepted"
+        decision = await env.outcome(lambda o: isinstance(o, HemDecision), agent)
+    finally:
+        await agent.close()
+    assert decision.decision == "deny"
+    await env.report(rec["idp_id"], "CloseBooking")
+    refused = await env.watch.wait("TRANSITION_REFUSED")
+    assert "not permitted" in refused["body"]["reason"]
+    assert await read_log(env.js, "STATE_TRANSITIONED") == []
+    resolved = await env.watch.wait("HEM_RESOLVED")
+    assert resolved["body"]["decision"] == "deny"
+    assert isinstance(await env.send(env.idp(2, "ReadBooking")), Permit)
+
+
+async def test_commitment_verified_with_effect_as_reported(env: Env) -> None:
+    """A matching report yields STATE_TRANSITIONED then a signed IDP_COMMITMENT_VERIFIED, and an executed verdict that never claims more than reported."""
+    rec = env.idp(1)
+    assert isinstance(await env.send(rec), Permit)
+    await env.report(rec["idp_id"], "CloseBooking", {"type": "booking.close", "status": "confirmed"})
+    ver = await env.watch.wait("IDP_COMMITMENT_VERIFIED")
+    st = await env.watch.wait("STATE_TRANSITIONED")
+    assert ver["body"]["record"]["match_result"] == "MATCHED"
+    assert ver["body"]["record"]["state_transition_id"] == st["event_id"] and ver["body"]["record"]["kernel_signature"]
+    assert ver["prev_seq"] > st["prev_seq"]
+    await env.watch.wait("verdict:executed")
+    v = (await read_verdicts(env.js, "executed"))[0]
+    assert v.approver == "policy" and not v.human_disposed
+    assert v.details["effect_attestation"] == "runtime_claimed"
+    assert v.effect.status == "dispatched" and v.details["effect_status_reported"] == "confirmed"
+
+    rec2 = env.idp(2)
+    assert isinstance(await env.send(rec2), Permit)
+    await env.report(rec2["idp_id"], "CloseBooking", {"type": "booking.close", "status": "confirmed", "response": {"ok": True}})
+    await env.watch.wait("verdict:executed", lambda v: v["idp_id"] == rec2["idp_id"])
+    v2 = next(x for x in await read_verdicts(env.js, "executed") if x.idp_id == rec2["idp_id"])
+    assert v2.effect.status == "confirmed" and len(v2.details["response_digest"]) == 64
+
+
+async def test_commitment_gap_goes_to_hem(env: Env) -> None:
+    """An executed action differing by one character is IDP_COMMITMENT_GAP: critical alert, session HEM_PENDING, a moment to the principal; deny ends the session."""
+    rec = env.idp(1)
+    assert isinstance(await env.send(rec), Permit)
+    await env.report(rec["idp_id"], "CloseBooking ")
+    gap = await env.watch.wait("IDP_COMMITMENT_GAP")
+    assert gap["body"]["record"]["match_result"] == "IDP_COMMITMENT_GAP"
+    assert gap["body"]["alert"] == {"severity": "CRITICAL", "alert_trigger": "IDP_COMMITMENT_GAP"}
+    esc = await env.watch.wait("HEM_ESCALATED")
+    assert esc["body"]["trigger"] == "IDP_COMMITMENT_GAP"
+    blocked = await env.send(env.idp(2, "ReadBooking"))
+    assert isinstance(blocked, EnrichedDeny) and blocked.deny_code == "HEM_PENDING"
+    item = await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"])
+    assert any("IDP_COMMITMENT_GAP" in f for f in item.binding_moment.findings)
+    assert (await Surface(env.nc, PRINCIPAL).resolve(item.moment_id, OptionChoice(index=1))).status == "accepted"
+    await env.watch.wait("HEM_RESOLVED")
+    r = await env.send(env.idp(2, "ReadBooking"))
+    assert isinstance(r, Reject) and r.error_code == "SESSION_TERMINATED"
+
+
+async def test_transition_without_idp_is_refused(env: Env) -> None:
+    """A report naming no committed IDP is refused and logged; no STATE_TRANSITIONED appears (spec 003 §5.3)."""
+    ghost = str(uuid.uuid4())
+    await env.report(ghost, "CloseBooking")
+    refused = await env.watch.wait("TRANSITION_REFUSED")
+    assert refused["body"]["idp_id"] == ghost and "no IDP_SUBMITTED" in refused["body"]["reason"]
+    assert await read_log(env.js, "STATE_TRANSITIONED") == []
+    await env.watch.wait("verdict:denied", lambda v: v["reason"]["code"] == "TRANSITION_REFUSED")
+    denied = await read_verdicts(env.js, "denied")
+    assert denied[-1].reason.code == "TRANSITION_REFUSED"
+
+
+async def test_redelivered_report_is_not_doubled(env: Env) -> None:
+    """Processing the same report twice (a redelivery) yields one STATE_TRANSITIONED, one verification and one verdict."""
+    rec = env.idp(1)
+    assert isinstance(await env.send(rec), Permit)
+    kernel = next(p for p in env.gw.parts if isinstance(p, KernelService))
+    data = msgspec.json.encode({"idp_id": rec["idp_id"], "executed_action": "CloseBooking",
+                                "effect": {"type": "booking.close", "status": "failed"}})
+    assert await kernel.handle_transition(AGENT, data, 999) == "verified"
+    assert await kernel.handle_transition(AGENT, data, 999) == "verified"
+    assert len(await read_log(env.js, "STATE_TRANSITIONED")) == 1
+    assert len(await read_log(env.js, "IDP_COMMITMENT_VERIFIED")) == 1
+    errored = await read_verdicts(env.js, "errored")
+    assert len(errored) == 1 and errored[0].effect.status == "failed"
+
+
+async def test_hem_expiry_is_a_refusal(make_config: Any, nc: Any, tmp_path: Path) -> None:
+    """A HEM moment that expires unanswered is a denial: the IDP may not transition and the agent hears 'expired'."""
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = make_config(
+        kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path)), "hem_expires_in_s": 1},
+        agents={AGENT: {"principals": [PRINCIPAL]}},
+    )
+    watch = LogWatch()
+    await watch.start(nc)
+    async with running_gateway(cfg, nc) as gw:
+        env = Env(nc, gw, issuer, watch)
+        rec = env.idp(1, hem_urgency="REQUIRED")
+        assert isinstance(await env.send(rec), HemPending)
+        resolved = await watch.wait("HEM_RESOLVED")
+        assert resolved["body"]["decision"] == "expired"
+        await env.report(rec["idp_id"], "CloseBooking")
+        refused = await watch.wait("TRANSITION_REFUSED")
+        assert "not permitted" in refused["body"]["reason"]

@@ -1,0 +1,178 @@
+"""The kernel event log: commit before Cedar (spec 003 §5.3), signatures and hash chain (§8.2), rebuild (§8.4)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from gateway.commands.kernel import verify_command
+from gateway.connect import connect
+from gateway.kernel.eventlog import EventLog, verify_stream
+from gateway.kernel.service import KernelService
+from gateway.keys import SigningKey, kid_of, load_or_create, public_keys
+from subjects.idp import EnrichedDeny, Permit, Reject
+from tests.kernel_support import (
+    Issuer,
+    idp,
+    kernel_config,
+    policy_dir,
+    read_log,
+    request,
+    running_gateway,
+)
+
+AGENT = "bot"
+
+
+def kernel_of(gw: Any) -> KernelService:
+    return next(p for p in gw.parts if isinstance(p, KernelService))
+
+
+def keys_of(config: Any) -> dict[str, Any]:
+    return {k.kid: k.public for k in public_keys(config.data_path, "kernel")}
+
+
+@pytest.fixture
+def setup(make_config: Any, tmp_path: Path) -> tuple[Any, Issuer, str, str, str]:
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = kernel_config(make_config, issuer, policy_dir(tmp_path))
+    so = str(uuid.uuid4())
+    token, jti = issuer.mandate(agent=AGENT, so_id=so)
+    return cfg, issuer, so, token, jti
+
+
+async def test_idp_submitted_is_stored_before_cedar(setup: Any, nc: Any, nats_server: Any) -> None:
+    """IDP_SUBMITTED is acked and readable from the stream before Cedar runs, and the outcome event follows, for a permit and a denial (spec 003 §5.3)."""
+    cfg, _issuer, so, token, jti = setup
+    reader = await connect(nats_server.client_url)
+    order: list[tuple[str, str]] = []
+    try:
+        async with running_gateway(cfg, nc) as gw:
+            kernel = kernel_of(gw)
+            real_append, real_many = kernel.eventlog.append, kernel.policy.evaluate_many
+
+            async def append(event_type: str, body: Any, **kw: Any) -> Any:
+                res = await real_append(event_type, body, **kw)
+                # A separate client must already find the event: the server acked it.
+                raw = await reader.jetstream().get_msg("PGW_EVENTLOG", res.seq)
+                stored = msgspec.json.decode(raw.data)
+                order.append((f"stored:{stored['event_type']}", stored["body"].get("idp_id", "")))
+                return res
+
+            def evaluate_many(actions: list[str], **kw: Any) -> Any:
+                order.append(("cedar", kw["context"]["idp"]["idp_id"]))
+                return real_many(actions, **kw)
+
+            kernel.eventlog.append = append  # type: ignore[method-assign]
+            kernel.policy.evaluate_many = evaluate_many  # type: ignore[method-assign]
+            ok = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking", confidence_level=0.9)
+            no = idp(so_id=so, mandate_id=jti, step=2, action="CloseBooking", confidence_level=0.2)
+            r1 = await request(nc, AGENT, {"mandate": token, "idp": ok})
+            r2 = await request(nc, AGENT, {"mandate": token, "idp": no})
+    finally:
+        await reader.close()
+    assert isinstance(r1, Permit) and isinstance(r2, EnrichedDeny)
+    for rec, outcome in ((ok, "stored:CEDAR_PERMIT_RECORDED"), (no, "stored:CEDAR_DENY_RECORDED")):
+        mine = [what for what, idp_id in order if idp_id == rec["idp_id"]]
+        assert mine[0] == "stored:IDP_SUBMITTED" and mine[1] == "cedar", mine
+        assert mine.index(outcome) > mine.index("cedar")
+
+
+async def test_chain_verifies_and_tamper_is_detected(setup: Any, nc: Any, capsys: Any) -> None:
+    """`pgw log verify` passes an intact log and reports the first tampered event (bad signature) by sequence."""
+    cfg, _issuer, so, token, jti = setup
+    js = nc.jetstream()
+    async with running_gateway(cfg, nc):
+        for step in (1, 2, 3):
+            await request(nc, AGENT, {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking")})
+    args = argparse.Namespace(stream="PGW_EVENTLOG", subject=None, pubkey=[])
+    assert await verify_command(args, cfg) == 0
+    assert '"ok": true' in capsys.readouterr().out
+    # Tamper: republish the first IDP_SUBMITTED with a changed confidence but its old signature.
+    _seq, ev = (await read_log(js, "IDP_SUBMITTED"))[0]
+    ev.body["idp"]["confidence_level"] = 0.99
+    ack = await js.publish("pgw.log.IDP_SUBMITTED", ev.canonical_bytes())
+    assert await verify_command(args, cfg) == 1
+    out = capsys.readouterr().out
+    assert '"ok": false' in out and f'"seq": {ack.seq}' in out and "bad signature" in out
+    sub_args = argparse.Namespace(stream="PGW_EVENTLOG", subject="pgw.log.IDP_SUBMITTED", pubkey=[])
+    assert await verify_command(sub_args, cfg) == 1
+
+
+async def test_chain_break_and_foreign_key_detected(setup: Any, nc: Any) -> None:
+    """An event signed by an unknown key is reported, and a genuine event replayed out of place breaks the chain."""
+    cfg, _issuer, so, token, jti = setup
+    js = nc.jetstream()
+    async with running_gateway(cfg, nc):
+        await request(nc, AGENT, {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")})
+    keys = keys_of(cfg)
+    rogue_priv = Ed25519PrivateKey.generate()
+    rogue = EventLog(nc, cfg.subjects, SigningKey("kernel", kid_of(rogue_priv.public_key()), rogue_priv))
+    forged = await rogue.append("CEDAR_PERMIT_RECORDED", {"idp_id": "forged"}, msg_id="forged-1")
+    res = await verify_stream(js, cfg.subjects, keys)
+    assert not res.ok and res.first_break["seq"] == forged.seq and "unknown kid" in res.first_break["problem"]
+    _seq, first = (await read_log(js, "IDP_SUBMITTED"))[0]
+    replay = await js.publish("pgw.log.IDP_SUBMITTED", first.canonical_bytes())
+    res = await verify_stream(js, cfg.subjects, keys, subject="pgw.log.IDP_SUBMITTED")
+    assert not res.ok and res.first_break["seq"] == replay.seq and "prev_seq" in res.first_break["problem"]
+
+
+async def test_two_writers_keep_one_chain(setup: Any, nc: Any, nats_server: Any) -> None:
+    """Two kernel instances appending concurrently never fork the chain (expected-last-sequence), and verify passes."""
+    cfg, *_ = setup
+    key = load_or_create(cfg.data_path, "kernel")
+    nc2 = await connect(nats_server.client_url)
+    try:
+        a = EventLog(nc, cfg.subjects, key)
+        b = EventLog(nc2, cfg.subjects, key)
+
+        async def burst(log: EventLog, name: str) -> None:
+            for i in range(25):
+                await log.append("CEDAR_PERMIT_RECORDED", {"writer": name, "i": i}, msg_id=f"{name}-{i}")
+
+        await asyncio.gather(burst(a, "a"), burst(b, "b"))
+        res = await verify_stream(nc.jetstream(), cfg.subjects, keys_of(cfg))
+    finally:
+        await nc2.close()
+    assert res.ok and res.checked == 50, res.first_break
+
+
+async def test_duplicate_refused_after_restart_and_bucket_loss(setup: Any, nc: Any) -> None:
+    """An idp_id committed before a gateway restart is still IDP_DUPLICATE, even after the KV index was lost (rebuilt from the log, spec 003 §8.4)."""
+    cfg, _issuer, so, token, jti = setup
+    first = idp(so_id=so, mandate_id=jti, step=5, action="CloseBooking")
+    async with running_gateway(cfg, nc):
+        assert isinstance(await request(nc, AGENT, {"mandate": token, "idp": first}), Permit)
+    async with running_gateway(cfg, nc):
+        r = await request(nc, AGENT, {"mandate": token, "idp": {**first, "step_sequence": 6}})
+    assert isinstance(r, Reject) and r.error_code == "IDP_DUPLICATE"
+    await nc.jetstream().delete_key_value("PGW_KERNEL")
+    async with running_gateway(cfg, nc):
+        r = await request(nc, AGENT, {"mandate": token, "idp": {**first, "step_sequence": 7}})
+        assert isinstance(r, Reject) and r.error_code == "IDP_DUPLICATE"
+        r = await request(nc, AGENT, {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=5, action="CloseBooking")})
+        assert isinstance(r, Reject) and r.error_code == "IDP_STEP_SEQUENCE"
+
+
+async def test_two_gateways_share_the_index(setup: Any, nc: Any, nats_server: Any) -> None:
+    """The same IDP sent to two gateway instances at once is committed once; the other is refused."""
+    cfg, _issuer, so, token, jti = setup
+    nc2 = await connect(nats_server.client_url)
+    try:
+        async with running_gateway(cfg, nc) as g1, running_gateway(cfg, nc2) as g2:
+            rec = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")
+            k1, k2 = kernel_of(g1), kernel_of(g2)
+            data = msgspec.json.encode({"mandate": token, "idp": rec})
+            r1, r2 = await asyncio.gather(k1.handle_request(AGENT, data), k2.handle_request(AGENT, data))
+    finally:
+        await nc2.close()
+    kinds = sorted(type(r).__name__ for r in (r1, r2))
+    assert kinds == ["Permit", "Reject"], (r1, r2)
+    assert len(await read_log(nc.jetstream(), "IDP_SUBMITTED")) == 1
