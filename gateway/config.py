@@ -66,6 +66,180 @@ class GatewayConfig(_Section):
     duplicate_window_s: Annotated[float, Meta(gt=0)] = 3600.0
 
 
+class SecurityConfig(_Section):
+    """Server-enforced isolation (DESIGN §7): the parties ``pgw creds`` makes users for.
+
+    Agents come from ``agents``, principals from every agent's ``principals``
+    plus ``principals`` here; ``ops`` names read-only ops users.
+    """
+
+    enabled: bool = True  # `pgw up` runs the embedded server with the generated block
+    principals: list[str] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    creds_dir: str = ""  # default: {data_dir}/creds
+    demo: bool = True  # open mode (no [agents]): also make `pgw demo`'s parties (demo-agent, alice)
+
+    def __post_init__(self) -> None:
+        for p in self.principals:
+            principal_token(p)
+        for o in self.ops:
+            check_token(o, "ops user name")
+
+
+class KernelConfig(_Section):
+    """The IDP kernel (spec 003, DESIGN §5): mandates, policy, HEM. See docs/kernel.md."""
+
+    enabled: bool = True
+    # Trusted mandate issuers: JWT header kid -> public key PEM (inline or a file path).
+    issuers: dict[str, str] = field(default_factory=dict)
+    # Also trust the dev issuer key of `pgw mandate issue` ({data_dir}/keys/mandate_issuer).
+    trust_dev_issuer: bool = False
+    revoked_jtis: list[str] = field(default_factory=list)
+    clock_skew_s: Annotated[float, Meta(ge=0, le=600)] = 30.0
+    # Folder of *.cedar policies (+ optional schema.cedarschema); none = deny everything.
+    policy_dir: str | None = None
+    thin_accepted: bool = True
+    thin_refused_actions: list[str] = field(default_factory=list)  # spec 003 §7 IDP_THIN_NOT_ACCEPTED
+    mismatch_hem_threshold: Annotated[int, Meta(ge=0)] = 3  # spec 003 §5.2(g); 0 = never
+    hem_enabled: bool = True
+    hem_expires_in_s: Annotated[int, Meta(ge=1, le=30 * 86400)] = 3600
+    pii: Literal["flag", "reject"] = "flag"  # spec 003 §9
+    log_permits: bool = True
+    # denied action -> candidate paths (each a list of actions); offered only when derivable.
+    suggested_paths: dict[str, list[list[str]]] = field(default_factory=dict)
+
+
+class SurfacesConfig(_Section):
+    """Principal surfaces (issue 6, docs/surfaces.md): ``pgw surface`` and ``pgw surface-web``."""
+
+    web_host: str = "127.0.0.1"
+    web_port: Annotated[int, Meta(ge=0, le=65535)] = 8765
+    # The NATS WebSocket URL the browser connects to; "" = the embedded server's listener.
+    ws_url: str = ""
+
+    def __post_init__(self) -> None:
+        if self.web_host not in ("127.0.0.1", "localhost", "::1"):
+            raise ConfigError("surfaces.web_host", "the browser surface serves credentials; loopback only")
+        if self.ws_url and not self.ws_url.startswith(("ws://", "wss://")):
+            raise ConfigError("surfaces.ws_url", "must start with ws:// or wss://")
+
+
+class OpsConfig(_Section):
+    """Observability and reliability (issue 8): metrics, services API, dead letters."""
+
+    metrics_port: Annotated[int, Meta(ge=0, le=65535)] | None = None  # None = no /metrics server
+    metrics_addr: str = "127.0.0.1"
+    lag_interval_s: Annotated[float, Meta(gt=0)] = 5.0  # consumer-lag gauge refresh
+    micro: bool = True  # register with the NATS services API ($SRV.PING/INFO/STATS)
+    dead_letter: bool = True  # after max_deliver: dead-letter record + engine_failure verdict
+
+
+class SignerConfig(_Section):
+    """The capsule signer (spec 004, DESIGN §6)."""
+
+    developer: str = "principal-gateway"  # capsule developer / CWT iss when a verdict names no agent
+    authority: str = "urn:pgw:gateway-policy"  # §5.4 opaque authority reference of policy dispositions
+    tenant_salt_file: str | None = None  # §13 per-tenant salt; default {data_dir}/signer/tenant_salt (0600)
+    durable: str = "pgw-signer"
+    batch: Annotated[int, Meta(ge=1, le=1024)] = 64
+    ack_wait_s: Annotated[float, Meta(gt=0)] = 30.0
+    ledger_duplicate_window_s: Annotated[float, Meta(gt=0)] = 86400.0
+    parent_wait_deliveries: Annotated[int, Meta(ge=1)] = 5
+
+
+class RegistrarConfig(_Section):
+    """The SCITT registrar (spec 004 §3.2, SCRAPI). No ts_url: capsules wait in the queue."""
+
+    ts_url: str | None = None
+    ts_public_key: str | None = None  # receipt key: raw hex, or a PEM file; unset = trust the TS's own document
+    durable: str = "pgw-registrar"
+    max_failures: Annotated[int, Meta(ge=1)] = 5
+    backoff_base_s: Annotated[float, Meta(gt=0)] = 1.0
+    backoff_max_s: Annotated[float, Meta(gt=0)] = 60.0
+    http_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
+    poll_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
+
+
+class ContractConfig(_Section):
+    """spec 002 "Envelope Contract" for one agent: the kinds it may emit besides the universals."""
+
+    accepts: list[str] = field(default_factory=list)
+    refusal_mode: Literal["fail-node", "discard-and-warn"] = "fail-node"
+
+
+class SecretsConfig(_Section):
+    """spec 002 SR-1: what the redaction stage scrubs (besides every ``secret:`` token)."""
+
+    values: list[str] = field(default_factory=list)  # literal secrets
+    env: list[str] = field(default_factory=list)  # names of environment variables holding secrets
+    files: list[str] = field(default_factory=list)  # files; each non-blank line is a secret
+
+    def __post_init__(self) -> None:
+        for i, v in enumerate(self.values):
+            if len(v.strip()) < 4:
+                raise ConfigError(f"pipeline.secrets.values[{i}]", "a secret shorter than 4 characters would redact ordinary text")
+
+
+LintMode = Literal["reject", "warn", "off"]
+
+
+class LintsConfig(_Section):
+    """spec 000 §6 construction discipline lints: ``reject`` (malformed), ``warn`` or ``off``."""
+
+    synopsis_one_sentence: LintMode = "reject"  # §6.1
+    synopsis_hedge: LintMode = "reject"  # §6.1, §7.1
+    leading_stem: LintMode = "reject"  # §6.5
+    findings_restate_synopsis: LintMode = "warn"  # §6.2 ("SHOULD be omitted")
+    recommendation_not_action: LintMode = "reject"  # §6.3
+
+
+class VendorKindConfig(_Section):
+    """A configured vendor kind (spec 002 "Vendor-namespaced kinds") with its JSON Schema file."""
+
+    schema_file: str
+    schema_version: Annotated[int, Meta(ge=0)] = 1
+
+
+class WorkflowConfig(_Section):
+    """spec 001 WorkflowDeclaration (``workflow_id`` is the table key)."""
+
+    authoritative_intent: Literal["authoritative", "non_authoritative"] = "non_authoritative"
+    enforcement_mode: Literal["INLINE", "ASYNC", "NON_AUTHORITATIVE_ONLY"] = "NON_AUTHORITATIVE_ONLY"
+
+
+class NarrativeConfig(_Section):
+    """spec 001 narrative policy enforced on top of each envelope's own ``policy``."""
+
+    forbidden_markers: list[str] = field(default_factory=lambda: [
+        "verified", "confirmed", "certified", "guaranteed", "approved", "authorized",
+        "authoritative", "official", "definitive", "proven", "clinically proven",
+    ])
+    enforce_grammar_mode: bool = True
+
+
+class PipelineConfig(_Section):
+    """The envelope pipeline (spec 002, spec 000, spec 001; docs/pipeline.md)."""
+
+    envelopes_per_turn: Annotated[int, Meta(ge=1, le=1024)] = 32
+    schema_rounds: Annotated[int, Meta(ge=0, le=100)] = 3
+    clarification_rounds: Annotated[int, Meta(ge=0, le=100)] = 3
+    envelope_strictness: Literal["warn", "strict"] = "warn"
+    schema_versions: dict[str, Annotated[int, Meta(ge=0)]] = field(default_factory=dict)
+    contracts: dict[str, ContractConfig] = field(default_factory=dict)  # agent -> contract
+    secrets: SecretsConfig = field(default_factory=SecretsConfig)
+    lints: LintsConfig = field(default_factory=LintsConfig)
+    vendor_kinds: dict[str, VendorKindConfig] = field(default_factory=dict)
+    workflows: dict[str, WorkflowConfig] = field(default_factory=dict)
+    narrative: NarrativeConfig = field(default_factory=NarrativeConfig)
+    dedup_ttl_s: Annotated[float, Meta(gt=0)] = 30 * 86400.0
+    clarification_expires_in_s: Annotated[int, Meta(ge=1, le=30 * 86400)] | None = None
+
+    def __post_init__(self) -> None:
+        for name in self.vendor_kinds:
+            if not name.startswith("vendor.") or name.startswith("vendor.pgw."):
+                raise ConfigError(f"pipeline.vendor_kinds.{name}", "a configured kind must be vendor-namespaced (vendor.<host>.<kind>) and not vendor.pgw.*")
+
+
 class Config(_Section):
     """Top-level configuration. Every setting has a safe default."""
 
@@ -79,6 +253,13 @@ class Config(_Section):
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     agents: dict[str, AgentConfig] = field(default_factory=dict)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    kernel: KernelConfig = field(default_factory=KernelConfig)
+    surfaces: SurfacesConfig = field(default_factory=SurfacesConfig)
+    ops: OpsConfig = field(default_factory=OpsConfig)
+    signer: SignerConfig = field(default_factory=SignerConfig)
+    registrar: RegistrarConfig = field(default_factory=RegistrarConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -135,6 +135,7 @@ class MomentDesk:
         self.publisher = publisher
         self.kv: Any = None
         self._hem_callbacks: list[HemCallback] = []
+        self._resolved_callbacks: list[Callable[[MomentRecord], Awaitable[None]]] = []
         self._heap: list[tuple[float, str]] = []
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -165,6 +166,10 @@ class MomentDesk:
     def on_hem_decision(self, callback: HemCallback) -> None:
         self._hem_callbacks.append(callback)
 
+    def on_resolved(self, callback: Callable[[MomentRecord], Awaitable[None]]) -> None:
+        """Called once a principal's answer is published (dual veto, spec 000 §7.2; rates §12.2)."""
+        self._resolved_callbacks.append(callback)
+
     # -- dispatch ---------------------------------------------------------
     async def dispatch(
         self,
@@ -182,6 +187,7 @@ class MomentDesk:
         hem: HemContext | None = None,
         moment_id: str | None = None,
         action_type: str = "pgw.binding_moment",
+        details: dict[str, Any] | None = None,
     ) -> str:
         """Store the moment, publish its surface item and the hitl_dispatched verdict.
 
@@ -246,6 +252,7 @@ class MomentDesk:
                 idp_id=hem.idp_id if hem else None,
                 untrusted=untrusted,
                 traceparent=traceparent,
+                details=details or {},
             )
         )
         return moment_id
@@ -439,6 +446,12 @@ class MomentDesk:
         if rec.hem:
             for cb in self._hem_callbacks:
                 await cb(rec, decision or "expired", rec.resolution)
+        if rec.status == "resolved":
+            for rcb in self._resolved_callbacks:
+                try:
+                    await rcb(rec)
+                except Exception:  # noqa: BLE001 - a hook must not stop the answer reaching the agent
+                    log.exception("on_resolved hook failed", moment_id=mid)
         rec.published = True
         with contextlib.suppress(KeyWrongLastSequenceError):
             await self.kv.update(_key(rec.principal, mid), _enc.encode(rec), last=rev)

@@ -70,8 +70,11 @@ class Pipeline:
             ctx.correlation_id = shape.readable_id(hint, "correlationId")
             return [await self._finish(ctx, await self._refuse(ctx, r))]
         outcomes = []
-        # spec 002 "Wire serialization": processed in array order.
-        for i, raw in enumerate(values):
+        # spec 002 "Wire serialization": processed in array order. Only the first
+        # envelopesPerTurn + 1 get an outcome each (the last of them is the
+        # cap.breached refusal): a 100k-element turn must not become 100k
+        # durable publishes and stall the consumer past ack_wait (issue 7).
+        for i, raw in enumerate(values[: self.gw.config.pipeline.envelopes_per_turn + 1]):
             ctx = Ctx(self.gw, turn, i, raw)
             ctx.extra["turn_size"] = len(values)
             outcomes.append(await self.process_envelope(ctx))
@@ -213,18 +216,35 @@ class EnvelopeWorker:
     async def _loop(self) -> None:
         batch = self.gw.config.gateway.batch
         assert self._sub is not None
-        while not self._stopping:
-            try:
-                msgs = await self._sub.fetch(batch, timeout=0.5)
-            except (NatsTimeout, TimeoutError):
-                continue
-            except Exception:  # noqa: BLE001 - connection trouble: keep the loop alive
-                if self._stopping:
-                    return
-                log.exception("fetch failed; retrying")
-                await asyncio.sleep(0.5)
-                continue
-            await asyncio.gather(*(self.handle(m) for m in msgs))
+        # Up to four batches in flight, fetching again as soon as there is
+        # room: waiting for a whole batch before the next fetch made every
+        # batch as slow as its slowest turn (issue 8 profile: +20-40 % env/s).
+        limit = batch * 4
+        inflight: set[asyncio.Task[None]] = set()
+        try:
+            while not self._stopping:
+                free = limit - len(inflight)
+                if free <= 0:
+                    await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    msgs = await self._sub.fetch(min(batch, free), timeout=0.5)
+                except (NatsTimeout, TimeoutError):
+                    continue
+                except Exception:  # noqa: BLE001 - connection trouble: keep the loop alive
+                    if self._stopping:
+                        return
+                    log.exception("fetch failed; retrying")
+                    await asyncio.sleep(0.5)
+                    continue
+                for m in msgs:
+                    task = asyncio.create_task(self.handle(m))
+                    inflight.add(task)
+                    task.add_done_callback(inflight.discard)
+        finally:
+            # drain(): the turns in hand finish (and are acked) before we return.
+            if inflight:
+                await asyncio.gather(*inflight, return_exceptions=True)
 
     async def handle(self, msg: Msg) -> None:
         meta = msg.metadata

@@ -2,7 +2,9 @@
 
 The registry maps each kind to its payload type, advertised schema version
 and handler. ``pgw schema`` and the capability document read the same
-registry, so what is advertised is what is validated.
+registry, so what is advertised is what is validated. The four universal
+kinds of spec 002 are always registered; configured vendor kinds (with their
+JSON Schema files) are added per gateway (``gateway.stages.state``).
 """
 
 from __future__ import annotations
@@ -11,13 +13,22 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from gateway.stages.base import Ctx, Refuse
-from subjects.wire import BindingMomentPayload, Detail
+from subjects.wire import (
+    BindingMomentPayload,
+    ClarificationRequestPayload,
+    Detail,
+    ErrorEnvelopePayload,
+    SchemaRequestPayload,
+    SchemaResponsePayload,
+)
 
 if TYPE_CHECKING:
-    from subjects.wire import EnvelopeOutcome
+    from subjects.wire import Outcome
 
-Handler = Callable[[Ctx], Awaitable["EnvelopeOutcome"]]
+Handler = Callable[[Ctx], Awaitable["Outcome"]]
 
 
 @dataclass(frozen=True)
@@ -26,18 +37,54 @@ class KindSpec:
     payload_type: Any  # a msgspec Struct type, or None for a JSON-Schema-only vendor kind
     schema_version: int
     handler: str  # name of a handler in gateway.stages.route
-    json_schema: dict[str, Any] | None = None  # for configured vendor kinds
+    json_schema: dict[str, Any] | None = None  # for configured vendor kinds, or a richer published schema
+
+    def schema(self) -> dict[str, Any]:
+        """The kind's JSON Schema, generated from the type that validates it."""
+        if self.json_schema is not None:
+            return self.json_schema
+        return msgspec.json.schema(self.payload_type)
 
 
 BINDING_MOMENT = "vendor.pgw.binding_moment"
+AUTHORIZATION = "vendor.pgw.authorization"
+CLARIFICATION = "clarification.request"
+SCHEMA_REQUEST = "schema.request"
+SCHEMA_RESPONSE = "schema.response"
+ERROR = "error"
+# spec 002 "Universal kinds": always recognised, never refused by a contract gate.
+UNIVERSAL_KINDS = (CLARIFICATION, SCHEMA_REQUEST, SCHEMA_RESPONSE, ERROR)
 
-BUILTIN_KINDS: dict[str, KindSpec] = {
-    BINDING_MOMENT: KindSpec(BINDING_MOMENT, BindingMomentPayload, 1, "binding_moment"),
-}
+
+def _authorization_schema() -> dict[str, Any]:
+    from gateway.stages.authorization import AuthorizationEnvelopePayload
+
+    return msgspec.json.schema(AuthorizationEnvelopePayload)
+
+
+def _builtin() -> dict[str, KindSpec]:
+    from subjects.wire import AuthorizationPayload
+
+    return {
+        CLARIFICATION: KindSpec(CLARIFICATION, ClarificationRequestPayload, 1, "clarification"),
+        SCHEMA_REQUEST: KindSpec(SCHEMA_REQUEST, SchemaRequestPayload, 1, "schema_request"),
+        SCHEMA_RESPONSE: KindSpec(SCHEMA_RESPONSE, SchemaResponsePayload, 1, "record"),
+        ERROR: KindSpec(ERROR, ErrorEnvelopePayload, 1, "error"),
+        BINDING_MOMENT: KindSpec(BINDING_MOMENT, BindingMomentPayload, 1, "binding_moment"),
+        # The handler validates the RFC-0010 union itself (an unknown variant is
+        # refused and rendered BLOCKED, spec 001); the published schema is that union's.
+        AUTHORIZATION: KindSpec(AUTHORIZATION, AuthorizationPayload, 1, "authorization", _authorization_schema()),
+    }
+
+
+BUILTIN_KINDS: dict[str, KindSpec] = _builtin()
 
 
 async def run(ctx: Ctx) -> None:
+    from gateway.stages.state import pipeline_state
+
     assert ctx.env is not None
+    await pipeline_state(ctx.gw)  # configured vendor kinds are registered on first use
     spec = ctx.gw.kinds.get(ctx.env.type)
     if spec is None:
         supported = sorted(ctx.gw.kinds)

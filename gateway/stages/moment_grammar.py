@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.security.text import hidden_controls
 from subjects.constraints import MAX_LIST_ITEMS, MAX_OPTIONS, MIN_OPTIONS
 from subjects.wire import Detail
 
@@ -28,6 +29,8 @@ def _text(out: list[Detail], v: Any, path: str, rule: str, limit: int) -> None:
         out.append(Detail(message=f"{path} must be a non-empty string", path=path, rule=rule))
     elif len(v) > limit:
         out.append(Detail(message=f"{path} is longer than {limit} characters", path=path, rule="string_too_long"))
+    elif hidden := hidden_controls(v, tags=rule in ("synopsis", "stem", "option_label")):  # issue 7: spoofing
+        out.append(Detail(message=f"{path} contains an invisible control ({hidden})", path=path, rule="hidden_characters"))
 
 
 def _text_list(out: list[Detail], v: Any, path: str, rule: str) -> None:

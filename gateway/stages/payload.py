@@ -1,16 +1,25 @@
-"""Stage 3, payload: the per-kind schema (spec 002 "Validation outcomes").
+"""Stage 3, payload: the per-kind schema (spec 002 "Validation outcomes", "Schema version advertisement").
 
-Refusal code ``envelope_invalid`` with validator details the agent can act
-on. A binding moment is checked against the slot grammar of spec 000 §5-§6
-rule by rule; a malformed moment is never delivered as a decision
-(spec 000 §12.5): if the envelope carries ``conventional`` the principal gets
-a notice instead (spec 000 §9.3) while the agent gets the refusal.
+- ``schemaVersion`` (absent = 0) higher than advertised → ``unknown_schema_version``;
+  lower → the ``envelope_schema_version_drift`` warning, or a refusal with that
+  code under ``envelopeStrictness = "strict"``; validation always runs against
+  the advertised version.
+- The payload against its kind's type → ``envelope_invalid`` with validator
+  details the agent can act on (configured vendor kinds: their JSON Schema).
+- A binding moment is checked against the slot grammar of spec 000 §5-§6 rule
+  by rule, then the construction-discipline lints (``gateway.stages.lints``).
+  A malformed moment is never delivered as a decision (spec 000 §12.5): if the
+  envelope carries ``conventional`` the principal gets a notice instead
+  (spec 000 §9.3) while the agent gets the refusal.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
+from gateway.stages import lints
 from gateway.stages.base import Ctx, Refuse
 from gateway.stages.kind import BINDING_MOMENT
 from gateway.stages.moment_grammar import check_binding_moment
@@ -18,6 +27,7 @@ from subjects.names import principal_token
 from subjects.wire import Detail
 
 CODE = "envelope_invalid"
+_validators: dict[int, Any] = {}
 
 
 def _path_of(e: msgspec.ValidationError) -> str | None:
@@ -25,12 +35,51 @@ def _path_of(e: msgspec.ValidationError) -> str | None:
     return msg.rsplit("at `", 1)[-1].rstrip("`").replace("$", "$.payload", 1) if "at `" in msg else "$.payload"
 
 
+def _check_version(ctx: Ctx) -> None:
+    assert ctx.env is not None and ctx.kind is not None
+    advertised = ctx.kind.schema_version
+    got = ctx.env.schemaVersion or 0  # spec 002: "absent → treat as 0"
+    if got > advertised:
+        raise Refuse(
+            "unknown_schema_version",
+            f"schemaVersion {got} of {ctx.kind.name} is higher than the advertised {advertised}",
+            details=[Detail(message=f"this host advertises schemaVersion {advertised}", path="$.schemaVersion", rule="schema_version")],
+        )
+    if got < advertised:
+        msg = f"schemaVersion {got} of {ctx.kind.name} is lower than the advertised {advertised}; validated against {advertised}"
+        if ctx.gw.config.pipeline.envelope_strictness == "strict":
+            raise Refuse(
+                "envelope_schema_version_drift",
+                msg + " (envelopeStrictness strict refuses drift)",
+                details=[Detail(message=msg, path="$.schemaVersion", rule="envelope_schema_version_drift")],
+            )
+        ctx.warn(msg, "envelope_schema_version_drift", "$.schemaVersion")
+
+
+def _json_schema_errors(ctx: Ctx, raw: Any) -> list[Detail]:
+    import jsonschema
+
+    assert ctx.kind is not None and ctx.kind.json_schema is not None
+    v = _validators.get(id(ctx.kind.json_schema))
+    if v is None:
+        v = _validators[id(ctx.kind.json_schema)] = jsonschema.Draft202012Validator(ctx.kind.json_schema)
+    out = []
+    for err in sorted(v.iter_errors(raw), key=lambda e: list(e.absolute_path))[:32]:
+        path = "$.payload" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+        out.append(Detail(message=err.message[:500], path=path, rule=str(err.validator)))
+    return out
+
+
 async def run(ctx: Ctx) -> None:
     assert ctx.env is not None and ctx.kind is not None
+    _check_version(ctx)
     raw = ctx.env.payload
     if ctx.kind.name == BINDING_MOMENT:
         _check_moment_payload(ctx, raw)
     if ctx.kind.payload_type is None:
+        details = _json_schema_errors(ctx, raw)
+        if details:
+            raise Refuse(CODE, f"payload does not match the schema of {ctx.kind.name}", details=details)
         ctx.payload = raw
         return
     try:
@@ -41,6 +90,16 @@ async def run(ctx: Ctx) -> None:
             f"payload does not match the schema of {ctx.kind.name}",
             details=[Detail(message=str(e), path=_path_of(e), rule="schema")],
         ) from None
+    if ctx.kind.name == BINDING_MOMENT:
+        reject, warn = lints.apply(ctx.payload.binding_moment, ctx.gw.config.pipeline.lints)
+        ctx.warnings.extend(warn)
+        if reject:
+            raise Refuse(
+                CODE,
+                f"malformed binding moment: {reject[0].message}",
+                details=reject,
+                notice=raw.get("conventional"),
+            )
 
 
 def _check_moment_payload(ctx: Ctx, raw: object) -> None:

@@ -1,14 +1,45 @@
-"""Stage 9, route: each kind's handler (spec 002 "Production flow").
+"""Stage 9, route: each kind's handler (spec 002 "Production flow", DESIGN §3.1).
 
-A handler returns the accepted EnvelopeOutcome; the pipeline publishes it and
-the handler's own messages (surface item, verdict) are published before that.
+A handler returns the envelope's outcome; the pipeline publishes it, and the
+handler's own messages (surface item, verdict) are published before that.
+
+- ``vendor.pgw.binding_moment``: single-surface check (spec 000 §8.4), dual
+  veto (§7.2), hatch suppression recorded (§12.3), dispatched to the desk;
+- ``clarification.request``: lifted to a clarification item on the
+  principal's surface; the answers come back like a resolution;
+- ``schema.request``: answered with the kind's JSON Schema (a ``schema`` outcome);
+- ``schema.response``, configured vendor kinds: recorded;
+- ``error``: recorded at level error; a successful turn (spec 002);
+- ``vendor.pgw.authorization``: spec 001 (``gateway.stages.authorization``).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from gateway.logs import get_logger
+from gateway.stages import authorization as authz
+from gateway.stages import dualveto
 from gateway.stages.base import Ctx, Refuse
-from subjects.util import now_rfc3339
-from subjects.wire import BindingMomentPayload, Detail, EnvelopeOutcome
+from subjects.util import now_rfc3339, stable_id
+from subjects.wire import (
+    AuthorizationItem,
+    AuthorizationPayload,
+    BindingMomentPayload,
+    ClarificationRequestPayload,
+    Detail,
+    EnvelopeOutcome,
+    ErrorEnvelopePayload,
+    SchemaOutcome,
+    SchemaRequestPayload,
+)
+
+if TYPE_CHECKING:
+    from subjects.wire import Outcome
+
+log = get_logger("pgw.route")
 
 
 def accepted(ctx: Ctx, **kw: object) -> EnvelopeOutcome:
@@ -43,23 +74,179 @@ def check_bound(ctx: Ctx, principal: str) -> None:
         )
 
 
-async def binding_moment(ctx: Ctx) -> EnvelopeOutcome:
+def resolve_principal(ctx: Ctx, explicit: Any = None, path: str = "$.meta.pgw.principal") -> str:
+    """The addressed principal: explicit, else ``meta.pgw.principal``, else the agent's only bound one."""
+    from subjects.names import principal_token
+
+    assert ctx.env is not None and ctx.env.meta is not None
+    if explicit is None and isinstance(ctx.env.meta.pgw, dict):
+        explicit = ctx.env.meta.pgw.get("principal")
+    if explicit is not None:
+        try:
+            principal = principal_token(explicit)
+        except (ValueError, TypeError) as e:
+            raise Refuse("envelope_invalid", "the principal is not a valid handle",
+                         details=[Detail(message=str(e)[:200], path=path, rule="principal")]) from None
+    else:
+        bound = ctx.gw.config.bound_principals(ctx.agent) or []
+        if len(bound) != 1:
+            raise Refuse(
+                "principal_required",
+                "name the principal in meta.pgw.principal: this agent is not bound to exactly one principal",
+                details=[Detail(message="set meta.pgw.principal", path=path, rule="principal")],
+            )
+        principal = bound[0]
+    ctx.principal = principal
+    check_bound(ctx, principal)
+    return principal
+
+
+async def binding_moment(ctx: Ctx) -> Outcome:
+    from gateway.stages.state import pipeline_state
+
     p: BindingMomentPayload = ctx.payload
     assert ctx.principal is not None and ctx.envelope_id and ctx.correlation_id
     check_bound(ctx, ctx.principal)
+    st = await pipeline_state(ctx.gw)
+    await dualveto.check(ctx, st, ctx.principal, p.binding_moment)
+    bm = p.binding_moment
+    details: dict[str, Any] = {}
+    suppressed = [h for h in ("free_text", "dialogue") if getattr(bm.question.hatches, h) is False]
+    if suppressed:
+        # spec 000 §12.3: delivered, but recorded so systematic suppression is auditable.
+        details["hatch_suppressed"] = suppressed
+        ctx.warn(f"hatch suppressed: {', '.join(suppressed)} (recorded, spec 000 §12.3)", "hatch_suppression",
+                 "$.payload.binding_moment.question.hatches")
+        for h in suppressed:
+            st.stats.hatch_suppressions[(ctx.agent, h)] += 1
+        log.info("hatch suppression", agent=ctx.agent, hatches=suppressed, envelope_id=ctx.envelope_id)
+    st.stats.moments[ctx.agent] += 1
+    if bm.meta is not None and bm.meta.calibration_note:
+        st.stats.calibration_notes[ctx.agent] += 1
+        details["calibration_note"] = True
+    if bm.meta is not None and bm.meta.decision_class:
+        details["decision_class"] = bm.meta.decision_class
     moment_id = await ctx.gw.desk.dispatch(
         agent=ctx.agent,
         principal=ctx.principal,
-        binding_moment=p.binding_moment,
+        binding_moment=bm,
         envelope_id=ctx.envelope_id,
         correlation_id=ctx.correlation_id,
         untrusted=ctx.untrusted,
         expires_in_s=p.expires_in_s,
         traceparent=ctx.turn.traceparent,
+        details=details or None,
     )
     return accepted(ctx, moment_id=moment_id)
 
 
+async def clarification(ctx: Ctx) -> Outcome:
+    """spec 002: lift to a clarification item; the answers come back as a resolution."""
+    p: ClarificationRequestPayload = ctx.payload
+    assert ctx.envelope_id and ctx.correlation_id
+    principal = resolve_principal(ctx)
+    moment_id = await ctx.gw.desk.dispatch(
+        agent=ctx.agent,
+        principal=principal,
+        questions=p.questions,
+        context_type=p.contextType,
+        envelope_id=ctx.envelope_id,
+        correlation_id=ctx.correlation_id,
+        untrusted=ctx.untrusted,
+        expires_in_s=ctx.gw.config.pipeline.clarification_expires_in_s,
+        traceparent=ctx.turn.traceparent,
+        action_type="pgw.clarification",
+    )
+    return accepted(ctx, moment_id=moment_id)
+
+
+async def schema_request(ctx: Ctx) -> Outcome:
+    """spec 002: the kind's JSON Schema, on the agent's outcome subject."""
+    p: SchemaRequestPayload = ctx.payload
+    assert ctx.envelope_id and ctx.correlation_id
+    spec = ctx.gw.kinds.get(p.envelopeType)
+    if spec is None:
+        raise Refuse(
+            "unknown_envelope_kind",
+            f"no schema for {p.envelopeType[:128]!r}: not a kind this host supports",
+            details=[Detail(message=f"supported kinds: {', '.join(sorted(ctx.gw.kinds))}", path="$.payload.envelopeType", rule="kind")],
+        )
+    return SchemaOutcome(
+        agent=ctx.agent,
+        ts=now_rfc3339(),
+        untrusted=ctx.untrusted,
+        traceparent=ctx.turn.traceparent,
+        envelope_id=ctx.envelope_id,
+        correlation_id=ctx.correlation_id,
+        envelope_type=spec.name,
+        schema_version=spec.schema_version,
+        schema=spec.schema(),
+    )
+
+
+def _event_id(ctx: Ctx) -> str:
+    return stable_id("record", ctx.agent, ctx.envelope_id or "", ctx.correlation_id or "")
+
+
+async def record(ctx: Ctx) -> Outcome:
+    """schema.response and configured vendor kinds: recorded (spec 002: log.appended, debug)."""
+    assert ctx.env is not None
+    log.debug("envelope recorded", type=ctx.env.type, envelope_id=ctx.envelope_id, agent=ctx.agent)
+    return accepted(ctx, recorded_event_ids=[_event_id(ctx)])
+
+
+async def error(ctx: Ctx) -> Outcome:
+    """The LLM's own error report: recorded at level error, a successful turn (spec 002)."""
+    p: ErrorEnvelopePayload = ctx.payload
+    log.error("agent reported an error", code=p.code[:128], message=p.message[:500], envelope_id=ctx.envelope_id, agent=ctx.agent)
+    return accepted(ctx, recorded_event_ids=[_event_id(ctx)])
+
+
+async def authorization(ctx: Ctx) -> Outcome:
+    """spec 001: enforce, then deliver as an ``authorization`` item (DESIGN §3.4)."""
+    p: AuthorizationPayload = ctx.payload
+    assert ctx.envelope_id
+    principal = resolve_principal(ctx, p.principal, "$.payload.principal")
+    item_id = stable_id("authorization", ctx.agent, ctx.envelope_id)
+    cfg = ctx.gw.config.pipeline
+    workflow = cfg.workflows.get(p.workflow_id)
+    refusal: authz.PolicyRefusal | None = None
+    try:
+        if workflow is None:
+            raise authz.PolicyRefusal(
+                "unknown_workflow",
+                f"workflow {p.workflow_id[:128]!r} is not declared; declare it in [pipeline.workflows] (spec 001)",
+                "$.payload.workflow_id",
+                user_code="BLOCKED",
+            )
+        env = authz.enforce(authz.decode(p.envelope), workflow, cfg.narrative, untrusted=ctx.untrusted)
+        shown: dict[str, Any] = msgspec.to_builtins(env)
+    except authz.PolicyRefusal as pr:
+        refusal = pr
+        # The principal sees a fail-closed refusal without control-plane detail.
+        shown = msgspec.to_builtins(authz.user_refusal(pr.user_code, item_id))
+    item = AuthorizationItem(
+        agent=ctx.agent,
+        principal=principal,
+        created_at=now_rfc3339(),
+        untrusted=ctx.untrusted,
+        traceparent=ctx.turn.traceparent,
+        item_id=item_id,
+        envelope_id=ctx.envelope_id,
+        workflow_id=p.workflow_id,
+        envelope=shown,
+    )
+    await ctx.gw.publisher.surface(item, f"authorization:{item_id}")
+    if refusal is not None:
+        raise Refuse(refusal.code, refusal.reason, details=[refusal.detail], status="gated", verdict_class="denied")
+    return accepted(ctx, recorded_event_ids=[item_id])
+
+
 HANDLERS = {
     "binding_moment": binding_moment,
+    "clarification": clarification,
+    "schema_request": schema_request,
+    "record": record,
+    "error": error,
+    "authorization": authorization,
 }

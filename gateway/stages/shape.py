@@ -50,13 +50,27 @@ def _check_graph(value: Any, limits: LimitsConfig) -> None:
             for k, child in v.items():
                 if len(k) > limits.max_string_chars:
                     raise _refuse(f"a key is longer than {limits.max_string_chars} characters")
+                _check_unicode(k)
                 stack.append((child, depth + 1))
         elif isinstance(v, list):
             if depth > limits.max_depth:
                 raise _refuse(f"nested deeper than {limits.max_depth} levels")
             stack.extend((child, depth + 1) for child in v)
-        elif isinstance(v, str) and len(v) > limits.max_string_chars:
-            raise _refuse(f"a string is longer than {limits.max_string_chars} characters")
+        elif isinstance(v, str):
+            if len(v) > limits.max_string_chars:
+                raise _refuse(f"a string is longer than {limits.max_string_chars} characters")
+            _check_unicode(v)
+
+
+def _check_unicode(s: str) -> None:
+    # "\ud800" is valid JSON syntax but not Unicode: it cannot be re-encoded as
+    # UTF-8, so every publish that echoes it would fail and the turn would be
+    # redelivered until dead-lettered (issue 7 gauntlet). Refuse it here.
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _refuse("a string holds a lone UTF-16 surrogate escape (not valid Unicode)") from None
 
 
 def decode_body(body: bytes, limits: LimitsConfig) -> list[Any]:
@@ -104,6 +118,9 @@ async def run(ctx: Ctx) -> None:
     raw = ctx.raw
     ctx.envelope_id = readable_id(raw, "envelopeId")
     ctx.correlation_id = readable_id(raw, "correlationId")
+    # spec 002 "Trust boundary": even a refusal of an untrusted envelope is marked untrusted.
+    meta = raw.get("meta") if isinstance(raw, dict) else None
+    ctx.untrusted = isinstance(meta, dict) and meta.get("contentTrust") == "untrusted"
     if not isinstance(raw, dict):
         raise _refuse(f"an envelope must be a JSON object, not {type(raw).__name__}", f"$[{ctx.index}]")
     try:

@@ -1,0 +1,155 @@
+"""Stage 8, dedup and replay by ``correlationId`` (spec 002 "Replay determinism", DESIGN §3.2 step 8).
+
+The cache is the JetStream KV bucket ``PGW_DEDUP``, key
+``corr.{agent}.{sha256(correlationId)}``, so it survives restarts and is
+shared by every gateway instance:
+
+- the first envelope with correlationId C claims the key with a CAS
+  ``create`` (status ``pending``, owner = its inbound stream position); two
+  instances racing on C cannot both claim it;
+- after its outcome is published the record becomes ``done`` and holds the
+  outcome and the outcome's ``Nats-Msg-Id``;
+- a later envelope with C and the same ``type`` gets the cached outcome: no
+  handler runs, no surface item or verdict is published, and the outcome is
+  re-published under its *original* ``Nats-Msg-Id`` (flagged ``replayed``),
+  which the stream drops as a duplicate inside its duplicate window - so
+  nothing new appears on the bus;
+- with another ``type`` → ``envelope_correlation_conflict``;
+- while another instance holds C ``pending`` this one waits for it; the
+  redelivery of the owner's own message (a crash mid-way) carries on, and its
+  deterministic message ids make the repeat harmless;
+- a refusal after this stage (e.g. ``principal_not_bound``) releases the
+  claim, so a corrected re-emission is processed afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from typing import Any, Literal
+
+import msgspec
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+from gateway.logs import get_logger
+from gateway.stages.base import Ctx, Refuse
+from subjects.wire import Detail, EnvelopeOutcome, Outcome
+
+log = get_logger("pgw.dedup")
+BUCKET = "PGW_DEDUP"
+WAIT_S = 10.0
+
+
+class DedupRecord(msgspec.Struct, omit_defaults=True):
+    type: str
+    owner: str
+    created: float
+    status: Literal["pending", "done"] = "pending"
+    # msgspec cannot decode ``Raw | None`` (it expects null): an empty Raw means "no outcome yet".
+    outcome: msgspec.Raw = msgspec.Raw(b"")
+    msg_id: str | None = None
+    envelope_id: str | None = None
+
+
+_dec = msgspec.json.Decoder(DedupRecord)
+_enc = msgspec.json.Encoder()
+_out_dec = msgspec.json.Decoder(Outcome)
+
+
+def corr_key(agent: str, correlation_id: str) -> str:
+    return f"corr.{agent}.{hashlib.sha256(correlation_id.encode('utf-8', 'surrogatepass')).hexdigest()[:48]}"
+
+
+async def cached_outcome_exists(js: Any, agent: str, correlation_id: str) -> bool:
+    """True when the gateway would answer ``correlation_id`` from the cache (``pgw replay --dry-run``)."""
+    try:
+        kv = await js.key_value(BUCKET)
+        entry = await kv.get(corr_key(agent, correlation_id))
+    except Exception:  # noqa: BLE001 - no bucket, no key: not cached
+        return False
+    return bool(entry.value) and _dec.decode(entry.value).status == "done"
+
+
+def _owner(ctx: Ctx) -> str:
+    return f"{ctx.turn.stream_seq}:{ctx.index}"
+
+
+async def run(ctx: Ctx) -> None:
+    from gateway.stages.state import pipeline_state
+
+    assert ctx.env is not None and ctx.correlation_id
+    kv = (await pipeline_state(ctx.gw)).kv
+    key = corr_key(ctx.agent, ctx.correlation_id)
+    mine = _owner(ctx)
+    deadline = time.monotonic() + WAIT_S
+    stale_after = ctx.gw.config.gateway.ack_wait_s
+    while True:
+        try:
+            rev = await kv.create(key, _enc.encode(DedupRecord(ctx.env.type, mine, time.time(), envelope_id=ctx.envelope_id)))
+            ctx.extra["dedup"] = (key, rev)
+            return
+        except KeyWrongLastSequenceError:
+            pass
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:
+            continue  # released meanwhile: claim it
+        if not entry.value:
+            continue
+        rec = _dec.decode(entry.value)
+        if rec.type != ctx.env.type:
+            raise Refuse(
+                "envelope_correlation_conflict",
+                f"correlationId was already used with type {rec.type!r}; this envelope has type {ctx.env.type[:128]!r}",
+                details=[Detail(message="use a new correlationId for a different kind", path="$.correlationId", rule="dedup")],
+            )
+        if rec.status == "done" and rec.outcome:
+            cached = _out_dec.decode(rec.outcome)
+            if isinstance(cached, EnvelopeOutcome):
+                cached.replayed = True
+            ctx.extra["cached_outcome"] = cached
+            ctx.extra["outcome_msg_id"] = rec.msg_id
+            log.info("replay answered from the dedup cache", envelope_id=ctx.envelope_id, agent=ctx.agent)
+            return
+        stale = time.time() - rec.created > stale_after
+        if rec.owner == mine or stale:
+            # Our own message redelivered after a crash, or an owner long gone: take over.
+            try:
+                rev = await kv.update(
+                    key, _enc.encode(DedupRecord(ctx.env.type, mine, time.time(), envelope_id=ctx.envelope_id)),
+                    last=entry.revision,
+                )
+            except KeyWrongLastSequenceError:
+                continue
+            ctx.extra["dedup"] = (key, rev)
+            return
+        if time.monotonic() > deadline:
+            # Another instance is processing it right now; let the stream redeliver later.
+            raise RuntimeError("correlationId is being processed by another gateway instance")
+        await asyncio.sleep(0.05)
+
+
+async def settle(ctx: Ctx, outcome: Outcome, msg_id: str, refused: bool) -> None:
+    """After the outcome is published: cache an accepted one, release the claim on a refusal."""
+    claim = ctx.extra.get("dedup")
+    if claim is None:
+        return
+    from gateway.stages.state import pipeline_state
+
+    key, rev = claim
+    kv = (await pipeline_state(ctx.gw)).kv
+    if refused:
+        with contextlib.suppress(Exception):  # someone took it over: nothing to release
+            await kv.delete(key, last=rev)
+        return
+    assert ctx.env is not None
+    rec = DedupRecord(
+        ctx.env.type, _owner(ctx), time.time(), status="done",
+        outcome=msgspec.Raw(_enc.encode(outcome)), msg_id=msg_id, envelope_id=ctx.envelope_id,
+    )
+    try:
+        await kv.update(key, _enc.encode(rec), last=rev)
+    except KeyWrongLastSequenceError:
+        log.warning("dedup record changed under us; not caching", envelope_id=ctx.envelope_id)

@@ -1,0 +1,149 @@
+"""Stage 5, limits → ``cap.breached`` with its kind (spec 002 "Capability handshake
+integration", DESIGN §3.2 step 5).
+
+- ``envelopesPerTurn``: a turn is one message, one envelope or a JSON array
+  of them; envelopes past the cap (array order) are refused, kind ``envelopes``.
+- ``schemaRounds``: re-emissions of one ``correlationId`` after refusals.
+  Every refusal of a correlationId is counted (``PGW_DEDUP`` key
+  ``rounds.{agent}.{hash}``, once per inbound message, so a redelivery does
+  not count twice); the refusal that exceeds the cap is reported as
+  ``cap.breached`` kind ``schema`` (with the original code in its details),
+  and so is any later emission of that correlationId.
+- ``schema.request`` envelopes are bound to ``schemaRounds`` too (spec 002
+  "Universal kinds"): per (agent, ``nodeId``), by distinct correlationId.
+- ``clarificationRounds``: ``clarification.request`` envelopes per
+  (agent, ``nodeId``), counted by distinct correlationId (a replay is not a
+  new round); past the cap, kind ``clarification``.
+
+The counters live in JetStream KV, shared by every gateway instance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING
+
+import msgspec
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+from gateway.stages.base import Ctx, Refuse
+from gateway.stages.kind import CLARIFICATION, SCHEMA_REQUEST
+from subjects.wire import Detail
+
+if TYPE_CHECKING:
+    from typing import Any
+
+CODE = "cap.breached"
+# Refusals that count as a schema round (spec 002 "Validation outcomes").
+ROUND_CODES = frozenset({
+    "unknown_envelope_kind", "envelope_invalid", "unknown_schema_version",
+    "envelope_schema_version_drift", "invalid_envelope_shape",
+})
+_dec = msgspec.json.Decoder(list[str])
+_enc = msgspec.json.Encoder()
+_MAX_SET = 1024
+
+
+def _h(value: str) -> str:
+    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+def rounds_key(agent: str, correlation_id: str) -> str:
+    return f"rounds.{agent}.{_h(correlation_id)}"
+
+
+def clar_key(agent: str, node_id: str | None) -> str:
+    return f"clar.{agent}.{_h(node_id or '-')}"
+
+
+async def _get_set(kv: Any, key: str) -> tuple[list[str], int | None]:
+    try:
+        e = await kv.get(key)
+    except KeyNotFoundError:
+        return [], None
+    return (_dec.decode(e.value) if e.value else []), e.revision
+
+
+async def add_to_set(kv: Any, key: str, member: str) -> int:
+    """Add ``member`` to the set at ``key`` (CAS); return the set's size."""
+    for _ in range(20):
+        members, rev = await _get_set(kv, key)
+        if member in members:
+            return len(members)
+        members = [*members, member][-_MAX_SET:]
+        try:
+            if rev is None:
+                await kv.create(key, _enc.encode(members))
+            else:
+                await kv.update(key, _enc.encode(members), last=rev)
+            return len(members)
+        except KeyWrongLastSequenceError:
+            continue
+    raise RuntimeError(f"could not update counter {key}")  # nak: the message is redelivered
+
+
+def breached(kind: str, message: str, limit: int, details: list[Detail] | None = None) -> Refuse:
+    return Refuse(
+        CODE,
+        message,
+        details=[Detail(message=f"limit {limit}", rule=f"limits.{kind}"), *(details or [])],
+        status="breached",
+        cap_kind=kind,  # type: ignore[arg-type]
+    )
+
+
+async def run(ctx: Ctx) -> None:
+    from gateway.stages.state import pipeline_state
+
+    assert ctx.env is not None
+    cfg = ctx.gw.config.pipeline
+    if ctx.index >= cfg.envelopes_per_turn:
+        raise breached(
+            "envelopes",
+            f"the turn holds {ctx.extra.get('turn_size')} envelopes; envelopesPerTurn is {cfg.envelopes_per_turn}",
+            cfg.envelopes_per_turn,
+        )
+    st = await pipeline_state(ctx.gw)
+    if ctx.correlation_id:
+        members, _ = await _get_set(st.kv, rounds_key(ctx.agent, ctx.correlation_id))
+        if len(members) > cfg.schema_rounds:
+            raise breached(
+                "schema",
+                f"correlationId was refused {len(members)} times; schemaRounds is {cfg.schema_rounds}",
+                cfg.schema_rounds,
+            )
+    if ctx.env.type == SCHEMA_REQUEST:
+        n = await add_to_set(st.kv, f"schemareq.{ctx.agent}.{_h(ctx.env.nodeId or '-')}", ctx.correlation_id or "")
+        if n > cfg.schema_rounds:
+            raise breached(
+                "schema",
+                f"{n} schema requests from this node; schemaRounds is {cfg.schema_rounds}",
+                cfg.schema_rounds,
+            )
+    if ctx.env.type == CLARIFICATION:
+        n = await add_to_set(st.kv, clar_key(ctx.agent, ctx.env.nodeId), ctx.correlation_id or "")
+        if n > cfg.clarification_rounds:
+            raise breached(
+                "clarification",
+                f"{n} clarification requests from this node; clarificationRounds is {cfg.clarification_rounds}",
+                cfg.clarification_rounds,
+            )
+
+
+async def count_refusal(ctx: Ctx, r: Refuse) -> Refuse:
+    """Count a refusal against schemaRounds; past the cap it becomes ``cap.breached`` (schema)."""
+    from gateway.stages.state import pipeline_state
+
+    if r.code not in ROUND_CODES or not ctx.correlation_id:
+        return r
+    cfg = ctx.gw.config.pipeline
+    st = await pipeline_state(ctx.gw)
+    n = await add_to_set(st.kv, rounds_key(ctx.agent, ctx.correlation_id), f"{ctx.turn.stream_seq}:{ctx.index}")
+    if n > cfg.schema_rounds:
+        return breached(
+            "schema",
+            f"retry budget exhausted: correlationId refused {n} times ({r.code}); schemaRounds is {cfg.schema_rounds}",
+            cfg.schema_rounds,
+            details=[Detail(message=r.reason, rule=r.code), *r.details],
+        )
+    return r

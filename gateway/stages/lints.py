@@ -1,0 +1,146 @@
+"""Construction-discipline lints for binding moments (spec 000 §6, §7.1).
+
+The part of the slot grammar a machine can only approximate. Each lint is
+deliberately narrow (a false refusal of a good moment is a bug) and has a
+mode from ``pipeline.lints``: ``reject`` makes the moment malformed
+(``envelope_invalid``, with the notice fallback of spec 000 §9.3), ``warn``
+delivers it with a warning on the outcome, ``off`` skips it.
+
+- ``synopsis_one_sentence`` §6.1: "a single sentence";
+- ``synopsis_hedge`` §6.1/§7.1: a synopsis that defers the decision;
+- ``leading_stem`` §6.5: a stem that embeds the recommendation or a lean;
+- ``findings_restate_synopsis`` §6.2: a finding that restates the synopsis;
+- ``recommendation_not_action`` §6.3: a recommendation that names a
+  consideration ("weigh the trade-offs") instead of a concrete move.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from subjects.wire import Detail
+
+P = "$.payload.binding_moment"
+
+# Abbreviations whose full stop does not end a sentence.
+_ABBREV = re.compile(
+    r"\b(?:e\.g|i\.e|etc|vs|mr|mrs|ms|dr|st|no|inc|ltd|co|jr|sr|approx|fig|cf|u\.s|u\.k|a\.m|p\.m)\.",
+    re.IGNORECASE,
+)
+_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*\s+(?=[A-Z0-9\"'(\[])")
+
+_HEDGES = [
+    r"it depends", r"depending on", r"not sure", r"unsure", r"hard to say", r"difficult to say",
+    r"could go either way", r"either way", r"up to you", r"your call", r"let me know",
+    r"unclear whether", r"not clear whether", r"perhaps", r"maybe", r"possibly",
+    r"might want to", r"may want to", r"you could", r"we could", r"i could",
+    r"might be (?:best|better|worth)", r"may be (?:best|better|worth)", r"might make sense",
+    r"worth considering", r"we should consider", r"one option (?:is|would be)",
+    r"there are (?:several|a few|many|two|some) options", r"i(?:'m| am) not certain",
+    r"i(?:'m| am) leaning", r"i lean", r"i think we might", r"not yet decided", r"undecided",
+    r"need(?:s)? more (?:time|information|analysis) (?:before|to)",
+]
+_HEDGE = re.compile(r"\b(?:" + "|".join(_HEDGES) + r")\b", re.IGNORECASE)
+
+_LEADING = [
+    r"shouldn'?t (?:we|i|you)", r"should (?:we|i|you) not", r"don'?t you (?:think|agree)",
+    r"wouldn'?t it be", r"isn'?t it", r"aren'?t (?:we|you)", r"surely", r"obviously", r"clearly",
+    r"the (?:best|right|smart|sensible|obvious|safest|recommended|preferred) (?:option|choice|move|path|answer|way)",
+    r"recommend(?:ed|s)?", r"(?:i|we) suggest", r"as (?:i|we) (?:suggested|proposed)",
+    r"(?:right|correct|agreed|ok|okay)\s*\?\s*$", r"go ahead and", r"you(?:'d| would) agree",
+    r"of course", r"naturally",
+]
+_LEAD = re.compile(r"\b(?:" + "|".join(_LEADING) + r")", re.IGNORECASE)
+
+_CONSIDERATION = re.compile(
+    r"^\s*(?:consider(?:ing)?|weigh(?:ing)?|think(?:ing)? (?:about|through|over)|keep in mind|bear in mind"
+    r"|be (?:aware|mindful|careful)|remember|note that|it is (?:important|worth)|it'?s (?:important|worth)"
+    r"|reflect on|ponder|take into account|factor in|(?:the )?trade-?offs?|there (?:are|is) (?:a )?trade-?offs?"
+    r"|balance (?:the|between)|evaluate (?:the )?(?:pros|trade-?offs?))\b",
+    re.IGNORECASE,
+)
+_TRADEOFF = re.compile(r"\b(?:weigh|consider|balance) (?:the |all )?(?:trade-?offs?|pros and cons|options|risks)\b", re.IGNORECASE)
+
+_STOP = frozenset(
+    ["a", "an", "the", "and", "or", "but", "of", "to", "in", "on", "at", "for", "with", "by", "from", "as", "is", "are", "was", "were", "be", "been", "being", "it", "its", "this", "that", "these", "those", "your", "you", "we", "our", "i", "my", "their", "they", "them", "he", "she", "his", "her", "not", "no", "all", "any", "only", "just", "than", "then", "so", "do", "does", "did", "have", "has", "had", "will", "would", "should", "can", "could", "may", "might", "must"]
+)
+_WORD = re.compile(r"[a-z0-9]+(?:[-'][a-z0-9]+)*")
+
+
+def _content(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+
+
+def sentences(text: str) -> int:
+    """How many sentences ``text`` holds (abbreviations and decimals do not split)."""
+    t = _ABBREV.sub(lambda m: m.group(0).replace(".", ""), text.strip())
+    t = re.sub(r"(\d)\.(\d)", r"\1\2", t)
+    return len([s for s in _SENTENCE_END.split(t) if s.strip()])
+
+
+def _norm(text: str) -> str:
+    return " ".join(_WORD.findall(text.lower()))
+
+
+def check(bm: Any) -> list[tuple[str, Detail]]:
+    """Every lint finding of a grammatically valid moment as (lint name, detail)."""
+    out: list[tuple[str, Detail]] = []
+    syn: str = bm.synopsis
+    n = sentences(syn)
+    if n > 1:
+        out.append(("synopsis_one_sentence", Detail(
+            message=f"the synopsis holds {n} sentences; spec 000 §6.1 asks for a single answer-first sentence",
+            path=f"{P}.synopsis", rule="synopsis_one_sentence")))
+    hedge = _HEDGE.search(syn)
+    if hedge or syn.rstrip().endswith("?"):
+        what = f"{hedge.group(0)!r}" if hedge else "a question"
+        out.append(("synopsis_hedge", Detail(
+            message=f"the synopsis hedges ({what}); spec 000 §6.1 requires it to commit to a position, "
+                    "or the agent should not emit a binding moment yet (§7.1)",
+            path=f"{P}.synopsis", rule="synopsis_hedge")))
+    q = bm.question
+    stem = q.stem
+    lead = _LEAD.search(stem)
+    rec_label = _norm(q.options[q.recommended_idx].label) if q.recommended_idx < len(q.options) else ""
+    stem_n = _norm(stem)
+    others_named = any(
+        _norm(o.label) and _norm(o.label) in stem_n for i, o in enumerate(q.options) if i != q.recommended_idx
+    )
+    embeds = len(rec_label) >= 12 and rec_label in stem_n and not others_named
+    if lead or embeds:
+        why = f"it contains {lead.group(0)!r}" if lead else "it names the recommended option and no other"
+        out.append(("leading_stem", Detail(
+            message=f"the question stem is leading ({why}); spec 000 §6.5: the lean belongs on the "
+                    "recommended option, never in the stem",
+            path=f"{P}.question.stem", rule="leading_stem")))
+    syn_words = _content(syn)
+    for i, f in enumerate(bm.findings):
+        fw = _content(f)
+        if not fw or not syn_words:
+            continue
+        jaccard = len(fw & syn_words) / len(fw | syn_words)
+        if _norm(f) == _norm(syn) or (jaccard >= 0.75 and len(fw) >= 3):
+            out.append(("findings_restate_synopsis", Detail(
+                message=f"finding {i} restates the synopsis; spec 000 §6.2: each finding adds an observation",
+                path=f"{P}.findings[{i}]", rule="findings_restate_synopsis")))
+    for i, r in enumerate(bm.recommendations):
+        if _CONSIDERATION.search(r) or _TRADEOFF.search(r):
+            out.append(("recommendation_not_action", Detail(
+                message=f"recommendation {i} names a consideration, not an action; spec 000 §6.3 asks "
+                        "for a concrete move that would change state",
+                path=f"{P}.recommendations[{i}]", rule="recommendation_not_action")))
+    return out
+
+
+def apply(bm: Any, modes: Any) -> tuple[list[Detail], list[Detail]]:
+    """(rejections, warnings) under the configured modes."""
+    reject: list[Detail] = []
+    warn: list[Detail] = []
+    for name, detail in check(bm):
+        mode = getattr(modes, name)
+        if mode == "reject":
+            reject.append(detail)
+        elif mode == "warn":
+            warn.append(detail)
+    return reject, warn

@@ -1,0 +1,119 @@
+"""Per-gateway state the pipeline stages share, built once on first use.
+
+- the SR-1 :class:`~gateway.stages.redaction.Redactor` from ``pipeline.secrets``;
+- the kind registry completed with configured vendor kinds (their JSON
+  Schema files) and ``pipeline.schema_versions`` overrides;
+- the ``PGW_DEDUP`` KV bucket (correlationId replay cache, schema and
+  clarification round counters, dialogue vetoes), shared by every gateway
+  instance and surviving restarts;
+- the spec 000 §6.9/§12.2/§12.3 counters (also exported to Prometheus where
+  ``gateway.metrics`` counts them), kept here so they are testable per gateway;
+- the desk hook that remembers a question-space veto (spec 000 §7.2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gateway.logs import get_logger
+from gateway.stages.kind import KindSpec
+from gateway.stages.redaction import Redactor
+from gateway.streams import ensure_kv
+from subjects.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+    from gateway.moments import MomentRecord
+
+log = get_logger("pgw.pipeline")
+
+DEDUP_BUCKET = "PGW_DEDUP"
+_ATTR = "_pgw_pipeline_state"
+
+
+@dataclass
+class Stats:
+    """Spec 000 monitoring counts of this gateway instance (§6.9, §12.2, §12.3)."""
+
+    moments: Counter[str] = field(default_factory=Counter)  # agent
+    calibration_notes: Counter[str] = field(default_factory=Counter)  # agent
+    hatch_suppressions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (agent, hatch)
+    resolutions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (agent, decision_class)
+    dialogue_hatch: Counter[tuple[str, str]] = field(default_factory=Counter)  # (agent, decision_class)
+
+    def rate(self, agent: str, what: str) -> float:
+        """dialogue-hatch or calibration_note rate for ``agent`` (0 when nothing seen)."""
+        if what == "dialogue_hatch":
+            num = sum(v for (a, _), v in self.dialogue_hatch.items() if a == agent)
+            den = sum(v for (a, _), v in self.resolutions.items() if a == agent)
+        else:
+            num, den = self.calibration_notes[agent], self.moments[agent]
+        return num / den if den else 0.0
+
+
+@dataclass
+class PipelineState:
+    redactor: Redactor
+    kv: Any
+    stats: Stats = field(default_factory=Stats)
+
+
+def load_vendor_kinds(gw: Gateway) -> None:
+    """Register configured vendor kinds and apply schema-version overrides."""
+    import jsonschema
+
+    cfg = gw.config.pipeline
+    for name, vk in cfg.vendor_kinds.items():
+        where = f"pipeline.vendor_kinds.{name}.schema_file"
+        try:
+            schema = json.loads(Path(vk.schema_file).expanduser().read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(where, f"cannot load a JSON Schema: {e}") from e
+        try:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        except jsonschema.SchemaError as e:
+            raise ConfigError(where, f"not a valid JSON Schema 2020-12: {e.message}") from e
+        gw.kinds[name] = KindSpec(name, None, vk.schema_version, "record", schema)
+    for name, version in cfg.schema_versions.items():
+        spec = gw.kinds.get(name)
+        if spec is None:
+            raise ConfigError(f"pipeline.schema_versions.{name}", "not a kind this gateway supports")
+        gw.kinds[name] = KindSpec(spec.name, spec.payload_type, version, spec.handler, spec.json_schema)
+
+
+_locks: dict[int, asyncio.Lock] = {}
+
+
+async def pipeline_state(gw: Gateway) -> PipelineState:
+    """The state of ``gw``'s pipeline, created on first call."""
+    st = getattr(gw, _ATTR, None)
+    if st is not None:
+        return st
+    lock = _locks.setdefault(id(gw), asyncio.Lock())
+    async with lock:
+        st = getattr(gw, _ATTR, None)
+        if st is not None:
+            return st
+        cfg = gw.config.pipeline
+        redactor = Redactor.from_config(cfg.secrets)
+        load_vendor_kinds(gw)
+        kv = await ensure_kv(gw.js, DEDUP_BUCKET, ttl=cfg.dedup_ttl_s)
+        st = PipelineState(redactor=redactor, kv=kv)
+        setattr(gw, _ATTR, st)
+        on_resolved = getattr(gw.desk, "on_resolved", None)
+        if on_resolved is not None:
+            from gateway.stages.dualveto import remember_resolution
+
+            async def _cb(rec: MomentRecord) -> None:
+                await remember_resolution(gw, st, rec)
+
+            on_resolved(_cb)
+        else:  # pragma: no cover - the desk hook is part of this change
+            log.warning("moment desk has no on_resolved hook: dual veto not enforced")
+    _locks.pop(id(gw), None)
+    return st

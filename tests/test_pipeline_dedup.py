@@ -1,0 +1,111 @@
+"""Dedup and replay by correlationId (spec 002 "Replay determinism", DESIGN §3.2 step 8)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.stages import dedup
+from subjects.wire import BindingMomentItem, EnvelopeOutcome
+from tests.moments import good_moment
+from tests.pipeline_helpers import Recorder, env, moment_env, running_gateway, stream_count
+
+STREAMS = ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS")
+
+
+async def counts(nc, at_least: dict[str, int]) -> dict[str, int]:
+    """Stored message counts once the streams hold at least ``at_least`` (a core
+    subscriber may see a message a moment before its stream reports it stored)."""
+
+    async def settled() -> dict[str, int]:
+        while True:
+            c = {s: await stream_count(nc, s) for s in STREAMS}
+            if all(c[k] >= v for k, v in at_least.items()):
+                return c
+            await asyncio.sleep(0.02)  # polling the stream state, bounded by wait_for
+
+    return await asyncio.wait_for(settled(), 10)
+
+
+async def sentinel_then_counts(rec: Recorder, nc, before: dict[str, int]) -> dict[str, int]:
+    """Send one more (recorded-only) envelope and return the counts once its outcome is stored:
+    anything the replay stored before it is then counted too."""
+    await rec.roundtrip("planner", env("error", {"code": "sentinel", "message": "s"}))
+    after = await counts(nc, {"PGW_OUTBOUND": before["PGW_OUTBOUND"] + 1})
+    after["PGW_OUTBOUND"] -= 1
+    return after
+
+
+async def test_replay_same_type_returns_cached_outcome_and_publishes_nothing(nats_server, tmp_path, nc):
+    """A re-emission with a seen correlationId and the same type gets the cached outcome: no new item, outcome or verdict."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        first = moment_env("alice", good_moment(), correlation_id="run1:node1:0")
+        o1 = await rec.roundtrip("planner", first)
+        assert o1.status == "accepted"
+        await rec.item(lambda i: isinstance(i, BindingMomentItem))
+        await rec.verdict(lambda v: v.verdict_class == "hitl_dispatched")
+        before = await counts(nc, {"PGW_OUTBOUND": 1, "PGW_SURFACE": 1, "PGW_VERDICTS": 1})
+        assert await dedup.cached_outcome_exists(nc.jetstream(), "planner", "run1:node1:0")
+        again = moment_env("alice", good_moment(), correlation_id="run1:node1:0")
+        await rec.send("planner", again)
+        replay = await rec.until(lambda: next((o for o in rec.outcomes if getattr(o, "replayed", False)), None))
+        assert replay.moment_id == o1.moment_id and replay.envelope_id == o1.envelope_id
+        assert await sentinel_then_counts(rec, nc, before) == before  # the republish was dropped as a duplicate
+        assert len([v for v in rec.verdicts if v.verdict_class == "hitl_dispatched"]) == 1
+
+
+async def test_other_type_is_correlation_conflict(nats_server, tmp_path, nc):
+    """A seen correlationId with another type is refused with envelope_correlation_conflict."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        o1 = await rec.roundtrip("planner", env("error", {"code": "a", "message": "b"}, correlation_id="c-1"))
+        assert o1.status == "accepted"
+        o2 = await rec.roundtrip("planner", env("schema.response", {"envelopeType": "error", "ack": True}, correlation_id="c-1"))
+        assert (o2.status, o2.code) == ("invalid", "envelope_correlation_conflict")
+        other_agent = await rec.roundtrip("writer", env("schema.response", {"envelopeType": "error", "ack": True}, correlation_id="c-1"))
+        assert other_agent.status == "accepted"  # the cache is per agent
+
+
+async def test_refusal_after_dedup_releases_the_correlation_id(nats_server, tmp_path, nc):
+    """A refusal after the dedup stage (principal_not_bound) is not cached: a corrected re-emission is processed."""
+    agents = {"planner": {"principals": ["alice"]}}
+    async with running_gateway(nats_server, str(tmp_path / "d"), agents=agents), Recorder(nc) as rec:
+        o1 = await rec.roundtrip("planner", moment_env("bob", good_moment(), correlation_id="c-9"))
+        assert o1.code == "principal_not_bound"
+        o2 = await rec.roundtrip("planner", moment_env("alice", good_moment(), correlation_id="c-9"))
+        assert o2.status == "accepted" and not o2.replayed
+
+
+async def test_dedup_survives_gateway_restart(nats_server, tmp_path, nc):
+    """After the gateway restarts, a re-emission still gets the cached outcome and nothing new is published."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        o1 = await rec.roundtrip("planner", moment_env("alice", good_moment(), correlation_id="r-1"))
+        assert o1.status == "accepted"
+        await rec.verdict(lambda v: v.verdict_class == "hitl_dispatched")
+    before = await counts(nc, {"PGW_OUTBOUND": 1, "PGW_SURFACE": 1, "PGW_VERDICTS": 1})
+    async with running_gateway(nats_server, str(tmp_path / "d2")), Recorder(nc) as rec:
+        again = moment_env("alice", good_moment(), correlation_id="r-1")
+        await rec.send("planner", again)
+        out = await rec.outcome(o1.envelope_id)
+        assert out.replayed and out.moment_id == o1.moment_id
+        assert await sentinel_then_counts(rec, nc, before) == before
+
+
+async def test_two_instances_race_one_outcome(nats_server, tmp_path, nc):
+    """Two gateway instances racing on one correlationId dispatch one moment: one item, one dispatch verdict."""
+    async with (
+        running_gateway(nats_server, str(tmp_path / "a"), gateway={"batch": 1}),
+        running_gateway(nats_server, str(tmp_path / "b"), gateway={"batch": 1}),
+        Recorder(nc) as rec,
+    ):
+        envs = [moment_env("alice", good_moment(), correlation_id="race-1") for _ in range(6)]
+        await asyncio.gather(*(rec.send("planner", e) for e in envs))
+        def answered() -> list[EnvelopeOutcome] | None:
+            o = [o for o in rec.outcomes if isinstance(o, EnvelopeOutcome)]
+            return o if len(o) >= 6 else None
+
+        outs = await rec.until(answered, timeout=30)
+        assert all(o.status == "accepted" for o in outs)
+        moment_ids = {o.moment_id for o in outs}
+        assert len(moment_ids) == 1
+        assert (await counts(nc, {"PGW_SURFACE": 1}))["PGW_SURFACE"] == 1
+        verdicts = [v for v in rec.verdicts if v.verdict_class == "hitl_dispatched"]
+        assert len(verdicts) == 1

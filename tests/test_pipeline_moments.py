@@ -1,0 +1,283 @@
+"""Spec 000 as far as a gateway can enforce it: construction-discipline lints,
+malformed fallback, hatch suppression, expiry, dual veto, single surface,
+the monitored rates, and the trust boundary for moments."""
+
+from __future__ import annotations
+
+import copy
+
+import msgspec
+import pytest
+
+from gateway.config import LintsConfig
+from gateway.moments import HemContext
+from gateway.stages import lints
+from gateway.stages.state import pipeline_state
+from subjects.client import Surface
+from subjects.wire import (
+    BindingMoment,
+    BindingMomentItem,
+    DialogueVeto,
+    MomentExpired,
+    NoticeItem,
+    OptionChoice,
+    WithdrawnItem,
+)
+from tests.moments import GOOD_MOMENT, good_moment
+from tests.pipeline_helpers import Recorder, moment_env, running_gateway
+
+
+def bm(d: dict) -> BindingMoment:
+    return msgspec.convert(d, BindingMoment)
+
+
+def _moment(synopsis, findings, recs, stem, options, rec_idx=0, **meta):
+    return {
+        "synopsis": synopsis,
+        "findings": findings,
+        "recommendations": recs,
+        "offer": "Ask for detail on any item.",
+        "question": {
+            "stem": stem,
+            "options": [{"label": lbl, "reasoning": r} for lbl, r in options],
+            "recommended_idx": rec_idx,
+            "hatches": {"free_text": True, "dialogue": True},
+        },
+        **({"meta": meta} if meta else {}),
+    }
+
+
+GOOD = [
+    GOOD_MOMENT,
+    _moment(
+        "Merge PR #482 today; the flaky test is unrelated to the change.",
+        ["CI failed once on test_upload_timeout, then passed on retry.", "The same test failed on main twice this week.",
+         "The diff touches only the billing module."],
+        ["Merge the PR now.", "Open a ticket to quarantine test_upload_timeout."],
+        "What should happen to PR #482?",
+        [("Merge it now", "The failure is a known flake on main."), ("Wait for a clean run", "Costs about 40 minutes.")],
+    ),
+    _moment(
+        "Book the 7:05 a.m. flight on Tuesday, e.g. to make the 11:00 meeting with 2.5 hours to spare.",
+        ["The 9:40 flight lands at 10:55, too late for the meeting.", "Both fares are within the travel policy."],
+        ["Book UA 1432 departing 7:05 a.m.", "Add the hotel for Tuesday night."],
+        "Which flight should I book for Tuesday?",
+        [("UA 1432 at 7:05", "Arrives with time to spare."), ("UA 1610 at 9:40", "Later start, but you miss the first 15 minutes."),
+         ("Take the train", "Slower, but you can work on board.")],
+        decision_class="travel",
+    ),
+    _moment(
+        "Decline the vendor's auto-renewal: usage fell 60% since March.",
+        ["Seats used dropped from 50 to 20.", "The contract renews on 1 July at the same price.",
+         "A 20-seat plan costs 40% less."],
+        ["Reply to the vendor declining auto-renewal.", "Request a quote for a 20-seat plan."],
+        "How should we handle the contract renewal on 1 July?",
+        [("Decline and re-quote", "Matches current usage."), ("Renew as is", "No effort, but pays for 30 idle seats.")],
+    ),
+    _moment(
+        "Grant Dana read-only access to the finance folder until the audit ends.",
+        ["Dana joined the audit team on Monday.", "Write access would let her change closed periods."],
+        ["Add Dana to the finance-readers group.", "Set the access to expire on 30 June."],
+        "What access should Dana get to the finance folder?",
+        [("Read-only until 30 June", "Enough for the audit."), ("Full access", "Lets her fix errors directly."),
+         ("No access", "She works from exported reports instead.")],
+        decision_class="permission-delta",
+    ),
+]
+
+BAD = {
+    "synopsis_one_sentence": dict(synopsis="Ship the release on Friday. QA has signed off on the build."),
+    "synopsis_hedge": dict(synopsis="It depends on whether the client agrees, so maybe we ship Friday."),
+    "leading_stem": dict(question_stem="Shouldn't we just send the 2025 tax summary only?"),
+    "findings_restate_synopsis": dict(findings0="Share only your 2025 tax summary with Harbor Accounting, not the full ledger."),
+    "recommendation_not_action": dict(recs0="Weigh the trade-offs between privacy and convenience."),
+}
+
+
+def bad_moment(lint: str) -> dict:
+    m = copy.deepcopy(GOOD_MOMENT)
+    change = BAD[lint]
+    if "synopsis" in change:
+        m["synopsis"] = change["synopsis"]
+    if "question_stem" in change:
+        m["question"]["stem"] = change["question_stem"]
+    if "findings0" in change:
+        m["findings"][0] = change["findings0"]
+    if "recs0" in change:
+        m["recommendations"][0] = change["recs0"]
+    return m
+
+
+@pytest.mark.parametrize("moment", GOOD, ids=range(len(GOOD)))
+def test_good_moments_pass_every_lint(moment):
+    """Realistic well-constructed moments raise no lint finding (a false refusal is a bug)."""
+    assert lints.check(bm(moment)) == []
+
+
+@pytest.mark.parametrize("lint", sorted(BAD))
+def test_each_bad_moment_is_caught_by_its_lint(lint):
+    """Each construction-discipline violation is reported under its own lint name."""
+    found = {name for name, _ in lints.check(bm(bad_moment(lint)))}
+    assert lint in found
+
+
+def test_stem_naming_only_the_recommended_option_is_leading():
+    """A stem that embeds the recommended option's label (and no other) is leading."""
+    m = good_moment(stem="Should Harbor Accounting get the send the 2025 tax summary only option?")
+    assert "leading_stem" in {n for n, _ in lints.check(bm(m))}
+
+
+def test_modes_reject_warn_off():
+    """Lint modes decide: reject refuses, warn only warns, off ignores."""
+    m = bm(bad_moment("synopsis_hedge"))
+    assert lints.apply(m, LintsConfig())[0]
+    rej, warn = lints.apply(m, LintsConfig(synopsis_hedge="warn"))
+    assert not rej and warn
+    assert lints.apply(m, LintsConfig(synopsis_hedge="off")) == ([], [])
+
+
+async def test_lint_reject_refuses_with_notice(nats_server, tmp_path, nc):
+    """A hedged synopsis is a malformed moment: the agent gets envelope_invalid, the principal a notice with the conventional payload."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        e = moment_env("alice", bad_moment("synopsis_hedge"), conventional={"text": "Harbor asked for the ledger."})
+        out = await rec.roundtrip("planner", e)
+        assert (out.code, out.details[0].rule) == ("envelope_invalid", "synopsis_hedge")
+        notice = await rec.item(lambda i: isinstance(i, NoticeItem))
+        assert notice.conventional == {"text": "Harbor asked for the ledger."} and "hedges" in notice.diagnostic
+        assert not [i for i in rec.items if isinstance(i, BindingMomentItem)]
+
+
+async def test_lint_warn_delivers_with_warning(nats_server, tmp_path, nc):
+    """Under warn, a finding that restates the synopsis is delivered with a warning on the outcome."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        out = await rec.roundtrip("planner", moment_env("alice", bad_moment("findings_restate_synopsis")))
+        assert out.status == "accepted"
+        assert any(w.rule == "findings_restate_synopsis" for w in out.warnings)
+
+
+async def test_malformed_moment_with_conventional_gives_notice(nats_server, tmp_path, nc):
+    """A moment with one option is refused to the agent; the surface gets a notice with the conventional payload and a diagnostic."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        m = good_moment()
+        m["question"]["options"] = m["question"]["options"][:1]
+        out = await rec.roundtrip("planner", moment_env("alice", m, conventional=["row 1", "row 2"]))
+        assert out.code == "envelope_invalid"
+        notice = await rec.item(lambda i: isinstance(i, NoticeItem))
+        assert notice.conventional == ["row 1", "row 2"] and notice.principal == "alice"
+        assert "options" in notice.diagnostic
+
+
+async def test_hatch_false_is_delivered_and_recorded(nats_server, tmp_path, nc):
+    """A moment with the dialogue hatch closed is delivered, and recorded as a hatch suppression (warning, verdict, counter)."""
+    async with running_gateway(nats_server, str(tmp_path / "d")) as gw, Recorder(nc) as rec:
+        m = good_moment(hatches={"free_text": True, "dialogue": False})
+        out = await rec.roundtrip("planner", moment_env("alice", m))
+        assert out.status == "accepted"
+        assert any(w.rule == "hatch_suppression" for w in out.warnings)
+        v = await rec.verdict(lambda v: v.verdict_class == "hitl_dispatched")
+        assert v.details["hatch_suppressed"] == ["dialogue"]
+        st = await pipeline_state(gw)
+        assert st.stats.hatch_suppressions[("planner", "dialogue")] == 1
+        assert st.stats.hatch_suppressions[("planner", "free_text")] == 0
+
+
+async def test_expiry_withdraws_and_records_expired(nats_server, tmp_path, nc):
+    """On expires_in_s the surface gets withdrawn, the signer an expired verdict, the agent moment_expired."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        out = await rec.roundtrip("planner", moment_env("alice", good_moment(), expires_in_s=1))
+        w = await rec.item(lambda i: isinstance(i, WithdrawnItem), timeout=15)
+        assert (w.moment_id, w.reason) == (out.moment_id, "expired")
+        v = await rec.verdict(lambda v: v.verdict_class == "expired")
+        assert v.decision == "reject" and v.human_disposed is False
+        await rec.until(lambda: next((o for o in rec.outcomes if isinstance(o, MomentExpired)), None))
+
+
+async def test_dual_veto_broken_handshake(nats_server, tmp_path, nc):
+    """After a dialogue answer, a repeat of the stem or of the option set is broken_handshake; a re-deliberated moment passes."""
+    async with running_gateway(nats_server, str(tmp_path / "d")) as gw, Recorder(nc) as rec:
+        out = await rec.roundtrip("planner", moment_env("alice", good_moment()))
+        reply = await Surface(nc, "alice").resolve(out.moment_id, DialogueVeto(objection="Why share anything?"))
+        assert reply.status == "accepted"
+        await rec.verdict(lambda v: v.verdict_class == "resolved")
+        st = await pipeline_state(gw)
+        await rec.until(lambda: st.stats.dialogue_hatch[("planner", "consent")] == 1)
+        same_stem = good_moment()
+        same_stem["question"]["stem"] = "which records should harbor accounting receive for the 2025 filing"
+        same_stem["question"]["options"] = [{"label": "A", "reasoning": "a"}, {"label": "B", "reasoning": "b"}]
+        o1 = await rec.roundtrip("planner", moment_env("alice", same_stem))
+        assert (o1.status, o1.code) == ("gated", "broken_handshake")
+        same_opts = good_moment(stem="What should Harbor get now?")
+        o2 = await rec.roundtrip("planner", moment_env("alice", same_opts))
+        assert o2.code == "broken_handshake"
+        other_principal = await rec.roundtrip("planner", moment_env("bob", good_moment()))
+        assert other_principal.status == "accepted"
+        fresh = good_moment(stem="Should Harbor Accounting stay your accountant for 2026?")
+        fresh["question"]["options"] = [{"label": "Keep Harbor", "reasoning": "Continuity."},
+                                        {"label": "Switch firms", "reasoning": "Addresses your objection."}]
+        o3 = await rec.roundtrip("planner", moment_env("alice", fresh))
+        assert o3.status == "accepted"
+
+
+async def test_option_answers_do_not_trigger_dual_veto(nats_server, tmp_path, nc):
+    """An option answer is not a veto: the same question may be asked again."""
+    async with running_gateway(nats_server, str(tmp_path / "d")) as gw, Recorder(nc) as rec:
+        out = await rec.roundtrip("planner", moment_env("alice", good_moment()))
+        await Surface(nc, "alice").resolve(out.moment_id, OptionChoice(index=0))
+        await rec.verdict(lambda v: v.verdict_class == "resolved")
+        st = await pipeline_state(gw)
+        await rec.until(lambda: st.stats.resolutions[("planner", "consent")] == 1)
+        assert (await rec.roundtrip("planner", moment_env("alice", good_moment()))).status == "accepted"
+
+
+async def test_single_surface_bindings(nats_server, tmp_path, nc):
+    """With bindings configured, only configured agent-principal pairs pass (principal_not_bound otherwise)."""
+    agents = {"planner": {"principals": ["alice"]}}
+    async with running_gateway(nats_server, str(tmp_path / "d"), agents=agents), Recorder(nc) as rec:
+        assert (await rec.roundtrip("planner", moment_env("alice", good_moment()))).status == "accepted"
+        o = await rec.roundtrip("planner", moment_env("bob", good_moment()))
+        assert (o.status, o.code) == ("gated", "principal_not_bound")
+        o = await rec.roundtrip("stranger", moment_env("alice", good_moment()))
+        assert o.code == "principal_not_bound"
+
+
+async def test_open_mode_any_pair_passes(nats_server, tmp_path, nc):
+    """With no bindings at all, any agent may address any principal (open mode)."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        assert (await rec.roundtrip("stranger", moment_env("zed", good_moment()))).status == "accepted"
+
+
+async def test_calibration_note_rate(nats_server, tmp_path, nc):
+    """calibration_note is counted per agent against the moments delivered (spec 000 §6.9)."""
+    async with running_gateway(nats_server, str(tmp_path / "d")) as gw, Recorder(nc) as rec:
+        noted = good_moment()
+        noted["meta"] = {"decision_class": "consent", "calibration_note": "I understated the ledger risk earlier."}
+        await rec.roundtrip("planner", moment_env("alice", noted))
+        await rec.roundtrip("planner", moment_env("alice", good_moment(stem="Who should receive the 2024 summary?")))
+        st = await pipeline_state(gw)
+        assert st.stats.rate("planner", "calibration_note") == 0.5
+
+
+async def test_untrusted_propagates_to_item_outcome_verdict(nats_server, tmp_path, nc):
+    """meta.contentTrust untrusted marks the surface item, the outcome and the verdict untrusted."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        out = await rec.roundtrip("planner", moment_env("alice", good_moment(), content_trust="untrusted"))
+        assert out.untrusted
+        item = await rec.item(lambda i: isinstance(i, BindingMomentItem))
+        assert item.untrusted
+        v = await rec.verdict(lambda v: v.verdict_class == "hitl_dispatched")
+        assert v.untrusted
+        bad = await rec.roundtrip("planner", moment_env("alice", good_moment(recommended_idx=5), content_trust="untrusted"))
+        assert bad.untrusted
+        rv = await rec.verdict(lambda v: v.envelope_id == bad.envelope_id)
+        assert rv.untrusted
+
+
+async def test_untrusted_moment_cannot_approve(nats_server, tmp_path, nc):
+    """An untrusted moment that gates an action cannot be approved: untrusted_content_blocks_approval."""
+    async with running_gateway(nats_server, str(tmp_path / "d")) as gw:
+        mid = await gw.desk.dispatch(
+            agent="planner", principal="alice", binding_moment=bm(good_moment()), envelope_id="e-1",
+            correlation_id="c-1", untrusted=True, hem=HemContext(idp_id="i-1", session_id="s-1", action="pay"),
+        )
+        reply = await Surface(nc, "alice").resolve(mid, OptionChoice(index=0))
+        assert (reply.status, reply.code) == ("refused", "untrusted_content_blocks_approval")

@@ -1,0 +1,194 @@
+"""SR-1 redaction (spec 002 "Redaction"): no planted secret reaches any downstream byte."""
+
+from __future__ import annotations
+
+import unicodedata
+
+import pytest
+import structlog
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.stages.redaction import MARK, Redactor, skeleton
+from subjects.wire import BindingMomentItem, ClarificationItem, NoticeItem
+from tests.moments import good_moment
+from tests.pipeline_helpers import Recorder, env, moment_env, running_gateway, stream_bytes
+
+SECRET = "sk-live-7Hq2Zp9WvX4r"
+ENV_SECRET = "ghp_EnvTokenAbc123xyz"
+FILE_SECRET = "db-pass-Qw3rty!9Lm"
+ZW = "\u200b"
+TAG = "\U000e0041"
+
+
+def _zw(s: str) -> str:
+    return ZW.join(s)
+
+
+def _tags(s: str) -> str:
+    return "".join(c + TAG for c in s)
+
+
+def _fullwidth(s: str) -> str:
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in s)
+
+
+def _needles() -> list[bytes]:
+    """Byte forms a leak could take in JSON output."""
+    out = []
+    for s in (SECRET, ENV_SECRET, FILE_SECRET, "tok-abc-DEF-987"):
+        out.append(s.encode())
+        out.append(s[4:].encode())  # a recognisable core of it
+    return out
+
+
+def test_redactor_catches_evasions():
+    """Zero-width and tag characters inserted, full-width look-alikes, Cyrillic look-alikes and case changes are all redacted."""
+    r = Redactor([SECRET])
+    for variant in (SECRET, _zw(SECRET), _tags(SECRET), _fullwidth(SECRET), SECRET.replace("a", "а").replace("e", "е"), SECRET.upper()):
+        out = r.text(f"key is {variant} ok")
+        assert MARK in out, variant
+        assert skeleton(SECRET, keep_space=False)[0] not in skeleton(out, keep_space=False)[0]
+        assert out.startswith("key is ") and out.endswith(" ok")
+
+
+def test_redactor_secret_prefix_tokens():
+    """Every secret:-prefixed token is redacted even when nothing is configured, also with zero-width characters inside."""
+    r = Redactor([])
+    assert r.text("use secret:abc123 now") == f"use {MARK} now"
+    assert "abc123" not in r.text("use se\u200bcret:abc123 now")
+    assert r.text("no secrets here") == "no secrets here"
+
+
+def test_redactor_split_across_adjacent_fields():
+    """A secret split across two adjacent string leaves (or array elements) is redacted in both halves."""
+    r = Redactor([SECRET])
+    graph = {"a": ["Your key: " + SECRET[:7], SECRET[7:] + " (keep it)"], "b": {"x": SECRET[:3], "y": SECRET[3:]}}
+    red = r.graph(graph)
+    flat = "".join(red["a"]) + "".join(red["b"].values())
+    assert SECRET[:7] not in flat and SECRET[7:] not in flat
+    assert red["a"][0].startswith("Your key: ")
+
+
+def test_redactor_leaves_clean_text_alone():
+    """Text without secret material is returned unchanged (no false redaction of ordinary prose)."""
+    r = Redactor([SECRET])
+    text = "Share only the 2025 summary; secretary Ann approved it. Ask for detail on any item."
+    assert r.text(text) == text
+
+
+def test_short_secret_in_config_fails_at_start():
+    """A configured secret shorter than 4 characters fails the configuration with the field named."""
+    from gateway.config import load_config
+    from subjects.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, pipeline={"secrets": {"values": ["ab"]}})
+    assert "pipeline.secrets.values[0]" in str(e.value)
+
+
+_json_leaf = st.one_of(st.text(max_size=20), st.integers(), st.booleans(), st.none())
+_graphs = st.recursive(
+    _json_leaf,
+    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(st.text(max_size=8), children, max_size=4)),
+    max_leaves=20,
+)
+_evasions = st.sampled_from([lambda s: s, _zw, _tags, _fullwidth, str.upper, lambda s: s.replace("e", "е")])
+
+
+def _plant(graph, secret_form, where: int, split: bool):
+    """Put ``secret_form`` into the graph: as a new leaf, or split across two adjacent list elements."""
+    if split:
+        k = max(1, len(secret_form) // 2)
+        piece = ["prefix " + secret_form[:k], secret_form[k:] + " suffix"]
+    else:
+        piece = [f"text {secret_form} more"]
+    return {"payload": graph, "deep": [[{"bag": piece}]], "n": where}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=_graphs, evasion=_evasions, where=st.integers(0, 5), split=st.booleans())
+def test_property_no_planted_secret_survives(graph, evasion, where, split):
+    """For any generated payload graph with a planted secret (evasions included), the redacted graph holds no trace of it."""
+    r = Redactor([SECRET])
+    planted = _plant(graph, evasion(SECRET), where, split)
+    red = r.graph(planted)
+
+    leaves: list[str] = []
+
+    def walk(x):
+        if isinstance(x, str):
+            leaves.append(x)
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                leaves.append(k)
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(red)
+    joined = skeleton("".join(leaves), keep_space=False)[0]
+    assert skeleton(SECRET, keep_space=False)[0] not in joined
+    assert unicodedata.normalize("NFKC", SECRET).lower() not in joined
+
+
+@pytest.mark.slow
+async def test_no_secret_in_any_downstream_byte(nats_server, tmp_path, nc, monkeypatch):
+    """Secrets planted in every position (payload at any depth, keys, meta.label, reasoning, arrays, split, evasions,
+    refusal echoes) appear in no outcome, surface item, verdict or log line."""
+    monkeypatch.setenv("PGW_TEST_SECRET", ENV_SECRET)
+    sf = tmp_path / "secrets.txt"
+    sf.write_text(f"\n{FILE_SECRET}\n")
+    cfg = {"secrets": {"values": [SECRET], "env": ["PGW_TEST_SECRET"], "files": [str(sf)]}}
+    with structlog.testing.capture_logs() as logs:
+        async with running_gateway(nats_server, str(tmp_path / "d"), pipeline=cfg), Recorder(nc) as rec:
+            m = good_moment()
+            m["synopsis"] = f"Rotate the key {_zw(SECRET)} before Friday's release."
+            m["findings"][0] = "The old key ends " + ENV_SECRET[:9]
+            m["findings"][1] = ENV_SECRET[9:] + " and is in the repo."
+            m["recommendations"][0] = f"Revoke {_fullwidth(FILE_SECRET)} in the console."
+            m["question"]["options"][0]["reasoning"] = f"Stops use of {SECRET.upper()} at once."
+            moment = moment_env(
+                "alice", m, reasoning=f"I saw secret:tok-abc-DEF-987 and {SECRET}",
+                conventional={"deep": [{"x": {SECRET: [f"v {ENV_SECRET}"]}}]},
+                label=f"Rotate {SECRET}",
+            )
+            clar = env("clarification.request", {
+                "questions": [{"id": "q1", "question": f"Is {_tags(SECRET)} still used?", "schema": {"enum": [FILE_SECRET, "no"]}}],
+                "reasoning": f"context secret:tok-abc-DEF-987 {ENV_SECRET}",
+            })
+            clar["meta"]["pgw"] = {"principal": "alice"}
+            malformed = moment_env("alice", good_moment(recommended_idx=9),
+                                   conventional={"text": f"fallback {SECRET}", "k": [ENV_SECRET]})
+            echo_kind = env(f"vendor.{SECRET}.kind", {})
+            echo_trust = env("error", {"code": "x", "message": "y"})
+            echo_trust["meta"]["contentTrust"] = SECRET  # msgspec would quote the bad enum value
+            echo_err = env("error", {"code": "leak", "message": f"failed with {SECRET}", "details": {"k": FILE_SECRET}})
+            dup_key = b'{"type":"error","payload":{},"%s":1,"%s":2}' % (SECRET.encode(), SECRET.encode())
+            for e in (moment, clar, malformed, echo_kind, echo_trust, echo_err):
+                await rec.send("planner", e)
+            await rec.send("planner", None, msg_id="planner:dup", raw=dup_key)
+            await rec.until(lambda: len([o for o in rec.outcomes]) >= 7, timeout=20)
+            await rec.item(lambda i: isinstance(i, BindingMomentItem))
+            await rec.item(lambda i: isinstance(i, ClarificationItem))
+            notice = await rec.item(lambda i: isinstance(i, NoticeItem))
+            assert MARK in str(notice.conventional)
+            stored = []
+            for s in ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS"):
+                stored += await stream_bytes(nc, s)
+            dedup_kv = await nc.jetstream().key_value("PGW_DEDUP")
+            for k in await dedup_kv.keys():
+                stored.append((await dedup_kv.get(k)).value or b"")
+            moments_kv = await nc.jetstream().key_value("PGW_MOMENTS")
+            for k in await moments_kv.keys():
+                stored.append((await moments_kv.get(k)).value or b"")
+    blob = b"\n".join(stored + rec.raw) + repr(logs).encode()
+    assert b"REDACTED" in blob
+    for needle in _needles():
+        assert needle not in blob, needle
+    # decoded JSON escapes (\uXXXX) too: compare on the skeleton of the decoded text
+    text = blob.decode("unicode_escape", errors="ignore")
+    skel = skeleton(text, keep_space=False)[0]
+    for s in (SECRET, ENV_SECRET, FILE_SECRET):
+        assert skeleton(s, keep_space=False)[0] not in skel, s
