@@ -28,6 +28,11 @@ COMMAND_MODULES: list[str] = [
     "gateway.commands.demo",
     "gateway.commands.schema",
     "gateway.commands.streams",
+    "gateway.commands.ops",
+    "gateway.commands.surfaces",
+    "gateway.commands.capsules",
+    "gateway.commands.kernel",
+    "gateway.commands.security",
 ]
 
 
@@ -36,16 +41,30 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pgw",
         description="Principal Gateway: the gateway between AI agents and their human principals, on NATS.",
     )
-    parser.add_argument("--server", "-s", help="NATS URL (default: $NATS_URL or the config's nats_url)")
-    parser.add_argument("--creds", help="NATS credentials file (default: $NATS_CREDS)")
-    parser.add_argument("--config", "-c", help="TOML configuration file (default: $PGW_CONFIG)")
-    parser.add_argument("--data-dir", help="data folder (default: $PGW_DATA_DIR or .pgw)")
-    parser.add_argument("--log-format", choices=["auto", "json", "console"], help="log output format")
-    parser.add_argument("--log-level", default=os.environ.get("PGW_LOG_LEVEL", "INFO"))
+    add_global_options(parser, None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    # Global options are accepted after the subcommand too (`pgw demo --server URL`).
+    for p in sub.choices.values():
+        add_global_options(p, argparse.SUPPRESS)
     return parser
+
+
+def add_global_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """The options every subcommand shares; ``default`` SUPPRESS keeps the top-level value."""
+
+    def d(value: object) -> object:
+        return default if default is argparse.SUPPRESS else value
+
+    parser.add_argument("--server", "-s", default=d(None), help="NATS URL (default: $NATS_URL or the config's nats_url)")
+    parser.add_argument("--creds", default=d(None), help="NATS credentials file (default: $NATS_CREDS)")
+    parser.add_argument("--config", "-c", default=d(None), help="TOML configuration file (default: $PGW_CONFIG)")
+    parser.add_argument("--data-dir", default=d(None), help="data folder (default: $PGW_DATA_DIR or .pgw)")
+    parser.add_argument("--log-format", default=d(None), choices=["auto", "json", "console"], help="log output format")
+    parser.add_argument("--log-level", default=d(os.environ.get("PGW_LOG_LEVEL", "INFO")))
+    parser.add_argument("--metrics-port", type=int, default=d(None),
+                        help="serve Prometheus metrics on this port (default: $PGW_METRICS_PORT or ops.metrics_port)")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -57,7 +76,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
         "data_dir": args.data_dir or os.environ.get("PGW_DATA_DIR"),
         "log_format": args.log_format,
     }
-    return load_config(path, **overrides)
+    config = load_config(path, **overrides)
+    metrics_port = getattr(args, "metrics_port", None) or os.environ.get("PGW_METRICS_PORT")
+    if metrics_port:  # nested section: replaced field by field, keeping the file's other ops keys
+        import msgspec  # noqa: PLC0415
+
+        config = msgspec.structs.replace(config, ops=msgspec.structs.replace(config.ops, metrics_port=int(metrics_port)))
+    return config
 
 
 def main(argv: Sequence[str] | None = None) -> int:

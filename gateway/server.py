@@ -199,8 +199,15 @@ class EmbeddedServer:
         raise ServerError(self._failure(f"not healthy in time ({last!r})"))
 
     def _health_auth(self) -> dict[str, object]:
+        async def quiet(e: Exception) -> None:
+            """An anonymous probe of a secured server is refused by design (issue 7): no traceback."""
+
         creds = os.environ.get("PGW_HEALTH_CREDS")
-        return {"user_credentials": creds} if creds else {}
+        if not creds:
+            return {"error_cb": quiet}
+        from gateway.security.identity import creds_connect_options  # JWT .creds or a pgw nkey file
+
+        return {"error_cb": quiet, **creds_connect_options(creds)}
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop the server gracefully (SIGTERM, then SIGKILL); idempotent."""

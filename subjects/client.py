@@ -246,7 +246,7 @@ class Agent:
             for m in msgs:
                 try:
                     out = outcome_decoder.decode(m.data)
-                except msgspec.DecodeError:
+                except (msgspec.DecodeError, UnicodeDecodeError):  # msgspec raises the latter for bad UTF-8 keys
                     await m.term()
                     continue
                 for i, (pred, fut) in enumerate(self._waiters):
@@ -296,7 +296,7 @@ class Surface:
         async def on_msg(msg: Any) -> None:
             try:
                 queue.put_nowait(surface_item_decoder.decode(msg.data))
-            except msgspec.DecodeError as e:
+            except (msgspec.DecodeError, UnicodeDecodeError) as e:  # bad UTF-8 keys raise the latter
                 # spec 000 §9.3: what cannot be rendered falls back to a notice,
                 # never to a partial decision and never to silence.
                 queue.put_nowait(

@@ -16,6 +16,8 @@ from gateway.connect import connect
 from gateway.server import EmbeddedServer
 from gateway.streams import ensure_streams
 
+pytest_plugins = ["tests.conftest_security"]  # the `make security` summary table
+
 
 @pytest.fixture
 async def nats_server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:

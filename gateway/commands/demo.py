@@ -85,14 +85,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 async def handle(args: argparse.Namespace, config: Config) -> int:
     async with contextlib.AsyncExitStack() as stack:
-        nc = None
+        nc = snc = None  # snc: the surface's own connection on a server enforcing per-party creds
         if not args.embedded:
+            from gateway.security import Party, party_creds  # issue 7: `pgw up` is secure by default
+
+            acreds = pcreds = None
+            if not config.creds:
+                acreds = party_creds(config, Party("agent", args.agent))
+                pcreds = party_creds(config, Party("principal", args.principal))
             with contextlib.suppress(Exception):
+                opts = {"max_reconnect_attempts": 1, "allow_reconnect": False, "connect_timeout": 2, "error_cb": _silent}
                 nc = await asyncio.wait_for(
-                    connect(config.nats_url, creds=config.creds, name="pgw-demo", max_reconnect_attempts=1,
-                            allow_reconnect=False, connect_timeout=2, error_cb=_silent),
-                    timeout=3,
-                )
+                    connect(config.nats_url, creds=acreds or config.creds, name="pgw-demo", **opts), timeout=3)
+                if acreds and pcreds:
+                    snc = await asyncio.wait_for(connect(config.nats_url, creds=pcreds, name="pgw-demo-surface", **opts), timeout=3)
+                    stack.push_async_callback(snc.drain)
         if nc is None:
             from gateway.app import Gateway
 
@@ -113,7 +120,7 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
         prefix = config.subjects.prefix
         agent = Agent(nc, args.agent, prefix=prefix)
         stack.push_async_callback(agent.close)
-        surface = Surface(nc, args.principal, prefix=prefix)
+        surface = Surface(snc or nc, args.principal, prefix=prefix)
 
         async def run_surface() -> None:
             async for item in surface.items():

@@ -61,6 +61,14 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
             print(f"pgw: unknown service(s) {unknown}; known: {list(UP_SERVICES)}", file=sys.stderr)
             return 2
     s = config.server
+    auth = None
+    if config.security.enabled and not config.creds:
+        # DESIGN §7, issue 7: secure by default - every party needs its own credentials.
+        from gateway.security import embedded_auth
+
+        auth = embedded_auth(config)
+        config = msgspec.structs.replace(config, creds=str(auth.service_creds))
+        print(f"Isolation on: per-party NATS credentials in {auth.party_creds_dir.resolve()}", flush=True)
     server = EmbeddedServer(
         config.data_path / "nats",
         host=s.host,
@@ -68,6 +76,7 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
         monitor_port=s.monitor_port,
         websocket_port=s.websocket_port,
         max_payload=s.max_payload,
+        authorization=auth.server_block if auth else None,
     )
     await server.start()  # AlreadyRunning / ServerError are reported by the CLI
     try:

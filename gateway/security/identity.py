@@ -1,0 +1,203 @@
+"""Parties of the bus and their NATS credentials (DESIGN §7).
+
+A *party* is one NATS user: an agent, a principal, a service (gateway,
+signer, registrar, or ``services`` = all three in one ``pgw up`` process) or
+an ops user. Each party authenticates with its own nkey (Ed25519) and uses its
+own inbox prefix ``_INBOX_{role}_{name}``, so the server can confine replies
+to their requester (DESIGN §7 "each user gets its own inbox prefix").
+
+The credentials file is a *decorated nkey seed*: the seed between the usual
+``BEGIN USER NKEY SEED`` markers plus ``#`` header lines naming the party and
+its inbox prefix. ``nats --nkey FILE`` reads it as is (the Go nkeys parser
+picks the ``SU...`` line), and ``gateway.connect.connect`` reads the inbox
+prefix from the header. Files are created 0600 in a 0700 folder and their
+content is never logged.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import nkeys
+
+from subjects.errors import PgwError
+from subjects.names import check_token
+
+Role = Literal["agent", "principal", "service", "ops"]
+ROLES: tuple[Role, ...] = ("agent", "principal", "service", "ops")
+SERVICE_NAMES = ("gateway", "signer", "registrar", "services")
+
+_SEED_BEGIN = "-----BEGIN USER NKEY SEED-----"
+_SEED_END = "------END USER NKEY SEED------"
+_SEED_RE = re.compile(r"^\s*(SU[A-Z2-7]{50,})\s*$", re.MULTILINE)
+_HEADER_RE = re.compile(r"^#\s*(pgw-party|inbox-prefix|public-nkey):\s*(\S+(?:\s\S+)?)\s*$", re.MULTILINE)
+
+
+class CredentialsError(PgwError):
+    """A credentials file is missing, unreadable, malformed or not private."""
+
+    def __init__(self, path: Path | str, why: str) -> None:
+        self.path = Path(path)
+        self.why = why
+        super().__init__(f"credentials file {path}: {why}")
+
+
+@dataclass(frozen=True, slots=True)
+class Party:
+    """One NATS user of the bus: a role and a subject-token name."""
+
+    role: Role
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"unknown party role {self.role!r}")
+        check_token(self.name, f"{self.role} name")
+
+    @property
+    def inbox_prefix(self) -> str:
+        # One token, so `_INBOX_agent_a.>` never overlaps `_INBOX_agent_a_b.>`.
+        return f"_INBOX_{self.role}_{self.name}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.role}:{self.name}"
+
+    @property
+    def filename(self) -> str:
+        return f"{self.role}-{self.name}.creds"
+
+    @classmethod
+    def parse(cls, label: str) -> Party:
+        """``agent:A`` / ``principal:P`` / ``service:gateway`` / ``ops:NAME``."""
+        role, sep, name = label.partition(":")
+        if not sep:
+            raise ValueError(f"party {label!r} must be written ROLE:NAME (e.g. agent:planner)")
+        return cls(role, name)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """A party's credentials as read from its file (the seed stays in memory only)."""
+
+    party: Party | None
+    public_nkey: str
+    seed: str
+    inbox_prefix: str | None
+    path: Path
+
+    def __repr__(self) -> str:  # never print the seed
+        return f"Credentials(party={self.party!r}, public_nkey={self.public_nkey!r}, path={str(self.path)!r})"
+
+
+def new_seed() -> str:
+    """A fresh user nkey seed (``SU...``)."""
+    return nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode()
+
+
+def public_of(seed: str) -> str:
+    kp = nkeys.from_seed(bytearray(seed.encode()))
+    try:
+        return kp.public_key.decode()
+    finally:
+        kp.wipe()
+
+
+def render_creds(party: Party, seed: str) -> str:
+    return "\n".join(
+        [
+            f"# Principal Gateway NATS credentials for {party.role} {party.name!r} (DESIGN §7).",
+            "# Secret: keep it mode 0600. nats CLI: nats --nkey THIS_FILE --inbox-prefix PREFIX",
+            f"# pgw-party: {party.role} {party.name}",
+            f"# inbox-prefix: {party.inbox_prefix}",
+            f"# public-nkey: {public_of(seed)}",
+            _SEED_BEGIN,
+            seed,
+            _SEED_END,
+            "",
+        ]
+    )
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically with mode 0600 (folder 0700)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    tmp.replace(path)
+
+
+def read_creds(path: str | os.PathLike[str]) -> Credentials:
+    """Parse a decorated nkey seed file (or a bare seed); refuse group/world-readable files."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode & 0o777
+        text = p.read_bytes().decode("utf-8", "replace")  # a seed is ASCII; junk must not raise
+    except OSError as e:
+        raise CredentialsError(p, f"cannot read ({e.strerror})") from e
+    if mode & 0o077:
+        raise CredentialsError(p, f"has mode {mode:o}; it must be 0600 (chmod 600 {p})")
+    m = _SEED_RE.search(text)
+    if not m:
+        raise CredentialsError(p, "holds no user nkey seed (SU...)")
+    seed = m.group(1)
+    try:
+        public = public_of(seed)
+    except Exception as e:
+        raise CredentialsError(p, "the nkey seed is invalid") from e
+    headers = {k: v for k, v in _HEADER_RE.findall(text)}
+    party: Party | None = None
+    if "pgw-party" in headers:
+        role, _, name = headers["pgw-party"].partition(" ")
+        try:
+            party = Party(role, name)  # type: ignore[arg-type]
+        except ValueError as e:
+            raise CredentialsError(p, f"bad pgw-party header: {e}") from e
+    return Credentials(party, public, seed, headers.get("inbox-prefix"), p)
+
+
+def load_or_create_creds(creds_dir: Path, party: Party) -> Credentials:
+    """The party's credentials, created (0600) on first use and reused afterwards."""
+    path = Path(creds_dir) / party.filename
+    if not path.exists():
+        write_private(path, render_creds(party, new_seed()))
+    creds = read_creds(path)
+    if creds.party != party:
+        raise CredentialsError(path, f"belongs to {creds.party!r}, expected {party!r}")
+    return creds
+
+
+def rotate_creds(creds_dir: Path, party: Party) -> Credentials:
+    """Replace the party's nkey: the old one stops working once the server reloads the block."""
+    path = Path(creds_dir) / party.filename
+    write_private(path, render_creds(party, new_seed()))
+    return read_creds(path)
+
+
+def creds_connect_options(path: str | os.PathLike[str]) -> dict[str, object]:
+    """nats-py ``connect`` options for a credentials file of either format.
+
+    A standard JWT ``.creds`` file (operator mode) is passed through as
+    ``user_credentials``; a pgw decorated nkey seed gives ``nkeys_seed_str``
+    and the party's own ``inbox_prefix`` (DESIGN §7).
+    """
+    p = Path(path)
+    try:
+        head = p.read_text(errors="replace")
+    except OSError as e:
+        raise CredentialsError(p, f"cannot read ({e.strerror})") from e
+    if "BEGIN NATS USER JWT" in head:
+        return {"user_credentials": str(p)}
+    creds = read_creds(p)
+    opts: dict[str, object] = {"nkeys_seed_str": creds.seed}
+    if creds.inbox_prefix:
+        opts["inbox_prefix"] = creds.inbox_prefix
+    return opts

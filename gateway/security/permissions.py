@@ -1,0 +1,204 @@
+"""What each party may publish and subscribe to (DESIGN §7), as allow/deny lists.
+
+Agents and principals get allow lists naming only their own subjects. On top
+of that every agent and principal gets an explicit deny list for the
+JetStream APIs that bypass subject permissions (nats-server #3202, #8274):
+whoever may create a consumer or direct-get a message can read any subject
+of a stream, so these parties can only *pull* from the one durable consumer
+the gateway created for them. A deny always wins over an allow in
+nats-server, so the deny list never names a subject the allow list needs.
+
+Services are trusted infrastructure: they manage streams, consumers and KV
+buckets (``$JS.API.>``) and answer requests (``allow_responses``), but each
+publishes only the contract subjects it produces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.security.identity import Party
+from subjects.client import outcome_durable
+from subjects.names import principal_token
+
+# Stream names are fixed by the contract (gateway/streams.py), whatever the prefix.
+OUTBOUND_STREAM = "PGW_OUTBOUND"
+SURFACE_STREAM = "PGW_SURFACE"
+
+# The JetStream bypasses (DESIGN §7): never granted to agents or principals.
+JS_BYPASS_DENY: tuple[str, ...] = (
+    "$JS.API.CONSUMER.CREATE.>",
+    "$JS.API.CONSUMER.DURABLE.CREATE.>",
+    "$JS.API.CONSUMER.DELETE.>",
+    "$JS.API.CONSUMER.LIST.>",
+    "$JS.API.CONSUMER.NAMES.>",
+    "$JS.API.CONSUMER.PAUSE.>",
+    "$JS.API.CONSUMER.UNPIN.>",
+    "$JS.API.CONSUMER.LEADER.>",
+    "$JS.API.DIRECT.GET.>",
+    "$JS.API.STREAM.>",
+    "$JS.API.ACCOUNT.>",
+    "$JS.API.META.>",
+    "$JS.API.SERVER.>",
+    "$KV.>",
+    "$O.>",
+    "$SYS.>",
+)
+
+_SERVICE_COMMON_PUB = ("$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", "$SRV.>")
+
+
+def agent_durable(agent: str) -> str:
+    """Name of the durable consumer on PGW_OUTBOUND the gateway pre-creates for ``agent``."""
+    return outcome_durable(agent)
+
+
+def principal_durable(principal: str) -> str:
+    """Name of the durable consumer on PGW_SURFACE the gateway pre-creates for ``principal``."""
+    return f"surface-{principal_token(principal)}"
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """One user's publish/subscribe allow and deny lists."""
+
+    pub_allow: tuple[str, ...] = ()
+    pub_deny: tuple[str, ...] = ()
+    sub_allow: tuple[str, ...] = ()
+    sub_deny: tuple[str, ...] = ()
+    allow_responses: bool = False
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def union(self, other: Permissions) -> Permissions:
+        def merge(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(dict.fromkeys(a + b))
+
+        return Permissions(
+            merge(self.pub_allow, other.pub_allow),
+            merge(self.pub_deny, other.pub_deny),
+            merge(self.sub_allow, other.sub_allow),
+            merge(self.sub_deny, other.sub_deny),
+            self.allow_responses or other.allow_responses,
+        )
+
+
+def _pull_only(stream: str, durable: str) -> tuple[str, ...]:
+    # Pull next batch, ack/nak the deliveries, read the consumer's own info:
+    # nothing that creates, changes or lists consumers (DESIGN §7).
+    return (
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
+        f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
+        f"$JS.ACK.{stream}.{durable}.>",
+    )
+
+
+def agent_permissions(prefix: str, agent: str) -> Permissions:
+    """Agent A: publish its own envelope/idp/transition; read only its own outcomes."""
+    own = Party("agent", agent)
+    base = f"{prefix}.agent.{agent}"
+    return Permissions(
+        pub_allow=(
+            f"{base}.envelope",
+            f"{base}.idp",
+            f"{base}.transition",
+            f"{prefix}.capabilities",
+            *_pull_only(OUTBOUND_STREAM, agent_durable(agent)),
+        ),
+        # An agent must not forge its own outcomes into PGW_OUTBOUND.
+        pub_deny=(f"{base}.outcome", *JS_BYPASS_DENY),
+        sub_allow=(f"{base}.outcome", f"{own.inbox_prefix}.>"),
+    )
+
+
+def principal_permissions(prefix: str, principal: str) -> Permissions:
+    """Principal P: receive its own surface items, answer and list its own moments."""
+    own = Party("principal", principal)
+    base = f"{prefix}.principal.{principal}"
+    return Permissions(
+        pub_allow=(
+            f"{base}.resolve",
+            f"{base}.pending",
+            f"{prefix}.capabilities",
+            *_pull_only(SURFACE_STREAM, principal_durable(principal)),
+        ),
+        # A surface must not forge items into its own surface stream.
+        pub_deny=(f"{base}.surface", *JS_BYPASS_DENY),
+        sub_allow=(f"{base}.surface", f"{own.inbox_prefix}.>"),
+    )
+
+
+def service_permissions(prefix: str, name: str) -> Permissions:
+    """The gateway, signer and registrar; ``services`` is all three in one process."""
+    own = Party("service", name)
+    common = Permissions(
+        pub_allow=_SERVICE_COMMON_PUB,
+        # $SRV.> and ops.{name}.status: nats.micro registration (gateway/micro.py, issue 8).
+        sub_allow=(f"{own.inbox_prefix}.>", "$SRV.>", f"{prefix}.ops.{name}.status"),
+        allow_responses=True,
+    )
+    p = prefix
+    match name:
+        case "gateway":
+            mine = Permissions(
+                pub_allow=(
+                    f"{p}.agent.*.outcome",
+                    f"{p}.principal.*.surface",
+                    f"{p}.verdict.*",
+                    f"{p}.log.>",  # kernel event log
+                    f"{p}.deadletter.>",  # poison messages (gateway/deadletter.py, issue 8)
+                ),
+                sub_allow=(
+                    "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>",  # ditto: crashed-worker path
+                    f"{p}.agent.*.idp",
+                    f"{p}.principal.*.resolve",
+                    f"{p}.principal.*.pending",
+                    f"{p}.capabilities",
+                ),
+            )
+        case "signer":
+            # signer.ledger.*: the signer's hash-chain records (consumers/signer.py).
+            mine = Permissions(pub_allow=(f"{p}.capsule.register", f"{p}.signer.ledger.*"))
+        case "registrar":
+            mine = Permissions(pub_allow=(f"{p}.capsule.registered", f"{p}.capsule.deadletter"))
+        case "services":
+            mine = Permissions()
+            for n in ("gateway", "signer", "registrar"):
+                mine = mine.union(service_permissions(prefix, n))
+            # Ops commands run by `pgw up`'s own tools (tail, demo) read the bus.
+            mine = mine.union(Permissions(sub_allow=(f"{p}.>",)))
+        case _:
+            raise ValueError(f"unknown service {name!r}")
+    return common.union(mine)
+
+
+def ops_permissions(prefix: str, name: str) -> Permissions:
+    """Ops: read-only on every stream (DESIGN §1), plus its own inbox; no deletes."""
+    own = Party("ops", name)
+    return Permissions(
+        # No $JS.ACK: an ops ack could consume the registration work queue.
+        pub_allow=("$JS.API.>", "$JS.FC.>", f"{prefix}.capabilities", "$SRV.>"),
+        pub_deny=(
+            "$JS.API.CONSUMER.DELETE.>",
+            "$JS.API.STREAM.CREATE.>",
+            "$JS.API.STREAM.UPDATE.>",
+            "$JS.API.STREAM.DELETE.>",
+            "$JS.API.STREAM.PURGE.>",
+            "$JS.API.STREAM.MSG.DELETE.>",
+            "$JS.API.STREAM.RESTORE.>",
+            "$KV.>",
+        ),
+        sub_allow=(f"{prefix}.>", f"{own.inbox_prefix}.>"),
+    )
+
+
+def permissions_for(prefix: str, party: Party) -> Permissions:
+    match party.role:
+        case "agent":
+            return agent_permissions(prefix, party.name)
+        case "principal":
+            return principal_permissions(prefix, party.name)
+        case "service":
+            return service_permissions(prefix, party.name)
+        case "ops":
+            return ops_permissions(prefix, party.name)
+    raise ValueError(party.role)

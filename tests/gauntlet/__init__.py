@@ -1,0 +1,1 @@
+"""The hostile-input gauntlet (issue 7): corpus, runner and the secured test bed."""

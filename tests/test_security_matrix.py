@@ -1,0 +1,408 @@
+"""The isolation matrix of DESIGN §7, proved against a real nats-server.
+
+One nats-server runs with the authorization block `pgw creds` generates. For
+every ordered pair of principals (Q attacks P) and of agents (B attacks A),
+each attack is made with the attacker's own credentials and must be refused
+by the *server* (a ``Permissions Violation`` error) with 0 messages reaching
+the attacker or the victim's subject. Positive controls prove each party can
+still do what it is allowed to, so a refusal is never just a broken setup.
+
+"0 delivered" is checked without sleeping: the publisher flushes (the server
+has routed the message, queueing it on every subscriber's connection) and
+then the attacker flushes (its PONG is queued behind anything routed to it),
+so any delivered message is in the attacker's pending queue by then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+import pytest
+import pytest_asyncio
+from nats.js.api import ConsumerConfig
+
+from gateway.config import Config, load_config
+from gateway.connect import connect
+from gateway.security import Party, agent_durable, embedded_auth, principal_durable
+from gateway.security.part import ensure_principal_consumer
+from gateway.server import EmbeddedServer
+from gateway.streams import ensure_streams
+from subjects.client import ensure_agent_consumer
+from tests.gauntlet.bed import flushed
+
+pytestmark = [pytest.mark.security, pytest.mark.asyncio(loop_scope="module")]
+
+PRINCIPALS = ["p1", "p2", "p3"]
+AGENTS = ["a1", "a2"]
+AGENT_BINDINGS = {"a1": ["p1", "p2"], "a2": ["p3"]}
+TABLE = "isolation matrix"
+WAIT = 5.0  # guard only: every wait below is for an event that should come at once
+
+
+@dataclass
+class Conn:
+    party: Party
+    nc: nats.NATS
+    errors: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+
+    async def violation(self, subject: str) -> str:
+        """Wait for the server's permissions violation naming ``subject``."""
+        while True:
+            err = await asyncio.wait_for(self.errors.get(), WAIT)
+            # nats-py lower-cases the server's -ERR text.
+            if "permissions violation" in err.lower() and subject.lower() in err.lower():
+                return err
+
+
+@dataclass
+class Bed:
+    config: Config
+    server: EmbeddedServer
+    creds_dir: Path
+    service: Conn
+    conns: dict[str, Conn]
+    pending_replies: list[str] = field(default_factory=list)
+
+    @property
+    def subjects(self):
+        return self.config.subjects
+
+
+async def open_conn(server: EmbeddedServer, creds: Path, party: Party) -> Conn:
+    errors: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_error(e: Exception) -> None:
+        errors.put_nowait(str(e))
+
+    nc = await connect(
+        server.client_url, creds=str(creds), name=party.label, error_cb=on_error,
+        allow_reconnect=False, max_reconnect_attempts=0,
+    )
+    return Conn(party, nc, errors)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
+    """A server running the generated block, the streams, the gateway-made durables, and one connection per party."""
+    tmp = tmp_path_factory.mktemp("secmatrix")
+    config = load_config(
+        None,
+        data_dir=str(tmp / "data"),
+        agents={a: {"principals": ps} for a, ps in AGENT_BINDINGS.items()},
+    )
+    auth = embedded_auth(config)
+    server = EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=-1, authorization=auth.server_block)
+    await server.start()
+    conns: dict[str, Conn] = {}
+    try:
+        service = await open_conn(server, auth.service_creds, Party("service", "services"))
+        js = service.nc.jetstream()
+        await ensure_streams(js, config.subjects)
+        for a in AGENTS:
+            await ensure_agent_consumer(js, a, prefix=config.prefix)
+        for p in PRINCIPALS:
+            await ensure_principal_consumer(js, p, prefix=config.prefix)
+        for party in auth.parties:
+            if party.role in ("agent", "principal"):
+                conns[party.label] = await open_conn(server, auth.creds_for(party), party)
+        bed = Bed(config, server, auth.party_creds_dir, service, conns)
+
+        async def pending_responder(msg) -> None:  # stands in for the gateway's pending service
+            bed.pending_replies.append(msg.reply)
+            await msg.respond(b'{"items": []}')
+
+        async def caps_responder(msg) -> None:  # stands in for the capabilities service
+            await msg.respond(b'{"reply": "for the requester only"}')
+
+        await service.nc.subscribe(config.subjects.all_principals("pending"), cb=pending_responder)
+        await service.nc.subscribe(config.subjects.capabilities, cb=caps_responder)
+        await flushed(service.nc)
+        yield bed
+    finally:
+        for c in [*conns.values()]:
+            with contextlib.suppress(Exception):
+                await c.nc.close()
+        with contextlib.suppress(Exception):
+            await service.nc.close()
+        await server.stop()
+
+
+async def settle(*conns: Conn) -> None:
+    for c in conns:
+        await flushed(c.nc)
+
+
+# ---------------------------------------------------------------------------
+# Attacks. Each returns the observed result text and raises AssertionError when
+# the server let anything through.
+# ---------------------------------------------------------------------------
+
+Attack = Callable[[Bed, Conn, Conn], Awaitable[str]]
+
+
+async def _sub_attack(bed: Bed, attacker: Conn, subject: str, deliver: str, publisher: Conn) -> str:
+    sub = await attacker.nc.subscribe(subject)
+    await flushed(attacker.nc)
+    err = await attacker.violation(subject)
+    await publisher.nc.publish(deliver, b'{"secret": "for the victim only"}')
+    await settle(publisher, attacker)
+    await asyncio.sleep(0)  # let the reader task hand over anything already read
+    assert sub.pending_msgs == 0, f"{sub.pending_msgs} message(s) delivered on {subject}"
+    return f"refused ({_short(err)}), 0 delivered"
+
+
+async def read_inbox(bed: Bed, attacker: Conn, victim: Conn) -> str:
+    """Attacker subscribes to the victim's inbox; the victim makes a real request and gets its reply."""
+    subject = f"{victim.party.inbox_prefix}.>"
+    sub = await attacker.nc.subscribe(subject)
+    await flushed(attacker.nc)
+    err = await attacker.violation(subject)
+
+    # Answered by the bed's capabilities responder (installed once: no subscribe churn).
+    reply = await victim.nc.request(bed.subjects.capabilities, b"{}", timeout=WAIT)
+    assert reply.subject.startswith(victim.party.inbox_prefix + ".")
+    await settle(attacker)
+    await asyncio.sleep(0)
+    assert sub.pending_msgs == 0, "the victim's reply reached the attacker"
+    return f"refused ({_short(err)}), 0 delivered"
+
+
+def sub_to(template: str, deliver_template: str, publisher: str = "service") -> Attack:
+    """Attacker subscribes to ``template``; someone publishes to the victim's ``deliver_template``."""
+
+    async def attack(bed: Bed, attacker: Conn, victim: Conn) -> str:
+        pub = bed.service if publisher == "service" else victim
+        subject = template.format(pre=bed.config.prefix, v=victim.party.name, vin=victim.party.inbox_prefix)
+        deliver = deliver_template.format(pre=bed.config.prefix, v=victim.party.name, vin=victim.party.inbox_prefix)
+        return await _sub_attack(bed, attacker, subject, deliver, pub)
+
+    return attack
+
+
+def pub_to(template: str) -> Attack:
+    """Attacker publishes to the victim's ``template``; an observer with read rights sees nothing."""
+
+    async def attack(bed: Bed, attacker: Conn, victim: Conn) -> str:
+        subject = template.format(pre=bed.config.prefix, v=victim.party.name)
+        obs = await bed.service.nc.subscribe(subject)
+        await flushed(bed.service.nc)
+        try:
+            await attacker.nc.publish(subject, b'{"moment_id": "00000000000000000000000000000000", "forged": true}')
+            err = await attacker.violation(subject)
+            await settle(attacker, bed.service)
+            await asyncio.sleep(0)
+            assert obs.pending_msgs == 0, "the forged message reached the subject"
+        finally:
+            await obs.unsubscribe()
+        return f"refused ({_short(err)}), 0 delivered"
+
+    return attack
+
+
+def _short(err: str) -> str:
+    return "Permissions Violation for " + ("Publish" if "publish" in err.lower() else "Subscription")
+
+
+def js_api(template: str, body: dict[str, object] | None = None) -> Attack:
+    """Attacker sends a JetStream API request; the server refuses it and no reply arrives."""
+
+    async def attack(bed: Bed, attacker: Conn, victim: Conn) -> str:
+        pre, v = bed.config.prefix, victim.party.name
+        subject = template.format(
+            pre=pre, v=v, adur=agent_durable(v) if victim.party.role == "agent" else "",
+            pdur=principal_durable(v) if victim.party.role == "principal" else "",
+        )
+        data = json.dumps(body or {}).replace("{pre}", pre).replace("{v}", v).encode()
+        req = asyncio.ensure_future(attacker.nc.request(subject, data, timeout=WAIT))
+        try:
+            err = await attacker.violation(subject)
+            await settle(attacker)
+            await asyncio.sleep(0)
+            assert not req.done() or req.exception() is not None, "the JetStream API answered the attacker"
+        finally:
+            req.cancel()
+            with contextlib.suppress(BaseException):
+                await req
+        return f"refused ({_short(err)}), no reply"
+
+    return attack
+
+
+async def create_consumer_on(bed: Bed, attacker: Conn, victim: Conn, stream: str, filt: str) -> str:
+    js = attacker.nc.jetstream(timeout=WAIT)
+    name = f"steal-{attacker.party.name}-{victim.party.name}"
+    task = asyncio.ensure_future(
+        js.add_consumer(stream, ConsumerConfig(name=name, filter_subject=filt.format(pre=bed.config.prefix, v=victim.party.name)))
+    )
+    try:
+        err = await attacker.violation(f"$JS.API.CONSUMER.CREATE.{stream}")
+    finally:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+    names = [c.name for c in await bed.service.nc.jetstream().consumers_info(stream)]
+    assert name not in names, f"consumer {name} was created"
+    return f"refused ({_short(err)}), no consumer"
+
+
+def surface_consumer(bed: Bed, a: Conn, v: Conn) -> Awaitable[str]:
+    return create_consumer_on(bed, a, v, "PGW_SURFACE", "{pre}.principal.{v}.surface")
+
+
+def outbound_consumer(bed: Bed, a: Conn, v: Conn) -> Awaitable[str]:
+    return create_consumer_on(bed, a, v, "PGW_OUTBOUND", "{pre}.agent.{v}.outcome")
+
+
+PRINCIPAL_ATTACKS: dict[str, Attack] = {
+    "subscribe P's surface": sub_to("{pre}.principal.{v}.surface", "{pre}.principal.{v}.surface"),
+    "subscribe principal.*.surface": sub_to("{pre}.principal.*.surface", "{pre}.principal.{v}.surface"),
+    "subscribe {prefix}.>": sub_to("{pre}.>", "{pre}.principal.{v}.surface"),
+    "subscribe >": sub_to(">", "{pre}.principal.{v}.surface"),
+    "read P's inbox (replies)": read_inbox,
+    "intercept P's resolutions": sub_to("{pre}.principal.{v}.resolve", "{pre}.principal.{v}.resolve", publisher="victim"),
+    "publish a resolution for P": pub_to("{pre}.principal.{v}.resolve"),
+    "list P's pending items": pub_to("{pre}.principal.{v}.pending"),
+    "forge an item on P's surface": pub_to("{pre}.principal.{v}.surface"),
+    "create consumer on PGW_SURFACE": surface_consumer,
+    "legacy durable create": js_api("$JS.API.CONSUMER.DURABLE.CREATE.PGW_SURFACE.steal"),
+    "direct-get from PGW_SURFACE": js_api("$JS.API.DIRECT.GET.PGW_SURFACE", {"last_by_subj": "{pre}.principal.{v}.surface"}),
+    "stream msg get PGW_SURFACE": js_api("$JS.API.STREAM.MSG.GET.PGW_SURFACE", {"last_by_subj": "{pre}.principal.{v}.surface"}),
+    "pull from P's durable": js_api("$JS.API.CONSUMER.MSG.NEXT.PGW_SURFACE.{pdur}", {"batch": 1}),
+    "stream info / purge PGW_SURFACE": js_api("$JS.API.STREAM.PURGE.PGW_SURFACE"),
+}
+
+AGENT_ATTACKS: dict[str, Attack] = {
+    "subscribe A's outcomes": sub_to("{pre}.agent.{v}.outcome", "{pre}.agent.{v}.outcome"),
+    "subscribe agent.*.outcome": sub_to("{pre}.agent.*.outcome", "{pre}.agent.{v}.outcome"),
+    "subscribe {prefix}.>": sub_to("{pre}.>", "{pre}.agent.{v}.outcome"),
+    "read A's inbox (replies, PubAcks)": read_inbox,
+    "snoop A's envelopes": sub_to("{pre}.agent.*.envelope", "{pre}.agent.{v}.envelope", publisher="victim"),
+    "publish an envelope as A": pub_to("{pre}.agent.{v}.envelope"),
+    "publish an IDP as A": pub_to("{pre}.agent.{v}.idp"),
+    "publish a transition as A": pub_to("{pre}.agent.{v}.transition"),
+    "forge an outcome for A": pub_to("{pre}.agent.{v}.outcome"),
+    "create consumer on PGW_OUTBOUND": outbound_consumer,
+    "direct-get from PGW_OUTBOUND": js_api("$JS.API.DIRECT.GET.PGW_OUTBOUND", {"last_by_subj": "{pre}.agent.{v}.outcome"}),
+    "direct-get A's envelopes (PGW_INBOUND)": js_api("$JS.API.DIRECT.GET.PGW_INBOUND", {"last_by_subj": "{pre}.agent.{v}.envelope"}),
+    "pull from A's outcome durable": js_api("$JS.API.CONSUMER.MSG.NEXT.PGW_OUTBOUND.{adur}", {"batch": 1}),
+    "delete A's outcome durable": js_api("$JS.API.CONSUMER.DELETE.PGW_OUTBOUND.{adur}"),
+}
+
+# Cross-role: an agent against a principal it is bound to, a principal against an agent.
+CROSS_ATTACKS: dict[str, Attack] = {
+    "agent subscribes principal's surface": sub_to("{pre}.principal.{v}.surface", "{pre}.principal.{v}.surface"),
+    "agent answers principal's moment": pub_to("{pre}.principal.{v}.resolve"),
+    "agent pulls principal's durable": js_api("$JS.API.CONSUMER.MSG.NEXT.PGW_SURFACE.{pdur}", {"batch": 1}),
+}
+REVERSE_CROSS: dict[str, Attack] = {
+    "principal publishes as agent": pub_to("{pre}.agent.{v}.envelope"),
+    "principal reads agent's outcomes": sub_to("{pre}.agent.{v}.outcome", "{pre}.agent.{v}.outcome"),
+}
+
+
+def _cases() -> list[tuple[str, str, str, str]]:
+    out: list[tuple[str, str, str, str]] = []
+    for q, p in itertools.permutations(PRINCIPALS, 2):
+        out += [("principal", name, f"principal:{q}", f"principal:{p}") for name in PRINCIPAL_ATTACKS]
+    for b, a in itertools.permutations(AGENTS, 2):
+        out += [("agent", name, f"agent:{b}", f"agent:{a}") for name in AGENT_ATTACKS]
+    for a, ps in AGENT_BINDINGS.items():
+        p = ps[0]
+        out += [("cross", name, f"agent:{a}", f"principal:{p}") for name in CROSS_ATTACKS]
+        out += [("reverse", name, f"principal:{p}", f"agent:{a}") for name in REVERSE_CROSS]
+    return out
+
+
+ATTACKS = {"principal": PRINCIPAL_ATTACKS, "agent": AGENT_ATTACKS, "cross": CROSS_ATTACKS, "reverse": REVERSE_CROSS}
+
+
+@pytest.mark.parametrize(("group", "attack", "actor", "target"), _cases(), ids=lambda v: str(v).replace(" ", "_"))
+async def test_attack_is_refused_by_the_server(bed: Bed, security_table, group: str, attack: str, actor: str, target: str) -> None:
+    """Another party's credentials attempting this attack are refused by nats-server itself, with 0 messages delivered."""
+    attacker, victim = bed.conns[actor], bed.conns[target]
+    observed, ok = "", False
+    try:
+        observed = await ATTACKS[group][attack](bed, attacker, victim)
+        ok = True
+    except (AssertionError, TimeoutError) as e:
+        observed = f"NOT REFUSED: {e!s}"[:120] if isinstance(e, AssertionError) else "no violation reported"
+        raise
+    finally:
+        security_table.record(TABLE, attack, actor, target, "refused, 0 delivered", observed, ok)
+        assert not attacker.nc.is_closed, "a permissions violation must not cost the attacker its connection"
+
+
+# ---------------------------------------------------------------------------
+# Positive controls: without these, a matrix of refusals could be a broken setup.
+# ---------------------------------------------------------------------------
+
+
+async def test_principal_receives_and_answers_its_own(bed: Bed, security_table) -> None:
+    """Principal P receives its own surface items, pulls its own durable, and its own resolve reaches the gateway."""
+    p = bed.conns["principal:p1"]
+    s = bed.subjects
+    sub = await p.nc.subscribe(s.surface("p1"))
+    await flushed(p.nc)
+    js = bed.service.nc.jetstream()
+    await js.publish(s.surface("p1"), b'{"item": "own"}')
+    msg = await sub.next_msg(timeout=WAIT)
+    assert msg.data == b'{"item": "own"}'
+    pulled = await p.nc.jetstream().pull_subscribe_bind(principal_durable("p1"), "PGW_SURFACE")
+    got = await pulled.fetch(100, timeout=WAIT)
+    assert {m.subject for m in got} == {s.surface("p1")}, "the durable carries only P's own subject"
+    assert b'{"item": "own"}' in [m.data for m in got]
+    for m in got:
+        await m.ack()
+    obs = await bed.service.nc.subscribe(s.resolve("p1"))
+    await flushed(bed.service.nc)
+    await p.nc.publish(s.resolve("p1"), b"{}")
+    assert (await obs.next_msg(timeout=WAIT)).data == b"{}"
+    await obs.unsubscribe()
+    await sub.unsubscribe()
+    security_table.record(TABLE, "own surface, durable and resolve", "principal:p1", "principal:p1", "allowed", "allowed", True)
+
+
+async def test_principal_request_reply_uses_its_own_inbox(bed: Bed, security_table) -> None:
+    """A principal's request is answered on its own inbox prefix, which the answering service may reply to."""
+    p = bed.conns["principal:p2"]
+    s = bed.subjects
+
+    reply = await p.nc.request(s.pending("p2"), b"{}", timeout=WAIT)  # answered by the bed's pending responder
+    assert reply.data == b'{"items": []}'
+    assert bed.pending_replies[-1].startswith("_INBOX_principal_p2.")
+    security_table.record(TABLE, "pending request-reply", "principal:p2", "principal:p2", "allowed", "allowed", True)
+
+
+async def test_agent_publishes_and_pulls_its_own(bed: Bed, security_table) -> None:
+    """Agent A publishes envelopes to PGW_INBOUND (PubAck on its own inbox) and pulls its own outcomes."""
+    a = bed.conns["agent:a1"]
+    s = bed.subjects
+    ack = await a.nc.jetstream().publish(s.envelope("a1"), b"{}", headers={"Nats-Msg-Id": "a1:own-1"})
+    assert ack.stream == "PGW_INBOUND"
+    await bed.service.nc.jetstream().publish(s.outcome("a1"), b'{"outcome": "own"}')
+    pulled = await a.nc.jetstream().pull_subscribe_bind(agent_durable("a1"), "PGW_OUTBOUND")
+    got = await pulled.fetch(100, timeout=WAIT)
+    assert {m.subject for m in got} == {s.outcome("a1")}, "the durable carries only A's own outcomes"
+    assert b'{"outcome": "own"}' in [m.data for m in got]
+    for m in got:
+        await m.ack()
+    security_table.record(TABLE, "own envelope and outcome durable", "agent:a1", "agent:a1", "allowed", "allowed", True)
+
+
+async def test_anonymous_and_unknown_keys_are_refused(bed: Bed, security_table, tmp_path: Path) -> None:
+    """A connection without credentials, or with an nkey not in the block, is refused at connect."""
+    with pytest.raises(Exception, match=r"(?i)authorization"):
+        await nats.connect(bed.server.client_url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+    from gateway.security.identity import load_or_create_creds
+
+    stranger = load_or_create_creds(tmp_path / "other", Party("agent", "a1"))  # same name, different key
+    with pytest.raises(Exception, match=r"(?i)authorization"):
+        await connect(bed.server.client_url, creds=str(stranger.path), allow_reconnect=False, max_reconnect_attempts=0)
+    security_table.record(TABLE, "connect without / with unknown nkey", "anonymous", "server", "refused", "refused", True)
