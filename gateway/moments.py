@@ -126,6 +126,27 @@ def hem_decision_of(resolution: Resolution | None) -> str:
     return "expired"
 
 
+def _closing_verdict(rec: MomentRecord, ts: str, verdict_class: Literal["resolved", "expired"], **kw: Any) -> Verdict:
+    """The verdict that closes a moment; it supersedes the dispatch verdict (spec 004 §5.4.4)."""
+    return Verdict(
+        verdict_id=stable_id(verdict_class, rec.moment_id),
+        verdict_class=verdict_class,
+        ts=ts,
+        agent=rec.agent,
+        principal=rec.principal,
+        action_type="idp.hem" if rec.hem else "pgw.binding_moment",
+        action_id=rec.moment_id,
+        envelope_id=rec.envelope_id,
+        correlation_id=rec.correlation_id,
+        moment_id=rec.moment_id,
+        idp_id=rec.hem.idp_id if rec.hem else None,
+        supersedes=rec.dispatch_verdict_id,
+        untrusted=rec.untrusted,
+        traceparent=rec.traceparent,
+        **kw,
+    )
+
+
 class MomentDesk:
     """Dispatch, resolve and expire moments; shared state in KV."""
 
@@ -373,24 +394,13 @@ class MomentDesk:
             else:
                 accept = not isinstance(res, DialogueVeto)
             text = getattr(res, "text", None) or getattr(res, "objection", None)
-            verdict = Verdict(
-                verdict_id=stable_id("resolved", mid),
-                verdict_class="resolved",
+            verdict = _closing_verdict(
+                rec,
+                ts,
+                "resolved",
                 decision="accept" if accept else "reject",
                 approver="human",
                 human_disposed=True,
-                ts=ts,
-                agent=rec.agent,
-                principal=rec.principal,
-                action_type="idp.hem" if rec.hem else "pgw.binding_moment",
-                action_id=mid,
-                envelope_id=rec.envelope_id,
-                correlation_id=rec.correlation_id,
-                moment_id=mid,
-                idp_id=rec.hem.idp_id if rec.hem else None,
-                supersedes=rec.dispatch_verdict_id,
-                untrusted=rec.untrusted,
-                traceparent=rec.traceparent,
                 resolution_kind=res.__struct_config__.tag,  # type: ignore[arg-type]
                 option_index=res.index if isinstance(res, OptionChoice) else None,
                 # spec 000 §13: free-form answers are not persisted beyond need;
@@ -414,25 +424,7 @@ class MomentDesk:
                 )
             )
             # DESIGN §6: a timeout is a refusal, never a consent.
-            verdict = Verdict(
-                verdict_id=stable_id("expired", mid),
-                verdict_class="expired",
-                decision="reject",
-                approver="policy",
-                human_disposed=False,
-                ts=ts,
-                agent=rec.agent,
-                principal=rec.principal,
-                action_type="idp.hem" if rec.hem else "pgw.binding_moment",
-                action_id=mid,
-                envelope_id=rec.envelope_id,
-                correlation_id=rec.correlation_id,
-                moment_id=mid,
-                idp_id=rec.hem.idp_id if rec.hem else None,
-                supersedes=rec.dispatch_verdict_id,
-                untrusted=rec.untrusted,
-                traceparent=rec.traceparent,
-            )
+            verdict = _closing_verdict(rec, ts, "expired", decision="reject", approver="policy", human_disposed=False)
             withdrawn_reason = "expired"
         withdrawn = WithdrawnItem(
             agent=rec.agent, principal=rec.principal, created_at=ts, untrusted=rec.untrusted,
