@@ -256,6 +256,14 @@ async def test_policy_reads_reasoning_type_both_ways(env: Env) -> None:
     assert isinstance(r, EnrichedDeny) and r.deny_code == "POLICY_DENY"
 
 
+async def test_instruction_basis_must_name_its_source(env: Env) -> None:
+    """An INSTRUCTION basis that names neither the mandate_id nor the session_id is IDP_MALFORMED (spec 003 §4.3)."""
+    bad = env.idp(1, "ProcessPayment", reasoning_basis={"type": "INSTRUCTION", "description": "The principal asked for it"})
+    r = await env.send(bad)
+    assert isinstance(r, Reject) and r.error_code == "IDP_MALFORMED"
+    assert r.details[0].rule == "instruction_source"
+
+
 @pytest.mark.kernel(policy=(
     'permit(principal, action, resource);\n'
     'forbid(principal, action == Action::"CloseBooking", resource)\n'

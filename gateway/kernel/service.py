@@ -319,6 +319,16 @@ class KernelService:
                 "IDP_MALFORMED", "goal and reasoning descriptions must not contain personal data (spec 003 §9)",
                 idp_id=idp.idp_id, details=[Detail(message=f"{p.split('@')[0]} marker", path=p.split("@")[1], rule="pii") for p in pii],
             )
+        # §4.3: an INSTRUCTION basis MUST name the instruction's source by
+        # mandate_id or session_id, so the instruction stays traceable.
+        rb = idp.reasoning_basis
+        if rb is not None and rb.type == "INSTRUCTION" and idp.mandate_id not in rb.description and idp.session_id not in rb.description:
+            raise self._reject(
+                "IDP_MALFORMED",
+                "an INSTRUCTION reasoning basis must name its source by mandate_id or session_id (spec 003 §4.3)",
+                idp_id=idp.idp_id,
+                details=[Detail(message="source of the instruction not named", path="$.reasoning_basis.description", rule="instruction_source")],
+            )
         # (c) idp_id unique for the governed object (and for this agent's reports)
         known, reported = await asyncio.gather(self.state.idp(idp.so_id, idp.idp_id), self.state.so_of(agent, idp.idp_id))
         if known is not None or reported:
