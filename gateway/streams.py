@@ -96,14 +96,31 @@ def _differences(have: StreamConfig, want: StreamConfig) -> dict[str, tuple[obje
     return out
 
 
+async def cluster_replicas(js: JetStreamContext) -> int:
+    """The replica count the deployment chose: PGW_INBOUND's (``pgw streams --replicas 3``), else 1.
+
+    Services call ``ensure_streams`` / ``ensure_kv`` without a replica count and
+    adopt it, so one R3 set-up by the operator makes every stream and bucket R3
+    (DESIGN §8 scale-out path) instead of failing with a conflict or creating
+    R1 buckets that die with their node.
+    """
+    try:
+        return (await js.stream_info("PGW_INBOUND")).config.num_replicas or 1
+    except NotFoundError:
+        return 1
+
+
 async def ensure_streams(
-    js: JetStreamContext, subjects: Subjects, *, replicas: int = 1, duplicate_window_s: float = 3600.0
+    js: JetStreamContext, subjects: Subjects, *, replicas: int | None = None, duplicate_window_s: float = 3600.0
 ) -> dict[str, str]:
     """Create missing streams; return ``{name: "created" | "exists"}``.
 
+    ``replicas=None`` adopts the deployment's count (``cluster_replicas``).
     Raises StreamConflict for the first stream whose configuration is incompatible.
     """
     result: dict[str, str] = {}
+    if replicas is None:
+        replicas = await cluster_replicas(js)
     for plan in stream_plans(subjects, replicas=replicas, duplicate_window_s=duplicate_window_s):
         try:
             info = await js.stream_info(plan.name)
@@ -126,14 +143,19 @@ KV_BUCKETS = {
 }
 
 
-async def ensure_kv(js: JetStreamContext, name: str, *, replicas: int = 1, ttl: float | None = None):  # noqa: ANN201
-    """Open KV bucket ``name``, creating it (file storage) if missing."""
+async def ensure_kv(js: JetStreamContext, name: str, *, replicas: int | None = None, ttl: float | None = None):  # noqa: ANN201
+    """Open KV bucket ``name``, creating it (file storage) if missing.
+
+    ``replicas=None`` adopts the deployment's count (``cluster_replicas``).
+    """
     from nats.js.api import KeyValueConfig
     from nats.js.errors import BucketNotFoundError
 
     try:
         return await js.key_value(name)
     except BucketNotFoundError:
+        if replicas is None:
+            replicas = await cluster_replicas(js)
         return await js.create_key_value(
             KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, replicas=replicas, ttl=ttl)
         )

@@ -7,10 +7,10 @@ Tagged unions use the spec's own discriminator where it has one.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Struct, field
+from msgspec import Meta, Struct, field
 
 from subjects.constraints import (
     MAX_LIST_ITEMS,
@@ -31,8 +31,6 @@ from subjects.constraints import (
     SlotText,
     Timestamp,
 )
-from typing import Annotated
-from msgspec import Meta
 
 # ---------------------------------------------------------------------------
 # Refusals (STYLE.md: refusals on the wire are Structs, never exception text)

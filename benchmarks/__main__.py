@@ -1,0 +1,86 @@
+"""``python -m benchmarks`` (``make bench``): run every ``benchmarks/bench_*.py`` and print one table.
+
+Each module exposes ``run() -> list[dict]`` with rows ``{name, value, baseline,
+ratio, unit}``; every baseline is measured in the same run, on the same
+machine, so a ratio means something even on a busy laptop. A module that
+fails prints an error row and the others still run.
+
+Options: ``--only NAME`` (module name part, repeatable), ``--json FILE``
+(also write the rows), ``--profile`` (profile the gateway's hot path with
+pyinstrument, see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import pkgutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import structlog
+
+
+def discover() -> list[str]:
+    here = Path(__file__).resolve().parent
+    return sorted(m.name for m in pkgutil.iter_modules([str(here)]) if m.name.startswith("bench_"))
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+    return "" if v is None else str(v)
+
+
+def table(rows: list[dict]) -> str:
+    cols = ["name", "value", "baseline", "ratio", "unit"]
+    cells = [[_fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(cols)]
+    line = "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths, strict=True)))
+    out = [line, "  ".join("-" * w for w in widths)]
+    for row in cells:
+        out.append("  ".join(v.ljust(w) if i in (0, 4) else v.rjust(w)
+                             for i, (v, w) in enumerate(zip(row, widths, strict=True))))
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    ap.add_argument("--only", action="append", default=[], help="run only modules whose name contains this")
+    ap.add_argument("--json", help="also write the rows as JSON to this file")
+    ap.add_argument("--profile", action="store_true", help="profile the gateway hot path (pyinstrument)")
+    args = ap.parse_args(argv)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    if args.profile:
+        from benchmarks import profile_gateway
+
+        return profile_gateway.main()
+    rows: list[dict] = []
+    failed = 0
+    for name in discover():
+        if args.only and not any(o in name for o in args.only):
+            continue
+        t0 = time.monotonic()
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        try:
+            got = importlib.import_module(f"benchmarks.{name}").run()
+            for r in got:
+                r.setdefault("module", name)
+            rows += got
+        except Exception as e:  # noqa: BLE001 - one broken benchmark must not hide the others
+            failed += 1
+            traceback.print_exc()
+            rows.append({"name": f"{name}: FAILED ({type(e).__name__}: {e})"[:120], "module": name})
+        print(f"  {name} took {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""``pgw tail SUBJECT``: a pretty, redacted live view of any subject (issue 8 "Ops").
+
+Live messages come from a plain core-NATS subscription (ops are read-only on
+the bus). With ``--all``/``--since``/``--last`` the view starts with history
+from the JetStream stream that holds the subject, read by an ordered
+ephemeral consumer that acknowledges nothing and changes no state.
+
+Every string in a JSON body is redacted before it is shown (DESIGN §3.2 step 6,
+SR-1: "redacted text appears nowhere downstream", and an ops terminal is
+downstream). The project's SR-1 redactor (``gateway.stages.redaction``) is used
+when present; otherwise ``secret:``-prefixed tokens and the configured secrets
+are replaced here (the SR-1 stage is used when it is importable). Bodies that are not JSON (COSE capsules) are shown as a
+size and a digest, never raw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import re
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TextIO
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+REDACTED = "[REDACTED]"
+_SECRET_TOKEN = re.compile(r"secret:[^\s\"',;]*")
+_HEADERS_SHOWN = ("traceparent", "Nats-Msg-Id", "Pgw-Replay-Of")
+
+
+def _fallback_redactor(secrets: Iterable[str]) -> Callable[[str], str]:
+    literal = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    def redact(text: str) -> str:
+        for s in literal:
+            text = text.replace(s, REDACTED)
+        return _SECRET_TOKEN.sub(REDACTED, text)
+
+    return redact
+
+
+def string_redactor(secrets: Iterable[str] = (), *, secrets_config: Any = None) -> Callable[[str], str]:
+    """The redaction applied to every string shown: the SR-1 ``Redactor`` when available.
+
+    ``secrets_config`` is the configuration's ``pipeline.secrets`` section
+    (literal values, env var names, files), so ``pgw tail`` scrubs exactly
+    what the gateway scrubs; ``secrets`` adds literal values.
+    """
+    secrets = list(secrets)
+    fallback = _fallback_redactor(secrets)
+    try:
+        mod = importlib.import_module("gateway.stages.redaction")
+        redactor_cls = mod.Redactor
+    except (ImportError, AttributeError):
+        return fallback
+    r = redactor_cls.from_config(secrets_config) if secrets_config is not None else redactor_cls(secrets)
+    if secrets and secrets_config is not None:
+        extra = redactor_cls(secrets)
+        return lambda text: fallback(extra.text(r.text(text)))
+    # Belt and braces: the local rule after SR-1's, in case of a narrower configuration.
+    return lambda text: fallback(r.text(text))
+
+
+def redact_value(value: Any, redact: Callable[[str], str], *, _depth: int = 0) -> Any:
+    """Walk any JSON value (keys too) and redact every string, at any depth."""
+    if _depth > 200:
+        return REDACTED  # deeper than anything legitimate: show nothing rather than recurse
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [redact_value(v, redact, _depth=_depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {redact(str(k)): redact_value(v, redact, _depth=_depth + 1) for k, v in value.items()}
+    return value
+
+
+@dataclass
+class TailLine:
+    """One message as shown: where it came from and its redacted body."""
+
+    subject: str
+    received: str
+    headers: dict[str, str]
+    body: Any
+    seq: int | None = None
+    note: str | None = None
+
+
+def render_message(msg: Msg, redact: Callable[[str], str]) -> TailLine:
+    """Decode and redact one message for display; never raises."""
+    headers = {k: redact(v) for k, v in (msg.headers or {}).items() if k in _HEADERS_SHOWN}
+    seq = None
+    try:
+        seq = msg.metadata.sequence.stream if msg.reply and msg.reply.startswith("$JS.ACK") else None
+    except Exception:  # noqa: BLE001 - metadata is optional for display
+        seq = None
+    data = msg.data or b""
+    body: Any
+    note = None
+    try:
+        body = redact_value(msgspec.json.decode(data), redact)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        try:
+            text = data.decode("utf-8")
+            body = redact(text)
+            note = "not JSON"
+        except UnicodeDecodeError:
+            body = None
+            note = f"binary, {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:16]}"
+    return TailLine(
+        subject=msg.subject,
+        received=datetime.now().astimezone().isoformat(timespec="milliseconds"),
+        headers=headers,
+        body=body,
+        seq=seq,
+        note=note,
+    )
+
+
+def format_line(line: TailLine, *, fmt: str = "pretty") -> str:
+    if fmt == "json":
+        return msgspec.json.encode(
+            {"subject": line.subject, "received": line.received, "seq": line.seq,
+             "headers": line.headers, "body": line.body, "note": line.note}
+        ).decode()
+    head = f"[{line.received}] {line.subject}"
+    if line.seq is not None:
+        head += f" #{line.seq}"
+    for k, v in line.headers.items():
+        head += f" {k}={v}"
+    if line.note:
+        head += f" ({line.note})"
+    if line.body is None:
+        return head
+    if isinstance(line.body, str):
+        return f"{head}\n  {line.body}"
+    pretty = msgspec.json.format(msgspec.json.encode(line.body), indent=2).decode()
+    return head + "\n" + "\n".join("  " + ln for ln in pretty.splitlines())
+
+
+async def tail(
+    nc: Client,
+    subject: str,
+    *,
+    out: TextIO = sys.stdout,
+    redact: Callable[[str], str] | None = None,
+    history: str | None = None,
+    since: datetime | None = None,
+    last: int | None = None,
+    count: int | None = None,
+    fmt: str = "pretty",
+    stop: asyncio.Event | None = None,
+    started: asyncio.Event | None = None,
+) -> int:
+    """Print messages on ``subject`` until ``stop`` is set or ``count`` were shown; return the count.
+
+    ``history``: None (live only), ``"all"`` (the stream from its start),
+    ``since`` (from a time) or ``last`` (the last N messages of the stream
+    matching the subject) before going live.
+    """
+    redact = redact or string_redactor()
+    stop = stop or asyncio.Event()
+    shown = 0
+    queue: asyncio.Queue[Msg] = asyncio.Queue(maxsize=10_000)
+
+    async def on_msg(msg: Msg) -> None:
+        await queue.put(msg)
+
+    if history or since or last:
+        js = nc.jetstream()
+        stream = await js.find_stream_name_by_subject(subject)
+        cfg = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+        if since is not None:
+            cfg = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
+                                 opt_start_time=since.astimezone().isoformat())
+        elif last:
+            info = await js.stream_info(stream, subjects_filter=subject)
+            total = sum((info.state.subjects or {}).values()) if info.state.subjects else info.state.messages
+            skip = max(0, total - last)
+            cfg = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+            # An ordered consumer cannot start "N from the end" of a filtered
+            # subset; skip the first ``skip`` matching messages client-side.
+            on_msg = _skipping(on_msg, skip)
+        sub = await js.subscribe(subject, stream=stream, ordered_consumer=True, cb=on_msg, config=cfg)
+    else:
+        sub = await nc.subscribe(subject, cb=on_msg)
+    await nc.flush()
+    if started is not None:
+        started.set()
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        while count is None or shown < count:
+            getter = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                break
+            print(format_line(render_message(getter.result(), redact), fmt=fmt), file=out, flush=True)
+            shown += 1
+    finally:
+        stopper.cancel()
+        await sub.unsubscribe()
+    return shown
+
+
+def _skipping(cb: Callable[[Msg], Any], n: int) -> Callable[[Msg], Any]:
+    left = [n]
+
+    async def wrapped(msg: Msg) -> None:
+        if left[0] > 0:
+            left[0] -= 1
+            return
+        await cb(msg)
+
+    return wrapped

@@ -1,0 +1,247 @@
+"""Poison messages: a dead-letter record instead of an endless redelivery loop (issue 8).
+
+The envelope worker's durable consumer has ``max_deliver`` (config
+``gateway.max_deliver``). A turn that cannot be processed reaches it in one of
+two ways, and both end here, once:
+
+- the pipeline raised on every delivery: the worker's failure hook sees the
+  last delivery (``num_delivered >= max_deliver``), records the dead letter
+  and terminates the message (``AckTerm``);
+- the worker never answered (crashed, hung past ``ack_wait``): the server
+  emits ``$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.PGW_INBOUND.pgw-gateway``
+  and the listener (queue group, so one gateway instance acts) records it.
+
+A dead letter is three messages, each with a deterministic ``Nats-Msg-Id`` so
+that both paths together, or a crash half-way, still yield each exactly once:
+
+- the record on ``{prefix}.deadletter.PGW_INBOUND`` in stream ``PGW_DEADLETTER``
+  (stream sequence, subject, agent, deliveries, reason; never the body, which
+  is unredacted and stays in PGW_INBOUND at that sequence for ``pgw replay``);
+- an ``engine_failure`` verdict (DESIGN §6: "the gateway could not evaluate"),
+  so a capsule;
+- an ``envelope_outcome`` with code ``engine_failure`` to the agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+from gateway import metrics
+from gateway.logs import get_logger
+from subjects.util import now_rfc3339, stable_id
+from subjects.wire import EnvelopeOutcome, Refusal, Verdict
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
+    from gateway.app import Gateway
+    from gateway.stages.base import Turn
+
+log = get_logger("pgw.deadletter")
+
+STREAM = "PGW_DEADLETTER"
+SOURCE_STREAM = "PGW_INBOUND"
+DURABLE = "pgw-gateway"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+_enc = msgspec.json.Encoder()
+
+
+class DeadLetter(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One message given up after ``max_deliver`` deliveries."""
+
+    stream: str
+    consumer: str
+    stream_seq: int
+    subject: str
+    deliveries: int
+    reason: str
+    ts: str
+    agent: str | None = None
+    msg_id: str | None = None
+    envelope_id: str | None = None
+    correlation_id: str | None = None
+    traceparent: str | None = None
+    verdict_id: str | None = None
+
+
+def deadletter_subject(prefix: str, stream: str = SOURCE_STREAM) -> str:
+    return f"{prefix}.deadletter.{stream}"
+
+
+def _ids(body: bytes) -> tuple[str | None, str | None]:
+    """The first envelope's envelopeId and correlationId, if they are plain ids; never raises."""
+    try:
+        value = json.loads(body)
+    except Exception:  # noqa: BLE001 - a poison body may be anything
+        return None, None
+    if isinstance(value, list):
+        value = value[0] if value else None
+    if not isinstance(value, dict):
+        return None, None
+    out = []
+    for k in ("envelopeId", "correlationId"):
+        v = value.get(k)
+        out.append(v if isinstance(v, str) and _SAFE_ID.match(v) else None)
+    return out[0], out[1]
+
+
+class DeadLetters:
+    """A gateway part (``GATEWAY_PARTS``): the failure hook plus the advisory listener."""
+
+    name = "deadletter"
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self._sub: Any = None
+        self._enabled = gw.config.ops.dead_letter
+        self.prefix = gw.subjects.prefix
+
+    async def __aenter__(self) -> DeadLetters:
+        if not self._enabled:
+            return self
+        await self._ensure_stream()
+        self.gw.failure_hooks.append(self.on_failure)
+        advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{SOURCE_STREAM}.{DURABLE}"
+        self._sub = await self.gw.nc.subscribe(advisory, queue="pgw-gateway", cb=self._on_advisory)
+        return self
+
+    async def _ensure_stream(self) -> None:
+        js = self.gw.js
+        try:
+            await js.stream_info(STREAM)
+            return
+        except NotFoundError:
+            pass
+        replicas = 1
+        with contextlib.suppress(Exception):
+            replicas = (await js.stream_info(SOURCE_STREAM)).config.num_replicas or 1
+        with contextlib.suppress(Exception):  # a concurrent instance may have created it
+            await js.add_stream(StreamConfig(
+                name=STREAM,
+                subjects=[f"{self.prefix}.deadletter.>"],
+                storage=StorageType.FILE,
+                num_replicas=replicas,
+                retention=RetentionPolicy.LIMITS,
+                discard=DiscardPolicy.OLD,
+                max_age=90 * 86400.0,
+                duplicate_window=self.gw.config.gateway.duplicate_window_s,
+            ))
+
+    async def drain(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        with contextlib.suppress(ValueError):
+            self.gw.failure_hooks.remove(self.on_failure)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.drain()
+
+    # -- the two ways in -----------------------------------------------------
+    async def on_failure(self, turn: Turn, msg: Msg) -> bool:
+        """Worker failure hook: on the last allowed delivery, dead-letter and terminate."""
+        if turn.num_delivered < self.gw.config.gateway.max_deliver:
+            return False
+        await self.record(
+            stream_seq=turn.stream_seq,
+            subject=turn.subject,
+            agent=turn.agent,
+            deliveries=turn.num_delivered,
+            body=turn.body,
+            msg_id=turn.msg_id,
+            traceparent=turn.traceparent,
+            reason=f"processing failed on each of {turn.num_delivered} deliveries (max_deliver)",
+        )
+        await msg.term()
+        return True
+
+    async def _on_advisory(self, msg: Msg) -> None:
+        try:
+            adv = json.loads(msg.data)
+            seq = int(adv["stream_seq"])
+            deliveries = int(adv.get("deliveries") or 0)
+        except Exception:  # noqa: BLE001
+            log.warning("unreadable max-deliveries advisory", data=msg.data[:200])
+            return
+        try:
+            raw = await self.gw.js.get_msg(SOURCE_STREAM, seq)
+        except Exception:  # noqa: BLE001 - purged or aged out: record what we know
+            raw = None
+        headers = (raw.headers or {}) if raw is not None else {}
+        subject = raw.subject if raw is not None else "?"
+        agent = None
+        with contextlib.suppress(Exception):
+            agent = self.gw.subjects.parse(subject).token
+        try:
+            await self.record(
+                stream_seq=seq,
+                subject=subject,
+                agent=agent,
+                deliveries=deliveries,
+                body=(raw.data or b"") if raw is not None else b"",
+                msg_id=headers.get("Nats-Msg-Id"),
+                traceparent=headers.get("traceparent"),
+                reason=f"not acknowledged after {deliveries} deliveries (worker crash or ack_wait exceeded)",
+            )
+        except Exception:
+            log.exception("dead-letter recording failed", stream_seq=seq)
+
+    # -- the record ------------------------------------------------------------
+    async def record(
+        self,
+        *,
+        stream_seq: int,
+        subject: str,
+        agent: str | None,
+        deliveries: int,
+        body: bytes,
+        msg_id: str | None,
+        traceparent: str | None,
+        reason: str,
+    ) -> DeadLetter:
+        envelope_id, correlation_id = _ids(body)
+        seq = str(stream_seq)
+        verdict_id = stable_id("engine_failure", SOURCE_STREAM, seq)
+        ts = now_rfc3339()
+        dl = DeadLetter(
+            stream=SOURCE_STREAM, consumer=DURABLE, stream_seq=stream_seq, subject=subject,
+            deliveries=deliveries, reason=reason, ts=ts, agent=agent, msg_id=msg_id,
+            envelope_id=envelope_id, correlation_id=correlation_id, traceparent=traceparent,
+            verdict_id=verdict_id if agent else None,
+        )
+        headers = {"Nats-Msg-Id": f"deadletter:{SOURCE_STREAM}:{seq}"}
+        if traceparent:
+            headers["traceparent"] = traceparent
+        await self.gw.js.publish(deadletter_subject(self.prefix), _enc.encode(dl), headers=headers)
+        refusal = Refusal(code="engine_failure", reason="the gateway could not evaluate this message")
+        if agent:
+            # Verdict first: if we die between the two, a redelivered advisory or
+            # hook republishes both with the same ids.
+            await self.gw.publisher.verdict(Verdict(
+                verdict_id=verdict_id, verdict_class="engine_failure", decision="reject",
+                approver="policy", human_disposed=False, ts=ts, agent=agent,
+                action_type="pgw.envelope", action_id=envelope_id or f"seq-{seq}",
+                envelope_id=envelope_id, correlation_id=correlation_id, reason=refusal,
+                traceparent=traceparent, details={"stream": SOURCE_STREAM, "stream_seq": stream_seq},
+            ))
+            metrics.count_verdict("engine_failure")
+            await self.gw.publisher.outcome(
+                EnvelopeOutcome(
+                    agent=agent, ts=ts, traceparent=traceparent, status="invalid",
+                    envelope_id=envelope_id, correlation_id=correlation_id,
+                    code="engine_failure", reason=refusal.reason,
+                ),
+                f"engine_failure:{agent}:{seq}",
+            )
+        metrics.DEAD_LETTERS.labels(stream=SOURCE_STREAM).inc()
+        log.error("dead letter", stream=SOURCE_STREAM, stream_seq=stream_seq, agent=agent,
+                  deliveries=deliveries, reason=reason, traceparent=traceparent)
+        return dl

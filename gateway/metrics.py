@@ -1,0 +1,343 @@
+"""Prometheus metrics of the gateway and its consumers (issue 8 "Ops", spec 000 §12.3).
+
+All metrics live in one dedicated ``CollectorRegistry`` (``REGISTRY``) so that
+tests and embedded processes never collide with the process-wide default
+registry. ``start_metrics_server(port)`` serves it for ``--metrics-port``.
+
+Labels never carry principal ids (issue 8: "no principal ids as labels"): a
+principal handle is personal data and an unbounded label set. Agent tokens are
+configured, bounded, and are what spec 000 §3.3 asks to monitor per agent.
+``safe_label`` caps free-form label values (outcome codes, decision classes)
+so that a hostile agent cannot blow up the series count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# Sub-millisecond to tens of seconds: the binding-moment path is ~1-10 ms on
+# the embedded default, a human resolution is seconds to hours (capped bucket).
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+ENVELOPES = Counter(
+    "pgw_envelopes_total",
+    "Envelopes processed, by outcome status (accepted/gated/invalid/breached) and code",
+    ["outcome", "code"],
+    registry=REGISTRY,
+)
+VERDICTS = Counter(
+    "pgw_verdicts_total",
+    "Verdicts published, by verdict_class (DESIGN §6)",
+    ["verdict_class"],
+    registry=REGISTRY,
+)
+LATENCY = Histogram(
+    "pgw_latency_seconds",
+    "Latency of a processing stage (e.g. envelope = receive to outcome acked)",
+    ["stage"],
+    buckets=_BUCKETS,
+    registry=REGISTRY,
+)
+DIALOGUE_HATCH = Counter(
+    "pgw_dialogue_hatch_total",
+    "Resolutions by hatch, per agent and decision_class (spec 000 §12.3 dialogue-hatch rate)",
+    ["agent", "decision_class"],
+    registry=REGISTRY,
+)
+RESOLUTIONS = Counter(
+    "pgw_resolutions_total",
+    "All resolutions per agent and decision_class: the denominator of the dialogue-hatch rate",
+    ["agent", "decision_class"],
+    registry=REGISTRY,
+)
+CALIBRATION_NOTES = Counter(
+    "pgw_calibration_notes_total",
+    "Binding moments carrying meta.calibration_note, per agent (spec 000 §12.3)",
+    ["agent"],
+    registry=REGISTRY,
+)
+MOMENTS = Counter(
+    "pgw_binding_moments_total",
+    "Binding moments delivered, per agent: the denominator of the calibration_note rate",
+    ["agent"],
+    registry=REGISTRY,
+)
+HATCH_SUPPRESSIONS = Counter(
+    "pgw_hatch_suppressions_total",
+    "Binding moments delivered with a hatch set to false, per agent and hatch (spec 000 §12.3)",
+    ["agent", "hatch"],
+    registry=REGISTRY,
+)
+CONSUMER_LAG = Gauge(
+    "pgw_consumer_lag",
+    "Messages not yet delivered to a durable consumer (num_pending + ack pending)",
+    ["stream", "consumer"],
+    registry=REGISTRY,
+)
+REPLAYS = Counter(
+    "pgw_replays_total",
+    "Envelopes answered from the correlationId cache (spec 002 replay short-circuit)",
+    ["agent"],
+    registry=REGISTRY,
+)
+DEAD_LETTERS = Counter(
+    "pgw_dead_letters_total",
+    "Messages given up after max_deliver and recorded as dead letters",
+    ["stream"],
+    registry=REGISTRY,
+)
+
+_LABEL_OK = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def safe_label(value: object, *, default: str = "none") -> str:
+    """A bounded label value: a short token as it is, anything else ``other``."""
+    if value is None or value == "":
+        return default
+    s = str(value)
+    return s if _LABEL_OK.match(s) else "other"
+
+
+@contextmanager
+def timed(stage: str) -> Iterator[None]:
+    """Observe the wall time of the ``with`` body in ``LATENCY{stage}``."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        LATENCY.labels(stage=stage).observe(time.perf_counter() - t0)
+
+
+def count_envelope(status: str, code: str | None) -> None:
+    ENVELOPES.labels(outcome=safe_label(status), code=safe_label(code)).inc()
+
+
+def count_verdict(verdict_class: str) -> None:
+    VERDICTS.labels(verdict_class=safe_label(verdict_class)).inc()
+
+
+def count_moment(agent: str, binding_moment: object) -> None:
+    """Record the spec 000 §12.3 rates for one delivered binding moment.
+
+    ``binding_moment`` is a ``subjects.wire.BindingMoment`` (duck-typed so that
+    this module does not import the wire types).
+    """
+    a = safe_label(agent)
+    MOMENTS.labels(agent=a).inc()
+    meta = getattr(binding_moment, "meta", None)
+    if meta is not None and getattr(meta, "calibration_note", None):
+        CALIBRATION_NOTES.labels(agent=a).inc()
+    hatches = getattr(getattr(binding_moment, "question", None), "hatches", None)
+    if hatches is not None:
+        for hatch in ("free_text", "dialogue"):
+            if getattr(hatches, hatch, True) is False:
+                HATCH_SUPPRESSIONS.labels(agent=a, hatch=hatch).inc()
+
+
+def count_resolution(agent: str, decision_class: str | None, resolution_kind: str) -> None:
+    """One principal answer; ``dialogue`` answers also count towards the dialogue-hatch rate."""
+    labels = {"agent": safe_label(agent), "decision_class": safe_label(decision_class)}
+    RESOLUTIONS.labels(**labels).inc()
+    if resolution_kind == "dialogue":
+        DIALOGUE_HATCH.labels(**labels).inc()
+
+
+def render() -> bytes:
+    """The registry in the Prometheus text exposition format."""
+    return generate_latest(REGISTRY)
+
+
+def start_metrics_server(port: int, addr: str = "127.0.0.1") -> Callable[[], None]:
+    """Serve ``REGISTRY`` on ``http://addr:port/metrics``; return a function that stops it.
+
+    Port 0 picks a free port; the chosen one is on the returned function's
+    ``port`` attribute.
+    """
+    server, thread = start_http_server(port, addr=addr, registry=REGISTRY)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    stop.port = server.server_address[1]  # type: ignore[attr-defined]
+    return stop
+
+
+async def poll_consumer_lag(
+    js: JetStreamContext,
+    consumers: list[tuple[str, str]],
+    *,
+    interval_s: float = 5.0,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Refresh ``CONSUMER_LAG`` for ``(stream, consumer)`` pairs until ``stop`` is set."""
+    stop = stop or asyncio.Event()
+    while not stop.is_set():
+        await update_consumer_lag(js, consumers)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
+
+
+async def update_consumer_lag(js: JetStreamContext, consumers: list[tuple[str, str]]) -> None:
+    """One refresh of ``CONSUMER_LAG``; a consumer that does not exist (yet) is skipped."""
+    for stream, consumer in consumers:
+        try:
+            info = await js.consumer_info(stream, consumer)
+        except Exception:  # noqa: BLE001 - a missing consumer is not an error for a gauge
+            continue
+        CONSUMER_LAG.labels(stream=stream, consumer=consumer).set(
+            (info.num_pending or 0) + (info.num_ack_pending or 0)
+        )
+
+
+# ---------------------------------------------------------------------------
+# The gateway part (``gateway.app.GATEWAY_PARTS``): hooks, services API, lag
+# ---------------------------------------------------------------------------
+
+# Consumers whose names are safe labels. PGW_SURFACE / PGW_OUTBOUND hold one
+# durable per principal / agent, so their lag is summed into one series per
+# stream rather than a label per principal.
+_LAG_STREAMS_PER_CONSUMER = ("PGW_INBOUND", "PGW_VERDICTS", "PGW_REGISTRATION", "PGW_CAPSULES")
+_LAG_STREAMS_SUMMED = ("PGW_OUTBOUND", "PGW_SURFACE")
+
+_server_refs: dict[tuple[str, int], tuple[Callable[[], None], int]] = {}
+
+
+def _acquire_server(addr: str, port: int) -> Callable[[], None]:
+    """One /metrics server per (addr, port) in a process, however many parts ask for it."""
+    key = (addr, port)
+    if key in _server_refs:
+        stop, n = _server_refs[key]
+        _server_refs[key] = (stop, n + 1)
+    else:
+        _server_refs[key] = (start_metrics_server(port, addr), 1)
+
+    def release() -> None:
+        stop, n = _server_refs[key]
+        if n <= 1:
+            del _server_refs[key]
+            stop()
+        else:
+            _server_refs[key] = (stop, n - 1)
+
+    release.port = _server_refs[key][0].port  # type: ignore[attr-defined]
+    return release
+
+
+async def refresh_all_lag(js: JetStreamContext) -> None:
+    """Set ``CONSUMER_LAG`` for every consumer of the contract's streams; never raises."""
+    for stream in _LAG_STREAMS_PER_CONSUMER + _LAG_STREAMS_SUMMED:
+        try:
+            infos = await js.consumers_info(stream)
+        except Exception:  # noqa: BLE001 - a missing stream is not an error for a gauge
+            continue
+        summed = stream in _LAG_STREAMS_SUMMED
+        total = 0
+        for info in infos:
+            lag = (info.num_pending or 0) + (info.num_ack_pending or 0)
+            name = info.name or ""
+            if summed or not _LABEL_OK.match(name) or name.startswith(("outcome-", "surface-")):
+                total += lag
+            else:
+                CONSUMER_LAG.labels(stream=stream, consumer=name).set(lag)
+        if summed or total:
+            CONSUMER_LAG.labels(stream=stream, consumer="(all)").set(total)
+
+
+class MetricsPart:
+    """Counts what the gateway does, registers it with ``nats.micro``, serves /metrics.
+
+    Constructed as ``MetricsPart(gateway)``; an async context manager with an
+    idempotent ``drain()``.
+    """
+
+    name = "metrics"
+
+    def __init__(self, gw: object) -> None:
+        self.gw = gw
+        self._micro: object | None = None
+        self._release: Callable[[], None] | None = None
+        self._stop = asyncio.Event()
+        self._lag_task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> MetricsPart:
+        gw: object = self.gw
+        ops = gw.config.ops  # type: ignore[attr-defined]
+        gw.outcome_hooks.append(self._on_outcome)  # type: ignore[attr-defined]
+        gw.timing_hooks.append(self._on_timing)  # type: ignore[attr-defined]
+        if ops.micro:
+            from gateway.micro import MicroRegistration
+
+            self._micro = await MicroRegistration(gw.nc, "gateway", gw.subjects.prefix).start()  # type: ignore[attr-defined]
+        if ops.metrics_port is not None:
+            self._release = _acquire_server(ops.metrics_addr, ops.metrics_port)
+        self._lag_task = asyncio.create_task(self._lag_loop(ops.lag_interval_s), name="metrics-lag")
+        return self
+
+    async def _lag_loop(self, interval: float) -> None:
+        while not self._stop.is_set():
+            await refresh_all_lag(self.gw.js)  # type: ignore[attr-defined]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), interval)
+
+    async def _on_outcome(self, ctx: object, outcome: object) -> None:
+        tag = type(outcome).__struct_config__.tag  # type: ignore[attr-defined]
+        if tag != "envelope_outcome":
+            return
+        status = getattr(outcome, "status", None)
+        if getattr(outcome, "replayed", False):
+            REPLAYS.labels(agent=safe_label(getattr(ctx, "agent", ""))).inc()
+            return
+        count_envelope(str(status), getattr(outcome, "code", None))
+        kind = getattr(ctx, "kind", None)
+        payload = getattr(ctx, "payload", None)
+        if (status == "accepted" and getattr(kind, "handler", None) == "binding_moment"
+                and not getattr(outcome, "replayed", False)):
+            count_moment(getattr(ctx, "agent", ""), getattr(payload, "binding_moment", None))
+
+    @staticmethod
+    def _on_timing(stage: str, seconds: float) -> None:
+        LATENCY.labels(stage=safe_label(stage)).observe(seconds)
+
+    async def drain(self) -> None:
+        self._stop.set()
+        task, self._lag_task = self._lag_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        micro, self._micro = self._micro, None
+        if micro is not None:
+            await micro.drain()  # type: ignore[attr-defined]
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+        for hooks, fn in ((getattr(self.gw, "outcome_hooks", []), self._on_outcome),
+                          (getattr(self.gw, "timing_hooks", []), self._on_timing)):
+            with contextlib.suppress(ValueError):
+                hooks.remove(fn)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.drain()
+

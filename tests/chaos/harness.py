@@ -1,0 +1,220 @@
+"""Fault-injection harness: real processes, real kill -9, real nats-server (issue 8 "Faults").
+
+- ``ServiceProc`` runs a service the way an operator does (``pgw gateway``,
+  ``pgw signer``, ...) as a child process in its own session, and kills it
+  with SIGKILL: no drain, no flush, no goodbye.
+- ``Load`` publishes envelopes through JetStream with bounded concurrency and
+  remembers exactly which ones the server *acknowledged* (PubAck); only those
+  are promised, so only those are checked. A publish that fails (server gone)
+  is retried with the same ``Nats-Msg-Id``, as a careful agent would, until
+  acknowledged or the run ends.
+- ``wait_drained`` waits until the gateway's durable consumer has nothing
+  pending or unacknowledged, i.e. the system has caught up.
+
+Sizes come from the environment so that CI runs a small subset and a soak
+runs the full promise: ``PGW_CHAOS_ENVELOPES`` (per round), ``PGW_CHAOS_ROUNDS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from subjects.client import BINDING_MOMENT_KIND, envelope
+from tests.moments import good_moment
+
+PGW = str(Path(sys.executable).parent / "pgw")
+
+
+def env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(eq=False)
+class ServiceProc:
+    """``pgw ROLE`` as a child process against ``url``."""
+
+    role: str  # "gateway", "signer", "registrar"
+    url: str
+    data_dir: Path
+    config: Path | None = None
+    proc: asyncio.subprocess.Process | None = None
+    log: Path | None = None
+    starts: int = 0
+
+    async def start(self) -> ServiceProc:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.starts += 1
+        self.log = self.data_dir / f"{self.role}-{self.starts}.log"
+        args = [PGW, "--server", self.url, "--data-dir", str(self.data_dir), "--log-format", "json",
+                "--log-level", "WARNING"]
+        if self.config is not None:
+            args += ["--config", str(self.config)]
+        args.append(self.role)
+        with open(self.log, "wb") as out:  # noqa: ASYNC230 - process start-up, not a hot path
+            self.proc = await asyncio.create_subprocess_exec(
+                *args, stdout=out, stderr=out, start_new_session=True)
+        return self
+
+    def kill9(self) -> None:
+        """SIGKILL: the process dies mid-whatever, nothing is drained."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+
+    async def wait_dead(self) -> None:
+        if self.proc is not None:
+            await self.proc.wait()
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 15)
+            except TimeoutError:
+                self.kill9()
+                await self.proc.wait()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    def log_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.log.read_text(errors="replace")[-3000:] if self.log else ""
+        return ""
+
+
+async def count_micro(nc: Client, name: str, timeout: float = 0.5) -> int:
+    """How many instances of ``name`` answer ``$SRV.PING.name`` (nats.micro)."""
+    inbox = nc.new_inbox()
+    got: list[bytes] = []
+
+    async def cb(msg) -> None:
+        got.append(msg.data)
+
+    sub = await nc.subscribe(inbox, cb=cb)
+    await nc.publish(f"$SRV.PING.{name}", b"", reply=inbox)
+    await nc.flush()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.Event().wait(), timeout)  # collect replies for the window
+    await sub.unsubscribe()
+    return len(got)
+
+
+async def wait_services(nc: Client, name: str, n: int, procs: list[ServiceProc], timeout: float = 30) -> None:
+    """Wait until ``n`` instances of ``name`` are registered (they are then serving)."""
+    deadline = time.monotonic() + timeout
+    while await count_micro(nc, name) < n:
+        for p in procs:
+            if p.proc is not None and not p.alive:
+                raise RuntimeError(f"{p.role} exited early:\n{p.log_tail()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{n} x {name} not registered in {timeout}s")
+
+
+async def consumer_backlog(js: JetStreamContext, stream: str, durable: str) -> int | None:
+    try:
+        info = await js.consumer_info(stream, durable)
+    except Exception:  # noqa: BLE001 - not created yet / node down
+        return None
+    return (info.num_pending or 0) + (info.num_ack_pending or 0)
+
+
+async def wait_drained(js: JetStreamContext, stream: str = "PGW_INBOUND", durable: str = "pgw-gateway",
+                       *, timeout: float = 120.0, poll: float = 0.2) -> None:
+    """Wait until the consumer has caught up (nothing pending, nothing unacknowledged)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if await consumer_backlog(js, stream, durable) == 0:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{durable} on {stream} did not drain in {timeout}s")
+        await asyncio.sleep(poll)
+
+
+def make_envelope(i: int, tag: str, *, principal: str = "alice") -> tuple[dict, str]:
+    """Envelope number ``i``: 4 in 5 are binding moments, 1 in 5 malformed (refused)."""
+    eid = f"{tag}-{i:06d}"
+    if i % 5 == 4:
+        payload = {"principal": principal, "binding_moment": {"synopsis": "x"}}  # malformed
+        return envelope(BINDING_MOMENT_KIND, payload, envelope_id=eid), "refused"
+    payload = {"principal": principal, "binding_moment": good_moment()}
+    return envelope(BINDING_MOMENT_KIND, payload, envelope_id=eid), "moment"
+
+
+@dataclass
+class Load:
+    """Publishes envelopes, keeping the set the server acknowledged."""
+
+    nc: Client
+    agent: str = "chaos"
+    concurrency: int = 64
+    acked: dict[str, str] = field(default_factory=dict)
+    sent: int = 0
+    failures: int = 0
+
+    async def send(self, n: int, tag: str, *, stop: asyncio.Event | None = None,
+                   retry_for: float = 60.0, rate: float | None = None) -> None:
+        """Send ``n`` envelopes; unacknowledged ones are retried (same msg id) up to ``retry_for`` s."""
+        js = self.nc.jetstream(timeout=2.0)
+        subject = f"pgw.agent.{self.agent}.envelope"
+        sem = asyncio.Semaphore(self.concurrency)
+        t0 = time.monotonic()
+
+        async def one(i: int) -> None:
+            env, kind = make_envelope(i, tag)
+            body = json.dumps(env).encode()
+            msg_id = f"{self.agent}:{env['envelopeId']}"
+            deadline = time.monotonic() + retry_for
+            async with sem:
+                self.sent += 1
+                while True:
+                    try:
+                        await js.publish(subject, body, headers={"Nats-Msg-Id": msg_id})
+                        self.acked[env["envelopeId"]] = kind
+                        return
+                    except Exception:  # noqa: BLE001 - server down / no responders: retry
+                        self.failures += 1
+                        if time.monotonic() > deadline or (stop is not None and stop.is_set()):
+                            return
+                        await asyncio.sleep(0.1 + random.random() * 0.2)
+
+        tasks = []
+        for i in range(n):
+            if rate:
+                # Open-loop pacing: envelope i is due at t0 + i/rate.
+                delay = t0 + i / rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+
+
+def chaos_config(path: Path, *, extra: str = "", **gateway: object) -> Path:
+    """A TOML config for the child services: short ack_wait so a killed worker's turns return fast."""
+    gw = {"ack_wait_s": 2.0, "batch": 64, **gateway}
+    lines = ["[gateway]"] + [f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"' for k, v in gw.items()]
+    lines += ["", "[ops]", "lag_interval_s = 60.0", "", extra]
+    path.write_text("\n".join(lines) + "\n")
+    return path
