@@ -21,7 +21,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	-sh tests/web/setup.sh
-	$(BIN)/python -m pytest -q -m "not chaos_long" -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 security: $(STAMP)
 	$(BIN)/python -m pytest -q -m security -p no:cacheprovider

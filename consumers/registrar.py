@@ -50,6 +50,7 @@ from consumers.verifier import payload_of
 from gateway import micro
 from gateway.keys import kid_of
 from gateway.logs import get_logger
+from gateway.streams import cluster_replicas
 from subjects.errors import PgwError
 from subjects.util import now_rfc3339
 
@@ -290,6 +291,7 @@ class Registrar:
             await self.js.add_stream(StreamConfig(
                 name=DLQ_STREAM, subjects=[f"{self.subjects.prefix}.capsule.deadletter"],
                 storage=StorageType.FILE, retention=RetentionPolicy.LIMITS,
+                num_replicas=await cluster_replicas(self.js),  # R3 in a cluster, like the rest
             ))
 
     async def _trusted_keys(self) -> dict[str, TrustedKey]:

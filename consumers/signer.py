@@ -57,6 +57,7 @@ from consumers.cose import sign_statement
 from gateway import micro
 from gateway.keys import SigningKey, load_or_create
 from gateway.logs import get_logger
+from gateway.streams import cluster_replicas
 from subjects.errors import PgwError
 from subjects.wire import Verdict, verdict_decoder
 
@@ -310,6 +311,7 @@ class Signer:
                 duplicate_window=self.config.signer.ledger_duplicate_window_s,
                 deny_delete=True,
                 deny_purge=True,
+                num_replicas=await cluster_replicas(self.js),  # R3 in a cluster, like the rest
             ))
 
     async def _lookup(self, verdict_id: str) -> LedgerEntry | None:

@@ -232,7 +232,6 @@ class DeadLetters:
                 envelope_id=envelope_id, correlation_id=correlation_id, reason=refusal,
                 traceparent=traceparent, details={"stream": SOURCE_STREAM, "stream_seq": stream_seq},
             ))
-            metrics.count_verdict("engine_failure")
             await self.gw.publisher.outcome(
                 EnvelopeOutcome(
                     agent=agent, ts=ts, traceparent=traceparent, status="invalid",

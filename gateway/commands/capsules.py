@@ -8,9 +8,6 @@ takes the same global options and only these subcommands.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +21,7 @@ from consumers.cose import TrustedKey
 from consumers.registrar import Registrar, load_ts_key, read_pinned_ts_keys
 from consumers.signer import Signer
 from consumers.verifier import Result, Store, open_items, payload_of, verify_many, verify_statement
+from gateway.commands.run_gateway import stop_event
 from gateway.config import Config
 from gateway.connect import connect
 from gateway.keys import kid_of, public_keys, rotate
@@ -33,14 +31,6 @@ from gateway.streams import ensure_streams
 
 log = get_logger("pgw.cli")
 _enc = msgspec.json.Encoder()
-
-
-def _stop_event() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    return stop
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -85,7 +75,7 @@ async def _run_one(config: Config, factory: type, name: str) -> int:
     try:
         await ensure_streams(nc.jetstream(), config.subjects,
                              duplicate_window_s=config.gateway.duplicate_window_s)
-        stop = _stop_event()
+        stop = stop_event()
         await run_services([factory(config, nc)], stop,
                            on_started=lambda: log.info(f"{name} ready", server=config.nats_url))
     finally:
@@ -252,34 +242,10 @@ async def handle_open_items(args: argparse.Namespace, config: Config) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gateway.commands.capsules``: these subcommands without the full CLI."""
-    from gateway.cli import config_from_args
-    from gateway.logs import configure_logging
-    from subjects.errors import PgwError
+    """``python -m gateway.commands.capsules``: the same as ``pgw`` (kept for scripts that use it)."""
+    from gateway.cli import main as cli_main
 
-    parser = argparse.ArgumentParser(prog="pgw")
-    parser.add_argument("--server", "-s")
-    parser.add_argument("--creds")
-    parser.add_argument("--config", "-c")
-    parser.add_argument("--data-dir")
-    parser.add_argument("--log-format", choices=["auto", "json", "console"])
-    parser.add_argument("--log-level", default=os.environ.get("PGW_LOG_LEVEL", "INFO"))
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    register(sub)
-    args = parser.parse_args(argv)
-    try:
-        config = config_from_args(args)
-    except PgwError as e:
-        print(f"pgw: {e}", file=sys.stderr)
-        return 2
-    configure_logging(config.log_format, args.log_level)
-    try:
-        return asyncio.run(args.handler(args, config))
-    except KeyboardInterrupt:
-        return 130
-    except PgwError as e:
-        print(f"pgw: {e}", file=sys.stderr)
-        return 1
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

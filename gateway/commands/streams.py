@@ -12,7 +12,8 @@ from gateway.streams import ensure_streams, stream_plans
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("streams", help="create missing streams and show each stream's state")
     p.add_argument("--check", action="store_true", help="only report; create nothing")
-    p.add_argument("--replicas", type=int, default=1, help="replicas for new streams (3 in a cluster)")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="replicas for new streams (3 in a cluster; default: what PGW_INBOUND has, else 1)")
     p.set_defaults(handler=handle)
 
 

@@ -40,7 +40,7 @@ from gateway.kernel.policy import PolicyEngine, entity_uid, idp_context
 from gateway.kernel.state import ConflictError, IdpEntry, KernelState, SessionEntry
 from gateway.keys import load_or_create
 from gateway.logs import get_logger
-from gateway.metrics import LATENCY, REGISTRY, count_verdict
+from gateway.metrics import LATENCY, REGISTRY
 from subjects.errors import SubjectError
 from subjects.idp import (
     REASONING_BASIS_TYPES,
@@ -644,7 +644,6 @@ class KernelService:
             traceparent=tp, details={"result": result},
         )
         await self.publisher.verdict(v)
-        count_verdict("denied")
 
     async def _verdict_failure(self, agent: str, data: bytes, tp: str | None) -> None:
         key = stable_id("request", agent, data.decode("utf-8", "replace"))
@@ -656,7 +655,6 @@ class KernelService:
                 reason=Refusal(code="KERNEL_UNAVAILABLE", reason="the kernel could not evaluate the request"),
             )
         )
-        count_verdict("engine_failure")
 
     # -- transition reports (spec 003 §5.5) -------------------------------------------
     async def _transition_loop(self) -> None:
@@ -798,7 +796,6 @@ class KernelService:
             details=details,
         )
         await self.publisher.verdict(v)
-        count_verdict(v.verdict_class)
 
     async def _refuse_transition(
         self, agent: str, rep: TransitionReport | None, why: str, msg_seq: int, tp: str | None
@@ -817,5 +814,4 @@ class KernelService:
                 reason=Refusal(code="TRANSITION_REFUSED", reason=why),
             )
         )
-        count_verdict("denied")
         return f"refused:{why}"
