@@ -8,6 +8,7 @@ import nats
 from nats.aio.client import Client
 
 from gateway.logs import get_logger
+from subjects.errors import PgwError
 
 log = get_logger("pgw.nats")
 
@@ -17,8 +18,32 @@ async def _quiet_error(e: Exception) -> None:
     log.warning("nats connection error", error=f"{type(e).__name__}: {e}"[:300])
 
 
-async def connect(url: str, *, creds: str | None = None, name: str = "pgw", **kw: Any) -> Client:
-    """Connect with reconnects on, the service name set, and credentials if given."""
+class ConnectError(PgwError):
+    """The server refused us (credentials) or, for a one-shot command, was not there."""
+
+    def __init__(self, url: str, why: str, *, auth: bool) -> None:
+        self.url = url
+        self.auth = auth
+        hint = (
+            "; the server requires credentials: pass --creds FILE "
+            "(`pgw up` writes them to <data folder>/creds/, e.g. service-services.creds)"
+            if auth
+            else ""
+        )
+        super().__init__(f"cannot connect to {url}: {why}{hint}")
+
+
+def _is_auth_error(e: BaseException) -> bool:
+    return "authorization" in str(e).lower()
+
+
+async def connect(url: str, *, creds: str | None = None, name: str = "pgw", once: bool = False, **kw: Any) -> Client:
+    """Connect with the service name set and credentials if given.
+
+    Services reconnect forever; ``once=True`` (one-shot commands) fails at
+    once instead. Either way a refusal of our credentials is a ConnectError
+    at start, never an endless retry loop.
+    """
     opts: dict[str, Any] = {
         "servers": [u.strip() for u in url.split(",")],
         "name": name,
@@ -33,4 +58,21 @@ async def connect(url: str, *, creds: str | None = None, name: str = "pgw", **kw
 
         opts.update(creds_connect_options(creds))
     opts.update(kw)
+    probe_opts = {**opts, "allow_reconnect": False, "max_reconnect_attempts": 1, "error_cb": _silent}
+    if once:
+        try:
+            return await nats.connect(**probe_opts)
+        except Exception as e:  # noqa: BLE001 - reported with the URL and a hint
+            raise ConnectError(url, f"{type(e).__name__}: {e}", auth=_is_auth_error(e)) from None
+    try:
+        probe = await nats.connect(**probe_opts)
+    except Exception as e:  # noqa: BLE001 - not up yet is fine for a service; refused is not
+        if _is_auth_error(e):
+            raise ConnectError(url, str(e), auth=True) from None
+    else:
+        await probe.close()
     return await nats.connect(**opts)
+
+
+async def _silent(e: Exception) -> None:
+    """Probe errors are reported by the caller, not logged twice."""

@@ -123,7 +123,7 @@ def _read_paths(paths: list[str]) -> list[tuple[str, bytes]]:
 
 async def read_stream(config: Config, stream: str) -> list[tuple[str, bytes]]:
     """Every message of ``stream`` by sequence (a direct read: no consumer, nothing acked)."""
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-verify")
+    nc = await connect(config.nats_url, creds=config.creds, name="pgw-verify", once=True)
     try:
         js = nc.jetstream()
         state = (await js.stream_info(stream)).state

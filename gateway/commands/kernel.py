@@ -72,7 +72,7 @@ async def verify_command(args: argparse.Namespace, config: Config) -> int:
     from gateway.kernel.eventlog import verify_stream
 
     keys = kernel_keys(config, args.pubkey)
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-log-verify")
+    nc = await connect(config.nats_url, creds=config.creds, name="pgw-log-verify", once=True)
     try:
         result = await verify_stream(nc.jetstream(), config.subjects, keys, stream=args.stream, subject=args.subject)
     finally:

@@ -44,7 +44,7 @@ def banner(config: Config, server: EmbeddedServer, names: list[str]) -> str:
             "",
             "Try, in another terminal:",
             f"  .venv/bin/pgw demo --server {server.client_url}",
-            f"  .venv/bin/pgw streams --server {server.client_url}",
+            f"  .venv/bin/pgw streams --server {server.client_url}" + (f" --creds {config.creds}" if config.creds else ""),
             "",
             "Ctrl-C drains in-flight work and stops everything.",
             "",
