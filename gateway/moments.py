@@ -253,9 +253,11 @@ class MomentDesk:
             await self.kv.create(key, _enc.encode(record))
         except KeyWrongLastSequenceError:
             record = _dec.decode((await self.kv.get(key)).value)
+        pubs = []
         if record.status == "pending":
-            await self.publisher.surface(record.item, f"item:{moment_id}")
-        await self.publisher.verdict(
+            pubs.append(self.publisher.surface(record.item, f"item:{moment_id}"))
+        # Independent durable writes: in flight together, both acked before we return.
+        pubs.append(self.publisher.verdict(
             Verdict(
                 verdict_id=record.dispatch_verdict_id,
                 verdict_class="hitl_dispatched",
@@ -275,7 +277,8 @@ class MomentDesk:
                 traceparent=traceparent,
                 details=details or {},
             )
-        )
+        ))
+        await asyncio.gather(*pubs)
         return moment_id
 
     # -- queries ----------------------------------------------------------
