@@ -380,6 +380,6 @@ def _stream_time(msg: Msg | None) -> str | None:
         return None
 
 
-class _ParentPending(Exception):  # noqa: N818 - control flow, not an error
+class _ParentPending(Exception):
     def __init__(self, deliveries: int) -> None:
         self.deliveries = deliveries

@@ -109,7 +109,7 @@ class Gateway:
         for part in reversed(self.parts):
             try:
                 await part.drain()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("part drain failed; continuing", part=type(part).__name__)
         for sub in self._subs:
             with contextlib.suppress(Exception):
@@ -150,7 +150,7 @@ class Gateway:
             reply = await self.desk.resolve(principal, req.moment_id, req.resolution)
         except Refused as r:
             reply = ResolveReply(status="refused", moment_id=req.moment_id, code=r.code, reason=r.reason)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("resolution failed", principal=principal, moment_id=req.moment_id)
             reply = ResolveReply(status="refused", moment_id=req.moment_id, code="engine_failure", reason="the gateway could not record the answer; try again")
         log.info("resolution", principal=principal, moment_id=req.moment_id, status=reply.status, code=reply.code)
@@ -161,7 +161,7 @@ class Gateway:
         try:
             principal = self.subjects.parse(msg.subject).token or ""
             items = await self.desk.pending(principal)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("pending lookup failed", subject=msg.subject[:200])
             items = []
         if msg.reply:

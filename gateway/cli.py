@@ -79,7 +79,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     config = load_config(path, **overrides)
     metrics_port = getattr(args, "metrics_port", None) or os.environ.get("PGW_METRICS_PORT")
     if metrics_port:  # nested section: replaced field by field, keeping the file's other ops keys
-        import msgspec  # noqa: PLC0415
+        import msgspec
 
         config = msgspec.structs.replace(config, ops=msgspec.structs.replace(config.ops, metrics_port=int(metrics_port)))
     return config

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from subjects.errors import PgwError
 
 
-class KeyError_(PgwError):
+class KeyFileError(PgwError):
     """A key file is missing, unreadable, or has unsafe permissions."""
 
 
@@ -69,7 +69,7 @@ class SigningKey:
 
 def _role_dir(data_dir: Path, role: str) -> Path:
     if not role.isidentifier():
-        raise KeyError_(f"invalid key role {role!r}")
+        raise KeyFileError(f"invalid key role {role!r}")
     return Path(data_dir) / "keys" / role
 
 
@@ -94,10 +94,10 @@ def _write_new(d: Path) -> SigningKey:
 def _read(path: Path, role: str) -> SigningKey:
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
-        raise KeyError_(f"key file {path} has mode {mode:o}; it must be 0600 (chmod 600 {path})")
+        raise KeyFileError(f"key file {path} has mode {mode:o}; it must be 0600 (chmod 600 {path})")
     priv = serialization.load_pem_private_key(path.read_bytes(), password=None)
     if not isinstance(priv, Ed25519PrivateKey):
-        raise KeyError_(f"key file {path} is not an Ed25519 private key")
+        raise KeyFileError(f"key file {path} is not an Ed25519 private key")
     return SigningKey(role, kid_of(priv.public_key()), priv)
 
 

@@ -6,6 +6,7 @@ contextvars; each message gets one summary line (STYLE.md "Logging").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from typing import Literal
@@ -23,10 +24,8 @@ class _CurrentStderr:
             return 0
 
     def flush(self) -> None:
-        try:
+        with contextlib.suppress(ValueError):
             sys.stderr.flush()
-        except ValueError:
-            pass
 
 
 def configure_logging(fmt: Literal["auto", "json", "console"] = "auto", level: str = "INFO") -> None:

@@ -392,10 +392,8 @@ class MomentDesk:
                     moment_id=mid, principal=rec.principal, envelope_id=rec.envelope_id,
                     correlation_id=rec.correlation_id, resolution=res, resolved_at=ts,
                 )
-            if rec.hem:
-                accept = decision == "approve"
-            else:
-                accept = not isinstance(res, DialogueVeto)
+            # A HEM moment is an approval gate; an agent's moment is accepted unless its frame is rejected.
+            accept = decision == "approve" if rec.hem else not isinstance(res, DialogueVeto)
             text = getattr(res, "text", None) or getattr(res, "objection", None)
             verdict = _closing_verdict(
                 rec,
@@ -445,7 +443,7 @@ class MomentDesk:
             for rcb in self._resolved_callbacks:
                 try:
                     await rcb(rec)
-                except Exception:  # noqa: BLE001 - a hook must not stop the answer reaching the agent
+                except Exception:
                     log.exception("on_resolved hook failed", moment_id=mid)
         rec.published = True
         with contextlib.suppress(KeyWrongLastSequenceError):
@@ -493,7 +491,7 @@ class MomentDesk:
                 _, key = heapq.heappop(self._heap)
                 try:
                     await self._expire(key)
-                except Exception:  # noqa: BLE001 - one bad record must not stop expiry
+                except Exception:
                     log.exception("expiry failed", key=key)
             timeout = (self._heap[0][0] - now) if self._heap else 3600.0
             self._wake.clear()

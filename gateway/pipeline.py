@@ -231,7 +231,7 @@ class EnvelopeWorker:
                     msgs = await self._sub.fetch(min(batch, free), timeout=0.5)
                 except (NatsTimeout, TimeoutError):
                     continue
-                except Exception:  # noqa: BLE001 - connection trouble: keep the loop alive
+                except Exception:
                     if self._stopping:
                         return
                     log.exception("fetch failed; retrying")
@@ -270,7 +270,7 @@ class EnvelopeWorker:
         t0 = time.perf_counter()
         try:
             await self.pipeline.process_turn(turn)
-        except Exception:  # noqa: BLE001 - a worker never dies on one message
+        except Exception:
             log.exception("turn failed; will be redelivered", delivered=turn.num_delivered)
             for hook in self.gw.failure_hooks:
                 with contextlib.suppress(Exception):

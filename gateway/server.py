@@ -143,7 +143,7 @@ class EmbeddedServer:
         conf = self.data_dir / "nats-server.conf"
         conf.write_text(self.config_text(run_dir))
         os.chmod(conf, 0o600)
-        log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115 (kept for the child)
+        log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115, ASYNC230 - a local file handed to the child at start
         self._proc = await asyncio.create_subprocess_exec(
             nats_server_binary(),
             "-c",

@@ -65,5 +65,5 @@ async def run_services(services: list[Service], stop: asyncio.Event, *, on_start
             try:
                 await svc.drain()
                 log.info("service drained", service=svc.name)
-            except Exception:  # noqa: BLE001 - keep stopping the others
+            except Exception:
                 log.exception("drain failed; continuing", service=svc.name)

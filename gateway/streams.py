@@ -143,7 +143,7 @@ KV_BUCKETS = {
 }
 
 
-async def ensure_kv(js: JetStreamContext, name: str, *, replicas: int | None = None, ttl: float | None = None):  # noqa: ANN201
+async def ensure_kv(js: JetStreamContext, name: str, *, replicas: int | None = None, ttl: float | None = None):
     """Open KV bucket ``name``, creating it (file storage) if missing.
 
     ``replicas=None`` adopts the deployment's count (``cluster_replicas``).

@@ -31,7 +31,7 @@ async def nats_server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
 
 
 @pytest.fixture
-def make_config(tmp_path: Path, nats_server: EmbeddedServer):  # noqa: ANN201
+def make_config(tmp_path: Path, nats_server: EmbeddedServer):
     """Build a Config pointing at the test server, with a per-test data folder."""
 
     def _make(**overrides: object) -> Config:
@@ -43,7 +43,7 @@ def make_config(tmp_path: Path, nats_server: EmbeddedServer):  # noqa: ANN201
 
 
 @pytest.fixture
-async def nc(nats_server: EmbeddedServer):  # noqa: ANN201
+async def nc(nats_server: EmbeddedServer):
     """A plain client connection to the test server, with the contract's streams created."""
     client = await connect(nats_server.client_url, name="test")
     await ensure_streams(client.jetstream(), Config().subjects)
@@ -54,7 +54,7 @@ async def nc(nats_server: EmbeddedServer):  # noqa: ANN201
 
 
 @pytest.fixture
-async def gateway(nats_server: EmbeddedServer, make_config, nc):  # noqa: ANN201
+async def gateway(nats_server: EmbeddedServer, make_config, nc):
     """A running gateway (in-process) against the test server, open mode."""
     from gateway.app import Gateway
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from gateway.config import LimitsConfig
 from gateway.stages.base import Refuse
 from gateway.stages.shape import decode_body
-from gateway.config import LimitsConfig
 from subjects.client import Agent, envelope
 from tests.moments import GOOD_MOMENT
 

@@ -33,7 +33,7 @@ def test_services_and_nats_url_wiring():
     conf = (ROOT / conf_src).read_text()
     assert re.search(r"sync_interval:\s*always", conf)
     listen_port = re.search(r'listen:\s*"[^"]*:(\d+)"', conf).group(1)
-    subcommands = set(build_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001
+    subcommands = set(build_parser()._subparsers._group_actions[0].choices)
     for name in ("gateway", "signer", "registrar"):
         svc = services[name]
         assert svc["environment"]["NATS_URL"] == f"nats://nats:{listen_port}"

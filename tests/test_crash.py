@@ -41,7 +41,7 @@ async def test_killed_before_ack_gives_one_outcome_and_one_verdict(nats_server, 
     await asyncio.wait_for(processed.wait(), 10)
     # kill: the connection goes away without draining or acking
     await first_nc.close()
-    doomed.worker._task.cancel()  # noqa: SLF001
+    doomed.worker._task.cancel()
     await doomed.desk.close()
 
     second_nc = await connect(nats_server.client_url, name="second-gateway")

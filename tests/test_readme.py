@@ -19,7 +19,7 @@ def python_block(after_heading: str) -> str:
 async def test_agents_and_surfaces_example_runs(gateway, nc):
     """The README's agent + surface example, run against a real gateway, returns what the README says."""
     ns: dict = {}
-    exec(compile(python_block("### Agents and surfaces in Python"), "README.md", "exec"), ns)  # noqa: S102
+    exec(compile(python_block("### Agents and surfaces in Python"), "README.md", "exec"), ns)
     assert await ns["main"](nc) == (OptionChoice(index=0), "accepted")
 
 

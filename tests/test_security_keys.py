@@ -122,7 +122,7 @@ def test_signing_keys_are_0600_and_rotation_keeps_old_keys_verifiable(tmp_path: 
     assert set(published) == {old.kid, new.kid} and published[new.kid].active and not published[old.kid].active
     published[old.kid].public.verify(signed_before, b"capsule before rotation")  # raises if not verifiable
     os.chmod(key_dir / f"{old.kid}.pem", 0o644)
-    with pytest.raises(keys.KeyError_, match="0600"):
+    with pytest.raises(keys.KeyFileError, match="0600"):
         keys.public_keys(tmp_path, "signer")
 
 

@@ -87,7 +87,10 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
     async with contextlib.AsyncExitStack() as stack:
         nc = snc = None  # snc: the surface's own connection on a server enforcing per-party creds
         if not args.embedded:
-            from gateway.security import Party, party_creds  # issue 7: `pgw up` is secure by default
+            from gateway.security import (  # issue 7: `pgw up` is secure by default
+                Party,
+                party_creds,
+            )
 
             acreds = pcreds = None
             if not config.creds:

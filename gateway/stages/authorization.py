@@ -172,7 +172,7 @@ def scrub_measurements(text: str) -> str:
     return MEASUREMENT.sub("[measurement removed]", text)
 
 
-class PolicyRefusal(Exception):  # noqa: N818 - control flow inside this module
+class PolicyRefusal(Exception):
     def __init__(self, code: str, reason: str, path: str, user_code: str = "POLICY_VIOLATION") -> None:
         super().__init__(reason)
         self.code = code

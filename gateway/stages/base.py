@@ -51,7 +51,7 @@ class Ctx:
         self.warnings.append(Detail(message=message, rule=rule, path=path))
 
 
-class Refuse(Exception):  # noqa: N818 - a control-flow signal, not an error condition
+class Refuse(Exception):
     """Raised by a stage to refuse the envelope with a spec code.
 
     ``status`` is the spec 002 EnvelopeOutcome status; ``verdict_class`` the
