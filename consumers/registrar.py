@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import os
 from pathlib import Path
@@ -50,6 +49,7 @@ from consumers.verifier import payload_of
 from gateway import micro
 from gateway.keys import kid_of
 from gateway.logs import get_logger
+from gateway.service import stop_pull_loop
 from gateway.streams import cluster_replicas
 from subjects.errors import PgwError
 from subjects.util import now_rfc3339
@@ -264,16 +264,11 @@ class Registrar:
 
     async def drain(self) -> None:
         """Stop fetching, finish the statement in hand, close HTTP. Idempotent."""
-        await micro.unregister(getattr(self, "_micro", None)); self._micro = None  # noqa: E702
-        self._stopping.set()
+        await micro.unregister(getattr(self, "_micro", None))
+        self._micro = None
         task, self._task = self._task, None
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         sub, self._sub = self._sub, None
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        await stop_pull_loop(self._stopping, task, sub)
         client, self.client = self.client, None
         if client is not None:
             await client.close()

@@ -57,6 +57,7 @@ from consumers.cose import sign_statement
 from gateway import micro
 from gateway.keys import SigningKey, load_or_create
 from gateway.logs import get_logger
+from gateway.service import stop_pull_loop
 from gateway.streams import cluster_replicas
 from subjects.errors import PgwError
 from subjects.wire import Verdict, verdict_decoder
@@ -178,16 +179,11 @@ class Signer:
 
     async def drain(self) -> None:
         """Stop fetching, finish the batch in hand, release the subscription. Idempotent."""
-        await micro.unregister(getattr(self, "_micro", None)); self._micro = None  # noqa: E702
-        self._stopping.set()
+        await micro.unregister(getattr(self, "_micro", None))
+        self._micro = None
         task, self._task = self._task, None
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         sub, self._sub = self._sub, None
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        await stop_pull_loop(self._stopping, task, sub)
 
     async def wait_signed(self, n: int, timeout: float | None = None) -> None:
         """Wait until this instance has stored ``n`` capsules (tests, benchmarks)."""

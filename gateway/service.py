@@ -67,3 +67,14 @@ async def run_services(services: list[Service], stop: asyncio.Event, *, on_start
                 log.info("service drained", service=svc.name)
             except Exception:
                 log.exception("drain failed; continuing", service=svc.name)
+
+
+async def stop_pull_loop(stopping: asyncio.Event, task: asyncio.Task[Any] | None, sub: Any) -> None:
+    """Stop a consumer loop: signal it, let it finish what it holds, release its subscription."""
+    stopping.set()
+    if task is not None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if sub is not None:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
