@@ -21,6 +21,7 @@ from gateway.config import Config
 from gateway.keys import public_keys
 from gateway.publish import Publisher
 from subjects.wire import Verdict
+from tests.polling import until
 from tests.test_capsule_model import design_rows, verdict, vid
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,14 +38,11 @@ async def stream_items(js: Any, stream: str) -> list[tuple[str, bytes, dict[str,
 
 async def wait_count(js: Any, stream: str, n: int, timeout: float = 30.0) -> int:
     """Wait until ``stream`` holds at least ``n`` messages (polls the server, bounded)."""
-    async def poll() -> int:
-        while True:
-            c = (await js.stream_info(stream)).state.messages
-            if c >= n:
-                return c
-            await asyncio.sleep(0.05)
+    async def enough() -> int:
+        c = (await js.stream_info(stream)).state.messages
+        return c if c >= n else 0
 
-    return await asyncio.wait_for(poll(), timeout)
+    return await until(enough, timeout=timeout, what=f"{stream} holding {n} messages")
 
 
 def signer_keys(config: Config) -> dict[str, TrustedKey]:
@@ -158,13 +156,11 @@ async def test_kill9_mid_batch_every_verdict_exactly_one_capsule(nc: Any, make_c
         assert killed_at < n, "the signer finished before the kill; nothing was tested"
         proc = _spawn_signer(config, toml)
         await wait_count(js, "PGW_REGISTRATION", n, timeout=120)
-        async def drained() -> None:
-            while True:
-                ci = await js.consumer_info("PGW_VERDICTS", config.signer.durable)
-                if ci.num_pending == 0 and ci.num_ack_pending == 0:
-                    return
-                await asyncio.sleep(0.1)
-        await asyncio.wait_for(drained(), 60)
+        async def drained() -> bool:
+            ci = await js.consumer_info("PGW_VERDICTS", config.signer.durable)
+            return ci.num_pending == 0 and ci.num_ack_pending == 0
+
+        await until(drained, timeout=60, interval=0.1, what="the signer's consumer drained")
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

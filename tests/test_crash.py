@@ -54,14 +54,12 @@ async def test_killed_before_ack_gives_one_outcome_and_one_verdict(nats_server, 
         return await real_second(turn)
 
     monkeypatch.setattr(survivor.worker.pipeline, "process_turn", record)
+    acked = asyncio.Event()
+    survivor.timing_hooks.append(lambda _stage, _dt: acked.set())  # called right after the ack
     async with survivor as gw:
         js = nc.jetstream()
-        # Wait until the redelivered message is acked by the new gateway.
-        for _ in range(200):
-            ci = await js.consumer_info("PGW_INBOUND", "pgw-gateway")
-            if ci.ack_floor.stream_seq >= 1:
-                break
-            await asyncio.sleep(0.05)
+        await asyncio.wait_for(acked.wait(), 30)  # the redelivered message, re-processed and acked
+        ci = await js.consumer_info("PGW_INBOUND", "pgw-gateway")
         assert ci.ack_floor.stream_seq >= 1, ci
         await gw.drain()
     await second_nc.drain()

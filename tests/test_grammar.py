@@ -78,9 +78,12 @@ async def test_grammar_violations_are_refused_end_to_end(gateway, nc):
     surface = Surface(nc, "alice")
     seen: list[object] = []
 
+    first_seen = asyncio.Event()
+
     async def watch() -> None:
         async for item in surface.items():
             seen.append(item)
+            first_seen.set()
 
     watcher = asyncio.create_task(watch())
     cases = [VIOLATIONS[i] for i in (0, 10, 14, 17, 23)]
@@ -93,10 +96,7 @@ async def test_grammar_violations_are_refused_end_to_end(gateway, nc):
     eid = await agent.send_moment("alice", GOOD_MOMENT)
     ok = await agent.outcome_for(eid, timeout=10)
     assert ok.status == "accepted"
-    for _ in range(100):
-        if seen:
-            break
-        await asyncio.sleep(0.05)
+    await asyncio.wait_for(first_seen.wait(), 10)
     watcher.cancel()
     assert [getattr(i, "moment_id", None) for i in seen] == [ok.moment_id]
     js = nc.jetstream()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from tests.chaos.harness import (
     wait_drained,
     wait_services,
 )
+from tests.polling import until
 
 pytestmark = [pytest.mark.chaos]
 
@@ -106,8 +106,7 @@ async def _outcomes(js) -> int:
 
 
 async def _wait_outcomes(js, target: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while await _outcomes(js) < target:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"fewer than {target} outcomes after {timeout}s")
-        await asyncio.sleep(0.05)
+    async def reached() -> bool:
+        return await _outcomes(js) >= target
+
+    await until(reached, timeout=timeout, what=f"{target} outcomes")

@@ -31,6 +31,7 @@ from tests.chaos.harness import (
     wait_drained,
     wait_services,
 )
+from tests.polling import until
 
 pytestmark = [pytest.mark.chaos]
 
@@ -45,11 +46,11 @@ async def _outcomes(js) -> int:
 
 async def _wait_progress(js, target: int, procs: list[ServiceProc], timeout: float = 60) -> None:
     """Wait until ``target`` outcomes exist (the gateway is mid-stream), polling the server."""
-    deadline = time.monotonic() + timeout
-    while await _outcomes(js) < target:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no progress to {target} outcomes: {[p.log_tail() for p in procs]}")
-        await asyncio.sleep(0.02)
+    async def reached() -> bool:
+        return await _outcomes(js) >= target
+
+    await until(reached, timeout=timeout, interval=0.02,
+                what=lambda: f"progress to {target} outcomes: {[p.log_tail() for p in procs]}")
 
 
 async def _explain(js, eids: list[str]) -> None:

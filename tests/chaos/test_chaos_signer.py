@@ -22,6 +22,7 @@ from tests.chaos.harness import (
     wait_drained,
     wait_services,
 )
+from tests.polling import until
 from tests.scitt_ts import ScittTS
 
 pytestmark = [pytest.mark.chaos]
@@ -39,22 +40,22 @@ async def _count(js, stream: str) -> int:
 
 
 async def _wait_count(js, stream: str, target: int, procs: list[ServiceProc], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while await _count(js, stream) < target:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{stream} < {target}: " + "\n".join(p.log_tail() for p in procs))
-        await asyncio.sleep(0.02)
+    async def reached() -> bool:
+        return await _count(js, stream) >= target
+
+    await until(reached, timeout=timeout, interval=0.02,
+                what=lambda: f"{stream} >= {target}: " + "\n".join(p.log_tail() for p in procs))
 
 
 async def _wait_all_done(js, procs: list[ServiceProc], timeout: float = 180) -> None:
     """Gateway, signers and registrar have caught up: nothing pending anywhere."""
     await wait_drained(js, timeout=timeout)
     await wait_drained(js, "PGW_VERDICTS", "pgw-signer", timeout=timeout)
-    deadline = time.monotonic() + timeout
-    while await _count(js, "PGW_REGISTRATION") or await consumer_backlog(js, "PGW_REGISTRATION", "pgw-registrar"):
-        if time.monotonic() > deadline:
-            raise TimeoutError("registration queue not drained: " + "\n".join(p.log_tail() for p in procs))
-        await asyncio.sleep(0.2)
+    async def queue_empty() -> bool:
+        return not (await _count(js, "PGW_REGISTRATION") or await consumer_backlog(js, "PGW_REGISTRATION", "pgw-registrar"))
+
+    await until(queue_empty, timeout=timeout, interval=0.2,
+                what=lambda: "registration queue drained: " + "\n".join(p.log_tail() for p in procs))
 
 
 async def test_signers_and_registrar_kill9_rounds(tmp_path: Path, nats_server: EmbeddedServer, nc) -> None:

@@ -1,0 +1,35 @@
+"""Waiting on server-side state that no event announces.
+
+Prefer waiting on the event itself (a future, a subscription, a hook). Some
+facts live only on the server: how many messages a stream holds, whether a
+durable consumer has drained, whether a cluster has elected a leader. For
+those, poll with a bound: this is the one place that does it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def until(
+    probe: Callable[[], Awaitable[T]],
+    *,
+    timeout: float,
+    interval: float = 0.05,
+    what: str | Callable[[], str] = "condition",
+) -> T:
+    """Call ``probe()`` until it returns something truthy; return that. TimeoutError after ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if loop.time() > deadline:
+            desc = what() if callable(what) else what
+            raise TimeoutError(f"{desc} not reached within {timeout} s")
+        await asyncio.sleep(interval)
