@@ -70,17 +70,22 @@ async def ensure_agent_consumer(js: JetStreamContext, agent: str, *, prefix: str
     (DESIGN §7, nats-server #3202).
     """
     durable = outcome_durable(agent)
+    await ensure_pull_durable(js, OUTBOUND_STREAM, durable, Subjects(prefix).outcome(agent))
+    return durable
+
+
+async def ensure_pull_durable(js: JetStreamContext, stream: str, durable: str, filter_subject: str) -> None:
+    """Create (idempotently) a durable pull consumer on one subject that a party may only pull from."""
     await js.add_consumer(
-        OUTBOUND_STREAM,
+        stream,
         ConsumerConfig(
             durable_name=durable,
-            filter_subject=Subjects(prefix).outcome(agent),
+            filter_subject=filter_subject,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
             ack_wait=30,
         ),
     )
-    return durable
 
 
 def envelope(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import json
 from typing import Any
@@ -185,4 +184,3 @@ async def test_cli_verify_files_and_keys(tmp_path: Any, nc: Any, make_config: An
     # statements signed before the rotation still verify with the data folder's keys
     args = argparse.Namespace(paths=[str(d / "0.cose")], stream=[], key=[], ts_key=[], store=[], json=False)
     assert await cli.handle_verify(args, config) == 0
-    await asyncio.sleep(0)

@@ -135,8 +135,12 @@ async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
 
 
 async def settle(*conns: Conn) -> None:
+    """Every command of ``conns`` has reached the server and been answered, and the
+    client's reader task has handed over anything it already read (one loop turn),
+    so ``pending_msgs`` and request futures show the full result."""
     for c in conns:
         await flushed(c.nc)
+    await asyncio.sleep(0)
 
 
 # ---------------------------------------------------------------------------
@@ -153,7 +157,6 @@ async def _sub_attack(bed: Bed, attacker: Conn, subject: str, deliver: str, publ
     err = await attacker.violation(subject)
     await publisher.nc.publish(deliver, b'{"secret": "for the victim only"}')
     await settle(publisher, attacker)
-    await asyncio.sleep(0)  # let the reader task hand over anything already read
     assert sub.pending_msgs == 0, f"{sub.pending_msgs} message(s) delivered on {subject}"
     return f"refused ({_short(err)}), 0 delivered"
 
@@ -169,7 +172,6 @@ async def read_inbox(bed: Bed, attacker: Conn, victim: Conn) -> str:
     reply = await victim.nc.request(bed.subjects.capabilities, b"{}", timeout=WAIT)
     assert reply.subject.startswith(victim.party.inbox_prefix + ".")
     await settle(attacker)
-    await asyncio.sleep(0)
     assert sub.pending_msgs == 0, "the victim's reply reached the attacker"
     return f"refused ({_short(err)}), 0 delivered"
 
@@ -197,7 +199,6 @@ def pub_to(template: str) -> Attack:
             await attacker.nc.publish(subject, b'{"moment_id": "00000000000000000000000000000000", "forged": true}')
             err = await attacker.violation(subject)
             await settle(attacker, bed.service)
-            await asyncio.sleep(0)
             assert obs.pending_msgs == 0, "the forged message reached the subject"
         finally:
             await obs.unsubscribe()
@@ -224,7 +225,6 @@ def js_api(template: str, body: dict[str, object] | None = None) -> Attack:
         try:
             err = await attacker.violation(subject)
             await settle(attacker)
-            await asyncio.sleep(0)
             assert not req.done() or req.exception() is not None, "the JetStream API answered the attacker"
         finally:
             req.cancel()

@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 
-from gateway.connect import connect
 from gateway.server import EmbeddedServer
 from subjects.client import Agent
 from subjects.wire import EnvelopeOutcome, OptionChoice, ResolutionOutcome
 
 sys.path.insert(0, str(Path(__file__).parent / "web"))
-from surface_kit import REPO, moment, running_gateway
+from surface_kit import REPO, moment, planner_agent, running_gateway
 
 SECTION = "## Writing your own surface"
 WAIT = 20.0
@@ -45,14 +44,8 @@ def surface_example() -> tuple[Path, str]:
 
 @pytest.fixture
 async def agent(nats_server: EmbeddedServer, tmp_path: Path) -> AsyncIterator[Agent]:
-    async with running_gateway(nats_server, tmp_path / "gw"):
-        nc = await connect(nats_server.client_url, name="test-agent")
-        a = Agent(nc, "planner")
-        try:
-            yield a
-        finally:
-            await a.close()
-            await nc.drain()
+    async with running_gateway(nats_server, tmp_path / "gw"), planner_agent(nats_server) as a:
+        yield a
 
 
 async def _final(agent: Agent, mid: str) -> Any:

@@ -24,21 +24,15 @@ from subjects.client import Agent
 from subjects.wire import OptionChoice
 
 sys.path.insert(0, str(Path(__file__).parent / "web"))
-from surface_kit import Relay, moment, running_gateway
+from surface_kit import Relay, moment, planner_agent, running_gateway
 
 WAIT = 20.0
 
 
 @pytest.fixture
 async def agent(nats_server: EmbeddedServer, tmp_path: Path) -> AsyncIterator[Agent]:
-    async with running_gateway(nats_server, tmp_path / "gw"):
-        nc = await connect(nats_server.client_url, name="test-agent")
-        a = Agent(nc, "planner")
-        try:
-            yield a
-        finally:
-            await a.close()
-            await nc.drain()
+    async with running_gateway(nats_server, tmp_path / "gw"), planner_agent(nats_server) as a:
+        yield a
 
 
 async def test_feed_catches_up_after_reconnect(nats_server: EmbeddedServer, agent: Agent) -> None:

@@ -33,7 +33,7 @@ from subjects.wire import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent / "web"))
-from surface_kit import REPO, moment, running_gateway
+from surface_kit import REPO, moment, planner_agent, running_gateway
 
 WAIT = 20.0
 
@@ -46,13 +46,8 @@ async def gateway(nats_server: EmbeddedServer, tmp_path: Path) -> AsyncIterator[
 
 @pytest.fixture
 async def agent(nats_server: EmbeddedServer, gateway: Any) -> AsyncIterator[Agent]:
-    nc = await connect(nats_server.client_url, name="test-agent")
-    a = Agent(nc, "planner")
-    try:
+    async with planner_agent(nats_server) as a:
         yield a
-    finally:
-        await a.close()
-        await nc.drain()
 
 
 async def send(agent: Agent, m: dict[str, Any] | None = None, **kw: Any) -> str:

@@ -35,6 +35,7 @@ from surface_kit import (
     browser_ready,
     corpus,
     moment,
+    planner_agent,
     running_gateway,
 )
 
@@ -55,13 +56,8 @@ async def gateway(nats_server: EmbeddedServer, tmp_path: Path) -> AsyncIterator[
 
 @pytest.fixture
 async def agent(nats_server: EmbeddedServer, gateway: Any) -> AsyncIterator[Agent]:
-    nc = await connect(nats_server.client_url, name="test-agent")
-    a = Agent(nc, "planner")
-    try:
+    async with planner_agent(nats_server) as a:
         yield a
-    finally:
-        await a.close()
-        await nc.drain()
 
 
 @pytest.fixture

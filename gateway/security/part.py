@@ -13,13 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
 from gateway.logs import get_logger
 from gateway.security import msgid, parties
 from gateway.security.permissions import SURFACE_STREAM, principal_durable
 from gateway.stages import shape
-from subjects.client import ensure_agent_consumer
+from subjects.client import ensure_agent_consumer, ensure_pull_durable
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
@@ -34,16 +32,7 @@ async def ensure_principal_consumer(js: JetStreamContext, principal: str, *, pre
     from subjects.names import Subjects
 
     durable = principal_durable(principal)
-    await js.add_consumer(
-        SURFACE_STREAM,
-        ConsumerConfig(
-            durable_name=durable,
-            filter_subject=Subjects(prefix).surface(principal),
-            ack_policy=AckPolicy.EXPLICIT,
-            deliver_policy=DeliverPolicy.ALL,
-            ack_wait=30,
-        ),
-    )
+    await ensure_pull_durable(js, SURFACE_STREAM, durable, Subjects(prefix).surface(principal))
     return durable
 
 

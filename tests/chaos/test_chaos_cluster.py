@@ -5,6 +5,7 @@ doubled, and the gateway keeps serving while the node is down."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from pathlib import Path
 
@@ -97,12 +98,13 @@ async def test_r3_cluster_node_killed_under_load(tmp_path: Path) -> None:
 
 
 async def _outcomes(js) -> int:
-    for _ in range(50):
-        try:
-            return (await js.stream_info("PGW_OUTBOUND")).state.messages
-        except Exception:  # noqa: BLE001 - a leader election in progress
-            await asyncio.sleep(0.1)
-    raise TimeoutError("PGW_OUTBOUND unavailable")
+    async def info():  # None while a leader election is in progress
+        with contextlib.suppress(Exception):
+            return await js.stream_info("PGW_OUTBOUND")
+        return None
+
+    # Elections can take several request timeouts: bound it like the outcome wait itself.
+    return (await until(info, timeout=60, interval=0.1, what="PGW_OUTBOUND answering")).state.messages
 
 
 async def _wait_outcomes(js, target: int, timeout: float = 60) -> None:

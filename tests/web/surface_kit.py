@@ -20,6 +20,7 @@ from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.connect import connect
 from gateway.server import EmbeddedServer
+from subjects.client import Agent
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("PGW_CHROMIUM", "/usr/bin/chromium")
@@ -86,6 +87,18 @@ async def running_gateway(server: EmbeddedServer, data_dir: Path) -> AsyncIterat
         async with Gateway(config, nc) as gw:
             yield gw
     finally:
+        await nc.drain()
+
+
+@contextlib.asynccontextmanager
+async def planner_agent(server: EmbeddedServer) -> AsyncIterator[Agent]:
+    """The agent ``planner`` on a connection of its own, closed in order afterwards."""
+    nc = await connect(server.client_url, name="test-agent")
+    a = Agent(nc, "planner")
+    try:
+        yield a
+    finally:
+        await a.close()
         await nc.drain()
 
 
