@@ -18,6 +18,7 @@ from gateway.server import EmbeddedServer
 from subjects.client import envelope
 from subjects.util import now_rfc3339
 from subjects.wire import outcome_decoder, surface_item_decoder, verdict_decoder
+from tests.stored import stored_msgs
 
 BM = "vendor.pgw.binding_moment"
 _enc = msgspec.json.Encoder()
@@ -119,16 +120,7 @@ class Recorder:
 
 async def stream_bytes(nc: Any, stream: str) -> list[bytes]:
     """Every message body stored in ``stream``."""
-    js = nc.jetstream()
-    info = await js.stream_info(stream)
-    out = []
-    for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        try:
-            m = await js.get_msg(stream, seq)
-        except Exception:  # noqa: BLE001 - deleted
-            continue
-        out.append(m.data or b"")
-    return out
+    return [m.data or b"" for m in await stored_msgs(nc, stream)]
 
 
 async def stream_count(nc: Any, stream: str) -> int:

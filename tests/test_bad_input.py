@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
 from gateway.config import LimitsConfig
@@ -10,6 +9,7 @@ from gateway.stages.base import Refuse
 from gateway.stages.shape import decode_body
 from subjects.client import Agent, envelope
 from tests.moments import GOOD_MOMENT
+from tests.stored import stored_json
 
 LIMITS = LimitsConfig()
 
@@ -60,8 +60,7 @@ async def test_bad_bodies_get_outcomes_and_verdicts_and_the_stream_keeps_flowing
     assert {o.code for o in bad} == {"invalid_envelope_shape"}
     # Where the id could be read it is echoed back (duplicate keys, NaN).
     assert {"dup-1", "nan-1"} <= {o.envelope_id for o in bad}
-    info = await js.stream_info("PGW_VERDICTS")
-    verdicts = [msgspec.json.decode((await js.get_msg("PGW_VERDICTS", s)).data) for s in range(1, info.state.last_seq + 1)]
+    verdicts = await stored_json(js, "PGW_VERDICTS")
     blocked = [v for v in verdicts if v["verdict_class"] == "blocked"]
     assert len(blocked) == len(BAD_BODIES)
     assert all(v["reason"]["code"] == "invalid_envelope_shape" for v in blocked)

@@ -22,18 +22,14 @@ from gateway.keys import public_keys
 from gateway.publish import Publisher
 from subjects.wire import Verdict
 from tests.polling import until
+from tests.stored import stored_msgs
 from tests.test_capsule_model import design_rows, verdict, vid
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 async def stream_items(js: Any, stream: str) -> list[tuple[str, bytes, dict[str, str]]]:
-    state = (await js.stream_info(stream)).state
-    out = []
-    for seq in range(state.first_seq or 1, (state.last_seq or 0) + 1):
-        m = await js.get_msg(stream, seq)
-        out.append((f"{stream}#{seq}", m.data, m.headers or {}))
-    return out
+    return [(f"{stream}#{m.seq}", m.data, m.headers or {}) for m in await stored_msgs(js, stream)]
 
 
 async def wait_count(js: Any, stream: str, n: int, timeout: float = 30.0) -> int:

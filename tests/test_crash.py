@@ -5,20 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-import msgspec
-
 from gateway.app import Gateway
 from gateway.connect import connect
 from subjects.client import Agent
 from tests.moments import GOOD_MOMENT
-
-
-async def all_msgs(js, stream: str) -> list:
-    info = await js.stream_info(stream)
-    out = []
-    for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        out.append(await js.get_msg(stream, seq))
-    return out
+from tests.stored import stored_json
 
 
 async def test_killed_before_ack_gives_one_outcome_and_one_verdict(nats_server, make_config, nc, monkeypatch):
@@ -65,9 +56,9 @@ async def test_killed_before_ack_gives_one_outcome_and_one_verdict(nats_server, 
     await second_nc.drain()
 
     js = nc.jetstream()
-    outcomes = [msgspec.json.decode(m.data) for m in await all_msgs(js, "PGW_OUTBOUND")]
-    items = [msgspec.json.decode(m.data) for m in await all_msgs(js, "PGW_SURFACE")]
-    verdicts = [msgspec.json.decode(m.data) for m in await all_msgs(js, "PGW_VERDICTS")]
+    outcomes = await stored_json(js, "PGW_OUTBOUND")
+    items = await stored_json(js, "PGW_SURFACE")
+    verdicts = await stored_json(js, "PGW_VERDICTS")
     assert Counter(o["envelope_id"] for o in outcomes) == Counter({eids[0]: 1})
     assert [i["item"] for i in items] == ["binding_moment"]
     assert [v["verdict_class"] for v in verdicts] == ["hitl_dispatched"]

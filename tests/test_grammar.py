@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import copy
 
-import msgspec
 import pytest
 
 from gateway.stages.moment_grammar import check_binding_moment
 from subjects.client import Agent, Surface
 from tests.moments import GOOD_MOMENT
+from tests.stored import stored_json
 
 
 def mutate(path: str, value: object = ...) -> dict:
@@ -100,7 +100,6 @@ async def test_grammar_violations_are_refused_end_to_end(gateway, nc):
     watcher.cancel()
     assert [getattr(i, "moment_id", None) for i in seen] == [ok.moment_id]
     js = nc.jetstream()
-    info = await js.stream_info("PGW_VERDICTS")
-    verdicts = [msgspec.json.decode((await js.get_msg("PGW_VERDICTS", s)).data) for s in range(1, info.state.last_seq + 1)]
+    verdicts = await stored_json(js, "PGW_VERDICTS")
     assert sorted(v["verdict_class"] for v in verdicts) == ["blocked"] * len(cases) + ["hitl_dispatched"]
     await agent.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import msgspec
 import pytest
 
 from subjects.client import Agent, Surface
@@ -17,6 +16,7 @@ from subjects.wire import (
     WithdrawnItem,
 )
 from tests.moments import good_moment
+from tests.stored import stored_json
 
 
 async def first_item(surface: Surface, kind: type) -> object:
@@ -24,21 +24,6 @@ async def first_item(surface: Surface, kind: type) -> object:
         if isinstance(item, kind):
             return item
     raise AssertionError("unreachable")
-
-
-async def stream_msgs(nc, stream: str, subject: str | None = None) -> list[bytes]:
-    """Every message of ``stream`` (optionally one subject), read with a throwaway ordered consumer."""
-    js = nc.jetstream()
-    info = await js.stream_info(stream)
-    out = []
-    for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        try:
-            m = await js.get_msg(stream, seq)
-        except Exception:  # noqa: BLE001 - deleted
-            continue
-        if subject is None or m.subject == subject:
-            out.append(m.data)
-    return out
 
 
 @pytest.mark.parametrize(
@@ -64,7 +49,7 @@ async def test_each_resolution_reaches_the_agent_distinctly(gateway, nc, resolut
     assert res.resolution == resolution
     assert res.moment_id == item.moment_id
     await agent.close()
-    verdicts = [msgspec.json.decode(b) for b in await stream_msgs(nc, "PGW_VERDICTS")]
+    verdicts = await stored_json(nc, "PGW_VERDICTS")
     classes = sorted(v["verdict_class"] for v in verdicts)
     assert classes == ["hitl_dispatched", "resolved"]
     resolved = next(v for v in verdicts if v["verdict_class"] == "resolved")
