@@ -181,13 +181,17 @@ class Agent:
             raise RefusedError(out.code or out.status, out.reason or "refused")
         return await self.resolution_for(out.moment_id, timeout=timeout)
 
-    async def resolution_for(self, moment_id: str, *, timeout: float | None = None) -> ResolutionOutcome:
-        """Wait for the principal's answer to ``moment_id``; RefusedError if it expires."""
+    async def final_outcome(self, moment_id: str, *, timeout: float | None = None) -> Outcome:
+        """The outcome that closes ``moment_id``: the principal's resolution, or its expiry."""
         await self._ensure_pump()
-        final = await asyncio.wait_for(
+        return await asyncio.wait_for(
             self._expect(lambda o: getattr(o, "moment_id", None) == moment_id and not isinstance(o, EnvelopeOutcome)),
             timeout,
         )
+
+    async def resolution_for(self, moment_id: str, *, timeout: float | None = None) -> ResolutionOutcome:
+        """Wait for the principal's answer to ``moment_id``; RefusedError if it expires."""
+        final = await self.final_outcome(moment_id, timeout=timeout)
         if not isinstance(final, ResolutionOutcome):
             raise RefusedError("expired", "the moment expired before the principal answered")
         return final

@@ -12,13 +12,12 @@ import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gateway.server import EmbeddedServer
 from subjects.client import Agent
-from subjects.wire import EnvelopeOutcome, OptionChoice, ResolutionOutcome
+from subjects.wire import OptionChoice, ResolutionOutcome
 
 sys.path.insert(0, str(Path(__file__).parent / "web"))
 from surface_kit import REPO, moment, planner_agent, running_gateway
@@ -48,16 +47,6 @@ async def agent(nats_server: EmbeddedServer, tmp_path: Path) -> AsyncIterator[Ag
         yield a
 
 
-async def _final(agent: Agent, mid: str) -> Any:
-    async def first() -> Any:
-        async for o in agent.outcomes():
-            if not isinstance(o, EnvelopeOutcome) and getattr(o, "moment_id", None) == mid:
-                return o
-        raise AssertionError("unreachable")
-
-    return await asyncio.wait_for(first(), WAIT)
-
-
 async def test_documented_surface_renders_and_answers_a_moment(
     nats_server: EmbeddedServer, agent: Agent, tmp_path: Path
 ) -> None:
@@ -81,7 +70,7 @@ async def test_documented_surface_renders_and_answers_a_moment(
     assert "2. Send the summary only   <- recommended" in text
     assert "f. answer in my own words" in text and "d. reject the question" in text
     assert "'status': 'accepted'" in text
-    res = await _final(agent, out.moment_id)
+    res = await agent.final_outcome(out.moment_id, timeout=WAIT)
     assert isinstance(res, ResolutionOutcome) and res.resolution == OptionChoice(index=1)
 
 

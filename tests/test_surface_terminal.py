@@ -24,16 +24,14 @@ from gateway.server import EmbeddedServer
 from subjects.client import Agent
 from subjects.wire import (
     DialogueVeto,
-    EnvelopeOutcome,
     FreeTextAnswer,
     MomentExpired,
     OptionChoice,
-    Outcome,
     ResolutionOutcome,
 )
 
 sys.path.insert(0, str(Path(__file__).parent / "web"))
-from surface_kit import REPO, moment, planner_agent, running_gateway
+from surface_kit import REPO, accepted_moment, moment, planner_agent, running_gateway
 
 WAIT = 20.0
 
@@ -48,27 +46,6 @@ async def gateway(nats_server: EmbeddedServer, tmp_path: Path) -> AsyncIterator[
 async def agent(nats_server: EmbeddedServer, gateway: Any) -> AsyncIterator[Agent]:
     async with planner_agent(nats_server) as a:
         yield a
-
-
-async def send(agent: Agent, m: dict[str, Any] | None = None, **kw: Any) -> str:
-    """Send a binding moment to alice; return its moment id once the gateway accepted it."""
-    eid = await agent.send_moment("alice", m or moment(), **kw)
-    out = await agent.outcome_for(eid, timeout=WAIT)
-    assert out.status == "accepted", out
-    assert out.moment_id
-    return out.moment_id
-
-
-async def final_outcome(agent: Agent, moment_id: str) -> Outcome:
-    """The resolution (or expiry) outcome the agent receives for ``moment_id``."""
-
-    async def first() -> Outcome:
-        async for o in agent.outcomes():
-            if not isinstance(o, EnvelopeOutcome) and getattr(o, "moment_id", None) == moment_id:
-                return o
-        raise AssertionError("unreachable")
-
-    return await asyncio.wait_for(first(), WAIT)
 
 
 def pgw_env(tmp_path: Path) -> dict[str, str]:
@@ -91,8 +68,8 @@ async def test_terminal_keys_answer_moments_and_agent_receives_each_resolution(
     nats_server: EmbeddedServer, agent: Agent, tmp_path: Path
 ) -> None:
     """In a real terminal, ↓↓ Enter picks option 2, f + text answers in own words, d rejects the question; the agent gets each."""
-    m_option = await send(agent)
-    m_free = await send(agent, moment(stem="Which auditor contact should receive the summary?"))
+    m_option = await accepted_moment(agent)
+    m_free = await accepted_moment(agent, moment(stem="Which auditor contact should receive the summary?"))
     child = pexpect.spawn(
         sys.executable, pgw_argv(nats_server), cwd=str(REPO), env=pgw_env(tmp_path),
         dimensions=(60, 140), encoding="utf-8", timeout=WAIT,
@@ -111,7 +88,7 @@ async def test_terminal_keys_answer_moments_and_agent_receives_each_resolution(
         child.send("\r")
         # The redrawn screen shows the next pending moment, then the gateway's reply on the status line.
         await expect("Which auditor contact.*Accepted: option 2")
-        out = await final_outcome(agent, m_option)
+        out = await agent.final_outcome(m_option, timeout=WAIT)
         assert isinstance(out, ResolutionOutcome) and out.resolution == OptionChoice(index=1)
 
         # The next pending moment: the answer-space hatch, typed text, Enter.
@@ -120,18 +97,18 @@ async def test_terminal_keys_answer_moments_and_agent_receives_each_resolution(
         child.send("Send it to Dana at the audit firm")
         child.send("\r")
         await expect("Accepted: your own answer")
-        out = await final_outcome(agent, m_free)
+        out = await agent.final_outcome(m_free, timeout=WAIT)
         assert isinstance(out, ResolutionOutcome)
         assert out.resolution == FreeTextAnswer(text="Send it to Dana at the audit firm")
 
         # A moment that arrives while the surface is open: the question-space hatch.
-        m_dialogue = await send(agent, moment(stem="Should the board pack include the audit summary?"))
+        m_dialogue = await accepted_moment(agent, moment(stem="Should the board pack include the audit summary?"))
         await expect("Should the board pack include")
         child.send("d")
         await expect("What is wrong with the question")
         child.send("The board meets next quarter\r")
         await expect("Accepted: you rejected the question")
-        out = await final_outcome(agent, m_dialogue)
+        out = await agent.final_outcome(m_dialogue, timeout=WAIT)
         assert isinstance(out, ResolutionOutcome)
         assert out.resolution == DialogueVeto(objection="The board meets next quarter")
         child.send("q")
@@ -147,7 +124,7 @@ async def test_terminal_removes_a_moment_answered_on_another_device(
     """A moment answered elsewhere is withdrawn from the open terminal surface."""
     from consumers.surfaces.feed import SurfaceFeed
 
-    mid = await send(agent)
+    mid = await accepted_moment(agent)
     child = pexpect.spawn(
         sys.executable, pgw_argv(nats_server), cwd=str(REPO), env=pgw_env(tmp_path),
         dimensions=(60, 140), encoding="utf-8", timeout=WAIT,
@@ -231,16 +208,16 @@ async def test_late_surface_gets_pending_but_not_answered_or_expired(
     """A surface that connects later gets the still-pending moment, and neither the answered nor the expired one."""
     from consumers.surfaces.feed import SurfaceFeed
 
-    answered = await send(agent, moment(stem="Answered already?"))
-    expired = await send(agent, moment(stem="Expired already?"), expires_in_s=1)
-    pending = await send(agent, moment(stem="Still waiting?"))
+    answered = await accepted_moment(agent, moment(stem="Answered already?"))
+    expired = await accepted_moment(agent, moment(stem="Expired already?"), expires_in_s=1)
+    pending = await accepted_moment(agent, moment(stem="Still waiting?"))
     nc = await connect(nats_server.client_url, name="laptop")
     try:
         assert (await SurfaceFeed(nc, "alice").resolve(answered, OptionChoice(index=0))).status == "accepted"
     finally:
         await nc.drain()
-    assert isinstance(await final_outcome(agent, answered), ResolutionOutcome)
-    assert isinstance(await final_outcome(agent, expired), MomentExpired)  # the event, not a sleep
+    assert isinstance(await agent.final_outcome(answered, timeout=WAIT), ResolutionOutcome)
+    assert isinstance(await agent.final_outcome(expired, timeout=WAIT), MomentExpired)  # the event, not a sleep
 
     surface = await JsonSurface.start(nats_server, tmp_path)
     surface.proc.stdin.close()  # type: ignore[union-attr]  # no answers: print the snapshot and exit
@@ -261,7 +238,7 @@ async def test_two_devices_first_answer_wins_and_the_other_sees_withdrawn(
     laptop = await JsonSurface.start(nats_server, tmp_path, "--follow")
     try:
         # Both surfaces are live (their pending snapshot is an empty list, so wait on a first item).
-        mid = await send(agent)
+        mid = await accepted_moment(agent)
         await phone.wait_for(item_event(mid))
         await laptop.wait_for(item_event(mid))
         reply = await phone.answer(mid, {"kind": "option", "index": 2})
@@ -270,7 +247,7 @@ async def test_two_devices_first_answer_wins_and_the_other_sees_withdrawn(
         assert withdrawn["plan"] == {**withdrawn["plan"], "plan": "withdraw", "reason": "resolved"}
         late = await laptop.answer(mid, {"kind": "option", "index": 0})
         assert late["status"] == "refused" and late["code"] == "already_resolved"
-        out = await final_outcome(agent, mid)
+        out = await agent.final_outcome(mid, timeout=WAIT)
         assert isinstance(out, ResolutionOutcome) and out.resolution == OptionChoice(index=2)
     finally:
         for s in (phone, laptop):
@@ -282,7 +259,7 @@ async def test_json_mode_reports_invalid_answer_lines_and_keeps_going(
     nats_server: EmbeddedServer, agent: Agent, tmp_path: Path
 ) -> None:
     """A line that is not a resolve request is reported as an error event; the next valid answer still goes through."""
-    mid = await send(agent)
+    mid = await accepted_moment(agent)
     surface = await JsonSurface.start(nats_server, tmp_path)
     try:
         await surface.wait_for(item_event(mid))
@@ -293,7 +270,7 @@ async def test_json_mode_reports_invalid_answer_lines_and_keeps_going(
         assert reply["status"] == "accepted"
     finally:
         assert await surface.close() == 0
-    out = await final_outcome(agent, mid)
+    out = await agent.final_outcome(mid, timeout=WAIT)
     assert isinstance(out, ResolutionOutcome) and out.resolution == FreeTextAnswer(text="Only totals, please")
 
 
@@ -330,6 +307,6 @@ async def test_terminal_answers_a_clarification_question_by_question(
         await asyncio.to_thread(child.expect, pexpect.EOF)
     finally:
         child.close(force=True)
-    out = await final_outcome(agent, mid)
+    out = await agent.final_outcome(mid, timeout=WAIT)
     assert isinstance(out, ResolutionOutcome)
     assert out.resolution == ClarificationAnswers(answers={"account": "ACME-42", "when": "Friday"})

@@ -24,7 +24,7 @@ from consumers.surfaces.web import WebSurfaceServer
 from gateway.connect import connect
 from gateway.server import EmbeddedServer
 from subjects.client import Agent
-from subjects.wire import EnvelopeOutcome, FreeTextAnswer, OptionChoice, Outcome, ResolutionOutcome
+from subjects.wire import FreeTextAnswer, OptionChoice, ResolutionOutcome
 
 sys.path.insert(0, str(Path(__file__).parent / "web"))
 from surface_kit import (
@@ -32,6 +32,7 @@ from surface_kit import (
     CHROMIUM_ARGS,
     REPO,
     Relay,
+    accepted_moment,
     browser_ready,
     corpus,
     moment,
@@ -89,29 +90,12 @@ async def open_page(browser: Any, web: WebSurfaceServer) -> Any:
     return page
 
 
-async def send(agent: Agent, m: dict[str, Any] | None = None, **kw: Any) -> str:
-    eid = await agent.send_moment("alice", m or moment(), **kw)
-    out = await agent.outcome_for(eid, timeout=WAIT)
-    assert out.status == "accepted" and out.moment_id, out
-    return out.moment_id
-
-
-async def final_outcome(agent: Agent, moment_id: str) -> Outcome:
-    async def first() -> Outcome:
-        async for o in agent.outcomes():
-            if not isinstance(o, EnvelopeOutcome) and getattr(o, "moment_id", None) == moment_id:
-                return o
-        raise AssertionError("unreachable")
-
-    return await asyncio.wait_for(first(), WAIT)
-
-
 async def test_page_shows_moment_per_contract_and_a_click_answers_it(
     agent: Agent, web: WebSurfaceServer, browser: Any
 ) -> None:
     """Agent publishes → the page renders briefing, recommended option, reasoning and both hatches → a click answers → the agent receives it."""
     page = await open_page(browser, web)
-    mid = await send(agent)
+    mid = await accepted_moment(agent)
     card = page.locator(f"article[data-moment-id='{mid}']")
     await card.wait_for(timeout=MS)
     text = await card.inner_text()
@@ -135,7 +119,7 @@ async def test_page_shows_moment_per_contract_and_a_click_answers_it(
     await card.locator("label.option", has_text="Send the full report").click()
     await card.get_by_role("button", name="Answer: Send the full report").click()
     await card.locator(".reply-ok", has_text="Accepted").wait_for(timeout=MS)
-    out = await final_outcome(agent, mid)
+    out = await agent.final_outcome(mid, timeout=WAIT)
     assert isinstance(out, ResolutionOutcome) and out.resolution == OptionChoice(index=0)
     assert page.errors == []
 
@@ -146,7 +130,7 @@ async def test_second_tab_sees_the_moment_withdrawn_when_the_first_answers(
     """Two tabs show the same moment; one answers in its own words, the other tab's card is withdrawn with a note."""
     laptop = await open_page(browser, web)
     phone = await open_page(browser, web)
-    mid = await send(agent)
+    mid = await accepted_moment(agent)
     sel = f"article[data-moment-id='{mid}']"
     await laptop.locator(sel).wait_for(timeout=MS)
     await phone.locator(sel).wait_for(timeout=MS)
@@ -158,7 +142,7 @@ async def test_second_tab_sees_the_moment_withdrawn_when_the_first_answers(
     await card.locator(".reply-ok", has_text="Accepted").wait_for(timeout=MS)
     await phone.locator(sel).wait_for(state="detached", timeout=MS)
     assert "answered on another device" in await phone.locator("#activity").inner_text()
-    out = await final_outcome(agent, mid)
+    out = await agent.final_outcome(mid, timeout=WAIT)
     assert isinstance(out, ResolutionOutcome)
     assert out.resolution == FreeTextAnswer(text="Send totals only, no customer names")
 
@@ -170,7 +154,7 @@ async def test_page_opened_late_lists_pending_and_shows_refusal_reply(
     from gateway.moments import HemContext
     from subjects.wire import BindingMoment
 
-    mid = await send(agent)
+    mid = await accepted_moment(agent)
     hem = msgspec.convert(
         moment(
             stem="May the agent refund order 1042?",
@@ -281,12 +265,12 @@ async def test_page_catches_up_after_its_connection_drops(
     try:
         async with WebSurfaceServer(principal="alice", ws_url=f"ws://127.0.0.1:{relay.port}", port=0) as web:
             page = await open_page(browser, web)
-            answered = await send(agent, moment(stem="Answered while offline?"))
+            answered = await accepted_moment(agent, moment(stem="Answered while offline?"))
             await page.locator(f"article[data-moment-id='{answered}']").wait_for(timeout=MS)
             relay.cut()
             await page.locator("#conn[data-status=offline]").wait_for(timeout=MS)
             assert (await SurfaceFeed(other, "alice").resolve(answered, OptionChoice(index=0))).status == "accepted"
-            later = await send(agent, moment(stem="Sent while offline?"))
+            later = await accepted_moment(agent, moment(stem="Sent while offline?"))
             relay.open = True
             await page.locator(f"article[data-moment-id='{later}']").wait_for(timeout=MS)
             await page.locator(f"article[data-moment-id='{answered}']").wait_for(state="detached", timeout=MS)
@@ -341,6 +325,6 @@ async def test_page_answers_a_clarification(gateway: Any, agent: Agent, web: Web
     await card.get_by_label("Which account should be billed?").fill("ACME-42")
     await card.get_by_role("button", name="Send answers").click()
     await card.locator(".reply-ok", has_text="Accepted").wait_for(timeout=MS)
-    out = await final_outcome(agent, mid)
+    out = await agent.final_outcome(mid, timeout=WAIT)
     assert isinstance(out, ResolutionOutcome)
     assert out.resolution == ClarificationAnswers(answers={"account": "ACME-42"})

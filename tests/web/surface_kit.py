@@ -102,6 +102,14 @@ async def planner_agent(server: EmbeddedServer) -> AsyncIterator[Agent]:
         await nc.drain()
 
 
+async def accepted_moment(agent: Agent, m: dict[str, Any] | None = None, *, principal: str = "alice", **kw: Any) -> str:
+    """Send a moment (the standard one by default) and return its moment_id once accepted."""
+    eid = await agent.send_moment(principal, m or moment(), **kw)
+    out = await agent.outcome_for(eid, timeout=20.0)
+    assert out.status == "accepted" and out.moment_id, out
+    return out.moment_id
+
+
 class Relay:
     """A TCP relay to the server that can be cut (all links closed, new ones refused) and restored."""
 
