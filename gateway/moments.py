@@ -292,23 +292,31 @@ class MomentDesk:
         return _dec.decode(entry.value), entry.revision
 
     async def pending(self, principal: str) -> list[SurfaceItem]:
-        """Items still awaiting ``principal``, oldest first."""
+        """Items still awaiting ``principal``, oldest first.
+
+        The keys come from the server's per-subject index of the bucket's
+        stream, not from a KV watcher: nats-py's watcher can signal "initial
+        values done" before a value already in the client's buffer is handed
+        over, which made a late surface miss a pending moment under load.
+        """
         now = time.time()
-        watcher = await self.kv.watch(f"{principal}.*", ignore_deletes=True)
-        records: list[MomentRecord] = []
-        try:
-            while True:
-                entry = await watcher.updates(timeout=5.0)
-                if entry is None:
-                    break
-                if entry.value:
-                    rec = _dec.decode(entry.value)
-                    if rec.status == "pending" and not (rec.expires_at and rec.expires_at <= now):
-                        records.append(rec)
-        finally:
-            await watcher.stop()
+        pre = f"$KV.{BUCKET}."
+        info = await self.js.stream_info(f"KV_{BUCKET}", subjects_filter=f"{pre}{principal}.*")
+        keys = [subject[len(pre):] for subject in (info.state.subjects or {})]
+        values = await asyncio.gather(*(self._value(k) for k in keys))
+        records = [
+            rec
+            for rec in (_dec.decode(v) for v in values if v)
+            if rec.status == "pending" and not (rec.expires_at and rec.expires_at <= now)
+        ]
         records.sort(key=lambda r: r.created_at)
         return [r.item for r in records]
+
+    async def _value(self, key: str) -> bytes | None:
+        try:
+            return (await self.kv.get(key)).value
+        except KeyNotFoundError:  # deleted or expired since the listing
+            return None
 
     # -- resolution -------------------------------------------------------
     async def resolve(self, principal: str, moment_id: str, resolution: Resolution) -> ResolveReply:

@@ -110,3 +110,19 @@ async def test_other_surfaces_get_withdrawn_and_late_surface_gets_pending(gatewa
     await gen.aclose()
     assert await late.pending() == []
     await agent.close()
+
+
+async def test_pending_lists_exactly_the_principals_open_moments(gateway, nc):
+    """pending() returns every open moment of that principal, oldest first, none answered and none of a look-alike principal."""
+    agent = Agent(nc, "planner")
+    mids = []
+    for i in range(12):
+        eid = await agent.send_moment("alice", good_moment(stem=f"Which records should Harbor receive, batch {i}?"))
+        mids.append((await agent.outcome_for(eid, timeout=10)).moment_id)
+    eid = await agent.send_moment("alice2", good_moment())
+    assert (await agent.outcome_for(eid, timeout=10)).status == "accepted"
+    alice = Surface(nc, "alice")
+    assert (await alice.resolve(mids[3], OptionChoice(index=0))).status == "accepted"
+    listed = [i.moment_id for i in await alice.pending()]
+    assert listed == [m for k, m in enumerate(mids) if k != 3]
+    await agent.close()
