@@ -9,6 +9,7 @@ from gateway.app import Gateway
 from gateway.connect import connect
 from subjects.client import Agent
 from tests.moments import GOOD_MOMENT
+from tests.polling import until
 from tests.stored import stored_json
 
 
@@ -50,8 +51,11 @@ async def test_killed_before_ack_gives_one_outcome_and_one_verdict(nats_server, 
     async with survivor as gw:
         js = nc.jetstream()
         await asyncio.wait_for(acked.wait(), 30)  # the redelivered message, re-processed and acked
-        ci = await js.consumer_info("PGW_INBOUND", "pgw-gateway")
-        assert ci.ack_floor.stream_seq >= 1, ci
+
+        async def ack_recorded() -> bool:  # the ack is asynchronous: the server records it a moment later
+            return (await js.consumer_info("PGW_INBOUND", "pgw-gateway")).ack_floor.stream_seq >= 1
+
+        await until(ack_recorded, timeout=10, what="the survivor's ack recorded by the server")
         await gw.drain()
     await second_nc.drain()
 
