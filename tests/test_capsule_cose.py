@@ -12,20 +12,23 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from consumers.capsule import MEDIA_TYPE
 from consumers.cose import (
     CoseError,
     TrustedKey,
     decode_sign1,
     inclusion_path,
     merkle_root,
+    pycose_sign_statement,
     root_from_path,
     sign_receipt,
+    sign_statement,
     statement_leaf,
     verify_receipt,
     verify_sign1,
     with_receipt,
 )
-from consumers.signer import sign_payload
+from consumers.signer import claims_for, sign_payload
 from gateway.keys import SigningKey, kid_of
 from tests.test_capsule_model import design_rows, make
 
@@ -75,6 +78,18 @@ def test_statement_verifies_independently_of_pycose() -> None:
         with pytest.raises(InvalidSignature):
             key.public.verify(sig, cbor2.dumps(["Signature1", prot_b, b"", body + b" "]))
         verify_sign1(decode_sign1(stmt), trusted(key))  # and the production (pycose) path agrees
+
+
+def test_direct_signing_matches_pycose_byte_for_byte() -> None:
+    """sign_statement (hand-built Sig_structure) and pycose's Sign1Message give identical bytes."""
+    key = signing_key()
+    for v in design_rows():
+        payload = make(v).to_json()
+        claims = claims_for(json.loads(payload))
+        ours = sign_statement(payload, key.private, key.kid, claims, MEDIA_TYPE)
+        assert ours == pycose_sign_statement(payload, key.private, key.kid, claims, MEDIA_TYPE)
+        assert ours == sign_payload(payload, key)
+        verify_sign1(decode_sign1(ours), trusted(key))
 
 
 def test_signing_is_deterministic() -> None:
