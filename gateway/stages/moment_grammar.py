@@ -29,7 +29,9 @@ def _text(out: list[Detail], v: Any, path: str, rule: str, limit: int) -> None:
         out.append(Detail(message=f"{path} must be a non-empty string", path=path, rule=rule))
     elif len(v) > limit:
         out.append(Detail(message=f"{path} is longer than {limit} characters", path=path, rule="string_too_long"))
-    elif hidden := hidden_controls(v, tags=rule in ("synopsis", "stem", "option_label")):  # issue 7: spoofing
+    # issue 7: spoofing. Bidi controls and tag characters are not ASCII, so an
+    # ASCII slot (the common case) skips the per-character scan.
+    elif not v.isascii() and (hidden := hidden_controls(v, tags=rule in ("synopsis", "stem", "option_label"))):
         out.append(Detail(message=f"{path} contains an invisible control ({hidden})", path=path, rule="hidden_characters"))
 
 

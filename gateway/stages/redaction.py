@@ -180,9 +180,19 @@ class Redactor:
 
     def _leaves(self, texts: list[str]) -> list[str]:
         """Redact a sequence of strings rendered adjacently (document order)."""
-        spans: list[list[tuple[int, int]]] = [self._token_spans(t) for t in texts]
+        joined = "\n".join(texts)
+        low = joined.lower() if joined.isascii() else None
+        if low is not None and "secret:" not in low:
+            # All ASCII: each leaf's skeleton is its lower-case text, so no
+            # leaf holds a token unless the joined lower-case text does.
+            spans: list[list[tuple[int, int]]] = [[] for _ in texts]
+        else:
+            spans = [self._token_spans(t) for t in texts]
         if self._needles:
-            fast = "".join(fast_skeleton(t, keep_space=False) for t in texts)
+            fast = (
+                low.translate(_ASCII_WS) if low is not None
+                else "".join(fast_skeleton(t, keep_space=False) for t in texts)
+            )
             if not any(n in fast for n in self._needles):
                 return [_apply(t, s) for t, s in zip(texts, spans, strict=True)]
             skels = [skeleton(t, keep_space=False) for t in texts]
@@ -206,8 +216,22 @@ class Redactor:
         return [_apply(t, s) for t, s in zip(texts, spans, strict=True)]
 
     # -- graphs ----------------------------------------------------------
+    def plainly_clean(self, obj: Any) -> bool:
+        """True when ``obj`` (a JSON graph or a wire Struct) certainly holds nothing to redact.
+
+        A cheap pre-check, exact in one direction only: with no configured
+        secrets, a graph whose JSON text is ASCII and holds no ``secret:`` in
+        any letter case has no ``secret:`` token in any leaf or key (every
+        leaf's skeleton is then its lower-case text, and JSON escapes none of
+        those characters). Anything else takes the full walk.
+        """
+        if self._needles:
+            return False
+        blob = msgspec.json.encode(obj)
+        return blob.isascii() and b"secret:" not in blob.lower()
+
     def graph(self, value: Any) -> Any:
-        """A copy of a JSON graph with every string leaf and key redacted."""
+        """A copy of a JSON graph with every string leaf and key redacted (``value`` itself if none changed)."""
         leaves: list[str] = []
         is_key: list[bool] = []
 
@@ -235,6 +259,8 @@ class Redactor:
         vals = [i for i, k in enumerate(is_key) if not k]
         for i, t in zip(vals, self._leaves([done[i] for i in vals]), strict=True):
             done[i] = t
+        if all(d is leaf for d, leaf in zip(done, leaves, strict=True)):
+            return value  # nothing redacted: no copy
         red = iter(done)
 
         def rebuild(x: Any) -> Any:
@@ -260,10 +286,12 @@ class Redactor:
         return self.graph(value) == value
 
     def scrub_struct(self, obj: T) -> T:
-        """A redacted copy of a wire Struct (outcome, verdict, surface item)."""
+        """A redacted copy of a wire Struct (outcome, verdict, surface item); ``obj`` itself when clean."""
+        if self.plainly_clean(obj):
+            return obj
         builtins = msgspec.to_builtins(obj)
         red = self.graph(builtins)
-        if red == builtins:
+        if red is builtins or red == builtins:
             return obj
         return msgspec.convert(red, type(obj))
 
@@ -275,9 +303,11 @@ async def run(ctx: Ctx) -> None:
     env = ctx.env
     assert env is not None and ctx.kind is not None
     r = (await pipeline_state(ctx.gw)).redactor
+    if r.plainly_clean(env):
+        return
     raw = msgspec.to_builtins(env)
     red = r.graph(raw)
-    if red == raw:
+    if red is raw or red == raw:
         return
     ctx.extra["redacted"] = True
     try:
