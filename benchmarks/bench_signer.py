@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ from gateway.streams import ensure_streams
 from subjects.util import stable_id
 from subjects.wire import Refusal, ReportedEffect, Verdict
 
-N = 600
+N = int(os.environ.get("PGW_BENCH_SIGNER_N", "3000"))
 SALT = "00" * 32
 
 
@@ -82,8 +83,10 @@ async def _through_signer(verdicts: list[Verdict], tmp: Path) -> float:
             await ensure_streams(js, config.subjects)
             pub = Publisher(js, config.subjects)
             await asyncio.gather(*(pub.verdict(v) for v in verdicts))
-            t0 = time.perf_counter()
             async with Signer(config, nc) as signer:
+                # From the moment the signer is up (key, salt, streams, consumer: one-off costs) to
+                # the last capsule stored: the steady-state rate.
+                t0 = time.perf_counter()
                 await signer.wait_signed(len(verdicts), timeout=600)
                 elapsed = time.perf_counter() - t0
             return len(verdicts) / elapsed

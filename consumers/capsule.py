@@ -142,7 +142,12 @@ def canonical_bytes(value: Any) -> bytes:
     """RFC 8785 (JCS) serialization of ``normalize(value)``."""
     fast = [True]
     normalized = _normalize_checked(value, fast)
-    if fast[0]:
+    return _jcs_of_normalized(normalized, fast[0])
+
+
+def _jcs_of_normalized(normalized: Any, fast: bool) -> bytes:
+    """JCS of an already normalized value; ``fast``: the walk found nothing msgspec writes differently."""
+    if fast:
         try:
             return _JCS.encode(normalized)
         except UnicodeEncodeError:
@@ -150,12 +155,18 @@ def canonical_bytes(value: Any) -> bytes:
     return rfc8785.dumps(normalized)
 
 
-def json_digest(value: Any) -> str:
-    """JSON-DIGEST (§2). Raises CapsuleError if the value has no JCS form."""
+def _digest_of_normalized(normalized: Any, fast: bool) -> str:
     try:
-        return hashlib.sha256(canonical_bytes(value)).hexdigest()
+        return hashlib.sha256(_jcs_of_normalized(normalized, fast)).hexdigest()
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as e:
         raise CapsuleError("§2 JSON-DIGEST", f"value has no JCS form: {e}") from e
+
+
+def json_digest(value: Any) -> str:
+    """JSON-DIGEST (§2). Raises CapsuleError if the value has no JCS form."""
+    fast = [True]
+    normalized = _normalize_checked(value, fast)
+    return _digest_of_normalized(normalized, fast[0])
 
 
 def find_floats(value: Any, path: str = "$") -> list[str]:
@@ -355,6 +366,24 @@ class Capsule(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         """The payload bytes that get signed: JCS of the normalized capsule."""
         return canonical_bytes(msgspec.to_builtins(self))  # canonical_bytes normalizes
 
+    def checked_form(self) -> tuple[dict[str, Any], str, bytes]:
+        """(normalized payload, the capsule_id it derives (§5.1), its JCS bytes), from one walk.
+
+        Floats are refused here (§5.1 decimal strings), with their paths.
+        """
+        fast = [True]
+        body = _normalize_checked(msgspec.to_builtins(self), fast)
+        if not fast[0]:
+            floats = find_floats(body)
+            if floats:
+                raise CapsuleError("§5.1 decimal strings", f"floating-point values at {', '.join(floats)}")
+        capsule_id = _digest_of_normalized(identity_form(body), fast[0])
+        try:
+            payload = _jcs_of_normalized(body, fast[0])
+        except (rfc8785.CanonicalizationError, TypeError, ValueError) as e:
+            raise CapsuleError("§2 JSON-DIGEST", f"capsule has no JCS form: {e}") from e
+        return body, capsule_id, payload
+
 
 def _check_timestamp(ts: str) -> None:
     try:
@@ -428,11 +457,8 @@ def build_capsule(
         ledger=ledger,
         pgw=pgw or None,
     )
-    body = cap.to_dict()
-    floats = find_floats(body)
-    if floats:
-        raise CapsuleError("§5.1 decimal strings", f"floating-point values at {', '.join(floats)}")
-    return msgspec.structs.replace(cap, capsule_id=compute_capsule_id(body))
+    _body, capsule_id, _payload = cap.checked_form()
+    return msgspec.structs.replace(cap, capsule_id=capsule_id)
 
 
 # ---------------------------------------------------------------------------
@@ -608,12 +634,14 @@ def attach_ledger(cap: Capsule, ledger: Ledger) -> Capsule:
     return msgspec.structs.replace(cap, ledger=ledger)
 
 
-def ready_to_sign(cap: Capsule) -> None:
-    """Refuse a capsule whose claimed assurance is not backed by what it carries."""
+def ready_to_sign(cap: Capsule) -> bytes:
+    """The payload bytes to sign; refuse a capsule whose claims are not backed by what it carries."""
     if cap.assurance.ledger_mode == "chained" and cap.ledger is None:
         raise CapsuleError("§5.3 assurance", "ledger_mode chained without a hash-chain linkage")
-    if cap.capsule_id != compute_capsule_id(cap.to_dict()):
+    _body, capsule_id, payload = cap.checked_form()
+    if cap.capsule_id != capsule_id:
         raise CapsuleError("§5.1 capsule_id", "capsule_id does not match the canonical form")
+    return payload
 
 
 def subject_urn(operator: str, action_id: str) -> str:

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import (
     AckPolicy,
@@ -55,6 +56,13 @@ from consumers import capsule as cap_mod
 from consumers.capsule import CapsuleError, Ledger, ledger_entry_hash
 from consumers.cose import sign_statement
 from gateway import micro
+from gateway.atomic import (
+    ERR_ATOMIC_DISABLED,
+    ERR_WRONG_LAST_SEQ,
+    MAX_BATCH,
+    enable_atomic,
+    publish_atomic,
+)
 from gateway.keys import SigningKey, load_or_create
 from gateway.logs import get_logger
 from gateway.service import stop_pull_loop
@@ -72,7 +80,7 @@ log = get_logger("pgw.signer")
 
 LEDGER_STREAM = "PGW_SIGNER_LEDGER"
 VERDICT_STREAM = "PGW_VERDICTS"
-_WRONG_LAST_SEQ = 10071  # JSStreamWrongLastSequenceErr
+REGISTRATION_STREAM = "PGW_REGISTRATION"
 
 
 class LedgerEntry(msgspec.Struct, frozen=True):
@@ -148,6 +156,9 @@ class Signer:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._sub: Any = None
+        self._atomic_ledger = False
+        self._atomic_register = False
+        self._timeout = 10.0  # a durable write unanswered this long counts as failed
         self.signed = 0
         self._progress = asyncio.Condition()
 
@@ -192,7 +203,7 @@ class Signer:
 
     # -- the loop -----------------------------------------------------------
     async def _run(self) -> None:
-        batch = self.config.signer.batch
+        batch = min(self.config.signer.batch, MAX_BATCH)
         while not self._stopping.is_set():
             try:
                 msgs = await self._sub.fetch(batch, timeout=0.5)
@@ -204,71 +215,94 @@ class Signer:
                 log.exception("fetch failed; retrying")
                 await asyncio.sleep(0.5)
                 continue
-            # Ledger appends stay sequential (they build the chain); the capsule publishes of a
-            # batch then run concurrently, each verdict acked after its own capsule's PubAck.
-            prepared = [p for p in [await self._prepare(m) for m in msgs] if p is not None]
-            await asyncio.gather(*(self._publish(*p) for p in prepared))
+            await self.handle_batch(msgs)
 
     async def handle(self, msg: Msg) -> None:
         """Turn one verdict message into one capsule; ack only after the capsule is stored."""
-        prepared = await self._prepare(msg)
-        if prepared is not None:
-            await self._publish(*prepared)
+        await self.handle_batch([msg])
 
-    async def _prepare(self, msg: Msg) -> tuple[Msg, Verdict, bytes, str, str] | None:
-        try:
-            verdict = verdict_decoder.decode(msg.data)
-        except (msgspec.DecodeError, ValueError) as e:
-            # Not a verdict at all: there is no action to record. Kept out of the loop, loudly.
-            log.error("undecodable verdict message terminated", subject=msg.subject, error=str(e))
-            await msg.term()
-            return None
-        try:
-            statement, capsule_id, status = await self.sign_verdict(verdict, msg)
-        except _ParentPending as e:
-            await msg.nak(delay=min(0.2 * e.deliveries, 2.0))
-            return None
-        except CapsuleError:
-            log.exception("capsule construction refused; verdict left for redelivery",
-                          verdict_id=verdict.verdict_id)
-            await msg.nak(delay=5.0)
-            return None
-        except Exception:
-            log.exception("signing failed; verdict left for redelivery", verdict_id=verdict.verdict_id)
-            await msg.nak(delay=1.0)
-            return None
-        return msg, verdict, statement, capsule_id, status
+    async def handle_batch(self, msgs: list[Msg]) -> None:
+        """One capsule per verdict message, each message acked only after its capsule is stored.
 
-    async def _publish(self, msg: Msg, verdict: Verdict, statement: bytes, capsule_id: str, status: str) -> None:
-        headers = {"Nats-Msg-Id": capsule_id, "Pgw-Capsule-Id": capsule_id, "Pgw-Verdict-Id": verdict.verdict_id}
-        if verdict.traceparent:
-            headers["traceparent"] = verdict.traceparent
-        try:
-            ack = await self.js.publish(self.subjects.capsule_register, statement, headers=headers)
-        except Exception:
-            log.exception("capsule publish failed; verdict left for redelivery", verdict_id=verdict.verdict_id)
-            await msg.nak(delay=1.0)
-            return
-        await msg.ack()
-        self.signed += 1
-        async with self._progress:
-            self._progress.notify_all()
-        log.info("capsule signed", verdict_id=verdict.verdict_id, capsule_id=capsule_id,
-                 verdict_class=verdict.verdict_class, ledger=status, duplicate=bool(ack.duplicate))
+        The batch's new ledger links are appended as one chained atomic batch
+        and its capsules published as another (:mod:`gateway.atomic`): two
+        durable writes for the whole batch instead of two per capsule. A
+        verdict that cannot be signed now is nak'ed on its own; the rest go on.
+        """
+        jobs: list[_Job] = []
+        for m in msgs:
+            try:
+                jobs.append(_Job(m, verdict_decoder.decode(m.data)))
+            except (msgspec.DecodeError, ValueError) as e:
+                # Not a verdict at all: there is no action to record. Kept out of the loop, loudly.
+                log.error("undecodable verdict message terminated", subject=m.subject, error=str(e))
+                await m.term()
+        await self._recall(jobs)
+        built: dict[str, str] = {}  # verdict_id -> capsule_id of this batch (a parent may be here)
+        ready: list[_Job] = []
+        for job in jobs:
+            if job.entry is None:
+                vid = job.verdict.verdict_id
+                try:
+                    job.capsule = await self._build(job.verdict, job.msg, built)
+                except _ParentPending as e:
+                    await job.msg.nak(delay=min(0.2 * e.deliveries, 2.0))
+                    continue
+                except CapsuleError:
+                    log.exception("capsule construction refused; verdict left for redelivery", verdict_id=vid)
+                    await job.msg.nak(delay=5.0)
+                    continue
+                except Exception:
+                    log.exception("signing failed; verdict left for redelivery", verdict_id=vid)
+                    await job.msg.nak(delay=1.0)
+                    continue
+                built[vid] = job.capsule.capsule_id
+            ready.append(job)
+        new = [j for j in ready if j.entry is None]
+        if new:
+            try:
+                await self._append_jobs(new)
+            except Exception:
+                log.exception("ledger append failed; verdicts left for redelivery", count=len(new))
+                for j in new:
+                    await j.msg.nak(delay=1.0)
+                ready = [j for j in ready if j.entry is not None]
+        assert self.key is not None
+        for job in ready:
+            assert job.entry is not None
+            job.statement = sign_payload(job.entry.payload.encode(), self.key)
+        await self._publish_jobs(ready)
 
     async def sign_verdict(self, verdict: Verdict, msg: Msg | None = None) -> tuple[bytes, str, str]:
-        """(statement bytes, capsule_id, "new" | "replayed") for ``verdict``."""
+        """(statement bytes, capsule_id, "new" | "replayed") for ``verdict``, without publishing it."""
         assert self.key is not None
-        # A first delivery cannot have been signed before, except when the same verdict reached
-        # the stream twice; the ledger's Msg-Id dedup (window: signer.ledger_duplicate_window_s)
-        # catches that case in _append. Redeliveries look the verdict up by subject, which has
-        # no window at all.
-        first = msg is not None and msg.metadata.num_delivered == 1
-        entry = None if first else await self._lookup(verdict.verdict_id)
-        status = "replayed"
-        if entry is None:
-            parent = None
-            if verdict.supersedes:
+        job = _Job(msg, verdict)
+        await self._recall([job])
+        if job.entry is None:
+            job.capsule = await self._build(verdict, msg, {})
+            await self._append_jobs([job])
+        assert job.entry is not None
+        return sign_payload(job.entry.payload.encode(), self.key), job.entry.capsule_id, job.status
+
+    async def _recall(self, jobs: list[_Job]) -> None:
+        """Find the recorded ledger entry of every verdict that may have been signed before.
+
+        A first delivery cannot have been signed before, except when the same
+        verdict reached the stream twice; the ledger's Msg-Id dedup (window:
+        signer.ledger_duplicate_window_s) catches that case when appending.
+        Redeliveries look the verdict up by subject, which has no window at all.
+        """
+        again = [j for j in jobs if j.msg is None or j.msg.metadata.num_delivered > 1]
+        found = await asyncio.gather(*(self._lookup(j.verdict.verdict_id) for j in again))
+        for job, entry in zip(again, found, strict=True):
+            if entry is not None:
+                job.entry, job.status = entry, "replayed"
+
+    async def _build(self, verdict: Verdict, msg: Msg | None, built: dict[str, str]) -> cap_mod.Capsule:
+        parent = None
+        if verdict.supersedes:
+            parent = built.get(verdict.supersedes)
+            if parent is None:
                 pentry = await self._lookup(verdict.supersedes)
                 if pentry is not None:
                     parent = pentry.capsule_id
@@ -278,18 +312,65 @@ class Signer:
                         raise _ParentPending(deliveries)
                     log.warning("superseded parent never signed; capsule carries no chain",
                                 verdict_id=verdict.verdict_id, parent_verdict=verdict.supersedes)
-            capsule = cap_mod.capsule_from_verdict(
-                verdict,
-                operator=self.config.operator,
-                salt=self.salt,
-                default_developer=self.config.signer.developer,
-                authority=self.config.signer.authority,
-                parent_capsule_id=parent,
-                fallback_ts=_stream_time(msg),
+        return cap_mod.capsule_from_verdict(
+            verdict,
+            operator=self.config.operator,
+            salt=self.salt,
+            default_developer=self.config.signer.developer,
+            authority=self.config.signer.authority,
+            parent_capsule_id=parent,
+            fallback_ts=_stream_time(msg),
+        )
+
+    async def _publish_jobs(self, jobs: list[_Job]) -> None:
+        """Store every job's capsule in ``capsule.register`` (one atomic batch), then ack its verdict."""
+        if not jobs:
+            return
+        items = [(self.subjects.capsule_register, j.statement, self._capsule_headers(j)) for j in jobs]
+        stored: list[bool] | None = None
+        duplicate = [False] * len(jobs)
+        if self._atomic_register:
+            try:
+                await publish_atomic(self.nc, items, timeout=self._timeout)
+                stored = [True] * len(jobs)
+            except APIError as e:
+                if e.err_code == ERR_ATOMIC_DISABLED:
+                    self._atomic_register = False
+                # A capsule stored before (a redelivery after a crash) refuses the whole batch:
+                # publish one by one, which settles each duplicate on its own.
+            except (NatsError, TimeoutError) as e:
+                log.warning("atomic capsule batch failed; publishing one by one", count=len(jobs), error=repr(e))
+        if stored is None:
+            acks = await asyncio.gather(
+                *(self.js.publish(subject, data, headers=dict(headers)) for subject, data, headers in items),
+                return_exceptions=True,
             )
-            entry, status = await self._append(verdict.verdict_id, capsule)
-        payload = entry.payload.encode()
-        return sign_payload(payload, self.key), entry.capsule_id, status
+            stored = []
+            for i, ack in enumerate(acks):
+                if isinstance(ack, BaseException):
+                    log.error("capsule publish failed; verdict left for redelivery",
+                              verdict_id=jobs[i].verdict.verdict_id, error=repr(ack))
+                    stored.append(False)
+                else:
+                    stored.append(True)
+                    duplicate[i] = bool(ack.duplicate)
+        for job, ok, dup in zip(jobs, stored, duplicate, strict=True):
+            if job.msg is not None:
+                await (job.msg.ack() if ok else job.msg.nak(delay=1.0))
+            if ok:
+                log.info("capsule signed", verdict_id=job.verdict.verdict_id, capsule_id=job.entry.capsule_id,
+                         verdict_class=job.verdict.verdict_class, ledger=job.status, duplicate=dup)
+        self.signed += sum(stored)
+        async with self._progress:
+            self._progress.notify_all()
+
+    def _capsule_headers(self, job: _Job) -> dict[str, str]:
+        assert job.entry is not None
+        cid = job.entry.capsule_id
+        headers = {"Nats-Msg-Id": cid, "Pgw-Capsule-Id": cid, "Pgw-Verdict-Id": job.verdict.verdict_id}
+        if job.verdict.traceparent:
+            headers["traceparent"] = job.verdict.traceparent
+        return headers
 
     # -- the ledger ---------------------------------------------------------
     def _ledger_subject(self, verdict_id: str) -> str:
@@ -307,8 +388,13 @@ class Signer:
                 duplicate_window=self.config.signer.ledger_duplicate_window_s,
                 deny_delete=True,
                 deny_purge=True,
+                allow_atomic=True,
                 num_replicas=await cluster_replicas(self.js),  # R3 in a cluster, like the rest
             ))
+        # Both streams take a batch per fetched batch of verdicts; a stream made before this
+        # (or by an operator) gets the additive allow_atomic flag, or the signer goes one by one.
+        self._atomic_ledger = await enable_atomic(self.js, LEDGER_STREAM)
+        self._atomic_register = await enable_atomic(self.js, REGISTRATION_STREAM)
 
     async def _lookup(self, verdict_id: str) -> LedgerEntry | None:
         try:
@@ -326,17 +412,83 @@ class Signer:
         e = _entry_decoder.decode(raw.data)
         return _Head(last, e.hash, e.capsule_id)
 
-    async def _append(self, verdict_id: str, capsule: cap_mod.Capsule) -> tuple[LedgerEntry, str]:
+    @staticmethod
+    def _link(head: _Head, verdict_id: str, capsule: cap_mod.Capsule) -> tuple[LedgerEntry, _Head]:
+        """The ledger entry for ``capsule`` right after ``head`` (§5.3 chained), and the new head."""
+        position = head.seq + 1
+        linked = cap_mod.attach_ledger(
+            capsule, Ledger(position=position, prev_hash=head.hash, prev_capsule_id=head.capsule_id)
+        )
+        payload = cap_mod.ready_to_sign(linked)
+        chain = msgspec.to_builtins(linked.chain) if linked.chain else None
+        h = ledger_entry_hash(position, linked.capsule_id, chain, head.hash)
+        entry = LedgerEntry(position, verdict_id, linked.capsule_id, head.hash, h, payload.decode())
+        return entry, _Head(position, h, linked.capsule_id)
+
+    async def _append_jobs(self, jobs: list[_Job]) -> None:
+        """Append the jobs' capsules to the ledger as one chained run; set each job's entry.
+
+        One atomic batch whose first message carries ``Nats-Expected-Last-Sequence``
+        = the head we chained onto: either every link lands right after it, in
+        order, or none does. Another signer having appended first (wrong last
+        sequence) means re-reading the head; a verdict it signed meanwhile is
+        taken from the ledger as it stands.
+        """
+        pending = list(jobs)
+        for _ in range(100):
+            if not pending:
+                return
+            if not self._atomic_ledger:
+                for job in pending:
+                    job.entry, job.status = await self._append(job.verdict.verdict_id, job.capsule)
+                return
+            head = self._head or await self._read_head()
+            entries, last = [], head
+            for job in pending:
+                entry, last = self._link(last, job.verdict.verdict_id, job.capsule)
+                entries.append(entry)
+            items = [(self._ledger_subject(e.verdict_id), msgspec.json.encode(e), {"Nats-Msg-Id": e.verdict_id})
+                     for e in entries]
+            try:
+                ack = await publish_atomic(self.nc, items, timeout=self._timeout,
+                                           first_headers={"Nats-Expected-Last-Sequence": str(head.seq)})
+            except APIError as e:
+                self._head = None
+                if e.err_code == ERR_WRONG_LAST_SEQ:
+                    found = await asyncio.gather(*(self._lookup(j.verdict.verdict_id) for j in pending))
+                    still = []
+                    for job, existing in zip(pending, found, strict=True):
+                        if existing is None:
+                            still.append(job)
+                        else:
+                            job.entry, job.status = existing, "replayed"
+                    pending = still
+                    continue
+                if e.err_code == ERR_ATOMIC_DISABLED:
+                    self._atomic_ledger = False
+                # A verdict already in the ledger (it reached the stream twice) refuses the whole
+                # batch: append one at a time, which settles each duplicate on its own.
+                for job in pending:
+                    job.entry, job.status = await self._append(job.verdict.verdict_id, job.capsule)
+                return
+            except BaseException:
+                self._head = None  # unanswered: the run may or may not be stored
+                raise
+            if ack.seq != last.seq:  # cannot happen with the expected-sequence header; be loud
+                self._head = None
+                raise PgwError(f"ledger run ended at {ack.seq}, expected {last.seq}")
+            self._head = last
+            for job, entry in zip(pending, entries, strict=True):
+                job.entry, job.status = entry, "new"
+            return
+        raise PgwError("ledger append kept losing the race; giving up for this delivery")
+
+    async def _append(self, verdict_id: str, capsule: cap_mod.Capsule | None) -> tuple[LedgerEntry, str]:
+        """Append one link (the one-at-a-time path: duplicates, streams without atomic batches)."""
+        assert capsule is not None
         for _ in range(100):
             head = self._head or await self._read_head()
-            position = head.seq + 1
-            linked = cap_mod.attach_ledger(
-                capsule, Ledger(position=position, prev_hash=head.hash, prev_capsule_id=head.capsule_id)
-            )
-            cap_mod.ready_to_sign(linked)
-            chain = msgspec.to_builtins(linked.chain) if linked.chain else None
-            h = ledger_entry_hash(position, linked.capsule_id, chain, head.hash)
-            entry = LedgerEntry(position, verdict_id, linked.capsule_id, head.hash, h, linked.to_json().decode())
+            entry, new_head = self._link(head, verdict_id, capsule)
             try:
                 ack = await self.js.publish(
                     self._ledger_subject(verdict_id),
@@ -345,7 +497,7 @@ class Signer:
                     headers={"Nats-Msg-Id": verdict_id, "Nats-Expected-Last-Sequence": str(head.seq)},
                 )
             except APIError as e:
-                if e.err_code == _WRONG_LAST_SEQ:
+                if e.err_code == ERR_WRONG_LAST_SEQ:
                     # Another signer appended (perhaps this very verdict): re-read and retry.
                     # The server checks the expected sequence before the Msg-Id dedup.
                     self._head = None
@@ -358,12 +510,24 @@ class Signer:
                 self._head = None
                 raw = await self.js.get_msg(LEDGER_STREAM, ack.seq)
                 return _entry_decoder.decode(raw.data), "replayed"
-            if ack.seq != position:  # cannot happen with the expected-sequence header; be loud
+            if ack.seq != new_head.seq:  # cannot happen with the expected-sequence header; be loud
                 self._head = None
-                raise PgwError(f"ledger position {ack.seq} != expected {position}")
-            self._head = _Head(position, h, linked.capsule_id)
+                raise PgwError(f"ledger position {ack.seq} != expected {new_head.seq}")
+            self._head = new_head
             return entry, "new"
         raise PgwError("ledger append kept losing the race; giving up for this delivery")
+
+
+@dataclass
+class _Job:
+    """One verdict on its way to a capsule."""
+
+    msg: Msg | None
+    verdict: Verdict
+    entry: LedgerEntry | None = None
+    status: str = "new"
+    capsule: cap_mod.Capsule | None = None
+    statement: bytes = b""
 
 
 def _stream_time(msg: Msg | None) -> str | None:
