@@ -258,18 +258,18 @@ class KernelService:
             await self._deny_verdict(agent, None, digest, "REQUEST_MALFORMED", "the request is not a JSON object", None, tp)
             raise self._reject("REQUEST_MALFORMED", "the request body must be a JSON object {mandate, action, resource?, idp}")
         try:
-            idp, mandate, resource, pii, sess = await self._validate(agent, raw)
+            idp, mandate, resource, pii, read = await self._validate(agent, raw)
         except _RefusalError as r:
             res = r.result
             assert isinstance(res, Reject)
             await self._deny_verdict(agent, res.idp_id, digest, res.error_code, res.reason, None, tp)
             raise
-        return await self._decide(agent, raw, idp, mandate, resource, pii, sess, receipt, tp)
+        return await self._decide(agent, raw, idp, mandate, resource, pii, read, receipt, tp)
 
     # spec 003 §5.2, in order ---------------------------------------------------
     async def _validate(
         self, agent: str, raw: dict[str, Any]
-    ) -> tuple[Idp, Mandate, dict[str, str], list[str], SessionEntry]:
+    ) -> tuple[Idp, Mandate, dict[str, str], list[str], tuple[SessionEntry, int | None]]:
         # (a) an IDP is present
         idp_raw = raw.get("idp")
         if idp_raw is None:
@@ -329,8 +329,13 @@ class KernelService:
                 idp_id=idp.idp_id,
                 details=[Detail(message="source of the instruction not named", path="$.reasoning_basis.description", rule="instruction_source")],
             )
-        # (c) idp_id unique for the governed object (and for this agent's reports)
-        known, reported = await asyncio.gather(self.state.idp(idp.so_id, idp.idp_id), self.state.so_of(agent, idp.idp_id))
+        # (c) idp_id unique for the governed object (and for this agent's reports).
+        # The session entry for (f) is read in the same round trip; only the
+        # reads overlap, the checks below still run in the order of §5.2.
+        known, reported, read = await asyncio.gather(
+            self.state.idp(idp.so_id, idp.idp_id), self.state.so_of(agent, idp.idp_id),
+            self.state.session(agent, idp.session_id),
+        )
         if known is not None or reported:
             raise self._reject("IDP_DUPLICATE", "this idp_id was already submitted (spec 003 §5.2(c), §8.4)", idp_id=idp.idp_id)
         # mandate: signature, revocation, expiry (DESIGN §5.2)
@@ -345,7 +350,7 @@ class KernelService:
         if idp.mandate_id != mandate.jti:
             raise self._reject("IDP_MANDATE_MISMATCH", "the IDP mandate_id is not the jti of the presented mandate", idp_id=idp.idp_id)
         # (f) step_sequence strictly increasing per session
-        sess = await self._session(agent, idp.session_id)
+        sess, rev = await self._session(agent, idp.session_id, read)
         if sess.state == "TERMINATED":
             raise self._reject("SESSION_TERMINATED", "this session was ended by its principal after a human escalation", idp_id=idp.idp_id)
         if idp.step_sequence <= sess.last_step:
@@ -357,10 +362,13 @@ class KernelService:
         # §7: IDP_THIN where the configuration does not accept it
         if isinstance(idp, IdpThin) and (not self.cfg.thin_accepted or idp.requested_action in self.cfg.thin_refused_actions):
             raise self._reject("IDP_THIN_NOT_ACCEPTED", f"{idp.requested_action} requires an IDP_STANDARD declaration (spec 003 §7)", idp_id=idp.idp_id)
-        return idp, mandate, resource, pii, sess
+        return idp, mandate, resource, pii, (sess, rev)
 
-    async def _session(self, agent: str, session_id: str) -> SessionEntry:
-        sess, _ = await self.state.session(agent, session_id)
+    async def _session(
+        self, agent: str, session_id: str, read: tuple[SessionEntry, int] | None = None
+    ) -> tuple[SessionEntry, int | None]:
+        """The session, settling a HEM decision the desk holds; revision None if settled here."""
+        sess, rev = read or await self.state.session(agent, session_id)
         if sess.state == "HEM_PENDING" and sess.hem_moment_id and sess.hem_principal:
             # The desk may have resolved the moment before our callback ran.
             found = await self.desk.get(sess.hem_principal, sess.hem_moment_id)
@@ -370,13 +378,15 @@ class KernelService:
                 rec = found[0]
                 decision = hem_decision_of(rec.resolution) if rec.status == "resolved" else "expired"
                 sess = await self._apply_hem(agent, session_id, sess.hem_idp_id or "", rec.moment_id, decision)
-        return sess
+                return sess, None
+        return sess, rev
 
     # after validation: commit, then Cedar ------------------------------------
     async def _decide(
         self, agent: str, raw: dict[str, Any], idp: Idp, m: Mandate, resource: dict[str, str],
-        pii: list[str], sess: SessionEntry, receipt: str, tp: str | None,
+        pii: list[str], read: tuple[SessionEntry, int | None], receipt: str, tp: str | None,
     ) -> KernelResult:
+        sess, rev = read
         hem_available = self.cfg.hem_enabled and sess.state == "ACTIVE"
         # No transition of a session in HEM_PENDING proceeds (spec 003 §6.2 HEM_PENDING).
         if sess.state == "HEM_PENDING":
@@ -393,7 +403,11 @@ class KernelService:
             return True
 
         try:
-            await self.state.update_session(agent, idp.session_id, advance)
+            # The CAS is on the revision validation read, so no second read is
+            # needed; a write in between fails it and update_session re-reads.
+            await self.state.update_session(
+                agent, idp.session_id, advance, known=(sess, rev) if rev is not None else None
+            )
         except _RaceError as r:
             if str(r) == "HEM_PENDING":
                 return await self._deny(agent, idp, m, "HEM_PENDING", raw["idp"], available=[], hem_available=False, tp=tp)

@@ -157,10 +157,22 @@ class KernelState:
         with contextlib.suppress(KeyWrongLastSequenceError):
             await self.kv.create(tr_key(agent, idp_id), so_id.encode())
 
-    async def update_session(self, agent: str, session_id: str, fn: Any) -> SessionEntry:
-        """Apply ``fn(entry) -> bool`` (True = changed) with CAS retries; return the result."""
+    async def update_session(
+        self, agent: str, session_id: str, fn: Any, *, known: tuple[SessionEntry, int] | None = None
+    ) -> SessionEntry:
+        """Apply ``fn(entry) -> bool`` (True = changed) with CAS retries; return the result.
+
+        ``known`` is an entry and revision the caller has just read: the first
+        attempt starts from a copy of it instead of reading again. The write is
+        still a compare-and-set on that revision, so if anyone wrote in between
+        it fails and the retry re-reads and re-applies ``fn``.
+        """
         for _ in range(20):
-            s, rev = await self.session(agent, session_id)
+            if known is not None:
+                s, rev = msgspec.structs.replace(known[0], mismatches=list(known[0].mismatches)), known[1]
+                known = None
+            else:
+                s, rev = await self.session(agent, session_id)
             if not fn(s):
                 return s
             try:
