@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,7 +11,8 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from gateway.kernel.mandate import issue_mandate
+from gateway.config import load_config
+from gateway.kernel.mandate import MandateError, MandateVerifier, issue_mandate
 from gateway.keys import kid_of
 from subjects.idp import EnrichedDeny, HemPending, Permit, Reject
 from tests.kernel_support import (
@@ -141,6 +143,22 @@ async def test_mandate_expired(env: Env) -> None:
     token, jti = env.issuer.mandate(agent=AGENT, so_id=env.so, ttl_s=-300)
     r = await env.send(idp(so_id=env.so, mandate_id=jti, step=1, action="CloseBooking"), mandate=token)
     assert isinstance(r, Reject) and r.error_code == "MANDATE_EXPIRED"
+
+
+def test_remembered_mandate_is_still_checked(issuer: Issuer, tmp_path: Path) -> None:
+    """A mandate whose signature was verified before is still refused for another agent and after its expiry."""
+    cfg = load_config(None, data_dir=str(tmp_path / "data"), kernel={"issuers": {issuer.kid: str(issuer.pem_path)}})
+    verifier = MandateVerifier(cfg.kernel)
+    token, jti = issuer.mandate(agent=AGENT, so_id=str(uuid.uuid4()), ttl_s=600)
+    first = verifier.verify(token, agent=AGENT)
+    first.claims["sub"] = "tampered by a caller"
+    assert verifier.verify(token, agent=AGENT).jti == jti
+    with pytest.raises(MandateError) as other:
+        verifier.verify(token, agent="other")
+    assert other.value.code == "MANDATE_INVALID"
+    with pytest.raises(MandateError) as late:
+        verifier.verify(token, agent=AGENT, now=time.time() + 3600)
+    assert late.value.code == "MANDATE_EXPIRED"
 
 
 @pytest.mark.kernel(revoked_jtis=["revoked-1"])

@@ -69,7 +69,16 @@ def _load_key(kid: str, value: str) -> Any:
 
 
 class MandateVerifier:
-    """Verify mandate JWTs against the configured issuers and revocation list."""
+    """Verify mandate JWTs against the configured issuers and revocation list.
+
+    An agent presents the same mandate on every step, so the outcome of the
+    signature check is remembered per exact token string (bounded, oldest
+    first out). That outcome depends only on the token bytes and the issuer
+    keys, which are fixed when the verifier is built; revocation, expiry,
+    ``nbf`` and every claim rule still run on each call.
+    """
+
+    cache_size = 1024
 
     def __init__(self, cfg: KernelConfig, data_dir: Path | None = None) -> None:
         self.cfg = cfg
@@ -80,10 +89,23 @@ class MandateVerifier:
             k = load_or_create(data_dir, DEV_ISSUER_ROLE)
             self.keys.setdefault(k.kid, k.public)
         self.revoked = frozenset(cfg.revoked_jtis)
+        self._verified: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def verify(self, token: object, *, agent: str, now: float | None = None) -> Mandate:
         if not isinstance(token, str) or not token:
             raise MandateError("MANDATE_INVALID", "the request carries no mandate JWT")
+        hit = self._verified.get(token)
+        if hit is None:
+            hit = self._verify_signature(token)
+            if len(self._verified) >= self.cache_size:
+                del self._verified[next(iter(self._verified))]
+            self._verified[token] = hit
+        kid, signed = hit
+        # A copy: the cached claims stay as the issuer signed them.
+        return self._check_claims(dict(signed), kid, agent=agent, now=now)
+
+    def _verify_signature(self, token: str) -> tuple[str, dict[str, Any]]:
+        """(issuer kid, claims) of a token whose signature verifies; a MandateError otherwise."""
         try:
             header = jwt.get_unverified_header(token)
         except jwt.InvalidTokenError:
@@ -110,6 +132,9 @@ class MandateVerifier:
             raise MandateError("MANDATE_INVALID", f"the mandate lacks the {e.claim!r} claim") from None
         except jwt.InvalidTokenError:
             raise MandateError("MANDATE_INVALID", "the mandate signature does not verify") from None
+        return str(kid), claims
+
+    def _check_claims(self, claims: dict[str, Any], kid: str, *, agent: str, now: float | None) -> Mandate:
         jti = claims.get("jti")
         if not isinstance(jti, str) or not jti:
             raise MandateError("MANDATE_INVALID", "the mandate jti must be a non-empty string")
@@ -147,7 +172,7 @@ class MandateVerifier:
             actions=tuple(actions),
             exp=int(exp),
             mission_ref=mission_ref,
-            issuer_kid=str(kid),
+            issuer_kid=kid,
             claims=claims,
         )
 
