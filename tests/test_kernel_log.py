@@ -10,14 +10,18 @@ from typing import Any
 
 import msgspec
 import pytest
+import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.commands.kernel import verify_command
 from gateway.connect import connect
-from gateway.kernel.eventlog import EventLog, verify_stream
+from gateway.kernel.eventlog import EventLog, verify_stream, with_signature
 from gateway.kernel.service import KernelService
 from gateway.keys import SigningKey, kid_of, load_or_create, public_keys
-from subjects.idp import EnrichedDeny, Permit, Reject
+from subjects.idp import EnrichedDeny, LogEvent, Permit, Reject, b64url
+from subjects.util import now_rfc3339
 from tests.kernel_support import (
     Issuer,
     idp,
@@ -29,6 +33,20 @@ from tests.kernel_support import (
 )
 
 AGENT = "bot"
+
+# Strings that could confuse a byte-level splice of the signature into the JCS form.
+_TRICKY = st.lists(
+    st.sampled_from(['"', "\\", ",", ":", '"ts":"', '"sig":', "}", "{", "\n", "\x00", "\u2028", "\U0001f600", "a"])
+    | st.characters(blacklist_categories=("Cs",)),
+    max_size=12,
+).map("".join)
+# Nested members named like the event's own, so ',"ts":' also occurs inside the body.
+_KEYS = st.sampled_from(["ts", "sig", "body", "a"]) | _TRICKY
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.floats(allow_nan=False, allow_infinity=False) | _TRICKY,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_KEYS, inner, max_size=5),
+    max_leaves=20,
+)
 
 
 def kernel_of(gw: Any) -> KernelService:
@@ -176,3 +194,18 @@ async def test_two_gateways_share_the_index(setup: Any, nc: Any, nats_server: An
     kinds = sorted(type(r).__name__ for r in (r1, r2))
     assert kinds == ["Permit", "Reject"], (r1, r2)
     assert len(await read_log(nc.jetstream(), "IDP_SUBMITTED")) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.dictionaries(_KEYS, _JSON, max_size=6), event_id=_TRICKY, prev_seq=st.integers(0, 2**53 - 1))
+def test_wire_form_splice_is_the_canonical_form(body: dict[str, Any], event_id: str, prev_seq: int) -> None:
+    """The event bytes the log writes (signature spliced into the signed JCS) equal the JCS of the whole event, whatever the body holds."""
+    key = Ed25519PrivateKey.generate()
+    ev = LogEvent(event_id=event_id, event_type="IDP_SUBMITTED", ts=now_rfc3339(), prev_seq=prev_seq,
+                  prev_digest="0" * 64, kid="k", body=body)
+    try:
+        signing = ev.signing_bytes()
+    except rfc8785.CanonicalizationError:
+        return  # no JCS form at all: nothing is appended
+    ev.sig = b64url(key.sign(signing))
+    assert with_signature(signing, ev.sig) == ev.canonical_bytes()

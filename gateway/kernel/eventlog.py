@@ -68,6 +68,19 @@ class Appended:
     duplicate: bool
 
 
+def with_signature(signing: bytes, sig: str) -> bytes:
+    """The JCS of a whole event from the JCS of the event without ``sig`` (``signing_bytes()``).
+
+    Saves canonicalizing the body a second time. JCS (RFC 8785 §3.2.3) orders
+    members by key, and ``LogEvent``'s keys sort as ``... prev_seq, sig, ts``:
+    ``ts`` is the last member and its RFC 3339 value holds no ``"``, so the
+    last ``,"ts":`` is that member, and ``sig`` (base64url, nothing to escape)
+    goes just before it.
+    """
+    i = signing.rindex(b',"ts":')
+    return b"".join((signing[:i], b',"sig":"', sig.encode("ascii"), b'"', signing[i:]))
+
+
 class EventLog:
     """Append signed events to the chain; one writer lock per process, CAS across processes."""
 
@@ -122,9 +135,15 @@ class EventLog:
         return last, log_event_decoder.decode(raw.data).digest()
 
     def sign(self, event: LogEvent) -> LogEvent:
-        event.kid = self.key.kid
-        event.sig = b64url(self.key.sign(event.signing_bytes()))
+        self._sign(event)
         return event
+
+    def _sign(self, event: LogEvent) -> bytes:
+        """Sign ``event`` in place; return its wire form (== ``event.canonical_bytes()``)."""
+        event.kid = self.key.kid
+        signing = event.signing_bytes()
+        event.sig = b64url(self.key.sign(signing))
+        return with_signature(signing, event.sig)
 
     async def append(
         self,
@@ -151,21 +170,19 @@ class EventLog:
                 if self._head is None:
                     self._head = await self.head()
                 prev_seq, prev_digest = self._head
-                ev = self.sign(
-                    LogEvent(
-                        event_id=event_id or msg_id,
-                        event_type=event_type,
-                        ts=now_rfc3339(),
-                        prev_seq=prev_seq,
-                        prev_digest=prev_digest,
-                        kid=self.key.kid,
-                        body=plain,
-                    )
+                ev = LogEvent(
+                    event_id=event_id or msg_id,
+                    event_type=event_type,
+                    ts=now_rfc3339(),
+                    prev_seq=prev_seq,
+                    prev_digest=prev_digest,
+                    kid=self.key.kid,
+                    body=plain,
                 )
+                data = self._sign(ev)
                 headers = {"Nats-Msg-Id": msg_id, "Nats-Expected-Last-Sequence": str(prev_seq)}
                 if traceparent:
                     headers["traceparent"] = traceparent
-                data = ev.canonical_bytes()
                 fut = await self._send(subject, data, headers)
                 # == ev.digest(), without canonicalizing twice
                 self._head = (prev_seq + 1, hashlib.sha256(data).hexdigest())
