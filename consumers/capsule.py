@@ -27,7 +27,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 from datetime import UTC
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 import rfc8785
@@ -366,8 +366,8 @@ class Capsule(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         """The payload bytes that get signed: JCS of the normalized capsule."""
         return canonical_bytes(msgspec.to_builtins(self))  # canonical_bytes normalizes
 
-    def checked_form(self) -> tuple[dict[str, Any], str, bytes]:
-        """(normalized payload, the capsule_id it derives (§5.1), its JCS bytes), from one walk.
+    def checked_body(self) -> tuple[dict[str, Any], str, bool]:
+        """(normalized payload, the capsule_id it derives (§5.1), JCS fast-path flag), from one walk.
 
         Floats are refused here (§5.1 decimal strings), with their paths.
         """
@@ -377,12 +377,19 @@ class Capsule(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
             floats = find_floats(body)
             if floats:
                 raise CapsuleError("§5.1 decimal strings", f"floating-point values at {', '.join(floats)}")
-        capsule_id = _digest_of_normalized(identity_form(body), fast[0])
-        try:
-            payload = _jcs_of_normalized(body, fast[0])
-        except (rfc8785.CanonicalizationError, TypeError, ValueError) as e:
-            raise CapsuleError("§2 JSON-DIGEST", f"capsule has no JCS form: {e}") from e
-        return body, capsule_id, payload
+        return body, _digest_of_normalized(identity_form(body), fast[0]), fast[0]
+
+    def checked_form(self) -> tuple[dict[str, Any], str, bytes]:
+        """(normalized payload, the capsule_id it derives (§5.1), its JCS bytes)."""
+        body, capsule_id, fast = self.checked_body()
+        return body, capsule_id, _payload_bytes(body, fast)
+
+
+def _payload_bytes(body: dict[str, Any], fast: bool) -> bytes:
+    try:
+        return _jcs_of_normalized(body, fast)
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as e:
+        raise CapsuleError("§2 JSON-DIGEST", f"capsule has no JCS form: {e}") from e
 
 
 def _check_timestamp(ts: str) -> None:
@@ -394,7 +401,20 @@ def _check_timestamp(ts: str) -> None:
         raise CapsuleError("§5.1 timestamp", "timestamp must be RFC 3339 UTC with a 'Z' suffix")
 
 
-def build_capsule(
+class Built(NamedTuple):
+    """A constructed capsule with the normalized payload its capsule_id was derived from."""
+
+    capsule: Capsule
+    body: dict[str, Any]
+    fast: bool  # the body holds nothing msgspec writes differently from JCS
+
+
+def build_capsule(**kw: Any) -> Capsule:
+    """Construct a capsule, enforcing §5.2-§5.4.2 and computing capsule_id (§5.1)."""
+    return build_capsule_checked(**kw).capsule
+
+
+def build_capsule_checked(
     *,
     action_id: str,
     action_type: str,
@@ -412,8 +432,8 @@ def build_capsule(
     ledger_mode: str | None = None,
     pgw: dict[str, Any] | None = None,
     ledger_pending: bool = False,
-) -> Capsule:
-    """Construct a capsule, enforcing §5.2-§5.4.2 and computing capsule_id (§5.1)."""
+) -> Built:
+    """:func:`build_capsule`, also returning the normalized body (so signing needs no second walk)."""
     if action_type not in ACTION_TYPES:
         raise CapsuleError("§5.1 action_type", f"must be one of {ACTION_TYPES}")
     for name, v in (("action_id", action_id), ("operator", operator), ("developer", developer)):
@@ -457,8 +477,9 @@ def build_capsule(
         ledger=ledger,
         pgw=pgw or None,
     )
-    _body, capsule_id, _payload = cap.checked_form()
-    return msgspec.structs.replace(cap, capsule_id=capsule_id)
+    body, capsule_id, fast = cap.checked_body()
+    body["capsule_id"] = capsule_id
+    return Built(msgspec.structs.replace(cap, capsule_id=capsule_id), body, fast)
 
 
 # ---------------------------------------------------------------------------
@@ -544,7 +565,16 @@ def _effect_record(v: Verdict, notes: list[str]) -> EffectRecord | None:
     )
 
 
-def capsule_from_verdict(
+def capsule_from_verdict(v: Verdict, **kw: Any) -> Capsule:
+    """The capsule of one verdict (DESIGN §6); deterministic in its inputs.
+
+    With ``chained`` (the default) the capsule claims ``ledger_mode: chained``
+    and must get its linkage with :func:`attach_ledger` before it is signed.
+    """
+    return capsule_from_verdict_checked(v, **kw).capsule
+
+
+def capsule_from_verdict_checked(
     v: Verdict,
     *,
     operator: str,
@@ -554,12 +584,8 @@ def capsule_from_verdict(
     parent_capsule_id: str | None = None,
     chained: bool = True,
     fallback_ts: str | None = None,
-) -> Capsule:
-    """The capsule of one verdict (DESIGN §6); deterministic in its inputs.
-
-    With ``chained`` the capsule claims ``ledger_mode: chained`` and must get
-    its linkage with :func:`attach_ledger` before it is signed.
-    """
+) -> Built:
+    """:func:`capsule_from_verdict` with the normalized body (see :class:`Built`)."""
     notes: list[str] = []
     try:
         timestamp = utc_z(v.ts)
@@ -609,7 +635,7 @@ def capsule_from_verdict(
     }
     chain = Chain(parent_capsule_id) if parent_capsule_id else None
     action_id = v.action_id or f"verdict:{v.verdict_id}"
-    return build_capsule(
+    return build_capsule_checked(
         action_id=action_id,
         action_type=action_type,
         operator=operator,
@@ -632,6 +658,19 @@ def attach_ledger(cap: Capsule, ledger: Ledger) -> Capsule:
     if ledger.position < 1 or not _HEX64.match(ledger.prev_hash):
         raise CapsuleError("§5.3 ledger", "malformed ledger linkage")
     return msgspec.structs.replace(cap, ledger=ledger)
+
+
+def link_built(built: Built, ledger: Ledger) -> tuple[Capsule, bytes]:
+    """:func:`attach_ledger` plus the payload bytes to sign, from the body the capsule_id came from.
+
+    The linkage is outside capsule_id (§5.1), so the id derived at
+    construction stands; only the ledger block is normalized and added.
+    """
+    cap = attach_ledger(built.capsule, ledger)
+    body = dict(built.body)
+    fast = [built.fast]
+    body["ledger"] = _normalize_checked(msgspec.to_builtins(ledger), fast)
+    return cap, _payload_bytes(body, fast[0])
 
 
 def ready_to_sign(cap: Capsule) -> bytes:

@@ -203,19 +203,51 @@ class Signer:
 
     # -- the loop -----------------------------------------------------------
     async def _run(self) -> None:
+        """Three overlapping stages: fetch the next batch, prepare this one, store the previous ones.
+
+        While a batch's capsules are being stored (and its verdicts acked), the
+        next batch is already fetched and is being built, chained and signed.
+        At most two batches are storing, one preparing and one fetched ahead,
+        which the consumer's ``max_ack_pending`` (4 batches) allows.
+        """
         batch = min(self.config.signer.batch, MAX_BATCH)
-        while not self._stopping.is_set():
-            try:
-                msgs = await self._sub.fetch(batch, timeout=0.5)
-            except (TimeoutError, NatsTimeoutError):
-                continue
-            except Exception:
-                if self._stopping.is_set() or self.nc.is_closed:
+        storing: set[asyncio.Task[None]] = set()
+        ahead: asyncio.Future[list[Msg]] | None = None
+        try:
+            while not self._stopping.is_set():
+                msgs = await (ahead or self._fetch(batch))
+                ahead = None
+                if msgs is None:
                     return
-                log.exception("fetch failed; retrying")
-                await asyncio.sleep(0.5)
-                continue
-            await self.handle_batch(msgs)
+                if not msgs:
+                    continue
+                ahead = asyncio.ensure_future(self._fetch(batch))
+                jobs = await self._prepare_batch(msgs)
+                while len(storing) >= 2:
+                    await asyncio.wait(storing, return_when=asyncio.FIRST_COMPLETED)
+                task = asyncio.create_task(self._publish_jobs(jobs), name="pgw-signer-store")
+                storing.add(task)
+                task.add_done_callback(storing.discard)
+        finally:
+            if ahead is not None:  # fetched but not worked on: hand back for prompt redelivery
+                for m in await ahead or []:
+                    with contextlib.suppress(Exception):
+                        await m.nak()
+            if storing:
+                await asyncio.gather(*storing, return_exceptions=True)
+
+    async def _fetch(self, batch: int) -> list[Msg] | None:
+        """The next verdicts; [] when none came in time, None when the loop should end."""
+        try:
+            return await self._sub.fetch(batch, timeout=0.5)
+        except (TimeoutError, NatsTimeoutError):
+            return []
+        except Exception:
+            if self._stopping.is_set() or self.nc.is_closed:
+                return None
+            log.exception("fetch failed; retrying")
+            await asyncio.sleep(0.5)
+            return []
 
     async def handle(self, msg: Msg) -> None:
         """Turn one verdict message into one capsule; ack only after the capsule is stored."""
@@ -229,6 +261,10 @@ class Signer:
         durable writes for the whole batch instead of two per capsule. A
         verdict that cannot be signed now is nak'ed on its own; the rest go on.
         """
+        await self._publish_jobs(await self._prepare_batch(msgs))
+
+    async def _prepare_batch(self, msgs: list[Msg]) -> list[_Job]:
+        """Decode, build, chain (ledger stored) and sign; return the jobs whose capsule can be stored."""
         jobs: list[_Job] = []
         for m in msgs:
             try:
@@ -244,7 +280,7 @@ class Signer:
             if job.entry is None:
                 vid = job.verdict.verdict_id
                 try:
-                    job.capsule = await self._build(job.verdict, job.msg, built)
+                    job.built = await self._build(job.verdict, job.msg, built)
                 except _ParentPending as e:
                     await job.msg.nak(delay=min(0.2 * e.deliveries, 2.0))
                     continue
@@ -256,7 +292,7 @@ class Signer:
                     log.exception("signing failed; verdict left for redelivery", verdict_id=vid)
                     await job.msg.nak(delay=1.0)
                     continue
-                built[vid] = job.capsule.capsule_id
+                built[vid] = job.built.capsule.capsule_id
             ready.append(job)
         new = [j for j in ready if j.entry is None]
         if new:
@@ -268,10 +304,11 @@ class Signer:
                     await j.msg.nak(delay=1.0)
                 ready = [j for j in ready if j.entry is not None]
         assert self.key is not None
-        for job in ready:
-            assert job.entry is not None
-            job.statement = sign_payload(job.entry.payload.encode(), self.key)
-        await self._publish_jobs(ready)
+        for job in ready:  # replayed entries; new ones were signed while their ledger run was stored
+            if not job.statement:
+                assert job.entry is not None
+                job.statement = sign_payload(job.entry.payload.encode(), self.key)
+        return ready
 
     async def sign_verdict(self, verdict: Verdict, msg: Msg | None = None) -> tuple[bytes, str, str]:
         """(statement bytes, capsule_id, "new" | "replayed") for ``verdict``, without publishing it."""
@@ -279,7 +316,7 @@ class Signer:
         job = _Job(msg, verdict)
         await self._recall([job])
         if job.entry is None:
-            job.capsule = await self._build(verdict, msg, {})
+            job.built = await self._build(verdict, msg, {})
             await self._append_jobs([job])
         assert job.entry is not None
         return sign_payload(job.entry.payload.encode(), self.key), job.entry.capsule_id, job.status
@@ -298,7 +335,7 @@ class Signer:
             if entry is not None:
                 job.entry, job.status = entry, "replayed"
 
-    async def _build(self, verdict: Verdict, msg: Msg | None, built: dict[str, str]) -> cap_mod.Capsule:
+    async def _build(self, verdict: Verdict, msg: Msg | None, built: dict[str, str]) -> cap_mod.Built:
         parent = None
         if verdict.supersedes:
             parent = built.get(verdict.supersedes)
@@ -312,7 +349,7 @@ class Signer:
                         raise _ParentPending(deliveries)
                     log.warning("superseded parent never signed; capsule carries no chain",
                                 verdict_id=verdict.verdict_id, parent_verdict=verdict.supersedes)
-        return cap_mod.capsule_from_verdict(
+        return cap_mod.capsule_from_verdict_checked(
             verdict,
             operator=self.config.operator,
             salt=self.salt,
@@ -413,13 +450,12 @@ class Signer:
         return _Head(last, e.hash, e.capsule_id)
 
     @staticmethod
-    def _link(head: _Head, verdict_id: str, capsule: cap_mod.Capsule) -> tuple[LedgerEntry, _Head]:
+    def _link(head: _Head, verdict_id: str, built: cap_mod.Built) -> tuple[LedgerEntry, _Head]:
         """The ledger entry for ``capsule`` right after ``head`` (§5.3 chained), and the new head."""
         position = head.seq + 1
-        linked = cap_mod.attach_ledger(
-            capsule, Ledger(position=position, prev_hash=head.hash, prev_capsule_id=head.capsule_id)
+        linked, payload = cap_mod.link_built(
+            built, Ledger(position=position, prev_hash=head.hash, prev_capsule_id=head.capsule_id)
         )
-        payload = cap_mod.ready_to_sign(linked)
         chain = msgspec.to_builtins(linked.chain) if linked.chain else None
         h = ledger_entry_hash(position, linked.capsule_id, chain, head.hash)
         entry = LedgerEntry(position, verdict_id, linked.capsule_id, head.hash, h, payload.decode())
@@ -440,18 +476,22 @@ class Signer:
                 return
             if not self._atomic_ledger:
                 for job in pending:
-                    job.entry, job.status = await self._append(job.verdict.verdict_id, job.capsule)
+                    job.entry, job.status = await self._append(job.verdict.verdict_id, job.built)
                 return
             head = self._head or await self._read_head()
             entries, last = [], head
             for job in pending:
-                entry, last = self._link(last, job.verdict.verdict_id, job.capsule)
+                entry, last = self._link(last, job.verdict.verdict_id, job.built)
                 entries.append(entry)
             items = [(self._ledger_subject(e.verdict_id), msgspec.json.encode(e), {"Nats-Msg-Id": e.verdict_id})
                      for e in entries]
+            commit = asyncio.ensure_future(publish_atomic(
+                self.nc, items, timeout=self._timeout, first_headers={"Nats-Expected-Last-Sequence": str(head.seq)}))
+            # Sign while the run is being stored; a signature over a link that does not land is
+            # simply dropped (nothing is published before the ledger holds its entry).
+            statements = await self._sign_yielding(entries)
             try:
-                ack = await publish_atomic(self.nc, items, timeout=self._timeout,
-                                           first_headers={"Nats-Expected-Last-Sequence": str(head.seq)})
+                ack = await commit
             except APIError as e:
                 self._head = None
                 if e.err_code == ERR_WRONG_LAST_SEQ:
@@ -469,7 +509,7 @@ class Signer:
                 # A verdict already in the ledger (it reached the stream twice) refuses the whole
                 # batch: append one at a time, which settles each duplicate on its own.
                 for job in pending:
-                    job.entry, job.status = await self._append(job.verdict.verdict_id, job.capsule)
+                    job.entry, job.status = await self._append(job.verdict.verdict_id, job.built)
                 return
             except BaseException:
                 self._head = None  # unanswered: the run may or may not be stored
@@ -478,12 +518,27 @@ class Signer:
                 self._head = None
                 raise PgwError(f"ledger run ended at {ack.seq}, expected {last.seq}")
             self._head = last
-            for job, entry in zip(pending, entries, strict=True):
-                job.entry, job.status = entry, "new"
+            for job, entry, statement in zip(pending, entries, statements, strict=True):
+                job.entry, job.status, job.statement = entry, "new", statement
             return
         raise PgwError("ledger append kept losing the race; giving up for this delivery")
 
-    async def _append(self, verdict_id: str, capsule: cap_mod.Capsule | None) -> tuple[LedgerEntry, str]:
+    async def _sign_yielding(self, entries: list[LedgerEntry]) -> list[bytes]:
+        """Sign the entries' payloads, handing the loop a turn every few signatures.
+
+        The turns let the ledger run's messages go out (nats-py writes from its
+        flusher task) and the previous batch's acks come in while this CPU
+        work goes on.
+        """
+        assert self.key is not None
+        out: list[bytes] = []
+        for i, e in enumerate(entries):
+            if i % 8 == 0:
+                await asyncio.sleep(0)
+            out.append(sign_payload(e.payload.encode(), self.key))
+        return out
+
+    async def _append(self, verdict_id: str, capsule: cap_mod.Built | None) -> tuple[LedgerEntry, str]:
         """Append one link (the one-at-a-time path: duplicates, streams without atomic batches)."""
         assert capsule is not None
         for _ in range(100):
@@ -526,7 +581,7 @@ class _Job:
     verdict: Verdict
     entry: LedgerEntry | None = None
     status: str = "new"
-    capsule: cap_mod.Capsule | None = None
+    built: cap_mod.Built | None = None
     statement: bytes = b""
 
 

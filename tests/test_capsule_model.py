@@ -277,3 +277,14 @@ def test_chain_block_validated() -> None:
     """A chain parent must be a capsule_id (§5.4.4)."""
     with pytest.raises(CapsuleError):
         Chain("not-a-digest")
+
+
+def test_signing_from_the_built_body_equals_the_full_rebuild() -> None:
+    """link_built (one normalization walk per capsule) signs exactly what ready_to_sign derives afresh."""
+    ledger = Ledger(position=7, prev_hash="ab" * 32, prev_capsule_id="cd" * 32)
+    for v in design_rows("lb-"):
+        built = capm.capsule_from_verdict_checked(v, operator="acme", salt=SALT)
+        linked, payload = capm.link_built(built, ledger)
+        assert linked == capm.attach_ledger(built.capsule, ledger)
+        assert payload == capm.ready_to_sign(linked) == linked.to_json()
+        assert json.loads(payload)["capsule_id"] == capm.compute_capsule_id(json.loads(payload))
