@@ -214,6 +214,22 @@ async def test_schema_rounds(nats_server, tmp_path, rec):
         assert (await rec.roundtrip("planner", other)).status == "accepted"
 
 
+async def test_schema_rounds_counted_after_the_dedup_claim(nats_server, tmp_path, rec):
+    """A correlationId refused after its dedup claim still counts: past schemaRounds even a valid re-emission is cap.breached."""
+    async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"schema_rounds": 1}):
+        codes = []
+        # An invalid principal handle is refused by the route stage, after the claim; the
+        # last emission is valid up to the route (where it would be unknown_workflow).
+        for principal in ("not a handle!", "not a handle!", "alice"):
+            e = env("vendor.pgw.authorization", {"workflow_id": "w", "envelope": {}, "principal": principal},
+                    correlation_id="corr-a")
+            codes.append((await rec.roundtrip("planner", e)).code)
+        assert codes == ["envelope_invalid", "cap.breached", "cap.breached"]
+        fresh = env("vendor.pgw.authorization", {"workflow_id": "w", "envelope": {}, "principal": "alice"},
+                    correlation_id="corr-b")
+        assert (await rec.roundtrip("planner", fresh)).code == "unknown_workflow"
+
+
 async def test_clarification_rounds(nats_server, tmp_path, rec):
     """clarification.request envelopes per (agent, nodeId) past clarificationRounds are cap.breached kind clarification."""
     async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"clarification_rounds": 2}):

@@ -19,7 +19,12 @@ shared by every gateway instance:
   redelivery of the owner's own message (a crash mid-way) carries on, and its
   deterministic message ids make the repeat harmless;
 - a refusal after this stage (e.g. ``principal_not_bound``) releases the
-  claim, so a corrected re-emission is processed afresh.
+  claim by turning it into a ``refused`` record, which the next emission of
+  C claims straight away, so a corrected re-emission is processed afresh;
+- a refusal counted against ``schemaRounds`` (limits) first makes sure C has
+  a record here (``mark_refused``), so a claim that creates the key proves C
+  has no counted refusal and the round counter is read only when the claim
+  finds a record: one KV read fewer for every first emission.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ class DedupRecord(msgspec.Struct, omit_defaults=True):
     type: str
     owner: str
     created: float
-    status: Literal["pending", "done"] = "pending"
+    status: Literal["pending", "done", "refused"] = "pending"
     # msgspec cannot decode ``Raw | None`` (it expects null): an empty Raw means "no outcome yet".
     outcome: msgspec.Raw = msgspec.Raw(b"")
     msg_id: str | None = None
@@ -77,10 +82,16 @@ def _owner(ctx: Ctx) -> str:
 
 
 async def run(ctx: Ctx) -> None:
+    from gateway.stages import limits
     from gateway.stages.state import pipeline_state
 
     assert ctx.env is not None and ctx.correlation_id
     kv = (await pipeline_state(ctx.gw)).kv
+    # The schemaRounds check the limits stage left to us (limits.ROUNDS_DEFERRED).
+    rounds_for = ctx.extra.pop(limits.ROUNDS_DEFERRED, None)
+    if rounds_for is not None and rounds_for != ctx.correlation_id:
+        await limits.check_rounds(ctx, kv, rounds_for)  # redaction changed the id: no shortcut
+        rounds_for = None
     key = corr_key(ctx.agent, ctx.correlation_id)
     mine = _owner(ctx)
     deadline = time.monotonic() + WAIT_S
@@ -88,10 +99,14 @@ async def run(ctx: Ctx) -> None:
     while True:
         try:
             rev = await kv.create(key, _enc.encode(DedupRecord(ctx.env.type, mine, time.time(), envelope_id=ctx.envelope_id)))
+            # No record, so no counted refusal either (mark_refused): the rounds check passes.
             ctx.extra["dedup"] = (key, rev)
             return
         except KeyWrongLastSequenceError:
             pass
+        if rounds_for is not None:
+            await limits.check_rounds(ctx, kv, rounds_for)
+            rounds_for = None
         try:
             entry = await kv.get(key)
         except KeyNotFoundError:
@@ -99,6 +114,17 @@ async def run(ctx: Ctx) -> None:
         if not entry.value:
             continue
         rec = _dec.decode(entry.value)
+        if rec.status == "refused":
+            # Released by a refusal: a re-emission is processed afresh.
+            try:
+                rev = await kv.update(
+                    key, _enc.encode(DedupRecord(ctx.env.type, mine, time.time(), envelope_id=ctx.envelope_id)),
+                    last=entry.revision,
+                )
+            except KeyWrongLastSequenceError:
+                continue
+            ctx.extra["dedup"] = (key, rev)
+            return
         if rec.type != ctx.env.type:
             raise Refuse(
                 "envelope_correlation_conflict",
@@ -140,11 +166,13 @@ async def settle(ctx: Ctx, outcome: Outcome, msg_id: str, refused: bool) -> None
 
     key, rev = claim
     kv = (await pipeline_state(ctx.gw)).kv
-    if refused:
-        with contextlib.suppress(Exception):  # someone took it over: nothing to release
-            await kv.delete(key, last=rev)
-        return
     assert ctx.env is not None
+    if refused:
+        # Released, not deleted: the record must outlive any counted refusal (mark_refused).
+        released = DedupRecord(ctx.env.type, _owner(ctx), time.time(), status="refused", envelope_id=ctx.envelope_id)
+        with contextlib.suppress(Exception):  # someone took it over: nothing to release
+            await kv.update(key, _enc.encode(released), last=rev)
+        return
     rec = DedupRecord(
         ctx.env.type, _owner(ctx), time.time(), status="done",
         outcome=msgspec.Raw(_enc.encode(outcome)), msg_id=msg_id, envelope_id=ctx.envelope_id,
@@ -153,3 +181,35 @@ async def settle(ctx: Ctx, outcome: Outcome, msg_id: str, refused: bool) -> None
         await kv.update(key, _enc.encode(rec), last=rev)
     except KeyWrongLastSequenceError:
         log.warning("dedup record changed under us; not caching", envelope_id=ctx.envelope_id)
+
+
+async def mark_refused(ctx: Ctx, kv: Any, correlation_id: str) -> None:
+    """Before a refusal of ``correlation_id`` is counted: make sure it has a record here, freshly written.
+
+    Absent: a ``refused`` record is created. ``refused`` or ``done``: rewritten
+    as it is, so it does not expire before the round counter written after it.
+    ``pending``: left alone; its owner rewrites it when it settles (or a
+    takeover does).
+    """
+    key = corr_key(ctx.agent, correlation_id)
+    for _ in range(20):
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:
+            entry = None
+        try:
+            if entry is None or not entry.value:
+                # Neither type nor ids: the refusal may come before redaction (SR-1).
+                marker = DedupRecord("", _owner(ctx), time.time(), status="refused")
+                if entry is None:
+                    await kv.create(key, _enc.encode(marker))
+                else:
+                    await kv.update(key, _enc.encode(marker), last=entry.revision)
+                return
+            if _dec.decode(entry.value).status == "pending":
+                return
+            await kv.update(key, entry.value, last=entry.revision)
+            return
+        except KeyWrongLastSequenceError:
+            continue
+    raise RuntimeError(f"could not mark correlationId record {key}")  # nak: the message is redelivered

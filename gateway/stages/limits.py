@@ -8,7 +8,11 @@ integration", DESIGN §3.2 step 5).
   ``rounds.{agent}.{hash}``, once per inbound message, so a redelivery does
   not count twice); the refusal that exceeds the cap is reported as
   ``cap.breached`` kind ``schema`` (with the original code in its details),
-  and so is any later emission of that correlationId.
+  and so is any later emission of that correlationId. A counted refusal
+  first makes sure the correlationId's dedup record exists (``mark_refused``),
+  so "no dedup record" implies "no refusal counted": the dedup stage's claim
+  (a KV create) then proves the count is zero, and the counter is read only
+  when the claim finds a record (a re-emission), not for every envelope.
 - ``schema.request`` envelopes are bound to ``schemaRounds`` too (spec 002
   "Universal kinds"): per (agent, ``nodeId``), by distinct correlationId.
 - ``clarificationRounds``: ``clarification.request`` envelopes per
@@ -105,13 +109,12 @@ async def run(ctx: Ctx) -> None:
         )
     st = await pipeline_state(ctx.gw)
     if ctx.correlation_id:
-        members, _ = await _get_set(st.kv, rounds_key(ctx.agent, ctx.correlation_id))
-        if len(members) > cfg.schema_rounds:
-            raise breached(
-                "schema",
-                f"correlationId was refused {len(members)} times; schemaRounds is {cfg.schema_rounds}",
-                cfg.schema_rounds,
-            )
+        if ctx.env.type in (SCHEMA_REQUEST, CLARIFICATION):
+            # These kinds count below: check first, so a breached emission is not counted.
+            await check_rounds(ctx, st.kv, ctx.correlation_id)
+        else:
+            # Checked by the dedup stage: free when its claim finds no record.
+            ctx.extra[ROUNDS_DEFERRED] = ctx.correlation_id
     if ctx.env.type == SCHEMA_REQUEST:
         n = await add_to_set(st.kv, f"schemareq.{ctx.agent}.{_h(ctx.env.nodeId or '-')}", ctx.correlation_id or "")
         if n > cfg.schema_rounds:
@@ -130,14 +133,34 @@ async def run(ctx: Ctx) -> None:
             )
 
 
+ROUNDS_DEFERRED = "rounds_deferred"  # ctx.extra: the correlationId whose schemaRounds check dedup owes
+
+
+async def check_rounds(ctx: Ctx, kv: Any, correlation_id: str) -> None:
+    """Refuse with ``cap.breached`` (schema) once ``correlation_id`` was refused more than schemaRounds times."""
+    cfg = ctx.gw.config.pipeline
+    members, _ = await _get_set(kv, rounds_key(ctx.agent, correlation_id))
+    if len(members) > cfg.schema_rounds:
+        raise breached(
+            "schema",
+            f"correlationId was refused {len(members)} times; schemaRounds is {cfg.schema_rounds}",
+            cfg.schema_rounds,
+        )
+
+
 async def count_refusal(ctx: Ctx, r: Refuse) -> Refuse:
     """Count a refusal against schemaRounds; past the cap it becomes ``cap.breached`` (schema)."""
     from gateway.stages.state import pipeline_state
 
     if r.code not in ROUND_CODES or not ctx.correlation_id:
         return r
+    from gateway.stages.dedup import mark_refused
+
     cfg = ctx.gw.config.pipeline
     st = await pipeline_state(ctx.gw)
+    # The dedup record first (see the module docstring): a crash in between
+    # leaves a record without a count, never a count without a record.
+    await mark_refused(ctx, st.kv, ctx.correlation_id)
     n = await add_to_set(st.kv, rounds_key(ctx.agent, ctx.correlation_id), f"{ctx.turn.stream_seq}:{ctx.index}")
     if n > cfg.schema_rounds:
         return breached(
