@@ -205,9 +205,11 @@ async def test_commitment_gap_goes_to_hem(env: Env) -> None:
     assert gap["body"]["alert"] == {"severity": "CRITICAL", "alert_trigger": "IDP_COMMITMENT_GAP"}
     esc = await env.watch.wait("HEM_ESCALATED")
     assert esc["body"]["trigger"] == "IDP_COMMITMENT_GAP"
+    # The report is processed asynchronously: the logged HEM_ESCALATED precedes
+    # the session's move to HEM_PENDING, and the moment is sent after it.
+    item = await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"])
     blocked = await env.send(env.idp(2, "ReadBooking"))
     assert isinstance(blocked, EnrichedDeny) and blocked.deny_code == "HEM_PENDING"
-    item = await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"])
     assert any("IDP_COMMITMENT_GAP" in f for f in item.binding_moment.findings)
     assert (await Surface(env.nc, PRINCIPAL).resolve(item.moment_id, OptionChoice(index=1))).status == "accepted"
     await env.watch.wait("HEM_RESOLVED")
