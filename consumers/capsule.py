@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC
 from typing import Any, Literal, NamedTuple
 
@@ -583,7 +583,7 @@ def capsule_from_verdict_checked(
     authority: str | None = None,
     parent_capsule_id: str | None = None,
     chained: bool = True,
-    fallback_ts: str | None = None,
+    fallback_ts: str | Callable[[], str | None] | None = None,
 ) -> Built:
     """:func:`capsule_from_verdict` with the normalized body (see :class:`Built`)."""
     notes: list[str] = []
@@ -591,6 +591,8 @@ def capsule_from_verdict_checked(
         timestamp = utc_z(v.ts)
     except (ValueError, TypeError):
         # Still deterministic: the caller passes the verdict's stream time, fixed across redeliveries.
+        if callable(fallback_ts):  # computed only when needed (the signer's stream time)
+            fallback_ts = fallback_ts()
         if fallback_ts is None:
             raise CapsuleError("§5.1 timestamp", f"verdict ts {v.ts!r} is not RFC 3339") from None
         timestamp = utc_z(fallback_ts)

@@ -356,7 +356,7 @@ class Signer:
             default_developer=self.config.signer.developer,
             authority=self.config.signer.authority,
             parent_capsule_id=parent,
-            fallback_ts=_stream_time(msg),
+            fallback_ts=lambda: _stream_time(msg),
         )
 
     async def _publish_jobs(self, jobs: list[_Job]) -> None:
