@@ -1,0 +1,69 @@
+"""JetStream atomic batches (gateway/atomic.py) against a real nats-server: all or nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from nats.js.api import StorageType, StreamConfig
+from nats.js.errors import APIError
+
+from gateway.atomic import (
+    ERR_ATOMIC_DISABLED,
+    ERR_BATCH_DUPLICATE_MSG_ID,
+    ERR_WRONG_LAST_SEQ,
+    MAX_BATCH,
+    enable_atomic,
+    publish_atomic,
+)
+
+
+async def _stream(js: Any, name: str, *, atomic: bool) -> None:
+    await js.add_stream(StreamConfig(name=name, subjects=[f"{name.lower()}.>"], storage=StorageType.FILE,
+                                     duplicate_window=60, allow_atomic=atomic or None))
+
+
+def _items(name: str, ids: list[str]) -> list[tuple[str, bytes, dict[str, str]]]:
+    return [(f"{name.lower()}.{i}", f"body-{i}".encode(), {"Nats-Msg-Id": i}) for i in ids]
+
+
+async def test_a_batch_is_stored_whole_in_order(nc: Any) -> None:
+    js = nc.jetstream()
+    await _stream(js, "AT1", atomic=True)
+    ack = await publish_atomic(nc, _items("AT1", ["a", "b", "c"]))
+    assert (ack.stream, ack.seq, ack.batch_size) == ("AT1", 3, 3)
+    assert [(await js.get_msg("AT1", s)).data for s in (1, 2, 3)] == [b"body-a", b"body-b", b"body-c"]
+
+
+async def test_a_refused_batch_stores_nothing(nc: Any) -> None:
+    js = nc.jetstream()
+    await _stream(js, "AT2", atomic=True)
+    await publish_atomic(nc, _items("AT2", ["a"]))
+    with pytest.raises(APIError) as dup:  # one id already stored: the whole batch is refused
+        await publish_atomic(nc, _items("AT2", ["x", "a", "y"]))
+    assert dup.value.err_code == ERR_BATCH_DUPLICATE_MSG_ID
+    with pytest.raises(APIError) as seq:  # the expected last sequence is checked before the batch
+        await publish_atomic(nc, _items("AT2", ["p", "q"]), first_headers={"Nats-Expected-Last-Sequence": "7"})
+    assert seq.value.err_code == ERR_WRONG_LAST_SEQ
+    assert (await js.stream_info("AT2")).state.messages == 1
+    ok = await publish_atomic(nc, _items("AT2", ["p", "q"]), first_headers={"Nats-Expected-Last-Sequence": "1"})
+    assert ok.seq == 3
+
+
+async def test_a_stream_without_the_flag_refuses_until_enabled(nc: Any) -> None:
+    js = nc.jetstream()
+    await _stream(js, "AT3", atomic=False)
+    with pytest.raises(APIError) as off:
+        await publish_atomic(nc, _items("AT3", ["a", "b"]))
+    assert off.value.err_code == ERR_ATOMIC_DISABLED
+    assert await enable_atomic(js, "AT3") is True
+    assert (await js.stream_info("AT3")).config.allow_atomic is True
+    assert (await publish_atomic(nc, _items("AT3", ["a", "b"]))).seq == 2
+    assert await enable_atomic(js, "NO_SUCH_STREAM") is False
+
+
+async def test_batch_size_limits_are_refused_before_sending(nc: Any) -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        await publish_atomic(nc, [])
+    with pytest.raises(ValueError, match=f"at most {MAX_BATCH}"):
+        await publish_atomic(nc, _items("AT4", [str(i) for i in range(MAX_BATCH + 1)]))
