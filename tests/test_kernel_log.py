@@ -209,28 +209,3 @@ def test_wire_form_splice_is_the_canonical_form(body: dict[str, Any], event_id: 
         return  # no JCS form at all: nothing is appended
     ev.sig = b64url(key.sign(signing))
     assert with_signature(signing, ev.sig) == ev.canonical_bytes()
-
-
-async def test_index_entry_and_report_key_are_created_together(setup: Any, nc: Any) -> None:
-    """The IDP entry and its report key are created in one atomic batch, only when neither exists; otherwise one by one."""
-    from gateway.kernel.state import IdpEntry
-
-    cfg, _issuer, so, _token, jti = setup
-    async with running_gateway(cfg, nc) as gw:
-        state = kernel_of(gw).state
-        assert state.atomic
-        entry = IdpEntry(idp_id=str(uuid.uuid4()), so_id=so, agent=AGENT, principal="alice", session_id="s-9",
-                         step_sequence=1, requested_action="CloseBooking", mandate_id=jti, profile="IDP_STANDARD",
-                         submitted_seq=1, status="permitted")
-        assert await state.create_idp_and_tr(entry)
-        assert await state.so_of(AGENT, entry.idp_id) == so
-        got = await state.idp(so, entry.idp_id)
-        assert got is not None and got[0].status == "permitted"
-        # A report key that exists already refuses the whole batch: the entry is not written either.
-        other = msgspec.structs.replace(entry, idp_id=str(uuid.uuid4()))
-        await state.put_tr(AGENT, other.idp_id, so)
-        assert not await state.create_idp_and_tr(other)
-        assert await state.idp(so, other.idp_id) is None
-        await kernel_of(gw)._put_entry_and_tr(other)
-        got = await state.idp(so, other.idp_id)
-        assert got is not None and got[0].status == "permitted"

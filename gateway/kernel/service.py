@@ -131,7 +131,7 @@ class KernelService:
         # A bad policy file fails start-up here, with its name and line.
         self.policy = PolicyEngine(self.cfg.policy_dir)
         self.eventlog = EventLog(self.nc, self.subjects, self.key)
-        self.state = KernelState(self.js, self.nc)
+        self.state = KernelState(self.js)
         self._sub: Any = None
         self._psub: Any = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -493,8 +493,6 @@ class KernelService:
             await self.state.advance_idp(entry.so_id, entry.idp_id, entry.status, moment_id=entry.moment_id)
 
     async def _put_entry_and_tr(self, entry: IdpEntry) -> None:
-        if await self.state.create_idp_and_tr(entry):
-            return
         await asyncio.gather(self._put_entry(entry), self.state.put_tr(entry.agent, entry.idp_id, entry.so_id))
 
     def _context(self, agent: str, idp: Idp, m: Mandate) -> dict[str, Any]:

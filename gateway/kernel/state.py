@@ -4,9 +4,7 @@ Kept in the JetStream KV bucket ``PGW_KERNEL`` (file storage), so every
 gateway instance sees the same index and a restart loses nothing. Every
 change is a compare-and-set on the entry's revision (``create`` for a new
 entry, ``update(last=rev)`` otherwise), so two instances cannot both advance
-one session's step_sequence or both record one idp_id. A new IDP's entry and
-its ``tr`` key are created together in one atomic batch where the server
-allows it (one durable write instead of two), each still create-only.
+one session's step_sequence or both record one idp_id.
 
 The event log is the ground truth (spec 003 §8.4: the index is "rebuilt from
 the Event Log on kernel restart"): at start ``rebuild`` replays every log
@@ -28,13 +26,10 @@ import contextlib
 from typing import Any, Literal
 
 import msgspec
-import nats.errors
 from msgspec import Struct, field
-from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-from gateway.atomic import ERR_ATOMIC_DISABLED, enable_atomic, publish_atomic
 from gateway.logs import get_logger
 from gateway.streams import ensure_kv
 from subjects.errors import PgwError
@@ -93,7 +88,6 @@ class SessionEntry(Struct, kw_only=True, omit_defaults=True):
 _idp_dec = msgspec.json.Decoder(IdpEntry)
 _sess_dec = msgspec.json.Decoder(SessionEntry)
 _enc = msgspec.json.Encoder()
-_KV_PREFIX = f"$KV.{BUCKET}."
 
 
 def idp_key(so_id: str, idp_id: str) -> str:
@@ -113,17 +107,12 @@ class ConflictError(PgwError):
 
 
 class KernelState:
-    def __init__(self, js: JetStreamContext, nc: Client | None = None) -> None:
+    def __init__(self, js: JetStreamContext) -> None:
         self.js = js
-        self.nc = nc
         self.kv: Any = None
-        # Atomic batches need a client to publish with and a server that allows them.
-        self.atomic = False
 
     async def open(self) -> None:
         self.kv = await ensure_kv(self.js, BUCKET)
-        if self.nc is not None:
-            self.atomic = await enable_atomic(self.js, f"KV_{BUCKET}")
 
     # -- reads --------------------------------------------------------------
     async def _get(self, key: str) -> tuple[bytes, int] | None:
@@ -167,32 +156,6 @@ class KernelState:
     async def put_tr(self, agent: str, idp_id: str, so_id: str) -> None:
         with contextlib.suppress(KeyWrongLastSequenceError):
             await self.kv.create(tr_key(agent, idp_id), so_id.encode())
-
-    async def create_idp_and_tr(self, e: IdpEntry) -> bool:
-        """Create the entry and its ``tr`` key in one atomic batch: one durable write, not two.
-
-        Each message keeps its own create-only condition, and the server
-        stores both or neither. False (nothing stored) if either key exists
-        or the batch could not be confirmed; the caller then writes them one
-        by one, which settles an existing or half-confirmed state.
-        """
-        if not self.atomic or self.nc is None:
-            return False
-        create = {"Nats-Expected-Last-Subject-Sequence": "0"}
-        # Keys are UUIDs (spec 003 §4.2) and the agent's subject token: valid KV keys.
-        items = [
-            (_KV_PREFIX + idp_key(e.so_id, e.idp_id), _enc.encode(e), create),
-            (_KV_PREFIX + tr_key(e.agent, e.idp_id), e.so_id.encode(), create),
-        ]
-        try:
-            await publish_atomic(self.nc, items)
-        except APIError as err:
-            if err.err_code == ERR_ATOMIC_DISABLED:
-                self.atomic = False
-            return False
-        except (nats.errors.Error, TimeoutError):
-            return False
-        return True
 
     async def update_session(
         self, agent: str, session_id: str, fn: Any, *, known: tuple[SessionEntry, int] | None = None
