@@ -416,9 +416,16 @@ class KernelService:
             return rej
 
         # spec 003 §5.3: commit IDP_SUBMITTED, signed, and wait for the server's ack.
+        # The report key (agent, idp_id) -> so_id is written meanwhile: it only
+        # makes the idp_id taken (§5.2(c)) and lets a report find the IDP, whose
+        # entry is written after Cedar, so if the append fails it fails closed.
         body = self._submitted_body(agent, raw["idp"], idp, m, resource, pii, receipt)
-        sub = await self.eventlog.append(
-            "IDP_SUBMITTED", body, msg_id=stable_id("IDP_SUBMITTED", idp.so_id.lower(), idp.idp_id.lower()), traceparent=tp
+        sub, _ = await asyncio.gather(
+            self.eventlog.append(
+                "IDP_SUBMITTED", body, msg_id=stable_id("IDP_SUBMITTED", idp.so_id.lower(), idp.idp_id.lower()),
+                traceparent=tp,
+            ),
+            self.state.put_tr(agent, idp.idp_id, idp.so_id),
         )
         if sub.duplicate:
             rej = Reject(timestamp=now_rfc3339(), error_code="IDP_DUPLICATE", reason="this idp_id was already submitted (spec 003 §5.2(c))", idp_id=idp.idp_id)
@@ -444,7 +451,7 @@ class KernelService:
             # spec 003 §4.4: HEM regardless of the Cedar outcome; §6.3 a resubmission after DENY.
             entry.status = "hem_pending"
             entry.moment_id = self._moment_id("HEM_URGENCY_REQUIRED", idp)
-            await self._put_entry_and_tr(entry)
+            await self._put_entry(entry)
             moment_id, _seq = await self._escalate(
                 agent=agent, principal=m.principal, idp=idp, trigger="HEM_URGENCY_REQUIRED",
                 cedar="PERMIT" if allowed else "DENY", tp=tp,
@@ -458,7 +465,7 @@ class KernelService:
             allowed = False
         if allowed:
             entry.status = "permitted"
-            jobs = [self._put_entry_and_tr(entry)]
+            jobs = [self._put_entry(entry)]
             if self.cfg.log_permits:
                 jobs.append(
                     self.eventlog.append(
@@ -476,7 +483,7 @@ class KernelService:
             )
         available = self._available(agent, idp, m, resource, ctx)
         entry.status = "denied"
-        await self._put_entry_and_tr(entry)
+        await self._put_entry(entry)
         return await self._deny(
             agent, idp, m, deny_code, raw["idp"], available=available, hem_available=hem_available,
             tp=tp, submitted_seq=sub.seq, log_event=True,
@@ -491,9 +498,6 @@ class KernelService:
         except ConflictError:
             # Rebuilt by another instance from the log meanwhile: move it forward.
             await self.state.advance_idp(entry.so_id, entry.idp_id, entry.status, moment_id=entry.moment_id)
-
-    async def _put_entry_and_tr(self, entry: IdpEntry) -> None:
-        await asyncio.gather(self._put_entry(entry), self.state.put_tr(entry.agent, entry.idp_id, entry.so_id))
 
     def _context(self, agent: str, idp: Idp, m: Mandate) -> dict[str, Any]:
         ctx: dict[str, Any] = {"idp": idp_context(idp), "agent": agent, "principal": m.principal,
