@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import copy
+
 from gateway import metrics
 from gateway.publish import Publisher
+from gateway.streams import ensure_streams, stream_plans
 from subjects.names import Subjects
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import Verdict
+from tests.stored import stored_msgs
 
 
 def count(verdict_class: str) -> float:
@@ -26,3 +31,63 @@ async def test_verdict_counted_once_even_when_republished(nc):
     assert count("blocked") == before + 1
     info = await nc.jetstream().stream_info("PGW_VERDICTS")
     assert info.state.messages == 1
+
+
+def _verdicts(n: int, tag: str) -> list[Verdict]:
+    return [
+        Verdict(
+            verdict_id=stable_id(tag, str(i)), verdict_class="blocked", decision="reject", approver="policy",
+            human_disposed=False, ts=now_rfc3339(), agent="a", action_type="pgw.envelope", action_id=str(i),
+        )
+        for i in range(n)
+    ]
+
+
+async def _batches(pub: Publisher) -> list[int]:
+    """Spy on the publisher's atomic batches: the sizes it sends."""
+    sizes: list[int] = []
+    send = pub._batch
+
+    async def spy(st, batch):
+        sizes.append(len(batch))
+        await send(st, batch)
+
+    pub._batch = spy  # type: ignore[method-assign]
+    return sizes
+
+
+async def test_concurrent_publishes_go_as_atomic_batches_and_each_is_stored_once(nc):
+    """Verdicts published concurrently are grouped into atomic batches; republishing them all
+    (a redelivery: every Msg-Id already stored) stores and counts nothing twice."""
+    pub = Publisher(nc.jetstream(), Subjects())
+    sizes = await _batches(pub)
+    vs = _verdicts(120, "batch-test")
+    before = count("blocked")
+    await asyncio.gather(*(pub.verdict(v) for v in vs))
+    assert sizes and max(sizes) > 1  # grouped, not one request per message
+    assert count("blocked") == before + 120
+    await asyncio.gather(*(pub.verdict(v) for v in vs))  # the batch is refused as a whole: one by one
+    assert count("blocked") == before + 120
+    info = await nc.jetstream().stream_info("PGW_VERDICTS")
+    assert info.state.messages == 120
+    stored = {m.headers["Nats-Msg-Id"] for m in await stored_msgs(nc, "PGW_VERDICTS")}
+    assert stored == {v.verdict_id for v in vs}
+
+
+async def test_stream_without_allow_atomic_gets_plain_publishes_then_the_flag(nc):
+    """A stream created before allow_atomic was planned still takes every message (one by one);
+    ensure_streams then adds the flag as an update, keeping the stream and its messages."""
+    js = nc.jetstream()
+    await js.delete_stream("PGW_VERDICTS")  # the fixture made it with the flag: make it as before
+    plan = next(p for p in stream_plans(Subjects()) if p.name == "PGW_VERDICTS")
+    old = copy.copy(plan.config)
+    old.allow_atomic = None
+    await js.add_stream(old)
+    pub = Publisher(js, Subjects())
+    sizes = await _batches(pub)
+    await asyncio.gather(*(pub.verdict(v) for v in _verdicts(40, "plain-test")))
+    assert sizes == []
+    assert (await js.stream_info("PGW_VERDICTS")).state.messages == 40
+    assert (await ensure_streams(js, Subjects()))["PGW_VERDICTS"] == "exists"
+    info = await js.stream_info("PGW_VERDICTS")
+    assert info.config.allow_atomic and info.state.messages == 40
