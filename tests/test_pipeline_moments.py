@@ -218,6 +218,27 @@ async def test_dual_veto_broken_handshake(nats_server, tmp_path, nc):
         assert o3.status == "accepted"
 
 
+async def test_dual_veto_recorded_elsewhere_and_cached_vetoes_confirmed(nats_server, tmp_path, nc):
+    """A veto another instance records reaches this gateway's veto cache and is enforced; a veto only
+    the cache holds (expired or deleted in the bucket) never refuses a moment."""
+    from gateway.stages import dualveto
+
+    async with running_gateway(nats_server, str(tmp_path / "d")) as gw, Recorder(nc) as rec:
+        assert (await rec.roundtrip("planner", moment_env("alice", good_moment()))).status == "accepted"
+        st = await pipeline_state(gw)
+        assert st.vetoes is not None and st.vetoes.ready
+        bm = msgspec.convert(good_moment(), BindingMoment)
+        veto = dualveto.Veto("m-elsewhere", dualveto.norm(bm.question.stem), dualveto.option_set(bm))
+        kv = await nc.jetstream().key_value("PGW_DEDUP")
+        await kv.put("veto.planner.alice", msgspec.json.encode([veto]))  # as another instance would
+        await rec.until(lambda: st.vetoes.get("veto.planner.alice"))
+        o = await rec.roundtrip("planner", moment_env("alice", good_moment()))
+        assert (o.status, o.code) == ("gated", "broken_handshake")
+        st.vetoes.apply("veto.planner.bob", 1 << 60, [veto])  # cached, absent from the bucket
+        assert (await rec.roundtrip("planner", moment_env("bob", good_moment()))).status == "accepted"
+        assert st.vetoes.get("veto.planner.bob") is None
+
+
 async def test_option_answers_do_not_trigger_dual_veto(nats_server, tmp_path, nc):
     """An option answer is not a veto: the same question may be asked again."""
     async with running_gateway(nats_server, str(tmp_path / "d")) as gw, Recorder(nc) as rec:

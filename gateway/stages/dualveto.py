@@ -10,6 +10,17 @@ Repeats are compared after normalisation (NFKC, case-folded, punctuation and
 extra whitespace removed), so re-wording only the capitals or the question
 mark does not get through; a moment that incorporates the objection (a new
 stem and a new option set) does.
+
+The check reads a :class:`VetoCache`, an in-process copy of the ``veto.*``
+records kept by an ordered push consumer on the bucket's stream (loaded
+explicitly at start, then following every write): a moment that matches no
+cached veto passes without a KV read. A match is confirmed against the bucket
+before refusing, so a veto the bucket has expired (or deleted) never refuses
+anything. A veto this instance records is cached as it is written; one
+recorded by another instance arrives as fast as the server pushes it (the
+record is written after the principal's answer is published, so an agent
+racing it could get through before too). Without the cache (it failed to
+start) every check reads the bucket.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import unicodedata
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from gateway.logs import get_logger
@@ -60,6 +72,67 @@ def _key(agent: str, principal: str) -> str:
     return f"veto.{agent}.{principal}"
 
 
+class VetoCache:
+    """The ``veto.*`` records of the PGW_DEDUP bucket, in process (see the module docstring)."""
+
+    def __init__(self, kv: Any, bucket: str) -> None:
+        self.kv = kv
+        self.ready = False
+        self._pre = f"$KV.{bucket}."
+        self._stream = f"KV_{bucket}"
+        self._entries: dict[str, tuple[int, list[Veto] | None]] = {}  # key -> (revision, vetoes; None if deleted)
+        self._sub: Any = None
+
+    async def start(self, js: Any) -> None:
+        # Follow first, then load: a record written in between arrives by the
+        # consumer; the explicit load does not depend on a watcher's
+        # "initial values done" marker (see MomentDesk.pending).
+        self._sub = await js.subscribe(
+            f"{self._pre}veto.>", stream=self._stream, cb=self._on_msg, ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=300.0,
+        )
+        info = await js.stream_info(self._stream, subjects_filter=f"{self._pre}veto.>")
+        for subject in info.state.subjects or {}:
+            key = subject[len(self._pre):]
+            try:
+                entry = await self.kv.get(key)
+            except KeyNotFoundError:
+                continue
+            self.apply(key, entry.revision, entry.value)
+        self.ready = True
+
+    async def _on_msg(self, msg: Any) -> None:
+        op = (msg.headers or {}).get("KV-Operation")
+        self.apply(msg.subject[len(self._pre):], msg.metadata.sequence.stream, None if op else msg.data)
+
+    def apply(self, key: str, revision: int, value: bytes | list[Veto] | None) -> None:
+        """Record ``key`` at ``revision`` unless a later revision is cached already."""
+        have = self._entries.get(key)
+        if have is not None and have[0] >= revision:
+            return
+        if isinstance(value, bytes | bytearray):
+            try:
+                value = _dec.decode(value) if value else None
+            except msgspec.DecodeError:
+                value = None
+        self._entries[key] = (revision, value)
+
+    def forget(self, key: str) -> None:
+        self._entries.pop(key, None)
+
+    def get(self, key: str) -> list[Veto] | None:
+        have = self._entries.get(key)
+        return have[1] if have else None
+
+
+def _repeats(vetoes: list[Veto], stem: str, opts: list[str]) -> tuple[Veto, str] | None:
+    for v in vetoes:
+        what = "stem" if v.stem == stem else "option set" if v.options == opts else None
+        if what:
+            return v, what
+    return None
+
+
 async def remember_resolution(gw: Gateway, st: PipelineState, rec: MomentRecord) -> None:
     """Desk hook: count the resolution (§12.2) and remember a question-space veto (§7.2)."""
     item = rec.item
@@ -91,9 +164,11 @@ async def remember_resolution(gw: Gateway, st: PipelineState, rec: MomentRecord)
         vetoes = [*vetoes, veto][-KEEP:]
         try:
             if rev is None:
-                await st.kv.create(key, _enc.encode(vetoes))
+                rev = await st.kv.create(key, _enc.encode(vetoes))
             else:
-                await st.kv.update(key, _enc.encode(vetoes), last=rev)
+                rev = await st.kv.update(key, _enc.encode(vetoes), last=rev)
+            if st.vetoes is not None:
+                st.vetoes.apply(key, rev, vetoes)
             log.info("question-space veto remembered", agent=rec.agent, moment_id=rec.moment_id)
             return
         except KeyWrongLastSequenceError:
@@ -103,24 +178,31 @@ async def remember_resolution(gw: Gateway, st: PipelineState, rec: MomentRecord)
 
 async def check(ctx: Ctx, st: PipelineState, principal: str, bm: BindingMoment) -> None:
     """Refuse a moment that repeats a vetoed moment's stem or option set (spec 000 §7.2)."""
-    try:
-        entry = await st.kv.get(_key(ctx.agent, principal))
-    except KeyNotFoundError:
-        return
-    vetoes: list[Any] = _dec.decode(entry.value)
+    key = _key(ctx.agent, principal)
     stem, opts = norm(bm.question.stem), option_set(bm)
-    for v in vetoes:
-        what = "stem" if v.stem == stem else "option set" if v.options == opts else None
-        if what:
-            raise Refuse(
-                "broken_handshake",
-                f"the principal rejected the question of moment {v.moment_id} through the question-space "
-                f"hatch; this moment repeats its {what} without incorporating the objection (spec 000 §7.2)",
-                details=[Detail(
-                    message=f"re-deliberate and change the question: the {what} repeats the vetoed moment",
-                    path="$.payload.binding_moment.question" + (".stem" if what == "stem" else ".options"),
-                    rule="dual_veto",
-                )],
-                status="gated",
-                verdict_class="denied",
-            )
+    cache = st.vetoes
+    if cache is not None and cache.ready and not _repeats(cache.get(key) or [], stem, opts):
+        return  # no veto matches: no read
+    try:  # no cache, or a match to confirm against the bucket before refusing
+        entry = await st.kv.get(key)
+    except KeyNotFoundError:
+        if cache is not None:
+            cache.forget(key)  # expired or deleted in the bucket
+        return
+    if cache is not None:
+        cache.apply(key, entry.revision, entry.value)
+    found = _repeats(_dec.decode(entry.value) if entry.value else [], stem, opts)
+    if found:
+        v, what = found
+        raise Refuse(
+            "broken_handshake",
+            f"the principal rejected the question of moment {v.moment_id} through the question-space "
+            f"hatch; this moment repeats its {what} without incorporating the objection (spec 000 §7.2)",
+            details=[Detail(
+                message=f"re-deliberate and change the question: the {what} repeats the vetoed moment",
+                path="$.payload.binding_moment.question" + (".stem" if what == "stem" else ".options"),
+                rule="dual_veto",
+            )],
+            status="gated",
+            verdict_class="denied",
+        )

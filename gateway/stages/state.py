@@ -61,6 +61,7 @@ class PipelineState:
     redactor: Redactor
     kv: Any
     stats: Stats = field(default_factory=Stats)
+    vetoes: Any = None  # dualveto.VetoCache, None when it could not start (then every check reads the bucket)
 
 
 def load_vendor_kinds(gw: Gateway) -> None:
@@ -89,6 +90,18 @@ def load_vendor_kinds(gw: Gateway) -> None:
 _locks: dict[int, asyncio.Lock] = {}
 
 
+async def _veto_cache(gw: Gateway, kv: Any) -> Any:
+    from gateway.stages.dualveto import VetoCache
+
+    cache = VetoCache(kv, DEDUP_BUCKET)
+    try:
+        await cache.start(gw.js)
+    except Exception as e:  # noqa: BLE001 - the check then reads the bucket every time
+        log.warning("dual-veto cache did not start; reading the bucket for every moment", error=str(e))
+        return None
+    return cache
+
+
 async def pipeline_state(gw: Gateway) -> PipelineState:
     """The state of ``gw``'s pipeline, created on first call."""
     st = getattr(gw, _ATTR, None)
@@ -103,7 +116,7 @@ async def pipeline_state(gw: Gateway) -> PipelineState:
         redactor = Redactor.from_config(cfg.secrets)
         load_vendor_kinds(gw)
         kv = await ensure_kv(gw.js, DEDUP_BUCKET, ttl=cfg.dedup_ttl_s)
-        st = PipelineState(redactor=redactor, kv=kv)
+        st = PipelineState(redactor=redactor, kv=kv, vetoes=await _veto_cache(gw, kv))
         setattr(gw, _ATTR, st)
         on_resolved = getattr(gw.desk, "on_resolved", None)
         if on_resolved is not None:
