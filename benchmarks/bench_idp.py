@@ -8,8 +8,11 @@ fires requests at a fixed rate (``PGW_BENCH_IDP_RATE``, default 200/s) for
 - **kernel**: ``agent.bench.idp`` served by the gateway's ``KernelService``:
   decode and validate the IDP (spec 003 §5.2), verify the EdDSA mandate,
   KV reads and a compare-and-set on the session, the signed and chained
-  ``IDP_SUBMITTED`` append awaiting its PubAck (fsync), Cedar, then the
-  ``CEDAR_PERMIT_RECORDED`` append and the KV index write, then the reply.
+  ``IDP_SUBMITTED`` append awaiting its PubAck (fsync) with the report-key
+  write beside it, Cedar, then the ``CEDAR_PERMIT_RECORDED`` append and the
+  KV index write (each fsync'd), then the reply. Every request carries a new
+  idp_id and session; the agent presents the same mandate each time, as an
+  agent does across its steps.
 - **bare** (baseline): a core-NATS responder on ``bench.echo`` that replies
   with the request body, no logic, no storage.
 

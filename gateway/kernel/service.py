@@ -33,7 +33,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import Counter
 
-from gateway.kernel.eventlog import STREAM, EventLog
+from gateway.kernel.eventlog import STREAM, EventLog, jcs
 from gateway.kernel.hem import hem_moment
 from gateway.kernel.mandate import Mandate, MandateError, MandateVerifier
 from gateway.kernel.policy import PolicyEngine, entity_uid, idp_context
@@ -288,7 +288,8 @@ class KernelService:
             ) from None
         try:
             # Only open members can hold numbers JCS cannot serialize; the rest are typed.
-            rfc8785.dumps({k: v for k, v in idp_raw.items() if k not in _TYPED_FIELDS})
+            # The log's own serializer: it fails exactly where rfc8785 does.
+            jcs({k: v for k, v in idp_raw.items() if k not in _TYPED_FIELDS})
         except Exception:  # noqa: BLE001 - e.g. integers beyond 2^53 cannot be canonicalized
             raise self._reject(
                 "IDP_MALFORMED", "the IDP cannot be canonicalized (RFC 8785): numbers must fit IEEE 754 doubles",
