@@ -25,6 +25,7 @@ from subjects.wire import (
 )
 from tests.moments import GOOD_MOMENT, good_moment
 from tests.pipeline_helpers import Recorder, moment_env, running_gateway
+from tests.polling import until
 
 
 def bm(d: dict) -> BindingMoment:
@@ -231,7 +232,10 @@ async def test_dual_veto_recorded_elsewhere_and_cached_vetoes_confirmed(nats_ser
         veto = dualveto.Veto("m-elsewhere", dualveto.norm(bm.question.stem), dualveto.option_set(bm))
         kv = await nc.jetstream().key_value("PGW_DEDUP")
         await kv.put("veto.planner.alice", msgspec.json.encode([veto]))  # as another instance would
-        await rec.until(lambda: st.vetoes.get("veto.planner.alice"))
+        async def cached() -> object:  # in-process state no bus message announces
+            return st.vetoes.get("veto.planner.alice")
+
+        await until(cached, timeout=10, what="the veto pushed into the cache")
         o = await rec.roundtrip("planner", moment_env("alice", good_moment()))
         assert (o.status, o.code) == ("gated", "broken_handshake")
         st.vetoes.apply("veto.planner.bob", 1 << 60, [veto])  # cached, absent from the bucket
