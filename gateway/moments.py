@@ -29,7 +29,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from gateway.logs import get_logger
-from gateway.publish import Publisher
+from gateway.publish import KvWriter, Publisher
 from gateway.streams import ensure_kv
 from subjects.names import Subjects
 from subjects.util import now_rfc3339, stable_id, to_rfc3339
@@ -155,6 +155,7 @@ class MomentDesk:
         self.subjects = subjects
         self.publisher = publisher
         self.kv: Any = None
+        self._writer: Any = None
         self._hem_callbacks: list[HemCallback] = []
         self._resolved_callbacks: list[Callable[[MomentRecord], Awaitable[None]]] = []
         self._heap: list[tuple[float, str]] = []
@@ -165,7 +166,8 @@ class MomentDesk:
 
     # -- life cycle -------------------------------------------------------
     async def start(self) -> None:
-        self.kv = await ensure_kv(self.js, BUCKET, ttl=MOMENT_TTL_S)
+        self.kv = await ensure_kv(self.js, BUCKET, ttl=MOMENT_TTL_S, atomic=True)
+        self._writer = KvWriter(self.js, self.kv, BUCKET)  # dispatch's creates, group-committed
         self._watcher = await self.kv.watchall()
         self._tasks = [
             asyncio.create_task(self._watch(), name="moments-watch"),
@@ -250,7 +252,7 @@ class MomentDesk:
         )
         key = _key(principal, moment_id)
         try:
-            await self.kv.create(key, _enc.encode(record))
+            await self._writer.create(key, _enc.encode(record))
         except KeyWrongLastSequenceError:
             record = _dec.decode((await self.kv.get(key)).value)
         pubs = []

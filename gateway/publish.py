@@ -5,23 +5,26 @@ carries a deterministic ``Nats-Msg-Id``: a message redelivered after a crash
 produces the same ids, and the stream drops the repeats. ``traceparent``
 (W3C) rides along as a header on every message an input causes.
 
-Group commit: publishes to one stream that are issued while an earlier
-write to that stream is in flight are sent together as one JetStream atomic
-batch (nats-server >= 2.12, stream ``allow_atomic``): stored whole or not at
-all, answered by one PubAck, synced once under ``sync_interval: always``
-instead of once per message. Each caller still returns only once its own
-message is stored. A batch that the server refuses (a ``Nats-Msg-Id`` it
-already holds, which is what a redelivery republishes; a stream without
-``allow_atomic``; any other error) or that is not answered is re-sent one
-message at a time, the plain way, so every message gets its own answer;
-Msg-Id dedup makes the repeat of a batch that was in fact stored harmless.
+Group commit (:class:`GroupCommit`): writes to one stream that are issued
+while an earlier write to that stream is in flight are sent together as one
+JetStream atomic batch (nats-server >= 2.12, stream ``allow_atomic``): stored
+whole or not at all, answered by one PubAck, synced once under
+``sync_interval: always`` instead of once per message. Each caller still
+returns only once its own message is stored. A batch the server refuses (a
+``Nats-Msg-Id`` it already holds, which is what a redelivery republishes; a
+failed compare-and-set; a stream without ``allow_atomic``; anything else) or
+does not answer is re-sent one message at a time, the plain way, so every
+caller gets the answer a plain write would have had. The surface, verdict and
+outcome publishes and the gateway's KV writes (:class:`KvWriter`: the
+correlationId claim and its settle, the moment record) go through it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -42,6 +45,7 @@ ERR_ATOMIC_DISABLED = 10174  # the stream does not allow atomic publish
 class _PubAck(msgspec.Struct):
     stream: str = ""
     seq: int = 0
+    count: int = 0
     duplicate: bool = False
     error: dict[str, Any] | None = None
 
@@ -54,109 +58,128 @@ class _Pending:
     subject: str
     body: bytes
     headers: dict[str, str]
-    done: asyncio.Future[bool]
+    single: Callable[[], Awaitable[Any]]
+    on_batch: Callable[[int], Any]
+    done: asyncio.Future[Any]
 
 
-@dataclass
-class _Stream:
+class GroupCommit:
     """Group commit for one stream: at most one write in flight, the rest wait and go together."""
 
-    name: str
-    atomic: bool | None = None  # None: not asked yet; False: the stream takes no atomic batches
-    probe: asyncio.Future[None] | None = None
-    queue: list[_Pending] = field(default_factory=list)
-    busy: bool = False
-    task: asyncio.Task[None] | None = None
-
-
-class Publisher:
-    def __init__(self, js: JetStreamContext, subjects: Subjects, *, timeout: float | None = None) -> None:
+    def __init__(
+        self, js: JetStreamContext, stream: str, timeout: float | None = None, *, one_per_subject: bool = False
+    ) -> None:
         self.js = js
-        self.subjects = subjects
+        self.stream = stream
+        self.one_per_subject = one_per_subject
         self.timeout = timeout if timeout is not None else js._timeout
-        self._streams = {name: _Stream(name) for name in ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS")}
+        self.atomic: bool | None = None  # None: not asked yet; False: the stream takes no atomic batches
+        self._probe_done: asyncio.Future[None] | None = None
+        self._queue: list[_Pending] = []
+        self._busy = False
+        self._task: asyncio.Task[None] | None = None
 
-    async def _plain(self, subject: str, body: bytes, headers: dict[str, str]) -> bool:
-        ack = await self.js.publish(subject, body, headers=headers, timeout=self.timeout)
-        return not ack.duplicate
-
-    async def _pub(self, stream: str, subject: str, body: bytes, msg_id: str, traceparent: str | None) -> bool:
-        """Publish durably; True if the stream stored it, False if it was a duplicate."""
-        headers = {"Nats-Msg-Id": msg_id}
-        if traceparent:
-            headers["traceparent"] = traceparent
-        st = self._streams[stream]
-        if st.atomic is None:
-            await self._probe(st)
-        if not st.atomic:
-            return await self._plain(subject, body, headers)
-        if not st.busy:
-            # Nothing in flight to this stream: publish at once, the plain way;
+    async def write(
+        self,
+        subject: str,
+        body: bytes,
+        headers: dict[str, str],
+        single: Callable[[], Awaitable[Any]],
+        on_batch: Callable[[int], Any],
+    ) -> Any:
+        """Store one message; ``single()`` is the plain write and its result is returned, or,
+        when the message went out in a batch stored whole, ``on_batch(its stream sequence)``."""
+        if self.atomic is None:
+            await self._probe()
+        if not self.atomic:
+            return await single()
+        if not self._busy:
+            # Nothing in flight to this stream: write at once, the plain way;
             # what others queue meanwhile goes out together afterwards.
-            st.busy = True
+            self._busy = True
             try:
-                return await self._plain(subject, body, headers)
+                return await single()
             finally:
-                self._next(st)
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        st.queue.append(_Pending(subject, body, headers, done))
+                self._next()
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(subject, body, headers, single, on_batch, done))
         return await done
 
-    async def _probe(self, st: _Stream) -> None:
+    async def _probe(self) -> None:
         """Batch only where the stream says ``allow_atomic``: a server that does not know
         the flag drops it, and would store a batch's messages one by one without
         answering all but the last."""
-        if st.probe is None:
-            st.probe = asyncio.get_running_loop().create_future()
+        if self._probe_done is None:
+            self._probe_done = asyncio.get_running_loop().create_future()
             try:
-                info = await self.js.stream_info(st.name)
-                st.atomic = bool(getattr(info.config, "allow_atomic", False))
-            except Exception as e:  # noqa: BLE001 - no batching, plain publishes report their own errors
-                log.warning("cannot read stream configuration; publishing one message at a time",
-                            stream=st.name, error=str(e))
-                st.atomic = False
+                info = await self.js.stream_info(self.stream)
+                self.atomic = bool(getattr(info.config, "allow_atomic", False))
+            except Exception as e:  # noqa: BLE001 - no batching; plain writes report their own errors
+                log.warning("cannot read stream configuration; writing one message at a time",
+                            stream=self.stream, error=str(e))
+                self.atomic = False
             finally:
-                st.probe.set_result(None)
+                self._probe_done.set_result(None)
         else:
-            await st.probe
+            await self._probe_done
 
-    def _next(self, st: _Stream) -> None:
-        if st.queue:
-            st.task = asyncio.get_running_loop().create_task(self._drain(st))
+    def _next(self) -> None:
+        if self._queue:
+            self._task = asyncio.get_running_loop().create_task(self._drain())
         else:
-            st.busy = False
+            self._busy = False
 
-    async def _drain(self, st: _Stream) -> None:
-        """Send what is queued for ``st``, one write at a time, until the queue is empty."""
+    def _take(self) -> list[_Pending]:
+        """The next batch: queue order, at most MAX_BATCH; with ``one_per_subject`` (KV writes)
+        one message per subject, since a second compare-and-set on a key would fail
+        the whole batch: it waits for the next one."""
+        if not self.one_per_subject:
+            batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+            return batch
+        batch = []
+        rest: list[_Pending] = []
+        subjects: set[str] = set()
+        for p in self._queue:
+            if len(batch) < MAX_BATCH and p.subject not in subjects:
+                batch.append(p)
+                subjects.add(p.subject)
+            else:
+                rest.append(p)
+        self._queue = rest
+        return batch
+
+    async def _drain(self) -> None:
+        """Send what is queued, one write at a time, until the queue is empty."""
         batch: list[_Pending] = []
         try:
-            while st.queue:
-                batch, st.queue = st.queue[:MAX_BATCH], st.queue[MAX_BATCH:]
-                if len(batch) == 1 or not st.atomic:
+            while self._queue:
+                batch = self._take()
+                if len(batch) == 1 or not self.atomic:
                     await asyncio.gather(*(self._one(p) for p in batch))
                 else:
-                    await self._batch(st, batch)
+                    await self._batch(batch)
         except BaseException as e:  # cancelled (shutdown): no caller may wait forever
-            for p in [*batch, *st.queue]:
+            for p in [*batch, *self._queue]:
                 if not p.done.done():
                     p.done.set_exception(e if isinstance(e, Exception) else asyncio.CancelledError())
-            st.queue = []
+            self._queue = []
             raise
         finally:
-            st.busy = False
-            st.task = None
+            self._busy = False
+            self._task = None
 
-    async def _one(self, p: _Pending) -> None:
+    @staticmethod
+    async def _one(p: _Pending) -> None:
         try:
-            stored = await self._plain(p.subject, p.body, p.headers)
+            result = await p.single()
         except Exception as e:  # noqa: BLE001 - handed to the caller, who fails its turn
             if not p.done.done():
                 p.done.set_exception(e)
             return
         if not p.done.done():
-            p.done.set_result(stored)
+            p.done.set_result(result)
 
-    async def _batch(self, st: _Stream, batch: list[_Pending]) -> None:
+    async def _batch(self, batch: list[_Pending]) -> None:
         nc = self.js._nc
         batch_id = secrets.token_hex(11)
         last = len(batch) - 1
@@ -170,20 +193,79 @@ class Publisher:
                 reply = await nc.request(p.subject, p.body, timeout=self.timeout, headers=hdr)
             ack = _ack_dec.decode(reply.data)
         except Exception as e:  # noqa: BLE001 - not answered: may or may not be stored
-            log.warning("atomic batch not answered; re-sending one by one", stream=st.name, size=len(batch), error=str(e))
+            log.warning("atomic batch not answered; re-sending one by one", stream=self.stream, size=len(batch),
+                        error=str(e))
             await asyncio.gather(*(self._one(p) for p in batch))
             return
-        if ack.error is not None:
-            if ack.error.get("err_code") == ERR_ATOMIC_DISABLED:
-                st.atomic = False
-                log.warning("stream takes no atomic batches; publishing one message at a time", stream=st.name)
-            # A duplicate Msg-Id (a redelivery) or any other refusal: nothing of
-            # the batch was stored; each message gets its own answer.
+        if ack.error is not None or ack.count != len(batch):
+            if ack.error is not None and ack.error.get("err_code") == ERR_ATOMIC_DISABLED:
+                self.atomic = False
+                log.warning("stream takes no atomic batches; writing one message at a time", stream=self.stream)
+            # A duplicate Msg-Id (a redelivery), a failed compare-and-set or any
+            # other refusal: nothing of the batch was stored; one by one, each
+            # message gets its own answer.
             await asyncio.gather(*(self._one(p) for p in batch))
             return
-        for p in batch:  # stored whole: no message in it was a duplicate
+        # Stored whole, contiguously, the commit last: no message in it was a duplicate.
+        first = ack.seq - last
+        for i, p in enumerate(batch):
             if not p.done.done():
-                p.done.set_result(True)
+                p.done.set_result(p.on_batch(first + i))
+
+
+def _stored(_seq: int) -> bool:
+    return True
+
+
+def _revision(seq: int) -> int:
+    return seq
+
+
+class KvWriter:
+    """``kv.create`` / ``kv.update`` of one bucket through a :class:`GroupCommit`.
+
+    The same results (the new revision) and errors (``KeyWrongLastSequenceError``)
+    as nats' KeyValue, which does every write the batch does not (and the
+    re-create of a deleted key).
+    """
+
+    def __init__(self, js: JetStreamContext, kv: Any, bucket: str) -> None:
+        self.kv = kv
+        self._pre = f"$KV.{bucket}."
+        self._gc = GroupCommit(js, f"KV_{bucket}", one_per_subject=True)
+
+    async def create(self, key: str, value: bytes) -> int:
+        return await self._gc.write(
+            self._pre + key, value, {"Nats-Expected-Last-Subject-Sequence": "0"},
+            lambda: self.kv.create(key, value), _revision,
+        )
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        return await self._gc.write(
+            self._pre + key, value, {"Nats-Expected-Last-Subject-Sequence": str(last)},
+            lambda: self.kv.update(key, value, last=last), _revision,
+        )
+
+
+class Publisher:
+    def __init__(self, js: JetStreamContext, subjects: Subjects, *, timeout: float | None = None) -> None:
+        self.js = js
+        self.subjects = subjects
+        self.timeout = timeout if timeout is not None else js._timeout
+        self._streams = {name: GroupCommit(js, name, self.timeout) for name in ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS")}
+
+    async def _plain(self, subject: str, body: bytes, headers: dict[str, str]) -> bool:
+        ack = await self.js.publish(subject, body, headers=headers, timeout=self.timeout)
+        return not ack.duplicate
+
+    async def _pub(self, stream: str, subject: str, body: bytes, msg_id: str, traceparent: str | None) -> bool:
+        """Publish durably; True if the stream stored it, False if it was a duplicate."""
+        headers = {"Nats-Msg-Id": msg_id}
+        if traceparent:
+            headers["traceparent"] = traceparent
+        return await self._streams[stream].write(
+            subject, body, headers, lambda: self._plain(subject, body, headers), _stored,
+        )
 
     async def outcome(self, outcome: Outcome, msg_id: str) -> None:
         await self._pub("PGW_OUTBOUND", self.subjects.outcome(outcome.agent), _enc.encode(outcome), msg_id,
@@ -205,4 +287,4 @@ class Publisher:
             metrics.count_verdict(verdict.verdict_class)
 
 
-__all__ = ["Publisher"]
+__all__ = ["GroupCommit", "KvWriter", "Publisher"]

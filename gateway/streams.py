@@ -165,19 +165,33 @@ KV_BUCKETS = {
 }
 
 
-async def ensure_kv(js: JetStreamContext, name: str, *, replicas: int | None = None, ttl: float | None = None):
+async def ensure_kv(
+    js: JetStreamContext, name: str, *, replicas: int | None = None, ttl: float | None = None, atomic: bool = False
+):
     """Open KV bucket ``name``, creating it (file storage) if missing.
 
     ``replicas=None`` adopts the deployment's count (``cluster_replicas``).
+    ``atomic``: the bucket's stream also takes atomic batches (the gateway's
+    group commit, ``gateway.publish.KvWriter``), added to an existing bucket
+    as an additive update.
     """
     from nats.js.api import KeyValueConfig
     from nats.js.errors import BucketNotFoundError
 
     try:
-        return await js.key_value(name)
+        kv = await js.key_value(name)
     except BucketNotFoundError:
         if replicas is None:
             replicas = await cluster_replicas(js)
-        return await js.create_key_value(
+        kv = await js.create_key_value(
             KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, replicas=replicas, ttl=ttl)
         )
+    if atomic:
+        try:
+            info = await js.stream_info(f"KV_{name}")
+        except Exception as e:  # noqa: BLE001 - an optimisation only
+            log.warning("cannot read the bucket's stream; no atomic batches", bucket=name, error=str(e))
+        else:
+            if not info.config.allow_atomic:
+                await _enable_atomic(js, info.config)
+    return kv

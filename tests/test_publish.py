@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import copy
 
+from nats.js.errors import KeyWrongLastSequenceError
+
 from gateway import metrics
-from gateway.publish import Publisher
-from gateway.streams import ensure_streams, stream_plans
+from gateway.publish import KvWriter, Publisher
+from gateway.streams import ensure_kv, ensure_streams, stream_plans
 from subjects.names import Subjects
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import Verdict
@@ -44,15 +46,16 @@ def _verdicts(n: int, tag: str) -> list[Verdict]:
 
 
 async def _batches(pub: Publisher) -> list[int]:
-    """Spy on the publisher's atomic batches: the sizes it sends."""
+    """Spy on the publisher's atomic batches of verdicts: the sizes it sends."""
     sizes: list[int] = []
-    send = pub._batch
+    gc = pub._streams["PGW_VERDICTS"]
+    send = gc._batch
 
-    async def spy(st, batch):
+    async def spy(batch):
         sizes.append(len(batch))
-        await send(st, batch)
+        await send(batch)
 
-    pub._batch = spy  # type: ignore[method-assign]
+    gc._batch = spy  # type: ignore[method-assign]
     return sizes
 
 
@@ -91,3 +94,35 @@ async def test_stream_without_allow_atomic_gets_plain_publishes_then_the_flag(nc
     assert (await ensure_streams(js, Subjects()))["PGW_VERDICTS"] == "exists"
     info = await js.stream_info("PGW_VERDICTS")
     assert info.config.allow_atomic and info.state.messages == 40
+
+
+async def test_kv_writes_grouped_keep_compare_and_set(nc):
+    """KV creates and updates issued together go out as atomic batches, return the revision the
+    bucket stored, and keep compare-and-set: a create of an existing key and the second of two
+    updates from one revision fail alone, whatever else was in flight with them."""
+    js = nc.jetstream()
+    kv = await ensure_kv(js, "PGW_TEST_GROUPED", atomic=True)
+    writer = KvWriter(js, kv, "PGW_TEST_GROUPED")
+    sizes: list[int] = []
+    send = writer._gc._batch
+
+    async def spy(batch):
+        sizes.append(len(batch))
+        await send(batch)
+
+    writer._gc._batch = spy  # type: ignore[method-assign]
+    revs = await asyncio.gather(*(writer.create(f"k{i}", b"v") for i in range(50)))
+    assert sizes and max(sizes) > 1
+    assert revs == [(await kv.get(f"k{i}")).revision for i in range(50)]
+    results = await asyncio.gather(
+        *(writer.create(f"n{i}", b"v") for i in range(20)),
+        writer.create("k3", b"again"),
+        writer.update("k4", b"first", last=revs[4]),
+        writer.update("k4", b"second", last=revs[4]),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, int) for r in results[:20])
+    assert isinstance(results[20], KeyWrongLastSequenceError)
+    assert [isinstance(r, KeyWrongLastSequenceError) for r in results[21:]].count(True) == 1
+    assert (await kv.get("k3")).value == b"v"
+    assert (await kv.get("k4")).value in (b"first", b"second")

@@ -86,7 +86,8 @@ async def run(ctx: Ctx) -> None:
     from gateway.stages.state import pipeline_state
 
     assert ctx.env is not None and ctx.correlation_id
-    kv = (await pipeline_state(ctx.gw)).kv
+    st = await pipeline_state(ctx.gw)
+    kv = st.kv
     # The schemaRounds check the limits stage left to us (limits.ROUNDS_DEFERRED).
     rounds_for = ctx.extra.pop(limits.ROUNDS_DEFERRED, None)
     if rounds_for is not None and rounds_for != ctx.correlation_id:
@@ -98,7 +99,7 @@ async def run(ctx: Ctx) -> None:
     stale_after = ctx.gw.config.gateway.ack_wait_s
     while True:
         try:
-            rev = await kv.create(key, _enc.encode(DedupRecord(ctx.env.type, mine, time.time(), envelope_id=ctx.envelope_id)))
+            rev = await st.writer.create(key, _enc.encode(DedupRecord(ctx.env.type, mine, time.time(), envelope_id=ctx.envelope_id)))
             # No record, so no counted refusal either (mark_refused): the rounds check passes.
             ctx.extra["dedup"] = (key, rev)
             return
@@ -165,20 +166,20 @@ async def settle(ctx: Ctx, outcome: Outcome, msg_id: str, refused: bool) -> None
     from gateway.stages.state import pipeline_state
 
     key, rev = claim
-    kv = (await pipeline_state(ctx.gw)).kv
+    writer = (await pipeline_state(ctx.gw)).writer
     assert ctx.env is not None
     if refused:
         # Released, not deleted: the record must outlive any counted refusal (mark_refused).
         released = DedupRecord(ctx.env.type, _owner(ctx), time.time(), status="refused", envelope_id=ctx.envelope_id)
         with contextlib.suppress(Exception):  # someone took it over: nothing to release
-            await kv.update(key, _enc.encode(released), last=rev)
+            await writer.update(key, _enc.encode(released), last=rev)
         return
     rec = DedupRecord(
         ctx.env.type, _owner(ctx), time.time(), status="done",
         outcome=msgspec.Raw(_enc.encode(outcome)), msg_id=msg_id, envelope_id=ctx.envelope_id,
     )
     try:
-        await kv.update(key, _enc.encode(rec), last=rev)
+        await writer.update(key, _enc.encode(rec), last=rev)
     except KeyWrongLastSequenceError:
         log.warning("dedup record changed under us; not caching", envelope_id=ctx.envelope_id)
 

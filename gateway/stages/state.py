@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.logs import get_logger
+from gateway.publish import KvWriter
 from gateway.stages.kind import KindSpec
 from gateway.stages.redaction import Redactor
 from gateway.streams import ensure_kv
@@ -62,6 +63,7 @@ class PipelineState:
     kv: Any
     stats: Stats = field(default_factory=Stats)
     vetoes: Any = None  # dualveto.VetoCache, None when it could not start (then every check reads the bucket)
+    writer: Any = None  # publish.KvWriter: the claim and settle writes, group-committed
 
 
 def load_vendor_kinds(gw: Gateway) -> None:
@@ -115,8 +117,9 @@ async def pipeline_state(gw: Gateway) -> PipelineState:
         cfg = gw.config.pipeline
         redactor = Redactor.from_config(cfg.secrets)
         load_vendor_kinds(gw)
-        kv = await ensure_kv(gw.js, DEDUP_BUCKET, ttl=cfg.dedup_ttl_s)
-        st = PipelineState(redactor=redactor, kv=kv, vetoes=await _veto_cache(gw, kv))
+        kv = await ensure_kv(gw.js, DEDUP_BUCKET, ttl=cfg.dedup_ttl_s, atomic=True)
+        st = PipelineState(redactor=redactor, kv=kv, vetoes=await _veto_cache(gw, kv),
+                           writer=KvWriter(gw.js, kv, DEDUP_BUCKET))
         setattr(gw, _ATTR, st)
         on_resolved = getattr(gw.desk, "on_resolved", None)
         if on_resolved is not None:
