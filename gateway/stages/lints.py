@@ -68,12 +68,32 @@ _STOP = frozenset(
 _WORD = re.compile(r"[a-z0-9]+(?:[-'][a-z0-9]+)*")
 
 
+# The same patterns without IGNORECASE, for lower-cased all-ASCII text: there
+# they match exactly what the case-insensitive ones match in the original
+# (lower() keeps every position), at about a third of the cost.
+_HEDGE_LOWER = re.compile(_HEDGE.pattern)
+_LEAD_LOWER = re.compile(_LEAD.pattern)
+
+
+def _find(pattern: re.Pattern[str], lower: re.Pattern[str], text: str) -> str | None:
+    """The first match of case-insensitive ``pattern`` in ``text``, as written there."""
+    if text.isascii():
+        m = lower.search(text.lower())
+        return text[m.start():m.end()] if m else None
+    m = pattern.search(text)
+    return m.group(0) if m else None
+
+
 def _content(text: str) -> set[str]:
     return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
 
 
 def sentences(text: str) -> int:
     """How many sentences ``text`` holds (abbreviations and decimals do not split)."""
+    if not _SENTENCE_END.search(text):
+        # No sentence end at all; removing the dots of abbreviations and
+        # decimals below can only take ends away, never make one.
+        return 1 if text.strip() else 0
     t = _ABBREV.sub(lambda m: m.group(0).replace(".", ""), text.strip())
     t = re.sub(r"(\d)\.(\d)", r"\1\2", t)
     return len([s for s in _SENTENCE_END.split(t) if s.strip()])
@@ -92,35 +112,35 @@ def check(bm: Any) -> list[tuple[str, Detail]]:
         out.append(("synopsis_one_sentence", Detail(
             message=f"the synopsis holds {n} sentences; spec 000 §6.1 asks for a single answer-first sentence",
             path=f"{P}.synopsis", rule="synopsis_one_sentence")))
-    hedge = _HEDGE.search(syn)
+    hedge = _find(_HEDGE, _HEDGE_LOWER, syn)
     if hedge or syn.rstrip().endswith("?"):
-        what = f"{hedge.group(0)!r}" if hedge else "a question"
+        what = f"{hedge!r}" if hedge else "a question"
         out.append(("synopsis_hedge", Detail(
             message=f"the synopsis hedges ({what}); spec 000 §6.1 requires it to commit to a position, "
                     "or the agent should not emit a binding moment yet (§7.1)",
             path=f"{P}.synopsis", rule="synopsis_hedge")))
     q = bm.question
     stem = q.stem
-    lead = _LEAD.search(stem)
-    rec_label = _norm(q.options[q.recommended_idx].label) if q.recommended_idx < len(q.options) else ""
+    lead = _find(_LEAD, _LEAD_LOWER, stem)
+    labels = [_norm(o.label) for o in q.options]
+    rec_label = labels[q.recommended_idx] if q.recommended_idx < len(labels) else ""
     stem_n = _norm(stem)
-    others_named = any(
-        _norm(o.label) and _norm(o.label) in stem_n for i, o in enumerate(q.options) if i != q.recommended_idx
-    )
+    others_named = any(label and label in stem_n for i, label in enumerate(labels) if i != q.recommended_idx)
     embeds = len(rec_label) >= 12 and rec_label in stem_n and not others_named
     if lead or embeds:
-        why = f"it contains {lead.group(0)!r}" if lead else "it names the recommended option and no other"
+        why = f"it contains {lead!r}" if lead else "it names the recommended option and no other"
         out.append(("leading_stem", Detail(
             message=f"the question stem is leading ({why}); spec 000 §6.5: the lean belongs on the "
                     "recommended option, never in the stem",
             path=f"{P}.question.stem", rule="leading_stem")))
     syn_words = _content(syn)
+    syn_n = _norm(syn)
     for i, f in enumerate(bm.findings):
         fw = _content(f)
         if not fw or not syn_words:
             continue
         jaccard = len(fw & syn_words) / len(fw | syn_words)
-        if _norm(f) == _norm(syn) or (jaccard >= 0.75 and len(fw) >= 3):
+        if _norm(f) == syn_n or (jaccard >= 0.75 and len(fw) >= 3):
             out.append(("findings_restate_synopsis", Detail(
                 message=f"finding {i} restates the synopsis; spec 000 §6.2: each finding adds an observation",
                 path=f"{P}.findings[{i}]", rule="findings_restate_synopsis")))
