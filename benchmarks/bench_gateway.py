@@ -8,12 +8,16 @@ principal's subject, matched by envelope id):
 - **gateway**: ``pgw gateway`` — shape, kind, payload, lints, redaction,
   trust, correlationId dedup (KV CAS), the moment (KV create), then three
   JetStream publishes (surface item, ``hitl_dispatched`` verdict, outcome),
-  each awaiting its PubAck, then the ack.
+  each awaiting its PubAck, the dedup settle (KV CAS), then the ack. Writes
+  to one stream issued while another is in flight go out together as one
+  atomic batch (``gateway.publish.GroupCommit``); each still awaits its own
+  storage before the envelope moves on.
 - **relay** (baseline): ``python -m benchmarks.bench_gateway relay URL`` — the
   same durable pull consumer with explicit ack on a copy of PGW_INBOUND, the
   same pipelined fetch loop (four batches of 64 in flight), one JetStream
   publish of the body to ``bench.out.{principal}`` awaiting the PubAck (with
-  ``Nats-Msg-Id``), then the ack. Same ack semantics, no logic.
+  ``Nats-Msg-Id``), then the ack. Same ack semantics, no logic, no group
+  commit (one plain publish per envelope).
 
 Rows: throughput (envelopes/s through each, ratio gateway/relay; target
 >= 0.5); latency p50/p99 (publish -> surface receive) at fixed open-loop
