@@ -33,6 +33,7 @@ import msgspec
 import rfc8785
 from msgspec import Struct
 
+from subjects import jcs
 from subjects.errors import PgwError
 from subjects.util import parse_rfc3339
 from subjects.wire import Verdict
@@ -96,77 +97,24 @@ def normalize(value: Any) -> Any:
     Members of objects are removed; array elements are kept in place (an
     array's positions carry meaning) but normalized themselves.
     """
-    return _normalize_checked(value, [True])
-
-
-# JCS (RFC 8785) is "sorted keys, no whitespace, ES6 number and string forms".
-# For a value made only of str, bool, None, lists, dicts with str keys and
-# integers within +-(2**53 - 1), msgspec's sorted encoder writes exactly those
-# bytes (same escapes: \" \\ \b \t \n \f \r and \u00xx for the other
-# controls, everything else as UTF-8), at C speed. Keys are sorted by UTF-16
-# code unit in JCS (RFC 8785 §3.2.3) and by code point in msgspec; the two
-# orders agree unless a key holds a character at or above U+D800, so such keys,
-# floats (ES6 number formatting), larger integers and anything else go to the
-# reference implementation (rfc8785). tests/test_capsule_jcs.py checks the
-# equivalence against rfc8785 on generated values, hostile strings included.
-_JCS = msgspec.json.Encoder(order="sorted")
-_MAX_SAFE_INT = 2**53 - 1
-
-
-def _normalize_checked(value: Any, fast: list[bool]) -> Any:
-    """``normalize`` that also clears ``fast[0]`` when msgspec's bytes could differ from JCS."""
-    t = type(value)
-    if t is str or t is bool or value is None:
-        return value
-    if t is dict or isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            if fast[0] and not (type(k) is str and (k.isascii() or max(k) < "\ud800")):
-                fast[0] = False
-            nv = _normalize_checked(v, fast)
-            if nv is None or (isinstance(nv, (dict, list)) and not nv):
-                continue
-            out[k] = nv
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_normalize_checked(v, fast) for v in value]
-    if t is int:
-        if not -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
-            fast[0] = False
-        return value
-    fast[0] = False  # floats, subclasses, anything unusual: the reference implementation decides
-    return value
+    return jcs.walk(value, drop_absent=True)[0]
 
 
 def canonical_bytes(value: Any) -> bytes:
-    """RFC 8785 (JCS) serialization of ``normalize(value)``."""
-    fast = [True]
-    normalized = _normalize_checked(value, fast)
-    return _jcs_of_normalized(normalized, fast[0])
+    """RFC 8785 (JCS) serialization of ``normalize(value)`` (one walk, see :mod:`subjects.jcs`)."""
+    return jcs.encode(*jcs.walk(value, drop_absent=True))
 
 
-def _jcs_of_normalized(normalized: Any, fast: bool) -> bytes:
-    """JCS of an already normalized value; ``fast``: the walk found nothing msgspec writes differently."""
-    if fast:
-        try:
-            return _JCS.encode(normalized)
-        except UnicodeEncodeError:
-            pass  # a lone surrogate: rfc8785 raises its own CanonicalizationError below
-    return rfc8785.dumps(normalized)
-
-
-def _digest_of_normalized(normalized: Any, fast: bool) -> str:
+def _digest_of_walked(walked: Any, flags: int) -> str:
     try:
-        return hashlib.sha256(_jcs_of_normalized(normalized, fast)).hexdigest()
+        return hashlib.sha256(jcs.encode(walked, flags)).hexdigest()
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as e:
         raise CapsuleError("§2 JSON-DIGEST", f"value has no JCS form: {e}") from e
 
 
 def json_digest(value: Any) -> str:
     """JSON-DIGEST (§2). Raises CapsuleError if the value has no JCS form."""
-    fast = [True]
-    normalized = _normalize_checked(value, fast)
-    return _digest_of_normalized(normalized, fast[0])
+    return _digest_of_walked(*jcs.walk(value, drop_absent=True))
 
 
 def find_floats(value: Any, path: str = "$") -> list[str]:
@@ -366,28 +314,25 @@ class Capsule(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         """The payload bytes that get signed: JCS of the normalized capsule."""
         return canonical_bytes(msgspec.to_builtins(self))  # canonical_bytes normalizes
 
-    def checked_body(self) -> tuple[dict[str, Any], str, bool]:
-        """(normalized payload, the capsule_id it derives (§5.1), JCS fast-path flag), from one walk.
+    def checked_body(self) -> tuple[dict[str, Any], str, int]:
+        """(normalized payload, the capsule_id it derives (§5.1), its jcs flags), from one walk.
 
         Floats are refused here (§5.1 decimal strings), with their paths.
         """
-        fast = [True]
-        body = _normalize_checked(msgspec.to_builtins(self), fast)
-        if not fast[0]:
-            floats = find_floats(body)
-            if floats:
-                raise CapsuleError("§5.1 decimal strings", f"floating-point values at {', '.join(floats)}")
-        return body, _digest_of_normalized(identity_form(body), fast[0]), fast[0]
+        body, flags = jcs.walk(msgspec.to_builtins(self), drop_absent=True)
+        if flags & jcs.FLOAT:
+            raise CapsuleError("§5.1 decimal strings", f"floating-point values at {', '.join(find_floats(body))}")
+        return body, _digest_of_walked(identity_form(body), flags), flags
 
     def checked_form(self) -> tuple[dict[str, Any], str, bytes]:
         """(normalized payload, the capsule_id it derives (§5.1), its JCS bytes)."""
-        body, capsule_id, fast = self.checked_body()
-        return body, capsule_id, _payload_bytes(body, fast)
+        body, capsule_id, flags = self.checked_body()
+        return body, capsule_id, _payload_bytes(body, flags)
 
 
-def _payload_bytes(body: dict[str, Any], fast: bool) -> bytes:
+def _payload_bytes(body: dict[str, Any], flags: int) -> bytes:
     try:
-        return _jcs_of_normalized(body, fast)
+        return jcs.encode(body, flags)
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as e:
         raise CapsuleError("§2 JSON-DIGEST", f"capsule has no JCS form: {e}") from e
 
@@ -406,7 +351,7 @@ class Built(NamedTuple):
 
     capsule: Capsule
     body: dict[str, Any]
-    fast: bool  # the body holds nothing msgspec writes differently from JCS
+    flags: int  # subjects.jcs.walk flags of the body
 
 
 def build_capsule(**kw: Any) -> Capsule:
@@ -477,9 +422,9 @@ def build_capsule_checked(
         ledger=ledger,
         pgw=pgw or None,
     )
-    body, capsule_id, fast = cap.checked_body()
+    body, capsule_id, flags = cap.checked_body()
     body["capsule_id"] = capsule_id
-    return Built(msgspec.structs.replace(cap, capsule_id=capsule_id), body, fast)
+    return Built(msgspec.structs.replace(cap, capsule_id=capsule_id), body, flags)
 
 
 # ---------------------------------------------------------------------------
@@ -670,9 +615,8 @@ def link_built(built: Built, ledger: Ledger) -> tuple[Capsule, bytes]:
     """
     cap = attach_ledger(built.capsule, ledger)
     body = dict(built.body)
-    fast = [built.fast]
-    body["ledger"] = _normalize_checked(msgspec.to_builtins(ledger), fast)
-    return cap, _payload_bytes(body, fast[0])
+    body["ledger"], flags = jcs.walk(msgspec.to_builtins(ledger), drop_absent=True)
+    return cap, _payload_bytes(body, built.flags | flags)
 
 
 def ready_to_sign(cap: Capsule) -> bytes:

@@ -1,11 +1,12 @@
-"""The capsule serializer is RFC 8785 (JCS), byte for byte (spec 004 §2).
+"""subjects.jcs is RFC 8785 (JCS), byte for byte.
 
-``consumers.capsule.canonical_bytes`` writes with msgspec's sorted encoder when
-that is provably the same bytes, and falls back to the reference
-implementation (``rfc8785``) otherwise. These tests hold it to the reference on
-generated values: every string hazard (controls, quotes, backslash, U+2028,
-non-BMP, keys on both sides of U+D800 / U+E000, lone surrogates), integers
-around 2**53, floats, and nesting with the §2 absent-field normalization.
+``subjects.jcs`` writes with msgspec's sorted encoder when that is provably
+the same bytes and falls back to the reference implementation (``rfc8785``)
+otherwise; capsules (spec 004 §2, with the absent-field normalization) and the
+kernel's event log (spec 003) are written with it. These tests hold it to the
+reference on generated values: every string hazard (controls, quotes,
+backslash, U+2028, non-BMP, keys on both sides of U+D800 / U+E000, lone
+surrogates), integers around 2**53, floats, and nesting.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumers import capsule as capm
+from subjects import jcs
 
 EXAMPLES = int(os.environ.get("PGW_FUZZ_EXAMPLES", "300"))
 
@@ -36,24 +38,30 @@ values = st.recursive(
 )
 
 
-def _reference(value: object) -> bytes | type[Exception]:
+def _outcome(f: object, value: object) -> bytes | type[Exception]:
     try:
-        return rfc8785.dumps(capm.normalize(value))
+        return f(value)  # type: ignore[operator]
     except Exception as e:  # noqa: BLE001 - the kind of failure is what is compared
-        return type(e)
-
-
-def _ours(value: object) -> bytes | type[Exception]:
-    try:
-        return capm.canonical_bytes(value)
-    except Exception as e:  # noqa: BLE001
         return type(e)
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(values)
-def test_canonical_bytes_equal_the_reference_jcs(value: object) -> None:
-    assert _ours(value) == _reference(value)
+def test_dumps_equals_the_reference_jcs(value: object) -> None:
+    assert _outcome(jcs.dumps, value) == _outcome(rfc8785.dumps, value)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(values)
+def test_capsule_canonical_bytes_equal_the_reference_on_the_normalized_value(value: object) -> None:
+    reference = _outcome(lambda v: rfc8785.dumps(capm.normalize(v)), value)
+    assert _outcome(capm.canonical_bytes, value) == reference
+
+
+def test_walk_drops_absent_members_bottom_up_and_keeps_array_positions() -> None:
+    walked, flags = jcs.walk({"a": None, "b": [], "c": {"d": {}, "e": [None, {}]}, "f": 0}, drop_absent=True)
+    assert walked == {"c": {"e": [None, {}]}, "f": 0} and flags == 0
+    assert jcs.walk({"x": 1.5, "k\U0001f600": 1})[1] == jcs.FLOAT | jcs.NOT_PLAIN
 
 
 @pytest.mark.parametrize(
@@ -67,6 +75,7 @@ def test_canonical_bytes_equal_the_reference_jcs(value: object) -> None:
     ],
 )
 def test_known_hazards_match_the_reference(value: object) -> None:
+    assert jcs.dumps(value) == rfc8785.dumps(value)
     assert capm.canonical_bytes(value) == rfc8785.dumps(capm.normalize(value))
 
 

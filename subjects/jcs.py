@@ -1,0 +1,99 @@
+"""RFC 8785 JSON Canonicalization Scheme (JCS), at msgspec's speed where that is exact.
+
+The capsule ids and payloads (spec 004 §2, §5.1) and the kernel's signed
+event log (spec 003) are hashed or signed over JCS bytes, so those bytes must
+be exactly RFC 8785's. JCS is "sorted keys, no whitespace, ES6 number and
+string forms". For a value made only of str, bool, None, lists and dicts with
+str keys and integers within +-(2**53 - 1), msgspec's sorted encoder writes
+exactly those bytes (the same escapes: ``\\" \\\\ \\b \\t \\n \\f \\r`` and
+``\\u00xx`` for the other controls, everything else as UTF-8), at C speed.
+Where the two could differ, the reference implementation (``rfc8785``)
+decides:
+
+- keys sort by UTF-16 code unit in JCS (RFC 8785 §3.2.3) and by code point
+  in msgspec; the orders agree unless a key holds a character at or above
+  U+D800, so a value with such a key goes wholly to ``rfc8785``;
+- floats are written by ``rfc8785`` (ES6 number form) and spliced in raw;
+- integers beyond 2**53, lone surrogates, non-str keys and any other type go
+  wholly to ``rfc8785``, which refuses them or writes them as it does.
+
+``tests/test_jcs.py`` holds :func:`dumps` to ``rfc8785.dumps`` on generated
+values, hostile strings and both walk modes included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+import rfc8785
+
+FLOAT = 1  # the walked value holds a float
+NOT_PLAIN = 2  # the walked value holds something only the reference implementation may write
+
+_SORTED = msgspec.json.Encoder(order="sorted")
+_MAX_SAFE_INT = 2**53 - 1
+
+
+def walk(value: Any, *, drop_absent: bool = False) -> tuple[Any, int]:
+    """One pass over ``value``: (plain copy, flags).
+
+    With ``drop_absent`` the copy leaves out object members that are null,
+    [] or {} (bottom-up), the absent-field normalization of spec 004 §2;
+    array elements stay in place. ``flags`` is a mask of :data:`FLOAT` and
+    :data:`NOT_PLAIN`, to hand to :func:`encode` with the copy.
+    """
+    flags = [0]
+    return _walk(value, drop_absent, flags), flags[0]
+
+
+def _walk(value: Any, drop: bool, flags: list[int]) -> Any:
+    t = type(value)
+    if t is str or t is bool or value is None:
+        return value
+    if t is dict or isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not (type(k) is str and (k.isascii() or max(k) < "\ud800")):
+                flags[0] |= NOT_PLAIN
+            nv = _walk(v, drop, flags)
+            if drop and (nv is None or (isinstance(nv, (dict, list)) and not nv)):
+                continue
+            out[k] = nv
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_walk(v, drop, flags) for v in value]
+    if t is int:
+        if not -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
+            flags[0] |= NOT_PLAIN
+        return value
+    flags[0] |= FLOAT if t is float else NOT_PLAIN
+    return value
+
+
+def encode(walked: Any, flags: int) -> bytes:
+    """The JCS bytes of a value from :func:`walk` (raises ``rfc8785`` errors for values JCS refuses)."""
+    if not flags & NOT_PLAIN:
+        try:
+            return _SORTED.encode(_floats_raw(walked) if flags & FLOAT else walked)
+        except UnicodeEncodeError:
+            pass  # a lone surrogate: rfc8785 raises its own CanonicalizationError below
+    return rfc8785.dumps(walked)
+
+
+def dumps(value: Any) -> bytes:
+    """``rfc8785.dumps(value)``, byte for byte."""
+    return encode(*walk(value))
+
+
+def _floats_raw(value: Any) -> Any:
+    """A copy with every float replaced by its ES6 form from the reference implementation."""
+    t = type(value)
+    if t is float:
+        return msgspec.Raw(rfc8785.dumps(value))
+    if t is dict:
+        return {k: _floats_raw(v) for k, v in value.items()}
+    if t is list:
+        return [_floats_raw(v) for v in value]
+    return value
