@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import rfc8785
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.aio.client import Client
@@ -38,6 +37,7 @@ from nats.js.api import PubAck
 
 from gateway.keys import SigningKey
 from gateway.logs import get_logger
+from subjects import jcs
 from subjects.errors import PgwError
 from subjects.idp import GENESIS_DIGEST, LogEvent, b64url, log_event_decoder
 from subjects.names import Subjects
@@ -47,50 +47,6 @@ log = get_logger("pgw.kernel.eventlog")
 
 STREAM = "PGW_EVENTLOG"
 _WRONG_LAST_SEQUENCE = 10071
-
-# JCS (RFC 8785) is "sorted keys, no whitespace, ES6 number and string forms".
-# For str, bool, None, lists, dicts with str keys and integers within
-# +-(2**53 - 1), msgspec's sorted encoder writes exactly those bytes (same
-# string escapes, everything else as UTF-8) at C speed. Keys sort by UTF-16
-# code unit in JCS and by code point in msgspec; the orders agree while no key
-# holds a character at or above U+D800. Floats are written by the reference
-# implementation and embedded as they are. Anything else (such keys, larger
-# integers, other types, lone surrogates) goes wholly to ``rfc8785``.
-# tests/test_kernel_log.py holds ``jcs`` to ``rfc8785.dumps`` on generated values.
-_SORTED = msgspec.json.Encoder(order="sorted")
-_MAX_SAFE_INT = 2**53 - 1
-
-
-class _NotPlain(Exception):
-    pass
-
-
-def _plain(value: Any) -> Any:
-    t = type(value)
-    if t is str or t is bool or value is None:
-        return value
-    if t is dict:
-        for k in value:
-            if type(k) is not str or not (k.isascii() or max(k, default="") < "\ud800"):
-                raise _NotPlain
-        return {k: _plain(v) for k, v in value.items()}
-    if t is list:
-        return [_plain(v) for v in value]
-    if t is int:
-        if -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
-            return value
-        raise _NotPlain
-    if t is float:
-        return msgspec.Raw(rfc8785.dumps(value))
-    raise _NotPlain
-
-
-def jcs(value: Any) -> bytes:
-    """``rfc8785.dumps(value)``, byte for byte, mostly at msgspec's speed."""
-    try:
-        return _SORTED.encode(_plain(value))
-    except (_NotPlain, UnicodeEncodeError):
-        return rfc8785.dumps(value)
 
 
 class EventLogError(PgwError):
@@ -188,7 +144,8 @@ class EventLog:
         event.kid = self.key.kid
         unsigned = msgspec.to_builtins(event)
         del unsigned["sig"]
-        signing = jcs(unsigned)  # == event.signing_bytes()
+        # == event.signing_bytes(), at msgspec's speed where that is exact
+        signing = jcs.dumps(unsigned)
         event.sig = b64url(self.key.sign(signing))
         return with_signature(signing, event.sig)
 

@@ -33,7 +33,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import Counter
 
-from gateway.kernel.eventlog import STREAM, EventLog, jcs
+from gateway.kernel.eventlog import STREAM, EventLog
 from gateway.kernel.hem import hem_moment
 from gateway.kernel.mandate import Mandate, MandateError, MandateVerifier
 from gateway.kernel.policy import PolicyEngine, entity_uid, idp_context
@@ -41,6 +41,7 @@ from gateway.kernel.state import ConflictError, IdpEntry, KernelState, SessionEn
 from gateway.keys import load_or_create
 from gateway.logs import get_logger
 from gateway.metrics import LATENCY, REGISTRY
+from subjects import jcs
 from subjects.errors import SubjectError
 from subjects.idp import (
     REASONING_BASIS_TYPES,
@@ -288,8 +289,8 @@ class KernelService:
             ) from None
         try:
             # Only open members can hold numbers JCS cannot serialize; the rest are typed.
-            # The log's own serializer: it fails exactly where rfc8785 does.
-            jcs({k: v for k, v in idp_raw.items() if k not in _TYPED_FIELDS})
+            # The log's serializer: it fails exactly where rfc8785 does.
+            jcs.dumps({k: v for k, v in idp_raw.items() if k not in _TYPED_FIELDS})
         except Exception:  # noqa: BLE001 - e.g. integers beyond 2^53 cannot be canonicalized
             raise self._reject(
                 "IDP_MALFORMED", "the IDP cannot be canonicalized (RFC 8785): numbers must fit IEEE 754 doubles",
