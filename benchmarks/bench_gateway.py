@@ -17,7 +17,11 @@ principal's subject, matched by envelope id):
   same pipelined fetch loop (four batches of 64 in flight), one JetStream
   publish of the body to ``bench.out.{principal}`` awaiting the PubAck (with
   ``Nats-Msg-Id``), then the ack. Same ack semantics, no logic, no group
-  commit (one plain publish per envelope).
+  commit (one plain publish per envelope). The target row is against this.
+- **relay with group commit** (``relay URL group-commit``): the same relay,
+  its publish through the same ``GroupCommit`` the gateway uses, on streams
+  with ``allow_atomic``; throughput only. The ratio against it shows what
+  the gateway's path costs beyond the batching technique both then share.
 
 Rows: throughput (envelopes/s through each, ratio gateway/relay; target
 >= 0.5); latency p50/p99 (publish -> surface receive) at fixed open-loop
@@ -50,6 +54,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
 from gateway.config import Config
 from gateway.connect import connect
+from gateway.publish import GroupCommit
 from gateway.server import EmbeddedServer
 from gateway.streams import ensure_streams
 from subjects.client import BINDING_MOMENT_KIND, envelope
@@ -87,33 +92,55 @@ def _env_int(name: str, default: int) -> int:
 
 RELAY_STREAM_IN = "BENCH_IN"
 RELAY_STREAM_OUT = "BENCH_OUT"
+# The second relay: the same loop, its publishes through the gateway's group commit.
+GC_IN, GC_OUT = "BENCH_GC_IN", "BENCH_GC_OUT"
+RELAYS = {  # variant: (input stream, input subjects, output stream, output prefix)
+    "plain": (RELAY_STREAM_IN, "bench.agent.*.envelope", RELAY_STREAM_OUT, "bench.out"),
+    "group-commit": (GC_IN, "bench.gcagent.*.envelope", GC_OUT, "bench.gcout"),
+}
 
 
 async def ensure_relay_streams(nc: Client) -> None:
     js = nc.jetstream()
-    for name, subj in ((RELAY_STREAM_IN, "bench.agent.*.envelope"), (RELAY_STREAM_OUT, "bench.out.*")):
-        with contextlib.suppress(Exception):
-            await js.add_stream(StreamConfig(name=name, subjects=[subj], storage=StorageType.FILE,
-                                             duplicate_window=3600.0))
+    for variant, (sin, subj_in, sout, out) in RELAYS.items():
+        for name, subj in ((sin, subj_in), (sout, f"{out}.*")):
+            with contextlib.suppress(Exception):
+                await js.add_stream(StreamConfig(name=name, subjects=[subj], storage=StorageType.FILE,
+                                                 duplicate_window=3600.0,
+                                                 allow_atomic=True if variant == "group-commit" else None))
 
 
-async def relay_main(url: str) -> None:
-    """Pull, publish-with-PubAck, ack: the bare minimum with the gateway's ack semantics."""
-    nc = await connect(url, name="bench-relay")
+async def relay_main(url: str, variant: str = "plain") -> None:
+    """Pull, publish-with-PubAck, ack: the bare minimum with the gateway's ack semantics.
+
+    ``group-commit``: the publishes go through :class:`gateway.publish.GroupCommit`
+    (what the gateway's own writes use), so the ratio against it shows what the
+    gateway costs beyond the batching both then share.
+    """
+    sin, subj_in, sout, out = RELAYS[variant]
+    nc = await connect(url, name=f"bench-relay-{variant}")
     js = nc.jetstream()
     await ensure_relay_streams(nc)
     psub = await js.pull_subscribe(
-        "bench.agent.*.envelope", durable="bench-relay", stream=RELAY_STREAM_IN,
+        subj_in, durable=f"bench-relay-{variant}", stream=sin,
         config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_ack_pending=64 * 16))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await nc.publish("bench.relay.ready", b"")
+    gc = GroupCommit(js, sout) if variant == "group-commit" else None
+    await nc.publish(f"bench.relay.ready.{variant}", b"")
+
+    async def plain(subject: str, data: bytes, headers: dict[str, str]) -> object:
+        return await js.publish(subject, data, headers=headers)
 
     async def one(m) -> None:
         seq = m.metadata.sequence.stream
-        await js.publish(f"bench.out.{PRINCIPAL}", m.data, headers={"Nats-Msg-Id": f"relay:{seq}"})
+        subject, headers = f"{out}.{PRINCIPAL}", {"Nats-Msg-Id": f"relay:{seq}"}
+        if gc is None:
+            await plain(subject, m.data, headers)
+        else:
+            await gc.write(subject, m.data, headers, lambda: plain(subject, m.data, headers), lambda seq: seq)
         await m.ack()
 
     # The same pipelined loop as the gateway's worker (gateway/pipeline.py):
@@ -180,11 +207,11 @@ async def _start_gateway(url: str, data: Path) -> asyncio.subprocess.Process:
     return proc
 
 
-async def _start_relay(url: str, data: Path) -> asyncio.subprocess.Process:
+async def _start_relay(url: str, data: Path, variant: str = "plain") -> asyncio.subprocess.Process:
     data.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - process start-up, not a hot path
-    log = open(data / "relay.log", "wb")  # noqa: SIM115, ASYNC230
+    log = open(data / f"relay-{variant}.log", "wb")  # noqa: SIM115, ASYNC230
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "benchmarks.bench_gateway", "relay", url, stdout=log, stderr=log,
+        sys.executable, "-m", "benchmarks.bench_gateway", "relay", url, variant, stdout=log, stderr=log,
         start_new_session=True, cwd=str(Path(__file__).resolve().parent.parent))  # noqa: ASYNC240 - process start-up, not a hot path
     log.close()
     return proc
@@ -311,33 +338,38 @@ async def measure(*, n: int, rates: list[int], rate_s: float, soak_s: float, pro
             await ensure_relay_streams(nc)
             gw = System("gateway", "pgw.agent.bench.envelope", f"pgw.principal.{PRINCIPAL}.surface")
             relay = System("relay", "bench.agent.bench.envelope", f"bench.out.{PRINCIPAL}")
-            for s in (gw, relay):
+            relay_gc = System("relay-gc", "bench.gcagent.bench.envelope", f"bench.gcout.{PRINCIPAL}")
+            for s in (gw, relay, relay_gc):
                 async def cb(msg, s=s) -> None:
                     s.on_receive(msg.data)
                 await nc.subscribe(s.receive_subject, cb=cb)
-            ready = asyncio.create_task(_wait_message(nc, "bench.relay.ready", 30))
+            ready = [asyncio.create_task(_wait_message(nc, f"bench.relay.ready.{v}", 30)) for v in RELAYS]
             await nc.flush()
             try:
                 relay.proc = await _start_relay(server.client_url, root / "relay")
+                relay_gc.proc = await _start_relay(server.client_url, root / "relay", "group-commit")
                 gw.proc = await _start_gateway(server.client_url, root / "gw")
-                await ready
+                await asyncio.gather(*ready)
                 await _wait_gateway(nc)
                 drv = Driver(nc)
                 # Warm-up: connections, consumers, KV buckets, code paths.
-                for s in (gw, relay):
+                for s in (gw, relay, relay_gc):
                     await drv.throughput(s, 200)
-                # Throughput: alternate the two so that background noise hits both alike.
-                tput: dict[str, list[float]] = {"gateway": [], "relay": []}
-                cpu: dict[str, float] = {"gateway": 0.0, "relay": 0.0}
+                # Throughput: alternate them so that background noise hits all alike.
+                tput: dict[str, list[float]] = {"gateway": [], "relay": [], "relay-gc": []}
+                cpu: dict[str, float] = {"gateway": 0.0, "relay": 0.0, "relay-gc": 0.0}
                 for _ in range(2):
-                    for s in (relay, gw):
+                    for s in (relay, relay_gc, gw):
                         c0 = _cpu_s(s.proc.pid)
                         tput[s.name].append(await drv.throughput(s, n // 2))
                         cpu[s.name] += _cpu_s(s.proc.pid) - c0
-                g, r = max(tput["gateway"]), max(tput["relay"])
+                g, r, rgc = max(tput["gateway"]), max(tput["relay"]), max(tput["relay-gc"])
                 rows.append({"name": "gateway: binding-moment path, envelopes/s (closed loop, 256 in flight)",
                              "value": round(g, 1), "baseline": round(r, 1), "ratio": round(g / r, 3),
                              "unit": "env/s (ratio = gateway/relay, target >= 0.5)"})
+                rows.append({"name": "gateway: the same, vs a relay whose publishes use the same group commit",
+                             "value": round(g, 1), "baseline": round(rgc, 1), "ratio": round(g / rgc, 3),
+                             "unit": "env/s (ratio = gateway/relay with group commit)"})
                 per = {k: v * 1000 / (2 * (n // 2)) for k, v in cpu.items()}
                 rows.append({"name": "gateway: CPU per envelope in the service process",
                              "value": round(per["gateway"], 3), "baseline": round(per["relay"], 3),
@@ -358,6 +390,7 @@ async def measure(*, n: int, rates: list[int], rate_s: float, soak_s: float, pro
             finally:  # never leave a service running, whatever failed
                 await _stop(gw.proc)
                 await _stop(relay.proc)
+                await _stop(relay_gc.proc)
                 await nc.close()
     return rows
 
@@ -408,7 +441,7 @@ def run() -> list[dict]:
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "relay":
-        asyncio.run(relay_main(sys.argv[2]))
+        asyncio.run(relay_main(sys.argv[2], *sys.argv[3:4]))
     else:
         for row in run():
             print(row)
