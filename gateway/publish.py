@@ -22,15 +22,16 @@ correlationId claim and its settle, the moment record) go through it.
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
+from nats.js.errors import APIError
 
 from gateway import metrics
+from gateway.atomic import ERR_ATOMIC_DISABLED, publish_atomic
 from gateway.logs import get_logger
 from subjects.names import Subjects
 from subjects.wire import Outcome, SurfaceItem, Verdict
@@ -40,18 +41,6 @@ _enc = msgspec.json.Encoder()
 
 MAX_BATCH = 256  # messages per atomic batch (the server's limit is 1000)
 MAX_INFLIGHT = 1  # writes in flight per stream (2 and 4 measured no better: batches shrink)
-ERR_ATOMIC_DISABLED = 10174  # the stream does not allow atomic publish
-
-
-class _PubAck(msgspec.Struct):
-    stream: str = ""
-    seq: int = 0
-    count: int = 0
-    duplicate: bool = False
-    error: dict[str, Any] | None = None
-
-
-_ack_dec = msgspec.json.Decoder(_PubAck)
 
 
 @dataclass
@@ -183,25 +172,11 @@ class GroupCommit:
             p.done.set_result(result)
 
     async def _batch(self, batch: list[_Pending]) -> None:
-        nc = self.js._nc
-        batch_id = secrets.token_hex(11)
-        last = len(batch) - 1
         try:
-            for i, p in enumerate(batch):
-                hdr = {**p.headers, "Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(i + 1)}
-                if i < last:
-                    await nc.publish(p.subject, p.body, headers=hdr)
-                    continue
-                hdr["Nats-Batch-Commit"] = "1"
-                reply = await nc.request(p.subject, p.body, timeout=self.timeout, headers=hdr)
-            ack = _ack_dec.decode(reply.data)
-        except Exception as e:  # noqa: BLE001 - not answered: may or may not be stored
-            log.warning("atomic batch not answered; re-sending one by one", stream=self.stream, size=len(batch),
-                        error=str(e))
-            await asyncio.gather(*(self._one(p) for p in batch))
-            return
-        if ack.error is not None or ack.count != len(batch):
-            if ack.error is not None and ack.error.get("err_code") == ERR_ATOMIC_DISABLED:
+            ack = await publish_atomic(self.js._nc, [(p.subject, p.body, p.headers) for p in batch],
+                                       timeout=self.timeout)
+        except APIError as e:
+            if e.err_code == ERR_ATOMIC_DISABLED:
                 self.atomic = False
                 log.warning("stream takes no atomic batches; writing one message at a time", stream=self.stream)
             # A duplicate Msg-Id (a redelivery), a failed compare-and-set or any
@@ -209,8 +184,16 @@ class GroupCommit:
             # message gets its own answer.
             await asyncio.gather(*(self._one(p) for p in batch))
             return
+        except Exception as e:  # noqa: BLE001 - not answered: may or may not be stored
+            log.warning("atomic batch not answered; re-sending one by one", stream=self.stream, size=len(batch),
+                        error=str(e))
+            await asyncio.gather(*(self._one(p) for p in batch))
+            return
+        if ack.batch_size != len(batch):  # cannot happen for a committed batch; never guess
+            await asyncio.gather(*(self._one(p) for p in batch))
+            return
         # Stored whole, contiguously, the commit last: no message in it was a duplicate.
-        first = ack.seq - last
+        first = ack.seq - (len(batch) - 1)
         for i, p in enumerate(batch):
             if not p.done.done():
                 p.done.set_result(p.on_batch(first + i))
