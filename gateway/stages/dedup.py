@@ -117,15 +117,9 @@ async def run(ctx: Ctx) -> None:
         rec = _dec.decode(entry.value)
         if rec.status == "refused":
             # Released by a refusal: a re-emission is processed afresh.
-            try:
-                rev = await kv.update(
-                    key, _enc.encode(DedupRecord(ctx.env.type, mine, time.time(), envelope_id=ctx.envelope_id)),
-                    last=entry.revision,
-                )
-            except KeyWrongLastSequenceError:
-                continue
-            ctx.extra["dedup"] = (key, rev)
-            return
+            if await _take_over(ctx, kv, key, mine, entry.revision):
+                return
+            continue
         if rec.type != ctx.env.type:
             raise Refuse(
                 "envelope_correlation_conflict",
@@ -143,15 +137,9 @@ async def run(ctx: Ctx) -> None:
         stale = time.time() - rec.created > stale_after
         if rec.owner == mine or stale:
             # Our own message redelivered after a crash, or an owner long gone: take over.
-            try:
-                rev = await kv.update(
-                    key, _enc.encode(DedupRecord(ctx.env.type, mine, time.time(), envelope_id=ctx.envelope_id)),
-                    last=entry.revision,
-                )
-            except KeyWrongLastSequenceError:
-                continue
-            ctx.extra["dedup"] = (key, rev)
-            return
+            if await _take_over(ctx, kv, key, mine, entry.revision):
+                return
+            continue
         if time.monotonic() > deadline:
             # Another instance is processing it right now; let the stream redeliver later.
             raise RuntimeError("correlationId is being processed by another gateway instance")
@@ -214,3 +202,15 @@ async def mark_refused(ctx: Ctx, kv: Any, correlation_id: str) -> None:
         except KeyWrongLastSequenceError:
             continue
     raise RuntimeError(f"could not mark correlationId record {key}")  # nak: the message is redelivered
+
+
+async def _take_over(ctx: Ctx, kv: Any, key: str, mine: str, last: int) -> bool:
+    """Claim ``key`` over the record at revision ``last`` (compare-and-set); False if it moved meanwhile."""
+    try:
+        rev = await kv.update(
+            key, _enc.encode(DedupRecord(ctx.env.type, mine, time.time(), envelope_id=ctx.envelope_id)), last=last,
+        )
+    except KeyWrongLastSequenceError:
+        return False
+    ctx.extra["dedup"] = (key, rev)
+    return True
