@@ -117,3 +117,18 @@ async def read_verdicts(js: Any, verdict_class: str = "*") -> list[Any]:
     from subjects.wire import verdict_decoder
 
     return [verdict_decoder.decode(d) async for _seq, _s, d in _iter_stream(js, "PGW_VERDICTS", f"pgw.verdict.{verdict_class}")]
+
+
+async def stored_verdicts(js: Any, verdict_class: str, match: Any = None, timeout: float = 10) -> list[Any]:
+    """The stored verdicts of a class (those ``match`` accepts), once there is at least one.
+
+    A core subscriber (the watcher) sees a verdict as it is published, which
+    can be before its stream has stored it (a group-committed batch is stored
+    at its commit), so a test reading the stream right after waits for it.
+    """
+    from tests.polling import until
+
+    async def probe() -> list[Any]:
+        return [v for v in await read_verdicts(js, verdict_class) if match is None or match(v)]
+
+    return await until(probe, timeout=timeout, what=f"a stored {verdict_class} verdict")

@@ -21,9 +21,9 @@ from tests.kernel_support import (
     idp,
     policy_dir,
     read_log,
-    read_verdicts,
     request,
     running_gateway,
+    stored_verdicts,
 )
 
 AGENT, PRINCIPAL = "bot", "alice"
@@ -140,7 +140,7 @@ async def test_hem_approve_round_trip(env: Env) -> None:
     await env.report(rec["idp_id"], "ProcessPayment")
     await env.watch.wait("IDP_COMMITMENT_VERIFIED", lambda ev: ev["body"]["record"]["idp_id"] == rec["idp_id"])
     await env.watch.wait("verdict:executed", lambda v: v["idp_id"] == rec["idp_id"])
-    executed = [v for v in await read_verdicts(env.js, "executed") if v.idp_id == rec["idp_id"]]
+    executed = await stored_verdicts(env.js, "executed", lambda v: v.idp_id == rec["idp_id"])
     assert executed[0].supersedes == stable_id("resolved", item.moment_id) and executed[0].approver == "human"
     assert executed[0].human_disposed is True
     # Exactly once: a second, different report for the same idp_id is refused.
@@ -182,7 +182,7 @@ async def test_commitment_verified_with_effect_as_reported(env: Env) -> None:
     assert ver["body"]["record"]["state_transition_id"] == st["event_id"] and ver["body"]["record"]["kernel_signature"]
     assert ver["prev_seq"] > st["prev_seq"]
     await env.watch.wait("verdict:executed")
-    v = (await read_verdicts(env.js, "executed"))[0]
+    v = (await stored_verdicts(env.js, "executed"))[0]
     assert v.approver == "policy" and not v.human_disposed
     assert v.details["effect_attestation"] == "runtime_claimed"
     assert v.effect.status == "dispatched" and v.details["effect_status_reported"] == "confirmed"
@@ -191,7 +191,7 @@ async def test_commitment_verified_with_effect_as_reported(env: Env) -> None:
     assert isinstance(await env.send(rec2), Permit)
     await env.report(rec2["idp_id"], "CloseBooking", {"type": "booking.close", "status": "confirmed", "response": {"ok": True}})
     await env.watch.wait("verdict:executed", lambda v: v["idp_id"] == rec2["idp_id"])
-    v2 = next(x for x in await read_verdicts(env.js, "executed") if x.idp_id == rec2["idp_id"])
+    v2 = (await stored_verdicts(env.js, "executed", lambda x: x.idp_id == rec2["idp_id"]))[0]
     assert v2.effect.status == "confirmed" and len(v2.details["response_digest"]) == 64
 
 
@@ -225,7 +225,7 @@ async def test_transition_without_idp_is_refused(env: Env) -> None:
     assert refused["body"]["idp_id"] == ghost and "no IDP_SUBMITTED" in refused["body"]["reason"]
     assert await read_log(env.js, "STATE_TRANSITIONED") == []
     await env.watch.wait("verdict:denied", lambda v: v["reason"]["code"] == "TRANSITION_REFUSED")
-    denied = await read_verdicts(env.js, "denied")
+    denied = await stored_verdicts(env.js, "denied", lambda v: v.reason.code == "TRANSITION_REFUSED")
     assert denied[-1].reason.code == "TRANSITION_REFUSED"
 
 
@@ -240,7 +240,7 @@ async def test_redelivered_report_is_not_doubled(env: Env) -> None:
     assert await kernel.handle_transition(AGENT, data, 999) == "verified"
     assert len(await read_log(env.js, "STATE_TRANSITIONED")) == 1
     assert len(await read_log(env.js, "IDP_COMMITMENT_VERIFIED")) == 1
-    errored = await read_verdicts(env.js, "errored")
+    errored = await stored_verdicts(env.js, "errored")
     assert len(errored) == 1 and errored[0].effect.status == "failed"
 
 

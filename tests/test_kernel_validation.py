@@ -21,9 +21,9 @@ from tests.kernel_support import (
     kernel_config,
     policy_dir,
     read_log,
-    read_verdicts,
     request,
     running_gateway,
+    stored_verdicts,
     thin,
 )
 
@@ -87,7 +87,7 @@ async def test_idp_missing(env: Env) -> None:
     """A transition request without an IDP is REJECT IDP_MISSING (spec 003 §5.2(a))."""
     r = await request(env.nc, AGENT, {"mandate": env.token, "action": "CloseBooking"})
     assert isinstance(r, Reject) and r.error_code == "IDP_MISSING"
-    verdicts = await read_verdicts(env.js, "denied")
+    verdicts = await stored_verdicts(env.js, "denied")
     assert [v.reason.code for v in verdicts] == ["IDP_MISSING"]
 
 
@@ -254,7 +254,7 @@ async def test_enriched_deny_contents(env: Env) -> None:
         assert leak not in r.deny_reason
     denies = await read_log(env.js, "CEDAR_DENY_RECORDED")
     assert denies[0][1].body["deny_code"] == "POLICY_DENY"
-    verdicts = await read_verdicts(env.js, "denied")
+    verdicts = await stored_verdicts(env.js, "denied", lambda v: v.reason.code == "POLICY_DENY")
     assert verdicts[-1].reason.code == "POLICY_DENY" and verdicts[-1].approver == "policy"
 
 
