@@ -181,9 +181,31 @@ class Signer:
                 max_ack_pending=sc.batch * 4,
             ),
         )
+        await self._fit_durable(sc.batch * 4)
         self._task = asyncio.create_task(self._run(), name="pgw-signer")
         log.info("signer started", kid=self.key.kid, durable=sc.durable)
         return self
+
+    async def _fit_durable(self, want: int) -> None:
+        """An existing durable (made with a smaller ``signer.batch``) gets room for the pipeline's batches.
+
+        nats-py binds to an existing durable as it is; ``max_ack_pending`` is
+        an editable consumer setting, so it is raised here, or the loop would
+        wait on a window a quarter of its size.
+        """
+        durable = self.config.signer.durable
+        info = await self.js.consumer_info(VERDICT_STREAM, durable)
+        have = info.config.max_ack_pending
+        if have is None or have < 0 or have >= want:
+            return
+        info.config.max_ack_pending = want
+        try:
+            await self.js.add_consumer(VERDICT_STREAM, config=info.config)
+        except APIError as e:
+            log.warning("could not widen the signer's durable; it runs with the narrower window",
+                        durable=durable, max_ack_pending=have, wanted=want, error=e.description)
+        else:
+            log.info("signer durable widened", durable=durable, max_ack_pending=want)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.drain()

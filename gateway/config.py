@@ -141,7 +141,7 @@ class SignerConfig(_Section):
     authority: str = "urn:pgw:gateway-policy"  # §5.4 opaque authority reference of policy dispositions
     tenant_salt_file: str | None = None  # §13 per-tenant salt; default {data_dir}/signer/tenant_salt (0600)
     durable: str = "pgw-signer"
-    batch: Annotated[int, Meta(ge=1, le=1024)] = 64
+    batch: Annotated[int, Meta(ge=1, le=1000)] = 256  # verdicts per fetch = per atomic batch (server max 1000)
     ack_wait_s: Annotated[float, Meta(gt=0)] = 30.0
     ledger_duplicate_window_s: Annotated[float, Meta(gt=0)] = 86400.0
     parent_wait_deliveries: Annotated[int, Meta(ge=1)] = 5

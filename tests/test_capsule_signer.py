@@ -218,3 +218,25 @@ def test_verdict_wire_roundtrip() -> None:
     """The verdicts the tests publish decode with the gateway's own decoder (no test-only shape)."""
     for v in design_rows():
         assert msgspec.json.decode(msgspec.json.encode(v), type=Verdict) == v
+
+
+async def test_a_narrower_existing_durable_is_widened_and_atomic_is_enabled(nc: Any, make_config: Any) -> None:
+    """A durable made with a smaller signer.batch is widened; streams made before atomic batches get the flag."""
+    config = make_config(signer={"batch": 32})
+    js = nc.jetstream()
+    async with Signer(make_config(signer={"batch": 8}), nc):  # the old deployment: window 32
+        pass
+    assert (await js.consumer_info("PGW_VERDICTS", config.signer.durable)).config.max_ack_pending == 32
+    info = await js.stream_info("PGW_REGISTRATION")
+    info.config.allow_atomic = False  # as a stream created by an older release
+    await js.update_stream(info.config)
+    assert not (await js.stream_info("PGW_REGISTRATION")).config.allow_atomic
+    async with Signer(config, nc) as signer:
+        assert (await js.consumer_info("PGW_VERDICTS", config.signer.durable)).config.max_ack_pending == 128
+        assert (await js.stream_info("PGW_REGISTRATION")).config.allow_atomic is True
+        rows = design_rows("wide-")
+        pub = Publisher(js, config.subjects)
+        for v in rows:
+            await pub.verdict(v)
+        await signer.wait_signed(len(rows), timeout=30)
+    assert len(await stream_items(js, "PGW_REGISTRATION")) == len(rows)
