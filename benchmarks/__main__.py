@@ -16,6 +16,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import pkgutil
 import sys
 import time
@@ -23,6 +24,8 @@ import traceback
 from pathlib import Path
 
 import structlog
+
+from gateway.loop import loop_name
 
 
 def discover() -> list[str]:
@@ -64,8 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in discover():
         if args.only and not any(o in name for o in args.only):
             continue
+        # Start each module on a settled disk: the previous one's deleted stores and
+        # dirty pages would otherwise be written back during this one's fsyncs.
+        os.sync()
+        time.sleep(2)
         t0 = time.monotonic()
-        print(f"running {name} ...", file=sys.stderr, flush=True)
+        print(f"running {name} (event loop: {loop_name()}) ...", file=sys.stderr, flush=True)
         try:
             got = importlib.import_module(f"benchmarks.{name}").run()
             for r in got:

@@ -52,6 +52,7 @@ from pathlib import Path
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
+from gateway import loop as pgw_loop
 from gateway.config import Config
 from gateway.connect import connect
 from gateway.publish import GroupCommit
@@ -194,11 +195,12 @@ class System:
                 fut.set_result(None)
 
 
-async def _start_gateway(url: str, data: Path) -> asyncio.subprocess.Process:
+async def _start_gateway(url: str, data: Path, extra_toml: str = "") -> asyncio.subprocess.Process:
     data.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - process start-up, not a hot path
     cfg = data / "bench.toml"
     batch = _env_int("PGW_BENCH_BATCH", 0)  # 0: the gateway's default (gateway.batch)
-    cfg.write_text("[ops]\nlag_interval_s = 60.0\n" + (f"[gateway]\nbatch = {batch}\n" if batch else ""))
+    cfg.write_text("[ops]\nlag_interval_s = 60.0\n" + (f"[gateway]\nbatch = {batch}\n" if batch else "")
+                   + extra_toml)
     log = open(data / "gateway.log", "wb")  # noqa: SIM115, ASYNC230 - handed to the child
     proc = await asyncio.create_subprocess_exec(
         PGW, "--server", url, "--data-dir", str(data), "--config", str(cfg), "--log-format", "json",
@@ -431,7 +433,7 @@ async def _soak(drv: Driver, gw: System, relay: System, seconds: float, rate: fl
 def run() -> list[dict]:
     """Rows for ``python -m benchmarks`` (starts its own server and processes)."""
     rates = [int(x) for x in os.environ.get("PGW_BENCH_RATES", "100,500,2000").split(",") if x.strip()]
-    return asyncio.run(measure(
+    return pgw_loop.run(measure(
         n=_env_int("PGW_BENCH_N", 2000),
         rates=rates,
         rate_s=float(os.environ.get("PGW_BENCH_RATE_S", "2")),
@@ -441,7 +443,7 @@ def run() -> list[dict]:
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "relay":
-        asyncio.run(relay_main(sys.argv[2], *sys.argv[3:4]))
+        pgw_loop.run(relay_main(sys.argv[2], *sys.argv[3:4]))
     else:
         for row in run():
             print(row)

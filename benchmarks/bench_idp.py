@@ -26,7 +26,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
+import signal
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -35,8 +38,11 @@ from typing import Any
 
 import msgspec
 
+from gateway import loop as pgw_loop
+
 RATE = float(os.environ.get("PGW_BENCH_IDP_RATE", "200"))
 SECONDS = float(os.environ.get("PGW_BENCH_IDP_S", "3"))
+REPO = str(Path(__file__).resolve().parent.parent)
 POLICY = 'permit(principal, action == Action::"CloseBooking", resource)\n' \
          'when { context.idp.confidence_level.greaterThanOrEqual(decimal("0.8")) };\n'
 
@@ -74,12 +80,32 @@ async def _drive(send: Any, n: int, rate: float) -> tuple[list[float], float, in
     return lat, time.perf_counter() - start, failures
 
 
+async def _echo_main(url: str) -> None:
+    """The bare responder, in its own process: reply with the request body."""
+    from gateway.connect import connect
+
+    nc = await connect(url, name="bench-echo")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def echo(msg: Any) -> None:
+        await msg.respond(msg.data)
+
+    await nc.subscribe("bench.echo", cb=echo)
+    await nc.flush()
+    await nc.publish("bench.echo.ready", b"")
+    await stop.wait()
+    await nc.drain()
+
+
 async def _main() -> list[dict]:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from nats.errors import NoRespondersError
 
-    from gateway.app import Gateway
-    from gateway.config import load_config
+    from benchmarks.bench_gateway import _start_gateway, _stop, _wait_gateway, _wait_message
     from gateway.connect import connect
     from gateway.kernel.mandate import issue_mandate
     from gateway.keys import kid_of
@@ -90,8 +116,8 @@ async def _main() -> list[dict]:
     tmp = Path(tempfile.mkdtemp(prefix="pgw-bench-idp-"))
     server = EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=-1)
     await server.start()
-    nc = await connect(server.client_url, name="bench-gateway")
     driver = await connect(server.client_url, name="bench-driver")
+    gw = echo_proc = None
     try:
         key = Ed25519PrivateKey.generate()
         kid = kid_of(key.public_key())
@@ -99,8 +125,7 @@ async def _main() -> list[dict]:
         pem.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
         (tmp / "policies").mkdir()
         (tmp / "policies" / "bench.cedar").write_text(POLICY)
-        cfg = load_config(None, data_dir=str(tmp / "data"), nats_url=server.client_url,
-                          kernel={"issuers": {kid: str(pem)}, "policy_dir": str(tmp / "policies")})
+        kernel_toml = f'[kernel]\npolicy_dir = "{tmp / "policies"}"\n[kernel.issuers]\n"{kid}" = "{pem}"\n'
         so = str(uuid.uuid4())
         token = issue_mandate(key, kid, agent="bench", so_id=so, principal="alice", actions=["CloseBooking"], jti="bench-m")
         n = max(1, int(RATE * SECONDS))
@@ -113,36 +138,49 @@ async def _main() -> list[dict]:
                 "confidence_level": 0.9, "hem_urgency": "NONE", "timestamp": now_rfc3339()}})
             for i in range(n)
         ]
-
-        async def echo(msg: Any) -> None:
-            await msg.respond(msg.data)
-
-        await nc.subscribe("bench.echo", cb=echo)
-        await nc.flush()
+        # Both systems run as their own process, as they would in production; the
+        # driver only sends and times.
+        echo_ready = asyncio.create_task(_wait_message(driver, "bench.echo.ready", 30))
+        await driver.flush()
+        echo_proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "benchmarks.bench_idp", "echo", server.client_url,
+            start_new_session=True, cwd=REPO)
+        gw = await _start_gateway(server.client_url, tmp / "gw", extra_toml=kernel_toml)
+        await echo_ready
+        await _wait_gateway(driver)
 
         async def bare(i: int) -> bool:
             await driver.request("bench.echo", bodies[i], timeout=10)
             return True
 
-        async with Gateway(cfg, nc):
-            async def kernel(i: int) -> bool:
-                msg = await driver.request("pgw.agent.bench.idp", bodies[i], timeout=10)
-                return isinstance(kernel_result_decoder.decode(msg.data), Permit)
+        async def kernel(i: int) -> bool:
+            msg = await driver.request("pgw.agent.bench.idp", bodies[i], timeout=10)
+            return isinstance(kernel_result_decoder.decode(msg.data), Permit)
 
-            # Warm up both paths (first KV/stream lookups, Cedar parse caches).
-            for i in range(3):
-                await bare(i)
-            warm = [msgspec.json.encode({**msgspec.json.decode(bodies[0]), "idp": {**msgspec.json.decode(bodies[0])["idp"], "idp_id": str(uuid.uuid4()), "session_id": f"warm-{i}"}}) for i in range(5)]
-            for w in warm:
-                await driver.request("pgw.agent.bench.idp", w, timeout=10)
-            base_lat, base_t, base_fail = await _drive(bare, n, RATE)
-            k_lat, k_t, k_fail = await _drive(kernel, n, RATE)
+        # Warm up both paths (first KV/stream lookups, Cedar parse caches).
+        for i in range(3):
+            await bare(i)
+        warm = [msgspec.json.encode({**msgspec.json.decode(bodies[0]), "idp": {**msgspec.json.decode(bodies[0])["idp"], "idp_id": str(uuid.uuid4()), "session_id": f"warm-{i}"}}) for i in range(5)]
+        deadline = time.monotonic() + 30
+        while True:  # the gateway answers $SRV.PING before its kernel part has subscribed
+            try:
+                await driver.request("pgw.agent.bench.idp", warm[0], timeout=10)
+                break
+            except NoRespondersError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+        for w in warm[1:]:
+            await driver.request("pgw.agent.bench.idp", w, timeout=10)
+        base_lat, base_t, base_fail = await _drive(bare, n, RATE)
+        k_lat, k_t, k_fail = await _drive(kernel, n, RATE)
     finally:
+        await _stop(gw)
+        await _stop(echo_proc)
         with contextlib.suppress(Exception):
             await driver.close()
-        with contextlib.suppress(Exception):
-            await nc.close()
         await server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     rows: list[dict] = []
     for name, q in (("p50", 0.5), ("p99", 0.99)):
         k, b = _pct(k_lat, q) * 1000, _pct(base_lat, q) * 1000
@@ -164,10 +202,13 @@ def run() -> list[dict]:
 
     # The kernel logs one line per request; keep the benchmark's output to its table.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    return asyncio.run(_main())
+    return pgw_loop.run(_main())
 
 
 if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "echo":
+        pgw_loop.run(_echo_main(sys.argv[2]))
+        sys.exit(0)
     for row in run():
         ratio = f"{row['ratio']:.2f}" if isinstance(row["ratio"], float) else "-"
         print(f"{row['name']:<62} {row['value']:>9.3f} {row['baseline']:>9.3f} {ratio:>6} {row['unit']}")

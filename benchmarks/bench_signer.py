@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from consumers import capsule as capm
 from consumers.signer import Signer, _Head, claims_for, sign_payload
+from gateway import loop as pgw_loop
 from gateway.config import load_config
 from gateway.connect import connect
 from gateway.keys import SigningKey, kid_of
@@ -128,7 +129,7 @@ def run() -> list[dict]:
     fast = _raw_baseline(payloads, priv, key.kid, fast_jcs)
     inproc = _inprocess(verdicts, key)
     with tempfile.TemporaryDirectory() as d:
-        signer = asyncio.run(_through_signer(verdicts, Path(d)))
+        signer = pgw_loop.run(_through_signer(verdicts, Path(d)))
 
     def row(name: str, value: float, baseline: float, note: str) -> dict:
         return {"name": name, "value": round(value, 1), "baseline": round(baseline, 1),

@@ -12,12 +12,12 @@ A handler is ``async def handler(args, config) -> int``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import os
 import sys
 from collections.abc import Sequence
 
+from gateway import loop
 from gateway.config import Config, load_config
 from gateway.logs import configure_logging
 from subjects.errors import PgwError
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(config.log_format, args.log_level)
     try:
-        return asyncio.run(args.handler(args, config))
+        return loop.run(args.handler(args, config))
     except KeyboardInterrupt:
         return 130
     except PgwError as e:

@@ -1,0 +1,36 @@
+"""The event loop every pgw process runs on: uvloop where it is installed, asyncio's otherwise.
+
+uvloop (libuv) does the socket and scheduling work of nats-py's many small
+requests in C; the services spend a large share of their time there (see
+docs/performance.md). ``PGW_LOOP=asyncio`` forces the standard loop, e.g. to
+compare the two or to rule uvloop out when chasing a bug.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def loop_name() -> str:
+    """``uvloop`` or ``asyncio``: what :func:`run` will use."""
+    if os.environ.get("PGW_LOOP", "").strip().lower() == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)`` on the loop :func:`loop_name` names."""
+    if loop_name() == "uvloop":
+        import uvloop
+
+        return uvloop.run(main)
+    return asyncio.run(main)
