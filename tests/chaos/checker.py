@@ -21,6 +21,7 @@ nothing, so it can be run against a live system too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -28,38 +29,52 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 
 async def read_stream(js: JetStreamContext, stream: str, subject: str | None = None,
-                      *, batch: int = 1000) -> list[Msg]:
-    """Every message currently in ``stream`` (optionally filtered), in order."""
-    info = await js.stream_info(stream)
-    if info.state.messages == 0:
+                      *, batch: int = 1000, timeout: float = 120.0) -> list[Msg]:
+    """Every message currently in ``stream`` (optionally filtered), in order.
+
+    Right after a node of an R3 cluster comes back, a read can stall, time out
+    or lose its consumer (503): the read then resumes from the next sequence
+    on a fresh consumer, and never ends early. Stopping at the first quiet
+    fetch would count everything not yet read as lost.
+    """
+    info = await js.stream_info(stream, subjects_filter=subject)
+    if info.state.messages == 0 or (subject is not None and not sum((info.state.subjects or {}).values())):
         return []
     last = info.state.last_seq
-    psub = await js.pull_subscribe(
-        subject or ">", durable=None, stream=stream,
-        config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL,
-                              mem_storage=True, inactive_threshold=30.0,
-                              filter_subject=subject),
-    )
     out: list[Msg] = []
-    try:
-        while True:
-            try:
+    next_seq = 1
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        psub = None
+        try:
+            psub = await js.pull_subscribe(
+                subject or ">", durable=None, stream=stream,
+                config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                                      opt_start_seq=next_seq, mem_storage=True, inactive_threshold=30.0,
+                                      filter_subject=subject),
+            )
+            while True:
                 msgs = await psub.fetch(batch, timeout=2.0)
-            except NatsTimeoutError:
-                break
-            out.extend(msgs)
-            md = msgs[-1].metadata
-            if md.num_pending == 0 or md.sequence.stream >= last:
-                break
-    finally:
-        await psub.unsubscribe()
-    return out
+                out.extend(msgs)
+                md = msgs[-1].metadata
+                next_seq = md.sequence.stream + 1
+                if md.num_pending == 0 or md.sequence.stream >= last:
+                    return out
+        except (NatsTimeoutError, NatsError) as e:  # stalled, or the consumer went away
+            if loop.time() > deadline:
+                raise AssertionError(f"{stream}: read stalled at seq {next_seq} of {last}: {e!r}") from e
+        finally:
+            if psub is not None:
+                with contextlib.suppress(Exception):
+                    await psub.unsubscribe()
 
 
 def _json(msg: Msg) -> dict[str, Any]:
