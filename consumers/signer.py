@@ -21,6 +21,14 @@ signed payload, so the chain position is assigned once per verdict: a
 redelivered verdict finds its entry (by subject, which survives any dedup
 window) and is re-signed from the stored payload, byte for byte.
 
+Batches: the verdicts of one fetch (``signer.batch``) are worked together.
+Their new ledger entries are appended as one JetStream atomic batch whose
+first message carries ``Nats-Expected-Last-Sequence`` (the whole run lands
+right after the head it was chained onto, or none of it does), and their
+capsules are published as a second atomic batch; each is synced once at its
+commit. A batch the server refuses (a duplicate id, a stream without
+``allow_atomic``) is redone one message at a time, as described above.
+
 Residual: if the signer dies after publishing a capsule but before acking the
 verdict, and the verdict is redelivered only after ``PGW_REGISTRATION``'s
 duplicate window (``gateway.duplicate_window_s``) has passed, the repeat
