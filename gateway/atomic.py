@@ -78,7 +78,12 @@ async def publish_atomic(nc: Client, items: Sequence[BatchItem], *, timeout: flo
 
 
 async def enable_atomic(js: JetStreamContext, stream: str) -> bool:
-    """Make sure ``stream`` allows atomic batches (an additive config change); False if it can't."""
+    """Make sure ``stream`` allows atomic batches; False if it can't.
+
+    An existing stream made without the flag gets it as an additive update,
+    nothing replaced. A server that refuses it keeps the stream as it is, and
+    its writers go one message at a time.
+    """
     try:
         info = await js.stream_info(stream)
         if info.config.allow_atomic:
@@ -87,8 +92,10 @@ async def enable_atomic(js: JetStreamContext, stream: str) -> bool:
         cfg.allow_atomic = True
         info = await js.update_stream(cfg)
     except (nats.errors.Error, TimeoutError) as e:  # APIError and NotFoundError included
-        log.warning("stream takes no atomic batches; publishing one message at a time",
+        log.warning("stream takes no atomic batches; writing one message at a time",
                     stream=stream, error=str(e))
         return False
     # A server older than 2.12 drops the unknown field instead of refusing it.
+    if info.config.allow_atomic:
+        log.info("atomic batches enabled on an existing stream", stream=stream)
     return bool(info.config.allow_atomic)

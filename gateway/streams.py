@@ -18,11 +18,9 @@ from nats.js.api import (
 )
 from nats.js.errors import NotFoundError
 
-from gateway.logs import get_logger
+from gateway.atomic import enable_atomic
 from subjects.errors import PgwError
 from subjects.names import Subjects
-
-log = get_logger("pgw.streams")
 
 DAY = 86400.0
 
@@ -69,7 +67,8 @@ def stream_plans(subjects: Subjects, *, replicas: int = 1, duplicate_window_s: f
             [subjects.all_agents("envelope"), subjects.all_agents("transition")],
             max_age=7 * DAY,
         ),
-        # allow_atomic: the gateway's group commit (gateway.publish) writes these in atomic batches.
+        # allow_atomic: the gateway's group commit (gateway.publish) and the signer's capsule
+        # batches (consumers.signer) write these in atomic batches.
         cfg("PGW_OUTBOUND", [subjects.all_agents("outcome")], max_age=30 * DAY, allow_atomic=True),
         cfg("PGW_SURFACE", [subjects.all_principals("surface")], max_age=30 * DAY, allow_atomic=True),
         cfg("PGW_VERDICTS", [subjects.all_verdicts], max_age=90 * DAY, allow_atomic=True),
@@ -77,6 +76,7 @@ def stream_plans(subjects: Subjects, *, replicas: int = 1, duplicate_window_s: f
             "PGW_REGISTRATION",
             [subjects.capsule_register],
             retention=RetentionPolicy.WORK_QUEUE,
+            allow_atomic=True,
         ),
         cfg("PGW_CAPSULES", [subjects.capsule_registered]),
         cfg("PGW_EVENTLOG", [subjects.all_log], deny_delete=True, deny_purge=True),
@@ -136,25 +136,9 @@ async def ensure_streams(
         if diff:
             raise StreamConflict(plan.name, diff)
         if plan.config.allow_atomic and not info.config.allow_atomic:
-            await _enable_atomic(js, info.config)
+            await enable_atomic(js, plan.name)  # added to a stream made before it was planned
         result[plan.name] = "exists"
     return result
-
-
-async def _enable_atomic(js: JetStreamContext, have: StreamConfig) -> None:
-    """Add ``allow_atomic`` to a stream created before it was planned: an additive update, nothing replaced.
-
-    A server that refuses it (or drops the unknown field, before 2.12) keeps
-    the stream as it is; the publisher then writes one message at a time.
-    """
-    have.allow_atomic = True
-    try:
-        info = await js.update_stream(have)
-    except Exception as e:  # noqa: BLE001 - an optimisation only: report and carry on
-        log.warning("stream keeps its configuration without atomic batches", stream=have.name, error=str(e))
-        return
-    if info.config.allow_atomic:
-        log.info("atomic batches enabled on an existing stream", stream=have.name)
 
 
 KV_BUCKETS = {
@@ -187,11 +171,5 @@ async def ensure_kv(
             KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, replicas=replicas, ttl=ttl)
         )
     if atomic:
-        try:
-            info = await js.stream_info(f"KV_{name}")
-        except Exception as e:  # noqa: BLE001 - an optimisation only
-            log.warning("cannot read the bucket's stream; no atomic batches", bucket=name, error=str(e))
-        else:
-            if not info.config.allow_atomic:
-                await _enable_atomic(js, info.config)
+        await enable_atomic(js, f"KV_{name}")
     return kv
