@@ -279,22 +279,15 @@ class Signer:
             await asyncio.sleep(0.5)
             return []
 
-    async def handle(self, msg: Msg) -> None:
-        """Turn one verdict message into one capsule; ack only after the capsule is stored."""
-        await self.handle_batch([msg])
-
-    async def handle_batch(self, msgs: list[Msg]) -> None:
-        """One capsule per verdict message, each message acked only after its capsule is stored.
+    async def _prepare_batch(self, msgs: list[Msg]) -> list[_Job]:
+        """Decode, build, chain (ledger stored) and sign; return the jobs whose capsule can be stored.
 
         The batch's new ledger links are appended as one chained atomic batch
-        and its capsules published as another (:mod:`gateway.atomic`): two
-        durable writes for the whole batch instead of two per capsule. A
-        verdict that cannot be signed now is nak'ed on its own; the rest go on.
+        (:meth:`_append_jobs`) and :meth:`_publish_jobs` stores its capsules as
+        another: two durable writes for the whole batch instead of two per
+        capsule, each verdict acked only after its capsule is stored. A verdict
+        that cannot be signed now is nak'ed on its own; the rest go on.
         """
-        await self._publish_jobs(await self._prepare_batch(msgs))
-
-    async def _prepare_batch(self, msgs: list[Msg]) -> list[_Job]:
-        """Decode, build, chain (ledger stored) and sign; return the jobs whose capsule can be stored."""
         jobs: list[_Job] = []
         for m in msgs:
             try:

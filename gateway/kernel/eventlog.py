@@ -35,6 +35,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
+from gateway.atomic import ERR_WRONG_LAST_SEQ
 from gateway.keys import SigningKey
 from gateway.logs import get_logger
 from subjects import jcs
@@ -46,7 +47,6 @@ from subjects.util import now_rfc3339
 log = get_logger("pgw.kernel.eventlog")
 
 STREAM = "PGW_EVENTLOG"
-_WRONG_LAST_SEQUENCE = 10071
 
 
 class EventLogError(PgwError):
@@ -193,7 +193,7 @@ class EventLog:
             try:
                 ack = await asyncio.wait_for(fut, timeout=self.ack_timeout_s)
             except LogAppendError as e:
-                if e.err_code == _WRONG_LAST_SEQUENCE:
+                if e.err_code == ERR_WRONG_LAST_SEQ:
                     await self._reset(prev_seq + 1)
                     continue
                 await self._reset(prev_seq + 1)
