@@ -294,6 +294,7 @@ kernel_result_decoder = msgspec.json.Decoder(KernelResult)
 
 EVENT_TYPES = (
     "IDP_SUBMITTED",
+    "IDP_SUBMISSION_VOIDED",
     "IDP_MISSION_REF_MISMATCH_REJECTED",
     "CEDAR_PERMIT_RECORDED",
     "CEDAR_DENY_RECORDED",

@@ -196,6 +196,160 @@ async def test_two_gateways_share_the_index(setup: Any, nc: Any, nats_server: An
     assert len(await read_log(nc.jetstream(), "IDP_SUBMITTED")) == 1
 
 
+async def test_the_same_idp_racing_itself_is_permitted_once(setup: Any, nc: Any, nats_server: Any) -> None:
+    """Round after round, one IDP sent to two instances at once: one PERMIT, one refusal, one IDP_SUBMITTED,
+    whichever instance wins the step reservation and whichever wins the log append."""
+    cfg, _issuer, so, token, jti = setup
+    nc2 = await connect(nats_server.client_url)
+    try:
+        async with running_gateway(cfg, nc) as g1, running_gateway(cfg, nc2) as g2:
+            k1, k2 = kernel_of(g1), kernel_of(g2)
+            for step in range(1, 21):
+                data = msgspec.json.encode({"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking")})
+                pair = (k1, k2) if step % 2 else (k2, k1)
+                r1, r2 = await asyncio.gather(*(k.handle_request(AGENT, data) for k in pair))
+                kinds = sorted(type(r).__name__ for r in (r1, r2))
+                assert kinds == ["Permit", "Reject"], (step, r1, r2)
+                refused = r1 if isinstance(r1, Reject) else r2
+                assert refused.error_code in ("IDP_DUPLICATE", "IDP_STEP_SEQUENCE"), refused
+    finally:
+        await nc2.close()
+    assert len(await read_log(nc.jetstream(), "IDP_SUBMITTED")) == 20
+    assert await read_log(nc.jetstream(), "IDP_SUBMISSION_VOIDED") == []
+
+
+async def test_the_same_idp_permitted_through_the_instance_that_lost_the_reservation(setup: Any, nc: Any, nats_server: Any) -> None:
+    """The crossed order: instance 1 stores the IDP_SUBMITTED, instance 2 takes the step. The step is held for this
+    very IDP, so instance 1 goes on to PERMIT and instance 2 (whose append was the duplicate) answers IDP_DUPLICATE."""
+    cfg, _issuer, so, token, jti = setup
+    nc2 = await connect(nats_server.client_url)
+    try:
+        async with running_gateway(cfg, nc) as g1, running_gateway(cfg, nc2) as g2:
+            k1, k2 = kernel_of(g1), kernel_of(g2)
+            validated = {k1: asyncio.Event(), k2: asyncio.Event()}
+            k1_appended, k2_reserved = asyncio.Event(), asyncio.Event()
+
+            def gate(k: KernelService, other: KernelService) -> None:
+                reserve, append, put_tr = k._reserve_step, k.eventlog.append, k.state.put_tr
+
+                async def reserve_(*a: Any) -> Any:
+                    validated[k].set()
+                    await validated[other].wait()
+                    if k is k1:
+                        await k2_reserved.wait()
+                    got = await reserve(*a)
+                    if k is k2:
+                        k2_reserved.set()
+                    return got
+
+                async def append_(event_type: str, body: Any, **kw: Any) -> Any:
+                    if event_type == "IDP_SUBMITTED":
+                        await validated[other].wait()
+                        if k is k2:
+                            await k1_appended.wait()
+                    got = await append(event_type, body, **kw)
+                    if event_type == "IDP_SUBMITTED" and k is k1:
+                        k1_appended.set()
+                    return got
+
+                async def put_tr_(*a: Any) -> Any:
+                    await validated[other].wait()
+                    return await put_tr(*a)
+
+                k._reserve_step, k.eventlog.append, k.state.put_tr = reserve_, append_, put_tr_  # type: ignore[method-assign]
+
+            gate(k1, k2)
+            gate(k2, k1)
+            data = msgspec.json.encode({"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")})
+            r1, r2 = await asyncio.wait_for(asyncio.gather(k1.handle_request(AGENT, data), k2.handle_request(AGENT, data)), 20)
+    finally:
+        await nc2.close()
+    assert isinstance(r1, Permit), r1
+    assert isinstance(r2, Reject) and r2.error_code == "IDP_DUPLICATE", r2
+    assert len(await read_log(nc.jetstream(), "IDP_SUBMITTED")) == 1
+    assert await read_log(nc.jetstream(), "IDP_SUBMISSION_VOIDED") == []
+
+
+def stale_session_read(kernel: KernelService, agent: str, session_id: str, read: tuple[Any, int]) -> None:
+    """The kernel's next read of this session returns ``read``: what it held before a concurrent write."""
+    real = kernel.state.session
+
+    async def session(a: str, s: str) -> Any:
+        if (a, s) == (agent, session_id):
+            kernel.state.session = real  # type: ignore[method-assign]
+            return read
+        return await real(a, s)
+
+    kernel.state.session = session  # type: ignore[method-assign]
+
+
+async def test_a_step_taken_meanwhile_voids_the_logged_submission(setup: Any, nc: Any) -> None:
+    """Two IDPs for one step: the one whose reservation loses (validated against the session as it was) is refused
+    IDP_STEP_SEQUENCE; its IDP_SUBMITTED stays in the log, followed by IDP_SUBMISSION_VOIDED, and a report for it is refused.
+    The index rebuilt from the log agrees."""
+    cfg, _issuer, so, token, jti = setup
+    js = nc.jetstream()
+    winner = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")
+    loser = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")
+    async with running_gateway(cfg, nc) as gw:
+        kernel = kernel_of(gw)
+        before = await kernel.state.session(AGENT, "s-1")
+        assert isinstance(await request(nc, AGENT, {"mandate": token, "idp": winner}), Permit)
+        stale_session_read(kernel, AGENT, "s-1", before)
+        r = await kernel.handle_request(AGENT, msgspec.json.encode({"mandate": token, "idp": loser}))
+        assert isinstance(r, Reject) and r.error_code == "IDP_STEP_SEQUENCE", r
+        submitted = {ev.body["idp_id"]: seq for seq, ev in await read_log(js, "IDP_SUBMITTED")}
+        assert set(submitted) == {winner["idp_id"], loser["idp_id"]}
+        voided = await read_log(js, "IDP_SUBMISSION_VOIDED")
+        assert [(ev.body["idp_id"], ev.body["code"], ev.body["idp_submitted_seq"]) for _, ev in voided] == [
+            (loser["idp_id"], "IDP_STEP_SEQUENCE", submitted[loser["idp_id"]])
+        ]
+        assert voided[0][0] > submitted[loser["idp_id"]]
+        entry, _ = await kernel.state.idp(so, loser["idp_id"])
+        assert entry.status == "denied"
+        report = msgspec.json.encode({"idp_id": loser["idp_id"], "executed_action": "CloseBooking",
+                                      "effect": {"type": "booking.close", "status": "dispatched"}})
+        assert (await kernel.handle_transition(AGENT, report, 998)).startswith("refused:")
+        sess, _ = await kernel.state.session(AGENT, "s-1")
+        assert (sess.last_step, sess.last_idp) == (1, winner["idp_id"])
+    res = await verify_stream(js, cfg.subjects, keys_of(cfg))
+    assert res.ok, res.first_break
+    await js.delete_key_value("PGW_KERNEL")
+    async with running_gateway(cfg, nc) as gw:
+        kernel = kernel_of(gw)
+        entry, _ = await kernel.state.idp(so, loser["idp_id"])
+        assert entry.status == "denied"
+        r = await request(nc, AGENT, {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")})
+        assert isinstance(r, Reject) and r.error_code == "IDP_STEP_SEQUENCE"
+        assert isinstance(await request(nc, AGENT, {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=2, action="CloseBooking")}), Permit)
+
+
+async def test_a_session_escalated_meanwhile_voids_the_logged_submission(setup: Any, nc: Any) -> None:
+    """An IDP validated while the session was ACTIVE, whose reservation finds it HEM_PENDING, is denied HEM_PENDING;
+    its IDP_SUBMITTED is followed by IDP_SUBMISSION_VOIDED, and its step counts as committed, live as after a rebuild."""
+    cfg, _issuer, so, token, jti = setup
+    js = nc.jetstream()
+    async with running_gateway(cfg, nc) as gw:
+        kernel = kernel_of(gw)
+        before = await kernel.state.session(AGENT, "s-1")
+        hem = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking", hem_urgency="REQUIRED")
+        assert type(await request(nc, AGENT, {"mandate": token, "idp": hem})).__name__ == "HemPending"
+        stale_session_read(kernel, AGENT, "s-1", before)
+        late = idp(so_id=so, mandate_id=jti, step=2, action="CloseBooking")
+        r = await kernel.handle_request(AGENT, msgspec.json.encode({"mandate": token, "idp": late}))
+        assert isinstance(r, EnrichedDeny) and r.deny_code == "HEM_PENDING", r
+        voided = await read_log(js, "IDP_SUBMISSION_VOIDED")
+        assert [(ev.body["idp_id"], ev.body["code"]) for _, ev in voided] == [(late["idp_id"], "HEM_PENDING")]
+        sess, _ = await kernel.state.session(AGENT, "s-1")
+        assert (sess.state, sess.last_step) == ("HEM_PENDING", 2)
+    await js.delete_key_value("PGW_KERNEL")
+    async with running_gateway(cfg, nc) as gw:
+        sess, _ = await kernel_of(gw).state.session(AGENT, "s-1")
+        assert (sess.state, sess.last_step) == ("HEM_PENDING", 2)
+        entry, _ = await kernel_of(gw).state.idp(so, late["idp_id"])
+        assert entry.status == "denied"
+
+
 @settings(max_examples=200, deadline=None)
 @given(body=st.dictionaries(_KEYS, _JSON, max_size=6), event_id=_TRICKY, prev_seq=st.integers(0, 2**53 - 1))
 def test_wire_form_splice_is_the_canonical_form(body: dict[str, Any], event_id: str, prev_seq: int) -> None:

@@ -37,7 +37,7 @@ from gateway.kernel.eventlog import STREAM, EventLog
 from gateway.kernel.hem import hem_moment
 from gateway.kernel.mandate import Mandate, MandateError, MandateVerifier
 from gateway.kernel.policy import PolicyEngine, entity_uid, idp_context
-from gateway.kernel.state import ConflictError, IdpEntry, KernelState, SessionEntry
+from gateway.kernel.state import ConflictError, IdpEntry, KernelState, SessionEntry, bump_step
 from gateway.keys import load_or_create
 from gateway.logs import get_logger
 from gateway.metrics import LATENCY, REGISTRY
@@ -397,38 +397,53 @@ class KernelService:
         if idp.mission_ref is not None and m.mission_ref is not None and idp.mission_ref != m.mission_ref:
             return await self._mission_mismatch(agent, idp, m, raw["idp"], tp)
 
-        # Reserve the step: compare-and-set, so two instances cannot both take it.
-        def advance(s: SessionEntry) -> bool:
-            if s.state != "ACTIVE" or s.last_step >= idp.step_sequence:
-                raise _RaceError(s.state)
-            s.last_step = idp.step_sequence
-            return True
-
-        try:
-            # The CAS is on the revision validation read, so no second read is
-            # needed; a write in between fails it and update_session re-reads.
-            await self.state.update_session(
-                agent, idp.session_id, advance, known=(sess, rev) if rev is not None else None
-            )
-        except _RaceError as r:
-            if str(r) == "HEM_PENDING":
-                return await self._deny(agent, idp, m, "HEM_PENDING", raw["idp"], available=[], hem_available=False, tp=tp)
-            rej = Reject(timestamp=now_rfc3339(), error_code="IDP_STEP_SEQUENCE", reason="step_sequence was taken by a concurrent submission", idp_id=idp.idp_id)
-            await self._deny_verdict(agent, idp.idp_id, idp.idp_id, rej.error_code, rej.reason, m.principal, tp)
-            return rej
-
-        # spec 003 §5.3: commit IDP_SUBMITTED, signed, and wait for the server's ack.
-        # The report key (agent, idp_id) -> so_id is written meanwhile: it only
-        # makes the idp_id taken (§5.2(c)) and lets a report find the IDP, whose
-        # entry is written after Cedar, so if the append fails it fails closed.
+        # spec 003 §5.3: commit IDP_SUBMITTED, signed, and wait for the server's
+        # ack before Cedar runs. Alongside it, in the same round trip (so the
+        # reply waits for one synced write here, not two in a row), the step
+        # reservation (§5.2(f)): a compare-and-set on the revision validation
+        # read, so two instances cannot both take one step. Whichever of two
+        # racing submissions loses it has its IDP_SUBMITTED followed by
+        # IDP_SUBMISSION_VOIDED (``_void``): the log keeps the declared intent
+        # (§5.3) and says why nothing followed it.
+        # The report key (agent, idp_id) -> so_id is written meanwhile too, and
+        # waited for before any answer: a report names only the idp_id, and the
+        # key also makes the idp_id taken for this agent (§5.2(c)). Concurrent
+        # creates of one key are settled by the create itself, so it need not
+        # hold up Cedar; it is sent after the session write, so the bucket's
+        # stream (one synced write after another) stores that one first.
         body = self._submitted_body(agent, raw["idp"], idp, m, resource, pii, receipt)
-        sub, _ = await asyncio.gather(
+        round1 = asyncio.gather(
+            self._reserve_step(agent, idp, (sess, rev)),
             self.eventlog.append(
                 "IDP_SUBMITTED", body, msg_id=stable_id("IDP_SUBMITTED", idp.so_id.lower(), idp.idp_id.lower()),
                 traceparent=tp,
             ),
-            self.state.put_tr(agent, idp.idp_id, idp.so_id),
+            return_exceptions=True,
         )
+        tr = asyncio.ensure_future(self.state.put_tr(agent, idp.idp_id, idp.so_id))
+        try:
+            return await self._commit(agent, raw, idp, m, resource, pii, round1, tp, hem_available)
+        finally:
+            await tr
+
+    async def _commit(
+        self, agent: str, raw: dict[str, Any], idp: Idp, m: Mandate, resource: dict[str, str],
+        pii: list[str], round1: asyncio.Future[list[Any]], tp: str | None, hem_available: bool,
+    ) -> KernelResult:
+        reserved, sub = await round1
+        for r in (sub, reserved):
+            if isinstance(r, BaseException):
+                raise r
+        assert not isinstance(sub, BaseException)
+        if reserved is not None:
+            # The step was taken meanwhile, or the session went to HEM_PENDING.
+            if not sub.duplicate:
+                await self._void(agent, idp, m, sub.seq, "HEM_PENDING" if reserved == "HEM_PENDING" else "IDP_STEP_SEQUENCE", tp)
+            if reserved == "HEM_PENDING":
+                return await self._deny(agent, idp, m, "HEM_PENDING", raw["idp"], available=[], hem_available=False, tp=tp)
+            rej = Reject(timestamp=now_rfc3339(), error_code="IDP_STEP_SEQUENCE", reason="step_sequence was taken by a concurrent submission", idp_id=idp.idp_id)
+            await self._deny_verdict(agent, idp.idp_id, idp.idp_id, rej.error_code, rej.reason, m.principal, tp)
+            return rej
         if sub.duplicate:
             rej = Reject(timestamp=now_rfc3339(), error_code="IDP_DUPLICATE", reason="this idp_id was already submitted (spec 003 §5.2(c))", idp_id=idp.idp_id)
             await self._deny_verdict(agent, idp.idp_id, idp.idp_id, rej.error_code, rej.reason, m.principal, tp)
@@ -500,6 +515,54 @@ class KernelService:
         except ConflictError:
             # Rebuilt by another instance from the log meanwhile: move it forward.
             await self.state.advance_idp(entry.so_id, entry.idp_id, entry.status, moment_id=entry.moment_id)
+
+    async def _reserve_step(self, agent: str, idp: Idp, read: tuple[SessionEntry, int | None]) -> str | None:
+        """Take ``idp.step_sequence`` for the session (spec 003 §5.2(f)); None if it is taken
+        for this IDP, else the session state that refused it ("ACTIVE" when a higher
+        step got there first)."""
+
+        def advance(s: SessionEntry) -> bool:
+            if s.state == "ACTIVE" and s.last_step == idp.step_sequence and s.last_idp == idp.idp_id:
+                # The same IDP sent to two instances at once took the step through
+                # the other one; which of them goes on is decided by the log append
+                # (the other's is a duplicate and answers IDP_DUPLICATE).
+                return False
+            if s.state != "ACTIVE" or s.last_step >= idp.step_sequence:
+                raise _RaceError(s.state)
+            s.last_step = idp.step_sequence
+            s.last_idp = idp.idp_id
+            return True
+
+        sess, rev = read
+        try:
+            # The CAS is on the revision validation read, so no second read is
+            # needed; a write in between fails it and update_session re-reads.
+            await self.state.update_session(
+                agent, idp.session_id, advance, known=(sess, rev) if rev is not None else None
+            )
+        except _RaceError as r:
+            return str(r)
+        return None
+
+    async def _void(self, agent: str, idp: Idp, m: Mandate, submitted_seq: int, code: str, tp: str | None) -> None:
+        """Close an IDP_SUBMITTED whose step reservation lost a race: logged, its entry
+        ``denied`` (a report for it is refused), and the step counted as committed,
+        as the log's rebuild counts it (``bump_step``)."""
+        body = {"idp_id": idp.idp_id, "so_id": idp.so_id, "session_id": idp.session_id, "agent": agent,
+                "requested_action": idp.requested_action, "code": code, "idp_submitted_seq": submitted_seq}
+        entry = IdpEntry(
+            idp_id=idp.idp_id, so_id=idp.so_id, agent=agent, principal=m.principal, session_id=idp.session_id,
+            step_sequence=idp.step_sequence, requested_action=idp.requested_action, mandate_id=m.jti,
+            profile=profile_of(idp), submitted_seq=submitted_seq, status="denied",
+        )
+        await asyncio.gather(
+            self.eventlog.append(
+                "IDP_SUBMISSION_VOIDED", body,
+                msg_id=stable_id("IDP_SUBMISSION_VOIDED", idp.so_id.lower(), idp.idp_id.lower()), traceparent=tp,
+            ),
+            self._put_entry(entry),
+            self.state.update_session(agent, idp.session_id, bump_step(idp.step_sequence, idp.idp_id)),
+        )
 
     def _context(self, agent: str, idp: Idp, m: Mandate) -> dict[str, Any]:
         ctx: dict[str, Any] = {"idp": idp_context(idp), "agent": agent, "principal": m.principal,

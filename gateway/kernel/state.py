@@ -77,6 +77,9 @@ class SessionEntry(Struct, kw_only=True, omit_defaults=True):
     agent: str
     session_id: str
     last_step: int = 0
+    # The idp_id whose IDP_SUBMITTED took ``last_step``: a retry of that same
+    # IDP racing itself on two instances finds the step already its own.
+    last_idp: str | None = None
     state: SessionState = "ACTIVE"
     hem_idp_id: str | None = None
     hem_moment_id: str | None = None
@@ -258,18 +261,10 @@ class KernelState:
                     with contextlib.suppress(ConflictError):
                         await self.put_idp(entry, 0)
                 await self.put_tr(agent, idp_id, so_id)
-                step = body["step_sequence"]
-
-                def bump(s: SessionEntry) -> bool:
-                    if s.last_step >= step:
-                        return False
-                    s.last_step = step
-                    return True
-
-                await self.update_session(agent, body["session_id"], bump)
+                await self.update_session(agent, body["session_id"], bump_step(body["step_sequence"], idp_id))
             case "CEDAR_PERMIT_RECORDED":
                 await self.advance_idp(body["so_id"], body["idp_id"], "permitted")
-            case "CEDAR_DENY_RECORDED":
+            case "CEDAR_DENY_RECORDED" | "IDP_SUBMISSION_VOIDED":
                 await self.advance_idp(body["so_id"], body["idp_id"], "denied")
             case "STATE_TRANSITIONED":
                 await self.advance_idp(body["so_id"], body["idp_id"], "transitioned", transition_seq=seq)
@@ -310,6 +305,20 @@ class KernelState:
             return True
 
         return await self.update_session(body["agent"], body["session_id"], settle)
+
+
+def bump_step(step: int, idp_id: str) -> Any:
+    """``update_session`` fn: a committed IDP_SUBMITTED at ``step`` (spec 003 §5.2(f) counts
+    committed steps), whatever the session's state; ``last_step`` only grows."""
+
+    def fn(s: SessionEntry) -> bool:
+        if s.last_step >= step:
+            return False
+        s.last_step = step
+        s.last_idp = idp_id
+        return True
+
+    return fn
 
 
 def _escalate(body: dict[str, Any]) -> Any:
