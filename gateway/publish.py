@@ -5,11 +5,13 @@ carries a deterministic ``Nats-Msg-Id``: a message redelivered after a crash
 produces the same ids, and the stream drops the repeats. ``traceparent``
 (W3C) rides along as a header on every message an input causes.
 
-Group commit (:class:`GroupCommit`): writes to one stream that are issued
-while an earlier write to that stream is in flight are sent together as one
+Group commit (:class:`GroupCommit`): up to ``MAX_INFLIGHT`` writes to one
+stream go out at once; writes issued while that many are in flight wait and
+go together when one finishes. A queue of ``ATOMIC_MIN`` or more goes as one
 JetStream atomic batch (nats-server >= 2.12, stream ``allow_atomic``): stored
 whole or not at all, answered by one PubAck, synced once under
-``sync_interval: always`` instead of once per message. Each caller still
+``sync_interval: always`` instead of once per message; a shorter queue goes
+as plain writes, all at once, which costs less than a batch's fixed price. Each caller still
 returns only once its own message is stored. A batch the server refuses (a
 ``Nats-Msg-Id`` it already holds, which is what a redelivery republishes; a
 failed compare-and-set; a stream without ``allow_atomic``; anything else) or
@@ -40,7 +42,14 @@ log = get_logger("pgw.publish")
 _enc = msgspec.json.Encoder()
 
 MAX_BATCH = 256  # messages per atomic batch (the server's limit is 1000)
-MAX_INFLIGHT = 1  # writes in flight per stream (2 and 4 measured no better: batches shrink)
+# Writes in flight per stream. A nats-server 2.15 atomic batch stages its
+# messages on disk before the commit: about 2.6 ms whatever its size, against
+# 0.5 ms for one plain write (measured here, sync_interval always). So a few
+# plain writes go out at once, and only a queue of ATOMIC_MIN or more goes as
+# one batch. Against always-batching behind one write in flight: p50 at
+# 500 envelopes/s 8-13 ms instead of 37-45 ms, throughput the same or better.
+MAX_INFLIGHT = 4
+ATOMIC_MIN = 16  # queued writes that go as one atomic batch; fewer go one by one, at once
 
 
 @dataclass
@@ -54,7 +63,8 @@ class _Pending:
 
 
 class GroupCommit:
-    """Group commit for one stream: at most MAX_INFLIGHT writes in flight, the rest wait and go together."""
+    """Group commit for one stream: at most MAX_INFLIGHT writes in flight, the rest wait and go together
+    (as one atomic batch when there are ATOMIC_MIN of them or more)."""
 
     def __init__(
         self, js: JetStreamContext, stream: str, timeout: float | None = None, *, one_per_subject: bool = False
@@ -147,7 +157,7 @@ class GroupCommit:
         try:
             while self._queue:
                 batch = self._take()
-                if len(batch) == 1 or not self.atomic:
+                if len(batch) < ATOMIC_MIN or not self.atomic:
                     await asyncio.gather(*(self._one(p) for p in batch))
                 else:
                     await self._batch(batch)

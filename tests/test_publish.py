@@ -8,7 +8,7 @@ import copy
 from nats.js.errors import KeyWrongLastSequenceError
 
 from gateway import metrics
-from gateway.publish import KvWriter, Publisher
+from gateway.publish import ATOMIC_MIN, MAX_INFLIGHT, KvWriter, Publisher
 from gateway.streams import ensure_kv, ensure_streams, stream_plans
 from subjects.names import Subjects
 from subjects.util import now_rfc3339, stable_id
@@ -75,6 +75,20 @@ async def test_concurrent_publishes_go_as_atomic_batches_and_each_is_stored_once
     assert info.state.messages == 120
     stored = {m.headers["Nats-Msg-Id"] for m in await stored_msgs(nc, "PGW_VERDICTS")}
     assert stored == {v.verdict_id for v in vs}
+
+
+async def test_a_short_queue_goes_as_plain_writes_not_a_batch(nc):
+    """Fewer than ATOMIC_MIN writes waiting behind the ones in flight go out as plain writes, all at
+    once (an atomic batch has a fixed price of several plain writes); each is stored once."""
+    pub = Publisher(nc.jetstream(), Subjects())
+    sizes = await _batches(pub)
+    n = MAX_INFLIGHT + ATOMIC_MIN - 1  # in flight at once, then a queue one short of a batch
+    vs = _verdicts(n, "short-queue")
+    await asyncio.gather(*(pub.verdict(v) for v in vs))
+    assert sizes == []
+    stored = {m.headers["Nats-Msg-Id"] for m in await stored_msgs(nc, "PGW_VERDICTS")}
+    assert stored == {v.verdict_id for v in vs}
+    assert not any("Nats-Batch-Id" in (m.headers or {}) for m in await stored_msgs(nc, "PGW_VERDICTS"))
 
 
 async def test_stream_without_allow_atomic_gets_plain_publishes_then_the_flag(nc):
