@@ -101,8 +101,10 @@ class Pipeline:
         # SR-1: no secret in any downstream byte, whatever stage produced the text.
         outcome = red.scrub_struct(outcome)
         msg_id = ctx.extra.get("outcome_msg_id") or self.outcome_msg_id(ctx)
-        await self.gw.publisher.outcome(outcome, msg_id)
-        await dedup.settle(ctx, outcome, msg_id, refused)
+        # The outcome and the correlationId record are stored together: a crash
+        # between them leaves a record whose redelivery republishes the cached
+        # outcome under the same Nats-Msg-Id, or no record, and the turn runs again.
+        await asyncio.gather(self.gw.publisher.outcome(outcome, msg_id), dedup.settle(ctx, outcome, msg_id, refused))
         for hook in self.gw.outcome_hooks:
             await hook(ctx, outcome)
         status = getattr(outcome, "status", outcome.__struct_config__.tag)

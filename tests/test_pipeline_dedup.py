@@ -109,3 +109,26 @@ async def test_two_instances_race_one_outcome(nats_server, tmp_path, nc):
         assert (await counts(nc, {"PGW_SURFACE": 1}))["PGW_SURFACE"] == 1
         verdicts = [v for v in rec.verdicts if v.verdict_class == "hitl_dispatched"]
         assert len(verdicts) == 1
+
+
+async def test_own_redelivery_after_a_lost_outcome_publishes_it_unflagged(nats_server, tmp_path, nc):
+    """The outcome and the correlationId record are stored together. When the outcome's publish fails but the
+    record was stored, the redelivered message publishes the cached outcome, once, not marked as a replay."""
+    async with running_gateway(nats_server, str(tmp_path / "d")) as gw, Recorder(nc) as rec:
+        real = gw.publisher.outcome
+        failed: list[str] = []
+
+        async def outcome(o, msg_id):
+            if not failed:
+                failed.append(msg_id)
+                raise RuntimeError("outcome publish lost")
+            return await real(o, msg_id)
+
+        gw.publisher.outcome = outcome
+        first = moment_env("alice", good_moment(), correlation_id="lost-1")
+        await rec.send("planner", first)
+        out = await rec.outcome(first["envelopeId"])
+        assert failed and out.status == "accepted" and not out.replayed
+        await rec.item(lambda i: isinstance(i, BindingMomentItem))
+        after = await counts(nc, {"PGW_OUTBOUND": 1, "PGW_SURFACE": 1, "PGW_VERDICTS": 1})
+        assert await sentinel_then_counts(rec, nc, after) == {"PGW_OUTBOUND": 1, "PGW_SURFACE": 1, "PGW_VERDICTS": 1}

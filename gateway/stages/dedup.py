@@ -129,7 +129,9 @@ async def run(ctx: Ctx) -> None:
         if rec.status == "done" and rec.outcome:
             cached = _out_dec.decode(rec.outcome)
             if isinstance(cached, EnvelopeOutcome):
-                cached.replayed = True
+                # Our own message redelivered (the outcome and this record are
+                # stored together, so its outcome may be missing): the same outcome.
+                cached.replayed = rec.owner != mine
             ctx.extra["cached_outcome"] = cached
             ctx.extra["outcome_msg_id"] = rec.msg_id
             log.info("replay answered from the dedup cache", envelope_id=ctx.envelope_id, agent=ctx.agent)
@@ -147,7 +149,7 @@ async def run(ctx: Ctx) -> None:
 
 
 async def settle(ctx: Ctx, outcome: Outcome, msg_id: str, refused: bool) -> None:
-    """After the outcome is published: cache an accepted one, release the claim on a refusal."""
+    """With the outcome's publish: cache an accepted one, release the claim on a refusal."""
     claim = ctx.extra.get("dedup")
     if claim is None:
         return
