@@ -16,11 +16,13 @@ stream must have ``allow_atomic`` set (:func:`enable_atomic`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import msgspec
 import nats.errors
 from nats.js.api import PubAck
 from nats.js.errors import APIError, NoStreamResponseError
@@ -75,6 +77,54 @@ async def publish_atomic(nc: Client, items: Sequence[BatchItem], *, timeout: flo
     if "error" in resp:
         raise APIError.from_error(resp["error"])
     return PubAck.from_response(resp)
+
+
+class Ack(msgspec.Struct):
+    """What a plain write needs of a PubAck (or of the API error instead)."""
+
+    seq: int = 0
+    duplicate: bool = False
+    error: dict | None = None
+
+
+_ack_dec = msgspec.json.Decoder(Ack)
+
+
+def _expire(fut: asyncio.Future[object]) -> None:
+    if not fut.done():
+        fut.set_exception(nats.errors.TimeoutError())
+
+
+async def publish_acked(nc: Client, subject: str, payload: bytes, headers: Mapping[str, str],
+                        timeout: float) -> Ack:
+    """One JetStream publish awaiting its PubAck: ``js.publish`` at about two thirds of its CPU.
+
+    The same wire exchange and the same errors (``APIError`` and its subclasses,
+    ``NoStreamResponseError``, nats' ``TimeoutError``), with less around it: the
+    reply comes through nats' own request inbox (``_resp_map``, as
+    ``nc.request`` does), the deadline is one timer instead of ``wait_for``, and
+    the PubAck is decoded by msgspec. The gateway issues six of these per
+    binding moment, so this is a measurable share of its CPU (issue 8).
+    """
+    if not nc._resp_sub_prefix:
+        await nc._init_request_sub()
+    token = nc._nuid.next().decode()  # unique per connection, like nc.request's
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[object] = loop.create_future()
+    nc._resp_map[token] = fut
+    timer = loop.call_later(timeout, _expire, fut)
+    try:
+        await nc.publish(subject, payload, reply=nc._resp_sub_prefix.decode() + token, headers=dict(headers))
+        msg = await fut
+    finally:
+        timer.cancel()
+        nc._resp_map.pop(token, None)
+    if msg.headers and msg.headers.get("Status") == "503":  # type: ignore[attr-defined]
+        raise NoStreamResponseError
+    ack = _ack_dec.decode(msg.data)  # type: ignore[attr-defined]
+    if ack.error is not None:
+        raise APIError.from_error(ack.error)
+    return ack
 
 
 async def enable_atomic(js: JetStreamContext, stream: str) -> bool:

@@ -30,10 +30,10 @@ from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.errors import APIError
+from nats.js.errors import APIError, KeyWrongLastSequenceError
 
 from gateway import metrics
-from gateway.atomic import ERR_ATOMIC_DISABLED, publish_atomic
+from gateway.atomic import ERR_ATOMIC_DISABLED, ERR_WRONG_LAST_SEQ, publish_acked, publish_atomic
 from gateway.logs import get_logger
 from subjects.names import Subjects
 from subjects.wire import Outcome, SurfaceItem, Verdict
@@ -226,20 +226,40 @@ class KvWriter:
     """
 
     def __init__(self, js: JetStreamContext, kv: Any, bucket: str) -> None:
+        self.js = js
         self.kv = kv
         self._pre = f"$KV.{bucket}."
         self._gc = GroupCommit(js, f"KV_{bucket}", one_per_subject=True)
 
+    async def _put(self, key: str, value: bytes, last: int) -> int:
+        """``kv.update(key, value, last=last)`` (last 0: the key must not exist) through
+        ``publish_acked``: the same revision, or ``KeyWrongLastSequenceError``."""
+        try:
+            ack = await publish_acked(self.js._nc, self._pre + key, value,
+                                      {"Nats-Expected-Last-Subject-Sequence": str(last)}, self.js._timeout)
+        except APIError as e:
+            if e.err_code == ERR_WRONG_LAST_SEQ:
+                raise KeyWrongLastSequenceError(description=e.description) from None
+            raise
+        return ack.seq
+
+    async def _create(self, key: str, value: bytes) -> int:
+        try:
+            return await self._put(key, value, 0)
+        except KeyWrongLastSequenceError:
+            # Taken, or a delete/purge marker nats' create writes over: let it decide.
+            return await self.kv.create(key, value)
+
     async def create(self, key: str, value: bytes) -> int:
         return await self._gc.write(
             self._pre + key, value, {"Nats-Expected-Last-Subject-Sequence": "0"},
-            lambda: self.kv.create(key, value), _revision,
+            lambda: self._create(key, value), _revision,
         )
 
     async def update(self, key: str, value: bytes, last: int) -> int:
         return await self._gc.write(
             self._pre + key, value, {"Nats-Expected-Last-Subject-Sequence": str(last)},
-            lambda: self.kv.update(key, value, last=last), _revision,
+            lambda: self._put(key, value, last), _revision,
         )
 
 
@@ -251,7 +271,7 @@ class Publisher:
         self._streams = {name: GroupCommit(js, name, self.timeout) for name in ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS")}
 
     async def _plain(self, subject: str, body: bytes, headers: dict[str, str]) -> bool:
-        ack = await self.js.publish(subject, body, headers=headers, timeout=self.timeout)
+        ack = await publish_acked(self.js._nc, subject, body, headers, self.timeout)
         return not ack.duplicate
 
     async def _pub(self, stream: str, subject: str, body: bytes, msg_id: str, traceparent: str | None) -> bool:

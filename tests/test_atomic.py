@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import nats.errors
 import pytest
 from nats.js.api import StorageType, StreamConfig
-from nats.js.errors import APIError
+from nats.js.errors import APIError, NoStreamResponseError
 
 from gateway.atomic import (
     ERR_ATOMIC_DISABLED,
@@ -14,6 +15,7 @@ from gateway.atomic import (
     ERR_WRONG_LAST_SEQ,
     MAX_BATCH,
     enable_atomic,
+    publish_acked,
     publish_atomic,
 )
 
@@ -67,3 +69,31 @@ async def test_batch_size_limits_are_refused_before_sending(nc: Any) -> None:
         await publish_atomic(nc, [])
     with pytest.raises(ValueError, match=f"at most {MAX_BATCH}"):
         await publish_atomic(nc, _items("AT4", [str(i) for i in range(MAX_BATCH + 1)]))
+
+
+async def test_publish_acked_answers_as_js_publish_does(nc: Any) -> None:
+    """The plain write: the stored sequence, the duplicate flag, the server's refusal as APIError,
+    no stream as NoStreamResponseError, no answer as nats' TimeoutError; nothing left in the request map."""
+    js = nc.jetstream()
+    await _stream(js, "AT9", atomic=False)
+    first = await publish_acked(nc, "at9.a", b"1", {"Nats-Msg-Id": "m1"}, 5)
+    again = await publish_acked(nc, "at9.a", b"1", {"Nats-Msg-Id": "m1"}, 5)
+    assert (first.seq, first.duplicate, again.seq, again.duplicate) == (1, False, 1, True)
+    ref = await js.publish("at9.b", b"2", headers={"Nats-Msg-Id": "m2"})
+    assert (ref.seq, bool(ref.duplicate)) == (2, False)
+    with pytest.raises(APIError) as e:
+        await publish_acked(nc, "at9.c", b"3", {"Nats-Expected-Last-Subject-Sequence": "7"}, 5)
+    assert e.value.err_code == ERR_WRONG_LAST_SEQ
+    with pytest.raises(APIError) as e:
+        await publish_acked(nc, "at9.c", b"3", {"Nats-Expected-Stream": "OTHER"}, 5)
+    assert e.value.code == 400
+    assert (await js.stream_info("AT9")).state.messages == 2
+    with pytest.raises(NoStreamResponseError):
+        await publish_acked(nc, "nostream.x", b"", {}, 5)
+    silent = await nc.subscribe("silent.x")  # a listener that never answers: no 503, no ack
+    try:
+        with pytest.raises(nats.errors.TimeoutError):
+            await publish_acked(nc, "silent.x", b"", {}, 0.2)
+    finally:
+        await silent.unsubscribe()
+    assert not nc._resp_map

@@ -140,3 +140,24 @@ async def test_kv_writes_grouped_keep_compare_and_set(nc):
     assert [isinstance(r, KeyWrongLastSequenceError) for r in results[21:]].count(True) == 1
     assert (await kv.get("k3")).value == b"v"
     assert (await kv.get("k4")).value in (b"first", b"second")
+
+
+async def test_kv_writer_one_at_a_time_answers_as_nats_kv(nc):
+    """Plain (unbatched) KV writes: the bucket's revision; a create over a deleted key succeeds, as nats'
+    create does; a create of a live key and an update from a stale revision raise KeyWrongLastSequenceError."""
+    js = nc.jetstream()
+    kv = await ensure_kv(js, "PGW_TEST_PLAIN")
+    writer = KvWriter(js, kv, "PGW_TEST_PLAIN")
+    r1 = await writer.create("a", b"1")
+    assert r1 == (await kv.get("a")).revision
+    r2 = await writer.update("a", b"2", last=r1)
+    assert (await kv.get("a")).value == b"2" and r2 > r1
+    for bad in (writer.create("a", b"x"), writer.update("a", b"x", last=r1)):
+        try:
+            await bad
+        except KeyWrongLastSequenceError:
+            continue
+        raise AssertionError("a stale compare-and-set was stored")
+    await kv.delete("a")
+    r3 = await writer.create("a", b"3")
+    assert (await kv.get("a")).value == b"3" and r3 == (await kv.get("a")).revision
