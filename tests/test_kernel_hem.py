@@ -262,3 +262,45 @@ async def test_hem_expiry_is_a_refusal(make_config: Any, nc: Any, tmp_path: Path
         await env.report(rec["idp_id"], "CloseBooking")
         refused = await watch.wait("TRANSITION_REFUSED")
         assert "not permitted" in refused["body"]["reason"]
+
+
+async def test_no_step_goes_through_while_the_escalation_is_being_logged(env: Env) -> None:
+    """§5.5.2 "enters HEM_PENDING immediately": the session is HEM_PENDING from the moment the escalation is
+    decided, not from the ack of its HEM_ESCALATED append, so a request arriving in between is denied."""
+    kernel = next(p for p in env.gw.parts if isinstance(p, KernelService))
+    real = kernel.eventlog.append
+    appending, release = asyncio.Event(), asyncio.Event()
+
+    async def append(event_type: str, body: Any, **kw: Any) -> Any:
+        if event_type == "HEM_ESCALATED":
+            appending.set()
+            await release.wait()
+        return await real(event_type, body, **kw)
+
+    kernel.eventlog.append = append  # type: ignore[method-assign]
+    escalating = asyncio.create_task(env.send(env.idp(1, hem_urgency="REQUIRED")))
+    await asyncio.wait_for(appending.wait(), 10)
+    during = await env.send(env.idp(2, "ReadBooking"))
+    release.set()
+    assert isinstance(await escalating, HemPending)
+    assert isinstance(during, EnrichedDeny) and during.deny_code == "HEM_PENDING", during
+
+
+async def test_an_escalation_that_cannot_be_logged_leaves_the_session_as_it_was(env: Env) -> None:
+    """If HEM_ESCALATED cannot be appended, the request fails closed (KERNEL_UNAVAILABLE) and the session,
+    moved to HEM_PENDING alongside the append, is put back: the agent's next step is decided normally."""
+    kernel = next(p for p in env.gw.parts if isinstance(p, KernelService))
+    real = kernel.eventlog.append
+
+    async def append(event_type: str, body: Any, **kw: Any) -> Any:
+        if event_type == "HEM_ESCALATED":
+            raise RuntimeError("log unavailable")
+        return await real(event_type, body, **kw)
+
+    kernel.eventlog.append = append  # type: ignore[method-assign]
+    failed = await env.send(env.idp(1, hem_urgency="REQUIRED"))
+    assert isinstance(failed, Reject) and failed.error_code == "KERNEL_UNAVAILABLE", failed
+    sess, _ = await kernel.state.session(AGENT, "s-1")
+    assert (sess.state, sess.hem_moment_id) == ("ACTIVE", None)
+    kernel.eventlog.append = real  # type: ignore[method-assign]
+    assert isinstance(await env.send(env.idp(2, "ReadBooking")), Permit)

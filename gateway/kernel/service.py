@@ -680,8 +680,23 @@ class KernelService:
                 "moment_id": moment_id, "cedar": cedar, "requested_action": idp.requested_action}
         if verification:
             body["verification"] = verification
-        ev = await self.eventlog.append("HEM_ESCALATED", body, msg_id=stable_id("HEM_ESCALATED", moment_id), traceparent=tp)
-        await self.state.apply("HEM_ESCALATED", body, ev.seq)
+        # §5.5.2 "the session enters HEM_PENDING immediately": the session moves together
+        # with the event's append, not after its ack, so once the escalation is decided no
+        # later step reservation goes through (a request that reserved its step first was
+        # first). If the event cannot be logged the session is put back; the IDP's own
+        # entry (HEM_URGENCY_REQUIRED) was written hem_pending by the caller.
+        ev, prior = await asyncio.gather(
+            self.eventlog.append("HEM_ESCALATED", body, msg_id=stable_id("HEM_ESCALATED", moment_id), traceparent=tp),
+            self.state.escalate(body),
+            return_exceptions=True,
+        )
+        if isinstance(ev, BaseException):
+            if isinstance(prior, SessionEntry):
+                with contextlib.suppress(Exception):
+                    await self.state.unescalate(body, prior)
+            raise ev
+        if isinstance(prior, BaseException):
+            raise prior
         sess, _ = await self.state.session(agent, idp.session_id)
         moment = hem_moment(agent=agent, idp=idp, trigger=trigger, cedar=cedar, verification=verification)
         await self.desk.dispatch(

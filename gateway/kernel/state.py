@@ -185,6 +185,34 @@ class KernelState:
                 continue
         raise ConflictError(session_key(agent, session_id))
 
+    async def escalate(self, body: dict[str, Any]) -> SessionEntry | None:
+        """Put the session in HEM_PENDING for the moment of ``body`` (a ``HEM_ESCALATED``
+        body); return the session as it was before, for ``unescalate`` (None if it already
+        held this moment)."""
+        fn = _escalate(body)
+        before: list[SessionEntry] = []
+
+        def take(s: SessionEntry) -> bool:
+            prior = msgspec.structs.replace(s, mismatches=list(s.mismatches))
+            changed = bool(fn(s))
+            before[:] = [prior] if changed else []
+            return changed
+
+        await self.update_session(body["agent"], body["session_id"], take)
+        return before[0] if before else None
+
+    async def unescalate(self, body: dict[str, Any], prior: SessionEntry) -> None:
+        """Undo ``escalate`` while the session still holds this moment: its event was never logged."""
+
+        def back(s: SessionEntry) -> bool:
+            if s.state != "HEM_PENDING" or s.hem_moment_id != body["moment_id"]:
+                return False
+            s.state, s.hem_idp_id, s.hem_moment_id = prior.state, prior.hem_idp_id, prior.hem_moment_id
+            s.hem_trigger, s.hem_principal = prior.hem_trigger, prior.hem_principal
+            return True
+
+        await self.update_session(body["agent"], body["session_id"], back)
+
     async def advance_idp(self, so_id: str, idp_id: str, status: IdpStatus, **extra: Any) -> IdpEntry | None:
         """Move an IDP forward to ``status`` (never backwards); None if unknown."""
         for _ in range(20):
