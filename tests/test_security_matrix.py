@@ -135,12 +135,12 @@ async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
 
 
 async def settle(*conns: Conn) -> None:
-    """Every command of ``conns`` has reached the server and been answered, and the
-    client's reader task has handed over anything it already read (one loop turn),
-    so ``pending_msgs`` and request futures show the full result."""
+    """Every command of ``conns`` has reached the server and been answered. The server
+    writes a connection's messages in order, so whatever it delivered before the PONG
+    was parsed, and queued on its subscription (``pending_msgs``), before ``flush``
+    returns: nothing else to wait for."""
     for c in conns:
         await flushed(c.nc)
-    await asyncio.sleep(0)
 
 
 # ---------------------------------------------------------------------------
@@ -221,15 +221,25 @@ def js_api(template: str, body: dict[str, object] | None = None) -> Attack:
             pdur=principal_durable(v) if victim.party.role == "principal" else "",
         )
         data = json.dumps(body or {}).replace("{pre}", pre).replace("{v}", v).encode()
-        req = asyncio.ensure_future(attacker.nc.request(subject, data, timeout=WAIT))
+        # The proof is the server's permissions violation for this subject: it is sent
+        # while the PUB is processed, and a refused PUB never reaches the API. The reply
+        # inbox is a second net: a plain subscription, so what arrived before the flush
+        # is queued there when settle() returns (the API answers from its own goroutine,
+        # so a late answer could follow the flush: this net alone proves nothing).
+        inbox = attacker.nc.new_inbox()
+        replies = await attacker.nc.subscribe(inbox)
         try:
+            await attacker.nc.publish(subject, data, reply=inbox)
             err = await attacker.violation(subject)
             await settle(attacker)
-            assert not req.done() or req.exception() is not None, "the JetStream API answered the attacker"
+            answers = []
+            while replies.pending_msgs:
+                msg = replies._pending_queue.get_nowait()
+                if not (msg.headers or {}).get("Status"):  # a status (no responders) is no answer
+                    answers.append(msg)
+            assert not answers, "the JetStream API answered the attacker"
         finally:
-            req.cancel()
-            with contextlib.suppress(BaseException):
-                await req
+            await replies.unsubscribe()
         return f"refused ({_short(err)}), no reply"
 
     return attack
