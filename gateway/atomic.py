@@ -17,14 +17,12 @@ stream must have ``allow_atomic`` set (:func:`enable_atomic`).
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import nats.errors
-from nats.js.api import PubAck
 from nats.js.errors import APIError, NoStreamResponseError
 
 from gateway.logs import get_logger
@@ -44,7 +42,7 @@ BatchItem = tuple[str, bytes, Mapping[str, str]]  # subject, payload, headers
 
 
 async def publish_atomic(nc: Client, items: Sequence[BatchItem], *, timeout: float = 5.0,
-                         first_headers: Mapping[str, str] | None = None) -> PubAck:
+                         first_headers: Mapping[str, str] | None = None) -> Ack:
     """Publish ``items`` as one atomic batch; return the commit's PubAck.
 
     Raises ``APIError`` when the server refuses the batch (nothing of it is
@@ -69,62 +67,93 @@ async def publish_atomic(nc: Client, items: Sequence[BatchItem], *, timeout: flo
             await nc.publish(subject, payload, headers=hdr)
             continue
         hdr["Nats-Batch-Commit"] = "1"
-        try:
-            msg = await nc.request(subject, payload, timeout=timeout, headers=hdr)
-        except nats.errors.NoRespondersError as e:
-            raise NoStreamResponseError from e
-    resp = json.loads(msg.data)
-    if "error" in resp:
-        raise APIError.from_error(resp["error"])
-    return PubAck.from_response(resp)
+        return await publish_acked(nc, subject, payload, hdr, timeout)
+    raise AssertionError("unreachable: items is not empty")
 
 
 class Ack(msgspec.Struct):
-    """What a plain write needs of a PubAck (or of the API error instead)."""
+    """A PubAck (or the API error instead): what the writers here need of it."""
 
+    stream: str = ""
     seq: int = 0
     duplicate: bool = False
+    batch_size: int | None = msgspec.field(default=None, name="count")  # an atomic batch's commit (ADR-50)
     error: dict | None = None
 
 
 _ack_dec = msgspec.json.Decoder(Ack)
 
 
-def _expire(fut: asyncio.Future[object]) -> None:
+def _answer(raw: asyncio.Future[Any], out: asyncio.Future[Ack]) -> None:
+    """The reply to a publish (or its timeout) -> the Ack, or the error js.publish would raise."""
+    if out.done():
+        return
+    if raw.cancelled():
+        out.cancel()
+        return
+    exc = raw.exception()
+    if exc is not None:
+        out.set_exception(exc)
+        return
+    msg = raw.result()
+    if msg.headers and msg.headers.get("Status") == "503":
+        out.set_exception(NoStreamResponseError())
+        return
+    try:
+        ack = _ack_dec.decode(msg.data)
+        if ack.error is not None:
+            APIError.from_error(ack.error)  # raises the matching subclass
+    except Exception as e:  # noqa: BLE001 - handed to the waiter
+        out.set_exception(e)
+        return
+    out.set_result(ack)
+
+
+def _expire(fut: asyncio.Future[Any]) -> None:
     if not fut.done():
         fut.set_exception(nats.errors.TimeoutError())
 
 
-async def publish_acked(nc: Client, subject: str, payload: bytes, headers: Mapping[str, str],
-                        timeout: float) -> Ack:
-    """One JetStream publish awaiting its PubAck: ``js.publish`` at about two thirds of its CPU.
+async def send_acked(nc: Client, subject: str, payload: bytes, headers: Mapping[str, str],
+                     timeout: float) -> asyncio.Future[Ack]:
+    """Publish to a stream now; the returned future resolves with its PubAck or fails as
+    ``js.publish`` would (``APIError`` and its subclasses, ``NoStreamResponseError``,
+    nats' ``TimeoutError`` after ``timeout``).
 
-    The same wire exchange and the same errors (``APIError`` and its subclasses,
-    ``NoStreamResponseError``, nats' ``TimeoutError``), with less around it: the
-    reply comes through nats' own request inbox (``_resp_map``, as
-    ``nc.request`` does), the deadline is one timer instead of ``wait_for``, and
-    the PubAck is decoded by msgspec. The gateway issues six of these per
-    binding moment, so this is a measurable share of its CPU (issue 8).
+    ``js.publish`` at about two thirds of its CPU (the gateway issues six of these per
+    binding moment): the reply comes through nats' own request inbox (``_resp_map``,
+    as ``nc.request`` does), the deadline is one timer instead of ``wait_for``, the
+    PubAck is decoded by msgspec. Sending and awaiting are apart so that a writer can
+    order its sends under a lock and wait outside it (the kernel's event log).
     """
     if not nc._resp_sub_prefix:
         await nc._init_request_sub()
     token = nc._nuid.next().decode()  # unique per connection, like nc.request's
     loop = asyncio.get_running_loop()
-    fut: asyncio.Future[object] = loop.create_future()
-    nc._resp_map[token] = fut
-    timer = loop.call_later(timeout, _expire, fut)
-    try:
-        await nc.publish(subject, payload, reply=nc._resp_sub_prefix.decode() + token, headers=dict(headers))
-        msg = await fut
-    finally:
+    raw: asyncio.Future[Any] = loop.create_future()
+    out: asyncio.Future[Ack] = loop.create_future()
+    nc._resp_map[token] = raw
+    timer = loop.call_later(timeout, _expire, raw)
+
+    def done(f: asyncio.Future[Any]) -> None:
         timer.cancel()
         nc._resp_map.pop(token, None)
-    if msg.headers and msg.headers.get("Status") == "503":  # type: ignore[attr-defined]
-        raise NoStreamResponseError
-    ack = _ack_dec.decode(msg.data)  # type: ignore[attr-defined]
-    if ack.error is not None:
-        raise APIError.from_error(ack.error)
-    return ack
+        _answer(f, out)
+
+    raw.add_done_callback(done)
+    out.add_done_callback(lambda f: f.cancelled() and not raw.done() and raw.cancel())
+    try:
+        await nc.publish(subject, payload, reply=nc._resp_sub_prefix.decode() + token, headers=dict(headers))
+    except BaseException:
+        raw.cancel()
+        raise
+    return out
+
+
+async def publish_acked(nc: Client, subject: str, payload: bytes, headers: Mapping[str, str],
+                        timeout: float) -> Ack:
+    """One JetStream publish awaiting its PubAck (``send_acked``, then the wait)."""
+    return await (await send_acked(nc, subject, payload, headers, timeout))
 
 
 async def enable_atomic(js: JetStreamContext, stream: str) -> bool:

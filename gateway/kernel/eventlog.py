@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,9 +32,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import PubAck
+from nats.js.errors import APIError, NoStreamResponseError
 
-from gateway.atomic import ERR_WRONG_LAST_SEQ
+from gateway.atomic import ERR_WRONG_LAST_SEQ, send_acked
 from gateway.keys import SigningKey
 from gateway.logs import get_logger
 from subjects import jcs
@@ -94,37 +93,6 @@ class EventLog:
         self._lock = asyncio.Lock()
         self._head: tuple[int, str] | None = None
         self.ack_timeout_s = 10.0
-        self._reply_prefix: str | None = None
-        self._acks: dict[str, asyncio.Future[PubAck]] = {}
-
-    async def _send(self, subject: str, data: bytes, headers: dict[str, str]) -> asyncio.Future[PubAck]:
-        """Publish now (in order on this connection); the future resolves with the PubAck or the API error."""
-        if self._reply_prefix is None:
-            prefix = self.nc.new_inbox() + "."
-
-            async def on_ack(msg: Any) -> None:
-                fut = self._acks.pop(msg.subject, None)
-                if fut is None or fut.done():
-                    return
-                try:
-                    resp = json.loads(msg.data) if msg.data else {}
-                except ValueError:
-                    resp = {}
-                if "error" in resp:
-                    err = resp["error"]
-                    fut.set_exception(LogAppendError(err.get("err_code"), err.get("description", "")))
-                elif "seq" in resp:
-                    fut.set_result(PubAck.from_response(resp))
-                else:
-                    fut.set_exception(LogAppendError(None, "no stream answered (is PGW_EVENTLOG created?)"))
-
-            await self.nc.subscribe(prefix + "*", cb=on_ack)
-            self._reply_prefix = prefix
-        inbox = self._reply_prefix + self.nc._nuid.next().decode()
-        fut: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
-        self._acks[inbox] = fut
-        await self.nc.publish(subject, data, reply=inbox, headers={**headers, "Nats-Expected-Stream": self.stream})
-        return fut
 
     async def head(self) -> tuple[int, str]:
         """(last sequence, digest of the last event) as the server has it now."""
@@ -184,20 +152,24 @@ class EventLog:
                     body=plain,
                 )
                 data = self._sign(ev)
-                headers = {"Nats-Msg-Id": msg_id, "Nats-Expected-Last-Sequence": str(prev_seq)}
+                headers = {"Nats-Msg-Id": msg_id, "Nats-Expected-Last-Sequence": str(prev_seq),
+                           "Nats-Expected-Stream": self.stream}
                 if traceparent:
                     headers["traceparent"] = traceparent
-                fut = await self._send(subject, data, headers)
+                # Sent now, in order on this connection; the ack is awaited outside the lock.
+                fut = await send_acked(self.nc, subject, data, headers, self.ack_timeout_s)
                 # == ev.digest(), without canonicalizing twice
                 self._head = (prev_seq + 1, hashlib.sha256(data).hexdigest())
             try:
-                ack = await asyncio.wait_for(fut, timeout=self.ack_timeout_s)
-            except LogAppendError as e:
-                if e.err_code == ERR_WRONG_LAST_SEQ:
-                    await self._reset(prev_seq + 1)
-                    continue
+                ack = await fut
+            except APIError as e:
                 await self._reset(prev_seq + 1)
-                raise
+                if e.err_code == ERR_WRONG_LAST_SEQ:
+                    continue
+                raise LogAppendError(e.err_code, e.description or "") from None
+            except NoStreamResponseError:
+                await self._reset(prev_seq + 1)
+                raise LogAppendError(None, f"no stream answered (is {self.stream} created?)") from None
             except BaseException:
                 await self._reset(prev_seq + 1)
                 raise
