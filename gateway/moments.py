@@ -22,10 +22,11 @@ import heapq
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from gateway.logs import get_logger
@@ -51,6 +52,9 @@ from subjects.wire import (
     Verdict,
     WithdrawnItem,
 )
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
 
 log = get_logger("pgw.moments")
 
@@ -168,17 +172,20 @@ class MomentDesk:
     async def start(self) -> None:
         self.kv = await ensure_kv(self.js, BUCKET, ttl=MOMENT_TTL_S, atomic=True)
         self._writer = KvWriter(self.js, self.kv, BUCKET)  # dispatch's creates, group-committed
-        self._watcher = await self.kv.watchall()
-        self._tasks = [
-            asyncio.create_task(self._watch(), name="moments-watch"),
-            asyncio.create_task(self._expiry_loop(), name="moments-expiry"),
-        ]
+        # Every record, the latest of each key first, then each write as it is
+        # stored, handled in the subscription's own callback: nats' KeyWatcher
+        # would cost a task, a timer and a uuid per record on the hot path.
+        self._watcher = await self.js.subscribe(
+            f"{self.kv._pre}>", stream=f"KV_{BUCKET}", cb=self._on_record, ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=300.0,
+        )
+        self._tasks = [asyncio.create_task(self._expiry_loop(), name="moments-expiry")]
 
     async def close(self) -> None:
         self._closing = True
         if self._watcher is not None:
             with contextlib.suppress(Exception):
-                await self._watcher.stop()
+                await self._watcher.unsubscribe()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -460,28 +467,22 @@ class MomentDesk:
             await self.kv.update(_key(rec.principal, mid), _enc.encode(rec), last=rev)
 
     # -- expiry and re-drive ------------------------------------------------
-    async def _watch(self) -> None:
+    async def _on_record(self, msg: Msg) -> None:
         """Track pending expiries and re-drive unpublished terminal records."""
-        while not self._closing:
-            try:
-                entry = await self._watcher.updates(timeout=3600)
-            except Exception:  # noqa: BLE001 - timeout or closed; keep watching
-                if self._closing:
-                    return
-                continue
-            if entry is None or not entry.value:
-                continue
-            try:
-                rec = _dec.decode(entry.value)
-            except msgspec.DecodeError:
-                log.warning("undecodable moment record", key=entry.key)
-                continue
-            if rec.status == "pending" and rec.expires_at:
-                heapq.heappush(self._heap, (rec.expires_at, entry.key))
-                self._wake.set()
-            elif rec.status != "pending" and not rec.published:
-                # Give the instance that wrote it a moment to finish, then re-drive.
-                asyncio.get_running_loop().call_later(2.0, self._redrive_soon, entry.key)
+        if self._closing or not msg.data or (msg.headers and "KV-Operation" in msg.headers):
+            return  # a delete or purge marker
+        key = msg.subject[len(self.kv._pre):]
+        try:
+            rec = _dec.decode(msg.data)
+        except msgspec.DecodeError:
+            log.warning("undecodable moment record", key=key)
+            return
+        if rec.status == "pending" and rec.expires_at:
+            heapq.heappush(self._heap, (rec.expires_at, key))
+            self._wake.set()
+        elif rec.status != "pending" and not rec.published:
+            # Give the instance that wrote it a moment to finish, then re-drive.
+            asyncio.get_running_loop().call_later(2.0, self._redrive_soon, key)
 
     def _redrive_soon(self, key: str) -> None:
         if not self._closing:
