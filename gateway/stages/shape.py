@@ -74,27 +74,66 @@ def _check_unicode(s: str) -> None:
 
 
 def decode_body(body: bytes, limits: LimitsConfig) -> list[Any]:
-    """Decode a turn: one envelope, or a JSON array of envelopes (DESIGN §3.2 step 5)."""
+    """Decode a turn: one envelope, or a JSON array of envelopes (DESIGN §3.2 step 5).
+
+    Two decoders, one answer. The strict one (``_strict``) refuses duplicate
+    keys, NaN/Infinity and over-long integers, and its refusals are the ones
+    agents see. msgspec's decodes the common body several times faster but
+    keeps the last of two equal keys, so its value is taken only when it
+    provably is the strict decoder's:
+
+    - the body holds no ``\\u`` escape, so every ``:`` in the text is a
+      member's separator or stands as itself inside a key or string, and (being
+      valid UTF-8) no string can hold a lone surrogate;
+    - re-encoded, the value holds as many ``:`` as the text: a dropped duplicate
+      member would take at least its own separator away.
+
+    The graph walk (depth, string length) is skipped only where the text
+    itself proves it cannot refuse: no more brackets than ``max_depth`` and
+    no more characters than ``max_string_chars``. Anything else, every error
+    and every refusal included, goes through the strict decoder and the walk.
+    """
     if len(body) > limits.max_body_bytes:
         raise _refuse(f"body is {len(body)} bytes; the limit is {limits.max_body_bytes}")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise _refuse(f"body is not valid UTF-8 (byte {e.start})") from None
+    value: Any = _UNSET
+    if "\\u" not in text:
+        try:
+            value = _fast.decode(body)
+            if _fast_enc.encode(value).count(b":") != text.count(":"):
+                value = _UNSET  # a duplicate key was dropped
+            elif len(text) > limits.max_string_chars or text.count("{") + text.count("[") > limits.max_depth:
+                _check_graph(value, limits)
+        except (msgspec.DecodeError, msgspec.EncodeError, RecursionError, Refuse):
+            value = _UNSET  # the strict path answers, as it always did (a duplicate key first)
+    if value is _UNSET:
+        value = _strict(text, limits)
+        _check_graph(value, limits)
+    if isinstance(value, list):
+        if not value:
+            raise _refuse("a turn must hold at least one envelope")
+        return value
+    return [value]
+
+
+_UNSET: Any = object()
+_fast = msgspec.json.Decoder()
+_fast_enc = msgspec.json.Encoder()
+
+
+def _strict(text: str, limits: LimitsConfig) -> Any:
+    """The reference decoder: refuses duplicate keys, NaN/Infinity, over-long integers."""
     try:
-        value = json.loads(text, object_pairs_hook=_no_dupes, parse_constant=_no_constants)
+        return json.loads(text, object_pairs_hook=_no_dupes, parse_constant=_no_constants)
     except RecursionError:
         raise _refuse(f"nested deeper than {limits.max_depth} levels") from None
     except ValueError as e:  # JSONDecodeError, duplicates, NaN, over-long integers
         r = _refuse(f"body is not valid JSON: {str(e)[:200]}")
         r.hint = _lenient(text)
         raise r from None
-    _check_graph(value, limits)
-    if isinstance(value, list):
-        if not value:
-            raise _refuse("a turn must hold at least one envelope")
-        return value
-    return [value]
 
 
 def _lenient(text: str) -> Any:
