@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -34,3 +34,31 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 
         return uvloop.run(main)
     return asyncio.run(main)
+
+
+U = TypeVar("U")
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: the caller has already failed with the other one's error
+
+
+async def together(first: Awaitable[T], second: Awaitable[U]) -> tuple[T, U]:
+    """``asyncio.gather(first, second)`` with one task instead of two and no gathering future.
+
+    ``second`` runs in the caller's own task, ``first`` beside it; both are in
+    flight together (the hot path's pairs of durable writes, docs/performance.md).
+    As with gather, the first error is raised and the other keeps running, and
+    cancelling the caller cancels both.
+    """
+    task = asyncio.ensure_future(first)
+    try:
+        b = await second
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    except BaseException:
+        task.add_done_callback(_retrieve)
+        raise
+    return await task, b

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -110,6 +111,14 @@ DEAD_LETTERS = Counter(
 _LABEL_OK = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
+@functools.lru_cache(maxsize=4096)
+def _child(metric: Any, *values: str) -> Any:
+    """``metric.labels(*values)``, looked up once per label set (it costs a lock and a
+    few dict operations on every envelope otherwise). The registry keeps every
+    child anyway, so this holds nothing it does not."""
+    return metric.labels(*values)
+
+
 def safe_label(value: object, *, default: str = "none") -> str:
     """A bounded label value: a short token as it is, anything else ``other``."""
     if value is None or value == "":
@@ -125,15 +134,15 @@ def timed(stage: str) -> Iterator[None]:
     try:
         yield
     finally:
-        LATENCY.labels(stage=stage).observe(time.perf_counter() - t0)
+        _child(LATENCY, stage).observe(time.perf_counter() - t0)
 
 
 def count_envelope(status: str, code: str | None) -> None:
-    ENVELOPES.labels(outcome=safe_label(status), code=safe_label(code)).inc()
+    _child(ENVELOPES, safe_label(status), safe_label(code)).inc()
 
 
 def count_verdict(verdict_class: str) -> None:
-    VERDICTS.labels(verdict_class=safe_label(verdict_class)).inc()
+    _child(VERDICTS, safe_label(verdict_class)).inc()
 
 
 def count_moment(agent: str, binding_moment: object) -> None:
@@ -143,7 +152,7 @@ def count_moment(agent: str, binding_moment: object) -> None:
     this module does not import the wire types).
     """
     a = safe_label(agent)
-    MOMENTS.labels(agent=a).inc()
+    _child(MOMENTS, a).inc()
     meta = getattr(binding_moment, "meta", None)
     if meta is not None and getattr(meta, "calibration_note", None):
         CALIBRATION_NOTES.labels(agent=a).inc()
@@ -318,7 +327,7 @@ class MetricsPart:
 
     @staticmethod
     def _on_timing(stage: str, seconds: float) -> None:
-        LATENCY.labels(stage=safe_label(stage)).observe(seconds)
+        _child(LATENCY, safe_label(stage)).observe(seconds)
 
     async def drain(self) -> None:
         self._stop.set()

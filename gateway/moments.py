@@ -30,6 +30,7 @@ from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from gateway.logs import get_logger
+from gateway.loop import together
 from gateway.publish import KvWriter, Publisher
 from gateway.streams import ensure_kv
 from subjects.names import Subjects
@@ -227,10 +228,11 @@ class MomentDesk:
         moment_id = moment_id or stable_id("moment", agent, envelope_id)
         now = time.time()
         expires_at = now + expires_in_s if expires_in_s else None
+        created_at = to_rfc3339(now)
         common = dict(
             agent=agent,
             principal=principal,
-            created_at=to_rfc3339(now),
+            created_at=created_at,
             untrusted=untrusted,
             traceparent=traceparent,
             moment_id=moment_id,
@@ -262,18 +264,15 @@ class MomentDesk:
             await self._writer.create(key, _enc.encode(record))
         except KeyWrongLastSequenceError:
             record = _dec.decode((await self.kv.get(key)).value)
-        pubs = []
-        if record.status == "pending":
-            pubs.append(self.publisher.surface(record.item, f"item:{moment_id}"))
         # Independent durable writes: in flight together, both acked before we return.
-        pubs.append(self.publisher.verdict(
+        verdict = self.publisher.verdict(
             Verdict(
                 verdict_id=record.dispatch_verdict_id,
                 verdict_class="hitl_dispatched",
                 decision="needs_input",
                 approver="policy",
                 human_disposed=False,
-                ts=to_rfc3339(record.created_at),
+                ts=created_at if record.created_at == now else to_rfc3339(record.created_at),
                 agent=agent,
                 principal=principal,
                 action_type="idp.hem" if hem else action_type,
@@ -286,8 +285,11 @@ class MomentDesk:
                 traceparent=traceparent,
                 details=details or {},
             )
-        ))
-        await asyncio.gather(*pubs)
+        )
+        if record.status == "pending":
+            await together(self.publisher.surface(record.item, f"item:{moment_id}"), verdict)
+        else:
+            await verdict
         return moment_id
 
     # -- queries ----------------------------------------------------------

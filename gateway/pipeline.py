@@ -21,6 +21,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from gateway.logs import get_logger
+from gateway.loop import together
 from gateway.stages import contract, dedup, kind, limits, payload, redaction, route, shape, trust
 from gateway.stages.base import Ctx, Refuse, Turn
 from gateway.stages.state import pipeline_state
@@ -104,7 +105,7 @@ class Pipeline:
         # The outcome and the correlationId record are stored together: a crash
         # between them leaves a record whose redelivery republishes the cached
         # outcome under the same Nats-Msg-Id, or no record, and the turn runs again.
-        await asyncio.gather(self.gw.publisher.outcome(outcome, msg_id), dedup.settle(ctx, outcome, msg_id, refused))
+        await together(self.gw.publisher.outcome(outcome, msg_id), dedup.settle(ctx, outcome, msg_id, refused))
         for hook in self.gw.outcome_hooks:
             await hook(ctx, outcome)
         status = getattr(outcome, "status", outcome.__struct_config__.tag)

@@ -84,8 +84,8 @@ def _find(pattern: re.Pattern[str], lower: re.Pattern[str], text: str) -> str | 
     return m.group(0) if m else None
 
 
-def _content(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
 
 
 def sentences(text: str) -> int:
@@ -100,7 +100,7 @@ def sentences(text: str) -> int:
 
 
 def _norm(text: str) -> str:
-    return " ".join(_WORD.findall(text.lower()))
+    return " ".join(_words(text))
 
 
 def check(bm: Any) -> list[tuple[str, Detail]]:
@@ -133,14 +133,16 @@ def check(bm: Any) -> list[tuple[str, Detail]]:
             message=f"the question stem is leading ({why}); spec 000 §6.5: the lean belongs on the "
                     "recommended option, never in the stem",
             path=f"{P}.question.stem", rule="leading_stem")))
-    syn_words = _content(syn)
-    syn_n = _norm(syn)
+    syn_all = _words(syn)  # each text is split into words once, for both comparisons
+    syn_words = set(syn_all) - _STOP
+    syn_n = " ".join(syn_all)
     for i, f in enumerate(bm.findings):
-        fw = _content(f)
+        f_all = _words(f)
+        fw = set(f_all) - _STOP
         if not fw or not syn_words:
             continue
         jaccard = len(fw & syn_words) / len(fw | syn_words)
-        if _norm(f) == syn_n or (jaccard >= 0.75 and len(fw) >= 3):
+        if " ".join(f_all) == syn_n or (jaccard >= 0.75 and len(fw) >= 3):
             out.append(("findings_restate_synopsis", Detail(
                 message=f"finding {i} restates the synopsis; spec 000 §6.2: each finding adds an observation",
                 path=f"{P}.findings[{i}]", rule="findings_restate_synopsis")))
