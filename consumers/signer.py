@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
@@ -73,7 +74,7 @@ from gateway.atomic import (
 )
 from gateway.keys import SigningKey, load_or_create
 from gateway.logs import get_logger
-from gateway.service import stop_pull_loop
+from gateway.service import delivery, stop_pull_loop
 from gateway.streams import cluster_replicas
 from subjects.errors import PgwError
 from subjects.wire import Verdict, verdict_decoder
@@ -131,7 +132,7 @@ def salt_path(config: Config) -> Path:
     return config.data_path / "signer" / "tenant_salt"
 
 
-def claims_for(payload: dict[str, Any]) -> dict[Any, Any]:
+def claims_for(payload: Mapping[str, Any]) -> dict[Any, Any]:
     """§3.1 CWT claims (label 15); the capsule_* set is closed."""
     return {
         1: payload["developer"],
@@ -142,9 +143,14 @@ def claims_for(payload: dict[str, Any]) -> dict[Any, Any]:
     }
 
 
-def sign_payload(payload_json: bytes, key: SigningKey) -> bytes:
-    """COSE_Sign1 over the capsule payload bytes with the signer's key."""
-    payload = msgspec.json.decode(payload_json)
+def sign_payload(payload_json: bytes, key: SigningKey, payload: Mapping[str, Any] | None = None) -> bytes:
+    """COSE_Sign1 over the capsule payload bytes with the signer's key.
+
+    ``payload``: the same payload already decoded (the body it was encoded from),
+    where the caller has it; the claims are read from it instead of decoding again.
+    """
+    if payload is None:
+        payload = msgspec.json.decode(payload_json)
     return sign_statement(payload_json, key.private, key.kid, claims_for(payload), cap_mod.MEDIA_TYPE)
 
 
@@ -352,7 +358,7 @@ class Signer:
         signer.ledger_duplicate_window_s) catches that case when appending.
         Redeliveries look the verdict up by subject, which has no window at all.
         """
-        again = [j for j in jobs if j.msg is None or j.msg.metadata.num_delivered > 1]
+        again = [j for j in jobs if j.msg is None or delivery(j.msg)[1] > 1]
         found = await asyncio.gather(*(self._lookup(j.verdict.verdict_id) for j in again))
         for job, entry in zip(again, found, strict=True):
             if entry is not None:
@@ -512,7 +518,7 @@ class Signer:
                 self.nc, items, timeout=self._timeout, first_headers={"Nats-Expected-Last-Sequence": str(head.seq)}))
             # Sign while the run is being stored; a signature over a link that does not land is
             # simply dropped (nothing is published before the ledger holds its entry).
-            statements = await self._sign_yielding(entries)
+            statements = await self._sign_yielding(entries, [j.built.body for j in pending])
             try:
                 ack = await commit
             except APIError as e:
@@ -546,7 +552,7 @@ class Signer:
             return
         raise PgwError("ledger append kept losing the race; giving up for this delivery")
 
-    async def _sign_yielding(self, entries: list[LedgerEntry]) -> list[bytes]:
+    async def _sign_yielding(self, entries: list[LedgerEntry], bodies: list[dict[str, Any]]) -> list[bytes]:
         """Sign the entries' payloads, handing the loop a turn every few signatures.
 
         The turns let the ledger run's messages go out (nats-py writes from its
@@ -555,10 +561,10 @@ class Signer:
         """
         assert self.key is not None
         out: list[bytes] = []
-        for i, e in enumerate(entries):
+        for i, (e, body) in enumerate(zip(entries, bodies, strict=True)):
             if i % 8 == 0:
                 await asyncio.sleep(0)
-            out.append(sign_payload(e.payload.encode(), self.key))
+            out.append(sign_payload(e.payload.encode(), self.key, body))
         return out
 
     async def _append(self, verdict_id: str, capsule: cap_mod.Built | None) -> tuple[LedgerEntry, str]:

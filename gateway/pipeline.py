@@ -22,6 +22,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from gateway.logs import get_logger
 from gateway.loop import together
+from gateway.service import delivery
 from gateway.stages import contract, dedup, kind, limits, payload, redaction, route, shape, trust
 from gateway.stages.base import Ctx, Refuse, Turn
 from gateway.stages.state import pipeline_state
@@ -189,18 +190,6 @@ class Pipeline:
         )
 
 
-def _delivery(msg: Msg) -> tuple[int, int]:
-    """(stream sequence, times delivered) of a JetStream message. The usual reply subject,
-    ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>``,
-    is read here at a fifth of the cost of nats' full ``metadata`` (which builds a
-    datetime); any other form (domains, ADR-15's v2) goes through ``metadata``."""
-    t = (msg.reply or "").split(".")
-    if len(t) == 9 and t[0] == "$JS" and t[1] == "ACK":
-        return int(t[5]), int(t[4])
-    meta = msg.metadata
-    return meta.sequence.stream, meta.num_delivered
-
-
 class EnvelopeWorker:
     """Pulls ``agent.*.envelope`` from PGW_INBOUND and runs the pipeline."""
 
@@ -262,7 +251,7 @@ class EnvelopeWorker:
                 await asyncio.gather(*inflight, return_exceptions=True)
 
     async def handle(self, msg: Msg) -> None:
-        stream_seq, num_delivered = _delivery(msg)
+        stream_seq, num_delivered = delivery(msg)
         structlog.contextvars.clear_contextvars()
         try:
             parsed = self.gw.subjects.parse(msg.subject)

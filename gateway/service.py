@@ -22,10 +22,23 @@ from gateway.logs import get_logger
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
+    from nats.aio.msg import Msg
 
     from gateway.config import Config
 
 log = get_logger("pgw.service")
+
+
+def delivery(msg: Msg) -> tuple[int, int]:
+    """(stream sequence, times delivered) of a JetStream message. The usual reply subject,
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>``,
+    is read here at a fifth of the cost of nats' full ``metadata`` (which builds a
+    datetime per message); any other form (domains, ADR-15's v2) goes through ``metadata``."""
+    t = (msg.reply or "").split(".")
+    if len(t) == 9 and t[0] == "$JS" and t[1] == "ACK":
+        return int(t[5]), int(t[4])
+    meta = msg.metadata
+    return meta.sequence.stream, meta.num_delivered
 
 
 class Service(Protocol):

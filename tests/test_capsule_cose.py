@@ -99,6 +99,21 @@ def test_signing_is_deterministic() -> None:
     assert sign_payload(payload, key) == sign_payload(payload, key)
 
 
+def test_signing_from_the_built_body_gives_the_same_statement() -> None:
+    """The signer hands sign_payload the body it encoded the payload from: same bytes as decoding it."""
+    from benchmarks.bench_signer import SALT, _verdicts
+    from consumers import capsule as capm
+    from consumers.signer import Signer, _Head
+
+    key = signing_key()
+    head = _Head(0, capm.GENESIS_HASH, None)
+    for v in _verdicts(6):
+        built = capm.capsule_from_verdict_checked(v, operator="op", salt=SALT)
+        entry, head = Signer._link(head, v.verdict_id, built)
+        payload = entry.payload.encode()
+        assert sign_payload(payload, key, built.body) == sign_payload(payload, key)
+
+
 def test_header_rules() -> None:
     """Unprotected alg/crit, unknown critical labels, an unpinned alg and tampering are all rejected."""
     key = signing_key()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from nats.aio.msg import Msg
 
-from gateway.pipeline import _delivery
+from gateway.service import delivery
 
 REPLIES = [
     "$JS.ACK.PGW_INBOUND.pgw-gateway.1.12345.67.1763780000000000000.17",  # the usual (v1) form
@@ -19,4 +19,4 @@ REPLIES = [
 def test_delivery_matches_nats_metadata(reply: str) -> None:
     msg = Msg(None, subject="pgw.agent.a.envelope", reply=reply, data=b"")
     meta = Msg(None, subject="pgw.agent.a.envelope", reply=reply, data=b"").metadata
-    assert _delivery(msg) == (meta.sequence.stream, meta.num_delivered)
+    assert delivery(msg) == (meta.sequence.stream, meta.num_delivered)
