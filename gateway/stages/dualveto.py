@@ -179,8 +179,10 @@ async def remember_resolution(gw: Gateway, st: PipelineState, rec: MomentRecord)
 async def check(ctx: Ctx, st: PipelineState, principal: str, bm: BindingMoment) -> None:
     """Refuse a moment that repeats a vetoed moment's stem or option set (spec 000 §7.2)."""
     key = _key(ctx.agent, principal)
-    stem, opts = norm(bm.question.stem), option_set(bm)
     cache = st.vetoes
+    if cache is not None and cache.ready and not cache.get(key):
+        return  # this pair has no veto: nothing to repeat, nothing to normalize, no read
+    stem, opts = norm(bm.question.stem), option_set(bm)
     if cache is not None and cache.ready and not _repeats(cache.get(key) or [], stem, opts):
         return  # no veto matches: no read
     try:  # no cache, or a match to confirm against the bucket before refusing
