@@ -49,8 +49,9 @@ async def together(first: Awaitable[T], second: Awaitable[U]) -> tuple[T, U]:
 
     ``second`` runs in the caller's own task, ``first`` beside it; both are in
     flight together (the hot path's pairs of durable writes, docs/performance.md).
-    As with gather, the first error is raised and the other keeps running, and
-    cancelling the caller cancels both.
+    An error of either is raised, once ``second`` is done (gather raises at
+    once); if ``second`` fails, ``first`` keeps running to its end, as under
+    gather. Cancelling the caller cancels both.
     """
     task = asyncio.ensure_future(first)
     try:

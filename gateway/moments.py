@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 log = get_logger("pgw.moments")
 
 BUCKET = "PGW_MOMENTS"
+_PRE = f"$KV.{BUCKET}."  # the bucket's subjects, as KvWriter writes them
 MOMENT_TTL_S = 30 * 86400.0
 
 
@@ -177,7 +178,7 @@ class MomentDesk:
         # stored, handled in the subscription's own callback: nats' KeyWatcher
         # would cost a task, a timer and a uuid per record on the hot path.
         self._watcher = await self.js.subscribe(
-            f"{self.kv._pre}>", stream=f"KV_{BUCKET}", cb=self._on_record, ordered_consumer=True,
+            f"{_PRE}>", stream=f"KV_{BUCKET}", cb=self._on_record, ordered_consumer=True,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=300.0,
         )
         self._tasks = [asyncio.create_task(self._expiry_loop(), name="moments-expiry")]
@@ -473,7 +474,7 @@ class MomentDesk:
         """Track pending expiries and re-drive unpublished terminal records."""
         if self._closing or not msg.data or (msg.headers and "KV-Operation" in msg.headers):
             return  # a delete or purge marker
-        key = msg.subject[len(self.kv._pre):]
+        key = msg.subject[len(_PRE):]
         try:
             rec = _dec.decode(msg.data)
         except msgspec.DecodeError:
