@@ -11,8 +11,11 @@
 - ``wait_drained`` waits until the gateway's durable consumer has nothing
   pending or unacknowledged, i.e. the system has caught up.
 
-Sizes come from the environment so that CI runs a small subset and a soak
-runs the full promise: ``PGW_CHAOS_ENVELOPES`` (per round), ``PGW_CHAOS_ROUNDS``.
+Sizes come from the environment (each test module names its own); the
+defaults are what CI runs: the gateway's kill -9 rounds at the issue's
+10,000 envelopes in flight per round (``PGW_CHAOS_KILL_ENVELOPES``), the
+signers and registrar at 1,000 verdicts per round
+(``PGW_CHAOS_SIGNER_ENVELOPES``), 5 rounds each (``PGW_CHAOS_ROUNDS``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from tests.scitt_ts import ScittTS
 pytestmark = [pytest.mark.chaos]
 
 ROUNDS = env_int("PGW_CHAOS_ROUNDS", 5)
-PER_ROUND = env_int("PGW_CHAOS_SIGNER_ENVELOPES", 120)
+PER_ROUND = env_int("PGW_CHAOS_SIGNER_ENVELOPES", 1_000)  # 5,000 verdicts over the 5 rounds (about a minute)
 SEED = env_int("PGW_CHAOS_SEED", int(time.time()))
 
 
