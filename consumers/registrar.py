@@ -334,7 +334,7 @@ class Registrar:
         try:
             receipt, info = await self.register(statement)
         except (RegistrationError, CoseError, aiohttp.ClientError, TimeoutError, ValueError) as e:
-            await self._failed(msg, capsule_id, e)
+            await self._failed(msg, capsule_id, e, hdrs.get("traceparent"))
             return
         transparent = with_receipt(statement, receipt)
         headers = {
@@ -349,15 +349,16 @@ class Registrar:
         try:
             await self.js.publish(self.subjects.capsule_registered, transparent, headers=headers)
         except Exception:
-            log.exception("publishing the transparent statement failed; will retry", capsule_id=capsule_id)
+            log.exception("publishing the transparent statement failed; will retry", capsule_id=capsule_id,
+                          traceparent=hdrs.get("traceparent"))
             await msg.nak(delay=1.0)
             return
         await msg.ack()
         self.registered += 1
         log.info("capsule anchored (receipt verified)", capsule_id=capsule_id, ts_kid=info.kid,
-                 tree_size=info.tree_size, leaf_index=info.leaf_index)
+                 tree_size=info.tree_size, leaf_index=info.leaf_index, traceparent=hdrs.get("traceparent"))
 
-    async def _failed(self, msg: Msg, capsule_id: str | None, err: Exception) -> None:
+    async def _failed(self, msg: Msg, capsule_id: str | None, err: Exception, traceparent: str | None) -> None:
         rc = self.config.registrar
         attempts = msg.metadata.num_delivered
         why = f"{type(err).__name__}: {err}"
@@ -370,9 +371,10 @@ class Registrar:
             )
             await msg.ack()
             self.dead_lettered += 1
-            log.error("registration dead-lettered", capsule_id=capsule_id, attempts=attempts, error=why)
+            log.error("registration dead-lettered", capsule_id=capsule_id, attempts=attempts, error=why,
+                      traceparent=traceparent)
             return
         delay = min(rc.backoff_base_s * 2 ** (attempts - 1), rc.backoff_max_s)
         log.warning("registration failed; retrying", capsule_id=capsule_id, attempt=attempts,
-                    retry_in_s=delay, error=why)
+                    retry_in_s=delay, error=why, traceparent=traceparent)
         await msg.nak(delay=delay)

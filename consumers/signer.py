@@ -314,11 +314,13 @@ class Signer:
                     await job.msg.nak(delay=min(0.2 * e.deliveries, 2.0))
                     continue
                 except CapsuleError:
-                    log.exception("capsule construction refused; verdict left for redelivery", verdict_id=vid)
+                    log.exception("capsule construction refused; verdict left for redelivery", verdict_id=vid,
+                                  traceparent=job.verdict.traceparent)
                     await job.msg.nak(delay=5.0)
                     continue
                 except Exception:
-                    log.exception("signing failed; verdict left for redelivery", verdict_id=vid)
+                    log.exception("signing failed; verdict left for redelivery", verdict_id=vid,
+                                  traceparent=job.verdict.traceparent)
                     await job.msg.nak(delay=1.0)
                     continue
                 built[vid] = job.built.capsule.capsule_id
@@ -377,7 +379,8 @@ class Signer:
                     if msg is not None and deliveries < self.config.signer.parent_wait_deliveries:
                         raise _ParentPending(deliveries)
                     log.warning("superseded parent never signed; capsule carries no chain",
-                                verdict_id=verdict.verdict_id, parent_verdict=verdict.supersedes)
+                                verdict_id=verdict.verdict_id, parent_verdict=verdict.supersedes,
+                                traceparent=verdict.traceparent)
         return cap_mod.capsule_from_verdict_checked(
             verdict,
             operator=self.config.operator,
@@ -415,17 +418,20 @@ class Signer:
             for i, ack in enumerate(acks):
                 if isinstance(ack, BaseException):
                     log.error("capsule publish failed; verdict left for redelivery",
-                              verdict_id=jobs[i].verdict.verdict_id, error=repr(ack))
+                              verdict_id=jobs[i].verdict.verdict_id, error=repr(ack),
+                              traceparent=jobs[i].verdict.traceparent)
                     stored.append(False)
                 else:
                     stored.append(True)
                     duplicate[i] = bool(ack.duplicate)
+        blog = log.bind()  # one bound logger per batch: the module's lazy proxy binds anew on every call
         for job, ok, dup in zip(jobs, stored, duplicate, strict=True):
             if job.msg is not None:
                 await (job.msg.ack() if ok else job.msg.nak(delay=1.0))
             if ok:
-                log.info("capsule signed", verdict_id=job.verdict.verdict_id, capsule_id=job.entry.capsule_id,
-                         verdict_class=job.verdict.verdict_class, ledger=job.status, duplicate=dup)
+                blog.info("capsule signed", verdict_id=job.verdict.verdict_id, capsule_id=job.entry.capsule_id,
+                          verdict_class=job.verdict.verdict_class, ledger=job.status, duplicate=dup,
+                          traceparent=job.verdict.traceparent)
         self.signed += sum(stored)
         async with self._progress:
             self._progress.notify_all()

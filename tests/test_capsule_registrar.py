@@ -184,3 +184,25 @@ async def test_cli_verify_files_and_keys(tmp_path: Any, nc: Any, make_config: An
     # statements signed before the rotation still verify with the data folder's keys
     args = argparse.Namespace(paths=[str(d / "0.cose")], stream=[], key=[], ts_key=[], store=[], json=False)
     assert await cli.handle_verify(args, config) == 0
+
+
+async def test_traceparent_reaches_capsules_and_their_log_lines(nc: Any, make_config: Any) -> None:
+    """A verdict's traceparent (from the envelope that caused it) is on its capsule, on the registered
+    Transparent Statement, and on the signer's and the registrar's log line for it (issue 8)."""
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    rows = [msgspec.structs.replace(v, traceparent=trace) for v in design_rows()[:2]]
+    async with ScittTS() as ts:
+        config = _config(make_config, ts, ts_public_key=ts.public_hex)
+        js = nc.jetstream()
+        with structlog.testing.capture_logs() as logs:
+            await _signed(nc, config, rows)
+            registration = await stream_items(js, "PGW_REGISTRATION")
+            async with Registrar(config, nc):
+                await wait_count(js, "PGW_CAPSULES", len(rows))
+        registered = await stream_items(js, "PGW_CAPSULES")
+    assert [h.get("traceparent") for _, _, h in registration] == [trace] * len(rows)
+    assert [h.get("traceparent") for _, _, h in registered] == [trace] * len(rows)
+    signed = [e for e in logs if e["event"] == "capsule signed"]
+    anchored = [e for e in logs if e["event"].startswith("capsule anchored")]
+    assert len(signed) == len(anchored) == len(rows)
+    assert all(e["traceparent"] == trace for e in (*signed, *anchored))
