@@ -129,12 +129,14 @@ class Gateway:
 
     # -- principal.{p}.resolve -------------------------------------------
     async def _on_resolve(self, msg: Msg) -> None:
-        reply = await self.handle_resolve(msg.subject, msg.data)
+        reply = await self.handle_resolve(msg.subject, msg.data, (msg.headers or {}).get("traceparent"))
         if msg.reply:
             await msg.respond(_enc.encode(reply))
 
-    async def handle_resolve(self, subject: str, data: bytes) -> ResolveReply:
+    async def handle_resolve(self, subject: str, data: bytes, traceparent: str | None = None) -> ResolveReply:
         structlog.contextvars.clear_contextvars()
+        if traceparent:  # the surface's own trace, on every log line this answer causes
+            structlog.contextvars.bind_contextvars(traceparent=traceparent)
         try:
             principal = self.subjects.parse(subject).token or ""
         except SubjectError:

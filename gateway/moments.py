@@ -495,7 +495,7 @@ class MomentDesk:
         principal, _, mid = key.partition(".")
         found = await self.get(principal, mid)
         if found and found[0].status != "pending" and not found[0].published:
-            log.info("re-driving unpublished moment outcome", moment_id=mid)
+            log.info("re-driving unpublished moment outcome", moment_id=mid, traceparent=found[0].traceparent)
             await self._publish_final(*found)
 
     async def _expiry_loop(self) -> None:
@@ -527,7 +527,7 @@ class MomentDesk:
             rev = await self.kv.update(key, _enc.encode(rec), last=rev)
         except KeyWrongLastSequenceError:
             return  # answered or expired by another instance first
-        log.info("moment expired", moment_id=mid, agent=rec.agent)
+        log.info("moment expired", moment_id=mid, agent=rec.agent, traceparent=rec.traceparent)
         await self._publish_final(rec, rev)
 
 

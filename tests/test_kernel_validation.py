@@ -357,3 +357,20 @@ async def test_required_without_hem_fails_closed(env: Env) -> None:
     r = await env.send(env.idp(1, hem_urgency="REQUIRED"))
     assert isinstance(r, EnrichedDeny) and r.deny_code == "POLICY_DENY" and r.hem_available is False
     assert isinstance(await env.send(env.idp(2)), Permit)
+
+
+async def test_traceparent_is_on_the_request_log_lines(env: Env) -> None:
+    """Every log line a transition request causes carries its traceparent (issue 8)."""
+    import msgspec
+    import structlog
+
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    rec = env.idp(1)
+    body = {"mandate": env.token, "action": rec["requested_action"], "idp": rec}
+    # merge_contextvars as configured in gateway.logs: the per-request context is bound there
+    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+        msg = await env.nc.request(f"pgw.agent.{AGENT}.idp", msgspec.json.encode(body), timeout=10,
+                                   headers={"traceparent": trace})
+    assert b"PERMIT" in msg.data
+    summary = [e for e in logs if e["event"] == "idp"]
+    assert len(summary) == 1 and summary[0]["traceparent"] == trace

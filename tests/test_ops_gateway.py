@@ -55,6 +55,42 @@ async def test_traceparent_reaches_every_message_the_envelope_causes(nc, make_co
         assert json.loads(m.data)["traceparent"] == TRACE
 
 
+async def test_traceparent_is_on_the_log_lines_it_causes(nc, make_config) -> None:
+    """The envelope's summary line and the moment's expiry line carry the envelope's traceparent;
+    a resolve request's line carries the resolve request's own."""
+    import msgspec
+    import structlog
+
+    from subjects.wire import OptionChoice, ResolveRequest
+
+    js = nc.jetstream()
+    answer_trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+        async with Gateway(make_config(), nc):
+            expiring = _moment_env("t-expiring")
+            expiring["payload"]["expires_in_s"] = 1
+            await _send(js, "tracer", expiring, headers={"traceparent": TRACE})
+            await _send(js, "tracer", _moment_env("t-answered"), headers={"traceparent": TRACE})
+            items = await _wait_for(lambda: _items_of(js, 2))
+            answered = next(json.loads(m.data) for m in items if b"t-answered" in m.data)
+            body = msgspec.json.encode(ResolveRequest(moment_id=answered["moment_id"], resolution=OptionChoice(index=0)))
+            await nc.request("pgw.principal.alice.resolve", body, timeout=10, headers={"traceparent": answer_trace})
+            await _wait_for(lambda: _logged(logs, "moment expired"))
+    envelope_lines = [e for e in logs if e["event"] == "envelope"]
+    assert len(envelope_lines) == 2 and all(e["traceparent"] == TRACE for e in envelope_lines)
+    assert [e["traceparent"] for e in logs if e["event"] == "moment expired"] == [TRACE]
+    assert [e["traceparent"] for e in logs if e["event"] == "resolution"] == [answer_trace]
+
+
+async def _items_of(js, n: int):
+    items = await read_stream(js, "PGW_SURFACE")
+    return items if len(items) >= n else None
+
+
+async def _logged(logs: list, event: str) -> bool:
+    return any(e["event"] == event for e in logs)
+
+
 @pytest.mark.parametrize("max_deliver", [2])
 async def test_poison_message_is_dead_lettered_not_redelivered_forever(nc, make_config, max_deliver) -> None:
     """A turn that fails on every delivery ends in one dead letter with its sequence and reason,

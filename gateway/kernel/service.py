@@ -209,6 +209,7 @@ class KernelService:
             except SubjectError:
                 return
             tp = (msg.headers or {}).get("traceparent")
+            structlog.contextvars.bind_contextvars(agent=agent, traceparent=tp)  # every log line of this request
             try:
                 result = await self.handle_request(agent, msg.data, traceparent=tp)
             except Exception:
@@ -784,6 +785,7 @@ class KernelService:
             try:
                 agent = self.subjects.parse(msg.subject).token or ""
                 tp = (msg.headers or {}).get("traceparent")
+                structlog.contextvars.bind_contextvars(agent=agent, traceparent=tp)
                 await self.handle_transition(agent, msg.data, msg.metadata.sequence.stream, traceparent=tp)
                 await msg.ack()
             except SubjectError:
