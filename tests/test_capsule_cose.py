@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from consumers import capsule as capm
 from consumers.capsule import MEDIA_TYPE
 from consumers.cose import (
     CoseError,
@@ -28,7 +29,7 @@ from consumers.cose import (
     verify_sign1,
     with_receipt,
 )
-from consumers.signer import claims_for, sign_payload
+from consumers.signer import Signer, _Head, claims_for, sign_payload
 from gateway.keys import SigningKey, kid_of
 from tests.test_capsule_model import design_rows, make
 
@@ -101,14 +102,10 @@ def test_signing_is_deterministic() -> None:
 
 def test_signing_from_the_built_body_gives_the_same_statement() -> None:
     """The signer hands sign_payload the body it encoded the payload from: same bytes as decoding it."""
-    from benchmarks.bench_signer import SALT, _verdicts
-    from consumers import capsule as capm
-    from consumers.signer import Signer, _Head
-
     key = signing_key()
     head = _Head(0, capm.GENESIS_HASH, None)
-    for v in _verdicts(6):
-        built = capm.capsule_from_verdict_checked(v, operator="op", salt=SALT)
+    for v in design_rows():
+        built = capm.capsule_from_verdict_checked(v, operator="op", salt="00" * 32)
         entry, head = Signer._link(head, v.verdict_id, built)
         payload = entry.payload.encode()
         assert sign_payload(payload, key, built.body) == sign_payload(payload, key)

@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
+import structlog
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from gateway.config import load_config
@@ -361,9 +363,6 @@ async def test_required_without_hem_fails_closed(env: Env) -> None:
 
 async def test_traceparent_is_on_the_request_log_lines(env: Env) -> None:
     """Every log line a transition request causes carries its traceparent (issue 8)."""
-    import msgspec
-    import structlog
-
     trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     rec = env.idp(1)
     body = {"mandate": env.token, "action": rec["requested_action"], "idp": rec}

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 
+import msgspec
 import pytest
+import structlog
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -14,6 +16,7 @@ from gateway import metrics
 from gateway.app import Gateway
 from gateway.deadletter import DeadLetters
 from subjects.client import BINDING_MOMENT_KIND, envelope
+from subjects.wire import OptionChoice, ResolveRequest
 from tests.chaos.checker import read_stream
 from tests.moments import good_moment
 
@@ -58,11 +61,6 @@ async def test_traceparent_reaches_every_message_the_envelope_causes(nc, make_co
 async def test_traceparent_is_on_the_log_lines_it_causes(nc, make_config) -> None:
     """The envelope's summary line and the moment's expiry line carry the envelope's traceparent;
     a resolve request's line carries the resolve request's own."""
-    import msgspec
-    import structlog
-
-    from subjects.wire import OptionChoice, ResolveRequest
-
     js = nc.jetstream()
     answer_trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:

@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from gateway.config import LimitsConfig
 from gateway.stages import shape
 from gateway.stages.base import Refuse
+from subjects.client import BINDING_MOMENT_KIND, envelope
+from tests.moments import GOOD_MOMENT
 
 SMALL = LimitsConfig(max_depth=4, max_string_chars=64, max_body_bytes=1024 * 1024)
 DEFAULT = LimitsConfig()
@@ -129,12 +131,9 @@ def test_escaped_colon_cannot_hide_a_duplicate() -> None:
 
 def test_the_fast_path_is_taken_for_an_ordinary_envelope(monkeypatch) -> None:
     """The common body never reaches the strict decoder (else the speed-up is gone unnoticed)."""
-    from benchmarks.bench_gateway import MOMENT
-    from subjects.client import BINDING_MOMENT_KIND, envelope
-
     def no_strict(*_a: Any) -> Any:
         raise AssertionError("strict decoder used")
 
     monkeypatch.setattr(shape, "_strict", no_strict)
-    env = envelope(BINDING_MOMENT_KIND, {"principal": "alice", "binding_moment": MOMENT}, envelope_id="e1")
+    env = envelope(BINDING_MOMENT_KIND, {"principal": "alice", "binding_moment": GOOD_MOMENT}, envelope_id="e1")
     assert shape.decode_body(json.dumps(env).encode(), DEFAULT) == [env]

@@ -180,10 +180,12 @@ async def check(ctx: Ctx, st: PipelineState, principal: str, bm: BindingMoment) 
     """Refuse a moment that repeats a vetoed moment's stem or option set (spec 000 §7.2)."""
     key = _key(ctx.agent, principal)
     cache = st.vetoes
-    if cache is not None and cache.ready and not cache.get(key):
+    ready = cache is not None and cache.ready
+    cached = cache.get(key) if ready else None
+    if ready and not cached:
         return  # this pair has no veto: nothing to repeat, nothing to normalize, no read
     stem, opts = norm(bm.question.stem), option_set(bm)
-    if cache is not None and cache.ready and not _repeats(cache.get(key) or [], stem, opts):
+    if cached and not _repeats(cached, stem, opts):
         return  # no veto matches: no read
     try:  # no cache, or a match to confirm against the bucket before refusing
         entry = await st.kv.get(key)
