@@ -18,11 +18,13 @@ from gateway.cli import build_parser, config_from_args
 from gateway.config import load_config
 from gateway.connect import connect
 from gateway.security import CredentialsError, Party, embedded_auth, read_creds, rotate_creds
-from gateway.security.identity import creds_connect_options
+from gateway.security.identity import creds_connect_options, new_seed, public_of
 from gateway.server import EmbeddedServer
 
 pytestmark = pytest.mark.security
-SEED_RE = re.compile(r"SU[A-Z2-7]{50,}")
+# A user seed is one 58-character token "SU..."; a public user key is 56 ("U..."),
+# so a public key that merely holds "SU" near its start is not taken for a seed.
+SEED_RE = re.compile(r"(?<![A-Z2-7])SU[A-Z2-7]{56}(?![A-Z2-7])")
 
 
 def _config(tmp: Path, **kw: object):
@@ -108,6 +110,16 @@ def test_creds_command_never_prints_a_seed(tmp_path: Path, capsys: pytest.Captur
     out = capsys.readouterr()
     assert "service:gateway" in out.out and "authorization {" in out.out
     assert not SEED_RE.search(out.out + out.err)
+    for creds in (tmp_path / "data" / "creds").glob("*.creds"):
+        assert read_creds(creds).seed not in out.out + out.err
+
+
+def test_seed_pattern_tells_seeds_from_public_keys() -> None:
+    """The check above finds a real seed and never a public key, whatever letters the key happens to hold."""
+    seed = new_seed()
+    assert SEED_RE.search(f"oops: {seed}\n")
+    assert not SEED_RE.search(public_of(seed))
+    assert not SEED_RE.search("U" + "ASU" + "A" * 52), "a public key holding 'SU' is not a seed"
 
 
 def test_signing_keys_are_0600_and_rotation_keeps_old_keys_verifiable(tmp_path: Path) -> None:
