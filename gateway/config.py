@@ -105,6 +105,8 @@ class KernelConfig(_Section):
     hem_expires_in_s: Annotated[int, Meta(ge=1, le=30 * 86400)] = 3600
     pii: Literal["flag", "reject"] = "flag"  # spec 003 §9
     log_permits: bool = True
+    # The event log's head is anchored outside it this often, and at drain (gateway/kernel/checkpoint.py).
+    checkpoint_interval_s: Annotated[float, Meta(ge=0, le=3600)] = 5.0
     # denied action -> candidate paths (each a list of actions); offered only when derivable.
     suggested_paths: dict[str, list[list[str]]] = field(default_factory=dict)
 

@@ -3,8 +3,10 @@
 ``pgw log verify`` walks the event log (``PGW_EVENTLOG``, or one subject of
 it) and checks every event's Ed25519 signature against the kernel public
 keys of the data folder (active and retired), or those given with
-``--pubkey``, and the hash chain (spec 003 §8.2). It prints one JSON result
-and exits 0 when the log is intact, 1 at the first break.
+``--pubkey``, and the hash chain (spec 003 §8.2); then it checks the log
+against its latest anchored head (``gateway.kernel.checkpoint``), so a
+truncated, rolled-back or forked log is reported too. It prints one JSON
+result and exits 0 when the log is intact, 1 at the first break.
 
 ``pgw mandate issue`` signs a mandate JWT (EdDSA) with the dev issuer key of
 the data folder (``keys/mandate_issuer``, created on first use); the kernel
@@ -36,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument(
         "--pubkey", action="append", default=[], metavar="PEM",
         help="kernel public key PEM file to trust (repeatable); default: the keys in the data folder",
+    )
+    v.add_argument(
+        "--anchor", action="append", default=[], metavar="JSON",
+        help="an anchored head kept elsewhere (a copy of {data_dir}/kernel/eventlog-anchor.json; repeatable)",
     )
     v.set_defaults(handler=verify_command)
 
@@ -69,15 +75,26 @@ def kernel_keys(config: Config, pem_files: list[str]) -> dict[str, Ed25519Public
 
 
 async def verify_command(args: argparse.Namespace, config: Config) -> int:
+    from gateway.kernel.checkpoint import check_anchor
     from gateway.kernel.eventlog import verify_stream
 
     keys = kernel_keys(config, args.pubkey)
     nc = await connect(config.nats_url, creds=config.creds, name="pgw-log-verify", once=True)
     try:
-        result = await verify_stream(nc.jetstream(), config.subjects, keys, stream=args.stream, subject=args.subject)
+        js = nc.jetstream()
+        result = await verify_stream(js, config.subjects, keys, stream=args.stream, subject=args.subject)
+        # The chain cannot show that the log is whole: its anchored head can (checkpoint.py).
+        anchor, broken = await check_anchor(
+            js, keys, prefix=config.subjects.prefix, data_dir=config.data_path, stream=args.stream,
+            anchor_files=[Path(a) for a in getattr(args, "anchor", [])],
+        )
     finally:
-        await nc.close()
+        await nc.drain()
+    if broken is not None and (result.first_break is None or (broken["seq"] or 0) < result.first_break["seq"]):
+        result.ok = False
+        result.first_break = broken
     out: dict[str, Any] = result.to_dict()
+    out["anchor"] = anchor
     out["stream"] = args.stream
     if args.subject:
         out["subject"] = args.subject

@@ -33,6 +33,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import Counter
 
+from gateway.kernel.checkpoint import Checkpointer
 from gateway.kernel.eventlog import STREAM, EventLog
 from gateway.kernel.hem import hem_moment
 from gateway.kernel.mandate import Mandate, MandateError, MandateVerifier
@@ -133,6 +134,9 @@ class KernelService:
         self.policy = PolicyEngine(self.cfg.policy_dir)
         self.eventlog = EventLog(self.nc, self.subjects, self.key)
         self.state = KernelState(self.js)
+        self.checkpoints = Checkpointer(
+            self.eventlog, self.key, self.subjects.prefix, self.config.data_path, self.cfg.checkpoint_interval_s
+        )
         self._sub: Any = None
         self._psub: Any = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -165,6 +169,7 @@ class KernelService:
             ),
         )
         self._loop_task = asyncio.create_task(self._transition_loop(), name="kernel-transitions")
+        await self.checkpoints.start()
         await self.nc.flush()
         log.info("kernel started", policies=self.policy.files, kid=self.key.kid)
         return self
@@ -189,6 +194,8 @@ class KernelService:
         if self._psub is not None:
             with contextlib.suppress(Exception):
                 await self._psub.unsubscribe()
+        if self.cfg.enabled and not self.nc.is_closed:
+            await self.checkpoints.close()  # the head at shutdown, anchored
 
     async def __aexit__(self, *exc: object) -> None:
         await self.drain()

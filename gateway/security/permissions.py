@@ -145,6 +145,7 @@ def service_permissions(prefix: str, name: str) -> Permissions:
                     f"{p}.principal.*.surface",
                     f"{p}.verdict.*",
                     f"{p}.log.>",  # kernel event log
+                    f"{p}.checkpoint.>",  # its anchored heads (gateway/kernel/checkpoint.py)
                     f"{p}.deadletter.>",  # poison messages (gateway/deadletter.py, issue 8)
                 ),
                 sub_allow=(
