@@ -38,6 +38,7 @@ from gateway.kernel.eventlog import STREAM, EventLog
 from gateway.kernel.hem import hem_moment
 from gateway.kernel.mandate import Mandate, MandateError, MandateVerifier
 from gateway.kernel.policy import PolicyEngine, entity_uid, idp_context
+from gateway.kernel.received import commit_received
 from gateway.kernel.state import ConflictError, IdpEntry, KernelState, SessionEntry, bump_step
 from gateway.keys import load_or_create
 from gateway.logs import get_logger
@@ -362,6 +363,10 @@ class KernelService:
         # (f) step_sequence strictly increasing per session
         sess, rev = await self._session(agent, idp.session_id, read)
         if sess.state == "TERMINATED":
+            await commit_received(
+                self, self._submitted_body(agent, idp_raw, idp, mandate, resource, pii, now_rfc3339()),
+                session_state=sess.state, code="SESSION_TERMINATED", moment_id=sess.hem_moment_id, tp=None,
+            )
             raise self._reject("SESSION_TERMINATED", "this session was ended by its principal after a human escalation", idp_id=idp.idp_id)
         if idp.step_sequence <= sess.last_step:
             raise self._reject(
@@ -400,7 +405,13 @@ class KernelService:
         hem_available = self.cfg.hem_enabled and sess.state == "ACTIVE"
         # No transition of a session in HEM_PENDING proceeds (spec 003 §6.2 HEM_PENDING).
         if sess.state == "HEM_PENDING":
-            return await self._deny(agent, idp, m, "HEM_PENDING", raw["idp"], available=[], hem_available=False, tp=tp)
+            # Still committed first (spec 003 §5.3): gateway/kernel/received.py.
+            seq = await commit_received(
+                self, self._submitted_body(agent, raw["idp"], idp, m, resource, pii, receipt),
+                session_state=sess.state, code="HEM_PENDING", moment_id=sess.hem_moment_id, tp=tp,
+            )
+            return await self._deny(agent, idp, m, "HEM_PENDING", raw["idp"], available=[], hem_available=False,
+                                    tp=tp, submitted_seq=seq)
         # (g) mission_ref against the mandate's mission_ref: Enriched DENY
         if idp.mission_ref is not None and m.mission_ref is not None and idp.mission_ref != m.mission_ref:
             return await self._mission_mismatch(agent, idp, m, raw["idp"], tp)
