@@ -107,6 +107,9 @@ class KernelConfig(_Section):
     log_permits: bool = True
     # The event log's head is anchored outside it this often, and at drain (gateway/kernel/checkpoint.py).
     checkpoint_interval_s: Annotated[float, Meta(ge=0, le=3600)] = 5.0
+    # A PERMIT without its transition report this long after is closed by a timeout verdict
+    # (gateway/kernel/overdue.py); 0 = never.
+    report_deadline_s: Annotated[float, Meta(ge=0)] = 3600.0
     # denied action -> candidate paths (each a list of actions); offered only when derivable.
     suggested_paths: dict[str, list[list[str]]] = field(default_factory=dict)
 

@@ -7,7 +7,7 @@ from typing import Any
 from gateway.kernel.service import KernelService
 from subjects.idp import EnrichedDeny, HemPending, Permit
 from tests.kernel_support import read_log
-from tests.test_kernel_hem import Env, env  # noqa: F401 - the fixture
+from tests.test_kernel_hem import Env, env
 
 __all__ = ["env"]
 

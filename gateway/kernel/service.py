@@ -37,6 +37,7 @@ from gateway.kernel.checkpoint import Checkpointer
 from gateway.kernel.eventlog import STREAM, EventLog
 from gateway.kernel.hem import hem_moment
 from gateway.kernel.mandate import Mandate, MandateError, MandateVerifier
+from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.policy import PolicyEngine, entity_uid, idp_context
 from gateway.kernel.received import commit_received
 from gateway.kernel.state import ConflictError, IdpEntry, KernelState, SessionEntry, bump_step
@@ -135,6 +136,7 @@ class KernelService:
         self.policy = PolicyEngine(self.cfg.policy_dir)
         self.eventlog = EventLog(self.nc, self.subjects, self.key)
         self.state = KernelState(self.js)
+        self.overdue = OverdueReports(self, self.cfg.report_deadline_s)
         self.checkpoints = Checkpointer(
             self.eventlog, self.key, self.subjects.prefix, self.config.data_path, self.cfg.checkpoint_interval_s
         )
@@ -153,6 +155,7 @@ class KernelService:
             log.info("kernel disabled by configuration")
             return self
         await self.state.open()
+        await self.overdue.start()
         await self.state.rebuild(self.js, STREAM)
         if not self.policy.files:
             log.warning("no Cedar policies configured (kernel.policy_dir): every action is denied")
@@ -195,6 +198,7 @@ class KernelService:
         if self._psub is not None:
             with contextlib.suppress(Exception):
                 await self._psub.unsubscribe()
+        await self.overdue.close()
         if self.cfg.enabled and not self.nc.is_closed:
             await self.checkpoints.close()  # the head at shutdown, anchored
 
@@ -501,7 +505,7 @@ class KernelService:
             allowed = False
         if allowed:
             entry.status = "permitted"
-            jobs = [self._put_entry(entry)]
+            jobs = [self._put_entry(entry), self.overdue.opened(entry)]
             if self.cfg.log_permits:
                 jobs.append(
                     self.eventlog.append(
@@ -745,7 +749,12 @@ class KernelService:
         body = {"agent": agent, "session_id": session_id, "idp_id": idp_id, "so_id": so_id, "moment_id": moment_id,
                 "decision": decision, "trigger": sess.hem_trigger, "principal": sess.hem_principal}
         await self.eventlog.append("HEM_RESOLVED", body, msg_id=stable_id("HEM_RESOLVED", moment_id))
-        return await self.state.resolve_hem(body)
+        settled = await self.state.resolve_hem(body)
+        if decision == "approve" and so_id and sess.hem_trigger == "HEM_URGENCY_REQUIRED":
+            got = await self.state.idp(so_id, idp_id)
+            if got is not None:
+                await self.overdue.opened(got[0], moment_id=moment_id)  # a human's permit awaits its report too
+        return settled
 
     # -- verdicts ---------------------------------------------------------------
     async def _deny_verdict(
@@ -871,6 +880,7 @@ class KernelService:
         vev = await self.eventlog.append(etype, vbody, msg_id=stable_id(etype, entry.so_id.lower(), entry.idp_id.lower()), traceparent=tp)
         record = vev.event.body["record"]
         await self.state.advance_idp(entry.so_id, entry.idp_id, "transitioned", transition_seq=st.seq)
+        await self.overdue.closed(entry.so_id, entry.idp_id)
         if not matched:
             COMMITMENT_GAPS.labels(agent=agent).inc()
             log.critical("IDP_COMMITMENT_GAP", agent=agent, idp_id=entry.idp_id, requested=entry.requested_action,
