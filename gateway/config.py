@@ -76,6 +76,7 @@ class SecurityConfig(_Section):
     enabled: bool = True  # `pgw up` runs the embedded server with the generated block
     principals: list[str] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
+    auditors: list[str] = field(default_factory=list)  # audit principals (gateway/kernel/audit.py)
     creds_dir: str = ""  # default: {data_dir}/creds
     demo: bool = True  # open mode (no [agents]): also make `pgw demo`'s parties (demo-agent, alice)
 
@@ -84,6 +85,8 @@ class SecurityConfig(_Section):
             principal_token(p)
         for o in self.ops:
             check_token(o, "ops user name")
+        for a in self.auditors:
+            check_token(a, "auditor name")
 
 
 class KernelConfig(_Section):
@@ -95,6 +98,12 @@ class KernelConfig(_Section):
     # Also trust the dev issuer key of `pgw mandate issue` ({data_dir}/keys/mandate_issuer).
     trust_dev_issuer: bool = False
     revoked_jtis: list[str] = field(default_factory=list)
+    # Keys (kid -> PEM) that may revoke mandates live besides the issuers (gateway/kernel/revocation.py).
+    revokers: dict[str, str] = field(default_factory=dict)
+    # RFC 7519 §4.1.3: this gateway's audience; a mandate naming an audience must name it.
+    audience: str | None = None
+    # Issuer kid -> the `iss` its mandates must carry (checked when listed).
+    issuer_names: dict[str, str] = field(default_factory=dict)
     clock_skew_s: Annotated[float, Meta(ge=0, le=600)] = 30.0
     # Folder of *.cedar policies (+ optional schema.cedarschema); none = deny everything.
     policy_dir: str | None = None

@@ -55,9 +55,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--mission-ref", help="MissionDeclaration UUID")
     i.add_argument("--ttl", type=int, default=3600, help="seconds until exp (default 3600)")
     i.add_argument("--jti", help="mandate id (default: a new UUID)")
+    i.add_argument("--aud", help="audience claim (the gateway's kernel.audience)")
+    i.add_argument("--iss", help="issuer name claim (kernel.issuer_names)")
     i.set_defaults(handler=issue_command)
     p = msub.add_parser("pubkey", help="print the dev issuer's kid and public key PEM")
     p.set_defaults(handler=pubkey_command)
+    from gateway.commands.audit import revoke_command
+
+    r = msub.add_parser("revoke", help="revoke a mandate on every gateway now (signed; recorded in the event log)")
+    r.add_argument("jti", help="the mandate's jti")
+    r.add_argument("--reason", help="why (recorded in the event log)")
+    r.add_argument("--key", help="private key PEM of a trusted issuer or revoker (default: the dev issuer key)")
+    r.add_argument("--kid", help="the key's kid (default: derived from an Ed25519 key)")
+    r.set_defaults(handler=revoke_command)
 
 
 def kernel_keys(config: Config, pem_files: list[str]) -> dict[str, Ed25519PublicKey]:
@@ -112,6 +122,7 @@ async def issue_command(args: argparse.Namespace, config: Config) -> int:
     token = issue_mandate(
         key.private, key.kid, agent=args.agent, so_id=args.so_id, principal=args.principal,
         actions=args.action, ttl_s=args.ttl, jti=args.jti, mission_ref=args.mission_ref,
+        aud=args.aud, iss=args.iss,
     )
     print(token)
     if not config.kernel.trust_dev_issuer and key.kid not in config.kernel.issuers:

@@ -33,6 +33,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import Counter
 
+from gateway.kernel.audit import AuditService
 from gateway.kernel.checkpoint import Checkpointer
 from gateway.kernel.eventlog import STREAM, EventLog
 from gateway.kernel.hem import hem_moment
@@ -40,6 +41,7 @@ from gateway.kernel.mandate import Mandate, MandateError, MandateVerifier
 from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.policy import PolicyEngine, entity_uid, idp_context
 from gateway.kernel.received import commit_received
+from gateway.kernel.revocation import Revocations
 from gateway.kernel.state import ConflictError, IdpEntry, KernelState, SessionEntry, bump_step
 from gateway.keys import load_or_create
 from gateway.logs import get_logger
@@ -137,6 +139,8 @@ class KernelService:
         self.eventlog = EventLog(self.nc, self.subjects, self.key)
         self.state = KernelState(self.js)
         self.overdue = OverdueReports(self, self.cfg.report_deadline_s)
+        self.revocations = Revocations(self)
+        self.audit = AuditService(self)
         self.checkpoints = Checkpointer(
             self.eventlog, self.key, self.subjects.prefix, self.config.data_path, self.cfg.checkpoint_interval_s
         )
@@ -156,6 +160,8 @@ class KernelService:
             return self
         await self.state.open()
         await self.overdue.start()
+        await self.revocations.start(QUEUE)
+        await self.audit.start(QUEUE)
         await self.state.rebuild(self.js, STREAM)
         if not self.policy.files:
             log.warning("no Cedar policies configured (kernel.policy_dir): every action is denied")
@@ -199,6 +205,8 @@ class KernelService:
             with contextlib.suppress(Exception):
                 await self._psub.unsubscribe()
         await self.overdue.close()
+        await self.revocations.close()
+        await self.audit.close()
         if self.cfg.enabled and not self.nc.is_closed:
             await self.checkpoints.close()  # the head at shutdown, anchored
 
