@@ -161,3 +161,66 @@ def setup_kernel(make_config: Any, tmp_path: Path, nc: Any) -> Any:
     so = str(uuid.uuid4())
     token, jti = issuer.mandate(agent=AGENT, so_id=so)
     return cfg, nc, token, jti, so
+
+
+async def test_a_forked_log_is_reported_after_the_last_anchor_it_matches(own_server: Any, tmp_path: Path) -> None:
+    """Anchors at 2, 4 and 6; the log rolled back on disk to 4 and appended anew with the kernel key (a chain that
+    verifies on its own): `pgw log verify` reports the break at 5, the first sequence after the last anchor held."""
+    from gateway.config import load_config
+    from gateway.kernel.eventlog import EventLog
+    from gateway.keys import load_or_create
+
+    server = await own_server()
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = kernel_config(lambda **o: load_config(None, data_dir=str(tmp_path / "data"), nats_url=server.client_url, **o),
+                        issuer, policy_dir(tmp_path), checkpoint_interval_s=0)
+    so = str(uuid.uuid4())
+    token, jti = issuer.mandate(agent=AGENT, so_id=so)
+    nc = await connect(server.client_url, name="test-fork")
+    try:
+        await ensure_streams(nc.jetstream(), Subjects())
+        async with running_gateway(cfg, nc) as gw:
+            from gateway.kernel.service import KernelService
+
+            kernel = next(p for p in gw.parts if isinstance(p, KernelService))
+            anchored = []
+            for step in (1, 2, 3):
+                await request(nc, AGENT, {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking")})
+                anchored.append((await kernel.checkpoints.anchor()).seq)  # type: ignore[union-attr]
+        assert anchored == [2, 4, 6]
+    finally:
+        await nc.drain()
+    await server.stop()
+    assert truncate_last(tmp_path / "nats" / "jetstream", "PGW_EVENTLOG", 2) == [5, 6]
+    server = await own_server()
+    nc = await connect(server.client_url, name="test-fork-2")
+    try:
+        forger = EventLog(nc, Subjects(), load_or_create(cfg.data_path, "kernel"))
+        for i in range(3):
+            await forger.append("CEDAR_PERMIT_RECORDED", {"idp_id": f"rewritten-{i}"}, msg_id=f"fork-{i}")
+    finally:
+        await nc.drain()
+    rc, out, err = await _verify(server.client_url, cfg.data_path)
+    assert rc == 1 and out["checked"] == 7 and out["first_break"]["seq"] == 5, out  # the chain alone is intact
+    assert "altered" in out["first_break"]["problem"] and "up to 4" in out["first_break"]["problem"]
+    assert "Traceback" not in err
+
+
+async def test_the_head_is_anchored_while_running(setup_kernel: Any) -> None:
+    """With kernel.checkpoint_interval_s set, the head is anchored while the gateway runs, not only at shutdown."""
+    from tests.polling import until
+
+    cfg, nc, token, jti, so = setup_kernel
+    import msgspec
+
+    cfg = msgspec.structs.replace(cfg, kernel=msgspec.structs.replace(cfg.kernel, checkpoint_interval_s=0.2))
+    async with running_gateway(cfg, nc):
+        await request(nc, AGENT, {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")})
+
+        async def anchored() -> Any:
+            cp = read_anchor_file(cfg.data_path)
+            return cp if cp is not None and cp.seq >= 2 else None
+
+        cp = await until(anchored, timeout=10, what="an anchor of the running gateway's log")
+        raw = await nc.jetstream().get_last_msg(CHECKPOINTS, "pgw.checkpoint.eventlog")
+        assert json.loads(raw.data)["seq"] >= cp.seq

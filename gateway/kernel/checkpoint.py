@@ -288,22 +288,32 @@ async def check_anchor(
             "problem": f"missing: the log ends at {last}, but its head was anchored at {latest.seq} ({latest.ts}); "
                        "the log was truncated or rolled back",
         }
-    # The newest anchor the log still matches bounds where it was altered.
-    matched = 0
-    for _src, c in good:
+    # An event's digest commits to the whole history before it, so if the log holds the
+    # latest anchor it holds every earlier one: one read in the usual case. If not, the
+    # anchors it still holds are a prefix of them; a binary search finds the last one.
+    async def holds(c: Checkpoint) -> bool:
         if c.seq < first:
-            continue
+            return False
         try:
             raw = await js.get_msg(stream, c.seq)
-            digest = log_event_decoder.decode(raw.data).digest()
-        except Exception:  # noqa: BLE001 - an unreadable anchored event is a break, reported
-            digest = None
-        if digest == c.digest:
-            matched = max(matched, c.seq)
-            continue
-        return summary, {
-            "seq": matched + 1, "event_type": None,
-            "problem": f"altered: the event at {c.seq} differs from the one anchored at {c.ts}; "
-                       f"the log matches its anchors up to {matched} (rolled back or forked after it)",
-        }
-    return summary, None
+            return log_event_decoder.decode(raw.data).digest() == c.digest
+        except Exception:  # noqa: BLE001 - an unreadable anchored event is not held
+            return False
+
+    anchors = [c for _src, c in good]
+    if await holds(latest):
+        return summary, None
+    lo, hi = 0, len(anchors) - 1  # anchors[hi] is not held; find the first one that is not
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if await holds(anchors[mid]):
+            lo = mid + 1
+        else:
+            hi = mid
+    matched = anchors[lo - 1].seq if lo > 0 else 0
+    bad = anchors[lo]
+    return summary, {
+        "seq": matched + 1, "event_type": None,
+        "problem": f"altered: the event at {bad.seq} differs from the one anchored at {bad.ts}; "
+                   f"the log matches its anchors up to {matched} (rolled back or forked after it)",
+    }
