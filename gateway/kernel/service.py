@@ -193,6 +193,8 @@ class KernelService:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.drain()
+        await self.revocations.close()
+        await self.audit.close()
         if self._loop_task is not None:
             if not self._busy:
                 # Idle in fetch(): nothing in flight, so stop waiting for new reports.
@@ -205,8 +207,6 @@ class KernelService:
             with contextlib.suppress(Exception):
                 await self._psub.unsubscribe()
         await self.overdue.close()
-        await self.revocations.close()
-        await self.audit.close()
         if self.cfg.enabled and not self.nc.is_closed:
             await self.checkpoints.close()  # the head at shutdown, anchored
 
