@@ -21,6 +21,9 @@ from tests.kernel_support import (
     stored_verdicts,
 )
 from tests.test_capsule_signer import signer_keys, stream_items, wait_count
+from tests.test_kernel_hem import Env, env
+
+__all__ = ["env"]
 
 AGENT = "bot"
 
@@ -57,3 +60,34 @@ async def test_a_permit_without_report_is_closed_by_a_timeout_capsule(make_confi
     assert cap["disposition"]["verdict_class"] == "timeout" and "effect" not in cap
     results = verify_many([(s, d) for s, d, _ in items], keys=signer_keys(cfg))
     assert all(r.ok for r in results), [(r.source, r.findings) for r in results if not r.ok]
+
+
+async def test_a_hem_approval_without_report_is_closed_too(env: Env) -> None:
+    """A hem_urgency REQUIRED IDP approved by its principal, then never reported, is closed by a timeout verdict
+    naming the moment; the sweep before the deadline closes nothing."""
+    from subjects.client import Surface
+    from subjects.idp import HemPending
+    from subjects.wire import OptionChoice
+    from tests.test_kernel_hem import PRINCIPAL, _moment
+
+    kernel = next(p for p in env.gw.parts if isinstance(p, KernelService))
+    rec = env.idp(1, hem_urgency="REQUIRED")
+    pending = await env.send(rec)
+    assert isinstance(pending, HemPending)
+    item = await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"])
+    assert (await Surface(env.nc, PRINCIPAL).resolve(item.moment_id, OptionChoice(index=0))).status == "accepted"
+    await env.watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["idp_id"] == rec["idp_id"])
+
+    async def opened() -> bool:
+        try:
+            return bool(await kernel.overdue.kv.keys())
+        except Exception:  # noqa: BLE001 - NoKeysError until the approval registered it
+            return False
+
+    from tests.polling import until
+
+    await until(opened, timeout=10, what="the approved permit registered as open")
+    assert await kernel.overdue.sweep() == 0  # not yet due
+    assert await kernel.overdue.sweep(now=1e12) == 1
+    [v] = await stored_verdicts(env.js, "timeout")
+    assert v.idp_id == rec["idp_id"] and v.moment_id == pending.moment_id
