@@ -23,7 +23,7 @@ from subjects.wire import Refusal
 # configured revoker): a compact JWS whose claims are {"revoke_jti", "iat", "reason"?}.
 RevocationToken = Annotated[str, Meta(min_length=1, max_length=8192)]
 Jti = Annotated[str, Meta(min_length=1, max_length=256)]
-Principal = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+AgentName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 
 def revoke_subject(prefix: str) -> str:
@@ -52,7 +52,7 @@ class AuditRequest(Struct, forbid_unknown_fields=True, kw_only=True):
 
     kind: Literal["session", "idp"]
     id: Jti
-    agent: Principal | None = None  # sessions are per agent; required for kind "session"
+    agent: AgentName | None = None  # sessions are per agent; required for kind "session"
 
 
 class AuditReply(Struct, omit_defaults=True):
@@ -65,3 +65,10 @@ revoke_request_decoder = msgspec.json.Decoder(RevokeRequest)
 revoke_reply_decoder = msgspec.json.Decoder(RevokeReply)
 audit_request_decoder = msgspec.json.Decoder(AuditRequest)
 audit_reply_decoder = msgspec.json.Decoder(AuditReply)
+
+WIRE_TYPES: dict[str, Any] = {
+    "RevokeRequest": RevokeRequest,
+    "RevokeReply": RevokeReply,
+    "AuditRequest": AuditRequest,
+    "AuditReply": AuditReply,
+}
