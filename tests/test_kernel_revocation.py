@@ -86,6 +86,8 @@ async def test_revoke_is_honoured_by_every_gateway_and_logged(make_config: Any, 
             assert isinstance(r, Reject) and r.error_code == "MANDATE_REVOKED"
             other = kernels[1].mandates.verify(keep, agent=AGENT)  # another mandate of the same issuer still holds
             assert other.jti != jti
+            rc, again = await _revoke(nats_server.client_url, tmp_path / "cli", jti, tmp_path / "iss.pem")
+            assert rc == 0 and again["already"] and again["event_seq"] == out["event_seq"], again  # logged once
         events = await read_log(nc.jetstream(), "MANDATE_REVOKED")
         assert [(e.body["jti"], e.body["revoked_by"], e.body["reason"]) for _s, e in events] == [(jti, issuer.kid, "agent compromised")]
         assert out["event_seq"] == events[0][0]

@@ -148,11 +148,21 @@ class Checkpointer:
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
-        pub = await latest_published(self.js, self.prefix)
+        try:
+            pub = await latest_published(self.js, self.prefix)
+        except Exception:
+            # Anchoring is evidence, not a gate: the kernel still serves, and says so.
+            log.exception("could not read the latest anchored head; anchoring from the data folder's copy")
+            pub = None
         local = read_anchor_file(self.data_dir)
         cands = [c for c in (pub, local) if c is not None and c.stream == self.eventlog.stream]
         self.last = max(cands, key=lambda c: c.seq, default=None)
-        if self.last is not None and await self._broken(self.last):
+        try:
+            broken = self.last is not None and await self._broken(self.last)
+        except Exception:
+            log.exception("could not compare the event log with its anchored head")
+            broken = False
+        if broken and self.last is not None:
             log.critical(
                 "the event log does not extend its anchored head: truncated, rolled back or forked",
                 anchored_seq=self.last.seq, alert_trigger="EVENTLOG_ANCHOR_MISMATCH",
