@@ -53,6 +53,9 @@ class AuditRequest(Struct, forbid_unknown_fields=True, kw_only=True):
     kind: Literal["session", "idp"]
     id: Jti
     agent: AgentName | None = None  # sessions are per agent; required for kind "session"
+    # Paging: a record larger than half the server's max payload ends early and names
+    # ``next_from_seq``; ask again with it for the rest.
+    from_seq: Annotated[int, Meta(ge=0)] = 0
 
 
 class AuditReply(Struct, omit_defaults=True):

@@ -124,3 +124,29 @@ async def test_audit_role_may_only_ask_the_kernel_under_its_own_name(tmp_path: P
         for c in conns:
             await c.nc.close()
         await server.stop()
+
+
+async def test_a_long_session_record_comes_in_pages(make_config: Any, nc: Any, tmp_path: Path) -> None:
+    """A record larger than its page ends early with next_from_seq; asking from there returns the rest, no event twice."""
+    from gateway.kernel.service import KernelService
+    from subjects.kernelops import AuditRequest, audit_reply_decoder
+
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = kernel_config(make_config, issuer, policy_dir(tmp_path), checkpoint_interval_s=0)
+    so = str(uuid.uuid4())
+    token, jti = issuer.mandate(agent=AGENT, so_id=so)
+    async with running_gateway(cfg, nc) as gw:
+        kernel = next(p for p in gw.parts if isinstance(p, KernelService))
+        kernel.audit.page_bytes = 6000  # two or three events a page
+        for step in range(1, 6):
+            await request(nc, AGENT, {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking")})
+        seqs: list[int] = []
+        start, pages = 0, 0
+        while start is not None:
+            req = AuditRequest(kind="session", id="s-1", agent=AGENT, from_seq=start)
+            reply = audit_reply_decoder.decode(
+                (await nc.request("pgw.kernel.audit.carol", msgspec.json.encode(req), timeout=10)).data)
+            assert reply.ok and reply.record is not None
+            seqs += [e["seq"] for e in reply.record["events"]]
+            start, pages = reply.record["next_from_seq"], pages + 1
+    assert pages > 1 and seqs == sorted(set(seqs)) and len(seqs) == 10  # 5 x IDP_SUBMITTED + CEDAR_PERMIT_RECORDED

@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     for p in (s, i):
         p.add_argument("--auditor", default="auditor", help="the audit principal asking (its credentials' name; recorded in the event log)")
         p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the kernel")
+        p.add_argument("--from-seq", type=int, default=0,
+                       help="start at this log sequence (a long record names next_from_seq)")
         p.set_defaults(handler=audit_command)
 
 
@@ -79,9 +81,9 @@ async def audit_command(args: argparse.Namespace, config: Config) -> int:
     from subjects.kernelops import AuditRequest, audit_reply_decoder, audit_subject
 
     if args.audit_command == "session":
-        req = AuditRequest(kind="session", id=args.id, agent=args.agent)
+        req = AuditRequest(kind="session", id=args.id, agent=args.agent, from_seq=args.from_seq)
     else:
-        req = AuditRequest(kind="idp", id=args.id)
+        req = AuditRequest(kind="idp", id=args.id, from_seq=args.from_seq)
     nc = await connect(config.nats_url, creds=config.creds, name="pgw-audit", once=True)
     try:
         msg = await nc.request(audit_subject(config.subjects.prefix, args.auditor), msgspec.json.encode(req), timeout=args.timeout)

@@ -81,8 +81,10 @@ class AuditService:
         self.kernel = kernel
         self.prefix = kernel.subjects.prefix
         self._sub: Any = None
+        self.page_bytes = 4096  # set from the server's max payload at start
 
     async def start(self, queue: str) -> None:
+        self.page_bytes = max(self.kernel.nc.max_payload // 2, 4096)
         self._sub = await self.kernel.nc.subscribe(f"{self.prefix}.kernel.audit.*", queue=queue, cb=self._on_request)
 
     async def close(self) -> None:
@@ -126,10 +128,24 @@ class AuditService:
         if req.kind == "session":
             if req.agent is None:
                 raise AuditError("REQUEST_MALFORMED", "a session query names the agent (sessions are per agent)")
-            return await self._session(auditor, req.agent, req.id)
-        return await self._idp(auditor, req.id)
+            return await self._session(auditor, req.agent, req.id, req.from_seq)
+        return await self._idp(auditor, req.id, req.from_seq)
 
-    async def _session(self, auditor: str, agent: str, session_id: str) -> AuditReply:
+    def _page(self, events: list[dict[str, Any]], from_seq: int) -> tuple[list[dict[str, Any]], int | None]:
+        """The events from ``from_seq`` that fit half the server's max payload; the next seq if cut."""
+        budget = self.page_bytes
+        out: list[dict[str, Any]] = []
+        for e in events:
+            if e["seq"] < from_seq:
+                continue
+            size = len(msgspec.json.encode(e))
+            if out and size > budget:
+                return out, e["seq"]
+            budget -= size
+            out.append(e)
+        return out, None
+
+    async def _session(self, auditor: str, agent: str, session_id: str, from_seq: int = 0) -> AuditReply:
         idps: set[str] = set()
 
         def match(ev: Any) -> bool:
@@ -157,6 +173,7 @@ class AuditService:
             else:
                 shown.append(e)
         restr = [{**r, "withheld": sorted(r["withheld"])} for r in restrictions.values()]
+        shown, next_seq = self._page(shown, from_seq)
         seq = await self._log_query(auditor, {"kind": "session", "id": session_id, "agent": agent,
                                               "events_returned": len(shown), "restricted_idp_ids": sorted(restricted)})
         if not events:
@@ -175,6 +192,7 @@ class AuditService:
                               and not e.get("restricted")],
             "alerts": [{"seq": e["seq"], **e["event"]["body"]["alert"]} for e in shown if "alert" in e["event"]["body"]],
             "events": shown,
+            "next_from_seq": next_seq,
             "restrictions": restr,
             "log": await self._log_state(),
             "audit_query_seq": seq,
@@ -202,7 +220,7 @@ class AuditService:
         return {"stream": STREAM, "head_seq": seq, "head_digest": digest,
                 "anchored_seq": anchor.seq if anchor else None, "anchored_at": anchor.ts if anchor else None}
 
-    async def _idp(self, auditor: str, idp_id: str) -> AuditReply:
+    async def _idp(self, auditor: str, idp_id: str, from_seq: int = 0) -> AuditReply:
         events = await self._events(lambda ev: _idp_of(ev.body) == idp_id)
         restricted = any(e["event"]["event_type"] in ("IDP_SUBMITTED", "IDP_RECEIVED")
                          and e["event"]["body"].get("audit_accessible") is False for e in events)
@@ -216,6 +234,8 @@ class AuditService:
                 f"IDP {idp_id} was submitted with audit_accessible: false: it is available only to the kernel's "
                 f"internal audit and Verified External Auditors (spec 003 §4.2); this query is logged at {seq}",
             )
+        page, next_seq = self._page(events, from_seq)
         return AuditReply(ok=True, record={"record_type": "pgw.idp_audit_record/1", "idp_id": idp_id,
                                            "generated_at": now_rfc3339(), "kernel_kid": self.kernel.key.kid,
-                                           "events": events, "log": await self._log_state(), "audit_query_seq": seq})
+                                           "events": page, "next_from_seq": next_seq,
+                                           "log": await self._log_state(), "audit_query_seq": seq})
