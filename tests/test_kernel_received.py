@@ -64,3 +64,20 @@ async def test_an_idp_for_a_terminated_session_is_committed(env: Env) -> None:
     assert res.error_code == "SESSION_TERMINATED"  # type: ignore[union-attr]
     got = [e for _s, e in await read_log(env.js, "IDP_RECEIVED")]
     assert [e.body["idp"] for e in got] == [rec] and got[0].body["session_state"] == "TERMINATED"
+
+
+async def test_a_well_formed_idp_refused_by_validation_is_committed_but_a_malformed_one_is_not(env: Env) -> None:
+    """A replayed idp_id and an IDP under another agent's mandate are committed as IDP_RECEIVED with their REJECT
+    code before the answer; an IDP_MALFORMED one is not."""
+    ok = env.idp(1, "ReadBooking")
+    assert isinstance(await env.send(ok), Permit)
+    replay = await env.send(ok)
+    assert replay.error_code == "IDP_DUPLICATE"  # type: ignore[union-attr]
+    wrong_mandate = {**env.idp(2, "ReadBooking"), "mandate_id": "not-the-jti"}
+    assert (await env.send(wrong_mandate)).error_code == "IDP_MANDATE_MISMATCH"  # type: ignore[union-attr]
+    bad = env.idp(3, "ReadBooking", confidence_level=7)
+    assert (await env.send(bad)).error_code == "IDP_MALFORMED"  # type: ignore[union-attr]
+    got = [(e.body["idp_id"], e.body["code"], e.body["session_state"]) for _s, e in await read_log(env.js, "IDP_RECEIVED")]
+    assert got == [(ok["idp_id"], "IDP_DUPLICATE", None), (wrong_mandate["idp_id"], "IDP_MANDATE_MISMATCH", None)]
+    # Still no IDP_SUBMITTED for any of them: nothing took a step.
+    assert [e.body["idp_id"] for _s, e in await read_log(env.js, "IDP_SUBMITTED")] == [ok["idp_id"]]

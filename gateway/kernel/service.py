@@ -40,7 +40,7 @@ from gateway.kernel.hem import hem_moment
 from gateway.kernel.mandate import Mandate, MandateError, MandateVerifier
 from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.policy import PolicyEngine, entity_uid, idp_context
-from gateway.kernel.received import commit_received
+from gateway.kernel.received import commit_received, commit_refused
 from gateway.kernel.revocation import Revocations
 from gateway.kernel.state import ConflictError, IdpEntry, KernelState, SessionEntry, bump_step
 from gateway.keys import load_or_create
@@ -284,6 +284,8 @@ class KernelService:
         except _RefusalError as r:
             res = r.result
             assert isinstance(res, Reject)
+            # A well-formed IDP refused by (c)-(f) is still committed first (received.py).
+            await commit_refused(self, agent, raw.get("idp"), receipt, res.error_code, tp)
             await self._deny_verdict(agent, res.idp_id, digest, res.error_code, res.reason, None, tp)
             raise
         return await self._decide(agent, raw, idp, mandate, resource, pii, read, receipt, tp)
