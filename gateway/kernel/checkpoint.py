@@ -146,6 +146,7 @@ class Checkpointer:
         self.last: Checkpoint | None = None
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._file_warned = False
 
     async def start(self) -> None:
         try:
@@ -222,8 +223,14 @@ class Checkpointer:
                 checkpoint_subject(self.prefix), data, stream=STREAM,
                 headers={"Nats-Msg-Id": f"checkpoint-{self.eventlog.stream}-{seq}-{digest[:16]}"},
             )
-            self._write_file(data)
             self.last = cp
+            try:
+                self._write_file(data)
+            except OSError as e:
+                if not self._file_warned:  # once: a read-only data folder stays read-only
+                    log.warning("could not write the anchor file; anchoring in PGW_CHECKPOINTS only",
+                                path=str(anchor_path(self.data_dir)), error=str(e))
+                    self._file_warned = True
             log.debug("event log head anchored", seq=seq)
             return cp
 
