@@ -97,6 +97,13 @@ async def test_truncated_log_on_disk_is_reported_at_the_first_missing_seq(own_se
     rc, out, _err = await _verify(server.client_url, tmp_path / "elsewhere", "--pubkey", str(_kernel_pem(cfg)))
     assert rc == 1 and out["first_break"]["seq"] == anchored.seq - 2 and out["anchor"]["source"] == CHECKPOINTS, out
 
+    # An anchor kept elsewhere is checked too: a copy whose digest was changed is refused, not trusted.
+    forged = json.loads((cfg.data_path / "kernel" / "eventlog-anchor.json").read_text())
+    forged["digest"] = "0" * 64
+    (tmp_path / "kept.json").write_text(json.dumps(forged))
+    rc, out, _err = await _verify(server.client_url, cfg.data_path, "--anchor", str(tmp_path / "kept.json"))
+    assert rc == 1 and "signature does not verify" in out["first_break"]["problem"], out
+
 
 def _kernel_pem(cfg: Any) -> Path:
     from cryptography.hazmat.primitives import serialization
