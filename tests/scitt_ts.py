@@ -1,14 +1,16 @@
-"""A SCRAPI-speaking SCITT Transparency Service for the test suite.
+"""A SCRAPI Transparency Service of the project's own, kept ONLY for fault injection.
 
-It really keeps an append-only log (RFC 9162 Merkle tree over statement
-leaves) and signs receipts with its own Ed25519 key: a COSE_Sign1 over the
-tree root (detached payload) with the inclusion proof in unprotected label
-396. Modes: ``sync`` answers ``POST /entries`` with 201 and the receipt;
+Interop is proved against the real peer, scittles (``tests/scittles_peer.py``,
+``tests/test_capsule_scittles.py``). This stand-in exists for what the real
+peer cannot be made to do on demand: answer 503 (``fail_first=N``: the first N
+POSTs; ``-1``: every POST, a TS that is down), refuse every statement with a
+permanent 400 (``reject``), sign receipts with a key nobody trusts
+(``bad_receipts``), and take the asynchronous paths scittles never takes:
 ``accepted`` answers 202 + Location of an operation that turns into a 303 to
-the entry after ``polls_before_ready`` polls; ``see_other`` answers 303 +
-Location of the entry directly. ``fail_first`` makes the first N POSTs fail
-with 503 (``fail_first=-1``: every POST fails). ``bad_receipts`` signs
-receipts with a key nobody trusts.
+the entry after ``polls_before_ready`` polls, ``see_other`` answers 303 +
+Location of the entry. Its log is a real RFC 9162 tree over the ``statement``
+leaf construction (SHA-256 of the whole Signed Statement), the other one the
+registrar supports, with Ed25519 receipts.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class ScittTS:
     fail_first: int = 0
     polls_before_ready: int = 1
     bad_receipts: bool = False
+    reject: bool = False
     key: Ed25519PrivateKey = field(default_factory=Ed25519PrivateKey.generate)
     leaves: list[bytes] = field(default_factory=list)
     statements: list[bytes] = field(default_factory=list)
@@ -98,6 +101,8 @@ class ScittTS:
         if self.fail_first < 0 or self.fail_first >= self.posts:
             return web.Response(status=503, text="service unavailable (test)", headers={"Retry-After": "0"})
         body = await req.read()
+        if self.reject:
+            return web.Response(status=400, text="statement refused by registration policy (test)")
         try:
             decode_sign1(body)
             leaf = statement_leaf(body)

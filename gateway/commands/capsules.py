@@ -18,8 +18,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.js.errors import NotFoundError
 
 from consumers.cose import TrustedKey
-from consumers.registrar import Registrar, load_ts_key, read_pinned_ts_keys
+from consumers.registrar import Registrar
 from consumers.signer import Signer
+from consumers.ts_keys import TsKey, load_ts_key, read_pinned_ts_keys
 from consumers.verifier import Result, Store, open_items, payload_of, verify_many, verify_statement
 from gateway.commands.run_gateway import stop_event
 from gateway.config import Config
@@ -28,6 +29,7 @@ from gateway.keys import kid_of, public_keys, rotate
 from gateway.logs import get_logger
 from gateway.service import run_services
 from gateway.streams import ensure_streams
+from subjects.errors import PgwError
 
 log = get_logger("pgw.cli")
 _enc = msgspec.json.Encoder()
@@ -165,14 +167,16 @@ def trusted_keys(config: Config, extra: list[str]) -> dict[str, TrustedKey]:
     return keys
 
 
-def trusted_ts_keys(config: Config, extra: list[str]) -> dict[str, TrustedKey]:
+def trusted_ts_keys(config: Config, extra: list[str]) -> dict[str, TsKey]:
+    """Pinned TS keys, the configured one, and ``--ts-key`` (hex, PEM, JWK/JWKS file or JSON)."""
     keys = read_pinned_ts_keys(config.data_path)
     if config.registrar.ts_public_key:
-        k = load_ts_key(config.registrar.ts_public_key)
-        keys[k.kid] = k
+        keys.update(load_ts_key(config.registrar.ts_public_key, config.registrar.ts_key_id))
     for spec in extra:
-        k = _parse_key(spec, "ts")
-        keys[k.kid] = k
+        try:
+            keys.update(load_ts_key(spec))
+        except PgwError as e:
+            raise SystemExit(f"pgw verify: --ts-key {spec}: {e}") from None
     return keys
 
 
