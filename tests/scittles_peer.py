@@ -146,3 +146,22 @@ def start(data: Path, *, venv: Path | None = None, timeout: float = 60.0) -> Sci
 
 if __name__ == "__main__":  # build the cache ahead of a run: python -m tests.scittles_peer
     print(ensure_venv())
+
+
+# -- the pytest plugin (tests/conftest.py lists this module in pytest_plugins) ---------------
+
+try:
+    import pytest
+except ImportError:  # used as a script: python -m tests.scittles_peer
+    pytest = None  # type: ignore[assignment]
+
+if pytest is not None:
+
+    @pytest.fixture(scope="session")
+    def scittles(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+        """One real scittles for the session (venv built once and cached), on a free loopback port."""
+        peer = start(tmp_path_factory.mktemp("scittles"))
+        try:
+            yield peer
+        finally:
+            peer.stop()

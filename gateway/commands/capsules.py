@@ -19,6 +19,7 @@ from nats.js.errors import NotFoundError
 
 from consumers.cose import TrustedKey
 from consumers.registrar import Registrar
+from consumers.registrar_status import progress
 from consumers.signer import Signer
 from consumers.ts_keys import TsKey, load_ts_key, read_pinned_ts_keys
 from consumers.verifier import Result, Store, open_items, payload_of, verify_many, verify_statement
@@ -67,6 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "and PGW_REGISTRATION when no path is given)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(handler=handle_open_items)
+    q = csub.add_parser("status", help="registration progress: waiting, retrying, registered, failed")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(handler=handle_status)
 
 
 # -- services -----------------------------------------------------------------
@@ -239,6 +243,25 @@ async def handle_open_items(args: argparse.Namespace, config: Config) -> int:
             print(f"{row['timestamp']}  {row['verdict_class']:<16} {row['capsule_id']}  {row['action_id']}")
     if not args.json:
         print(f"{len(rows)} open item(s) among {len(store)} capsule(s)")
+    return 0
+
+
+async def handle_status(args: argparse.Namespace, config: Config) -> int:
+    """Registration progress from the streams (docs/capsules.md "Registration")."""
+    nc = await connect(config.nats_url, creds=config.creds, name="pgw-capsules", once=True)
+    try:
+        p = await progress(nc.jetstream(), config.registrar.durable)
+    finally:
+        await nc.close()
+    if args.json:
+        print(_enc.encode(p).decode())
+    else:
+        ts = config.registrar.ts_url or "none configured (capsules wait)"
+        print(f"transparency service: {ts}\n"
+              f"waiting     {p.waiting:>8}   in capsule.register, not yet registered\n"
+              f"retrying    {p.retrying:>8}   of those, delivered more than once so far\n"
+              f"registered  {p.registered:>8}   anchored, receipt verified (PGW_CAPSULES)\n"
+              f"failed      {p.failed:>8}   refused permanently (PGW_REGISTRATION_DLQ)")
     return 0
 
 
