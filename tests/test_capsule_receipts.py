@@ -250,3 +250,17 @@ def test_pinned_file_round_trip_and_legacy_hex(tmp_path: Path) -> None:
         {"old": ed.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()}))
     old = read_pinned_ts_keys(tmp_path)["old"]
     assert isinstance(old, TsKey) and old.alg == EDDSA
+
+
+def test_readme_ts_configuration_loads() -> None:
+    """The README's Transparency Service block is a valid configuration with those values."""
+    import re
+    import tomllib
+
+    from gateway.config import load_config
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"### Configuring the Transparency Service.*?```toml\n(.*?)```", readme, re.S).group(1)
+    reg = tomllib.loads(block)["registrar"]
+    config = load_config(None, registrar=reg)
+    assert config.registrar.ts_url == "https://ts.example" and config.registrar.ts_public_key == "ts-key.pem"

@@ -36,6 +36,7 @@ from consumers.verifier import payload_of, verify_many
 from gateway.commands import capsules as cli
 from gateway.config import Config
 from gateway.connect import connect
+from gateway.metrics import REGISTRY
 from gateway.publish import Publisher
 from subjects.names import VERDICT_CLASSES
 from tests.scittles_peer import Scittles
@@ -124,6 +125,8 @@ async def test_already_registered_after_a_crash_is_finished(scittles: Scittles, 
         assert await asyncio.to_thread(post, st) == 201
     before = _ts_entries(scittles)
     js = nc.jetstream()
+    metric = {r: REGISTRY.get_sample_value("pgw_registrar_statements_total", {"result": r}) or 0.0
+              for r in ("registered", "already_registered")}
     with structlog.testing.capture_logs() as logs:
         async with Registrar(config, nc) as reg:
             await wait_count(js, "PGW_CAPSULES", len(rows))
@@ -132,6 +135,9 @@ async def test_already_registered_after_a_crash_is_finished(scittles: Scittles, 
     assert (await js.stream_info(DLQ_STREAM)).state.messages == 0
     anchored = [e for e in logs if e["event"].startswith("capsule anchored")]
     assert sorted(e["already_registered"] for e in anchored) == [False, False, True, True]
+    after = {r: REGISTRY.get_sample_value("pgw_registrar_statements_total", {"result": r}) for r in metric}
+    assert (after["registered"] - metric["registered"], after["already_registered"] - metric["already_registered"]) \
+        == (2, 2)
     ts_keys = read_pinned_ts_keys(config.data_path)
     items = await stream_items(js, "PGW_CAPSULES")
     results = verify_many([(s, d) for s, d, _ in items], keys=signer_keys(config), ts_keys=ts_keys)
