@@ -127,8 +127,8 @@ def check_receipt_headers(r: Sign1, alg: int) -> None:
     if got not in ALG_NAMES:
         raise CoseError("receipt_alg_unsupported",
                         f"receipt alg {got!r} is not supported (EdDSA -8, ES256 -7, ES384 -35)")
-    if got != alg:
-        raise CoseError("cose_alg_mismatch",
+    if got != alg:  # refused as unsupported for this key, before any math: not a bad signature
+        raise CoseError("receipt_alg_unsupported",
                         f"receipt alg {ALG_NAMES[got]} is not the algorithm pinned for the key ({ALG_NAMES.get(alg, alg)})")
 
 

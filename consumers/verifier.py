@@ -27,8 +27,7 @@ import msgspec
 from msgspec import Struct, field
 
 from consumers import capsule as capm
-from consumers.cose import CoseError, Sign1, TrustedKey, decode_sign1, verify_sign1
-from consumers.receipts import verify_receipt
+from consumers.cose import CoseError, Sign1, TrustedKey, decode_sign1, verify_receipt, verify_sign1
 
 Severity = Literal["error", "warning", "info"]
 CHECK_NAMES = {
