@@ -116,6 +116,56 @@ async def test_ts_down_loses_nothing_and_drains_when_back(nc: Any, make_config: 
         assert len(ts.leaves) == len(rows)
 
 
+async def test_ts_unreachable_then_back_on_the_same_address(nc: Any, make_config: Any) -> None:
+    """Connection refused (the TS process is gone) is transient: nothing dead-lettered, and once a TS
+    answers on the same address again with the same key, every waiting capsule is anchored."""
+    rows = design_rows()[:3]
+    ts = await ScittTS().start()
+    key, port = ts.key, ts.port
+    await ts.stop()
+    config = _config(make_config, ts, ts_public_key=ts.public_hex, max_failures=1)
+    await _signed(nc, config, rows)
+    js = nc.jetstream()
+    with structlog.testing.capture_logs() as logs:
+        async with Registrar(config, nc) as reg:
+            async def refused_twice() -> bool:
+                return sum(e["event"].startswith("registration failed (transient)") for e in logs) >= 2
+
+            await until(refused_twice, timeout=20, what="two refused connections")
+            assert reg.dead_lettered == 0
+            async with ScittTS(key=key, port=port) as back:
+                await wait_count(js, "PGW_CAPSULES", len(rows))
+                assert len(back.leaves) == len(rows)
+    assert any("ClientConnectorError" in e.get("error", "") for e in logs)
+    assert (await progress(js, config.registrar.durable)).failed == 0
+
+
+async def test_slow_answer_times_out_then_409_finishes(nc: Any, make_config: Any) -> None:
+    """A TS slower than http_timeout_s: the POST times out (transient), the TS registers it anyway, and the
+    retry's 409 + Location leads to the existing entry's receipt: anchored once, never dead-lettered."""
+    rows = design_rows()[:1]
+    async with ScittTS(delay_s=1.0) as ts:
+        config = _config(make_config, ts, ts_public_key=ts.public_hex, http_timeout_s=0.3, max_failures=1)
+        await _signed(nc, config, rows)
+        js = nc.jetstream()
+        with structlog.testing.capture_logs() as logs:
+            async with Registrar(config, nc) as reg:
+                async def timed_out() -> bool:
+                    return any(e["event"].startswith("registration failed (transient)") for e in logs)
+
+                await until(timed_out, timeout=20, what="a timed-out POST")
+
+                async def logged() -> bool:  # the slow handler finishes after the client gave up
+                    return len(ts.leaves) == 1
+
+                await until(logged, timeout=20, what="the TS logging the statement")
+                ts.delay_s = 0.0
+                await wait_count(js, "PGW_CAPSULES", 1)
+                assert (reg.already_registered, reg.dead_lettered) == (1, 0)
+        assert len(ts.leaves) == 1  # in the TS's log once
+        assert any("TimeoutError" in e.get("error", "") for e in logs)
+
+
 async def test_permanent_refusal_goes_to_dead_letter(nc: Any, make_config: Any) -> None:
     """After max_failures permanent refusals (400) the statement is dead-lettered with the error, not anchored."""
     async with ScittTS(reject=True) as ts:
