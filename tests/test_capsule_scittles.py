@@ -255,6 +255,11 @@ async def test_every_verdict_class_anchored_through_pgw_up(scittles: Scittles, t
             capture_output=True, text=True, timeout=30, env=env)
         p = json.loads(status.stdout)
         assert (p["waiting"], p["registered"], p["failed"]) == (0, len(rows), 0)
+        plain = await asyncio.to_thread(subprocess.run, [*base, "--server", url, "capsules"],
+                                        capture_output=True, text=True, timeout=30, env=env)
+        lines = {ln.split()[0]: ln.split()[1] for ln in plain.stdout.splitlines()[1:] if ln.strip()}
+        assert lines == {"waiting": "0", "retrying": "0", "registered": str(len(rows)), "failed": "0"}
+        assert scittles.url in plain.stdout
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -60,8 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--role", help="only this role")
     p.set_defaults(handler=handle_keys)
 
-    p = sub.add_parser("capsules", help="capsule queries")
-    csub = p.add_subparsers(dest="capsules_command", metavar="QUERY", required=True)
+    p = sub.add_parser("capsules", help="capsule queries (alone: registration progress, as `capsules status`)")
+    p.set_defaults(handler=handle_status, json=False)
+    csub = p.add_subparsers(dest="capsules_command", metavar="QUERY")
     q = csub.add_parser("open-items", help="items still open per spec 004 §5.4.4")
     q.add_argument("paths", nargs="*", help="statement files or directories")
     q.add_argument("--stream", action="append", default=[], help="stream(s) to read (default PGW_CAPSULES "
