@@ -89,6 +89,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_in_peer(code: str, *, venv: Path | None = None, timeout: float = 120.0) -> str:
+    """Run Python ``code`` with scittles' own modules importable (``src.*``); its stdout."""
+    venv = venv or ensure_venv()
+    env = {**os.environ, "PYTHONPATH": str(venv / "scittles-src"), "SCITT_OTEL_ENABLED": "false"}
+    with tempfile.TemporaryDirectory() as cwd:  # scittles' settings read a .env from the working folder
+        r = subprocess.run([str(venv / "venv" / "bin" / "python"), "-c", code], cwd=cwd, env=env,
+                           capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise PeerUnavailable(f"scittles code failed:\n{r.stderr[-3000:]}")
+    return r.stdout
+
+
 @dataclass
 class Scittles:
     """A running scittles: ``url``, its data folder, the process."""

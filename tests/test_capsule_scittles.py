@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -27,7 +28,7 @@ import structlog
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from consumers.cose import decode_sign1
+from consumers.cose import decode_sign1, inclusion_path, leaf_hash, merkle_root, root_from_path
 from consumers.receipts import statement_leaf
 from consumers.registrar import DLQ_STREAM, Registrar
 from consumers.signer import Signer
@@ -39,7 +40,7 @@ from gateway.connect import connect
 from gateway.metrics import REGISTRY
 from gateway.publish import Publisher
 from subjects.names import VERDICT_CLASSES
-from tests.scittles_peer import Scittles
+from tests.scittles_peer import Scittles, run_in_peer
 from tests.test_capsule_model import design_rows
 from tests.test_capsule_signer import signer_keys, stream_items, wait_count
 
@@ -267,3 +268,29 @@ async def test_every_verdict_class_anchored_through_pgw_up(scittles: Scittles, t
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+PEER_TREE = """
+import hashlib, json
+from src.core.merkle import MerkleTreeBuilder
+b, out = MerkleTreeBuilder(), []
+for n in range(1, N + 1):
+    b._add_leaf_internal(hashlib.sha256(b"entry %d" % n).digest())
+    out.append([b.get_root_sync().hex(), [[h.hex() for h in b.get_inclusion_proof_sync(i, n)] for i in range(n)]])
+print(json.dumps(out))
+"""
+
+
+def test_scittles_tree_is_rfc9162() -> None:
+    """scittles' own Merkle code (pairwise, odd node promoted) gives the RFC 9162 §2.1 root and inclusion path
+    of every leaf of every tree size up to 70, so receipts verify with the RFC's algorithm."""
+    n = 70
+    peer = json.loads(run_in_peer(PEER_TREE.replace("N + 1", str(n + 1))))
+    entries = [hashlib.sha256(b"entry %d" % k).digest() for k in range(1, n + 1)]
+    leaves = [leaf_hash(e) for e in entries]
+    for size, (root_hex, proofs) in enumerate(peer, start=1):
+        root = merkle_root(leaves[:size])
+        assert root.hex() == root_hex, size
+        for i, proof in enumerate(proofs):
+            assert [h.hex() for h in inclusion_path(i, leaves[:size])] == proof, (size, i)
+            assert root_from_path(i, size, leaves[i], [bytes.fromhex(h) for h in proof]) == root
