@@ -23,6 +23,7 @@ from consumers.signer import Signer
 from consumers.verifier import payload_of, verify_many
 from gateway.commands import capsules as cli
 from gateway.config import Config
+from gateway.metrics import REGISTRY
 from gateway.publish import Publisher
 from tests.polling import until
 from tests.scitt_ts import ScittTS
@@ -103,8 +104,11 @@ async def test_ts_down_loses_nothing_and_drains_when_back(nc: Any, make_config: 
                 p = await progress(js, config.registrar.durable)
                 assert (p.waiting, p.registered, p.failed) == (3, 0, 0)
                 assert p.retrying >= 1
+                assert REGISTRY.get_sample_value("pgw_registrar_ts_reachable") == 0
+                assert REGISTRY.get_sample_value("pgw_registrar_waiting") == 3
                 ts.fail_first = 0  # the TS is back
                 await wait_count(js, "PGW_CAPSULES", len(rows))
+                assert REGISTRY.get_sample_value("pgw_registrar_ts_reachable") == 1
         failed = [e for e in logs if e["event"].startswith("registration failed (transient)")]
         pauses = [e for e in logs if e["event"].startswith("Transparency Service unavailable")]
         assert len(failed) >= 6 and len(pauses) == len(failed)  # one probe per pause, not one per capsule
