@@ -260,7 +260,7 @@ def test_readme_ts_configuration_loads() -> None:
     from gateway.config import load_config
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = re.search(r"### Configuring the Transparency Service.*?```toml\n(.*?)```", readme, re.S).group(1)
+    block = re.search(r"Configuring the Transparency Service.*?```toml\n(.*?)```", readme, re.S).group(1)
     reg = tomllib.loads(block)["registrar"]
     config = load_config(None, registrar=reg)
     assert config.registrar.ts_url == "https://ts.example" and config.registrar.ts_public_key == "ts-key.pem"
