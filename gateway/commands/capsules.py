@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 from cryptography.hazmat.primitives import serialization
@@ -18,10 +19,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.js.errors import NotFoundError
 
 from consumers.cose import TrustedKey
-from consumers.registrar import Registrar
-from consumers.registrar_status import progress
+from consumers.registrar import Registrar, load_ts_key, read_pinned_ts_keys
 from consumers.signer import Signer
-from consumers.ts_keys import TsKey, load_ts_key, read_pinned_ts_keys
 from consumers.verifier import Result, Store, open_items, payload_of, verify_many, verify_statement
 from gateway.commands.run_gateway import stop_event
 from gateway.config import Config
@@ -31,6 +30,9 @@ from gateway.logs import get_logger
 from gateway.service import run_services
 from gateway.streams import ensure_streams
 from subjects.errors import PgwError
+
+if TYPE_CHECKING:
+    from consumers.ts_keys import TsKey
 
 log = get_logger("pgw.cli")
 _enc = msgspec.json.Encoder()
@@ -249,6 +251,8 @@ async def handle_open_items(args: argparse.Namespace, config: Config) -> int:
 
 async def handle_status(args: argparse.Namespace, config: Config) -> int:
     """Registration progress from the streams (docs/capsules.md "Registration")."""
+    from consumers.registrar_status import progress  # only this command needs it
+
     nc = await connect(config.nats_url, creds=config.creds, name="pgw-capsules", once=True)
     try:
         p = await progress(nc.jetstream(), config.registrar.durable)
