@@ -6,8 +6,8 @@ of its own and runs it as a subprocess on a free loopback port, so that the
 registrar is proved against the other side's own code.
 
 - The venv is cached under ``~/.cache/pgw-peers/scittles-<hash>`` where the
-  hash covers the peer's source tree: built once, reused by later runs, rebuilt
-  when the source changes. It is built in a temporary folder next to it and
+  hash covers the peer's source tree and the Python that builds it: built once,
+  reused by later runs, rebuilt when either changes. It is built in a temporary folder next to it and
   renamed into place, so two pytest processes building at once cannot leave a
   half-built cache (the loser of the rename race discards its copy).
 - The source is copied first (``shared/`` is read-only) and installed
@@ -44,8 +44,8 @@ class PeerUnavailable(RuntimeError):
 
 
 def source_hash(src: Path = SOURCE) -> str:
-    """A short hash of the peer's source tree (paths and contents)."""
-    h = hashlib.sha256()
+    """A short hash of the peer's source tree (paths and contents) and of the Python that runs it."""
+    h = hashlib.sha256(f"{getattr(sys, '_base_executable', sys.executable)} {sys.version}".encode())
     for p in sorted(src.rglob("*")):
         if p.is_file() and "__pycache__" not in p.parts:
             h.update(str(p.relative_to(src)).encode() + b"\0" + p.read_bytes() + b"\0")
