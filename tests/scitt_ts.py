@@ -4,7 +4,7 @@ Interop is proved against the real peer, scittles (``tests/scittles_peer.py``,
 ``tests/test_capsule_scittles.py``). This stand-in exists for what the real
 peer cannot be made to do on demand: answer 503 (``fail_first=N``: the first N
 POSTs; ``-1``: every POST, a TS that is down), refuse every statement with a
-permanent 400 (``reject``), sign receipts with a key nobody trusts
+permanent 400 (``reject``), publish a key of another kind (``published_jwks``), sign receipts with a key nobody trusts
 (``bad_receipts``), answer slowly (``delay_s`` before each POST is handled),
 come back on the same port after a stop (``port``), and take the asynchronous paths scittles never takes:
 ``accepted`` answers 202 + Location of an operation that turns into a 303 to
@@ -47,6 +47,7 @@ class ScittTS:
     bad_receipts: bool = False
     reject: bool = False
     delay_s: float = 0.0
+    published_jwks: dict | None = None  # what the configuration document publishes instead of its key
     port: int = 0
     key: Ed25519PrivateKey = field(default_factory=Ed25519PrivateKey.generate)
     leaves: list[bytes] = field(default_factory=list)
@@ -95,7 +96,7 @@ class ScittTS:
         doc = {
             "issuer": self.url,
             "registration_endpoint": f"{self.url}/entries",
-            "jwks": {"keys": [{"kty": "OKP", "crv": "Ed25519", "x": x, "kid": self.kid}]},
+            "jwks": self.published_jwks or {"keys": [{"kty": "OKP", "crv": "Ed25519", "x": x, "kid": self.kid}]},
         }
         return web.Response(body=cbor2.dumps(doc), content_type="application/cbor")
 

@@ -20,6 +20,7 @@ from consumers.cose import TrustedKey, decode_sign1, statement_leaf
 from consumers.registrar import DLQ_STREAM, Registrar
 from consumers.registrar_status import progress
 from consumers.signer import Signer
+from consumers.ts_keys import pinned_ts_keys_path
 from consumers.verifier import payload_of, verify_many
 from gateway.commands import capsules as cli
 from gateway.config import Config
@@ -168,6 +169,29 @@ async def test_slow_answer_times_out_then_409_finishes(nc: Any, make_config: Any
                 assert (reg.already_registered, reg.dead_lettered) == (1, 0)
         assert len(ts.leaves) == 1  # in the TS's log once
         assert any("TimeoutError" in e.get("error", "") for e in logs)
+
+
+async def test_unusable_published_key_waits_instead_of_dead_lettering(nc: Any, make_config: Any) -> None:
+    """A TS publishing only an RSA key (and no key configured): the registrar says why it cannot verify and
+    keeps the capsules waiting (a configuration problem, not the statements'); nothing pinned or anchored."""
+    rsa_jwk = {"kty": "RSA", "n": "sXch", "e": "AQAB", "kid": "r1"}
+    async with ScittTS(published_jwks={"keys": [rsa_jwk]}) as ts:
+        config = _config(make_config, ts, max_failures=1)
+        await _signed(nc, config, design_rows()[:2])
+        js = nc.jetstream()
+        with structlog.testing.capture_logs() as logs:
+            async with Registrar(config, nc) as reg:
+                async def refused_twice() -> bool:
+                    return sum("UnsupportedTsKey" in e.get("error", "") for e in logs) >= 2
+
+                await until(refused_twice, timeout=20, what="two refusals of the published key")
+                assert reg.dead_lettered == 0
+        p = await progress(js, config.registrar.durable)
+        assert (p.waiting, p.registered, p.failed) == (2, 0, 0)
+        assert ts.posts == 0  # nothing registered without a key to verify the receipt with
+        assert not pinned_ts_keys_path(config.data_path).exists()
+        why = next(e["error"] for e in logs if "UnsupportedTsKey" in e.get("error", ""))
+        assert "kty 'RSA'" in why and "supported: EdDSA/Ed25519, ES256/P-256, ES384/P-384" in why
 
 
 async def test_permanent_refusal_goes_to_dead_letter(nc: Any, make_config: Any) -> None:
