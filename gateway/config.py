@@ -165,9 +165,13 @@ class RegistrarConfig(_Section):
     """The SCITT registrar (spec 004 §3.2, SCRAPI). No ts_url: capsules wait in the queue."""
 
     ts_url: str | None = None
-    ts_public_key: str | None = None  # receipt key: raw hex, or a PEM file; unset = trust the TS's own document
+    # receipt key: Ed25519 hex, a PEM file, a JWK/JWKS file or inline JSON (EdDSA, ES256, ES384);
+    # unset = the TS's own jwks / jwks_uri, pinned on first use (docs/capsules.md "Registration")
+    ts_public_key: str | None = None
+    ts_key_id: str | None = None  # kid of ts_public_key when the key itself names none
+    receipt_leaf: Literal["auto", "statement", "payload"] = "auto"  # the TS's Merkle leaf construction
     durable: str = "pgw-registrar"
-    max_failures: Annotated[int, Meta(ge=1)] = 5
+    max_failures: Annotated[int, Meta(ge=1)] = 5  # permanent refusals before the dead-letter stream
     backoff_base_s: Annotated[float, Meta(gt=0)] = 1.0
     backoff_max_s: Annotated[float, Meta(gt=0)] = 60.0
     http_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
