@@ -85,6 +85,8 @@ def design_rows(tag: str = "") -> list[Verdict]:
         verdict(f"{t}errored", "errored", decision="accept", idp_id="idp-3", action_id=f"bot:{t}idp-3",
                 effect=ReportedEffect(type="write_order", status="failed", response={"error": "timeout"})),
         verdict(f"{t}engine", "engine_failure", reason=Refusal("engine_failure", "policy engine unavailable")),
+        verdict(f"{t}overdue", "timeout", decision="accept", idp_id="idp-4", action_id=f"bot:{t}idp-4",
+                reason=Refusal("TRANSITION_REPORT_MISSING", "no transition report within 3600 s of the permit")),
     ]
 
 
