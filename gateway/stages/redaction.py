@@ -7,17 +7,29 @@ depth, open-shape bags included) plus ``meta`` and the ids, and replaces
 - every ``secret:``-prefixed token,
 
 with ``[REDACTED]``. Matching runs on a *skeleton* of the text, so the usual
-evasions do not work:
+evasions do not work (issue 19 lists the ones a held-out pass tried):
 
-- zero-width, bidi-control, soft-hyphen, variation-selector and Unicode tag
-  characters are dropped before matching;
-- each character is NFKC-folded and case-folded, and a small table folds the
-  Cyrillic/Greek letters that look Latin, so full-width or mathematical
-  look-alikes of a secret match it;
+- zero-width, bidi-control, soft-hyphen, variation-selector and other
+  invisible characters are dropped before matching, and Unicode tag
+  characters (U+E0020-E007E) are read as the ASCII they smuggle;
+- each character is folded by every confusable of Unicode UTS #39, by case
+  and by NFKD (gateway/security/confusables.py), so full-width,
+  mathematical, Greek, Cyrillic (and 6,000 more) look-alikes of a secret
+  match it;
 - whitespace is ignored for configured secrets, and the skeletons of all
   string leaves are matched *concatenated in document order*, so a secret
   split across two adjacent fields (or array elements) whose concatenation a
-  surface renders is found and both halves are redacted.
+  surface renders is found and both halves are redacted;
+- a configured secret written in pieces with other text between them
+  (in order, each piece at least a quarter of the secret) is found too;
+- runs that decode as base64, base64url, hex or URL-encoding are decoded and
+  checked (gateway/security/encoded.py); a run carrying a secret is redacted
+  whole.
+
+After redaction every string is passed through
+:func:`gateway.security.text.visible`, which drops invisible format and
+control characters, so no text a principal reads carries hidden content
+(spec 000 §9 renders the slots as written).
 
 The same :class:`Redactor` scrubs the refusal texts, outcomes, verdicts,
 notices and log fields the pipeline produces (``scrub_struct``), because a
@@ -27,6 +39,7 @@ a value) must not carry a secret downstream either.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import unicodedata
@@ -37,6 +50,9 @@ from typing import Any, TypeVar
 import msgspec
 
 from gateway.logs import get_logger
+from gateway.security.confusables import ascii_table, fold_char
+from gateway.security.encoded import decodings, may_hold_encoding
+from gateway.security.text import visible
 from gateway.stages.base import Ctx, Refuse
 from subjects.wire import Detail
 
@@ -48,45 +64,74 @@ T = TypeVar("T")
 
 # Characters a renderer shows as nothing: zero-width, joiners, bidi controls,
 # soft hyphen, word joiner, invisible operators, BOM, variation selectors,
-# Mongolian vowel separator, combining grapheme joiner, Unicode tags.
+# Mongolian vowel separator, combining grapheme joiner, fillers (plus every Cf).
 _INVISIBLE_RANGES = (
     (0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160),
     (0x17B4, 0x17B5), (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E),
     (0x2060, 0x206F), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF),
     (0xFFA0, 0xFFA0), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
 )
-
-# Look-alikes NFKC leaves alone (Cyrillic and Greek letters shaped like Latin).
-_CONFUSABLES = str.maketrans({
-    "а": "a", "в": "b", "е": "e", "к": "k", "м": "m", "н": "h", "о": "o", "р": "p",
-    "с": "c", "т": "t", "у": "y", "х": "x", "і": "i", "ј": "j", "ѕ": "s", "ԁ": "d",
-    "ɡ": "g", "ӏ": "l", "ԛ": "q", "ԝ": "w", "α": "a", "β": "b", "ε": "e", "ι": "i",
-    "κ": "k", "ν": "v", "ο": "o", "ρ": "p", "τ": "t", "υ": "u", "χ": "x", "ϲ": "c",
-})
-
+# ``secret:`` folds to itself (none of its characters has another fold), so the
+# token is found in the skeleton as written.
 _SECRET_TOKEN = re.compile(r"secret:[^\s]+")
+_TAG_ASCII = (0xE0020, 0xE007E)  # tag characters mirroring printable ASCII ("ASCII smuggling")
+_ASCII_WS_CHARS = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
 
 
 def _invisible(cp: int) -> bool:
-    return any(lo <= cp <= hi for lo, hi in _INVISIBLE_RANGES) or unicodedata.category(chr(cp)) == "Cf"
+    return any(lo <= cp <= hi for lo, hi in _INVISIBLE_RANGES) or unicodedata.category(chr(cp)) in ("Cf", "Cc")
 
 
+def _ascii_fold_table() -> dict[int, str | None]:
+    t: dict[int, str | None] = dict(ascii_table())
+    for cp in [*range(0x20), 0x7F]:
+        if chr(cp) not in _ASCII_WS_CHARS:
+            t[cp] = None  # NUL and other controls are invisible
+    return t
+
+
+@functools.cache
 def _fold(ch: str) -> str:
-    """The skeleton of one character: '' for invisible ones."""
+    """The skeleton of one character: '' for invisible ones (tag characters included)."""
     cp = ord(ch)
     if cp < 0x80:
-        return ch.lower()
+        if ch in _ASCII_WS_CHARS:
+            return ch
+        return "" if cp < 0x20 or cp == 0x7F else fold_char(ch)
     if _invisible(cp):
         return ""
-    return unicodedata.normalize("NFKC", ch).casefold().translate(_CONFUSABLES)
+    return fold_char(ch)
 
 
-def skeleton(text: str, *, keep_space: bool) -> tuple[str, list[int]]:
+@functools.cache
+def _fold_tags(ch: str) -> str:
+    """As :func:`_fold`, but a tag character reads as the ASCII it smuggles.
+
+    Tags are matched both ways: dropped (tags sprinkled between the letters of
+    a secret) and read (a secret written in tags, invisible to the reader but
+    not to a model).
+    """
+    cp = ord(ch)
+    if _TAG_ASCII[0] <= cp <= _TAG_ASCII[1]:
+        return fold_char(chr(cp - 0xE0000))
+    return _fold(ch)
+
+
+_TAGS = re.compile("[\U000E0000-\U000E007F]")
+
+
+@functools.cache
+def _ascii_fold() -> dict[int, str | None]:
+    return _ascii_fold_table()
+
+
+def skeleton(text: str, *, keep_space: bool, tags: bool = False) -> tuple[str, list[int]]:
     """Folded text and, per skeleton character, the index of the source character."""
     out: list[str] = []
     where: list[int] = []
+    fold = _fold_tags if tags else _fold
     for i, ch in enumerate(text):
-        f = _fold(ch)
+        f = fold(ch)
         if not keep_space:
             f = "".join(c for c in f if not c.isspace())
         for c in f:
@@ -95,15 +140,15 @@ def skeleton(text: str, *, keep_space: bool) -> tuple[str, list[int]]:
     return "".join(out), where
 
 
-_ASCII_WS = {ord(c): None for c in " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"}
+_ASCII_WS = {ord(c): None for c in _ASCII_WS_CHARS}
 
 
-def fast_skeleton(text: str, *, keep_space: bool) -> str:
+def fast_skeleton(text: str, *, keep_space: bool, tags: bool = False) -> str:
     """The skeleton string alone (no index map): the cheap pre-check before mapping."""
     if text.isascii():
-        low = text.lower()
+        low = text.translate(_ascii_fold())
         return low if keep_space else low.translate(_ASCII_WS)
-    return skeleton(text, keep_space=keep_space)[0]
+    return skeleton(text, keep_space=keep_space, tags=tags)[0]
 
 
 def _secret_skeleton(secret: str) -> str:
@@ -131,6 +176,52 @@ def _apply(text: str, spans: list[tuple[int, int]]) -> str:
         pos = e
     parts.append(text[pos:])
     return "".join(parts)
+
+
+def _display_view(text: str, tags: bool) -> tuple[str, list[int]]:
+    """NFKC of each visible character (case kept: encodings are case-sensitive), with the
+    index of its source character; invisible characters dropped, tags read as ASCII if ``tags``."""
+    out: list[str] = []
+    where: list[int] = []
+    for i, ch in enumerate(text):
+        cp = ord(ch)
+        if tags and _TAG_ASCII[0] <= cp <= _TAG_ASCII[1]:
+            f = chr(cp - 0xE0000)
+        elif cp >= 0x80 and _invisible(cp):
+            f = ""
+        else:
+            f = unicodedata.normalize("NFKC", ch) if cp >= 0x80 else ch
+        out.append(f)
+        where.extend([i] * len(f))
+    return "".join(out), where
+
+
+def _min_piece(needle: str) -> int:
+    """The shortest piece of a secret written in pieces that still counts (issue 19)."""
+    return max(MIN_SECRET, len(needle) // 4)
+
+
+def _pieces(hay: str, needle: str, m: int) -> list[tuple[int, int]]:
+    """Spans of ``needle`` written in order in pieces of at least ``m`` characters, other text
+    between them; [] if it is not there. Greedy: the longest next piece, earliest place."""
+    out: list[tuple[int, int]] = []
+    pos, cursor = 0, 0
+    while pos < len(needle):
+        rest = len(needle) - pos
+        lo, hi, best = (rest if rest < m else m), rest, None
+        while lo <= hi:  # longest prefix of needle[pos:] found at or after cursor
+            mid = (lo + hi) // 2
+            at = hay.find(needle[pos:pos + mid], cursor)
+            if at == -1:
+                hi = mid - 1
+            else:
+                best, lo = (at, mid), mid + 1
+        if best is None:
+            return []
+        at, size = best
+        out.append((at, at + size))
+        pos, cursor = pos + size, at + size
+    return out
 
 
 def _find_all(hay: str, needle: str) -> Iterable[int]:
@@ -168,10 +259,10 @@ class Redactor:
         return cls(secrets)
 
     # -- strings ----------------------------------------------------------
-    def _token_spans(self, text: str) -> list[tuple[int, int]]:
-        if not _SECRET_TOKEN.search(fast_skeleton(text, keep_space=True)):
+    def _token_spans(self, text: str, tags: bool = False) -> list[tuple[int, int]]:
+        if not _SECRET_TOKEN.search(fast_skeleton(text, keep_space=True, tags=tags)):
             return []
-        skel, where = skeleton(text, keep_space=True)
+        skel, where = skeleton(text, keep_space=True, tags=tags)
         return [(where[m.start()], where[m.end() - 1] + 1) for m in _SECRET_TOKEN.finditer(skel)]
 
     def text(self, text: str) -> str:
@@ -181,54 +272,109 @@ class Redactor:
     def _leaves(self, texts: list[str]) -> list[str]:
         """Redact a sequence of strings rendered adjacently (document order)."""
         joined = "\n".join(texts)
-        low = joined.lower() if joined.isascii() else None
-        if low is not None and "secret:" not in low:
-            # All ASCII: each leaf's skeleton is its lower-case text, so no
-            # leaf holds a token unless the joined lower-case text does.
-            spans: list[list[tuple[int, int]]] = [[] for _ in texts]
-        else:
-            spans = [self._token_spans(t) for t in texts]
-        if self._needles:
-            fast = (
-                low.translate(_ASCII_WS) if low is not None
-                else "".join(fast_skeleton(t, keep_space=False) for t in texts)
-            )
-            if not any(n in fast for n in self._needles):
-                return [_apply(t, s) for t, s in zip(texts, spans, strict=True)]
-            skels = [skeleton(t, keep_space=False) for t in texts]
-            joined = "".join(s for s, _ in skels)
-            # owner[k] = (leaf index, source index) of joined character k
-            owner: list[tuple[int, int]] = [(li, src) for li, (_, w) in enumerate(skels) for src in w]
-            for needle in self._needles:
-                for start in _find_all(joined, needle):
-                    end = start + len(needle) - 1
-                    first_leaf, first_src = owner[start]
-                    last_leaf, last_src = owner[end]
-                    if first_leaf == last_leaf:
-                        spans[first_leaf].append((first_src, last_src + 1))
-                        continue
-                    # Split across leaves: redact the tail of the first, the whole
-                    # of any middle leaf, the head of the last.
-                    spans[first_leaf].append((first_src, len(texts[first_leaf])))
-                    for mid in range(first_leaf + 1, last_leaf):
-                        spans[mid].append((0, len(texts[mid])))
-                    spans[last_leaf].append((0, last_src + 1))
-        return [_apply(t, s) for t, s in zip(texts, spans, strict=True)]
+        spans: list[list[tuple[int, int]]] = [[] for _ in texts]
+        for tags in (False, True) if _TAGS.search(joined) else (False,):
+            self._scan(texts, joined, spans, tags)
+        if not joined.isascii() or may_hold_encoding(joined):
+            for li, t in enumerate(texts):
+                spans[li].extend(self._encoded_spans(t))
+        return [visible(_apply(t, s)) for t, s in zip(texts, spans, strict=True)]
+
+    def _scan(self, texts: list[str], joined: str, spans: list[list[tuple[int, int]]], tags: bool) -> None:
+        """Add the spans of ``secret:`` tokens and configured secrets, tags read as ``tags`` says."""
+        low = fast_skeleton(joined, keep_space=True) if joined.isascii() else None
+        if low is None or "secret:" in low:
+            # All ASCII without "secret:" in the folded text: no leaf holds a token.
+            for li, t in enumerate(texts):
+                spans[li].extend(self._token_spans(t, tags))
+        if not self._needles:
+            return
+        fast = (
+            low.translate(_ASCII_WS) if low is not None
+            else "".join(fast_skeleton(t, keep_space=False, tags=tags) for t in texts)
+        )
+        whole = [n for n in self._needles if n in fast]
+        pieces = [n for n in self._needles if n not in fast and self._may_be_in_pieces(n, fast)]
+        if whole or pieces:
+            self._needle_spans(texts, spans, whole, pieces, tags)
+
+    def _needle_spans(self, texts: list[str], spans: list[list[tuple[int, int]]],
+                      whole: list[str], pieces: list[str], tags: bool) -> None:
+        skels = [skeleton(t, keep_space=False, tags=tags) for t in texts]
+        joined = "".join(s for s, _ in skels)
+        # owner[k] = (leaf index, source index) of joined character k
+        owner: list[tuple[int, int]] = [(li, src) for li, (_, w) in enumerate(skels) for src in w]
+
+        def mark(start: int, end: int) -> None:
+            """Redact joined[start:end] wherever its characters came from."""
+            first_leaf, first_src = owner[start]
+            last_leaf, last_src = owner[end - 1]
+            if first_leaf == last_leaf:
+                spans[first_leaf].append((first_src, last_src + 1))
+                return
+            # Split across leaves: redact the tail of the first, the whole
+            # of any middle leaf, the head of the last.
+            spans[first_leaf].append((first_src, len(texts[first_leaf])))
+            for mid in range(first_leaf + 1, last_leaf):
+                spans[mid].append((0, len(texts[mid])))
+            spans[last_leaf].append((0, last_src + 1))
+
+        for needle in whole:
+            for start in _find_all(joined, needle):
+                mark(start, start + len(needle))
+        for needle in pieces:
+            for start, end in _pieces(joined, needle, _min_piece(needle)):
+                mark(start, end)
+
+    @staticmethod
+    def _may_be_in_pieces(needle: str, fast: str) -> bool:
+        m = _min_piece(needle)
+        return needle[:m] in fast and needle[-m:] in fast
+
+    def _holds_secret(self, text: str) -> bool:
+        for tags in (False, True) if _TAGS.search(text) else (False,):
+            if _SECRET_TOKEN.search(fast_skeleton(text, keep_space=True, tags=tags)):
+                return True
+            fast = fast_skeleton(text, keep_space=False, tags=tags)
+            if any(n in fast for n in self._needles):
+                return True
+        return False
+
+    def _encoded_spans(self, text: str) -> list[tuple[int, int]]:
+        """Runs of ``text`` that decode (base64, hex, URL-encoding) to text holding a secret.
+
+        Non-ASCII text is looked at through NFKC with invisible characters dropped, so a
+        full-width or zero-width-laced base64 run decodes as what it displays.
+        """
+        out = [(s, e) for s, e, dec in decodings(text) if self._holds_secret(dec)]
+        if not text.isascii():
+            for tags in (False, True) if _TAGS.search(text) else (False,):
+                view, where = _display_view(text, tags)
+                if view != text and may_hold_encoding(view):
+                    out += [(where[s], where[e - 1] + 1) for s, e, dec in decodings(view) if self._holds_secret(dec)]
+        return out
 
     # -- graphs ----------------------------------------------------------
     def plainly_clean(self, obj: Any) -> bool:
         """True when ``obj`` (a JSON graph or a wire Struct) certainly holds nothing to redact.
 
         A cheap pre-check, exact in one direction only: with no configured
-        secrets, a graph whose JSON text is ASCII and holds no ``secret:`` in
-        any letter case has no ``secret:`` token in any leaf or key (every
-        leaf's skeleton is then its lower-case text, and JSON escapes none of
-        those characters). Anything else takes the full walk.
+        secrets, a graph whose JSON text is ASCII, holds no ``secret:`` in any
+        letter case, no escaped control character and no encoded run that
+        decodes to a ``secret:`` token has nothing to redact or drop (the only
+        ASCII characters folding to those of ``secret:`` are their capitals,
+        and JSON escapes none of them). Anything else takes the full walk.
         """
         if self._needles:
             return False
         blob = msgspec.json.encode(obj)
-        return blob.isascii() and b"secret:" not in blob.lower()
+        # b"\\u00": JSON writes a control character (NUL, ...) as an escape; it must be
+        # dropped (visible()) and may hide a token ("sec\\u0000ret:"), so take the walk.
+        if not blob.isascii() or b"secret:" in blob.lower() or b"\\u00" in blob:
+            return False
+        text = blob.decode()
+        return not (may_hold_encoding(text) and any(
+            _SECRET_TOKEN.search(fast_skeleton(dec, keep_space=True)) for _s, _e, dec in decodings(text)))
 
     def graph(self, value: Any) -> Any:
         """A copy of a JSON graph with every string leaf and key redacted (``value`` itself if none changed)."""
@@ -320,7 +466,8 @@ async def run(ctx: Ctx) -> None:
     except msgspec.ValidationError:
         raise Refuse(
             "envelope_invalid",
-            "the envelope carries secret material that cannot be redacted within the schema's limits",
+            "the envelope carries secret material or invisible characters that cannot be removed "
+            "within the schema's limits",
             details=[Detail(message="remove the secret material and re-emit", path="$", rule="redaction")],
         ) from None
     ctx.env = red_env
