@@ -53,7 +53,13 @@ def every_confusable(s: str) -> str:
 
 
 def split_with_text(s: str) -> str:
-    return f"{s[:13]} -- and, by the way, the rest is -- {s[13:]}"
+    h = len(s) // 2
+    return f"{s[:h]} -- and, by the way, the rest is -- {s[h:]}"
+
+
+def thirds_with_text(s: str) -> str:
+    a, b = len(s) // 3, 2 * len(s) // 3
+    return f"{s[:a]} (a) {s[a:b]} (b) {s[b:]}"
 
 
 DISGUISES = {
@@ -78,12 +84,11 @@ DISGUISES = {
     "hex with 0x": lambda s: "0x" + s.encode().hex().upper(),
     "base64 of URL-encoding": lambda s: base64.b64encode(urllib.parse.quote(s).encode()).decode(),
     "two halves, text between": split_with_text,
-    "three pieces, text between": lambda s: f"{s[:8]} (a) {s[8:17]} (b) {s[17:]}",
+    "three pieces, text between": thirds_with_text,
 }
 TOKEN = "secret:tok-88-ZULU"
 TOKEN_DISGUISES = {
     "secret: token in tag characters": tags_only,
-    "secret: token, base64": lambda s: base64.b64encode(s.encode()).decode(),
     "secret: token, NUL inside": lambda s: s[:3] + "\x00" + s[3:],
 }
 
@@ -213,7 +218,7 @@ async def test_no_disguise_reaches_any_downstream_byte(nats_server, tmp_path, nc
         for enc in (base64.b64encode(SECRET.encode()).decode(), SECRET.encode().hex(), urllib.parse.quote(SECRET, safe="")):
             if enc in t:
                 leaks.append(enc)
-        if SECRET[13:] in unicodedata.normalize("NFKC", t):
+        if SECRET[len(SECRET) // 2:] in unicodedata.normalize("NFKC", t):
             leaks.append("second half")
     ok = not leaks
     security_table.record(TABLE, f"all {len(names)} disguises + principal free text, end to end", "agent planner, principal alice",

@@ -16,40 +16,34 @@ import base64
 import binascii
 import re
 from collections.abc import Iterator
-from urllib.parse import unquote_plus
+from urllib.parse import quote, unquote_plus
 
 MIN_RUN = 12  # base64 of a 4-character secret with one character around it; shorter runs are words
-_B64 = re.compile(rf"[A-Za-z0-9+/_-]{{{MIN_RUN},}}={{0,2}}")
+# The lookbehind starts a run only at a word boundary: without it, finditer tries a
+# 12-character match at every position inside every word (quadratic in practice).
+_B64 = re.compile(rf"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{{{MIN_RUN},}}={{0,2}}")
 _HEX = re.compile(r"(?:0[xX])?((?:[0-9A-Fa-f]{2}[:\s]?){6,})")
-_PCT = re.compile(r"[^\s\"'<>]*%[0-9A-Fa-f]{2}[^\s\"'<>]*")
-_PRINTABLE_SHARE = 0.85
+_PCT = re.compile(r"[^\s\"'<>%]*(?:%[0-9A-Fa-f]{2}[^\s\"'<>%]*)+")
+_URLSAFE = bytes.maketrans(b"-_", b"+/")
 
 
-def _texty(raw: bytes) -> str | None:
-    """The bytes as text if they look like text (a secret is text), else None."""
+def _text(raw: bytes) -> str:
     # errors="replace": a misaligned run decodes to a few bytes of noise, then the text.
-    s = raw.decode("utf-8", errors="replace")
-    if not s:
-        return None
-    ok = sum((c.isprintable() and c != "\ufffd") or c in "\t\n\r" for c in s)
-    return s if ok >= _PRINTABLE_SHARE * len(s) else None
+    return raw.decode("utf-8", errors="replace")
 
 
 def _b64(run: str) -> Iterator[str]:
-    alt = b"-_" if ("-" in run or "_" in run) else None
-    body = run.rstrip("=")
+    body = run.rstrip("=").encode().translate(_URLSAFE)
     for off in range(4):
         chunk = body[off:]
         if len(chunk) < 8:
             return
-        chunk = chunk[: len(chunk) - len(chunk) % 4] if len(chunk) % 4 == 1 else chunk
+        if len(chunk) % 4 == 1:
+            chunk = chunk[:-1]  # one stray character cannot end a group
         try:
-            raw = base64.b64decode(chunk + "=" * (-len(chunk) % 4), altchars=alt, validate=True)
-        except (binascii.Error, ValueError):
+            yield _text(binascii.a2b_base64(chunk + b"=" * (-len(chunk) % 4)))
+        except binascii.Error:
             continue
-        text = _texty(raw)
-        if text is not None:
-            yield text
 
 
 def _hex(run: str) -> Iterator[str]:
@@ -58,11 +52,9 @@ def _hex(run: str) -> Iterator[str]:
         d = digits[off:]
         d = d[: len(d) - len(d) % 2]
         try:
-            text = _texty(bytes.fromhex(d))
+            yield _text(bytes.fromhex(d))
         except ValueError:
             continue
-        if text is not None:
-            yield text
 
 
 def _once(text: str) -> Iterator[tuple[int, int, str]]:
@@ -83,7 +75,7 @@ def decodings(text: str, depth: int = 2) -> Iterator[tuple[int, int, str]]:
     """(start, end, decoded) for each encoded-looking run of ``text``, nested ``depth`` levels."""
     for start, end, dec in _once(text):
         yield start, end, dec
-        if depth > 1:
+        if depth > 1 and may_hold_encoding(dec):
             for _s, _e, inner in decodings(dec, depth - 1):
                 yield start, end, inner
 
@@ -91,3 +83,27 @@ def decodings(text: str, depth: int = 2) -> Iterator[tuple[int, int, str]]:
 def may_hold_encoding(text: str) -> bool:
     """Cheap pre-check: could any run of ``text`` be decoded at all?"""
     return bool(_B64.search(text) or _HEX.search(text) or ("%" in text and _PCT.search(text)))
+
+
+def encoded_marks(secret: str) -> set[str]:
+    """Substrings any base64, base64url or hex text carrying ``secret`` must contain.
+
+    For base64 it is the run of characters fully determined by the secret's
+    bytes at each of the three byte alignments; also for the URL-encoded secret
+    (base64 of URL-encoding). The redactor decodes only text holding one of
+    these (or a ``%``, or non-ASCII text that may display as one), which keeps
+    the decoding off the hot path of text that carries none.
+    """
+    out: set[str] = set()
+    raw = secret.encode()
+    for b in {raw, quote(secret, safe="").encode()}:
+        out.update((b.hex(), b.hex().upper()))
+        for off in range(3):
+            enc = base64.b64encode(b"\0" * off + b).decode()
+            first, last = -(-off * 8 // 6), (off + len(b)) * 8 // 6
+            mark = enc[first:last]
+            out.update((mark, mark.translate(_TO_URLSAFE)))
+    return {m for m in out if len(m) >= 4}
+
+
+_TO_URLSAFE = str.maketrans("+/", "-_")

@@ -22,9 +22,11 @@ evasions do not work (issue 19 lists the ones a held-out pass tried):
   surface renders is found and both halves are redacted;
 - a configured secret written in pieces with other text between them
   (in order, each piece at least a quarter of the secret) is found too;
-- runs that decode as base64, base64url, hex or URL-encoding are decoded and
-  checked (gateway/security/encoded.py); a run carrying a secret is redacted
-  whole.
+- for configured secrets, runs that decode as base64, base64url, hex or
+  URL-encoding are decoded and checked (gateway/security/encoded.py); a run
+  carrying a secret is redacted whole. (``secret:`` tokens are matched as
+  written: decoding every id-like run of every message to look for one
+  would cost the hot path ten times the rest of the stage.)
 
 After redaction every string is passed through
 :func:`gateway.security.text.visible`, which drops invisible format and
@@ -51,7 +53,7 @@ import msgspec
 
 from gateway.logs import get_logger
 from gateway.security.confusables import ascii_table, fold_char
-from gateway.security.encoded import decodings, may_hold_encoding
+from gateway.security.encoded import decodings, encoded_marks, may_hold_encoding
 from gateway.security.text import visible
 from gateway.stages.base import Ctx, Refuse
 from subjects.wire import Detail
@@ -121,8 +123,37 @@ _TAGS = re.compile("[\U000E0000-\U000E007F]")
 
 
 @functools.cache
-def _ascii_fold() -> dict[int, str | None]:
-    return _ascii_fold_table()
+def _ascii_fold() -> tuple[bytes, bytes, tuple[tuple[str, str], ...]]:
+    """The ASCII fold as C-speed steps: a 1:1 byte table, the bytes to delete, and the
+    few characters that fold to several (``m`` -> ``rn``), replaced afterwards."""
+    table = bytearray(range(256))
+    delete = bytearray()
+    multi: list[tuple[str, str]] = []
+    for cp, to in _ascii_fold_table().items():
+        if to is None or to == "":
+            delete.append(cp)
+        elif len(to) == 1:
+            table[cp] = ord(to)
+        else:
+            multi.append((chr(cp), to))
+    # A multi-character fold is itself folded already, so replacing last is exact.
+    return bytes(table), bytes(delete), tuple(multi)
+
+
+_ASCII_WS_BYTES = _ASCII_WS_CHARS.encode()
+
+
+def _drop_ascii_ws(text: str) -> str:
+    return text.encode("ascii").translate(None, _ASCII_WS_BYTES).decode("ascii")
+
+
+def _fold_ascii(text: str) -> str:
+    table, delete, multi = _ascii_fold()
+    out = text.encode("ascii").translate(table, delete).decode("ascii")
+    for ch, to in multi:
+        if ch in out:
+            out = out.replace(ch, to)
+    return out
 
 
 def skeleton(text: str, *, keep_space: bool, tags: bool = False) -> tuple[str, list[int]]:
@@ -140,14 +171,13 @@ def skeleton(text: str, *, keep_space: bool, tags: bool = False) -> tuple[str, l
     return "".join(out), where
 
 
-_ASCII_WS = {ord(c): None for c in _ASCII_WS_CHARS}
 
 
 def fast_skeleton(text: str, *, keep_space: bool, tags: bool = False) -> str:
     """The skeleton string alone (no index map): the cheap pre-check before mapping."""
     if text.isascii():
-        low = text.translate(_ascii_fold())
-        return low if keep_space else low.translate(_ASCII_WS)
+        low = _fold_ascii(text)
+        return low if keep_space else _drop_ascii_ws(low)
     return skeleton(text, keep_space=keep_space, tags=tags)[0]
 
 
@@ -203,12 +233,16 @@ def _min_piece(needle: str) -> int:
 
 def _pieces(hay: str, needle: str, m: int) -> list[tuple[int, int]]:
     """Spans of ``needle`` written in order in pieces of at least ``m`` characters, other text
-    between them; [] if it is not there. Greedy: the longest next piece, earliest place."""
+    between them; [] if it is not there. Greedy (the longest next piece, at its earliest
+    place), so a split the greedy choice overshoots can be missed; halves and thirds of
+    a secret are found."""
     out: list[tuple[int, int]] = []
     pos, cursor = 0, 0
     while pos < len(needle):
         rest = len(needle) - pos
-        lo, hi, best = (rest if rest < m else m), rest, None
+        if rest < m:
+            return []  # every piece is at least m long (the pre-check relies on it)
+        lo, hi, best = m, rest, None
         while lo <= hi:  # longest prefix of needle[pos:] found at or after cursor
             mid = (lo + hi) // 2
             at = hay.find(needle[pos:pos + mid], cursor)
@@ -235,8 +269,10 @@ class Redactor:
     """Scrubs configured secrets and ``secret:`` tokens out of strings and graphs."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        skels = {_secret_skeleton(s) for s in secrets if s and len(s.strip()) >= MIN_SECRET}
+        kept = [s for s in secrets if s and len(s.strip()) >= MIN_SECRET]
+        skels = {_secret_skeleton(s) for s in kept}
         self._needles = sorted((s for s in skels if len(s) >= MIN_SECRET), key=len, reverse=True)
+        self._marks = sorted({m for s in kept for m in encoded_marks(s)}, key=len, reverse=True)
 
     @classmethod
     def from_config(cls, cfg: Any) -> Redactor:
@@ -275,7 +311,7 @@ class Redactor:
         spans: list[list[tuple[int, int]]] = [[] for _ in texts]
         for tags in (False, True) if _TAGS.search(joined) else (False,):
             self._scan(texts, joined, spans, tags)
-        if not joined.isascii() or may_hold_encoding(joined):
+        if self._needles and (not joined.isascii() or "%" in joined or any(m in joined for m in self._marks)):
             for li, t in enumerate(texts):
                 spans[li].extend(self._encoded_spans(t))
         return [visible(_apply(t, s)) for t, s in zip(texts, spans, strict=True)]
@@ -290,7 +326,7 @@ class Redactor:
         if not self._needles:
             return
         fast = (
-            low.translate(_ASCII_WS) if low is not None
+            _drop_ascii_ws(low) if low is not None
             else "".join(fast_skeleton(t, keep_space=False, tags=tags) for t in texts)
         )
         whole = [n for n in self._needles if n in fast]
@@ -332,6 +368,8 @@ class Redactor:
         return needle[:m] in fast and needle[-m:] in fast
 
     def _holds_secret(self, text: str) -> bool:
+        if not text.isascii() and text.count("\ufffd") * 6 > len(text):
+            return False  # bytes that are not text (ids, hashes decoded as base64 or hex)
         for tags in (False, True) if _TAGS.search(text) else (False,):
             if _SECRET_TOKEN.search(fast_skeleton(text, keep_space=True, tags=tags)):
                 return True
@@ -360,21 +398,18 @@ class Redactor:
 
         A cheap pre-check, exact in one direction only: with no configured
         secrets, a graph whose JSON text is ASCII, holds no ``secret:`` in any
-        letter case, no escaped control character and no encoded run that
-        decodes to a ``secret:`` token has nothing to redact or drop (the only
-        ASCII characters folding to those of ``secret:`` are their capitals,
-        and JSON escapes none of them). Anything else takes the full walk.
+        letter case and no escaped control character has nothing to redact or
+        drop (the only ASCII characters folding to those of ``secret:`` are
+        their capitals, and JSON escapes none of them). Encodings are decoded
+        for configured secrets only (docs/pipeline.md). Anything else takes
+        the full walk.
         """
         if self._needles:
             return False
         blob = msgspec.json.encode(obj)
         # b"\\u00": JSON writes a control character (NUL, ...) as an escape; it must be
         # dropped (visible()) and may hide a token ("sec\\u0000ret:"), so take the walk.
-        if not blob.isascii() or b"secret:" in blob.lower() or b"\\u00" in blob:
-            return False
-        text = blob.decode()
-        return not (may_hold_encoding(text) and any(
-            _SECRET_TOKEN.search(fast_skeleton(dec, keep_space=True)) for _s, _e, dec in decodings(text)))
+        return blob.isascii() and b"secret:" not in blob.lower() and b"\\u00" not in blob
 
     def graph(self, value: Any) -> Any:
         """A copy of a JSON graph with every string leaf and key redacted (``value`` itself if none changed)."""
