@@ -233,26 +233,26 @@ def _min_piece(needle: str) -> int:
 
 def _pieces(hay: str, needle: str, m: int) -> list[tuple[int, int]]:
     """Spans of ``needle`` written in order in pieces of at least ``m`` characters, other text
-    between them; [] if it is not there. Greedy (the longest next piece, at its earliest
-    place), so a split the greedy choice overshoots can be missed; halves and thirds of
-    a secret are found."""
+    between them; [] if it is not there. Each piece starts at the earliest place its first
+    ``m`` characters occur and runs as far as the text keeps matching (leaving at least
+    ``m`` for the next piece), so halves and thirds of a secret are found; a split this
+    choice overshoots can be missed."""
     out: list[tuple[int, int]] = []
-    pos, cursor = 0, 0
-    while pos < len(needle):
-        rest = len(needle) - pos
-        if rest < m:
+    pos, cursor, n = 0, 0, len(needle)
+    while pos < n:
+        if n - pos < m:
             return []  # every piece is at least m long (the pre-check relies on it)
-        lo, hi, best = m, rest, None
-        while lo <= hi:  # longest prefix of needle[pos:] found at or after cursor
-            mid = (lo + hi) // 2
-            at = hay.find(needle[pos:pos + mid], cursor)
-            if at == -1:
-                hi = mid - 1
-            else:
-                best, lo = (at, mid), mid + 1
-        if best is None:
+        at = hay.find(needle[pos:pos + m], cursor)
+        if at == -1:
             return []
-        at, size = best
+        size = m
+        while pos + size < n and at + size < len(hay) and hay[at + size] == needle[pos + size]:
+            size += 1
+        left = n - pos - size
+        if 0 < left < m:
+            size -= m - left
+            if size < m:
+                return []
         out.append((at, at + size))
         pos, cursor = pos + size, at + size
     return out
