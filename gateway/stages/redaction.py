@@ -41,10 +41,7 @@ a value) must not carry a secret downstream either.
 
 from __future__ import annotations
 
-import functools
 import os
-import re
-import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,225 +49,36 @@ from typing import Any, TypeVar
 import msgspec
 
 from gateway.logs import get_logger
-from gateway.security.confusables import ascii_table, fold_char
 from gateway.security.encoded import decodings, encoded_marks, may_hold_encoding
+from gateway.security.skeleton import (
+    MARK,
+    MIN_SECRET,
+    SECRET_TOKEN,
+    TAGS,
+    apply_spans,
+    display_view,
+    drop_ascii_ws,
+    fast_skeleton,
+    find_all,
+    min_piece,
+    piece_spans,
+    secret_skeleton,
+    skeleton,
+)
 from gateway.security.text import visible
 from gateway.stages.base import Ctx, Refuse
 from subjects.wire import Detail
 
 log = get_logger("pgw.redaction")
 
-MARK = "[REDACTED]"
-MIN_SECRET = 4
 T = TypeVar("T")
-
-# Characters a renderer shows as nothing: zero-width, joiners, bidi controls,
-# soft hyphen, word joiner, invisible operators, BOM, variation selectors,
-# Mongolian vowel separator, combining grapheme joiner, fillers (plus every Cf).
-_INVISIBLE_RANGES = (
-    (0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160),
-    (0x17B4, 0x17B5), (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E),
-    (0x2060, 0x206F), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF),
-    (0xFFA0, 0xFFA0), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
-)
-# ``secret:`` folds to itself (none of its characters has another fold), so the
-# token is found in the skeleton as written.
-_SECRET_TOKEN = re.compile(r"secret:[^\s]+")
-_TAG_ASCII = (0xE0020, 0xE007E)  # tag characters mirroring printable ASCII ("ASCII smuggling")
-_ASCII_WS_CHARS = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
-
-
-def _invisible(cp: int) -> bool:
-    return any(lo <= cp <= hi for lo, hi in _INVISIBLE_RANGES) or unicodedata.category(chr(cp)) in ("Cf", "Cc")
-
-
-def _ascii_fold_table() -> dict[int, str | None]:
-    t: dict[int, str | None] = dict(ascii_table())
-    for cp in [*range(0x20), 0x7F]:
-        if chr(cp) not in _ASCII_WS_CHARS:
-            t[cp] = None  # NUL and other controls are invisible
-    return t
-
-
-@functools.cache
-def _fold(ch: str) -> str:
-    """The skeleton of one character: '' for invisible ones (tag characters included)."""
-    cp = ord(ch)
-    if cp < 0x80:
-        if ch in _ASCII_WS_CHARS:
-            return ch
-        return "" if cp < 0x20 or cp == 0x7F else fold_char(ch)
-    if _invisible(cp):
-        return ""
-    return fold_char(ch)
-
-
-@functools.cache
-def _fold_tags(ch: str) -> str:
-    """As :func:`_fold`, but a tag character reads as the ASCII it smuggles.
-
-    Tags are matched both ways: dropped (tags sprinkled between the letters of
-    a secret) and read (a secret written in tags, invisible to the reader but
-    not to a model).
-    """
-    cp = ord(ch)
-    if _TAG_ASCII[0] <= cp <= _TAG_ASCII[1]:
-        return fold_char(chr(cp - 0xE0000))
-    return _fold(ch)
-
-
-_TAGS = re.compile("[\U000E0000-\U000E007F]")
-
-
-@functools.cache
-def _ascii_fold() -> tuple[bytes, bytes, tuple[tuple[str, str], ...]]:
-    """The ASCII fold as C-speed steps: a 1:1 byte table, the bytes to delete, and the
-    few characters that fold to several (``m`` -> ``rn``), replaced afterwards."""
-    table = bytearray(range(256))
-    delete = bytearray()
-    multi: list[tuple[str, str]] = []
-    for cp, to in _ascii_fold_table().items():
-        if to is None or to == "":
-            delete.append(cp)
-        elif len(to) == 1:
-            table[cp] = ord(to)
-        else:
-            multi.append((chr(cp), to))
-    # A multi-character fold is itself folded already, so replacing last is exact.
-    return bytes(table), bytes(delete), tuple(multi)
-
-
-_ASCII_WS_BYTES = _ASCII_WS_CHARS.encode()
-
-
-def _drop_ascii_ws(text: str) -> str:
-    return text.encode("ascii").translate(None, _ASCII_WS_BYTES).decode("ascii")
-
-
-def _fold_ascii(text: str) -> str:
-    table, delete, multi = _ascii_fold()
-    out = text.encode("ascii").translate(table, delete).decode("ascii")
-    for ch, to in multi:
-        if ch in out:
-            out = out.replace(ch, to)
-    return out
-
-
-def skeleton(text: str, *, keep_space: bool, tags: bool = False) -> tuple[str, list[int]]:
-    """Folded text and, per skeleton character, the index of the source character."""
-    out: list[str] = []
-    where: list[int] = []
-    fold = _fold_tags if tags else _fold
-    for i, ch in enumerate(text):
-        f = fold(ch)
-        if not keep_space:
-            f = "".join(c for c in f if not c.isspace())
-        for c in f:
-            out.append(c)
-            where.append(i)
-    return "".join(out), where
-
-
-
-
-def fast_skeleton(text: str, *, keep_space: bool, tags: bool = False) -> str:
-    """The skeleton string alone (no index map): the cheap pre-check before mapping."""
-    if text.isascii():
-        low = _fold_ascii(text)
-        return low if keep_space else _drop_ascii_ws(low)
-    return skeleton(text, keep_space=keep_space, tags=tags)[0]
-
-
-def _secret_skeleton(secret: str) -> str:
-    return skeleton(secret, keep_space=False)[0]
-
-
-def _merge(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for s, e in sorted(spans):
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
-
-
-def _apply(text: str, spans: list[tuple[int, int]]) -> str:
-    if not spans:
-        return text
-    parts: list[str] = []
-    pos = 0
-    for s, e in _merge(spans):
-        parts.append(text[pos:s])
-        parts.append(MARK)
-        pos = e
-    parts.append(text[pos:])
-    return "".join(parts)
-
-
-def _display_view(text: str, tags: bool) -> tuple[str, list[int]]:
-    """NFKC of each visible character (case kept: encodings are case-sensitive), with the
-    index of its source character; invisible characters dropped, tags read as ASCII if ``tags``."""
-    out: list[str] = []
-    where: list[int] = []
-    for i, ch in enumerate(text):
-        cp = ord(ch)
-        if tags and _TAG_ASCII[0] <= cp <= _TAG_ASCII[1]:
-            f = chr(cp - 0xE0000)
-        elif cp >= 0x80 and _invisible(cp):
-            f = ""
-        else:
-            f = unicodedata.normalize("NFKC", ch) if cp >= 0x80 else ch
-        out.append(f)
-        where.extend([i] * len(f))
-    return "".join(out), where
-
-
-def _min_piece(needle: str) -> int:
-    """The shortest piece of a secret written in pieces that still counts (issue 19)."""
-    return max(MIN_SECRET, len(needle) // 4)
-
-
-def _pieces(hay: str, needle: str, m: int) -> list[tuple[int, int]]:
-    """Spans of ``needle`` written in order in pieces of at least ``m`` characters, other text
-    between them; [] if it is not there. Each piece starts at the earliest place its first
-    ``m`` characters occur and runs as far as the text keeps matching (leaving at least
-    ``m`` for the next piece), so halves and thirds of a secret are found; a split this
-    choice overshoots can be missed."""
-    out: list[tuple[int, int]] = []
-    pos, cursor, n = 0, 0, len(needle)
-    while pos < n:
-        if n - pos < m:
-            return []  # every piece is at least m long (the pre-check relies on it)
-        at = hay.find(needle[pos:pos + m], cursor)
-        if at == -1:
-            return []
-        size = m
-        while pos + size < n and at + size < len(hay) and hay[at + size] == needle[pos + size]:
-            size += 1
-        left = n - pos - size
-        if 0 < left < m:
-            size -= m - left
-            if size < m:
-                return []
-        out.append((at, at + size))
-        pos, cursor = pos + size, at + size
-    return out
-
-
-def _find_all(hay: str, needle: str) -> Iterable[int]:
-    start = hay.find(needle)
-    while start != -1:
-        yield start
-        start = hay.find(needle, start + 1)
-
 
 class Redactor:
     """Scrubs configured secrets and ``secret:`` tokens out of strings and graphs."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         kept = [s for s in secrets if s and len(s.strip()) >= MIN_SECRET]
-        skels = {_secret_skeleton(s) for s in kept}
+        skels = {secret_skeleton(s) for s in kept}
         self._needles = sorted((s for s in skels if len(s) >= MIN_SECRET), key=len, reverse=True)
         self._marks = sorted({m for s in kept for m in encoded_marks(s)}, key=len, reverse=True)
 
@@ -296,10 +104,10 @@ class Redactor:
 
     # -- strings ----------------------------------------------------------
     def _token_spans(self, text: str, tags: bool = False) -> list[tuple[int, int]]:
-        if not _SECRET_TOKEN.search(fast_skeleton(text, keep_space=True, tags=tags)):
+        if not SECRET_TOKEN.search(fast_skeleton(text, keep_space=True, tags=tags)):
             return []
         skel, where = skeleton(text, keep_space=True, tags=tags)
-        return [(where[m.start()], where[m.end() - 1] + 1) for m in _SECRET_TOKEN.finditer(skel)]
+        return [(where[m.start()], where[m.end() - 1] + 1) for m in SECRET_TOKEN.finditer(skel)]
 
     def text(self, text: str) -> str:
         """One string on its own (log fields, reasons, ids)."""
@@ -309,12 +117,12 @@ class Redactor:
         """Redact a sequence of strings rendered adjacently (document order)."""
         joined = "\n".join(texts)
         spans: list[list[tuple[int, int]]] = [[] for _ in texts]
-        for tags in (False, True) if _TAGS.search(joined) else (False,):
+        for tags in (False, True) if TAGS.search(joined) else (False,):
             self._scan(texts, joined, spans, tags)
         if self._needles and (not joined.isascii() or "%" in joined or any(m in joined for m in self._marks)):
             for li, t in enumerate(texts):
                 spans[li].extend(self._encoded_spans(t))
-        return [visible(_apply(t, s)) for t, s in zip(texts, spans, strict=True)]
+        return [visible(apply_spans(t, s)) for t, s in zip(texts, spans, strict=True)]
 
     def _scan(self, texts: list[str], joined: str, spans: list[list[tuple[int, int]]], tags: bool) -> None:
         """Add the spans of ``secret:`` tokens and configured secrets, tags read as ``tags`` says."""
@@ -326,7 +134,7 @@ class Redactor:
         if not self._needles:
             return
         fast = (
-            _drop_ascii_ws(low) if low is not None
+            drop_ascii_ws(low) if low is not None
             else "".join(fast_skeleton(t, keep_space=False, tags=tags) for t in texts)
         )
         whole = [n for n in self._needles if n in fast]
@@ -356,22 +164,22 @@ class Redactor:
             spans[last_leaf].append((0, last_src + 1))
 
         for needle in whole:
-            for start in _find_all(joined, needle):
+            for start in find_all(joined, needle):
                 mark(start, start + len(needle))
         for needle in pieces:
-            for start, end in _pieces(joined, needle, _min_piece(needle)):
+            for start, end in piece_spans(joined, needle, min_piece(needle)):
                 mark(start, end)
 
     @staticmethod
     def _may_be_in_pieces(needle: str, fast: str) -> bool:
-        m = _min_piece(needle)
+        m = min_piece(needle)
         return needle[:m] in fast and needle[-m:] in fast
 
     def _holds_secret(self, text: str) -> bool:
         if not text.isascii() and text.count("\ufffd") * 6 > len(text):
             return False  # bytes that are not text (ids, hashes decoded as base64 or hex)
-        for tags in (False, True) if _TAGS.search(text) else (False,):
-            if _SECRET_TOKEN.search(fast_skeleton(text, keep_space=True, tags=tags)):
+        for tags in (False, True) if TAGS.search(text) else (False,):
+            if SECRET_TOKEN.search(fast_skeleton(text, keep_space=True, tags=tags)):
                 return True
             fast = fast_skeleton(text, keep_space=False, tags=tags)
             if any(n in fast for n in self._needles):
@@ -386,8 +194,8 @@ class Redactor:
         """
         out = [(s, e) for s, e, dec in decodings(text) if self._holds_secret(dec)]
         if not text.isascii():
-            for tags in (False, True) if _TAGS.search(text) else (False,):
-                view, where = _display_view(text, tags)
+            for tags in (False, True) if TAGS.search(text) else (False,):
+                view, where = display_view(text, tags)
                 if view != text and may_hold_encoding(view):
                     out += [(where[s], where[e - 1] + 1) for s, e, dec in decodings(view) if self._holds_secret(dec)]
         return out
@@ -510,3 +318,6 @@ async def run(ctx: Ctx) -> None:
     ctx.envelope_id = red_env.envelopeId
     ctx.correlation_id = red_env.correlationId
     log.info("redacted secret material", envelope_id=ctx.envelope_id, agent=ctx.agent)
+
+
+__all__ = ["MARK", "MIN_SECRET", "Redactor", "fast_skeleton", "run", "skeleton"]
