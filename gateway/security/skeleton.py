@@ -190,31 +190,44 @@ def min_piece(needle: str) -> int:
     return max(MIN_SECRET, len(needle) // 4)
 
 
+_PIECE_BUDGET = 4000  # search steps per needle and text: repetitive text cannot stall the stage
+
+
 def piece_spans(hay: str, needle: str, m: int) -> list[tuple[int, int]]:
     """Spans of ``needle`` written in order in pieces of at least ``m`` characters, other text
-    between them; [] if it is not there. Each piece starts at the earliest place its first
-    ``m`` characters occur and runs as far as the text keeps matching (leaving at least
-    ``m`` for the next piece), so halves and thirds of a secret are found; a split this
-    choice overshoots can be missed."""
-    out: list[tuple[int, int]] = []
-    pos, cursor, n = 0, 0, len(needle)
-    while pos < n:
-        if n - pos < m:
-            return []  # every piece is at least m long (the pre-check relies on it)
-        at = hay.find(needle[pos:pos + m], cursor)
-        if at == -1:
+    between them; [] if it is not there (or the bounded search gives up on pathological
+    repetitive text). A small memoised search: each piece starts at an occurrence of its
+    first ``m`` characters and may end anywhere that leaves the rest empty or ``m`` long."""
+    n, seen = len(needle), set()
+    budget = [_PIECE_BUDGET]
+
+    def solve(pos: int, cursor: int) -> list[tuple[int, int]] | None:
+        if pos == n:
             return []
-        size = m
-        while pos + size < n and at + size < len(hay) and hay[at + size] == needle[pos + size]:
-            size += 1
-        left = n - pos - size
-        if 0 < left < m:
-            size -= m - left
-            if size < m:
-                return []
-        out.append((at, at + size))
-        pos, cursor = pos + size, at + size
-    return out
+        if n - pos < m or (pos, cursor) in seen or budget[0] <= 0:
+            return None
+        seen.add((pos, cursor))
+        budget[0] -= 1
+        head = needle[pos:pos + m]
+        at = hay.find(head, cursor)
+        while at != -1:
+            size = m
+            while pos + size < n and at + size < len(hay) and hay[at + size] == needle[pos + size]:
+                size += 1
+            for take in range(size, m - 1, -1):
+                left = n - pos - take
+                if 0 < left < m:
+                    continue
+                budget[0] -= 1
+                if budget[0] <= 0:
+                    return None
+                rest = solve(pos + take, at + take)
+                if rest is not None:
+                    return [(at, at + take), *rest]
+            at = hay.find(head, at + 1)
+        return None
+
+    return solve(0, 0) or []
 
 
 def find_all(hay: str, needle: str) -> Iterable[int]:

@@ -12,6 +12,7 @@ sequence (U+1F3F4, tags, U+E007F).
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 _BIDI_CONTROLS = {
@@ -64,16 +65,18 @@ def _pictographic(ch: str) -> bool:
     return c >= 0x1F000 or 0x2600 <= c <= 0x27BF or c in (0xFE0F, 0x20E3) or 0x1F3FB <= c <= 0x1F3FF
 
 
-def _control(c: str) -> bool:
-    return (c < " " and c not in "\t\n\r") or c == "\x7f"
+_ASCII_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def may_hide(text: str) -> bool:
+    """False when ``text`` certainly has nothing :func:`visible` would drop (cheap, for whole batches)."""
+    return not text.isascii() or _ASCII_CONTROLS.search(text) is not None
 
 
 def visible(text: str) -> str:
     """``text`` without the invisible characters above (idempotent; ASCII text is checked cheaply)."""
     if text.isascii():
-        if text.isprintable() or not any(_control(c) for c in text):
-            return text
-        return "".join(c for c in text if not _control(c))
+        return _ASCII_CONTROLS.sub("", text) if _ASCII_CONTROLS.search(text) else text
     out: list[str] = []
     in_flag = False
     n = len(text)

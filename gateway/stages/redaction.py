@@ -65,7 +65,7 @@ from gateway.security.skeleton import (
     secret_skeleton,
     skeleton,
 )
-from gateway.security.text import visible
+from gateway.security.text import may_hide, visible
 from gateway.stages.base import Ctx, Refuse
 from subjects.wire import Detail
 
@@ -117,11 +117,13 @@ class Redactor:
         """Redact a sequence of strings rendered adjacently (document order)."""
         joined = "\n".join(texts)
         spans: list[list[tuple[int, int]]] = [[] for _ in texts]
-        for tags in (False, True) if TAGS.search(joined) else (False,):
+        for tags in (False, True) if not joined.isascii() and TAGS.search(joined) else (False,):
             self._scan(texts, joined, spans, tags)
         if self._needles and (not joined.isascii() or "%" in joined or any(m in joined for m in self._marks)):
             for li, t in enumerate(texts):
                 spans[li].extend(self._encoded_spans(t))
+        if not may_hide(joined):
+            return [apply_spans(t, s) for t, s in zip(texts, spans, strict=True)]
         return [visible(apply_spans(t, s)) for t, s in zip(texts, spans, strict=True)]
 
     def _scan(self, texts: list[str], joined: str, spans: list[list[tuple[int, int]]], tags: bool) -> None:
@@ -178,7 +180,7 @@ class Redactor:
     def _holds_secret(self, text: str) -> bool:
         if not text.isascii() and text.count("\ufffd") * 6 > len(text):
             return False  # bytes that are not text (ids, hashes decoded as base64 or hex)
-        for tags in (False, True) if TAGS.search(text) else (False,):
+        for tags in (False, True) if not text.isascii() and TAGS.search(text) else (False,):
             if SECRET_TOKEN.search(fast_skeleton(text, keep_space=True, tags=tags)):
                 return True
             fast = fast_skeleton(text, keep_space=False, tags=tags)
