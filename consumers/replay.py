@@ -1,7 +1,8 @@
 """``pgw replay``: re-drive a range of a stream (issue 8 "Ops", spec 002 "Replay determinism").
 
-A range is chosen by subject filter, stream sequence and/or time, read by an
-ephemeral consumer that acknowledges nothing (the stream is not changed), and
+A range is chosen by subject filter, stream sequence and/or time, read by
+message get, with no consumer and no acknowledgement (the stream is not changed;
+consumers/history.py), and
 each message is re-driven to one target:
 
 - ``gateway``: republished on its original inbound subject
@@ -31,7 +32,6 @@ the cache).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -39,11 +39,9 @@ from typing import Any
 
 import msgspec
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from consumers.history import StoredMsg, read_stored
 from subjects.errors import PgwError, SubjectError
 from subjects.names import Subjects
 
@@ -102,8 +100,12 @@ class ReplayReport:
         return out
 
 
-async def read_range(nc: Client, rng: ReplayRange, *, batch: int = 256) -> AsyncIterator[Msg]:
-    """Yield the messages of ``rng`` in stream order, without acknowledging or changing anything."""
+async def read_range(nc: Client, rng: ReplayRange) -> AsyncIterator[StoredMsg]:
+    """Yield the messages of ``rng`` in stream order, without a consumer or any change.
+
+    Read by message get (consumers/history.py), so ops credentials, which may
+    create, pull from or ack no consumer (issue 19), can replay.
+    """
     js = nc.jetstream()
     stream = rng.stream
     if stream is None:
@@ -121,40 +123,18 @@ async def read_range(nc: Client, rng: ReplayRange, *, batch: int = 256) -> Async
     to_seq = min(rng.to_seq, last_seq) if rng.to_seq else last_seq
     if info.state.messages == 0:
         return
-    cfg: dict[str, Any] = {"ack_policy": AckPolicy.NONE, "inactive_threshold": 60.0, "mem_storage": True}
-    if rng.subject:
-        cfg["filter_subject"] = rng.subject
-    if rng.from_seq:
-        cfg.update(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=rng.from_seq)
-    elif rng.since:
-        cfg.update(deliver_policy=DeliverPolicy.BY_START_TIME,
-                   opt_start_time=rng.since.astimezone().isoformat())
-    else:
-        cfg["deliver_policy"] = DeliverPolicy.ALL
-    psub = await js.pull_subscribe(rng.subject or ">", durable=None, stream=stream,
-                                   config=ConsumerConfig(**cfg))
+    since = rng.since.astimezone() if rng.since else None
+    until = rng.until.astimezone() if rng.until else None
     yielded = 0
-    try:
-        while True:
-            try:
-                msgs = await psub.fetch(batch, timeout=1.0)
-            except NatsTimeoutError:
-                return
-            for m in msgs:
-                md = m.metadata
-                if md.sequence.stream > to_seq:
-                    return
-                if rng.until and md.timestamp and md.timestamp > rng.until:
-                    return
-                yield m
-                yielded += 1
-                if rng.limit and yielded >= rng.limit:
-                    return
-                if md.sequence.stream >= to_seq or md.num_pending == 0:
-                    return
-    finally:
-        with contextlib.suppress(Exception):
-            await psub.unsubscribe()
+    async for m in read_stored(nc, stream, rng.subject, from_seq=rng.from_seq or 1, to_seq=to_seq):
+        if since and m.time and m.time < since:
+            continue
+        if until and m.time and m.time > until:
+            return
+        yield m
+        yielded += 1
+        if rng.limit and yielded >= rng.limit:
+            return
 
 
 def _envelope_ids(data: bytes) -> list[tuple[str | None, str | None, str | None]]:
@@ -225,9 +205,9 @@ class Replayer:
             report.actions.append(action)
         return report
 
-    async def _one(self, msg: Msg, stream: str, target: str, *, dry_run: bool,
+    async def _one(self, msg: StoredMsg, stream: str, target: str, *, dry_run: bool,
                    fresh_msg_id: bool) -> ReplayAction:
-        seq = msg.metadata.sequence.stream
+        seq = msg.seq
         headers = dict(msg.headers or {})
         if target == GATEWAY:
             try:

@@ -2,8 +2,11 @@
 
 Live messages come from a plain core-NATS subscription (ops are read-only on
 the bus). With ``--all``/``--since``/``--last`` the view starts with history
-from the JetStream stream that holds the subject, read by an ordered
-ephemeral consumer that acknowledges nothing and changes no state.
+from the JetStream stream that holds the subject, read by message get in
+stream order (consumers/history.py): no consumer is created, nothing is
+acknowledged, no state changes, so the ops credentials need no consumer verb
+(issue 19). The live subscription then only wakes the reader, which reads on
+from the stream, so every message shows its sequence and none is shown twice.
 
 Every string in a JSON body is redacted before it is shown (DESIGN §3.2 step 6,
 SR-1: "redacted text appears nowhere downstream", and an ops terminal is
@@ -16,6 +19,7 @@ size and a digest, never raw.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import importlib
 import re
@@ -28,7 +32,8 @@ from typing import Any, TextIO
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from consumers.history import StoredMsg, read_stored
 
 REDACTED = "[REDACTED]"
 _SECRET_TOKEN = re.compile(r"secret:[^\s\"',;]*")
@@ -93,14 +98,10 @@ class TailLine:
     note: str | None = None
 
 
-def render_message(msg: Msg, redact: Callable[[str], str]) -> TailLine:
+def render_message(msg: Msg | StoredMsg, redact: Callable[[str], str]) -> TailLine:
     """Decode and redact one message for display; never raises."""
     headers = {k: redact(v) for k, v in (msg.headers or {}).items() if k in _HEADERS_SHOWN}
-    seq = None
-    try:
-        seq = msg.metadata.sequence.stream if msg.reply and msg.reply.startswith("$JS.ACK") else None
-    except Exception:  # noqa: BLE001 - metadata is optional for display
-        seq = None
+    seq = msg.seq if isinstance(msg, StoredMsg) else None
     data = msg.data or b""
     body: Any
     note = None
@@ -168,30 +169,39 @@ async def tail(
     redact = redact or string_redactor()
     stop = stop or asyncio.Event()
     shown = 0
-    queue: asyncio.Queue[Msg] = asyncio.Queue(maxsize=10_000)
+    queue: asyncio.Queue[Msg | StoredMsg] = asyncio.Queue(maxsize=10_000)
 
     async def on_msg(msg: Msg) -> None:
         await queue.put(msg)
 
+    follower: asyncio.Task[None] | None = None
     if history or since or last:
-        js = nc.jetstream()
-        stream = await js.find_stream_name_by_subject(subject)
-        cfg = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
-        if since is not None:
-            cfg = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
-                                 opt_start_time=since.astimezone().isoformat())
-        elif last:
-            info = await js.stream_info(stream, subjects_filter=subject)
-            total = sum((info.state.subjects or {}).values()) if info.state.subjects else info.state.messages
-            skip = max(0, total - last)
-            cfg = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
-            # An ordered consumer cannot start "N from the end" of a filtered
-            # subset; skip the first ``skip`` matching messages client-side.
-            on_msg = _skipping(on_msg, skip)
-        sub = await js.subscribe(subject, stream=stream, ordered_consumer=True, cb=on_msg, config=cfg)
+        stream = await nc.jetstream().find_stream_name_by_subject(subject)
+        poke = asyncio.Event()
+
+        async def wake(_msg: Msg) -> None:
+            poke.set()
+
+        # Live messages only wake the reader: what is shown comes from the stream,
+        # in stream order with its sequence, and nothing is shown twice.
+        sub = await nc.subscribe(subject, cb=wake)
+        await nc.flush()
+        cursor = await _queue_history(nc, stream, subject, queue, since=since, last=last)
+
+        async def follow() -> None:
+            nonlocal cursor
+            while True:
+                await poke.wait()
+                poke.clear()
+                async for m in read_stored(nc, stream, subject, from_seq=cursor, to_seq=_NO_END):
+                    await queue.put(m)
+                    cursor = m.seq + 1
+
+        follower = asyncio.create_task(follow())
+        poke.set()  # anything stored between the history read and now
     else:
         sub = await nc.subscribe(subject, cb=on_msg)
-    await nc.flush()
+        await nc.flush()
     if started is not None:
         started.set()
     stopper = asyncio.ensure_future(stop.wait())
@@ -206,17 +216,27 @@ async def tail(
             shown += 1
     finally:
         stopper.cancel()
+        if follower is not None:
+            follower.cancel()
         await sub.unsubscribe()
     return shown
 
 
-def _skipping(cb: Callable[[Msg], Any], n: int) -> Callable[[Msg], Any]:
-    left = [n]
+_NO_END = 2**63 - 1
 
-    async def wrapped(msg: Msg) -> None:
-        if left[0] > 0:
-            left[0] -= 1
-            return
-        await cb(msg)
 
-    return wrapped
+async def _queue_history(
+    nc: Client, stream: str, subject: str, queue: asyncio.Queue[Msg | StoredMsg], *,
+    since: datetime | None, last: int | None,
+) -> int:
+    """Queue the stream's history for ``subject``; return the sequence to follow from."""
+    to_seq = (await nc.jetstream().stream_info(stream)).state.last_seq
+    kept: collections.deque[StoredMsg] = collections.deque(maxlen=last or None)
+    since = since.astimezone() if since is not None else None  # a naive time is local time
+    async for m in read_stored(nc, stream, subject, to_seq=to_seq):
+        if since is not None and m.time is not None and m.time < since:
+            continue
+        kept.append(m)
+    for m in kept:
+        await queue.put(m)
+    return to_seq + 1

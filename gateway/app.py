@@ -23,6 +23,7 @@ from gateway.moments import MomentDesk, Refused
 from gateway.pipeline import EnvelopeWorker
 from gateway.publish import Publisher
 from gateway.stages.kind import BUILTIN_KINDS, KindSpec
+from gateway.stages.state import pipeline_state
 from gateway.streams import ensure_streams
 from subjects.client import ensure_agent_consumer
 from subjects.errors import SubjectError
@@ -149,7 +150,10 @@ class Gateway:
         except Exception:  # noqa: BLE001 - hostile input (e.g. recursion) must not kill the callback
             return ResolveReply(status="refused", code="invalid_resolution", reason="undecodable resolution")
         try:
-            reply = await self.desk.resolve(principal, req.moment_id, req.resolution)
+            # SR-1 covers the principal's own words too (docs/pipeline.md "SR-1 redaction"):
+            # a free-text answer becomes the agent's outcome, the KV record and a digest.
+            resolution = (await pipeline_state(self)).redactor.scrub_struct(req.resolution)
+            reply = await self.desk.resolve(principal, req.moment_id, resolution)
         except Refused as r:
             reply = ResolveReply(status="refused", moment_id=req.moment_id, code=r.code, reason=r.reason)
         except Exception:

@@ -30,7 +30,9 @@ class ServerConfig(_Section):
 
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=-1, le=65535)] = 4222
-    monitor_port: Annotated[int, Meta(ge=-1, le=65535)] = 8222
+    # Off unless asked (issue 19): the monitoring HTTP port answers anyone on the host
+    # with connections, subscriptions and stream details, and has no authentication.
+    monitor_port: Annotated[int, Meta(ge=-1, le=65535)] | None = None
     websocket_port: Annotated[int, Meta(ge=-1, le=65535)] = 8443
     max_payload: Annotated[int, Meta(ge=1024, le=64 * 1024 * 1024)] = 8 * 1024 * 1024
 

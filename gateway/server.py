@@ -2,7 +2,9 @@
 
 JetStream runs with ``sync_interval: always`` (DESIGN §7: Jepsen, NATS 2.12.1
 lost acknowledged writes under the default two-minute fsync), a file store
-under the data folder, and loopback-only listeners. A lock file in the data
+under the data folder, and loopback-only listeners: the monitoring HTTP port only when asked for,
+the WebSocket port with the client port's users and permissions and, for the
+browser surface, an allowed-origins list (issue 19). A lock file in the data
 folder stops a second instance from opening the same store.
 """
 
@@ -63,8 +65,11 @@ class EmbeddedServer:
     data_dir: Path
     host: str = "127.0.0.1"
     port: int = 4222
-    monitor_port: int = 8222
+    monitor_port: int | None = None  # off unless asked (issue 19); -1 picks a free port
     websocket_port: int | None = 8443
+    # Browser origins allowed on the WebSocket listener (the browser surface's page);
+    # checked by nats-server only when a client sends an Origin header (browsers do).
+    websocket_origins: tuple[str, ...] = ()
     max_payload: int = 8 * 1024 * 1024
     authorization: str | None = None  # a nats-server config block (see `pgw creds`)
     extra_conf: str = ""
@@ -81,9 +86,10 @@ class EmbeddedServer:
 
     def config_text(self, ports_dir: Path) -> str:
         store = self.data_dir / "jetstream"
-        lines = [
-            f'listen: "{self.host}:{self.port}"',
-            f'http: "{self.host}:{self.monitor_port}"',
+        lines = [f'listen: "{self.host}:{self.port}"']
+        if self.monitor_port is not None:
+            lines.append(f'http: "{self.host}:{self.monitor_port}"')  # loopback: host is checked in config
+        lines += [
             f"max_payload: {self.max_payload}",
             f'ports_file_dir: "{ports_dir}"',
             "jetstream {",
@@ -95,7 +101,11 @@ class EmbeddedServer:
             lines += [
                 "websocket {",
                 f'  listen: "{self.host}:{self.websocket_port}"',
-                "  no_tls: true",
+                "  no_tls: true",  # loopback only; a deployed server puts TLS in front
+                # No auth block of its own: WebSocket clients authenticate against the same
+                # users and per-party permissions as the client port (DESIGN §7).
+                *([f"  allowed_origins: [{', '.join(json.dumps(o) for o in self.websocket_origins)}]"]
+                  if self.websocket_origins else []),
                 "}",
             ]
         if self.authorization:

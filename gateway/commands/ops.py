@@ -1,7 +1,7 @@
 """``pgw replay`` and ``pgw tail``: the ops tools of issue 8.
 
 Both connect with the global ``--server``/``--creds`` options and only read
-streams (an ephemeral consumer that acknowledges nothing); ``replay`` writes
+streams (by message get: no consumer, no ack; consumers/history.py); ``replay`` writes
 only to the target it is given, and nothing at all with ``--dry-run``.
 """
 

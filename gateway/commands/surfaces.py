@@ -98,6 +98,11 @@ async def run_surface_web(args: argparse.Namespace, config: Config) -> int:
 
     principal = principal_token(args.principal)
     creds = principal_creds(args, config, principal)
+    if args.port is not None and args.port != config.surfaces.web_port and not (args.ws_url or config.surfaces.ws_url):
+        # issue 19: `pgw up` allows browsers only from http://127.0.0.1:{surfaces.web_port}.
+        print(f"pgw surface-web: --port {args.port} is not surfaces.web_port ({config.surfaces.web_port}); "
+              "the embedded server refuses WebSocket connections from this page's origin "
+              "(set surfaces.web_port and restart pgw up)", file=sys.stderr)
     server = WebSurfaceServer(
         principal=principal,
         ws_url=ws_url_of(args, config),

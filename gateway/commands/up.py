@@ -37,7 +37,7 @@ def banner(config: Config, server: EmbeddedServer, names: list[str]) -> str:
             "",
             "Principal Gateway is up.",
             f"  NATS          {server.client_url}",
-            f"  monitoring    {server.monitor_url}",
+            f"  monitoring    {server.monitor_url or '(off; [server] monitor_port to turn on)'}",
             f"  websocket     {server.websocket_url or '(off)'}",
             f"  data folder   {config.data_path.resolve()}",
             f"  services      {', '.join(names)}",
@@ -50,6 +50,21 @@ def banner(config: Config, server: EmbeddedServer, names: list[str]) -> str:
             "",
         ]
     )
+
+
+def browser_origins(config: Config) -> tuple[str, ...]:
+    """The browser surface's page origins, the only ones allowed on the WebSocket port.
+
+    ``surfaces.web_port = 0`` (a free port each run) cannot be known in advance: no
+    origin is then allowed, so browsers are refused and native clients (no Origin
+    header) still connect.
+    """
+    port = config.surfaces.web_port
+    if not port:
+        return ("http://pgw-browser-surface.invalid",)
+    hosts = {config.surfaces.web_host, "127.0.0.1", "localhost"}
+    return tuple(sorted(f"http://{h}:{port}" for h in hosts if h != "::1")) + (
+        (f"http://[::1]:{port}",) if config.surfaces.web_host == "::1" else ())
 
 
 async def handle(args: argparse.Namespace, config: Config) -> int:
@@ -75,6 +90,7 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
         port=s.port,
         monitor_port=s.monitor_port,
         websocket_port=s.websocket_port,
+        websocket_origins=browser_origins(config),
         max_payload=s.max_payload,
         authorization=auth.server_block if auth else None,
     )

@@ -15,6 +15,7 @@ publishes only the contract subjects it produces.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.security.identity import Party
@@ -173,24 +174,72 @@ def service_permissions(prefix: str, name: str) -> Permissions:
     return common.union(mine)
 
 
+# What ops may call: reads of streams, consumers and messages (DESIGN §1 "read-only
+# on every stream", §7), nothing that creates, changes or consumes state (issue 19).
+OPS_JS_READS: tuple[str, ...] = (
+    "$JS.API.INFO",
+    "$JS.API.STREAM.NAMES",
+    "$JS.API.STREAM.LIST",
+    "$JS.API.STREAM.INFO.*",
+    "$JS.API.STREAM.MSG.GET.*",  # the ops history path (consumers/tail.py): no consumer at all
+    "$JS.API.DIRECT.GET.*",
+    "$JS.API.DIRECT.GET.*.>",
+    "$JS.API.CONSUMER.NAMES.*",
+    "$JS.API.CONSUMER.LIST.*",
+    "$JS.API.CONSUMER.INFO.*.*",
+)
+
+# Belt and braces: the allow list above already leaves these out; the deny makes a
+# later, wider allow (a ``$JS.API.>`` someone adds) unable to grant them to ops.
+OPS_WRITE_DENY: tuple[str, ...] = (
+    "$JS.API.CONSUMER.CREATE.>",
+    "$JS.API.CONSUMER.DURABLE.CREATE.>",
+    "$JS.API.CONSUMER.DELETE.>",
+    "$JS.API.CONSUMER.PAUSE.>",
+    "$JS.API.CONSUMER.UNPIN.>",
+    "$JS.API.CONSUMER.RESET.>",
+    "$JS.API.CONSUMER.MSG.NEXT.>",
+    "$JS.API.CONSUMER.LEADER.>",
+    "$JS.API.STREAM.CREATE.>",
+    "$JS.API.STREAM.UPDATE.>",
+    "$JS.API.STREAM.DELETE.>",
+    "$JS.API.STREAM.PURGE.>",
+    "$JS.API.STREAM.MSG.DELETE.>",
+    "$JS.API.STREAM.SNAPSHOT.>",
+    "$JS.API.STREAM.RESTORE.>",
+    "$JS.API.STREAM.LEADER.>",
+    "$JS.API.STREAM.PEER.>",
+    "$JS.API.ACCOUNT.>",
+    "$JS.API.META.>",
+    "$JS.API.SERVER.>",
+    "$JS.ACK.>",
+    "$JS.FC.>",
+    "$KV.>",
+    "$O.>",
+    "$SYS.>",
+)
+
+# Subscriptions in a queue group would take requests away from the services'
+# own queue groups (an IDP or a resolve answered by nobody): ops subscribes plainly.
+NO_QUEUE_GROUPS = "> *"
+
+
 def ops_permissions(prefix: str, name: str) -> Permissions:
-    """Ops: read-only on every stream (DESIGN §1), plus its own inbox; no deletes."""
+    """Ops: read every contract subject and stream, change nothing (DESIGN §1, §7; issue 19)."""
     own = Party("ops", name)
     return Permissions(
-        # No $JS.ACK: an ops ack could consume the registration work queue.
-        # kernel.revoke: an operator may revoke a mandate (signed; gateway/kernel/revocation.py).
-        pub_allow=("$JS.API.>", "$JS.FC.>", f"{prefix}.capabilities", "$SRV.>", f"{prefix}.kernel.revoke"),
-        pub_deny=(
-            "$JS.API.CONSUMER.DELETE.>",
-            "$JS.API.STREAM.CREATE.>",
-            "$JS.API.STREAM.UPDATE.>",
-            "$JS.API.STREAM.DELETE.>",
-            "$JS.API.STREAM.PURGE.>",
-            "$JS.API.STREAM.MSG.DELETE.>",
-            "$JS.API.STREAM.RESTORE.>",
-            "$KV.>",
+        pub_allow=(
+            *OPS_JS_READS,
+            f"{prefix}.capabilities",
+            # nats.micro discovery of the services (gateway/micro.py): ping, info, stats.
+            "$SRV.PING", "$SRV.PING.>", "$SRV.INFO", "$SRV.INFO.>", "$SRV.STATS", "$SRV.STATS.>",
+            # An operator may revoke a mandate: the request is signed by a revoker key and
+            # checked by the kernel (gateway/kernel/revocation.py), so this grants no authority.
+            f"{prefix}.kernel.revoke",
         ),
+        pub_deny=OPS_WRITE_DENY,
         sub_allow=(f"{prefix}.>", f"{own.inbox_prefix}.>"),
+        sub_deny=(NO_QUEUE_GROUPS,),
     )
 
 
@@ -208,16 +257,20 @@ def audit_permissions(prefix: str, name: str) -> Permissions:
     )
 
 
+# One builder per role: a new role (say, an auditor) is one function and one entry here.
+RoleBuilder = Callable[[str, str], Permissions]
+ROLE_BUILDERS: dict[str, RoleBuilder] = {
+    "agent": agent_permissions,
+    "principal": principal_permissions,
+    "service": service_permissions,
+    "ops": ops_permissions,
+    "audit": audit_permissions,
+}
+
+
 def permissions_for(prefix: str, party: Party) -> Permissions:
-    match party.role:
-        case "agent":
-            return agent_permissions(prefix, party.name)
-        case "principal":
-            return principal_permissions(prefix, party.name)
-        case "service":
-            return service_permissions(prefix, party.name)
-        case "ops":
-            return ops_permissions(prefix, party.name)
-        case "audit":
-            return audit_permissions(prefix, party.name)
-    raise ValueError(party.role)
+    try:
+        build = ROLE_BUILDERS[party.role]
+    except KeyError:
+        raise ValueError(f"no permissions defined for role {party.role!r}") from None
+    return build(prefix, party.name)

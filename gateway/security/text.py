@@ -12,6 +12,9 @@ sequence (U+1F3F4, tags, U+E007F).
 
 from __future__ import annotations
 
+import re
+import unicodedata
+
 _BIDI_CONTROLS = {
     0x202A: "LEFT-TO-RIGHT EMBEDDING",
     0x202B: "RIGHT-TO-LEFT EMBEDDING",
@@ -45,3 +48,57 @@ def hidden_controls(text: str, *, tags: bool = True) -> str | None:
             return f"U+{c:05X} TAG CHARACTER at index {i}"
         in_flag = c == _BLACK_FLAG
     return None
+
+
+# What a principal reads (spec 000 §9: the slots are rendered as written) holds no
+# invisible format character: they hide text from the reader (tags, "ASCII smuggling"),
+# split words so filters miss them (zero-width joiners and spaces), or truncate a
+# rendering (NUL after a BOM). Kept: the bidi *marks* right-to-left text needs
+# (LRM, RLM, ALM), a ZWJ inside an emoji sequence, and an emoji flag's tag sequence.
+_KEEP_CF = {0x200E, 0x200F, 0x061C}
+_FILLERS = {0x034F, 0x115F, 0x1160, 0x3164, 0xFFA0, 0x180B, 0x180C, 0x180D, 0x180F}
+_ZWJ = 0x200D
+
+
+def _pictographic(ch: str) -> bool:
+    c = ord(ch)
+    return c >= 0x1F000 or 0x2600 <= c <= 0x27BF or c in (0xFE0F, 0x20E3) or 0x1F3FB <= c <= 0x1F3FF
+
+
+_ASCII_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def may_hide(text: str) -> bool:
+    """False when ``text`` certainly has nothing :func:`visible` would drop (cheap, for whole batches)."""
+    return not text.isascii() or _ASCII_CONTROLS.search(text) is not None
+
+
+def visible(text: str) -> str:
+    """``text`` without the invisible characters above (idempotent; ASCII text is checked cheaply)."""
+    if text.isascii():
+        return _ASCII_CONTROLS.sub("", text) if _ASCII_CONTROLS.search(text) else text
+    out: list[str] = []
+    in_flag = False
+    n = len(text)
+    for i, ch in enumerate(text):
+        c = ord(ch)
+        if _TAG_FIRST <= c <= _TAG_LAST:
+            if in_flag:
+                out.append(ch)
+                in_flag = c != _CANCEL_TAG
+            continue
+        in_flag = c == _BLACK_FLAG
+        if c in _KEEP_CF:
+            out.append(ch)
+            continue
+        if c == _ZWJ:
+            if out and i + 1 < n and _pictographic(out[-1]) and _pictographic(text[i + 1]):
+                out.append(ch)
+            continue
+        if c in _FILLERS:
+            continue
+        cat = unicodedata.category(ch)
+        if cat == "Cf" or (cat == "Cc" and ch not in "\t\n\r"):
+            continue
+        out.append(ch)
+    return "".join(out)

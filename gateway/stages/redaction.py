@@ -7,17 +7,31 @@ depth, open-shape bags included) plus ``meta`` and the ids, and replaces
 - every ``secret:``-prefixed token,
 
 with ``[REDACTED]``. Matching runs on a *skeleton* of the text, so the usual
-evasions do not work:
+evasions do not work (issue 19 lists the ones a held-out pass tried):
 
-- zero-width, bidi-control, soft-hyphen, variation-selector and Unicode tag
-  characters are dropped before matching;
-- each character is NFKC-folded and case-folded, and a small table folds the
-  Cyrillic/Greek letters that look Latin, so full-width or mathematical
-  look-alikes of a secret match it;
+- zero-width, bidi-control, soft-hyphen, variation-selector and other
+  invisible characters are dropped before matching, and Unicode tag
+  characters (U+E0020-E007E) are read as the ASCII they smuggle;
+- each character is folded by every confusable of Unicode UTS #39, by case
+  and by NFKD (gateway/security/confusables.py), so full-width,
+  mathematical, Greek, Cyrillic (and 6,000 more) look-alikes of a secret
+  match it;
 - whitespace is ignored for configured secrets, and the skeletons of all
   string leaves are matched *concatenated in document order*, so a secret
   split across two adjacent fields (or array elements) whose concatenation a
-  surface renders is found and both halves are redacted.
+  surface renders is found and both halves are redacted;
+- a configured secret written in pieces with other text between them
+  (in order, each piece at least a quarter of the secret) is found too;
+- for configured secrets, runs that decode as base64, base64url, hex or
+  URL-encoding are decoded and checked (gateway/security/encoded.py); a run
+  carrying a secret is redacted whole. (``secret:`` tokens are matched as
+  written: decoding every id-like run of every message to look for one
+  would cost the hot path ten times the rest of the stage.)
+
+After redaction every string is passed through
+:func:`gateway.security.text.visible`, which drops invisible format and
+control characters, so no text a principal reads carries hidden content
+(spec 000 §9 renders the slots as written).
 
 The same :class:`Redactor` scrubs the refusal texts, outcomes, verdicts,
 notices and log fields the pipeline produces (``scrub_struct``), because a
@@ -28,8 +42,6 @@ a value) must not carry a secret downstream either.
 from __future__ import annotations
 
 import os
-import re
-import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,115 +49,38 @@ from typing import Any, TypeVar
 import msgspec
 
 from gateway.logs import get_logger
+from gateway.security.encoded import decodings, encoded_marks, may_hold_encoding
+from gateway.security.skeleton import (
+    MARK,
+    MIN_SECRET,
+    SECRET_TOKEN,
+    TAGS,
+    apply_spans,
+    display_view,
+    drop_ascii_ws,
+    fast_skeleton,
+    find_all,
+    min_piece,
+    piece_spans,
+    secret_skeleton,
+    skeleton,
+)
+from gateway.security.text import may_hide, visible
 from gateway.stages.base import Ctx, Refuse
 from subjects.wire import Detail
 
 log = get_logger("pgw.redaction")
 
-MARK = "[REDACTED]"
-MIN_SECRET = 4
 T = TypeVar("T")
-
-# Characters a renderer shows as nothing: zero-width, joiners, bidi controls,
-# soft hyphen, word joiner, invisible operators, BOM, variation selectors,
-# Mongolian vowel separator, combining grapheme joiner, Unicode tags.
-_INVISIBLE_RANGES = (
-    (0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160),
-    (0x17B4, 0x17B5), (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E),
-    (0x2060, 0x206F), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF),
-    (0xFFA0, 0xFFA0), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
-)
-
-# Look-alikes NFKC leaves alone (Cyrillic and Greek letters shaped like Latin).
-_CONFUSABLES = str.maketrans({
-    "а": "a", "в": "b", "е": "e", "к": "k", "м": "m", "н": "h", "о": "o", "р": "p",
-    "с": "c", "т": "t", "у": "y", "х": "x", "і": "i", "ј": "j", "ѕ": "s", "ԁ": "d",
-    "ɡ": "g", "ӏ": "l", "ԛ": "q", "ԝ": "w", "α": "a", "β": "b", "ε": "e", "ι": "i",
-    "κ": "k", "ν": "v", "ο": "o", "ρ": "p", "τ": "t", "υ": "u", "χ": "x", "ϲ": "c",
-})
-
-_SECRET_TOKEN = re.compile(r"secret:[^\s]+")
-
-
-def _invisible(cp: int) -> bool:
-    return any(lo <= cp <= hi for lo, hi in _INVISIBLE_RANGES) or unicodedata.category(chr(cp)) == "Cf"
-
-
-def _fold(ch: str) -> str:
-    """The skeleton of one character: '' for invisible ones."""
-    cp = ord(ch)
-    if cp < 0x80:
-        return ch.lower()
-    if _invisible(cp):
-        return ""
-    return unicodedata.normalize("NFKC", ch).casefold().translate(_CONFUSABLES)
-
-
-def skeleton(text: str, *, keep_space: bool) -> tuple[str, list[int]]:
-    """Folded text and, per skeleton character, the index of the source character."""
-    out: list[str] = []
-    where: list[int] = []
-    for i, ch in enumerate(text):
-        f = _fold(ch)
-        if not keep_space:
-            f = "".join(c for c in f if not c.isspace())
-        for c in f:
-            out.append(c)
-            where.append(i)
-    return "".join(out), where
-
-
-_ASCII_WS = {ord(c): None for c in " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"}
-
-
-def fast_skeleton(text: str, *, keep_space: bool) -> str:
-    """The skeleton string alone (no index map): the cheap pre-check before mapping."""
-    if text.isascii():
-        low = text.lower()
-        return low if keep_space else low.translate(_ASCII_WS)
-    return skeleton(text, keep_space=keep_space)[0]
-
-
-def _secret_skeleton(secret: str) -> str:
-    return skeleton(secret, keep_space=False)[0]
-
-
-def _merge(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for s, e in sorted(spans):
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
-
-
-def _apply(text: str, spans: list[tuple[int, int]]) -> str:
-    if not spans:
-        return text
-    parts: list[str] = []
-    pos = 0
-    for s, e in _merge(spans):
-        parts.append(text[pos:s])
-        parts.append(MARK)
-        pos = e
-    parts.append(text[pos:])
-    return "".join(parts)
-
-
-def _find_all(hay: str, needle: str) -> Iterable[int]:
-    start = hay.find(needle)
-    while start != -1:
-        yield start
-        start = hay.find(needle, start + 1)
-
 
 class Redactor:
     """Scrubs configured secrets and ``secret:`` tokens out of strings and graphs."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        skels = {_secret_skeleton(s) for s in secrets if s and len(s.strip()) >= MIN_SECRET}
+        kept = [s for s in secrets if s and len(s.strip()) >= MIN_SECRET]
+        skels = {secret_skeleton(s) for s in kept}
         self._needles = sorted((s for s in skels if len(s) >= MIN_SECRET), key=len, reverse=True)
+        self._marks = sorted({m for s in kept for m in encoded_marks(s)}, key=len, reverse=True)
 
     @classmethod
     def from_config(cls, cfg: Any) -> Redactor:
@@ -168,11 +103,11 @@ class Redactor:
         return cls(secrets)
 
     # -- strings ----------------------------------------------------------
-    def _token_spans(self, text: str) -> list[tuple[int, int]]:
-        if not _SECRET_TOKEN.search(fast_skeleton(text, keep_space=True)):
+    def _token_spans(self, text: str, tags: bool = False) -> list[tuple[int, int]]:
+        if not SECRET_TOKEN.search(fast_skeleton(text, keep_space=True, tags=tags)):
             return []
-        skel, where = skeleton(text, keep_space=True)
-        return [(where[m.start()], where[m.end() - 1] + 1) for m in _SECRET_TOKEN.finditer(skel)]
+        skel, where = skeleton(text, keep_space=True, tags=tags)
+        return [(where[m.start()], where[m.end() - 1] + 1) for m in SECRET_TOKEN.finditer(skel)]
 
     def text(self, text: str) -> str:
         """One string on its own (log fields, reasons, ids)."""
@@ -181,54 +116,110 @@ class Redactor:
     def _leaves(self, texts: list[str]) -> list[str]:
         """Redact a sequence of strings rendered adjacently (document order)."""
         joined = "\n".join(texts)
-        low = joined.lower() if joined.isascii() else None
-        if low is not None and "secret:" not in low:
-            # All ASCII: each leaf's skeleton is its lower-case text, so no
-            # leaf holds a token unless the joined lower-case text does.
-            spans: list[list[tuple[int, int]]] = [[] for _ in texts]
-        else:
-            spans = [self._token_spans(t) for t in texts]
-        if self._needles:
-            fast = (
-                low.translate(_ASCII_WS) if low is not None
-                else "".join(fast_skeleton(t, keep_space=False) for t in texts)
-            )
-            if not any(n in fast for n in self._needles):
-                return [_apply(t, s) for t, s in zip(texts, spans, strict=True)]
-            skels = [skeleton(t, keep_space=False) for t in texts]
-            joined = "".join(s for s, _ in skels)
-            # owner[k] = (leaf index, source index) of joined character k
-            owner: list[tuple[int, int]] = [(li, src) for li, (_, w) in enumerate(skels) for src in w]
-            for needle in self._needles:
-                for start in _find_all(joined, needle):
-                    end = start + len(needle) - 1
-                    first_leaf, first_src = owner[start]
-                    last_leaf, last_src = owner[end]
-                    if first_leaf == last_leaf:
-                        spans[first_leaf].append((first_src, last_src + 1))
-                        continue
-                    # Split across leaves: redact the tail of the first, the whole
-                    # of any middle leaf, the head of the last.
-                    spans[first_leaf].append((first_src, len(texts[first_leaf])))
-                    for mid in range(first_leaf + 1, last_leaf):
-                        spans[mid].append((0, len(texts[mid])))
-                    spans[last_leaf].append((0, last_src + 1))
-        return [_apply(t, s) for t, s in zip(texts, spans, strict=True)]
+        spans: list[list[tuple[int, int]]] = [[] for _ in texts]
+        for tags in (False, True) if not joined.isascii() and TAGS.search(joined) else (False,):
+            self._scan(texts, joined, spans, tags)
+        if self._needles and (not joined.isascii() or "%" in joined or any(m in joined for m in self._marks)):
+            for li, t in enumerate(texts):
+                spans[li].extend(self._encoded_spans(t))
+        if not may_hide(joined):
+            return [apply_spans(t, s) for t, s in zip(texts, spans, strict=True)]
+        return [visible(apply_spans(t, s)) for t, s in zip(texts, spans, strict=True)]
+
+    def _scan(self, texts: list[str], joined: str, spans: list[list[tuple[int, int]]], tags: bool) -> None:
+        """Add the spans of ``secret:`` tokens and configured secrets, tags read as ``tags`` says."""
+        low = fast_skeleton(joined, keep_space=True) if joined.isascii() else None
+        if low is None or "secret:" in low:
+            # All ASCII without "secret:" in the folded text: no leaf holds a token.
+            for li, t in enumerate(texts):
+                spans[li].extend(self._token_spans(t, tags))
+        if not self._needles:
+            return
+        fast = (
+            drop_ascii_ws(low) if low is not None
+            else "".join(fast_skeleton(t, keep_space=False, tags=tags) for t in texts)
+        )
+        whole = [n for n in self._needles if n in fast]
+        pieces = [n for n in self._needles if n not in fast and self._may_be_in_pieces(n, fast)]
+        if whole or pieces:
+            self._needle_spans(texts, spans, whole, pieces, tags)
+
+    def _needle_spans(self, texts: list[str], spans: list[list[tuple[int, int]]],
+                      whole: list[str], pieces: list[str], tags: bool) -> None:
+        skels = [skeleton(t, keep_space=False, tags=tags) for t in texts]
+        joined = "".join(s for s, _ in skels)
+        # owner[k] = (leaf index, source index) of joined character k
+        owner: list[tuple[int, int]] = [(li, src) for li, (_, w) in enumerate(skels) for src in w]
+
+        def mark(start: int, end: int) -> None:
+            """Redact joined[start:end] wherever its characters came from."""
+            first_leaf, first_src = owner[start]
+            last_leaf, last_src = owner[end - 1]
+            if first_leaf == last_leaf:
+                spans[first_leaf].append((first_src, last_src + 1))
+                return
+            # Split across leaves: redact the tail of the first, the whole
+            # of any middle leaf, the head of the last.
+            spans[first_leaf].append((first_src, len(texts[first_leaf])))
+            for mid in range(first_leaf + 1, last_leaf):
+                spans[mid].append((0, len(texts[mid])))
+            spans[last_leaf].append((0, last_src + 1))
+
+        for needle in whole:
+            for start in find_all(joined, needle):
+                mark(start, start + len(needle))
+        for needle in pieces:
+            for start, end in piece_spans(joined, needle, min_piece(needle)):
+                mark(start, end)
+
+    @staticmethod
+    def _may_be_in_pieces(needle: str, fast: str) -> bool:
+        m = min_piece(needle)
+        return needle[:m] in fast and needle[-m:] in fast
+
+    def _holds_secret(self, text: str) -> bool:
+        if not text.isascii() and text.count("\ufffd") * 6 > len(text):
+            return False  # bytes that are not text (ids, hashes decoded as base64 or hex)
+        for tags in (False, True) if not text.isascii() and TAGS.search(text) else (False,):
+            if SECRET_TOKEN.search(fast_skeleton(text, keep_space=True, tags=tags)):
+                return True
+            fast = fast_skeleton(text, keep_space=False, tags=tags)
+            if any(n in fast for n in self._needles):
+                return True
+        return False
+
+    def _encoded_spans(self, text: str) -> list[tuple[int, int]]:
+        """Runs of ``text`` that decode (base64, hex, URL-encoding) to text holding a secret.
+
+        Non-ASCII text is looked at through NFKC with invisible characters dropped, so a
+        full-width or zero-width-laced base64 run decodes as what it displays.
+        """
+        out = [(s, e) for s, e, dec in decodings(text) if self._holds_secret(dec)]
+        if not text.isascii():
+            for tags in (False, True) if TAGS.search(text) else (False,):
+                view, where = display_view(text, tags)
+                if view != text and may_hold_encoding(view):
+                    out += [(where[s], where[e - 1] + 1) for s, e, dec in decodings(view) if self._holds_secret(dec)]
+        return out
 
     # -- graphs ----------------------------------------------------------
     def plainly_clean(self, obj: Any) -> bool:
         """True when ``obj`` (a JSON graph or a wire Struct) certainly holds nothing to redact.
 
         A cheap pre-check, exact in one direction only: with no configured
-        secrets, a graph whose JSON text is ASCII and holds no ``secret:`` in
-        any letter case has no ``secret:`` token in any leaf or key (every
-        leaf's skeleton is then its lower-case text, and JSON escapes none of
-        those characters). Anything else takes the full walk.
+        secrets, a graph whose JSON text is ASCII, holds no ``secret:`` in any
+        letter case and no escaped control character has nothing to redact or
+        drop (the only ASCII characters folding to those of ``secret:`` are
+        their capitals, and JSON escapes none of them). Encodings are decoded
+        for configured secrets only (docs/pipeline.md). Anything else takes
+        the full walk.
         """
         if self._needles:
             return False
         blob = msgspec.json.encode(obj)
-        return blob.isascii() and b"secret:" not in blob.lower()
+        # b"\\u00": JSON writes a control character (NUL, ...) as an escape; it must be
+        # dropped (visible()) and may hide a token ("sec\\u0000ret:"), so take the walk.
+        return blob.isascii() and b"secret:" not in blob.lower() and b"\\u00" not in blob
 
     def graph(self, value: Any) -> Any:
         """A copy of a JSON graph with every string leaf and key redacted (``value`` itself if none changed)."""
@@ -320,7 +311,8 @@ async def run(ctx: Ctx) -> None:
     except msgspec.ValidationError:
         raise Refuse(
             "envelope_invalid",
-            "the envelope carries secret material that cannot be redacted within the schema's limits",
+            "the envelope carries secret material or invisible characters that cannot be removed "
+            "within the schema's limits",
             details=[Detail(message="remove the secret material and re-emit", path="$", rule="redaction")],
         ) from None
     ctx.env = red_env
@@ -328,3 +320,6 @@ async def run(ctx: Ctx) -> None:
     ctx.envelope_id = red_env.envelopeId
     ctx.correlation_id = red_env.correlationId
     log.info("redacted secret material", envelope_id=ctx.envelope_id, agent=ctx.agent)
+
+
+__all__ = ["MARK", "MIN_SECRET", "Redactor", "fast_skeleton", "run", "skeleton"]
