@@ -145,6 +145,9 @@ class SignerConfig(_Section):
     ack_wait_s: Annotated[float, Meta(gt=0)] = 30.0
     ledger_duplicate_window_s: Annotated[float, Meta(gt=0)] = 86400.0
     parent_wait_deliveries: Annotated[int, Meta(ge=1)] = 5
+    # The capsule profile the signer writes (consumers/profiles.py): "2" = spec 004 draft -01
+    # (reference verifier 0.1.0), "4" = the current drafts (reference verifier 0.3 and later).
+    capsule_format: Literal["2", "4"] = "2"
 
 
 class RegistrarConfig(_Section):
