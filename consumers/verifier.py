@@ -129,6 +129,8 @@ class Store:
                     order = (pos if isinstance(pos, int) else 1 << 62, i)
                     self.children[parent].append((order, cid))
 
+        self.min_position = min(self.by_position, default=None)
+
     def authoritative_child(self, parent: str) -> str | None:
         kids = sorted(self.children.get(parent, []))
         return kids[0][1] if kids else None
@@ -495,6 +497,12 @@ def _ledger_mode(p: Mapping[str, Any], store: Store | None, run: _Run) -> str:
                 ledger_mode = "chained"
             else:
                 run.add(7, "ledger_broken", f"hash-chain link to position {pos - 1} does not verify")
+        elif store is not None and store.min_position is not None and store.min_position < pos - 1:
+            # The store holds statements before and after this one: one is missing between them
+            # (removed, or not stored anywhere this run was given). Not an error: a partial store
+            # (a queue drained into another stream) is legitimate, so it is said, not failed.
+            run.add(7, "ledger_gap", f"ledger position {pos - 1} is missing from a store that holds "
+                    f"earlier positions: a statement was removed, or is stored elsewhere", "warning")
         else:
             run.add(7, "ledger_unverified",
                     f"ledger predecessor (position {pos - 1}) not available: linkage present, integrity unchecked",
