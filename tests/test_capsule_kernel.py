@@ -21,10 +21,13 @@ from consumers.verifier import payload_of, verify_many
 from gateway.commands import capsules as cli
 from subjects.idp import Permit
 from tests import refverifier
+from tests import test_kernel_hem as hem
 from tests.kernel_support import read_log
 from tests.polling import until
 from tests.test_capsule_signer import signer_keys, stream_items
-from tests.test_kernel_hem import Env, env  # noqa: F401 - env is the kernel fixture used below
+from tests.test_kernel_hem import Env
+
+env = hem.env  # the fixture: a gateway with the IDP kernel, agent bot bound to principal alice
 
 
 async def transition(env: Env, executed: str, effect: dict[str, Any] | None = None) -> tuple[str, Any]:
