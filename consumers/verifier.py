@@ -27,6 +27,7 @@ import msgspec
 from msgspec import Struct, field
 
 from consumers import capsule as capm
+from consumers import capsule_v4, verify_v4
 from consumers.cose import CoseError, Sign1, TrustedKey, decode_sign1, verify_receipt, verify_sign1
 
 Severity = Literal["error", "warning", "info"]
@@ -40,6 +41,7 @@ CHECK_NAMES = {
     6: "chain",
     7: "assurance",
     8: "registry",
+    9: "provenance",  # format "4" only (draft -05 {#verification} check 9)
 }
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _MODE_ORDER = {m: i for i, m in enumerate(capm.EFFECT_MODES)}
@@ -64,6 +66,7 @@ class Result(Struct, omit_defaults=True):
     verdict_class: str | None = None
     assurance: dict[str, str] | None = None  # what this verifier rederived (§13: the tier it verified)
     effect_grade: str | None = None
+    profile: str | None = None  # the capsule format the statement was verified as: "2" or "4"
 
 
 class _DuplicateKeyError(ValueError):
@@ -92,6 +95,8 @@ def payload_of(data: bytes) -> dict[str, Any] | None:
     """Best-effort payload of a statement, for building a store; never raises."""
     try:
         msg = decode_sign1(data)
+        if msg.protected.get(3) == capsule_v4.ID_MEDIA_TYPE:
+            return verify_v4.capsule_of(msg)
         return parse_payload(msg.payload or b"")
     except Exception:  # noqa: BLE001
         return None
@@ -190,6 +195,11 @@ def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, Trus
         run.add(0, e.code, e.why)
         return
     res.kid = msg.kid
+    if msg.protected.get(3) == capsule_v4.ID_MEDIA_TYPE:  # format "4": the capsule-id registration statement
+        anchored = _check_receipts(msg, ts_keys, run)
+        verify_v4.verify_v4(msg, verify_v4.capsule_of(msg), keys, anchored, store, run, res)
+        return
+    res.profile = capm.FORMAT_VERSION
     key = keys.get(msg.kid or "")
     if key is None:
         run.add(0, "cose_key_untrusted", f"kid {msg.kid!r} is not a trusted key")
