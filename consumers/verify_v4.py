@@ -196,14 +196,18 @@ def check_capsule(p: Mapping[str, Any], run: Any, res: Any, *, store: Any = None
             capm._check_timestamp(p["timestamp"])
         except capm.CapsuleError:
             run.add(1, "field_invalid", "timestamp is RFC 3339 UTC with 'Z'", path="$.timestamp")
-    for blk in ("effect", "assurance", "disposition", "chain", "cross_party", "provenance_mode"):
+    for blk in ("effect", "assurance", "disposition", "chain", "cross_party", "provenance_mode",
+                "self_reported_reasoning"):
         if blk in p and not isinstance(p[blk], dict):
             run.add(1, "field_invalid", f"{blk} must be an object", path=f"$.{blk}")
+    for f in ("domain", "provenance", "epoch_id"):  # -02 addendum members and {#identity} epoch_id: strings
+        if f in p and not isinstance(p[f], str):
+            run.add(1, "field_invalid", f"{f} must be a string when present", path=f"$.{f}")
     if "constraints" in p and not isinstance(p["constraints"], list):
         run.add(1, "field_invalid", "constraints must be an array", path="$.constraints")
-    if disp is None:
-        run.add(1, "field_missing", "disposition REQUIRED object", path="$.disposition")
-    else:
+    # {#identity} lists the REQUIRED members; disposition is not among them (an "fyi" record may have
+    # none) and the reference verifier does not require it either: checked only when present.
+    if disp is not None:
         if "decision" not in disp:
             run.add(1, "field_missing", "disposition.decision is REQUIRED", path="$.disposition.decision")
         if disp.get("approver") not in APPROVERS:
@@ -221,6 +225,7 @@ def check_capsule(p: Mapping[str, Any], run: Any, res: Any, *, store: Any = None
             run.add(1, "field_invalid", f"{blk}.{member} must be a string", path=f"$.{blk}.{member}")
     for path in v4._unsafe(p):
         run.add(1, "float_value", "floating-point or unsafe integer in a digest-bearing field", path=path)
+    refs = _references(p.get("references"), chain, run)
     # -- 2: identity -----------------------------------------------------------------------------
     if isinstance(cid, str) and _HEX64.match(cid) and fv == v4.FORMAT \
             and p.get("canonicalization_id") == v4.CANONICALIZATION_ID:
@@ -262,6 +267,8 @@ def check_capsule(p: Mapping[str, Any], run: Any, res: Any, *, store: Any = None
             if first is not None and first != cid:
                 run.add(6, "concurrent_supersedes", f"a later supersedes of {parent}; {first} is authoritative",
                         "warning")
+    for f in refs:
+        run.add(*f)
     # -- 7: assurance ------------------------------------------------------------------------------
     ledger_mode = "chained" if chain is not None else "standalone"  # {#assurance}: from the chain block alone
     a = p.get("assurance") if isinstance(p.get("assurance"), dict) else {}
@@ -275,6 +282,13 @@ def check_capsule(p: Mapping[str, Any], run: Any, res: Any, *, store: Any = None
         run.add(7, "ledger_overclaim", f"ledger_mode {lm} but the capsule derives {ledger_mode}", "info")
     res.assurance = {"attestation_mode": "anchored" if anchored else "self_attested", "effect_mode": derived,
                      "ledger_mode": ledger_mode}
+    cp = p.get("cross_party")
+    if isinstance(cp, dict):  # {#crossparty}: the rung is derived from the block's own bytes
+        rung = _cross_party_rung(cp)
+        res.assurance["cross_party_rung"] = rung
+        claimed = a.get("cross_party_rung")
+        if claimed in _RUNGS and _RUNGS.index(claimed) > _RUNGS.index(rung):
+            run.add(7, "cross_party_overclaim", f"cross_party_rung {claimed} but the block derives {rung}", "info")
     # -- 8: registry values --------------------------------------------------------------------------
     res.effect_grade = att if att in EFFECT_ATTESTATIONS else ("runtime_claimed" if att is not None else None)
     for name, value, registry in (
@@ -292,6 +306,66 @@ def check_capsule(p: Mapping[str, Any], run: Any, res: Any, *, store: Any = None
     pm = p.get("provenance_mode")
     if isinstance(pm, dict):
         _provenance(pm, p.get("references"), run)
+
+
+_RUNGS = ("unilateral_fallback", "acknowledged_receipt", "full_bilateral")
+CITATION_PURPOSES = frozenset({"acted_on", "responds_to", "counterparty_half", "counterparty_inclusion",
+                               "corroborates_source_time"})
+
+
+def _cross_party_rung(cp: Mapping[str, Any]) -> str:
+    ref, corr = cp.get("counterparty_ref"), cp.get("correlator")
+    if not (isinstance(ref, str) and _HEX64.match(ref)) or not _str(corr):
+        return "unilateral_fallback"
+    return "full_bilateral" if cp.get("substantive") is True else "acknowledged_receipt"
+
+
+def _references(refs: Any, chain: Mapping[str, Any] | None, run: Any) -> list[tuple[Any, ...]]:
+    """{#xref}, {#retentiondecl}: structural (check 1) findings now, the rest returned for checks 6 and 8."""
+    later: list[tuple[Any, ...]] = []
+    if refs is None:
+        return later
+    if not isinstance(refs, list):
+        run.add(1, "references_malformed", "references must be an array", path="$.references")
+        return later
+    parent = chain.get("parent_capsule_id") if chain else None
+    for i, r in enumerate(refs):
+        path = f"$.references[{i}]"
+        if not isinstance(r, dict):
+            run.add(1, "reference_malformed", "a reference is an object", path=path)
+            continue
+        for f in ("type", "digest_alg", "digest"):
+            if not _str(r.get(f)):
+                run.add(1, "reference_malformed", f"{f} must be a non-empty string", path=f"{path}.{f}")
+        if r.get("type") == "agent-action-capsule" and r.get("digest_alg") == "SHA-256":
+            d = r.get("digest")
+            if _str(d) and not _HEX64.match(d):
+                run.add(1, "reference_malformed", "an AAC SHA-256 reference names a capsule_id", path=path)
+            if _str(parent) and d == parent:
+                later.append((6, "reference_duplicates_chain_parent", "a reference names the chain parent",
+                              "error", path))
+        if "citation_purpose" in r:
+            cp = r["citation_purpose"]
+            if not _str(cp):
+                run.add(1, "reference_malformed", "citation_purpose must be a non-empty string", path=path)
+            elif cp not in CITATION_PURPOSES:
+                later.append((8, "unregistered_value", f"citation_purpose {cp!r} is not registered", "info", path))
+        if "retention" in r:
+            ret = r["retention"]
+            if not isinstance(ret, dict):
+                run.add(1, "reference_malformed", "retention must be an object", path=path)
+            else:
+                if not isinstance(ret.get("declarant"), str):
+                    run.add(1, "reference_malformed", "retention.declarant is a REQUIRED string", path=path)
+                if not any(b in ret for b in ("retained_until", "not_retained_after")):
+                    run.add(1, "reference_malformed", "retention needs retained_until or not_retained_after",
+                            path=path)
+        if "log_coordinates" in r:
+            lc = r["log_coordinates"]
+            if not isinstance(lc, dict) or any(lc.get(f) is None for f in ("log_id", "leaf_index", "inclusion_proof")):
+                run.add(1, "reference_malformed", "log_coordinates is {log_id, leaf_index, inclusion_proof}",
+                        path=path)
+    return later
 
 
 def _provenance(pm: Mapping[str, Any], refs: Any, run: Any) -> None:
