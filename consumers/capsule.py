@@ -128,9 +128,20 @@ def find_floats(value: Any, path: str = "$") -> list[str]:
     return []
 
 
+# §5.1: the members left out of the canonical form. A verifier knows the chain linkage only as
+# the ``chain`` block, so everything else, this host's ``ledger`` block included, is hashed in.
+IDENTITY_EXCLUDED = ("capsule_id", "chain")
+
+
 def identity_form(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """The canonical capsule form (§5.1): the envelope minus capsule_id and chain linkage."""
-    return {k: v for k, v in payload.items() if k not in ("capsule_id", "chain", "ledger")}
+    """The canonical capsule form (§5.1): the envelope minus capsule_id and the ``chain`` block.
+
+    The signer's hash-chain linkage (``ledger``) is inside the form: it links
+    to a predecessor only (never to what later chains to it), so the id stays
+    stable once the capsule is linked, and any verifier (the reference one
+    included) recomputes the same id.
+    """
+    return {k: v for k, v in payload.items() if k not in IDENTITY_EXCLUDED}
 
 
 def compute_capsule_id(payload: Mapping[str, Any]) -> str:
@@ -268,7 +279,7 @@ class Chain(_Block):
 
 
 class Ledger(_Block):
-    """The signer's hash-chain linkage (§5.3 ``chained``); chain linkage, so outside capsule_id."""
+    """The signer's hash-chain linkage (§5.3 ``chained``); inside capsule_id (see :func:`identity_form`)."""
 
     position: int
     prev_hash: str
@@ -599,24 +610,39 @@ def capsule_from_verdict_checked(
 
 
 def attach_ledger(cap: Capsule, ledger: Ledger) -> Capsule:
-    """Add the hash-chain linkage; capsule_id is unchanged (chain linkage is outside it, §5.1)."""
+    """Add the hash-chain linkage and derive the capsule_id it gives (§5.1: the ledger is hashed in)."""
     if cap.assurance.ledger_mode != "chained":
         raise CapsuleError("§5.3 assurance", "ledger linkage on a capsule not claiming chained")
     if ledger.position < 1 or not _HEX64.match(ledger.prev_hash):
         raise CapsuleError("§5.3 ledger", "malformed ledger linkage")
-    return msgspec.structs.replace(cap, ledger=ledger)
+    linked = msgspec.structs.replace(cap, ledger=ledger)
+    return msgspec.structs.replace(linked, capsule_id=linked.checked_body()[1])
 
 
-def link_built(built: Built, ledger: Ledger) -> tuple[Capsule, bytes]:
-    """:func:`attach_ledger` plus the payload bytes to sign, from the body the capsule_id came from.
+def link_built(built: Built, ledger: Ledger, parent_capsule_id: str | None = None) -> tuple[Capsule, bytes]:
+    """:func:`attach_ledger` plus the payload bytes to sign, from the body built once.
 
-    The linkage is outside capsule_id (§5.1), so the id derived at
-    construction stands; only the ledger block is normalized and added.
+    ``parent_capsule_id``: the supersedes parent when it was only known at
+    linking (a parent signed in the same batch, whose id depends on its own
+    ledger position); ``chain`` is outside capsule_id (§5.1), so adding it
+    here changes only the signed bytes.
     """
-    cap = attach_ledger(built.capsule, ledger)
+    cap = built.capsule
+    if cap.assurance.ledger_mode != "chained":
+        raise CapsuleError("§5.3 assurance", "ledger linkage on a capsule not claiming chained")
+    if ledger.position < 1 or not _HEX64.match(ledger.prev_hash):
+        raise CapsuleError("§5.3 ledger", "malformed ledger linkage")
     body = dict(built.body)
     body["ledger"], flags = jcs.walk(msgspec.to_builtins(ledger), drop_absent=True)
-    return cap, _payload_bytes(body, built.flags | flags)
+    flags |= built.flags
+    chain = cap.chain
+    if parent_capsule_id is not None:
+        chain = Chain(parent_capsule_id)
+        body["chain"] = jcs.walk(msgspec.to_builtins(chain), drop_absent=True)[0]
+    capsule_id = _digest_of_walked(identity_form(body), flags)
+    body["capsule_id"] = capsule_id
+    linked = msgspec.structs.replace(cap, ledger=ledger, chain=chain, capsule_id=capsule_id)
+    return linked, _payload_bytes(body, flags)
 
 
 def ready_to_sign(cap: Capsule) -> bytes:

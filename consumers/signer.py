@@ -303,13 +303,13 @@ class Signer:
                 log.error("undecodable verdict message terminated", subject=m.subject, error=str(e))
                 await m.term()
         await self._recall(jobs)
-        built: dict[str, str] = {}  # verdict_id -> capsule_id of this batch (a parent may be here)
+        built: set[str] = set()  # verdict ids built in this batch (a parent may be here, not yet linked)
         ready: list[_Job] = []
         for job in jobs:
             if job.entry is None:
                 vid = job.verdict.verdict_id
                 try:
-                    job.built = await self._build(job.verdict, job.msg, built)
+                    job.built = await self._build(job.verdict, job.msg, built, job)
                 except _ParentPending as e:
                     await job.msg.nak(delay=min(0.2 * e.deliveries, 2.0))
                     continue
@@ -323,7 +323,7 @@ class Signer:
                                   traceparent=job.verdict.traceparent)
                     await job.msg.nak(delay=1.0)
                     continue
-                built[vid] = job.built.capsule.capsule_id
+                built.add(vid)
             ready.append(job)
         new = [j for j in ready if j.entry is None]
         if new:
@@ -347,7 +347,7 @@ class Signer:
         job = _Job(msg, verdict)
         await self._recall([job])
         if job.entry is None:
-            job.built = await self._build(verdict, msg, {})
+            job.built = await self._build(verdict, msg, set(), job)
             await self._append_jobs([job])
         assert job.entry is not None
         return sign_payload(job.entry.payload.encode(), self.key), job.entry.capsule_id, job.status
@@ -366,11 +366,18 @@ class Signer:
             if entry is not None:
                 job.entry, job.status = entry, "replayed"
 
-    async def _build(self, verdict: Verdict, msg: Msg | None, built: dict[str, str]) -> cap_mod.Built:
+    async def _build(self, verdict: Verdict, msg: Msg | None, built: set[str], job: _Job) -> cap_mod.Built:
+        """The capsule of ``verdict``, not yet linked.
+
+        A supersedes parent built earlier in the same batch has no capsule_id
+        yet (the id covers its ledger position, §5.1); ``job.parent_vid``
+        names it and the chain block is added when the run is linked.
+        """
         parent = None
         if verdict.supersedes:
-            parent = built.get(verdict.supersedes)
-            if parent is None:
+            if verdict.supersedes in built:
+                job.parent_vid = verdict.supersedes
+            else:
                 pentry = await self._lookup(verdict.supersedes)
                 if pentry is not None:
                     parent = pentry.capsule_id
@@ -485,15 +492,27 @@ class Signer:
         return _Head(last, e.hash, e.capsule_id)
 
     @staticmethod
-    def _link(head: _Head, verdict_id: str, built: cap_mod.Built) -> tuple[LedgerEntry, _Head]:
-        """The ledger entry for ``capsule`` right after ``head`` (§5.3 chained), and the new head."""
+    def _link(head: _Head, job: _Job, linked_ids: dict[str, str]) -> tuple[LedgerEntry, _Head]:
+        """The ledger entry for ``job``'s capsule right after ``head`` (§5.3 chained), and the new head.
+
+        ``linked_ids``: verdict id -> capsule_id of the capsules linked before
+        this one in the same run (where an in-batch supersedes parent is found).
+        """
+        assert job.built is not None
+        parent = None
+        if job.parent_vid is not None:
+            parent = linked_ids.get(job.parent_vid)
+            if parent is None:  # the parent was not linked before it: leave the run for redelivery
+                raise PgwError(f"supersedes parent {job.parent_vid} not linked before its child")
         position = head.seq + 1
         linked, payload = cap_mod.link_built(
-            built, Ledger(position=position, prev_hash=head.hash, prev_capsule_id=head.capsule_id)
+            job.built, Ledger(position=position, prev_hash=head.hash, prev_capsule_id=head.capsule_id), parent
         )
         chain = msgspec.to_builtins(linked.chain) if linked.chain else None
         h = ledger_entry_hash(position, linked.capsule_id, chain, head.hash)
-        entry = LedgerEntry(position, verdict_id, linked.capsule_id, head.hash, h, payload.decode())
+        vid = job.verdict.verdict_id
+        entry = LedgerEntry(position, vid, linked.capsule_id, head.hash, h, payload.decode())
+        linked_ids[vid] = linked.capsule_id
         return entry, _Head(position, h, linked.capsule_id)
 
     async def _append_jobs(self, jobs: list[_Job]) -> None:
@@ -506,17 +525,19 @@ class Signer:
         taken from the ledger as it stands.
         """
         pending = list(jobs)
+        linked_ids: dict[str, str] = {}
         for _ in range(100):
             if not pending:
                 return
             if not self._atomic_ledger:
                 for job in pending:
-                    job.entry, job.status = await self._append(job.verdict.verdict_id, job.built)
+                    job.entry, job.status = await self._append(job, linked_ids)
                 return
             head = self._head or await self._read_head()
             entries, last = [], head
+            run_ids = dict(linked_ids)
             for job in pending:
-                entry, last = self._link(last, job.verdict.verdict_id, job.built)
+                entry, last = self._link(last, job, run_ids)
                 entries.append(entry)
             items = [(self._ledger_subject(e.verdict_id), msgspec.json.encode(e), {"Nats-Msg-Id": e.verdict_id})
                      for e in entries]
@@ -537,6 +558,7 @@ class Signer:
                             still.append(job)
                         else:
                             job.entry, job.status = existing, "replayed"
+                            linked_ids[job.verdict.verdict_id] = existing.capsule_id
                     pending = still
                     continue
                 if e.err_code == ERR_ATOMIC_DISABLED:
@@ -544,7 +566,7 @@ class Signer:
                 # A verdict already in the ledger (it reached the stream twice) refuses the whole
                 # batch: append one at a time, which settles each duplicate on its own.
                 for job in pending:
-                    job.entry, job.status = await self._append(job.verdict.verdict_id, job.built)
+                    job.entry, job.status = await self._append(job, linked_ids)
                 return
             except BaseException:
                 self._head = None  # unanswered: the run may or may not be stored
@@ -573,12 +595,21 @@ class Signer:
             out.append(sign_payload(e.payload.encode(), self.key, body))
         return out
 
-    async def _append(self, verdict_id: str, capsule: cap_mod.Built | None) -> tuple[LedgerEntry, str]:
-        """Append one link (the one-at-a-time path: duplicates, streams without atomic batches)."""
-        assert capsule is not None
+    async def _append(self, job: _Job, linked_ids: dict[str, str]) -> tuple[LedgerEntry, str]:
+        """Append one link (the one-at-a-time path: duplicates, streams without atomic batches).
+
+        ``linked_ids`` gets the verdict's capsule_id, as stored, for a child later in the batch.
+        """
+        verdict_id = job.verdict.verdict_id
+        entry, status = await self._append_one(job, linked_ids)
+        linked_ids[verdict_id] = entry.capsule_id
+        return entry, status
+
+    async def _append_one(self, job: _Job, linked_ids: dict[str, str]) -> tuple[LedgerEntry, str]:
+        verdict_id = job.verdict.verdict_id
         for _ in range(100):
             head = self._head or await self._read_head()
-            entry, new_head = self._link(head, verdict_id, capsule)
+            entry, new_head = self._link(head, job, dict(linked_ids))
             try:
                 ack = await self.js.publish(
                     self._ledger_subject(verdict_id),
@@ -618,6 +649,7 @@ class _Job:
     status: str = "new"
     built: cap_mod.Built | None = None
     statement: bytes = b""
+    parent_vid: str | None = None  # a supersedes parent built in the same batch, linked first
 
 
 def _stream_time(msg: Msg | None) -> str | None:
