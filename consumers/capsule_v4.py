@@ -168,6 +168,21 @@ def from_verdict(
     return seal(body)
 
 
+def with_parent(built: Built4, parent_capsule_id: str | None) -> Built4:
+    """Add a supersedes parent known only when the run is linked (a parent signed in the same batch).
+
+    ``chain`` is inside the format-4 preimage ({#identity}), so the capsule is
+    sealed again; ``ledger_mode`` becomes ``chained``, which the draft derives
+    from the chain block alone ({#assurance}).
+    """
+    if parent_capsule_id is None:
+        return built
+    body = dict(built.body)
+    body["chain"] = {"parent_capsule_id": parent_capsule_id, "relation": "supersedes"}
+    body["assurance"] = {**body["assurance"], "ledger_mode": "chained"}
+    return seal(body)
+
+
 # ---------------------------------------------------------------------------
 # COSE: Producer Envelope ({#envelope}) and registration statement ({#registration})
 # ---------------------------------------------------------------------------

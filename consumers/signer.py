@@ -62,6 +62,7 @@ from nats.js.api import (
 from nats.js.errors import APIError, NotFoundError
 
 from consumers import capsule as cap_mod
+from consumers import capsule_v4
 from consumers.capsule import CapsuleError, Ledger, ledger_entry_hash
 from consumers.cose import sign_statement
 from gateway import micro
@@ -151,6 +152,9 @@ def sign_payload(payload_json: bytes, key: SigningKey, payload: Mapping[str, Any
     """
     if payload is None:
         payload = msgspec.json.decode(payload_json)
+    if payload.get("format_version") == capsule_v4.FORMAT:  # by the payload, so a replay signs as first signed
+        # The id is read from the bytes signed: a body built before linking may predate its chain block.
+        return capsule_v4.statement(msgspec.json.decode(payload_json), payload_json, key.private, key.kid)
     return sign_statement(payload_json, key.private, key.kid, claims_for(payload), cap_mod.MEDIA_TYPE)
 
 
@@ -366,7 +370,8 @@ class Signer:
             if entry is not None:
                 job.entry, job.status = entry, "replayed"
 
-    async def _build(self, verdict: Verdict, msg: Msg | None, built: set[str], job: _Job) -> cap_mod.Built:
+    async def _build(self, verdict: Verdict, msg: Msg | None, built: set[str],
+                     job: _Job) -> cap_mod.Built | capsule_v4.Built4:
         """The capsule of ``verdict``, not yet linked.
 
         A supersedes parent built earlier in the same batch has no capsule_id
@@ -388,7 +393,8 @@ class Signer:
                     log.warning("superseded parent never signed; capsule carries no chain",
                                 verdict_id=verdict.verdict_id, parent_verdict=verdict.supersedes,
                                 traceparent=verdict.traceparent)
-        return cap_mod.capsule_from_verdict_checked(
+        make = capsule_v4.from_verdict if self.config.signer.capsule_format == "4" else _from_verdict_v2
+        return make(
             verdict,
             operator=self.config.operator,
             salt=self.salt,
@@ -505,12 +511,20 @@ class Signer:
             if parent is None:  # the parent was not linked before it: leave the run for redelivery
                 raise PgwError(f"supersedes parent {job.parent_vid} not linked before its child")
         position = head.seq + 1
+        vid = job.verdict.verdict_id
+        if isinstance(job.built, capsule_v4.Built4):
+            # Format "4": the hash chain stays in this store-level ledger, outside the capsule (its
+            # ledger_mode is derived from the chain block alone, draft -05 {#assurance}).
+            b4 = capsule_v4.with_parent(job.built, parent)
+            h = ledger_entry_hash(position, b4.capsule_id, b4.chain, head.hash)
+            linked_ids[vid] = b4.capsule_id
+            entry = LedgerEntry(position, vid, b4.capsule_id, head.hash, h, b4.payload.decode())
+            return entry, _Head(position, h, b4.capsule_id)
         linked, payload = cap_mod.link_built(
             job.built, Ledger(position=position, prev_hash=head.hash, prev_capsule_id=head.capsule_id), parent
         )
         chain = msgspec.to_builtins(linked.chain) if linked.chain else None
         h = ledger_entry_hash(position, linked.capsule_id, chain, head.hash)
-        vid = job.verdict.verdict_id
         entry = LedgerEntry(position, vid, linked.capsule_id, head.hash, h, payload.decode())
         linked_ids[vid] = linked.capsule_id
         return entry, _Head(position, h, linked.capsule_id)
@@ -650,6 +664,10 @@ class _Job:
     built: cap_mod.Built | None = None
     statement: bytes = b""
     parent_vid: str | None = None  # a supersedes parent built in the same batch, linked first
+
+
+def _from_verdict_v2(verdict: Verdict, **kw: Any) -> cap_mod.Built:
+    return cap_mod.capsule_from_verdict_checked(verdict, **kw)
 
 
 def _stream_time(msg: Msg | None) -> str | None:
