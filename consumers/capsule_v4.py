@@ -26,7 +26,7 @@ What changes from format "2" (spec 004, draft -01, :mod:`consumers.capsule`):
   capsule's own ``chain`` block, so a capsule claims ``chained`` only when it
   carries one (a supersedes link); otherwise ``standalone``. The signer's
   hash chain over everything it signs stays in its store-level ledger
-  (``PGW_SIGNER_LEDGER``, :mod:`consumers.ledger_v4` checks it), outside the
+  (``PGW_SIGNER_LEDGER``, :mod:`consumers.ledger_check` checks it), outside the
   capsule, so capsule_id stays a pure function of the verdict.
 - constraint ``check_type`` values are namespaced ({#constraints},
   {#namespacing}): bare names are reserved for the draft's own seeded values.

@@ -8,8 +8,10 @@ their commits and licence) and go through ``pgw verify`` as files.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -251,3 +253,72 @@ def test_format4_envelope_profile_is_exact() -> None:
     with pytest.raises(Exception) as e:
         check_envelope(env, "cd" * 32)
     assert e.value.code == "envelope_payload_mismatch"
+
+
+async def _pgw_verify(config: Any, *args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.commands.capsules", "--server", config.nats_url, "--data-dir", config.data_dir,
+        "verify", *args, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    return proc.returncode or 0, out.decode() + err.decode()
+
+
+async def test_pgw_verify_ledger_finds_a_removed_format4_capsule(nc: Any, make_config: Any) -> None:
+    """pgw verify --ledger passes a whole format-4 run and fails once one of its capsules is deleted."""
+    config = format4(make_config)
+    items = await format4_run(nc, config, tag="f4v-")
+    rc, out = await _pgw_verify(config, "--stream", "PGW_REGISTRATION", "--ledger")
+    assert rc == 0, out
+    assert f"OK   ledger {LEDGER_STREAM}: {len(items)} link(s)" in out and "format=4" in out
+    gone = payload_of(items[4][1])["capsule_id"]
+    await nc.jetstream().delete_msg("PGW_REGISTRATION", int(items[4][0].split("#")[1]))
+    rc, out = await _pgw_verify(config, "--stream", "PGW_REGISTRATION", "--ledger")
+    assert rc == 1 and f"capsule_missing: capsule {gone}" in out, out
+
+
+@pytest.mark.slow
+async def test_kill9_mid_batch_format4_every_verdict_exactly_one_capsule(nc: Any, make_config: Any) -> None:
+    """SIGKILL of a format-4 `pgw signer` mid-batch, then restart: one capsule per verdict, ledger intact."""
+    from tests.test_capsule_signer import _spawn_signer
+    from tests.polling import until
+
+    config = format4(make_config)
+    toml = Path(config.data_dir).parent / "signer.toml"
+    toml.write_text('[signer]\nack_wait_s = 2.0\nbatch = 16\ncapsule_format = "4"\n')
+    js = nc.jetstream()
+    pub = Publisher(js, config.subjects)
+    n = 300
+    verdicts = [verdict(f"k4-{i}", "blocked" if i % 3 else "denied") for i in range(n)]
+    proc = _spawn_signer(config, toml)
+    try:
+        for v in verdicts:
+            await pub.verdict(v)
+        await wait_count(js, "PGW_REGISTRATION", 20, timeout=60)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        killed_at = (await js.stream_info("PGW_REGISTRATION")).state.messages
+        assert killed_at < n, "the signer finished before the kill; nothing was tested"
+        proc = _spawn_signer(config, toml)
+        await wait_count(js, "PGW_REGISTRATION", n, timeout=120)
+
+        async def drained() -> bool:
+            ci = await js.consumer_info("PGW_VERDICTS", config.signer.durable)
+            return ci.num_pending == 0 and ci.num_ack_pending == 0
+
+        await until(drained, timeout=60, interval=0.1, what="the signer's consumer drained")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    items = await stream_items(js, "PGW_REGISTRATION")
+    by_verdict = Counter(payload_of(d)["pgw"]["verdict_id"] for _, d, _ in items)
+    assert len(items) == n and set(by_verdict.values()) == {1}
+    assert set(by_verdict) == {v.verdict_id for v in verdicts}
+    results = verify_many([(s, d) for s, d, _ in items], keys=signer_keys(config))
+    assert all(r.ok and r.profile == "4" for r in results)
+    rc, out = await _pgw_verify(config, "--stream", "PGW_REGISTRATION", "--ledger")
+    assert rc == 0 and f"{n} link(s)" in out, out[-2000:]
