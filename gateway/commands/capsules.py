@@ -221,7 +221,7 @@ async def handle_verify(args: argparse.Namespace, config: Config) -> int:
     bad = sum(not r.ok for r in results)
     if not args.json:
         print(f"{len(results)} statement(s): {len(results) - bad} ok, {bad} failed")
-    if args.ledger and not await _verify_ledger(config, results, args.json):
+    if getattr(args, "ledger", False) and not await _verify_ledger(config, results, args.json):
         return 1
     return 0 if bad == 0 and results else 1
 
