@@ -470,9 +470,14 @@ def reason_object(v: Verdict) -> dict[str, Any] | None:
     return None
 
 
+# §9.1: constraint id / check_type values this profile does not seed carry a reverse-DNS prefix.
+NAMESPACE = "io.pgw."
+CHECK_TYPE_GATEWAY_RULE = NAMESPACE + "gateway_rule"
+
+
 def _constraint_id(code: str) -> str:
     # §9.1: producer-local ids are namespaced; lowercase snake_case (§8.1).
-    return "io.pgw." + (_SNAKE.sub("_", code.lower()).strip("_") or "unnamed")
+    return NAMESPACE + (_SNAKE.sub("_", code.lower()).strip("_") or "unnamed")
 
 
 def _effect_record(v: Verdict, notes: list[str]) -> EffectRecord | None:
@@ -573,7 +578,7 @@ def capsule_from_verdict_checked(
                 id=_constraint_id(v.reason.code),
                 result="fail",
                 blocking=v.decision == "reject",
-                check_type="gateway_rule",
+                check_type=CHECK_TYPE_GATEWAY_RULE,  # §8.1, §9.1: a bare unseeded name is non-conforming
                 severity="error",
                 evidence_digest=salted_digest(salt, msgspec.to_builtins(v.reason)),
             )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -178,12 +178,19 @@ def verify_statement(
     ts_keys: Mapping[str, TrustedKey] | None = None,
     store: Store | None = None,
     source: str | None = None,
+    any_kid: Sequence[TrustedKey] = (),
 ) -> Result:
-    """Class 1 verification of one statement; never raises."""
+    """Class 1 verification of one statement; never raises.
+
+    ``any_kid``: keys the user gave explicitly (``pgw verify --key``), tried
+    when the statement's ``kid`` names no trusted key: a producer chooses its
+    own kid (RFC 9052 §3.1: kid is a hint), so a key handed over out of band
+    is trusted under whatever kid the producer put on its statements.
+    """
     run = _Run()
     res = Result(ok=False, source=source)
     try:
-        _verify(data, keys, dict(ts_keys or {}), store, run, res)
+        _verify(data, keys, dict(ts_keys or {}), store, run, res, tuple(any_kid))
     except Exception as e:  # noqa: BLE001 - §6: a verifier returns a result, never throws
         run.add(0, "verifier_internal_error", f"{type(e).__name__}: {e}")
     run.findings.sort(key=lambda f: f.check)  # stable: the fixed order of §6
@@ -193,7 +200,7 @@ def verify_statement(
 
 
 def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, TrustedKey],
-            store: Store | None, run: _Run, res: Result) -> None:
+            store: Store | None, run: _Run, res: Result, any_kid: tuple[TrustedKey, ...]) -> None:
     if _is_json(data):
         # A bare capsule JSON: draft -05 {#verification} "A verifier can validate a Capsule with no
         # envelope". Class 1 by format "4" rules (the reference's public vectors are such files);
@@ -212,13 +219,19 @@ def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, Trus
         run.add(0, e.code, e.why)
         return
     res.kid = msg.kid
+    if not msg.tagged:
+        run.add(0, "cose_untagged", "an untagged COSE_Sign1 (accepted: RFC 9052 §2 makes the tag optional)",
+                "info")
     if msg.protected.get(3) == capsule_v4.ID_MEDIA_TYPE:  # format "4": the capsule-id registration statement
         anchored = _check_receipts(msg, ts_keys, run)
-        verify_v4.verify_v4(msg, verify_v4.capsule_of(msg), keys, anchored, store, run, res)
+        explicit = (lambda: _verify_explicit(msg, any_kid, run)) if any_kid else None
+        verify_v4.verify_v4(msg, verify_v4.capsule_of(msg), keys, anchored, store, run, res, explicit)
         return
     res.profile = capm.FORMAT_VERSION
     key = keys.get(msg.kid or "")
-    if key is None:
+    if key is None and any_kid:
+        _verify_explicit(msg, any_kid, run)
+    elif key is None:
         run.add(0, "cose_key_untrusted", f"kid {msg.kid!r} is not a trusted key")
     else:
         try:
@@ -317,6 +330,25 @@ def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, Trus
         if value is not None and value not in registry:
             extra = " (graded no stronger than runtime_claimed)" if name == "effect_attestation" else ""
             run.add(8, "unregistered_value", f"{name} {value!r} is not registered{extra}", "info")
+
+
+def _verify_explicit(msg: Sign1, candidates: tuple[TrustedKey, ...], run: _Run) -> None:
+    """Verify under an explicitly given key whatever the statement's kid (one finding either way)."""
+    errors: list[CoseError] = []
+    for key in candidates:
+        try:
+            verify_sign1(msg, key)
+        except CoseError as e:
+            errors.append(e)
+            continue
+        run.add(0, "cose_kid_explicit_key",
+                f"kid {msg.kid!r} names no known key; verified under the key given explicitly ({key.kid})", "info")
+        return
+    if len(errors) == 1:
+        run.add(0, errors[0].code, errors[0].why)
+    else:
+        run.add(0, "cose_key_untrusted", f"kid {msg.kid!r} is not a trusted key and none of the "
+                f"{len(candidates)} keys given explicitly verifies ({', '.join(e.code for e in errors)})")
 
 
 def _check_receipts(msg: Sign1, ts_keys: dict[str, TrustedKey], run: _Run) -> bool:
@@ -488,11 +520,13 @@ def verify_many(
     keys: Mapping[str, TrustedKey],
     ts_keys: Mapping[str, TrustedKey] | None = None,
     store: Store | None = None,
+    any_kid: Sequence[TrustedKey] = (),
 ) -> list[Result]:
     """Verify a set of statements; the set itself is the store unless one is given."""
     if store is None:
         store = Store(p for p in (payload_of(d) for _, d in items) if p is not None)
-    return [verify_statement(d, keys=keys, ts_keys=ts_keys, store=store, source=s) for s, d in items]
+    return [verify_statement(d, keys=keys, ts_keys=ts_keys, store=store, source=s, any_kid=any_kid)
+            for s, d in items]
 
 
 result_encoder = msgspec.json.Encoder()

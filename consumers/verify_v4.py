@@ -21,7 +21,7 @@ Findings reuse :class:`consumers.verifier.Finding`; the result says
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import cbor2
@@ -108,12 +108,17 @@ def check_envelope(data: Any, capsule_id: str) -> bytes:
 
 
 def verify_v4(msg: Sign1, payload: dict[str, Any] | None, keys: Mapping[str, TrustedKey],
-              anchored: bool, store: Any, run: Any, res: Any) -> None:
-    """Checks 0 (statement, envelopes) to 9 for one decoded format-4 statement; findings go to ``run``."""
+              anchored: bool, store: Any, run: Any, res: Any, explicit: Callable[[], None] | None = None) -> None:
+    """Checks 0 (statement, envelopes) to 9 for one decoded format-4 statement; findings go to ``run``.
+
+    ``explicit``: verifies the statement under keys given on the command line whatever its kid.
+    """
     res.profile = v4.FORMAT
     # -- 0: registration statement --------------------------------------------------------------
     key = keys.get(msg.kid or "")
-    if key is None:
+    if key is None and explicit is not None:
+        explicit()
+    elif key is None:
         run.add(0, "cose_key_untrusted", f"kid {msg.kid!r} is not a trusted key")
     else:
         try:

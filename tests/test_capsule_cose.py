@@ -121,7 +121,7 @@ def test_header_rules() -> None:
         "cose_unprotected_alg": resign(stmt, key, unprotected={1: -8}),
         "cose_unprotected_crit": resign(stmt, key, unprotected={2: [4]}),
         "cose_crit_unknown": resign(stmt, key, protected=lambda p: {**p, 2: [99]}),
-        "cose_alg_mismatch": resign(stmt, key, protected=lambda p: {**p, 1: -7}),
+        "cose_alg_unsupported": resign(stmt, key, protected=lambda p: {**p, 1: -7}),
         "cose_alg_missing": resign(stmt, key, protected=lambda p: {k: v for k, v in p.items() if k != 1},
                                    unprotected={}),
     }

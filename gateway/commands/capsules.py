@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--stream", action="append", default=[],
                    help="verify every statement in a stream (PGW_REGISTRATION, PGW_CAPSULES)")
     p.add_argument("--key", action="append", default=[],
-                   help="trusted signer key: raw hex or a PEM public key file (added to the data folder's keys)")
+                   help="trusted signer key: raw hex or a PEM public key file (added to the data folder's keys; "
+                        "trusted under whatever kid the producer put on its statements)")
     p.add_argument("--ts-key", action="append", default=[], help="trusted Transparency Service key (hex or PEM)")
     p.add_argument("--store", action="append", default=[],
                    help="extra capsules for chain checks: a directory, or stream:NAME")
@@ -207,15 +208,17 @@ async def handle_verify(args: argparse.Namespace, config: Config) -> int:
     for s in args.store:
         extra_store += await read_stream(config, s[7:]) if s.startswith("stream:") else _read_paths([s])
     keys = trusted_keys(config, args.key)
+    explicit = [_parse_key(spec, "signer") for spec in args.key]  # tried for a producer-chosen kid
     ts_keys = trusted_ts_keys(config, args.ts_key)
     single = len(items) == 1 and not args.stream and not Path(args.paths[0]).is_dir()  # noqa: ASYNC240 - a CLI stat
     if extra_store:
         store = Store(p for p in (payload_of(d) for _, d in items + extra_store) if p is not None)
-        results = verify_many(items, keys=keys, ts_keys=ts_keys, store=store)
+        results = verify_many(items, keys=keys, ts_keys=ts_keys, store=store, any_kid=explicit)
     elif single:  # one statement and no store: chain parents are reported as not checked
-        results = [verify_statement(items[0][1], keys=keys, ts_keys=ts_keys, source=items[0][0])]
+        results = [verify_statement(items[0][1], keys=keys, ts_keys=ts_keys, source=items[0][0],
+                                    any_kid=explicit)]
     else:  # the set is the store
-        results = verify_many(items, keys=keys, ts_keys=ts_keys)
+        results = verify_many(items, keys=keys, ts_keys=ts_keys, any_kid=explicit)
     for r in results:
         print(_enc.encode(r).decode() if args.json else format_result(r))
     bad = sum(not r.ok for r in results)
