@@ -29,7 +29,7 @@ What changes from format "2" (spec 004, draft -01, :mod:`consumers.capsule`):
   (``PGW_SIGNER_LEDGER``, :mod:`consumers.ledger_check` checks it), outside the
   capsule, so capsule_id stays a pure function of the verdict.
 - constraint ``check_type`` values are namespaced ({#constraints},
-  {#namespacing}): bare names are reserved for the draft's own seeded values.
+  {#namespacing}; the shared verdict mapping already does so for format "2").
 
 The draft mandates no container for a capsule with its envelopes
 ({#envelope}: "This document does not mandate a container representation").
@@ -68,7 +68,6 @@ CAPSULE_LABEL = "agent-action-capsule"
 ENVELOPE_LABEL = "agent-action-capsule-envelope"
 # Local-only members of a reference ledger line, never in a capsule_id preimage (reference canonical.py).
 LOCAL_ONLY = ("signature", "key_id")
-CHECK_TYPE = "io.pgw.gateway_rule"  # {#namespacing}: reverse-DNS prefix for a producer-local check_type
 MAX_SAFE_INT = 2**53 - 1
 
 
@@ -159,12 +158,8 @@ def from_verdict(
     assurance = dict(body["assurance"])
     assurance["ledger_mode"] = "chained" if body.get("chain") else "standalone"
     body["assurance"] = assurance
-    if body.get("constraints"):
-        # {#constraints}, {#namespacing}: a producer-local check_type is namespaced.
-        body["constraints"] = [
-            {**c, "check_type": CHECK_TYPE} if c.get("check_type") == "gateway_rule" else c
-            for c in body["constraints"]
-        ]
+    # {#constraints}, {#namespacing}: producer-local check_type values are namespaced; the shared
+    # mapping already writes capm.CHECK_TYPE_GATEWAY_RULE ("io.pgw.gateway_rule").
     return seal(body)
 
 

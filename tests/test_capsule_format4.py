@@ -103,6 +103,8 @@ async def test_real_run_every_verdict_class_accepted_by_newest_reference(nc: Any
         msg = decode_sign1(d)
         assert msg.protected[3] == v4.ID_MEDIA_TYPE and msg.payload == bytes.fromhex(p["capsule_id"])
         assert set(msg.cwt_claims) == {1, 2}  # RFC 9943 iss and sub ({#registration})
+        assert all("." in c["check_type"] for c in p.get("constraints", []))  # {#namespacing}
+    assert any(p.get("constraints") for p in payloads)
     # the newest reference, over the whole set as its store
     ref = refverifier.run(payloads, version=NEWEST)
     bad = [(r.capsule_id, [(f.code, f.detail) for f in r.errors]) for r in ref if not r.ok or r.errors]
