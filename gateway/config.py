@@ -147,7 +147,7 @@ class SignerConfig(_Section):
     parent_wait_deliveries: Annotated[int, Meta(ge=1)] = 5
     # The capsule profile signed from now on: "2" = spec 004 (draft -01), "4" = the current drafts
     # (draft-mih-scitt-agent-action-capsule-05). pgw verify reads both; a replay keeps its first profile.
-    capsule_format: Literal["2", "4"] = "2"
+    capsule_format: Literal["2", "4"] = "4"  # the profile the newest reference verifier (0.12.0) accepts
 
 
 class RegistrarConfig(_Section):

@@ -324,3 +324,17 @@ async def test_kill9_mid_batch_format4_every_verdict_exactly_one_capsule(nc: Any
     assert all(r.ok and r.profile == "4" for r in results)
     rc, out = await _pgw_verify(config, "--stream", "PGW_REGISTRATION", "--ledger")
     assert rc == 0 and f"{n} link(s)" in out, out[-2000:]
+
+
+def test_readme_tells_how_to_pick_format_2(tmp_path: Path) -> None:
+    """The README's TOML for format "2" loads and selects it; without it the default is format "4"."""
+    import re
+
+    from gateway.config import load_config
+
+    text = (REPO / "README.md").read_text().split('### Capsule format: "4" by default, "2" on request', 1)[1]
+    block = re.search(r"```toml\n(.*?)```", text, re.S).group(1)
+    toml = tmp_path / "pgw.toml"
+    toml.write_text(block)
+    assert load_config(toml).signer.capsule_format == "2"
+    assert load_config(None).signer.capsule_format == "4"
