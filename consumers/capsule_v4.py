@@ -53,7 +53,16 @@ import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from consumers import capsule as capm
-from consumers.cose import ALG, CONTENT_TYPE, COSE_SIGN1_TAG, CWT_CLAIMS, EDDSA, KID_LABEL, raw_public, sig_structure
+from consumers.cose import (
+    ALG,
+    CONTENT_TYPE,
+    COSE_SIGN1_TAG,
+    CWT_CLAIMS,
+    EDDSA,
+    KID_LABEL,
+    raw_public,
+    sig_structure,
+)
 from subjects import jcs
 from subjects.wire import Verdict
 

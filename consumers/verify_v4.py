@@ -30,7 +30,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from consumers import capsule as capm
 from consumers import capsule_v4 as v4
-from consumers.cose import COSE_SIGN1_TAG, CoseError, Sign1, TrustedKey, raw_public, sig_structure, verify_sign1
+from consumers.cose import (
+    COSE_SIGN1_TAG,
+    CoseError,
+    Sign1,
+    TrustedKey,
+    raw_public,
+    sig_structure,
+    verify_sign1,
+)
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # {#iana} seeded values of -05 (the registries grew since format "2").

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,17 +23,22 @@ import cbor2
 import msgspec
 import pytest
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from consumers import capsule_v4 as v4
-from consumers.cose import decode_sign1
-from consumers.signer import LEDGER_STREAM, Signer
+from consumers.capsule import GENESIS_HASH, ledger_entry_hash
+from consumers.cose import CoseError, decode_sign1
+from consumers.signer import LEDGER_STREAM, LedgerEntry, Signer
 from consumers.verifier import Result, payload_of, verify_many, verify_statement
+from consumers.verify_v4 import check_envelope
 from gateway.app import Gateway
+from gateway.config import load_config
 from gateway.publish import Publisher
 from tests import refverifier
+from tests.polling import until
 from tests.stored import stored_msgs
 from tests.test_capsule_model import design_rows, verdict, vid
-from tests.test_capsule_signer import signer_keys, stream_items, wait_count
+from tests.test_capsule_signer import _spawn_signer, signer_keys, stream_items, wait_count
 
 NEWEST = "0.12.0"  # the newest agent-action-capsule on PyPI when this was written (format "4", draft -05)
 VECTORS = Path(__file__).parent / "data" / "aac_vectors"
@@ -116,7 +122,7 @@ async def test_real_run_every_verdict_class_accepted_by_newest_reference(nc: Any
         assert {k: r.derived[k] for k in ("effect_mode", "ledger_mode")} == \
             {k: ours[r.capsule_id][k] for k in ("effect_mode", "ledger_mode")}
     # every Producer Envelope passes the reference's own envelope check, under the signer's key
-    envs = [(p["capsule_id"], decode_sign1(d).unprotected[v4.ENVELOPE_LABEL]) for (_, d, _), p in zip(items, payloads)]
+    envs = [(p["capsule_id"], decode_sign1(d).unprotected[v4.ENVELOPE_LABEL]) for (_, d, _), p in zip(items, payloads, strict=True)]
     checked = run_reference_envelopes(envs)
     keys = {k.public.public_bytes_raw().hex() for k in signer_keys(config).values()}
     assert all(c["ok"] and c["key"] in keys for c in checked), checked
@@ -166,9 +172,6 @@ async def test_redelivered_verdict_gives_one_identical_format4_capsule(nc: Any, 
 
 async def test_signer_ledger_detects_removed_and_reordered_format4_capsules(nc: Any, make_config: Any) -> None:
     """The store-level hash chain over format-4 capsule ids breaks when a link is removed or two are swapped."""
-    from consumers.capsule import GENESIS_HASH, ledger_entry_hash
-    from consumers.signer import LedgerEntry
-
     config = format4(make_config)
     await format4_run(nc, config, tag="f4l-")
     entries = [msgspec.json.decode(m.data, type=LedgerEntry) for m in await stored_msgs(nc.jetstream(), LEDGER_STREAM)]
@@ -236,10 +239,6 @@ def test_reference_vectors_through_pgw_verify_agree_with_the_newest_reference(tm
 
 def test_format4_envelope_profile_is_exact() -> None:
     """An extra protected label, a non-empty unprotected map or another payload makes the envelope fail."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from consumers.verify_v4 import check_envelope
-
     k = Ed25519PrivateKey.generate()
     cid = "ab" * 32
     env = v4.producer_envelope(cid, k)
@@ -249,10 +248,10 @@ def test_format4_envelope_profile_is_exact() -> None:
     with_extra = cbor2.dumps(cbor2.CBORTag(18, [cbor2.dumps({**cbor2.loads(prot), 15: {1: "x"}}), {}, payload, sig]))
     unprot = cbor2.dumps(cbor2.CBORTag(18, [prot, {4: b"x"}, payload, sig]))
     for bad, code in ((with_extra, "envelope_protected_headers"), (unprot, "envelope_unprotected_not_empty")):
-        with pytest.raises(Exception) as e:
+        with pytest.raises(CoseError) as e:
             check_envelope(bad, cid)
         assert e.value.code == code
-    with pytest.raises(Exception) as e:
+    with pytest.raises(CoseError) as e:
         check_envelope(env, "cd" * 32)
     assert e.value.code == "envelope_payload_mismatch"
 
@@ -282,9 +281,6 @@ async def test_pgw_verify_ledger_finds_a_removed_format4_capsule(nc: Any, make_c
 @pytest.mark.slow
 async def test_kill9_mid_batch_format4_every_verdict_exactly_one_capsule(nc: Any, make_config: Any) -> None:
     """SIGKILL of a format-4 `pgw signer` mid-batch, then restart: one capsule per verdict, ledger intact."""
-    from tests.test_capsule_signer import _spawn_signer
-    from tests.polling import until
-
     config = format4(make_config)
     toml = Path(config.data_dir).parent / "signer.toml"
     toml.write_text('[signer]\nack_wait_s = 2.0\nbatch = 16\ncapsule_format = "4"\n')
@@ -328,10 +324,6 @@ async def test_kill9_mid_batch_format4_every_verdict_exactly_one_capsule(nc: Any
 
 def test_readme_tells_how_to_pick_format_2(tmp_path: Path) -> None:
     """The README's TOML for format "2" loads and selects it; without it the default is format "4"."""
-    import re
-
-    from gateway.config import load_config
-
     text = (REPO / "README.md").read_text().split('### Capsule format: "4" by default, "2" on request', 1)[1]
     block = re.search(r"```toml\n(.*?)```", text, re.S).group(1)
     toml = tmp_path / "pgw.toml"
