@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from consumers import capsule_v4 as v4
 from consumers.capsule import GENESIS_HASH, ledger_entry_hash
-from consumers.cose import CoseError, decode_sign1
+from consumers.cose import CoseError, TrustedKey, decode_sign1, sig_structure
 from consumers.signer import LEDGER_STREAM, LedgerEntry, Signer
 from consumers.verifier import Result, payload_of, verify_many, verify_statement
 from consumers.verify_v4 import check_envelope
@@ -330,3 +330,40 @@ def test_readme_tells_how_to_pick_format_2(tmp_path: Path) -> None:
     toml.write_text(block)
     assert load_config(toml).signer.capsule_format == "2"
     assert load_config(None).signer.capsule_format == "4"
+
+
+def _statement_parts(st: bytes) -> tuple[bytes, dict[Any, Any], bytes, bytes]:
+    prot, unprot, payload, sig = cbor2.loads(st).value
+    return prot, unprot, payload, sig
+
+
+def test_format4_statement_rules_each_fail_when_broken() -> None:
+    """A changed capsule, a re-pointed capsule_id, an untrusted envelope key and missing CWT claims each fail."""
+    key, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    keys = {"k1": TrustedKey("k1", key.public_key())}
+    b = v4.from_verdict(design_rows()[1], operator="acme", salt="00" * 32)
+    good = v4.statement(b.body, b.payload, key, "k1")
+    assert verify_statement(good, keys=keys).ok
+
+    def codes(st: bytes) -> list[str]:
+        r = verify_statement(st, keys=keys)
+        assert not r.ok and r.profile == "4"
+        return [f.code for f in r.findings if f.severity == "error"]
+
+    prot, unprot, payload, sig = _statement_parts(good)
+    changed = dict(b.body, operator="mallory")  # capsule edited, id kept
+    st = cbor2.dumps(cbor2.CBORTag(18, [prot, {**unprot, v4.CAPSULE_LABEL: json.dumps(changed).encode()}, payload, sig]))
+    assert "capsule_id_mismatch" in codes(st)
+    resealed = v4.seal(changed)  # capsule edited and re-sealed: its id is no longer the signed one
+    st = cbor2.dumps(cbor2.CBORTag(18, [prot, {**unprot, v4.CAPSULE_LABEL: resealed.payload}, payload, sig]))
+    assert "statement_capsule_id_mismatch" in codes(st)
+    st = cbor2.dumps(cbor2.CBORTag(18, [prot, {**unprot, v4.ENVELOPE_LABEL: v4.producer_envelope(b.capsule_id, other)},
+                                        payload, sig]))
+    assert "envelope_key_untrusted" in codes(st)
+    bare = cbor2.dumps({1: -8, 4: b"k1", 3: v4.ID_MEDIA_TYPE})
+    st = cbor2.dumps(cbor2.CBORTag(18, [bare, unprot, payload, key.sign(sig_structure(bare, payload))]))
+    assert "cwt_claims_missing" in codes(st)
+    # a chained claim without a chain block is an (informational) overclaim, as {#verification} check 7 says
+    over = v4.seal({**b.body, "assurance": {**b.body["assurance"], "ledger_mode": "chained"}})
+    r = verify_statement(v4.statement(over.body, over.payload, key, "k1"), keys=keys)
+    assert r.ok and "ledger_overclaim" in [f.code for f in r.findings]
