@@ -56,7 +56,6 @@ from nats.js.api import (
 )
 from nats.js.errors import APIError
 
-from consumers import capsule as cap_mod
 from consumers import capsule_outcome, profiles
 from consumers.capsule import CapsuleError
 from consumers.signer_ledger import (
@@ -347,8 +346,8 @@ class Signer(LedgerMixin):
             if entry is not None:
                 job.entry, job.status = entry, "replayed"
 
-    async def _build(self, verdict: Verdict, msg: Msg | None, built: set[str], job: _Job) -> cap_mod.Built:
-        """The capsule of ``verdict``, not yet linked.
+    async def _build(self, verdict: Verdict, msg: Msg | None, built: set[str], job: _Job) -> Any:
+        """The capsule of ``verdict`` as the configured profile builds it, not yet linked.
 
         A supersedes parent built earlier in the same batch has no capsule_id
         yet (the id covers its ledger position, §5.1); ``job.parent_vid``

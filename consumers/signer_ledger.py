@@ -88,6 +88,8 @@ def sign_payload(payload_json: bytes, key: SigningKey, payload: Mapping[str, Any
     if payload is None:
         payload = msgspec.json.decode(payload_json)
     prof = profiles.profile_of(payload)
+    if prof.sign is not None:
+        return prof.sign(payload_json, payload, key)
     return sign_statement(payload_json, key.private, key.kid, prof.claims(payload), prof.content_type(payload))
 
 

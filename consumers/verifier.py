@@ -28,7 +28,7 @@ from msgspec import Struct, field
 
 from consumers import capsule as capm
 from consumers import capsule_outcome as outm
-from consumers import profiles
+from consumers import capsule_v4, profiles, verify_v4
 from consumers.cose import CoseError, Sign1, TrustedKey, decode_sign1, verify_receipt, verify_sign1
 from consumers.verifier_structural import structural
 
@@ -43,6 +43,7 @@ CHECK_NAMES = {
     6: "chain",
     7: "assurance",
     8: "registry",
+    9: "provenance",  # format "4" only (draft -05 {#verification} check 9)
 }
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _MODE_ORDER = {m: i for i, m in enumerate(capm.EFFECT_MODES)}
@@ -67,7 +68,7 @@ class Result(Struct, omit_defaults=True):
     verdict_class: str | None = None
     assurance: dict[str, str] | None = None  # what this verifier rederived (§13: the tier it verified)
     effect_grade: str | None = None
-    profile: str | None = None  # the capsule format the statement names ("2", "4"), see consumers/profiles.py
+    profile: str | None = None  # the capsule format the statement was verified as: "2" or "4"
     statement_type: str | None = None  # capsule_statement_type: agent_action or outcome (§3.1, §3.3)
 
 
@@ -93,10 +94,18 @@ def parse_payload(data: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
+def _is_json(data: bytes) -> bool:
+    return isinstance(data, (bytes, bytearray)) and bytes(data[:64]).lstrip()[:1] == b"{"
+
+
 def payload_of(data: bytes) -> dict[str, Any] | None:
     """Best-effort payload of a statement, for building a store; never raises."""
     try:
+        if _is_json(data):
+            return parse_payload(data)
         msg = decode_sign1(data)
+        if msg.protected.get(3) == capsule_v4.ID_MEDIA_TYPE:
+            return verify_v4.capsule_of(msg)
         return parse_payload(msg.payload or b"")
     except Exception:  # noqa: BLE001
         return None
@@ -197,6 +206,17 @@ def verify_statement(
 
 def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, TrustedKey],
             store: Store | None, run: _Run, res: Result, any_kid: tuple[TrustedKey, ...]) -> None:
+    if _is_json(data):
+        # A bare capsule JSON: draft -05 {#verification} "A verifier can validate a Capsule with no
+        # envelope". Class 1 by format "4" rules (the reference's public vectors are such files);
+        # a format "2" capsule is verified from its Signed Statement instead.
+        payload = parse_payload(data)
+        if payload is None:
+            run.add(1, "payload_not_json", "not a JSON object (or it has duplicate keys)")
+            return
+        res.capsule_id = payload.get("capsule_id") if isinstance(payload.get("capsule_id"), str) else None
+        verify_v4.check_capsule(payload, run, res, store=store)
+        return
     # -- 0: substrate -------------------------------------------------------
     try:
         msg = decode_sign1(data)
@@ -207,6 +227,12 @@ def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, Trus
     if not msg.tagged:
         run.add(0, "cose_untagged", "an untagged COSE_Sign1 (accepted: RFC 9052 §2 makes the tag optional)",
                 "info")
+    if msg.protected.get(3) == capsule_v4.ID_MEDIA_TYPE:  # format "4": the capsule-id registration statement
+        anchored = _check_receipts(msg, ts_keys, run)
+        explicit = (lambda: _verify_explicit(msg, any_kid, run)) if any_kid else None
+        verify_v4.verify_v4(msg, verify_v4.capsule_of(msg), keys, anchored, store, run, res, explicit)
+        return
+    res.profile = capm.FORMAT_VERSION
     key = keys.get(msg.kid or "")
     if key is None and any_kid:
         _verify_explicit(msg, any_kid, run)

@@ -13,6 +13,7 @@ import argparse
 from typing import Any
 
 import cbor2
+import msgspec
 
 from consumers import capsule_kernel as kernel_facts
 from consumers.capsule import salted_digest
@@ -39,9 +40,17 @@ async def transition(env: Env, executed: str, effect: dict[str, Any] | None = No
     return rec["idp_id"], env.gw.config
 
 
+def format2(config: Any) -> Any:
+    return msgspec.structs.replace(config, signer=msgspec.structs.replace(config.signer, capsule_format="2"))
+
+
 async def statements_of(env: Env, idp_id: str) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
-    """(the action's capsule, its outcome statement, every stored statement) once the signer made them."""
-    config = env.gw.config
+    """(the action's capsule, its outcome statement, every stored statement) once the signer made them.
+
+    The signer writes format "2": the profile whose outcome statements (§3.3) and
+    reference verifier (0.1.0) these tests hold it to.
+    """
+    config = format2(env.gw.config)
     js = env.js
 
     def action_capsule(p: dict[str, Any]) -> bool:
@@ -127,5 +136,5 @@ async def test_outcome_statement_for_a_verified_transition(env: Env, capsys: Any
     args = argparse.Namespace(paths=[], stream=["PGW_REGISTRATION"], key=[], ts_key=[], store=[], json=False)
     assert await cli.handle_verify(args, config) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert any("statement=outcome" in ln and "profile=format-2" in ln and ln.startswith("OK") for ln in lines)
+    assert any("statement=outcome" in ln and "format=2" in ln and ln.startswith("OK") for ln in lines)
     assert any("statement=agent_action" in ln for ln in lines)

@@ -48,7 +48,7 @@ async def real_run_capsules(nc: Any, config: Any) -> list[bytes]:
 
 async def test_reference_0_1_0_accepts_every_verdict_class(nc: Any, make_config: Any) -> None:
     """agent-action-capsule 0.1.0 (format "2") accepts every capsule of a real run, with no error finding."""
-    config = make_config()
+    config = make_config(signer={"capsule_format": "2"})  # 0.1.0 verifies format "2"
     statements = await real_run_capsules(nc, config)
     payloads = [refverifier.payload_of_statement(s) for s in statements]
     classes = Counter(p["disposition"].get("verdict_class", "executed") for p in payloads)

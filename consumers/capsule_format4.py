@@ -1,0 +1,47 @@
+"""The format "4" profile (the current drafts, draft-mih-scitt-agent-action-capsule-05) for the signer.
+
+Built by :mod:`consumers.capsule_v4` and verified by :mod:`consumers.verify_v4`
+(the verifier dispatches on the statement's content type, see
+:mod:`consumers.verifier`); this module only plugs them into the signer's
+profile hooks (:mod:`consumers.profiles`). The signer's hash chain stays in
+its store-level ledger, outside the capsule ({#assurance}: ``ledger_mode`` is
+derived from the chain block alone), so ``link`` ignores the ledger linkage
+and only adds a supersedes parent known at linking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from consumers import capsule as capm
+from consumers import capsule_v4
+from consumers.profiles import Profile
+
+
+def link(built: capsule_v4.Built4, ledger: capm.Ledger,
+         parent_capsule_id: str | None = None) -> tuple[capsule_v4.Built4, bytes]:
+    del ledger  # store-level only in format 4 (PGW_SIGNER_LEDGER), never in the capsule
+    b4 = capsule_v4.with_parent(built, parent_capsule_id)
+    return b4, b4.payload
+
+
+def sign(payload_json: bytes, payload: Mapping[str, Any], key: Any) -> bytes:
+    # The id is read from the bytes signed: a body built before linking may predate its chain block.
+    del payload
+    return capsule_v4.statement(msgspec.json.decode(payload_json), payload_json, key.private, key.kid)
+
+
+PROFILE = Profile(
+    format_version=capsule_v4.FORMAT,
+    label=f"format 4 ({capsule_v4.SPEC_VERSION})",
+    build=capsule_v4.from_verdict,
+    link=link,
+    claims=capsule_v4.claims_for,
+    content_type=lambda _payload: capsule_v4.ID_MEDIA_TYPE,
+    verify_payload=None,  # statements of format 4 are verified by consumers.verify_v4 (content type dispatch)
+    outcomes=False,
+    sign=sign,
+)
