@@ -33,6 +33,7 @@ import msgspec
 import rfc8785
 from msgspec import Struct
 
+from consumers import capsule_kernel as kernel_facts
 from subjects import jcs
 from subjects.errors import PgwError
 from subjects.util import parse_rfc3339
@@ -559,12 +560,19 @@ def capsule_from_verdict_checked(
         timestamp = utc_z(fallback_ts)
         notes.append("verdict_ts_unparseable")
     effect = _effect_record(v, notes)
-    reason = reason_object(v)
+    facts = kernel_facts.transition_facts(v)  # a kernel transition: its commitment check (issue 20)
+    gap = facts is not None and facts.gap
+    reason = kernel_facts.gap_reason(facts) if gap else reason_object(v)  # type: ignore[arg-type]
     reason_digest = salted_digest(salt, reason) if reason is not None else None
     vc: str | None = v.verdict_class
     if vc == "executed" and reason_digest is None:
         vc = None  # §5.4: legitimately absent for a clean executed verdict
-    if v.approver == "human" and v.human_disposed:
+    if gap:
+        # The gate approved the declared action, not the one that ran, which now awaits the
+        # principal (HEM): no one, human or policy, accepted what was executed (§5.4, §13).
+        disp = Disposition.by_policy("needs_input", authority=authority, verdict_class=vc,
+                                     reason_digest=reason_digest)
+    elif v.approver == "human" and v.human_disposed:
         disp = Disposition.by_human(v.decision, verdict_class=vc, reason_digest=reason_digest)
     elif v.approver == "human":
         disp = Disposition(v.decision, "human", False, None, vc, reason_digest)
@@ -583,6 +591,9 @@ def capsule_from_verdict_checked(
                 evidence_digest=salted_digest(salt, msgspec.to_builtins(v.reason)),
             )
         ]
+    if facts is not None:
+        constraints = [*(constraints or []), *_transition_constraints(facts, salt, "effect_confirmed_without_response"
+                                                                     in notes)]
     action_type = v.action_type if v.action_type in ACTION_TYPES else "decide"
     pgw = {
         "verdict_id": v.verdict_id,
@@ -596,6 +607,10 @@ def capsule_from_verdict_checked(
         "untrusted": v.untrusted or None,
         "notes": notes,
     }
+    if facts is not None:
+        pgw.update(kernel_facts.pgw_members(facts))
+    if "effect_confirmed_without_response" in notes and v.effect is not None:
+        pgw["effect_status_reported"] = v.effect.status
     chain = Chain(parent_capsule_id) if parent_capsule_id else None
     action_id = v.action_id or f"verdict:{v.verdict_id}"
     return build_capsule_checked(
@@ -612,6 +627,21 @@ def capsule_from_verdict_checked(
         pgw=pgw,
         ledger_pending=chained,
     )
+
+
+def _transition_constraints(facts: kernel_facts.TransitionFacts, salt: str,
+                            unbound_here: bool) -> list[ConstraintRecord]:
+    """§8.1 records of the kernel's checks on a transition: commitment match, confirmed binding."""
+    out = [ConstraintRecord(
+        id=kernel_facts.COMMITMENT_CHECK_ID, result="fail" if facts.gap else "pass", blocking=False,
+        check_type=kernel_facts.COMMITMENT_CHECK_TYPE, severity="critical" if facts.gap else None,
+        evidence_digest=salted_digest(salt, kernel_facts.commitment_evidence(facts)),
+    )]
+    if facts.reported_status == "confirmed" or unbound_here:
+        # §5.2: reported confirmed, but no response to bind; the capsule says dispatched.
+        out.append(ConstraintRecord(id=kernel_facts.BINDING_CHECK_ID, result="fail", blocking=False,
+                                    check_type=kernel_facts.BINDING_CHECK_TYPE, severity="warning"))
+    return out
 
 
 def attach_ledger(cap: Capsule, ledger: Ledger) -> Capsule:

@@ -62,7 +62,7 @@ from nats.js.api import (
 from nats.js.errors import APIError, NotFoundError
 
 from consumers import capsule as cap_mod
-from consumers import capsule_v4
+from consumers import capsule_outcome, capsule_v4, profiles
 from consumers.capsule import CapsuleError, Ledger, ledger_entry_hash
 from consumers.cose import sign_statement
 from gateway import micro
@@ -134,28 +134,27 @@ def salt_path(config: Config) -> Path:
 
 
 def claims_for(payload: Mapping[str, Any]) -> dict[Any, Any]:
-    """§3.1 CWT claims (label 15); the capsule_* set is closed."""
-    return {
-        1: payload["developer"],
-        2: cap_mod.subject_urn(payload["operator"], payload["action_id"]),
-        "capsule_statement_type": "agent_action",
-        "capsule_action_type": payload["action_type"],
-        "capsule_decision_id": payload.get("decision_id") or payload["action_id"],
-    }
+    """§3.1 CWT claims (label 15) of a payload, as the profile it names defines them."""
+    return profiles.profile_of(payload).claims(payload)
 
 
 def sign_payload(payload_json: bytes, key: SigningKey, payload: Mapping[str, Any] | None = None) -> bytes:
-    """COSE_Sign1 over the capsule payload bytes with the signer's key.
+    """COSE_Sign1 over the statement payload bytes with the signer's key.
 
     ``payload``: the same payload already decoded (the body it was encoded from),
     where the caller has it; the claims are read from it instead of decoding again.
+    The claims and content type come from the profile the payload itself names
+    (its ``format_version``), so a ledger entry re-signed after a change of
+    ``signer.capsule_format`` is the same statement as before.
     """
     if payload is None:
         payload = msgspec.json.decode(payload_json)
     if payload.get("format_version") == capsule_v4.FORMAT:  # by the payload, so a replay signs as first signed
-        # The id is read from the bytes signed: a body built before linking may predate its chain block.
+        # Draft -05 {#envelope}, {#registration}: the statement signs the raw capsule_id, not the JSON;
+        # the id is read from the bytes signed (a body built before linking may predate its chain block).
         return capsule_v4.statement(msgspec.json.decode(payload_json), payload_json, key.private, key.kid)
-    return sign_statement(payload_json, key.private, key.kid, claims_for(payload), cap_mod.MEDIA_TYPE)
+    prof = profiles.profile_of(payload)
+    return sign_statement(payload_json, key.private, key.kid, prof.claims(payload), prof.content_type(payload))
 
 
 class Signer:
@@ -182,6 +181,7 @@ class Signer:
 
     # -- life cycle ---------------------------------------------------------
     async def __aenter__(self) -> Signer:
+        self.profile = profiles.profile(self.config.signer.capsule_format)  # fails at start, format named
         self._micro = await micro.register(self.nc, "signer", self.config)  # nats micro ls (issue 8)
         self.key = load_or_create(self.config.data_path, "signer")
         self.salt = load_or_create_salt(salt_path(self.config))
@@ -301,43 +301,62 @@ class Signer:
         jobs: list[_Job] = []
         for m in msgs:
             try:
-                jobs.append(_Job(m, verdict_decoder.decode(m.data)))
+                verdict = verdict_decoder.decode(m.data)
             except (msgspec.DecodeError, ValueError) as e:
                 # Not a verdict at all: there is no action to record. Kept out of the loop, loudly.
                 log.error("undecodable verdict message terminated", subject=m.subject, error=str(e))
                 await m.term()
+                continue
+            primary = _Job(m, verdict)
+            jobs.append(primary)
+            # spec 004 §3.3: an outcome statement beside the action's capsule, acked with it.
+            extra = capsule_outcome.companion(verdict) if self.profile.outcomes else None
+            if extra is not None:
+                jobs.append(_Job(None, extra, ack_with=primary))
         await self._recall(jobs)
         built: set[str] = set()  # verdict ids built in this batch (a parent may be here, not yet linked)
         ready: list[_Job] = []
+        naked: set[int] = set()  # ids of the verdict jobs handed back (with every statement they yield)
+
+        async def hand_back(job: _Job, delay: float) -> None:
+            owner = job.ack_with or job
+            if id(owner) not in naked:
+                naked.add(id(owner))
+                if owner.msg is not None:
+                    await owner.msg.nak(delay=delay)
+
         for job in jobs:
+            if id(job.ack_with) in naked:
+                continue  # its action's capsule waits for redelivery: so does the outcome
             if job.entry is None:
                 vid = job.verdict.verdict_id
                 try:
                     job.built = await self._build(job.verdict, job.msg, built, job)
                 except _ParentPending as e:
-                    await job.msg.nak(delay=min(0.2 * e.deliveries, 2.0))
+                    await hand_back(job, min(0.2 * e.deliveries, 2.0))
                     continue
                 except CapsuleError:
                     log.exception("capsule construction refused; verdict left for redelivery", verdict_id=vid,
                                   traceparent=job.verdict.traceparent)
-                    await job.msg.nak(delay=5.0)
+                    await hand_back(job, 5.0)
                     continue
                 except Exception:
                     log.exception("signing failed; verdict left for redelivery", verdict_id=vid,
                                   traceparent=job.verdict.traceparent)
-                    await job.msg.nak(delay=1.0)
+                    await hand_back(job, 1.0)
                     continue
                 built.add(vid)
             ready.append(job)
-        new = [j for j in ready if j.entry is None]
+        new = [j for j in ready if j.entry is None and id(j.ack_with or j) not in naked]
         if new:
             try:
                 await self._append_jobs(new)
             except Exception:
                 log.exception("ledger append failed; verdicts left for redelivery", count=len(new))
                 for j in new:
-                    await j.msg.nak(delay=1.0)
-                ready = [j for j in ready if j.entry is not None]
+                    await hand_back(j, 1.0)
+        # A verdict goes on only with all of its statements (an outcome beside its capsule, §3.3).
+        ready = [j for j in ready if j.entry is not None and id(j.ack_with or j) not in naked]
         assert self.key is not None
         for job in ready:  # replayed entries; new ones were signed while their ledger run was stored
             if not job.statement:
@@ -393,8 +412,7 @@ class Signer:
                     log.warning("superseded parent never signed; capsule carries no chain",
                                 verdict_id=verdict.verdict_id, parent_verdict=verdict.supersedes,
                                 traceparent=verdict.traceparent)
-        make = capsule_v4.from_verdict if self.config.signer.capsule_format == "4" else _from_verdict_v2
-        return make(
+        return self.profile.build(
             verdict,
             operator=self.config.operator,
             salt=self.salt,
@@ -438,9 +456,14 @@ class Signer:
                     stored.append(True)
                     duplicate[i] = bool(ack.duplicate)
         blog = log.bind()  # one bound logger per batch: the module's lazy proxy binds anew on every call
+        # A verdict is acked only once every statement it yields (capsule, outcome) is stored.
+        all_stored: dict[int, bool] = {}
+        for job, ok in zip(jobs, stored, strict=True):
+            owner = job.ack_with or job
+            all_stored[id(owner)] = all_stored.get(id(owner), True) and ok
         for job, ok, dup in zip(jobs, stored, duplicate, strict=True):
             if job.msg is not None:
-                await (job.msg.ack() if ok else job.msg.nak(delay=1.0))
+                await (job.msg.ack() if all_stored.get(id(job), ok) else job.msg.nak(delay=1.0))
             if ok:
                 blog.info("capsule signed", verdict_id=job.verdict.verdict_id, capsule_id=job.entry.capsule_id,
                           verdict_class=job.verdict.verdict_class, ledger=job.status, duplicate=dup,
@@ -520,7 +543,7 @@ class Signer:
             linked_ids[vid] = b4.capsule_id
             entry = LedgerEntry(position, vid, b4.capsule_id, head.hash, h, b4.payload.decode())
             return entry, _Head(position, h, b4.capsule_id)
-        linked, payload = cap_mod.link_built(
+        linked, payload = profiles.profile_of(job.built.body).link(
             job.built, Ledger(position=position, prev_hash=head.hash, prev_capsule_id=head.capsule_id), parent
         )
         chain = msgspec.to_builtins(linked.chain) if linked.chain else None
@@ -653,7 +676,7 @@ class Signer:
         raise PgwError("ledger append kept losing the race; giving up for this delivery")
 
 
-@dataclass
+@dataclass(eq=False)
 class _Job:
     """One verdict on its way to a capsule."""
 
@@ -664,10 +687,7 @@ class _Job:
     built: cap_mod.Built | None = None
     statement: bytes = b""
     parent_vid: str | None = None  # a supersedes parent built in the same batch, linked first
-
-
-def _from_verdict_v2(verdict: Verdict, **kw: Any) -> cap_mod.Built:
-    return cap_mod.capsule_from_verdict_checked(verdict, **kw)
+    ack_with: _Job | None = None  # an outcome statement's action job: one ack for both (§3.3)
 
 
 def _stream_time(msg: Msg | None) -> str | None:

@@ -27,7 +27,8 @@ import msgspec
 from msgspec import Struct, field
 
 from consumers import capsule as capm
-from consumers import capsule_v4, verify_v4
+from consumers import capsule_outcome as outm
+from consumers import capsule_v4, profiles, verify_v4
 from consumers.cose import CoseError, Sign1, TrustedKey, decode_sign1, verify_receipt, verify_sign1
 
 Severity = Literal["error", "warning", "info"]
@@ -66,7 +67,8 @@ class Result(Struct, omit_defaults=True):
     verdict_class: str | None = None
     assurance: dict[str, str] | None = None  # what this verifier rederived (§13: the tier it verified)
     effect_grade: str | None = None
-    profile: str | None = None  # the capsule format the statement was verified as: "2" or "4"
+    profile: str | None = None  # the capsule format the statement names ("2", "4"), see consumers/profiles.py
+    statement_type: str | None = None  # capsule_statement_type: agent_action or outcome (§3.1, §3.3)
 
 
 class _DuplicateKeyError(ValueError):
@@ -135,6 +137,8 @@ class Store:
                 if isinstance(parent, str):
                     order = (pos if isinstance(pos, int) else 1 << 62, i)
                     self.children[parent].append((order, cid))
+
+        self.min_position = min(self.by_position, default=None)
 
     def authoritative_child(self, parent: str) -> str | None:
         kids = sorted(self.children.get(parent, []))
@@ -227,7 +231,6 @@ def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, Trus
         explicit = (lambda: _verify_explicit(msg, any_kid, run)) if any_kid else None
         verify_v4.verify_v4(msg, verify_v4.capsule_of(msg), keys, anchored, store, run, res, explicit)
         return
-    res.profile = capm.FORMAT_VERSION
     key = keys.get(msg.kid or "")
     if key is None and any_kid:
         _verify_explicit(msg, any_kid, run)
@@ -238,15 +241,25 @@ def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, Trus
             verify_sign1(msg, key)
         except CoseError as e:
             run.add(0, e.code, e.why)
-    if msg.protected.get(3) != capm.MEDIA_TYPE:
-        run.add(0, "content_type", f"content_type must be {capm.MEDIA_TYPE}")
     anchored = _check_receipts(msg, ts_keys, run)
+    st_type = msg.cwt_claims.get("capsule_statement_type")
+    res.statement_type = st_type if isinstance(st_type, str) else None
 
     payload = parse_payload(msg.payload or b"")
     if payload is None:
         run.add(1, "payload_not_json", "payload is not a JSON object (or has duplicate keys)")
         return
     res.capsule_id = payload.get("capsule_id") if isinstance(payload.get("capsule_id"), str) else None
+    fmt = payload.get("format_version")
+    res.profile = fmt if isinstance(fmt, str) else None
+    if fmt != capm.FORMAT_VERSION and _other_profile(payload, msg, store, anchored, run, res):
+        return
+    if outm.is_outcome(payload) or st_type == outm.STATEMENT_TYPE:
+        outm.verify_outcome(payload, msg.cwt_claims, msg.protected.get(3), store, run.add)
+        res.assurance = {"ledger_mode": _ledger_mode(payload, store, run)}
+        return
+    if msg.protected.get(3) != capm.MEDIA_TYPE:
+        run.add(0, "content_type", f"content_type must be {capm.MEDIA_TYPE}")
     disp = payload.get("disposition") if isinstance(payload.get("disposition"), dict) else {}
     vc = disp.get("verdict_class")
     res.verdict_class = vc if isinstance(vc, str) else None
@@ -330,6 +343,13 @@ def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, Trus
         if value is not None and value not in registry:
             extra = " (graded no stronger than runtime_claimed)" if name == "effect_attestation" else ""
             run.add(8, "unregistered_value", f"{name} {value!r} is not registered{extra}", "info")
+    for i, c in enumerate(payload.get("constraints") or []):
+        # §8.1, §9.1: no value is seeded, so a bare name (no namespace separator) is non-conforming.
+        for member in ("id", "check_type", "method"):
+            v = c.get(member) if isinstance(c, dict) else None
+            if isinstance(v, str) and "." not in v and ":" not in v:
+                run.add(8, "constraint_not_namespaced", f"constraint {member} {v!r} has no namespace (§9.1)",
+                        "info", path=f"$.constraints[{i}].{member}")
 
 
 def _verify_explicit(msg: Sign1, candidates: tuple[TrustedKey, ...], run: _Run) -> None:
@@ -349,6 +369,19 @@ def _verify_explicit(msg: Sign1, candidates: tuple[TrustedKey, ...], run: _Run) 
     else:
         run.add(0, "cose_key_untrusted", f"kid {msg.kid!r} is not a trusted key and none of the "
                 f"{len(candidates)} keys given explicitly verifies ({', '.join(e.code for e in errors)})")
+
+
+def _other_profile(payload: dict[str, Any], msg: Sign1, store: Store | None, anchored: bool, run: _Run,
+                   res: Result) -> bool:
+    """Hand a statement of another format to its profile's verifier; False when none is installed."""
+    try:
+        prof = profiles.profile_of(payload)
+    except profiles.ProfileError:
+        return False  # the structural check reports format_version_unsupported
+    if prof.verify_payload is None:
+        return False
+    res.assurance = prof.verify_payload(payload, msg=msg, store=store, anchored=anchored, add=run.add)
+    return True
 
 
 def _check_receipts(msg: Sign1, ts_keys: dict[str, TrustedKey], run: _Run) -> bool:
@@ -473,20 +506,8 @@ def _predecessor_ok(p: Mapping[str, Any], pred: Mapping[str, Any]) -> bool:
     return h == led.get("prev_hash") and led.get("prev_capsule_id") == pred.get("capsule_id")
 
 
-def _assurance(p: dict[str, Any], derived: str, anchored: bool, store: Store | None, run: _Run,
-               res: Result) -> None:
-    a = p.get("assurance") if isinstance(p.get("assurance"), dict) else {}
-    # attestation_mode: anchored only after a verified receipt (§3.2).
-    att_mode = "anchored" if anchored else "self_attested"
-    if a.get("attestation_mode") == "anchored" and not anchored:
-        run.add(7, "attestation_overclaim", "attestation_mode anchored without a verified receipt")
-    # effect_mode: rederived from the effect record.
-    claimed = a.get("effect_mode")
-    if claimed in _MODE_ORDER and claimed != derived:
-        over = _MODE_ORDER[claimed] > _MODE_ORDER[derived]
-        run.add(7, "effect_mode_overclaim" if over else "effect_mode_mismatch",
-                f"effect_mode {claimed} but the effect derives {derived}")
-    # ledger_mode: standalone vs chained from the presence and integrity of the linkage.
+def _ledger_mode(p: Mapping[str, Any], store: Store | None, run: _Run) -> str:
+    """ledger_mode rederived (§5.3): standalone vs chained from the presence and integrity of the linkage."""
     led = p.get("ledger") if isinstance(p.get("ledger"), dict) else None
     ledger_mode = "standalone"
     if led is not None and isinstance(led.get("position"), int):
@@ -501,10 +522,34 @@ def _assurance(p: dict[str, Any], derived: str, anchored: bool, store: Store | N
                 ledger_mode = "chained"
             else:
                 run.add(7, "ledger_broken", f"hash-chain link to position {pos - 1} does not verify")
+        elif store is not None and store.min_position is not None and store.min_position < pos - 1:
+            # The store holds statements before and after this one: one is missing between them
+            # (removed, or not stored anywhere this run was given). Not an error: a partial store
+            # (a queue drained into another stream) is legitimate, so it is said, not failed.
+            run.add(7, "ledger_gap", f"ledger position {pos - 1} is missing from a store that holds "
+                    f"earlier positions: a statement was removed, or is stored elsewhere", "warning")
         else:
             run.add(7, "ledger_unverified",
                     f"ledger predecessor (position {pos - 1}) not available: linkage present, integrity unchecked",
                     "info")
+    return ledger_mode
+
+
+def _assurance(p: dict[str, Any], derived: str, anchored: bool, store: Store | None, run: _Run,
+               res: Result) -> None:
+    a = p.get("assurance") if isinstance(p.get("assurance"), dict) else {}
+    # attestation_mode: anchored only after a verified receipt (§3.2).
+    att_mode = "anchored" if anchored else "self_attested"
+    if a.get("attestation_mode") == "anchored" and not anchored:
+        run.add(7, "attestation_overclaim", "attestation_mode anchored without a verified receipt")
+    # effect_mode: rederived from the effect record.
+    claimed = a.get("effect_mode")
+    if claimed in _MODE_ORDER and claimed != derived:
+        over = _MODE_ORDER[claimed] > _MODE_ORDER[derived]
+        run.add(7, "effect_mode_overclaim" if over else "effect_mode_mismatch",
+                f"effect_mode {claimed} but the effect derives {derived}")
+    ledger_mode = _ledger_mode(p, store, run)
+    led = p.get("ledger") if isinstance(p.get("ledger"), dict) else None
     claimed_l = a.get("ledger_mode")
     if claimed_l in _LEDGER_ORDER:
         if claimed_l == "anchored" and not anchored:

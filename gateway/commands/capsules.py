@@ -191,8 +191,8 @@ async def _gather(config: Config, paths: list[str], streams: list[str]) -> list[
 def format_result(r: Result) -> str:
     head = "OK  " if r.ok else "FAIL"
     a = r.assurance or {}
-    line = (f"{head} {r.source}  format={r.profile or '-'} capsule_id={r.capsule_id or '-'} "
-            f"verdict_class={r.verdict_class or '-'} "
+    line = (f"{head} {r.source}  profile=format-{r.profile or '?'} statement={r.statement_type or '-'} "
+            f"capsule_id={r.capsule_id or '-'} verdict_class={r.verdict_class or '-'} "
             f"attestation={a.get('attestation_mode', '-')} ledger={a.get('ledger_mode', '-')}")
     for f in r.findings:
         line += f"\n      [{f.check} {f.name}] {f.severity}: {f.code}: {f.message}" + (f" ({f.path})" if f.path else "")
