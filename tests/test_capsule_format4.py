@@ -24,6 +24,8 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from consumers import capsule_v4 as v4
 from consumers.capsule import GENESIS_HASH, ledger_entry_hash
@@ -379,3 +381,23 @@ def test_a_format4_capsule_signed_as_json_is_not_the_draft_envelope() -> None:
     assert [f.code for f in r.findings if f.severity == "error"] == ["statement_payload_invalid"]
     assert r.assurance == {"attestation_mode": "self_attested", "effect_mode": "not_applicable",
                            "ledger_mode": "standalone"}
+
+
+_FUZZ_KEY = Ed25519PrivateKey.generate()
+_FUZZ_B = v4.from_verdict(design_rows()[8], operator="acme", salt="00" * 32)
+_FUZZ_GOOD = v4.statement(_FUZZ_B.body, _FUZZ_B.payload, _FUZZ_KEY, "k1")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(_FUZZ_GOOD) - 1), st.integers(0, 255)), min_size=1, max_size=6),
+       st.sampled_from([None, b"{", b"{\"format_version\": \"4\", \"canonicalization_id\": \"jcs\"}"]))
+def test_format4_verification_never_throws_on_damaged_statements(edits: list[tuple[int, int]],
+                                                                  head: bytes | None) -> None:
+    """Any byte edits of a format-4 statement (or a JSON-looking prefix) give a result, never an exception."""
+    data = bytearray(_FUZZ_GOOD)
+    for i, b in edits:
+        data[i] = b
+    blob = bytes(data) if head is None else head + bytes(data[:40])
+    r = verify_statement(blob, keys={"k1": TrustedKey("k1", _FUZZ_KEY.public_key())})
+    assert isinstance(r.ok, bool)
+    assert not any(f.code == "verifier_internal_error" for f in r.findings), r.findings
