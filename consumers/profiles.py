@@ -29,6 +29,10 @@ A profile module exposes ``PROFILE``, a :class:`Profile`. Its hooks:
 ``outcomes``
     whether ``build`` also takes the outcome verdicts of §3.3 (when False,
     the signer emits no outcome statements under this profile);
+``sign(payload_json, payload, key)``
+    optional: the statement bytes, where the profile's statement is not a
+    COSE_Sign1 over the payload (format 4 signs a capsule-id registration
+    statement that carries the capsule beside it);
 ``verify_payload(payload, *, msg, store, anchored, add)``
     the profile's Class 1 checks after the common COSE substrate checks;
     reports through ``add(check, code, message, severity="error", path=None)``
@@ -69,6 +73,9 @@ class Profile:
     content_type: Callable[[Mapping[str, Any]], str]
     verify_payload: Callable[..., dict[str, str] | None] | None = None
     outcomes: bool = False  # build() takes outcome verdicts (consumers.capsule_outcome.companion)
+    # sign(payload_json, payload, key) -> statement bytes, where the statement is not the default
+    # COSE_Sign1 over the payload with claims(payload) and content_type(payload).
+    sign: Callable[[bytes, Mapping[str, Any], Any], bytes] | None = None
 
 
 _loaded: dict[str, Profile] = {}

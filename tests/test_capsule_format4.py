@@ -273,7 +273,7 @@ async def test_pgw_verify_ledger_finds_a_removed_format4_capsule(nc: Any, make_c
     items = await format4_run(nc, config, tag="f4v-")
     rc, out = await _pgw_verify(config, "--stream", "PGW_REGISTRATION", "--ledger")
     assert rc == 0, out
-    assert f"OK   ledger {LEDGER_STREAM}: {len(items)} link(s)" in out and "profile=format-4" in out
+    assert f"OK   ledger {LEDGER_STREAM}: {len(items)} link(s)" in out and "format=4" in out
     gone = payload_of(items[4][1])["capsule_id"]
     await nc.jetstream().delete_msg("PGW_REGISTRATION", int(items[4][0].split("#")[1]))
     rc, out = await _pgw_verify(config, "--stream", "PGW_REGISTRATION", "--ledger")

@@ -16,7 +16,8 @@ import cbor2
 import msgspec
 
 from consumers import capsule_kernel as kernel_facts
-from consumers.capsule import salted_digest
+from consumers import capsule_v4
+from consumers.capsule import capsule_from_verdict, salted_digest
 from consumers.signer import Signer, load_or_create_salt, salt_path
 from consumers.verifier import payload_of, verify_many
 from gateway.commands import capsules as cli
@@ -25,6 +26,7 @@ from tests import refverifier
 from tests import test_kernel_hem as hem
 from tests.kernel_support import read_log
 from tests.polling import until
+from tests.test_capsule_model import SALT, verdict
 from tests.test_capsule_signer import signer_keys, stream_items
 from tests.test_kernel_hem import Env
 
@@ -40,11 +42,17 @@ async def transition(env: Env, executed: str, effect: dict[str, Any] | None = No
     return rec["idp_id"], env.gw.config
 
 
+def format2(config: Any) -> Any:
+    return msgspec.structs.replace(config, signer=msgspec.structs.replace(config.signer, capsule_format="2"))
+
+
 async def statements_of(env: Env, idp_id: str) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
-    """(the action's capsule, its outcome statement, every stored statement) once the signer made them."""
-    # Outcome statements (§3.3) belong to format "2" (spec 004 as in ../shared/specs), pinned here.
-    config = msgspec.structs.replace(
-        env.gw.config, signer=msgspec.structs.replace(env.gw.config.signer, capsule_format="2"))
+    """(the action's capsule, its outcome statement, every stored statement) once the signer made them.
+
+    The signer writes format "2": the profile whose outcome statements (§3.3) and
+    reference verifier (0.1.0) these tests hold it to.
+    """
+    config = format2(env.gw.config)
     js = env.js
 
     def action_capsule(p: dict[str, Any]) -> bool:
@@ -130,5 +138,20 @@ async def test_outcome_statement_for_a_verified_transition(env: Env, capsys: Any
     args = argparse.Namespace(paths=[], stream=["PGW_REGISTRATION"], key=[], ts_key=[], store=[], json=False)
     assert await cli.handle_verify(args, config) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert any("statement=outcome" in ln and "profile=format-2" in ln and ln.startswith("OK") for ln in lines)
+    assert any("statement=outcome" in ln and "format=2" in ln and ln.startswith("OK") for ln in lines)
     assert any("statement=agent_action" in ln for ln in lines)
+
+
+def test_gap_mapping_is_shared_by_both_formats() -> None:
+    """The commitment-gap mapping holds in format "4" as in format "2": same verdict class, reason digest,
+    executed action named with the declared one beside it."""
+    v = verdict("gap", "executed", decision="accept", idp_id="idp-9", action_id="idp-9", action_type="CloseBooking",
+                details={"match_result": "IDP_COMMITMENT_GAP", "requested_action": "CloseBooking",
+                         "executed_action": "DeleteBooking", "effect_attestation": "runtime_claimed"})
+    v2 = capsule_from_verdict(v, operator="acme", salt=SALT, chained=False).to_dict()
+    v4 = capsule_v4.from_verdict(v, operator="acme", salt=SALT).body
+    for body in (v2, v4):
+        d = body["disposition"]
+        assert (d["verdict_class"], d["decision"], d["human_disposed"]) == ("executed", "needs_input", False)
+        assert d["reason_digest"] == v2["disposition"]["reason_digest"]
+        assert (body["pgw"]["action_kind"], body["pgw"]["declared_action"]) == ("DeleteBooking", "CloseBooking")

@@ -14,19 +14,22 @@ from subjects.errors import ConfigError
 
 
 def test_capsule_format_setting() -> None:
-    """signer.capsule_format is "4" by default, takes "2" or "4", and names the field on a bad value."""
+    """signer.capsule_format takes "2" or "4" (default "4") and names the field on a bad value."""
     assert load_config(None).signer.capsule_format == "4"
-    assert load_config(None, signer={"capsule_format": "4"}).signer.capsule_format == "4"
+    assert load_config(None, signer={"capsule_format": "2"}).signer.capsule_format == "2"
     for bad in ("3", 2, "format-2"):
         with pytest.raises(ConfigError, match="capsule_format"):
             load_config(None, signer={"capsule_format": bad})
 
 
 def test_profile_dispatch() -> None:
-    """Format 2 resolves to its profile; a stored payload resolves by its own format_version."""
+    """Each format resolves to its profile; a stored payload resolves by its own format_version."""
     p2 = profiles.profile("2")
     assert p2.format_version == "2" and "draft-mih-scitt-agent-action-capsule-01" in p2.label
     assert profiles.profile_of({"format_version": "2"}) is p2
+    p4 = profiles.profile("4")
+    assert p4.format_version == "4" and "draft-mih-scitt-agent-action-capsule-05" in p4.label
+    assert profiles.profile_of({"format_version": "4"}) is p4 and not p4.outcomes
     with pytest.raises(profiles.ProfileError, match="unknown"):
         profiles.profile("7")
     with pytest.raises(profiles.ProfileError, match="no format_version"):

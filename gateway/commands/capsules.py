@@ -191,7 +191,7 @@ async def _gather(config: Config, paths: list[str], streams: list[str]) -> list[
 def format_result(r: Result) -> str:
     head = "OK  " if r.ok else "FAIL"
     a = r.assurance or {}
-    line = (f"{head} {r.source}  profile=format-{r.profile or '?'} statement={r.statement_type or '-'} "
+    line = (f"{head} {r.source}  format={r.profile or '-'} statement={r.statement_type or '-'} "
             f"capsule_id={r.capsule_id or '-'} verdict_class={r.verdict_class or '-'} "
             f"attestation={a.get('attestation_mode', '-')} ledger={a.get('ledger_mode', '-')}")
     for f in r.findings:
