@@ -11,14 +11,15 @@ and only adds a supersedes parent known at linking.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
 
 from consumers import capsule as capm
 from consumers import capsule_outcome as outm
-from consumers import capsule_v4
+from consumers import capsule_v4, verify_v4
 from consumers.profiles import Profile
 from subjects.wire import Verdict
 
@@ -46,6 +47,23 @@ def sign(payload_json: bytes, payload: Mapping[str, Any], key: Any) -> bytes:
     return capsule_v4.statement(msgspec.json.decode(payload_json), payload_json, key.private, key.kid)
 
 
+def verify_payload(payload: dict[str, Any], *, msg: Any, store: Any, anchored: bool,
+                   add: Callable[..., None]) -> dict[str, str] | None:
+    """A format-4 capsule signed as a JSON payload (the format-2 shape): the envelope form is refused.
+
+    Draft -05 {#envelope}: the statement's payload is the raw 32-byte capsule_id with content type
+    application/agent-action-capsule-id. Class 1 still runs over the capsule, so the result says what
+    else is wrong with it.
+    """
+    del msg
+    add(0, "statement_payload_invalid",
+        "a format \"4\" statement signs the raw 32-byte capsule_id with content type "
+        f"{capsule_v4.ID_MEDIA_TYPE} (draft -05 {{#envelope}}), not the capsule JSON")
+    res = SimpleNamespace(verdict_class=None, profile=capsule_v4.FORMAT, assurance=None, effect_grade=None)
+    verify_v4.check_capsule(payload, SimpleNamespace(add=add), res, store=store, anchored=anchored)
+    return res.assurance
+
+
 PROFILE = Profile(
     format_version=capsule_v4.FORMAT,
     label=f"format 4 ({capsule_v4.SPEC_VERSION})",
@@ -53,7 +71,9 @@ PROFILE = Profile(
     link=link,
     claims=capsule_v4.claims_for,
     content_type=lambda _payload: capsule_v4.ID_MEDIA_TYPE,
-    verify_payload=None,  # statements of format 4 are verified by consumers.verify_v4 (content type dispatch)
+    # A statement over the raw capsule_id goes to consumers.verify_v4 on its content type; this
+    # hook sees only a COSE_Sign1 over a format-4 JSON payload, which the draft does not define.
+    verify_payload=verify_payload,
     outcomes=True,
     sign=sign,
 )

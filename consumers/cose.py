@@ -210,13 +210,18 @@ def check_headers(msg: Sign1, key: TrustedKey) -> None:
         # Refused before any signature math: an algorithm the key is not pinned to is unsupported
         # here, which is not the same finding as a signature that does not verify.
         raise CoseError("cose_alg_unsupported",
-                        f"alg {alg!r} ({ALG_NAMES.get(alg, 'unknown')}) is not supported for key {key.kid}, "
+                        f"alg {alg!r} ({_alg_name(alg)}) is not supported for key {key.kid}, "
                         f"which is pinned to {key.alg} ({ALG_NAMES.get(key.alg, 'unknown')})")
     if alg == EDDSA and len(msg.signature) == ED448_SIGNATURE_LEN:
         # RFC 9053 §2.2: EdDSA (-8) names the family; the curve is the key's. Ours are Ed25519.
         raise CoseError("cose_alg_unsupported",
                         f"an EdDSA signature of {ED448_SIGNATURE_LEN} bytes is Ed448, which is not supported "
                         f"(key {key.kid} is Ed25519)")
+
+
+def _alg_name(alg: Any) -> str:
+    """A name for a hostile header value too (a map or a list is unhashable)."""
+    return ALG_NAMES.get(alg, "unknown") if isinstance(alg, (int, str)) else "unknown"
 
 
 def verify_sign1(msg: Sign1, key: TrustedKey, *, detached: bytes | None = None) -> None:

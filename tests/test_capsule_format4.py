@@ -24,10 +24,12 @@ import msgspec
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from consumers import capsule_v4 as v4
 from consumers.capsule import GENESIS_HASH, ledger_entry_hash
-from consumers.cose import CoseError, TrustedKey, decode_sign1, sig_structure
+from consumers.cose import CoseError, TrustedKey, decode_sign1, sig_structure, sign_statement
 from consumers.signer import LEDGER_STREAM, LedgerEntry, Signer
 from consumers.verifier import Result, payload_of, verify_many, verify_statement
 from consumers.verify_v4 import check_envelope
@@ -367,3 +369,35 @@ def test_format4_statement_rules_each_fail_when_broken() -> None:
     over = v4.seal({**b.body, "assurance": {**b.body["assurance"], "ledger_mode": "chained"}})
     r = verify_statement(v4.statement(over.body, over.payload, key, "k1"), keys=keys)
     assert r.ok and "ledger_overclaim" in [f.code for f in r.findings]
+
+
+def test_a_format4_capsule_signed_as_json_is_not_the_draft_envelope() -> None:
+    """A COSE_Sign1 over a format-4 capsule's JSON (the format-2 shape) is refused; its Class 1 checks still run."""
+    key = Ed25519PrivateKey.generate()
+    b = v4.from_verdict(design_rows()[1], operator="acme", salt="00" * 32)
+    st = sign_statement(b.payload, key, "k1", v4.claims_for(b.body), "application/agent-action-capsule+json")
+    r = verify_statement(st, keys={"k1": TrustedKey("k1", key.public_key())})
+    assert not r.ok and r.profile == "4"
+    assert [f.code for f in r.findings if f.severity == "error"] == ["statement_payload_invalid"]
+    assert r.assurance == {"attestation_mode": "self_attested", "effect_mode": "not_applicable",
+                           "ledger_mode": "standalone"}
+
+
+_FUZZ_KEY = Ed25519PrivateKey.generate()
+_FUZZ_B = v4.from_verdict(design_rows()[8], operator="acme", salt="00" * 32)
+_FUZZ_GOOD = v4.statement(_FUZZ_B.body, _FUZZ_B.payload, _FUZZ_KEY, "k1")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(_FUZZ_GOOD) - 1), st.integers(0, 255)), min_size=1, max_size=6),
+       st.sampled_from([None, b"{", b"{\"format_version\": \"4\", \"canonicalization_id\": \"jcs\"}"]))
+def test_format4_verification_never_throws_on_damaged_statements(edits: list[tuple[int, int]],
+                                                                  head: bytes | None) -> None:
+    """Any byte edits of a format-4 statement (or a JSON-looking prefix) give a result, never an exception."""
+    data = bytearray(_FUZZ_GOOD)
+    for i, b in edits:
+        data[i] = b
+    blob = bytes(data) if head is None else head + bytes(data[:40])
+    r = verify_statement(blob, keys={"k1": TrustedKey("k1", _FUZZ_KEY.public_key())})
+    assert isinstance(r.ok, bool)
+    assert not any(f.code == "verifier_internal_error" for f in r.findings), r.findings

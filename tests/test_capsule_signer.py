@@ -116,6 +116,7 @@ async def test_resolution_waits_for_its_dispatch(nc: Any, make_config: Any) -> N
         assert signer.signed == 0
         await pub.verdict(dispatch)
         await wait_count(js, "PGW_REGISTRATION", 2)
+        await signer.wait_signed(2, timeout=10)  # counted after the acks, which follow the stored capsules
         assert signer.signed == 2
     items = {payload_of(d)["pgw"]["verdict_id"]: payload_of(d) for _, d, _ in await stream_items(js, "PGW_REGISTRATION")}
     assert items[resolution.verdict_id]["chain"]["parent_capsule_id"] == items[dispatch.verdict_id]["capsule_id"]
