@@ -1,57 +1,78 @@
 """The registrar: registers queued capsules with a SCITT Transparency Service (spec 004 §3.2).
 
 A durable pull consumer on ``PGW_REGISTRATION`` (work queue). For each Signed
-Statement it speaks SCRAPI (draft-ietf-scitt-scrapi):
+Statement it speaks SCRAPI (``consumers.scrapi``): ``POST /entries``, then the
+receipt is verified (``consumers.receipts``: inclusion proof with the TS's
+leaf construction + TS signature with the algorithm pinned per key) BEFORE
+anything is reported anchored; the Transparent Statement (receipt in
+unprotected label 394) goes to ``capsule.registered`` with ``Nats-Msg-Id`` =
+capsule_id, and only then is the queue message acked.
 
-- ``GET /.well-known/transparency-configuration`` once, to learn the service;
-- ``POST /entries`` with ``Content-Type: application/cose``; a ``201`` carries
-  the receipt, a ``202`` or ``303`` names a ``Location`` that is polled
-  (``Retry-After`` honoured, capped) until it yields the receipt;
-- the receipt is verified (inclusion proof + TS signature, pinned key)
-  BEFORE anything is reported anchored; the Transparent Statement (receipt in
-  unprotected label 394) goes to ``capsule.registered`` with ``Nats-Msg-Id`` =
-  capsule_id, and only then is the queue message acked.
+Failures, by kind:
 
-A failed attempt is nak'ed with exponential backoff; after
-``registrar.max_failures`` deliveries the statement is written to the
-dead-letter stream ``PGW_REGISTRATION_DLQ`` (``{prefix}.capsule.deadletter``)
-with the last error, and acked off the queue.
+- the TS already holds the statement (``409``, or ``400 Already Registered``
+  after a crash between its answer and our ack): the existing entry's receipt
+  is fetched, verified and the capsule finished like a fresh one. Never a
+  failure, never dead-lettered.
+- transient (5xx, 429, timeouts, connection refused: the TS is down or busy):
+  the message goes back to the queue and the registrar pauses before the next
+  attempt, backing off exponentially to ``registrar.backoff_max_s``. No limit
+  on attempts: a TS down for an hour loses nothing and the queue drains when
+  it is back (one probe per back-off interval meanwhile, not one per capsule).
+- permanent (another 4xx, a receipt that does not verify, a malformed
+  statement): nak'ed with back-off; after ``registrar.max_failures`` such
+  refusals the statement is written to ``PGW_REGISTRATION_DLQ``
+  (``{prefix}.capsule.deadletter``) with the last error, and acked off the queue.
 
 With no ``registrar.ts_url`` the registrar starts, consumes nothing, and says
 so: capsules wait in ``capsule.register`` until a TS is configured.
 
-Trusting the TS key: ``registrar.ts_public_key`` (raw hex or a PEM file)
-pins it. Without it, the key published in the TS's configuration document is
-trusted on first use and pinned to ``{data_dir}/registrar/ts_keys.json``
-(``pgw verify`` reads it); later runs use the pinned key, never a new one.
+TS keys (``consumers.ts_keys``): ``registrar.ts_public_key`` pins them;
+without it, the keys the TS publishes (``jwks`` or ``jwks_uri``) are trusted
+on first use and pinned to ``{data_dir}/registrar/ts_keys.json`` (``pgw
+verify`` reads it); later runs use the pinned keys, never new ones.
+Progress (waiting, retrying, registered, failed): ``pgw capsules status`` and
+the ``pgw_registrar_*`` metrics (``consumers.registrar_status``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import json
-import os
-from pathlib import Path
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import cbor2
 import msgspec
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-from consumers.cose import CoseError, ReceiptInfo, TrustedKey, verify_receipt, with_receipt
+from consumers.cose import CoseError, with_receipt
+from consumers.receipts import ReceiptInfo, entry_hash, leaf_kinds, verify_receipt
+from consumers.registrar_status import (
+    DLQ_STREAM,
+    RECEIPT_LEAVES,
+    REGISTRATION_STREAM,
+    REGISTRATIONS,
+    TS_UP,
+    WAITING,
+)
+from consumers.scrapi import AlreadyRegistered, RegistrationError, ScrapiClient
+from consumers.ts_keys import (
+    TsKey,
+    UnsupportedTsKey,
+    keys_from_jwks,
+    load_ts_key,
+    pinned_ts_keys_path,
+    read_pinned_ts_keys,
+    write_pinned_ts_keys,
+)
 from consumers.verifier import payload_of
 from gateway import micro
-from gateway.keys import kid_of
 from gateway.logs import get_logger
 from gateway.service import stop_pull_loop
 from gateway.streams import cluster_replicas
-from subjects.errors import PgwError
 from subjects.util import now_rfc3339
 
 if TYPE_CHECKING:
@@ -62,18 +83,8 @@ if TYPE_CHECKING:
 
 log = get_logger("pgw.registrar")
 
-REGISTRATION_STREAM = "PGW_REGISTRATION"
-DLQ_STREAM = "PGW_REGISTRATION_DLQ"
-COSE = "application/cose"
-
-
-class RegistrationError(PgwError):
-    """The Transparency Service did not register the statement; ``status`` if it answered."""
-
-    def __init__(self, why: str, status: int | None = None) -> None:
-        self.why = why
-        self.status = status
-        super().__init__(f"registration failed: {why}")
+__all__ = ["DLQ_STREAM", "REGISTRATION_STREAM", "DeadLetter", "Registrar", "RegistrationError",
+           "configured_ts_keys", "load_ts_key", "pinned_ts_keys_path", "read_pinned_ts_keys"]
 
 
 class DeadLetter(msgspec.Struct, omit_defaults=True):
@@ -87,125 +98,22 @@ class DeadLetter(msgspec.Struct, omit_defaults=True):
     statement_b64: str
 
 
-def load_ts_key(spec: str) -> TrustedKey:
-    """A TS public key from raw hex (64 digits) or a PEM file path."""
-    s = spec.strip()
-    if len(s) == 64 and all(c in "0123456789abcdefABCDEF" for c in s):
-        pub = Ed25519PublicKey.from_public_bytes(bytes.fromhex(s))
-    else:
-        loaded = serialization.load_pem_public_key(Path(s).expanduser().read_bytes())
-        if not isinstance(loaded, Ed25519PublicKey):
-            raise PgwError(f"TS key {s} is not an Ed25519 public key")
-        pub = loaded
-    return TrustedKey(kid_of(pub), pub, role="ts")
+def configured_ts_keys(config: Config) -> dict[str, TsKey]:
+    """The TS keys pinned in configuration, or else in the data folder; {} if none yet."""
+    rc = config.registrar
+    if rc.ts_public_key:
+        return load_ts_key(rc.ts_public_key, rc.ts_key_id)
+    return read_pinned_ts_keys(config.data_path)
 
 
-def pinned_ts_keys_path(data_dir: Path) -> Path:
-    return Path(data_dir) / "registrar" / "ts_keys.json"
-
-
-def read_pinned_ts_keys(data_dir: Path) -> dict[str, TrustedKey]:
-    p = pinned_ts_keys_path(data_dir)
-    if not p.exists():
-        return {}
-    out = {}
-    for kid, hexkey in json.loads(p.read_text()).items():
-        out[kid] = TrustedKey(kid, Ed25519PublicKey.from_public_bytes(bytes.fromhex(hexkey)), role="ts")
-    return out
-
-
-def _write_pinned(data_dir: Path, keys: dict[str, TrustedKey]) -> None:
-    p = pinned_ts_keys_path(data_dir)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    raw = {
-        k: v.public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
-        for k, v in keys.items()
-    }
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(raw, indent=2))
-    os.chmod(tmp, 0o644)
-    tmp.replace(p)
-
-
-def keys_from_configuration(doc: Any) -> dict[str, TrustedKey]:
-    """Ed25519 keys from a transparency-configuration document's ``jwks``."""
-    out: dict[str, TrustedKey] = {}
-    jwks = doc.get("jwks") if isinstance(doc, dict) else None
-    for jwk in (jwks or {}).get("keys", []) if isinstance(jwks, dict) else []:
-        if not isinstance(jwk, dict) or jwk.get("kty") != "OKP" or jwk.get("crv") != "Ed25519":
-            continue
-        x = jwk.get("x", "")
-        pub = Ed25519PublicKey.from_public_bytes(base64.urlsafe_b64decode(x + "=" * (-len(x) % 4)))
-        kid = jwk.get("kid") or kid_of(pub)
-        out[kid] = TrustedKey(kid, pub, role="ts")
-    return out
-
-
-class ScrapiClient:
-    """The SCRAPI calls the registrar needs, over one aiohttp session."""
-
-    def __init__(self, base_url: str, *, timeout_s: float, poll_timeout_s: float) -> None:
-        self.base = base_url.rstrip("/")
-        self.poll_timeout_s = poll_timeout_s
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
-
-    async def close(self) -> None:
-        await self.session.close()
-
-    async def configuration(self) -> Any:
-        async with self.session.get(f"{self.base}/.well-known/transparency-configuration",
-                                    headers={"Accept": "application/cbor, application/json"}) as r:
-            if r.status != 200:
-                raise RegistrationError(f"transparency-configuration answered {r.status}", r.status)
-            body = await r.read()
-            if "json" in r.headers.get("Content-Type", ""):
-                return json.loads(body)
-            return cbor2.loads(body)
-
-    async def register(self, statement: bytes) -> bytes:
-        """POST /entries; return the receipt bytes (following 202/303 by polling)."""
-        async with self.session.post(f"{self.base}/entries", data=statement,
-                                     headers={"Content-Type": COSE, "Accept": COSE},
-                                     allow_redirects=False) as r:
-            body = await r.read()
-            if r.status == 201 and body:
-                return body
-            if r.status in (201, 202, 303) and r.headers.get("Location"):
-                return await self._poll(self._abs(r.headers["Location"]), _retry_after(r))
-            raise RegistrationError(f"POST /entries answered {r.status}: {_short(body)}", r.status)
-
-    def _abs(self, loc: str) -> str:
-        return loc if loc.startswith(("http://", "https://")) else f"{self.base}/{loc.lstrip('/')}"
-
-    async def _poll(self, url: str, wait: float) -> bytes:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.poll_timeout_s
-        while True:
-            await asyncio.sleep(min(wait, 5.0))
-            if loop.time() > deadline:
-                raise RegistrationError(f"no receipt from {url} within {self.poll_timeout_s}s")
-            async with self.session.get(url, headers={"Accept": COSE}, allow_redirects=False) as r:
-                body = await r.read()
-                if r.status in (200, 201) and r.headers.get("Content-Type", "").startswith(COSE) and body:
-                    return body
-                if r.status in (301, 302, 303, 307) and r.headers.get("Location"):
-                    url, wait = self._abs(r.headers["Location"]), 0.0
-                    continue
-                if r.status in (200, 202, 404):  # still running (404: entry not yet visible)
-                    wait = _retry_after(r)
-                    continue
-                raise RegistrationError(f"polling {url} answered {r.status}: {_short(body)}", r.status)
-
-
-def _retry_after(r: aiohttp.ClientResponse) -> float:
-    try:
-        return max(0.0, float(r.headers.get("Retry-After", "0.2")))
-    except ValueError:
-        return 0.2
-
-
-def _short(body: bytes) -> str:
-    return body[:200].decode("utf-8", "replace")
+async def discover_ts_keys(client: ScrapiClient) -> dict[str, TsKey]:
+    """The keys the TS publishes: inline ``jwks`` or ``jwks_uri`` of its configuration document."""
+    doc = await client.configuration()
+    if isinstance(doc.get("jwks"), dict):
+        return keys_from_jwks(doc["jwks"])
+    if isinstance(doc.get("jwks_uri"), str):
+        return keys_from_jwks(await client.jwks(doc["jwks_uri"]))
+    raise UnsupportedTsKey("the transparency configuration has neither jwks nor jwks_uri; set registrar.ts_public_key")
 
 
 class Registrar:
@@ -219,11 +127,15 @@ class Registrar:
         self.js = nc.jetstream()
         self.subjects = config.subjects
         self.client: ScrapiClient | None = None
-        self.ts_keys: dict[str, TrustedKey] = {}
+        self.ts_keys: dict[str, TsKey] = {}
+        self.leaves = leaf_kinds(config.registrar.receipt_leaf)
         self._sub: Any = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._outage = 0  # consecutive transient failures: the TS is down or busy while > 0
+        self._refusals: dict[str, int] = {}  # permanent refusals per statement (in memory: a restart only adds tries)
         self.registered = 0
+        self.already_registered = 0
         self.dead_lettered = 0
         self.waiting: int | None = None
 
@@ -239,11 +151,7 @@ class Registrar:
             )
             return self
         self.client = ScrapiClient(rc.ts_url, timeout_s=rc.http_timeout_s, poll_timeout_s=rc.poll_timeout_s)
-        if rc.ts_public_key:
-            k = load_ts_key(rc.ts_public_key)
-            self.ts_keys = {k.kid: k}
-        else:
-            self.ts_keys = read_pinned_ts_keys(self.config.data_path)
+        self.ts_keys = configured_ts_keys(self.config)  # a bad configured key fails here, at start
         await self._ensure_dlq()
         self._sub = await self.js.pull_subscribe(
             self.subjects.capsule_register,
@@ -251,12 +159,14 @@ class Registrar:
             stream=REGISTRATION_STREAM,
             config=ConsumerConfig(
                 ack_policy=AckPolicy.EXPLICIT,
-                ack_wait=rc.http_timeout_s + rc.poll_timeout_s + 10.0,
-                max_deliver=-1,  # the dead-letter decision is ours, after max_failures
+                ack_wait=rc.http_timeout_s * 2 + rc.poll_timeout_s + 5.0,  # POST, poll, receipt GET
+                max_deliver=-1,  # the dead-letter decision is ours, for permanent refusals only
             ),
         )
+        TS_UP.set(1)
         self._task = asyncio.create_task(self._run(), name="pgw-registrar")
-        log.info("registrar started", ts_url=rc.ts_url, pinned_keys=sorted(self.ts_keys))
+        log.info("registrar started", ts_url=rc.ts_url, pinned_keys=sorted(self.ts_keys),
+                 receipt_leaf=rc.receipt_leaf)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -275,9 +185,11 @@ class Registrar:
 
     async def _queue_depth(self) -> int | None:
         try:
-            return (await self.js.stream_info(REGISTRATION_STREAM)).state.messages
+            n = (await self.js.stream_info(REGISTRATION_STREAM)).state.messages
         except Exception:  # noqa: BLE001 - only informational
             return None
+        WAITING.set(n)
+        return n
 
     async def _ensure_dlq(self) -> None:
         try:
@@ -289,25 +201,34 @@ class Registrar:
                 num_replicas=await cluster_replicas(self.js),  # R3 in a cluster, like the rest
             ))
 
-    async def _trusted_keys(self) -> dict[str, TrustedKey]:
+    async def _trusted_keys(self) -> dict[str, TsKey]:
         if self.ts_keys:
             return self.ts_keys
         assert self.client is not None
-        doc = await self.client.configuration()
-        keys = keys_from_configuration(doc)
-        if not keys:
-            raise RegistrationError("the TS configuration publishes no Ed25519 key and none is configured")
-        _write_pinned(self.config.data_path, keys)
-        log.warning("trusting the TS's published key on first use; pinned",
-                    kids=sorted(keys), file=str(pinned_ts_keys_path(self.config.data_path)))
+        keys = await discover_ts_keys(self.client)
+        path = write_pinned_ts_keys(self.config.data_path, keys)
+        log.warning("trusting the TS's published keys on first use; pinned",
+                    kids=sorted(keys), algs=sorted({k.alg_name for k in keys.values()}), file=str(path))
         self.ts_keys = keys
         return keys
 
+    def _backoff(self, n: int) -> float:
+        rc = self.config.registrar
+        return min(rc.backoff_base_s * 2 ** max(n - 1, 0), rc.backoff_max_s)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but wake at once on drain."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
     async def _run(self) -> None:
+        last_depth = 0.0
+        loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
             try:
                 msgs = await self._sub.fetch(8, timeout=0.5)
             except (TimeoutError, NatsTimeoutError):
+                await self._queue_depth()
                 continue
             except Exception:
                 if self._stopping.is_set() or self.nc.is_closed:
@@ -315,66 +236,154 @@ class Registrar:
                 log.exception("fetch failed; retrying")
                 await asyncio.sleep(0.5)
                 continue
-            for msg in msgs:
-                await self.handle(msg)
+            for i, msg in enumerate(msgs):
+                if self._stopping.is_set() or not await self.handle(msg):
+                    for rest in msgs[i + 1:]:  # back to the queue untouched: tried after the pause
+                        await rest.nak()
+                    break
+            if loop.time() - last_depth > 1.0:
+                last_depth = loop.time()
+                await self._queue_depth()
+            if self._outage:
+                delay = self._backoff(self._outage)
+                log.warning("Transparency Service unavailable; pausing registration", retry_in_s=delay,
+                            failures_in_a_row=self._outage)
+                await self._pause(delay)
 
-    async def register(self, statement: bytes) -> tuple[bytes, ReceiptInfo]:
-        """Register and verify: the receipt is returned only once it verifies."""
+    async def register(self, statement: bytes) -> tuple[bytes, ReceiptInfo, bool]:
+        """Register and verify: the receipt is returned only once it verifies; True if the TS held it already."""
         assert self.client is not None
         keys = await self._trusted_keys()
-        receipt = await self.client.register(statement)
-        info = verify_receipt(receipt, statement, keys)
-        return receipt, info
+        try:
+            receipt = await self.client.register(statement)
+        except AlreadyRegistered as e:
+            receipt, info = await self._existing_receipt(statement, keys, e)
+            return receipt, info, True
+        return receipt, verify_receipt(receipt, statement, keys, self.leaves), False
 
-    async def handle(self, msg: Msg) -> None:
+    async def _existing_receipt(self, statement: bytes, keys: dict[str, TsKey],
+                                e: AlreadyRegistered) -> tuple[bytes, ReceiptInfo]:
+        """The receipt of the entry the TS already holds (SCRAPI §2.1.4 Resolve Receipt).
+
+        Where to look: the Location the refusal named, else the configuration's
+        ``receipt_endpoint`` template, else ``/entries/{entry_id}``, with the
+        entry id of each leaf construction (scittles: the hex SHA-256 of the
+        payload). A receipt found is accepted only if it verifies for this statement.
+        """
+        assert self.client is not None
+        urls = [e.location] if e.location else []
+        template = f"{self.client.base}/entries/{{entry_id}}"
+        try:
+            doc = await self.client.configuration()
+            if isinstance(doc.get("receipt_endpoint"), str) and "{entry_id}" in doc["receipt_endpoint"]:
+                template = self.client.absolute(doc["receipt_endpoint"])
+        except RegistrationError:
+            pass
+        for kind in self.leaves:
+            try:
+                urls.append(template.replace("{entry_id}", entry_hash(statement, kind).hex()))
+            except CoseError:
+                continue
+        last: CoseError | None = None
+        for url in dict.fromkeys(urls):
+            receipt = await self.client.receipt_at(url)
+            if receipt is None:
+                continue
+            try:
+                return receipt, verify_receipt(receipt, statement, keys, self.leaves)
+            except CoseError as err:
+                last = err
+        if last is not None:
+            raise last
+        # The TS says it holds the statement but serves no receipt for it yet: retried, never dead-lettered.
+        raise RegistrationError(f"the TS answered {e.status} already registered but no receipt was found at "
+                                f"{', '.join(dict.fromkeys(urls))}", e.status, transient=True)
+
+    async def handle(self, msg: Msg) -> bool:
+        """Register one statement; False if the TS is unavailable (the caller pauses)."""
         statement = msg.data
         hdrs = msg.headers or {}
         payload = payload_of(statement)
         capsule_id = hdrs.get("Pgw-Capsule-Id") or (payload or {}).get("capsule_id")
+        traceparent = hdrs.get("traceparent")
         try:
-            receipt, info = await self.register(statement)
-        except (RegistrationError, CoseError, aiohttp.ClientError, TimeoutError, ValueError) as e:
-            await self._failed(msg, capsule_id, e, hdrs.get("traceparent"))
-            return
+            receipt, info, existed = await self.register(statement)
+        except (RegistrationError, UnsupportedTsKey, aiohttp.ClientError, TimeoutError, OSError) as e:
+            # UnsupportedTsKey: the TS publishes no key we can verify with; a configuration problem,
+            # not the statement's, so it waits (logged on every probe) instead of being dead-lettered.
+            if isinstance(e, RegistrationError) and not e.transient:
+                await self._refused(msg, capsule_id, e, traceparent)
+                return True
+            await self._unavailable(msg, capsule_id, e, traceparent)
+            return False
+        except (CoseError, ValueError) as e:
+            await self._refused(msg, capsule_id, e, traceparent)
+            return True
+        if self._outage:
+            log.info("Transparency Service answers again; registration resumed", after_failures=self._outage)
+        self._outage = 0
+        TS_UP.set(1)
         transparent = with_receipt(statement, receipt)
         headers = {
             "Nats-Msg-Id": str(capsule_id or info.root.hex()),
             "Pgw-Capsule-Id": str(capsule_id),
             "Pgw-Receipt-Kid": str(info.kid),
+            "Pgw-Receipt-Leaf": info.leaf,
             "Pgw-Tree-Size": str(info.tree_size),
             "Pgw-Leaf-Index": str(info.leaf_index),
         }
-        if hdrs.get("traceparent"):
-            headers["traceparent"] = hdrs["traceparent"]
+        if traceparent:
+            headers["traceparent"] = traceparent
         try:
             await self.js.publish(self.subjects.capsule_registered, transparent, headers=headers)
         except Exception:
             log.exception("publishing the transparent statement failed; will retry", capsule_id=capsule_id,
-                          traceparent=hdrs.get("traceparent"))
+                          traceparent=traceparent)
             await msg.nak(delay=1.0)
-            return
+            return True
         await msg.ack()
+        self._refusals.pop(str(capsule_id), None)
+        if existed:
+            self.already_registered += 1
         self.registered += 1
+        REGISTRATIONS.labels("already_registered" if existed else "registered").inc()
+        RECEIPT_LEAVES.labels(info.leaf).inc()
         log.info("capsule anchored (receipt verified)", capsule_id=capsule_id, ts_kid=info.kid,
-                 tree_size=info.tree_size, leaf_index=info.leaf_index, traceparent=hdrs.get("traceparent"))
+                 tree_size=info.tree_size, leaf_index=info.leaf_index, leaf=info.leaf,
+                 already_registered=existed, traceparent=traceparent)
+        return True
 
-    async def _failed(self, msg: Msg, capsule_id: str | None, err: Exception, traceparent: str | None) -> None:
+    async def _unavailable(self, msg: Msg, capsule_id: str | None, err: Exception, traceparent: str | None) -> None:
+        """A transient failure: the statement goes back to the queue, however many times it takes."""
+        self._outage += 1
+        TS_UP.set(0)
+        REGISTRATIONS.labels("retry").inc()
+        log.warning("registration failed (transient); will retry", capsule_id=capsule_id,
+                    attempt=msg.metadata.num_delivered, error=f"{type(err).__name__}: {err}",
+                    traceparent=traceparent)
+        await msg.nak()
+
+    async def _refused(self, msg: Msg, capsule_id: str | None, err: Exception, traceparent: str | None) -> None:
         rc = self.config.registrar
-        attempts = msg.metadata.num_delivered
+        key = str(capsule_id or msg.metadata.sequence.stream)
+        refusals = self._refusals[key] = self._refusals.get(key, 0) + 1
         why = f"{type(err).__name__}: {err}"
-        if attempts >= rc.max_failures:
-            record = DeadLetter(capsule_id, attempts, why, now_rfc3339(), rc.ts_url or "",
+        if refusals >= rc.max_failures:
+            record = DeadLetter(capsule_id, refusals, why, now_rfc3339(), rc.ts_url or "",
                                 base64.b64encode(msg.data).decode())
             await self.js.publish(
                 f"{self.subjects.prefix}.capsule.deadletter", msgspec.json.encode(record),
                 headers={"Nats-Msg-Id": f"dlq:{capsule_id}:{msg.metadata.sequence.stream}"},
             )
             await msg.ack()
+            self._refusals.pop(key, None)
             self.dead_lettered += 1
-            log.error("registration dead-lettered", capsule_id=capsule_id, attempts=attempts, error=why,
+            REGISTRATIONS.labels("dead_lettered").inc()
+            log.error("registration dead-lettered", capsule_id=capsule_id, attempts=refusals, error=why,
                       traceparent=traceparent)
             return
-        delay = min(rc.backoff_base_s * 2 ** (attempts - 1), rc.backoff_max_s)
-        log.warning("registration failed; retrying", capsule_id=capsule_id, attempt=attempts,
+        delay = self._backoff(refusals)
+        REGISTRATIONS.labels("refused").inc()
+        log.warning("registration refused; retrying", capsule_id=capsule_id, attempt=refusals,
                     retry_in_s=delay, error=why, traceparent=traceparent)
         await msg.nak(delay=delay)

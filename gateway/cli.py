@@ -32,6 +32,7 @@ COMMAND_MODULES: list[str] = [
     "gateway.commands.surfaces",
     "gateway.commands.capsules",
     "gateway.commands.kernel",
+    "gateway.commands.audit",
     "gateway.commands.security",
 ]
 

@@ -76,6 +76,7 @@ class SecurityConfig(_Section):
     enabled: bool = True  # `pgw up` runs the embedded server with the generated block
     principals: list[str] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
+    auditors: list[str] = field(default_factory=list)  # audit principals (gateway/kernel/audit.py)
     creds_dir: str = ""  # default: {data_dir}/creds
     demo: bool = True  # open mode (no [agents]): also make `pgw demo`'s parties (demo-agent, alice)
 
@@ -84,6 +85,8 @@ class SecurityConfig(_Section):
             principal_token(p)
         for o in self.ops:
             check_token(o, "ops user name")
+        for a in self.auditors:
+            check_token(a, "auditor name")
 
 
 class KernelConfig(_Section):
@@ -95,6 +98,12 @@ class KernelConfig(_Section):
     # Also trust the dev issuer key of `pgw mandate issue` ({data_dir}/keys/mandate_issuer).
     trust_dev_issuer: bool = False
     revoked_jtis: list[str] = field(default_factory=list)
+    # Keys (kid -> PEM) that may revoke mandates live besides the issuers (gateway/kernel/revocation.py).
+    revokers: dict[str, str] = field(default_factory=dict)
+    # RFC 7519 §4.1.3: this gateway's audience; a mandate naming an audience must name it.
+    audience: str | None = None
+    # Issuer kid -> the `iss` its mandates must carry (checked when listed).
+    issuer_names: dict[str, str] = field(default_factory=dict)
     clock_skew_s: Annotated[float, Meta(ge=0, le=600)] = 30.0
     # Folder of *.cedar policies (+ optional schema.cedarschema); none = deny everything.
     policy_dir: str | None = None
@@ -105,6 +114,11 @@ class KernelConfig(_Section):
     hem_expires_in_s: Annotated[int, Meta(ge=1, le=30 * 86400)] = 3600
     pii: Literal["flag", "reject"] = "flag"  # spec 003 §9
     log_permits: bool = True
+    # The event log's head is anchored outside it this often, and at drain (gateway/kernel/checkpoint.py).
+    checkpoint_interval_s: Annotated[float, Meta(ge=0, le=3600)] = 5.0
+    # A PERMIT without its transition report this long after is closed by a timeout verdict
+    # (gateway/kernel/overdue.py); 0 = never.
+    report_deadline_s: Annotated[float, Meta(ge=0)] = 3600.0
     # denied action -> candidate paths (each a list of actions); offered only when derivable.
     suggested_paths: dict[str, list[list[str]]] = field(default_factory=dict)
 
@@ -155,9 +169,13 @@ class RegistrarConfig(_Section):
     """The SCITT registrar (spec 004 §3.2, SCRAPI). No ts_url: capsules wait in the queue."""
 
     ts_url: str | None = None
-    ts_public_key: str | None = None  # receipt key: raw hex, or a PEM file; unset = trust the TS's own document
+    # receipt key: Ed25519 hex, a PEM file, a JWK/JWKS file or inline JSON (EdDSA, ES256, ES384);
+    # unset = the TS's own jwks / jwks_uri, pinned on first use (docs/capsules.md "Registration")
+    ts_public_key: str | None = None
+    ts_key_id: str | None = None  # kid of ts_public_key when the key itself names none
+    receipt_leaf: Literal["auto", "statement", "payload"] = "auto"  # the TS's Merkle leaf construction
     durable: str = "pgw-registrar"
-    max_failures: Annotated[int, Meta(ge=1)] = 5
+    max_failures: Annotated[int, Meta(ge=1)] = 5  # permanent refusals before the dead-letter stream
     backoff_base_s: Annotated[float, Meta(gt=0)] = 1.0
     backoff_max_s: Annotated[float, Meta(gt=0)] = 60.0
     http_timeout_s: Annotated[float, Meta(gt=0)] = 10.0

@@ -80,6 +80,8 @@ def stream_plans(subjects: Subjects, *, replicas: int = 1, duplicate_window_s: f
         ),
         cfg("PGW_CAPSULES", [subjects.capsule_registered]),
         cfg("PGW_EVENTLOG", [subjects.all_log], deny_delete=True, deny_purge=True),
+        # The event log's anchored heads (gateway/kernel/checkpoint.py), outside the log itself.
+        cfg("PGW_CHECKPOINTS", [f"{subjects.prefix}.checkpoint.>"], deny_delete=True, deny_purge=True),
     ]
 
 

@@ -304,6 +304,10 @@ EVENT_TYPES = (
     "IDP_COMMITMENT_VERIFIED",
     "IDP_COMMITMENT_GAP",
     "TRANSITION_REFUSED",
+    "IDP_RECEIVED",  # a valid IDP its session does not admit (gateway/kernel/received.py)
+    "TRANSITION_REPORT_OVERDUE",  # a permit closed without its report (gateway/kernel/overdue.py)
+    "MANDATE_REVOKED",  # live revocation (gateway/kernel/revocation.py)
+    "AUDIT_QUERY",  # an Audit Principal's query and what it was shown (gateway/kernel/audit.py)
 )
 
 GENESIS_DIGEST = "0" * 64

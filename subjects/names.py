@@ -26,6 +26,7 @@ VERDICT_CLASSES = (
     "executed",
     "errored",
     "engine_failure",
+    "timeout",  # a kernel PERMIT whose transition report never came (gateway/kernel/overdue.py)
 )
 LOG_EVENT_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 

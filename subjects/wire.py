@@ -425,6 +425,7 @@ VerdictClass = Literal[
     "executed",
     "errored",
     "engine_failure",
+    "timeout",  # spec 004 §5.4.1: a kernel PERMIT closed without its transition report
 ]
 
 

@@ -16,7 +16,10 @@ from gateway.connect import connect
 from gateway.server import EmbeddedServer
 from gateway.streams import ensure_streams
 
-pytest_plugins = ["tests.conftest_security"]  # the `make security` summary table
+pytest_plugins = [
+    "tests.conftest_security",  # the `make security` summary table
+    "tests.scittles_peer",  # the real scittles Transparency Service (session fixture `scittles`)
+]
 
 
 @pytest.fixture

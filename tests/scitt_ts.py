@@ -1,18 +1,23 @@
-"""A SCRAPI-speaking SCITT Transparency Service for the test suite.
+"""A SCRAPI Transparency Service of the project's own, kept ONLY for fault injection.
 
-It really keeps an append-only log (RFC 9162 Merkle tree over statement
-leaves) and signs receipts with its own Ed25519 key: a COSE_Sign1 over the
-tree root (detached payload) with the inclusion proof in unprotected label
-396. Modes: ``sync`` answers ``POST /entries`` with 201 and the receipt;
+Interop is proved against the real peer, scittles (``tests/scittles_peer.py``,
+``tests/test_capsule_scittles.py``). This stand-in exists for what the real
+peer cannot be made to do on demand: answer 503 (``fail_first=N``: the first N
+POSTs; ``-1``: every POST, a TS that is down), refuse every statement with a
+permanent 400 (``reject``), publish a key of another kind (``published_jwks``), sign receipts with a key nobody trusts
+(``bad_receipts``), answer slowly (``delay_s`` before each POST is handled),
+come back on the same port after a stop (``port``), and take the asynchronous paths scittles never takes:
 ``accepted`` answers 202 + Location of an operation that turns into a 303 to
-the entry after ``polls_before_ready`` polls; ``see_other`` answers 303 +
-Location of the entry directly. ``fail_first`` makes the first N POSTs fail
-with 503 (``fail_first=-1``: every POST fails). ``bad_receipts`` signs
-receipts with a key nobody trusts.
+the entry after ``polls_before_ready`` polls, ``see_other`` answers 303 +
+Location of the entry. Its log is a real RFC 9162 tree over the ``statement``
+leaf construction (SHA-256 of the whole Signed Statement), the other one the
+registrar supports, with Ed25519 receipts. A statement POSTed again is answered
+``409`` with the ``Location`` of its entry (SCRAPI), as after a client timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import secrets
 from dataclasses import dataclass, field
@@ -40,6 +45,10 @@ class ScittTS:
     fail_first: int = 0
     polls_before_ready: int = 1
     bad_receipts: bool = False
+    reject: bool = False
+    delay_s: float = 0.0
+    published_jwks: dict | None = None  # what the configuration document publishes instead of its key
+    port: int = 0
     key: Ed25519PrivateKey = field(default_factory=Ed25519PrivateKey.generate)
     leaves: list[bytes] = field(default_factory=list)
     statements: list[bytes] = field(default_factory=list)
@@ -65,9 +74,9 @@ class ScittTS:
         app.router.add_get("/operations/{op}", self._get_operation)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"
         return self
 
@@ -87,7 +96,7 @@ class ScittTS:
         doc = {
             "issuer": self.url,
             "registration_endpoint": f"{self.url}/entries",
-            "jwks": {"keys": [{"kty": "OKP", "crv": "Ed25519", "x": x, "kid": self.kid}]},
+            "jwks": self.published_jwks or {"keys": [{"kty": "OKP", "crv": "Ed25519", "x": x, "kid": self.kid}]},
         }
         return web.Response(body=cbor2.dumps(doc), content_type="application/cbor")
 
@@ -98,6 +107,13 @@ class ScittTS:
         if self.fail_first < 0 or self.fail_first >= self.posts:
             return web.Response(status=503, text="service unavailable (test)", headers={"Retry-After": "0"})
         body = await req.read()
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if body in self.statements:
+            return web.Response(status=409, text="already registered",
+                                headers={"Location": f"/entries/{self.statements.index(body)}"})
+        if self.reject:
+            return web.Response(status=400, text="statement refused by registration policy (test)")
         try:
             decode_sign1(body)
             leaf = statement_leaf(body)

@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 from cryptography.hazmat.primitives import serialization
@@ -29,6 +30,10 @@ from gateway.keys import kid_of, public_keys, rotate
 from gateway.logs import get_logger
 from gateway.service import run_services
 from gateway.streams import ensure_streams
+from subjects.errors import PgwError
+
+if TYPE_CHECKING:
+    from consumers.ts_keys import TsKey
 
 log = get_logger("pgw.cli")
 _enc = msgspec.json.Encoder()
@@ -62,14 +67,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--role", help="only this role")
     p.set_defaults(handler=handle_keys)
 
-    p = sub.add_parser("capsules", help="capsule queries")
-    csub = p.add_subparsers(dest="capsules_command", metavar="QUERY", required=True)
+    p = sub.add_parser("capsules", help="capsule queries (alone: registration progress, as `capsules status`)")
+    p.set_defaults(handler=handle_status, json=False)
+    csub = p.add_subparsers(dest="capsules_command", metavar="QUERY")
     q = csub.add_parser("open-items", help="items still open per spec 004 §5.4.4")
     q.add_argument("paths", nargs="*", help="statement files or directories")
     q.add_argument("--stream", action="append", default=[], help="stream(s) to read (default PGW_CAPSULES "
                    "and PGW_REGISTRATION when no path is given)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(handler=handle_open_items)
+    q = csub.add_parser("status", help="registration progress: waiting, retrying, registered, failed")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(handler=handle_status)
 
 
 # -- services -----------------------------------------------------------------
@@ -170,14 +179,16 @@ def trusted_keys(config: Config, extra: list[str]) -> dict[str, TrustedKey]:
     return keys
 
 
-def trusted_ts_keys(config: Config, extra: list[str]) -> dict[str, TrustedKey]:
+def trusted_ts_keys(config: Config, extra: list[str]) -> dict[str, TsKey]:
+    """Pinned TS keys, the configured one, and ``--ts-key`` (hex, PEM, JWK/JWKS file or JSON)."""
     keys = read_pinned_ts_keys(config.data_path)
     if config.registrar.ts_public_key:
-        k = load_ts_key(config.registrar.ts_public_key)
-        keys[k.kid] = k
+        keys.update(load_ts_key(config.registrar.ts_public_key, config.registrar.ts_key_id))
     for spec in extra:
-        k = _parse_key(spec, "ts")
-        keys[k.kid] = k
+        try:
+            keys.update(load_ts_key(spec))
+        except PgwError as e:
+            raise SystemExit(f"pgw verify: --ts-key {spec}: {e}") from None
     return keys
 
 
@@ -267,6 +278,27 @@ async def handle_open_items(args: argparse.Namespace, config: Config) -> int:
             print(f"{row['timestamp']}  {row['verdict_class']:<16} {row['capsule_id']}  {row['action_id']}")
     if not args.json:
         print(f"{len(rows)} open item(s) among {len(store)} capsule(s)")
+    return 0
+
+
+async def handle_status(args: argparse.Namespace, config: Config) -> int:
+    """Registration progress from the streams (docs/capsules.md "Registration")."""
+    from consumers.registrar_status import progress  # only this command needs it
+
+    nc = await connect(config.nats_url, creds=config.creds, name="pgw-capsules", once=True)
+    try:
+        p = await progress(nc.jetstream(), config.registrar.durable)
+    finally:
+        await nc.close()
+    if args.json:
+        print(_enc.encode(p).decode())
+    else:
+        ts = config.registrar.ts_url or "none configured (capsules wait)"
+        print(f"transparency service: {ts}\n"
+              f"waiting     {p.waiting:>8}   in capsule.register, not yet registered\n"
+              f"retrying    {p.retrying:>8}   of those, delivered more than once so far\n"
+              f"registered  {p.registered:>8}   anchored, receipt verified (PGW_CAPSULES)\n"
+              f"failed      {p.failed:>8}   refused permanently (PGW_REGISTRATION_DLQ)")
     return 0
 
 

@@ -3,8 +3,10 @@
 ``pgw log verify`` walks the event log (``PGW_EVENTLOG``, or one subject of
 it) and checks every event's Ed25519 signature against the kernel public
 keys of the data folder (active and retired), or those given with
-``--pubkey``, and the hash chain (spec 003 §8.2). It prints one JSON result
-and exits 0 when the log is intact, 1 at the first break.
+``--pubkey``, and the hash chain (spec 003 §8.2); then it checks the log
+against its latest anchored head (``gateway.kernel.checkpoint``), so a
+truncated, rolled-back or forked log is reported too. It prints one JSON
+result and exits 0 when the log is intact, 1 at the first break.
 
 ``pgw mandate issue`` signs a mandate JWT (EdDSA) with the dev issuer key of
 the data folder (``keys/mandate_issuer``, created on first use); the kernel
@@ -37,6 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--pubkey", action="append", default=[], metavar="PEM",
         help="kernel public key PEM file to trust (repeatable); default: the keys in the data folder",
     )
+    v.add_argument(
+        "--anchor", action="append", default=[], metavar="JSON",
+        help="an anchored head kept elsewhere (a copy of {data_dir}/kernel/eventlog-anchor.json; repeatable)",
+    )
     v.set_defaults(handler=verify_command)
 
     m = sub.add_parser("mandate", help="dev/demo mandate JWTs for the IDP kernel")
@@ -49,9 +55,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--mission-ref", help="MissionDeclaration UUID")
     i.add_argument("--ttl", type=int, default=3600, help="seconds until exp (default 3600)")
     i.add_argument("--jti", help="mandate id (default: a new UUID)")
+    i.add_argument("--aud", help="audience claim (the gateway's kernel.audience)")
+    i.add_argument("--iss", help="issuer name claim (kernel.issuer_names)")
     i.set_defaults(handler=issue_command)
     p = msub.add_parser("pubkey", help="print the dev issuer's kid and public key PEM")
     p.set_defaults(handler=pubkey_command)
+    from gateway.commands.audit import revoke_command
+
+    r = msub.add_parser("revoke", help="revoke a mandate on every gateway now (signed; recorded in the event log)")
+    r.add_argument("jti", help="the mandate's jti")
+    r.add_argument("--reason", help="why (recorded in the event log)")
+    r.add_argument("--key", help="private key PEM of a trusted issuer or revoker (default: the dev issuer key)")
+    r.add_argument("--kid", help="the key's kid (default: derived from an Ed25519 key)")
+    r.set_defaults(handler=revoke_command)
 
 
 def kernel_keys(config: Config, pem_files: list[str]) -> dict[str, Ed25519PublicKey]:
@@ -69,15 +85,26 @@ def kernel_keys(config: Config, pem_files: list[str]) -> dict[str, Ed25519Public
 
 
 async def verify_command(args: argparse.Namespace, config: Config) -> int:
+    from gateway.kernel.checkpoint import check_anchor
     from gateway.kernel.eventlog import verify_stream
 
     keys = kernel_keys(config, args.pubkey)
     nc = await connect(config.nats_url, creds=config.creds, name="pgw-log-verify", once=True)
     try:
-        result = await verify_stream(nc.jetstream(), config.subjects, keys, stream=args.stream, subject=args.subject)
+        js = nc.jetstream()
+        result = await verify_stream(js, config.subjects, keys, stream=args.stream, subject=args.subject)
+        # The chain cannot show that the log is whole: its anchored head can (checkpoint.py).
+        anchor, broken = await check_anchor(
+            js, keys, prefix=config.subjects.prefix, data_dir=config.data_path, stream=args.stream,
+            anchor_files=[Path(a) for a in getattr(args, "anchor", [])],
+        )
     finally:
-        await nc.close()
+        await nc.drain()
+    if broken is not None and (result.first_break is None or (broken["seq"] or 0) < result.first_break["seq"]):
+        result.ok = False
+        result.first_break = broken
     out: dict[str, Any] = result.to_dict()
+    out["anchor"] = anchor
     out["stream"] = args.stream
     if args.subject:
         out["subject"] = args.subject
@@ -95,6 +122,7 @@ async def issue_command(args: argparse.Namespace, config: Config) -> int:
     token = issue_mandate(
         key.private, key.kid, agent=args.agent, so_id=args.so_id, principal=args.principal,
         actions=args.action, ttl_s=args.ttl, jti=args.jti, mission_ref=args.mission_ref,
+        aud=args.aud, iss=args.iss,
     )
     print(token)
     if not config.kernel.trust_dev_issuer and key.kid not in config.kernel.issuers:

@@ -22,6 +22,7 @@ break: an undecodable entry, a bad or unknown-key signature, a wrong
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -264,6 +265,16 @@ async def verify_stream(
     whole = subject is None
     filt = subject or f"{subjects.prefix}.log.>"
     result = VerifyResult(ok=True, checked=0, last_seq=0)
+    # aclosing: a break returns mid-walk, and the walk's consumer must be gone before
+    # the caller closes the connection (else "Task exception was never retrieved").
+    async with contextlib.aclosing(_iter_stream(js, stream, filt)) as walk:
+        return await _walk(walk, js, subjects, keys, stream, whole, result)
+
+
+async def _walk(
+    walk: Any, js: JetStreamContext, subjects: Subjects, keys: Mapping[str, Ed25519PublicKey],
+    stream: str, whole: bool, result: VerifyResult,
+) -> VerifyResult:
     prev: tuple[int, str] | None = (0, GENESIS_DIGEST) if whole else None
 
     def brk(seq: int, problem: str, event_type: str | None = None) -> VerifyResult:
@@ -271,7 +282,11 @@ async def verify_stream(
         result.first_break = {"seq": seq, "event_type": event_type, "problem": problem}
         return result
 
-    async for seq, subj, data in _iter_stream(js, stream, filt):
+    async for seq, subj, data in walk:
+        if whole and prev is not None and seq != prev[0] + 1:
+            # A sequence the server no longer returns (lost or cut from its store): the
+            # break is that sequence, not the next event whose link then fails.
+            return brk(prev[0] + 1, f"missing: sequence {prev[0] + 1} is not in the stream (next present: {seq})")
         result.last_seq = seq
         try:
             ev = log_event_decoder.decode(data)

@@ -4,7 +4,10 @@ A mandate is a JWT signed with EdDSA or ES256 by a trusted issuer from
 configuration (``kernel.issuers``: JWT header ``kid`` -> public key PEM,
 inline or a file path). Required claims: ``jti``, ``sub`` (the agent),
 ``so_id``, ``principal``, ``actions``, ``exp``; optional ``mission_ref``.
-``kernel.revoked_jtis`` is the revocation list.
+``kernel.revoked_jtis`` is the static revocation list; ``live_revoked`` the
+live one, kept by ``gateway.kernel.revocation`` from the bus. ``aud`` must
+name ``kernel.audience`` when the mandate has one (RFC 7519 §4.1.3), and
+``iss`` must be ``kernel.issuer_names[kid]`` when that is configured.
 
 The check order reports the strongest finding first: a bad signature
 (nothing in the token can be trusted), then revocation, then expiry.
@@ -89,6 +92,8 @@ class MandateVerifier:
             k = load_or_create(data_dir, DEV_ISSUER_ROLE)
             self.keys.setdefault(k.kid, k.public)
         self.revoked = frozenset(cfg.revoked_jtis)
+        self.live_revoked: set[str] = set()  # gateway/kernel/revocation.py
+        self.revoker_keys: dict[str, Any] = {kid: _load_key(kid, v) for kid, v in cfg.revokers.items()}
         self._verified: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def verify(self, token: object, *, agent: str, now: float | None = None) -> Mandate:
@@ -134,12 +139,29 @@ class MandateVerifier:
             raise MandateError("MANDATE_INVALID", "the mandate signature does not verify") from None
         return str(kid), claims
 
+    def _check_aud_iss(self, claims: dict[str, Any], kid: str) -> None:
+        aud = claims.get("aud")
+        if aud is not None:
+            auds = [aud] if isinstance(aud, str) else aud
+            if not isinstance(auds, list) or not all(isinstance(a, str) for a in auds):
+                raise MandateError("MANDATE_INVALID", "the mandate aud must be a string or a list of strings")
+            if self.cfg.audience is None:
+                raise MandateError("MANDATE_INVALID", "the mandate names an audience and this gateway has none (kernel.audience)")
+            if self.cfg.audience not in auds:
+                raise MandateError("MANDATE_INVALID", "the mandate is not for this gateway (aud)")
+        elif self.cfg.audience is not None:
+            raise MandateError("MANDATE_INVALID", f"the mandate lacks the 'aud' claim (this gateway is {self.cfg.audience!r})")
+        want = self.cfg.issuer_names.get(kid)
+        if want is not None and claims.get("iss") != want:
+            raise MandateError("MANDATE_INVALID", "the mandate iss is not the name configured for its issuer key")
+
     def _check_claims(self, claims: dict[str, Any], kid: str, *, agent: str, now: float | None) -> Mandate:
         jti = claims.get("jti")
         if not isinstance(jti, str) or not jti:
             raise MandateError("MANDATE_INVALID", "the mandate jti must be a non-empty string")
-        if jti in self.revoked:
+        if jti in self.revoked or jti in self.live_revoked:
             raise MandateError("MANDATE_REVOKED", "the mandate has been revoked")
+        self._check_aud_iss(claims, kid)
         exp = claims.get("exp")
         if not isinstance(exp, int | float) or isinstance(exp, bool):
             raise MandateError("MANDATE_INVALID", "the mandate exp must be a number")
@@ -189,6 +211,8 @@ def issue_mandate(
     jti: str | None = None,
     mission_ref: str | None = None,
     now: float | None = None,
+    aud: str | None = None,
+    iss: str | None = None,
 ) -> str:
     """Sign a mandate (dev/demo and tests): EdDSA for Ed25519 keys, ES256 for P-256 keys."""
     import time
@@ -206,5 +230,9 @@ def issue_mandate(
     }
     if mission_ref is not None:
         claims["mission_ref"] = mission_ref
+    if aud is not None:
+        claims["aud"] = aud
+    if iss is not None:
+        claims["iss"] = iss
     alg = "EdDSA" if isinstance(private_key, ed25519.Ed25519PrivateKey) else "ES256"
     return jwt.encode(claims, private_key, algorithm=alg, headers={"kid": kid})

@@ -33,10 +33,15 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import Counter
 
+from gateway.kernel.audit import AuditService
+from gateway.kernel.checkpoint import Checkpointer
 from gateway.kernel.eventlog import STREAM, EventLog
 from gateway.kernel.hem import hem_moment
 from gateway.kernel.mandate import Mandate, MandateError, MandateVerifier
+from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.policy import PolicyEngine, entity_uid, idp_context
+from gateway.kernel.received import commit_received, commit_refused
+from gateway.kernel.revocation import Revocations
 from gateway.kernel.state import ConflictError, IdpEntry, KernelState, SessionEntry, bump_step
 from gateway.keys import load_or_create
 from gateway.logs import get_logger
@@ -133,6 +138,12 @@ class KernelService:
         self.policy = PolicyEngine(self.cfg.policy_dir)
         self.eventlog = EventLog(self.nc, self.subjects, self.key)
         self.state = KernelState(self.js)
+        self.overdue = OverdueReports(self, self.cfg.report_deadline_s)
+        self.revocations = Revocations(self)
+        self.audit = AuditService(self)
+        self.checkpoints = Checkpointer(
+            self.eventlog, self.key, self.subjects.prefix, self.config.data_path, self.cfg.checkpoint_interval_s
+        )
         self._sub: Any = None
         self._psub: Any = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -148,6 +159,9 @@ class KernelService:
             log.info("kernel disabled by configuration")
             return self
         await self.state.open()
+        await self.overdue.start()
+        await self.revocations.start(QUEUE)
+        await self.audit.start(QUEUE)
         await self.state.rebuild(self.js, STREAM)
         if not self.policy.files:
             log.warning("no Cedar policies configured (kernel.policy_dir): every action is denied")
@@ -165,6 +179,7 @@ class KernelService:
             ),
         )
         self._loop_task = asyncio.create_task(self._transition_loop(), name="kernel-transitions")
+        await self.checkpoints.start()
         await self.nc.flush()
         log.info("kernel started", policies=self.policy.files, kid=self.key.kid)
         return self
@@ -178,6 +193,8 @@ class KernelService:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.drain()
+        await self.revocations.close()
+        await self.audit.close()
         if self._loop_task is not None:
             if not self._busy:
                 # Idle in fetch(): nothing in flight, so stop waiting for new reports.
@@ -189,6 +206,9 @@ class KernelService:
         if self._psub is not None:
             with contextlib.suppress(Exception):
                 await self._psub.unsubscribe()
+        await self.overdue.close()
+        if self.cfg.enabled and not self.nc.is_closed:
+            await self.checkpoints.close()  # the head at shutdown, anchored
 
     async def __aexit__(self, *exc: object) -> None:
         await self.drain()
@@ -264,6 +284,8 @@ class KernelService:
         except _RefusalError as r:
             res = r.result
             assert isinstance(res, Reject)
+            # A well-formed IDP refused by (c)-(f) is still committed first (received.py).
+            await commit_refused(self, agent, raw.get("idp"), receipt, res.error_code, tp)
             await self._deny_verdict(agent, res.idp_id, digest, res.error_code, res.reason, None, tp)
             raise
         return await self._decide(agent, raw, idp, mandate, resource, pii, read, receipt, tp)
@@ -355,6 +377,10 @@ class KernelService:
         # (f) step_sequence strictly increasing per session
         sess, rev = await self._session(agent, idp.session_id, read)
         if sess.state == "TERMINATED":
+            await commit_received(
+                self, self._submitted_body(agent, idp_raw, idp, mandate, resource, pii, now_rfc3339()),
+                session_state=sess.state, code="SESSION_TERMINATED", moment_id=sess.hem_moment_id, tp=None,
+            )
             raise self._reject("SESSION_TERMINATED", "this session was ended by its principal after a human escalation", idp_id=idp.idp_id)
         if idp.step_sequence <= sess.last_step:
             raise self._reject(
@@ -393,7 +419,13 @@ class KernelService:
         hem_available = self.cfg.hem_enabled and sess.state == "ACTIVE"
         # No transition of a session in HEM_PENDING proceeds (spec 003 §6.2 HEM_PENDING).
         if sess.state == "HEM_PENDING":
-            return await self._deny(agent, idp, m, "HEM_PENDING", raw["idp"], available=[], hem_available=False, tp=tp)
+            # Still committed first (spec 003 §5.3): gateway/kernel/received.py.
+            seq = await commit_received(
+                self, self._submitted_body(agent, raw["idp"], idp, m, resource, pii, receipt),
+                session_state=sess.state, code="HEM_PENDING", moment_id=sess.hem_moment_id, tp=tp,
+            )
+            return await self._deny(agent, idp, m, "HEM_PENDING", raw["idp"], available=[], hem_available=False,
+                                    tp=tp, submitted_seq=seq)
         # (g) mission_ref against the mandate's mission_ref: Enriched DENY
         if idp.mission_ref is not None and m.mission_ref is not None and idp.mission_ref != m.mission_ref:
             return await self._mission_mismatch(agent, idp, m, raw["idp"], tp)
@@ -483,7 +515,7 @@ class KernelService:
             allowed = False
         if allowed:
             entry.status = "permitted"
-            jobs = [self._put_entry(entry)]
+            jobs = [self._put_entry(entry), self.overdue.opened(entry)]
             if self.cfg.log_permits:
                 jobs.append(
                     self.eventlog.append(
@@ -727,7 +759,12 @@ class KernelService:
         body = {"agent": agent, "session_id": session_id, "idp_id": idp_id, "so_id": so_id, "moment_id": moment_id,
                 "decision": decision, "trigger": sess.hem_trigger, "principal": sess.hem_principal}
         await self.eventlog.append("HEM_RESOLVED", body, msg_id=stable_id("HEM_RESOLVED", moment_id))
-        return await self.state.resolve_hem(body)
+        settled = await self.state.resolve_hem(body)
+        if decision == "approve" and so_id and sess.hem_trigger == "HEM_URGENCY_REQUIRED":
+            got = await self.state.idp(so_id, idp_id)
+            if got is not None:
+                await self.overdue.opened(got[0], moment_id=moment_id)  # a human's permit awaits its report too
+        return settled
 
     # -- verdicts ---------------------------------------------------------------
     async def _deny_verdict(
@@ -853,6 +890,7 @@ class KernelService:
         vev = await self.eventlog.append(etype, vbody, msg_id=stable_id(etype, entry.so_id.lower(), entry.idp_id.lower()), traceparent=tp)
         record = vev.event.body["record"]
         await self.state.advance_idp(entry.so_id, entry.idp_id, "transitioned", transition_seq=st.seq)
+        await self.overdue.closed(entry.so_id, entry.idp_id)
         if not matched:
             COMMITMENT_GAPS.labels(agent=agent).inc()
             log.critical("IDP_COMMITMENT_GAP", agent=agent, idp_id=entry.idp_id, requested=entry.requested_action,

@@ -87,6 +87,7 @@ def parties(config: Config) -> list[Party]:
     out += [Party("agent", a) for a in agents]
     out += [Party("principal", p) for p in sorted(principals)]
     out += [Party("ops", o) for o in sorted(dict.fromkeys(config.security.ops))]
+    out += [Party("audit", a) for a in sorted(dict.fromkeys(config.security.auditors))]
     return out
 
 

@@ -27,8 +27,8 @@ import nkeys
 from subjects.errors import PgwError
 from subjects.names import check_token
 
-Role = Literal["agent", "principal", "service", "ops"]
-ROLES: tuple[Role, ...] = ("agent", "principal", "service", "ops")
+Role = Literal["agent", "principal", "service", "ops", "audit"]
+ROLES: tuple[Role, ...] = ("agent", "principal", "service", "ops", "audit")
 SERVICE_NAMES = ("gateway", "signer", "registrar", "services")
 
 _SEED_BEGIN = "-----BEGIN USER NKEY SEED-----"

@@ -145,6 +145,7 @@ def service_permissions(prefix: str, name: str) -> Permissions:
                     f"{p}.principal.*.surface",
                     f"{p}.verdict.*",
                     f"{p}.log.>",  # kernel event log
+                    f"{p}.checkpoint.>",  # its anchored heads (gateway/kernel/checkpoint.py)
                     f"{p}.deadletter.>",  # poison messages (gateway/deadletter.py, issue 8)
                 ),
                 sub_allow=(
@@ -153,6 +154,7 @@ def service_permissions(prefix: str, name: str) -> Permissions:
                     f"{p}.principal.*.resolve",
                     f"{p}.principal.*.pending",
                     f"{p}.capabilities",
+                    f"{p}.kernel.>",  # mandate revocation and audit queries (gateway/kernel/)
                 ),
             )
         case "signer":
@@ -176,7 +178,8 @@ def ops_permissions(prefix: str, name: str) -> Permissions:
     own = Party("ops", name)
     return Permissions(
         # No $JS.ACK: an ops ack could consume the registration work queue.
-        pub_allow=("$JS.API.>", "$JS.FC.>", f"{prefix}.capabilities", "$SRV.>"),
+        # kernel.revoke: an operator may revoke a mandate (signed; gateway/kernel/revocation.py).
+        pub_allow=("$JS.API.>", "$JS.FC.>", f"{prefix}.capabilities", "$SRV.>", f"{prefix}.kernel.revoke"),
         pub_deny=(
             "$JS.API.CONSUMER.DELETE.>",
             "$JS.API.STREAM.CREATE.>",
@@ -191,6 +194,20 @@ def ops_permissions(prefix: str, name: str) -> Permissions:
     )
 
 
+def audit_permissions(prefix: str, name: str) -> Permissions:
+    """Audit principal: ask the kernel under its own name (gateway/kernel/audit.py); nothing else.
+
+    No stream access at all: an auditor sees the log only through the kernel,
+    which withholds ``audit_accessible: false`` IDPs and logs every query.
+    """
+    own = Party("audit", name)
+    return Permissions(
+        pub_allow=(f"{prefix}.kernel.audit.{name}", f"{prefix}.capabilities"),
+        pub_deny=JS_BYPASS_DENY,
+        sub_allow=(f"{own.inbox_prefix}.>",),
+    )
+
+
 def permissions_for(prefix: str, party: Party) -> Permissions:
     match party.role:
         case "agent":
@@ -201,4 +218,6 @@ def permissions_for(prefix: str, party: Party) -> Permissions:
             return service_permissions(prefix, party.name)
         case "ops":
             return ops_permissions(prefix, party.name)
+        case "audit":
+            return audit_permissions(prefix, party.name)
     raise ValueError(party.role)

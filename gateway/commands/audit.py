@@ -1,0 +1,94 @@
+"""``pgw mandate revoke`` and ``pgw audit``: requests to the kernel on the bus.
+
+``pgw mandate revoke JTI`` signs a revocation (gateway/kernel/revocation.py)
+with the dev issuer key of the data folder, or ``--key`` (a trusted issuer's
+or a configured revoker's private key), and sends it to
+``{prefix}.kernel.revoke``; it prints the reply and exits 0 when recorded.
+
+``pgw audit session ID --agent A`` / ``pgw audit idp ID`` ask the kernel for
+the Session Audit Record or one IDP's record (gateway/kernel/audit.py); they
+run with the credentials of an audit principal (``pgw creds audit NAME``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from gateway.config import Config
+from gateway.connect import connect
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    a = sub.add_parser("audit", help="Audit Principal queries to the kernel (spec 003 §4.2, §9)")
+    asub = a.add_subparsers(dest="audit_command", metavar="WHAT")
+    s = asub.add_parser("session", help="the Session Audit Record of one session")
+    s.add_argument("id", help="session_id")
+    s.add_argument("--agent", required=True, help="the agent whose session it is")
+    i = asub.add_parser("idp", help="one IDP's record: its submission and every event that names it")
+    i.add_argument("id", help="idp_id")
+    for p in (s, i):
+        p.add_argument("--auditor", default="auditor", help="the audit principal asking (its credentials' name; recorded in the event log)")
+        p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the kernel")
+        p.add_argument("--from-seq", type=int, default=0,
+                       help="start at this log sequence (a long record names next_from_seq)")
+        p.set_defaults(handler=audit_command)
+
+
+def _load_private(path: str) -> Any:
+    key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    return key
+
+
+async def revoke_command(args: argparse.Namespace, config: Config) -> int:
+    from gateway.kernel.mandate import DEV_ISSUER_ROLE
+    from gateway.kernel.revocation import sign_revocation
+    from gateway.keys import kid_of, load_or_create
+    from subjects.kernelops import RevokeRequest, revoke_reply_decoder, revoke_subject
+
+    if args.key:
+        try:
+            priv = _load_private(args.key)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"pgw: cannot read private key {args.key}: {e}") from None
+        if args.kid:
+            kid = args.kid
+        elif isinstance(priv, ed25519.Ed25519PrivateKey):
+            kid = kid_of(priv.public_key())
+        else:
+            raise SystemExit("pgw: --kid is required for a non-Ed25519 key")
+    else:
+        dev = load_or_create(config.data_path, DEV_ISSUER_ROLE)
+        priv, kid = dev.private, args.kid or dev.kid
+    token = sign_revocation(priv, kid, args.jti, reason=args.reason)
+    nc = await connect(config.nats_url, creds=config.creds, name="pgw-mandate-revoke", once=True)
+    try:
+        msg = await nc.request(revoke_subject(config.subjects.prefix), msgspec.json.encode(RevokeRequest(token)), timeout=10)
+    finally:
+        await nc.drain()
+    reply = revoke_reply_decoder.decode(msg.data)
+    print(json.dumps(msgspec.to_builtins(reply), indent=2))
+    return 0 if reply.ok else 1
+
+
+async def audit_command(args: argparse.Namespace, config: Config) -> int:
+    from subjects.kernelops import AuditRequest, audit_reply_decoder, audit_subject
+
+    if args.audit_command == "session":
+        req = AuditRequest(kind="session", id=args.id, agent=args.agent, from_seq=args.from_seq)
+    else:
+        req = AuditRequest(kind="idp", id=args.id, from_seq=args.from_seq)
+    nc = await connect(config.nats_url, creds=config.creds, name="pgw-audit", once=True)
+    try:
+        msg = await nc.request(audit_subject(config.subjects.prefix, args.auditor), msgspec.json.encode(req), timeout=args.timeout)
+    finally:
+        await nc.drain()
+    reply = audit_reply_decoder.decode(msg.data)
+    print(json.dumps(msgspec.to_builtins(reply), indent=2))
+    return 0 if reply.ok else 1

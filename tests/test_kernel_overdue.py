@@ -1,0 +1,93 @@
+"""Every verdict yields a capsule: a kernel PERMIT whose transition report never comes is closed by a timeout (issue 14)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from consumers.signer import Signer
+from consumers.verifier import payload_of, verify_many
+from gateway.kernel.service import KernelService
+from subjects.idp import Permit
+from tests.kernel_support import (
+    Issuer,
+    idp,
+    kernel_config,
+    policy_dir,
+    read_log,
+    request,
+    running_gateway,
+    stored_verdicts,
+)
+from tests.test_capsule_signer import signer_keys, stream_items, wait_count
+from tests.test_kernel_hem import Env, env
+
+__all__ = ["env"]
+
+AGENT = "bot"
+
+
+async def test_a_permit_without_report_is_closed_by_a_timeout_capsule(make_config: Any, nc: Any, tmp_path: Path) -> None:
+    """A PERMIT with no transition report within kernel.report_deadline_s is logged TRANSITION_REPORT_OVERDUE and
+    yields a `timeout` verdict whose capsule verifies; a permit that was reported is not timed out."""
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = kernel_config(make_config, issuer, policy_dir(tmp_path), report_deadline_s=0.4, checkpoint_interval_s=0)
+    so = str(uuid.uuid4())
+    token, jti = issuer.mandate(agent=AGENT, so_id=so)
+    js = nc.jetstream()
+    silent = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")
+    reported = idp(so_id=so, mandate_id=jti, step=2, action="CloseBooking")
+    async with running_gateway(cfg, nc) as gw, Signer(cfg, nc):
+        kernel = next(p for p in gw.parts if isinstance(p, KernelService))
+        assert isinstance(await request(nc, AGENT, {"mandate": token, "idp": silent}), Permit)
+        assert isinstance(await request(nc, AGENT, {"mandate": token, "idp": reported}), Permit)
+        assert await kernel.handle_transition(
+            AGENT, b'{"idp_id": "%s", "executed_action": "CloseBooking", "effect": {"type": "booking.close", "status": "dispatched"}}'
+            % reported["idp_id"].encode(), 1) == "verified"
+        timeouts = await stored_verdicts(js, "timeout")
+        await wait_count(js, "PGW_REGISTRATION", 2)  # the executed and the timeout capsules
+        assert await kernel.overdue.sweep(now=1e12) == 0  # nothing else open: the reported one was closed
+    assert [v.idp_id for v in timeouts] == [silent["idp_id"]]
+    v = timeouts[0]
+    assert v.decision == "accept" and v.reason is not None and v.reason.code == "TRANSITION_REPORT_MISSING"
+    overdue = await read_log(js, "TRANSITION_REPORT_OVERDUE")
+    assert [e.body["idp_id"] for _s, e in overdue] == [silent["idp_id"]]
+    assert v.details["event_seq"] == overdue[0][0]
+    items = await stream_items(js, "PGW_REGISTRATION")
+    caps = {payload_of(d)["pgw"]["idp_id"]: payload_of(d) for _s, d, _h in items}
+    cap = caps[silent["idp_id"]]
+    assert cap["disposition"]["verdict_class"] == "timeout" and "effect" not in cap
+    results = verify_many([(s, d) for s, d, _ in items], keys=signer_keys(cfg))
+    assert all(r.ok for r in results), [(r.source, r.findings) for r in results if not r.ok]
+
+
+async def test_a_hem_approval_without_report_is_closed_too(env: Env) -> None:
+    """A hem_urgency REQUIRED IDP approved by its principal, then never reported, is closed by a timeout verdict
+    naming the moment; the sweep before the deadline closes nothing."""
+    from subjects.client import Surface
+    from subjects.idp import HemPending
+    from subjects.wire import OptionChoice
+    from tests.test_kernel_hem import PRINCIPAL, _moment
+
+    kernel = next(p for p in env.gw.parts if isinstance(p, KernelService))
+    rec = env.idp(1, hem_urgency="REQUIRED")
+    pending = await env.send(rec)
+    assert isinstance(pending, HemPending)
+    item = await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"])
+    assert (await Surface(env.nc, PRINCIPAL).resolve(item.moment_id, OptionChoice(index=0))).status == "accepted"
+    await env.watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["idp_id"] == rec["idp_id"])
+
+    async def opened() -> bool:
+        try:
+            return bool(await kernel.overdue.kv.keys())
+        except Exception:  # noqa: BLE001 - NoKeysError until the approval registered it
+            return False
+
+    from tests.polling import until
+
+    await until(opened, timeout=10, what="the approved permit registered as open")
+    assert await kernel.overdue.sweep() == 0  # not yet due
+    assert await kernel.overdue.sweep(now=1e12) == 1
+    [v] = await stored_verdicts(env.js, "timeout")
+    assert v.idp_id == rec["idp_id"] and v.moment_id == pending.moment_id

@@ -1,0 +1,132 @@
+"""Live mandate revocation through the bus (gateway/kernel/revocation.py) and the JWT aud / iss checks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from gateway.config import load_config
+from gateway.connect import connect
+from gateway.kernel.mandate import MandateError, MandateVerifier
+from gateway.kernel.service import KernelService
+from subjects.idp import Permit, Reject
+from tests.kernel_support import (
+    Issuer,
+    idp,
+    kernel_config,
+    policy_dir,
+    read_log,
+    request,
+    running_gateway,
+)
+from tests.polling import until
+
+PGW = str(Path(sys.executable).parent / "pgw")
+AGENT = "bot"
+
+
+def _private_pem(key: Ed25519PrivateKey, path: Path) -> Path:
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    return path
+
+
+async def _revoke(url: str, data_dir: Path, jti: str, key: Path) -> tuple[int, dict[str, Any]]:
+    proc = await asyncio.create_subprocess_exec(
+        PGW, "--server", url, "--data-dir", str(data_dir), "--log-format", "json",
+        "mandate", "revoke", jti, "--key", str(key), "--reason", "agent compromised",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert out, err.decode()
+    return proc.returncode or 0, json.loads(out)
+
+
+async def test_revoke_is_honoured_by_every_gateway_and_logged(make_config: Any, nc: Any, nats_server: Any, tmp_path: Path) -> None:
+    """`pgw mandate revoke JTI`, signed by the mandate's issuer, is recorded as MANDATE_REVOKED and makes both
+    running gateways (and one started later) answer MANDATE_REVOKED; an unknown key's revocation changes nothing."""
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = kernel_config(make_config, issuer, policy_dir(tmp_path), checkpoint_interval_s=0)
+    so = str(uuid.uuid4())
+    token, jti = issuer.mandate(agent=AGENT, so_id=so)
+    keep, _ = issuer.mandate(agent=AGENT, so_id=so)
+    nc2 = await connect(nats_server.client_url)
+    try:
+        async with running_gateway(cfg, nc) as g1, running_gateway(cfg, nc2) as g2:
+            kernels = [next(p for p in g.parts if isinstance(p, KernelService)) for g in (g1, g2)]
+            assert isinstance(await request(nc, AGENT, {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")}), Permit)
+            rogue = _private_pem(Ed25519PrivateKey.generate(), tmp_path / "rogue.pem")
+            rc, out = await _revoke(nats_server.client_url, tmp_path / "cli", jti, rogue)
+            assert rc == 1 and out["refusal"]["code"] == "REVOCATION_UNAUTHORIZED", out
+            assert await read_log(nc.jetstream(), "MANDATE_REVOKED") == []
+
+            rc, out = await _revoke(nats_server.client_url, tmp_path / "cli", jti, _private_pem(issuer.key, tmp_path / "iss.pem"))
+            assert rc == 0 and out["ok"] and out["jti"] == jti, out
+
+            def revoked_everywhere() -> bool:
+                for k in kernels:
+                    with pytest.raises(MandateError) as e:
+                        k.mandates.verify(token, agent=AGENT)
+                    assert e.value.code == "MANDATE_REVOKED"
+                return True
+
+            async def probe() -> bool:
+                return all(jti in k.mandates.live_revoked for k in kernels) and revoked_everywhere()
+
+            await until(probe, timeout=5, what="the revocation on both gateways")
+            r = await request(nc, AGENT, {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=2, action="CloseBooking")})
+            assert isinstance(r, Reject) and r.error_code == "MANDATE_REVOKED"
+            other = kernels[1].mandates.verify(keep, agent=AGENT)  # another mandate of the same issuer still holds
+            assert other.jti != jti
+            rc, again = await _revoke(nats_server.client_url, tmp_path / "cli", jti, tmp_path / "iss.pem")
+            assert rc == 0 and again["already"] and again["event_seq"] == out["event_seq"], again  # logged once
+        events = await read_log(nc.jetstream(), "MANDATE_REVOKED")
+        assert [(e.body["jti"], e.body["revoked_by"], e.body["reason"]) for _s, e in events] == [(jti, issuer.kid, "agent compromised")]
+        assert out["event_seq"] == events[0][0]
+        # A gateway started afterwards reads the list before it takes a request.
+        async with running_gateway(cfg, nc2) as g3:
+            k3 = next(p for p in g3.parts if isinstance(p, KernelService))
+            assert jti in k3.mandates.live_revoked
+    finally:
+        await nc2.close()
+
+
+def _verifier(tmp_path: Path, issuer: Issuer, **kernel: Any) -> MandateVerifier:
+    cfg = load_config(None, data_dir=str(tmp_path / "d"), kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, **kernel})
+    return MandateVerifier(cfg.kernel)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "claims", "ok"),
+    [
+        ({}, {}, True),
+        ({}, {"aud": "pgw-eu"}, False),  # names an audience; this gateway has none
+        ({"audience": "pgw-eu"}, {"aud": "pgw-eu"}, True),
+        ({"audience": "pgw-eu"}, {"aud": "pgw-us"}, False),
+        ({"audience": "pgw-eu"}, {}, False),
+        ({"issuer_names": {"KID": "https://issuer.example"}}, {"iss": "https://issuer.example"}, True),
+        ({"issuer_names": {"KID": "https://issuer.example"}}, {"iss": "https://evil.example"}, False),
+        ({"issuer_names": {"KID": "https://issuer.example"}}, {}, False),
+    ],
+)
+def test_aud_and_iss_are_checked_against_configuration(tmp_path: Path, kernel: dict[str, Any], claims: dict[str, Any], ok: bool) -> None:
+    """A mandate's aud must name kernel.audience (RFC 7519 §4.1.3) and its iss must be kernel.issuer_names[kid]."""
+    issuer = Issuer(tmp_path / "issuer")
+    if "issuer_names" in kernel:
+        kernel = {"issuer_names": {issuer.kid: kernel["issuer_names"]["KID"]}}
+    v = _verifier(tmp_path, issuer, **kernel)
+    token, _jti = issuer.mandate(agent=AGENT, so_id=str(uuid.uuid4()), **claims)
+    if ok:
+        assert v.verify(token, agent=AGENT).sub == AGENT
+    else:
+        with pytest.raises(MandateError) as e:
+            v.verify(token, agent=AGENT)
+        assert e.value.code == "MANDATE_INVALID"
