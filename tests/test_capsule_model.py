@@ -85,6 +85,9 @@ def design_rows(tag: str = "") -> list[Verdict]:
         verdict(f"{t}errored", "errored", decision="accept", idp_id="idp-3", action_id=f"bot:{t}idp-3",
                 effect=ReportedEffect(type="write_order", status="failed", response={"error": "timeout"})),
         verdict(f"{t}engine", "engine_failure", reason=Refusal("engine_failure", "policy engine unavailable")),
+        # a kernel PERMIT whose transition report never came (gateway/kernel/overdue.py)
+        verdict(f"{t}overdue", "timeout", decision="accept", idp_id="idp-4", action_id=f"bot:{t}idp-4",
+                reason=Refusal("TRANSITION_REPORT_MISSING", "no transition report within 60 s of the permit")),
     ]
 
 
