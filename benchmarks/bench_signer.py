@@ -37,7 +37,7 @@ import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from consumers import capsule as capm
-from consumers.signer import Signer, _Head, claims_for, sign_payload
+from consumers.signer import Signer, _Head, _Job, claims_for, sign_payload
 from gateway import loop as pgw_loop
 from gateway.config import load_config
 from gateway.connect import connect
@@ -89,7 +89,7 @@ def _inprocess(verdicts: list[Verdict], key: SigningKey) -> float:
     head = _Head(0, capm.GENESIS_HASH, None)
     for v in verdicts:
         built = capm.capsule_from_verdict_checked(v, operator="bench", salt=SALT)
-        entry, head = Signer._link(head, v.verdict_id, built)
+        entry, head = Signer._link(head, _Job(None, v, built=built), {})
         sign_payload(entry.payload.encode(), key, built.body)
     return len(verdicts) / (time.perf_counter() - t0)
 

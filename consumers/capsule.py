@@ -15,17 +15,16 @@ construction time every producer-side rule the spec states:
   ``chained`` only with a ledger linkage present;
 - no floating-point numbers anywhere (§5.1: amounts are decimal strings).
 
-:func:`capsule_from_verdict` maps a gateway :class:`~subjects.wire.Verdict`
-to a capsule (DESIGN §6 table). It is a pure function of the verdict and
-static configuration (operator, salt, parent id, ledger linkage), so a
-verdict redelivered after a crash yields a byte-identical capsule.
+:func:`consumers.capsule_map.capsule_from_verdict` (re-exported here) maps a
+gateway verdict to a capsule (DESIGN §6 table); :func:`link_built` adds the
+signer's ledger linkage and derives the capsule_id (§5.1).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC
 from typing import Any, Literal, NamedTuple
 
@@ -36,7 +35,6 @@ from msgspec import Struct
 from subjects import jcs
 from subjects.errors import PgwError
 from subjects.util import parse_rfc3339
-from subjects.wire import Verdict
 
 SPEC_VERSION = "draft-mih-scitt-agent-action-capsule-01"
 FORMAT_VERSION = "2"
@@ -74,7 +72,6 @@ OPEN_CLASSES = frozenset({"deferred", "needs_decision", "hitl_dispatched", "esca
 
 GENESIS_HASH = "0" * 64
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_SNAKE = re.compile(r"[^a-z0-9]+")
 
 
 class CapsuleError(PgwError, ValueError):
@@ -128,9 +125,20 @@ def find_floats(value: Any, path: str = "$") -> list[str]:
     return []
 
 
+# §5.1: the members left out of the canonical form. A verifier knows the chain linkage only as
+# the ``chain`` block, so everything else, this host's ``ledger`` block included, is hashed in.
+IDENTITY_EXCLUDED = ("capsule_id", "chain")
+
+
 def identity_form(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """The canonical capsule form (§5.1): the envelope minus capsule_id and chain linkage."""
-    return {k: v for k, v in payload.items() if k not in ("capsule_id", "chain", "ledger")}
+    """The canonical capsule form (§5.1): the envelope minus capsule_id and the ``chain`` block.
+
+    The signer's hash-chain linkage (``ledger``) is inside the form: it links
+    to a predecessor only (never to what later chains to it), so the id stays
+    stable once the capsule is linked, and any verifier (the reference one
+    included) recomputes the same id.
+    """
+    return {k: v for k, v in payload.items() if k not in IDENTITY_EXCLUDED}
 
 
 def compute_capsule_id(payload: Mapping[str, Any]) -> str:
@@ -268,7 +276,7 @@ class Chain(_Block):
 
 
 class Ledger(_Block):
-    """The signer's hash-chain linkage (§5.3 ``chained``); chain linkage, so outside capsule_id."""
+    """The signer's hash-chain linkage (§5.3 ``chained``); inside capsule_id (see :func:`identity_form`)."""
 
     position: int
     prev_hash: str
@@ -443,180 +451,40 @@ def salted_digest(salt: str, value: Any) -> str:
     return json_digest({"salt": salt, "value": value})
 
 
-def reason_object(v: Verdict) -> dict[str, Any] | None:
-    """§5.4 structured reason: machine-readable members only, never free prose."""
-    if v.reason is not None:
-        rules = sorted(
-            {(d.rule or "", d.path or "") for d in v.reason.details if d.rule or d.path}
-        )
-        return {"code": v.reason.code, "rules": [{"rule": r, "path": p} for r, p in rules]}
-    if v.resolution_kind is not None:
-        return {
-            "resolution_kind": v.resolution_kind,
-            "option_index": v.option_index,
-            "text_digest": v.text_digest,
-        }
-    return None
-
-
-def _constraint_id(code: str) -> str:
-    # §9.1: producer-local ids are namespaced; lowercase snake_case (§8.1).
-    return "io.pgw." + (_SNAKE.sub("_", code.lower()).strip("_") or "unnamed")
-
-
-def _effect_record(v: Verdict, notes: list[str]) -> EffectRecord | None:
-    """The effect as observed by the gateway: reported by the runtime, never upgraded."""
-    vc = v.verdict_class
-    if vc in NEVER_DISPATCH:
-        if v.effect is not None:
-            notes.append("effect_dropped_never_dispatch")
-        return None
-    e = v.effect
-    if e is None:
-        if vc == "errored":
-            # §5.4.2: errored ran and threw; not_applicable would falsely assert nothing happened.
-            return EffectRecord(type=v.action_type or "unknown", status="dispatched",
-                                effect_attestation="runtime_claimed")
-        return None
-    status = e.status if e.status in EFFECT_STATUSES else "dispatched"
-    if status != e.status:
-        notes.append("effect_status_unrecognized")
-    if vc == "errored" and status in ("confirmed", "planned"):
-        status = "dispatched"  # state unknown: the least claim that is still true
-        notes.append("effect_status_downgraded_errored")
-    req = resp = None
-    if e.request is not None and status != "planned":
-        try:
-            req = json_digest(e.request)
-        except CapsuleError:
-            notes.append("request_not_digestable")
-    if e.response is not None and status in ("confirmed", "failed", "reverted"):
-        try:
-            resp = json_digest(e.response)
-        except CapsuleError:
-            notes.append("response_not_digestable")
-    if status == "confirmed" and resp is None:
-        # §5.2 confirmed-effect invariant: no confirmed without the observed response's digest.
-        status = "dispatched"
-        notes.append("effect_confirmed_without_response")
-    return EffectRecord(
-        type=e.type,
-        status=status,  # type: ignore[arg-type]
-        request_digest=req,
-        response_digest=resp,
-        external_ref=e.external_ref,
-        irreversibility_class=e.irreversibility_class,
-        effect_attestation=None if status == "planned" else "runtime_claimed",
-    )
-
-
-def capsule_from_verdict(v: Verdict, **kw: Any) -> Capsule:
-    """The capsule of one verdict (DESIGN §6); deterministic in its inputs.
-
-    With ``chained`` (the default) the capsule claims ``ledger_mode: chained``
-    and must get its linkage with :func:`attach_ledger` before it is signed.
-    """
-    return capsule_from_verdict_checked(v, **kw).capsule
-
-
-def capsule_from_verdict_checked(
-    v: Verdict,
-    *,
-    operator: str,
-    salt: str,
-    default_developer: str = "principal-gateway",
-    authority: str | None = None,
-    parent_capsule_id: str | None = None,
-    chained: bool = True,
-    fallback_ts: str | Callable[[], str | None] | None = None,
-) -> Built:
-    """:func:`capsule_from_verdict` with the normalized body (see :class:`Built`)."""
-    notes: list[str] = []
-    try:
-        timestamp = utc_z(v.ts)
-    except (ValueError, TypeError):
-        # Still deterministic: the caller passes the verdict's stream time, fixed across redeliveries.
-        if callable(fallback_ts):  # computed only when needed (the signer's stream time)
-            fallback_ts = fallback_ts()
-        if fallback_ts is None:
-            raise CapsuleError("§5.1 timestamp", f"verdict ts {v.ts!r} is not RFC 3339") from None
-        timestamp = utc_z(fallback_ts)
-        notes.append("verdict_ts_unparseable")
-    effect = _effect_record(v, notes)
-    reason = reason_object(v)
-    reason_digest = salted_digest(salt, reason) if reason is not None else None
-    vc: str | None = v.verdict_class
-    if vc == "executed" and reason_digest is None:
-        vc = None  # §5.4: legitimately absent for a clean executed verdict
-    if v.approver == "human" and v.human_disposed:
-        disp = Disposition.by_human(v.decision, verdict_class=vc, reason_digest=reason_digest)
-    elif v.approver == "human":
-        disp = Disposition(v.decision, "human", False, None, vc, reason_digest)
-    else:
-        disp = Disposition.by_policy(v.decision, authority=authority, verdict_class=vc,
-                                     reason_digest=reason_digest)
-    constraints = None
-    if v.reason is not None:
-        constraints = [
-            ConstraintRecord(
-                id=_constraint_id(v.reason.code),
-                result="fail",
-                blocking=v.decision == "reject",
-                check_type="gateway_rule",
-                severity="error",
-                evidence_digest=salted_digest(salt, msgspec.to_builtins(v.reason)),
-            )
-        ]
-    action_type = v.action_type if v.action_type in ACTION_TYPES else "decide"
-    pgw = {
-        "verdict_id": v.verdict_id,
-        "action_kind": v.action_type,
-        "agent": v.agent,
-        "principal_digest": salted_digest(salt, v.principal) if v.principal else None,
-        "envelope_id": v.envelope_id,
-        "correlation_id": v.correlation_id,
-        "moment_id": v.moment_id,
-        "idp_id": v.idp_id,
-        "untrusted": v.untrusted or None,
-        "notes": notes,
-    }
-    chain = Chain(parent_capsule_id) if parent_capsule_id else None
-    action_id = v.action_id or f"verdict:{v.verdict_id}"
-    return build_capsule_checked(
-        action_id=action_id,
-        action_type=action_type,
-        operator=operator,
-        developer=v.agent or default_developer,
-        timestamp=timestamp,
-        decision_id=action_id,
-        disposition=disp,
-        effect=effect,
-        chain=chain,
-        constraints=constraints,
-        pgw=pgw,
-        ledger_pending=chained,
-    )
-
-
 def attach_ledger(cap: Capsule, ledger: Ledger) -> Capsule:
-    """Add the hash-chain linkage; capsule_id is unchanged (chain linkage is outside it, §5.1)."""
+    """Add the hash-chain linkage and derive the capsule_id it gives (§5.1: the ledger is hashed in)."""
     if cap.assurance.ledger_mode != "chained":
         raise CapsuleError("§5.3 assurance", "ledger linkage on a capsule not claiming chained")
     if ledger.position < 1 or not _HEX64.match(ledger.prev_hash):
         raise CapsuleError("§5.3 ledger", "malformed ledger linkage")
-    return msgspec.structs.replace(cap, ledger=ledger)
+    linked = msgspec.structs.replace(cap, ledger=ledger)
+    return msgspec.structs.replace(linked, capsule_id=linked.checked_body()[1])
 
 
-def link_built(built: Built, ledger: Ledger) -> tuple[Capsule, bytes]:
-    """:func:`attach_ledger` plus the payload bytes to sign, from the body the capsule_id came from.
+def link_built(built: Built, ledger: Ledger, parent_capsule_id: str | None = None) -> tuple[Capsule, bytes]:
+    """:func:`attach_ledger` plus the payload bytes to sign, from the body built once.
 
-    The linkage is outside capsule_id (§5.1), so the id derived at
-    construction stands; only the ledger block is normalized and added.
+    ``parent_capsule_id``: the supersedes parent when it was only known at
+    linking (a parent signed in the same batch, whose id depends on its own
+    ledger position); ``chain`` is outside capsule_id (§5.1), so adding it
+    here changes only the signed bytes.
     """
-    cap = attach_ledger(built.capsule, ledger)
+    cap = built.capsule
+    if cap.assurance.ledger_mode != "chained":
+        raise CapsuleError("§5.3 assurance", "ledger linkage on a capsule not claiming chained")
+    if ledger.position < 1 or not _HEX64.match(ledger.prev_hash):
+        raise CapsuleError("§5.3 ledger", "malformed ledger linkage")
     body = dict(built.body)
     body["ledger"], flags = jcs.walk(msgspec.to_builtins(ledger), drop_absent=True)
-    return cap, _payload_bytes(body, built.flags | flags)
+    flags |= built.flags
+    chain = cap.chain
+    if parent_capsule_id is not None:
+        chain = Chain(parent_capsule_id)
+        body["chain"] = jcs.walk(msgspec.to_builtins(chain), drop_absent=True)[0]
+    capsule_id = _digest_of_walked(identity_form(body), flags)
+    body["capsule_id"] = capsule_id
+    linked = msgspec.structs.replace(cap, ledger=ledger, chain=chain, capsule_id=capsule_id)
+    return linked, _payload_bytes(body, flags)
 
 
 def ready_to_sign(cap: Capsule) -> bytes:
@@ -632,3 +500,16 @@ def ready_to_sign(cap: Capsule) -> bytes:
 def subject_urn(operator: str, action_id: str) -> str:
     """§3.1 CWT ``sub``."""
     return f"urn:agent-action-capsule:{operator}:{action_id}"
+
+
+# The verdict mapping lives in consumers.capsule_map (kept apart to keep this module small);
+# its entry points stay reachable from here (PEP 562), without an import cycle.
+_MAPPING = frozenset({"capsule_from_verdict", "capsule_from_verdict_checked", "reason_object"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MAPPING:
+        from consumers import capsule_map
+
+        return getattr(capsule_map, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,7 @@ Statements carry receipts in unprotected label 394.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import cbor2
@@ -45,6 +45,10 @@ RECEIPTS = 394
 VDS = 395
 VDP = 396
 EDDSA = -8
+# Names of algorithms a statement may name (IANA "COSE Algorithms"), for clear refusals.
+ALG_NAMES = {-8: "EdDSA", -19: "Ed25519", -53: "Ed448", -7: "ES256", -35: "ES384", -36: "ES512",
+             -37: "PS256", -257: "RS256"}
+ED448_SIGNATURE_LEN = 114  # RFC 8032 §5.2.6: an EdDSA signature over Ed448
 RFC9162_SHA256 = 1
 COSE_SIGN1_TAG = 18
 # Labels this verifier understands, so they may be listed as critical.
@@ -203,7 +207,21 @@ def check_headers(msg: Sign1, key: TrustedKey) -> None:
     if alg is None:
         raise CoseError("cose_alg_missing", "alg must be in the protected header")
     if alg != key.alg:
-        raise CoseError("cose_alg_mismatch", f"alg {alg!r} is not the algorithm pinned for key {key.kid} ({key.alg})")
+        # Refused before any signature math: an algorithm the key is not pinned to is unsupported
+        # here, which is not the same finding as a signature that does not verify.
+        raise CoseError("cose_alg_unsupported",
+                        f"alg {alg!r} ({_alg_name(alg)}) is not supported for key {key.kid}, "
+                        f"which is pinned to {key.alg} ({ALG_NAMES.get(key.alg, 'unknown')})")
+    if alg == EDDSA and len(msg.signature) == ED448_SIGNATURE_LEN:
+        # RFC 9053 §2.2: EdDSA (-8) names the family; the curve is the key's. Ours are Ed25519.
+        raise CoseError("cose_alg_unsupported",
+                        f"an EdDSA signature of {ED448_SIGNATURE_LEN} bytes is Ed448, which is not supported "
+                        f"(key {key.kid} is Ed25519)")
+
+
+def _alg_name(alg: Any) -> str:
+    """A name for a hostile header value too (a map or a list is unhashable)."""
+    return ALG_NAMES.get(alg, "unknown") if isinstance(alg, (int, str)) else "unknown"
 
 
 def verify_sign1(msg: Sign1, key: TrustedKey, *, detached: bytes | None = None) -> None:
@@ -214,7 +232,10 @@ def verify_sign1(msg: Sign1, key: TrustedKey, *, detached: bytes | None = None) 
         raise CoseError("cose_payload_missing", "no payload to verify")
     try:
         # pycose decodes again from bytes; the alg it uses is the protected one we pinned above.
-        pm = Sign1Message.decode(msg.encode({}))
+        # It only decodes the tagged form, so an untagged statement (RFC 9052 §2: the tag is
+        # optional where the context knows the type) is handed over tagged; the signature does
+        # not cover the tag.
+        pm = Sign1Message.decode(replace(msg, tagged=True).encode({}))
         if detached is not None:
             pm.payload = detached
         pm.key = OKPKey(crv=Ed25519, x=raw_public(key.public))

@@ -42,8 +42,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,27 +53,29 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
-    RetentionPolicy,
-    StorageType,
-    StreamConfig,
 )
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError
 
-from consumers import capsule as cap_mod
-from consumers.capsule import CapsuleError, Ledger, ledger_entry_hash
-from consumers.cose import sign_statement
+from consumers import capsule_outcome, profiles
+from consumers.capsule import CapsuleError
+from consumers.signer_ledger import (
+    LEDGER_STREAM,
+    LedgerEntry,
+    LedgerMixin,
+    _Head,
+    _Job,
+    claims_for,
+    sign_payload,
+)
 from gateway import micro
 from gateway.atomic import (
     ERR_ATOMIC_DISABLED,
-    ERR_WRONG_LAST_SEQ,
     MAX_BATCH,
-    enable_atomic,
     publish_atomic,
 )
 from gateway.keys import SigningKey, load_or_create
 from gateway.logs import get_logger
 from gateway.service import delivery, stop_pull_loop
-from gateway.streams import cluster_replicas
 from subjects.errors import PgwError
 from subjects.wire import Verdict, verdict_decoder
 
@@ -87,30 +87,12 @@ if TYPE_CHECKING:
 
 log = get_logger("pgw.signer")
 
-LEDGER_STREAM = "PGW_SIGNER_LEDGER"
+# Kept importable from here: the ledger half of the signer lives in consumers.signer_ledger.
+__all__ = ["LEDGER_STREAM", "LedgerEntry", "Signer", "_Head", "_Job", "claims_for", "load_or_create_salt",
+           "salt_path", "sign_payload"]
+
 VERDICT_STREAM = "PGW_VERDICTS"
 REGISTRATION_STREAM = "PGW_REGISTRATION"
-
-
-class LedgerEntry(msgspec.Struct, frozen=True):
-    """One link of the signer's hash chain; ``payload`` is exactly what was signed."""
-
-    position: int
-    verdict_id: str
-    capsule_id: str
-    prev_hash: str
-    hash: str
-    payload: str
-
-
-_entry_decoder = msgspec.json.Decoder(LedgerEntry)
-
-
-@dataclass
-class _Head:
-    seq: int
-    hash: str
-    capsule_id: str | None
 
 
 def load_or_create_salt(path: Path) -> str:
@@ -132,29 +114,7 @@ def salt_path(config: Config) -> Path:
     return config.data_path / "signer" / "tenant_salt"
 
 
-def claims_for(payload: Mapping[str, Any]) -> dict[Any, Any]:
-    """§3.1 CWT claims (label 15); the capsule_* set is closed."""
-    return {
-        1: payload["developer"],
-        2: cap_mod.subject_urn(payload["operator"], payload["action_id"]),
-        "capsule_statement_type": "agent_action",
-        "capsule_action_type": payload["action_type"],
-        "capsule_decision_id": payload.get("decision_id") or payload["action_id"],
-    }
-
-
-def sign_payload(payload_json: bytes, key: SigningKey, payload: Mapping[str, Any] | None = None) -> bytes:
-    """COSE_Sign1 over the capsule payload bytes with the signer's key.
-
-    ``payload``: the same payload already decoded (the body it was encoded from),
-    where the caller has it; the claims are read from it instead of decoding again.
-    """
-    if payload is None:
-        payload = msgspec.json.decode(payload_json)
-    return sign_statement(payload_json, key.private, key.kid, claims_for(payload), cap_mod.MEDIA_TYPE)
-
-
-class Signer:
+class Signer(LedgerMixin):
     """The signer service: an async context manager with an idempotent ``drain()``."""
 
     name = "signer"
@@ -178,6 +138,7 @@ class Signer:
 
     # -- life cycle ---------------------------------------------------------
     async def __aenter__(self) -> Signer:
+        self.profile = profiles.profile(self.config.signer.capsule_format)  # fails at start, format named
         self._micro = await micro.register(self.nc, "signer", self.config)  # nats micro ls (issue 8)
         self.key = load_or_create(self.config.data_path, "signer")
         self.salt = load_or_create_salt(salt_path(self.config))
@@ -297,43 +258,62 @@ class Signer:
         jobs: list[_Job] = []
         for m in msgs:
             try:
-                jobs.append(_Job(m, verdict_decoder.decode(m.data)))
+                verdict = verdict_decoder.decode(m.data)
             except (msgspec.DecodeError, ValueError) as e:
                 # Not a verdict at all: there is no action to record. Kept out of the loop, loudly.
                 log.error("undecodable verdict message terminated", subject=m.subject, error=str(e))
                 await m.term()
+                continue
+            primary = _Job(m, verdict)
+            jobs.append(primary)
+            # spec 004 §3.3: an outcome statement beside the action's capsule, acked with it.
+            extra = capsule_outcome.companion(verdict) if self.profile.outcomes else None
+            if extra is not None:
+                jobs.append(_Job(None, extra, ack_with=primary))
         await self._recall(jobs)
-        built: dict[str, str] = {}  # verdict_id -> capsule_id of this batch (a parent may be here)
+        built: set[str] = set()  # verdict ids built in this batch (a parent may be here, not yet linked)
         ready: list[_Job] = []
+        naked: set[int] = set()  # ids of the verdict jobs handed back (with every statement they yield)
+
+        async def hand_back(job: _Job, delay: float) -> None:
+            owner = job.ack_with or job
+            if id(owner) not in naked:
+                naked.add(id(owner))
+                if owner.msg is not None:
+                    await owner.msg.nak(delay=delay)
+
         for job in jobs:
+            if id(job.ack_with) in naked:
+                continue  # its action's capsule waits for redelivery: so does the outcome
             if job.entry is None:
                 vid = job.verdict.verdict_id
                 try:
-                    job.built = await self._build(job.verdict, job.msg, built)
+                    job.built = await self._build(job.verdict, job.msg, built, job)
                 except _ParentPending as e:
-                    await job.msg.nak(delay=min(0.2 * e.deliveries, 2.0))
+                    await hand_back(job, min(0.2 * e.deliveries, 2.0))
                     continue
                 except CapsuleError:
                     log.exception("capsule construction refused; verdict left for redelivery", verdict_id=vid,
                                   traceparent=job.verdict.traceparent)
-                    await job.msg.nak(delay=5.0)
+                    await hand_back(job, 5.0)
                     continue
                 except Exception:
                     log.exception("signing failed; verdict left for redelivery", verdict_id=vid,
                                   traceparent=job.verdict.traceparent)
-                    await job.msg.nak(delay=1.0)
+                    await hand_back(job, 1.0)
                     continue
-                built[vid] = job.built.capsule.capsule_id
+                built.add(vid)
             ready.append(job)
-        new = [j for j in ready if j.entry is None]
+        new = [j for j in ready if j.entry is None and id(j.ack_with or j) not in naked]
         if new:
             try:
                 await self._append_jobs(new)
             except Exception:
                 log.exception("ledger append failed; verdicts left for redelivery", count=len(new))
                 for j in new:
-                    await j.msg.nak(delay=1.0)
-                ready = [j for j in ready if j.entry is not None]
+                    await hand_back(j, 1.0)
+        # A verdict goes on only with all of its statements (an outcome beside its capsule, §3.3).
+        ready = [j for j in ready if j.entry is not None and id(j.ack_with or j) not in naked]
         assert self.key is not None
         for job in ready:  # replayed entries; new ones were signed while their ledger run was stored
             if not job.statement:
@@ -347,7 +327,7 @@ class Signer:
         job = _Job(msg, verdict)
         await self._recall([job])
         if job.entry is None:
-            job.built = await self._build(verdict, msg, {})
+            job.built = await self._build(verdict, msg, set(), job)
             await self._append_jobs([job])
         assert job.entry is not None
         return sign_payload(job.entry.payload.encode(), self.key), job.entry.capsule_id, job.status
@@ -366,11 +346,18 @@ class Signer:
             if entry is not None:
                 job.entry, job.status = entry, "replayed"
 
-    async def _build(self, verdict: Verdict, msg: Msg | None, built: dict[str, str]) -> cap_mod.Built:
+    async def _build(self, verdict: Verdict, msg: Msg | None, built: set[str], job: _Job) -> Any:
+        """The capsule of ``verdict`` as the configured profile builds it, not yet linked.
+
+        A supersedes parent built earlier in the same batch has no capsule_id
+        yet (the id covers its ledger position, §5.1); ``job.parent_vid``
+        names it and the chain block is added when the run is linked.
+        """
         parent = None
         if verdict.supersedes:
-            parent = built.get(verdict.supersedes)
-            if parent is None:
+            if verdict.supersedes in built:
+                job.parent_vid = verdict.supersedes
+            else:
                 pentry = await self._lookup(verdict.supersedes)
                 if pentry is not None:
                     parent = pentry.capsule_id
@@ -381,7 +368,8 @@ class Signer:
                     log.warning("superseded parent never signed; capsule carries no chain",
                                 verdict_id=verdict.verdict_id, parent_verdict=verdict.supersedes,
                                 traceparent=verdict.traceparent)
-        return cap_mod.capsule_from_verdict_checked(
+        job.profile = self.profile
+        return self.profile.build(
             verdict,
             operator=self.config.operator,
             salt=self.salt,
@@ -425,9 +413,14 @@ class Signer:
                     stored.append(True)
                     duplicate[i] = bool(ack.duplicate)
         blog = log.bind()  # one bound logger per batch: the module's lazy proxy binds anew on every call
+        # A verdict is acked only once every statement it yields (capsule, outcome) is stored.
+        all_stored: dict[int, bool] = {}
+        for job, ok in zip(jobs, stored, strict=True):
+            owner = job.ack_with or job
+            all_stored[id(owner)] = all_stored.get(id(owner), True) and ok
         for job, ok, dup in zip(jobs, stored, duplicate, strict=True):
             if job.msg is not None:
-                await (job.msg.ack() if ok else job.msg.nak(delay=1.0))
+                await (job.msg.ack() if all_stored.get(id(job), ok) else job.msg.nak(delay=1.0))
             if ok:
                 blog.info("capsule signed", verdict_id=job.verdict.verdict_id, capsule_id=job.entry.capsule_id,
                           verdict_class=job.verdict.verdict_class, ledger=job.status, duplicate=dup,
@@ -443,182 +436,6 @@ class Signer:
         if job.verdict.traceparent:
             headers["traceparent"] = job.verdict.traceparent
         return headers
-
-    # -- the ledger ---------------------------------------------------------
-    def _ledger_subject(self, verdict_id: str) -> str:
-        return f"{self.subjects.prefix}.signer.ledger.{verdict_id}"
-
-    async def _ensure_ledger(self) -> None:
-        try:
-            await self.js.stream_info(LEDGER_STREAM)
-        except NotFoundError:
-            await self.js.add_stream(StreamConfig(
-                name=LEDGER_STREAM,
-                subjects=[f"{self.subjects.prefix}.signer.ledger.*"],
-                storage=StorageType.FILE,
-                retention=RetentionPolicy.LIMITS,
-                duplicate_window=self.config.signer.ledger_duplicate_window_s,
-                deny_delete=True,
-                deny_purge=True,
-                allow_atomic=True,
-                num_replicas=await cluster_replicas(self.js),  # R3 in a cluster, like the rest
-            ))
-        # Both streams take a batch per fetched batch of verdicts; a stream made before this
-        # (or by an operator) gets the additive allow_atomic flag, or the signer goes one by one.
-        self._atomic_ledger = await enable_atomic(self.js, LEDGER_STREAM)
-        self._atomic_register = await enable_atomic(self.js, REGISTRATION_STREAM)
-
-    async def _lookup(self, verdict_id: str) -> LedgerEntry | None:
-        try:
-            raw = await self.js.get_last_msg(LEDGER_STREAM, self._ledger_subject(verdict_id))
-        except NotFoundError:
-            return None
-        return _entry_decoder.decode(raw.data)
-
-    async def _read_head(self) -> _Head:
-        info = await self.js.stream_info(LEDGER_STREAM)
-        last = info.state.last_seq
-        if not last:
-            return _Head(0, cap_mod.GENESIS_HASH, None)
-        raw = await self.js.get_msg(LEDGER_STREAM, last)
-        e = _entry_decoder.decode(raw.data)
-        return _Head(last, e.hash, e.capsule_id)
-
-    @staticmethod
-    def _link(head: _Head, verdict_id: str, built: cap_mod.Built) -> tuple[LedgerEntry, _Head]:
-        """The ledger entry for ``capsule`` right after ``head`` (§5.3 chained), and the new head."""
-        position = head.seq + 1
-        linked, payload = cap_mod.link_built(
-            built, Ledger(position=position, prev_hash=head.hash, prev_capsule_id=head.capsule_id)
-        )
-        chain = msgspec.to_builtins(linked.chain) if linked.chain else None
-        h = ledger_entry_hash(position, linked.capsule_id, chain, head.hash)
-        entry = LedgerEntry(position, verdict_id, linked.capsule_id, head.hash, h, payload.decode())
-        return entry, _Head(position, h, linked.capsule_id)
-
-    async def _append_jobs(self, jobs: list[_Job]) -> None:
-        """Append the jobs' capsules to the ledger as one chained run; set each job's entry.
-
-        One atomic batch whose first message carries ``Nats-Expected-Last-Sequence``
-        = the head we chained onto: either every link lands right after it, in
-        order, or none does. Another signer having appended first (wrong last
-        sequence) means re-reading the head; a verdict it signed meanwhile is
-        taken from the ledger as it stands.
-        """
-        pending = list(jobs)
-        for _ in range(100):
-            if not pending:
-                return
-            if not self._atomic_ledger:
-                for job in pending:
-                    job.entry, job.status = await self._append(job.verdict.verdict_id, job.built)
-                return
-            head = self._head or await self._read_head()
-            entries, last = [], head
-            for job in pending:
-                entry, last = self._link(last, job.verdict.verdict_id, job.built)
-                entries.append(entry)
-            items = [(self._ledger_subject(e.verdict_id), msgspec.json.encode(e), {"Nats-Msg-Id": e.verdict_id})
-                     for e in entries]
-            commit = asyncio.ensure_future(publish_atomic(
-                self.nc, items, timeout=self._timeout, first_headers={"Nats-Expected-Last-Sequence": str(head.seq)}))
-            # Sign while the run is being stored; a signature over a link that does not land is
-            # simply dropped (nothing is published before the ledger holds its entry).
-            statements = await self._sign_yielding(entries, [j.built.body for j in pending])
-            try:
-                ack = await commit
-            except APIError as e:
-                self._head = None
-                if e.err_code == ERR_WRONG_LAST_SEQ:
-                    found = await asyncio.gather(*(self._lookup(j.verdict.verdict_id) for j in pending))
-                    still = []
-                    for job, existing in zip(pending, found, strict=True):
-                        if existing is None:
-                            still.append(job)
-                        else:
-                            job.entry, job.status = existing, "replayed"
-                    pending = still
-                    continue
-                if e.err_code == ERR_ATOMIC_DISABLED:
-                    self._atomic_ledger = False
-                # A verdict already in the ledger (it reached the stream twice) refuses the whole
-                # batch: append one at a time, which settles each duplicate on its own.
-                for job in pending:
-                    job.entry, job.status = await self._append(job.verdict.verdict_id, job.built)
-                return
-            except BaseException:
-                self._head = None  # unanswered: the run may or may not be stored
-                raise
-            if ack.seq != last.seq:  # cannot happen with the expected-sequence header; be loud
-                self._head = None
-                raise PgwError(f"ledger run ended at {ack.seq}, expected {last.seq}")
-            self._head = last
-            for job, entry, statement in zip(pending, entries, statements, strict=True):
-                job.entry, job.status, job.statement = entry, "new", statement
-            return
-        raise PgwError("ledger append kept losing the race; giving up for this delivery")
-
-    async def _sign_yielding(self, entries: list[LedgerEntry], bodies: list[dict[str, Any]]) -> list[bytes]:
-        """Sign the entries' payloads, handing the loop a turn every few signatures.
-
-        The turns let the ledger run's messages go out (nats-py writes from its
-        flusher task) and the previous batch's acks come in while this CPU
-        work goes on.
-        """
-        assert self.key is not None
-        out: list[bytes] = []
-        for i, (e, body) in enumerate(zip(entries, bodies, strict=True)):
-            if i % 8 == 0:
-                await asyncio.sleep(0)
-            out.append(sign_payload(e.payload.encode(), self.key, body))
-        return out
-
-    async def _append(self, verdict_id: str, capsule: cap_mod.Built | None) -> tuple[LedgerEntry, str]:
-        """Append one link (the one-at-a-time path: duplicates, streams without atomic batches)."""
-        assert capsule is not None
-        for _ in range(100):
-            head = self._head or await self._read_head()
-            entry, new_head = self._link(head, verdict_id, capsule)
-            try:
-                ack = await self.js.publish(
-                    self._ledger_subject(verdict_id),
-                    msgspec.json.encode(entry),
-                    stream=LEDGER_STREAM,
-                    headers={"Nats-Msg-Id": verdict_id, "Nats-Expected-Last-Sequence": str(head.seq)},
-                )
-            except APIError as e:
-                if e.err_code == ERR_WRONG_LAST_SEQ:
-                    # Another signer appended (perhaps this very verdict): re-read and retry.
-                    # The server checks the expected sequence before the Msg-Id dedup.
-                    self._head = None
-                    existing = await self._lookup(verdict_id)
-                    if existing is not None:
-                        return existing, "replayed"
-                    continue
-                raise
-            if ack.duplicate:
-                self._head = None
-                raw = await self.js.get_msg(LEDGER_STREAM, ack.seq)
-                return _entry_decoder.decode(raw.data), "replayed"
-            if ack.seq != new_head.seq:  # cannot happen with the expected-sequence header; be loud
-                self._head = None
-                raise PgwError(f"ledger position {ack.seq} != expected {new_head.seq}")
-            self._head = new_head
-            return entry, "new"
-        raise PgwError("ledger append kept losing the race; giving up for this delivery")
-
-
-@dataclass
-class _Job:
-    """One verdict on its way to a capsule."""
-
-    msg: Msg | None
-    verdict: Verdict
-    entry: LedgerEntry | None = None
-    status: str = "new"
-    built: cap_mod.Built | None = None
-    statement: bytes = b""
-
 
 def _stream_time(msg: Msg | None) -> str | None:
     """The verdict's JetStream storage time: fixed for every redelivery of the message."""

@@ -20,14 +20,17 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
 from msgspec import Struct, field
 
 from consumers import capsule as capm
+from consumers import capsule_outcome as outm
+from consumers import capsule_v4, profiles, verify_v4
 from consumers.cose import CoseError, Sign1, TrustedKey, decode_sign1, verify_receipt, verify_sign1
+from consumers.verifier_structural import structural
 
 Severity = Literal["error", "warning", "info"]
 CHECK_NAMES = {
@@ -40,6 +43,7 @@ CHECK_NAMES = {
     6: "chain",
     7: "assurance",
     8: "registry",
+    9: "provenance",  # format "4" only (draft -05 {#verification} check 9)
 }
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _MODE_ORDER = {m: i for i, m in enumerate(capm.EFFECT_MODES)}
@@ -64,6 +68,8 @@ class Result(Struct, omit_defaults=True):
     verdict_class: str | None = None
     assurance: dict[str, str] | None = None  # what this verifier rederived (§13: the tier it verified)
     effect_grade: str | None = None
+    profile: str | None = None  # the capsule format the statement was verified as: "2" or "4"
+    statement_type: str | None = None  # capsule_statement_type: agent_action or outcome (§3.1, §3.3)
 
 
 class _DuplicateKeyError(ValueError):
@@ -88,10 +94,18 @@ def parse_payload(data: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
+def _is_json(data: bytes) -> bool:
+    return isinstance(data, (bytes, bytearray)) and bytes(data[:64]).lstrip()[:1] == b"{"
+
+
 def payload_of(data: bytes) -> dict[str, Any] | None:
     """Best-effort payload of a statement, for building a store; never raises."""
     try:
+        if _is_json(data):
+            return parse_payload(data)
         msg = decode_sign1(data)
+        if msg.protected.get(3) == capsule_v4.ID_MEDIA_TYPE:
+            return verify_v4.capsule_of(msg)
         return parse_payload(msg.payload or b"")
     except Exception:  # noqa: BLE001
         return None
@@ -124,6 +138,8 @@ class Store:
                 if isinstance(parent, str):
                     order = (pos if isinstance(pos, int) else 1 << 62, i)
                     self.children[parent].append((order, cid))
+
+        self.min_position = min(self.by_position, default=None)
 
     def authoritative_child(self, parent: str) -> str | None:
         kids = sorted(self.children.get(parent, []))
@@ -167,12 +183,19 @@ def verify_statement(
     ts_keys: Mapping[str, TrustedKey] | None = None,
     store: Store | None = None,
     source: str | None = None,
+    any_kid: Sequence[TrustedKey] = (),
 ) -> Result:
-    """Class 1 verification of one statement; never raises."""
+    """Class 1 verification of one statement; never raises.
+
+    ``any_kid``: keys the user gave explicitly (``pgw verify --key``), tried
+    when the statement's ``kid`` names no trusted key: a producer chooses its
+    own kid (RFC 9052 §3.1: kid is a hint), so a key handed over out of band
+    is trusted under whatever kid the producer put on its statements.
+    """
     run = _Run()
     res = Result(ok=False, source=source)
     try:
-        _verify(data, keys, dict(ts_keys or {}), store, run, res)
+        _verify(data, keys, dict(ts_keys or {}), store, run, res, tuple(any_kid))
     except Exception as e:  # noqa: BLE001 - §6: a verifier returns a result, never throws
         run.add(0, "verifier_internal_error", f"{type(e).__name__}: {e}")
     run.findings.sort(key=lambda f: f.check)  # stable: the fixed order of §6
@@ -182,7 +205,18 @@ def verify_statement(
 
 
 def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, TrustedKey],
-            store: Store | None, run: _Run, res: Result) -> None:
+            store: Store | None, run: _Run, res: Result, any_kid: tuple[TrustedKey, ...]) -> None:
+    if _is_json(data):
+        # A bare capsule JSON: draft -05 {#verification} "A verifier can validate a Capsule with no
+        # envelope". Class 1 by format "4" rules (the reference's public vectors are such files);
+        # a format "2" capsule is verified from its Signed Statement instead.
+        payload = parse_payload(data)
+        if payload is None:
+            run.add(1, "payload_not_json", "not a JSON object (or it has duplicate keys)")
+            return
+        res.capsule_id = payload.get("capsule_id") if isinstance(payload.get("capsule_id"), str) else None
+        verify_v4.check_capsule(payload, run, res, store=store)
+        return
     # -- 0: substrate -------------------------------------------------------
     try:
         msg = decode_sign1(data)
@@ -190,29 +224,50 @@ def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, Trus
         run.add(0, e.code, e.why)
         return
     res.kid = msg.kid
+    if not msg.tagged:
+        run.add(0, "cose_untagged", "an untagged COSE_Sign1 (accepted: RFC 9052 §2 makes the tag optional)",
+                "info")
+    if msg.protected.get(3) == capsule_v4.ID_MEDIA_TYPE:  # format "4": the capsule-id registration statement
+        anchored = _check_receipts(msg, ts_keys, run)
+        explicit = (lambda: _verify_explicit(msg, any_kid, run)) if any_kid else None
+        verify_v4.verify_v4(msg, verify_v4.capsule_of(msg), keys, anchored, store, run, res, explicit)
+        return
+    res.profile = capm.FORMAT_VERSION
     key = keys.get(msg.kid or "")
-    if key is None:
+    if key is None and any_kid:
+        _verify_explicit(msg, any_kid, run)
+    elif key is None:
         run.add(0, "cose_key_untrusted", f"kid {msg.kid!r} is not a trusted key")
     else:
         try:
             verify_sign1(msg, key)
         except CoseError as e:
             run.add(0, e.code, e.why)
-    if msg.protected.get(3) != capm.MEDIA_TYPE:
-        run.add(0, "content_type", f"content_type must be {capm.MEDIA_TYPE}")
     anchored = _check_receipts(msg, ts_keys, run)
+    st_type = msg.cwt_claims.get("capsule_statement_type")
+    res.statement_type = st_type if isinstance(st_type, str) else None
 
     payload = parse_payload(msg.payload or b"")
     if payload is None:
         run.add(1, "payload_not_json", "payload is not a JSON object (or has duplicate keys)")
         return
     res.capsule_id = payload.get("capsule_id") if isinstance(payload.get("capsule_id"), str) else None
+    fmt = payload.get("format_version")
+    res.profile = fmt if isinstance(fmt, str) else None
+    if fmt != capm.FORMAT_VERSION and _other_profile(payload, msg, store, anchored, run, res):
+        return
+    if outm.is_outcome(payload) or st_type == outm.STATEMENT_TYPE:
+        outm.verify_outcome(payload, msg.cwt_claims, msg.protected.get(3), store, run.add)
+        res.assurance = {"ledger_mode": _ledger_mode(payload, store, run)}
+        return
+    if msg.protected.get(3) != capm.MEDIA_TYPE:
+        run.add(0, "content_type", f"content_type must be {capm.MEDIA_TYPE}")
     disp = payload.get("disposition") if isinstance(payload.get("disposition"), dict) else {}
     vc = disp.get("verdict_class")
     res.verdict_class = vc if isinstance(vc, str) else None
 
     # -- 1: structural ------------------------------------------------------
-    _structural(payload, msg, run)
+    structural(payload, msg, run.add)
     if run.errors(1) and not isinstance(payload.get("disposition"), dict):
         return
     effect = payload.get("effect") if isinstance(payload.get("effect"), dict) else None
@@ -290,6 +345,45 @@ def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, Trus
         if value is not None and value not in registry:
             extra = " (graded no stronger than runtime_claimed)" if name == "effect_attestation" else ""
             run.add(8, "unregistered_value", f"{name} {value!r} is not registered{extra}", "info")
+    for i, c in enumerate(payload.get("constraints") or []):
+        # §8.1, §9.1: no value is seeded, so a bare name (no namespace separator) is non-conforming.
+        for member in ("id", "check_type", "method"):
+            v = c.get(member) if isinstance(c, dict) else None
+            if isinstance(v, str) and "." not in v and ":" not in v:
+                run.add(8, "constraint_not_namespaced", f"constraint {member} {v!r} has no namespace (§9.1)",
+                        "info", path=f"$.constraints[{i}].{member}")
+
+
+def _verify_explicit(msg: Sign1, candidates: tuple[TrustedKey, ...], run: _Run) -> None:
+    """Verify under an explicitly given key whatever the statement's kid (one finding either way)."""
+    errors: list[CoseError] = []
+    for key in candidates:
+        try:
+            verify_sign1(msg, key)
+        except CoseError as e:
+            errors.append(e)
+            continue
+        run.add(0, "cose_kid_explicit_key",
+                f"kid {msg.kid!r} names no known key; verified under the key given explicitly ({key.kid})", "info")
+        return
+    if len(errors) == 1:
+        run.add(0, errors[0].code, errors[0].why)
+    else:
+        run.add(0, "cose_key_untrusted", f"kid {msg.kid!r} is not a trusted key and none of the "
+                f"{len(candidates)} keys given explicitly verifies ({', '.join(e.code for e in errors)})")
+
+
+def _other_profile(payload: dict[str, Any], msg: Sign1, store: Store | None, anchored: bool, run: _Run,
+                   res: Result) -> bool:
+    """Hand a statement of another format to its profile's verifier; False when none is installed."""
+    try:
+        prof = profiles.profile_of(payload)
+    except profiles.ProfileError:
+        return False  # the structural check reports format_version_unsupported
+    if prof.verify_payload is None:
+        return False
+    res.assurance = prof.verify_payload(payload, msg=msg, store=store, anchored=anchored, add=run.add)
+    return True
 
 
 def _check_receipts(msg: Sign1, ts_keys: dict[str, TrustedKey], run: _Run) -> bool:
@@ -310,101 +404,6 @@ def _check_receipts(msg: Sign1, ts_keys: dict[str, TrustedKey], run: _Run) -> bo
     return anchored
 
 
-def _is_str(v: Any) -> bool:
-    return isinstance(v, str) and bool(v)
-
-
-def _structural(p: dict[str, Any], msg: Sign1, run: _Run) -> None:
-    def need(path: str, ok: bool, why: str, code: str = "field_invalid") -> None:
-        if not ok:
-            run.add(1, code, why, path=path)
-
-    need("$.spec_version", p.get("spec_version") == capm.SPEC_VERSION,
-         f"spec_version must be {capm.SPEC_VERSION!r}", "spec_version_unsupported")
-    need("$.format_version", p.get("format_version") == capm.FORMAT_VERSION,
-         f"format_version must be {capm.FORMAT_VERSION!r}", "format_version_unsupported")
-    need("$.capsule_id", isinstance(p.get("capsule_id"), str) and bool(_HEX64.match(p["capsule_id"])),
-         "capsule_id REQUIRED, 64 lowercase hex")
-    for f in ("action_id", "operator", "developer"):
-        need(f"$.{f}", _is_str(p.get(f)), f"{f} REQUIRED string")
-    need("$.action_type", p.get("action_type") in capm.ACTION_TYPES, "action_type must be 'fyi' or 'decide'")
-    ts = p.get("timestamp")
-    try:
-        capm._check_timestamp(ts)
-    except (capm.CapsuleError, TypeError, AttributeError):
-        run.add(1, "field_invalid", "timestamp REQUIRED, RFC 3339 UTC with 'Z'", path="$.timestamp")
-    d = p.get("disposition")
-    if not isinstance(d, dict):
-        run.add(1, "field_missing", "disposition REQUIRED object", path="$.disposition")
-    else:
-        need("$.disposition.decision", _is_str(d.get("decision")), "decision REQUIRED string")
-        need("$.disposition.approver", d.get("approver") in capm.APPROVERS,
-             "approver is a closed enum: 'human' or 'policy'", "approver_not_conforming")
-        need("$.disposition.human_disposed", isinstance(d.get("human_disposed"), bool),
-             "human_disposed REQUIRED boolean")
-        if d.get("human_disposed") is True and d.get("approver") != "human":
-            # §6: asserted defensively against bytes not made by a conforming constructor.
-            run.add(1, "disposition_dishonest", "human_disposed true requires approver 'human'",
-                    path="$.disposition")
-        for f in ("verdict_class", "authority"):
-            if f in d:
-                need(f"$.disposition.{f}", _is_str(d[f]), f"{f} must be a string")
-        if "reason_digest" in d:
-            need("$.disposition.reason_digest", isinstance(d["reason_digest"], str)
-                 and bool(_HEX64.match(d["reason_digest"])), "reason_digest must be a JSON-DIGEST")
-        if "expiry_policy" in d:
-            ep = d["expiry_policy"]
-            ok = (isinstance(ep, dict) and isinstance(ep.get("ttl_seconds"), int)
-                  and not isinstance(ep.get("ttl_seconds"), bool) and ep.get("on_expiry") in ("expired", "escalated"))
-            need("$.disposition.expiry_policy", ok, "expiry_policy is {ttl_seconds: integer, on_expiry}")
-    a = p.get("assurance")
-    if not isinstance(a, dict):
-        run.add(1, "field_missing", "assurance REQUIRED object", path="$.assurance")
-    else:
-        need("$.assurance.attestation_mode", a.get("attestation_mode") in capm.ATTESTATION_MODES, "attestation_mode")
-        need("$.assurance.effect_mode", a.get("effect_mode") in capm.EFFECT_MODES, "effect_mode")
-        need("$.assurance.ledger_mode", a.get("ledger_mode") in capm.LEDGER_MODES, "ledger_mode")
-    e = p.get("effect")
-    if e is not None:
-        if not isinstance(e, dict):
-            run.add(1, "field_invalid", "effect must be an object", path="$.effect")
-        else:
-            need("$.effect.type", _is_str(e.get("type")), "effect.type REQUIRED string")
-            need("$.effect.status", e.get("status") in capm.EFFECT_STATUSES,
-                 f"effect.status must be one of {capm.EFFECT_STATUSES}")
-            if "request_digest" in e:
-                need("$.effect.request_digest", isinstance(e["request_digest"], str)
-                     and bool(_HEX64.match(e["request_digest"])), "request_digest must be a JSON-DIGEST")
-    ch = p.get("chain")
-    if ch is not None:
-        ok = isinstance(ch, dict) and isinstance(ch.get("parent_capsule_id"), str) \
-            and bool(_HEX64.match(ch["parent_capsule_id"])) and _is_str(ch.get("relation"))
-        need("$.chain", ok, "chain is {parent_capsule_id, relation}")
-    led = p.get("ledger")
-    if led is not None:
-        ok = isinstance(led, dict) and isinstance(led.get("position"), int) \
-            and not isinstance(led.get("position"), bool) and led["position"] >= 1 \
-            and isinstance(led.get("prev_hash"), str) and bool(_HEX64.match(led["prev_hash"]))
-        need("$.ledger", ok, "ledger is {position >= 1, prev_hash, prev_capsule_id?}")
-    for path in capm.find_floats(p):
-        run.add(1, "float_value", "floating-point value in a digest-bearing field (use decimal strings)", path=path)
-    # §3.1 protected header claims.
-    claims = msg.cwt_claims
-    if not claims:
-        run.add(1, "cwt_claims_missing", "protected header must carry CWT claims (label 15)")
-    else:
-        need("cwt.iss", claims.get(1) == p.get("developer"), "CWT iss must be the capsule's developer", "cwt_iss")
-        if _is_str(p.get("operator")) and _is_str(p.get("action_id")):
-            need("cwt.sub", claims.get(2) == capm.subject_urn(p["operator"], p["action_id"]),
-                 "CWT sub must be urn:agent-action-capsule:{operator}:{action_id}", "cwt_sub")
-        need("cwt.capsule_statement_type", claims.get("capsule_statement_type") in ("agent_action", "outcome"),
-             "capsule_statement_type REQUIRED", "cwt_statement_type")
-        known = {"capsule_statement_type", "capsule_action_type", "capsule_decision_id"}
-        for k in claims:
-            if isinstance(k, str) and k.startswith("capsule_") and k not in known:
-                run.add(1, "unknown_header_claim", f"unrecognized header claim {k!r}", "info")
-
-
 def _predecessor_ok(p: Mapping[str, Any], pred: Mapping[str, Any]) -> bool:
     led, pled = p.get("ledger") or {}, pred.get("ledger") or {}
     try:
@@ -412,6 +411,35 @@ def _predecessor_ok(p: Mapping[str, Any], pred: Mapping[str, Any]) -> bool:
     except (KeyError, TypeError, capm.CapsuleError):
         return False
     return h == led.get("prev_hash") and led.get("prev_capsule_id") == pred.get("capsule_id")
+
+
+def _ledger_mode(p: Mapping[str, Any], store: Store | None, run: _Run) -> str:
+    """ledger_mode rederived (§5.3): standalone vs chained from the presence and integrity of the linkage."""
+    led = p.get("ledger") if isinstance(p.get("ledger"), dict) else None
+    ledger_mode = "standalone"
+    if led is not None and isinstance(led.get("position"), int):
+        pos = led["position"]
+        if pos == 1:
+            if led.get("prev_hash") == capm.GENESIS_HASH and led.get("prev_capsule_id") is None:
+                ledger_mode = "chained"
+            else:
+                run.add(7, "ledger_broken", "ledger position 1 must link to the genesis hash")
+        elif store is not None and (pos - 1) in store.by_position:
+            if _predecessor_ok(p, store.by_position[pos - 1]):
+                ledger_mode = "chained"
+            else:
+                run.add(7, "ledger_broken", f"hash-chain link to position {pos - 1} does not verify")
+        elif store is not None and store.min_position is not None and store.min_position < pos - 1:
+            # The store holds statements before and after this one: one is missing between them
+            # (removed, or not stored anywhere this run was given). Not an error: a partial store
+            # (a queue drained into another stream) is legitimate, so it is said, not failed.
+            run.add(7, "ledger_gap", f"ledger position {pos - 1} is missing from a store that holds "
+                    f"earlier positions: a statement was removed, or is stored elsewhere", "warning")
+        else:
+            run.add(7, "ledger_unverified",
+                    f"ledger predecessor (position {pos - 1}) not available: linkage present, integrity unchecked",
+                    "info")
+    return ledger_mode
 
 
 def _assurance(p: dict[str, Any], derived: str, anchored: bool, store: Store | None, run: _Run,
@@ -427,25 +455,8 @@ def _assurance(p: dict[str, Any], derived: str, anchored: bool, store: Store | N
         over = _MODE_ORDER[claimed] > _MODE_ORDER[derived]
         run.add(7, "effect_mode_overclaim" if over else "effect_mode_mismatch",
                 f"effect_mode {claimed} but the effect derives {derived}")
-    # ledger_mode: standalone vs chained from the presence and integrity of the linkage.
+    ledger_mode = _ledger_mode(p, store, run)
     led = p.get("ledger") if isinstance(p.get("ledger"), dict) else None
-    ledger_mode = "standalone"
-    if led is not None and isinstance(led.get("position"), int):
-        pos = led["position"]
-        if pos == 1:
-            if led.get("prev_hash") == capm.GENESIS_HASH and led.get("prev_capsule_id") is None:
-                ledger_mode = "chained"
-            else:
-                run.add(7, "ledger_broken", "ledger position 1 must link to the genesis hash")
-        elif store is not None and (pos - 1) in store.by_position:
-            if _predecessor_ok(p, store.by_position[pos - 1]):
-                ledger_mode = "chained"
-            else:
-                run.add(7, "ledger_broken", f"hash-chain link to position {pos - 1} does not verify")
-        else:
-            run.add(7, "ledger_unverified",
-                    f"ledger predecessor (position {pos - 1}) not available: linkage present, integrity unchecked",
-                    "info")
     claimed_l = a.get("ledger_mode")
     if claimed_l in _LEDGER_ORDER:
         if claimed_l == "anchored" and not anchored:
@@ -461,11 +472,13 @@ def verify_many(
     keys: Mapping[str, TrustedKey],
     ts_keys: Mapping[str, TrustedKey] | None = None,
     store: Store | None = None,
+    any_kid: Sequence[TrustedKey] = (),
 ) -> list[Result]:
     """Verify a set of statements; the set itself is the store unless one is given."""
     if store is None:
         store = Store(p for p in (payload_of(d) for _, d in items) if p is not None)
-    return [verify_statement(d, keys=keys, ts_keys=ts_keys, store=store, source=s) for s, d in items]
+    return [verify_statement(d, keys=keys, ts_keys=ts_keys, store=store, source=s, any_kid=any_kid)
+            for s, d in items]
 
 
 result_encoder = msgspec.json.Encoder()

@@ -161,6 +161,10 @@ class SignerConfig(_Section):
     ack_wait_s: Annotated[float, Meta(gt=0)] = 30.0
     ledger_duplicate_window_s: Annotated[float, Meta(gt=0)] = 86400.0
     parent_wait_deliveries: Annotated[int, Meta(ge=1)] = 5
+    # The capsule profile signed from now on (consumers/profiles.py): "2" = spec 004 (draft -01,
+    # reference verifier 0.1.0), "4" = the current drafts (draft-mih-scitt-agent-action-capsule-05,
+    # reference verifier 0.3 and later). pgw verify reads both; a replay keeps its first profile.
+    capsule_format: Literal["2", "4"] = "4"  # the profile the newest reference verifier (0.12.0) accepts
 
 
 class RegistrarConfig(_Section):

@@ -29,7 +29,7 @@ from consumers.cose import (
     verify_sign1,
     with_receipt,
 )
-from consumers.signer import Signer, _Head, claims_for, sign_payload
+from consumers.signer import Signer, _Head, _Job, claims_for, sign_payload
 from gateway.keys import SigningKey, kid_of
 from tests.test_capsule_model import design_rows, make
 
@@ -106,7 +106,7 @@ def test_signing_from_the_built_body_gives_the_same_statement() -> None:
     head = _Head(0, capm.GENESIS_HASH, None)
     for v in design_rows():
         built = capm.capsule_from_verdict_checked(v, operator="op", salt="00" * 32)
-        entry, head = Signer._link(head, v.verdict_id, built)
+        entry, head = Signer._link(head, _Job(None, v, built=built), {})
         payload = entry.payload.encode()
         assert sign_payload(payload, key, built.body) == sign_payload(payload, key)
 
@@ -121,7 +121,7 @@ def test_header_rules() -> None:
         "cose_unprotected_alg": resign(stmt, key, unprotected={1: -8}),
         "cose_unprotected_crit": resign(stmt, key, unprotected={2: [4]}),
         "cose_crit_unknown": resign(stmt, key, protected=lambda p: {**p, 2: [99]}),
-        "cose_alg_mismatch": resign(stmt, key, protected=lambda p: {**p, 1: -7}),
+        "cose_alg_unsupported": resign(stmt, key, protected=lambda p: {**p, 1: -7}),
         "cose_alg_missing": resign(stmt, key, protected=lambda p: {k: v for k, v in p.items() if k != 1},
                                    unprotected={}),
     }

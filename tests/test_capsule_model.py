@@ -85,8 +85,9 @@ def design_rows(tag: str = "") -> list[Verdict]:
         verdict(f"{t}errored", "errored", decision="accept", idp_id="idp-3", action_id=f"bot:{t}idp-3",
                 effect=ReportedEffect(type="write_order", status="failed", response={"error": "timeout"})),
         verdict(f"{t}engine", "engine_failure", reason=Refusal("engine_failure", "policy engine unavailable")),
+        # a kernel PERMIT whose transition report never came (gateway/kernel/overdue.py)
         verdict(f"{t}overdue", "timeout", decision="accept", idp_id="idp-4", action_id=f"bot:{t}idp-4",
-                reason=Refusal("TRANSITION_REPORT_MISSING", "no transition report within 3600 s of the permit")),
+                reason=Refusal("TRANSITION_REPORT_MISSING", "no transition report within 60 s of the permit")),
     ]
 
 
@@ -200,16 +201,21 @@ def test_expiry_policy_only_for_deferrals() -> None:
 
 
 def test_capsule_id_excludes_chain_linkage() -> None:
-    """capsule_id is the digest of the envelope minus capsule_id, chain and ledger linkage (§5.1)."""
+    """capsule_id is the digest of the envelope minus capsule_id and the chain block only (§5.1).
+
+    The signer's ledger linkage is hashed in: a verifier that knows only the
+    spec's ``chain`` block (the reference one) must recompute the same id.
+    """
     v = verdict("x", "resolved", decision="accept", approver="human", human_disposed=True)
     a = capsule_from_verdict(v, operator="acme", salt=SALT, parent_capsule_id="aa" * 32)
     b = capsule_from_verdict(v, operator="acme", salt=SALT, parent_capsule_id="bb" * 32)
     assert a.capsule_id == b.capsule_id
     linked = capm.attach_ledger(a, Ledger(position=7, prev_hash="cc" * 32, prev_capsule_id="dd" * 32))
-    assert linked.capsule_id == a.capsule_id
     body = linked.to_dict()
-    expected = json_digest({k: v for k, v in body.items() if k not in ("capsule_id", "chain", "ledger")})
-    assert linked.capsule_id == expected
+    expected = json_digest({k: v for k, v in body.items() if k not in ("capsule_id", "chain")})
+    assert linked.capsule_id == expected != a.capsule_id
+    moved = capm.attach_ledger(a, Ledger(position=8, prev_hash="cc" * 32, prev_capsule_id="dd" * 32))
+    assert moved.capsule_id != linked.capsule_id  # the position is part of what the id commits to
     other = capsule_from_verdict(msgspec.structs.replace(v, ts="2026-03-01T12:00:01.000Z"), operator="acme",
                                  salt=SALT)
     assert other.capsule_id != a.capsule_id

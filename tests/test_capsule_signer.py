@@ -47,7 +47,7 @@ def signer_keys(config: Config) -> dict[str, TrustedKey]:
 
 async def test_every_design_row_gets_one_verified_capsule(nc: Any, make_config: Any) -> None:
     """Each DESIGN §6 verdict yields exactly one capsule that passes Class 1 verification, chains resolved."""
-    config = make_config()
+    config = make_config(signer={"capsule_format": "2"})  # asserts the format-2 ledger block
     js = nc.jetstream()
     pub = Publisher(js, config.subjects)
     rows = design_rows()
@@ -116,6 +116,7 @@ async def test_resolution_waits_for_its_dispatch(nc: Any, make_config: Any) -> N
         assert signer.signed == 0
         await pub.verdict(dispatch)
         await wait_count(js, "PGW_REGISTRATION", 2)
+        await signer.wait_signed(2, timeout=10)  # counted after the acks, which follow the stored capsules
         assert signer.signed == 2
     items = {payload_of(d)["pgw"]["verdict_id"]: payload_of(d) for _, d, _ in await stream_items(js, "PGW_REGISTRATION")}
     assert items[resolution.verdict_id]["chain"]["parent_capsule_id"] == items[dispatch.verdict_id]["capsule_id"]
@@ -134,9 +135,9 @@ def _spawn_signer(config: Config, toml: Path) -> subprocess.Popen[bytes]:
 @pytest.mark.slow
 async def test_kill9_mid_batch_every_verdict_exactly_one_capsule(nc: Any, make_config: Any) -> None:
     """SIGKILL of `pgw signer` mid-batch, then restart: every verdict has exactly one capsule, chain intact."""
-    config = make_config()
+    config = make_config(signer={"capsule_format": "2"})  # asserts the format-2 ledger block
     toml = Path(config.data_dir).parent / "signer.toml"
-    toml.write_text("[signer]\nack_wait_s = 2.0\nbatch = 16\n")  # redeliver the in-flight batch quickly
+    toml.write_text("[signer]\nack_wait_s = 2.0\nbatch = 16\ncapsule_format = \"2\"\n")  # redeliver the in-flight batch quickly
     js = nc.jetstream()
     pub = Publisher(js, config.subjects)
     n = 300

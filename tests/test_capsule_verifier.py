@@ -269,3 +269,23 @@ def test_open_items_predicate() -> None:
     assert open_ == {by_vid[vid("blocked")]}
     store = Store(map(payload_of, stmts[:3]))  # the resolution is not in the store yet
     assert {p["capsule_id"] for p in open_items(store)} == {by_vid[vid("blocked")], by_vid[vid("dispatch")]}
+
+
+def test_removed_reordered_or_altered_capsule_is_detected() -> None:
+    """With the ledger inside capsule_id: a removed capsule leaves a ledger_gap, a capsule re-signed at
+    another position (reordered) or with altered content breaks the next link; the intact set verifies."""
+    stmts = signer_chain()
+    whole = verify_many([(str(i), s) for i, s in enumerate(stmts)], keys=KEYS)
+    assert all(r.ok and r.assurance["ledger_mode"] == "chained" for r in whole)
+    removed = verify_many([(str(i), s) for i, s in enumerate(stmts) if i != 5], keys=KEYS)
+    after = removed[5]  # position 7, whose predecessor (position 6) is gone
+    assert (7, "ledger_gap") in codes(after, "warning") and after.assurance["ledger_mode"] == "standalone"
+    # an altered capsule re-signed with a fresh id: the next capsule's link no longer verifies
+    altered = craft(stmts[3], lambda p: p.update(timestamp="2026-03-01T12:00:09.000Z"))
+    res = verify_many([(str(i), s) for i, s in enumerate([*stmts[:3], altered, *stmts[4:]])], keys=KEYS)
+    assert res[3].ok and codes(res[4], "error") == [(7, "ledger_broken")]
+    # swapping two capsules' positions (re-signed) changes their ids, breaking the links around them
+    swapped = [craft(stmts[2], lambda p: p["ledger"].update(position=4)),
+               craft(stmts[3], lambda p: p["ledger"].update(position=3))]
+    res = verify_many([(str(i), s) for i, s in enumerate([*stmts[:2], *swapped, *stmts[4:]])], keys=KEYS)
+    assert any(codes(r, "error") for r in res)

@@ -19,8 +19,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.js.errors import NotFoundError
 
 from consumers.cose import TrustedKey
+from consumers.ledger_check import LedgerIssue, check_ledger, missing_from
 from consumers.registrar import Registrar, load_ts_key, read_pinned_ts_keys
-from consumers.signer import Signer
+from consumers.signer import LEDGER_STREAM, Signer
 from consumers.verifier import Result, Store, open_items, payload_of, verify_many, verify_statement
 from gateway.commands.run_gateway import stop_event
 from gateway.config import Config
@@ -50,11 +51,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--stream", action="append", default=[],
                    help="verify every statement in a stream (PGW_REGISTRATION, PGW_CAPSULES)")
     p.add_argument("--key", action="append", default=[],
-                   help="trusted signer key: raw hex or a PEM public key file (added to the data folder's keys)")
+                   help="trusted signer key: raw hex or a PEM public key file (added to the data folder's keys; "
+                        "trusted under whatever kid the producer put on its statements)")
     p.add_argument("--ts-key", action="append", default=[], help="trusted Transparency Service key (hex or PEM)")
     p.add_argument("--store", action="append", default=[],
                    help="extra capsules for chain checks: a directory, or stream:NAME")
     p.add_argument("--json", action="store_true", help="one JSON result per line")
+    p.add_argument("--ledger", action="store_true",
+                   help="also walk the signer's hash chain (PGW_SIGNER_LEDGER) and report ledger capsules the "
+                        "verified set lacks (give both PGW_CAPSULES and PGW_REGISTRATION)")
     p.set_defaults(handler=handle_verify)
 
     p = sub.add_parser("keys", help="print the public keys (raw hex, PEM, kid) verifiers should trust")
@@ -197,7 +202,8 @@ async def _gather(config: Config, paths: list[str], streams: list[str]) -> list[
 def format_result(r: Result) -> str:
     head = "OK  " if r.ok else "FAIL"
     a = r.assurance or {}
-    line = (f"{head} {r.source}  capsule_id={r.capsule_id or '-'} verdict_class={r.verdict_class or '-'} "
+    line = (f"{head} {r.source}  format={r.profile or '-'} statement={r.statement_type or '-'} "
+            f"capsule_id={r.capsule_id or '-'} verdict_class={r.verdict_class or '-'} "
             f"attestation={a.get('attestation_mode', '-')} ledger={a.get('ledger_mode', '-')}")
     for f in r.findings:
         line += f"\n      [{f.check} {f.name}] {f.severity}: {f.code}: {f.message}" + (f" ({f.path})" if f.path else "")
@@ -213,21 +219,47 @@ async def handle_verify(args: argparse.Namespace, config: Config) -> int:
     for s in args.store:
         extra_store += await read_stream(config, s[7:]) if s.startswith("stream:") else _read_paths([s])
     keys = trusted_keys(config, args.key)
+    explicit = [_parse_key(spec, "signer") for spec in args.key]  # tried for a producer-chosen kid
     ts_keys = trusted_ts_keys(config, args.ts_key)
     single = len(items) == 1 and not args.stream and not Path(args.paths[0]).is_dir()  # noqa: ASYNC240 - a CLI stat
     if extra_store:
         store = Store(p for p in (payload_of(d) for _, d in items + extra_store) if p is not None)
-        results = verify_many(items, keys=keys, ts_keys=ts_keys, store=store)
+        results = verify_many(items, keys=keys, ts_keys=ts_keys, store=store, any_kid=explicit)
     elif single:  # one statement and no store: chain parents are reported as not checked
-        results = [verify_statement(items[0][1], keys=keys, ts_keys=ts_keys, source=items[0][0])]
+        results = [verify_statement(items[0][1], keys=keys, ts_keys=ts_keys, source=items[0][0],
+                                    any_kid=explicit)]
     else:  # the set is the store
-        results = verify_many(items, keys=keys, ts_keys=ts_keys)
+        results = verify_many(items, keys=keys, ts_keys=ts_keys, any_kid=explicit)
     for r in results:
         print(_enc.encode(r).decode() if args.json else format_result(r))
     bad = sum(not r.ok for r in results)
     if not args.json:
         print(f"{len(results)} statement(s): {len(results) - bad} ok, {bad} failed")
+    if getattr(args, "ledger", False) and not await _verify_ledger(config, results, args.json):
+        return 1
     return 0 if bad == 0 and results else 1
+
+
+async def _verify_ledger(config: Config, results: list[Result], as_json: bool) -> bool:
+    """``--ledger``: the signer's hash chain intact, and every capsule it lists among ``results``.
+
+    The store-level check that finds a removed or reordered capsule of any
+    format (a format "4" capsule carries no linkage of its own, see
+    consumers.ledger_check).
+    """
+    report = check_ledger(d for _, d in await read_stream(config, LEDGER_STREAM))
+    missing = missing_from(report, (r.capsule_id for r in results if r.capsule_id)) if results else []
+    for cid in missing:
+        report.issues.append(LedgerIssue(report.capsule_ids.index(cid) + 1, "capsule_missing",
+                                         f"capsule {cid} is in the ledger but not among the verified statements"))
+    ok = not report.issues
+    if as_json:
+        print(_enc.encode({"ledger": {"ok": ok, "links": report.links, "issues": report.issues}}).decode())
+    else:
+        print(f"{'OK  ' if ok else 'FAIL'} ledger {LEDGER_STREAM}: {report.links} link(s)")
+        for i in report.issues:
+            print(f"      position {i.position}: {i.code}: {i.message}")
+    return ok
 
 
 async def handle_open_items(args: argparse.Namespace, config: Config) -> int:

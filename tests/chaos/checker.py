@@ -220,15 +220,23 @@ async def capsule_verdict_ids(js: JetStreamContext, prefix: str = "pgw") -> tupl
     ledger = await read_stream(js, "PGW_SIGNER_LEDGER")
     ledger_count: Counter[str] = Counter()
     by_capsule: dict[str, str] = {}
+    outcome_ids: set[str] = set()  # spec 004 §3.3 outcome statements: beside a capsule, not capsules
     for m in ledger:
         entry = _json(m)
+        if '"statement_type":"outcome"' in (entry.get("payload") or ""):
+            outcome_ids.add(entry.get("capsule_id"))
+            continue
         vid = entry.get("verdict_id")
         ledger_count[vid] += 1
         by_capsule[entry.get("capsule_id")] = vid
     out: list[str] = []
     for m in await read_stream(js, "PGW_REGISTRATION"):
+        if (m.headers or {}).get("Pgw-Capsule-Id") in outcome_ids:
+            continue
         out.append((m.headers or {}).get("Pgw-Verdict-Id") or "?")
     for m in await read_stream(js, "PGW_CAPSULES"):
         cid = (m.headers or {}).get("Pgw-Capsule-Id")
+        if cid in outcome_ids:
+            continue
         out.append(by_capsule.get(cid, f"unknown-capsule:{cid}"))
     return out, dict(ledger_count)

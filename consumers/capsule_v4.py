@@ -1,0 +1,218 @@
+"""Format "4" capsules: the current Agent Action Capsule drafts (profile "4").
+
+Implements draft-mih-scitt-agent-action-capsule-05 as stored in
+action-state-group/agent-action-capsule at commit 16289abe29349da7356879a343197f54aacc23ed
+(spec/draft-mih-scitt-agent-action-capsule-05.md), the draft the reference
+verifier agent-action-capsule 0.12.0 checks (its ``versions.py``: emits -05,
+accepts -04 and -05, format "4"). Section names below are that draft's anchors.
+
+What changes from format "2" (spec 004, draft -01, :mod:`consumers.capsule`):
+
+- identity ({#identity}, {#conventions}): ``format_version: "4"`` and
+  ``canonicalization_id: "jcs"``; capsule_id is SHA-256 over *plain* JCS of the
+  capsule with only ``capsule_id`` removed. No absent-field normalization, and
+  ``chain`` is inside the preimage. (The reference also leaves out the
+  local-only ``signature``/``key_id`` members of its ledger lines; a capsule
+  built here never carries them.)
+- signing ({#envelope}): the Producer Envelope is a tagged COSE_Sign1 whose
+  attached payload is the raw 32-byte capsule_id (not the JSON), protected map
+  exactly {1: -8, 3: "application/agent-action-capsule-id", 4: raw Ed25519
+  public key}, unprotected map empty.
+- registration ({#registration}): a bare Producer Envelope is not an RFC 9943
+  Signed Statement. What goes to a Transparency Service is a separate
+  registration statement: payload the same raw capsule_id, content type
+  ``application/agent-action-capsule-id``, protected CWT claims ``iss``/``sub``.
+- ledger_mode ({#assurance}): ``chained`` is derived *solely* from the
+  capsule's own ``chain`` block, so a capsule claims ``chained`` only when it
+  carries one (a supersedes link); otherwise ``standalone``. The signer's
+  hash chain over everything it signs stays in its store-level ledger
+  (``PGW_SIGNER_LEDGER``, :mod:`consumers.ledger_check` checks it), outside the
+  capsule, so capsule_id stays a pure function of the verdict.
+- constraint ``check_type`` values are namespaced ({#constraints},
+  {#namespacing}; the shared verdict mapping already does so for format "2").
+
+The draft mandates no container for a capsule with its envelopes
+({#envelope}: "This document does not mandate a container representation").
+On the bus a format "4" statement is the registration statement, carrying the
+capsule JSON and the Producer Envelope in its *unprotected* header under the
+text labels :data:`CAPSULE_LABEL` and :data:`ENVELOPE_LABEL`. Both are
+self-authenticating against the signed payload (the capsule JSON by
+recomputing its capsule_id, the envelope by its own signature over the same
+capsule_id), so nothing in them needs the statement's protection, and the
+registrar registers the statement unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import cbor2
+import rfc8785
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from consumers import capsule as capm
+from consumers.cose import (
+    ALG,
+    CONTENT_TYPE,
+    COSE_SIGN1_TAG,
+    CWT_CLAIMS,
+    EDDSA,
+    KID_LABEL,
+    raw_public,
+    sig_structure,
+)
+from subjects import jcs
+from subjects.wire import Verdict
+
+FORMAT = "4"
+SPEC_VERSION = "draft-mih-scitt-agent-action-capsule-05"
+# {#identity}: -04 and -05 both define format 4 (the reference accepts both).
+ACCEPTED_SPEC_VERSIONS = ("draft-mih-scitt-agent-action-capsule-04", SPEC_VERSION)
+CANONICALIZATION_ID = "jcs"
+ID_MEDIA_TYPE = "application/agent-action-capsule-id"  # {#envelope}, {#registration}
+# Container labels (ours: the draft leaves the container open). Text labels are valid COSE labels (RFC 9052 §3).
+CAPSULE_LABEL = "agent-action-capsule"
+ENVELOPE_LABEL = "agent-action-capsule-envelope"
+# Local-only members of a reference ledger line, never in a capsule_id preimage (reference canonical.py).
+LOCAL_ONLY = ("signature", "key_id")
+MAX_SAFE_INT = 2**53 - 1
+
+
+class Built4(NamedTuple):
+    """A format "4" capsule: its JSON body (capsule_id included), the id and the exact JSON bytes."""
+
+    body: dict[str, Any]
+    capsule_id: str
+    payload: bytes
+
+    @property
+    def chain(self) -> dict[str, Any] | None:
+        c = self.body.get("chain")
+        return c if isinstance(c, dict) else None
+
+
+def _unsafe(value: Any, path: str = "$") -> list[str]:
+    """Paths of floats and of integers beyond +-(2^53-1) ({#conventions}: both are forbidden)."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, float):
+        return [path]
+    if isinstance(value, int):
+        return [path] if abs(value) > MAX_SAFE_INT else []
+    if isinstance(value, Mapping):
+        return [p for k, v in value.items() for p in _unsafe(v, f"{path}.{k}")]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in _unsafe(v, f"{path}[{i}]")]
+    return []
+
+
+def identity_preimage(capsule: Mapping[str, Any]) -> dict[str, Any]:
+    """{#identity}: the capsule with only ``capsule_id`` (and the reference's local-only members) removed."""
+    return {k: v for k, v in capsule.items() if k != "capsule_id" and k not in LOCAL_ONLY}
+
+
+def compute_capsule_id(capsule: Mapping[str, Any]) -> str:
+    """{#identity} format 4: HEX(SHA-256(plain JCS(preimage))); CapsuleError if it has no JCS form."""
+    pre = identity_preimage(capsule)
+    bad = _unsafe(pre)
+    if bad:
+        raise capm.CapsuleError("{#conventions} floats/unsafe integers", f"not allowed at {', '.join(bad)}")
+    return hashlib.sha256(_jcs(pre)).hexdigest()
+
+
+def _jcs(value: Any) -> bytes:
+    try:
+        return jcs.encode(*jcs.walk(value))  # plain JCS: walk without drop_absent
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as e:
+        raise capm.CapsuleError("{#conventions} JCS", f"value has no JCS form: {e}") from e
+
+
+def seal(body: Mapping[str, Any]) -> Built4:
+    """Fix the format-4 identity members and compute capsule_id over the result."""
+    out = {k: v for k, v in body.items() if k not in ("capsule_id", "ledger", *LOCAL_ONLY)}
+    out["spec_version"] = SPEC_VERSION
+    out["format_version"] = FORMAT
+    out["canonicalization_id"] = CANONICALIZATION_ID
+    cid = compute_capsule_id(out)
+    out["capsule_id"] = cid
+    return Built4(out, cid, _jcs(out))
+
+
+def from_verdict(
+    v: Verdict,
+    *,
+    operator: str,
+    salt: str,
+    default_developer: str = "principal-gateway",
+    authority: str | None = None,
+    parent_capsule_id: str | None = None,
+    fallback_ts: str | Callable[[], str | None] | None = None,
+) -> Built4:
+    """The format "4" capsule of one verdict: the same mapping as format "2", then format 4's rules.
+
+    The verdict -> capsule mapping (DESIGN §6) and every construction rule of
+    :func:`consumers.capsule.build_capsule_checked` (disposition honesty,
+    confirmed-effect binding, attestation matrix, orthogonality) are shared;
+    what differs is applied to the checked body here. Deterministic in its
+    inputs, so a redelivered verdict gives the same capsule_id.
+    """
+    built = capm.capsule_from_verdict_checked(
+        v, operator=operator, salt=salt, default_developer=default_developer, authority=authority,
+        parent_capsule_id=parent_capsule_id, chained=False, fallback_ts=fallback_ts,
+    )
+    body = dict(built.body)
+    # {#assurance}: "chained is derived solely from ... the Capsule's own chain-linkage block".
+    assurance = dict(body["assurance"])
+    assurance["ledger_mode"] = "chained" if body.get("chain") else "standalone"
+    body["assurance"] = assurance
+    # {#constraints}, {#namespacing}: producer-local check_type values are namespaced; the shared
+    # mapping already writes capm.CHECK_TYPE_GATEWAY_RULE ("io.pgw.gateway_rule").
+    return seal(body)
+
+
+def with_parent(built: Built4, parent_capsule_id: str | None) -> Built4:
+    """Add a supersedes parent known only when the run is linked (a parent signed in the same batch).
+
+    ``chain`` is inside the format-4 preimage ({#identity}), so the capsule is
+    sealed again; ``ledger_mode`` becomes ``chained``, which the draft derives
+    from the chain block alone ({#assurance}).
+    """
+    if parent_capsule_id is None:
+        return built
+    body = dict(built.body)
+    body["chain"] = {"parent_capsule_id": parent_capsule_id, "relation": "supersedes"}
+    body["assurance"] = {**body["assurance"], "ledger_mode": "chained"}
+    return seal(body)
+
+
+# ---------------------------------------------------------------------------
+# COSE: Producer Envelope ({#envelope}) and registration statement ({#registration})
+# ---------------------------------------------------------------------------
+
+
+def producer_envelope(capsule_id: str, key: Ed25519PrivateKey) -> bytes:
+    """{#envelope}: tagged COSE_Sign1, payload the raw 32-byte capsule_id, protected map exactly {1, 3, 4}."""
+    payload = bytes.fromhex(capsule_id)
+    if len(payload) != 32:
+        raise capm.CapsuleError("{#envelope}", "capsule_id must be 64 hex characters")
+    protected = cbor2.dumps({ALG: EDDSA, CONTENT_TYPE: ID_MEDIA_TYPE, KID_LABEL: raw_public(key.public_key())})
+    signature = key.sign(sig_structure(protected, payload))
+    return cbor2.dumps(cbor2.CBORTag(COSE_SIGN1_TAG, [protected, {}, payload, signature]))
+
+
+def claims_for(body: Mapping[str, Any]) -> dict[int, str]:
+    """{#registration}: RFC 9943 requires protected CWT ``iss`` and ``sub``."""
+    return {1: body["developer"], 2: capm.subject_urn(body["operator"], body["action_id"])}
+
+
+def statement(body: Mapping[str, Any], payload_json: bytes, key: Ed25519PrivateKey, kid: str) -> bytes:
+    """The bus statement: the registration statement, with the capsule and its envelope as unprotected members."""
+    cid = body["capsule_id"]
+    raw_id = bytes.fromhex(cid)
+    protected = cbor2.dumps({ALG: EDDSA, KID_LABEL: kid.encode("ascii"), CONTENT_TYPE: ID_MEDIA_TYPE,
+                             CWT_CLAIMS: claims_for(body)})
+    signature = key.sign(sig_structure(protected, raw_id))
+    unprotected = {CAPSULE_LABEL: payload_json, ENVELOPE_LABEL: producer_envelope(cid, key)}
+    return cbor2.dumps(cbor2.CBORTag(COSE_SIGN1_TAG, [protected, unprotected, raw_id, signature]))
