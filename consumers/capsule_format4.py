@@ -18,13 +18,25 @@ from typing import Any
 import msgspec
 
 from consumers import capsule as capm
+from consumers import capsule_outcome as outm
 from consumers import capsule_v4, verify_v4
 from consumers.profiles import Profile
+from subjects.wire import Verdict
 
 
-def link(built: capsule_v4.Built4, ledger: capm.Ledger,
-         parent_capsule_id: str | None = None) -> tuple[capsule_v4.Built4, bytes]:
-    del ledger  # store-level only in format 4 (PGW_SIGNER_LEDGER), never in the capsule
+def build(v: Verdict, **kw: Any) -> capsule_v4.Built4 | outm.OutcomeBuilt:
+    if outm.is_outcome_verdict(v):
+        # §3.3 / {#outcomes}: the drafts leave the outcome payload open; it is the same statement
+        # whatever the capsule format (consumers.capsule_outcome), without a ledger block here.
+        return outm.build_outcome(v, **kw)
+    return capsule_v4.from_verdict(v, **kw)
+
+
+def link(built: capsule_v4.Built4 | outm.OutcomeBuilt, ledger: capm.Ledger,
+         parent_capsule_id: str | None = None) -> tuple[Any, bytes]:
+    # The hash chain is store-level only in format 4 (PGW_SIGNER_LEDGER), never in a statement.
+    if isinstance(built, outm.OutcomeBuilt):
+        return outm.link_outcome(built, ledger, parent_capsule_id, embed_ledger=False)
     b4 = capsule_v4.with_parent(built, parent_capsule_id)
     return b4, b4.payload
 
@@ -55,13 +67,13 @@ def verify_payload(payload: dict[str, Any], *, msg: Any, store: Any, anchored: b
 PROFILE = Profile(
     format_version=capsule_v4.FORMAT,
     label=f"format 4 ({capsule_v4.SPEC_VERSION})",
-    build=capsule_v4.from_verdict,
+    build=build,
     link=link,
     claims=capsule_v4.claims_for,
     content_type=lambda _payload: capsule_v4.ID_MEDIA_TYPE,
     # A statement over the raw capsule_id goes to consumers.verify_v4 on its content type; this
-    # hook sees only a COSE_Sign1 over a format-4 JSON payload, which the draft does not define.
+    # hook sees a COSE_Sign1 over a JSON payload naming format 4 (see verify_payload).
     verify_payload=verify_payload,
-    outcomes=False,
+    outcomes=True,
     sign=sign,
 )

@@ -135,13 +135,17 @@ def build_outcome(v: Verdict, *, operator: str, salt: str, default_developer: st
     return OutcomeBuilt(msgspec.structs.replace(st, capsule_id=cid), body, flags)
 
 
-def link_outcome(built: OutcomeBuilt, ledger: capm.Ledger,
-                 parent_capsule_id: str | None = None) -> tuple[OutcomeStatement, bytes]:
-    """The ledger linkage added and the id derived (hashed in, as for capsules)."""
+def link_outcome(built: OutcomeBuilt, ledger: capm.Ledger, parent_capsule_id: str | None = None, *,
+                 embed_ledger: bool = True) -> tuple[OutcomeStatement, bytes]:
+    """The ledger linkage added and the id derived (hashed in, as for format-2 capsules).
+
+    ``embed_ledger=False`` (a format "4" signer, whose hash chain stays
+    store-level): the statement carries no linkage of its own.
+    """
     st = built.capsule
     if parent_capsule_id is not None:
         st = msgspec.structs.replace(st, refers_to=parent_capsule_id)
-    st = msgspec.structs.replace(st, ledger=ledger, capsule_id="")
+    st = msgspec.structs.replace(st, ledger=ledger if embed_ledger else None, capsule_id="")
     body, flags = jcs.walk(msgspec.to_builtins(st), drop_absent=True)
     cid = capm._digest_of_walked(capm.identity_form(body), flags)
     body["capsule_id"] = cid

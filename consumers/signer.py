@@ -368,6 +368,7 @@ class Signer(LedgerMixin):
                     log.warning("superseded parent never signed; capsule carries no chain",
                                 verdict_id=verdict.verdict_id, parent_verdict=verdict.supersedes,
                                 traceparent=verdict.traceparent)
+        job.profile = self.profile
         return self.profile.build(
             verdict,
             operator=self.config.operator,

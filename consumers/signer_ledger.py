@@ -68,6 +68,7 @@ class _Job:
     built: cap_mod.Built | None = None
     statement: bytes = b""
     parent_vid: str | None = None  # a supersedes parent built in the same batch, linked first
+    profile: Any = None  # the consumers.profiles.Profile that built ``built``
     ack_with: _Job | None = None  # an outcome statement's action job: one ack for both (§3.3)
 
 
@@ -159,7 +160,8 @@ class LedgerMixin:
             if parent is None:  # the parent was not linked before it: leave the run for redelivery
                 raise PgwError(f"supersedes parent {job.parent_vid} not linked before its child")
         position = head.seq + 1
-        linked, payload = profiles.profile_of(job.built.body).link(
+        prof = job.profile or profiles.profile_of(job.built.body)  # the profile that built it links it
+        linked, payload = prof.link(
             job.built, Ledger(position=position, prev_hash=head.hash, prev_capsule_id=head.capsule_id), parent
         )
         chain = msgspec.to_builtins(linked.chain) if linked.chain else None

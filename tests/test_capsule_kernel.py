@@ -14,6 +14,7 @@ from typing import Any
 
 import cbor2
 import msgspec
+import pytest
 
 from consumers import capsule_kernel as kernel_facts
 from consumers import capsule_v4
@@ -42,17 +43,17 @@ async def transition(env: Env, executed: str, effect: dict[str, Any] | None = No
     return rec["idp_id"], env.gw.config
 
 
-def format2(config: Any) -> Any:
-    return msgspec.structs.replace(config, signer=msgspec.structs.replace(config.signer, capsule_format="2"))
+def with_format(config: Any, fmt: str) -> Any:
+    return msgspec.structs.replace(config, signer=msgspec.structs.replace(config.signer, capsule_format=fmt))
 
 
-async def statements_of(env: Env, idp_id: str) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+async def statements_of(env: Env, idp_id: str, fmt: str = "2") -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
     """(the action's capsule, its outcome statement, every stored statement) once the signer made them.
 
-    The signer writes format "2": the profile whose outcome statements (§3.3) and
-    reference verifier (0.1.0) these tests hold it to.
+    The signer writes format ``fmt`` ("2" unless a test says otherwise: the profile
+    whose reference verifier, 0.1.0, these tests run).
     """
-    config = format2(env.gw.config)
+    config = with_format(env.gw.config, fmt)
     js = env.js
 
     def action_capsule(p: dict[str, Any]) -> bool:
@@ -121,12 +122,15 @@ async def test_confirmed_without_response_agrees_with_the_log(env: Env) -> None:
     assert binding["result"] == "fail" and binding["blocking"] is False
 
 
-async def test_outcome_statement_for_a_verified_transition(env: Env, capsys: Any) -> None:
-    """A matching transition yields an outcome statement (§3.3): its own media type and statement type,
-    the action's sub, and `pgw verify` verifies it and says which profile and statement type it is."""
+@pytest.mark.parametrize("fmt", ["2", "4"])
+async def test_outcome_statement_for_a_verified_transition(env: Env, capsys: Any, fmt: str) -> None:
+    """A matching transition yields an outcome statement (§3.3) under either capsule format: its own media
+    type and statement type, the action's sub, and `pgw verify` verifies it and says what each statement is."""
     idp_id, config = await transition(env, "CloseBooking", {"type": "booking.close", "status": "confirmed",
                                                             "response": {"ok": True}})
-    cap, out, items = await statements_of(env, idp_id)
+    cap, out, items = await statements_of(env, idp_id, fmt)
+    config = with_format(config, fmt)
+    assert cap["format_version"] == fmt
     assert out["outcome"] == {"kind": "confirmation", "source": "io.pgw.kernel_commitment_check"}
     assert out["refers_to"] == cap["capsule_id"] and out["decision_id"] == cap["decision_id"]
     raw = next(data for _, data, _ in items if payload_of(data) == out)
@@ -138,8 +142,10 @@ async def test_outcome_statement_for_a_verified_transition(env: Env, capsys: Any
     args = argparse.Namespace(paths=[], stream=["PGW_REGISTRATION"], key=[], ts_key=[], store=[], json=False)
     assert await cli.handle_verify(args, config) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert any("statement=outcome" in ln and "format=2" in ln and ln.startswith("OK") for ln in lines)
-    assert any("statement=agent_action" in ln for ln in lines)
+    assert any("statement=outcome" in ln and ln.startswith("OK") for ln in lines), lines
+    assert any(f"format={fmt}" in ln and "statement=outcome" not in ln for ln in lines), lines
+    if fmt == "4":  # the hash chain stays store-level: no linkage in the outcome either
+        assert "ledger" not in out
 
 
 def test_gap_mapping_is_shared_by_both_formats() -> None:

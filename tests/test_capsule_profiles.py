@@ -29,7 +29,7 @@ def test_profile_dispatch() -> None:
     assert profiles.profile_of({"format_version": "2"}) is p2
     p4 = profiles.profile("4")
     assert p4.format_version == "4" and "draft-mih-scitt-agent-action-capsule-05" in p4.label
-    assert profiles.profile_of({"format_version": "4"}) is p4 and not p4.outcomes
+    assert profiles.profile_of({"format_version": "4"}) is p4 and p4.outcomes and p4.sign is not None
     with pytest.raises(profiles.ProfileError, match="unknown"):
         profiles.profile("7")
     with pytest.raises(profiles.ProfileError, match="no format_version"):
