@@ -72,7 +72,7 @@ PROFILE = Profile(
     claims=capsule_v4.claims_for,
     content_type=lambda _payload: capsule_v4.ID_MEDIA_TYPE,
     # A statement over the raw capsule_id goes to consumers.verify_v4 on its content type; this
-    # hook sees only a COSE_Sign1 over a format-4 JSON payload, which the draft does not define.
+    # hook sees a COSE_Sign1 over a JSON payload naming format 4 (see verify_payload).
     verify_payload=verify_payload,
     outcomes=True,
     sign=sign,

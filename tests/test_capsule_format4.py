@@ -128,6 +128,8 @@ async def test_real_run_every_verdict_class_accepted_by_newest_reference(nc: Any
     checked = run_reference_envelopes(envs)
     keys = {k.public.public_bytes_raw().hex() for k in signer_keys(config).values()}
     assert all(c["ok"] and c["key"] in keys for c in checked), checked
+    print(f"reference {NEWEST}:", refverifier.summary(ref), dict(classes),  # counts for docs/capsules.md
+          "envelopes ok:", sum(c["ok"] for c in checked), "of", len(checked))
     # the reference's own substrate path (--transparent, scitt-cose) over a registration statement
     key = next(iter(signer_keys(config).values())).public
     pem = tmp_path / "issuer.pem"
@@ -236,6 +238,7 @@ def test_reference_vectors_through_pgw_verify_agree_with_the_newest_reference(tm
             disagree[case.name] = (o, r)
         accepted += o["ok"]
     assert set(disagree) == set(KNOWN_DISAGREEMENTS), json.dumps(disagree, indent=1)[:4000]
+    print(f"vectors: {len(cases)} run, {len(cases) - len(disagree)} agree, {accepted} accepted")  # docs counts
     assert accepted == 4  # the three canonical-* cases and pos-v05-reference-counterparty-inclusion
 
 
