@@ -104,8 +104,8 @@ async def test_commitment_gap_capsule_records_what_ran(env: Env) -> None:
 
 
 async def test_confirmed_without_response_agrees_with_the_log(env: Env) -> None:
-    """A transition reported `confirmed` with no response: the capsule keeps the reported status beside
-    the dispatched one §5.2 allows, and every effect fact it states is the one STATE_TRANSITIONED logged."""
+    """A transition reported `confirmed` with no response: STATE_TRANSITIONED and the capsule both record
+    the dispatched status §5.2 allows, each with the reported status beside it, and every effect fact agrees."""
     effect = {"type": "booking.close", "status": "confirmed", "request": {"id": 7}, "external_ref": "bk-7"}
     idp_id, _config = await transition(env, "CloseBooking", effect)
     cap, _out, _items = await statements_of(env, idp_id)
@@ -114,7 +114,8 @@ async def test_confirmed_without_response_agrees_with_the_log(env: Env) -> None:
     e = cap["effect"]
     assert e["status"] == "dispatched" and "response_digest" not in e  # §5.2: no confirmed without it
     assert cap["pgw"]["effect_status_reported"] == "confirmed"
-    assert logged["status"] in (e["status"], cap["pgw"]["effect_status_reported"])
+    assert logged["status"] == e["status"] == "dispatched"  # the log says what the capsule says
+    assert logged["status_reported"] == cap["pgw"]["effect_status_reported"] == "confirmed"
     assert (e["type"], e["request_digest"], e.get("external_ref")) == \
         (logged["type"], logged["request_digest"], logged["external_ref"])
     assert logged.get("response_digest") is None

@@ -114,6 +114,22 @@ class _RaceError(Exception):
     pass
 
 
+def recorded_status(reported: str, response_digest: str | None) -> tuple[str, str | None]:
+    """(the effect status the log and the capsule record, the reported one where it differs).
+
+    Spec 004 §5.2: "confirmed" is an observed result bound by the digest of the
+    response, never without it; a report that says confirmed and carries no
+    response is recorded as ``dispatched``, the status it does support, with
+    the reported status beside it. Recorded, not refused: the agent says the
+    transition happened, and spec 003 §5.3/§5.5 require STATE_TRANSITIONED and
+    its commitment check for it (a refusal would hide an executed action).
+    STATE_TRANSITIONED and the capsule then state the same effect status.
+    """
+    if reported == "confirmed" and response_digest is None:
+        return "dispatched", reported
+    return reported, None
+
+
 def _uuid_from(*parts: str) -> str:
     return str(uuid.UUID(hex=stable_id(*parts), version=4))
 
@@ -853,17 +869,20 @@ class KernelService:
         report_digest = json_digest(msgspec.to_builtins(rep))
         eff = rep.effect
         resp_digest = json_digest(eff.response) if eff.response is not None else None
+        status, reported = recorded_status(eff.status, resp_digest)
         st_body = {
             "idp_id": entry.idp_id, "so_id": entry.so_id, "session_id": entry.session_id, "agent": agent,
             "principal": entry.principal, "step_sequence": entry.step_sequence,
             "executed_action": rep.executed_action, "idp_submitted_seq": entry.submitted_seq,
-            "effect": {"type": eff.type, "status": eff.status, "external_ref": eff.external_ref,
+            "effect": {"type": eff.type, "status": status, "external_ref": eff.external_ref,
                        "irreversibility_class": eff.irreversibility_class,
                        "request_digest": json_digest(eff.request) if eff.request is not None else None,
                        "response_digest": resp_digest},
             "effect_attestation": "runtime_claimed",
             "report_digest": report_digest,
         }
+        if reported is not None:
+            st_body["effect"]["status_reported"] = reported
         st_id = stable_id("STATE_TRANSITIONED", entry.so_id.lower(), entry.idp_id.lower())
         st = await self.eventlog.append("STATE_TRANSITIONED", st_body, msg_id=st_id, traceparent=tp)
         if st.duplicate and st.event.body.get("report_digest") != report_digest:
@@ -907,15 +926,13 @@ class KernelService:
         record: dict[str, Any], tp: str | None,
     ) -> None:
         eff = rep.effect
-        status = eff.status
+        status, reported = recorded_status(eff.status, resp_digest)
         details: dict[str, Any] = {"effect_attestation": "runtime_claimed", "match_result": record["match_result"],
                                    "executed_action": rep.executed_action, "requested_action": entry.requested_action}
         if resp_digest:
             details["response_digest"] = resp_digest
-        if status == "confirmed" and resp_digest is None:
-            # spec 004 §5.2: never "confirmed" without the digest of the response.
-            status = "dispatched"
-            details["effect_status_reported"] = "confirmed"
+        if reported is not None:
+            details["effect_status_reported"] = reported
         errored = eff.status.lower() in _ERRORED
         human = entry.status == "hem_approved" or entry.moment_id is not None
         v = Verdict(
