@@ -58,6 +58,7 @@ from nats.js.errors import APIError
 
 from consumers import capsule_outcome, profiles
 from consumers.capsule import CapsuleError
+from consumers.signer_checkpoints import CheckpointSigner
 from consumers.signer_ledger import (
     LEDGER_STREAM,
     LedgerEntry,
@@ -135,6 +136,7 @@ class Signer(LedgerMixin):
         self._timeout = 10.0  # a durable write unanswered this long counts as failed
         self.signed = 0
         self._progress = asyncio.Condition()
+        self.checkpoints: CheckpointSigner | None = None
 
     # -- life cycle ---------------------------------------------------------
     async def __aenter__(self) -> Signer:
@@ -158,6 +160,9 @@ class Signer(LedgerMixin):
         )
         await self._fit_durable(sc.batch * 4)
         self._task = asyncio.create_task(self._run(), name="pgw-signer")
+        # The event log's anchored heads, on to the Transparency Service (issue 20).
+        self.checkpoints = CheckpointSigner(self)
+        await self.checkpoints.start()
         log.info("signer started", kid=self.key.kid, durable=sc.durable)
         return self
 
@@ -189,6 +194,8 @@ class Signer(LedgerMixin):
         """Stop fetching, finish the batch in hand, release the subscription. Idempotent."""
         await micro.unregister(getattr(self, "_micro", None))
         self._micro = None
+        if self.checkpoints is not None:
+            await self.checkpoints.drain()
         task, self._task = self._task, None
         sub, self._sub = self._sub, None
         await stop_pull_loop(self._stopping, task, sub)

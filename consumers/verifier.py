@@ -29,6 +29,7 @@ from msgspec import Struct, field
 from consumers import capsule as capm
 from consumers import capsule_outcome as outm
 from consumers import capsule_v4, profiles, verify_v4
+from consumers import checkpoint_statement as cps
 from consumers.cose import CoseError, Sign1, TrustedKey, decode_sign1, verify_receipt, verify_sign1
 from consumers.verifier_structural import structural
 
@@ -69,7 +70,7 @@ class Result(Struct, omit_defaults=True):
     assurance: dict[str, str] | None = None  # what this verifier rederived (§13: the tier it verified)
     effect_grade: str | None = None
     profile: str | None = None  # the capsule format the statement was verified as: "2" or "4"
-    statement_type: str | None = None  # capsule_statement_type: agent_action or outcome (§3.1, §3.3)
+    statement_type: str | None = None  # capsule_statement_type: agent_action or outcome (§3.1, §3.3); checkpoint
 
 
 class _DuplicateKeyError(ValueError):
@@ -184,8 +185,12 @@ def verify_statement(
     store: Store | None = None,
     source: str | None = None,
     any_kid: Sequence[TrustedKey] = (),
+    kernel_keys: Mapping[str, Any] | None = None,
 ) -> Result:
     """Class 1 verification of one statement; never raises.
+
+    ``kernel_keys``: kid -> Ed25519 public key of the IDP kernel, to check the
+    kernel's signature inside an event-log checkpoint statement.
 
     ``any_kid``: keys the user gave explicitly (``pgw verify --key``), tried
     when the statement's ``kid`` names no trusted key: a producer chooses its
@@ -195,7 +200,7 @@ def verify_statement(
     run = _Run()
     res = Result(ok=False, source=source)
     try:
-        _verify(data, keys, dict(ts_keys or {}), store, run, res, tuple(any_kid))
+        _verify(data, keys, dict(ts_keys or {}), store, run, res, tuple(any_kid), kernel_keys)
     except Exception as e:  # noqa: BLE001 - §6: a verifier returns a result, never throws
         run.add(0, "verifier_internal_error", f"{type(e).__name__}: {e}")
     run.findings.sort(key=lambda f: f.check)  # stable: the fixed order of §6
@@ -205,7 +210,8 @@ def verify_statement(
 
 
 def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, TrustedKey],
-            store: Store | None, run: _Run, res: Result, any_kid: tuple[TrustedKey, ...]) -> None:
+            store: Store | None, run: _Run, res: Result, any_kid: tuple[TrustedKey, ...],
+            kernel_keys: Mapping[str, Any] | None = None) -> None:
     if _is_json(data):
         # A bare capsule JSON: draft -05 {#verification} "A verifier can validate a Capsule with no
         # envelope". Class 1 by format "4" rules (the reference's public vectors are such files);
@@ -244,6 +250,12 @@ def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, Trus
         except CoseError as e:
             run.add(0, e.code, e.why)
     anchored = _check_receipts(msg, ts_keys, run)
+    if cps.is_checkpoint(msg):  # the kernel's anchored log head, not a capsule (consumers.checkpoint_statement)
+        res.profile, res.statement_type = None, "checkpoint"
+        res.capsule_id = cps.statement_id(msg.payload or b"")
+        cps.verify(msg, kernel_keys, run.add)
+        res.assurance = {"attestation_mode": "anchored" if anchored else "self_attested"}
+        return
     st_type = msg.cwt_claims.get("capsule_statement_type")
     res.statement_type = st_type if isinstance(st_type, str) else None
 
@@ -473,12 +485,13 @@ def verify_many(
     ts_keys: Mapping[str, TrustedKey] | None = None,
     store: Store | None = None,
     any_kid: Sequence[TrustedKey] = (),
+    kernel_keys: Mapping[str, Any] | None = None,
 ) -> list[Result]:
     """Verify a set of statements; the set itself is the store unless one is given."""
     if store is None:
         store = Store(p for p in (payload_of(d) for _, d in items) if p is not None)
-    return [verify_statement(d, keys=keys, ts_keys=ts_keys, store=store, source=s, any_kid=any_kid)
-            for s, d in items]
+    return [verify_statement(d, keys=keys, ts_keys=ts_keys, store=store, source=s, any_kid=any_kid,
+                             kernel_keys=kernel_keys) for s, d in items]
 
 
 result_encoder = msgspec.json.Encoder()

@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from cryptography.hazmat.primitives import serialization
@@ -179,6 +179,14 @@ def trusted_keys(config: Config, extra: list[str]) -> dict[str, TrustedKey]:
     return keys
 
 
+def kernel_public_keys(config: Config) -> dict[str, Any]:
+    """The kernel's public keys in the data folder (active and retired); {} if none."""
+    try:
+        return {k.kid: k.public for k in public_keys(config.data_path, "kernel")}
+    except Exception:  # noqa: BLE001 - no folder, no keys: the check is then reported as not made
+        return {}
+
+
 def trusted_ts_keys(config: Config, extra: list[str]) -> dict[str, TsKey]:
     """Pinned TS keys, the configured one, and ``--ts-key`` (hex, PEM, JWK/JWKS file or JSON)."""
     keys = read_pinned_ts_keys(config.data_path)
@@ -221,15 +229,16 @@ async def handle_verify(args: argparse.Namespace, config: Config) -> int:
     keys = trusted_keys(config, args.key)
     explicit = [_parse_key(spec, "signer") for spec in args.key]  # tried for a producer-chosen kid
     ts_keys = trusted_ts_keys(config, args.ts_key)
+    kk = kernel_public_keys(config)  # the kernel's signature inside a checkpoint statement
     single = len(items) == 1 and not args.stream and not Path(args.paths[0]).is_dir()  # noqa: ASYNC240 - a CLI stat
     if extra_store:
         store = Store(p for p in (payload_of(d) for _, d in items + extra_store) if p is not None)
-        results = verify_many(items, keys=keys, ts_keys=ts_keys, store=store, any_kid=explicit)
+        results = verify_many(items, keys=keys, ts_keys=ts_keys, store=store, any_kid=explicit, kernel_keys=kk)
     elif single:  # one statement and no store: chain parents are reported as not checked
         results = [verify_statement(items[0][1], keys=keys, ts_keys=ts_keys, source=items[0][0],
-                                    any_kid=explicit)]
+                                    any_kid=explicit, kernel_keys=kk)]
     else:  # the set is the store
-        results = verify_many(items, keys=keys, ts_keys=ts_keys, any_kid=explicit)
+        results = verify_many(items, keys=keys, ts_keys=ts_keys, any_kid=explicit, kernel_keys=kk)
     for r in results:
         print(_enc.encode(r).decode() if args.json else format_result(r))
     bad = sum(not r.ok for r in results)

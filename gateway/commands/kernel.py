@@ -43,6 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--anchor", action="append", default=[], metavar="JSON",
         help="an anchored head kept elsewhere (a copy of {data_dir}/kernel/eventlog-anchor.json; repeatable)",
     )
+    v.add_argument(
+        "--ts-key", action="append", default=[], metavar="KEY",
+        help="Transparency Service key for the receipts of checkpoint statements in PGW_CAPSULES "
+             "(as for pgw verify; default: the pinned and configured keys)",
+    )
     v.set_defaults(handler=verify_command)
 
     m = sub.add_parser("mandate", help="dev/demo mandate JWTs for the IDP kernel")
@@ -85,18 +90,31 @@ def kernel_keys(config: Config, pem_files: list[str]) -> dict[str, Ed25519Public
 
 
 async def verify_command(args: argparse.Namespace, config: Config) -> int:
+    from consumers.checkpoint_statement import CAPSULES_STREAM, latest_anchored
+    from gateway.commands.capsules import trusted_ts_keys
     from gateway.kernel.checkpoint import check_anchor
     from gateway.kernel.eventlog import verify_stream
 
     keys = kernel_keys(config, args.pubkey)
+    ts_keys = trusted_ts_keys(config, getattr(args, "ts_key", []))
+    notes: list[str] = []
     nc = await connect(config.nats_url, creds=config.creds, name="pgw-log-verify", once=True)
     try:
         js = nc.jetstream()
         result = await verify_stream(js, config.subjects, keys, stream=args.stream, subject=args.subject)
+        # The head the Transparency Service holds (a checkpoint statement with a verified receipt).
+        outside = None
+        try:
+            outside = await latest_anchored(js, args.stream, ts_keys)
+        except Exception as e:  # noqa: BLE001 - the other anchors still count; said, not raised
+            notes.append(f"{CAPSULES_STREAM} not read: {type(e).__name__}: {e}")
+        if not ts_keys:
+            notes.append("no Transparency Service key: checkpoint statements in PGW_CAPSULES not used")
         # The chain cannot show that the log is whole: its anchored head can (checkpoint.py).
         anchor, broken = await check_anchor(
             js, keys, prefix=config.subjects.prefix, data_dir=config.data_path, stream=args.stream,
             anchor_files=[Path(a) for a in getattr(args, "anchor", [])],
+            anchored=[(CAPSULES_STREAM, outside[0], outside[1])] if outside else None,
         )
     finally:
         await nc.drain()
@@ -105,6 +123,8 @@ async def verify_command(args: argparse.Namespace, config: Config) -> int:
         result.first_break = broken
     out: dict[str, Any] = result.to_dict()
     out["anchor"] = anchor
+    if notes:
+        out["notes"] = notes
     out["stream"] = args.stream
     if args.subject:
         out["subject"] = args.subject

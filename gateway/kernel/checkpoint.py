@@ -270,8 +270,15 @@ async def check_anchor(
     data_dir: Path | None,
     stream: str,
     anchor_files: list[Path] | None = None,
+    anchored: list[tuple[str, Checkpoint, dict[str, Any]]] | None = None,
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(anchor summary, first break or None) of ``stream`` against its latest verifiable anchor."""
+    """(anchor summary, first break or None) of ``stream`` against its latest verifiable anchor.
+
+    ``anchored``: checkpoints held outside this host, already proved so by the
+    caller, as (source, checkpoint, facts): the one the Transparency Service
+    holds, with its receipt (``consumers.checkpoint_statement.latest_anchored``).
+    Of two anchors of one sequence, such a one is used, and its facts reported.
+    """
     published = [c for c in await all_published(js, prefix) if c.stream == stream]
     files = list(anchor_files or [])
     for f in files:
@@ -283,7 +290,9 @@ async def check_anchor(
         local = _read_files(files)
     except ValueError as e:
         return None, {"seq": None, "event_type": None, "problem": str(e)}
+    outside = {id(c): facts for _src, c, facts in anchored or [] if c.stream == stream}
     cands: list[tuple[str, Checkpoint]] = [(STREAM, c) for c in published] + [(f, c) for f, c in local if c.stream == stream]
+    cands += [(src, c) for src, c, _facts in anchored or [] if c.stream == stream]
     good: list[tuple[str, Checkpoint]] = []
     for src, c in cands:
         bad = c.verify(keys)
@@ -293,9 +302,11 @@ async def check_anchor(
             return None, {"seq": None, "event_type": None, "problem": f"anchor {src}: {bad}"}
     if not good:
         return None, None
-    good.sort(key=lambda sc: sc[1].seq)
+    good.sort(key=lambda sc: (sc[1].seq, id(sc[1]) in outside))
     src, latest = good[-1]
-    summary = {"seq": latest.seq, "digest": latest.digest, "ts": latest.ts, "source": src, "anchors": len(good)}
+    summary: dict[str, Any] = {"seq": latest.seq, "digest": latest.digest, "ts": latest.ts, "source": src,
+                               "anchors": len(good), **outside.get(id(latest), {})}
+    summary["sources"] = {s: max(c.seq for s2, c in good if s2 == s) for s, _c in good}  # newest seq per source
     info = await js.stream_info(stream)
     last = info.state.last_seq or 0
     first = info.state.first_seq or 0
