@@ -227,7 +227,7 @@ async def update_consumer_lag(js: JetStreamContext, consumers: list[tuple[str, s
 # Consumers whose names are safe labels. PGW_SURFACE / PGW_OUTBOUND hold one
 # durable per principal / agent, so their lag is summed into one series per
 # stream rather than a label per principal.
-_LAG_STREAMS_PER_CONSUMER = ("PGW_INBOUND", "PGW_VERDICTS", "PGW_REGISTRATION", "PGW_CAPSULES")
+_LAG_STREAMS_PER_CONSUMER = ("PGW_INBOUND", "PGW_VERDICTS", "PGW_REGISTRATION", "PGW_CAPSULES", "PGW_CHECKPOINTS")
 _LAG_STREAMS_SUMMED = ("PGW_OUTBOUND", "PGW_SURFACE")
 
 _server_refs: dict[tuple[str, int], tuple[Callable[[], None], int]] = {}

@@ -50,6 +50,12 @@ async def test_truncation_is_found_against_the_head_the_ts_holds(own_server: Any
         async with Signer(cfg, nc), Registrar(cfg, nc):
             [statement] = await until(registered, timeout=30, what="the checkpoint statement in PGW_CAPSULES")
         assert msgspec.json.decode(decode_sign1(statement).payload)["seq"] == anchored.seq
+        # Delivered again from the start (the signer's durable gone): the same statement, still held once.
+        await js.delete_consumer("PGW_CHECKPOINTS", "pgw-signer-checkpoints")
+        async with Signer(cfg, nc) as signer, Registrar(cfg, nc):
+            await until(lambda: _signed(signer), timeout=30, what="the checkpoint signed again")
+            await until(_drained(js), timeout=30, what="the registration queue drained")
+        assert await registered() == [statement]
         capsys.readouterr()
         args = argparse.Namespace(paths=[], stream=["PGW_CAPSULES"], key=[], ts_key=[], store=[], json=True)
         assert await cli.handle_verify(args, cfg) == 0
@@ -72,3 +78,13 @@ async def test_truncation_is_found_against_the_head_the_ts_holds(own_server: Any
     assert anchor["source"] == "PGW_CAPSULES" and anchor["sources"] == {"PGW_CAPSULES": anchored.seq}, anchor
     assert anchor["receipt"]["leaf"] == "payload" and anchor["receipt"]["tree_size"] >= 1, anchor
     assert "Traceback" not in err, err
+
+
+async def _signed(signer: Signer) -> bool | None:
+    return signer.checkpoints is not None and signer.checkpoints.signed >= 1 or None
+
+
+def _drained(js: Any) -> Any:
+    async def empty() -> bool | None:
+        return (await js.stream_info("PGW_REGISTRATION")).state.messages == 0 or None
+    return empty
