@@ -100,6 +100,42 @@ def verify(msg: Sign1, kernel_keys: Mapping[str, Any] | None, add: Callable[...,
 CAPSULES_STREAM = "PGW_CAPSULES"
 
 
+def anchored_by(msg: Sign1, ts_keys: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The facts of the first receipt of ``msg`` that verifies with ``ts_keys``, else None."""
+    from consumers.cose import CoseError
+    from consumers.receipts import verify_receipt
+
+    for r in msg.receipts():
+        try:
+            info = verify_receipt(r, msg.statement_bytes(), ts_keys)
+        except CoseError:
+            continue
+        return {"statement_id": statement_id(msg.payload or b""),
+                "receipt": {"kid": info.kid, "tree_size": info.tree_size, "leaf_index": info.leaf_index,
+                            "leaf": info.leaf}}
+    return None
+
+
+def kept_statement(data: bytes, ts_keys: Mapping[str, Any]) -> tuple[Checkpoint, dict[str, Any]]:
+    """A Transparent checkpoint statement kept elsewhere (``pgw log verify --anchor``); ValueError says why not."""
+    from consumers.cose import CoseError, decode_sign1
+
+    try:
+        msg = decode_sign1(data)
+    except CoseError as e:
+        raise ValueError(f"not a checkpoint statement: {e.why}") from None
+    if not is_checkpoint(msg):
+        raise ValueError(f"not a checkpoint statement (content type {msg.protected.get(3)!r})")
+    try:
+        cp = decode(msg)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ValueError(f"the statement carries no checkpoint: {e}") from None
+    facts = anchored_by(msg, ts_keys)
+    if facts is None:
+        raise ValueError("no receipt of the statement verifies with a trusted Transparency Service key")
+    return cp, facts
+
+
 async def latest_anchored(js: Any, stream: str, ts_keys: Mapping[str, Any]) -> tuple[Checkpoint, dict[str, Any]] | None:
     """The newest checkpoint of ``stream`` in ``PGW_CAPSULES`` whose TS receipt verifies, with the receipt's facts.
 
@@ -111,7 +147,6 @@ async def latest_anchored(js: Any, stream: str, ts_keys: Mapping[str, Any]) -> t
     from nats.js.errors import NotFoundError
 
     from consumers.cose import CoseError, decode_sign1
-    from consumers.receipts import verify_receipt
 
     if not ts_keys:
         return None
@@ -131,14 +166,7 @@ async def latest_anchored(js: Any, stream: str, ts_keys: Mapping[str, Any]) -> t
             cp = decode(msg)
         except (msgspec.DecodeError, msgspec.ValidationError):
             continue
-        if cp.stream != stream:
-            continue
-        for r in msg.receipts():
-            try:
-                info = verify_receipt(r, msg.statement_bytes(), ts_keys)
-            except CoseError:
-                continue
-            return cp, {"statement_id": statement_id(msg.payload or b""), "capsules_seq": seq,
-                        "receipt": {"kid": info.kid, "tree_size": info.tree_size, "leaf_index": info.leaf_index,
-                                    "leaf": info.leaf}}
+        facts = anchored_by(msg, ts_keys) if cp.stream == stream else None
+        if facts is not None:
+            return cp, {**facts, "capsules_seq": seq}
     return None

@@ -27,7 +27,8 @@ async def test_truncation_is_found_against_the_head_the_ts_holds(own_server: Any
                                                                    tmp_path: Path, capsys: Any) -> None:
     """The kernel's checkpoint is signed as a statement and registered with scittles (`pgw verify` accepts it,
     anchored); with PGW_EVENTLOG cut on disk and every local anchor gone too (PGW_CHECKPOINTS, the data folder's
-    file), `pgw log verify` reports the first cut sequence against the TS-anchored head and names it."""
+    file), `pgw log verify` reports the first cut sequence against the TS-anchored head and names it; with
+    PGW_CAPSULES cut as well, the Transparent Statement kept elsewhere (--anchor) still does."""
     from gateway.config import load_config
 
     server = await own_server()
@@ -63,6 +64,7 @@ async def test_truncation_is_found_against_the_head_the_ts_holds(own_server: Any
         [checked] = [r for r in results if r.get("statement_type") == "checkpoint"]
         assert checked["ok"] and checked["assurance"] == {"attestation_mode": "anchored"}, checked
         assert not checked.get("findings"), checked  # the kernel's signature inside was checked too
+        capsules = (await js.stream_info("PGW_CAPSULES")).state.messages
     finally:
         await nc.drain()
 
@@ -78,6 +80,17 @@ async def test_truncation_is_found_against_the_head_the_ts_holds(own_server: Any
     assert anchor["source"] == "PGW_CAPSULES" and anchor["sources"] == {"PGW_CAPSULES": anchored.seq}, anchor
     assert anchor["receipt"]["leaf"] == "payload" and anchor["receipt"]["tree_size"] >= 1, anchor
     assert "Traceback" not in err, err
+
+    # PGW_CAPSULES cut too: the Transparent Statement an auditor kept elsewhere still finds the cut.
+    (tmp_path / "kept.cose").write_bytes(statement)
+    await server.stop()
+    truncate_last(store, "PGW_CAPSULES", capsules)
+    server = await own_server()
+    rc, out, _err = await _verify(server.client_url, cfg.data_path)
+    assert rc == 0 and out["anchor"] is None, out  # nothing left on this host says how long the log was
+    rc, out, _err = await _verify(server.client_url, cfg.data_path, "--anchor", str(tmp_path / "kept.cose"))
+    assert rc == 1 and out["first_break"]["seq"] == anchored.seq - 2, out
+    assert out["anchor"]["source"] == str(tmp_path / "kept.cose") and "receipt" in out["anchor"], out
 
 
 async def _signed(signer: Signer) -> bool | None:

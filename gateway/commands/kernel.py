@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     v.add_argument(
         "--anchor", action="append", default=[], metavar="JSON",
-        help="an anchored head kept elsewhere (a copy of {data_dir}/kernel/eventlog-anchor.json; repeatable)",
+        help="an anchored head kept elsewhere: a copy of {data_dir}/kernel/eventlog-anchor.json, or a "
+             "Transparent checkpoint statement from PGW_CAPSULES (receipt checked; repeatable)",
     )
     v.add_argument(
         "--ts-key", action="append", default=[], metavar="KEY",
@@ -90,7 +91,7 @@ def kernel_keys(config: Config, pem_files: list[str]) -> dict[str, Ed25519Public
 
 
 async def verify_command(args: argparse.Namespace, config: Config) -> int:
-    from consumers.checkpoint_statement import CAPSULES_STREAM, latest_anchored
+    from consumers.checkpoint_statement import CAPSULES_STREAM, kept_statement, latest_anchored
     from gateway.commands.capsules import trusted_ts_keys
     from gateway.kernel.checkpoint import check_anchor
     from gateway.kernel.eventlog import verify_stream
@@ -98,6 +99,23 @@ async def verify_command(args: argparse.Namespace, config: Config) -> int:
     keys = kernel_keys(config, args.pubkey)
     ts_keys = trusted_ts_keys(config, getattr(args, "ts_key", []))
     notes: list[str] = []
+    json_files: list[Path] = []
+    anchored: list[tuple[str, Any, dict[str, Any]]] = []
+    bad_file: dict[str, Any] | None = None
+    for a in getattr(args, "anchor", []):
+        try:
+            data = Path(a).read_bytes()
+        except OSError:
+            json_files.append(Path(a))  # check_anchor reports it as not found
+            continue
+        if data.lstrip()[:1] == b"{":
+            json_files.append(Path(a))
+            continue
+        try:  # a checkpoint statement the TS holds, kept by the auditor
+            cp, facts = kept_statement(data, ts_keys)
+            anchored.append((a, cp, facts))
+        except ValueError as e:
+            bad_file = bad_file or {"seq": None, "event_type": None, "problem": f"anchor {a}: {e}"}
     nc = await connect(config.nats_url, creds=config.creds, name="pgw-log-verify", once=True)
     try:
         js = nc.jetstream()
@@ -111,11 +129,13 @@ async def verify_command(args: argparse.Namespace, config: Config) -> int:
         if not ts_keys:
             notes.append("no Transparency Service key: checkpoint statements in PGW_CAPSULES not used")
         # The chain cannot show that the log is whole: its anchored head can (checkpoint.py).
+        if outside:
+            anchored.append((CAPSULES_STREAM, outside[0], outside[1]))
         anchor, broken = await check_anchor(
             js, keys, prefix=config.subjects.prefix, data_dir=config.data_path, stream=args.stream,
-            anchor_files=[Path(a) for a in getattr(args, "anchor", [])],
-            anchored=[(CAPSULES_STREAM, outside[0], outside[1])] if outside else None,
+            anchor_files=json_files, anchored=anchored,
         )
+        broken = bad_file or broken
     finally:
         await nc.drain()
     if broken is not None and (result.first_break is None or (broken["seq"] or 0) < result.first_break["seq"]):
