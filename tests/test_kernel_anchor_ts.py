@@ -101,3 +101,33 @@ def _drained(js: Any) -> Any:
     async def empty() -> bool | None:
         return (await js.stream_info("PGW_REGISTRATION")).state.messages == 0 or None
     return empty
+
+
+def test_pgw_verify_names_what_is_wrong_with_a_checkpoint_statement(tmp_path: Path) -> None:
+    """A checkpoint statement verifies under the signer key with the kernel's signature inside; one whose
+    checkpoint was re-signed by another key, or whose payload is no checkpoint, fails with its own code."""
+    from consumers import checkpoint_statement as cps
+    from consumers.cose import TrustedKey, sign_statement
+    from consumers.verifier import verify_statement
+    from gateway.kernel.checkpoint import Checkpoint
+    from gateway.keys import load_or_create
+    from subjects.idp import b64url
+
+    signer, kernel, other = (load_or_create(tmp_path / r, r) for r in ("signer", "kernel", "other"))
+    keys = {signer.kid: TrustedKey(signer.kid, signer.public, role="signer")}
+
+    def checkpoint(by: Any) -> Checkpoint:
+        cp = Checkpoint(stream="PGW_EVENTLOG", seq=7, digest="ab" * 32, ts="2026-01-01T00:00:00Z", kid=kernel.kid)
+        cp.sig = b64url(by.private.sign(cp.signing_bytes()))
+        return cp
+
+    def check(statement: bytes) -> Any:
+        return verify_statement(statement, keys=keys, kernel_keys={kernel.kid: kernel.public})
+
+    good = check(cps.sign(checkpoint(kernel), signer, operator="acme", developer="pgw")[0])
+    assert good.ok and good.statement_type == "checkpoint" and not good.findings, good
+    forged = check(cps.sign(checkpoint(other), signer, operator="acme", developer="pgw")[0])
+    assert not forged.ok and [f.code for f in forged.findings] == ["checkpoint_signature"], forged
+    junk = sign_statement(b'{"seq": 7}', signer.private, signer.kid, {1: "pgw", 2: "urn:pgw:eventlog:acme:x"},
+                          cps.MEDIA_TYPE)
+    assert [f.code for f in check(junk).findings] == ["checkpoint_malformed"]
