@@ -94,7 +94,7 @@ async def test_truncation_is_found_against_the_head_the_ts_holds(own_server: Any
 
 
 async def _signed(signer: Signer) -> bool | None:
-    return signer.checkpoints is not None and signer.checkpoints.signed >= 1 or None
+    return (signer.checkpoints is not None and signer.checkpoints.signed >= 1) or None
 
 
 def _drained(js: Any) -> Any:
