@@ -190,22 +190,30 @@ def decode_sign1(data: bytes) -> Sign1:
     return Sign1(prot_b, prot, unprot, payload, sig, tagged)
 
 
-def check_headers(msg: Sign1, key: TrustedKey) -> None:
-    """Header rules checked before any signature math (RFC 9052 §3.1, §4.4)."""
+def check_common_headers(msg: Sign1, where: str = "") -> Any:
+    """The header rules every COSE_Sign1 here obeys, before any signature math (RFC 9052 §3.1, §4.4):
+    no ``alg`` or ``crit`` in the unprotected header, ``crit`` a non-empty array of understood labels,
+    ``alg`` present in the protected header. Returns that ``alg``; ``where`` prefixes the messages."""
     if ALG in msg.unprotected:
-        raise CoseError("cose_unprotected_alg", "alg must not appear in the unprotected header")
+        raise CoseError("cose_unprotected_alg", f"{where}alg must not appear in the unprotected header")
     if CRIT in msg.unprotected:
-        raise CoseError("cose_unprotected_crit", "crit must not appear in the unprotected header")
+        raise CoseError("cose_unprotected_crit", f"{where}crit must not appear in the unprotected header")
     crit = msg.protected.get(CRIT)
     if crit is not None:
         if not isinstance(crit, list) or not crit:
-            raise CoseError("cose_crit_malformed", "crit must be a non-empty array")
+            raise CoseError("cose_crit_malformed", f"{where}crit must be a non-empty array")
         unknown = [c for c in crit if c not in UNDERSTOOD]
         if unknown:
-            raise CoseError("cose_crit_unknown", f"unknown critical labels {unknown!r}")
+            raise CoseError("cose_crit_unknown", f"{where}unknown critical labels {unknown!r}")
     alg = msg.protected.get(ALG)
     if alg is None:
-        raise CoseError("cose_alg_missing", "alg must be in the protected header")
+        raise CoseError("cose_alg_missing", f"{where}alg must be in the protected header")
+    return alg
+
+
+def check_headers(msg: Sign1, key: TrustedKey) -> None:
+    """Header rules checked before any signature math (RFC 9052 §3.1, §4.4), the alg pinned to ``key``."""
+    alg = check_common_headers(msg)
     if alg != key.alg:
         # Refused before any signature math: an algorithm the key is not pinned to is unsupported
         # here, which is not the same finding as a signature that does not verify.

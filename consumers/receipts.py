@@ -50,16 +50,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from consumers.cose import (
-    ALG,
-    CONTENT_TYPE,
-    CRIT,
-    CWT_CLAIMS,
-    KID_LABEL,
     RFC9162_SHA256,
     VDP,
     VDS,
     CoseError,
     Sign1,
+    check_common_headers,
     decode_sign1,
     leaf_hash,
     root_from_path,
@@ -71,7 +67,6 @@ LeafKind = Literal["statement", "payload"]
 LEAF_KINDS: tuple[LeafKind, ...] = ("statement", "payload")
 LeafChoice = Literal["auto", "statement", "payload"]
 INCLUSION = -1  # COSE Receipts: vdp map key of inclusion proofs
-_UNDERSTOOD = frozenset({ALG, CONTENT_TYPE, KID_LABEL, CWT_CLAIMS, VDS})
 _HASHES = {ES256: (hashes.SHA256, 32), ES384: (hashes.SHA384, 48)}
 
 
@@ -110,20 +105,7 @@ def leaf_kinds(choice: str) -> tuple[LeafKind, ...]:
 
 def check_receipt_headers(r: Sign1, alg: int) -> None:
     """Header rules before any math (RFC 9052 §3.1): alg protected and pinned, no unprotected alg/crit."""
-    if ALG in r.unprotected:
-        raise CoseError("cose_unprotected_alg", "receipt: alg must not appear in the unprotected header")
-    if CRIT in r.unprotected:
-        raise CoseError("cose_unprotected_crit", "receipt: crit must not appear in the unprotected header")
-    crit = r.protected.get(CRIT)
-    if crit is not None:
-        if not isinstance(crit, list) or not crit:
-            raise CoseError("cose_crit_malformed", "receipt: crit must be a non-empty array")
-        unknown = [c for c in crit if c not in _UNDERSTOOD]
-        if unknown:
-            raise CoseError("cose_crit_unknown", f"receipt: unknown critical labels {unknown!r}")
-    got = r.protected.get(ALG)
-    if got is None:
-        raise CoseError("cose_alg_missing", "receipt: alg must be in the protected header")
+    got = check_common_headers(r, "receipt: ")
     if got not in ALG_NAMES:
         raise CoseError("receipt_alg_unsupported",
                         f"receipt alg {got!r} is not supported (EdDSA -8, ES256 -7, ES384 -35)")
