@@ -25,7 +25,7 @@ from pathlib import Path
 
 import structlog
 
-from gateway.loop import loop_name
+from pgwcore.loop import loop_name
 
 
 def discover() -> list[str]:

@@ -10,7 +10,7 @@ principal's subject, matched by envelope id):
   JetStream publishes (surface item, ``hitl_dispatched`` verdict, outcome),
   each awaiting its PubAck, the dedup settle (KV CAS), then the ack. Writes
   to one stream issued while another is in flight go out together as one
-  atomic batch (``gateway.publish.GroupCommit``); each still awaits its own
+  atomic batch (``pgwcore.publish.GroupCommit``); each still awaits its own
   storage before the envelope moves on.
 - **relay** (baseline): ``python -m benchmarks.bench_gateway relay URL`` — the
   same durable pull consumer with explicit ack on a copy of PGW_INBOUND, the
@@ -52,12 +52,12 @@ from pathlib import Path
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
-from gateway import loop as pgw_loop
-from gateway.config import Config
-from gateway.connect import connect
-from gateway.publish import GroupCommit
-from gateway.server import EmbeddedServer
-from gateway.streams import ensure_streams
+from pgwcore import loop as pgw_loop
+from pgwcore.config import Config
+from pgwcore.connect import connect
+from pgwcore.publish import GroupCommit
+from pgwcore.server import EmbeddedServer
+from pgwcore.streams import ensure_streams
 from subjects.client import BINDING_MOMENT_KIND, envelope
 
 PGW = str(Path(sys.executable).parent / "pgw")
@@ -114,7 +114,7 @@ async def ensure_relay_streams(nc: Client) -> None:
 async def relay_main(url: str, variant: str = "plain") -> None:
     """Pull, publish-with-PubAck, ack: the bare minimum with the gateway's ack semantics.
 
-    ``group-commit``: the publishes go through :class:`gateway.publish.GroupCommit`
+    ``group-commit``: the publishes go through :class:`pgwcore.publish.GroupCommit`
     (what the gateway's own writes use), so the ratio against it shows what the
     gateway costs beyond the batching both then share.
     """

@@ -40,7 +40,7 @@ from typing import Any
 
 import msgspec
 
-from gateway import loop as pgw_loop
+from pgwcore import loop as pgw_loop
 
 RATE = float(os.environ.get("PGW_BENCH_IDP_RATE", "200"))
 SECONDS = float(os.environ.get("PGW_BENCH_IDP_S", "10"))
@@ -84,7 +84,7 @@ async def _drive(send: Any, n: int, rate: float) -> tuple[list[float], float, in
 
 async def _echo_main(url: str) -> None:
     """The bare responder, in its own process: reply with the request body."""
-    from gateway.connect import connect
+    from pgwcore.connect import connect
 
     nc = await connect(url, name="bench-echo")
     stop = asyncio.Event()
@@ -108,10 +108,10 @@ async def _main() -> list[dict]:
     from nats.errors import NoRespondersError
 
     from benchmarks.bench_gateway import _start_gateway, _stop, _wait_gateway, _wait_message
-    from gateway.connect import connect
     from gateway.kernel.mandate import issue_mandate
-    from gateway.keys import kid_of
-    from gateway.server import EmbeddedServer
+    from pgwcore.connect import connect
+    from pgwcore.keys import kid_of
+    from pgwcore.server import EmbeddedServer
     from subjects.idp import Permit, kernel_result_decoder
     from subjects.util import now_rfc3339
 

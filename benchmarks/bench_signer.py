@@ -38,13 +38,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from consumers import capsule as capm
 from consumers.signer import Signer, _Head, _Job, claims_for, sign_payload
-from gateway import loop as pgw_loop
-from gateway.config import load_config
-from gateway.connect import connect
-from gateway.keys import SigningKey, kid_of
-from gateway.publish import Publisher
-from gateway.server import EmbeddedServer
-from gateway.streams import ensure_streams
+from pgwcore import loop as pgw_loop
+from pgwcore.config import load_config
+from pgwcore.connect import connect
+from pgwcore.keys import SigningKey, kid_of
+from pgwcore.publish import Publisher
+from pgwcore.server import EmbeddedServer
+from pgwcore.streams import ensure_streams
 from subjects import jcs
 from subjects.util import stable_id
 from subjects.wire import Refusal, ReportedEffect, Verdict

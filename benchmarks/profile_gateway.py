@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.bench_gateway import PRINCIPAL, Driver, System, _wait_gateway
-from gateway.config import Config
-from gateway.connect import connect
-from gateway.server import EmbeddedServer
-from gateway.streams import ensure_streams
+from pgwcore.config import Config
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
+from pgwcore.streams import ensure_streams
 
 
 async def _profile(n: int, out: Path) -> None:

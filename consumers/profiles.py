@@ -49,7 +49,7 @@ from typing import Any
 from subjects.errors import PgwError
 
 FORMATS = ("2", "4")
-DEFAULT_FORMAT = "4"  # gateway.config SignerConfig.capsule_format: the newest reference verifier's profile
+DEFAULT_FORMAT = "4"  # pgwcore.config SignerConfig.capsule_format: the newest reference verifier's profile
 # The module that defines each profile's PROFILE (imported on first use).
 MODULES = {"2": "consumers.capsule_format2", "4": "consumers.capsule_format4"}
 

@@ -69,17 +69,17 @@ from consumers.ts_keys import (
     write_pinned_ts_keys,
 )
 from consumers.verifier import payload_of
-from gateway import micro
-from gateway.logs import get_logger
-from gateway.service import stop_pull_loop
-from gateway.streams import cluster_replicas
+from pgwcore import micro
+from pgwcore.logs import get_logger
+from pgwcore.service import stop_pull_loop
+from pgwcore.streams import cluster_replicas
 from subjects.util import now_rfc3339
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.aio.msg import Msg
 
-    from gateway.config import Config
+    from pgwcore.config import Config
 
 log = get_logger("pgw.registrar")
 

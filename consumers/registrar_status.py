@@ -17,7 +17,7 @@ import msgspec
 from nats.js.errors import NotFoundError
 from prometheus_client import Counter, Gauge
 
-from gateway.metrics import REGISTRY
+from pgwcore.metrics import REGISTRY
 
 REGISTRATION_STREAM = "PGW_REGISTRATION"
 CAPSULES_STREAM = "PGW_CAPSULES"

@@ -68,15 +68,15 @@ from consumers.signer_ledger import (
     claims_for,
     sign_payload,
 )
-from gateway import micro
-from gateway.atomic import (
+from pgwcore import micro
+from pgwcore.atomic import (
     ERR_ATOMIC_DISABLED,
     MAX_BATCH,
     publish_atomic,
 )
-from gateway.keys import SigningKey, load_or_create
-from gateway.logs import get_logger
-from gateway.service import delivery, stop_pull_loop
+from pgwcore.keys import SigningKey, load_or_create
+from pgwcore.logs import get_logger
+from pgwcore.service import delivery, stop_pull_loop
 from subjects.errors import PgwError
 from subjects.wire import Verdict, verdict_decoder
 
@@ -84,7 +84,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.aio.msg import Msg
 
-    from gateway.config import Config
+    from pgwcore.config import Config
 
 log = get_logger("pgw.signer")
 

@@ -23,8 +23,8 @@ from nats.js.errors import NotFoundError
 
 from consumers import checkpoint_statement as cps
 from gateway.kernel.checkpoint import STREAM, Checkpoint, checkpoint_subject
-from gateway.logs import get_logger
-from gateway.service import stop_pull_loop
+from pgwcore.logs import get_logger
+from pgwcore.service import stop_pull_loop
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg

@@ -23,9 +23,9 @@ from consumers import capsule as cap_mod
 from consumers import profiles
 from consumers.capsule import Ledger, ledger_entry_hash
 from consumers.cose import sign_statement
-from gateway.atomic import ERR_ATOMIC_DISABLED, ERR_WRONG_LAST_SEQ, enable_atomic, publish_atomic
-from gateway.keys import SigningKey
-from gateway.streams import cluster_replicas
+from pgwcore.atomic import ERR_ATOMIC_DISABLED, ERR_WRONG_LAST_SEQ, enable_atomic, publish_atomic
+from pgwcore.keys import SigningKey
+from pgwcore.streams import cluster_replicas
 from subjects.errors import PgwError
 from subjects.wire import Verdict
 

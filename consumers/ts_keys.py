@@ -165,7 +165,7 @@ def load_ts_key(spec: str, kid: str | None = None) -> dict[str, TsKey]:
     """Keys from a configured value: Ed25519 hex, a PEM file, a JWK/JWKS file, or inline JWK/JWKS JSON."""
     s = spec.strip()
     if len(s) == 64 and all(c in "0123456789abcdefABCDEF" for c in s):
-        from gateway.keys import kid_of  # the project's kid for its own raw Ed25519 keys
+        from pgwcore.keys import kid_of  # the project's kid for its own raw Ed25519 keys
 
         pub = Ed25519PublicKey.from_public_bytes(bytes.fromhex(s))
         return {(kid or kid_of(pub)): TsKey(kid or kid_of(pub), pub, EDDSA)}

@@ -17,14 +17,14 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 
-from gateway.config import Config
-from gateway.logs import get_logger
 from gateway.moments import MomentDesk, Refused
 from gateway.pipeline import EnvelopeWorker
-from gateway.publish import Publisher
 from gateway.stages.kind import BUILTIN_KINDS, KindSpec
 from gateway.stages.state import pipeline_state
-from gateway.streams import ensure_streams
+from pgwcore.config import Config
+from pgwcore.logs import get_logger
+from pgwcore.publish import Publisher
+from pgwcore.streams import ensure_streams
 from subjects.client import ensure_agent_consumer
 from subjects.errors import SubjectError
 from subjects.wire import PendingReply, ResolveReply, resolve_request_decoder
@@ -42,7 +42,7 @@ _enc = msgspec.json.Encoder()
 # In-process parts started with the gateway: "module:Class", constructed as
 # Class(gateway), each an async context manager with ``drain()``.
 GATEWAY_PARTS: list[str] = [
-    "gateway.metrics:MetricsPart",  # issue 8: counters, nats.micro, consumer lag, /metrics
+    "gateway.metrics_part:MetricsPart",  # issue 8: counters, nats.micro, consumer lag, /metrics
     "gateway.deadletter:DeadLetters",  # issue 8: poison messages after max_deliver
     "gateway.security.part:SecurityPart",  # issue 7: Nats-Msg-Id binding, per-principal durables
     "gateway.kernel.service:KernelService",  # issue 4: IDP kernel (spec 003)

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from gateway.logs import get_logger
 from gateway.stages.kind import UNIVERSAL_KINDS
 from gateway.stages.state import pipeline_state
+from pgwcore.logs import get_logger
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg

@@ -17,9 +17,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from gateway import loop
-from gateway.config import Config, load_config
-from gateway.logs import configure_logging
+from pgwcore import loop
+from pgwcore.config import Config, load_config
+from pgwcore.logs import configure_logging
 from subjects.errors import PgwError
 
 COMMAND_MODULES: list[str] = [

@@ -33,8 +33,8 @@ import msgspec
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-from gateway import metrics
-from gateway.logs import get_logger
+from pgwcore import metrics
+from pgwcore.logs import get_logger
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import EnvelopeOutcome, Refusal, Verdict
 

@@ -29,10 +29,10 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-from gateway.logs import get_logger
-from gateway.loop import together
-from gateway.publish import KvWriter, Publisher
-from gateway.streams import ensure_kv
+from pgwcore.logs import get_logger
+from pgwcore.loop import together
+from pgwcore.publish import KvWriter, Publisher
+from pgwcore.streams import ensure_kv
 from subjects.names import Subjects
 from subjects.util import now_rfc3339, stable_id, to_rfc3339
 from subjects.wire import (

@@ -20,12 +20,12 @@ import structlog
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from gateway.logs import get_logger
-from gateway.loop import together
-from gateway.service import delivery
 from gateway.stages import contract, dedup, kind, limits, payload, redaction, route, shape, trust
 from gateway.stages.base import Ctx, Refuse, Turn
 from gateway.stages.state import pipeline_state
+from pgwcore.logs import get_logger
+from pgwcore.loop import together
+from pgwcore.service import delivery
 from subjects.errors import SubjectError
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import EnvelopeOutcome, NoticeItem, Outcome, Verdict

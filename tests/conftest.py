@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import Config, load_config
-from gateway.connect import connect
-from gateway.server import EmbeddedServer
-from gateway.streams import ensure_streams
+from pgwcore.config import Config, load_config
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
+from pgwcore.streams import ensure_streams
 
 pytest_plugins = [
     "tests.conftest_security",  # the `make security` summary table

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gateway.kernel.mandate import issue_mandate
-from gateway.keys import kid_of
+from pgwcore.keys import kid_of
 from subjects.idp import KernelResult, kernel_result_decoder
 from subjects.util import now_rfc3339
 

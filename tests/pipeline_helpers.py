@@ -12,9 +12,9 @@ from typing import Any
 import msgspec
 
 from gateway.app import Gateway
-from gateway.config import load_config
-from gateway.connect import connect
-from gateway.server import EmbeddedServer
+from pgwcore.config import load_config
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
 from subjects.client import envelope
 from subjects.util import now_rfc3339
 from subjects.wire import outcome_decoder, surface_item_decoder, verdict_decoder

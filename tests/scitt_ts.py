@@ -36,7 +36,7 @@ from consumers.cose import (
     sign_receipt,
     statement_leaf,
 )
-from gateway.keys import kid_of
+from pgwcore.keys import kid_of
 
 
 @dataclass

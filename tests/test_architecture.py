@@ -144,7 +144,7 @@ def test_circles_are_found():
 
 
 @pytest.mark.xfail(
-    reason="issue 18: gateway.app <-> pipeline <-> stages, gateway.metrics <-> micro, consumers.cose <-> receipts, "
+    reason="issue 18: gateway.app <-> pipeline <-> stages, consumers.cose <-> receipts, "
     "consumers.capsule <-> capsule_map, consumers.verifier <-> verify_v4",
     strict=True,
 )
@@ -159,19 +159,13 @@ def test_subjects_imports_nothing_above_it():
     assert _reaching(import_graph(), "subjects", (PLATFORM, "gateway", "consumers")) == []
 
 
-@pytest.mark.xfail(
-    not (ROOT / PLATFORM).is_dir(),
-    reason="issue 18: the shared platform is still inside gateway/",
-    strict=True,
-)
 def test_platform_imports_nothing_from_gateway_or_consumers():
-    """The platform every process shares imports nothing from gateway/ or consumers/ (and nothing imports it back)."""
+    """The platform every process shares imports nothing from gateway/ or consumers/."""
     graph = import_graph()
     assert any(m.split(".")[0] == PLATFORM for m in graph), f"no {PLATFORM}/ package"
     assert _reaching(graph, PLATFORM, ("gateway", "consumers")) == []
 
 
-@pytest.mark.xfail(reason="issue 18: the shared platform is still inside gateway/", strict=True)
 def test_consumers_take_the_plumbing_from_the_platform():
     """consumers/ imports no connection, server, publishing, streams, keys, logs, loop, metrics or services module from gateway/."""
     plumbing = {

@@ -1,4 +1,4 @@
-"""JetStream atomic batches (gateway/atomic.py) against a real nats-server: all or nothing."""
+"""JetStream atomic batches (pgwcore/atomic.py) against a real nats-server: all or nothing."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from nats.js.api import StorageType, StreamConfig
 from nats.js.errors import APIError, NoStreamResponseError
 
-from gateway.atomic import (
+from pgwcore.atomic import (
     ERR_ATOMIC_DISABLED,
     ERR_BATCH_DUPLICATE_MSG_ID,
     ERR_WRONG_LAST_SEQ,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import LimitsConfig
 from gateway.stages.base import Refuse
 from gateway.stages.shape import decode_body
+from pgwcore.config import LimitsConfig
 from subjects.client import Agent, envelope
 from tests.moments import GOOD_MOMENT
 from tests.stored import stored_json

@@ -30,7 +30,7 @@ from consumers.cose import (
     with_receipt,
 )
 from consumers.signer import Signer, _Head, _Job, claims_for, sign_payload
-from gateway.keys import SigningKey, kid_of
+from pgwcore.keys import SigningKey, kid_of
 from tests.test_capsule_model import design_rows, make
 
 

@@ -34,8 +34,8 @@ from consumers.signer import LEDGER_STREAM, LedgerEntry, Signer
 from consumers.verifier import Result, payload_of, verify_many, verify_statement
 from consumers.verify_v4 import check_envelope
 from gateway.app import Gateway
-from gateway.config import load_config
-from gateway.publish import Publisher
+from pgwcore.config import load_config
+from pgwcore.publish import Publisher
 from tests import refverifier
 from tests.polling import until
 from tests.stored import stored_msgs

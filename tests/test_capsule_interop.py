@@ -16,7 +16,7 @@ from consumers.cose import sig_structure
 from consumers.signer import claims_for
 from consumers.verifier import verify_statement
 from gateway.commands import capsules as cli
-from gateway.config import load_config
+from pgwcore.config import load_config
 from tests.test_capsule_cose import signing_key, trusted
 from tests.test_capsule_model import design_rows, make
 

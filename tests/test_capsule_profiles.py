@@ -9,7 +9,7 @@ import pytest
 
 from consumers import profiles
 from consumers.signer import Signer
-from gateway.config import load_config
+from pgwcore.config import load_config
 from subjects.errors import ConfigError
 
 

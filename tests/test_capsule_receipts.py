@@ -257,7 +257,7 @@ def test_readme_ts_configuration_loads() -> None:
     import re
     import tomllib
 
-    from gateway.config import load_config
+    from pgwcore.config import load_config
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     block = re.search(r"Configuring the Transparency Service.*?```toml\n(.*?)```", readme, re.S).group(1)

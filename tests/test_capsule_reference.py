@@ -13,7 +13,7 @@ from typing import Any
 from consumers.signer import Signer
 from consumers.verifier import payload_of, verify_many
 from gateway.app import Gateway
-from gateway.publish import Publisher
+from pgwcore.publish import Publisher
 from tests import refverifier
 from tests.test_capsule_model import design_rows
 from tests.test_capsule_signer import signer_keys, stream_items, wait_count

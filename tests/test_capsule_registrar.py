@@ -23,9 +23,9 @@ from consumers.signer import Signer
 from consumers.ts_keys import pinned_ts_keys_path
 from consumers.verifier import payload_of, verify_many
 from gateway.commands import capsules as cli
-from gateway.config import Config
-from gateway.metrics import REGISTRY
-from gateway.publish import Publisher
+from pgwcore.config import Config
+from pgwcore.metrics import REGISTRY
+from pgwcore.publish import Publisher
 from tests.polling import until
 from tests.scitt_ts import ScittTS
 from tests.test_capsule_model import design_rows
@@ -262,7 +262,7 @@ async def test_cli_verify_files_and_keys(tmp_path: Any, nc: Any, make_config: An
     assert await cli.handle_verify(args, config) == 0
     assert await cli.handle_keys(argparse.Namespace(rotate=None, role=None), config) == 0
     out = capsys.readouterr().out
-    from gateway.keys import public_keys
+    from pgwcore.keys import public_keys
 
     k = public_keys(config.data_path, "signer")[0]
     assert f"kid: {k.kid}" in out and k.raw_hex in out and "BEGIN PUBLIC KEY" in out and "status: active" in out

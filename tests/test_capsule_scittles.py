@@ -35,10 +35,10 @@ from consumers.signer import Signer
 from consumers.ts_keys import keys_from_jwks, pinned_ts_keys_path, read_pinned_ts_keys
 from consumers.verifier import payload_of, verify_many
 from gateway.commands import capsules as cli
-from gateway.config import Config
-from gateway.connect import connect
-from gateway.metrics import REGISTRY
-from gateway.publish import Publisher
+from pgwcore.config import Config
+from pgwcore.connect import connect
+from pgwcore.metrics import REGISTRY
+from pgwcore.publish import Publisher
 from subjects.names import VERDICT_CLASSES
 from tests.scittles_peer import Scittles, run_in_peer
 from tests.test_capsule_model import design_rows

@@ -17,9 +17,9 @@ import pytest
 from consumers.cose import TrustedKey, decode_sign1
 from consumers.signer import LEDGER_STREAM, Signer
 from consumers.verifier import payload_of, verify_many
-from gateway.config import Config
-from gateway.keys import public_keys
-from gateway.publish import Publisher
+from pgwcore.config import Config
+from pgwcore.keys import public_keys
+from pgwcore.publish import Publisher
 from subjects.wire import Verdict
 from tests.polling import until
 from tests.stored import stored_msgs

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.connect import ConnectError, connect
-from gateway.server import EmbeddedServer
+from pgwcore.connect import ConnectError, connect
+from pgwcore.server import EmbeddedServer
 
 
 @pytest.fixture

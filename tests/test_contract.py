@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nats.js.api import StreamConfig
 
-from gateway.config import load_config
-from gateway.streams import StreamConflict, ensure_streams
+from pgwcore.config import load_config
+from pgwcore.streams import StreamConflict, ensure_streams
 from subjects.errors import ConfigError, SubjectError
 from subjects.names import Subjects, principal_token
 from subjects.schemas import all_types, json_schema

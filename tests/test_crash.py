@@ -6,7 +6,7 @@ import asyncio
 from collections import Counter
 
 from gateway.app import Gateway
-from gateway.connect import connect
+from pgwcore.connect import connect
 from subjects.client import Agent
 from tests.moments import GOOD_MOMENT
 from tests.polling import until

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from gateway.connect import connect
 from gateway.kernel.checkpoint import STREAM as CHECKPOINTS
 from gateway.kernel.checkpoint import read_anchor_file
-from gateway.server import EmbeddedServer
-from gateway.streams import ensure_streams
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
+from pgwcore.streams import ensure_streams
 from subjects.idp import log_event_decoder
 from subjects.names import Subjects
 from tests.filestore import records, stream_dir, truncate_last
@@ -69,7 +69,7 @@ async def own_server(tmp_path: Path) -> Any:
 async def test_truncated_log_on_disk_is_reported_at_the_first_missing_seq(own_server: Any, tmp_path: Path) -> None:
     """The last three records of PGW_EVENTLOG cut from its file store (and its index), server restarted:
     `pgw log verify` reports the first cut sequence against the head anchored at shutdown, with no traceback."""
-    from gateway.config import load_config
+    from pgwcore.config import load_config
 
     server = await own_server()
 
@@ -108,7 +108,7 @@ async def test_truncated_log_on_disk_is_reported_at_the_first_missing_seq(own_se
 def _kernel_pem(cfg: Any) -> Path:
     from cryptography.hazmat.primitives import serialization
 
-    from gateway.keys import load_or_create
+    from pgwcore.keys import load_or_create
 
     key = load_or_create(cfg.data_path, "kernel")
     p = cfg.data_path / "kernel.pub.pem"
@@ -118,7 +118,7 @@ def _kernel_pem(cfg: Any) -> Path:
 
 async def test_same_length_edit_on_disk_is_reported_at_the_edited_seq(own_server: Any, tmp_path: Path) -> None:
     """One byte of seq 3's payload changed in the file store (same length): the break is seq 3, not seq 4."""
-    from gateway.config import load_config
+    from pgwcore.config import load_config
 
     server = await own_server()
 
@@ -173,9 +173,9 @@ def setup_kernel(make_config: Any, tmp_path: Path, nc: Any) -> Any:
 async def test_a_forked_log_is_reported_after_the_last_anchor_it_matches(own_server: Any, tmp_path: Path) -> None:
     """Anchors at 2, 4 and 6; the log rolled back on disk to 4 and appended anew with the kernel key (a chain that
     verifies on its own): `pgw log verify` reports the break at 5, the first sequence after the last anchor held."""
-    from gateway.config import load_config
     from gateway.kernel.eventlog import EventLog
-    from gateway.keys import load_or_create
+    from pgwcore.config import load_config
+    from pgwcore.keys import load_or_create
 
     server = await own_server()
     issuer = Issuer(tmp_path / "issuer")

@@ -12,8 +12,8 @@ from consumers.cose import decode_sign1
 from consumers.registrar import Registrar
 from consumers.signer import Signer
 from gateway.commands import capsules as cli
-from gateway.connect import connect
 from gateway.kernel.checkpoint import read_anchor_file
+from pgwcore.connect import connect
 from tests.filestore import truncate_last
 from tests.polling import until
 from tests.scittles_peer import Scittles
@@ -29,7 +29,7 @@ async def test_truncation_is_found_against_the_head_the_ts_holds(own_server: Any
     anchored); with PGW_EVENTLOG cut on disk and every local anchor gone too (PGW_CHECKPOINTS, the data folder's
     file), `pgw log verify` reports the first cut sequence against the TS-anchored head and names it; with
     PGW_CAPSULES cut as well, the Transparent Statement kept elsewhere (--anchor) still does."""
-    from gateway.config import load_config
+    from pgwcore.config import load_config
 
     server = await own_server()
     reg = {"ts_url": scittles.url, "backoff_base_s": 0.05, "backoff_max_s": 0.2}
@@ -110,7 +110,7 @@ def test_pgw_verify_names_what_is_wrong_with_a_checkpoint_statement(tmp_path: Pa
     from consumers.cose import TrustedKey, sign_statement
     from consumers.verifier import verify_statement
     from gateway.kernel.checkpoint import Checkpoint
-    from gateway.keys import load_or_create
+    from pgwcore.keys import load_or_create
     from subjects.idp import b64url
 
     signer, kernel, other = (load_or_create(tmp_path / r, r) for r in ("signer", "kernel", "other"))

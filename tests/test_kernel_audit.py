@@ -11,11 +11,11 @@ from typing import Any
 
 import msgspec
 
-from gateway.config import load_config
 from gateway.kernel.eventlog import check_signature
-from gateway.keys import public_keys
 from gateway.security import Party, embedded_auth
-from gateway.server import EmbeddedServer
+from pgwcore.config import load_config
+from pgwcore.keys import public_keys
+from pgwcore.server import EmbeddedServer
 from subjects.idp import LogEvent, Permit
 from tests.gauntlet.bed import flushed
 from tests.kernel_support import (

@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.commands.kernel import verify_command
-from gateway.connect import connect
 from gateway.kernel.eventlog import EventLog, verify_stream, with_signature
 from gateway.kernel.service import KernelService
-from gateway.keys import SigningKey, kid_of, load_or_create, public_keys
+from pgwcore.connect import connect
+from pgwcore.keys import SigningKey, kid_of, load_or_create, public_keys
 from subjects.idp import EnrichedDeny, LogEvent, Permit, Reject, b64url
 from subjects.util import now_rfc3339
 from tests.kernel_support import (

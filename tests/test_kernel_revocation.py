@@ -13,10 +13,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gateway.config import load_config
-from gateway.connect import connect
 from gateway.kernel.mandate import MandateError, MandateVerifier
 from gateway.kernel.service import KernelService
+from pgwcore.config import load_config
+from pgwcore.connect import connect
 from subjects.idp import Permit, Reject
 from tests.kernel_support import (
     Issuer,

@@ -13,9 +13,9 @@ import pytest
 import structlog
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from gateway.config import load_config
 from gateway.kernel.mandate import MandateError, MandateVerifier, issue_mandate
-from gateway.keys import kid_of
+from pgwcore.config import load_config
+from pgwcore.keys import kid_of
 from subjects.idp import EnrichedDeny, HemPending, Permit, Reject
 from tests.kernel_support import (
     Issuer,
@@ -366,7 +366,7 @@ async def test_traceparent_is_on_the_request_log_lines(env: Env) -> None:
     trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     rec = env.idp(1)
     body = {"mandate": env.token, "action": rec["requested_action"], "idp": rec}
-    # merge_contextvars as configured in gateway.logs: the per-request context is bound there
+    # merge_contextvars as configured in pgwcore.logs: the per-request context is bound there
     with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
         msg = await env.nc.request(f"pgw.agent.{AGENT}.idp", msgspec.json.encode(body), timeout=10,
                                    headers={"traceparent": trace})

@@ -166,9 +166,9 @@ def test_split_ignores_semicolons_in_strings_and_comments() -> None:
 
 def test_dev_issuer_trusted_only_when_configured(tmp_path: Path) -> None:
     """A mandate from `pgw mandate issue`'s dev key verifies only with kernel.trust_dev_issuer = true."""
-    from gateway.config import KernelConfig
     from gateway.kernel.mandate import DEV_ISSUER_ROLE, MandateError, MandateVerifier, issue_mandate
-    from gateway.keys import load_or_create
+    from pgwcore.config import KernelConfig
+    from pgwcore.keys import load_or_create
 
     key = load_or_create(tmp_path, DEV_ISSUER_ROLE)
     token = issue_mandate(key.private, key.kid, agent="bot", so_id=SO, principal="~alice", actions=["A"])
@@ -183,9 +183,9 @@ def test_mandate_without_so_id_is_invalid(tmp_path: Path) -> None:
     """A signed mandate lacking the so_id claim is MANDATE_INVALID."""
     import jwt
 
-    from gateway.config import KernelConfig
     from gateway.kernel.mandate import DEV_ISSUER_ROLE, MandateError, MandateVerifier
-    from gateway.keys import load_or_create
+    from pgwcore.config import KernelConfig
+    from pgwcore.keys import load_or_create
 
     key = load_or_create(tmp_path, DEV_ISSUER_ROLE)
     token = jwt.encode({"jti": "j", "sub": "bot", "principal": "alice", "actions": [], "exp": 4102444800},

@@ -1,4 +1,4 @@
-"""gateway.loop.together: asyncio.gather's answers for two awaitables, with one task fewer."""
+"""pgwcore.loop.together: asyncio.gather's answers for two awaitables, with one task fewer."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.loop import together
+from pgwcore.loop import together
 
 
 class Two:

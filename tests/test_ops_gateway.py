@@ -12,9 +12,9 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from consumers.replay import Replayer, ReplayRange
-from gateway import metrics
 from gateway.app import Gateway
 from gateway.deadletter import DeadLetters
+from pgwcore import metrics
 from subjects.client import BINDING_MOMENT_KIND, envelope
 from subjects.wire import OptionChoice, ResolveRequest
 from tests.chaos.checker import read_stream

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 
-from gateway import metrics
+from pgwcore import metrics
 from subjects.wire import BindingMoment, Hatches, MomentMeta, MomentOption, Question
 
 

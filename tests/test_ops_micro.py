@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import json
 
-from gateway import metrics
-from gateway.micro import MicroRegistration, service_name
+from pgwcore import metrics
+from pgwcore.micro import MicroRegistration, service_name
 
 
 async def _collect(nc, subject: str, want: int, timeout: float = 2.0) -> list[dict]:

@@ -80,7 +80,7 @@ async def test_vendor_kind_validated_by_its_schema(nats_server, tmp_path, nc, ve
 
 def test_vendor_kind_must_be_namespaced():
     """A configured kind outside vendor.<host>.* fails the configuration with the field named."""
-    from gateway.config import load_config
+    from pgwcore.config import load_config
 
     with pytest.raises(ConfigError) as e:
         load_config(None, pipeline={"vendor_kinds": {"prd.create": {"schema_file": "x.json"}}})
@@ -90,8 +90,8 @@ def test_vendor_kind_must_be_namespaced():
 async def test_bad_vendor_schema_fails_at_start(nats_server, tmp_path, nc):
     """A vendor kind whose schema file is not a JSON Schema fails the pipeline set-up with the field named."""
     from gateway.app import Gateway
-    from gateway.config import load_config
     from gateway.stages.state import pipeline_state
+    from pgwcore.config import load_config
 
     f = tmp_path / "bad.json"
     f.write_text(json.dumps({"type": 12}))

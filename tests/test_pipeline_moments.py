@@ -9,10 +9,10 @@ import copy
 import msgspec
 import pytest
 
-from gateway.config import LintsConfig
 from gateway.moments import HemContext
 from gateway.stages import lints
 from gateway.stages.state import pipeline_state
+from pgwcore.config import LintsConfig
 from subjects.client import Surface
 from subjects.wire import (
     BindingMoment,

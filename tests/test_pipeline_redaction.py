@@ -79,7 +79,7 @@ def test_redactor_leaves_clean_text_alone():
 
 def test_short_secret_in_config_fails_at_start():
     """A configured secret shorter than 4 characters fails the configuration with the field named."""
-    from gateway.config import load_config
+    from pgwcore.config import load_config
     from subjects.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:

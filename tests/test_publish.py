@@ -7,9 +7,9 @@ import copy
 
 from nats.js.errors import KeyWrongLastSequenceError
 
-from gateway import metrics
-from gateway.publish import ATOMIC_MIN, MAX_INFLIGHT, KvWriter, Publisher
-from gateway.streams import ensure_kv, ensure_streams, stream_plans
+from pgwcore import metrics
+from pgwcore.publish import ATOMIC_MIN, MAX_INFLIGHT, KvWriter, Publisher
+from pgwcore.streams import ensure_kv, ensure_streams, stream_plans
 from subjects.names import Subjects
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import Verdict

@@ -19,14 +19,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.config import LimitsConfig
 from gateway.security import msgid
-from gateway.security.identity import CredentialsError, read_creds
 from gateway.security.text import hidden_controls
 from gateway.stages.base import Refuse
 from gateway.stages.moment_grammar import check_binding_moment
 from gateway.stages.redaction import MARK, Redactor
 from gateway.stages.shape import decode_body
+from pgwcore.config import LimitsConfig
+from pgwcore.identity import CredentialsError, read_creds
 from subjects.errors import SubjectError
 from subjects.names import Subjects
 from subjects.wire import (

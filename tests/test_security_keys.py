@@ -13,13 +13,13 @@ import pytest
 import structlog
 from cryptography.hazmat.primitives import serialization
 
-from gateway import keys
 from gateway.cli import build_parser, config_from_args
-from gateway.config import load_config
-from gateway.connect import connect
 from gateway.security import CredentialsError, Party, embedded_auth, read_creds, rotate_creds
-from gateway.security.identity import creds_connect_options, new_seed, public_of
-from gateway.server import EmbeddedServer
+from pgwcore import keys
+from pgwcore.config import load_config
+from pgwcore.connect import connect
+from pgwcore.identity import creds_connect_options, new_seed, public_of
+from pgwcore.server import EmbeddedServer
 
 pytestmark = pytest.mark.security
 # A user seed is one 58-character token "SU..."; a public user key is 56 ("U..."),

@@ -28,12 +28,12 @@ import pytest
 import pytest_asyncio
 from nats.js.api import ConsumerConfig
 
-from gateway.config import Config, load_config
-from gateway.connect import connect
 from gateway.security import Party, agent_durable, embedded_auth, principal_durable
 from gateway.security.part import ensure_principal_consumer
-from gateway.server import EmbeddedServer
-from gateway.streams import ensure_streams
+from pgwcore.config import Config, load_config
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
+from pgwcore.streams import ensure_streams
 from subjects.client import ensure_agent_consumer
 from tests.gauntlet.bed import flushed
 
@@ -410,7 +410,7 @@ async def test_anonymous_and_unknown_keys_are_refused(bed: Bed, security_table, 
     """A connection without credentials, or with an nkey not in the block, is refused at connect."""
     with pytest.raises(Exception, match=r"(?i)authorization"):
         await nats.connect(bed.server.client_url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
-    from gateway.security.identity import load_or_create_creds
+    from pgwcore.identity import load_or_create_creds
 
     stranger = load_or_create_creds(tmp_path / "other", Party("agent", "a1"))  # same name, different key
     with pytest.raises(Exception, match=r"(?i)authorization"):

@@ -24,11 +24,11 @@ import pytest_asyncio
 
 from consumers.replay import Replayer, ReplayRange
 from consumers.tail import tail
-from gateway.config import Config, load_config
 from gateway.security import Party, agent_durable, embedded_auth, principal_durable
 from gateway.security.part import ensure_principal_consumer
-from gateway.server import EmbeddedServer
-from gateway.streams import ensure_streams
+from pgwcore.config import Config, load_config
+from pgwcore.server import EmbeddedServer
+from pgwcore.streams import ensure_streams
 from subjects.client import ensure_agent_consumer
 from tests.gauntlet.bed import flushed
 from tests.test_security_matrix import WAIT, Conn, open_conn

@@ -21,10 +21,10 @@ import pytest
 import pytest_asyncio
 
 from gateway.commands.up import browser_origins
-from gateway.config import load_config
-from gateway.connect import connect
 from gateway.security import Party, embedded_auth
-from gateway.server import EmbeddedServer
+from pgwcore.config import load_config
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
 from subjects.errors import ConfigError
 from tests.gauntlet.bed import flushed
 from tests.pipeline_helpers import running_gateway

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from nats.aio.msg import Msg
 
-from gateway.service import delivery
+from pgwcore.service import delivery
 
 REPLIES = [
     "$JS.ACK.PGW_INBOUND.pgw-gateway.1.12345.67.1763780000000000000.17",  # the usual (v1) form

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gateway.config import LimitsConfig
 from gateway.stages import shape
 from gateway.stages.base import Refuse
+from pgwcore.config import LimitsConfig
 from subjects.client import BINDING_MOMENT_KIND, envelope
 from tests.moments import GOOD_MOMENT
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.server import EmbeddedServer
+from pgwcore.server import EmbeddedServer
 from subjects.client import Agent
 from subjects.wire import OptionChoice, ResolutionOutcome
 

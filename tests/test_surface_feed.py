@@ -18,8 +18,8 @@ import pytest
 
 from consumers.surfaces.feed import ConnectionWatch, SurfaceFeed, connect_principal
 from consumers.surfaces.model import DecisionPlan, WithdrawPlan, plan_item
-from gateway.connect import connect
-from gateway.server import EmbeddedServer
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
 from subjects.client import Agent
 from subjects.wire import OptionChoice
 

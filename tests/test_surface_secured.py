@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from gateway.app import Gateway
-from gateway.config import load_config
-from gateway.connect import connect
 from gateway.security import embedded_auth
-from gateway.security.identity import Party
-from gateway.server import EmbeddedServer
+from pgwcore.config import load_config
+from pgwcore.connect import connect
+from pgwcore.identity import Party
+from pgwcore.server import EmbeddedServer
 from subjects.client import Agent
 from subjects.wire import EnvelopeOutcome, OptionChoice, ResolutionOutcome
 

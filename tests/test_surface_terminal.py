@@ -19,8 +19,8 @@ from typing import Any
 import pexpect
 import pytest
 
-from gateway.connect import connect
-from gateway.server import EmbeddedServer
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
 from subjects.client import Agent
 from subjects.wire import (
     DialogueVeto,

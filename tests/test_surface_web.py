@@ -21,8 +21,8 @@ import pytest
 
 from consumers.surfaces.model import plan_item, plan_to_builtins
 from consumers.surfaces.web import WebSurfaceServer
-from gateway.connect import connect
-from gateway.server import EmbeddedServer
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
 from subjects.client import Agent
 from subjects.wire import FreeTextAnswer, OptionChoice, ResolutionOutcome
 

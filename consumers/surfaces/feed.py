@@ -27,8 +27,8 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from gateway.logs import get_logger
-from gateway.security.identity import creds_connect_options, read_creds
+from pgwcore.identity import creds_connect_options, read_creds
+from pgwcore.logs import get_logger
 from subjects.errors import PgwError
 from subjects.names import Subjects, principal_token
 from subjects.util import now_rfc3339, parse_rfc3339

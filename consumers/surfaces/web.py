@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.logs import get_logger
+from pgwcore.logs import get_logger
 from subjects.names import principal_token
 
 log = get_logger("pgw.surface-web")

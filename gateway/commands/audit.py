@@ -21,8 +21,8 @@ import msgspec
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from gateway.config import Config
-from gateway.connect import connect
+from pgwcore.config import Config
+from pgwcore.connect import connect
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +49,7 @@ def _load_private(path: str) -> Any:
 async def revoke_command(args: argparse.Namespace, config: Config) -> int:
     from gateway.kernel.mandate import DEV_ISSUER_ROLE
     from gateway.kernel.revocation import sign_revocation
-    from gateway.keys import kid_of, load_or_create
+    from pgwcore.keys import kid_of, load_or_create
     from subjects.kernelops import RevokeRequest, revoke_reply_decoder, revoke_subject
 
     if args.key:

@@ -24,12 +24,12 @@ from consumers.registrar import Registrar, load_ts_key, read_pinned_ts_keys
 from consumers.signer import LEDGER_STREAM, Signer
 from consumers.verifier import Result, Store, open_items, payload_of, verify_many, verify_statement
 from gateway.commands.run_gateway import stop_event
-from gateway.config import Config
-from gateway.connect import connect
-from gateway.keys import kid_of, public_keys, rotate
-from gateway.logs import get_logger
-from gateway.service import run_services
-from gateway.streams import ensure_streams
+from pgwcore.config import Config
+from pgwcore.connect import connect
+from pgwcore.keys import kid_of, public_keys, rotate
+from pgwcore.logs import get_logger
+from pgwcore.service import run_services
+from pgwcore.streams import ensure_streams
 from subjects.errors import PgwError
 
 if TYPE_CHECKING:

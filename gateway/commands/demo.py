@@ -15,10 +15,10 @@ from pathlib import Path
 
 import msgspec
 
-from gateway.config import Config
-from gateway.connect import connect
-from gateway.server import EmbeddedServer
-from gateway.streams import ensure_streams
+from pgwcore.config import Config
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
+from pgwcore.streams import ensure_streams
 from subjects.client import Agent, Surface
 from subjects.wire import BindingMomentItem, OptionChoice
 

@@ -25,8 +25,8 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from gateway.config import Config
-from gateway.connect import connect
+from pgwcore.config import Config
+from pgwcore.connect import connect
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def kernel_keys(config: Config, pem_files: list[str]) -> dict[str, Ed25519PublicKey]:
-    from gateway.keys import kid_of, public_keys
+    from pgwcore.keys import kid_of, public_keys
 
     if pem_files:
         out = {}
@@ -156,7 +156,7 @@ async def verify_command(args: argparse.Namespace, config: Config) -> int:
 
 async def issue_command(args: argparse.Namespace, config: Config) -> int:
     from gateway.kernel.mandate import DEV_ISSUER_ROLE, issue_mandate
-    from gateway.keys import load_or_create
+    from pgwcore.keys import load_or_create
 
     key = load_or_create(config.data_path, DEV_ISSUER_ROLE)
     token = issue_mandate(
@@ -176,7 +176,7 @@ async def issue_command(args: argparse.Namespace, config: Config) -> int:
 
 async def pubkey_command(args: argparse.Namespace, config: Config) -> int:
     from gateway.kernel.mandate import DEV_ISSUER_ROLE
-    from gateway.keys import load_or_create
+    from pgwcore.keys import load_or_create
 
     key = load_or_create(config.data_path, DEV_ISSUER_ROLE)
     pem = key.public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()

@@ -16,8 +16,8 @@ from datetime import UTC, datetime, timedelta
 
 from consumers.replay import GATEWAY, Replayer, ReplayError, ReplayRange, format_action
 from consumers.tail import string_redactor, tail
-from gateway.config import Config
-from gateway.connect import connect
+from pgwcore.config import Config
+from pgwcore.connect import connect
 from subjects.util import parse_rfc3339
 
 

@@ -7,10 +7,10 @@ import asyncio
 import signal
 
 from gateway.app import Gateway
-from gateway.config import Config
-from gateway.connect import connect
-from gateway.logs import get_logger
-from gateway.service import run_services
+from pgwcore.config import Config
+from pgwcore.connect import connect
+from pgwcore.logs import get_logger
+from pgwcore.service import run_services
 
 log = get_logger("pgw.cli")
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from gateway.config import Config
+from pgwcore.config import Config
 from subjects.schemas import all_types, json_schema
 
 

@@ -16,8 +16,8 @@ import sys
 
 import msgspec
 
-from gateway.config import Config
 from gateway.security import Party, embedded_auth, read_creds, rotate_creds
+from pgwcore.config import Config
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from gateway.config import Config
-from gateway.connect import connect
-from gateway.streams import ensure_streams, stream_plans
+from pgwcore.config import Config
+from pgwcore.connect import connect
+from pgwcore.streams import ensure_streams, stream_plans
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from subjects.names import principal_token
 
 if TYPE_CHECKING:
-    from gateway.config import Config
+    from pgwcore.config import Config
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

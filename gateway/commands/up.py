@@ -15,12 +15,12 @@ import sys
 import msgspec
 
 from gateway.commands.run_gateway import stop_event
-from gateway.config import Config
-from gateway.connect import connect
-from gateway.logs import get_logger
-from gateway.server import EmbeddedServer
-from gateway.service import UP_SERVICES, load_factory, run_services
-from gateway.streams import ensure_streams
+from pgwcore.config import Config
+from pgwcore.connect import connect
+from pgwcore.logs import get_logger
+from pgwcore.server import EmbeddedServer
+from pgwcore.service import UP_SERVICES, load_factory, run_services
+from pgwcore.streams import ensure_streams
 
 log = get_logger("pgw.up")
 

@@ -37,7 +37,7 @@ import msgspec
 
 from gateway.kernel.checkpoint import read_anchor_file
 from gateway.kernel.eventlog import STREAM, _iter_stream
-from gateway.logs import get_logger
+from pgwcore.logs import get_logger
 from subjects.idp import log_event_decoder
 from subjects.kernelops import AuditReply, audit_request_decoder
 from subjects.util import now_rfc3339, stable_id

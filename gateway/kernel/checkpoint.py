@@ -39,9 +39,9 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from prometheus_client import Counter
 
-from gateway.keys import SigningKey
-from gateway.logs import get_logger
-from gateway.metrics import REGISTRY
+from pgwcore.keys import SigningKey
+from pgwcore.logs import get_logger
+from pgwcore.metrics import REGISTRY
 from subjects import jcs
 from subjects.idp import b64url, log_event_decoder
 

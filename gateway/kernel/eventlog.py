@@ -1,9 +1,9 @@
 """The kernel's event log: signed, hash-chained, on stream ``PGW_EVENTLOG``.
 
 spec 003 §5.3 and §8.2: every event is kernel-signed (Ed25519, the
-``kernel`` key of ``gateway.keys``) and committed to the log, and the
+``kernel`` key of ``pgwcore.keys``) and committed to the log, and the
 IDP_SUBMITTED event is acknowledged by the server before Cedar runs. The
-stream denies delete and purge (``gateway.streams``).
+stream denies delete and purge (``pgwcore.streams``).
 
 The whole stream is one hash chain: each event carries the stream sequence
 and the digest of the event before it. Several gateway instances append to
@@ -35,9 +35,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError
 
-from gateway.atomic import ERR_WRONG_LAST_SEQ, send_acked
-from gateway.keys import SigningKey
-from gateway.logs import get_logger
+from pgwcore.atomic import ERR_WRONG_LAST_SEQ, send_acked
+from pgwcore.keys import SigningKey
+from pgwcore.logs import get_logger
 from subjects import jcs
 from subjects.errors import PgwError
 from subjects.idp import GENESIS_DIGEST, LogEvent, b64url, log_event_decoder

@@ -23,7 +23,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from gateway.config import KernelConfig
+from pgwcore.config import KernelConfig
 from subjects.errors import ConfigError, PgwError
 from subjects.names import TOKEN_RE
 
@@ -87,7 +87,7 @@ class MandateVerifier:
         self.cfg = cfg
         self.keys: dict[str, Any] = {kid: _load_key(kid, v) for kid, v in cfg.issuers.items()}
         if cfg.trust_dev_issuer and data_dir is not None:
-            from gateway.keys import load_or_create
+            from pgwcore.keys import load_or_create
 
             k = load_or_create(data_dir, DEV_ISSUER_ROLE)
             self.keys.setdefault(k.kid, k.public)

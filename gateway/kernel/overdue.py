@@ -34,8 +34,8 @@ from typing import Any
 import msgspec
 from nats.js.errors import KeyNotFoundError, NoKeysError
 
-from gateway.logs import get_logger
-from gateway.streams import ensure_kv
+from pgwcore.logs import get_logger
+from pgwcore.streams import ensure_kv
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import Refusal, Verdict
 

@@ -31,8 +31,8 @@ import jwt
 import msgspec
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from gateway.logs import get_logger
-from gateway.streams import ensure_kv
+from pgwcore.logs import get_logger
+from pgwcore.streams import ensure_kv
 from subjects.kernelops import RevokeReply, revoke_request_decoder, revoke_subject
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import Refusal

@@ -43,9 +43,9 @@ from gateway.kernel.policy import PolicyEngine, entity_uid, idp_context
 from gateway.kernel.received import commit_received, commit_refused
 from gateway.kernel.revocation import Revocations
 from gateway.kernel.state import ConflictError, IdpEntry, KernelState, SessionEntry, bump_step
-from gateway.keys import load_or_create
-from gateway.logs import get_logger
-from gateway.metrics import LATENCY, REGISTRY
+from pgwcore.keys import load_or_create
+from pgwcore.logs import get_logger
+from pgwcore.metrics import LATENCY, REGISTRY
 from subjects import jcs
 from subjects.errors import SubjectError
 from subjects.idp import (

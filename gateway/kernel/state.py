@@ -30,8 +30,8 @@ from msgspec import Struct, field
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-from gateway.logs import get_logger
-from gateway.streams import ensure_kv
+from pgwcore.logs import get_logger
+from pgwcore.streams import ensure_kv
 from subjects.errors import PgwError
 from subjects.idp import log_event_decoder
 from subjects.util import stable_id

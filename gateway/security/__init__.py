@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.security.identity import (
+from gateway.security.permissions import (
+    JS_BYPASS_DENY,
+    Permissions,
+    agent_durable,
+    permissions_for,
+    principal_durable,
+)
+from pgwcore.identity import (
     SERVICE_NAMES,
     Credentials,
     CredentialsError,
@@ -25,17 +32,10 @@ from gateway.security.identity import (
     rotate_creds,
     write_private,
 )
-from gateway.security.permissions import (
-    JS_BYPASS_DENY,
-    Permissions,
-    agent_durable,
-    permissions_for,
-    principal_durable,
-)
 from subjects.names import principal_token
 
 if TYPE_CHECKING:
-    from gateway.config import Config
+    from pgwcore.config import Config
 
 __all__ = [
     "JS_BYPASS_DENY",

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gateway.security.identity import Party
 from gateway.security.permissions import (
     OUTBOUND_STREAM,
     SURFACE_STREAM,
@@ -28,6 +27,7 @@ from gateway.security.permissions import (
     permissions_for,
     principal_durable,
 )
+from pgwcore.identity import Party
 
 
 def subject_matches(pattern: str, subject: str) -> bool:

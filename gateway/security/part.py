@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway.logs import get_logger
 from gateway.security import msgid, parties
 from gateway.security.permissions import SURFACE_STREAM, principal_durable
 from gateway.stages import shape
+from pgwcore.logs import get_logger
 from subjects.client import ensure_agent_consumer, ensure_pull_durable
 
 if TYPE_CHECKING:

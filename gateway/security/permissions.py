@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.security.identity import Party
+from pgwcore.identity import Party
 from subjects.client import outcome_durable
 from subjects.names import principal_token
 
-# Stream names are fixed by the contract (gateway/streams.py), whatever the prefix.
+# Stream names are fixed by the contract (pgwcore/streams.py), whatever the prefix.
 OUTBOUND_STREAM = "PGW_OUTBOUND"
 SURFACE_STREAM = "PGW_SURFACE"
 
@@ -133,7 +133,7 @@ def service_permissions(prefix: str, name: str) -> Permissions:
     own = Party("service", name)
     common = Permissions(
         pub_allow=_SERVICE_COMMON_PUB,
-        # $SRV.> and ops.{name}.status: nats.micro registration (gateway/micro.py, issue 8).
+        # $SRV.> and ops.{name}.status: nats.micro registration (pgwcore/micro.py, issue 8).
         sub_allow=(f"{own.inbox_prefix}.>", "$SRV.>", f"{prefix}.ops.{name}.status"),
         allow_responses=True,
     )
@@ -231,7 +231,7 @@ def ops_permissions(prefix: str, name: str) -> Permissions:
         pub_allow=(
             *OPS_JS_READS,
             f"{prefix}.capabilities",
-            # nats.micro discovery of the services (gateway/micro.py): ping, info, stats.
+            # nats.micro discovery of the services (pgwcore/micro.py): ping, info, stats.
             "$SRV.PING", "$SRV.PING.>", "$SRV.INFO", "$SRV.INFO.>", "$SRV.STATS", "$SRV.STATS.>",
             # An operator may revoke a mandate: the request is signed by a revoker key and
             # checked by the kernel (gateway/kernel/revocation.py), so this grants no authority.

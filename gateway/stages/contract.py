@@ -15,9 +15,9 @@ limits it to what this host supports).
 
 from __future__ import annotations
 
-from gateway.logs import get_logger
 from gateway.stages.base import Ctx, Refuse
 from gateway.stages.kind import UNIVERSAL_KINDS
+from pgwcore.logs import get_logger
 from subjects.wire import Detail
 
 CODE = "envelope_contract_violation"

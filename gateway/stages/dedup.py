@@ -38,8 +38,8 @@ from typing import Any, Literal
 import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-from gateway.logs import get_logger
 from gateway.stages.base import Ctx, Refuse
+from pgwcore.logs import get_logger
 from subjects.wire import Detail, EnvelopeOutcome, Outcome
 
 log = get_logger("pgw.dedup")

@@ -33,8 +33,8 @@ import msgspec
 from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-from gateway.logs import get_logger
 from gateway.stages.base import Ctx, Refuse
+from pgwcore.logs import get_logger
 from subjects.wire import BindingMoment, BindingMomentItem, Detail, DialogueVeto
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ async def remember_resolution(gw: Gateway, st: PipelineState, rec: MomentRecord)
     kind = rec.resolution.__struct_config__.tag
     st.stats.resolutions[(rec.agent, dc)] += 1
     try:
-        from gateway import metrics
+        from pgwcore import metrics
 
         metrics.count_resolution(rec.agent, dc, str(kind))
     except ImportError:  # pragma: no cover

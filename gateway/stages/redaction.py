@@ -48,7 +48,6 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from gateway.logs import get_logger
 from gateway.security.encoded import decodings, encoded_marks, may_hold_encoding
 from gateway.security.skeleton import (
     MARK,
@@ -67,6 +66,7 @@ from gateway.security.skeleton import (
 )
 from gateway.security.text import may_hide, visible
 from gateway.stages.base import Ctx, Refuse
+from pgwcore.logs import get_logger
 from subjects.wire import Detail
 
 log = get_logger("pgw.redaction")

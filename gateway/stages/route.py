@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from gateway.logs import get_logger
 from gateway.stages import authorization as authz
 from gateway.stages import dualveto
 from gateway.stages.base import Ctx, Refuse
+from pgwcore.logs import get_logger
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import (
     AuthorizationItem,

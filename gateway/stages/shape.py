@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 
-from gateway.config import LimitsConfig
 from gateway.stages.base import Ctx, Refuse
+from pgwcore.config import LimitsConfig
 from subjects.util import now_rfc3339
 from subjects.wire import AIEnvelope, Detail, EnvelopeMeta
 

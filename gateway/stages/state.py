@@ -7,7 +7,7 @@
   clarification round counters, dialogue vetoes), shared by every gateway
   instance and surviving restarts;
 - the spec 000 §6.9/§12.2/§12.3 counters (also exported to Prometheus where
-  ``gateway.metrics`` counts them), kept here so they are testable per gateway;
+  ``pgwcore.metrics`` counts them), kept here so they are testable per gateway;
 - the desk hook that remembers a question-space veto (spec 000 §7.2).
 """
 
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.logs import get_logger
-from gateway.publish import KvWriter
 from gateway.stages.kind import KindSpec
 from gateway.stages.redaction import Redactor
-from gateway.streams import ensure_kv
+from pgwcore.logs import get_logger
+from pgwcore.publish import KvWriter
+from pgwcore.streams import ensure_kv
 from subjects.errors import ConfigError
 
 if TYPE_CHECKING:

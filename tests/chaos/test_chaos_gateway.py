@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import Config
-from gateway.connect import connect
-from gateway.server import EmbeddedServer
-from gateway.streams import ensure_streams
+from pgwcore.config import Config
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
+from pgwcore.streams import ensure_streams
 from tests.chaos.checker import check_streams
 from tests.chaos.harness import (
     Load,

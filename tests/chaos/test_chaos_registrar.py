@@ -27,9 +27,9 @@ import pytest
 from consumers.signer import Signer
 from consumers.ts_keys import read_pinned_ts_keys
 from consumers.verifier import payload_of, verify_many
-from gateway.config import Config
-from gateway.publish import Publisher
-from gateway.server import EmbeddedServer
+from pgwcore.config import Config
+from pgwcore.publish import Publisher
+from pgwcore.server import EmbeddedServer
 from tests.chaos.harness import ServiceProc, env_int
 from tests.polling import until
 from tests.scittles_peer import Scittles

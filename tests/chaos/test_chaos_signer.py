@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.server import EmbeddedServer
+from pgwcore.server import EmbeddedServer
 from tests.chaos.checker import capsule_verdict_ids, check_streams
 from tests.chaos.harness import (
     Load,

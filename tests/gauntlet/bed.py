@@ -17,10 +17,10 @@ from typing import Any
 import msgspec
 
 from gateway.app import Gateway
-from gateway.config import Config, load_config
-from gateway.connect import connect
 from gateway.security import EmbeddedAuth, Party, embedded_auth
-from gateway.server import EmbeddedServer
+from pgwcore.config import Config, load_config
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
 from subjects.client import Agent, Surface
 from subjects.wire import Verdict, verdict_decoder
 

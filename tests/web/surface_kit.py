@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway.app import Gateway
-from gateway.config import load_config
-from gateway.connect import connect
-from gateway.server import EmbeddedServer
+from pgwcore.config import load_config
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
 from subjects.client import Agent
 
 REPO = Path(__file__).resolve().parents[2]

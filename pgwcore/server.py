@@ -215,7 +215,7 @@ class EmbeddedServer:
         creds = os.environ.get("PGW_HEALTH_CREDS")
         if not creds:
             return {"error_cb": quiet}
-        from gateway.security.identity import creds_connect_options  # JWT .creds or a pgw nkey file
+        from pgwcore.identity import creds_connect_options  # JWT .creds or a pgw nkey file
 
         return {"error_cb": quiet, **creds_connect_options(creds)}
 

@@ -9,7 +9,7 @@ to their requester (DESIGN §7 "each user gets its own inbox prefix").
 The credentials file is a *decorated nkey seed*: the seed between the usual
 ``BEGIN USER NKEY SEED`` markers plus ``#`` header lines naming the party and
 its inbox prefix. ``nats --nkey FILE`` reads it as is (the Go nkeys parser
-picks the ``SU...`` line), and ``gateway.connect.connect`` reads the inbox
+picks the ``SU...`` line), and ``pgwcore.connect.connect`` reads the inbox
 prefix from the header. Files are created 0600 in a 0700 folder and their
 content is never logged.
 """

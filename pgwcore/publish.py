@@ -32,9 +32,9 @@ import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 
-from gateway import metrics
-from gateway.atomic import ERR_ATOMIC_DISABLED, ERR_WRONG_LAST_SEQ, publish_acked, publish_atomic
-from gateway.logs import get_logger
+from pgwcore import metrics
+from pgwcore.atomic import ERR_ATOMIC_DISABLED, ERR_WRONG_LAST_SEQ, publish_acked, publish_atomic
+from pgwcore.logs import get_logger
 from subjects.names import Subjects
 from subjects.wire import Outcome, SurfaceItem, Verdict
 

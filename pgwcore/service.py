@@ -18,13 +18,13 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.logs import get_logger
+from pgwcore.logs import get_logger
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.aio.msg import Msg
 
-    from gateway.config import Config
+    from pgwcore.config import Config
 
 log = get_logger("pgw.service")
 

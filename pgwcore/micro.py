@@ -3,7 +3,7 @@
 Each service (gateway, signer, registrar) registers under its name, so that
 ``nats micro ls`` / ``nats micro info pgw-gateway`` find every running instance
 through ``$SRV.PING``, ``$SRV.INFO`` and ``$SRV.STATS``. The STATS reply carries
-the service's own counters in ``data`` (read from ``gateway.metrics``), so an
+the service's own counters in ``data`` (read from ``pgwcore.metrics``), so an
 operator without Prometheus still sees what each instance has done.
 
 Usage, inside a service's ``__aenter__``::
@@ -23,8 +23,8 @@ from nats.aio.client import Client
 from nats.micro import Request
 from nats.micro.service import EndpointStats, Service, ServiceConfig
 
-from gateway import metrics
-from gateway.logs import get_logger
+from pgwcore import metrics
+from pgwcore.logs import get_logger
 
 log = get_logger("pgw.micro")
 
@@ -37,7 +37,7 @@ def service_name(role: str) -> str:
 
 
 def _counters() -> dict[str, float]:
-    """Totals of the counters in ``gateway.metrics`` (summed over labels), for STATS ``data``."""
+    """Totals of the counters in ``pgwcore.metrics`` (summed over labels), for STATS ``data``."""
     out: dict[str, float] = {}
     for family in metrics.REGISTRY.collect():
         if family.type != "counter":

@@ -7,7 +7,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client
 
-from gateway.logs import get_logger
+from pgwcore.logs import get_logger
 from subjects.errors import PgwError
 
 log = get_logger("pgw.nats")
@@ -54,7 +54,7 @@ async def connect(url: str, *, creds: str | None = None, name: str = "pgw", once
     }
     if creds:
         # A JWT .creds file, or the nkey-seed file `pgw creds` writes (with its inbox prefix).
-        from gateway.security.identity import creds_connect_options
+        from pgwcore.identity import creds_connect_options
 
         opts.update(creds_connect_options(creds))
     opts.update(kw)

@@ -18,7 +18,7 @@ from nats.js.api import (
 )
 from nats.js.errors import NotFoundError
 
-from gateway.atomic import enable_atomic
+from pgwcore.atomic import enable_atomic
 from subjects.errors import PgwError
 from subjects.names import Subjects
 
@@ -67,7 +67,7 @@ def stream_plans(subjects: Subjects, *, replicas: int = 1, duplicate_window_s: f
             [subjects.all_agents("envelope"), subjects.all_agents("transition")],
             max_age=7 * DAY,
         ),
-        # allow_atomic: the gateway's group commit (gateway.publish) and the signer's capsule
+        # allow_atomic: the gateway's group commit (pgwcore.publish) and the signer's capsule
         # batches (consumers.signer) write these in atomic batches.
         cfg("PGW_OUTBOUND", [subjects.all_agents("outcome")], max_age=30 * DAY, allow_atomic=True),
         cfg("PGW_SURFACE", [subjects.all_principals("surface")], max_age=30 * DAY, allow_atomic=True),
@@ -158,7 +158,7 @@ async def ensure_kv(
 
     ``replicas=None`` adopts the deployment's count (``cluster_replicas``).
     ``atomic``: the bucket's stream also takes atomic batches (the gateway's
-    group commit, ``gateway.publish.KvWriter``), added to an existing bucket
+    group commit, ``pgwcore.publish.KvWriter``), added to an existing bucket
     as an additive update.
     """
     from nats.js.api import KeyValueConfig

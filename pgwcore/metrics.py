@@ -112,7 +112,7 @@ _LABEL_OK = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
 @functools.lru_cache(maxsize=4096)
-def _child(metric: Any, *values: str) -> Any:
+def child(metric: Any, *values: str) -> Any:
     """``metric.labels(*values)``, looked up once per label set (it costs a lock and a
     few dict operations on every envelope otherwise). The registry keeps every
     child anyway, so this holds nothing it does not."""
@@ -134,15 +134,15 @@ def timed(stage: str) -> Iterator[None]:
     try:
         yield
     finally:
-        _child(LATENCY, stage).observe(time.perf_counter() - t0)
+        child(LATENCY, stage).observe(time.perf_counter() - t0)
 
 
 def count_envelope(status: str, code: str | None) -> None:
-    _child(ENVELOPES, safe_label(status), safe_label(code)).inc()
+    child(ENVELOPES, safe_label(status), safe_label(code)).inc()
 
 
 def count_verdict(verdict_class: str) -> None:
-    _child(VERDICTS, safe_label(verdict_class)).inc()
+    child(VERDICTS, safe_label(verdict_class)).inc()
 
 
 def count_moment(agent: str, binding_moment: object) -> None:
@@ -152,7 +152,7 @@ def count_moment(agent: str, binding_moment: object) -> None:
     this module does not import the wire types).
     """
     a = safe_label(agent)
-    _child(MOMENTS, a).inc()
+    child(MOMENTS, a).inc()
     meta = getattr(binding_moment, "meta", None)
     if meta is not None and getattr(meta, "calibration_note", None):
         CALIBRATION_NOTES.labels(agent=a).inc()
@@ -233,7 +233,7 @@ _LAG_STREAMS_SUMMED = ("PGW_OUTBOUND", "PGW_SURFACE")
 _server_refs: dict[tuple[str, int], tuple[Callable[[], None], int]] = {}
 
 
-def _acquire_server(addr: str, port: int) -> Callable[[], None]:
+def acquire_server(addr: str, port: int) -> Callable[[], None]:
     """One /metrics server per (addr, port) in a process, however many parts ask for it."""
     key = (addr, port)
     if key in _server_refs:
@@ -272,81 +272,3 @@ async def refresh_all_lag(js: JetStreamContext) -> None:
                 CONSUMER_LAG.labels(stream=stream, consumer=name).set(lag)
         if summed or total:
             CONSUMER_LAG.labels(stream=stream, consumer="(all)").set(total)
-
-
-class MetricsPart:
-    """Counts what the gateway does, registers it with ``nats.micro``, serves /metrics.
-
-    Constructed as ``MetricsPart(gateway)``; an async context manager with an
-    idempotent ``drain()``.
-    """
-
-    name = "metrics"
-
-    def __init__(self, gw: object) -> None:
-        self.gw = gw
-        self._micro: object | None = None
-        self._release: Callable[[], None] | None = None
-        self._stop = asyncio.Event()
-        self._lag_task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> MetricsPart:
-        gw: object = self.gw
-        ops = gw.config.ops  # type: ignore[attr-defined]
-        gw.outcome_hooks.append(self._on_outcome)  # type: ignore[attr-defined]
-        gw.timing_hooks.append(self._on_timing)  # type: ignore[attr-defined]
-        if ops.micro:
-            from gateway.micro import MicroRegistration
-
-            self._micro = await MicroRegistration(gw.nc, "gateway", gw.subjects.prefix).start()  # type: ignore[attr-defined]
-        if ops.metrics_port is not None:
-            self._release = _acquire_server(ops.metrics_addr, ops.metrics_port)
-        self._lag_task = asyncio.create_task(self._lag_loop(ops.lag_interval_s), name="metrics-lag")
-        return self
-
-    async def _lag_loop(self, interval: float) -> None:
-        while not self._stop.is_set():
-            await refresh_all_lag(self.gw.js)  # type: ignore[attr-defined]
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), interval)
-
-    async def _on_outcome(self, ctx: object, outcome: object) -> None:
-        tag = type(outcome).__struct_config__.tag  # type: ignore[attr-defined]
-        if tag != "envelope_outcome":
-            return
-        status = getattr(outcome, "status", None)
-        if getattr(outcome, "replayed", False):
-            REPLAYS.labels(agent=safe_label(getattr(ctx, "agent", ""))).inc()
-            return
-        count_envelope(str(status), getattr(outcome, "code", None))
-        kind = getattr(ctx, "kind", None)
-        payload = getattr(ctx, "payload", None)
-        if (status == "accepted" and getattr(kind, "handler", None) == "binding_moment"
-                and not getattr(outcome, "replayed", False)):
-            count_moment(getattr(ctx, "agent", ""), getattr(payload, "binding_moment", None))
-
-    @staticmethod
-    def _on_timing(stage: str, seconds: float) -> None:
-        _child(LATENCY, safe_label(stage)).observe(seconds)
-
-    async def drain(self) -> None:
-        self._stop.set()
-        task, self._lag_task = self._lag_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        micro, self._micro = self._micro, None
-        if micro is not None:
-            await micro.drain()  # type: ignore[attr-defined]
-        release, self._release = self._release, None
-        if release is not None:
-            release()
-        for hooks, fn in ((getattr(self.gw, "outcome_hooks", []), self._on_outcome),
-                          (getattr(self.gw, "timing_hooks", []), self._on_timing)):
-            with contextlib.suppress(ValueError):
-                hooks.remove(fn)
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.drain()
-

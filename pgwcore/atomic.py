@@ -25,7 +25,7 @@ import msgspec
 import nats.errors
 from nats.js.errors import APIError, NoStreamResponseError
 
-from gateway.logs import get_logger
+from pgwcore.logs import get_logger
 
 if TYPE_CHECKING:
     from nats.aio.client import Client

@@ -1,0 +1,8 @@
+"""The platform every pgw process shares (issue 18, docs/architecture.md).
+
+Connection and credentials, the embedded nats-server, acked and atomic
+publishing, the JetStream streams and KV buckets, signing keys, logging, the
+event loop, metrics, the services API, the service life cycle and the one
+configuration file. ``gateway/`` and ``consumers/`` both import it; it imports
+nothing from either (tests/test_architecture.py).
+"""
