@@ -221,7 +221,7 @@ async def update_consumer_lag(js: JetStreamContext, consumers: list[tuple[str, s
 
 
 # ---------------------------------------------------------------------------
-# The gateway part (``gateway.app.GATEWAY_PARTS``): hooks, services API, lag
+# Consumer lag, refreshed by the gateway's metrics part (``gateway.metrics_part``)
 # ---------------------------------------------------------------------------
 
 # Consumers whose names are safe labels. PGW_SURFACE / PGW_OUTBOUND hold one

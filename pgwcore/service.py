@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,20 +49,6 @@ class Service(Protocol):
 
 
 ServiceFactory = Callable[["Config", "Client"], Service]
-
-# name -> "module:attribute" of a ServiceFactory; imported lazily so that a
-# service's dependencies load only when it runs.
-UP_SERVICES: dict[str, str] = {
-    "gateway": "gateway.app:Gateway",
-    "signer": "consumers.signer:Signer",
-    "registrar": "consumers.registrar:Registrar",
-}
-
-
-def load_factory(name: str) -> ServiceFactory:
-    module, _, attr = UP_SERVICES[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
-
 
 async def run_services(services: list[Service], stop: asyncio.Event, *, on_started: Callable[[], None] | None = None) -> None:
     """Start ``services`` in order, wait for ``stop``, drain in reverse, close."""

@@ -10,6 +10,7 @@ everything, the server last.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 import msgspec
@@ -19,10 +20,23 @@ from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.logs import get_logger
 from pgwcore.server import EmbeddedServer
-from pgwcore.service import UP_SERVICES, load_factory, run_services
+from pgwcore.service import ServiceFactory, run_services
 from pgwcore.streams import ensure_streams
 
 log = get_logger("pgw.up")
+
+# name -> "module:attribute" of a ServiceFactory; imported lazily so that a
+# service's dependencies load only when it runs.
+UP_SERVICES: dict[str, str] = {
+    "gateway": "gateway.app:Gateway",
+    "signer": "consumers.signer:Signer",
+    "registrar": "consumers.registrar:Registrar",
+}
+
+
+def load_factory(name: str) -> ServiceFactory:
+    module, _, attr = UP_SERVICES[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
