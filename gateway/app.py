@@ -20,7 +20,7 @@ from nats.aio.client import Client
 from gateway.moments import MomentDesk, Refused
 from gateway.pipeline import EnvelopeWorker
 from gateway.stages.kind import BUILTIN_KINDS, KindSpec
-from gateway.stages.state import pipeline_state
+from gateway.stages.state import StageStateCell
 from pgwcore.config import Config
 from pgwcore.logs import get_logger
 from pgwcore.publish import Publisher
@@ -61,6 +61,7 @@ class Gateway:
         self.publisher = Publisher(self.js, self.subjects)
         self.desk = MomentDesk(self.js, self.subjects, self.publisher)
         self.kinds: dict[str, KindSpec] = dict(BUILTIN_KINDS)
+        self.stage_state = StageStateCell(self)  # what the stages share, passed to them as ctx.state
         self.outcome_hooks: list[Callable[[Ctx, Outcome], Awaitable[None]]] = [self._remember_agent]
         self.failure_hooks: list[Callable[[Any, Msg], Awaitable[bool]]] = []
         self.timing_hooks: list[Callable[[str, float], None]] = []
@@ -152,7 +153,7 @@ class Gateway:
         try:
             # SR-1 covers the principal's own words too (docs/pipeline.md "SR-1 redaction"):
             # a free-text answer becomes the agent's outcome, the KV record and a digest.
-            resolution = (await pipeline_state(self)).redactor.scrub_struct(req.resolution)
+            resolution = (await self.stage_state.get()).redactor.scrub_struct(req.resolution)
             reply = await self.desk.resolve(principal, req.moment_id, resolution)
         except Refused as r:
             reply = ResolveReply(status="refused", moment_id=req.moment_id, code=r.code, reason=r.reason)

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from gateway.stages.kind import UNIVERSAL_KINDS
-from gateway.stages.state import pipeline_state
 from pgwcore.logs import get_logger
 
 if TYPE_CHECKING:
@@ -90,7 +89,7 @@ class CapabilitiesPart:
         self._body: bytes | None = None
 
     async def __aenter__(self) -> CapabilitiesPart:
-        await pipeline_state(self.gw)
+        await self.gw.stage_state.get()
         self._body = _enc.encode(document(self.gw))
         self._sub = await self.gw.nc.subscribe(self.gw.subjects.capabilities, queue=QUEUE, cb=self._on_request)
         if not self.gw.config.agents:

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from nats.errors import TimeoutError as NatsTimeout
@@ -22,7 +22,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from gateway.stages import contract, dedup, kind, limits, payload, redaction, route, shape, trust
 from gateway.stages.base import Ctx, Refuse, Turn
-from gateway.stages.state import pipeline_state
+from gateway.stages.state import StageStateCell, StateHost
 from pgwcore.logs import get_logger
 from pgwcore.loop import together
 from pgwcore.service import delivery
@@ -33,7 +33,18 @@ from subjects.wire import EnvelopeOutcome, NoticeItem, Outcome, Verdict
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
-    from gateway.app import Gateway
+    from subjects.names import Subjects
+
+
+class PipelineHost(StateHost):
+    """What the pipeline reads from the gateway it runs in (``gateway.app.Gateway``, which imports this module)."""
+
+    subjects: Subjects
+    stage_state: StageStateCell
+    outcome_hooks: list[Callable[[Ctx, Outcome], Awaitable[None]]]
+    failure_hooks: list[Callable[[Any, Msg], Awaitable[bool]]]
+    timing_hooks: list[Callable[[str, float], None]]
+
 
 log = get_logger("pgw.pipeline")
 
@@ -58,15 +69,16 @@ DURABLE = "pgw-gateway"
 class Pipeline:
     """Runs turns through the stages and publishes their results."""
 
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: PipelineHost) -> None:
         self.gw = gw
         self.stages = list(STAGES)
 
     async def process_turn(self, turn: Turn) -> list[Outcome]:
+        state = await self.gw.stage_state.get()
         try:
             values = shape.decode_body(turn.body, self.gw.config.limits)
         except Refuse as r:
-            ctx = Ctx(self.gw, turn, 0, None)
+            ctx = Ctx(self.gw, turn, 0, None, state)
             hint = getattr(r, "hint", None)  # ids read back where they can be (DESIGN §3.2)
             ctx.envelope_id = shape.readable_id(hint, "envelopeId")
             ctx.correlation_id = shape.readable_id(hint, "correlationId")
@@ -77,7 +89,7 @@ class Pipeline:
         # cap.breached refusal): a 100k-element turn must not become 100k
         # durable publishes and stall the consumer past ack_wait (issue 7).
         for i, raw in enumerate(values[: self.gw.config.pipeline.envelopes_per_turn + 1]):
-            ctx = Ctx(self.gw, turn, i, raw)
+            ctx = Ctx(self.gw, turn, i, raw, state)
             ctx.extra["turn_size"] = len(values)
             outcomes.append(await self.process_envelope(ctx))
         return outcomes
@@ -93,13 +105,16 @@ class Pipeline:
             outcome: Outcome = await route.HANDLERS[ctx.kind.handler](ctx)
         except Refuse as r:
             # spec 002: validation refusals count against schemaRounds; past it, cap.breached.
-            r = await limits.count_refusal(ctx, r)
+            if limits.counts_against_rounds(ctx, r):
+                # The dedup record before the count (limits module docstring).
+                await dedup.mark_refused(ctx, ctx.state.kv, ctx.correlation_id or "")
+                r = await limits.count_refusal(ctx, r)
             outcome = await self._refuse(ctx, r)
             refused = True
         return await self._finish(ctx, outcome, refused=refused)
 
     async def _finish(self, ctx: Ctx, outcome: Outcome, *, refused: bool = False) -> Outcome:
-        red = (await pipeline_state(self.gw)).redactor
+        red = ctx.state.redactor
         # SR-1: no secret in any downstream byte, whatever stage produced the text.
         outcome = red.scrub_struct(outcome)
         msg_id = ctx.extra.get("outcome_msg_id") or self.outcome_msg_id(ctx)
@@ -152,7 +167,7 @@ class Pipeline:
             untrusted=ctx.untrusted,
             traceparent=ctx.turn.traceparent,
         )
-        red = (await pipeline_state(self.gw)).redactor
+        red = ctx.state.redactor
         verdict = red.scrub_struct(verdict)
         pubs = [self.gw.publisher.verdict(verdict)]
         if r.notice is not None and ctx.principal:
@@ -193,7 +208,7 @@ class Pipeline:
 class EnvelopeWorker:
     """Pulls ``agent.*.envelope`` from PGW_INBOUND and runs the pipeline."""
 
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: PipelineHost) -> None:
         self.gw = gw
         self.pipeline = Pipeline(gw)
         self._sub = None

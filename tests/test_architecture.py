@@ -144,7 +144,7 @@ def test_circles_are_found():
 
 
 @pytest.mark.xfail(
-    reason="issue 18: gateway.app <-> pipeline <-> stages, consumers.cose <-> receipts, "
+    reason="issue 18: consumers.cose <-> receipts, "
     "consumers.capsule <-> capsule_map, consumers.verifier <-> verify_v4",
     strict=True,
 )

@@ -90,7 +90,6 @@ def test_vendor_kind_must_be_namespaced():
 async def test_bad_vendor_schema_fails_at_start(nats_server, tmp_path, nc):
     """A vendor kind whose schema file is not a JSON Schema fails the pipeline set-up with the field named."""
     from gateway.app import Gateway
-    from gateway.stages.state import pipeline_state
     from pgwcore.config import load_config
 
     f = tmp_path / "bad.json"
@@ -98,5 +97,5 @@ async def test_bad_vendor_schema_fails_at_start(nats_server, tmp_path, nc):
     config = load_config(None, nats_url=nats_server.client_url,
                          pipeline={"vendor_kinds": {"vendor.acme.x": {"schema_file": str(f)}}})
     with pytest.raises(ConfigError) as e:
-        await pipeline_state(Gateway(config, nc))
+        await Gateway(config, nc).stage_state.get()
     assert "vendor.acme.x" in e.value.field

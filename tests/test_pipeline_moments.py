@@ -11,7 +11,6 @@ import pytest
 
 from gateway.moments import HemContext
 from gateway.stages import lints
-from gateway.stages.state import pipeline_state
 from pgwcore.config import LintsConfig
 from subjects.client import Surface
 from subjects.wire import (
@@ -177,7 +176,7 @@ async def test_hatch_false_is_delivered_and_recorded(nats_server, tmp_path, nc):
         assert any(w.rule == "hatch_suppression" for w in out.warnings)
         v = await rec.verdict(lambda v: v.verdict_class == "hitl_dispatched")
         assert v.details["hatch_suppressed"] == ["dialogue"]
-        st = await pipeline_state(gw)
+        st = await gw.stage_state.get()
         assert st.stats.hatch_suppressions[("planner", "dialogue")] == 1
         assert st.stats.hatch_suppressions[("planner", "free_text")] == 0
 
@@ -200,7 +199,7 @@ async def test_dual_veto_broken_handshake(nats_server, tmp_path, nc):
         reply = await Surface(nc, "alice").resolve(out.moment_id, DialogueVeto(objection="Why share anything?"))
         assert reply.status == "accepted"
         await rec.verdict(lambda v: v.verdict_class == "resolved")
-        st = await pipeline_state(gw)
+        st = await gw.stage_state.get()
         await rec.until(lambda: st.stats.dialogue_hatch[("planner", "consent")] == 1)
         same_stem = good_moment()
         same_stem["question"]["stem"] = "which records should harbor accounting receive for the 2025 filing"
@@ -226,7 +225,7 @@ async def test_dual_veto_recorded_elsewhere_and_cached_vetoes_confirmed(nats_ser
 
     async with running_gateway(nats_server, str(tmp_path / "d")) as gw, Recorder(nc) as rec:
         assert (await rec.roundtrip("planner", moment_env("alice", good_moment()))).status == "accepted"
-        st = await pipeline_state(gw)
+        st = await gw.stage_state.get()
         assert st.vetoes is not None and st.vetoes.ready
         bm = msgspec.convert(good_moment(), BindingMoment)
         veto = dualveto.Veto("m-elsewhere", dualveto.norm(bm.question.stem), dualveto.option_set(bm))
@@ -249,7 +248,7 @@ async def test_option_answers_do_not_trigger_dual_veto(nats_server, tmp_path, nc
         out = await rec.roundtrip("planner", moment_env("alice", good_moment()))
         await Surface(nc, "alice").resolve(out.moment_id, OptionChoice(index=0))
         await rec.verdict(lambda v: v.verdict_class == "resolved")
-        st = await pipeline_state(gw)
+        st = await gw.stage_state.get()
         await rec.until(lambda: st.stats.resolutions[("planner", "consent")] == 1)
         assert (await rec.roundtrip("planner", moment_env("alice", good_moment()))).status == "accepted"
 
@@ -278,7 +277,7 @@ async def test_calibration_note_rate(nats_server, tmp_path, nc):
         noted["meta"] = {"decision_class": "consent", "calibration_note": "I understated the ledger risk earlier."}
         await rec.roundtrip("planner", moment_env("alice", noted))
         await rec.roundtrip("planner", moment_env("alice", good_moment(stem="Who should receive the 2024 summary?")))
-        st = await pipeline_state(gw)
+        st = await gw.stage_state.get()
         assert st.stats.rate("planner", "calibration_note") == 0.5
 
 

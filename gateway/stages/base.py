@@ -1,15 +1,58 @@
-"""What the stages share: the per-envelope context and the refusal signal."""
+"""What the stages share: the per-envelope context, the refusal signal, and what they read.
+
+The stages import nothing above them (tests/test_architecture.py): the gateway
+they run in and the per-gateway stage state reach them through ``Ctx`` as the
+two protocols below (``gateway.app.Gateway`` and
+``gateway.stages.state.PipelineState`` are what the pipeline passes).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import msgspec
 
 from subjects.wire import AIEnvelope, Detail, Refusal
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
-    from gateway.stages.kind import KindSpec
+    from gateway.moments import MomentDesk
+    from pgwcore.config import Config
+    from pgwcore.publish import Publisher
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    name: str
+    payload_type: Any  # a msgspec Struct type, or None for a JSON-Schema-only vendor kind
+    schema_version: int
+    handler: str  # name of a handler in gateway.stages.route
+    json_schema: dict[str, Any] | None = None  # for configured vendor kinds, or a richer published schema
+
+    def schema(self) -> dict[str, Any]:
+        """The kind's JSON Schema, generated from the type that validates it."""
+        if self.json_schema is not None:
+            return self.json_schema
+        return msgspec.json.schema(self.payload_type)
+
+
+class StageHost(Protocol):
+    """What the stages read from the gateway they run in."""
+
+    config: Config
+    kinds: dict[str, KindSpec]
+    desk: MomentDesk
+    publisher: Publisher
+
+
+class StageState(Protocol):
+    """The per-gateway state the stages share (built once per gateway by ``gateway.stages.state``)."""
+
+    redactor: Any  # gateway.stages.redaction.Redactor
+    kv: Any  # the PGW_DEDUP bucket
+    stats: Any  # gateway.stages.state.Stats
+    vetoes: Any  # dualveto.VetoCache, or None
+    writer: Any  # pgwcore.publish.KvWriter
 
 
 @dataclass
@@ -29,10 +72,11 @@ class Turn:
 class Ctx:
     """One envelope travelling through the stages."""
 
-    gw: Gateway
+    gw: StageHost
     turn: Turn
     index: int
     raw: Any  # the decoded JSON value of this envelope
+    state: StageState
     env: AIEnvelope | None = None
     kind: KindSpec | None = None
     payload: Any = None  # the typed payload Struct after the payload stage

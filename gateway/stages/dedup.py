@@ -83,10 +83,9 @@ def _owner(ctx: Ctx) -> str:
 
 async def run(ctx: Ctx) -> None:
     from gateway.stages import limits
-    from gateway.stages.state import pipeline_state
 
     assert ctx.env is not None and ctx.correlation_id
-    st = await pipeline_state(ctx.gw)
+    st = ctx.state
     kv = st.kv
     # The schemaRounds check the limits stage left to us (limits.ROUNDS_DEFERRED).
     rounds_for = ctx.extra.pop(limits.ROUNDS_DEFERRED, None)
@@ -153,10 +152,8 @@ async def settle(ctx: Ctx, outcome: Outcome, msg_id: str, refused: bool) -> None
     claim = ctx.extra.get("dedup")
     if claim is None:
         return
-    from gateway.stages.state import pipeline_state
-
     key, rev = claim
-    writer = (await pipeline_state(ctx.gw)).writer
+    writer = ctx.state.writer
     assert ctx.env is not None
     if refused:
         # Released, not deleted: the record must outlive any counted refusal (mark_refused).

@@ -38,9 +38,8 @@ from pgwcore.logs import get_logger
 from subjects.wire import BindingMoment, BindingMomentItem, Detail, DialogueVeto
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
     from gateway.moments import MomentRecord
-    from gateway.stages.state import PipelineState
+    from gateway.stages.base import StageState
 
 log = get_logger("pgw.dualveto")
 KEEP = 64  # vetoed moments remembered per (agent, principal)
@@ -133,7 +132,7 @@ def _repeats(vetoes: list[Veto], stem: str, opts: list[str]) -> tuple[Veto, str]
     return None
 
 
-async def remember_resolution(gw: Gateway, st: PipelineState, rec: MomentRecord) -> None:
+async def remember_resolution(st: StageState, rec: MomentRecord) -> None:
     """Desk hook: count the resolution (§12.2) and remember a question-space veto (§7.2)."""
     item = rec.item
     if not isinstance(item, BindingMomentItem) or rec.resolution is None or rec.hem is not None:
@@ -176,7 +175,7 @@ async def remember_resolution(gw: Gateway, st: PipelineState, rec: MomentRecord)
     log.error("could not record a question-space veto", agent=rec.agent, moment_id=rec.moment_id)
 
 
-async def check(ctx: Ctx, st: PipelineState, principal: str, bm: BindingMoment) -> None:
+async def check(ctx: Ctx, st: StageState, principal: str, bm: BindingMoment) -> None:
     """Refuse a moment that repeats a vetoed moment's stem or option set (spec 000 §7.2)."""
     key = _key(ctx.agent, principal)
     cache = st.vetoes

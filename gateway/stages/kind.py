@@ -10,12 +10,11 @@ JSON Schema files) are added per gateway (``gateway.stages.state``).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from gateway.stages.base import Ctx, Refuse
+from gateway.stages.base import Ctx, KindSpec, Refuse
 from subjects.wire import (
     BindingMomentPayload,
     ClarificationRequestPayload,
@@ -29,21 +28,6 @@ if TYPE_CHECKING:
     from subjects.wire import Outcome
 
 Handler = Callable[[Ctx], Awaitable["Outcome"]]
-
-
-@dataclass(frozen=True)
-class KindSpec:
-    name: str
-    payload_type: Any  # a msgspec Struct type, or None for a JSON-Schema-only vendor kind
-    schema_version: int
-    handler: str  # name of a handler in gateway.stages.route
-    json_schema: dict[str, Any] | None = None  # for configured vendor kinds, or a richer published schema
-
-    def schema(self) -> dict[str, Any]:
-        """The kind's JSON Schema, generated from the type that validates it."""
-        if self.json_schema is not None:
-            return self.json_schema
-        return msgspec.json.schema(self.payload_type)
 
 
 BINDING_MOMENT = "vendor.pgw.binding_moment"
@@ -81,10 +65,7 @@ BUILTIN_KINDS: dict[str, KindSpec] = _builtin()
 
 
 async def run(ctx: Ctx) -> None:
-    from gateway.stages.state import pipeline_state
-
-    assert ctx.env is not None
-    await pipeline_state(ctx.gw)  # configured vendor kinds are registered on first use
+    assert ctx.env is not None  # configured vendor kinds were registered with ctx.state
     spec = ctx.gw.kinds.get(ctx.env.type)
     if spec is None:
         supported = sorted(ctx.gw.kinds)

@@ -97,8 +97,6 @@ def breached(kind: str, message: str, limit: int, details: list[Detail] | None =
 
 
 async def run(ctx: Ctx) -> None:
-    from gateway.stages.state import pipeline_state
-
     assert ctx.env is not None
     cfg = ctx.gw.config.pipeline
     if ctx.index >= cfg.envelopes_per_turn:
@@ -107,7 +105,7 @@ async def run(ctx: Ctx) -> None:
             f"the turn holds {ctx.extra.get('turn_size')} envelopes; envelopesPerTurn is {cfg.envelopes_per_turn}",
             cfg.envelopes_per_turn,
         )
-    st = await pipeline_state(ctx.gw)
+    st = ctx.state
     if ctx.correlation_id:
         if ctx.env.type in (SCHEMA_REQUEST, CLARIFICATION):
             # These kinds count below: check first, so a breached emission is not counted.
@@ -148,19 +146,23 @@ async def check_rounds(ctx: Ctx, kv: Any, correlation_id: str) -> None:
         )
 
 
+def counts_against_rounds(ctx: Ctx, r: Refuse) -> bool:
+    """Whether refusal ``r`` counts against schemaRounds (spec 002): a validation code and a correlationId."""
+    return r.code in ROUND_CODES and bool(ctx.correlation_id)
+
+
 async def count_refusal(ctx: Ctx, r: Refuse) -> Refuse:
-    """Count a refusal against schemaRounds; past the cap it becomes ``cap.breached`` (schema)."""
-    from gateway.stages.state import pipeline_state
+    """Count a refusal against schemaRounds; past the cap it becomes ``cap.breached`` (schema).
 
-    if r.code not in ROUND_CODES or not ctx.correlation_id:
+    The caller marks the dedup record first (``dedup.mark_refused``, see the
+    module docstring): a crash in between leaves a record without a count,
+    never a count without a record.
+    """
+    if not counts_against_rounds(ctx, r):
         return r
-    from gateway.stages.dedup import mark_refused
-
+    assert ctx.correlation_id is not None
     cfg = ctx.gw.config.pipeline
-    st = await pipeline_state(ctx.gw)
-    # The dedup record first (see the module docstring): a crash in between
-    # leaves a record without a count, never a count without a record.
-    await mark_refused(ctx, st.kv, ctx.correlation_id)
+    st = ctx.state
     n = await add_to_set(st.kv, rounds_key(ctx.agent, ctx.correlation_id), f"{ctx.turn.stream_seq}:{ctx.index}")
     if n > cfg.schema_rounds:
         return breached(

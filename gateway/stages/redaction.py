@@ -289,11 +289,9 @@ class Redactor:
 
 async def run(ctx: Ctx) -> None:
     """Redact the envelope in place: payload, meta, ids; re-type the payload."""
-    from gateway.stages.state import pipeline_state
-
     env = ctx.env
     assert env is not None and ctx.kind is not None
-    r = (await pipeline_state(ctx.gw)).redactor
+    r = ctx.state.redactor
     if r.plainly_clean(env):
         return
     raw = msgspec.to_builtins(env)

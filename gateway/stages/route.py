@@ -102,12 +102,10 @@ def resolve_principal(ctx: Ctx, explicit: Any = None, path: str = "$.meta.pgw.pr
 
 
 async def binding_moment(ctx: Ctx) -> Outcome:
-    from gateway.stages.state import pipeline_state
-
     p: BindingMomentPayload = ctx.payload
     assert ctx.principal is not None and ctx.envelope_id and ctx.correlation_id
     check_bound(ctx, ctx.principal)
-    st = await pipeline_state(ctx.gw)
+    st = ctx.state
     await dualveto.check(ctx, st, ctx.principal, p.binding_moment)
     bm = p.binding_moment
     details: dict[str, Any] = {}

@@ -1,5 +1,10 @@
 """Per-gateway state the pipeline stages share, built once on first use.
 
+The gateway holds it in a ``StageStateCell`` and the pipeline hands it to every
+stage as ``ctx.state`` (issue 18: explicit, rather than an attribute set on the
+gateway object). This module sits above the stages and imports them; no stage
+imports it. What it holds:
+
 - the SR-1 :class:`~gateway.stages.redaction.Redactor` from ``pipeline.secrets``;
 - the kind registry completed with configured vendor kinds (their JSON
   Schema files) and ``pipeline.schema_versions`` overrides;
@@ -20,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.stages.kind import KindSpec
+from gateway.stages.base import KindSpec, StageHost
+from gateway.stages.dualveto import VetoCache, remember_resolution
 from gateway.stages.redaction import Redactor
 from pgwcore.logs import get_logger
 from pgwcore.publish import KvWriter
@@ -28,13 +34,19 @@ from pgwcore.streams import ensure_kv
 from subjects.errors import ConfigError
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from nats.js import JetStreamContext
+
     from gateway.moments import MomentRecord
 
 log = get_logger("pgw.pipeline")
 
 DEDUP_BUCKET = "PGW_DEDUP"
-_ATTR = "_pgw_pipeline_state"
+
+
+class StateHost(StageHost):
+    """What building the state reads from the gateway (``gateway.app.Gateway``)."""
+
+    js: JetStreamContext
 
 
 @dataclass
@@ -66,7 +78,7 @@ class PipelineState:
     writer: Any = None  # publish.KvWriter: the claim and settle writes, group-committed
 
 
-def load_vendor_kinds(gw: Gateway) -> None:
+def load_vendor_kinds(gw: StateHost) -> None:
     """Register configured vendor kinds and apply schema-version overrides."""
     import jsonschema
 
@@ -89,12 +101,7 @@ def load_vendor_kinds(gw: Gateway) -> None:
         gw.kinds[name] = KindSpec(spec.name, spec.payload_type, version, spec.handler, spec.json_schema)
 
 
-_locks: dict[int, asyncio.Lock] = {}
-
-
-async def _veto_cache(gw: Gateway, kv: Any) -> Any:
-    from gateway.stages.dualveto import VetoCache
-
+async def _veto_cache(gw: StateHost, kv: Any) -> Any:
     cache = VetoCache(kv, DEDUP_BUCKET)
     try:
         await cache.start(gw.js)
@@ -104,32 +111,38 @@ async def _veto_cache(gw: Gateway, kv: Any) -> Any:
     return cache
 
 
-async def pipeline_state(gw: Gateway) -> PipelineState:
-    """The state of ``gw``'s pipeline, created on first call."""
-    st = getattr(gw, _ATTR, None)
-    if st is not None:
-        return st
-    lock = _locks.setdefault(id(gw), asyncio.Lock())
-    async with lock:
-        st = getattr(gw, _ATTR, None)
-        if st is not None:
-            return st
+class StageStateCell:
+    """One gateway's ``PipelineState``, created on the first ``get()`` (concurrent callers share one build)."""
+
+    def __init__(self, gw: StateHost) -> None:
+        self._gw = gw
+        self._state: PipelineState | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> PipelineState:
+        """The state of the gateway's pipeline, created on first call."""
+        if self._state is not None:
+            return self._state
+        async with self._lock:
+            if self._state is None:
+                self._state = await self._build()
+        return self._state
+
+    async def _build(self) -> PipelineState:
+        gw = self._gw
         cfg = gw.config.pipeline
         redactor = Redactor.from_config(cfg.secrets)
         load_vendor_kinds(gw)
         kv = await ensure_kv(gw.js, DEDUP_BUCKET, ttl=cfg.dedup_ttl_s, atomic=True)
         st = PipelineState(redactor=redactor, kv=kv, vetoes=await _veto_cache(gw, kv),
                            writer=KvWriter(gw.js, kv, DEDUP_BUCKET))
-        setattr(gw, _ATTR, st)
         on_resolved = getattr(gw.desk, "on_resolved", None)
         if on_resolved is not None:
-            from gateway.stages.dualveto import remember_resolution
 
             async def _cb(rec: MomentRecord) -> None:
-                await remember_resolution(gw, st, rec)
+                await remember_resolution(st, rec)
 
             on_resolved(_cb)
         else:  # pragma: no cover - the desk hook is part of this change
             log.warning("moment desk has no on_resolved hook: dual veto not enforced")
-    _locks.pop(id(gw), None)
-    return st
+        return st
