@@ -37,6 +37,7 @@ import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from consumers import capsule as capm
+from consumers import capsule_map
 from consumers.signer import Signer, _Head, _Job, claims_for, sign_payload
 from pgwcore import loop as pgw_loop
 from pgwcore.config import load_config
@@ -88,7 +89,7 @@ def _inprocess(verdicts: list[Verdict], key: SigningKey) -> float:
     t0 = time.perf_counter()
     head = _Head(0, capm.GENESIS_HASH, None)
     for v in verdicts:
-        built = capm.capsule_from_verdict_checked(v, operator="bench", salt=SALT)
+        built = capsule_map.capsule_from_verdict_checked(v, operator="bench", salt=SALT)
         entry, head = Signer._link(head, _Job(None, v, built=built), {})
         sign_payload(entry.payload.encode(), key, built.body)
     return len(verdicts) / (time.perf_counter() - t0)
@@ -126,7 +127,7 @@ def run() -> list[dict]:
     key = SigningKey("signer", kid_of(priv.public_key()), priv)
     payloads = []
     for i, v in enumerate(verdicts, start=1):
-        cap = capm.capsule_from_verdict(v, operator="bench", salt=SALT)
+        cap = capsule_map.capsule_from_verdict(v, operator="bench", salt=SALT)
         payloads.append(capm.attach_ledger(cap, capm.Ledger(position=i, prev_hash=capm.GENESIS_HASH)).to_dict())
     ref = _raw_baseline(payloads, priv, key.kid)
     fast_jcs = msgspec.json.Encoder(order="sorted").encode

@@ -15,14 +15,13 @@ construction time every producer-side rule the spec states:
   ``chained`` only with a ledger linkage present;
 - no floating-point numbers anywhere (§5.1: amounts are decimal strings).
 
-:func:`consumers.capsule_map.capsule_from_verdict` (re-exported here) maps a
+:func:`consumers.capsule_map.capsule_from_verdict` maps a
 gateway verdict to a capsule (DESIGN §6 table); :func:`link_built` adds the
 signer's ledger linkage and derives the capsule_id (§5.1).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from datetime import UTC
@@ -32,8 +31,19 @@ import msgspec
 import rfc8785
 from msgspec import Struct
 
+from consumers.capsule_digest import (  # also re-exported: callers know them as capsule.*
+    IDENTITY_EXCLUDED,  # noqa: F401
+    CapsuleError,
+    canonical_bytes,
+    compute_capsule_id,  # noqa: F401
+    digest_of_walked,
+    find_floats,
+    identity_form,
+    json_digest,
+    ledger_entry_hash,  # noqa: F401
+    normalize,
+)
 from subjects import jcs
-from subjects.errors import PgwError
 from subjects.util import parse_rfc3339
 
 SPEC_VERSION = "draft-mih-scitt-agent-action-capsule-01"
@@ -72,89 +82,6 @@ OPEN_CLASSES = frozenset({"deferred", "needs_decision", "hitl_dispatched", "esca
 
 GENESIS_HASH = "0" * 64
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-
-
-class CapsuleError(PgwError, ValueError):
-    """A capsule would violate a construction rule of spec 004; ``rule`` cites it."""
-
-    def __init__(self, rule: str, why: str) -> None:
-        self.rule = rule
-        self.why = why
-        super().__init__(f"capsule construction refused ({rule}): {why}")
-
-
-# ---------------------------------------------------------------------------
-# JSON-DIGEST (§2): HEX(SHA-256(JCS(normalize(v))))
-# ---------------------------------------------------------------------------
-
-
-def normalize(value: Any) -> Any:
-    """Absent-field normalization (§2): drop null, [] and {} members, bottom-up.
-
-    Members of objects are removed; array elements are kept in place (an
-    array's positions carry meaning) but normalized themselves.
-    """
-    return jcs.walk(value, drop_absent=True)[0]
-
-
-def canonical_bytes(value: Any) -> bytes:
-    """RFC 8785 (JCS) serialization of ``normalize(value)`` (one walk, see :mod:`subjects.jcs`)."""
-    return jcs.encode(*jcs.walk(value, drop_absent=True))
-
-
-def _digest_of_walked(walked: Any, flags: int) -> str:
-    try:
-        return hashlib.sha256(jcs.encode(walked, flags)).hexdigest()
-    except (rfc8785.CanonicalizationError, TypeError, ValueError) as e:
-        raise CapsuleError("§2 JSON-DIGEST", f"value has no JCS form: {e}") from e
-
-
-def json_digest(value: Any) -> str:
-    """JSON-DIGEST (§2). Raises CapsuleError if the value has no JCS form."""
-    return _digest_of_walked(*jcs.walk(value, drop_absent=True))
-
-
-def find_floats(value: Any, path: str = "$") -> list[str]:
-    """Paths of every floating-point number in ``value`` (§5.1, §6 check 1)."""
-    if isinstance(value, float):
-        return [path]
-    if isinstance(value, Mapping):
-        return [p for k, v in value.items() for p in find_floats(v, f"{path}.{k}")]
-    if isinstance(value, (list, tuple)):
-        return [p for i, v in enumerate(value) for p in find_floats(v, f"{path}[{i}]")]
-    return []
-
-
-# §5.1: the members left out of the canonical form. A verifier knows the chain linkage only as
-# the ``chain`` block, so everything else, this host's ``ledger`` block included, is hashed in.
-IDENTITY_EXCLUDED = ("capsule_id", "chain")
-
-
-def identity_form(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """The canonical capsule form (§5.1): the envelope minus capsule_id and the ``chain`` block.
-
-    The signer's hash-chain linkage (``ledger``) is inside the form: it links
-    to a predecessor only (never to what later chains to it), so the id stays
-    stable once the capsule is linked, and any verifier (the reference one
-    included) recomputes the same id.
-    """
-    return {k: v for k, v in payload.items() if k not in IDENTITY_EXCLUDED}
-
-
-def compute_capsule_id(payload: Mapping[str, Any]) -> str:
-    return json_digest(identity_form(payload))
-
-
-def ledger_entry_hash(position: int, capsule_id: str, chain: Mapping[str, Any] | None, prev_hash: str) -> str:
-    """Hash of one link of the signer's hash chain over what it signed (§5.3 ``chained``).
-
-    The link commits to the capsule's content address, its supersedes block
-    (which capsule_id leaves out) and the previous link, so removing,
-    reordering or altering a signed capsule breaks every later link.
-    """
-    return json_digest(
-        {"position": position, "capsule_id": capsule_id, "chain": dict(chain or {}), "prev_hash": prev_hash}
-    )
 
 
 def effect_mode_of(effect: Mapping[str, Any] | None) -> str:
@@ -330,7 +257,7 @@ class Capsule(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         body, flags = jcs.walk(msgspec.to_builtins(self), drop_absent=True)
         if flags & jcs.FLOAT:
             raise CapsuleError("§5.1 decimal strings", f"floating-point values at {', '.join(find_floats(body))}")
-        return body, _digest_of_walked(identity_form(body), flags), flags
+        return body, digest_of_walked(identity_form(body), flags), flags
 
     def checked_form(self) -> tuple[dict[str, Any], str, bytes]:
         """(normalized payload, the capsule_id it derives (§5.1), its JCS bytes)."""
@@ -481,7 +408,7 @@ def link_built(built: Built, ledger: Ledger, parent_capsule_id: str | None = Non
     if parent_capsule_id is not None:
         chain = Chain(parent_capsule_id)
         body["chain"] = jcs.walk(msgspec.to_builtins(chain), drop_absent=True)[0]
-    capsule_id = _digest_of_walked(identity_form(body), flags)
+    capsule_id = digest_of_walked(identity_form(body), flags)
     body["capsule_id"] = capsule_id
     linked = msgspec.structs.replace(cap, ledger=ledger, chain=chain, capsule_id=capsule_id)
     return linked, _payload_bytes(body, flags)
@@ -500,16 +427,3 @@ def ready_to_sign(cap: Capsule) -> bytes:
 def subject_urn(operator: str, action_id: str) -> str:
     """§3.1 CWT ``sub``."""
     return f"urn:agent-action-capsule:{operator}:{action_id}"
-
-
-# The verdict mapping lives in consumers.capsule_map (kept apart to keep this module small);
-# its entry points stay reachable from here (PEP 562), without an import cycle.
-_MAPPING = frozenset({"capsule_from_verdict", "capsule_from_verdict_checked", "reason_object"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MAPPING:
-        from consumers import capsule_map
-
-        return getattr(capsule_map, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from consumers import capsule as capm
+from consumers import capsule_map
 from consumers import capsule_outcome as outm
 from consumers.profiles import Profile
 from subjects.wire import Verdict
@@ -21,7 +22,7 @@ from subjects.wire import Verdict
 def build(v: Verdict, **kw: Any) -> capm.Built | outm.OutcomeBuilt:
     if outm.is_outcome_verdict(v):
         return outm.build_outcome(v, **kw)
-    return capm.capsule_from_verdict_checked(v, **kw)
+    return capsule_map.capsule_from_verdict_checked(v, **kw)
 
 
 def link(built: Any, ledger: capm.Ledger, parent_capsule_id: str | None = None) -> tuple[Any, bytes]:

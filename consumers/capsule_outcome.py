@@ -130,7 +130,7 @@ def build_outcome(v: Verdict, *, operator: str, salt: str, default_developer: st
         refers_to=parent_capsule_id, pgw=pgw,
     )
     body, flags = jcs.walk(msgspec.to_builtins(st), drop_absent=True)
-    cid = capm._digest_of_walked(capm.identity_form(body), flags)
+    cid = capm.digest_of_walked(capm.identity_form(body), flags)
     body["capsule_id"] = cid
     return OutcomeBuilt(msgspec.structs.replace(st, capsule_id=cid), body, flags)
 
@@ -147,7 +147,7 @@ def link_outcome(built: OutcomeBuilt, ledger: capm.Ledger, parent_capsule_id: st
         st = msgspec.structs.replace(st, refers_to=parent_capsule_id)
     st = msgspec.structs.replace(st, ledger=ledger if embed_ledger else None, capsule_id="")
     body, flags = jcs.walk(msgspec.to_builtins(st), drop_absent=True)
-    cid = capm._digest_of_walked(capm.identity_form(body), flags)
+    cid = capm.digest_of_walked(capm.identity_form(body), flags)
     body["capsule_id"] = cid
     return msgspec.structs.replace(st, capsule_id=cid), capm._payload_bytes(body, flags | built.flags)
 

@@ -53,6 +53,7 @@ import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from consumers import capsule as capm
+from consumers import capsule_map
 from consumers.cose import (
     ALG,
     CONTENT_TYPE,
@@ -158,7 +159,7 @@ def from_verdict(
     what differs is applied to the checked body here. Deterministic in its
     inputs, so a redelivered verdict gives the same capsule_id.
     """
-    built = capm.capsule_from_verdict_checked(
+    built = capsule_map.capsule_from_verdict_checked(
         v, operator=operator, salt=salt, default_developer=default_developer, authority=authority,
         parent_capsule_id=parent_capsule_id, chained=False, fallback_ts=fallback_ts,
     )

@@ -338,18 +338,6 @@ def root_from_path(index: int, size: int, leaf: bytes, path: list[bytes]) -> byt
     return r
 
 
-def verify_receipt(receipt: bytes, statement: bytes, keys: Any) -> Any:
-    """Verify a receipt for ``statement``; raise CoseError if not valid.
-
-    Kept for callers of this module: the verification lives in
-    ``consumers.receipts`` (EdDSA, ES256 and ES384 TS keys; the ``statement``
-    and ``payload`` leaf constructions, tried in turn).
-    """
-    from consumers.receipts import verify_receipt as verify  # receipts imports this module
-
-    return verify(receipt, statement, keys)
-
-
 def sign_receipt(key: Ed25519PrivateKey, kid: str, tree_size: int, leaf_index: int, path: list[bytes],
                  root: bytes) -> bytes:
     """A receipt as the test Transparency Service issues it (detached root payload)."""

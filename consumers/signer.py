@@ -4,7 +4,7 @@ A durable pull consumer on ``PGW_VERDICTS``. For each verdict:
 
 1. look the verdict up in the signer's ledger (see below); if it was already
    signed (a redelivery after a crash), reuse the recorded payload verbatim;
-2. otherwise build the capsule (:func:`consumers.capsule.capsule_from_verdict`),
+2. otherwise build the capsule (:func:`consumers.capsule_map.capsule_from_verdict`),
    append a ledger entry for it, and use that;
 3. sign the payload as a COSE_Sign1 (Ed25519 is deterministic, so the same
    payload gives the same bytes) and publish it to ``capsule.register`` with

@@ -17,7 +17,6 @@ no model, clock or network (§6). ``ok`` is false iff a finding has severity
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,8 +29,9 @@ from consumers import capsule as capm
 from consumers import capsule_outcome as outm
 from consumers import capsule_v4, profiles, verify_v4
 from consumers import checkpoint_statement as cps
-from consumers.cose import CoseError, Sign1, TrustedKey, decode_sign1, verify_receipt, verify_sign1
-from consumers.verifier_structural import structural
+from consumers.cose import CoseError, Sign1, TrustedKey, decode_sign1, verify_sign1
+from consumers.receipts import verify_receipt
+from consumers.verifier_structural import parse_payload, structural
 
 Severity = Literal["error", "warning", "info"]
 CHECK_NAMES = {
@@ -71,28 +71,6 @@ class Result(Struct, omit_defaults=True):
     effect_grade: str | None = None
     profile: str | None = None  # the capsule format the statement was verified as: "2" or "4"
     statement_type: str | None = None  # capsule_statement_type: agent_action or outcome (§3.1, §3.3); checkpoint
-
-
-class _DuplicateKeyError(ValueError):
-    pass
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _DuplicateKeyError(k)
-        out[k] = v
-    return out
-
-
-def parse_payload(data: bytes) -> dict[str, Any] | None:
-    """The capsule JSON, or None if not a JSON object without duplicate keys."""
-    try:
-        obj = json.loads(data.decode("utf-8"), object_pairs_hook=_pairs)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    return obj if isinstance(obj, dict) else None
 
 
 def _is_json(data: bytes) -> bool:

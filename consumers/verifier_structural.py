@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
 
 from consumers import capsule as capm
 from consumers.cose import Sign1
+
+
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKeyError(k)
+        out[k] = v
+    return out
+
+
+def parse_payload(data: bytes) -> dict[str, Any] | None:
+    """The capsule JSON, or None if not a JSON object without duplicate keys."""
+    try:
+        obj = json.loads(data.decode("utf-8"), object_pairs_hook=_pairs)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
 
 Add = Callable[..., None]  # add(check, code, message, severity="error", path=None)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")

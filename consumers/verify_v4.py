@@ -39,6 +39,7 @@ from consumers.cose import (
     sig_structure,
     verify_sign1,
 )
+from consumers.verifier_structural import parse_payload
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # {#iana} seeded values of -05 (the registries grew since format "2").
@@ -59,8 +60,6 @@ _STRING_MEMBERS = (
 
 def capsule_of(msg: Sign1) -> dict[str, Any] | None:
     """The capsule JSON a format "4" bus statement carries, or None."""
-    from consumers.verifier import parse_payload  # a cycle at import time otherwise
-
     raw = msg.unprotected.get(v4.CAPSULE_LABEL)
     return parse_payload(raw) if isinstance(raw, bytes) else None
 

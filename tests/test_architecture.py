@@ -16,8 +16,6 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PLATFORM = "pgwcore"
 PACKAGES = ("subjects", PLATFORM, "gateway", "consumers")
@@ -143,11 +141,6 @@ def test_circles_are_found():
     assert circles(graph) == [["a", "b"], ["c", "d", "e"]]
 
 
-@pytest.mark.xfail(
-    reason="issue 18: consumers.cose <-> receipts, "
-    "consumers.capsule <-> capsule_map, consumers.verifier <-> verify_v4",
-    strict=True,
-)
 def test_no_import_circles():
     """No module of subjects/, the platform, gateway/ or consumers/ imports itself through others."""
     found = circles(import_graph())

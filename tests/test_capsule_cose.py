@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumers import capsule as capm
+from consumers import capsule_map
 from consumers.capsule import MEDIA_TYPE
 from consumers.cose import (
     CoseError,
@@ -25,10 +26,10 @@ from consumers.cose import (
     sign_receipt,
     sign_statement,
     statement_leaf,
-    verify_receipt,
     verify_sign1,
     with_receipt,
 )
+from consumers.receipts import verify_receipt
 from consumers.signer import Signer, _Head, _Job, claims_for, sign_payload
 from pgwcore.keys import SigningKey, kid_of
 from tests.test_capsule_model import design_rows, make
@@ -105,7 +106,7 @@ def test_signing_from_the_built_body_gives_the_same_statement() -> None:
     key = signing_key()
     head = _Head(0, capm.GENESIS_HASH, None)
     for v in design_rows():
-        built = capm.capsule_from_verdict_checked(v, operator="op", salt="00" * 32)
+        built = capsule_map.capsule_from_verdict_checked(v, operator="op", salt="00" * 32)
         entry, head = Signer._link(head, _Job(None, v, built=built), {})
         payload = entry.payload.encode()
         assert sign_payload(payload, key, built.body) == sign_payload(payload, key)

@@ -18,7 +18,10 @@ import pytest
 
 from consumers import capsule_kernel as kernel_facts
 from consumers import capsule_v4
-from consumers.capsule import capsule_from_verdict, salted_digest
+from consumers.capsule import (
+    salted_digest,
+)
+from consumers.capsule_map import capsule_from_verdict
 from consumers.signer import Signer, load_or_create_salt, salt_path
 from consumers.verifier import payload_of, verify_many
 from gateway.commands import capsules as cli

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumers import capsule as capm
+from consumers import capsule_map
 from consumers.capsule import (
     CapsuleError,
     Chain,
@@ -24,9 +25,9 @@ from consumers.capsule import (
     ExpiryPolicy,
     Ledger,
     build_capsule,
-    capsule_from_verdict,
     json_digest,
 )
+from consumers.capsule_map import capsule_from_verdict
 from subjects.util import stable_id
 from subjects.wire import Detail, Refusal, ReportedEffect, Verdict
 
@@ -291,7 +292,7 @@ def test_signing_from_the_built_body_equals_the_full_rebuild() -> None:
     """link_built (one normalization walk per capsule) signs exactly what ready_to_sign derives afresh."""
     ledger = Ledger(position=7, prev_hash="ab" * 32, prev_capsule_id="cd" * 32)
     for v in design_rows("lb-"):
-        built = capm.capsule_from_verdict_checked(v, operator="acme", salt=SALT)
+        built = capsule_map.capsule_from_verdict_checked(v, operator="acme", salt=SALT)
         linked, payload = capm.link_built(built, ledger)
         assert linked == capm.attach_ledger(built.capsule, ledger)
         assert payload == capm.ready_to_sign(linked) == linked.to_json()

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumers import capsule as capm
+from consumers import capsule_map
 from consumers.cose import (
     TrustedKey,
     inclusion_path,
@@ -33,7 +34,7 @@ def signer_chain(rows: list[Any] | None = None) -> list[bytes]:
     out, ids = [], {}
     prev_hash, prev_id = capm.GENESIS_HASH, None
     for pos, v in enumerate(rows or design_rows(), start=1):
-        cap = capm.capsule_from_verdict(v, operator="acme", salt=SALT, parent_capsule_id=ids.get(v.supersedes))
+        cap = capsule_map.capsule_from_verdict(v, operator="acme", salt=SALT, parent_capsule_id=ids.get(v.supersedes))
         cap = capm.attach_ledger(cap, capm.Ledger(position=pos, prev_hash=prev_hash, prev_capsule_id=prev_id))
         chain = cap.to_dict().get("chain")
         prev_hash, prev_id = capm.ledger_entry_hash(pos, cap.capsule_id, chain, prev_hash), cap.capsule_id

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from consumers import capsule as capm
+from consumers import capsule_map
 from tests import refverifier
 from tests.test_capsule_model import SALT, design_rows
 
 
 def test_reference_verifier_runs_and_can_say_no() -> None:
     """0.1.0 accepts a standalone capsule of ours and reports capsule_id_mismatch for an altered one."""
-    built = capm.capsule_from_verdict(design_rows()[1], operator="acme", salt=SALT, chained=False)
+    built = capsule_map.capsule_from_verdict(design_rows()[1], operator="acme", salt=SALT, chained=False)
     good = built.to_dict()
     bad = dict(good, operator="someone-else")
     res = refverifier.run([good, bad])
