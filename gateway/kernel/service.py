@@ -16,6 +16,12 @@
   principal gets a binding moment through the moment desk, and the answer
   (``on_hem_decision``) settles the session; an approval lets exactly that
   idp_id transition once.
+
+This module is the service and the request path (serve, validate, reserve
+the step, decide, commit); the other three ideas live beside it as mixins of
+``KernelService``: request validation (``validation.py``), denials and HEM
+(``denials.py``) and transition reports (``transitions.py``). At about 500
+lines it stays one idea: one request, from the subject to the signed entry.
 """
 
 from __future__ import annotations
@@ -27,47 +33,39 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-import rfc8785
 import structlog
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import Counter
 
 from gateway.kernel.audit import AuditService
 from gateway.kernel.checkpoint import Checkpointer
+from gateway.kernel.denials import Denials
 from gateway.kernel.eventlog import STREAM, EventLog
-from gateway.kernel.hem import hem_moment
-from gateway.kernel.mandate import Mandate, MandateError, MandateVerifier
+from gateway.kernel.mandate import Mandate, MandateVerifier
 from gateway.kernel.overdue import OverdueReports
-from gateway.kernel.policy import PolicyEngine, entity_uid, idp_context
+from gateway.kernel.policy import PolicyEngine, idp_context
 from gateway.kernel.received import commit_received, commit_refused
 from gateway.kernel.revocation import Revocations
 from gateway.kernel.state import ConflictError, IdpEntry, KernelState, SessionEntry, bump_step
+from gateway.kernel.transitions import TransitionReports
+from gateway.kernel.validation import RefusalError, RequestValidation
 from pgwcore.keys import load_or_create
 from pgwcore.logs import get_logger
 from pgwcore.metrics import LATENCY, REGISTRY
-from subjects import jcs
 from subjects.errors import SubjectError
 from subjects.idp import (
     REASONING_BASIS_TYPES,
-    EnrichedDeny,
     HemPending,
     Idp,
     IdpThin,
     KernelResult,
-    MismatchDetail,
     Permit,
     Reject,
     SuggestedPath,
-    TransitionReport,
-    b64url,
-    decode_idp,
-    json_digest,
-    pii_markers,
     profile_of,
 )
 from subjects.util import now_rfc3339, stable_id
-from subjects.wire import Detail, Refusal, ReportedEffect, Verdict
+from subjects.wire import Detail
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -84,57 +82,15 @@ IDP_RESULTS = Counter(
     ["result", "code"],
     registry=REGISTRY,
 )
-COMMITMENT_GAPS = Counter(
-    "pgw_idp_commitment_gaps_total",
-    "IDP_COMMITMENT_GAP findings: CRITICAL audit alerts (spec 003 §5.5.2)",
-    ["agent"],
-    registry=REGISTRY,
-)
-
-_DENY_REASONS = {
-    "POLICY_DENY": "The governing policy does not permit {action} on this object in the declared context.",
-    "MANDATE_SCOPE": "{action} is outside the scope of the presented mandate.",
-    "HEM_PENDING": "The session awaits a human decision; no transition proceeds until it is resolved.",
-    "IDP_MISSION_REF_MISMATCH": "The IDP mission_ref does not match the mission bound to the mandate; see mismatch_detail.",
-}
-_ERRORED = {"failed", "error", "errored", "failure"}
-_TYPED_FIELDS = frozenset(
-    {"idp_id", "session_id", "so_id", "mandate_id", "step_sequence", "requested_action", "timestamp",
-     "declared_goal", "reasoning_basis", "confidence_level", "hem_urgency", "profile", "audit_accessible",
-     "mission_ref", "context_refs"}
-)
-
-
-class _RefusalError(Exception):
-    def __init__(self, result: KernelResult) -> None:
-        self.result = result
-
-
 class _RaceError(Exception):
     pass
-
-
-def recorded_status(reported: str, response_digest: str | None) -> tuple[str, str | None]:
-    """(the effect status the log and the capsule record, the reported one where it differs).
-
-    Spec 004 §5.2: "confirmed" is an observed result bound by the digest of the
-    response, never without it; a report that says confirmed and carries no
-    response is recorded as ``dispatched``, the status it does support, with
-    the reported status beside it. Recorded, not refused: the agent says the
-    transition happened, and spec 003 §5.3/§5.5 require STATE_TRANSITIONED and
-    its commitment check for it (a refusal would hide an executed action).
-    STATE_TRANSITIONED and the capsule then state the same effect status.
-    """
-    if reported == "confirmed" and response_digest is None:
-        return "dispatched", reported
-    return reported, None
 
 
 def _uuid_from(*parts: str) -> str:
     return str(uuid.UUID(hex=stable_id(*parts), version=4))
 
 
-class KernelService:
+class KernelService(RequestValidation, Denials, TransitionReports):
     """The governing kernel of spec 003 on the bus; a gateway part (``GATEWAY_PARTS``)."""
 
     name = "kernel"
@@ -276,15 +232,8 @@ class KernelService:
         receipt = now_rfc3339()
         try:
             return await self._handle(agent, data, receipt, traceparent)
-        except _RefusalError as r:
+        except RefusalError as r:
             return r.result
-
-    def _reject(
-        self, code: str, reason: str, *, idp_id: str | None = None, details: list[Detail] | None = None
-    ) -> _RefusalError:
-        return _RefusalError(
-            Reject(timestamp=now_rfc3339(), error_code=code, reason=reason, details=details or [], idp_id=idp_id)  # type: ignore[arg-type]
-        )
 
     async def _handle(self, agent: str, data: bytes, receipt: str, tp: str | None) -> KernelResult:
         digest = stable_id("request", agent, data.decode("utf-8", "replace"))
@@ -297,7 +246,7 @@ class KernelService:
             raise self._reject("REQUEST_MALFORMED", "the request body must be a JSON object {mandate, action, resource?, idp}")
         try:
             idp, mandate, resource, pii, read = await self._validate(agent, raw)
-        except _RefusalError as r:
+        except RefusalError as r:
             res = r.result
             assert isinstance(res, Reject)
             # A well-formed IDP refused by (c)-(f) is still committed first (received.py).
@@ -305,109 +254,6 @@ class KernelService:
             await self._deny_verdict(agent, res.idp_id, digest, res.error_code, res.reason, None, tp)
             raise
         return await self._decide(agent, raw, idp, mandate, resource, pii, read, receipt, tp)
-
-    # spec 003 §5.2, in order ---------------------------------------------------
-    async def _validate(
-        self, agent: str, raw: dict[str, Any]
-    ) -> tuple[Idp, Mandate, dict[str, str], list[str], tuple[SessionEntry, int | None]]:
-        # (a) an IDP is present
-        idp_raw = raw.get("idp")
-        if idp_raw is None:
-            raise self._reject("IDP_MISSING", "the transition request carries no IDP (spec 003 §5.2(a))")
-        raw_id = idp_raw.get("idp_id") if isinstance(idp_raw, dict) else None
-        raw_id = raw_id if isinstance(raw_id, str) and len(raw_id) <= 64 else None
-        # (b) every field rule of §4.1-§4.2 (and §7 for IDP_THIN)
-        try:
-            idp = decode_idp(idp_raw)
-        except msgspec.ValidationError as e:
-            msg = str(e)
-            path = msg.rsplit("at `", 1)[-1].rstrip("`") if "at `" in msg else None
-            raise self._reject(
-                "IDP_MALFORMED", "the IDP does not conform to spec 003 §4", idp_id=raw_id,
-                details=[Detail(message=msg[:500], path=path)],
-            ) from None
-        try:
-            # Only open members can hold numbers JCS cannot serialize; the rest are typed.
-            # The log's serializer: it fails exactly where rfc8785 does.
-            jcs.dumps({k: v for k, v in idp_raw.items() if k not in _TYPED_FIELDS})
-        except Exception:  # noqa: BLE001 - e.g. integers beyond 2^53 cannot be canonicalized
-            raise self._reject(
-                "IDP_MALFORMED", "the IDP cannot be canonicalized (RFC 8785): numbers must fit IEEE 754 doubles",
-                idp_id=idp.idp_id, details=[Detail(message="not canonicalizable", path="$.metadata")],
-            ) from None
-        action = raw.get("action")
-        if action is not None and action != idp.requested_action:
-            raise self._reject(
-                "IDP_MALFORMED", "requested_action must be the Cedar action submitted for evaluation (spec 003 §4.2)",
-                idp_id=idp.idp_id, details=[Detail(message="differs from the request's action", path="$.requested_action")],
-            )
-        res_raw = raw.get("resource")
-        if res_raw is None:
-            resource = {"type": "GovernedObject", "id": idp.so_id}
-        else:
-            uid = entity_uid(res_raw) if isinstance(res_raw, str) else None
-            if uid is None:
-                raise self._reject("REQUEST_MALFORMED", 'resource must be a Cedar entity id like Type::"id"', idp_id=idp.idp_id)
-            resource = uid
-        pii: list[str] = []
-        for path, text in (
-            ("$.declared_goal.description", idp.declared_goal.description if idp.declared_goal else ""),
-            ("$.reasoning_basis.description", idp.reasoning_basis.description if idp.reasoning_basis else ""),
-        ):
-            pii += [f"{kind}@{path}" for kind in pii_markers(text)]
-        if pii and self.cfg.pii == "reject":
-            raise self._reject(
-                "IDP_MALFORMED", "goal and reasoning descriptions must not contain personal data (spec 003 §9)",
-                idp_id=idp.idp_id, details=[Detail(message=f"{p.split('@')[0]} marker", path=p.split("@")[1], rule="pii") for p in pii],
-            )
-        # §4.3: an INSTRUCTION basis MUST name the instruction's source by
-        # mandate_id or session_id, so the instruction stays traceable.
-        rb = idp.reasoning_basis
-        if rb is not None and rb.type == "INSTRUCTION" and idp.mandate_id not in rb.description and idp.session_id not in rb.description:
-            raise self._reject(
-                "IDP_MALFORMED",
-                "an INSTRUCTION reasoning basis must name its source by mandate_id or session_id (spec 003 §4.3)",
-                idp_id=idp.idp_id,
-                details=[Detail(message="source of the instruction not named", path="$.reasoning_basis.description", rule="instruction_source")],
-            )
-        # (c) idp_id unique for the governed object (and for this agent's reports).
-        # The session entry for (f) is read in the same round trip; only the
-        # reads overlap, the checks below still run in the order of §5.2.
-        known, reported, read = await asyncio.gather(
-            self.state.idp(idp.so_id, idp.idp_id), self.state.so_of(agent, idp.idp_id),
-            self.state.session(agent, idp.session_id),
-        )
-        if known is not None or reported:
-            raise self._reject("IDP_DUPLICATE", "this idp_id was already submitted (spec 003 §5.2(c), §8.4)", idp_id=idp.idp_id)
-        # mandate: signature, revocation, expiry (DESIGN §5.2)
-        try:
-            mandate = self.mandates.verify(raw.get("mandate"), agent=agent)
-        except MandateError as e:
-            raise self._reject(e.code, e.reason, idp_id=idp.idp_id) from None
-        # (d) so_id bound to the mandate
-        if idp.so_id.lower() != mandate.so_id.lower():
-            raise self._reject("IDP_SO_MISMATCH", "the IDP so_id is not the governed object bound to the mandate", idp_id=idp.idp_id)
-        # (e) mandate_id is the JWT's jti
-        if idp.mandate_id != mandate.jti:
-            raise self._reject("IDP_MANDATE_MISMATCH", "the IDP mandate_id is not the jti of the presented mandate", idp_id=idp.idp_id)
-        # (f) step_sequence strictly increasing per session
-        sess, rev = await self._session(agent, idp.session_id, read)
-        if sess.state == "TERMINATED":
-            await commit_received(
-                self, self._submitted_body(agent, idp_raw, idp, mandate, resource, pii, now_rfc3339()),
-                session_state=sess.state, code="SESSION_TERMINATED", moment_id=sess.hem_moment_id, tp=None,
-            )
-            raise self._reject("SESSION_TERMINATED", "this session was ended by its principal after a human escalation", idp_id=idp.idp_id)
-        if idp.step_sequence <= sess.last_step:
-            raise self._reject(
-                "IDP_STEP_SEQUENCE",
-                f"step_sequence must be greater than {sess.last_step}, the last committed step of this session (spec 003 §5.2(f))",
-                idp_id=idp.idp_id,
-            )
-        # §7: IDP_THIN where the configuration does not accept it
-        if isinstance(idp, IdpThin) and (not self.cfg.thin_accepted or idp.requested_action in self.cfg.thin_refused_actions):
-            raise self._reject("IDP_THIN_NOT_ACCEPTED", f"{idp.requested_action} requires an IDP_STANDARD declaration (spec 003 §7)", idp_id=idp.idp_id)
-        return idp, mandate, resource, pii, (sess, rev)
 
     async def _session(
         self, agent: str, session_id: str, read: tuple[SessionEntry, int] | None = None
@@ -670,303 +516,3 @@ class KernelService:
             "pii_markers": pii,
         }
 
-    async def _deny(
-        self, agent: str, idp: Idp, m: Mandate, code: str, idp_raw: Any, *, available: list[str],
-        hem_available: bool, tp: str | None, submitted_seq: int | None = None, log_event: bool = False,
-        mismatch: MismatchDetail | None = None,
-    ) -> EnrichedDeny:
-        reason = _DENY_REASONS.get(code, "The transition is not permitted now.").format(action=idp.requested_action)
-        res = EnrichedDeny(
-            timestamp=now_rfc3339(), deny_code=code, deny_reason=reason, idp_received=idp_raw,  # type: ignore[arg-type]
-            available_actions=available, hem_available=hem_available,
-            suggested_paths=self._paths(idp.requested_action, available) if code in ("POLICY_DENY", "MANDATE_SCOPE") else None,
-            mismatch_detail=mismatch, idp_id=idp.idp_id, event_seq=submitted_seq,
-        )
-        if log_event:
-            await self.eventlog.append(
-                "CEDAR_DENY_RECORDED",
-                {"idp_id": idp.idp_id, "so_id": idp.so_id, "session_id": idp.session_id, "agent": agent,
-                 "requested_action": idp.requested_action, "deny_code": code, "available_actions": available,
-                 "hem_available": hem_available, "idp_submitted_seq": submitted_seq},
-                msg_id=stable_id("CEDAR_DENY_RECORDED", idp.so_id.lower(), idp.idp_id.lower()),
-                traceparent=tp,
-            )
-        await self._deny_verdict(agent, idp.idp_id, idp.idp_id, code, reason, m.principal, tp, result="DENY")
-        return res
-
-    async def _mission_mismatch(self, agent: str, idp: Idp, m: Mandate, idp_raw: Any, tp: str | None) -> KernelResult:
-        assert idp.mission_ref is not None and m.mission_ref is not None
-        detail = MismatchDetail(expected_mission_ref=m.mission_ref, submitted_mission_ref=idp.mission_ref)
-        # spec 003 §5.2(g): "MUST log IDP_MISSION_REF_MISMATCH_REJECTED".
-        body = {"idp_id": idp.idp_id, "so_id": idp.so_id, "session_id": idp.session_id, "agent": agent,
-                "principal": m.principal, "mismatch_detail": msgspec.to_builtins(detail), "idp": idp_raw}
-        ev = await self.eventlog.append(
-            "IDP_MISSION_REF_MISMATCH_REJECTED", body,
-            msg_id=stable_id("IDP_MISSION_REF_MISMATCH_REJECTED", idp.so_id.lower(), idp.idp_id.lower()), traceparent=tp,
-        )
-        await self.state.apply("IDP_MISSION_REF_MISMATCH_REJECTED", body, ev.seq)
-        sess, _ = await self.state.session(agent, idp.session_id)
-        threshold = self.cfg.mismatch_hem_threshold
-        escalate = bool(threshold) and self.cfg.hem_enabled and len(sess.mismatches) >= threshold and sess.state == "ACTIVE"
-        res = await self._deny(
-            agent, idp, m, "IDP_MISSION_REF_MISMATCH", idp_raw, available=[],
-            hem_available=self.cfg.hem_enabled and not escalate and sess.state == "ACTIVE", tp=tp, mismatch=detail,
-        )
-        if escalate:
-            # spec 003 §5.2(g): HEM_AGENT_ESCALATED after the configured number of mismatches.
-            await self._escalate(agent=agent, principal=m.principal, idp=idp, trigger="MISSION_REF_MISMATCH_THRESHOLD", tp=tp)
-        return res
-
-    async def _escalate(
-        self, *, agent: str, principal: str, idp: Idp, trigger: str, cedar: str | None = None,
-        verification: dict[str, Any] | None = None, tp: str | None = None,
-    ) -> tuple[str, int]:
-        from gateway.moments import HemContext
-
-        moment_id = self._moment_id(trigger, idp)
-        body = {"idp_id": idp.idp_id, "so_id": idp.so_id if trigger != "MISSION_REF_MISMATCH_THRESHOLD" else None,
-                "session_id": idp.session_id, "agent": agent, "principal": principal, "trigger": trigger,
-                "moment_id": moment_id, "cedar": cedar, "requested_action": idp.requested_action}
-        if verification:
-            body["verification"] = verification
-        # §5.5.2 "the session enters HEM_PENDING immediately": the session moves together
-        # with the event's append, not after its ack, so once the escalation is decided no
-        # later step reservation goes through (a request that reserved its step first was
-        # first). If the event cannot be logged the session is put back; the IDP's own
-        # entry (HEM_URGENCY_REQUIRED) was written hem_pending by the caller.
-        ev, prior = await asyncio.gather(
-            self.eventlog.append("HEM_ESCALATED", body, msg_id=stable_id("HEM_ESCALATED", moment_id), traceparent=tp),
-            self.state.escalate(body),
-            return_exceptions=True,
-        )
-        if isinstance(ev, BaseException):
-            if isinstance(prior, SessionEntry):
-                with contextlib.suppress(Exception):
-                    await self.state.unescalate(body, prior)
-            raise ev
-        if isinstance(prior, BaseException):
-            raise prior
-        sess, _ = await self.state.session(agent, idp.session_id)
-        moment = hem_moment(agent=agent, idp=idp, trigger=trigger, cedar=cedar, verification=verification)
-        await self.desk.dispatch(
-            agent=agent, principal=principal, binding_moment=moment, envelope_id=idp.idp_id,
-            correlation_id=idp.session_id, expires_in_s=self.cfg.hem_expires_in_s, traceparent=tp,
-            hem=HemContext(idp.idp_id, idp.session_id, idp.requested_action), moment_id=moment_id,
-        )
-        log.info("hem escalated", agent=agent, idp_id=idp.idp_id, trigger=trigger, moment_id=moment_id,
-                 session_state=sess.state)
-        return moment_id, ev.seq
-
-    # -- HEM decisions --------------------------------------------------------
-    async def _on_hem_decision(self, record: Any, decision: str, resolution: Any) -> None:
-        hem = record.hem
-        if hem is None:
-            return
-        try:
-            await self._apply_hem(record.agent, hem.session_id, hem.idp_id, record.moment_id, decision)
-        except Exception:
-            log.exception("could not apply HEM decision", moment_id=record.moment_id)
-
-    async def _apply_hem(self, agent: str, session_id: str, idp_id: str, moment_id: str, decision: str) -> SessionEntry:
-        sess, _ = await self.state.session(agent, session_id)
-        if sess.hem_moment_id != moment_id or sess.state != "HEM_PENDING":
-            return sess
-        so_id = await self.state.so_of(agent, idp_id) if sess.hem_trigger != "MISSION_REF_MISMATCH_THRESHOLD" else None
-        body = {"agent": agent, "session_id": session_id, "idp_id": idp_id, "so_id": so_id, "moment_id": moment_id,
-                "decision": decision, "trigger": sess.hem_trigger, "principal": sess.hem_principal}
-        await self.eventlog.append("HEM_RESOLVED", body, msg_id=stable_id("HEM_RESOLVED", moment_id))
-        settled = await self.state.resolve_hem(body)
-        if decision == "approve" and so_id and sess.hem_trigger == "HEM_URGENCY_REQUIRED":
-            got = await self.state.idp(so_id, idp_id)
-            if got is not None:
-                await self.overdue.opened(got[0], moment_id=moment_id)  # a human's permit awaits its report too
-        return settled
-
-    # -- verdicts ---------------------------------------------------------------
-    async def _deny_verdict(
-        self, agent: str, idp_id: str | None, key: str, code: str, reason: str, principal: str | None,
-        tp: str | None, result: str = "REJECT",
-    ) -> None:
-        """DESIGN §6: IDP REJECT and Cedar DENY -> ``denied`` (approver policy)."""
-        v = Verdict(
-            verdict_id=stable_id("idp-denied", agent, key, code),
-            verdict_class="denied", decision="reject", approver="policy", human_disposed=False,
-            ts=now_rfc3339(), agent=agent, principal=principal, action_type="idp.transition",
-            action_id=idp_id or key, idp_id=idp_id, reason=Refusal(code=code, reason=reason),
-            traceparent=tp, details={"result": result},
-        )
-        await self.publisher.verdict(v)
-
-    async def _verdict_failure(self, agent: str, data: bytes, tp: str | None) -> None:
-        key = stable_id("request", agent, data.decode("utf-8", "replace"))
-        await self.publisher.verdict(
-            Verdict(
-                verdict_id=stable_id("idp-engine-failure", agent, key), verdict_class="engine_failure",
-                decision="reject", approver="policy", human_disposed=False, ts=now_rfc3339(), agent=agent,
-                action_type="idp.transition", action_id=key, traceparent=tp,
-                reason=Refusal(code="KERNEL_UNAVAILABLE", reason="the kernel could not evaluate the request"),
-            )
-        )
-
-    # -- transition reports (spec 003 §5.5) -------------------------------------------
-    async def _transition_loop(self) -> None:
-        while not self._stopping:
-            if self.nc.is_closed:
-                # The owner closed the connection without draining us (e.g. a failed start).
-                return
-            try:
-                msgs = await self._psub.fetch(batch=self.config.gateway.batch, timeout=1)
-            except (NatsTimeout, TimeoutError):
-                continue
-            except asyncio.CancelledError:
-                return
-            except Exception:
-                if self._stopping or self.nc.is_closed:
-                    return
-                log.exception("fetching transition reports failed")
-                await asyncio.sleep(0.5)
-                continue
-            self._busy = True
-            try:
-                await self._process_batch(msgs)
-            finally:
-                self._busy = False
-
-    async def _process_batch(self, msgs: list[Any]) -> None:
-        for msg in msgs:
-            structlog.contextvars.clear_contextvars()
-            try:
-                agent = self.subjects.parse(msg.subject).token or ""
-                tp = (msg.headers or {}).get("traceparent")
-                structlog.contextvars.bind_contextvars(agent=agent, traceparent=tp)
-                await self.handle_transition(agent, msg.data, msg.metadata.sequence.stream, traceparent=tp)
-                await msg.ack()
-            except SubjectError:
-                await msg.term()
-            except Exception:
-                log.exception("transition report failed; will be redelivered", subject=msg.subject)
-                with contextlib.suppress(Exception):
-                    await msg.nak(delay=1)
-
-    async def handle_transition(self, agent: str, data: bytes, msg_seq: int, *, traceparent: str | None = None) -> str:
-        """Process one report; return what happened (``verified``, ``gap`` or ``refused:...``)."""
-        tp = traceparent
-        try:
-            rep = msgspec.json.decode(data, type=TransitionReport)
-        except Exception as e:  # noqa: BLE001 - any malformed report is refused and logged
-            return await self._refuse_transition(agent, None, f"malformed report: {str(e)[:200]}", msg_seq, tp)
-        so_id = await self.state.so_of(agent, rep.idp_id)
-        got = await self.state.idp(so_id, rep.idp_id) if so_id else None
-        if got is None:
-            # spec 003 §5.3: no STATE_TRANSITIONED without a preceding IDP_SUBMITTED.
-            return await self._refuse_transition(agent, rep, "no IDP_SUBMITTED for this step", msg_seq, tp)
-        entry = got[0]
-        if entry.status == "hem_pending":
-            await self._session(agent, entry.session_id)
-            entry = (await self.state.idp(entry.so_id, entry.idp_id) or got)[0]
-        if entry.status not in ("permitted", "hem_approved", "transitioned"):
-            return await self._refuse_transition(agent, rep, f"the IDP was not permitted (status {entry.status})", msg_seq, tp)
-        report_digest = json_digest(msgspec.to_builtins(rep))
-        eff = rep.effect
-        resp_digest = json_digest(eff.response) if eff.response is not None else None
-        status, reported = recorded_status(eff.status, resp_digest)
-        st_body = {
-            "idp_id": entry.idp_id, "so_id": entry.so_id, "session_id": entry.session_id, "agent": agent,
-            "principal": entry.principal, "step_sequence": entry.step_sequence,
-            "executed_action": rep.executed_action, "idp_submitted_seq": entry.submitted_seq,
-            "effect": {"type": eff.type, "status": status, "external_ref": eff.external_ref,
-                       "irreversibility_class": eff.irreversibility_class,
-                       "request_digest": json_digest(eff.request) if eff.request is not None else None,
-                       "response_digest": resp_digest},
-            "effect_attestation": "runtime_claimed",
-            "report_digest": report_digest,
-        }
-        if reported is not None:
-            st_body["effect"]["status_reported"] = reported
-        st_id = stable_id("STATE_TRANSITIONED", entry.so_id.lower(), entry.idp_id.lower())
-        st = await self.eventlog.append("STATE_TRANSITIONED", st_body, msg_id=st_id, traceparent=tp)
-        if st.duplicate and st.event.body.get("report_digest") != report_digest:
-            return await self._refuse_transition(agent, rep, "a transition was already reported for this IDP", msg_seq, tp)
-        if entry.status == "transitioned" and not st.duplicate and entry.transition_seq not in (None, st.seq):
-            return await self._refuse_transition(agent, rep, "a transition was already reported for this IDP", msg_seq, tp)
-        matched = rep.executed_action == entry.requested_action  # spec 003 §5.5.3: string-exact
-        record: dict[str, Any] = {
-            "idp_id": entry.idp_id,
-            "state_transition_id": st.event.event_id,
-            "state_transition_seq": st.seq,
-            "verified_at": now_rfc3339(),
-            "match_result": "MATCHED" if matched else "IDP_COMMITMENT_GAP",
-            "requested_action": entry.requested_action,
-            "executed_action": rep.executed_action,
-            "kid": self.key.kid,
-        }
-        # spec 003 §5.5.1: Ed25519 over the canonical serialization of all other fields.
-        record["kernel_signature"] = b64url(self.key.sign(rfc8785.dumps(record)))
-        etype = "IDP_COMMITMENT_VERIFIED" if matched else "IDP_COMMITMENT_GAP"
-        vbody: dict[str, Any] = {"record": record, "so_id": entry.so_id, "session_id": entry.session_id, "agent": agent}
-        if not matched:
-            vbody["alert"] = {"severity": "CRITICAL", "alert_trigger": "IDP_COMMITMENT_GAP"}
-        vev = await self.eventlog.append(etype, vbody, msg_id=stable_id(etype, entry.so_id.lower(), entry.idp_id.lower()), traceparent=tp)
-        record = vev.event.body["record"]
-        await self.state.advance_idp(entry.so_id, entry.idp_id, "transitioned", transition_seq=st.seq)
-        await self.overdue.closed(entry.so_id, entry.idp_id)
-        if not matched:
-            COMMITMENT_GAPS.labels(agent=agent).inc()
-            log.critical("IDP_COMMITMENT_GAP", agent=agent, idp_id=entry.idp_id, requested=entry.requested_action,
-                         executed=rep.executed_action[:200], alert_trigger="IDP_COMMITMENT_GAP")
-            sub_ev = await self.eventlog.get(entry.submitted_seq)
-            idp = decode_idp(sub_ev.body["idp"])
-            await self._escalate(agent=agent, principal=entry.principal, idp=idp, trigger="IDP_COMMITMENT_GAP",
-                                 verification=record, tp=tp)
-        await self._transition_verdict(agent, entry, rep, resp_digest, record, tp)
-        return "verified" if matched else "gap"
-
-    async def _transition_verdict(
-        self, agent: str, entry: IdpEntry, rep: TransitionReport, resp_digest: str | None,
-        record: dict[str, Any], tp: str | None,
-    ) -> None:
-        eff = rep.effect
-        status, reported = recorded_status(eff.status, resp_digest)
-        details: dict[str, Any] = {"effect_attestation": "runtime_claimed", "match_result": record["match_result"],
-                                   "executed_action": rep.executed_action, "requested_action": entry.requested_action}
-        if resp_digest:
-            details["response_digest"] = resp_digest
-        if reported is not None:
-            details["effect_status_reported"] = reported
-        errored = eff.status.lower() in _ERRORED
-        human = entry.status == "hem_approved" or entry.moment_id is not None
-        v = Verdict(
-            verdict_id=stable_id("idp-transition", entry.so_id.lower(), entry.idp_id.lower()),
-            verdict_class="errored" if errored else "executed",
-            decision="accept",
-            approver="human" if human else "policy",
-            # The principal approved this very step through HEM (DESIGN §6 "as happened").
-            human_disposed=human,
-            ts=now_rfc3339(), agent=agent, principal=entry.principal, action_type=entry.requested_action,
-            action_id=entry.idp_id, idp_id=entry.idp_id, moment_id=entry.moment_id,
-            supersedes=stable_id("resolved", entry.moment_id) if entry.moment_id else None,
-            traceparent=tp,
-            effect=ReportedEffect(type=eff.type, status=status, request=eff.request, response=eff.response,
-                                  external_ref=eff.external_ref, irreversibility_class=eff.irreversibility_class),
-            details=details,
-        )
-        await self.publisher.verdict(v)
-
-    async def _refuse_transition(
-        self, agent: str, rep: TransitionReport | None, why: str, msg_seq: int, tp: str | None
-    ) -> str:
-        key = stable_id("TRANSITION_REFUSED", agent, str(msg_seq))
-        body = {"agent": agent, "reason": why, "inbound_seq": msg_seq,
-                "idp_id": rep.idp_id if rep else None, "executed_action": rep.executed_action if rep else None}
-        await self.eventlog.append("TRANSITION_REFUSED", body, msg_id=key, traceparent=tp)
-        log.warning("transition refused", agent=agent, reason=why, idp_id=body["idp_id"])
-        await self.publisher.verdict(
-            Verdict(
-                verdict_id=stable_id("idp-transition-refused", key), verdict_class="denied", decision="reject",
-                approver="policy", human_disposed=False, ts=now_rfc3339(), agent=agent,
-                action_type=(rep.executed_action if rep else "idp.transition"), action_id=(rep.idp_id if rep else key),
-                idp_id=rep.idp_id if rep else None, traceparent=tp,
-                reason=Refusal(code="TRANSITION_REFUSED", reason=why),
-            )
-        )
-        return f"refused:{why}"

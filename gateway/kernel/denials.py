@@ -1,0 +1,189 @@
+"""Denials and human escalation of the IDP kernel (spec 003 §5.2, §5.4, §4.4, §6.3).
+
+Split from ``gateway.kernel.service`` (issue 18): the enriched deny and the
+mission-ref mismatch answers with their log events and verdicts, and HEM (a
+binding moment to the mandate's principal through the moment desk, and the
+answer that settles the session). The methods run on
+:class:`gateway.kernel.service.KernelService`, whose state they share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import msgspec
+
+from gateway.kernel.eventlog import EventLog
+from gateway.kernel.hem import hem_moment
+from gateway.kernel.mandate import Mandate
+from gateway.kernel.state import KernelState, SessionEntry
+from pgwcore.logs import get_logger
+from subjects.idp import (
+    EnrichedDeny,
+    Idp,
+    KernelResult,
+    MismatchDetail,
+)
+from subjects.util import now_rfc3339, stable_id
+from subjects.wire import Refusal, Verdict
+
+log = get_logger("pgw.kernel")
+
+_DENY_REASONS = {
+    "POLICY_DENY": "The governing policy does not permit {action} on this object in the declared context.",
+    "MANDATE_SCOPE": "{action} is outside the scope of the presented mandate.",
+    "HEM_PENDING": "The session awaits a human decision; no transition proceeds until it is resolved.",
+    "IDP_MISSION_REF_MISMATCH": "The IDP mission_ref does not match the mission bound to the mandate; see mismatch_detail.",
+}
+
+
+class Denials:
+    """The deny and HEM methods of :class:`gateway.kernel.service.KernelService` (state lives on the service)."""
+
+    gw: Any
+    cfg: Any
+    state: KernelState
+    eventlog: EventLog
+    overdue: Any
+    publisher: Any
+
+    async def _deny(
+        self, agent: str, idp: Idp, m: Mandate, code: str, idp_raw: Any, *, available: list[str],
+        hem_available: bool, tp: str | None, submitted_seq: int | None = None, log_event: bool = False,
+        mismatch: MismatchDetail | None = None,
+    ) -> EnrichedDeny:
+        reason = _DENY_REASONS.get(code, "The transition is not permitted now.").format(action=idp.requested_action)
+        res = EnrichedDeny(
+            timestamp=now_rfc3339(), deny_code=code, deny_reason=reason, idp_received=idp_raw,  # type: ignore[arg-type]
+            available_actions=available, hem_available=hem_available,
+            suggested_paths=self._paths(idp.requested_action, available) if code in ("POLICY_DENY", "MANDATE_SCOPE") else None,
+            mismatch_detail=mismatch, idp_id=idp.idp_id, event_seq=submitted_seq,
+        )
+        if log_event:
+            await self.eventlog.append(
+                "CEDAR_DENY_RECORDED",
+                {"idp_id": idp.idp_id, "so_id": idp.so_id, "session_id": idp.session_id, "agent": agent,
+                 "requested_action": idp.requested_action, "deny_code": code, "available_actions": available,
+                 "hem_available": hem_available, "idp_submitted_seq": submitted_seq},
+                msg_id=stable_id("CEDAR_DENY_RECORDED", idp.so_id.lower(), idp.idp_id.lower()),
+                traceparent=tp,
+            )
+        await self._deny_verdict(agent, idp.idp_id, idp.idp_id, code, reason, m.principal, tp, result="DENY")
+        return res
+
+    async def _mission_mismatch(self, agent: str, idp: Idp, m: Mandate, idp_raw: Any, tp: str | None) -> KernelResult:
+        assert idp.mission_ref is not None and m.mission_ref is not None
+        detail = MismatchDetail(expected_mission_ref=m.mission_ref, submitted_mission_ref=idp.mission_ref)
+        # spec 003 §5.2(g): "MUST log IDP_MISSION_REF_MISMATCH_REJECTED".
+        body = {"idp_id": idp.idp_id, "so_id": idp.so_id, "session_id": idp.session_id, "agent": agent,
+                "principal": m.principal, "mismatch_detail": msgspec.to_builtins(detail), "idp": idp_raw}
+        ev = await self.eventlog.append(
+            "IDP_MISSION_REF_MISMATCH_REJECTED", body,
+            msg_id=stable_id("IDP_MISSION_REF_MISMATCH_REJECTED", idp.so_id.lower(), idp.idp_id.lower()), traceparent=tp,
+        )
+        await self.state.apply("IDP_MISSION_REF_MISMATCH_REJECTED", body, ev.seq)
+        sess, _ = await self.state.session(agent, idp.session_id)
+        threshold = self.cfg.mismatch_hem_threshold
+        escalate = bool(threshold) and self.cfg.hem_enabled and len(sess.mismatches) >= threshold and sess.state == "ACTIVE"
+        res = await self._deny(
+            agent, idp, m, "IDP_MISSION_REF_MISMATCH", idp_raw, available=[],
+            hem_available=self.cfg.hem_enabled and not escalate and sess.state == "ACTIVE", tp=tp, mismatch=detail,
+        )
+        if escalate:
+            # spec 003 §5.2(g): HEM_AGENT_ESCALATED after the configured number of mismatches.
+            await self._escalate(agent=agent, principal=m.principal, idp=idp, trigger="MISSION_REF_MISMATCH_THRESHOLD", tp=tp)
+        return res
+
+    async def _escalate(
+        self, *, agent: str, principal: str, idp: Idp, trigger: str, cedar: str | None = None,
+        verification: dict[str, Any] | None = None, tp: str | None = None,
+    ) -> tuple[str, int]:
+        from gateway.moments import HemContext
+
+        moment_id = self._moment_id(trigger, idp)
+        body = {"idp_id": idp.idp_id, "so_id": idp.so_id if trigger != "MISSION_REF_MISMATCH_THRESHOLD" else None,
+                "session_id": idp.session_id, "agent": agent, "principal": principal, "trigger": trigger,
+                "moment_id": moment_id, "cedar": cedar, "requested_action": idp.requested_action}
+        if verification:
+            body["verification"] = verification
+        # §5.5.2 "the session enters HEM_PENDING immediately": the session moves together
+        # with the event's append, not after its ack, so once the escalation is decided no
+        # later step reservation goes through (a request that reserved its step first was
+        # first). If the event cannot be logged the session is put back; the IDP's own
+        # entry (HEM_URGENCY_REQUIRED) was written hem_pending by the caller.
+        ev, prior = await asyncio.gather(
+            self.eventlog.append("HEM_ESCALATED", body, msg_id=stable_id("HEM_ESCALATED", moment_id), traceparent=tp),
+            self.state.escalate(body),
+            return_exceptions=True,
+        )
+        if isinstance(ev, BaseException):
+            if isinstance(prior, SessionEntry):
+                with contextlib.suppress(Exception):
+                    await self.state.unescalate(body, prior)
+            raise ev
+        if isinstance(prior, BaseException):
+            raise prior
+        sess, _ = await self.state.session(agent, idp.session_id)
+        moment = hem_moment(agent=agent, idp=idp, trigger=trigger, cedar=cedar, verification=verification)
+        await self.desk.dispatch(
+            agent=agent, principal=principal, binding_moment=moment, envelope_id=idp.idp_id,
+            correlation_id=idp.session_id, expires_in_s=self.cfg.hem_expires_in_s, traceparent=tp,
+            hem=HemContext(idp.idp_id, idp.session_id, idp.requested_action), moment_id=moment_id,
+        )
+        log.info("hem escalated", agent=agent, idp_id=idp.idp_id, trigger=trigger, moment_id=moment_id,
+                 session_state=sess.state)
+        return moment_id, ev.seq
+
+    # -- HEM decisions --------------------------------------------------------
+    async def _on_hem_decision(self, record: Any, decision: str, resolution: Any) -> None:
+        hem = record.hem
+        if hem is None:
+            return
+        try:
+            await self._apply_hem(record.agent, hem.session_id, hem.idp_id, record.moment_id, decision)
+        except Exception:
+            log.exception("could not apply HEM decision", moment_id=record.moment_id)
+
+    async def _apply_hem(self, agent: str, session_id: str, idp_id: str, moment_id: str, decision: str) -> SessionEntry:
+        sess, _ = await self.state.session(agent, session_id)
+        if sess.hem_moment_id != moment_id or sess.state != "HEM_PENDING":
+            return sess
+        so_id = await self.state.so_of(agent, idp_id) if sess.hem_trigger != "MISSION_REF_MISMATCH_THRESHOLD" else None
+        body = {"agent": agent, "session_id": session_id, "idp_id": idp_id, "so_id": so_id, "moment_id": moment_id,
+                "decision": decision, "trigger": sess.hem_trigger, "principal": sess.hem_principal}
+        await self.eventlog.append("HEM_RESOLVED", body, msg_id=stable_id("HEM_RESOLVED", moment_id))
+        settled = await self.state.resolve_hem(body)
+        if decision == "approve" and so_id and sess.hem_trigger == "HEM_URGENCY_REQUIRED":
+            got = await self.state.idp(so_id, idp_id)
+            if got is not None:
+                await self.overdue.opened(got[0], moment_id=moment_id)  # a human's permit awaits its report too
+        return settled
+
+    # -- verdicts ---------------------------------------------------------------
+    async def _deny_verdict(
+        self, agent: str, idp_id: str | None, key: str, code: str, reason: str, principal: str | None,
+        tp: str | None, result: str = "REJECT",
+    ) -> None:
+        """DESIGN §6: IDP REJECT and Cedar DENY -> ``denied`` (approver policy)."""
+        v = Verdict(
+            verdict_id=stable_id("idp-denied", agent, key, code),
+            verdict_class="denied", decision="reject", approver="policy", human_disposed=False,
+            ts=now_rfc3339(), agent=agent, principal=principal, action_type="idp.transition",
+            action_id=idp_id or key, idp_id=idp_id, reason=Refusal(code=code, reason=reason),
+            traceparent=tp, details={"result": result},
+        )
+        await self.publisher.verdict(v)
+
+    async def _verdict_failure(self, agent: str, data: bytes, tp: str | None) -> None:
+        key = stable_id("request", agent, data.decode("utf-8", "replace"))
+        await self.publisher.verdict(
+            Verdict(
+                verdict_id=stable_id("idp-engine-failure", agent, key), verdict_class="engine_failure",
+                decision="reject", approver="policy", human_disposed=False, ts=now_rfc3339(), agent=agent,
+                action_type="idp.transition", action_id=key, traceparent=tp,
+                reason=Refusal(code="KERNEL_UNAVAILABLE", reason="the kernel could not evaluate the request"),
+            )
+        )
+

@@ -1,0 +1,164 @@
+"""Validation of a transition request, in the order of spec 003 §5.2.
+
+Split from ``gateway.kernel.service`` (issue 18): everything that can refuse
+an IDP before its step is reserved (decoding, profile and thin-IDP rules, the
+mandate and its binding to the agent, revocation, the mission reference).
+The methods run on :class:`gateway.kernel.service.KernelService`, whose state
+they share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+
+from gateway.kernel.mandate import Mandate, MandateError
+from gateway.kernel.policy import entity_uid
+from gateway.kernel.received import commit_received
+from gateway.kernel.state import KernelState, SessionEntry
+from pgwcore.logs import get_logger
+from subjects import jcs
+from subjects.idp import (
+    Idp,
+    IdpThin,
+    KernelResult,
+    Reject,
+    decode_idp,
+    pii_markers,
+)
+from subjects.util import now_rfc3339
+from subjects.wire import Detail
+
+log = get_logger("pgw.kernel")
+
+_TYPED_FIELDS = frozenset(
+    {"idp_id", "session_id", "so_id", "mandate_id", "step_sequence", "requested_action", "timestamp",
+     "declared_goal", "reasoning_basis", "confidence_level", "hem_urgency", "profile", "audit_accessible",
+     "mission_ref", "context_refs"}
+)
+
+
+class RefusalError(Exception):
+    def __init__(self, result: KernelResult) -> None:
+        self.result = result
+
+
+class RequestValidation:
+    """The request-validation methods of :class:`gateway.kernel.service.KernelService` (state lives on the service)."""
+
+    cfg: Any
+    state: KernelState
+    mandates: Any
+
+    def _reject(
+        self, code: str, reason: str, *, idp_id: str | None = None, details: list[Detail] | None = None
+    ) -> RefusalError:
+        return RefusalError(
+            Reject(timestamp=now_rfc3339(), error_code=code, reason=reason, details=details or [], idp_id=idp_id)  # type: ignore[arg-type]
+        )
+
+    # spec 003 §5.2, in order ---------------------------------------------------
+    async def _validate(
+        self, agent: str, raw: dict[str, Any]
+    ) -> tuple[Idp, Mandate, dict[str, str], list[str], tuple[SessionEntry, int | None]]:
+        # (a) an IDP is present
+        idp_raw = raw.get("idp")
+        if idp_raw is None:
+            raise self._reject("IDP_MISSING", "the transition request carries no IDP (spec 003 §5.2(a))")
+        raw_id = idp_raw.get("idp_id") if isinstance(idp_raw, dict) else None
+        raw_id = raw_id if isinstance(raw_id, str) and len(raw_id) <= 64 else None
+        # (b) every field rule of §4.1-§4.2 (and §7 for IDP_THIN)
+        try:
+            idp = decode_idp(idp_raw)
+        except msgspec.ValidationError as e:
+            msg = str(e)
+            path = msg.rsplit("at `", 1)[-1].rstrip("`") if "at `" in msg else None
+            raise self._reject(
+                "IDP_MALFORMED", "the IDP does not conform to spec 003 §4", idp_id=raw_id,
+                details=[Detail(message=msg[:500], path=path)],
+            ) from None
+        try:
+            # Only open members can hold numbers JCS cannot serialize; the rest are typed.
+            # The log's serializer: it fails exactly where rfc8785 does.
+            jcs.dumps({k: v for k, v in idp_raw.items() if k not in _TYPED_FIELDS})
+        except Exception:  # noqa: BLE001 - e.g. integers beyond 2^53 cannot be canonicalized
+            raise self._reject(
+                "IDP_MALFORMED", "the IDP cannot be canonicalized (RFC 8785): numbers must fit IEEE 754 doubles",
+                idp_id=idp.idp_id, details=[Detail(message="not canonicalizable", path="$.metadata")],
+            ) from None
+        action = raw.get("action")
+        if action is not None and action != idp.requested_action:
+            raise self._reject(
+                "IDP_MALFORMED", "requested_action must be the Cedar action submitted for evaluation (spec 003 §4.2)",
+                idp_id=idp.idp_id, details=[Detail(message="differs from the request's action", path="$.requested_action")],
+            )
+        res_raw = raw.get("resource")
+        if res_raw is None:
+            resource = {"type": "GovernedObject", "id": idp.so_id}
+        else:
+            uid = entity_uid(res_raw) if isinstance(res_raw, str) else None
+            if uid is None:
+                raise self._reject("REQUEST_MALFORMED", 'resource must be a Cedar entity id like Type::"id"', idp_id=idp.idp_id)
+            resource = uid
+        pii: list[str] = []
+        for path, text in (
+            ("$.declared_goal.description", idp.declared_goal.description if idp.declared_goal else ""),
+            ("$.reasoning_basis.description", idp.reasoning_basis.description if idp.reasoning_basis else ""),
+        ):
+            pii += [f"{kind}@{path}" for kind in pii_markers(text)]
+        if pii and self.cfg.pii == "reject":
+            raise self._reject(
+                "IDP_MALFORMED", "goal and reasoning descriptions must not contain personal data (spec 003 §9)",
+                idp_id=idp.idp_id, details=[Detail(message=f"{p.split('@')[0]} marker", path=p.split("@")[1], rule="pii") for p in pii],
+            )
+        # §4.3: an INSTRUCTION basis MUST name the instruction's source by
+        # mandate_id or session_id, so the instruction stays traceable.
+        rb = idp.reasoning_basis
+        if rb is not None and rb.type == "INSTRUCTION" and idp.mandate_id not in rb.description and idp.session_id not in rb.description:
+            raise self._reject(
+                "IDP_MALFORMED",
+                "an INSTRUCTION reasoning basis must name its source by mandate_id or session_id (spec 003 §4.3)",
+                idp_id=idp.idp_id,
+                details=[Detail(message="source of the instruction not named", path="$.reasoning_basis.description", rule="instruction_source")],
+            )
+        # (c) idp_id unique for the governed object (and for this agent's reports).
+        # The session entry for (f) is read in the same round trip; only the
+        # reads overlap, the checks below still run in the order of §5.2.
+        known, reported, read = await asyncio.gather(
+            self.state.idp(idp.so_id, idp.idp_id), self.state.so_of(agent, idp.idp_id),
+            self.state.session(agent, idp.session_id),
+        )
+        if known is not None or reported:
+            raise self._reject("IDP_DUPLICATE", "this idp_id was already submitted (spec 003 §5.2(c), §8.4)", idp_id=idp.idp_id)
+        # mandate: signature, revocation, expiry (DESIGN §5.2)
+        try:
+            mandate = self.mandates.verify(raw.get("mandate"), agent=agent)
+        except MandateError as e:
+            raise self._reject(e.code, e.reason, idp_id=idp.idp_id) from None
+        # (d) so_id bound to the mandate
+        if idp.so_id.lower() != mandate.so_id.lower():
+            raise self._reject("IDP_SO_MISMATCH", "the IDP so_id is not the governed object bound to the mandate", idp_id=idp.idp_id)
+        # (e) mandate_id is the JWT's jti
+        if idp.mandate_id != mandate.jti:
+            raise self._reject("IDP_MANDATE_MISMATCH", "the IDP mandate_id is not the jti of the presented mandate", idp_id=idp.idp_id)
+        # (f) step_sequence strictly increasing per session
+        sess, rev = await self._session(agent, idp.session_id, read)
+        if sess.state == "TERMINATED":
+            await commit_received(
+                self, self._submitted_body(agent, idp_raw, idp, mandate, resource, pii, now_rfc3339()),
+                session_state=sess.state, code="SESSION_TERMINATED", moment_id=sess.hem_moment_id, tp=None,
+            )
+            raise self._reject("SESSION_TERMINATED", "this session was ended by its principal after a human escalation", idp_id=idp.idp_id)
+        if idp.step_sequence <= sess.last_step:
+            raise self._reject(
+                "IDP_STEP_SEQUENCE",
+                f"step_sequence must be greater than {sess.last_step}, the last committed step of this session (spec 003 §5.2(f))",
+                idp_id=idp.idp_id,
+            )
+        # §7: IDP_THIN where the configuration does not accept it
+        if isinstance(idp, IdpThin) and (not self.cfg.thin_accepted or idp.requested_action in self.cfg.thin_refused_actions):
+            raise self._reject("IDP_THIN_NOT_ACCEPTED", f"{idp.requested_action} requires an IDP_STANDARD declaration (spec 003 §7)", idp_id=idp.idp_id)
+        return idp, mandate, resource, pii, (sess, rev)
+
