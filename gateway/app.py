@@ -17,7 +17,8 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 
-from gateway.moments import MomentDesk, Refused
+from gateway.moment_record import Refused
+from gateway.moments import MomentDesk
 from gateway.pipeline import EnvelopeWorker
 from gateway.stages.kind import BUILTIN_KINDS, KindSpec
 from gateway.stages.state import StageStateCell

@@ -21,7 +21,6 @@ import hashlib
 import heapq
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
@@ -29,6 +28,16 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
+from gateway.moment_record import (
+    HemCallback,
+    HemContext,
+    HemInfo,
+    MomentRecord,
+    Refused,
+    closing_verdict,
+    hem_decision_of,
+    moment_key,
+)
 from pgwcore.logs import get_logger
 from pgwcore.loop import together
 from pgwcore.publish import KvWriter, Publisher
@@ -64,93 +73,8 @@ _PRE = f"$KV.{BUCKET}."  # the bucket's subjects, as KvWriter writes them
 MOMENT_TTL_S = 30 * 86400.0
 
 
-@dataclass(frozen=True)
-class HemContext:
-    """Links a human-escalation moment to the IDP it gates (spec 003 HEM)."""
-
-    idp_id: str
-    session_id: str
-    action: str
-
-
-class HemInfo(msgspec.Struct, frozen=True):
-    idp_id: str
-    session_id: str
-    action: str
-
-
-class MomentRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """What the desk keeps of one moment."""
-
-    moment_id: str
-    agent: str
-    principal: str
-    envelope_id: str
-    correlation_id: str
-    item: SurfaceItem
-    dispatch_verdict_id: str
-    created_at: float
-    expires_at: float | None = None
-    untrusted: bool = False
-    hem: HemInfo | None = None
-    status: Literal["pending", "resolved", "expired"] = "pending"
-    published: bool = True
-    resolution: Resolution | None = None
-    resolved_at: float | None = None
-    traceparent: str | None = None
-
-
 _dec = msgspec.json.Decoder(MomentRecord)
 _enc = msgspec.json.Encoder()
-
-HemCallback = Callable[[MomentRecord, str, Resolution | None], Awaitable[None]]
-
-
-class Refused(Exception):
-    """A resolution the desk will not accept; carries the reply code."""
-
-    def __init__(self, code: str, reason: str) -> None:
-        self.code = code
-        self.reason = reason
-        super().__init__(f"{code}: {reason}")
-
-
-def _key(principal: str, moment_id: str) -> str:
-    return f"{principal}.{moment_id}"
-
-
-def hem_decision_of(resolution: Resolution | None) -> str:
-    match resolution:
-        case OptionChoice(index=0):
-            return "approve"
-        case OptionChoice():
-            return "deny"
-        case FreeTextAnswer():
-            return "free_text"
-        case DialogueVeto():
-            return "dialogue"
-    return "expired"
-
-
-def _closing_verdict(rec: MomentRecord, ts: str, verdict_class: Literal["resolved", "expired"], **kw: Any) -> Verdict:
-    """The verdict that closes a moment; it supersedes the dispatch verdict (spec 004 §5.4.4)."""
-    return Verdict(
-        verdict_id=stable_id(verdict_class, rec.moment_id),
-        verdict_class=verdict_class,
-        ts=ts,
-        agent=rec.agent,
-        principal=rec.principal,
-        action_type="idp.hem" if rec.hem else "pgw.binding_moment",
-        action_id=rec.moment_id,
-        envelope_id=rec.envelope_id,
-        correlation_id=rec.correlation_id,
-        moment_id=rec.moment_id,
-        idp_id=rec.hem.idp_id if rec.hem else None,
-        supersedes=rec.dispatch_verdict_id,
-        untrusted=rec.untrusted,
-        traceparent=rec.traceparent,
-        **kw,
-    )
 
 
 class MomentDesk:
@@ -260,7 +184,7 @@ class MomentDesk:
             hem=HemInfo(hem.idp_id, hem.session_id, hem.action) if hem else None,
             traceparent=traceparent,
         )
-        key = _key(principal, moment_id)
+        key = moment_key(principal, moment_id)
         try:
             await self._writer.create(key, _enc.encode(record))
         except KeyWrongLastSequenceError:
@@ -296,7 +220,7 @@ class MomentDesk:
     # -- queries ----------------------------------------------------------
     async def get(self, principal: str, moment_id: str) -> tuple[MomentRecord, int] | None:
         try:
-            entry = await self.kv.get(_key(principal, moment_id))
+            entry = await self.kv.get(moment_key(principal, moment_id))
         except KeyNotFoundError:
             return None
         if entry.value is None:
@@ -351,7 +275,7 @@ class MomentDesk:
             rec.resolved_at = time.time()
             rec.published = False
             try:
-                rev = await self.kv.update(_key(principal, moment_id), _enc.encode(rec), last=rev)
+                rev = await self.kv.update(moment_key(principal, moment_id), _enc.encode(rec), last=rev)
             except KeyWrongLastSequenceError:
                 continue  # someone else changed it; re-read and decide again
             await self._publish_final(rec, rev)
@@ -415,7 +339,7 @@ class MomentDesk:
             # A HEM moment is an approval gate; an agent's moment is accepted unless its frame is rejected.
             accept = decision == "approve" if rec.hem else not isinstance(res, DialogueVeto)
             text = getattr(res, "text", None) or getattr(res, "objection", None)
-            verdict = _closing_verdict(
+            verdict = closing_verdict(
                 rec,
                 ts,
                 "resolved",
@@ -445,7 +369,7 @@ class MomentDesk:
                 )
             )
             # DESIGN §6: a timeout is a refusal, never a consent.
-            verdict = _closing_verdict(rec, ts, "expired", decision="reject", approver="policy", human_disposed=False)
+            verdict = closing_verdict(rec, ts, "expired", decision="reject", approver="policy", human_disposed=False)
             withdrawn_reason = "expired"
         withdrawn = WithdrawnItem(
             agent=rec.agent, principal=rec.principal, created_at=ts, untrusted=rec.untrusted,
@@ -467,7 +391,7 @@ class MomentDesk:
                     log.exception("on_resolved hook failed", moment_id=mid)
         rec.published = True
         with contextlib.suppress(KeyWrongLastSequenceError):
-            await self.kv.update(_key(rec.principal, mid), _enc.encode(rec), last=rev)
+            await self.kv.update(moment_key(rec.principal, mid), _enc.encode(rec), last=rev)
 
     # -- expiry and re-drive ------------------------------------------------
     async def _on_record(self, msg: Msg) -> None:

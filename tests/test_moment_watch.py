@@ -11,7 +11,8 @@ import time
 
 import msgspec
 
-from gateway.moments import BUCKET, MomentRecord
+from gateway.moment_record import MomentRecord
+from gateway.moments import BUCKET
 from subjects.wire import MomentExpired, WithdrawnItem
 from tests.moments import good_moment
 from tests.pipeline_helpers import Recorder, moment_env, running_gateway

@@ -9,7 +9,7 @@ import copy
 import msgspec
 import pytest
 
-from gateway.moments import HemContext
+from gateway.moment_record import HemContext
 from gateway.stages import lints
 from pgwcore.config import LintsConfig
 from subjects.client import Surface

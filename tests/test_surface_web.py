@@ -151,7 +151,7 @@ async def test_page_opened_late_lists_pending_and_shows_refusal_reply(
     agent: Agent, gateway: Any, web: WebSurfaceServer, browser: Any
 ) -> None:
     """A page opened after moments were sent lists them; an answer the gateway refuses shows why, and the card stays answerable."""
-    from gateway.moments import HemContext
+    from gateway.moment_record import HemContext
     from subjects.wire import BindingMoment
 
     mid = await accepted_moment(agent)

@@ -100,7 +100,7 @@ class Denials:
         self, *, agent: str, principal: str, idp: Idp, trigger: str, cedar: str | None = None,
         verification: dict[str, Any] | None = None, tp: str | None = None,
     ) -> tuple[str, int]:
-        from gateway.moments import HemContext
+        from gateway.moment_record import HemContext
 
         moment_id = self._moment_id(trigger, idp)
         body = {"idp_id": idp.idp_id, "so_id": idp.so_id if trigger != "MISSION_REF_MISMATCH_THRESHOLD" else None,

@@ -264,7 +264,7 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             # The desk may have resolved the moment before our callback ran.
             found = await self.desk.get(sess.hem_principal, sess.hem_moment_id)
             if found and found[0].status in ("resolved", "expired"):
-                from gateway.moments import hem_decision_of
+                from gateway.moment_record import hem_decision_of
 
                 rec = found[0]
                 decision = hem_decision_of(rec.resolution) if rec.status == "resolved" else "expired"

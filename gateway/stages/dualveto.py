@@ -38,7 +38,7 @@ from pgwcore.logs import get_logger
 from subjects.wire import BindingMoment, BindingMomentItem, Detail, DialogueVeto
 
 if TYPE_CHECKING:
-    from gateway.moments import MomentRecord
+    from gateway.moment_record import MomentRecord
     from gateway.stages.base import StageState
 
 log = get_logger("pgw.dualveto")

@@ -36,7 +36,7 @@ from subjects.errors import ConfigError
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
-    from gateway.moments import MomentRecord
+    from gateway.moment_record import MomentRecord
 
 log = get_logger("pgw.pipeline")
 

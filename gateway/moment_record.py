@@ -1,0 +1,111 @@
+"""What the moment desk keeps of one moment, and the verdict that closes it.
+
+Split from ``gateway.moments`` (issue 18): the record stored in
+``PGW_MOMENTS`` (and its HEM link to an IDP, spec 003), the refusal a
+resolution can meet, and the pure functions over a record. The desk
+(``gateway.moments``) holds the life cycle: dispatch, resolve, expire, re-drive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+from subjects.util import stable_id
+from subjects.wire import (
+    DialogueVeto,
+    FreeTextAnswer,
+    OptionChoice,
+    Resolution,
+    SurfaceItem,
+    Verdict,
+)
+
+
+@dataclass(frozen=True)
+class HemContext:
+    """Links a human-escalation moment to the IDP it gates (spec 003 HEM)."""
+
+    idp_id: str
+    session_id: str
+    action: str
+
+
+class HemInfo(msgspec.Struct, frozen=True):
+    idp_id: str
+    session_id: str
+    action: str
+
+
+class MomentRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What the desk keeps of one moment."""
+
+    moment_id: str
+    agent: str
+    principal: str
+    envelope_id: str
+    correlation_id: str
+    item: SurfaceItem
+    dispatch_verdict_id: str
+    created_at: float
+    expires_at: float | None = None
+    untrusted: bool = False
+    hem: HemInfo | None = None
+    status: Literal["pending", "resolved", "expired"] = "pending"
+    published: bool = True
+    resolution: Resolution | None = None
+    resolved_at: float | None = None
+    traceparent: str | None = None
+
+
+HemCallback = Callable[[MomentRecord, str, Resolution | None], Awaitable[None]]
+
+
+class Refused(Exception):
+    """A resolution the desk will not accept; carries the reply code."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        self.code = code
+        self.reason = reason
+        super().__init__(f"{code}: {reason}")
+
+
+def moment_key(principal: str, moment_id: str) -> str:
+    return f"{principal}.{moment_id}"
+
+
+def hem_decision_of(resolution: Resolution | None) -> str:
+    match resolution:
+        case OptionChoice(index=0):
+            return "approve"
+        case OptionChoice():
+            return "deny"
+        case FreeTextAnswer():
+            return "free_text"
+        case DialogueVeto():
+            return "dialogue"
+    return "expired"
+
+
+def closing_verdict(rec: MomentRecord, ts: str, verdict_class: Literal["resolved", "expired"], **kw: Any) -> Verdict:
+    """The verdict that closes a moment; it supersedes the dispatch verdict (spec 004 §5.4.4)."""
+    return Verdict(
+        verdict_id=stable_id(verdict_class, rec.moment_id),
+        verdict_class=verdict_class,
+        ts=ts,
+        agent=rec.agent,
+        principal=rec.principal,
+        action_type="idp.hem" if rec.hem else "pgw.binding_moment",
+        action_id=rec.moment_id,
+        envelope_id=rec.envelope_id,
+        correlation_id=rec.correlation_id,
+        moment_id=rec.moment_id,
+        idp_id=rec.hem.idp_id if rec.hem else None,
+        supersedes=rec.dispatch_verdict_id,
+        untrusted=rec.untrusted,
+        traceparent=rec.traceparent,
+        **kw,
+    )
