@@ -5,6 +5,7 @@ COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY consumers ./consumers
 COPY subjects ./subjects
+COPY pgwcore ./pgwcore
 RUN pip install --no-cache-dir . \
     && useradd --create-home --uid 10001 pgw \
     && mkdir -p /var/lib/pgw && chown pgw /var/lib/pgw
