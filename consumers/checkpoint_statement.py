@@ -28,8 +28,8 @@ from typing import Any
 import msgspec
 
 from consumers.cose import Sign1, sign_statement
-from gateway.kernel.checkpoint import STATEMENT_TYPE, Checkpoint
 from subjects import jcs
+from subjects.checkpoint import STATEMENT_TYPE, Checkpoint
 
 MEDIA_TYPE = "application/vnd.pgw.eventlog-checkpoint+json"
 _decoder = msgspec.json.Decoder(Checkpoint)

@@ -22,9 +22,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from consumers import checkpoint_statement as cps
-from gateway.kernel.checkpoint import STREAM, Checkpoint, checkpoint_subject
 from pgwcore.logs import get_logger
 from pgwcore.service import stop_pull_loop
+from subjects.checkpoint import CHECKPOINT_STREAM as STREAM
+from subjects.checkpoint import Checkpoint, checkpoint_subject
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from gateway.kernel.checkpoint import STREAM as CHECKPOINTS
 from gateway.kernel.checkpoint import read_anchor_file
 from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
 from pgwcore.streams import ensure_streams
+from subjects.checkpoint import CHECKPOINT_STREAM as CHECKPOINTS
 from subjects.idp import log_event_decoder
 from subjects.names import Subjects
 from tests.filestore import records, stream_dir, truncate_last

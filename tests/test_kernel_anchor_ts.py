@@ -109,8 +109,8 @@ def test_pgw_verify_names_what_is_wrong_with_a_checkpoint_statement(tmp_path: Pa
     from consumers import checkpoint_statement as cps
     from consumers.cose import TrustedKey, sign_statement
     from consumers.verifier import verify_statement
-    from gateway.kernel.checkpoint import Checkpoint
     from pgwcore.keys import load_or_create
+    from subjects.checkpoint import Checkpoint
     from subjects.idp import b64url
 
     signer, kernel, other = (load_or_create(tmp_path / r, r) for r in ("signer", "kernel", "other"))

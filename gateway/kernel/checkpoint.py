@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -42,14 +41,13 @@ from prometheus_client import Counter
 from pgwcore.keys import SigningKey
 from pgwcore.logs import get_logger
 from pgwcore.metrics import REGISTRY
-from subjects import jcs
+from subjects.checkpoint import CHECKPOINT_STREAM as STREAM
+from subjects.checkpoint import Checkpoint, checkpoint_subject
 from subjects.idp import b64url, log_event_decoder
 
 log = get_logger("pgw.kernel.checkpoint")
 
-STREAM = "PGW_CHECKPOINTS"
 ANCHOR_FILE = "kernel/eventlog-anchor.json"
-STATEMENT_TYPE = "pgw.eventlog.checkpoint/1"
 
 ANCHOR_REFUSED = Counter(
     "pgw_eventlog_anchor_refused_total",
@@ -58,41 +56,7 @@ ANCHOR_REFUSED = Counter(
 )
 
 
-class Checkpoint(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """One anchored head: the event at ``seq`` of ``stream`` has digest ``digest``."""
-
-    type: str = STATEMENT_TYPE
-    stream: str
-    seq: int
-    digest: str
-    ts: str
-    kid: str
-    sig: str = ""
-
-    def signing_bytes(self) -> bytes:
-        d = msgspec.to_builtins(self)
-        del d["sig"]
-        return jcs.dumps(d)
-
-    def verify(self, keys: Mapping[str, Ed25519PublicKey]) -> str | None:
-        """None if signed by one of ``keys``, else what is wrong."""
-        key = keys.get(self.kid)
-        if key is None:
-            return f"checkpoint signed with unknown kid {self.kid!r}"
-        try:
-            import base64
-
-            key.verify(base64.urlsafe_b64decode(self.sig + "=" * (-len(self.sig) % 4)), self.signing_bytes())
-        except (InvalidSignature, ValueError):
-            return "checkpoint signature does not verify"
-        return None
-
-
 _decoder = msgspec.json.Decoder(Checkpoint)
-
-
-def checkpoint_subject(prefix: str) -> str:
-    return f"{prefix}.checkpoint.eventlog"
 
 
 def anchor_path(data_dir: Path) -> Path:
