@@ -407,6 +407,7 @@ class SchemaOutcome(OutcomeBase, tag="schema"):
     envelope_type: str
     schema_version: int
     schema: dict[str, Any]
+    replayed: bool = False
 
 
 Outcome = EnvelopeOutcome | ResolutionOutcome | MomentExpired | HemDecision | SchemaOutcome

@@ -167,8 +167,9 @@ async def run(ctx: Ctx) -> None:
     except msgspec.ValidationError as e:
         raise _refuse(str(e)) from None
     if env.envelopeId is None:
-        # spec 002: "Engine assigns if absent" - deterministic, so redelivery agrees.
-        env.envelopeId = f"auto-{ctx.turn.stream_seq}-{ctx.index}"
+        # spec 002: "Engine assigns if absent" - deterministic, so a redelivery, or the
+        # same turn stored twice by an agent's retry, agrees (ctx.envelope_key).
+        env.envelopeId = f"auto-{ctx.envelope_key[:24]}"
         ctx.warn("envelopeId absent; assigned by the gateway", "migration", "$.envelopeId")
     if env.meta is None:
         env.meta = EnvelopeMeta(ts=now_rfc3339(), source="ai-generation")
