@@ -272,6 +272,7 @@ class EnvelopeWorker:
             msg_id=headers.get("Nats-Msg-Id"),
             traceparent=headers.get("traceparent"),
             num_delivered=num_delivered,
+            principal=headers.get("Pgw-Principal"),
         )
         structlog.contextvars.bind_contextvars(agent=turn.agent, seq=turn.stream_seq, traceparent=turn.traceparent)
         t0 = time.perf_counter()

@@ -25,6 +25,7 @@ class Turn:
     msg_id: str | None
     traceparent: str | None
     num_delivered: int = 1
+    principal: str | None = None  # the Pgw-Principal header (gateway.stages.route.resolve_principal)
 
     @cached_property
     def digest(self) -> str:
