@@ -366,6 +366,9 @@ class EnvelopeOutcome(OutcomeBase, tag="envelope_outcome"):
     moment_id: str | None = None
     recorded_event_ids: list[str] = field(default_factory=list)
     replayed: bool = False
+    # On a replay: the envelopeId whose outcome this is (spec 002 "returns the cached outcome";
+    # ``envelope_id`` names the re-emission the agent waits on).
+    replay_of: str | None = None
 
 
 class ResolutionOutcome(OutcomeBase, tag="resolution"):

@@ -158,6 +158,8 @@ def replay_of(cached: Outcome, ctx: Ctx, *, replayed: bool) -> Outcome:
     be missing) gets the same outcome unflagged, under the same id as before.
     """
     if isinstance(cached, EnvelopeOutcome | SchemaOutcome):
+        if isinstance(cached, EnvelopeOutcome) and replayed:
+            cached.replay_of = cached.replay_of or cached.envelope_id
         cached.envelope_id = ctx.envelope_id
         cached.replayed = replayed
         if replayed:
