@@ -130,8 +130,9 @@ async def run(ctx: Ctx) -> None:
         if rec.status == "done" and rec.outcome:
             ctx.extra["cached_outcome"] = replay_of(
                 _out_dec.decode(rec.outcome), ctx,
-                # Another envelope (not this one stored twice, not our own redelivery): a replay.
-                replayed=rec.key != ctx.envelope_key if rec.key else rec.owner != mine,
+                # Anything but our own message redelivered: a replay. (The same envelope stored
+                # twice shares its outcome's id with the first, so its flagged copy is dropped.)
+                replayed=rec.owner != mine,
             )
             log.info("replay answered from the dedup cache", envelope_id=ctx.envelope_id, agent=ctx.agent)
             return
