@@ -73,7 +73,7 @@ def official_schemas(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     A test that sends non-official envelopes on purpose is marked ``unofficial_envelopes``."""
     if request.node.get_closest_marker("unofficial_envelopes"):
         return
-    import subjects.client as client
+    from subjects import client
     from tests.openwop_schemas import check_envelope, check_outcome
 
     send, real = client.Agent.send, client.outcome_decoder

@@ -5,10 +5,16 @@ from __future__ import annotations
 import asyncio
 
 from gateway.stages import dedup
-from subjects.wire import BindingMomentItem, EnvelopeOutcome
+from subjects.wire import BindingMomentItem, EnvelopeOutcome, outcome_decoder
 from tests.moments import good_moment
-from subjects.wire import outcome_decoder
-from tests.pipeline_helpers import Recorder, env, moment_env, running_gateway, stream_bytes, stream_count
+from tests.pipeline_helpers import (
+    Recorder,
+    env,
+    moment_env,
+    running_gateway,
+    stream_bytes,
+    stream_count,
+)
 
 STREAMS = ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS")
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 from gateway.logs import get_logger
 from gateway.security import msgid, parties
-from gateway.security.squat import SquatWatch
 from gateway.security.permissions import SURFACE_STREAM, principal_durable
+from gateway.security.squat import SquatWatch
 from gateway.stages import shape
 from subjects.client import ensure_agent_consumer, ensure_pull_durable
 

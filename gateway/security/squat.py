@@ -73,7 +73,7 @@ class SquatWatch:
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
-            except Exception:  # noqa: BLE001 - closing anyway
+            except Exception:  # closing anyway
                 log.debug("squat watch unsubscribe failed", exc_info=True)
             self._sub = None
 
@@ -118,7 +118,7 @@ class SquatWatch:
         hdrs["Nats-Msg-Id"] = self.rescue_id(subject, body)
         try:
             await self.gw.js.publish(subject, body, headers=hdrs)
-        except Exception:  # noqa: BLE001 - logged; the squatter's own refusal is still recorded
+        except Exception:  # logged; the squatter's own refusal is still recorded
             log.exception("could not re-publish an envelope whose Nats-Msg-Id another agent used", agent=agent)
             return
         self.rescues += 1
