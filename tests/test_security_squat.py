@@ -132,3 +132,26 @@ async def test_own_retry_after_a_lost_puback_gets_one_outcome(tmp_path: Path, se
             await a.close()
     security_table.record(TABLE, "own retry stored twice", "agent:a", "agent:a",
                           "one outcome, one dispatch", "one outcome, one dispatch", True)
+
+
+async def test_squat_right_after_the_victim_leaves_one_outcome(tmp_path: Path, security_table) -> None:
+    """b re-uses a's id just after a published: a's stored envelope and the watch's re-published copy are one
+    envelope to the gateway, so a gets exactly one outcome and one dispatch."""
+    async with secured_bed(tmp_path) as bed:
+        a, b = await raw_agent(bed, "a"), await raw_agent(bed, "b")
+        try:
+            x = uuid.uuid4().hex
+            await a.jetstream().publish(bed.config.subjects.envelope("a"), raw_envelope("p", x),
+                                        headers={"Nats-Msg-Id": x})
+            await b.jetstream().publish(bed.config.subjects.envelope("b"), b'{"any": "body"}', headers={"Nats-Msg-Id": x})
+            outs = await outcomes_for(a, "a", x)
+            assert [o.status for o in outs] == ["accepted"], outs
+            await asyncio.sleep(0.5)
+            assert await stored_outcomes(bed, "a", x) == 1
+            assert bed.gw is not None
+            assert len({v.verdict_id for v in bed.verdicts if v.verdict_class == "hitl_dispatched" and v.envelope_id == x}) == 1
+        finally:
+            await a.close()
+            await b.close()
+    security_table.record(TABLE, "re-use a's id right after a", "agent:b", "agent:a",
+                          "a gets its outcome, once", "a accepted once, one dispatch", True)
