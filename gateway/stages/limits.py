@@ -161,7 +161,7 @@ async def count_refusal(ctx: Ctx, r: Refuse) -> Refuse:
     # The dedup record first (see the module docstring): a crash in between
     # leaves a record without a count, never a count without a record.
     await mark_refused(ctx, st.kv, ctx.correlation_id)
-    n = await add_to_set(st.kv, rounds_key(ctx.agent, ctx.correlation_id), f"{ctx.turn.stream_seq}:{ctx.index}")
+    n = await add_to_set(st.kv, rounds_key(ctx.agent, ctx.correlation_id), ctx.envelope_key)
     if n > cfg.schema_rounds:
         return breached(
             "schema",
