@@ -9,6 +9,8 @@ any instance answers). The document lists
   stage checks ``schemaVersion`` against);
 - ``limits``: ``envelopesPerTurn``, ``schemaRounds``, ``clarificationRounds``;
 - ``envelopeStrictness`` and ``envelopeContracts.advertised``;
+- ``pgw``: this host's choices where spec 002 leaves room (principal header,
+  missing ``meta.source``, ``schema.request`` for an unknown kind);
 - ``schemas``: each kind's JSON Schema, generated from the very type that
   validates it (``msgspec.json.schema``) or, for a configured vendor kind,
   its own schema file - so the document and the validator cannot drift.
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from gateway.stages.kind import UNIVERSAL_KINDS
+from gateway.stages.route import PRINCIPAL_HEADER
 from pgwcore.logs import get_logger
 
 if TYPE_CHECKING:
@@ -47,6 +50,17 @@ class EnvelopeContracts(msgspec.Struct):
     advertised: bool
 
 
+class HostNotes(msgspec.Struct, rename="camel"):
+    """This host's choices where spec 002 leaves room (vendor namespace ``pgw``, issue 15)."""
+
+    # the NATS header that names a clarification's principal (meta.pgw.principal: deprecated)
+    principal_header: str
+    # meta.source absent: "synthesized" (Migration default, warn) or "refused" (strict)
+    missing_meta_source: Literal["synthesized", "refused"]
+    # schema.request for a kind not in supportedEnvelopes
+    schema_request_unknown_kind: Literal["accept", "refuse"]
+
+
 class CapabilityDocument(msgspec.Struct, rename="camel"):
     """spec 002 capability fields of this host (camelCase on the wire, as the spec names them)."""
 
@@ -56,6 +70,7 @@ class CapabilityDocument(msgspec.Struct, rename="camel"):
     envelope_strictness: Literal["warn", "strict"]
     envelope_contracts: EnvelopeContracts
     schemas: dict[str, dict[str, Any]]
+    pgw: HostNotes | None = None
 
 
 capability_decoder = msgspec.json.Decoder(CapabilityDocument)
@@ -75,6 +90,11 @@ def document(gw: Gateway) -> CapabilityDocument:
         envelope_strictness=cfg.envelope_strictness,
         envelope_contracts=EnvelopeContracts(advertised=bool(cfg.contracts)),
         schemas={k: kinds[k].schema() for k in names},
+        pgw=HostNotes(
+            principal_header=PRINCIPAL_HEADER,
+            missing_meta_source="refused" if cfg.envelope_strictness == "strict" else "synthesized",
+            schema_request_unknown_kind=cfg.schema_request_unknown_kind,
+        ),
     )
 
 

@@ -117,10 +117,12 @@ class Pipeline:
         red = ctx.state.redactor
         # SR-1: no secret in any downstream byte, whatever stage produced the text.
         outcome = red.scrub_struct(outcome)
-        msg_id = ctx.extra.get("outcome_msg_id") or self.outcome_msg_id(ctx)
+        msg_id = self.outcome_msg_id(ctx)
         # The outcome and the correlationId record are stored together: a crash
         # between them leaves a record whose redelivery republishes the cached
         # outcome under the same Nats-Msg-Id, or no record, and the turn runs again.
+        # The id names the envelope (ctx.envelope_key), not the stream position:
+        # the same envelope stored twice has one outcome (DESIGN §7, issue 19).
         await together(self.gw.publisher.outcome(outcome, msg_id), dedup.settle(ctx, outcome, msg_id, refused))
         for hook in self.gw.outcome_hooks:
             await hook(ctx, outcome)
@@ -142,16 +144,17 @@ class Pipeline:
 
     @staticmethod
     def outcome_msg_id(ctx: Ctx) -> str:
-        return f"outcome:{ctx.agent}:{ctx.turn.stream_seq}:{ctx.index}"
+        return f"outcome:{ctx.agent}:{ctx.envelope_key}"
 
     async def _refuse(self, ctx: Ctx, r: Refuse) -> EnvelopeOutcome:
         """Every refusal: an outcome to the agent with its code, and a verdict (DESIGN §3.2)."""
         seq, idx = str(ctx.turn.stream_seq), str(ctx.index)
+        key = ctx.envelope_key  # the same envelope stored twice: one verdict, one notice
         ts = now_rfc3339()
         etype = ctx.env.type if ctx.env else None
         action_id = ctx.envelope_id or f"seq-{seq}-{idx}"
         verdict = Verdict(
-            verdict_id=stable_id("refused", ctx.agent, seq, idx),
+            verdict_id=stable_id("refused", ctx.agent, key),
             verdict_class=r.verdict_class,
             decision="reject",
             approver="policy",
@@ -179,12 +182,12 @@ class Pipeline:
                 created_at=ts,
                 untrusted=ctx.untrusted,
                 traceparent=ctx.turn.traceparent,
-                item_id=stable_id("notice", ctx.agent, seq, idx),
+                item_id=stable_id("notice", ctx.agent, key),
                 envelope_id=action_id,
                 diagnostic=f"The agent's binding moment was discarded as malformed: {r.reason}",
                 conventional=r.notice,
             )
-            pubs.append(self.gw.publisher.surface(red.scrub_struct(notice), f"notice:{ctx.agent}:{seq}:{idx}"))
+            pubs.append(self.gw.publisher.surface(red.scrub_struct(notice), f"notice:{ctx.agent}:{key}"))
         await asyncio.gather(*pubs)
         return EnvelopeOutcome(
             agent=ctx.agent,
@@ -284,6 +287,7 @@ class EnvelopeWorker:
             msg_id=headers.get("Nats-Msg-Id"),
             traceparent=headers.get("traceparent"),
             num_delivered=num_delivered,
+            principal=headers.get("Pgw-Principal"),
         )
         structlog.contextvars.bind_contextvars(agent=turn.agent, seq=turn.stream_seq, traceparent=turn.traceparent)
         t0 = time.perf_counter()

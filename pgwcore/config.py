@@ -248,6 +248,10 @@ class PipelineConfig(_Section):
     schema_rounds: Annotated[int, Meta(ge=0, le=100)] = 3
     clarification_rounds: Annotated[int, Meta(ge=0, le=100)] = 3
     envelope_strictness: Literal["warn", "strict"] = "warn"
+    # schema.request naming a kind this host does not support (issue 15 point 3; docs/pipeline.md):
+    # spec 002 leaves it open, the official conformance scenario expects "accept", the official
+    # schema's description says refuse with unknown_envelope_kind.
+    schema_request_unknown_kind: Literal["accept", "refuse"] = "accept"
     schema_versions: dict[str, Annotated[int, Meta(ge=0)]] = field(default_factory=dict)
     contracts: dict[str, ContractConfig] = field(default_factory=dict)  # agent -> contract
     secrets: SecretsConfig = field(default_factory=SecretsConfig)

@@ -23,6 +23,16 @@ from subjects.errors import PgwError
 from subjects.names import Subjects
 
 DAY = 86400.0
+# DESIGN §7, issue 19: JetStream's duplicate window is per stream and the
+# publisher chooses ``Nats-Msg-Id``, so on a stream every agent writes to,
+# agent B could pre-use A's id and the *server* would drop A's envelope,
+# whatever client A runs. PGW_INBOUND therefore keeps the smallest window
+# nats-server accepts (100 ms, err 10052 below it) and the gateway does not
+# rely on it: an envelope is deduplicated by the gateway itself, keyed by the
+# agent of the subject (authenticated by the server) and the envelope
+# (``gateway.stages.base.envelope_key``), and its outcome and verdict carry
+# ids derived from that key on streams only the services write to.
+INBOUND_DUPLICATE_WINDOW_S = 0.1
 
 
 class StreamConflict(PgwError):
@@ -66,6 +76,7 @@ def stream_plans(subjects: Subjects, *, replicas: int = 1, duplicate_window_s: f
             "PGW_INBOUND",
             [subjects.all_agents("envelope"), subjects.all_agents("transition")],
             max_age=7 * DAY,
+            duplicate_window=INBOUND_DUPLICATE_WINDOW_S,
         ),
         # allow_atomic: the gateway's group commit (pgwcore.publish) and the signer's capsule
         # batches (consumers.signer) write these in atomic batches.
@@ -119,7 +130,7 @@ async def cluster_replicas(js: JetStreamContext) -> int:
 async def ensure_streams(
     js: JetStreamContext, subjects: Subjects, *, replicas: int | None = None, duplicate_window_s: float = 3600.0
 ) -> dict[str, str]:
-    """Create missing streams; return ``{name: "created" | "exists"}``.
+    """Create missing streams; return ``{name: "created" | "exists" | "updated"}``.
 
     ``replicas=None`` adopts the deployment's count (``cluster_replicas``).
     Raises StreamConflict for the first stream whose configuration is incompatible.
@@ -139,6 +150,14 @@ async def ensure_streams(
             raise StreamConflict(plan.name, diff)
         if plan.config.allow_atomic and not info.config.allow_atomic:
             await enable_atomic(js, plan.name)  # added to a stream made before it was planned
+        if plan.name == "PGW_INBOUND" and (info.config.duplicate_window or 0) > INBOUND_DUPLICATE_WINDOW_S + 1e-6:
+            # A stream made before issue 19 keeps a window an agent could squat in: shrink it
+            # (an additive update; the gateway's own dedup does not depend on it).
+            cfg = info.config
+            cfg.duplicate_window = INBOUND_DUPLICATE_WINDOW_S
+            await js.update_stream(cfg)
+            result[plan.name] = "updated"
+            continue
         result[plan.name] = "exists"
     return result
 

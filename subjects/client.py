@@ -55,6 +55,7 @@ from subjects.wire import (
 
 _enc = msgspec.json.Encoder()
 OUTBOUND_STREAM = "PGW_OUTBOUND"
+PRINCIPAL_HEADER = "Pgw-Principal"  # names a clarification's principal (issue 15; docs/pipeline.md)
 BINDING_MOMENT_KIND = "vendor.pgw.binding_moment"
 
 
@@ -130,20 +131,26 @@ class Agent:
         self._unclaimed: asyncio.Queue[Outcome] = asyncio.Queue()
         self._sent: dict[str, None] = {}  # msg ids published by this process (DESIGN §7)
 
-    async def send(self, body: dict[str, Any] | list[dict[str, Any]]) -> str:
-        """Publish one envelope (or a turn: a list of them); return the (first) envelope id."""
+    async def send(self, body: dict[str, Any] | list[dict[str, Any]], *, principal: str | None = None) -> str:
+        """Publish one envelope (or a turn: a list of them); return the (first) envelope id.
+
+        ``principal`` names the principal a ``clarification.request`` is for, in the
+        ``Pgw-Principal`` header (the official EnvelopeMeta is closed; ``meta.pgw.principal``
+        is deprecated).
+        """
         first = body[0] if isinstance(body, list) else body
         eid = str(first["envelopeId"])
         subject, data, mid = self.subjects.envelope(self.agent), _enc.encode(body), f"{self.agent}:{eid}"
+        extra = {PRINCIPAL_HEADER: principal_token(principal)} if principal is not None else {}
         retry = mid in self._sent  # our own earlier attempt may be the stored one
         self._sent[mid] = None
         if len(self._sent) > 10_000:
             self._sent.pop(next(iter(self._sent)))
-        ack = await self.js.publish(subject, data, headers={"Nats-Msg-Id": mid})
+        ack = await self.js.publish(subject, data, headers={"Nats-Msg-Id": mid, **extra})
         if ack.duplicate and not retry:
             # DESIGN §7: someone pre-used our id to get this envelope dropped;
             # re-send under an unguessable id (gateway dedup absorbs a true repeat).
-            await self.js.publish(subject, data, headers={"Nats-Msg-Id": f"{mid}:{uuid.uuid4().hex}"})
+            await self.js.publish(subject, data, headers={"Nats-Msg-Id": f"{mid}:{uuid.uuid4().hex}", **extra})
         return eid
 
     async def send_moment(

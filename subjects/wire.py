@@ -366,6 +366,9 @@ class EnvelopeOutcome(OutcomeBase, tag="envelope_outcome"):
     moment_id: str | None = None
     recorded_event_ids: list[str] = field(default_factory=list)
     replayed: bool = False
+    # On a replay: the envelopeId whose outcome this is (spec 002 "returns the cached outcome";
+    # ``envelope_id`` names the re-emission the agent waits on).
+    replay_of: str | None = None
 
 
 class ResolutionOutcome(OutcomeBase, tag="resolution"):
@@ -407,6 +410,7 @@ class SchemaOutcome(OutcomeBase, tag="schema"):
     envelope_type: str
     schema_version: int
     schema: dict[str, Any]
+    replayed: bool = False
 
 
 Outcome = EnvelopeOutcome | ResolutionOutcome | MomentExpired | HemDecision | SchemaOutcome

@@ -18,6 +18,7 @@ from pgwcore.server import EmbeddedServer
 from subjects.client import envelope
 from subjects.util import now_rfc3339
 from subjects.wire import outcome_decoder, surface_item_decoder, verdict_decoder
+from tests.openwop_schemas import check_envelope, check_outcome
 from tests.stored import stored_msgs
 
 BM = "vendor.pgw.binding_moment"
@@ -69,6 +70,8 @@ class Recorder:
 
         def cb(decode: Callable[[bytes], Any], into: list[Any]) -> Callable[[Any], Any]:
             async def _cb(msg: Any) -> None:
+                if into is self.outcomes:
+                    check_outcome(msg.data)  # spec 002 EnvelopeOutcome values (tests/openwop_schemas.py)
                 self.raw.append(msg.data)
                 into.append(decode(msg.data))
                 self._changed.set()
@@ -87,12 +90,19 @@ class Recorder:
             with contextlib.suppress(Exception):
                 await s.unsubscribe()
 
-    async def send(self, agent: str, body: Any, *, msg_id: str | None = None, raw: bytes | None = None) -> None:
+    async def send(
+        self, agent: str, body: Any, *, msg_id: str | None = None, raw: bytes | None = None,
+        headers: dict[str, str] | None = None, official: bool = True,
+    ) -> None:
+        """Publish a turn. Every body is checked against the official OpenWOP schemas first
+        (issue 15); ``official=False`` marks one a test sends non-official on purpose."""
+        if official and raw is None:
+            check_envelope(body)
         data = raw if raw is not None else _enc.encode(body)
         if msg_id is None:
             first = body[0] if isinstance(body, list) else body
             msg_id = f"{agent}:{first.get('envelopeId') if isinstance(first, dict) else uuid.uuid4().hex}"
-        await self.js.publish(f"{self.prefix}.agent.{agent}.envelope", data, headers={"Nats-Msg-Id": msg_id})
+        await self.js.publish(f"{self.prefix}.agent.{agent}.envelope", data, headers={"Nats-Msg-Id": msg_id, **(headers or {})})
 
     async def until(self, pred: Callable[[], Any], timeout: float = 10.0) -> Any:
         async def loop() -> Any:
@@ -113,8 +123,8 @@ class Recorder:
     async def verdict(self, pred: Callable[[Any], bool], timeout: float = 10.0) -> Any:
         return await self.until(lambda: next((v for v in self.verdicts if pred(v)), None), timeout)
 
-    async def roundtrip(self, agent: str, body: dict[str, Any], timeout: float = 10.0) -> Any:
-        await self.send(agent, body)
+    async def roundtrip(self, agent: str, body: dict[str, Any], timeout: float = 10.0, **kw: Any) -> Any:
+        await self.send(agent, body, **kw)
         return await self.outcome(body["envelopeId"], timeout)
 
 

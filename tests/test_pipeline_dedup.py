@@ -5,9 +5,16 @@ from __future__ import annotations
 import asyncio
 
 from gateway.stages import dedup
-from subjects.wire import BindingMomentItem, EnvelopeOutcome
+from subjects.wire import BindingMomentItem, EnvelopeOutcome, outcome_decoder
 from tests.moments import good_moment
-from tests.pipeline_helpers import Recorder, env, moment_env, running_gateway, stream_count
+from tests.pipeline_helpers import (
+    Recorder,
+    env,
+    moment_env,
+    running_gateway,
+    stream_bytes,
+    stream_count,
+)
 
 STREAMS = ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS")
 
@@ -26,6 +33,10 @@ async def counts(nc, at_least: dict[str, int]) -> dict[str, int]:
     return await asyncio.wait_for(settled(), 10)
 
 
+async def stored_outcomes(nc) -> list:
+    return [outcome_decoder.decode(b) for b in await stream_bytes(nc, "PGW_OUTBOUND")]
+
+
 async def sentinel_then_counts(rec: Recorder, nc, before: dict[str, int]) -> dict[str, int]:
     """Send one more (recorded-only) envelope and return the counts once its outcome is stored:
     anything the replay stored before it is then counted too."""
@@ -35,8 +46,10 @@ async def sentinel_then_counts(rec: Recorder, nc, before: dict[str, int]) -> dic
     return after
 
 
-async def test_replay_same_type_returns_cached_outcome_and_publishes_nothing(nats_server, tmp_path, nc):
-    """A re-emission with a seen correlationId and the same type gets the cached outcome: no new item, outcome or verdict."""
+async def test_replay_under_a_new_envelope_id_gets_the_cached_outcome_once(nats_server, tmp_path, nc):
+    """A re-emission with a seen correlationId and the same type, under a new envelopeId, gets the cached outcome
+    addressed to its own envelopeId and flagged as a replay (issue 15 point 4); no new item or verdict; the same
+    re-emission stored again (another Nats-Msg-Id) adds nothing."""
     async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
         first = moment_env("alice", good_moment(), correlation_id="run1:node1:0")
         o1 = await rec.roundtrip("planner", first)
@@ -46,11 +59,15 @@ async def test_replay_same_type_returns_cached_outcome_and_publishes_nothing(nat
         before = await counts(nc, {"PGW_OUTBOUND": 1, "PGW_SURFACE": 1, "PGW_VERDICTS": 1})
         assert await dedup.cached_outcome_exists(nc.jetstream(), "planner", "run1:node1:0")
         again = moment_env("alice", good_moment(), correlation_id="run1:node1:0")
-        await rec.send("planner", again)
-        replay = await rec.until(lambda: next((o for o in rec.outcomes if getattr(o, "replayed", False)), None))
-        assert replay.moment_id == o1.moment_id and replay.envelope_id == o1.envelope_id
-        assert await sentinel_then_counts(rec, nc, before) == before  # the republish was dropped as a duplicate
+        replay = await rec.roundtrip("planner", again)
+        assert replay.replayed and replay.status == "accepted"
+        assert replay.moment_id == o1.moment_id and replay.envelope_id == again["envelopeId"] != o1.envelope_id
+        await rec.send("planner", again, msg_id=f"planner:{again['envelopeId']}:retry")  # stored a second time
+        after = await sentinel_then_counts(rec, nc, before)
+        assert after == {**before, "PGW_OUTBOUND": before["PGW_OUTBOUND"] + 1}  # one outcome for the new envelope
         assert len([v for v in rec.verdicts if v.verdict_class == "hitl_dispatched"]) == 1
+        stored = [o for o in await stored_outcomes(nc) if getattr(o, "envelope_id", None) == again["envelopeId"]]
+        assert len(stored) == 1 and stored[0].replayed
 
 
 async def test_other_type_is_correlation_conflict(nats_server, tmp_path, nc):
@@ -75,7 +92,7 @@ async def test_refusal_after_dedup_releases_the_correlation_id(nats_server, tmp_
 
 
 async def test_dedup_survives_gateway_restart(nats_server, tmp_path, nc):
-    """After the gateway restarts, a re-emission still gets the cached outcome and nothing new is published."""
+    """After the gateway restarts, a re-emission still gets the cached outcome, addressed to it, and nothing else new."""
     async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
         o1 = await rec.roundtrip("planner", moment_env("alice", good_moment(), correlation_id="r-1"))
         assert o1.status == "accepted"
@@ -83,10 +100,10 @@ async def test_dedup_survives_gateway_restart(nats_server, tmp_path, nc):
     before = await counts(nc, {"PGW_OUTBOUND": 1, "PGW_SURFACE": 1, "PGW_VERDICTS": 1})
     async with running_gateway(nats_server, str(tmp_path / "d2")), Recorder(nc) as rec:
         again = moment_env("alice", good_moment(), correlation_id="r-1")
-        await rec.send("planner", again)
-        out = await rec.outcome(o1.envelope_id)
+        out = await rec.roundtrip("planner", again)
         assert out.replayed and out.moment_id == o1.moment_id
-        assert await sentinel_then_counts(rec, nc, before) == before
+        after = await sentinel_then_counts(rec, nc, before)
+        assert after == {**before, "PGW_OUTBOUND": before["PGW_OUTBOUND"] + 1}
 
 
 async def test_two_instances_race_one_outcome(nats_server, tmp_path, nc):

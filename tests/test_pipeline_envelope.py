@@ -44,7 +44,7 @@ async def test_unknown_top_level_member_is_invalid_envelope_shape(gw, rec):
     """A top-level member outside spec 002's closed shape is refused as invalid_envelope_shape."""
     e = clar()
     e["extra"] = 1
-    out = await rec.roundtrip("planner", e)
+    out = await rec.roundtrip("planner", e, official=False)  # an unknown top-level member
     assert (out.status, out.code) == ("invalid", "invalid_envelope_shape")
 
 
@@ -56,7 +56,7 @@ async def test_unknown_kind_is_refused(gw, rec):
 
 async def test_invalid_payload_has_actionable_details(gw, rec):
     """A clarification.request without questions is envelope_invalid with a detail naming the path."""
-    out = await rec.roundtrip("planner", env("clarification.request", {"contextType": "x"}))
+    out = await rec.roundtrip("planner", env("clarification.request", {"contextType": "x"}), official=False)
     assert out.code == "envelope_invalid"
     assert out.details and "questions" in out.details[0].message
     assert out.details[0].path.startswith("$.payload")
@@ -96,7 +96,7 @@ async def test_migration_defaults_are_warnings(gw, rec):
     e = env("schema.response", {"envelopeType": "error", "ack": True})
     del e["meta"]["source"]
     del e["correlationId"]
-    out = await rec.roundtrip("planner", e)
+    out = await rec.roundtrip("planner", e, official=False)  # migration: ids and meta.source absent
     assert out.status == "accepted"
     rules = {w.path for w in out.warnings if w.rule == "migration"}
     assert {"$.meta.source", "$.correlationId"} <= rules
@@ -112,10 +112,11 @@ async def test_schema_request_answered_with_the_validating_types_schema(gw, rec)
     assert out.envelope_type == "clarification.request" and out.schema_version == 1
 
 
-async def test_schema_request_for_unknown_kind_is_refused(gw, rec):
-    """schema.request for a kind the host does not support is refused."""
-    out = await rec.roundtrip("planner", env("schema.request", {"envelopeType": "vendor.nope.x"}))
-    assert out.code == "unknown_envelope_kind"
+async def test_schema_request_for_unknown_kind_is_refused(nats_server, tmp_path, rec):
+    """schema.request for a kind the host does not support is refused when configured so (issue 15 point 3)."""
+    async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"schema_request_unknown_kind": "refuse"}):
+        out = await rec.roundtrip("planner", env("schema.request", {"envelopeType": "vendor.nope.x"}))
+        assert out.code == "unknown_envelope_kind"
 
 
 async def test_error_envelope_is_a_successful_turn(gw, rec):
@@ -140,10 +141,10 @@ async def test_clarification_lifted_and_answers_come_back_as_resolution(nats_ser
 
 
 async def test_clarification_principal_from_meta_pgw(gw, rec):
-    """In open mode, a clarification names its principal in meta.pgw.principal."""
+    """In open mode, a clarification may still name its principal in meta.pgw.principal (deprecated, not official)."""
     e = clar()
     e["meta"]["pgw"] = {"principal": "bob"}
-    out = await rec.roundtrip("planner", e)
+    out = await rec.roundtrip("planner", e, official=False)
     assert out.status == "accepted"
     item = await rec.item(lambda i: isinstance(i, ClarificationItem))
     assert item.principal == "bob"
@@ -203,15 +204,13 @@ async def test_schema_rounds(nats_server, tmp_path, rec):
         codes = []
         for _ in range(4):
             e = env("clarification.request", {"questions": []}, correlation_id="corr-1")
-            codes.append((await rec.roundtrip("planner", e)).code)
+            codes.append((await rec.roundtrip("planner", e, official=False)).code)
         assert codes == ["envelope_invalid", "envelope_invalid", "cap.breached", "cap.breached"]
         fixed = clar(correlation_id="corr-1")
-        fixed["meta"]["pgw"] = {"principal": "alice"}
-        out = await rec.roundtrip("planner", fixed)
+        out = await rec.roundtrip("planner", fixed, headers={"Pgw-Principal": "alice"})
         assert (out.code, out.cap_kind) == ("cap.breached", "schema")
         other = clar(correlation_id="corr-2")
-        other["meta"]["pgw"] = {"principal": "alice"}
-        assert (await rec.roundtrip("planner", other)).status == "accepted"
+        assert (await rec.roundtrip("planner", other, headers={"Pgw-Principal": "alice"})).status == "accepted"
 
 
 async def test_schema_rounds_counted_after_the_dedup_claim(nats_server, tmp_path, rec):
@@ -236,13 +235,11 @@ async def test_clarification_rounds(nats_server, tmp_path, rec):
         statuses = []
         for _ in range(3):
             e = clar(node_id="node-a")
-            e["meta"]["pgw"] = {"principal": "alice"}
-            o = await rec.roundtrip("planner", e)
+            o = await rec.roundtrip("planner", e, headers={"Pgw-Principal": "alice"})
             statuses.append((o.status, o.cap_kind))
         assert statuses == [("accepted", None), ("accepted", None), ("breached", "clarification")]
         e = clar(node_id="node-b")
-        e["meta"]["pgw"] = {"principal": "alice"}
-        assert (await rec.roundtrip("planner", e)).status == "accepted"
+        assert (await rec.roundtrip("planner", e, headers={"Pgw-Principal": "alice"})).status == "accepted"
 
 
 async def test_every_refusal_has_an_outcome_and_a_verdict(gw, rec):
@@ -260,7 +257,7 @@ async def test_every_refusal_has_an_outcome_and_a_verdict(gw, rec):
         moment_env("alice", good_moment(recommended_idx=7)),
     ]
     for e in cases:
-        out = await rec.roundtrip("planner", e)
+        out = await rec.roundtrip("planner", e, official=False)  # refused on purpose, several not official
         assert out.status != "accepted" and out.code
         v = await rec.verdict(lambda v, eid=e["envelopeId"]: v.envelope_id == eid)
         assert v.decision == "reject" and v.reason.code == out.code

@@ -71,20 +71,13 @@ async def test_agent_b_cannot_suppress_agent_a(tmp_path: Path, security_table) -
         v = await bed.verdict(lambda v: v.agent == "b" and v.reason is not None and v.reason.code == "invalid_msg_id")
         assert v.verdict_class == "blocked"
 
-        # The attack is real: the stream itself drops A's canonical id now ...
+        # A publishes its real envelope under that id with a plain JetStream publish (no client-side
+        # re-send): whether or not the stream dropped it as a duplicate, A gets its outcome
+        # (the gateway's own exactly-once and security/squat.py; tests/test_security_squat.py).
         js_a = bed.ncs["agent:a"].jetstream()
-        probe = await js_a.publish(bed.config.subjects.envelope("a"), _encode(moment_env("p", stolen)),
-                                   headers={"Nats-Msg-Id": f"a:{stolen}"})
-        assert probe.duplicate, "expected the pre-used id to be deduplicated by the stream"
-        # ... but the Agent client notices the duplicate PubAck on a first send and re-sends.
-        from subjects.client import Agent
-
-        fresh = Agent(bed.ncs["agent:a"], "a")  # a new process: it never sent this id
-        try:
-            await fresh.send(moment_env("p", stolen))
-            out_a = await fresh.outcome_for(stolen, timeout=WAIT)
-        finally:
-            await fresh.close()
+        await js_a.publish(bed.config.subjects.envelope("a"), _encode(moment_env("p", stolen)),
+                           headers={"Nats-Msg-Id": f"a:{stolen}"})
+        out_a = await bed.agents["a"].outcome_for(stolen, timeout=WAIT)
         assert out_a.status == "accepted" and out_a.moment_id, out_a
         items = await bed.surfaces["p"].pending()
         assert any(getattr(i, "moment_id", None) == out_a.moment_id for i in items)

@@ -1,6 +1,8 @@
 """The gateway part of DESIGN §7 (listed in ``gateway.app.GATEWAY_PARTS``).
 
 * inserts the ``Nats-Msg-Id`` binding stage right after the shape stage;
+* watches envelope publishes for one ``Nats-Msg-Id`` used by two agents and
+  re-publishes the envelope the server may have dropped (``squat.SquatWatch``);
 * pre-creates one durable pull consumer on ``PGW_SURFACE`` per configured
   principal, the only JetStream path a surface is allowed to read its items
   by (it may pull from it, never create or change consumers: nats-server
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from gateway.security import msgid, parties
 from gateway.security.permissions import SURFACE_STREAM, principal_durable
+from gateway.security.squat import SquatWatch
 from gateway.stages import shape
 from pgwcore.logs import get_logger
 from subjects.client import ensure_agent_consumer, ensure_pull_durable
@@ -45,6 +48,8 @@ class SecurityPart:
         if msgid.run not in stages:
             at = stages.index(shape.run) + 1 if shape.run in stages else 0
             stages.insert(at, msgid.run)
+        self.squat = SquatWatch(self.gw)  # DESIGN §7: no agent can get another's envelope dropped
+        await self.squat.start()
         for party in parties(self.gw.config):
             if party.role == "principal":
                 await ensure_principal_consumer(self.gw.js, party.name, prefix=self.gw.subjects.prefix)
@@ -54,7 +59,9 @@ class SecurityPart:
         return self
 
     async def drain(self) -> None:
-        return None
+        squat = getattr(self, "squat", None)
+        if squat is not None:
+            await squat.drain()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.drain()

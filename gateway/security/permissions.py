@@ -148,9 +148,11 @@ def service_permissions(prefix: str, name: str) -> Permissions:
                     f"{p}.log.>",  # kernel event log
                     f"{p}.checkpoint.>",  # its anchored heads (gateway/kernel/checkpoint.py)
                     f"{p}.deadletter.>",  # poison messages (gateway/deadletter.py, issue 8)
+                    f"{p}.agent.*.envelope",  # re-publish an envelope whose msg id was squatted (security/squat.py)
                 ),
                 sub_allow=(
                     "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>",  # ditto: crashed-worker path
+                    f"{p}.agent.*.envelope",  # core watch for squatted msg ids (security/squat.py)
                     f"{p}.agent.*.idp",
                     f"{p}.principal.*.resolve",
                     f"{p}.principal.*.pending",

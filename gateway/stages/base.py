@@ -8,7 +8,9 @@ two protocols below (``gateway.app.Gateway`` and
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
@@ -66,6 +68,12 @@ class Turn:
     msg_id: str | None
     traceparent: str | None
     num_delivered: int = 1
+    principal: str | None = None  # the Pgw-Principal header (gateway.stages.route.resolve_principal)
+
+    @cached_property
+    def digest(self) -> str:
+        """sha256 of the body: the same turn stored twice (an agent's retry) has the same digest."""
+        return hashlib.sha256(self.body).hexdigest()
 
 
 @dataclass
@@ -93,6 +101,26 @@ class Ctx:
 
     def warn(self, message: str, rule: str, path: str | None = None) -> None:
         self.warnings.append(Detail(message=message, rule=rule, path=path))
+
+    @property
+    def envelope_key(self) -> str:
+        """Which envelope this is, for the gateway's own exactly-once (DESIGN §7, issue 19).
+
+        The agent of the subject (authenticated by the server), the turn's
+        bytes and the position in the turn: an agent's retry of a publish
+        whose PubAck was lost is stored again (PGW_INBOUND keeps no useful
+        duplicate window, ``pgwcore.streams.INBOUND_DUPLICATE_WINDOW_S``) and
+        has the same key, so its outcome and verdict carry the same message
+        ids and the services' streams store them once. Nothing another agent
+        publishes can share it: its subject names another agent.
+        """
+        return envelope_key(self.turn.agent, self.turn.digest, self.index)
+
+
+
+def envelope_key(agent: str, digest: str, index: int) -> str:
+    h = hashlib.sha256(f"{agent}\x00{digest}\x00{index}".encode())
+    return h.hexdigest()[:32]
 
 
 class Refuse(Exception):

@@ -10,10 +10,10 @@ shared by every gateway instance:
 - after its outcome is published the record becomes ``done`` and holds the
   outcome and the outcome's ``Nats-Msg-Id``;
 - a later envelope with C and the same ``type`` gets the cached outcome: no
-  handler runs, no surface item or verdict is published, and the outcome is
-  re-published under its *original* ``Nats-Msg-Id`` (flagged ``replayed``),
-  which the stream drops as a duplicate inside its duplicate window - so
-  nothing new appears on the bus;
+  handler runs, no surface item or verdict is published; the outcome is
+  addressed to the later envelope's ``envelopeId``, flagged ``replayed`` and
+  published under that envelope's own outcome id (``replay_of``), so the
+  agent waiting on the new envelopeId gets it, once (issue 15);
 - with another ``type`` → ``envelope_correlation_conflict``;
 - while another instance holds C ``pending`` this one waits for it; the
   redelivery of the owner's own message (a crash mid-way) carries on, and its
@@ -40,7 +40,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from gateway.stages.base import Ctx, Refuse
 from pgwcore.logs import get_logger
-from subjects.wire import Detail, EnvelopeOutcome, Outcome
+from subjects.wire import Detail, EnvelopeOutcome, Outcome, SchemaOutcome
 
 log = get_logger("pgw.dedup")
 BUCKET = "PGW_DEDUP"
@@ -56,6 +56,7 @@ class DedupRecord(msgspec.Struct, omit_defaults=True):
     outcome: msgspec.Raw = msgspec.Raw(b"")
     msg_id: str | None = None
     envelope_id: str | None = None
+    key: str | None = None  # Ctx.envelope_key of the envelope that owns it
 
 
 _dec = msgspec.json.Decoder(DedupRecord)
@@ -98,7 +99,7 @@ async def run(ctx: Ctx) -> None:
     stale_after = ctx.gw.config.gateway.ack_wait_s
     while True:
         try:
-            rev = await st.writer.create(key, _enc.encode(DedupRecord(ctx.env.type, mine, time.time(), envelope_id=ctx.envelope_id)))
+            rev = await st.writer.create(key, _enc.encode(DedupRecord(ctx.env.type, mine, time.time(), envelope_id=ctx.envelope_id, key=ctx.envelope_key)))
             # No record, so no counted refusal either (mark_refused): the rounds check passes.
             ctx.extra["dedup"] = (key, rev)
             return
@@ -126,13 +127,12 @@ async def run(ctx: Ctx) -> None:
                 details=[Detail(message="use a new correlationId for a different kind", path="$.correlationId", rule="dedup")],
             )
         if rec.status == "done" and rec.outcome:
-            cached = _out_dec.decode(rec.outcome)
-            if isinstance(cached, EnvelopeOutcome):
-                # Our own message redelivered (the outcome and this record are
-                # stored together, so its outcome may be missing): the same outcome.
-                cached.replayed = rec.owner != mine
-            ctx.extra["cached_outcome"] = cached
-            ctx.extra["outcome_msg_id"] = rec.msg_id
+            ctx.extra["cached_outcome"] = replay_of(
+                _out_dec.decode(rec.outcome), ctx,
+                # Anything but our own message redelivered: a replay. (The same envelope stored
+                # twice shares its outcome's id with the first, so its flagged copy is dropped.)
+                replayed=rec.owner != mine,
+            )
             log.info("replay answered from the dedup cache", envelope_id=ctx.envelope_id, agent=ctx.agent)
             return
         stale = time.time() - rec.created > stale_after
@@ -147,6 +147,26 @@ async def run(ctx: Ctx) -> None:
         await asyncio.sleep(0.05)
 
 
+def replay_of(cached: Outcome, ctx: Ctx, *, replayed: bool) -> Outcome:
+    """The cached outcome, addressed to the envelope that asked (spec 002 "Replay determinism", issue 15).
+
+    A re-emission under a new envelopeId waits for *its* envelopeId: it gets
+    the cached outcome with its own ``envelope_id``, flagged ``replayed``, and
+    published under its own message id (the pipeline's ``outcome_msg_id``), so
+    it is stored once for that envelope. Our own message redelivered after a
+    crash (the outcome and this record are stored together, so its outcome may
+    be missing) gets the same outcome unflagged, under the same id as before.
+    """
+    if isinstance(cached, EnvelopeOutcome | SchemaOutcome):
+        if isinstance(cached, EnvelopeOutcome) and replayed:
+            cached.replay_of = cached.replay_of or cached.envelope_id
+        cached.envelope_id = ctx.envelope_id
+        cached.replayed = replayed
+        if replayed:
+            cached.traceparent = ctx.turn.traceparent or cached.traceparent
+    return cached
+
+
 async def settle(ctx: Ctx, outcome: Outcome, msg_id: str, refused: bool) -> None:
     """With the outcome's publish: cache an accepted one, release the claim on a refusal."""
     claim = ctx.extra.get("dedup")
@@ -157,18 +177,18 @@ async def settle(ctx: Ctx, outcome: Outcome, msg_id: str, refused: bool) -> None
     assert ctx.env is not None
     if refused:
         # Released, not deleted: the record must outlive any counted refusal (mark_refused).
-        released = DedupRecord(ctx.env.type, _owner(ctx), time.time(), status="refused", envelope_id=ctx.envelope_id)
+        released = DedupRecord(ctx.env.type, _owner(ctx), time.time(), status="refused", envelope_id=ctx.envelope_id, key=ctx.envelope_key)
         with contextlib.suppress(Exception):  # someone took it over: nothing to release
             await writer.update(key, _enc.encode(released), last=rev)
         return
     rec = DedupRecord(
         ctx.env.type, _owner(ctx), time.time(), status="done",
-        outcome=msgspec.Raw(_enc.encode(outcome)), msg_id=msg_id, envelope_id=ctx.envelope_id,
+        outcome=msgspec.Raw(_enc.encode(outcome)), msg_id=msg_id, envelope_id=ctx.envelope_id, key=ctx.envelope_key,
     )
     try:
         await writer.update(key, _enc.encode(rec), last=rev)
     except KeyWrongLastSequenceError:
-        log.warning("dedup record changed under us; not caching", envelope_id=ctx.envelope_id)
+        log.warning("dedup record changed under us; not caching", envelope_id=ctx.envelope_id, key=ctx.envelope_key)
 
 
 async def mark_refused(ctx: Ctx, kv: Any, correlation_id: str) -> None:
@@ -207,7 +227,7 @@ async def _take_over(ctx: Ctx, kv: Any, key: str, mine: str, last: int) -> bool:
     """Claim ``key`` over the record at revision ``last`` (compare-and-set); False if it moved meanwhile."""
     try:
         rev = await kv.update(
-            key, _enc.encode(DedupRecord(ctx.env.type, mine, time.time(), envelope_id=ctx.envelope_id)), last=last,
+            key, _enc.encode(DedupRecord(ctx.env.type, mine, time.time(), envelope_id=ctx.envelope_id, key=ctx.envelope_key)), last=last,
         )
     except KeyWrongLastSequenceError:
         return False

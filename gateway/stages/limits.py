@@ -163,7 +163,7 @@ async def count_refusal(ctx: Ctx, r: Refuse) -> Refuse:
     assert ctx.correlation_id is not None
     cfg = ctx.gw.config.pipeline
     st = ctx.state
-    n = await add_to_set(st.kv, rounds_key(ctx.agent, ctx.correlation_id), f"{ctx.turn.stream_seq}:{ctx.index}")
+    n = await add_to_set(st.kv, rounds_key(ctx.agent, ctx.correlation_id), ctx.envelope_key)
     if n > cfg.schema_rounds:
         return breached(
             "schema",

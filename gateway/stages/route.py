@@ -23,6 +23,7 @@ from gateway.stages import authorization as authz
 from gateway.stages import dualveto
 from gateway.stages.base import Ctx, Refuse
 from pgwcore.logs import get_logger
+from subjects.client import PRINCIPAL_HEADER
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import (
     AuthorizationItem,
@@ -74,13 +75,33 @@ def check_bound(ctx: Ctx, principal: str) -> None:
         )
 
 
+
+
 def resolve_principal(ctx: Ctx, explicit: Any = None, path: str = "$.meta.pgw.principal") -> str:
-    """The addressed principal: explicit, else ``meta.pgw.principal``, else the agent's only bound one."""
+    """The addressed principal (issue 15 point 1).
+
+    In order: ``explicit`` (a vendor kind's own payload member), the turn's
+    ``Pgw-Principal`` NATS header, the deprecated ``meta.pgw.principal``
+    (accepted with a warning: the official ``EnvelopeMeta`` is closed, so an
+    envelope carrying it fails official validation), else the agent's only
+    bound principal, else ``principal_required``.
+    """
     from subjects.names import principal_token
 
     assert ctx.env is not None and ctx.env.meta is not None
-    if explicit is None and isinstance(ctx.env.meta.pgw, dict):
-        explicit = ctx.env.meta.pgw.get("principal")
+    if explicit is None:
+        legacy = ctx.env.meta.pgw.get("principal") if isinstance(ctx.env.meta.pgw, dict) else None
+        header = ctx.turn.principal
+        if legacy is not None:
+            ctx.warn("meta.pgw.principal is deprecated (the official EnvelopeMeta is closed): "
+                     f"send the {PRINCIPAL_HEADER} header instead", "deprecated", "$.meta.pgw.principal")
+        if header is not None:
+            if legacy is not None and legacy != header:
+                raise Refuse("envelope_invalid", f"meta.pgw.principal and the {PRINCIPAL_HEADER} header name different principals",
+                             details=[Detail(message="name one principal", path=f"header:{PRINCIPAL_HEADER}", rule="principal")])
+            explicit, path = header, f"header:{PRINCIPAL_HEADER}"
+        else:
+            explicit = legacy
     if explicit is not None:
         try:
             principal = principal_token(explicit)
@@ -92,8 +113,8 @@ def resolve_principal(ctx: Ctx, explicit: Any = None, path: str = "$.meta.pgw.pr
         if len(bound) != 1:
             raise Refuse(
                 "principal_required",
-                "name the principal in meta.pgw.principal: this agent is not bound to exactly one principal",
-                details=[Detail(message="set meta.pgw.principal", path=path, rule="principal")],
+                f"name the principal in the {PRINCIPAL_HEADER} header: this agent is not bound to exactly one principal",
+                details=[Detail(message=f"set the {PRINCIPAL_HEADER} NATS header", path=f"header:{PRINCIPAL_HEADER}", rule="principal")],
             )
         principal = bound[0]
     ctx.principal = principal
@@ -164,11 +185,17 @@ async def schema_request(ctx: Ctx) -> Outcome:
     assert ctx.envelope_id and ctx.correlation_id
     spec = ctx.gw.kinds.get(p.envelopeType)
     if spec is None:
-        raise Refuse(
-            "unknown_envelope_kind",
-            f"no schema for {p.envelopeType[:128]!r}: not a kind this host supports",
-            details=[Detail(message=f"supported kinds: {', '.join(sorted(ctx.gw.kinds))}", path="$.payload.envelopeType", rule="kind")],
-        )
+        # spec 002 is silent on an unknown envelopeType: schema.request is a universal kind
+        # ("always allowed") and its response "SHOULD include" the schema, which does not exist.
+        # Default: accepted, with the supported kinds (the official conformance scenario);
+        # configurable to the official schema description's unknown_envelope_kind.
+        why = Detail(message=f"no schema for {p.envelopeType[:128]!r}: not a kind this host supports; "
+                             f"supported kinds: {', '.join(sorted(ctx.gw.kinds))}",
+                     path="$.payload.envelopeType", rule="kind")
+        if ctx.gw.config.pipeline.schema_request_unknown_kind == "refuse":
+            raise Refuse("unknown_envelope_kind", why.message, details=[why])
+        ctx.warnings.append(why)
+        return accepted(ctx)
     return SchemaOutcome(
         agent=ctx.agent,
         ts=now_rfc3339(),

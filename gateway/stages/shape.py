@@ -4,7 +4,9 @@ Refusal code ``invalid_envelope_shape`` (spec 002 "Validation outcomes").
 Hostile bodies are refused, never crash the worker: too large, not UTF-8,
 not JSON, duplicate keys, NaN/Infinity, nesting too deep, strings too long
 (DESIGN §3.2, §7). The migration defaults of spec 002 "Migration" (missing
-``meta``/``meta.source``, missing ``correlationId``) are applied with warnings.
+``meta``/``meta.source``, missing ``correlationId``) are applied with warnings;
+under ``envelope_strictness = "strict"`` a missing ``meta.source`` is refused
+(spec 002 "Validation outcomes").
 """
 
 from __future__ import annotations
@@ -167,9 +169,14 @@ async def run(ctx: Ctx) -> None:
     except msgspec.ValidationError as e:
         raise _refuse(str(e)) from None
     if env.envelopeId is None:
-        # spec 002: "Engine assigns if absent" - deterministic, so redelivery agrees.
-        env.envelopeId = f"auto-{ctx.turn.stream_seq}-{ctx.index}"
+        # spec 002: "Engine assigns if absent" - deterministic, so a redelivery, or the
+        # same turn stored twice by an agent's retry, agrees (ctx.envelope_key).
+        env.envelopeId = f"auto-{ctx.envelope_key[:24]}"
         ctx.warn("envelopeId absent; assigned by the gateway", "migration", "$.envelopeId")
+    if (env.meta is None or env.meta.source is None) and ctx.gw.config.pipeline.envelope_strictness == "strict":
+        # spec 002 "Validation outcomes": meta.source absent is a top-level shape mismatch. Its
+        # Migration section (warning-only for v1.x) is applied only under "warn" (issue 15 point 2).
+        raise _refuse("meta.source is absent (envelopeStrictness is 'strict': no migration default)", "$.meta.source")
     if env.meta is None:
         env.meta = EnvelopeMeta(ts=now_rfc3339(), source="ai-generation")
         ctx.warn("meta absent; synthesized (spec 002 Migration 2)", "migration", "$.meta")

@@ -1,0 +1,126 @@
+"""No agent can make the server drop another agent's envelope (DESIGN §7, issue 19).
+
+JetStream drops a message whose ``Nats-Msg-Id`` the stream saw within its
+duplicate window, and the publisher chooses the header. Two layers close
+this for every client (nats CLI, Go, TypeScript, raw nats-py), not only for
+``subjects.client.Agent``:
+
+1. ``PGW_INBOUND`` keeps the smallest duplicate window nats-server accepts
+   (``pgwcore.streams.INBOUND_DUPLICATE_WINDOW_S``, 100 ms) and the gateway
+   does its own exactly-once, keyed by the subject's agent and the envelope
+   (``Ctx.envelope_key``), on streams only the services write to. A squatter
+   must therefore publish the victim's id at most a few hundred milliseconds
+   before the victim does.
+2. ``SquatWatch`` closes those milliseconds. Every gateway instance sees every
+   envelope publish on core NATS (a plain subscription, not a queue group, so
+   each instance sees both halves of a collision). When one ``Nats-Msg-Id``
+   arrives on the subjects of two *different* agents within ``HOLD_S``, the
+   server may have dropped either one: the watch re-publishes both to their
+   own subjects under an id nobody can predict (``rescue-`` + an HMAC of the
+   body under this process's random key). The copy that was already stored
+   and its rescue are the same envelope to the pipeline (same agent, same
+   bytes), so the agent still gets exactly one outcome.
+
+Identity comes from the subject, which the server authenticated
+(``agent.{agent}.envelope`` is publishable only by that agent, DESIGN §7).
+What remains: a squat while *no* gateway instance is connected is not seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from gateway.security import msgid
+from pgwcore.logs import get_logger
+from subjects.errors import SubjectError
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = get_logger("pgw.security")
+# Longer than the duplicate window (100 ms) plus nats-server's purge timer (up to one more window),
+# with margin for delivery jitter between the stream and this subscription.
+HOLD_S = 2.0
+RESCUE_PREFIX = "rescue-"
+MAX_HELD = 200_000
+
+
+class SquatWatch:
+    """Re-publishes envelopes whose ``Nats-Msg-Id`` another agent also used, so none is dropped."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self._key = os.urandom(32)
+        # msg id -> (monotonic time, agent, subject, body, headers) of the first publish seen with it
+        self._seen: OrderedDict[str, tuple[float, str, str, bytes, dict[str, str]]] = OrderedDict()
+        self._rescued: dict[str, set[str]] = {}  # msg id -> agents whose publish was re-published
+        self._sub: Any = None
+        self.rescues = 0
+
+    def rescue_id(self, subject: str, body: bytes) -> str:
+        mac = hmac.new(self._key, subject.encode() + b"\x00" + body, hashlib.sha256).hexdigest()[:40]
+        return RESCUE_PREFIX + mac
+
+    async def start(self) -> None:
+        self._sub = await self.gw.nc.subscribe(self.gw.subjects.all_agents("envelope"), cb=self._on_msg)
+
+    async def drain(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # closing anyway
+                log.debug("squat watch unsubscribe failed", exc_info=True)
+            self._sub = None
+
+    def _expire(self, now: float) -> None:
+        seen = self._seen
+        while seen and (now - next(iter(seen.values()))[0] > HOLD_S or len(seen) > MAX_HELD):
+            mid, _ = seen.popitem(last=False)
+            self._rescued.pop(mid, None)
+
+    async def _on_msg(self, msg: Any) -> None:
+        headers = msg.headers or {}
+        mid = headers.get("Nats-Msg-Id")
+        if not mid:
+            return
+        try:
+            agent = self.gw.subjects.parse(msg.subject).token or ""
+        except SubjectError:
+            return
+        if mid.startswith(RESCUE_PREFIX) and mid == self.rescue_id(msg.subject, msg.data):
+            return  # our own copy
+        now = time.monotonic()
+        self._expire(now)
+        first = self._seen.get(mid)
+        if first is None:
+            self._seen[mid] = (now, agent, msg.subject, msg.data, dict(headers))
+            return
+        if first[1] == agent:
+            return  # the same agent re-using its own id: JetStream's ordinary dedup, its own business
+        # Two agents, one id: whichever the stream stored, the other was dropped. Re-publish
+        # both (the stored one and its copy are one envelope to the pipeline's exactly-once).
+        await self._rescue(mid, first[1], first[2], first[3], first[4])
+        await self._rescue(mid, agent, msg.subject, msg.data, dict(headers))
+
+    async def _rescue(self, mid: str, agent: str, subject: str, body: bytes, headers: dict[str, str]) -> None:
+        if msgid.check(agent, mid, None, first=False) is not None:
+            return  # it claims another agent's identity: refused anyway, nobody loses it
+        done = self._rescued.setdefault(mid, set())
+        if agent in done:
+            return
+        done.add(agent)
+        hdrs = {k: v for k, v in headers.items() if not k.startswith("Nats-")}
+        hdrs["Nats-Msg-Id"] = self.rescue_id(subject, body)
+        try:
+            await self.gw.js.publish(subject, body, headers=hdrs)
+        except Exception:  # logged; the squatter's own refusal is still recorded
+            log.exception("could not re-publish an envelope whose Nats-Msg-Id another agent used", agent=agent)
+            return
+        self.rescues += 1
+        log.warning("Nats-Msg-Id used by two agents; envelope re-published under a fresh id",
+                    agent=agent, msg_id=mid[:128])
