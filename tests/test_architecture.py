@@ -162,3 +162,11 @@ def test_platform_imports_nothing_from_gateway_or_consumers():
 def test_consumers_import_nothing_from_gateway():
     """consumers/ is downstream of the gateway: it takes the plumbing from the platform and the wire types from subjects/."""
     assert _reaching(import_graph(), "consumers", ("gateway",)) == []
+
+
+def test_the_readmes_old_connect_path_still_works() -> None:
+    """`gateway.connect.connect`, once shown in the README, is the platform's connect."""
+    import gateway.connect
+    import pgwcore.connect
+
+    assert gateway.connect.connect is pgwcore.connect.connect
