@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PLATFORM = "pgwcore"
-PACKAGES = ("subjects", PLATFORM, "gateway", "consumers")
+PACKAGES = ("subjects", PLATFORM, "gateway", "consumers", "integrations")
 
 
 def _modules() -> dict[str, Path]:
@@ -149,19 +149,28 @@ def test_no_import_circles():
 
 def test_subjects_imports_nothing_above_it():
     """subjects/ is the bus contract: it imports nothing from the platform, gateway/ or consumers/."""
-    assert _reaching(import_graph(), "subjects", (PLATFORM, "gateway", "consumers")) == []
+    assert _reaching(import_graph(), "subjects", (PLATFORM, "gateway", "consumers", "integrations")) == []
 
 
 def test_platform_imports_nothing_from_gateway_or_consumers():
     """The platform every process shares imports nothing from gateway/ or consumers/."""
     graph = import_graph()
     assert any(m.split(".")[0] == PLATFORM for m in graph), f"no {PLATFORM}/ package"
-    assert _reaching(graph, PLATFORM, ("gateway", "consumers")) == []
+    assert _reaching(graph, PLATFORM, ("gateway", "consumers", "integrations")) == []
 
 
 def test_consumers_import_nothing_from_gateway():
     """consumers/ is downstream of the gateway: it takes the plumbing from the platform and the wire types from subjects/."""
     assert _reaching(import_graph(), "consumers", ("gateway",)) == []
+
+
+def test_integrations_import_only_subjects_and_the_platform():
+    """integrations/ (issue 16) sits beside consumers/: an agent's framework glue speaks the bus, never the gateway's insides."""
+    graph = import_graph()
+    assert any(m.split(".")[0] == "integrations" for m in graph), "no integrations/ package"
+    assert _reaching(graph, "integrations", ("gateway", "consumers")) == []
+    assert _reaching(graph, "gateway", ("integrations",)) == []
+    assert _reaching(graph, "consumers", ("integrations",)) == []
 
 
 def test_the_readmes_old_connect_path_still_works() -> None:

@@ -1,0 +1,97 @@
+"""LangGraph: ask the principal from inside a node, where the node would call ``interrupt()`` (issue 16).
+
+    async def review(state, config):
+        res = await ask_principal(pgw_agent, "alice", moment)          # ResolutionOutcome
+        ok = await approve(pgw_agent, "alice", "send the invoice", ["total = 120 EUR"])  # Decision
+
+The node waits for the principal's answer (a durable wait on the gateway, not
+in the graph's memory). Where ``interrupt()`` would stop the graph and leave
+the resume to someone else, this keeps the node running; what makes it safe
+across a restart is the checkpointer plus a deterministic ``correlationId``:
+
+- the correlation id is derived from the thread id, the node's checkpoint
+  namespace (which holds LangGraph's task id, the same when the graph resumes
+  the same step from the checkpointer) and the index of the ask within the node;
+- a process killed while the principal thinks is restarted with
+  ``graph.ainvoke(None, config)`` on the same thread: LangGraph re-runs the
+  unfinished node from its checkpoint, the node asks again, and the gateway's
+  dedup (stage 8, spec 002 "Replay determinism") answers with the SAME moment
+  instead of opening a second one; an answer given meanwhile waits in the
+  agent's durable outcome consumer and is delivered then.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from langgraph.config import get_config
+
+from integrations.approval import Decision, approval_moment, decision_of, stable_id
+from subjects.client import Agent
+from subjects.errors import RefusedError
+from subjects.wire import BindingMoment, ResolutionOutcome
+
+_SCRATCHPAD = "__pregel_scratchpad"  # LangGraph's per-task scratchpad (langgraph._internal._constants)
+_counters: dict[tuple[str, int], int] = {}
+
+
+def moment_key(config: dict[str, Any] | None = None) -> str:
+    """The deterministic correlation id of the next ask in the running node (see the module docstring)."""
+    config = config or get_config()
+    conf = config.get("configurable", {})
+    thread = conf.get("thread_id")
+    if thread is None:
+        raise ValueError("ask_principal needs a checkpointer and a thread_id in the config: without them a restart cannot find the same moment")
+    ns = str(conf.get("checkpoint_ns", ""))
+    # The index of this ask within this run of the task: counted per scratchpad (one per task attempt).
+    slot = (ns, id(conf.get(_SCRATCHPAD)))
+    idx = _counters.get(slot, 0)
+    _counters[slot] = idx + 1
+    if len(_counters) > 10_000:
+        _counters.pop(next(iter(_counters)))
+    return "lg-" + stable_id("langgraph", str(thread), ns, str(idx))
+
+
+async def ask_principal(
+    agent: Agent,
+    principal: str,
+    moment: BindingMoment | dict[str, Any],
+    *,
+    key: str | None = None,
+    expires_in_s: int | None = None,
+    timeout: float | None = None,
+) -> ResolutionOutcome:
+    """Send ``moment`` to ``principal`` and wait for the resolution (all three kinds of spec 000 §7.3).
+
+    Call it from an async node of a graph compiled with a checkpointer. ``key``
+    overrides the derived correlation id. Raises ``RefusedError`` when the
+    gateway refuses the moment (every violated rule in its details) or the
+    moment expires (code ``expired``).
+    """
+    cid = key or moment_key()
+    return await agent.ask(principal, moment, timeout=timeout, correlation_id=cid, expires_in_s=expires_in_s)
+
+
+async def approve(
+    agent: Agent,
+    principal: str,
+    action: str,
+    findings: list[str],
+    *,
+    recommend: Literal["approve", "reject"] = "approve",
+    key: str | None = None,
+    expires_in_s: int | None = None,
+    timeout: float | None = None,
+) -> Decision:
+    """The yes/no idiom (``if interrupt("ok?"):``) as a two-option moment; an expiry is a ``Decision("expired")``."""
+    moment = approval_moment(action, findings, recommend=recommend)
+    try:
+        res = await ask_principal(agent, principal, moment, key=key, expires_in_s=expires_in_s, timeout=timeout)
+    except RefusedError as e:
+        if e.code == "expired":
+            return decision_of(None)
+        raise
+    return decision_of(res)
+
+
+__all__ = ["Decision", "approval_moment", "approve", "ask_principal", "moment_key"]
