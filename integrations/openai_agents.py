@@ -26,7 +26,13 @@ from typing import Any, Literal
 from agents import Agent as SdkAgent
 from agents import Runner, RunResult, RunState, ToolApprovalItem
 
-from integrations.approval import Decision, approval_moment, argument_findings, decision_of, stable_id
+from integrations.approval import (
+    Decision,
+    approval_moment,
+    argument_findings,
+    decision_of,
+    stable_id,
+)
 from subjects.client import Agent
 from subjects.errors import RefusedError
 from subjects.wire import BindingMoment

@@ -12,7 +12,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from agents import Model, ModelResponse, Usage
-from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
 
 
 class ScriptedModel(Model):

@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("langgraph.checkpoint.sqlite")
 
-from subjects.client import Surface  # noqa: E402
-from subjects.wire import BindingMomentItem, FreeTextAnswer, OptionChoice  # noqa: E402
-from tests.polling import until  # noqa: E402
+from subjects.client import Surface
+from subjects.wire import BindingMomentItem, FreeTextAnswer, OptionChoice
+from tests.polling import until
 
 REPO = Path(__file__).resolve().parent.parent
 

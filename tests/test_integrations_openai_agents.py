@@ -10,14 +10,14 @@ import pytest
 
 pytest.importorskip("agents")
 
-from agents import Agent as SdkAgent  # noqa: E402
-from agents import function_tool, set_tracing_disabled  # noqa: E402
+from agents import Agent as SdkAgent
+from agents import function_tool, set_tracing_disabled
 
-from integrations.openai_agents import PrincipalApprovals  # noqa: E402
-from subjects.client import Agent, Surface  # noqa: E402
-from subjects.wire import BindingMomentItem, DialogueVeto, FreeTextAnswer, OptionChoice, Resolution  # noqa: E402
-from tests.polling import until  # noqa: E402
-from tests.scripted_model import ScriptedModel  # noqa: E402
+from integrations.openai_agents import PrincipalApprovals
+from subjects.client import Agent, Surface
+from subjects.wire import BindingMomentItem, DialogueVeto, FreeTextAnswer, OptionChoice, Resolution
+from tests.polling import until
+from tests.scripted_model import ScriptedModel
 
 set_tracing_disabled(True)  # no trace export: nothing leaves the machine
 
@@ -54,7 +54,7 @@ async def run_answered(nc, answer: Resolution) -> tuple[list[tuple[str, int]], S
 
 async def test_a_needs_approval_tool_call_is_a_two_option_moment_and_approve_runs_it(nats_server, gateway, nc):
     """The call is put as Approve/Reject with the tool and each argument as findings, hatches open; option 0 runs the tool."""
-    paid, model, item, approvals, final = await run_answered(nc, OptionChoice(index=0))
+    paid, _model, item, approvals, final = await run_answered(nc, OptionChoice(index=0))
     q = item.binding_moment.question
     assert [o.label for o in q.options] == ["Approve", "Reject"] and q.recommended_idx == 0
     assert q.hatches.free_text and q.hatches.dialogue
@@ -112,3 +112,18 @@ async def test_asking_again_for_the_same_call_finds_the_same_moment(nats_server,
         await pgw.close()
     assert paid == [("INV-7", 120)] and str(result.final_output) == "tool said: paid INV-7"
     assert await surface.pending() == []
+
+
+async def test_an_expired_moment_rejects_the_call_and_says_so(nats_server, gateway, nc):
+    """Nobody answers before expiry: the tool does not run (an expiry is never a consent) and the model is told why."""
+    paid: list[tuple[str, int]] = []
+    sdk_agent, model = payer(paid)
+    pgw = Agent(nc, "payer")
+    approvals = PrincipalApprovals(pgw, "alice", run_key="run-3", expires_in_s=1, timeout=60)
+    try:
+        await asyncio.wait_for(approvals.run(sdk_agent, "pay INV-7"), 60)
+    finally:
+        await pgw.close()
+    assert paid == []
+    assert [d.kind for _, d in approvals.decisions] == ["expired"]
+    assert "did not answer before the request expired" in model.seen_tool_outputs[0]
