@@ -23,6 +23,7 @@ across a restart is the checkpointer plus a deterministic ``correlationId``:
 from __future__ import annotations
 
 from typing import Any, Literal
+from weakref import WeakKeyDictionary
 
 from langgraph.config import get_config
 
@@ -32,7 +33,10 @@ from subjects.errors import RefusedError
 from subjects.wire import BindingMoment, ResolutionOutcome
 
 _SCRATCHPAD = "__pregel_scratchpad"  # LangGraph's per-task scratchpad (langgraph._internal._constants)
-_counters: dict[tuple[str, int], int] = {}
+# Answers this process has already read, per client and correlation id: a node that LangGraph retries
+# (RetryPolicy) asks again and must get the answer it had, which the outcome consumer gave out once.
+_answers: WeakKeyDictionary[Agent, dict[str, ResolutionOutcome]] = WeakKeyDictionary()
+_ASKS = "__pgw_asks"  # our counter of asks in the running task, beside LangGraph's own keys
 
 
 def moment_key(config: dict[str, Any] | None = None) -> str:
@@ -43,12 +47,15 @@ def moment_key(config: dict[str, Any] | None = None) -> str:
     if thread is None:
         raise ValueError("ask_principal needs a checkpointer and a thread_id in the config: without them a restart cannot find the same moment")
     ns = str(conf.get("checkpoint_ns", ""))
-    # The index of this ask within this run of the task: counted per scratchpad (one per task attempt).
-    slot = (ns, id(conf.get(_SCRATCHPAD)))
-    idx = _counters.get(slot, 0)
-    _counters[slot] = idx + 1
-    if len(_counters) > 10_000:
-        _counters.pop(next(iter(_counters)))
+    # The index of this ask within this run of the task. Counted beside the task's scratchpad, which
+    # LangGraph makes afresh for each attempt (a retry re-runs the node from its first line, like a
+    # restart); the counter is kept in the task's configurable dict with the scratchpad it belongs to,
+    # because a retry copies that dict.
+    scratchpad = conf.get(_SCRATCHPAD)
+    owner, idx = conf.get(_ASKS, (None, 0))
+    if owner is not scratchpad:
+        idx = 0
+    conf[_ASKS] = (scratchpad, idx + 1)
     return "lg-" + stable_id("langgraph", str(thread), ns, str(idx))
 
 
@@ -69,7 +76,14 @@ async def ask_principal(
     moment expires (code ``expired``).
     """
     cid = key or moment_key()
-    return await agent.ask(principal, moment, timeout=timeout, correlation_id=cid, expires_in_s=expires_in_s)
+    known = _answers.setdefault(agent, {})
+    if cid in known:
+        return known[cid]
+    res = await agent.ask(principal, moment, timeout=timeout, correlation_id=cid, expires_in_s=expires_in_s)
+    known[cid] = res
+    if len(known) > 10_000:
+        known.pop(next(iter(known)))
+    return res
 
 
 async def approve(

@@ -92,3 +92,50 @@ async def test_an_answer_given_while_the_graph_process_is_down_is_not_lost(nats_
     assert await second.wait() == 0
     assert result["decision"] == "free_text" and result["text"] == "send it next Monday instead", result
     assert await surface.pending() == []
+
+
+async def test_asks_in_one_node_are_told_apart_and_a_retried_node_gets_its_answers_again(nats_server, gateway, nc, tmp_path):
+    """Two asks in one node are two moments; when LangGraph retries the node (RetryPolicy), its asks return the
+    answers already given instead of opening new moments."""
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+    from langgraph.graph import START, StateGraph
+    from langgraph.types import RetryPolicy
+
+    from integrations.langgraph import approve
+    from subjects.client import Agent
+
+    pgw, attempts = Agent(nc, "planner"), []
+
+    async def review(state: dict) -> dict:
+        pay = await approve(pgw, "alice", "pay invoice NW-311", ["total = 120 EUR"])
+        mail = await approve(pgw, "alice", "email the supplier", ["to = billing@northwind.example"])
+        attempts.append((pay.kind, mail.kind))
+        if len(attempts) == 1:
+            raise ConnectionError("the payment API was down")  # retried by LangGraph
+        return {"decisions": [pay.kind, mail.kind]}
+
+    graph = StateGraph(dict)
+    graph.add_node("review", review, retry_policy=RetryPolicy(max_attempts=2, initial_interval=0.01, retry_on=ConnectionError))
+    graph.add_edge(START, "review")
+    surface = Surface(nc, "alice")
+    answered: list[str] = []
+
+    async def principal() -> None:
+        async for item in surface.items():
+            if isinstance(item, BindingMomentItem):
+                answered.append(item.binding_moment.synopsis)
+                index = 0 if "pay" in item.binding_moment.synopsis else 1
+                assert (await surface.resolve(item.moment_id, OptionChoice(index=index))).status == "accepted"
+
+    answering = asyncio.create_task(principal())
+    try:
+        async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "g.sqlite")) as saver:
+            app = graph.compile(checkpointer=saver)
+            out = await asyncio.wait_for(app.ainvoke({}, {"configurable": {"thread_id": "t-3"}}), 60)
+    finally:
+        answering.cancel()
+        await pgw.close()
+    assert out["decisions"] == ["approve", "reject"]
+    assert attempts == [("approve", "reject"), ("approve", "reject")]
+    assert answered == ["I propose to pay invoice NW-311.", "I propose to email the supplier."]
+    assert await surface.pending() == []
