@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamablehttp_client
+from mcp.client.streamable_http import streamable_http_client
 
 from subjects.client import Surface
 from subjects.wire import (
@@ -84,7 +84,7 @@ class Env:
                     socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
                     break
                 await asyncio.sleep(0.05)
-            async with streamablehttp_client(f"http://127.0.0.1:{port}/mcp") as (read, write, _), ClientSession(read, write) as session:
+            async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write, _), ClientSession(read, write) as session:
                 await session.initialize()
                 yield session
         finally:
@@ -219,6 +219,29 @@ async def test_declare_intent_hem_pending_then_the_decision(env: Env) -> None:
     body = result.structuredContent
     assert body["result"] == "HEM_PENDING" and body["decision"]["decision"] == "approve"
     assert body["decision"]["idp_id"] == rec["idp_id"]
+
+
+async def test_a_wait_cut_by_a_restart_is_picked_up_by_await_moment(env: Env) -> None:
+    """The MCP server stops while the principal thinks; the answer given meanwhile is read by await_moment after a restart (the agent's durable outcome consumer)."""
+    messages: list[str] = []
+
+    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    async with env.stdio() as session:
+        asking = asyncio.create_task(session.call_tool(
+            "ask_principal", {"principal": "alice", "binding_moment": MOMENT}, progress_callback=on_progress))
+        while not messages:
+            await asyncio.sleep(0.05)
+        asking.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asking
+    moment_id = messages[0].split()[1]  # "moment {id} delivered to alice"
+    reply = await env.principal_answers(moment_answer(OptionChoice(index=0)))
+    assert reply.status == "accepted" and reply.moment_id == moment_id
+    async with env.stdio() as session:
+        result = await session.call_tool("await_moment", {"moment_id": moment_id})
+    assert result.structuredContent == {"status": "resolved", "kind": "option", "index": 0, "moment_id": moment_id}
 
 
 def test_pgw_mcp_help() -> None:
