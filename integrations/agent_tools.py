@@ -60,7 +60,7 @@ class ClarifyArgs(Struct, forbid_unknown_fields=True):
 
     principal: Principal
     questions: Annotated[list[ClarificationQuestion], Meta(min_length=1, max_length=MAX_LIST_ITEMS)]
-    contextType: Annotated[str, Meta(max_length=128)] | None = None
+    contextType: Annotated[str, Meta(max_length=128)] | None = None  # noqa: N815 - spec 002's own name
 
 
 class DeclareIntentArgs(Struct, forbid_unknown_fields=True):

@@ -77,7 +77,7 @@ class Env:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        proc = subprocess.Popen([PGW, *self.args("--transport", "http", "--port", str(port))])
+        proc = await asyncio.create_subprocess_exec(PGW, *self.args("--transport", "http", "--port", str(port)))
         try:
             for _ in range(200):
                 with contextlib.suppress(OSError):
@@ -89,7 +89,7 @@ class Env:
                 yield session
         finally:
             proc.terminate()
-            proc.wait(10)
+            await asyncio.wait_for(proc.wait(), 10)
 
     def session(self, transport: str) -> contextlib.AbstractAsyncContextManager[ClientSession]:
         return self.stdio() if transport == "stdio" else self.http()
@@ -140,23 +140,21 @@ async def test_ask_principal_keeps_the_three_kinds_distinct(env: Env, transport:
         assert set(tools) >= {"ask_principal", "clarify", "declare_intent", "report_transition"}
         assert "binding_moment" in tools["ask_principal"].inputSchema["required"]
         for resolution, expected in cases:
-            progress: list[tuple[float, str | None]] = []
+            waiting = asyncio.Event()
 
-            async def on_progress(p: float, total: float | None, message: str | None, progress=progress) -> None:
-                progress.append((p, message))
+            async def on_progress(p: float, total: float | None, message: str | None, waiting=waiting) -> None:
+                if "waiting for alice" in (message or ""):
+                    waiting.set()
 
             asking = asyncio.create_task(session.call_tool(
                 "ask_principal", {"principal": "~alice", "binding_moment": MOMENT}, progress_callback=on_progress))
-            while not progress:  # the moment is delivered before the principal answers
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)  # at least one "waiting" notification
+            await asyncio.wait_for(waiting.wait(), 20)  # progress notifications while the principal thinks
             reply = await env.principal_answers(moment_answer(resolution))
             assert reply.status == "accepted"
             result = await asyncio.wait_for(asking, 20)
             assert not result.isError
             body = result.structuredContent
             assert body["status"] == "resolved" and {k: body[k] for k in expected} == expected
-            assert any("waiting for alice" in (m or "") for _p, m in progress)
 
 
 async def test_an_unanswered_moment_expires_as_a_refusal(env: Env) -> None:
@@ -224,15 +222,16 @@ async def test_declare_intent_hem_pending_then_the_decision(env: Env) -> None:
 async def test_a_wait_cut_by_a_restart_is_picked_up_by_await_moment(env: Env) -> None:
     """The MCP server stops while the principal thinks; the answer given meanwhile is read by await_moment after a restart (the agent's durable outcome consumer)."""
     messages: list[str] = []
+    delivered = asyncio.Event()
 
     async def on_progress(p: float, total: float | None, message: str | None) -> None:
         messages.append(message or "")
+        delivered.set()
 
     async with env.stdio() as session:
         asking = asyncio.create_task(session.call_tool(
             "ask_principal", {"principal": "alice", "binding_moment": MOMENT}, progress_callback=on_progress))
-        while not messages:
-            await asyncio.sleep(0.05)
+        await asyncio.wait_for(delivered.wait(), 20)
         asking.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asking
