@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -247,3 +248,28 @@ def test_pgw_mcp_help() -> None:
     """`pgw mcp --help` prints the usage with the agent and transport options."""
     out = subprocess.run([PGW, "mcp", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--agent" in out.stdout and "--transport" in out.stdout
+
+
+async def test_the_readmes_mcp_example_runs(gateway: Any, nc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's "Agents from MCP hosts" block, spawning `pgw mcp` over stdio, returns the resolution it says."""
+    from tests.test_readme import python_block
+
+    monkeypatch.setenv("PATH", f"{Path(PGW).parent}:{os.environ.get('PATH', '')}")  # the block runs plain `pgw`
+    ns: dict[str, Any] = {}
+    exec(compile(python_block("## Agents from MCP hosts"), "README.md", "exec"), ns)
+    readme_moment: dict[str, Any] = {}
+    exec(compile(python_block("### Agents and surfaces in Python"), "README.md", "exec"), readme_moment)
+    url = gateway.config.nats_url
+    answering = asyncio.create_task(_answer_first_moment(nc))
+    body = await asyncio.wait_for(ns["ask_alice"](url, readme_moment["MOMENT"]), 30)
+    assert (await answering).status == "accepted"
+    assert {k: body[k] for k in ("status", "kind", "index", "label")} == {
+        "status": "resolved", "kind": "option", "index": 0, "label": "Pay it today"}
+
+
+async def _answer_first_moment(nc: Any) -> Any:
+    surface = Surface(nc, PRINCIPAL)
+    async for item in surface.items():
+        if isinstance(item, BindingMomentItem):
+            return await surface.choose(item, 0)
+    return None
