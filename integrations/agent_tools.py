@@ -22,6 +22,8 @@ from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta, Struct
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
 
 from subjects.client import Agent, envelope
 from subjects.constraints import MAX_LIST_ITEMS, HexId
@@ -139,6 +141,10 @@ def _invalid(e: Exception) -> ToolAnswer:
     return ToolAnswer({"status": "invalid", "code": "invalid_arguments", "reason": str(e)}, is_error=True)
 
 
+def _unavailable(reason: str) -> ToolAnswer:
+    return ToolAnswer({"status": "unavailable", "code": "gateway_unavailable", "reason": reason}, is_error=True)
+
+
 def refusal_answer(out: EnvelopeOutcome) -> ToolAnswer:
     """The gateway's refusal with every violated rule, for the model to fix and retry."""
     body: dict[str, Any] = {"status": out.status, "code": out.code, "reason": out.reason}
@@ -203,6 +209,14 @@ class AgentTools:
                     return await self.await_moment(arguments, progress)
         except (PgwError, msgspec.ValidationError, ValueError) as e:
             return _invalid(e)
+        except TimeoutError:
+            return _unavailable(f"the gateway did not answer within {self.request_timeout:g} s; is it running?")
+        except NoRespondersError:
+            # A JetStream publish with no stream and a request nobody serves both end here.
+            return _unavailable(f"no gateway answered {name}: is one running on this NATS server "
+                                "(pgw up), with its streams and, for declare_intent, its IDP kernel?")
+        except NatsError as e:
+            return _unavailable(f"the bus refused the call: {e}")
 
     async def _wait(self, moment_id: str, what: str, progress: Progress | None) -> Outcome:
         """The outcome that closes ``moment_id``, with a progress call every ``progress_every`` seconds."""

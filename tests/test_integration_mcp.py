@@ -178,6 +178,9 @@ async def test_a_malformed_moment_is_a_tool_error_listing_every_rule(env: Env) -
         paths = {v.get("path") for v in body["violations"]}
         assert {"$.payload.binding_moment.question.options", "$.payload.binding_moment.question.hatches.dialogue"} <= paths, body
         assert any("recommended_idx" in (v.get("path") or "") for v in body["violations"]), body
+        handle = await session.call_tool("ask_principal", {"principal": "not a handle", "binding_moment": MOMENT})
+        assert handle.isError and handle.structuredContent["code"] == "invalid_arguments"
+        assert "principal" in handle.structuredContent["reason"]
         still = await session.call_tool("ask_principal", {"principal": "alice", "binding_moment": MOMENT, "expires_in_s": 1})
         assert still.structuredContent["status"] == "expired"
 
@@ -242,6 +245,20 @@ async def test_a_wait_cut_by_a_restart_is_picked_up_by_await_moment(env: Env) ->
     async with env.stdio() as session:
         result = await session.call_tool("await_moment", {"moment_id": moment_id})
     assert result.structuredContent == {"status": "resolved", "kind": "option", "index": 0, "moment_id": moment_id}
+
+
+async def test_without_a_gateway_calls_are_clear_tool_errors(nats_server: Any, tmp_path: Path) -> None:
+    """A bus with no gateway (and no streams): declare_intent and ask_principal are tool errors that say the gateway is unavailable; the server keeps serving."""
+    env = Env.__new__(Env)
+    env.url, env.data_dir = nats_server.client_url, tmp_path / "mcp-data"
+    async with env.stdio() as session:
+        declared = await session.call_tool("declare_intent", {"mandate": "x.y.z", "idp": {"profile": "IDP_THIN"}})
+        asked = await session.call_tool("ask_principal", {"principal": "alice", "binding_moment": MOMENT})
+        tools = await session.list_tools()
+    for result in (declared, asked):
+        assert result.isError and result.structuredContent["code"] == "gateway_unavailable", result
+    assert "kernel" in declared.structuredContent["reason"]
+    assert len(tools.tools) == 5
 
 
 def test_pgw_mcp_help() -> None:
