@@ -6,6 +6,7 @@ COPY gateway ./gateway
 COPY consumers ./consumers
 COPY subjects ./subjects
 COPY pgwcore ./pgwcore
+COPY integrations ./integrations
 RUN pip install --no-cache-dir . \
     && useradd --create-home --uid 10001 pgw \
     && mkdir -p /var/lib/pgw && chown pgw /var/lib/pgw
