@@ -23,9 +23,12 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from integrations.agent_tools import input_schema
 from subjects.client import Surface
+from subjects.idp import TransitionReport
 from subjects.wire import (
     BindingMomentItem,
+    BindingMomentPayload,
     ClarificationAnswers,
     ClarificationItem,
     DialogueVeto,
@@ -139,6 +142,9 @@ async def test_ask_principal_keeps_the_three_kinds_distinct(env: Env, transport:
     async with env.session(transport) as session:
         tools = {t.name: t for t in (await session.list_tools()).tools}
         assert set(tools) >= {"ask_principal", "clarify", "declare_intent", "report_transition"}
+        # The schemas are the wire Structs' own (msgspec.json.schema), so they cannot drift from the gateway.
+        assert tools["ask_principal"].inputSchema == input_schema(BindingMomentPayload)
+        assert tools["report_transition"].inputSchema == input_schema(TransitionReport)
         assert "binding_moment" in tools["ask_principal"].inputSchema["required"]
         for resolution, expected in cases:
             waiting = asyncio.Event()
@@ -185,19 +191,21 @@ async def test_a_malformed_moment_is_a_tool_error_listing_every_rule(env: Env) -
         assert still.structuredContent["status"] == "expired"
 
 
-async def test_clarify_returns_the_answers(env: Env) -> None:
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_clarify_returns_the_answers(env: Env, transport: str) -> None:
     """clarify reaches the principal as a clarification item; their answers come back keyed by question id."""
     answer = ClarificationAnswers(answers={"account": "ACME-42"})
     env.principal_answers(lambda item: answer if isinstance(item, ClarificationItem) else None)
-    async with env.stdio() as session:
+    async with env.session(transport) as session:
         result = await session.call_tool("clarify", {"principal": "alice", "questions": [
             {"id": "account", "question": "Which account should the refund go to?"}]})
     assert not result.isError and result.structuredContent["answers"] == {"account": "ACME-42"}
 
 
-async def test_declare_intent_permit_deny_reject_and_report(env: Env) -> None:
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_declare_intent_permit_deny_reject_and_report(env: Env, transport: str) -> None:
     """PERMIT, then a report; an Enriched DENY with its code; a REJECT (malformed IDP) as a tool error with its code."""
-    async with env.stdio() as session:
+    async with env.session(transport) as session:
         rec = env.idp(1, "ReadBooking")
         permit = await session.call_tool("declare_intent", {"mandate": env.token, "idp": rec})
         assert not permit.isError and permit.structuredContent["result"] == "PERMIT"
@@ -259,6 +267,18 @@ async def test_without_a_gateway_calls_are_clear_tool_errors(nats_server: Any, t
         assert result.isError and result.structuredContent["code"] == "gateway_unavailable", result
     assert "kernel" in declared.structuredContent["reason"]
     assert len(tools.tools) == 5
+
+
+async def test_hem_without_waiting_then_await_moment(env: Env) -> None:
+    """wait_for_decision false: HEM_PENDING returns at once with its moment_id; await_moment later returns the decision (deny)."""
+    rec = env.idp(1, "ProcessPayment", hem_urgency="REQUIRED")
+    async with env.stdio() as session:
+        pending = await session.call_tool("declare_intent", {"mandate": env.token, "idp": rec, "wait_for_decision": False})
+        body = pending.structuredContent
+        assert body["result"] == "HEM_PENDING" and "decision" not in body
+        env.principal_answers(lambda item: OptionChoice(index=1) if isinstance(item, BindingMomentItem) and item.hem else None)
+        decided = await session.call_tool("await_moment", {"moment_id": body["moment_id"]})
+    assert decided.structuredContent["status"] == "decided" and decided.structuredContent["decision"] == "deny"
 
 
 def test_pgw_mcp_help() -> None:
