@@ -285,6 +285,8 @@ def test_pgw_mcp_help() -> None:
     """`pgw mcp --help` prints the usage with the agent and transport options."""
     out = subprocess.run([PGW, "mcp", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--agent" in out.stdout and "--transport" in out.stdout
+    bad = subprocess.run([PGW, "mcp", "--agent", "planner", "--progress-every", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--progress-every" in bad.stderr and "between 0.05 and 3600" in bad.stderr
 
 
 async def test_the_readmes_mcp_example_runs(gateway: Any, nc: Any, monkeypatch: pytest.MonkeyPatch) -> None:

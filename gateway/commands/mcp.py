@@ -37,9 +37,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="stdio (an MCP host spawns this command; default) or streamable HTTP")
     p.add_argument("--host", default="127.0.0.1", help="with --transport http: address to listen on")
     p.add_argument("--port", type=int, default=8000, help="with --transport http: port (default 8000); the path is /mcp")
-    p.add_argument("--progress-every", type=float, default=2.0,
+    p.add_argument("--progress-every", type=_positive_seconds, default=2.0,
                    help="seconds between progress notifications while waiting for the principal")
     p.set_defaults(handler=run_mcp)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0.05 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0.05 and 3600 seconds, not {text}")
+    return value
 
 
 def agent_creds(config: Config, agent: str) -> str | None:
