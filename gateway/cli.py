@@ -34,6 +34,7 @@ COMMAND_MODULES: list[str] = [
     "gateway.commands.kernel",
     "gateway.commands.audit",
     "gateway.commands.security",
+    "gateway.commands.mcp",
 ]
 
 

@@ -1,6 +1,8 @@
-"""Agents written with the frameworks people already use, reaching their principal through the gateway (issue 16).
+"""Agents from the frameworks people already use (issue 16).
 
-Each module is an optional extra: ``integrations.langgraph`` needs ``.[langgraph]``,
-``integrations.openai_agents`` needs ``.[openai-agents]``. They import only
-``subjects/`` and ``pgwcore/`` of this project (docs/architecture.md).
+Each integration speaks the bus only through ``subjects/`` (the contract and
+its ``Agent`` client) and the platform in ``pgwcore/``; it imports nothing
+from ``gateway/`` or ``consumers/``. The frameworks themselves are optional
+extras (``pip install '.[mcp]'``, ``'.[langgraph]'``, ``'.[openai-agents]'``), imported only by the module that needs
+them. See docs/integrations.md.
 """

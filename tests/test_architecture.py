@@ -1,7 +1,7 @@
 """The shape of the house, read from the imports (STYLE.md "The shape of the house", issue 18).
 
 The graph is built with ``ast`` over ``subjects/``, the shared platform package
-``pgwcore/``, ``gateway/`` and ``consumers/``. Every ``import`` and
+``pgwcore/``, ``gateway/``, ``consumers/`` and ``integrations/``. Every ``import`` and
 ``from ... import`` statement counts wherever it stands: at module level, inside
 a function (a lazy import is still a dependency, it only moves the failure to
 run time) and under ``if TYPE_CHECKING:`` (the type checker follows it). An
@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PLATFORM = "pgwcore"
 PACKAGES = ("subjects", PLATFORM, "gateway", "consumers", "integrations")
+INTEGRATIONS = "integrations"
 
 
 def _modules() -> dict[str, Path]:
@@ -164,13 +165,25 @@ def test_consumers_import_nothing_from_gateway():
     assert _reaching(import_graph(), "consumers", ("gateway",)) == []
 
 
-def test_integrations_import_only_subjects_and_the_platform():
-    """integrations/ (issue 16) sits beside consumers/: an agent's framework glue speaks the bus, never the gateway's insides."""
+def test_integrations_speak_only_the_contract_and_the_platform():
+    """integrations/ (MCP and the frameworks, issue 16) imports only subjects/ and the platform, like an agent would."""
     graph = import_graph()
-    assert any(m.split(".")[0] == "integrations" for m in graph), "no integrations/ package"
-    assert _reaching(graph, "integrations", ("gateway", "consumers")) == []
-    assert _reaching(graph, "gateway", ("integrations",)) == []
-    assert _reaching(graph, "consumers", ("integrations",)) == []
+    assert any(m.split(".")[0] == INTEGRATIONS for m in graph), "no integrations/ package"
+    assert _reaching(graph, INTEGRATIONS, ("gateway", "consumers")) == []
+
+
+def test_nothing_below_the_command_line_imports_integrations():
+    """Only the command line (gateway/commands, gateway/cli.py) starts an integration; no service depends on one."""
+    graph = import_graph()
+    below = [
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if m.split(".")[0] in ("subjects", PLATFORM, "consumers")
+        or (m.startswith("gateway.") and not m.startswith("gateway.commands") and m != "gateway.cli")
+        for t in targets
+        if t.split(".")[0] == INTEGRATIONS
+    ]
+    assert below == []
 
 
 def test_the_readmes_old_connect_path_still_works() -> None:

@@ -1,0 +1,92 @@
+"""``pgw mcp --agent NAME``: one agent's MCP server (integrations/mcp.py, docs/integrations.md).
+
+An MCP host (Claude Desktop, an IDE, an agent framework) spawns it over stdio,
+or connects over streamable HTTP (``--transport http``). It speaks the bus with
+the agent's credentials: ``--creds FILE`` (global option), else
+``{creds_dir}/agent-{NAME}.creds`` when ``pgw creds`` made one, else none.
+Needs the optional extra: ``pip install 'principal-gateway[mcp]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from subjects.names import agent_token
+
+if TYPE_CHECKING:
+    from pgwcore.config import Config
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "mcp",
+        help="MCP server for one agent: ask_principal, clarify, declare_intent, report_transition",
+        description="Serve the Model Context Protocol for agent NAME, so an MCP host reaches the "
+        "agent's principal through the gateway: ask_principal (a binding moment), clarify, "
+        "declare_intent and report_transition (the IDP kernel), await_moment. "
+        "Needs the extra: pip install 'principal-gateway[mcp]'.",
+    )
+    p.add_argument("--agent", "-a", required=True, help="the agent this server speaks for")
+    p.add_argument("--transport", choices=["stdio", "http"], default="stdio",
+                   help="stdio (an MCP host spawns this command; default) or streamable HTTP")
+    p.add_argument("--host", default="127.0.0.1", help="with --transport http: address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="with --transport http: port (default 8000); the path is /mcp")
+    p.add_argument("--progress-every", type=_positive_seconds, default=2.0,
+                   help="seconds between progress notifications while waiting for the principal")
+    p.set_defaults(handler=run_mcp)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0.05 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0.05 and 3600 seconds, not {text}")
+    return value
+
+
+def agent_creds(config: Config, agent: str) -> str | None:
+    """Explicit credentials, else the file ``pgw creds`` wrote for this agent."""
+    if config.creds:
+        return config.creds
+    creds_dir = Path(config.security.creds_dir) if config.security.creds_dir else config.data_path / "creds"
+    candidate = creds_dir / f"agent-{agent}.creds"
+    return str(candidate) if candidate.exists() else None
+
+
+async def run_mcp(args: argparse.Namespace, config: Config) -> int:
+    try:
+        from integrations.mcp import agent_tools, build_server, serve_http, serve_stdio
+    except ImportError as e:
+        print(f"pgw mcp: the MCP SDK is missing ({e}); install it with pip install 'principal-gateway[mcp]'",
+              file=sys.stderr)
+        return 2
+    from pgwcore.connect import connect
+
+    agent = agent_token(args.agent)
+    nc = await connect(config.nats_url, creds=agent_creds(config, agent), name=f"pgw-mcp-{agent}")
+    try:
+        async with agent_tools(nc, agent, prefix=config.prefix, progress_every=args.progress_every) as tools:
+            server = build_server(tools)
+            if args.transport == "stdio":
+                await serve_stdio(server)
+                return 0
+            serving = asyncio.ensure_future(serve_http(server, host=args.host, port=args.port))
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError):
+                    loop.add_signal_handler(sig, serving.cancel)
+            print(f"MCP server for agent {agent}: http://{args.host}:{args.port}/mcp", file=sys.stderr, flush=True)
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+            return 0
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.drain()

@@ -1,0 +1,314 @@
+"""Issue 16 item 1: `pgw mcp --agent NAME`, driven by the real MCP client of the `mcp` package.
+
+A real nats-server and gateway (with the IDP kernel); `pgw mcp` runs as a
+subprocess, spoken to over stdio and over streamable HTTP; the principal
+answers on the bus with ``subjects.client.Surface``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from integrations.agent_tools import input_schema
+from subjects.client import Surface
+from subjects.idp import TransitionReport
+from subjects.wire import (
+    BindingMomentItem,
+    BindingMomentPayload,
+    ClarificationAnswers,
+    ClarificationItem,
+    DialogueVeto,
+    FreeTextAnswer,
+    OptionChoice,
+    Resolution,
+    SurfaceItem,
+)
+from tests.kernel_support import Issuer, idp, policy_dir, running_gateway
+
+AGENT, PRINCIPAL = "planner", "alice"
+PGW = str(Path(sys.executable).parent / "pgw")
+
+MOMENT = {
+    "synopsis": "Pay the March invoice from Northwind today; it is due tomorrow.",
+    "findings": ["Invoice NW-311 is due on 31 March."],
+    "recommendations": ["Pay NW-311 in full today."],
+    "offer": "Ask for detail on any item.",
+    "question": {
+        "stem": "When should invoice NW-311 be paid?",
+        "options": [
+            {"label": "Pay it today", "reasoning": "Avoids the late fee."},
+            {"label": "Pay it tomorrow", "reasoning": "Keeps the cash one more day."},
+        ],
+        "recommended_idx": 0,
+        "hatches": {"free_text": True, "dialogue": True},
+    },
+}
+
+
+class Env:
+    def __init__(self, url: str, data_dir: Path, issuer: Issuer, nc: Any) -> None:
+        self.url, self.data_dir, self.nc = url, data_dir, nc
+        self.so = str(uuid.uuid4())
+        self.token, self.jti = issuer.mandate(agent=AGENT, so_id=self.so, principal=PRINCIPAL)
+
+    def args(self, *extra: str) -> list[str]:
+        return ["mcp", "--agent", AGENT, "--server", self.url, "--data-dir", str(self.data_dir),
+                "--progress-every", "0.3", *extra]
+
+    @contextlib.asynccontextmanager
+    async def stdio(self) -> AsyncIterator[ClientSession]:
+        params = StdioServerParameters(command=PGW, args=self.args())
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            yield session
+
+    @contextlib.asynccontextmanager
+    async def http(self) -> AsyncIterator[ClientSession]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = await asyncio.create_subprocess_exec(PGW, *self.args("--transport", "http", "--port", str(port)))
+        try:
+            for _ in range(200):
+                with contextlib.suppress(OSError):
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                    break
+                await asyncio.sleep(0.05)
+            async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write, _), ClientSession(read, write) as session:
+                await session.initialize()
+                yield session
+        finally:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), 10)
+
+    def session(self, transport: str) -> contextlib.AbstractAsyncContextManager[ClientSession]:
+        return self.stdio() if transport == "stdio" else self.http()
+
+    def principal_answers(self, answer: Callable[[SurfaceItem], Resolution | None]) -> asyncio.Task[Any]:
+        """The principal, on the bus: answers the first item ``answer`` has an answer for."""
+
+        async def run() -> Any:
+            surface = Surface(self.nc, PRINCIPAL)
+            async for item in surface.items():
+                resolution = answer(item)
+                if resolution is not None:
+                    return await surface.resolve(item.moment_id, resolution)  # type: ignore[union-attr]
+            return None
+
+        return asyncio.create_task(run())
+
+    def idp(self, step: int, action: str, **over: Any) -> dict[str, Any]:
+        return idp(so_id=self.so, mandate_id=self.jti, step=step, action=action, session=str(uuid.uuid4()), **over)
+
+
+@pytest.fixture
+async def env(make_config: Any, nc: Any, nats_server: Any, tmp_path: Path) -> AsyncIterator[Env]:
+    """A gateway with the IDP kernel; agent planner is bound to principal alice."""
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = make_config(
+        kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))},
+        agents={AGENT: {"principals": [PRINCIPAL]}},
+    )
+    async with running_gateway(cfg, nc):
+        yield Env(nats_server.client_url, tmp_path / "mcp-data", issuer, nc)
+
+
+def moment_answer(resolution: Resolution) -> Callable[[SurfaceItem], Resolution | None]:
+    return lambda item: resolution if isinstance(item, BindingMomentItem) else None
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_ask_principal_keeps_the_three_kinds_distinct(env: Env, transport: str) -> None:
+    """Over stdio and streamable HTTP, an option, a free-text answer and a dialogue veto come back as three distinct results, with progress while waiting."""
+    cases = [
+        (OptionChoice(index=1), {"kind": "option", "index": 1, "label": "Pay it tomorrow"}),
+        (FreeTextAnswer(text="Pay half today."), {"kind": "free_text", "text": "Pay half today."}),
+        (DialogueVeto(objection="Why pay Northwind at all?"), {"kind": "dialogue", "objection": "Why pay Northwind at all?"}),
+    ]
+    async with env.session(transport) as session:
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        assert set(tools) >= {"ask_principal", "clarify", "declare_intent", "report_transition"}
+        # The schemas are the wire Structs' own (msgspec.json.schema), so they cannot drift from the gateway.
+        assert tools["ask_principal"].inputSchema == input_schema(BindingMomentPayload)
+        assert tools["report_transition"].inputSchema == input_schema(TransitionReport)
+        assert "binding_moment" in tools["ask_principal"].inputSchema["required"]
+        for resolution, expected in cases:
+            waiting = asyncio.Event()
+
+            async def on_progress(p: float, total: float | None, message: str | None, waiting=waiting) -> None:
+                if "waiting for alice" in (message or ""):
+                    waiting.set()
+
+            asking = asyncio.create_task(session.call_tool(
+                "ask_principal", {"principal": "~alice", "binding_moment": MOMENT}, progress_callback=on_progress))
+            await asyncio.wait_for(waiting.wait(), 20)  # progress notifications while the principal thinks
+            reply = await env.principal_answers(moment_answer(resolution))
+            assert reply.status == "accepted"
+            result = await asyncio.wait_for(asking, 20)
+            assert not result.isError
+            body = result.structuredContent
+            assert body["status"] == "resolved" and {k: body[k] for k in expected} == expected
+
+
+async def test_an_unanswered_moment_expires_as_a_refusal(env: Env) -> None:
+    """A moment nobody answers before expires_in_s comes back as status expired, not as consent and not as an error."""
+    async with env.stdio() as session:
+        result = await session.call_tool("ask_principal", {"principal": "alice", "binding_moment": MOMENT, "expires_in_s": 1})
+    assert not result.isError and result.structuredContent["status"] == "expired"
+
+
+async def test_a_malformed_moment_is_a_tool_error_listing_every_rule(env: Env) -> None:
+    """Five options, recommended_idx out of range and a missing hatch: one isError result names each rule; the server keeps serving."""
+    bad = {**MOMENT, "question": {**MOMENT["question"],
+                                   "options": [{"label": f"o{i}", "reasoning": "r"} for i in range(5)],
+                                   "recommended_idx": 7, "hatches": {"free_text": True}}}
+    async with env.stdio() as session:
+        result = await session.call_tool("ask_principal", {"principal": "alice", "binding_moment": bad})
+        assert result.isError and result.structuredContent, result
+        body = result.structuredContent
+        assert body["code"] == "envelope_invalid"
+        paths = {v.get("path") for v in body["violations"]}
+        assert {"$.payload.binding_moment.question.options", "$.payload.binding_moment.question.hatches.dialogue"} <= paths, body
+        assert any("recommended_idx" in (v.get("path") or "") for v in body["violations"]), body
+        handle = await session.call_tool("ask_principal", {"principal": "not a handle", "binding_moment": MOMENT})
+        assert handle.isError and handle.structuredContent["code"] == "invalid_arguments"
+        assert "principal" in handle.structuredContent["reason"]
+        still = await session.call_tool("ask_principal", {"principal": "alice", "binding_moment": MOMENT, "expires_in_s": 1})
+        assert still.structuredContent["status"] == "expired"
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_clarify_returns_the_answers(env: Env, transport: str) -> None:
+    """clarify reaches the principal as a clarification item; their answers come back keyed by question id."""
+    answer = ClarificationAnswers(answers={"account": "ACME-42"})
+    env.principal_answers(lambda item: answer if isinstance(item, ClarificationItem) else None)
+    async with env.session(transport) as session:
+        result = await session.call_tool("clarify", {"principal": "alice", "questions": [
+            {"id": "account", "question": "Which account should the refund go to?"}]})
+    assert not result.isError and result.structuredContent["answers"] == {"account": "ACME-42"}
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_declare_intent_permit_deny_reject_and_report(env: Env, transport: str) -> None:
+    """PERMIT, then a report; an Enriched DENY with its code; a REJECT (malformed IDP) as a tool error with its code."""
+    async with env.session(transport) as session:
+        rec = env.idp(1, "ReadBooking")
+        permit = await session.call_tool("declare_intent", {"mandate": env.token, "idp": rec})
+        assert not permit.isError and permit.structuredContent["result"] == "PERMIT"
+        report = await session.call_tool("report_transition", {
+            "idp_id": rec["idp_id"], "executed_action": "ReadBooking", "effect": {"type": "booking.read", "status": "ok"}})
+        assert report.structuredContent["status"] == "recorded"
+        deny = await session.call_tool("declare_intent", {"mandate": env.token, "idp": env.idp(1, "CloseBooking", confidence_level=0.3)})
+        assert not deny.isError and deny.structuredContent["result"] == "DENY"
+        assert deny.structuredContent["deny_code"] and "available_actions" in deny.structuredContent
+        reject = await session.call_tool("declare_intent", {"mandate": env.token, "idp": env.idp(1, "ReadBooking", declared_goal=None)})
+        assert reject.isError and reject.structuredContent["result"] == "REJECT"
+        assert reject.structuredContent["error_code"] == "IDP_MALFORMED"
+
+
+async def test_declare_intent_hem_pending_then_the_decision(env: Env) -> None:
+    """hem_urgency REQUIRED: the tool reports HEM_PENDING and waits for the principal's decision (approve)."""
+    env.principal_answers(lambda item: OptionChoice(index=0) if isinstance(item, BindingMomentItem) and item.hem else None)
+    rec = env.idp(1, "ProcessPayment", hem_urgency="REQUIRED")
+    async with env.stdio() as session:
+        result = await session.call_tool("declare_intent", {"mandate": env.token, "idp": rec})
+    body = result.structuredContent
+    assert body["result"] == "HEM_PENDING" and body["decision"]["decision"] == "approve"
+    assert body["decision"]["idp_id"] == rec["idp_id"]
+
+
+async def test_a_wait_cut_by_a_restart_is_picked_up_by_await_moment(env: Env) -> None:
+    """The MCP server stops while the principal thinks; the answer given meanwhile is read by await_moment after a restart (the agent's durable outcome consumer)."""
+    messages: list[str] = []
+    delivered = asyncio.Event()
+
+    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+        delivered.set()
+
+    async with env.stdio() as session:
+        asking = asyncio.create_task(session.call_tool(
+            "ask_principal", {"principal": "alice", "binding_moment": MOMENT}, progress_callback=on_progress))
+        await asyncio.wait_for(delivered.wait(), 20)
+        asking.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asking
+    moment_id = messages[0].split()[1]  # "moment {id} delivered to alice"
+    reply = await env.principal_answers(moment_answer(OptionChoice(index=0)))
+    assert reply.status == "accepted" and reply.moment_id == moment_id
+    async with env.stdio() as session:
+        result = await session.call_tool("await_moment", {"moment_id": moment_id})
+    assert result.structuredContent == {"status": "resolved", "kind": "option", "index": 0, "moment_id": moment_id}
+
+
+async def test_without_a_gateway_calls_are_clear_tool_errors(nats_server: Any, tmp_path: Path) -> None:
+    """A bus with no gateway (and no streams): declare_intent and ask_principal are tool errors that say the gateway is unavailable; the server keeps serving."""
+    env = Env.__new__(Env)
+    env.url, env.data_dir = nats_server.client_url, tmp_path / "mcp-data"
+    async with env.stdio() as session:
+        declared = await session.call_tool("declare_intent", {"mandate": "x.y.z", "idp": {"profile": "IDP_THIN"}})
+        asked = await session.call_tool("ask_principal", {"principal": "alice", "binding_moment": MOMENT})
+        tools = await session.list_tools()
+    for result in (declared, asked):
+        assert result.isError and result.structuredContent["code"] == "gateway_unavailable", result
+    assert "kernel" in declared.structuredContent["reason"]
+    assert len(tools.tools) == 5
+
+
+async def test_hem_without_waiting_then_await_moment(env: Env) -> None:
+    """wait_for_decision false: HEM_PENDING returns at once with its moment_id; await_moment later returns the decision (deny)."""
+    rec = env.idp(1, "ProcessPayment", hem_urgency="REQUIRED")
+    async with env.stdio() as session:
+        pending = await session.call_tool("declare_intent", {"mandate": env.token, "idp": rec, "wait_for_decision": False})
+        body = pending.structuredContent
+        assert body["result"] == "HEM_PENDING" and "decision" not in body
+        env.principal_answers(lambda item: OptionChoice(index=1) if isinstance(item, BindingMomentItem) and item.hem else None)
+        decided = await session.call_tool("await_moment", {"moment_id": body["moment_id"]})
+    assert decided.structuredContent["status"] == "decided" and decided.structuredContent["decision"] == "deny"
+
+
+def test_pgw_mcp_help() -> None:
+    """`pgw mcp --help` prints the usage with the agent and transport options."""
+    out = subprocess.run([PGW, "mcp", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--agent" in out.stdout and "--transport" in out.stdout
+    bad = subprocess.run([PGW, "mcp", "--agent", "planner", "--progress-every", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--progress-every" in bad.stderr and "between 0.05 and 3600" in bad.stderr
+
+
+async def test_the_readmes_mcp_example_runs(gateway: Any, nc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's "Agents from MCP hosts" block, spawning `pgw mcp` over stdio, returns the resolution it says."""
+    from tests.test_readme import python_block
+
+    monkeypatch.setenv("PATH", f"{Path(PGW).parent}:{os.environ.get('PATH', '')}")  # the block runs plain `pgw`
+    ns: dict[str, Any] = {}
+    exec(compile(python_block("## Agents from MCP hosts"), "README.md", "exec"), ns)
+    readme_moment: dict[str, Any] = {}
+    exec(compile(python_block("### Agents and surfaces in Python"), "README.md", "exec"), readme_moment)
+    url = gateway.config.nats_url
+    answering = asyncio.create_task(_answer_first_moment(nc))
+    body = await asyncio.wait_for(ns["ask_alice"](url, readme_moment["MOMENT"]), 30)
+    assert (await answering).status == "accepted"
+    assert {k: body[k] for k in ("status", "kind", "index", "label")} == {
+        "status": "resolved", "kind": "option", "index": 0, "label": "Pay it today"}
+
+
+async def _answer_first_moment(nc: Any) -> Any:
+    surface = Surface(nc, PRINCIPAL)
+    async for item in surface.items():
+        if isinstance(item, BindingMomentItem):
+            return await surface.choose(item, 0)
+    return None
