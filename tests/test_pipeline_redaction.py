@@ -175,14 +175,9 @@ async def test_no_secret_in_any_downstream_byte(nats_server, tmp_path, nc, monke
             notice = await rec.item(lambda i: isinstance(i, NoticeItem))
             assert MARK in str(notice.conventional)
             stored = []
-            for s in ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS"):
+            # the KV buckets as their streams: every stored revision, live or not
+            for s in ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS", "KV_PGW_DEDUP", "KV_PGW_MOMENTS"):
                 stored += await stream_bytes(nc, s)
-            dedup_kv = await nc.jetstream().key_value("PGW_DEDUP")
-            for k in await dedup_kv.keys():
-                stored.append((await dedup_kv.get(k)).value or b"")
-            moments_kv = await nc.jetstream().key_value("PGW_MOMENTS")
-            for k in await moments_kv.keys():
-                stored.append((await moments_kv.get(k)).value or b"")
     blob = b"\n".join(stored + rec.raw) + repr(logs).encode()
     assert b"REDACTED" in blob
     for needle in _needles():
