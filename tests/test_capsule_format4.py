@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -37,10 +36,9 @@ from gateway.app import Gateway
 from pgwcore.config import load_config
 from pgwcore.publish import Publisher
 from tests import refverifier
-from tests.polling import until
 from tests.stored import stored_msgs
 from tests.test_capsule_model import design_rows, verdict, vid
-from tests.test_capsule_signer import _spawn_signer, signer_keys, stream_items, wait_count
+from tests.test_capsule_signer import kill9_signer_run, signer_keys, stream_items, wait_count
 
 NEWEST = "0.12.0"  # the newest agent-action-capsule on PyPI when this was written (format "4", draft -05)
 VECTORS = Path(__file__).parent / "data" / "aac_vectors"
@@ -287,37 +285,8 @@ async def test_pgw_verify_ledger_finds_a_removed_format4_capsule(nc: Any, make_c
 async def test_kill9_mid_batch_format4_every_verdict_exactly_one_capsule(nc: Any, make_config: Any) -> None:
     """SIGKILL of a format-4 `pgw signer` mid-batch, then restart: one capsule per verdict, ledger intact."""
     config = format4(make_config)
-    toml = Path(config.data_dir).parent / "signer.toml"
-    toml.write_text('[signer]\nack_wait_s = 2.0\nbatch = 16\ncapsule_format = "4"\n')
-    js = nc.jetstream()
-    pub = Publisher(js, config.subjects)
     n = 300
-    verdicts = [verdict(f"k4-{i}", "blocked" if i % 3 else "denied") for i in range(n)]
-    proc = _spawn_signer(config, toml)
-    try:
-        for v in verdicts:
-            await pub.verdict(v)
-        await wait_count(js, "PGW_REGISTRATION", 20, timeout=60)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        killed_at = (await js.stream_info("PGW_REGISTRATION")).state.messages
-        assert killed_at < n, "the signer finished before the kill; nothing was tested"
-        proc = _spawn_signer(config, toml)
-        await wait_count(js, "PGW_REGISTRATION", n, timeout=120)
-
-        async def drained() -> bool:
-            ci = await js.consumer_info("PGW_VERDICTS", config.signer.durable)
-            return ci.num_pending == 0 and ci.num_ack_pending == 0
-
-        await until(drained, timeout=60, interval=0.1, what="the signer's consumer drained")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    items = await stream_items(js, "PGW_REGISTRATION")
+    verdicts, items, _ = await kill9_signer_run(nc, config, "4", "k4-", n)
     by_verdict = Counter(payload_of(d)["pgw"]["verdict_id"] for _, d, _ in items)
     assert len(items) == n and set(by_verdict.values()) == {1}
     assert set(by_verdict) == {v.verdict_id for v in verdicts}

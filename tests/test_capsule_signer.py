@@ -132,16 +132,15 @@ def _spawn_signer(config: Config, toml: Path) -> subprocess.Popen[bytes]:
     )
 
 
-@pytest.mark.slow
-async def test_kill9_mid_batch_every_verdict_exactly_one_capsule(nc: Any, make_config: Any) -> None:
-    """SIGKILL of `pgw signer` mid-batch, then restart: every verdict has exactly one capsule, chain intact."""
-    config = make_config(signer={"capsule_format": "2"})  # asserts the format-2 ledger block
+async def kill9_signer_run(nc: Any, config: Any, fmt: str, tag: str, n: int = 300) -> tuple[list[Any], list[Any], int]:
+    """Publish ``n`` verdicts to a `pgw signer` in format ``fmt``, SIGKILL it mid-batch, restart it and wait
+    until its consumer drained: (verdicts, PGW_REGISTRATION items, statements stored before the kill)."""
     toml = Path(config.data_dir).parent / "signer.toml"
-    toml.write_text("[signer]\nack_wait_s = 2.0\nbatch = 16\ncapsule_format = \"2\"\n")  # redeliver the in-flight batch quickly
+    # redeliver the in-flight batch quickly
+    toml.write_text(f'[signer]\nack_wait_s = 2.0\nbatch = 16\ncapsule_format = "{fmt}"\n')
     js = nc.jetstream()
     pub = Publisher(js, config.subjects)
-    n = 300
-    verdicts = [verdict(f"k{i}", "blocked" if i % 3 else "denied") for i in range(n)]
+    verdicts = [verdict(f"{tag}{i}", "blocked" if i % 3 else "denied") for i in range(n)]
     proc = _spawn_signer(config, toml)
     try:
         for v in verdicts:
@@ -153,6 +152,7 @@ async def test_kill9_mid_batch_every_verdict_exactly_one_capsule(nc: Any, make_c
         assert killed_at < n, "the signer finished before the kill; nothing was tested"
         proc = _spawn_signer(config, toml)
         await wait_count(js, "PGW_REGISTRATION", n, timeout=120)
+
         async def drained() -> bool:
             ci = await js.consumer_info("PGW_VERDICTS", config.signer.durable)
             return ci.num_pending == 0 and ci.num_ack_pending == 0
@@ -165,7 +165,15 @@ async def test_kill9_mid_batch_every_verdict_exactly_one_capsule(nc: Any, make_c
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    items = await stream_items(js, "PGW_REGISTRATION")
+    return verdicts, await stream_items(js, "PGW_REGISTRATION"), killed_at
+
+
+@pytest.mark.slow
+async def test_kill9_mid_batch_every_verdict_exactly_one_capsule(nc: Any, make_config: Any) -> None:
+    """SIGKILL of `pgw signer` mid-batch, then restart: every verdict has exactly one capsule, chain intact."""
+    config = make_config(signer={"capsule_format": "2"})  # asserts the format-2 ledger block
+    n = 300
+    verdicts, items, killed_at = await kill9_signer_run(nc, config, "2", "k", n)
     by_verdict = Counter(payload_of(d)["pgw"]["verdict_id"] for _, d, _ in items)
     assert len(items) == n
     assert set(by_verdict) == {v.verdict_id for v in verdicts}
