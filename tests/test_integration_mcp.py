@@ -38,6 +38,7 @@ from subjects.wire import (
     SurfaceItem,
 )
 from tests.kernel_support import Issuer, idp, policy_dir, running_gateway
+from tests.polling import until
 
 AGENT, PRINCIPAL = "planner", "alice"
 PGW = str(Path(sys.executable).parent / "pgw")
@@ -83,11 +84,15 @@ class Env:
             port = s.getsockname()[1]
         proc = await asyncio.create_subprocess_exec(PGW, *self.args("--transport", "http", "--port", str(port)))
         try:
-            for _ in range(200):
-                with contextlib.suppress(OSError):
-                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                    break
-                await asyncio.sleep(0.05)
+            async def listening() -> bool:
+                try:
+                    _, w = await asyncio.open_connection("127.0.0.1", port)
+                except OSError:
+                    return False
+                w.close()
+                return True
+
+            await until(listening, timeout=10, what=f"pgw mcp listening on port {port}")
             async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write, _), ClientSession(read, write) as session:
                 await session.initialize()
                 yield session

@@ -23,6 +23,7 @@ from subjects.wire import EnvelopeOutcome, outcome_decoder
 from tests.gauntlet.bed import Bed, secured_bed
 from tests.moments import GOOD_MOMENT
 from tests.openwop_schemas import checked_envelope, checked_outcome
+from tests.polling import until
 
 pytestmark = pytest.mark.security
 TABLE = "envelope suppression (raw nats-py agents)"
@@ -70,6 +71,22 @@ async def outcomes_for(nc: nats.NATS, agent: str, envelope_id: str, *, want: int
     return got
 
 
+async def settled(bed: Bed, agent: str, stored: int) -> None:
+    """Wait until PGW_INBOUND holds ``stored`` envelopes on ``agent``'s subject (the watch's re-published copy
+    included) and the gateway has acked every delivery: after that no further outcome can come."""
+    js = bed.ncs["_watch"].jetstream()
+    subject = bed.config.subjects.envelope(agent)
+
+    async def done() -> bool:
+        info = await js.stream_info("PGW_INBOUND", subjects_filter=subject)
+        if (info.state.subjects or {}).get(subject, 0) < stored:
+            return False
+        ci = await js.consumer_info("PGW_INBOUND", "pgw-gateway")
+        return ci.num_pending == 0 and ci.num_ack_pending == 0
+
+    await until(done, timeout=WAIT, what=f"{stored} envelope(s) of {agent} stored and answered")
+
+
 async def stored_outcomes(bed: Bed, agent: str, envelope_id: str) -> int:
     """How many outcomes for ``envelope_id`` PGW_OUTBOUND holds (read by the services' connection)."""
     js = bed.ncs["_watch"].jetstream()
@@ -102,7 +119,7 @@ async def test_squatted_msg_id_does_not_drop_the_victims_envelope(tmp_path: Path
                                               headers={"Nats-Msg-Id": stolen})
             outs = await outcomes_for(a, "a", x)
             assert [o.status for o in outs] == ["accepted"], outs
-            await asyncio.sleep(0.5)  # any second copy would have been answered by now
+            await settled(bed, "a", 1 if ack.duplicate else 2)  # the watch's copy, and a's original if stored
             assert await stored_outcomes(bed, "a", x) == 1
         finally:
             await a.close()
@@ -124,7 +141,7 @@ async def test_own_retry_after_a_lost_puback_gets_one_outcome(tmp_path: Path, se
             assert second.seq != first.seq and not second.duplicate, "the retry must reach the gateway for this test"
             outs = await outcomes_for(a, "a", x)
             assert [o.status for o in outs] == ["accepted"]
-            await asyncio.sleep(0.5)
+            await settled(bed, "a", 2)  # the first publish and the retry
             assert await stored_outcomes(bed, "a", x) == 1
             dispatches = [v for v in bed.verdicts if v.verdict_class == "hitl_dispatched" and v.envelope_id == x]
             assert len({v.verdict_id for v in dispatches}) == 1
@@ -146,7 +163,7 @@ async def test_squat_right_after_the_victim_leaves_one_outcome(tmp_path: Path, s
             await b.jetstream().publish(bed.config.subjects.envelope("b"), b'{"any": "body"}', headers={"Nats-Msg-Id": x})
             outs = await outcomes_for(a, "a", x)
             assert [o.status for o in outs] == ["accepted"], outs
-            await asyncio.sleep(0.5)
+            await settled(bed, "a", 2)  # a's envelope and the watch's re-published copy
             assert await stored_outcomes(bed, "a", x) == 1
             assert bed.gw is not None
             assert len({v.verdict_id for v in bed.verdicts if v.verdict_class == "hitl_dispatched" and v.envelope_id == x}) == 1
