@@ -213,20 +213,11 @@ def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, Trus
                 "info")
     if msg.protected.get(3) == capsule_v4.ID_MEDIA_TYPE:  # format "4": the capsule-id registration statement
         anchored = _check_receipts(msg, ts_keys, run)
-        explicit = (lambda: _verify_explicit(msg, any_kid, run)) if any_kid else None
-        verify_v4.verify_v4(msg, verify_v4.capsule_of(msg), keys, anchored, store, run, res, explicit)
+        verify_v4.verify_v4(msg, verify_v4.capsule_of(msg), keys, anchored, store, run, res,
+                            lambda: _check_signature(msg, keys, any_kid, run))
         return
     res.profile = capm.FORMAT_VERSION
-    key = keys.get(msg.kid or "")
-    if key is None and any_kid:
-        _verify_explicit(msg, any_kid, run)
-    elif key is None:
-        run.add(0, "cose_key_untrusted", f"kid {msg.kid!r} is not a trusted key")
-    else:
-        try:
-            verify_sign1(msg, key)
-        except CoseError as e:
-            run.add(0, e.code, e.why)
+    _check_signature(msg, keys, any_kid, run)
     anchored = _check_receipts(msg, ts_keys, run)
     if cps.is_checkpoint(msg):  # the kernel's anchored log head, not a capsule (consumers.checkpoint_statement)
         res.profile, res.statement_type = None, "checkpoint"
@@ -342,6 +333,20 @@ def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, Trus
             if isinstance(v, str) and "." not in v and ":" not in v:
                 run.add(8, "constraint_not_namespaced", f"constraint {member} {v!r} has no namespace (§9.1)",
                         "info", path=f"$.constraints[{i}].{member}")
+
+
+def _check_signature(msg: Sign1, keys: Mapping[str, TrustedKey], any_kid: tuple[TrustedKey, ...], run: _Run) -> None:
+    """Check 0's signature, any format: under the key its kid names, else under a key given explicitly."""
+    key = keys.get(msg.kid or "")
+    if key is None and any_kid:
+        _verify_explicit(msg, any_kid, run)
+    elif key is None:
+        run.add(0, "cose_key_untrusted", f"kid {msg.kid!r} is not a trusted key")
+    else:
+        try:
+            verify_sign1(msg, key)
+        except CoseError as e:
+            run.add(0, e.code, e.why)
 
 
 def _verify_explicit(msg: Sign1, candidates: tuple[TrustedKey, ...], run: _Run) -> None:

@@ -37,7 +37,6 @@ from consumers.cose import (
     TrustedKey,
     raw_public,
     sig_structure,
-    verify_sign1,
 )
 from consumers.verifier_structural import parse_payload
 
@@ -115,23 +114,15 @@ def check_envelope(data: Any, capsule_id: str) -> bytes:
 
 
 def verify_v4(msg: Sign1, payload: dict[str, Any] | None, keys: Mapping[str, TrustedKey],
-              anchored: bool, store: Any, run: Any, res: Any, explicit: Callable[[], None] | None = None) -> None:
+              anchored: bool, store: Any, run: Any, res: Any, check_signature: Callable[[], None]) -> None:
     """Checks 0 (statement, envelopes) to 9 for one decoded format-4 statement; findings go to ``run``.
 
-    ``explicit``: verifies the statement under keys given on the command line whatever its kid.
+    ``check_signature``: the verifier's one signature check of a statement (trusted kid, or keys given
+    on the command line whatever the kid), shared with format "2".
     """
     res.profile = v4.FORMAT
     # -- 0: registration statement --------------------------------------------------------------
-    key = keys.get(msg.kid or "")
-    if key is None and explicit is not None:
-        explicit()
-    elif key is None:
-        run.add(0, "cose_key_untrusted", f"kid {msg.kid!r} is not a trusted key")
-    else:
-        try:
-            verify_sign1(msg, key)
-        except CoseError as e:
-            run.add(0, e.code, e.why)
+    check_signature()
     if not isinstance(msg.payload, bytes) or len(msg.payload) != 32:
         run.add(0, "statement_payload_invalid", "the registration statement's payload is the raw 32-byte capsule_id")
     claims = msg.cwt_claims
