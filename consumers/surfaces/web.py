@@ -10,10 +10,17 @@ an answer.
 Why a token: the config carries the principal's credentials, and any local
 process can reach a loopback port. The token is in the URL the command
 prints; a request without it gets 403.
+
+The page is also an installable Progressive Web App (issue 17): a web app
+manifest at ``/manifest.webmanifest`` and a service worker at ``/sw.js``
+(root scope: it may control every page of this origin). The installed app
+starts at ``/`` without the token; the page keeps the token it was first
+opened with in localStorage (docs/surfaces.md, "Installing the app").
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -26,6 +33,51 @@ from subjects.names import principal_token
 log = get_logger("pgw.surface-web")
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "web" / "static"
+
+
+def stored_token(path: Path, *, renew: bool = False) -> str:
+    """The page token kept in ``path`` (mode 0600), made on first use or when ``renew``.
+
+    An installed app keeps the token it was opened with; a token that changed
+    with every run of ``pgw surface-web`` would lock it out after each restart.
+    """
+    if not renew:
+        try:
+            token = path.read_text().strip()
+        except FileNotFoundError:
+            token = ""
+        if len(token) >= 24:
+            return token
+    token = secrets.token_urlsafe(24)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.replace(tmp, path)
+    return token
+
+
+def manifest(principal: str) -> dict[str, Any]:
+    """The web app manifest (W3C Web Application Manifest) of the browser surface of ``principal``."""
+    icons = "/static/icons"
+    return {
+        "id": "/",
+        "name": f"Principal Gateway (~{principal})",
+        "short_name": "Gateway",
+        "description": "Decisions your agents need from you",
+        "start_url": "/",
+        "scope": "/",
+        "display": "standalone",
+        "orientation": "any",
+        "theme_color": "#0f1b33",
+        "background_color": "#f4f5f7",
+        "icons": [
+            {"src": f"{icons}/icon-192.png", "sizes": "192x192", "type": "image/png", "purpose": "any"},
+            {"src": f"{icons}/icon-512.png", "sizes": "512x512", "type": "image/png", "purpose": "any"},
+            {"src": f"{icons}/icon-maskable-512.png", "sizes": "512x512", "type": "image/png", "purpose": "maskable"},
+        ],
+    }
 
 
 class WebSurfaceServer:
@@ -43,6 +95,8 @@ class WebSurfaceServer:
         host: str = "127.0.0.1",
         port: int = 8765,
         static_dir: Path = STATIC_DIR,
+        token: str | None = None,
+        notify_synopsis: bool = False,
     ) -> None:
         self.principal = principal_token(principal)
         self.ws_url = ws_url
@@ -51,7 +105,11 @@ class WebSurfaceServer:
         self.host = host
         self.port = port
         self.static_dir = static_dir
-        self.token = secrets.token_urlsafe(18)
+        # A token kept across runs (``pgw surface-web`` stores one per principal) lets an
+        # installed app keep working after a restart; None = a fresh one per run.
+        self.token = token or secrets.token_urlsafe(18)
+        # Desktop notifications show the synopsis only when the principal opted in (issue 17).
+        self.notify_synopsis = notify_synopsis
         self._runner: web.AppRunner | None = None
 
     @property
@@ -66,6 +124,8 @@ class WebSurfaceServer:
         app = web.Application(middlewares=[self._headers])
         app.router.add_get("/", self._index)
         app.router.add_get("/config.json", self._config)
+        app.router.add_get("/manifest.webmanifest", self._manifest)
+        app.router.add_get("/sw.js", self._service_worker)
         app.router.add_static("/static", self.static_dir, show_index=False, follow_symlinks=False)
         return app
 
@@ -75,6 +135,7 @@ class WebSurfaceServer:
         # The page loads only its own code and talks only to this server and NATS.
         resp.headers["Content-Security-Policy"] = (
             "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            "manifest-src 'self'; worker-src 'self'; "
             f"connect-src 'self' {' '.join(u.strip() for u in self.ws_url.split(','))}; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
         )
         resp.headers["X-Content-Type-Options"] = "nosniff"
@@ -85,11 +146,23 @@ class WebSurfaceServer:
     async def _index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(self.static_dir / "index.html")
 
+    async def _manifest(self, request: web.Request) -> web.Response:
+        return web.json_response(manifest(self.principal), content_type="application/manifest+json")
+
+    async def _service_worker(self, request: web.Request) -> web.StreamResponse:
+        # Served from the root so its scope is the whole origin (the default scope is the
+        # script's own directory); Service-Worker-Allowed states that scope explicitly.
+        return web.FileResponse(
+            self.static_dir / "sw.js",
+            headers={"Content-Type": "text/javascript; charset=utf-8", "Service-Worker-Allowed": "/"},
+        )
+
     async def _config(self, request: web.Request) -> web.Response:
         if not secrets.compare_digest(request.query.get("t", ""), self.token):
             return web.json_response({"error": "open the URL that `pgw surface-web` printed"}, status=403)
         return web.json_response(
-            {"principal": self.principal, "prefix": self.prefix, "ws_url": self.ws_url, "auth": self.auth}
+            {"principal": self.principal, "prefix": self.prefix, "ws_url": self.ws_url, "auth": self.auth,
+             "notify_synopsis": self.notify_synopsis}
         )
 
     async def start(self) -> WebSurfaceServer:

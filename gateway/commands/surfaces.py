@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     w.add_argument("--port", type=int, help="HTTP port on 127.0.0.1 (default: surfaces.web_port, 8765; 0 = any)")
     w.add_argument("--ws-url", help="NATS WebSocket URL (default: surfaces.ws_url or the embedded server's)")
     w.add_argument("--open", action="store_true", help="open the page in the default browser")
+    w.add_argument("--new-token", action="store_true",
+                   help="replace the page token kept in {data_dir}/surface-web/ (installed apps must be opened "
+                   "once with the new URL)")
     w.set_defaults(handler=run_surface_web)
 
 
@@ -94,7 +97,7 @@ async def run_surface(args: argparse.Namespace, config: Config) -> int:
 
 async def run_surface_web(args: argparse.Namespace, config: Config) -> int:
     from consumers.surfaces.feed import browser_auth
-    from consumers.surfaces.web import WebSurfaceServer
+    from consumers.surfaces.web import WebSurfaceServer, stored_token
 
     principal = principal_token(args.principal)
     creds = principal_creds(args, config, principal)
@@ -110,6 +113,7 @@ async def run_surface_web(args: argparse.Namespace, config: Config) -> int:
         auth=browser_auth(config.nats_url, creds),
         host=config.surfaces.web_host,
         port=config.surfaces.web_port if args.port is None else args.port,
+        token=stored_token(config.data_path / "surface-web" / f"{principal}.token", renew=args.new_token),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

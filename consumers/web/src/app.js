@@ -12,7 +12,10 @@ import {
   nkeyAuthenticator,
   wsconnect,
 } from "@nats-io/nats-core";
+import { fmtTime, h, put } from "./dom.js";
 import { planItem } from "./plan.js";
+import { Reach } from "./notify.js";
+import { loadConfig, registerServiceWorker } from "./shell.js";
 
 window.pgwPlan = planItem; // for the cross-model test, and for curious principals
 
@@ -30,37 +33,6 @@ const REFUSALS = {
 const GONE = new Set(["already_resolved", "expired", "unknown_moment"]);
 
 // ---------------------------------------------------------------------------
-// DOM helpers (textContent only: agent text is never parsed as HTML)
-// ---------------------------------------------------------------------------
-
-function put(el, ...children) {
-  for (const c of children.flat(Infinity)) {
-    if (c === null || c === undefined || c === false) continue;
-    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  }
-  return el;
-}
-
-function h(tag, attrs = {}, ...children) {
-  const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (v === null || v === undefined || v === false) continue;
-    if (k === "class") el.className = v;
-    else if (k === "text") el.textContent = v;
-    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
-    else el.setAttribute(k, v === true ? "" : v);
-  }
-  return put(el, ...children);
-}
-
-function fmtTime(ts) {
-  if (!ts) return "";
-  const d = new Date(ts);
-  if (Number.isNaN(d.getTime())) return ts;
-  return d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
-}
-
-// ---------------------------------------------------------------------------
 // State
 // ---------------------------------------------------------------------------
 
@@ -72,6 +44,8 @@ const state = {
   closed: new Set(),
   answeredHere: new Set(),
   inFlight: new Set(), // moments this tab is answering: their reply is shown before the card goes
+  loaded: false, // the first pending list is in: later new cards may notify (notify.js)
+  reach: null, // notifications, push subscription, presence (notify.js)
 };
 
 const $list = () => document.getElementById("items");
@@ -121,6 +95,7 @@ function accept(item) {
   const plan = planItem(item);
   if (plan.plan === "withdraw") {
     const card = state.cards.get(plan.moment_id);
+    state.reach?.withdrawn(plan.moment_id);
     if (card && state.inFlight.has(plan.moment_id)) {
       card.withdrawn = plan.reason; // resolve() shows this tab's reply, then removes the card
     } else if (card) {
@@ -139,6 +114,7 @@ function accept(item) {
   state.cards.set(key, { plan, el });
   $list().append(el);
   updateEmpty();
+  if (state.loaded) state.reach?.arrived(plan);
 }
 
 function removeCard(key) {
@@ -468,8 +444,8 @@ async function loadPending({ reconcile = false } = {}) {
 }
 
 async function main() {
-  const token = new URLSearchParams(location.search).get("t") || "";
-  const cfg = await (await fetch(`/config.json?t=${encodeURIComponent(token)}`, { cache: "no-store" })).json();
+  const registration = registerServiceWorker(); // first, so the shell is cached even if NATS is down
+  const cfg = await loadConfig();
   document.getElementById("principal").textContent = `~${cfg.principal}`;
   document.title = `~${cfg.principal} · Principal Gateway`;
   const p = `${cfg.prefix}.principal.${cfg.principal}`;
@@ -502,6 +478,9 @@ async function main() {
   await loadPending();
   ready = true;
   queue.splice(0).forEach(accept);
+  state.loaded = true;
+  state.reach = new Reach({ nc: state.nc, prefix: cfg.prefix, principal: cfg.principal, synopsis: cfg.notify_synopsis === true, registration });
+  state.reach.start();
   setConn("connected", "Connected");
   document.body.dataset.ready = "true";
   (async () => {
@@ -509,6 +488,7 @@ async function main() {
       if (s.type === "disconnect") setConn("offline", "Offline — reconnecting…");
       if (s.type === "reconnect") {
         setConn("connected", "Connected");
+        state.reach?.present();
         loadPending({ reconcile: true }).catch(() => {});
       }
     }
