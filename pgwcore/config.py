@@ -132,12 +132,29 @@ class SurfacesConfig(_Section):
     web_port: Annotated[int, Meta(ge=0, le=65535)] = 8765
     # The NATS WebSocket URL the browser connects to; "" = the embedded server's listener.
     ws_url: str = ""
+    # Where principals open the page through a TLS proxy in front of web_port (issue 17,
+    # docs/surfaces.md "Serving over HTTPS"), e.g. "https://gw.example.org"; its origin
+    # is then also allowed on the WebSocket listener. "" = loopback only.
+    public_url: str = ""
 
     def __post_init__(self) -> None:
         if self.web_host not in ("127.0.0.1", "localhost", "::1"):
             raise ConfigError("surfaces.web_host", "the browser surface serves credentials; loopback only")
         if self.ws_url and not self.ws_url.startswith(("ws://", "wss://")):
             raise ConfigError("surfaces.ws_url", "must start with ws:// or wss://")
+        if self.public_url:
+            from urllib.parse import urlsplit
+
+            u = urlsplit(self.public_url)
+            if u.scheme != "https" or not u.hostname or u.path not in ("", "/") or u.query or u.fragment:
+                raise ConfigError(
+                    "surfaces.public_url",
+                    "must be https://host[:port] (service workers and push need a secure context)",
+                )
+
+    @property
+    def public_origin(self) -> str | None:
+        return self.public_url.rstrip("/") if self.public_url else None
 
 
 class OpsConfig(_Section):

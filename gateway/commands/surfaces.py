@@ -122,6 +122,8 @@ async def run_surface_web(args: argparse.Namespace, config: Config) -> int:
             loop.add_signal_handler(sig, stop.set)
     async with server:
         print(f"Browser surface for ~{principal}: {server.url}", flush=True)
+        if config.surfaces.public_origin:  # the same page through the TLS proxy (docs/surfaces.md)
+            print(f"Through HTTPS (install the app from here): {config.surfaces.public_origin}/?t={server.token}", flush=True)
         print(f"(NATS WebSocket {server.ws_url}; Ctrl-C stops)", flush=True)
         if args.open:
             import webbrowser

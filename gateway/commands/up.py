@@ -74,11 +74,12 @@ def browser_origins(config: Config) -> tuple[str, ...]:
     header) still connect.
     """
     port = config.surfaces.web_port
+    public = (config.surfaces.public_origin,) if config.surfaces.public_origin else ()  # behind TLS (issue 17)
     if not port:
-        return ("http://pgw-browser-surface.invalid",)
+        return public or ("http://pgw-browser-surface.invalid",)
     hosts = {config.surfaces.web_host, "127.0.0.1", "localhost"}
     return tuple(sorted(f"http://{h}:{port}" for h in hosts if h != "::1")) + (
-        (f"http://[::1]:{port}",) if config.surfaces.web_host == "::1" else ())
+        (f"http://[::1]:{port}",) if config.surfaces.web_host == "::1" else ()) + public
 
 
 async def handle(args: argparse.Namespace, config: Config) -> int:

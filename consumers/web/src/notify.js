@@ -73,14 +73,17 @@ export class Reach {
     this.subjects = { key: `${p}.push.key`, subscribe: `${p}.push.subscribe`, unsubscribe: `${p}.push.unsubscribe`, presence: `${p}.presence` };
     this.instance = randomId();
     this.claimed = false; // the last presence we sent had ttl_s > 0
+    this.closed = false; // after pagehide
+    this.notified = 0; // notifications this page has shown
     this.timer = null;
   }
 
   start() {
-    this.present();
-    this.timer = setInterval(() => this.present(), (PRESENCE_TTL_S * 1000) / 3);
+    this.resume();
     document.addEventListener("visibilitychange", () => this.present());
     window.addEventListener("pagehide", () => this.gone());
+    // Back from the back/forward cache: the same page is open again.
+    window.addEventListener("pageshow", (ev) => ev.persisted && this.resume());
     this.mountControls();
     this.resync().catch(() => {});
   }
@@ -106,11 +109,20 @@ export class Reach {
   }
 
   present() {
+    if (this.closed) return; // the page is going: a visibilitychange after pagehide must not re-claim
     if (this.reachable()) this.publishPresence(PRESENCE_TTL_S);
     else if (this.claimed) this.publishPresence(0);
   }
 
+  resume() {
+    this.closed = false;
+    clearInterval(this.timer);
+    this.timer = setInterval(() => this.present(), (PRESENCE_TTL_S * 1000) / 3);
+    this.present();
+  }
+
   gone() {
+    this.closed = true;
     clearInterval(this.timer);
     this.publishPresence(0);
   }
@@ -122,7 +134,13 @@ export class Reach {
     const reg = await this.registration;
     if (!reg) return;
     const n = notificationFor(plan, { synopsis: this.synopsis });
-    await reg.showNotification(n.title, { body: n.body, tag: n.tag, data: { url: n.url }, icon: "/static/icons/icon-192.png" });
+    try {
+      await reg.showNotification(n.title, { body: n.body, tag: n.tag, data: { url: n.url }, icon: "/static/icons/icon-192.png" });
+      this.notified += 1;
+      document.documentElement.dataset.notified = String(this.notified); // shown: tests read getNotifications() after this
+    } catch (e) {
+      console.warn(`notification not shown: ${e.message}`);
+    }
   }
 
   // A moment was answered, withdrawn or expired: its notification is stale.
