@@ -50,8 +50,8 @@ class Invalid(ValueError):
 
 def host_allowed(host: str, patterns: list[str]) -> bool:
     host = host.lower().rstrip(".")
-    for p in patterns:
-        p = p.lower()
+    for pattern in patterns:
+        p = pattern.lower()
         if p.startswith("*.") and host.endswith(p[1:]) and host != p[2:]:
             return True
         if host == p:
@@ -153,7 +153,7 @@ class Responders:
         for s in subs:
             try:
                 await s.unsubscribe()
-            except Exception:  # noqa: BLE001 - closing anyway
+            except Exception:
                 log.debug("unsubscribe failed", exc_info=True)
 
     def _principal(self, subject: str) -> str:
@@ -176,7 +176,7 @@ class Responders:
             reply = {"ok": False, "error": e.code, "detail": e.detail}
         except ValueError as e:
             reply = {"ok": False, "error": "bad_request", "detail": str(e)}
-        except Exception as e:  # noqa: BLE001 - the surface gets a reason, the log the trace
+        except Exception as e:
             log.exception("push request failed", subject=msg.subject)
             reply = {"ok": False, "error": "internal", "detail": type(e).__name__}
         await self._reply(msg, reply)
