@@ -5,12 +5,14 @@
   AUTH required after it; keeps every accepted message.
 - :func:`webhook_receiver`: an aiohttp server that checks every POST with
   ``consumers.notify.webhook_verify.verify`` (the function receivers copy),
-  answering 401 to a bad signature, a stale timestamp or a replayed id.
+  answering 401 to a bad signature or a stale timestamp and 409 to an id it
+  already took (a replay, or the notifier's repeat after a crash).
 - :func:`write_secret`: a 0600 file, as the notifier wants its secrets.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import ipaddress
@@ -34,6 +36,7 @@ from cryptography.x509.oid import NameOID
 from consumers.notify.webhook_verify import (
     ID_HEADER,
     SIGNATURE_HEADER,
+    WebhookReplay,
     WebhookSignatureError,
     verify,
 )
@@ -132,6 +135,8 @@ class Hook:
     refused: list[str] = field(default_factory=list)
     status: list[int] = field(default_factory=list)  # scripted answers, then 200
     seen: dict[str, float] = field(default_factory=dict)
+    replays: list[str] = field(default_factory=list)  # ids refused as already received (409)
+    delay_s: float = 0.0  # answer this late (keeps sends in flight, for the kill -9 test)
 
 
 @contextlib.asynccontextmanager
@@ -145,8 +150,13 @@ async def webhook_receiver(folder: Path, secret: str = "whsec-test-0123456789abc
         headers = {SIGNATURE_HEADER: request.headers.get(SIGNATURE_HEADER, ""),
                    ID_HEADER: request.headers.get(ID_HEADER, "")}
         hook.raw.append((headers, body))
+        if hook.delay_s:
+            await asyncio.sleep(hook.delay_s)
         try:
             verify(hook.secret, headers[SIGNATURE_HEADER], body, notification_id=headers[ID_HEADER], seen=hook.seen)
+        except WebhookReplay as e:
+            hook.replays.append(headers[ID_HEADER])
+            return web.Response(status=409, text=str(e))
         except WebhookSignatureError as e:
             hook.refused.append(str(e))
             return web.Response(status=401, text=str(e))

@@ -146,8 +146,12 @@ async def test_every_channel_once_and_no_decision_content(tmp_path, make_config,
         # A replay of the very request the receiver took is refused by its verify().
         headers, body = bed.hook.raw[-1]
         async with aiohttp.ClientSession() as s, s.post(bed.hook.url, data=body, headers=headers) as r:
+            assert r.status == 409
+        assert bed.hook.replays == [hooked["id"]] and len(bed.hook.accepted) == 1
+        tampered = body.replace(b"planner", b"plannex")
+        async with aiohttp.ClientSession() as s, s.post(bed.hook.url, data=tampered, headers=headers) as r:
             assert r.status == 401
-        assert "replay" in bed.hook.refused[-1]
+        assert "does not match" in bed.hook.refused[-1]
 
 
 async def test_synopsis_opt_in_never_carries_a_redacted_secret(tmp_path, make_config, nats_server, nc) -> None:

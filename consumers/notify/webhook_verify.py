@@ -8,7 +8,10 @@ Every webhook POST carries::
 A receiver checks the HMAC over the exact bytes received (before parsing the
 JSON), refuses a timestamp older or newer than ``tolerance_s`` (a captured
 request cannot be replayed later), and refuses an id it has already taken
-within that window (a captured request cannot be replayed now either).
+within that window (a captured request cannot be replayed now either):
+answer 401 to :class:`WebhookSignatureError`, 409 to :class:`WebhookReplay`
+(the notifier counts a 409 as delivered, so a repeat of the same notification
+after a notifier crash is shown once).
 Several ``v1=`` entries may be present while a secret is being rotated; any
 one that matches is enough.
 """
@@ -25,7 +28,15 @@ DEFAULT_TOLERANCE_S = 300
 
 
 class WebhookSignatureError(ValueError):
-    """The request is not a valid, fresh notifier webhook."""
+    """The request is not a valid, fresh notifier webhook: answer 401 and do nothing."""
+
+
+class WebhookReplay(WebhookSignatureError):
+    """Signed and fresh, but this notification id was already taken: answer 409 and do nothing.
+
+    The notifier takes 409 as "delivered" (a repeat after a crash carries the
+    same id), so a receiver that dedupes this way shows each notification once.
+    """
 
 
 def sign(secret: bytes, body: bytes, timestamp: int) -> str:
@@ -66,6 +77,6 @@ def verify(secret: bytes, header: str | None, body: bytes, *, notification_id: s
             del seen[k]
         key = notification_id or expected
         if key in seen:
-            raise WebhookSignatureError(f"notification {key} was already received (replay)")
+            raise WebhookReplay(f"notification {key} was already received (replay)")
         seen[key] = now
     return ts
