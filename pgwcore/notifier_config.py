@@ -137,6 +137,7 @@ class NotifierConfig(_Section):
     backoff_max_s: Annotated[float, Meta(gt=0)] = 300.0
     http_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     concurrency: Annotated[int, Meta(ge=1, le=256)] = 16
+    push_max_per_principal: Annotated[int, Meta(ge=1, le=1000)] = 20  # devices; one more is refused
     smtp: SmtpConfig = field(default_factory=SmtpConfig)
     principals: dict[str, PrincipalNotify] = field(default_factory=dict)
 
@@ -151,6 +152,8 @@ class NotifierConfig(_Section):
             except ValueError as e:
                 raise _bad(f"notifier.principals.{name}", str(e)) from e
             p.check(f"notifier.principals.{name}")
+            if p.email and not self.smtp.host:
+                raise _bad(f"notifier.principals.{name}.email", "set, but notifier.smtp.host is not: no relay to mail through")
         for h in self.push_hosts:
             if not h or "/" in h or ":" in h:
                 raise _bad("notifier.push_hosts", f"{h!r} is not a host name (or *.domain)")

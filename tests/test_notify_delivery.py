@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -208,6 +210,32 @@ async def test_outage_beyond_max_attempts_goes_to_the_dead_letter(tmp_path, make
         [dead] = await dead_letters(nc.jetstream())
         assert dead.job.moment_id == hook_job.moment_id and "gave up after 3 attempts" in dead.reason
         assert "503" in dead.reason
+        # ops see it with `pgw notifications --dead` (and the counts with `pgw notifications`)
+        pgw = [str(Path(sys.executable).parent / "pgw"), "--server", nats_server.client_url]
+        out = await asyncio.to_thread(subprocess.run, [*pgw, "notifications", "--dead"], capture_output=True,
+                                      text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert hook_job.moment_id in out.stdout and "gave up after 3 attempts" in out.stdout
+        assert "1 dead letter(s)" in out.stdout
+        out = await asyncio.to_thread(subprocess.run, [*pgw, "notifications", "--json"], capture_output=True,
+                                      text=True, timeout=60)
+        status = json.loads(out.stdout)
+        assert status["dead_letters"] == 1 and status["jobs"] == {"dead": 1, "sent": 1}
+
+
+async def test_a_bad_channel_file_stops_pgw_notifier_with_its_path(tmp_path, nats_server) -> None:
+    secret = tmp_path / "hook.secret"
+    secret.write_text("a-long-enough-webhook-secret\n")
+    secret.chmod(0o644)
+    cfg = tmp_path / "pgw.toml"
+    cfg.write_text(f'[notifier.principals.alice]\nwebhook_url = "https://hooks.example/x"\n'
+                   f'webhook_secret_file = "{secret}"\n')
+    pgw = str(Path(sys.executable).parent / "pgw")
+    out = await asyncio.to_thread(subprocess.run, [pgw, "--server", nats_server.client_url, "--config", str(cfg),
+                                  "--data-dir", str(tmp_path / "data"), "notifier"],
+                                  capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert str(secret) in out.stderr and "0600" in out.stderr
 
 
 async def test_presence_suppresses_notifications(tmp_path, make_config, nats_server, nc) -> None:

@@ -99,6 +99,23 @@ async def test_bad_subscription_is_refused_with_a_reason(notifier: Notifier, nc,
     assert await notifier.store.subscriptions("alice") == {}
 
 
+async def test_subscriptions_per_principal_are_capped(make_config, nats_server, nc) -> None:
+    config = make_config(notifier={"push_max_per_principal": 2})
+    ncn = await connect(nats_server.client_url, name="notifier")
+    try:
+        async with Notifier(config, ncn):
+            s = config.subjects
+            subs = [subscription(f"https://fcm.googleapis.com/fcm/send/{i}") for i in range(3)]
+            for sub in subs[:2]:
+                assert (await ask(nc, s.push("alice", "subscribe"), {"subscription": sub}))["ok"]
+            r = await ask(nc, s.push("alice", "subscribe"), {"subscription": subs[2]})
+            assert r["ok"] is False and r["error"] == "push_subscription_limit"
+            assert (await ask(nc, s.push("alice", "subscribe"), {"subscription": subs[0]}))["ok"], "a renewal is no new one"
+            assert (await ask(nc, s.push("bob", "subscribe"), {"subscription": subs[2]}))["ok"], "the cap is per principal"
+    finally:
+        await ncn.drain()
+
+
 async def test_not_json_and_bad_unsubscribe(notifier: Notifier, nc) -> None:
     msg = await nc.request(notifier.subjects.push("alice", "subscribe"), b"{nope", timeout=5)
     r = json.loads(msg.data)

@@ -107,6 +107,7 @@ def test_quiet_hours_follow_daylight_saving() -> None:
     ({"principals": {"alice": {"reminder_before_s": 0}}}, "reminder_before_s"),
     ({"principals": {"al ice": {}}}, "notifier.principals.al ice"),
     ({"principals": {"alice": {"colour": "red"}}}, "colour"),
+    ({"principals": {"alice": {"email": "alice@example.com"}}}, "notifier.smtp.host is not"),
     ({"smtp": {"host": "mail.example", "starttls": False}}, "STARTTLS"),
     ({"smtp": {"host": "127.0.0.1", "starttls": False, "credentials_file": "c"}}, "only over STARTTLS"),
     ({"smtp": {"from_addr": "nobody"}}, "from_addr"),

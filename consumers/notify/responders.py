@@ -187,6 +187,10 @@ class Responders:
                 return {"ok": True, "vapid_public_key": self.vapid.public_b64url}
             case "subscribe":
                 sub = parse_subscription(body, self.cfg)
+                have = await self.store.subscriptions(principal)
+                if subscription_id(sub.endpoint) not in have and len(have) >= self.cfg.push_max_per_principal:
+                    raise Invalid("push_subscription_limit", f"{len(have)} subscriptions already "
+                                  f"(notifier.push_max_per_principal); unsubscribe an old device first")
                 sid = await self.store.put_subscription(principal, sub)
                 log.info("push subscription stored", principal=principal, id=sid, device=sub.device,
                          push_host=urlsplit(sub.endpoint).hostname)

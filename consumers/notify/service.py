@@ -197,9 +197,8 @@ class Notifier:
         if pc.show_synopsis and isinstance(item, BindingMomentItem):
             synopsis = item.binding_moment.synopsis  # as redacted on the surface item (SR-1)
         base = {"principal": principal, "moment_id": item.moment_id, "agent": item.agent, "expires_at": expires,
-                "item": item.item if hasattr(item, "item") else "binding_moment", "synopsis": synopsis,
-                "untrusted": item.untrusted, "created_at": now}
-        base["item"] = "clarification" if isinstance(item, ClarificationItem) else "binding_moment"
+                "item": "clarification" if isinstance(item, ClarificationItem) else "binding_moment",
+                "synopsis": synopsis, "untrusted": item.untrusted, "created_at": now}
         kinds: list[tuple[str, float]] = [("first", now)]
         if pc.reminder_before_s and expires is not None and expires - pc.reminder_before_s > now:
             kinds.append(("reminder", expires - pc.reminder_before_s))
