@@ -17,11 +17,13 @@ Flow (docs/notifications.md "Guarantees"):
    it goes to the dead-letter stream and becomes ``dead``. A push service's
    404/410 drops that subscription (``dropped``).
 
-Guarantee: at least once per moment, kind and channel. A job found ``sending``
-at start (the notifier died during the send) is sent again, so a kill in that
-window, and only there, repeats a notification, once per kill; the repeat
-carries the same id (webhook ``Pgw-Notification-Id``, mail ``Message-ID``, push
-``Topic`` and notification ``tag``), so receivers and devices collapse it.
+Guarantee: at least once per moment, kind and channel; exactly once unless the
+process dies during a send. A job found ``sending`` at start (the notifier died
+while sending it) is sent again: only those jobs (at most ``concurrency`` of
+them) can be repeated, once per crash. The repeat carries the same id (webhook
+``Pgw-Notification-Id``, mail ``Message-ID``, push ``Topic`` and notification
+``tag``), so receivers and devices collapse it. Two notifier instances never
+send one job twice while both live (compare-and-set on ``sending``).
 
 The notifier is its own consumer: a slow or dead channel never holds the gateway.
 """
@@ -38,7 +40,7 @@ import aiohttp
 import msgspec
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 
 from consumers.notify import metrics
 from consumers.notify.channels import Mailer, Notice, read_secret, render, send_webhook
@@ -51,7 +53,6 @@ from consumers.notify.webpush import send as push_send
 from pgwcore import micro
 from pgwcore.logs import get_logger
 from pgwcore.service import stop_pull_loop
-from pgwcore.streams import ensure_kv
 from subjects.names import check_token
 from subjects.util import parse_rfc3339
 from subjects.wire import BindingMomentItem, ClarificationItem, WithdrawnItem, surface_item_decoder
@@ -114,12 +115,10 @@ class Notifier:
     async def __aenter__(self) -> Notifier:
         self._micro = await micro.register(self.nc, "notifier", self.config)
         await self.store.open()
-        self._moments = await ensure_kv(self.js, MOMENTS_BUCKET)
         self.http = aiohttp.ClientSession()
         self.responders = Responders(self.nc, self.subjects.prefix, self.cfg, self.store, self.vapid, self.presence)
         await self.responders.start()
         self._started = time.time()
-        await self._load_open_jobs()
         self._sub = await self.js.pull_subscribe(
             self.subjects.all_principals("surface"), durable=self.cfg.durable, stream=SURFACE_STREAM,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_deliver=-1,
@@ -127,7 +126,7 @@ class Notifier:
         self._tasks = [asyncio.create_task(self._feed(), name="pgw-notifier-feed"),
                        asyncio.create_task(self._schedule_loop(), name="pgw-notifier-scheduler")]
         log.info("notifier started", vapid_public_key=self.vapid.public_b64url, surface_url=self.surface_url,
-                 email=bool(self.mailer), principals=sorted(self.cfg.principals), open_jobs=len(self._heap))
+                 email=bool(self.mailer), principals=sorted(self.cfg.principals))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -225,12 +224,23 @@ class Notifier:
 
     async def _load_open_jobs(self) -> None:
         """Jobs left scheduled or sending by an earlier run (``sending``: sent again, at least once)."""
+        n = 0
         for key in await self.store.job_keys():
+            if self._stopping.is_set():
+                return
             got = await self.store.get_job(key)
             if got and got[0].status in OPEN:
-                heapq.heappush(self._heap, (got[0].due, key))
+                self._schedule(key, got[0].due)
+                n += 1
+        if n:
+            log.info("notification jobs of an earlier run resumed", jobs=n)
 
     async def _schedule_loop(self) -> None:
+        # In the background, so that a long history never delays the start of `pgw up`.
+        try:
+            await self._load_open_jobs()
+        except Exception:
+            log.exception("resuming earlier jobs failed; they run at the next start")
         while not self._stopping.is_set():
             now = time.time()
             while self._heap and self._heap[0][0] <= now:
@@ -262,6 +272,11 @@ class Notifier:
     async def _still_waiting(self, job: Job, now: float) -> bool:
         if job.moment_id in self._closed or (job.expires_at is not None and job.expires_at <= now):
             return False
+        if self._moments is None:
+            try:  # the gateway's bucket (never created here: the gateway owns its TTL and settings)
+                self._moments = await self.js.key_value(MOMENTS_BUCKET)
+            except BucketNotFoundError:
+                return False  # no gateway has ever run: no moment can wait
         try:
             entry = await self._moments.get(f"{job.principal}.{job.moment_id}")
         except KeyNotFoundError:
@@ -287,6 +302,9 @@ class Notifier:
             return
         job, rev = got
         now = time.time()
+        if job.due > now + 0.05:  # an earlier heap entry of a job since moved (retry, quiet hours)
+            self._schedule(key, job.due)
+            return
         if not await self._still_waiting(job, now):
             await self._finish(job, rev, "skipped", "the moment no longer waits (answered, withdrawn or expired)")
             return
