@@ -27,6 +27,7 @@ from consumers.notify.store import dead_letters
 from gateway.app import Gateway
 from pgwcore.config import Config
 from pgwcore.connect import connect
+from pgwcore.metrics import REGISTRY
 from subjects.client import Agent, OptionChoice, Presence, Surface
 from tests.moments import good_moment
 from tests.notify_peers import Hook, Relay, smtp_server, webhook_receiver
@@ -116,9 +117,15 @@ async def settled(bed: Bed, n: int) -> dict[str, Any]:
 
 async def test_every_channel_once_and_no_decision_content(tmp_path, make_config, nats_server, nc) -> None:
     """One push (decrypted by http_ece, VAPID verified), one mail (STARTTLS+AUTH), one signed webhook; no synopsis."""
+    def sent(channel: str) -> float:
+        return REGISTRY.get_sample_value("pgw_notifier_notifications_total",
+                                         {"channel": channel, "result": "sent"}) or 0.0
+
+    before = {c: sent(c) for c in ("email", "webhook", "push")}
     async with running(tmp_path, make_config, nats_server, nc) as bed:
         await bed.agent.send_moment("alice", good_moment(), expires_in_s=600)
         jobs = await settled(bed, 3)
+        assert {c: sent(c) - before[c] for c in before} == {"email": 1, "webhook": 1, "push": 1}
         assert {j.channel.split("-")[0] for j in jobs.values()} == {"email", "webhook", "push"}
         assert {j.status for j in jobs.values()} == {"sent"}
         moment_id = next(iter(jobs.values())).moment_id

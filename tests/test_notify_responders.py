@@ -8,8 +8,11 @@ VAPID key is made once and kept, presence comes and goes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import sys
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -19,7 +22,7 @@ from consumers.notify.service import Notifier
 from consumers.notify.store import subscription_id
 from consumers.notify.vapid import b64url, b64url_decode, load_or_create_vapid_key, vapid_key_path
 from pgwcore.connect import connect
-from subjects.client import Presence
+from subjects.client import Presence, Surface
 from tests.polling import until
 
 
@@ -155,3 +158,28 @@ async def test_presence_comes_and_goes(notifier: Notifier, nc) -> None:
     await nc.publish(notifier.subjects.presence("alice"), b'{"instance": "x", "surface": "web", "ttl_s": 1}')
     await eventually(lambda: notifier.presence.present("alice"), what="presence heard")
     await eventually(lambda: not notifier.presence.present("alice"), what="presence expired")
+
+
+async def test_surface_items_keeps_presence_while_iterating(gateway, notifier: Notifier, nc) -> None:
+    """subjects.client.Surface announces presence while items() runs, and ttl_s 0 when it stops."""
+    surface = Surface(nc, "alice")
+    it = surface.items().__aiter__()
+    waiting = asyncio.ensure_future(it.__anext__())  # nothing pending: it waits for live items
+    await eventually(lambda: notifier.presence.present("alice"), what="Surface presence")
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+    await eventually(lambda: not notifier.presence.present("alice"), what="Surface gone (ttl_s 0)")
+
+
+async def test_pgw_surface_keeps_presence(gateway, notifier: Notifier, nats_server) -> None:
+    """The terminal surface (`pgw surface`, here in its --json --follow form) keeps presence too."""
+    pgw = str(Path(sys.executable).parent / "pgw")
+    proc = await asyncio.create_subprocess_exec(
+        pgw, "--server", nats_server.client_url, "surface", "--principal", "alice", "--json", "--follow",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        await eventually(lambda: notifier.presence.present("alice"), timeout=30, what="pgw surface presence")
+    finally:
+        proc.terminate()
+        await proc.wait()
