@@ -273,6 +273,42 @@ async def test_an_answered_moment_is_not_notified(tmp_path, make_config, nats_se
         assert not bed.hook.accepted and not bed.relay.box.messages and not await bed.push.received()
 
 
+async def test_a_moment_that_expires_first_is_not_notified(tmp_path, make_config, nats_server, nc) -> None:
+    """The moment expires while the jobs wait (here: the start-up grace): nothing is sent."""
+    async with running(tmp_path, make_config, nats_server, nc, settings={"presence_grace_s": 3.0}) as bed:
+        await bed.agent.send_moment("alice", good_moment(), expires_in_s=1)
+        jobs = await settled(bed, 3)
+        assert {j.status for j in jobs.values()} == {"skipped"}
+        assert not bed.hook.accepted and not bed.relay.box.messages and not await bed.push.received()
+
+
+async def test_history_of_closed_moments_makes_no_jobs(tmp_path, make_config, nats_server, nc) -> None:
+    """A notifier started after moments were answered reads them from PGW_SURFACE and makes no job for them."""
+    async with running(tmp_path, make_config, nats_server, nc) as bed:
+        await bed.notifier.drain()  # as if no notifier ran yet
+        await bed.agent.send_moment("alice", good_moment(), expires_in_s=600)
+        surface = Surface(nc, "alice", presence=False)
+        [item] = await eventually(surface.pending, what="the moment is pending")
+        assert (await surface.resolve(item.moment_id, OptionChoice(index=0))).status == "accepted"
+        await bed.agent.send_moment("alice", good_moment(), expires_in_s=600)  # this one still waits
+        n_nc = await connect(nats_server.client_url, name="notifier-2")
+        try:
+            async with Notifier(bed.config, n_nc) as again:
+                bed.notifier = again
+                await settled(bed, 3)
+
+                async def read_all() -> bool:  # both items (and the withdrawn one) read and acked
+                    ci = await nc.jetstream().consumer_info("PGW_SURFACE", bed.config.notifier.durable)
+                    return ci.num_pending == 0 and ci.num_ack_pending == 0
+
+                await until(read_all, timeout=10, what="the notifier read the whole surface stream")
+                jobs = await bed.jobs()
+        finally:
+            await n_nc.drain()
+        assert len(jobs) == 3, "jobs for the waiting moment only"
+        assert item.moment_id not in {j.moment_id for j in jobs.values()}
+
+
 async def test_quiet_hours_hold_notifications_until_they_end(tmp_path, make_config, nats_server, nc) -> None:
     from datetime import datetime, timedelta
     from zoneinfo import ZoneInfo

@@ -190,8 +190,8 @@ class Notifier:
         pc = self.cfg.for_principal(principal)
         now = time.time()
         expires = parse_rfc3339(item.expires_at).timestamp() if item.expires_at else None
-        if expires is not None and expires <= now:
-            return
+        if not await self._waits(principal, item.moment_id, expires, now):
+            return  # answered, withdrawn or expired already (e.g. history read at a first start): no job
         synopsis = None
         if pc.show_synopsis and isinstance(item, BindingMomentItem):
             synopsis = item.binding_moment.synopsis  # as redacted on the surface item (SR-1)
@@ -270,7 +270,11 @@ class Notifier:
             self._inflight.discard(key)
 
     async def _still_waiting(self, job: Job, now: float) -> bool:
-        if job.moment_id in self._closed or (job.expires_at is not None and job.expires_at <= now):
+        return await self._waits(job.principal, job.moment_id, job.expires_at, now)
+
+    async def _waits(self, principal: str, moment_id: str, expires_at: float | None, now: float) -> bool:
+        """Does the moment still wait for an answer? (The gateway's record is the authority.)"""
+        if moment_id in self._closed or (expires_at is not None and expires_at <= now):
             return False
         if self._moments is None:
             try:  # the gateway's bucket (never created here: the gateway owns its TTL and settings)
@@ -278,7 +282,7 @@ class Notifier:
             except BucketNotFoundError:
                 return False  # no gateway has ever run: no moment can wait
         try:
-            entry = await self._moments.get(f"{job.principal}.{job.moment_id}")
+            entry = await self._moments.get(f"{principal}.{moment_id}")
         except KeyNotFoundError:
             return False
         if not entry.value:
