@@ -28,7 +28,7 @@ from gateway.app import Gateway
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.metrics import REGISTRY
-from subjects.client import Agent, OptionChoice, Presence, Surface
+from subjects.client import Agent, OptionChoice, Presence, Surface, envelope
 from tests.moments import good_moment
 from tests.notify_peers import Hook, Relay, smtp_server, webhook_receiver
 from tests.polling import until
@@ -342,6 +342,16 @@ async def test_reminder_before_expiry(tmp_path, make_config, nats_server, nc) ->
         await eventually(lambda: len(bed.relay.box.messages) == 2, what="both mails")
         subjects = sorted(m["Subject"] for m in bed.relay.box.messages)
         assert subjects == ["A decision waits", "Reminder: a decision waits"]
+
+
+async def test_a_clarification_is_a_question_waiting(tmp_path, make_config, nats_server, nc) -> None:
+    async with running(tmp_path, make_config, nats_server, nc, push=False) as bed:
+        body = envelope("clarification.request", {"questions": [{"id": "q1", "question": "Which account?"}]})
+        await bed.agent.send(body, principal="alice")
+        await settled(bed, 2)
+        [hooked] = bed.hook.accepted
+        assert hooked["item"] == "clarification" and hooked["title"] == "A question waits"
+        assert hooked["text"] == "A question from agent planner waits." and "Which account" not in repr(hooked)
 
 
 @pytest.mark.parametrize("opt", [None, 3])
