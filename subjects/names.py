@@ -30,7 +30,7 @@ VERDICT_CLASSES = (
 )
 LOG_EVENT_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 
-AgentChannel = Literal["envelope", "idp", "transition", "outcome"]
+AgentChannel = Literal["envelope", "idp", "transition", "outcome", "moment"]
 PrincipalChannel = Literal["surface", "resolve", "pending"]
 
 
@@ -100,6 +100,11 @@ class Subjects:
     def outcome(self, agent: str) -> str:
         return self.agent(agent, "outcome")
 
+    def moment(self, agent: str) -> str:
+        """Request-reply: the state of one of the agent's moments, and the outcome that closed it
+        (served by the gateway; subjects/momentquery.py)."""
+        return self.agent(agent, "moment")
+
     # -- principal side ---------------------------------------------------
     def principal(self, principal: str, channel: PrincipalChannel) -> str:
         return f"{self.prefix}.principal.{principal_token(principal)}.{channel}"
@@ -160,7 +165,7 @@ class Subjects:
             raise SubjectError(subject, "subject", f"does not start with prefix {self.prefix!r}")
         parts = subject[len(head) :].split(".")
         match parts:
-            case ["agent", token, ("envelope" | "idp" | "transition" | "outcome") as ch]:
+            case ["agent", token, ("envelope" | "idp" | "transition" | "outcome" | "moment") as ch]:
                 return ParsedSubject("agent", agent_token(token), ch)
             case ["principal", token, ("surface" | "resolve" | "pending") as ch]:
                 return ParsedSubject("principal", check_token(token, "principal token"), ch)
