@@ -64,6 +64,7 @@ MOMENT = {
 class Env:
     def __init__(self, url: str, data_dir: Path, issuer: Issuer, nc: Any) -> None:
         self.url, self.data_dir, self.nc = url, data_dir, nc
+        self.js = nc.jetstream()  # for reading stream and consumer state (a service's rights under isolation)
         self.so = str(uuid.uuid4())
         self.token, self.jti = issuer.mandate(agent=AGENT, so_id=self.so, principal=PRINCIPAL)
 
@@ -280,12 +281,11 @@ async def test_a_wait_cut_by_a_restart_is_picked_up_by_await_moment(env: Env) ->
     assert result.structuredContent == {"status": "resolved", "kind": "option", "index": 0, "moment_id": moment_id}
 
 
-@pytest.mark.parametrize("transport", ["stdio", "http"])
-async def test_an_answer_the_server_read_before_a_kill_9_is_returned_after_the_restart(env: Env, transport: str, tmp_path: Path) -> None:
-    """The host gives up on ask_principal; alice answers; the MCP server reads the answer (its outcome consumer acks it,
-    so the consumer will never deliver it again) and is killed with SIGKILL before any client got it. Restarted,
-    await_moment returns that answer (the gateway's moment query), and alice was asked once."""
-    js = env.nc.jetstream()
+async def read_then_kill9(env: Env, transport: str, tmp_path: Path, answer: Resolution) -> str:
+    """Start `pgw mcp`, ask_principal, give up on the call (the server stays up), let the principal answer, wait until
+    the server has read the answer and its outcome consumer acknowledged it (never to deliver it again), then SIGKILL
+    the server before any client got the answer. Returns the moment id."""
+    js = env.js
     messages: list[str] = []
     delivered = asyncio.Event()
 
@@ -311,7 +311,7 @@ async def test_an_answer_the_server_read_before_a_kill_9_is_returned_after_the_r
         asking.cancel()  # the host stops waiting; the server stays up
         with contextlib.suppress(asyncio.CancelledError):
             await asking
-        reply = await env.principal_answers(moment_answer(FreeTextAnswer(text="Pay half today, half on Friday.")))
+        reply = await env.principal_answers(moment_answer(answer))
         assert reply.status == "accepted" and reply.moment_id == moment_id
         last = (await js.stream_info("PGW_OUTBOUND")).state.last_seq  # the resolution outcome
 
@@ -329,12 +329,20 @@ async def test_an_answer_the_server_read_before_a_kill_9_is_returned_after_the_r
         if proc is not None and proc.returncode is None:
             proc.kill()
             await proc.wait()
+    return moment_id
 
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_an_answer_the_server_read_before_a_kill_9_is_returned_after_the_restart(env: Env, transport: str, tmp_path: Path) -> None:
+    """The host gives up on ask_principal; alice answers; the MCP server reads the answer (its outcome consumer acks it,
+    so the consumer will never deliver it again) and is killed with SIGKILL before any client got it. Restarted,
+    await_moment returns that answer (the gateway's moment query), and alice was asked once."""
+    moment_id = await read_then_kill9(env, transport, tmp_path, FreeTextAnswer(text="Pay half today, half on Friday."))
     async with env.session(transport) as session:
         result = await asyncio.wait_for(session.call_tool("await_moment", {"moment_id": moment_id}), 20)
     assert result.structuredContent == {
         "status": "resolved", "kind": "free_text", "text": "Pay half today, half on Friday.", "moment_id": moment_id}
-    moments = await js.stream_info("KV_PGW_MOMENTS", subjects_filter=f"$KV.PGW_MOMENTS.{PRINCIPAL}.*")
+    moments = await env.js.stream_info("KV_PGW_MOMENTS", subjects_filter=f"$KV.PGW_MOMENTS.{PRINCIPAL}.*")
     assert list(moments.state.subjects or {}) == [f"$KV.PGW_MOMENTS.{PRINCIPAL}.{moment_id}"]
 
 
