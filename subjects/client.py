@@ -226,14 +226,15 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(fut), self.recheck_every)
                 break
-        self._settled(moment_id)
+        self._settled(moment_id, drop_copies=False)
         return fut.result()
 
     async def _query(self, moment_id: str, principal: str | None) -> MomentState | None:
-        """The gateway's answer to the moment query; None when no gateway answers it (then the consumer alone decides)."""
+        """The gateway's answer to the moment query; None when no gateway answers it, or it could not read
+        the moment this time (then the consumer decides, and the next recheck asks again)."""
         try:
             return await self.moment_state(moment_id, principal=principal)
-        except (NoRespondersError, NatsTimeout, TimeoutError):
+        except (NoRespondersError, NatsTimeout, TimeoutError, RefusedError):
             return None
 
     async def moment_state(self, moment_id: str, *, principal: str | None = None) -> MomentState:
@@ -250,11 +251,13 @@ class Agent:
             raise RefusedError(refusal.code if refusal else "refused", refusal.reason if refusal else "the gateway refused the query")
         return state
 
-    def _settled(self, moment_id: str) -> None:
+    def _settled(self, moment_id: str, *, drop_copies: bool = True) -> None:
         """Remember a moment whose final outcome was handed out, so a late copy is not left unclaimed."""
         self._finals[moment_id] = None
         if len(self._finals) > 10_000:
             self._finals.pop(next(iter(self._finals)))
+        if not drop_copies:
+            return
         kept = [o for o in self._drain_unclaimed() if getattr(o, "moment_id", None) != moment_id or isinstance(o, EnvelopeOutcome)]
         for o in kept:
             self._unclaimed.put_nowait(o)
@@ -341,7 +344,7 @@ class Agent:
                         claimed = True
                 mid = None if isinstance(out, EnvelopeOutcome) else getattr(out, "moment_id", None)
                 if claimed and mid is not None:
-                    self._settled(mid)
+                    self._settled(mid, drop_copies=False)  # _expect took any earlier copy already
                 elif not claimed and mid not in self._finals:  # a late copy of a final already handed out is dropped
                     self._unclaimed.put_nowait(out)
                 # Acked on reading: an answer read and then lost with this process is asked of the gateway
