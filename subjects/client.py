@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 from nats.aio.client import Client
-from nats.errors import NoRespondersError
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -230,11 +230,12 @@ class Agent:
         return fut.result()
 
     async def _query(self, moment_id: str, principal: str | None) -> MomentState | None:
-        """The gateway's answer to the moment query; None when no gateway answers it, or it could not read
-        the moment this time (then the consumer decides, and the next recheck asks again)."""
+        """The gateway's answer to the moment query; None when no gateway answers it, the bus is reconnecting,
+        or the gateway could not read the moment this time (then the consumer decides, and the next recheck
+        asks again)."""
         try:
             return await self.moment_state(moment_id, principal=principal)
-        except (NoRespondersError, NatsTimeout, TimeoutError, RefusedError):
+        except (NatsError, TimeoutError, RefusedError):  # no responders, timeouts, a reconnecting connection
             return None
 
     async def moment_state(self, moment_id: str, *, principal: str | None = None) -> MomentState:
