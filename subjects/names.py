@@ -30,7 +30,7 @@ VERDICT_CLASSES = (
 )
 LOG_EVENT_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 
-AgentChannel = Literal["envelope", "idp", "transition", "outcome"]
+AgentChannel = Literal["envelope", "idp", "transition", "outcome", "moment"]
 PrincipalChannel = Literal["surface", "resolve", "pending"]
 # Issue 17 (docs/notifications.md): a surface's presence, and its Web Push subscription
 # requests to the notifier. Not JetStream: core request-reply and publish.
@@ -103,6 +103,11 @@ class Subjects:
 
     def outcome(self, agent: str) -> str:
         return self.agent(agent, "outcome")
+
+    def moment(self, agent: str) -> str:
+        """Request-reply: the state of one of the agent's moments, and the outcome that closed it
+        (served by the gateway; subjects/momentquery.py)."""
+        return self.agent(agent, "moment")
 
     # -- principal side ---------------------------------------------------
     def principal(self, principal: str, channel: PrincipalChannel) -> str:
@@ -187,7 +192,7 @@ class Subjects:
             raise SubjectError(subject, "subject", f"does not start with prefix {self.prefix!r}")
         parts = subject[len(head) :].split(".")
         match parts:
-            case ["agent", token, ("envelope" | "idp" | "transition" | "outcome") as ch]:
+            case ["agent", token, ("envelope" | "idp" | "transition" | "outcome" | "moment") as ch]:
                 return ParsedSubject("agent", agent_token(token), ch)
             case ["principal", token, ("surface" | "resolve" | "pending" | "presence") as ch]:
                 return ParsedSubject("principal", check_token(token, "principal token"), ch)

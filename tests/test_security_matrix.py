@@ -69,6 +69,7 @@ class Bed:
     service: Conn
     conns: dict[str, Conn]
     pending_replies: list[str] = field(default_factory=list)
+    moment_replies: list[str] = field(default_factory=list)
 
     @property
     def subjects(self):
@@ -121,7 +122,12 @@ async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
         async def caps_responder(msg) -> None:  # stands in for the capabilities service
             await msg.respond(b'{"reply": "for the requester only"}')
 
+        async def moment_responder(msg) -> None:  # stands in for the gateway's moment query service
+            bed.moment_replies.append(msg.reply)
+            await msg.respond(b'{"status": "unknown"}')
+
         await service.nc.subscribe(config.subjects.all_principals("pending"), cb=pending_responder)
+        await service.nc.subscribe(config.subjects.all_agents("moment"), cb=moment_responder)
         await service.nc.subscribe(config.subjects.capabilities, cb=caps_responder)
         await flushed(service.nc)
         yield bed
@@ -305,6 +311,7 @@ AGENT_ATTACKS: dict[str, Attack] = {
     "publish an IDP as A": pub_to("{pre}.agent.{v}.idp"),
     "publish a transition as A": pub_to("{pre}.agent.{v}.transition"),
     "forge an outcome for A": pub_to("{pre}.agent.{v}.outcome"),
+    "query A's moments": pub_to("{pre}.agent.{v}.moment"),
     "create consumer on PGW_OUTBOUND": outbound_consumer,
     "direct-get from PGW_OUTBOUND": js_api("$JS.API.DIRECT.GET.PGW_OUTBOUND", {"last_by_subj": "{pre}.agent.{v}.outcome"}),
     "direct-get A's envelopes (PGW_INBOUND)": js_api("$JS.API.DIRECT.GET.PGW_INBOUND", {"last_by_subj": "{pre}.agent.{v}.envelope"}),
@@ -321,6 +328,7 @@ CROSS_ATTACKS: dict[str, Attack] = {
 REVERSE_CROSS: dict[str, Attack] = {
     "principal publishes as agent": pub_to("{pre}.agent.{v}.envelope"),
     "principal reads agent's outcomes": sub_to("{pre}.agent.{v}.outcome", "{pre}.agent.{v}.outcome"),
+    "principal queries agent's moments": pub_to("{pre}.agent.{v}.moment"),
 }
 
 
@@ -441,6 +449,15 @@ async def test_notifier_identity_hears_push_and_presence_only(bed: Bed, security
     finally:
         await conn.nc.close()
     security_table.record(TABLE, "notifier: push+presence only", "service:notifier", "principal:p1", "allowed/refused", "allowed/refused", True)
+
+
+async def test_agent_queries_its_own_moments_on_its_own_inbox(bed: Bed, security_table) -> None:
+    """Agent A's moment query reaches the gateway and is answered on A's own inbox prefix."""
+    a = bed.conns["agent:a2"]
+    reply = await a.nc.request(bed.subjects.moment("a2"), b'{"moment_id": "00000000000000000000000000000000"}', timeout=WAIT)
+    assert reply.data == b'{"status": "unknown"}'
+    assert bed.moment_replies[-1].startswith("_INBOX_agent_a2.")
+    security_table.record(TABLE, "moment query request-reply", "agent:a2", "agent:a2", "allowed", "allowed", True)
 
 
 async def test_agent_publishes_and_pulls_its_own(bed: Bed, security_table) -> None:

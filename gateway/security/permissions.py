@@ -94,7 +94,7 @@ def _pull_only(stream: str, durable: str) -> tuple[str, ...]:
 
 
 def agent_permissions(prefix: str, agent: str) -> Permissions:
-    """Agent A: publish its own envelope/idp/transition; read only its own outcomes."""
+    """Agent A: publish its own envelope/idp/transition, query its own moments; read only its own outcomes."""
     own = Party("agent", agent)
     base = f"{prefix}.agent.{agent}"
     return Permissions(
@@ -102,6 +102,7 @@ def agent_permissions(prefix: str, agent: str) -> Permissions:
             f"{base}.envelope",
             f"{base}.idp",
             f"{base}.transition",
+            f"{base}.moment",  # request-reply: its own moments' state (subjects/momentquery.py)
             f"{prefix}.capabilities",
             *_pull_only(OUTBOUND_STREAM, agent_durable(agent)),
         ),
@@ -163,6 +164,7 @@ def service_permissions(prefix: str, name: str) -> Permissions:
                     "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>",  # ditto: crashed-worker path
                     f"{p}.agent.*.envelope",  # core watch for squatted msg ids (security/squat.py)
                     f"{p}.agent.*.idp",
+                    f"{p}.agent.*.moment",  # the agents' moment queries (gateway/app.py)
                     f"{p}.principal.*.resolve",
                     f"{p}.principal.*.pending",
                     f"{p}.capabilities",
