@@ -61,7 +61,7 @@ async def test_kill9_mid_burst_each_moment_once_per_channel(tmp_path: Path, make
     js = nc.jetstream()
     with smtp_server(tmp_path) as relay:
         async with webhook_receiver(tmp_path) as hook, push_service() as ps:
-            hook.delay_s = 0.05
+            hook.delay_s = 0.2  # sends stay in flight long enough for the kill to catch some
             settings = {**notifier_settings(relay, hook), "concurrency": 8}
             cfg_file = tmp_path / "notifier.toml"
             cfg_file.write_text(toml({"notifier": settings}))
