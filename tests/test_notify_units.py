@@ -120,3 +120,19 @@ def test_bad_notifier_config_is_refused_with_the_field_named(notifier: dict, wor
     with pytest.raises(ConfigError) as e:
         load_config(None, notifier=notifier)
     assert words in str(e.value)
+
+
+@pytest.mark.parametrize(("doc", "heading"), [("README.md", "## Notifications: phone"),
+                                              ("docs/notifications.md", "## Configuration")])
+def test_the_documented_configuration_loads(doc: str, heading: str) -> None:
+    """The [notifier] examples in README.md and docs/notifications.md are valid configuration."""
+    import re
+    from pathlib import Path
+
+    import msgspec
+
+    text = (Path(__file__).resolve().parent.parent / doc).read_text().split(heading, 1)[1]
+    block = re.search(r"```toml\n(.*?)```", text, re.S).group(1)
+    config = load_config(None, **msgspec.toml.decode(block.encode()))
+    alice = config.notifier.for_principal("alice")
+    assert alice.email and alice.webhook_url and alice.quiet_hours and config.notifier.smtp.host
