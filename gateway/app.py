@@ -1,4 +1,4 @@
-"""The gateway service: the envelope worker, the resolution and pending services.
+"""The gateway service: the envelope worker, the resolution, pending and moment-query services.
 
 Stateless workers: all state lives in JetStream streams and KV buckets, so
 any number of instances can run (queue group ``pgw-gateway`` and one shared
@@ -17,7 +17,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 
-from gateway.moment_record import Refused
+from gateway.moment_record import Refused, closing_outcome
 from gateway.moments import MomentDesk
 from gateway.pipeline import EnvelopeWorker
 from gateway.stages.kind import BUILTIN_KINDS, KindSpec
@@ -28,7 +28,8 @@ from pgwcore.publish import Publisher
 from pgwcore.streams import ensure_streams
 from subjects.client import ensure_agent_consumer
 from subjects.errors import SubjectError
-from subjects.wire import PendingReply, ResolveReply, resolve_request_decoder
+from subjects.momentquery import MomentState, moment_query_decoder
+from subjects.wire import PendingReply, Refusal, ResolveReply, resolve_request_decoder
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -92,6 +93,7 @@ class Gateway:
                 self.parts.append(part)
             self._subs.append(await self.nc.subscribe(self.subjects.all_principals("resolve"), queue=QUEUE, cb=self._on_resolve))
             self._subs.append(await self.nc.subscribe(self.subjects.all_principals("pending"), queue=QUEUE, cb=self._on_pending))
+            self._subs.append(await self.nc.subscribe(self.subjects.all_agents("moment"), queue=QUEUE, cb=self._on_moment))
             await self.worker.start()
             await self.nc.flush()
         except BaseException:
@@ -174,6 +176,39 @@ class Gateway:
             items = []
         if msg.reply:
             await msg.respond(_enc.encode(PendingReply(items=items)))
+
+    # -- agent.{a}.moment --------------------------------------------------
+    async def _on_moment(self, msg: Msg) -> None:
+        reply = await self.handle_moment_query(msg.subject, msg.data)
+        if msg.reply:
+            await msg.respond(_enc.encode(reply))
+
+    async def handle_moment_query(self, subject: str, data: bytes) -> MomentState:
+        """The state of one of the agent's moments, and the outcome that closed it (subjects/momentquery.py).
+
+        The agent is the subject's token, which only that agent may publish on
+        (DESIGN §7); another agent's moment is ``unknown``, like a missing one.
+        """
+        try:
+            agent = self.subjects.parse(subject).token or ""
+        except SubjectError:
+            return MomentState("refused", refusal=Refusal("invalid_subject", "not a moment query subject"))
+        try:
+            query = moment_query_decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            return MomentState("refused", refusal=Refusal("invalid_query", str(e)[:300]))
+        except Exception:  # noqa: BLE001 - hostile input (e.g. recursion) must not kill the callback
+            return MomentState("refused", refusal=Refusal("invalid_query", "undecodable moment query"))
+        try:
+            rec = await self.desk.find(agent, query.moment_id, query.principal)
+        except Exception:
+            log.exception("moment query failed", agent=agent, moment_id=query.moment_id)
+            return MomentState("refused", query.moment_id, refusal=Refusal("engine_failure", "the gateway could not read the moment; try again"))
+        if rec is None:
+            return MomentState("unknown", query.moment_id)
+        if rec.status == "pending":
+            return MomentState("pending", query.moment_id)
+        return MomentState("closed", query.moment_id, outcome=closing_outcome(rec))
 
 
 async def wait_forever(stop: asyncio.Event) -> None:

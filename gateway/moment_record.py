@@ -14,12 +14,15 @@ from typing import Any, Literal
 
 import msgspec
 
-from subjects.util import stable_id
+from subjects.util import stable_id, to_rfc3339
 from subjects.wire import (
     DialogueVeto,
     FreeTextAnswer,
+    HemDecision,
+    MomentExpired,
     OptionChoice,
     Resolution,
+    ResolutionOutcome,
     SurfaceItem,
     Verdict,
 )
@@ -88,6 +91,35 @@ def hem_decision_of(resolution: Resolution | None) -> str:
         case DialogueVeto():
             return "dialogue"
     return "expired"
+
+
+def closing_outcome(rec: MomentRecord) -> ResolutionOutcome | MomentExpired | HemDecision:
+    """The outcome that tells the agent a closed moment's end (DESIGN §4.3).
+
+    A function of the stored record alone (its ``ts`` is the record's
+    ``resolved_at``), so the message published when the moment closed and the
+    one the moment query returns later (``agent.{agent}.moment``) are the same.
+    """
+    if rec.status == "pending" or rec.resolved_at is None:
+        raise ValueError(f"moment {rec.moment_id} is not closed")
+    ts = to_rfc3339(rec.resolved_at)
+    common: dict[str, Any] = dict(
+        agent=rec.agent, ts=ts, untrusted=rec.untrusted, traceparent=rec.traceparent,
+        moment_id=rec.moment_id, principal=rec.principal,
+    )
+    res = rec.resolution if rec.status == "resolved" else None
+    if rec.hem:
+        return HemDecision(
+            **common, idp_id=rec.hem.idp_id, session_id=rec.hem.session_id,
+            decision=hem_decision_of(res),  # type: ignore[arg-type]
+            text=res.text if isinstance(res, FreeTextAnswer) else None,
+        )
+    if res is None:
+        # DESIGN §6: a timeout is a refusal, never a consent.
+        return MomentExpired(**common, envelope_id=rec.envelope_id, correlation_id=rec.correlation_id)
+    return ResolutionOutcome(
+        **common, envelope_id=rec.envelope_id, correlation_id=rec.correlation_id, resolution=res, resolved_at=ts,
+    )
 
 
 def closing_verdict(rec: MomentRecord, ts: str, verdict_class: Literal["resolved", "expired"], **kw: Any) -> Verdict:

@@ -34,6 +34,7 @@ from gateway.moment_record import (
     HemInfo,
     MomentRecord,
     Refused,
+    closing_outcome,
     closing_verdict,
     hem_decision_of,
     moment_key,
@@ -52,11 +53,8 @@ from subjects.wire import (
     ClarificationQuestion,
     DialogueVeto,
     FreeTextAnswer,
-    HemDecision,
-    MomentExpired,
     OptionChoice,
     Resolution,
-    ResolutionOutcome,
     ResolveReply,
     SurfaceItem,
     Verdict,
@@ -227,6 +225,26 @@ class MomentDesk:
             return None
         return _dec.decode(entry.value), entry.revision
 
+    async def find(self, agent: str, moment_id: str, principal: str | None = None) -> MomentRecord | None:
+        """``agent``'s moment ``moment_id`` (the moment query, subjects/momentquery.py), else None.
+
+        With ``principal`` one read; without it the key is found in the server's
+        per-subject index of the bucket's stream (as ``pending`` does). A moment of
+        another agent is None, like one that does not exist (no existence oracle).
+        """
+        if principal is None:
+            info = await self.js.stream_info(f"KV_{BUCKET}", subjects_filter=f"{_PRE}*.{moment_id}")
+            keys = [subject[len(_PRE):] for subject in (info.state.subjects or {})]
+        else:
+            keys = [moment_key(principal, moment_id)]
+        for key in keys:
+            value = await self._value(key)
+            if value:
+                rec = _dec.decode(value)
+                if rec.agent == agent and rec.moment_id == moment_id:
+                    return rec
+        return None
+
     async def pending(self, principal: str) -> list[SurfaceItem]:
         """Items still awaiting ``principal``, oldest first.
 
@@ -322,20 +340,6 @@ class MomentDesk:
             res = rec.resolution
             assert res is not None
             decision = hem_decision_of(res) if rec.hem else None
-            outcome: Any
-            if rec.hem:
-                outcome = HemDecision(
-                    agent=rec.agent, ts=ts, untrusted=rec.untrusted, traceparent=rec.traceparent,
-                    moment_id=mid, principal=rec.principal, idp_id=rec.hem.idp_id,
-                    session_id=rec.hem.session_id, decision=decision,  # type: ignore[arg-type]
-                    text=res.text if isinstance(res, FreeTextAnswer) else None,
-                )
-            else:
-                outcome = ResolutionOutcome(
-                    agent=rec.agent, ts=ts, untrusted=rec.untrusted, traceparent=rec.traceparent,
-                    moment_id=mid, principal=rec.principal, envelope_id=rec.envelope_id,
-                    correlation_id=rec.correlation_id, resolution=res, resolved_at=ts,
-                )
             # A HEM moment is an approval gate; an agent's moment is accepted unless its frame is rejected.
             accept = decision == "approve" if rec.hem else not isinstance(res, DialogueVeto)
             text = getattr(res, "text", None) or getattr(res, "objection", None)
@@ -355,19 +359,6 @@ class MomentDesk:
             withdrawn_reason: Literal["resolved", "expired"] = "resolved"
         else:
             decision = "expired"
-            outcome = (
-                HemDecision(
-                    agent=rec.agent, ts=ts, untrusted=rec.untrusted, traceparent=rec.traceparent,
-                    moment_id=mid, principal=rec.principal, idp_id=rec.hem.idp_id,
-                    session_id=rec.hem.session_id, decision="expired",
-                )
-                if rec.hem
-                else MomentExpired(
-                    agent=rec.agent, ts=ts, untrusted=rec.untrusted, traceparent=rec.traceparent,
-                    moment_id=mid, principal=rec.principal, envelope_id=rec.envelope_id,
-                    correlation_id=rec.correlation_id,
-                )
-            )
             # DESIGN §6: a timeout is a refusal, never a consent.
             verdict = closing_verdict(rec, ts, "expired", decision="reject", approver="policy", human_disposed=False)
             withdrawn_reason = "expired"
@@ -376,7 +367,7 @@ class MomentDesk:
             traceparent=rec.traceparent, moment_id=mid, reason=withdrawn_reason,
         )
         await asyncio.gather(
-            self.publisher.outcome(outcome, f"final:{mid}"),
+            self.publisher.outcome(closing_outcome(rec), f"final:{mid}"),
             self.publisher.verdict(verdict),
             self.publisher.surface(withdrawn, f"withdrawn:{mid}"),
         )

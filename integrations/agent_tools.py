@@ -6,8 +6,10 @@ should act on. Nothing here raises on bad input: a malformed argument, a
 gateway refusal and a kernel REJECT are answers, never crashes of the server.
 
 The waits are ``subjects.client.Agent``'s: outcomes come from the agent's
-durable consumer on ``PGW_OUTBOUND``, so a resolution that arrives while this
-process is down is read when it starts again (``await_moment``).
+durable consumer on ``PGW_OUTBOUND``, and every wait first asks the gateway
+for the moment's state (``agent.{agent}.moment``), so a resolution that
+arrived while this process was down, or that an earlier process of this
+server read and died with, is returned by ``await_moment`` after a restart.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from nats.errors import NoRespondersError
 
 from subjects.client import Agent, envelope
 from subjects.constraints import MAX_LIST_ITEMS, HexId
-from subjects.errors import PgwError
+from subjects.errors import PgwError, RefusedError
 from subjects.idp import (
     HemPending,
     IdpStandard,
@@ -207,6 +209,9 @@ class AgentTools:
                     return await self.report_transition(arguments)
                 case _:
                     return await self.await_moment(arguments, progress)
+        except RefusedError as e:
+            # The gateway said no to a moment query: unknown_moment (never opened by this agent) or a refusal.
+            return ToolAnswer({"status": "refused", "code": e.code, "reason": e.reason}, is_error=True)
         except (PgwError, msgspec.ValidationError, ValueError) as e:
             return _invalid(e)
         except TimeoutError:
@@ -218,9 +223,13 @@ class AgentTools:
         except NatsError as e:
             return _unavailable(f"the bus refused the call: {e}")
 
-    async def _wait(self, moment_id: str, what: str, progress: Progress | None) -> Outcome:
-        """The outcome that closes ``moment_id``, with a progress call every ``progress_every`` seconds."""
-        task = asyncio.ensure_future(self.agent.final_outcome(moment_id))
+    async def _wait(self, moment_id: str, what: str, progress: Progress | None, principal: str | None = None) -> Outcome:
+        """The outcome that closes ``moment_id``, with a progress call every ``progress_every`` seconds.
+
+        ``Agent.final_outcome`` asks the gateway first, so an answer an earlier
+        process of this server read and lost is returned, not waited for.
+        """
+        task = asyncio.ensure_future(self.agent.final_outcome(moment_id, principal=principal))
         start = time.monotonic()
         try:
             while True:
@@ -249,7 +258,7 @@ class AgentTools:
             return refusal_answer(out)
         if progress is not None:
             await progress(0.0, f"moment {out.moment_id} delivered to {principal}")
-        final = await self._wait(out.moment_id, principal, progress)
+        final = await self._wait(out.moment_id, principal, progress, principal)
         return closing_answer(final, _labels(args))
 
     async def clarify(self, args: dict[str, Any], progress: Progress | None) -> ToolAnswer:
@@ -261,7 +270,7 @@ class AgentTools:
         out = await self._accepted(eid)
         if out.status != "accepted" or not out.moment_id:
             return refusal_answer(out)
-        return closing_answer(await self._wait(out.moment_id, principal, progress))
+        return closing_answer(await self._wait(out.moment_id, principal, progress, principal))
 
     async def await_moment(self, args: dict[str, Any], progress: Progress | None) -> ToolAnswer:
         parsed = msgspec.convert(args, AwaitMomentArgs)

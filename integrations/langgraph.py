@@ -16,8 +16,10 @@ across a restart is the checkpointer plus a deterministic ``correlationId``:
   ``graph.ainvoke(None, config)`` on the same thread: LangGraph re-runs the
   unfinished node from its checkpoint, the node asks again, and the gateway's
   dedup (stage 8, spec 002 "Replay determinism") answers with the SAME moment
-  instead of opening a second one; an answer given meanwhile waits in the
-  agent's durable outcome consumer and is delivered then.
+  instead of opening a second one; the wait then asks the gateway for that
+  moment's state (``agent.{agent}.moment``), so an answer given meanwhile is
+  returned at once, even one the killed process had already read from the
+  agent's outcome consumer before LangGraph checkpointed the node.
 """
 
 from __future__ import annotations
@@ -26,37 +28,42 @@ from typing import Any, Literal
 from weakref import WeakKeyDictionary
 
 from langgraph.config import get_config
+from langgraph.runtime import get_runtime
 
 from integrations.approval import Decision, approval_moment, decision_of, stable_id
 from subjects.client import Agent
 from subjects.errors import RefusedError
 from subjects.wire import BindingMoment, ResolutionOutcome
 
-_SCRATCHPAD = "__pregel_scratchpad"  # LangGraph's per-task scratchpad (langgraph._internal._constants)
 # Answers this process has already read, per client and correlation id: a node that LangGraph retries
-# (RetryPolicy) asks again and must get the answer it had, which the outcome consumer gave out once.
+# (RetryPolicy) asks again and gets the answer it had at once, without a round trip to the gateway.
 _answers: WeakKeyDictionary[Agent, dict[str, ResolutionOutcome]] = WeakKeyDictionary()
-_ASKS = "__pgw_asks"  # our counter of asks in the running task, beside LangGraph's own keys
+_ASKS = "__pgw_asks"  # our counter of asks in the running task attempt, kept in the task's configurable dict
 
 
 def moment_key(config: dict[str, Any] | None = None) -> str:
-    """The deterministic correlation id of the next ask in the running node (see the module docstring)."""
+    """The deterministic correlation id of the next ask in the running node (see the module docstring).
+
+    Reads LangGraph's public ``Runtime.execution_info`` (LangGraph >= 1.1): the
+    thread id, the checkpoint namespace (which holds the task id of the step)
+    and the attempt the node is in.
+    """
     config = config or get_config()
-    conf = config.get("configurable", {})
-    thread = conf.get("thread_id")
-    if thread is None:
+    conf = config.setdefault("configurable", {})
+    runtime = get_runtime()
+    info = getattr(runtime, "execution_info", None)
+    if info is None:
+        raise ValueError("ask_principal must be called from a node of a running graph (LangGraph >= 1.1)")
+    if info.thread_id is None:
         raise ValueError("ask_principal needs a checkpointer and a thread_id in the config: without them a restart cannot find the same moment")
-    ns = str(conf.get("checkpoint_ns", ""))
-    # The index of this ask within this run of the task. Counted beside the task's scratchpad, which
-    # LangGraph makes afresh for each attempt (a retry re-runs the node from its first line, like a
-    # restart); the counter is kept in the task's configurable dict with the scratchpad it belongs to,
-    # because a retry copies that dict.
-    scratchpad = conf.get(_SCRATCHPAD)
+    # The index of this ask within this attempt of the task. A retry (RetryPolicy) or a restart re-runs
+    # the node from its first line, so the count starts again at 0 with each new attempt; LangGraph gives
+    # every attempt its own Runtime (execution_info.node_attempt differs), which marks whose count it is.
     owner, idx = conf.get(_ASKS, (None, 0))
-    if owner is not scratchpad:
+    if owner is not runtime:
         idx = 0
-    conf[_ASKS] = (scratchpad, idx + 1)
-    return "lg-" + stable_id("langgraph", str(thread), ns, str(idx))
+    conf[_ASKS] = (runtime, idx + 1)
+    return "lg-" + stable_id("langgraph", str(info.thread_id), str(info.checkpoint_ns), str(idx))
 
 
 async def ask_principal(

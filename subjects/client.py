@@ -23,12 +23,14 @@ from typing import Any
 
 import msgspec
 from nats.aio.client import Client
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from subjects.errors import RefusedError
+from subjects.momentquery import MomentQuery, MomentState, moment_state_decoder
 from subjects.names import Subjects, agent_token, principal_token
 from subjects.util import now_rfc3339
 from subjects.wire import (
@@ -120,7 +122,9 @@ def envelope(
 class Agent:
     """An agent runtime's side of the bus."""
 
-    def __init__(self, nc: Client, agent: str, *, prefix: str = "pgw") -> None:
+    def __init__(
+        self, nc: Client, agent: str, *, prefix: str = "pgw", request_timeout: float = 5.0, recheck_every: float = 30.0
+    ) -> None:
         self.nc = nc
         self.agent = agent_token(agent)
         self.subjects = Subjects(prefix)
@@ -130,6 +134,9 @@ class Agent:
         self._waiters: list[tuple[Any, asyncio.Future[Outcome]]] = []
         self._unclaimed: asyncio.Queue[Outcome] = asyncio.Queue()
         self._sent: dict[str, None] = {}  # msg ids published by this process (DESIGN §7)
+        self._finals: dict[str, None] = {}  # moments whose final outcome a wait has had
+        self.request_timeout = request_timeout  # the moment query's
+        self.recheck_every = recheck_every  # seconds between moment queries while a wait goes on
 
     async def send(self, body: dict[str, Any] | list[dict[str, Any]], *, principal: str | None = None) -> str:
         """Publish one envelope (or a turn: a list of them); return the (first) envelope id.
@@ -186,19 +193,85 @@ class Agent:
         assert isinstance(out, EnvelopeOutcome)
         if out.status != "accepted" or not out.moment_id:
             raise RefusedError(out.code or out.status, out.reason or "refused")
-        return await self.resolution_for(out.moment_id, timeout=timeout)
+        return await self.resolution_for(out.moment_id, principal=principal, timeout=timeout)
 
-    async def final_outcome(self, moment_id: str, *, timeout: float | None = None) -> Outcome:
-        """The outcome that closes ``moment_id``: the principal's resolution, or its expiry."""
+    async def final_outcome(self, moment_id: str, *, principal: str | None = None, timeout: float | None = None) -> Outcome:
+        """The outcome that closes ``moment_id``: the principal's resolution, or its expiry.
+
+        Asks the gateway first (``agent.{agent}.moment``, subjects/momentquery.py), so an
+        answer this agent's durable consumer already handed out (to a process that died
+        before acting on it, or to a sibling process of the same agent) is not waited for
+        in vain; then waits on the consumer, asking again every ``recheck_every`` seconds.
+        ``principal`` (whom the moment went to) saves the gateway a lookup. Raises
+        RefusedError ``unknown_moment`` when the gateway knows no such moment of this agent.
+        """
         await self._ensure_pump()
-        return await asyncio.wait_for(
-            self._expect(lambda o: getattr(o, "moment_id", None) == moment_id and not isinstance(o, EnvelopeOutcome)),
-            timeout,
-        )
+        fut = self._expect(lambda o: getattr(o, "moment_id", None) == moment_id and not isinstance(o, EnvelopeOutcome))
+        try:
+            return await asyncio.wait_for(self._closing(fut, moment_id, principal), timeout)
+        finally:
+            if not fut.done():
+                fut.cancel()  # the pump drops cancelled waiters
 
-    async def resolution_for(self, moment_id: str, *, timeout: float | None = None) -> ResolutionOutcome:
+    async def _closing(self, fut: asyncio.Future[Outcome], moment_id: str, principal: str | None) -> Outcome:
+        while True:
+            state = None if fut.done() else await self._query(moment_id, principal)
+            if fut.done():
+                break
+            if state is not None and state.status == "closed" and state.outcome is not None:
+                self._settled(moment_id)
+                return state.outcome
+            if state is not None and state.status == "unknown":
+                raise RefusedError("unknown_moment", f"the gateway knows no moment {moment_id} of agent {self.agent}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(fut), self.recheck_every)
+                break
+        self._settled(moment_id, drop_copies=False)
+        return fut.result()
+
+    async def _query(self, moment_id: str, principal: str | None) -> MomentState | None:
+        """The gateway's answer to the moment query; None when no gateway answers it, the bus is reconnecting,
+        or the gateway could not read the moment this time (then the consumer decides, and the next recheck
+        asks again)."""
+        try:
+            return await self.moment_state(moment_id, principal=principal)
+        except (NatsError, TimeoutError, RefusedError):  # no responders, timeouts, a reconnecting connection
+            return None
+
+    async def moment_state(self, moment_id: str, *, principal: str | None = None) -> MomentState:
+        """Ask the gateway for the state of this agent's moment ``moment_id`` (subjects/momentquery.py).
+
+        ``closed`` carries the outcome that closed it, the same message the
+        outcome subject carried. RefusedError if the gateway refuses the query.
+        """
+        query = MomentQuery(moment_id=moment_id, principal=principal_token(principal) if principal is not None else None)
+        msg = await self.nc.request(self.subjects.moment(self.agent), _enc.encode(query), timeout=self.request_timeout)
+        state = moment_state_decoder.decode(msg.data)
+        if state.status == "refused":
+            refusal = state.refusal
+            raise RefusedError(refusal.code if refusal else "refused", refusal.reason if refusal else "the gateway refused the query")
+        return state
+
+    def _settled(self, moment_id: str, *, drop_copies: bool = True) -> None:
+        """Remember a moment whose final outcome was handed out, so a late copy is not left unclaimed."""
+        self._finals[moment_id] = None
+        if len(self._finals) > 10_000:
+            self._finals.pop(next(iter(self._finals)))
+        if not drop_copies:
+            return
+        kept = [o for o in self._drain_unclaimed() if getattr(o, "moment_id", None) != moment_id or isinstance(o, EnvelopeOutcome)]
+        for o in kept:
+            self._unclaimed.put_nowait(o)
+
+    def _drain_unclaimed(self) -> list[Outcome]:
+        out: list[Outcome] = []
+        while not self._unclaimed.empty():
+            out.append(self._unclaimed.get_nowait())
+        return out
+
+    async def resolution_for(self, moment_id: str, *, principal: str | None = None, timeout: float | None = None) -> ResolutionOutcome:
         """Wait for the principal's answer to ``moment_id``; RefusedError if it expires."""
-        final = await self.final_outcome(moment_id, timeout=timeout)
+        final = await self.final_outcome(moment_id, principal=principal, timeout=timeout)
         if not isinstance(final, ResolutionOutcome):
             raise RefusedError("expired", "the moment expired before the principal answered")
         return final
@@ -265,13 +338,18 @@ class Agent:
                 except (msgspec.DecodeError, UnicodeDecodeError):  # msgspec raises the latter for bad UTF-8 keys
                     await m.term()
                     continue
-                for i, (pred, fut) in enumerate(self._waiters):
+                claimed = False
+                for pred, fut in self._waiters:
                     if not fut.done() and pred(out):
-                        fut.set_result(out)
-                        del self._waiters[i]
-                        break
-                else:
+                        fut.set_result(out)  # every wait on it: two waits on one moment both end
+                        claimed = True
+                mid = None if isinstance(out, EnvelopeOutcome) else getattr(out, "moment_id", None)
+                if claimed and mid is not None:
+                    self._settled(mid, drop_copies=False)  # _expect took any earlier copy already
+                elif not claimed and mid not in self._finals:  # a late copy of a final already handed out is dropped
                     self._unclaimed.put_nowait(out)
+                # Acked on reading: an answer read and then lost with this process is asked of the gateway
+                # again by the next final_outcome (the moment query), so nothing is lost on a restart.
                 await m.ack()
             self._waiters = [(p, f) for p, f in self._waiters if not f.done()]
 
@@ -287,6 +365,67 @@ class Agent:
             self._sub = None
 
 
+PRESENCE_TTL_S = 30  # docs/notifications.md: sent on open, every ttl_s/3 s, ttl_s 0 on close
+
+
+class Presence:
+    """Tells the notifier a surface of the principal is open (issue 17, docs/notifications.md).
+
+    Publishes ``{"instance", "surface", "ttl_s"}`` on ``principal.P.presence`` at
+    start and every ``ttl_s / 3`` seconds; :meth:`stop` sends ``ttl_s: 0`` (gone).
+    While any surface of P is present the notifier sends P no notification.
+    Core NATS, best effort: a lost message only means one interval without presence.
+    """
+
+    def __init__(self, nc: Client, principal: str, *, surface: str = "terminal", prefix: str = "pgw",
+                 ttl_s: int = PRESENCE_TTL_S) -> None:
+        if not isinstance(ttl_s, int) or not 3 <= ttl_s <= 3600:
+            raise ValueError(f"presence ttl_s must be an integer from 3 to 3600, not {ttl_s!r}")
+        self.nc = nc
+        self.subject = Subjects(prefix).presence(principal)
+        self.surface = surface
+        self.ttl_s = ttl_s
+        self.instance = uuid.uuid4().hex
+        self._task: asyncio.Task[None] | None = None
+
+    async def _send(self, ttl_s: int) -> None:
+        body = _enc.encode({"instance": self.instance, "surface": self.surface, "ttl_s": ttl_s})
+        await self.nc.publish(self.subject, body)
+
+    async def start(self) -> None:
+        """Announce the surface and keep it announced until :meth:`stop`."""
+        if self._task is not None:
+            return
+        await self._send(self.ttl_s)
+        await self.nc.flush()
+        self._task = asyncio.create_task(self._keep_alive(), name="pgw-presence")
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            with contextlib.suppress(Exception):  # reconnecting: the next beat will do
+                await self._send(self.ttl_s)
+
+    async def stop(self) -> None:
+        """Say the surface is gone (``ttl_s: 0``) and stop the heartbeat. Idempotent."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        with contextlib.suppress(Exception):
+            await self._send(0)
+            await self.nc.flush()
+
+    async def __aenter__(self) -> Presence:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
 def item_key(item: SurfaceItem) -> str:
     return getattr(item, "moment_id", None) or getattr(item, "item_id", "")
 
@@ -294,11 +433,19 @@ def item_key(item: SurfaceItem) -> str:
 class Surface:
     """A principal's surface: read items, answer moments."""
 
-    def __init__(self, nc: Client, principal: str, *, prefix: str = "pgw", timeout: float = 10.0) -> None:
+    def __init__(self, nc: Client, principal: str, *, prefix: str = "pgw", timeout: float = 10.0,
+                 surface: str = "terminal", presence: bool = True) -> None:
         self.nc = nc
         self.principal = principal_token(principal)
         self.subjects = Subjects(prefix)
         self.timeout = timeout
+        # While items() runs, the notifier knows this surface is open and stays quiet (issue 17).
+        self.presence = Presence(nc, self.principal, surface=surface, prefix=prefix) if presence else None
+
+    async def close(self) -> None:
+        """Stop announcing presence (sends ``ttl_s: 0``). Idempotent."""
+        if self.presence is not None:
+            await self.presence.stop()
 
     async def pending(self) -> list[SurfaceItem]:
         """Items still awaiting this principal (also those sent while it was offline)."""
@@ -330,6 +477,8 @@ class Surface:
 
         sub = await self.nc.subscribe(self.subjects.surface(self.principal), cb=on_msg)
         await self.nc.flush()
+        if self.presence is not None:
+            await self.presence.start()
         seen: set[str] = set()
         withdrawn: set[str] = set()
         try:
@@ -348,6 +497,7 @@ class Surface:
                 seen.add(key)
                 yield item
         finally:
+            await self.close()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
@@ -371,6 +521,7 @@ __all__ = [
     "Agent",
     "BindingMomentItem",
     "ClarificationItem",
+    "Presence",
     "Surface",
     "ensure_agent_consumer",
     "envelope",

@@ -30,8 +30,12 @@ VERDICT_CLASSES = (
 )
 LOG_EVENT_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 
-AgentChannel = Literal["envelope", "idp", "transition", "outcome"]
+AgentChannel = Literal["envelope", "idp", "transition", "outcome", "moment"]
 PrincipalChannel = Literal["surface", "resolve", "pending"]
+# Issue 17 (docs/notifications.md): a surface's presence, and its Web Push subscription
+# requests to the notifier. Not JetStream: core request-reply and publish.
+PUSH_VERBS = ("key", "subscribe", "unsubscribe")
+PushVerb = Literal["key", "subscribe", "unsubscribe"]
 
 
 def check_token(value: object, what: str = "token") -> str:
@@ -69,7 +73,7 @@ def principal_token(principal: str) -> str:
 class ParsedSubject:
     """A subject split into its role, the identity token and the channel."""
 
-    role: Literal["agent", "principal", "verdict", "capsule", "log", "capabilities"]
+    role: Literal["agent", "principal", "verdict", "capsule", "log", "capabilities", "notify"]
     token: str | None
     channel: str | None
 
@@ -100,6 +104,11 @@ class Subjects:
     def outcome(self, agent: str) -> str:
         return self.agent(agent, "outcome")
 
+    def moment(self, agent: str) -> str:
+        """Request-reply: the state of one of the agent's moments, and the outcome that closed it
+        (served by the gateway; subjects/momentquery.py)."""
+        return self.agent(agent, "moment")
+
     # -- principal side ---------------------------------------------------
     def principal(self, principal: str, channel: PrincipalChannel) -> str:
         return f"{self.prefix}.principal.{principal_token(principal)}.{channel}"
@@ -113,6 +122,16 @@ class Subjects:
     def pending(self, principal: str) -> str:
         """Request-reply snapshot of a principal's pending items (served by the gateway)."""
         return self.principal(principal, "pending")
+
+    def presence(self, principal: str) -> str:
+        """A surface of the principal is open (core publish; docs/notifications.md)."""
+        return f"{self.prefix}.principal.{principal_token(principal)}.presence"
+
+    def push(self, principal: str, verb: PushVerb) -> str:
+        """Web Push subscription requests to the notifier: ``key``, ``subscribe``, ``unsubscribe``."""
+        if verb not in PUSH_VERBS:
+            raise SubjectError(str(verb), "push verb", f"must be one of {PUSH_VERBS}")
+        return f"{self.prefix}.principal.{principal_token(principal)}.push.{verb}"
 
     # -- downstream -------------------------------------------------------
     def verdict(self, verdict_class: str) -> str:
@@ -145,6 +164,19 @@ class Subjects:
         return f"{self.prefix}.principal.*.{channel}"
 
     @property
+    def all_presence(self) -> str:
+        return f"{self.prefix}.principal.*.presence"
+
+    @property
+    def all_push(self) -> str:
+        return f"{self.prefix}.principal.*.push.*"
+
+    @property
+    def notify_deadletter(self) -> str:
+        """Notifications given up on after every retry (the notifier's dead letter)."""
+        return f"{self.prefix}.notify.deadletter"
+
+    @property
     def all_verdicts(self) -> str:
         return f"{self.prefix}.verdict.*"
 
@@ -160,10 +192,14 @@ class Subjects:
             raise SubjectError(subject, "subject", f"does not start with prefix {self.prefix!r}")
         parts = subject[len(head) :].split(".")
         match parts:
-            case ["agent", token, ("envelope" | "idp" | "transition" | "outcome") as ch]:
+            case ["agent", token, ("envelope" | "idp" | "transition" | "outcome" | "moment") as ch]:
                 return ParsedSubject("agent", agent_token(token), ch)
-            case ["principal", token, ("surface" | "resolve" | "pending") as ch]:
+            case ["principal", token, ("surface" | "resolve" | "pending" | "presence") as ch]:
                 return ParsedSubject("principal", check_token(token, "principal token"), ch)
+            case ["principal", token, "push", verb] if verb in PUSH_VERBS:
+                return ParsedSubject("principal", check_token(token, "principal token"), f"push.{verb}")
+            case ["notify", "deadletter"]:
+                return ParsedSubject("notify", None, "deadletter")
             case ["verdict", cls] if cls in VERDICT_CLASSES:
                 return ParsedSubject("verdict", None, cls)
             case ["capsule", ("register" | "registered") as ch]:

@@ -44,7 +44,7 @@ WIRE_TYPES: dict[str, Any] = {
 }
 
 # Modules that contribute more wire types (each exposes WIRE_TYPES: dict[str, type]).
-EXTRA_MODULES = ["subjects.idp", "subjects.kernelops"]
+EXTRA_MODULES = ["subjects.idp", "subjects.kernelops", "subjects.momentquery"]
 
 
 def all_types() -> dict[str, Any]:

@@ -4,14 +4,22 @@
 
 Starts (or, when the thread has a checkpoint, resumes) the graph: ``draft`` ->
 ``review`` (asks the principal through the gateway) -> ``finish``. Prints
-``ASKING <correlation id>`` when the review node asks, and one JSON line
-``RESULT {...}`` with the final state.
+``ASKING`` when the review node asks, and one JSON line ``RESULT {...}`` with
+the final state.
+
+With ``LG_APP_DIE_AFTER_ANSWER=1`` the review node, once it has the answer,
+waits until its outcome consumer has acknowledged it (the answer is gone from
+the consumer for good), prints ``ANSWERED {...}`` and kills its own process
+with SIGKILL: the crash window between reading the answer and LangGraph's
+checkpoint of the node, made deterministic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 from typing import Any, TypedDict
 
@@ -20,7 +28,8 @@ from langgraph.graph import END, START, StateGraph
 
 from integrations.langgraph import approve
 from pgwcore.connect import connect
-from subjects.client import Agent
+from subjects.client import OUTBOUND_STREAM, Agent, outcome_durable
+from tests.polling import until
 
 
 class State(TypedDict, total=False):
@@ -40,6 +49,16 @@ async def main(url: str, db: str, thread: str) -> None:
     async def review(state: State) -> dict[str, Any]:
         print("ASKING", flush=True)
         d = await approve(pgw, "alice", f"send invoice {state['invoice']}", [f"invoice = {state['invoice']}", "total = 120 EUR"])
+        if os.environ.get("LG_APP_DIE_AFTER_ANSWER") == "1":
+            await nc.flush()
+
+            async def acked() -> bool:
+                info = await pgw.js.consumer_info(OUTBOUND_STREAM, outcome_durable("planner"))
+                return info.num_ack_pending == 0 and info.num_pending == 0
+
+            await until(acked, timeout=30, what="the answer acknowledged")
+            print("ANSWERED " + json.dumps({"decision": d.kind}), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         return {"decision": d.kind, "text": d.text}
 
     async def finish(state: State) -> dict[str, Any]:

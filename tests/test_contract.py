@@ -31,6 +31,8 @@ def test_subject_builders_and_parser_round_trip():
     p = S.parse("pgw.principal.alice.resolve")
     assert (p.role, p.token, p.channel) == ("principal", "alice", "resolve")
     assert S.parse("pgw.agent.a-1_b.outcome").token == "a-1_b"
+    assert S.moment("planner") == "pgw.agent.planner.moment"
+    assert S.parse("pgw.agent.planner.moment").channel == "moment"
 
 
 @pytest.mark.parametrize("bad", ["", "a.b", "a b", "*", ">", "ålice", "x" * 65, "~~alice", "a\x00"])

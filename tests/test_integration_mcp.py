@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from integrations.agent_tools import input_schema
-from subjects.client import Surface
+from subjects.client import Surface, outcome_durable
 from subjects.idp import TransitionReport
 from subjects.wire import (
     BindingMomentItem,
@@ -63,6 +64,7 @@ MOMENT = {
 class Env:
     def __init__(self, url: str, data_dir: Path, issuer: Issuer, nc: Any) -> None:
         self.url, self.data_dir, self.nc = url, data_dir, nc
+        self.js = nc.jetstream()  # for reading stream and consumer state (a service's rights under isolation)
         self.so = str(uuid.uuid4())
         self.token, self.jti = issuer.mandate(agent=AGENT, so_id=self.so, principal=PRINCIPAL)
 
@@ -71,30 +73,49 @@ class Env:
                 "--progress-every", "0.3", *extra]
 
     @contextlib.asynccontextmanager
-    async def stdio(self) -> AsyncIterator[ClientSession]:
+    async def stdio(self, pidfile: Path | None = None) -> AsyncIterator[ClientSession]:
         params = StdioServerParameters(command=PGW, args=self.args())
+        if pidfile is not None:  # through sh, which writes the server's pid and execs it (same pid)
+            params = StdioServerParameters(command="/bin/sh", args=["-c", f'echo $$ > {pidfile}; exec "$0" "$@"', PGW, *self.args()])
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            yield session
+
+    async def http_server(self) -> tuple[asyncio.subprocess.Process, int]:
+        """`pgw mcp --transport http` on a free port, listening."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = await asyncio.create_subprocess_exec(PGW, *self.args("--transport", "http", "--port", str(port)))
+
+        async def listening() -> bool:
+            try:
+                _, w = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                return False
+            w.close()
+            return True
+
+        try:
+            await until(listening, timeout=10, what=f"pgw mcp listening on port {port}")
+        except BaseException:
+            proc.kill()
+            await proc.wait()
+            raise
+        return proc, port
+
+    @staticmethod
+    @contextlib.asynccontextmanager
+    async def http_client(port: int) -> AsyncIterator[ClientSession]:
+        async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write, _), ClientSession(read, write) as session:
             await session.initialize()
             yield session
 
     @contextlib.asynccontextmanager
     async def http(self) -> AsyncIterator[ClientSession]:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        proc = await asyncio.create_subprocess_exec(PGW, *self.args("--transport", "http", "--port", str(port)))
+        proc, port = await self.http_server()
         try:
-            async def listening() -> bool:
-                try:
-                    _, w = await asyncio.open_connection("127.0.0.1", port)
-                except OSError:
-                    return False
-                w.close()
-                return True
-
-            await until(listening, timeout=10, what=f"pgw mcp listening on port {port}")
-            async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write, _), ClientSession(read, write) as session:
-                await session.initialize()
+            async with self.http_client(port) as session:
                 yield session
         finally:
             proc.terminate()
@@ -258,6 +279,78 @@ async def test_a_wait_cut_by_a_restart_is_picked_up_by_await_moment(env: Env) ->
     async with env.stdio() as session:
         result = await session.call_tool("await_moment", {"moment_id": moment_id})
     assert result.structuredContent == {"status": "resolved", "kind": "option", "index": 0, "moment_id": moment_id}
+
+
+async def read_then_kill9(env: Env, transport: str, tmp_path: Path, answer: Resolution) -> str:
+    """Start `pgw mcp`, ask_principal, give up on the call (the server stays up), let the principal answer, wait until
+    the server has read the answer and its outcome consumer acknowledged it (never to deliver it again), then SIGKILL
+    the server before any client got the answer. Returns the moment id."""
+    js = env.js
+    messages: list[str] = []
+    delivered = asyncio.Event()
+
+    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+        delivered.set()
+
+    stack = contextlib.AsyncExitStack()
+    proc = None
+    try:
+        if transport == "stdio":
+            pidfile = tmp_path / "mcp.pid"
+            session = await stack.enter_async_context(env.stdio(pidfile))
+            pid = int(pidfile.read_text())
+        else:
+            proc, port = await env.http_server()
+            pid = proc.pid
+            session = await stack.enter_async_context(env.http_client(port))
+        asking = asyncio.create_task(session.call_tool(
+            "ask_principal", {"principal": "alice", "binding_moment": MOMENT}, progress_callback=on_progress))
+        await asyncio.wait_for(delivered.wait(), 20)
+        moment_id = messages[0].split()[1]  # "moment {id} delivered to alice"
+        asking.cancel()  # the host stops waiting; the server stays up
+        with contextlib.suppress(asyncio.CancelledError):
+            await asking
+        reply = await env.principal_answers(moment_answer(answer))
+        assert reply.status == "accepted" and reply.moment_id == moment_id
+        last = (await js.stream_info("PGW_OUTBOUND")).state.last_seq  # the resolution outcome
+
+        async def read_and_acked() -> bool:
+            info = await js.consumer_info("PGW_OUTBOUND", outcome_durable(AGENT))
+            return info.ack_floor.stream_seq >= last and info.num_ack_pending == 0 and info.num_pending == 0
+
+        await until(read_and_acked, timeout=20, what="the MCP server reading and acknowledging alice's answer")
+        os.kill(pid, signal.SIGKILL)
+        if proc is not None:
+            assert await asyncio.wait_for(proc.wait(), 10) == -signal.SIGKILL
+    finally:
+        with contextlib.suppress(Exception):  # the client side of a killed server (anyio scopes: no wait_for here)
+            await stack.aclose()
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return moment_id
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_an_answer_the_server_read_before_a_kill_9_is_returned_after_the_restart(env: Env, transport: str, tmp_path: Path) -> None:
+    """The host gives up on ask_principal; alice answers; the MCP server reads the answer (its outcome consumer acks it,
+    so the consumer will never deliver it again) and is killed with SIGKILL before any client got it. Restarted,
+    await_moment returns that answer (the gateway's moment query), and alice was asked once."""
+    moment_id = await read_then_kill9(env, transport, tmp_path, FreeTextAnswer(text="Pay half today, half on Friday."))
+    async with env.session(transport) as session:
+        result = await asyncio.wait_for(session.call_tool("await_moment", {"moment_id": moment_id}), 20)
+    assert result.structuredContent == {
+        "status": "resolved", "kind": "free_text", "text": "Pay half today, half on Friday.", "moment_id": moment_id}
+    moments = await env.js.stream_info("KV_PGW_MOMENTS", subjects_filter=f"$KV.PGW_MOMENTS.{PRINCIPAL}.*")
+    assert list(moments.state.subjects or {}) == [f"$KV.PGW_MOMENTS.{PRINCIPAL}.{moment_id}"]
+
+
+async def test_await_moment_of_an_unknown_moment_is_a_tool_error(env: Env) -> None:
+    """await_moment with an id no moment of this agent has is refused at once (unknown_moment), not waited on forever."""
+    async with env.stdio() as session:
+        result = await asyncio.wait_for(session.call_tool("await_moment", {"moment_id": uuid.uuid4().hex}), 20)
+    assert result.isError and result.structuredContent["code"] == "unknown_moment", result
 
 
 async def test_without_a_gateway_calls_are_clear_tool_errors(nats_server: Any, tmp_path: Path) -> None:

@@ -14,18 +14,18 @@ import pytest
 
 pytest.importorskip("langgraph.checkpoint.sqlite")
 
-from subjects.client import Surface
+from subjects.client import OUTBOUND_STREAM, Surface, outcome_durable
 from subjects.wire import BindingMomentItem, FreeTextAnswer, OptionChoice
 from tests.polling import until
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-async def start_graph(url: str, db: Path, thread: str) -> asyncio.subprocess.Process:
+async def start_graph(url: str, db: Path, thread: str, **env: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tests.langgraph_app", url, str(db), thread,
         cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
     )
 
 
@@ -91,6 +91,36 @@ async def test_an_answer_given_while_the_graph_process_is_down_is_not_lost(nats_
     result = json.loads((await line_starting(second, "RESULT", seen)).split(" ", 1)[1])
     assert await second.wait() == 0
     assert result["decision"] == "free_text" and result["text"] == "send it next Monday instead", result
+    assert await surface.pending() == []
+
+
+async def test_a_graph_killed_after_reading_the_answer_but_before_its_checkpoint_gets_the_same_answer(nats_server, gateway, nc, tmp_path):
+    """Killed (-9) after the node read alice's answer and its outcome consumer acknowledged it, before LangGraph wrote
+    the node's checkpoint: the restarted graph re-runs the node, which finds the same moment and its answer (the
+    gateway's moment query), finishes at once, and alice was asked exactly once."""
+    db, seen = tmp_path / "graph.sqlite", []
+    surface = Surface(nc, "alice")
+    first = await start_graph(nats_server.client_url, db, "thread-4", LG_APP_DIE_AFTER_ANSWER="1")
+    await line_starting(first, "ASKING", seen)
+    item = await one_pending(surface)
+    assert (await surface.resolve(item.moment_id, FreeTextAnswer(text="send it, but copy finance"))).status == "accepted"
+    await line_starting(first, "ANSWERED", seen)
+    assert await first.wait() == -signal.SIGKILL
+    # The answer is consumed for good: nothing left in the agent's outcome consumer to redeliver.
+    info = await nc.jetstream().consumer_info(OUTBOUND_STREAM, outcome_durable("planner"))
+    assert info.num_pending == 0 and info.num_ack_pending == 0, info
+
+    second = await start_graph(nats_server.client_url, db, "thread-4")
+    await line_starting(second, "RESUMING", seen)  # the review node had no checkpoint: LangGraph re-runs it
+    result = json.loads((await line_starting(second, "RESULT", seen)).split(" ", 1)[1])
+    assert await second.wait() == 0
+    assert result["decision"] == "free_text" and result["text"] == "send it, but copy finance", result
+    assert result["drafts"] == 1, result
+    # Exactly one moment: one record in the moment desk, one dispatch verdict, nothing pending.
+    moments = await nc.jetstream().stream_info("KV_PGW_MOMENTS", subjects_filter="$KV.PGW_MOMENTS.alice.*")
+    assert list(moments.state.subjects or {}) == [f"$KV.PGW_MOMENTS.alice.{item.moment_id}"]
+    dispatched = await nc.jetstream().stream_info("PGW_VERDICTS", subjects_filter="pgw.verdict.hitl_dispatched")
+    assert (dispatched.state.subjects or {}).get("pgw.verdict.hitl_dispatched") == 1
     assert await surface.pending() == []
 
 

@@ -114,6 +114,46 @@ async def test_asking_again_for_the_same_call_finds_the_same_moment(nats_server,
     assert await surface.pending() == []
 
 
+class Died(Exception):
+    """Stands for the end of the process (SystemExit would stop pytest's event loop itself)."""
+
+
+class DiesAfterReading(PrincipalApprovals):
+    """A run whose process dies right after its client read (and acknowledged) the principal's answer,
+    before the answer was recorded on the RunState."""
+
+    async def decide(self, item):  # type: ignore[no-untyped-def]
+        self.read = await super().decide(item)
+        raise Died("the process dies here")
+
+
+async def test_an_answer_read_by_a_run_that_died_reaches_the_run_started_again(nats_server, gateway, nc):
+    """The first run reads alice's answer and dies before acting on it; its outcome consumer will not deliver the
+    answer again. The run started again with the same run_key gets the same moment and that answer from the
+    gateway's moment query: the tool runs once, and alice was asked once."""
+    paid: list[tuple[str, int]] = []
+    surface = Surface(nc, "alice")
+    first_agent, _ = payer(paid)
+    first_pgw = Agent(nc, "payer")
+    dying = DiesAfterReading(first_pgw, "alice", run_key="run-4", timeout=60)
+    first = asyncio.ensure_future(dying.run(first_agent, "pay INV-7"))
+    item = (await until(surface.pending, timeout=30, what="the approval moment"))[0]
+    assert (await surface.resolve(item.moment_id, OptionChoice(index=0))).status == "accepted"
+    with pytest.raises(Died):
+        await asyncio.wait_for(first, 60)
+    assert dying.read.kind == "approve" and paid == []
+    await first_pgw.close()
+    pgw = Agent(nc, "payer")
+    again_agent, _ = payer(paid)
+    try:
+        result = await asyncio.wait_for(PrincipalApprovals(pgw, "alice", run_key="run-4", timeout=60).run(again_agent, "pay INV-7"), 60)
+    finally:
+        await pgw.close()
+    assert paid == [("INV-7", 120)] and str(result.final_output) == "tool said: paid INV-7"
+    moments = await nc.jetstream().stream_info("KV_PGW_MOMENTS", subjects_filter="$KV.PGW_MOMENTS.alice.*")
+    assert list(moments.state.subjects or {}) == [f"$KV.PGW_MOMENTS.alice.{item.moment_id}"]
+
+
 async def test_an_expired_moment_rejects_the_call_and_says_so(nats_server, gateway, nc):
     """Nobody answers before expiry: the tool does not run (an expiry is never a consent) and the model is told why."""
     paid: list[tuple[str, int]] = []

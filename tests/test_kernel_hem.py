@@ -133,6 +133,9 @@ async def test_hem_approve_round_trip(env: Env) -> None:
         reply = await Surface(env.nc, PRINCIPAL).resolve(item.moment_id, OptionChoice(index=0))
         assert reply.status == "accepted"
         decision = await env.outcome(lambda o: isinstance(o, HemDecision), agent)
+        # The moment query returns the same hem_decision (a restarted agent re-reads it; docs/integrations.md).
+        state = await agent.moment_state(item.moment_id)
+        assert state.status == "closed" and state.outcome == decision
     finally:
         await agent.close()
     assert decision.decision == "approve" and decision.idp_id == rec["idp_id"]

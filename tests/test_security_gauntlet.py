@@ -32,6 +32,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 
+from subjects.momentquery import moment_state_decoder
 from subjects.wire import EnvelopeOutcome, OptionChoice, resolve_reply_decoder
 from tests.gauntlet.bed import Bed, secured_bed
 from tests.gauntlet.corpus import (
@@ -39,6 +40,7 @@ from tests.gauntlet.corpus import (
     envelope_cases,
     generic_cases,
     idp_cases,
+    moment_query_cases,
     resolve_cases,
     transition_cases,
 )
@@ -263,6 +265,36 @@ async def test_resolve_subject(bed: Bed, security_table) -> None:
     bad = res.record(security_table)
     assert not bad, "\n".join(bad)
     assert final.status == "accepted", final
+
+
+async def test_moment_query_subject(bed: Bed, security_table) -> None:
+    """Every hostile moment query is refused with a code, and a well-formed one afterwards is still answered."""
+    await bed.agents["a"].send({"type": "vendor.pgw.binding_moment", "envelopeId": "query-target",
+                                "correlationId": "query-target",
+                                "meta": {"source": "ai-generation", "ts": "2026-01-01T00:00:00Z"},
+                                "payload": {"principal": "p", "binding_moment": GOOD_MOMENT}})
+    out = await bed.agents["a"].outcome_for("query-target", timeout=WAIT)
+    assert out.status == "accepted" and out.moment_id
+    nc = bed.ncs["agent:a"]
+    subject = bed.config.subjects.moment("a")
+    res = Results("agent.a.moment")
+    for case in generic_cases() + moment_query_cases(out.moment_id):
+        t0 = time.perf_counter()
+        failure, refused = None, False
+        try:
+            reply = moment_state_decoder.decode((await nc.request(subject, case.body, timeout=WAIT)).data)
+            refused = reply.status == "refused" and reply.refusal is not None and bool(reply.refusal.code)
+            if not refused:
+                failure = f"not refused: {reply}"
+        except Exception as e:  # noqa: BLE001
+            failure = f"{type(e).__name__}: {str(e)[:160]}"
+        res.add(case, refused, failure, time.perf_counter() - t0)
+    state = await bed.agents["a"].moment_state(out.moment_id)
+    security_table.record(TABLE, "valid query after corpus", "agent.a.moment", "moment", "pending",
+                          state.status, state.status == "pending")
+    bad = res.record(security_table)
+    assert not bad, "\n".join(bad)
+    assert state.status == "pending", state
 
 
 async def test_memory_stays_bounded(bed: Bed, security_table) -> None:

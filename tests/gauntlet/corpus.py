@@ -1,7 +1,7 @@
 """The hostile-input corpus (issue 7 "Hostile input gauntlet").
 
 Each :class:`Case` is a raw message body. ``generic_cases`` are run through
-every inbound subject (envelope, idp, transition, resolve); the other
+every inbound subject (envelope, idp, transition, resolve, moment); the other
 functions build subject-specific cases that put hostile values into every
 slot of that subject's message.
 
@@ -210,6 +210,26 @@ def resolve_cases(moment_id: str) -> list[Case]:
     ]
     for i, s in enumerate(NAUGHTY):
         out.append(Case(f"naughty #{i} as moment_id", "naughty strings", body({"kind": "option", "index": 0}, s)))
+    return out
+
+
+def moment_query_cases(moment_id: str) -> list[Case]:
+    """Hostile moment queries (agent.{agent}.moment) about a real moment: every one is malformed."""
+    def body(mid: Any = moment_id, **extra: Any) -> bytes:
+        return json.dumps({"moment_id": mid, **extra}, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+    out = [
+        Case("overlong moment_id", "overlong strings", body(OVERLONG)),
+        Case("overlong principal", "overlong strings", body(principal=OVERLONG)),
+        Case("numeric moment_id", "schema", body(10**30)),
+        Case("extra member", "schema", body(agent="someone-else")),
+        Case("moment_id wildcard", "naughty strings", body("*")),
+        Case("moment_id full wildcard", "naughty strings", body(">")),
+        Case("principal wildcard", "naughty strings", body(principal="*")),
+        Case("principal with a dot", "naughty strings", body(principal="alice.>")),
+    ]
+    for i, s in enumerate(NAUGHTY):
+        out.append(Case(f"naughty #{i} as moment_id", "naughty strings", body(s)))
     return out
 
 
