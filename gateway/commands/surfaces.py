@@ -119,6 +119,8 @@ async def run_surface_web(args: argparse.Namespace, config: Config) -> int:
         host=config.surfaces.web_host,
         port=config.surfaces.web_port if args.port is None else args.port,
         token=stored_token(config.data_path / "surface-web" / f"{principal}.token", renew=args.new_token),
+        # The page's own notifications follow the notifier's opt-in (docs/notifications.md).
+        notify_synopsis=config.notifier.for_principal(principal).show_synopsis,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -481,6 +481,7 @@ async function main() {
   state.loaded = true;
   state.reach = new Reach({ nc: state.nc, prefix: cfg.prefix, principal: cfg.principal, synopsis: cfg.notify_synopsis === true, registration });
   state.reach.start();
+  window.pgwReach = state.reach; // for the bus-leg test of the push subscription (tests/test_surface_push.py)
   setConn("connected", "Connected");
   document.body.dataset.ready = "true";
   (async () => {

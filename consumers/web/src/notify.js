@@ -53,15 +53,20 @@ function deviceLabel() {
   return `${platform}, ${installed}`;
 }
 
-// What a notification for a new moment says (the notifier's default rule too).
+// What a notification for a new moment says: the notifier's words for the
+// same moment (consumers/notify/channels.py render), and its tag, so a push
+// and this page's notification replace each other instead of stacking.
+export const MAX_SYNOPSIS = 300; // as consumers/notify/channels.py
+export const tagOf = (momentId) => `pgw-${momentId}`;
+
 export function notificationFor(plan, { synopsis = false } = {}) {
-  const what = plan.plan === "clarification" ? "A question" : "A decision";
-  return {
-    title: `${what} from agent ${plan.agent} waits`,
-    body: synopsis && plan.synopsis ? plan.synopsis : "Open Principal Gateway to answer.",
-    tag: plan.moment_id,
-    url: new URL("/", location.origin).href,
-  };
+  const what = plan.plan === "clarification" ? "question" : "decision";
+  let body = `A ${what} from agent ${plan.agent} waits.`;
+  if (synopsis && plan.synopsis) {
+    const syn = plan.synopsis.length <= MAX_SYNOPSIS ? plan.synopsis : `${plan.synopsis.slice(0, MAX_SYNOPSIS)}…`;
+    body += (plan.untrusted ? "\nUntrusted content: " : "\n") + syn;
+  }
+  return { title: `A ${what} waits`, body, tag: tagOf(plan.moment_id), url: new URL("/", location.origin).href };
 }
 
 export class Reach {
@@ -147,7 +152,7 @@ export class Reach {
   async withdrawn(momentId) {
     const reg = await this.registration;
     if (!reg || !momentId || !this.supported()) return;
-    for (const n of await reg.getNotifications({ tag: momentId })) n.close();
+    for (const n of await reg.getNotifications({ tag: tagOf(momentId) })) n.close();
   }
 
   async request(subject, body) {
