@@ -125,7 +125,7 @@ async def settled_push(notifier: Notifier, moment_id: str) -> Any:
 
 
 async def test_open_page_suppresses_the_push_and_a_closed_one_gets_it(bed: dict[str, Any]) -> None:
-    """Subscription over the bus as alice; while the page is open (hidden) it notifies and the notifier does not push; after pagehide the next moment is pushed, decrypted by http_ece, and shown by the service worker."""
+    """Subscription over the bus as alice; while the page is open (hidden) it notifies and the notifier does not push; after pagehide the next moment is pushed, decrypted by http_ece, and shown by the service worker; the page's unsubscribe removes it."""
     from playwright.async_api import async_playwright
 
     web, notifier, ps = bed["web"], bed["notifier"], bed["push"]
@@ -180,6 +180,10 @@ async def test_open_page_suppresses_the_push_and_a_closed_one_gets_it(bed: dict[
             assert {"title": "A decision waits", "body": "A decision from agent planner waits.",
                     "tag": f"pgw-{second}", "data": {"url": bed["base"]}} in shown_now
             assert moment()["synopsis"] not in json.dumps(shown_now)
+
+            # The page's "stop" path, on its own connection: the notifier forgets the endpoint.
+            assert await page.evaluate("e => window.pgwReach.forget(e)", sub["endpoint"]) == {"ok": True, "removed": True}
+            assert await notifier.store.subscriptions("alice") == {}
         finally:
             await ctx.close()
 

@@ -17,6 +17,7 @@ const enc = new TextEncoder();
 const dec = new TextDecoder();
 
 export const PRESENCE_TTL_S = 30;
+const ON = "This device is notified when an agent needs you, also when the app is closed.";
 const PUSH_SUBSCRIBE_TIMEOUT_MS = 30000;
 
 function randomId() {
@@ -80,6 +81,7 @@ export class Reach {
     this.claimed = false; // the last presence we sent had ttl_s > 0
     this.closed = false; // after pagehide
     this.notified = 0; // notifications this page has shown
+    this.subscribed = false; // this browser holds a push subscription (the button turns it off)
     this.timer = null;
   }
 
@@ -172,14 +174,21 @@ export class Reach {
     this.$status = document.getElementById("reach-status");
     this.$button = document.getElementById("notify-me");
     if (!this.$bar) return;
-    this.$button.addEventListener("click", () => this.enable().catch((e) => this.status(`Something went wrong: ${e.message}`, "refused")));
+    this.$button.addEventListener("click", () => {
+      const act = this.subscribed ? this.disable() : this.enable();
+      act.catch((e) => this.status(`Something went wrong: ${e.message}`, "refused"));
+    });
     this.$bar.hidden = false;
     this.describe();
   }
 
-  status(text, kind = "info", { done = false } = {}) {
+  // done: nothing more to offer; subscribed: the button turns push off again.
+  status(text, kind = "info", { done = false, subscribed = false } = {}) {
+    this.subscribed = subscribed;
     this.$status.textContent = text;
     this.$status.dataset.kind = kind;
+    this.$button.textContent = subscribed ? "Stop notifications on this device" : "Notify me on this device";
+    this.$button.className = subscribed ? "btn btn-quiet" : "btn btn-primary";
     this.$button.hidden = done;
     this.$button.disabled = false;
   }
@@ -204,7 +213,7 @@ export class Reach {
     if (Notification.permission === "granted") {
       const reg = await this.registration;
       const sub = reg && "pushManager" in reg ? await reg.pushManager.getSubscription() : null;
-      if (sub) return this.status("This device is notified when an agent needs you, also when the app is closed.", "ok", { done: true });
+      if (sub) return this.status(ON, "ok", { subscribed: true });
       return this.status("Notifications are on while this app is open. Press the button to be notified when it is closed too.", "info");
     }
     return this.status("Get a notification on this device when an agent needs you.", "info");
@@ -241,7 +250,24 @@ export class Reach {
     }
     const reply = await this.sendSubscription(sub.toJSON());
     if (!reply.ok) return this.status(`${open}. The notifier refused this device: ${reply.detail || reply.error}.`, "refused");
-    return this.status("This device is notified when an agent needs you, also when the app is closed.", "ok", { done: true });
+    return this.status(ON, "ok", { subscribed: true });
+  }
+
+  // "Stop notifications on this device": the browser drops its subscription and
+  // the notifier forgets the endpoint (principal.P.push.unsubscribe).
+  async disable() {
+    this.$button.disabled = true;
+    const reg = await this.registration;
+    const sub = reg && "pushManager" in reg ? await reg.pushManager.getSubscription() : null;
+    if (sub) {
+      await sub.unsubscribe();
+      await this.forget(sub.endpoint).catch(() => {}); // the push service refuses it from now on anyway
+    }
+    return this.status("This device is no longer notified when the app is closed.", "info");
+  }
+
+  async forget(endpoint) {
+    return this.request(this.subjects.unsubscribe, { endpoint });
   }
 
   async subscribe(reg, vapidKey) {
