@@ -1,9 +1,10 @@
-"""The browser surface behind a TLS proxy (issue 17, docs/surfaces.md "Serving over HTTPS").
+"""Settings of the installable app (issue 17, docs/surfaces.md "Installing the app").
 
-The documented settings load; the proxy's https origin is then allowed on the
-embedded nats-server's WebSocket listener (a browser page from that origin
-gets through, another origin still gets 403); a public_url that is not
-https:// is refused with the field named.
+The page token is kept across runs of ``pgw surface-web`` (0600) and renewed
+on request. Behind a TLS proxy: the documented settings load; the proxy's
+https origin is then allowed on the embedded nats-server's WebSocket listener
+(a browser page from that origin gets through, another origin still gets
+403); a public_url that is not https:// is refused with the field named.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from consumers.surfaces.web import stored_token
 from gateway.commands.up import browser_origins
 from pgwcore.config import load_config
 from pgwcore.server import EmbeddedServer
@@ -59,3 +61,14 @@ async def test_the_proxy_origin_is_allowed_on_the_websocket_listener(tmp_path: P
 def test_public_url_must_be_an_https_origin(tmp_path: Path, bad: str) -> None:
     with pytest.raises(ConfigError, match=r"surfaces\.public_url"):
         load_config(None, data_dir=str(tmp_path), surfaces={"public_url": bad})
+
+
+def test_the_page_token_is_kept_private_and_renewed_on_request(tmp_path: Path) -> None:
+    path = tmp_path / "surface-web" / "alice.token"
+    first = stored_token(path)
+    assert len(first) >= 32 and path.stat().st_mode & 0o777 == 0o600
+    assert stored_token(path) == first, "an installed app keeps working after a restart"
+    renewed = stored_token(path, renew=True)
+    assert renewed != first and stored_token(path) == renewed
+    path.write_text("short\n")
+    assert stored_token(path) not in ("short", renewed), "a damaged file is replaced, never used"
