@@ -13,8 +13,8 @@ What is real and what is not:
   itself is made by the push-service peer (its endpoint and keys), NOT by
   Chromium's pushManager.subscribe: Chromium first registers with Google's
   push service (FCM), unreachable here (no internet); on a persistent
-  profile the call never settles, in incognito it fails at once, and the
-  page says so (tested below). No PushManager is faked.
+  profile the call had not settled after 40 s (the page gives up after
+  30 s), in incognito it fails at once and the page says so (tested below). No PushManager is faked.
 - Presence from the open page makes the notifier hold back its push while
   the page itself shows the desktop notification; once the page is gone
   (ttl_s 0 on pagehide) the next moment is pushed, and the payload the push

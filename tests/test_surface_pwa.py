@@ -20,8 +20,9 @@ tests prove and what they cannot:
   (CDP ServiceWorker.deliverPushMessage with the contract's payload).
 - NOT pushManager.subscribe: Chromium registers with Google's push service
   (FCM) first, and this machine has no internet. On a persistent profile the
-  call never settles; in incognito it fails at once. The page reports either
-  in words; see tests/test_surface_push.py for the bus side.
+  call had not settled after 40 s (the page gives up after 30 s and says
+  so); in incognito it fails at once and the page says so (tested). See
+  tests/test_surface_push.py for the bus side.
 """
 
 from __future__ import annotations
