@@ -336,7 +336,13 @@ class AgentTools:
         if progress is not None:
             again = " (asked before under this request_key)" if out.replayed else ""
             await progress(0.0, f"moment {out.moment_id} delivered to {principal}{again}")
-        result = answer(await self._wait(out.moment_id, principal, progress, principal))
+        try:
+            result = answer(await self._wait(out.moment_id, principal, progress, principal))
+        except (NatsError, TimeoutError) as e:
+            # The moment is open: the error carries its id, for await_moment once the bus is back.
+            return ToolAnswer({"status": "unavailable", "code": "gateway_unavailable", "moment_id": out.moment_id,
+                               "reason": f"the wait for moment {out.moment_id} was cut: {e}; call await_moment with it"},
+                              is_error=True)
         if key is not None:
             result.body["request_key"] = key
             result.body["replayed"] = out.replayed
