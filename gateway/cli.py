@@ -31,6 +31,7 @@ COMMAND_MODULES: list[str] = [
     "gateway.commands.ops",
     "gateway.commands.surfaces",
     "gateway.commands.capsules",
+    "gateway.commands.notify",
     "gateway.commands.kernel",
     "gateway.commands.audit",
     "gateway.commands.security",

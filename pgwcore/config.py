@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct, field
 
+from pgwcore.notifier_config import NotifierConfig
 from subjects.errors import ConfigError
 from subjects.names import Subjects, check_token, principal_token
 
@@ -287,6 +288,7 @@ class Config(_Section):
     ops: OpsConfig = field(default_factory=OpsConfig)
     signer: SignerConfig = field(default_factory=SignerConfig)
     registrar: RegistrarConfig = field(default_factory=RegistrarConfig)
+    notifier: NotifierConfig = field(default_factory=NotifierConfig)  # issue 17, docs/notifications.md
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -1,7 +1,7 @@
 """Parties of the bus and their NATS credentials (DESIGN §7).
 
 A *party* is one NATS user: an agent, a principal, a service (gateway,
-signer, registrar, or ``services`` = all three in one ``pgw up`` process) or
+signer, registrar, notifier, or ``services`` = all of them in one ``pgw up`` process) or
 an ops user. Each party authenticates with its own nkey (Ed25519) and uses its
 own inbox prefix ``_INBOX_{role}_{name}``, so the server can confine replies
 to their requester (DESIGN §7 "each user gets its own inbox prefix").
@@ -29,7 +29,7 @@ from subjects.names import check_token
 
 Role = Literal["agent", "principal", "service", "ops", "audit"]
 ROLES: tuple[Role, ...] = ("agent", "principal", "service", "ops", "audit")
-SERVICE_NAMES = ("gateway", "signer", "registrar", "services")
+SERVICE_NAMES = ("gateway", "signer", "registrar", "notifier", "services")
 
 _SEED_BEGIN = "-----BEGIN USER NKEY SEED-----"
 _SEED_END = "------END USER NKEY SEED------"

@@ -384,6 +384,67 @@ class Agent:
             self._sub = None
 
 
+PRESENCE_TTL_S = 30  # docs/notifications.md: sent on open, every ttl_s/3 s, ttl_s 0 on close
+
+
+class Presence:
+    """Tells the notifier a surface of the principal is open (issue 17, docs/notifications.md).
+
+    Publishes ``{"instance", "surface", "ttl_s"}`` on ``principal.P.presence`` at
+    start and every ``ttl_s / 3`` seconds; :meth:`stop` sends ``ttl_s: 0`` (gone).
+    While any surface of P is present the notifier sends P no notification.
+    Core NATS, best effort: a lost message only means one interval without presence.
+    """
+
+    def __init__(self, nc: Client, principal: str, *, surface: str = "terminal", prefix: str = "pgw",
+                 ttl_s: int = PRESENCE_TTL_S) -> None:
+        if not isinstance(ttl_s, int) or not 3 <= ttl_s <= 3600:
+            raise ValueError(f"presence ttl_s must be an integer from 3 to 3600, not {ttl_s!r}")
+        self.nc = nc
+        self.subject = Subjects(prefix).presence(principal)
+        self.surface = surface
+        self.ttl_s = ttl_s
+        self.instance = uuid.uuid4().hex
+        self._task: asyncio.Task[None] | None = None
+
+    async def _send(self, ttl_s: int) -> None:
+        body = _enc.encode({"instance": self.instance, "surface": self.surface, "ttl_s": ttl_s})
+        await self.nc.publish(self.subject, body)
+
+    async def start(self) -> None:
+        """Announce the surface and keep it announced until :meth:`stop`."""
+        if self._task is not None:
+            return
+        await self._send(self.ttl_s)
+        await self.nc.flush()
+        self._task = asyncio.create_task(self._keep_alive(), name="pgw-presence")
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            with contextlib.suppress(Exception):  # reconnecting: the next beat will do
+                await self._send(self.ttl_s)
+
+    async def stop(self) -> None:
+        """Say the surface is gone (``ttl_s: 0``) and stop the heartbeat. Idempotent."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        with contextlib.suppress(Exception):
+            await self._send(0)
+            await self.nc.flush()
+
+    async def __aenter__(self) -> Presence:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
 def item_key(item: SurfaceItem) -> str:
     return getattr(item, "moment_id", None) or getattr(item, "item_id", "")
 
@@ -391,11 +452,19 @@ def item_key(item: SurfaceItem) -> str:
 class Surface:
     """A principal's surface: read items, answer moments."""
 
-    def __init__(self, nc: Client, principal: str, *, prefix: str = "pgw", timeout: float = 10.0) -> None:
+    def __init__(self, nc: Client, principal: str, *, prefix: str = "pgw", timeout: float = 10.0,
+                 surface: str = "terminal", presence: bool = True) -> None:
         self.nc = nc
         self.principal = principal_token(principal)
         self.subjects = Subjects(prefix)
         self.timeout = timeout
+        # While items() runs, the notifier knows this surface is open and stays quiet (issue 17).
+        self.presence = Presence(nc, self.principal, surface=surface, prefix=prefix) if presence else None
+
+    async def close(self) -> None:
+        """Stop announcing presence (sends ``ttl_s: 0``). Idempotent."""
+        if self.presence is not None:
+            await self.presence.stop()
 
     async def pending(self) -> list[SurfaceItem]:
         """Items still awaiting this principal (also those sent while it was offline)."""
@@ -427,6 +496,8 @@ class Surface:
 
         sub = await self.nc.subscribe(self.subjects.surface(self.principal), cb=on_msg)
         await self.nc.flush()
+        if self.presence is not None:
+            await self.presence.start()
         seen: set[str] = set()
         withdrawn: set[str] = set()
         try:
@@ -445,6 +516,7 @@ class Surface:
                 seen.add(key)
                 yield item
         finally:
+            await self.close()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
@@ -468,6 +540,7 @@ __all__ = [
     "Agent",
     "BindingMomentItem",
     "ClarificationItem",
+    "Presence",
     "Surface",
     "ensure_agent_consumer",
     "envelope",

@@ -32,6 +32,10 @@ LOG_EVENT_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 
 AgentChannel = Literal["envelope", "idp", "transition", "outcome", "moment"]
 PrincipalChannel = Literal["surface", "resolve", "pending"]
+# Issue 17 (docs/notifications.md): a surface's presence, and its Web Push subscription
+# requests to the notifier. Not JetStream: core request-reply and publish.
+PUSH_VERBS = ("key", "subscribe", "unsubscribe")
+PushVerb = Literal["key", "subscribe", "unsubscribe"]
 
 
 def check_token(value: object, what: str = "token") -> str:
@@ -69,7 +73,7 @@ def principal_token(principal: str) -> str:
 class ParsedSubject:
     """A subject split into its role, the identity token and the channel."""
 
-    role: Literal["agent", "principal", "verdict", "capsule", "log", "capabilities"]
+    role: Literal["agent", "principal", "verdict", "capsule", "log", "capabilities", "notify"]
     token: str | None
     channel: str | None
 
@@ -119,6 +123,16 @@ class Subjects:
         """Request-reply snapshot of a principal's pending items (served by the gateway)."""
         return self.principal(principal, "pending")
 
+    def presence(self, principal: str) -> str:
+        """A surface of the principal is open (core publish; docs/notifications.md)."""
+        return f"{self.prefix}.principal.{principal_token(principal)}.presence"
+
+    def push(self, principal: str, verb: PushVerb) -> str:
+        """Web Push subscription requests to the notifier: ``key``, ``subscribe``, ``unsubscribe``."""
+        if verb not in PUSH_VERBS:
+            raise SubjectError(str(verb), "push verb", f"must be one of {PUSH_VERBS}")
+        return f"{self.prefix}.principal.{principal_token(principal)}.push.{verb}"
+
     # -- downstream -------------------------------------------------------
     def verdict(self, verdict_class: str) -> str:
         if verdict_class not in VERDICT_CLASSES:
@@ -150,6 +164,19 @@ class Subjects:
         return f"{self.prefix}.principal.*.{channel}"
 
     @property
+    def all_presence(self) -> str:
+        return f"{self.prefix}.principal.*.presence"
+
+    @property
+    def all_push(self) -> str:
+        return f"{self.prefix}.principal.*.push.*"
+
+    @property
+    def notify_deadletter(self) -> str:
+        """Notifications given up on after every retry (the notifier's dead letter)."""
+        return f"{self.prefix}.notify.deadletter"
+
+    @property
     def all_verdicts(self) -> str:
         return f"{self.prefix}.verdict.*"
 
@@ -167,8 +194,12 @@ class Subjects:
         match parts:
             case ["agent", token, ("envelope" | "idp" | "transition" | "outcome" | "moment") as ch]:
                 return ParsedSubject("agent", agent_token(token), ch)
-            case ["principal", token, ("surface" | "resolve" | "pending") as ch]:
+            case ["principal", token, ("surface" | "resolve" | "pending" | "presence") as ch]:
                 return ParsedSubject("principal", check_token(token, "principal token"), ch)
+            case ["principal", token, "push", verb] if verb in PUSH_VERBS:
+                return ParsedSubject("principal", check_token(token, "principal token"), f"push.{verb}")
+            case ["notify", "deadletter"]:
+                return ParsedSubject("notify", None, "deadletter")
             case ["verdict", cls] if cls in VERDICT_CLASSES:
                 return ParsedSubject("verdict", None, cls)
             case ["capsule", ("register" | "registered") as ch]:

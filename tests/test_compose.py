@@ -1,4 +1,4 @@
-"""compose.yaml wires nats + gateway + signer + registrar to one NATS URL with a healthy JetStream server."""
+"""compose.yaml wires nats + gateway + signer + registrar + notifier to one NATS URL with a healthy JetStream server."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_services_and_nats_url_wiring():
     """Every pgw service runs a real `pgw` subcommand against nats://nats:4222 after nats is healthy."""
     doc = load()
     services = doc["services"]
-    assert set(services) == {"nats", "gateway", "signer", "registrar"}
+    assert set(services) == {"nats", "gateway", "signer", "registrar", "notifier"}
     nats = services["nats"]
     assert nats["image"].startswith("nats:") and "alpine" in nats["image"]
     assert "-js" in nats["command"]
@@ -37,7 +37,7 @@ def test_services_and_nats_url_wiring():
     assert re.search(r"sync_interval:\s*always", conf)
     listen_port = re.search(r'listen:\s*"[^"]*:(\d+)"', conf).group(1)
     subcommands = set(build_parser()._subparsers._group_actions[0].choices)
-    for name in ("gateway", "signer", "registrar"):
+    for name in ("gateway", "signer", "registrar", "notifier"):
         svc = services[name]
         assert svc["environment"]["NATS_URL"] == f"nats://nats:{listen_port}"
         assert svc["depends_on"]["nats"]["condition"] == "service_healthy"

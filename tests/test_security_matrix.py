@@ -292,6 +292,13 @@ PRINCIPAL_ATTACKS: dict[str, Attack] = {
     "stream msg get PGW_SURFACE": js_api("$JS.API.STREAM.MSG.GET.PGW_SURFACE", {"last_by_subj": "{pre}.principal.{v}.surface"}),
     "pull from P's durable": js_api("$JS.API.CONSUMER.MSG.NEXT.PGW_SURFACE.{pdur}", {"batch": 1}),
     "stream info / purge PGW_SURFACE": js_api("$JS.API.STREAM.PURGE.PGW_SURFACE"),
+    # issue 17: a principal's presence and push subscriptions are its own (docs/notifications.md)
+    "announce presence as P": pub_to("{pre}.principal.{v}.presence"),
+    "subscribe a push endpoint for P": pub_to("{pre}.principal.{v}.push.subscribe"),
+    "unsubscribe P's push endpoint": pub_to("{pre}.principal.{v}.push.unsubscribe"),
+    "ask the push key as P": pub_to("{pre}.principal.{v}.push.key"),
+    "hear P's presence": sub_to("{pre}.principal.*.presence", "{pre}.principal.{v}.presence", publisher="victim"),
+    "intercept P's push requests": sub_to("{pre}.principal.{v}.push.*", "{pre}.principal.{v}.push.subscribe", publisher="victim"),
 }
 
 AGENT_ATTACKS: dict[str, Attack] = {
@@ -401,6 +408,52 @@ async def test_principal_request_reply_uses_its_own_inbox(bed: Bed, security_tab
     assert reply.data == b'{"items": []}'
     assert bed.pending_replies[-1].startswith("_INBOX_principal_p2.")
     security_table.record(TABLE, "pending request-reply", "principal:p2", "principal:p2", "allowed", "allowed", True)
+
+
+async def test_principal_presence_and_push_are_its_own(bed: Bed, security_table) -> None:
+    """Issue 17: P publishes its own presence and push requests (answered on its own inbox)."""
+    p = bed.conns["principal:p3"]
+    pre = bed.config.prefix
+    obs = await bed.service.nc.subscribe(f"{pre}.principal.p3.presence")
+
+    async def push_responder(msg) -> None:  # stands in for the notifier
+        await msg.respond(b'{"ok": true}')
+
+    push = await bed.service.nc.subscribe(f"{pre}.principal.*.push.*", cb=push_responder)
+    await flushed(bed.service.nc)
+    try:
+        await p.nc.publish(f"{pre}.principal.p3.presence", b'{"instance": "i", "surface": "web", "ttl_s": 30}')
+        assert b'"ttl_s": 30' in (await obs.next_msg(timeout=WAIT)).data
+        for verb in ("key", "subscribe", "unsubscribe"):
+            reply = await p.nc.request(f"{pre}.principal.p3.push.{verb}", b"{}", timeout=WAIT)
+            assert reply.data == b'{"ok": true}'
+    finally:
+        await obs.unsubscribe()
+        await push.unsubscribe()
+    security_table.record(TABLE, "own presence and push requests", "principal:p3", "principal:p3", "allowed", "allowed", True)
+
+
+async def test_notifier_identity_hears_push_and_presence_only(bed: Bed, security_table) -> None:
+    """service:notifier subscribes to every principal's push and presence, and may not forge a surface item."""
+    party = Party("service", "notifier")
+    conn = await open_conn(bed.server, bed.creds_dir / party.filename, party)
+    pre = bed.config.prefix
+    try:
+        pres = await conn.nc.subscribe(f"{pre}.principal.*.presence")
+        push = await conn.nc.subscribe(f"{pre}.principal.*.push.*", queue="pgw-notifier")
+        await flushed(conn.nc)
+        assert conn.errors.empty(), "the notifier may subscribe to presence and push"
+        await bed.conns["principal:p1"].nc.publish(f"{pre}.principal.p1.presence", b"{}")
+        await settle(bed.conns["principal:p1"])
+        assert (await pres.next_msg(timeout=WAIT)).subject == f"{pre}.principal.p1.presence"
+        await push.unsubscribe()
+        await conn.nc.publish(f"{pre}.principal.p1.surface", b'{"forged": true}')
+        await conn.violation(f"{pre}.principal.p1.surface")
+        await conn.nc.subscribe(f"{pre}.principal.p1.resolve")
+        await conn.violation(f"{pre}.principal.p1.resolve")
+    finally:
+        await conn.nc.close()
+    security_table.record(TABLE, "notifier: push+presence only", "service:notifier", "principal:p1", "allowed/refused", "allowed/refused", True)
 
 
 async def test_agent_queries_its_own_moments_on_its_own_inbox(bed: Bed, security_table) -> None:

@@ -69,6 +69,7 @@ def ws_url_of(args: argparse.Namespace, config: Config) -> str:
 async def run_surface(args: argparse.Namespace, config: Config) -> int:
     from consumers.surfaces.feed import ConnectionWatch, SurfaceFeed, connect_principal
     from consumers.surfaces.terminal import TerminalSurface, run_json
+    from subjects.client import Presence
 
     principal = principal_token(args.principal)
     creds = principal_creds(args, config, principal)
@@ -79,14 +80,18 @@ async def run_surface(args: argparse.Namespace, config: Config) -> int:
     nc = await connect_principal(config.nats_url, creds=creds, name=f"pgw-surface-{principal}", watch=watch)
     try:
         feed = SurfaceFeed(nc, principal, prefix=config.prefix, watch=watch)
-        if args.json:
-            return await run_json(feed, follow=args.follow)
-        ui = TerminalSurface(feed, color=not args.no_color and sys.stdout.isatty())
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signal.SIGTERM, ui.quit.set)
-            loop.add_signal_handler(signal.SIGHUP, ui.quit.set)
-        return await ui.run()
+        if args.json and not args.follow:
+            return await run_json(feed, follow=False)
+        # An open surface keeps presence, so the notifier stays quiet (issue 17, docs/notifications.md).
+        async with Presence(nc, principal, surface="terminal", prefix=config.prefix):
+            if args.json:
+                return await run_json(feed, follow=True)
+            ui = TerminalSurface(feed, color=not args.no_color and sys.stdout.isatty())
+            loop = asyncio.get_running_loop()
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(signal.SIGTERM, ui.quit.set)
+                loop.add_signal_handler(signal.SIGHUP, ui.quit.set)
+            return await ui.run()
     finally:
         with contextlib.suppress(Exception):
             await nc.drain()

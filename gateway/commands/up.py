@@ -31,6 +31,7 @@ UP_SERVICES: dict[str, str] = {
     "gateway": "gateway.app:Gateway",
     "signer": "consumers.signer:Signer",
     "registrar": "consumers.registrar:Registrar",
+    "notifier": "consumers.notify.service:Notifier",  # issue 17 (notifier.enabled = false: not run)
 }
 
 
@@ -82,7 +83,7 @@ def browser_origins(config: Config) -> tuple[str, ...]:
 
 
 async def handle(args: argparse.Namespace, config: Config) -> int:
-    names = list(UP_SERVICES)
+    names = [n for n in UP_SERVICES if n != "notifier" or config.notifier.enabled]
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
         unknown = [n for n in names if n not in UP_SERVICES]

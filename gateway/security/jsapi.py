@@ -95,6 +95,7 @@ ROLE_COLUMNS: tuple[tuple[str, Party], ...] = (
     ("gateway", Party("service", "gateway")),
     ("signer", Party("service", "signer")),
     ("registrar", Party("service", "registrar")),
+    ("notifier", Party("service", "notifier")),
     ("ops", Party("ops", "oncall")),
     ("audit", Party("audit", "auditor")),
 )

@@ -113,13 +113,22 @@ def agent_permissions(prefix: str, agent: str) -> Permissions:
 
 
 def principal_permissions(prefix: str, principal: str) -> Permissions:
-    """Principal P: receive its own surface items, answer and list its own moments."""
+    """Principal P: receive its own surface items, answer and list its own moments.
+
+    Issue 17 (docs/notifications.md): P also says a surface of its own is open
+    (``presence``) and manages its own Web Push subscriptions (``push.*``, answered
+    by the notifier on P's own inbox).
+    """
     own = Party("principal", principal)
     base = f"{prefix}.principal.{principal}"
     return Permissions(
         pub_allow=(
             f"{base}.resolve",
             f"{base}.pending",
+            f"{base}.presence",
+            f"{base}.push.key",
+            f"{base}.push.subscribe",
+            f"{base}.push.unsubscribe",
             f"{prefix}.capabilities",
             *_pull_only(SURFACE_STREAM, principal_durable(principal)),
         ),
@@ -130,7 +139,7 @@ def principal_permissions(prefix: str, principal: str) -> Permissions:
 
 
 def service_permissions(prefix: str, name: str) -> Permissions:
-    """The gateway, signer and registrar; ``services`` is all three in one process."""
+    """The gateway, signer, registrar and notifier; ``services`` is all of them in one process."""
     own = Party("service", name)
     common = Permissions(
         pub_allow=_SERVICE_COMMON_PUB,
@@ -167,9 +176,16 @@ def service_permissions(prefix: str, name: str) -> Permissions:
             mine = Permissions(pub_allow=(f"{p}.capsule.register", f"{p}.signer.ledger.*"))
         case "registrar":
             mine = Permissions(pub_allow=(f"{p}.capsule.registered", f"{p}.capsule.deadletter"))
+        case "notifier":
+            # Issue 17: reads PGW_SURFACE through its own durable ($JS.API above), answers every
+            # principal's push.* requests, hears every presence, dead-letters what it gives up on.
+            mine = Permissions(
+                pub_allow=(f"{p}.notify.deadletter",),
+                sub_allow=(f"{p}.principal.*.push.*", f"{p}.principal.*.presence"),
+            )
         case "services":
             mine = Permissions()
-            for n in ("gateway", "signer", "registrar"):
+            for n in ("gateway", "signer", "registrar", "notifier"):
                 mine = mine.union(service_permissions(prefix, n))
             # Ops commands run by `pgw up`'s own tools (tail, demo) read the bus.
             mine = mine.union(Permissions(sub_allow=(f"{p}.>",)))
