@@ -17,6 +17,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 
+from gateway.moment_list import list_moments
 from gateway.moment_record import Refused, closing_outcome
 from gateway.moments import MomentDesk
 from gateway.pipeline import EnvelopeWorker
@@ -184,10 +185,12 @@ class Gateway:
             await msg.respond(_enc.encode(reply))
 
     async def handle_moment_query(self, subject: str, data: bytes) -> MomentState:
-        """The state of one of the agent's moments, and the outcome that closed it (subjects/momentquery.py).
+        """The state of one of the agent's moments, and the outcome that closed it (subjects/momentquery.py);
+        or, for ``list``, the agent's own moments, newest first (gateway/moment_list.py).
 
         The agent is the subject's token, which only that agent may publish on
-        (DESIGN §7); another agent's moment is ``unknown``, like a missing one.
+        (DESIGN §7); another agent's moment is ``unknown``, like a missing one,
+        and a list holds only the subject's agent's moments.
         """
         try:
             agent = self.subjects.parse(subject).token or ""
@@ -199,6 +202,14 @@ class Gateway:
             return MomentState("refused", refusal=Refusal("invalid_query", str(e)[:300]))
         except Exception:  # noqa: BLE001 - hostile input (e.g. recursion) must not kill the callback
             return MomentState("refused", refusal=Refusal("invalid_query", "undecodable moment query"))
+        if query.list_ is not None:
+            try:
+                moments, more = await list_moments(self.desk, agent, query.list_, limit=query.limit, principal=query.principal)
+            except Exception:
+                log.exception("moment list failed", agent=agent)
+                return MomentState("refused", refusal=Refusal("engine_failure", "the gateway could not list the moments; try again"))
+            return MomentState("listed", moments=moments, more=more)
+        assert query.moment_id is not None  # MomentQuery.__post_init__: one of moment_id and list
         try:
             rec = await self.desk.find(agent, query.moment_id, query.principal)
         except Exception:

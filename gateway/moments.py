@@ -28,6 +28,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
+from gateway.moment_list import INDEX_BUCKET, index_key
 from gateway.moment_record import (
     HemCallback,
     HemContext,
@@ -84,6 +85,7 @@ class MomentDesk:
         self.publisher = publisher
         self.kv: Any = None
         self._writer: Any = None
+        self._index: Any = None  # the agents' index of their moments (gateway.moment_list)
         self._hem_callbacks: list[HemCallback] = []
         self._resolved_callbacks: list[Callable[[MomentRecord], Awaitable[None]]] = []
         self._heap: list[tuple[float, str]] = []
@@ -96,6 +98,8 @@ class MomentDesk:
     async def start(self) -> None:
         self.kv = await ensure_kv(self.js, BUCKET, ttl=MOMENT_TTL_S, atomic=True)
         self._writer = KvWriter(self.js, self.kv, BUCKET)  # dispatch's creates, group-committed
+        index = await ensure_kv(self.js, INDEX_BUCKET, ttl=MOMENT_TTL_S, atomic=True)
+        self._index = KvWriter(self.js, index, INDEX_BUCKET)
         # Every record, the latest of each key first, then each write as it is
         # stored, handled in the subscription's own callback: nats' KeyWatcher
         # would cost a task, a timer and a uuid per record on the hot path.
@@ -209,11 +213,17 @@ class MomentDesk:
                 details=details or {},
             )
         )
+        indexed = self._indexed(record)
         if record.status == "pending":
-            await together(self.publisher.surface(record.item, f"item:{moment_id}"), verdict)
+            await together(self.publisher.surface(record.item, f"item:{moment_id}"), together(verdict, indexed))
         else:
-            await verdict
+            await together(verdict, indexed)
         return moment_id
+
+    async def _indexed(self, record: MomentRecord) -> None:
+        """The moment in its agent's index (the list query, gateway.moment_list); once, however often dispatched."""
+        with contextlib.suppress(KeyWrongLastSequenceError):  # a redelivery: the same key is there already
+            await self._index.create(index_key(record), str(record.created_at).encode())
 
     # -- queries ----------------------------------------------------------
     async def get(self, principal: str, moment_id: str) -> tuple[MomentRecord, int] | None:

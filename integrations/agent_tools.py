@@ -10,6 +10,16 @@ durable consumer on ``PGW_OUTBOUND``, and every wait first asks the gateway
 for the moment's state (``agent.{agent}.moment``), so a resolution that
 arrived while this process was down, or that an earlier process of this
 server read and died with, is returned by ``await_moment`` after a restart.
+
+Two more things make a restart lose nothing (docs/integrations.md "Restart
+guarantees"): ``ask_principal`` and ``clarify`` take an optional idempotency
+key, ``request_key``, which becomes the envelope's ``correlationId`` (as the
+LangGraph and Agents SDK integrations derive theirs), so the same call made
+again, after a restart too, is answered by the gateway's dedup (stage 8,
+spec 002 "Replay determinism") with the same moment instead of a second one;
+and ``list_moments`` gives a host that lost track of a moment its id.
+Without a key nothing is derived from the call's content: a person may
+rightly be asked the same question twice.
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, Struct
@@ -39,7 +49,9 @@ from subjects.idp import (
     TransitionRequest,
     kernel_result_decoder,
 )
+from subjects.momentquery import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT
 from subjects.names import principal_token
+from subjects.util import stable_id
 from subjects.wire import (
     BindingMomentPayload,
     ClarificationAnswers,
@@ -55,8 +67,19 @@ from subjects.wire import (
 )
 
 Principal = Annotated[str, Meta(min_length=1, max_length=65, description="principal handle: alice or ~alice")]
+RequestKey = Annotated[str, Meta(
+    min_length=1, max_length=200,
+    description="idempotency key: the same key asks the same moment again (after a restart too) and returns its "
+                "answer instead of asking a second time; a new question needs a new key",
+)]
 # A progress callback: (elapsed seconds, message). The MCP layer turns it into a progress notification.
 Progress = Callable[[float, str], Awaitable[None]]
+
+
+class AskPrincipalArgs(BindingMomentPayload):
+    """Arguments of ``ask_principal``: the ``vendor.pgw.binding_moment`` payload plus an optional idempotency key."""
+
+    request_key: RequestKey | None = None
 
 
 class ClarifyArgs(Struct, forbid_unknown_fields=True):
@@ -65,6 +88,14 @@ class ClarifyArgs(Struct, forbid_unknown_fields=True):
     principal: Principal
     questions: Annotated[list[ClarificationQuestion], Meta(min_length=1, max_length=MAX_LIST_ITEMS)]
     contextType: Annotated[str, Meta(max_length=128)] | None = None  # noqa: N815 - spec 002's own name
+    request_key: RequestKey | None = None
+
+
+class ListMomentsArgs(Struct, forbid_unknown_fields=True):
+    """Arguments of ``list_moments``: which of the agent's moments, how many (the moment query's list form)."""
+
+    which: Literal["open", "closed", "all"] = "open"
+    limit: Annotated[int, Meta(ge=1, le=MAX_LIST_LIMIT)] = DEFAULT_LIST_LIMIT
 
 
 class DeclareIntentArgs(Struct, forbid_unknown_fields=True):
@@ -86,18 +117,20 @@ class AwaitMomentArgs(Struct, forbid_unknown_fields=True):
 # Tool name -> (argument Struct, description). The input schemas come from these Structs.
 TOOLS: dict[str, tuple[type[Struct], str]] = {
     "ask_principal": (
-        BindingMomentPayload,
+        AskPrincipalArgs,
         "Ask your principal a binding moment (spec 000: synopsis, findings, recommendations, offer, "
         "a question with 2-4 options each with label and reasoning, recommended_idx, both hatches) and "
         "wait for the answer. The result says which of the three kinds the principal chose: an option "
         "(index and label), free text (they revise the answer), or dialogue (they reject the question). "
         "No answer before expires_in_s is status 'expired': treat it as a refusal, never as consent. "
-        "A malformed moment comes back as an error listing every rule it breaks; fix them and ask again.",
+        "A malformed moment comes back as an error listing every rule it breaks; fix them and ask again. "
+        "Give a request_key (any string unique to this question) so that asking again after an interruption "
+        "returns this moment's answer instead of asking the principal a second time.",
     ),
     "clarify": (
         ClarifyArgs,
         "Ask your principal clarification questions (spec 002 clarification.request); returns their "
-        "answers keyed by question id, or status 'expired'.",
+        "answers keyed by question id, or status 'expired'. request_key: as for ask_principal.",
     ),
     "declare_intent": (
         DeclareIntentArgs,
@@ -114,7 +147,13 @@ TOOLS: dict[str, tuple[type[Struct], str]] = {
     "await_moment": (
         AwaitMomentArgs,
         "Wait again for the answer to a moment an interrupted ask_principal or clarify left open "
-        "(its moment_id was in the progress messages).",
+        "(its moment_id is in the progress messages and in list_moments); a closed one returns its answer at once.",
+    ),
+    "list_moments": (
+        ListMomentsArgs,
+        "List your own moments, newest first: 'open' (still awaiting the principal), 'closed' (answered or "
+        "expired) or 'all', each with moment_id, principal, kind, status, synopsis and times. After an "
+        "interruption, find the moment you were waiting for here and call await_moment with its moment_id.",
     ),
 }
 
@@ -180,6 +219,22 @@ def closing_answer(final: Outcome, labels: list[str] | None = None) -> ToolAnswe
     return ToolAnswer(body)
 
 
+def _request_key(args: dict[str, Any]) -> str | None:
+    """The call's idempotency key, checked as the tool's schema says (a malformed one is invalid_arguments)."""
+    key = args.get("request_key")
+    try:
+        return None if key is None else msgspec.convert(key, RequestKey)  # type: ignore[arg-type]
+    except msgspec.ValidationError as e:
+        raise ValueError(f"{e} - at `$.request_key`") from None
+
+
+def correlation_of(tool: str, key: str | None) -> str | None:
+    """The envelope's correlationId for a ``request_key``: the gateway's dedup (stage 8, spec 002 "Replay
+    determinism") answers the same key with the same moment. Hashed, so any key is a valid correlationId and
+    SR-1 redaction never rewrites it; per tool, so a key reused across tools is not a kind conflict."""
+    return None if key is None else "mcp-" + stable_id("mcp", tool, key, length=40)
+
+
 def _labels(args: dict[str, Any]) -> list[str]:
     """The option labels of an accepted moment (the gateway checked their shape)."""
     question = args["binding_moment"]["question"]
@@ -207,6 +262,8 @@ class AgentTools:
                     return await self.declare_intent(arguments, progress)
                 case "report_transition":
                     return await self.report_transition(arguments)
+                case "list_moments":
+                    return await self.list_moments(arguments)
                 case _:
                     return await self.await_moment(arguments, progress)
         except RefusedError as e:
@@ -248,29 +305,54 @@ class AgentTools:
         return await self.agent.outcome_for(eid, timeout=self.request_timeout)
 
     async def ask_principal(self, args: dict[str, Any], progress: Progress | None) -> ToolAnswer:
+        key = _request_key(args)
         principal = principal_token(str(args.get("principal", "")))
         # The moment goes to the gateway as given: its shape stage lists every violated rule (spec 000 §6).
-        payload = {**args, "principal": principal}
+        payload = {**{k: v for k, v in args.items() if k != "request_key"}, "principal": principal}
         eid = uuid.uuid4().hex
-        await self.agent.send(envelope("vendor.pgw.binding_moment", payload, envelope_id=eid))
-        out = await self._accepted(eid)
-        if out.status != "accepted" or not out.moment_id:
-            return refusal_answer(out)
-        if progress is not None:
-            await progress(0.0, f"moment {out.moment_id} delivered to {principal}")
-        final = await self._wait(out.moment_id, principal, progress, principal)
-        return closing_answer(final, _labels(args))
+        cid = correlation_of("ask_principal", key)
+        await self.agent.send(envelope("vendor.pgw.binding_moment", payload, envelope_id=eid, correlation_id=cid))
+        return await self._answered(eid, principal, key, progress, lambda final: closing_answer(final, _labels(args)))
 
     async def clarify(self, args: dict[str, Any], progress: Progress | None) -> ToolAnswer:
         parsed = msgspec.convert(args, ClarifyArgs)
         principal = principal_token(parsed.principal)
-        payload = {k: v for k, v in args.items() if k != "principal"}
+        payload = {k: v for k, v in args.items() if k not in ("principal", "request_key")}
         eid = uuid.uuid4().hex
-        await self.agent.send(envelope("clarification.request", payload, envelope_id=eid), principal=principal)
+        cid = correlation_of("clarify", parsed.request_key)
+        await self.agent.send(envelope("clarification.request", payload, envelope_id=eid, correlation_id=cid), principal=principal)
+        return await self._answered(eid, principal, parsed.request_key, progress, closing_answer)
+
+    async def _answered(
+        self, eid: str, principal: str, key: str | None, progress: Progress | None, answer: Callable[[Outcome], ToolAnswer]
+    ) -> ToolAnswer:
+        """The envelope's acceptance, then the outcome that closes its moment, as the tool's result.
+
+        ``replayed``: the gateway answered a ``request_key`` it had seen with the moment that key opened before.
+        """
         out = await self._accepted(eid)
         if out.status != "accepted" or not out.moment_id:
             return refusal_answer(out)
-        return closing_answer(await self._wait(out.moment_id, principal, progress, principal))
+        if progress is not None:
+            again = " (asked before under this request_key)" if out.replayed else ""
+            await progress(0.0, f"moment {out.moment_id} delivered to {principal}{again}")
+        try:
+            result = answer(await self._wait(out.moment_id, principal, progress, principal))
+        except (NatsError, TimeoutError) as e:
+            # The moment is open: the error carries its id, for await_moment once the bus is back.
+            return ToolAnswer({"status": "unavailable", "code": "gateway_unavailable", "moment_id": out.moment_id,
+                               "reason": f"the wait for moment {out.moment_id} was cut: {e}; call await_moment with it"},
+                              is_error=True)
+        if key is not None:
+            result.body["request_key"] = key
+            result.body["replayed"] = out.replayed
+        return result
+
+    async def list_moments(self, args: dict[str, Any]) -> ToolAnswer:
+        parsed = msgspec.convert(args, ListMomentsArgs)
+        state = await self.agent.list_moments(parsed.which, limit=parsed.limit)
+        moments = [msgspec.to_builtins(m) for m in state.moments or []]
+        return ToolAnswer({"status": "listed", "which": parsed.which, "moments": moments, "more": state.more})
 
     async def await_moment(self, args: dict[str, Any], progress: Progress | None) -> ToolAnswer:
         parsed = msgspec.convert(args, AwaitMomentArgs)

@@ -165,6 +165,8 @@ async def ensure_streams(
 KV_BUCKETS = {
     # moment state: pending / resolved / expired, first answer wins by CAS.
     "PGW_MOMENTS": {"history": 1},
+    # each agent's index of its moments (the moment list, gateway/moment_list.py).
+    "PGW_AGENT_MOMENTS": {"history": 1},
     # spec 002 correlationId dedup/replay cache.
     "PGW_DEDUP": {"history": 1},
 }

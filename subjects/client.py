@@ -30,7 +30,13 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from subjects.errors import RefusedError
-from subjects.momentquery import MomentQuery, MomentState, moment_state_decoder
+from subjects.momentquery import (
+    ListWhich,
+    MomentQuery,
+    MomentState,
+    MomentSummary,
+    moment_state_decoder,
+)
 from subjects.names import Subjects, agent_token, principal_token
 from subjects.util import now_rfc3339
 from subjects.wire import (
@@ -244,7 +250,20 @@ class Agent:
         ``closed`` carries the outcome that closed it, the same message the
         outcome subject carried. RefusedError if the gateway refuses the query.
         """
-        query = MomentQuery(moment_id=moment_id, principal=principal_token(principal) if principal is not None else None)
+        return await self._moment_request(MomentQuery(moment_id=moment_id, principal=principal_token(principal) if principal is not None else None))
+
+    async def list_moments(self, which: ListWhich = "open", *, limit: int | None = None, principal: str | None = None) -> MomentState:
+        """This agent's own moments, newest first: ``open`` (pending), ``closed`` or ``all``; at most ``limit``
+        (default 20, at most 50). The reply's ``moments`` and ``more`` (there are more than were returned)."""
+        query = MomentQuery(list_=which, limit=limit, principal=principal_token(principal) if principal is not None else None)
+        return await self._moment_request(query)
+
+    async def open_moments(self, *, limit: int | None = None, principal: str | None = None) -> list[MomentSummary]:
+        """This agent's moments still awaiting their principal, newest first: the ids to wait on again
+        (``final_outcome``) after a restart lost track of them."""
+        return list((await self.list_moments("open", limit=limit, principal=principal)).moments or [])
+
+    async def _moment_request(self, query: MomentQuery) -> MomentState:
         msg = await self.nc.request(self.subjects.moment(self.agent), _enc.encode(query), timeout=self.request_timeout)
         state = moment_state_decoder.decode(msg.data)
         if state.status == "refused":

@@ -24,7 +24,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from integrations.agent_tools import input_schema
+from integrations.agent_tools import AskPrincipalArgs, input_schema
 from subjects.client import Surface, outcome_durable
 from subjects.idp import TransitionReport
 from subjects.wire import (
@@ -167,9 +167,10 @@ async def test_ask_principal_keeps_the_three_kinds_distinct(env: Env, transport:
     ]
     async with env.session(transport) as session:
         tools = {t.name: t for t in (await session.list_tools()).tools}
-        assert set(tools) >= {"ask_principal", "clarify", "declare_intent", "report_transition"}
+        assert set(tools) >= {"ask_principal", "clarify", "declare_intent", "report_transition", "await_moment", "list_moments"}
         # The schemas are the wire Structs' own (msgspec.json.schema), so they cannot drift from the gateway.
-        assert tools["ask_principal"].inputSchema == input_schema(BindingMomentPayload)
+        assert tools["ask_principal"].inputSchema == input_schema(AskPrincipalArgs)
+        assert set(input_schema(BindingMomentPayload)["properties"]) | {"request_key"} == set(tools["ask_principal"].inputSchema["properties"])
         assert tools["report_transition"].inputSchema == input_schema(TransitionReport)
         assert "binding_moment" in tools["ask_principal"].inputSchema["required"]
         for resolution, expected in cases:
@@ -364,7 +365,7 @@ async def test_without_a_gateway_calls_are_clear_tool_errors(nats_server: Any, t
     for result in (declared, asked):
         assert result.isError and result.structuredContent["code"] == "gateway_unavailable", result
     assert "kernel" in declared.structuredContent["reason"]
-    assert len(tools.tools) == 5
+    assert len(tools.tools) == 6
 
 
 async def test_hem_without_waiting_then_await_moment(env: Env) -> None:

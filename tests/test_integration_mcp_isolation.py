@@ -49,7 +49,7 @@ async def isolated(tmp_path: Path) -> AsyncIterator[Env]:
 async def test_pgw_mcp_with_isolation_on_asks_and_resumes_with_the_agents_own_credentials(isolated: Env, tmp_path: Path) -> None:
     """Under the generated permissions, `pgw mcp` (the agent's creds from the data dir) asks alice and gets her answer;
     killed (-9) after reading a later answer, the restarted server returns it through the moment query, which the
-    agent's permissions allow (and only for its own moments)."""
+    agent's permissions allow (and only for its own moments), as they allow its list of moments."""
     env = isolated
     answering = env.principal_answers(moment_answer(OptionChoice(index=0)))
     async with env.stdio() as session:
@@ -60,4 +60,8 @@ async def test_pgw_mcp_with_isolation_on_asks_and_resumes_with_the_agents_own_cr
     moment_id = await read_then_kill9(env, "stdio", tmp_path, OptionChoice(index=1))
     async with env.stdio() as session:
         again = await asyncio.wait_for(session.call_tool("await_moment", {"moment_id": moment_id}), 20)
+        listed = await asyncio.wait_for(session.call_tool("list_moments", {"which": "all"}), 20)
     assert again.structuredContent == {"status": "resolved", "kind": "option", "index": 1, "moment_id": moment_id}
+    # The list form of the same query, within the same permissions: its two moments, newest first.
+    moments = listed.structuredContent["moments"]
+    assert [m["status"] for m in moments] == ["resolved", "resolved"] and moments[0]["moment_id"] == moment_id, listed

@@ -85,3 +85,42 @@ async def test_an_expiry_is_the_closing_outcome_the_query_returns(gateway, nc):
         assert e.value.code == "expired"
     finally:
         await planner.close()
+
+
+async def test_an_agent_lists_its_own_open_and_closed_moments_newest_first(gateway, nc):
+    """The list form: open moments newest first with their ids and synopses, closed ones apart, limit and more;
+    another agent's list holds none of them; a malformed list query is refused with invalid_query."""
+    planner, other, surface = Agent(nc, "planner"), Agent(nc, "intruder"), Surface(nc, "alice")
+    try:
+        mids = []
+        for i in range(3):
+            moment = good_moment()
+            moment["synopsis"] = f"moment number {i}: {moment['synopsis']}"
+            eid = await planner.send_moment("alice", moment)
+            mid = (await planner.outcome_for(eid, timeout=20)).moment_id
+            assert mid
+            mids.append(mid)
+        assert (await surface.resolve(mids[0], FreeTextAnswer(text="the first one, answered"))).status == "accepted"
+        await planner.final_outcome(mids[0], timeout=20)
+
+        opened = await planner.open_moments()
+        assert [m.moment_id for m in opened] == [mids[2], mids[1]]  # newest first, the answered one left out
+        assert opened[0].status == "pending" and opened[0].kind == "binding_moment" and opened[0].principal == "alice"
+        assert opened[0].synopsis and opened[0].synopsis.startswith("moment number 2")
+        closed = await planner.list_moments("closed")
+        assert [(m.moment_id, m.status) for m in closed.moments or []] == [(mids[0], "resolved")] and not closed.more
+        assert closed.moments and closed.moments[0].closed_at
+        everything = await planner.list_moments("all", limit=2)
+        assert [m.moment_id for m in everything.moments or []] == [mids[2], mids[1]] and everything.more
+        assert [m.moment_id for m in await planner.open_moments(principal="alice")] == [mids[2], mids[1]]
+        assert await planner.open_moments(principal="bob") == []
+        # Another agent's list is its own: none of planner's moments, whatever it asks for.
+        assert (await other.list_moments("all")).moments == []
+        for body in (b'{"list": "pending"}', b'{"list": "open", "limit": 0}', b'{"list": "open", "limit": 51}',
+                     b'{"list": "open", "moment_id": "' + mids[1].encode() + b'"}', b'{}', b'{"moment_id": "' + mids[1].encode() + b'", "limit": 5}',
+                     b'{"list": "open", "principal": "*"}', b'{"list": ["open"]}'):
+            reply = moment_state_decoder.decode((await nc.request(planner.subjects.moment("planner"), body, timeout=5)).data)
+            assert reply.status == "refused" and reply.refusal is not None and reply.refusal.code == "invalid_query", body
+    finally:
+        await planner.close()
+        await other.close()

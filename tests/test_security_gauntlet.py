@@ -292,9 +292,13 @@ async def test_moment_query_subject(bed: Bed, security_table) -> None:
     state = await bed.agents["a"].moment_state(out.moment_id)
     security_table.record(TABLE, "valid query after corpus", "agent.a.moment", "moment", "pending",
                           state.status, state.status == "pending")
+    listed = [m.moment_id for m in await bed.agents["a"].open_moments()]
+    security_table.record(TABLE, "valid list after corpus", "agent.a.moment", "list", "lists the pending moment",
+                          str(listed)[:80], out.moment_id in listed)
     bad = res.record(security_table)
     assert not bad, "\n".join(bad)
     assert state.status == "pending", state
+    assert out.moment_id in listed, listed
 
 
 async def test_memory_stays_bounded(bed: Bed, security_table) -> None:

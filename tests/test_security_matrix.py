@@ -194,15 +194,15 @@ def sub_to(template: str, deliver_template: str, publisher: str = "service") -> 
     return attack
 
 
-def pub_to(template: str) -> Attack:
-    """Attacker publishes to the victim's ``template``; an observer with read rights sees nothing."""
+def pub_to(template: str, body: bytes = b'{"moment_id": "00000000000000000000000000000000", "forged": true}') -> Attack:
+    """Attacker publishes ``body`` to the victim's ``template``; an observer with read rights sees nothing."""
 
     async def attack(bed: Bed, attacker: Conn, victim: Conn) -> str:
         subject = template.format(pre=bed.config.prefix, v=victim.party.name)
         obs = await bed.service.nc.subscribe(subject)
         await flushed(bed.service.nc)
         try:
-            await attacker.nc.publish(subject, b'{"moment_id": "00000000000000000000000000000000", "forged": true}')
+            await attacker.nc.publish(subject, body)
             err = await attacker.violation(subject)
             await settle(attacker, bed.service)
             assert obs.pending_msgs == 0, "the forged message reached the subject"
@@ -312,6 +312,10 @@ AGENT_ATTACKS: dict[str, Attack] = {
     "publish a transition as A": pub_to("{pre}.agent.{v}.transition"),
     "forge an outcome for A": pub_to("{pre}.agent.{v}.outcome"),
     "query A's moments": pub_to("{pre}.agent.{v}.moment"),
+    "list A's moments": pub_to("{pre}.agent.{v}.moment", b'{"list": "all", "limit": 50}'),
+    "list A's moments in the index (KV_PGW_AGENT_MOMENTS)": js_api(
+        "$JS.API.STREAM.INFO.KV_PGW_AGENT_MOMENTS", {"subjects_filter": "$KV.PGW_AGENT_MOMENTS.{v}.>"}),
+    "direct-get A's moment index": js_api("$JS.API.DIRECT.GET.KV_PGW_AGENT_MOMENTS", {"last_by_subj": "$KV.PGW_AGENT_MOMENTS.{v}.>"}),
     "create consumer on PGW_OUTBOUND": outbound_consumer,
     "direct-get from PGW_OUTBOUND": js_api("$JS.API.DIRECT.GET.PGW_OUTBOUND", {"last_by_subj": "{pre}.agent.{v}.outcome"}),
     "direct-get A's envelopes (PGW_INBOUND)": js_api("$JS.API.DIRECT.GET.PGW_INBOUND", {"last_by_subj": "{pre}.agent.{v}.envelope"}),
@@ -329,6 +333,7 @@ REVERSE_CROSS: dict[str, Attack] = {
     "principal publishes as agent": pub_to("{pre}.agent.{v}.envelope"),
     "principal reads agent's outcomes": sub_to("{pre}.agent.{v}.outcome", "{pre}.agent.{v}.outcome"),
     "principal queries agent's moments": pub_to("{pre}.agent.{v}.moment"),
+    "principal lists agent's moments": pub_to("{pre}.agent.{v}.moment", b'{"list": "open"}'),
 }
 
 
@@ -458,6 +463,10 @@ async def test_agent_queries_its_own_moments_on_its_own_inbox(bed: Bed, security
     assert reply.data == b'{"status": "unknown"}'
     assert bed.moment_replies[-1].startswith("_INBOX_agent_a2.")
     security_table.record(TABLE, "moment query request-reply", "agent:a2", "agent:a2", "allowed", "allowed", True)
+    # The list form rides the same subject, so the same permission: A's own, on A's own inbox.
+    reply = await a.nc.request(bed.subjects.moment("a2"), b'{"list": "open"}', timeout=WAIT)
+    assert reply.data == b'{"status": "unknown"}' and bed.moment_replies[-1].startswith("_INBOX_agent_a2.")
+    security_table.record(TABLE, "moment list request-reply", "agent:a2", "agent:a2", "allowed", "allowed", True)
 
 
 async def test_agent_publishes_and_pulls_its_own(bed: Bed, security_table) -> None:

@@ -230,6 +230,33 @@ def moment_query_cases(moment_id: str) -> list[Case]:
     ]
     for i, s in enumerate(NAUGHTY):
         out.append(Case(f"naughty #{i} as moment_id", "naughty strings", body(s)))
+    return out + moment_list_cases(moment_id)
+
+
+def moment_list_cases(moment_id: str) -> list[Case]:
+    """Hostile list queries (the list form of agent.{agent}.moment): every one is malformed."""
+    def body(**members: Any) -> bytes:
+        return json.dumps(members, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+    out = [
+        Case("list and moment_id together", "schema", body(list="open", moment_id=moment_id)),
+        Case("neither list nor moment_id", "schema", body()),
+        Case("limit without list", "schema", body(moment_id=moment_id, limit=5)),
+        Case("unknown list kind", "schema", body(list="pending")),
+        Case("list as an array", "schema", body(list=["open"])),
+        Case("list as null with limit", "schema", body(list=None, limit=5)),
+        Case("limit 0", "out of range", body(list="open", limit=0)),
+        Case("limit above 50", "out of range", body(list="all", limit=51)),
+        Case("limit 2**63", "out of range", body(list="all", limit=2**63)),
+        Case("negative limit", "out of range", body(list="all", limit=-1)),
+        Case("float limit", "floats for integers / decimal strings", body(list="all", limit=5.5)),
+        Case("decimal-string limit", "floats for integers / decimal strings", body(list="all", limit="5")),
+        Case("overlong list", "overlong strings", body(list=OVERLONG)),
+        Case("list principal wildcard", "naughty strings", body(list="all", principal=">")),
+        Case("extra member with list", "schema", body(list="all", agent="someone-else")),
+    ]
+    for i, s in enumerate(NAUGHTY):
+        out.append(Case(f"naughty #{i} as list", "naughty strings", body(list=s)))
     return out
 
 
