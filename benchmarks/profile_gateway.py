@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.bench_gateway import PRINCIPAL, Driver, System, _wait_gateway
+from benchmarks.harness import PRINCIPAL, Driver, System, wait_gateway
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
@@ -29,7 +29,7 @@ async def _profile(n: int, out: Path) -> None:
         async with EmbeddedServer(root / "nats", port=-1, monitor_port=-1, websocket_port=None) as server:
             nc = await connect(server.client_url, name="profile-driver")
             await ensure_streams(nc.jetstream(), Config().subjects)
-            gw = System("gateway", "pgw.agent.bench.envelope", f"pgw.principal.{PRINCIPAL}.surface")
+            gw = System("gateway", "pgw.agent", f"pgw.principal.{PRINCIPAL}.surface", "PGW_INBOUND", "pgw-gateway")
 
             async def cb(msg) -> None:
                 gw.on_receive(msg.data)
@@ -43,7 +43,7 @@ async def _profile(n: int, out: Path) -> None:
                 stdout=log, stderr=log, start_new_session=True)
             log.close()
             try:
-                await _wait_gateway(nc)
+                await wait_gateway(nc)
                 rate = await Driver(nc).throughput(gw, n)
                 print(f"profiled run: {n} envelopes at {rate:.0f}/s", file=sys.stderr)
                 proc.send_signal(signal.SIGTERM)  # pyinstrument writes the profile on exit
