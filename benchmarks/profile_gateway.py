@@ -1,6 +1,7 @@
 """Profile the gateway's hot path under load (``python -m benchmarks --profile``).
 
-Runs ``pgw gateway`` under pyinstrument against an embedded server, drives
+Runs ``pgw gateway`` under pyinstrument (``PGW_PROFILER=cprofile``: cProfile,
+exact call counts) against an embedded server, drives
 ``PGW_PROFILE_N`` binding moments through it (closed loop), stops it with
 SIGTERM (pyinstrument writes a pstats file on exit) and prints the top
 functions by own time and the project's functions by cumulative time.
@@ -36,9 +37,10 @@ async def _profile(n: int, out: Path) -> None:
 
             await nc.subscribe(gw.receive_subject, cb=cb)
             log = open(root / "gw.log", "wb")  # noqa: SIM115, ASYNC230
+            profiler = (["-m", "cProfile", "-o", str(out)] if os.environ.get("PGW_PROFILER") == "cprofile"
+                        else ["-m", "pyinstrument", "-r", "pstats", "-o", str(out)])
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "pyinstrument", "-r", "pstats", "-o", str(out),
-                "-m", "gateway.cli", "--server", server.client_url, "--data-dir", str(root / "gw"),
+                sys.executable, *profiler, "-m", "gateway.cli", "--server", server.client_url, "--data-dir", str(root / "gw"),
                 "--log-level", "WARNING", "--log-format", "json", "gateway",
                 stdout=log, stderr=log, start_new_session=True)
             log.close()
