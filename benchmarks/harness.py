@@ -260,7 +260,8 @@ class System:
 
     def check(self) -> None:
         if self.refused:
-            raise RuntimeError(f"{self.name} refused bench envelopes: {self.refused}")
+            refused, self.refused = self.refused, {}
+            raise RuntimeError(f"{self.name} refused bench envelopes: {refused}")
 
 
 class Driver:

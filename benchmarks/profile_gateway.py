@@ -46,7 +46,7 @@ async def _profile(n: int, out: Path) -> None:
             log.close()
             try:
                 await wait_gateway(nc)
-                rate = await Driver(nc).throughput(gw, n)
+                rate = await Driver(nc).throughput(gw, n, kb=int(os.environ.get("PGW_PROFILE_KB", "1")))
                 print(f"profiled run: {n} envelopes at {rate:.0f}/s", file=sys.stderr)
                 proc.send_signal(signal.SIGTERM)  # pyinstrument writes the profile on exit
                 await asyncio.wait_for(proc.wait(), 60)
