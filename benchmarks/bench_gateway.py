@@ -36,12 +36,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from pgwcore import loop as pgw_loop
-from pgwcore.config import Config
-from pgwcore.connect import connect
-from pgwcore.server import EmbeddedServer
-from pgwcore.streams import ensure_streams
-
 from benchmarks import relay as relay_mod
 from benchmarks.harness import (
     PRINCIPAL,
@@ -58,6 +52,11 @@ from benchmarks.harness import (
     wait_gateway,
     wait_message,
 )
+from pgwcore import loop as pgw_loop
+from pgwcore.config import Config
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
+from pgwcore.streams import ensure_streams
 
 GW_CONN = "pgw-gateway"
 

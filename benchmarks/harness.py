@@ -115,7 +115,7 @@ async def start_gateway(url: str, data: Path, extra_toml: str = "") -> asyncio.s
 
 async def start_module(module: str, *args: str, log_path: Path) -> asyncio.subprocess.Process:
     """``python -m module args`` as its own process (a baseline: relay, echo responder)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - process start-up
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "wb")  # noqa: SIM115, ASYNC230 - handed to the child
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", module, *args, stdout=log, stderr=log, start_new_session=True, cwd=REPO)

@@ -29,12 +29,12 @@ from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from gateway.moment_record import (
+    STATE_HEADER,
     HemCallback,
     HemContext,
     HemInfo,
     MomentRecord,
     Refused,
-    STATE_HEADER,
     closing_verdict,
     hem_decision_of,
     moment_key,
@@ -435,7 +435,7 @@ class MomentDesk:
         except msgspec.DecodeError:
             log.warning("undecodable moment record", key=key)
             return
-        except Exception:  # noqa: BLE001 - the next write of the key is followed again
+        except Exception:  # logged; the next write of the key is followed again
             log.exception("could not read a moment record", key=key)
             return
         if found is not None:
