@@ -103,16 +103,13 @@ def _norm(text: str) -> str:
     return " ".join(_words(text))
 
 
-_TRADEOFF_VERBS = ("weigh", "consider", "balance")
-
-
 def _tradeoff(text: str) -> bool:
     """``_TRADEOFF.search(text)``; on ASCII text the regex runs only if one of its verbs occurs
     (lower-cased, a case-insensitive match needs the verb's letters), so a long recommendation
     costs a substring scan, not a regex attempt at every position (issue 18)."""
     if text.isascii():
         low = text.lower()
-        if not any(v in low for v in _TRADEOFF_VERBS):
+        if "weigh" not in low and "consider" not in low and "balance" not in low:  # _TRADEOFF's verbs
             return False
     return _TRADEOFF.search(text) is not None
 
