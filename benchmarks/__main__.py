@@ -6,8 +6,10 @@ machine, so a ratio means something even on a busy laptop. A module that
 fails prints an error row and the others still run.
 
 Options: ``--only NAME`` (module name part, repeatable), ``--json FILE``
-(also write the rows), ``--profile`` (profile the gateway's hot path with
-pyinstrument, see docs/performance.md).
+(also write the rows), ``--soak`` (add the 10-minute soak of the gateway,
+``PGW_SOAK_S=600``), ``--profile`` (profile the gateway's hot path with
+pyinstrument, see docs/performance.md). Progress goes to stderr while a
+module runs; the table to stdout at the end.
 """
 
 from __future__ import annotations
@@ -56,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", default=[], help="run only modules whose name contains this")
     ap.add_argument("--json", help="also write the rows as JSON to this file")
     ap.add_argument("--profile", action="store_true", help="profile the gateway hot path (pyinstrument)")
+    ap.add_argument("--soak", action="store_true", help="add the 10-minute soak (PGW_SOAK_S=600)")
     args = ap.parse_args(argv)
+    if args.soak:
+        os.environ.setdefault("PGW_SOAK_S", "600")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     if args.profile:
         from benchmarks import profile_gateway
@@ -64,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return profile_gateway.main()
     rows: list[dict] = []
     failed = 0
+    t_all = time.monotonic()
     for name in discover():
         if args.only and not any(o in name for o in args.only):
             continue
@@ -83,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             rows.append({"name": f"{name}: FAILED ({type(e).__name__}: {e})"[:120], "module": name})
         print(f"  {name} took {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+    print(f"all modules took {time.monotonic() - t_all:.0f} s", file=sys.stderr, flush=True)
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

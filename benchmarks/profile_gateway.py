@@ -1,6 +1,7 @@
 """Profile the gateway's hot path under load (``python -m benchmarks --profile``).
 
-Runs ``pgw gateway`` under pyinstrument against an embedded server, drives
+Runs ``pgw gateway`` under pyinstrument (``PGW_PROFILER=cprofile``: cProfile,
+exact call counts) against an embedded server, drives
 ``PGW_PROFILE_N`` binding moments through it (closed loop), stops it with
 SIGTERM (pyinstrument writes a pstats file on exit) and prints the top
 functions by own time and the project's functions by cumulative time.
@@ -16,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.bench_gateway import PRINCIPAL, Driver, System, _wait_gateway
+from benchmarks.harness import PRINCIPAL, Driver, System, wait_gateway
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
@@ -29,22 +30,23 @@ async def _profile(n: int, out: Path) -> None:
         async with EmbeddedServer(root / "nats", port=-1, monitor_port=-1, websocket_port=None) as server:
             nc = await connect(server.client_url, name="profile-driver")
             await ensure_streams(nc.jetstream(), Config().subjects)
-            gw = System("gateway", "pgw.agent.bench.envelope", f"pgw.principal.{PRINCIPAL}.surface")
+            gw = System("gateway", "pgw.agent", f"pgw.principal.{PRINCIPAL}.surface", "PGW_INBOUND", "pgw-gateway")
 
             async def cb(msg) -> None:
                 gw.on_receive(msg.data)
 
             await nc.subscribe(gw.receive_subject, cb=cb)
             log = open(root / "gw.log", "wb")  # noqa: SIM115, ASYNC230
+            profiler = (["-m", "cProfile", "-o", str(out)] if os.environ.get("PGW_PROFILER") == "cprofile"
+                        else ["-m", "pyinstrument", "-r", "pstats", "-o", str(out)])
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "pyinstrument", "-r", "pstats", "-o", str(out),
-                "-m", "gateway.cli", "--server", server.client_url, "--data-dir", str(root / "gw"),
+                sys.executable, *profiler, "-m", "gateway.cli", "--server", server.client_url, "--data-dir", str(root / "gw"),
                 "--log-level", "WARNING", "--log-format", "json", "gateway",
                 stdout=log, stderr=log, start_new_session=True)
             log.close()
             try:
-                await _wait_gateway(nc)
-                rate = await Driver(nc).throughput(gw, n)
+                await wait_gateway(nc)
+                rate = await Driver(nc).throughput(gw, n, kb=int(os.environ.get("PGW_PROFILE_KB", "1")))
                 print(f"profiled run: {n} envelopes at {rate:.0f}/s", file=sys.stderr)
                 proc.send_signal(signal.SIGTERM)  # pyinstrument writes the profile on exit
                 await asyncio.wait_for(proc.wait(), 60)

@@ -3,6 +3,17 @@
 Stateless workers: all state lives in JetStream streams and KV buckets, so
 any number of instances can run (queue group ``pgw-gateway`` and one shared
 durable consumer).
+
+Agents' outcome consumers (``outcome-{agent}`` on ``PGW_OUTBOUND``) are
+created at start for the configured agents (and by the security part for the
+other agent parties); an agent the configuration does not name can only exist
+without authentication, where it creates its own (``subjects.client.Agent``).
+The gateway no longer creates one on an agent's first envelope (issue 18):
+that was a JetStream API call and a file-store consumer per new agent on the
+hot path (about 4 ms of server CPU each), a consumer per agent forever, and
+past the server's consumer limit every new agent's envelopes failed. The
+stream keeps outcomes (limits retention), so a consumer created later still
+delivers them all.
 """
 
 from __future__ import annotations
@@ -65,13 +76,12 @@ class Gateway:
         self.desk = MomentDesk(self.js, self.subjects, self.publisher)
         self.kinds: dict[str, KindSpec] = dict(BUILTIN_KINDS)
         self.stage_state = StageStateCell(self)  # what the stages share, passed to them as ctx.state
-        self.outcome_hooks: list[Callable[[Ctx, Outcome], Awaitable[None]]] = [self._remember_agent]
+        self.outcome_hooks: list[Callable[[Ctx, Outcome], Awaitable[None]]] = []
         self.failure_hooks: list[Callable[[Any, Msg], Awaitable[bool]]] = []
         self.timing_hooks: list[Callable[[str, float], None]] = []
         self.worker = EnvelopeWorker(self)
         self.parts: list[Any] = []
         self._subs: list[Any] = []
-        self._known_agents: set[str] = set()
         self._stack = contextlib.AsyncExitStack()
         self._drained = False
 
@@ -80,7 +90,6 @@ class Gateway:
         await self.desk.start()
         for agent in self.config.agents:
             await ensure_agent_consumer(self.js, agent, prefix=self.subjects.prefix)
-            self._known_agents.add(agent)
         if not self.config.agents:
             log.warning(
                 "OPEN MODE: no agent-principal bindings are configured, so any agent may address "
@@ -126,12 +135,6 @@ class Gateway:
         await self.drain()
         await self._stack.aclose()
         await self.desk.close()
-
-    async def _remember_agent(self, ctx: Ctx, outcome: Outcome) -> None:
-        # The agent's durable outcome consumer exists before it needs it.
-        if ctx.agent not in self._known_agents:
-            await ensure_agent_consumer(self.js, ctx.agent, prefix=self.subjects.prefix)
-            self._known_agents.add(ctx.agent)
 
     # -- principal.{p}.resolve -------------------------------------------
     async def _on_resolve(self, msg: Msg) -> None:

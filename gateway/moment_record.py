@@ -76,6 +76,31 @@ class Refused(Exception):
         super().__init__(f"{code}: {reason}")
 
 
+STATE_HEADER = "Pgw-Moment-State"
+
+
+def state_header(rec: MomentRecord) -> dict[str, str]:
+    """What a watcher needs of a record, as a header on its KV write: ``status;expires_at;published``.
+
+    Every gateway instance follows every write of ``PGW_MOMENTS`` (expiries,
+    re-drives); with this header it follows them headers-only, so an instance
+    costs the same whatever the moment's size (issue 18)."""
+    exp = "" if rec.expires_at is None else repr(rec.expires_at)
+    return {STATE_HEADER: f"{rec.status};{exp};{int(rec.published)}"}
+
+
+def parse_state(value: str) -> tuple[str, float | None, bool] | None:
+    """(status, expires_at, published) from :func:`state_header`'s value; None if malformed."""
+    parts = value.split(";")
+    if len(parts) != 3 or parts[0] not in ("pending", "resolved", "expired") or parts[2] not in ("0", "1"):
+        return None
+    try:
+        exp = float(parts[1]) if parts[1] else None
+    except ValueError:
+        return None
+    return parts[0], exp, parts[2] == "1"
+
+
 def moment_key(principal: str, moment_id: str) -> str:
     return f"{principal}.{moment_id}"
 

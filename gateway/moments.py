@@ -30,6 +30,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from gateway.moment_list import INDEX_BUCKET, index_key
 from gateway.moment_record import (
+    STATE_HEADER,
     HemCallback,
     HemContext,
     HemInfo,
@@ -39,6 +40,8 @@ from gateway.moment_record import (
     closing_verdict,
     hem_decision_of,
     moment_key,
+    parse_state,
+    state_header,
 )
 from pgwcore.logs import get_logger
 from pgwcore.loop import together
@@ -103,9 +106,13 @@ class MomentDesk:
         # Every record, the latest of each key first, then each write as it is
         # stored, handled in the subscription's own callback: nats' KeyWatcher
         # would cost a task, a timer and a uuid per record on the hot path.
+        # Headers only: the desk's writes carry what the watch needs
+        # (``state_header``), so an instance does not receive and decode every
+        # moment in full (issue 18: that made each added instance cost ~35 µs per
+        # KB of every moment); a record written without it is read on demand.
         self._watcher = await self.js.subscribe(
             f"{_PRE}>", stream=f"KV_{BUCKET}", cb=self._on_record, ordered_consumer=True,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=300.0,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=300.0, headers_only=True,
         )
         self._tasks = [asyncio.create_task(self._expiry_loop(), name="moments-expiry")]
 
@@ -114,12 +121,12 @@ class MomentDesk:
         if self._watcher is not None:
             with contextlib.suppress(Exception):
                 await self._watcher.unsubscribe()
-        for t in self._tasks:
+        tasks, self._tasks = list(self._tasks), []
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        self._tasks = []
 
     def on_hem_decision(self, callback: HemCallback) -> None:
         self._hem_callbacks.append(callback)
@@ -188,7 +195,7 @@ class MomentDesk:
         )
         key = moment_key(principal, moment_id)
         try:
-            await self._writer.create(key, _enc.encode(record))
+            await self._writer.create(key, _enc.encode(record), state_header(record))
         except KeyWrongLastSequenceError:
             record = _dec.decode((await self.kv.get(key)).value)
         # Independent durable writes: in flight together, both acked before we return.
@@ -303,7 +310,8 @@ class MomentDesk:
             rec.resolved_at = time.time()
             rec.published = False
             try:
-                rev = await self.kv.update(moment_key(principal, moment_id), _enc.encode(rec), last=rev)
+                rev = await self._writer.update(moment_key(principal, moment_id), _enc.encode(rec), rev,
+                                                state_header(rec))
             except KeyWrongLastSequenceError:
                 continue  # someone else changed it; re-read and decide again
             await self._publish_final(rec, rev)
@@ -392,29 +400,54 @@ class MomentDesk:
                     log.exception("on_resolved hook failed", moment_id=mid)
         rec.published = True
         with contextlib.suppress(KeyWrongLastSequenceError):
-            await self.kv.update(moment_key(rec.principal, mid), _enc.encode(rec), last=rev)
+            await self._writer.update(moment_key(rec.principal, mid), _enc.encode(rec), rev, state_header(rec))
 
     # -- expiry and re-drive ------------------------------------------------
     async def _on_record(self, msg: Msg) -> None:
-        """Track pending expiries and re-drive unpublished terminal records."""
-        if self._closing or not msg.data or (msg.headers and "KV-Operation" in msg.headers):
+        """Track pending expiries and re-drive unpublished terminal records (headers only)."""
+        headers = msg.headers or {}
+        if self._closing or "KV-Operation" in headers:
             return  # a delete or purge marker
         key = msg.subject[len(_PRE):]
-        try:
-            rec = _dec.decode(msg.data)
-        except msgspec.DecodeError:
-            log.warning("undecodable moment record", key=key)
+        state = parse_state(headers[STATE_HEADER]) if STATE_HEADER in headers else None
+        if state is None:  # written by something else than the desk: read it
+            task = asyncio.create_task(self._follow(key))
+            self._tasks.append(task)
+            task.add_done_callback(self._forget)
             return
-        if rec.status == "pending" and rec.expires_at:
-            heapq.heappush(self._heap, (rec.expires_at, key))
+        self._track(key, *state)
+
+    def _track(self, key: str, status: str, expires_at: float | None, published: bool) -> None:
+        if status == "pending" and expires_at:
+            heapq.heappush(self._heap, (expires_at, key))
             self._wake.set()
-        elif rec.status != "pending" and not rec.published:
+        elif status != "pending" and not published:
             # Give the instance that wrote it a moment to finish, then re-drive.
             asyncio.get_running_loop().call_later(2.0, self._redrive_soon, key)
 
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._tasks.remove(task)
+
+    async def _follow(self, key: str) -> None:
+        principal, _, mid = key.partition(".")
+        try:
+            found = await self.get(principal, mid)
+        except msgspec.DecodeError:
+            log.warning("undecodable moment record", key=key)
+            return
+        except Exception:  # logged; the next write of the key is followed again
+            log.exception("could not read a moment record", key=key)
+            return
+        if found is not None:
+            rec = found[0]
+            self._track(key, rec.status, rec.expires_at, rec.published)
+
     def _redrive_soon(self, key: str) -> None:
         if not self._closing:
-            self._tasks.append(asyncio.create_task(self._redrive(key)))
+            task = asyncio.create_task(self._redrive(key))
+            self._tasks.append(task)
+            task.add_done_callback(self._forget)
 
     async def _redrive(self, key: str) -> None:
         principal, _, mid = key.partition(".")
@@ -449,7 +482,7 @@ class MomentDesk:
         rec.resolved_at = rec.expires_at
         rec.published = False
         try:
-            rev = await self.kv.update(key, _enc.encode(rec), last=rev)
+            rev = await self._writer.update(key, _enc.encode(rec), rev, state_header(rec))
         except KeyWrongLastSequenceError:
             return  # answered or expired by another instance first
         log.info("moment expired", moment_id=mid, agent=rec.agent, traceparent=rec.traceparent)

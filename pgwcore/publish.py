@@ -231,35 +231,41 @@ class KvWriter:
         self._pre = f"$KV.{bucket}."
         self._gc = GroupCommit(js, f"KV_{bucket}", one_per_subject=True)
 
-    async def _put(self, key: str, value: bytes, last: int) -> int:
+    async def _put(self, key: str, value: bytes, last: int, extra: dict[str, str] | None = None) -> int:
         """``kv.update(key, value, last=last)`` (last 0: the key must not exist) through
-        ``publish_acked``: the same revision, or ``KeyWrongLastSequenceError``."""
+        ``publish_acked``: the same revision, or ``KeyWrongLastSequenceError``. ``extra``:
+        headers stored with the value (a KV read ignores them; a watcher may read only them)."""
         try:
             ack = await publish_acked(self.js._nc, self._pre + key, value,
-                                      {"Nats-Expected-Last-Subject-Sequence": str(last)}, self.js._timeout)
+                                      self._headers(last, extra), self.js._timeout)
         except APIError as e:
             if e.err_code == ERR_WRONG_LAST_SEQ:
                 raise KeyWrongLastSequenceError(description=e.description) from None
             raise
         return ack.seq
 
-    async def _create(self, key: str, value: bytes) -> int:
+    @staticmethod
+    def _headers(last: int, extra: dict[str, str] | None) -> dict[str, str]:
+        return {"Nats-Expected-Last-Subject-Sequence": str(last), **(extra or {})}
+
+    async def _create(self, key: str, value: bytes, extra: dict[str, str] | None) -> int:
         try:
-            return await self._put(key, value, 0)
+            return await self._put(key, value, 0, extra)
         except KeyWrongLastSequenceError:
-            # Taken, or a delete/purge marker nats' create writes over: let it decide.
+            # Taken, or a delete/purge marker nats' create writes over: let it decide
+            # (without ``extra``: a watcher then reads the value itself).
             return await self.kv.create(key, value)
 
-    async def create(self, key: str, value: bytes) -> int:
+    async def create(self, key: str, value: bytes, headers: dict[str, str] | None = None) -> int:
         return await self._gc.write(
-            self._pre + key, value, {"Nats-Expected-Last-Subject-Sequence": "0"},
-            lambda: self._create(key, value), _revision,
+            self._pre + key, value, self._headers(0, headers),
+            lambda: self._create(key, value, headers), _revision,
         )
 
-    async def update(self, key: str, value: bytes, last: int) -> int:
+    async def update(self, key: str, value: bytes, last: int, headers: dict[str, str] | None = None) -> int:
         return await self._gc.write(
-            self._pre + key, value, {"Nats-Expected-Last-Subject-Sequence": str(last)},
-            lambda: self._put(key, value, last), _revision,
+            self._pre + key, value, self._headers(last, headers),
+            lambda: self._put(key, value, last, headers), _revision,
         )
 
 

@@ -73,6 +73,8 @@ class EmbeddedServer:
     max_payload: int = 8 * 1024 * 1024
     authorization: str | None = None  # a nats-server config block (see `pgw creds`)
     extra_conf: str = ""
+    # DESIGN §7: an fsync per write. None: nats-server's own default (the benchmarks compare both).
+    sync_interval: str | None = "always"
     lock: bool = True
     client_url: str = ""
     monitor_url: str = ""
@@ -94,7 +96,7 @@ class EmbeddedServer:
             f'ports_file_dir: "{ports_dir}"',
             "jetstream {",
             f'  store_dir: "{store}"',
-            "  sync_interval: always",
+            *([f"  sync_interval: {self.sync_interval}"] if self.sync_interval else []),
             "}",
         ]
         if self.websocket_port is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,12 +51,25 @@ class Service(Protocol):
 
 ServiceFactory = Callable[["Config", "Client"], Service]
 
+def freeze_startup_heap() -> None:
+    """Collect once, then move everything alive after start-up (modules, compiled patterns,
+    Cedar policies, clients) out of the cyclic collector's reach (``gc.freeze``).
+
+    Issue 18: the gateway holds about 63,000 tracked objects after start-up; every collection
+    of the oldest generation re-scanned all of them with the event loop stopped (a pause that
+    lands on every envelope in flight, i.e. on p99). What is created afterwards is collected
+    as before."""
+    gc.collect()
+    gc.freeze()
+
+
 async def run_services(services: list[Service], stop: asyncio.Event, *, on_started: Callable[[], None] | None = None) -> None:
     """Start ``services`` in order, wait for ``stop``, drain in reverse, close."""
     async with contextlib.AsyncExitStack() as stack:
         for svc in services:
             await stack.enter_async_context(svc)
             log.info("service started", service=svc.name)
+        freeze_startup_heap()
         if on_started:
             on_started()
         await stop.wait()

@@ -331,8 +331,10 @@ class Agent:
             return
         durable = outcome_durable(self.agent)
         # pull_subscribe_bind does not check that the consumer exists: ask first.
-        # The gateway creates it for configured agents and on an agent's first
-        # message; in open mode an agent that has never sent creates it itself.
+        # The gateway creates it for configured agents (and the other agent
+        # parties); an agent the configuration does not name (open mode, no
+        # authentication) creates it itself. The stream keeps every outcome, so
+        # a consumer created after the first envelope still delivers them all.
         try:
             await self.js.consumer_info(OUTBOUND_STREAM, durable)
         except NotFoundError:

@@ -113,11 +113,27 @@ def test_fast_and_strict_paths_agree_on_damaged_json(tree: Any, cut: int, junk: 
     b'["' + b"x" * 65 + b'"]',  # one character over SMALL's max_string_chars
     b'{"' + b"k" * 65 + b'": 1}',
     b'["' + "é".encode() * 65 + b'"]',
+    # longer than the limit as a whole, every stretch between quotes short (issue 18's proof):
+    b'["' + b"x" * 40 + b'\\"' + b"y" * 40 + b'"]',  # one 82-character string, an escaped quote inside
+    b'["' + b"x" * 40 + b'\\\\' + b"y" * 40 + b'", "z"]',  # an escaped backslash: 81 characters
 ])
 def test_limits_refuse_on_the_fast_path_too(body: bytes) -> None:
     assert answer(shape.decode_body, body, SMALL)[0] == "refused"
     assert answer(shape.decode_body, body, SMALL) == answer(reference, body, SMALL)
     assert answer(shape.decode_body, body, DEFAULT)[0] == "value"
+
+
+def test_many_short_strings_skip_the_walk(monkeypatch) -> None:
+    """A body longer than max_string_chars whose strings are all short (a large moment) is proved
+    by the text itself: no backslash, no stretch between quotes over the limit."""
+    def no_walk(*_a: Any) -> Any:
+        raise AssertionError("graph walk used")
+
+    body = json.dumps({"findings": ["x" * 40] * 10}).encode()
+    assert len(body) > SMALL.max_string_chars
+    assert answer(shape.decode_body, body, SMALL) == answer(reference, body, SMALL)
+    monkeypatch.setattr(shape, "_check_graph", no_walk)
+    assert shape.decode_body(body, SMALL) == [{"findings": ["x" * 40] * 10}]
 
 
 def test_escaped_colon_cannot_hide_a_duplicate() -> None:

@@ -56,8 +56,8 @@ class SquatWatch:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self._key = os.urandom(32)
-        # msg id -> (monotonic time, agent, subject, body, headers) of the first publish seen with it
-        self._seen: OrderedDict[str, tuple[float, str, str, bytes, dict[str, str]]] = OrderedDict()
+        # msg id -> (monotonic time, subject, body, headers) of the first publish seen with it
+        self._seen: OrderedDict[str, tuple[float, str, bytes, dict[str, str]]] = OrderedDict()
         self._rescued: dict[str, set[str]] = {}  # msg id -> agents whose publish was re-published
         self._sub: Any = None
         self.rescues = 0
@@ -84,28 +84,34 @@ class SquatWatch:
             self._rescued.pop(mid, None)
 
     async def _on_msg(self, msg: Any) -> None:
-        headers = msg.headers or {}
-        mid = headers.get("Nats-Msg-Id")
+        # Every instance runs this for every envelope published (issue 18): the
+        # common case (an id not seen yet) costs a dict lookup and an insert, and
+        # keeps references only (the body and the header dict nats-py built for
+        # this message); the subject is parsed only when two publishes collide.
+        headers = msg.headers
+        mid = headers.get("Nats-Msg-Id") if headers else None
         if not mid:
             return
-        try:
-            agent = self.gw.subjects.parse(msg.subject).token or ""
-        except SubjectError:
-            return
-        if mid.startswith(RESCUE_PREFIX) and mid == self.rescue_id(msg.subject, msg.data):
+        subject = msg.subject
+        if mid.startswith(RESCUE_PREFIX) and mid == self.rescue_id(subject, msg.data):
             return  # our own copy
         now = time.monotonic()
         self._expire(now)
         first = self._seen.get(mid)
         if first is None:
-            self._seen[mid] = (now, agent, msg.subject, msg.data, dict(headers))
+            self._seen[mid] = (now, subject, msg.data, headers)
             return
-        if first[1] == agent:
+        if first[1] == subject:
             return  # the same agent re-using its own id: JetStream's ordinary dedup, its own business
         # Two agents, one id: whichever the stream stored, the other was dropped. Re-publish
-        # both (the stored one and its copy are one envelope to the pipeline's exactly-once).
-        await self._rescue(mid, first[1], first[2], first[3], first[4])
-        await self._rescue(mid, agent, msg.subject, msg.data, dict(headers))
+        # both (the stored one and its copy are one envelope to the pipeline's exactly-once);
+        # a side whose subject names no agent is one the pipeline would drop anyway.
+        for sub, body, hdrs in ((first[1], first[2], first[3]), (subject, msg.data, headers)):
+            try:
+                agent = self.gw.subjects.parse(sub).token or ""
+            except SubjectError:
+                continue
+            await self._rescue(mid, agent, sub, body, dict(hdrs))
 
     async def _rescue(self, mid: str, agent: str, subject: str, body: bytes, headers: dict[str, str]) -> None:
         if msgid.check(agent, mid, None, first=False) is not None:

@@ -103,6 +103,44 @@ def _norm(text: str) -> str:
     return " ".join(_words(text))
 
 
+def _tradeoff(text: str) -> bool:
+    """``_TRADEOFF.search(text)``; on ASCII text the regex runs only if one of its verbs occurs
+    (lower-cased, a case-insensitive match needs the verb's letters), so a long recommendation
+    costs a substring scan, not a regex attempt at every position (issue 18)."""
+    if text.isascii():
+        low = text.lower()
+        if "weigh" not in low and "consider" not in low and "balance" not in low:  # _TRADEOFF's verbs
+            return False
+    return _TRADEOFF.search(text) is not None
+
+
+def restates(finding: str, syn_words: set[str], syn_n: str) -> bool:
+    """Whether ``finding`` restates the synopsis (spec 000 §6.2): the same words, or a Jaccard
+    similarity of >= 0.75 over non-stop words with at least 3 of them.
+
+    Stops reading the finding as soon as it holds more than ``len(syn_words) / 3`` distinct
+    non-stop words the synopsis lacks: with ``a`` shared and ``b`` new words, Jaccard
+    ``a / (a + b + c) >= 0.75`` needs ``b <= a / 3 <= len(syn_words) / 3``, and one new word
+    already makes the texts differ. So a long finding costs a few words, not all of them."""
+    if not syn_words:
+        return False
+    limit = len(syn_words) / 3
+    new: set[str] = set()
+    words: list[str] = []
+    for m in _WORD.finditer(finding.lower()):
+        w = m.group()
+        words.append(w)
+        if w not in syn_words and w not in _STOP and w not in new:
+            new.add(w)
+            if len(new) > limit:
+                return False
+    fw = set(words) - _STOP
+    if not fw:
+        return False
+    jaccard = len(fw & syn_words) / len(fw | syn_words)
+    return " ".join(words) == syn_n or (jaccard >= 0.75 and len(fw) >= 3)
+
+
 def check(bm: Any) -> list[tuple[str, Detail]]:
     """Every lint finding of a grammatically valid moment as (lint name, detail)."""
     out: list[tuple[str, Detail]] = []
@@ -137,17 +175,12 @@ def check(bm: Any) -> list[tuple[str, Detail]]:
     syn_words = set(syn_all) - _STOP
     syn_n = " ".join(syn_all)
     for i, f in enumerate(bm.findings):
-        f_all = _words(f)
-        fw = set(f_all) - _STOP
-        if not fw or not syn_words:
-            continue
-        jaccard = len(fw & syn_words) / len(fw | syn_words)
-        if " ".join(f_all) == syn_n or (jaccard >= 0.75 and len(fw) >= 3):
+        if restates(f, syn_words, syn_n):
             out.append(("findings_restate_synopsis", Detail(
                 message=f"finding {i} restates the synopsis; spec 000 §6.2: each finding adds an observation",
                 path=f"{P}.findings[{i}]", rule="findings_restate_synopsis")))
     for i, r in enumerate(bm.recommendations):
-        if _CONSIDERATION.search(r) or _TRADEOFF.search(r):
+        if _CONSIDERATION.search(r) or _tradeoff(r):
             out.append(("recommendation_not_action", Detail(
                 message=f"recommendation {i} names a consideration, not an action; spec 000 §6.3 asks "
                         "for a concrete move that would change state",

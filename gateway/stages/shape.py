@@ -107,7 +107,7 @@ def decode_body(body: bytes, limits: LimitsConfig) -> list[Any]:
             value = _fast.decode(body)
             if _fast_enc.encode(value).count(b":") != text.count(":"):
                 value = _UNSET  # a duplicate key was dropped
-            elif len(text) > limits.max_string_chars or text.count("{") + text.count("[") > limits.max_depth:
+            elif not _walk_cannot_refuse(text, limits):
                 _check_graph(value, limits)
         except (msgspec.DecodeError, msgspec.EncodeError, RecursionError, Refuse):
             value = _UNSET  # the strict path answers, as it always did (a duplicate key first)
@@ -119,6 +119,19 @@ def decode_body(body: bytes, limits: LimitsConfig) -> list[Any]:
             raise _refuse("a turn must hold at least one envelope")
         return value
     return [value]
+
+
+def _walk_cannot_refuse(text: str, limits: LimitsConfig) -> bool:
+    """The text proves the graph walk would pass: no more brackets than ``max_depth``, and no
+    string or key longer than ``max_string_chars``, either because the whole text is not, or
+    (issue 18: a large moment is many short strings) because the text holds no backslash, so
+    every string and key is exactly the characters between two quotes, and no stretch between
+    quotes is longer."""
+    if text.count("{") + text.count("[") > limits.max_depth:
+        return False
+    if len(text) <= limits.max_string_chars:
+        return True
+    return "\\" not in text and max(map(len, text.split('"'))) <= limits.max_string_chars
 
 
 _UNSET: Any = object()

@@ -1,0 +1,378 @@
+"""What every benchmark shares: processes, their CPU and messages, the driver, progress (issue 18).
+
+Noise-robust figures first: on a shared machine wall-clock throughput moves
+with other tenants' load, but the CPU seconds a process spent per envelope
+(``/proc/<pid>/stat``) and the messages its connection exchanged with the
+server per envelope (the server's ``/connz``) do not.
+
+Throughput is counted when the inbound message is **acked** (everything it
+caused is stored): the driver publishes, then waits until the consumer's ack
+floor has passed the last envelope's stream sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nats.aio.client import Client
+
+from subjects.client import BINDING_MOMENT_KIND, envelope
+
+PGW = str(Path(sys.executable).parent / "pgw")
+REPO = str(Path(__file__).resolve().parent.parent)
+PRINCIPAL = "alice"
+MOMENT = {
+    "synopsis": "Share only your 2025 tax summary with Harbor Accounting, not the full ledger.",
+    "findings": ["Harbor requested the full ledger for the 2025 filing.",
+                 "Their engagement letter covers the annual filing only."],
+    "recommendations": ["Send the 2025 tax summary PDF through the client portal."],
+    "offer": "Ask for detail on any item.",
+    "question": {
+        "stem": "Which records should Harbor Accounting receive for the 2025 filing?",
+        "options": [
+            {"label": "Send the 2025 tax summary only", "reasoning": "Covers the filing and keeps the ledger private."},
+            {"label": "Send the full ledger", "reasoning": "Matches their request if they need line items later."},
+        ],
+        "recommended_idx": 0,
+        "hatches": {"free_text": True, "dialogue": True},
+    },
+}
+_T0 = time.monotonic()
+
+
+def progress(msg: str) -> None:
+    """One line on stderr, with the seconds since the harness started: a long module shows it is alive."""
+    print(f"  [{time.monotonic() - _T0:6.1f} s] {msg}", file=sys.stderr, flush=True)
+
+
+def env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def moment_of_kb(kb: int) -> dict:
+    """The bench moment grown to about ``kb`` KB of JSON: findings, then recommendations, of 1,900
+    characters each (the grammar's limits: 32 items of at most 2,000; so at most about 125 KB)."""
+    if kb <= 1:
+        return MOMENT
+    line = ("Ledger line 2025-03-14: transfer to Harbor Accounting, invoice 4711, reviewed and matched. " * 21)[:1900]
+    lists = {"findings": list(MOMENT["findings"]), "recommendations": list(MOMENT["recommendations"])}
+    size = len(json.dumps(MOMENT))
+    for name in ("findings", "recommendations"):
+        while size < kb * 1024 and len(lists[name]) < 32:
+            part = line[: max(1, min(len(line), kb * 1024 - size))]
+            lists[name].append(part)
+            size += len(part) + 4
+    return {**MOMENT, **lists}
+
+
+# -- processes ---------------------------------------------------------------
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def start_gateway(url: str, data: Path, extra_toml: str = "") -> asyncio.subprocess.Process:
+    data.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - process start-up, not a hot path
+    cfg = data / "bench.toml"
+    batch = env_int("PGW_BENCH_BATCH", 0)  # 0: the gateway's default (gateway.batch)
+    cfg.write_text("[ops]\nlag_interval_s = 60.0\n" + (f"[gateway]\nbatch = {batch}\n" if batch else "")
+                   + extra_toml)
+    log = open(data / "gateway.log", "wb")  # noqa: SIM115, ASYNC230 - handed to the child
+    proc = await asyncio.create_subprocess_exec(
+        PGW, "--server", url, "--data-dir", str(data), "--config", str(cfg), "--log-format", "json",
+        "--log-level", "WARNING", "gateway", stdout=log, stderr=log, start_new_session=True)
+    log.close()
+    return proc
+
+
+async def start_module(module: str, *args: str, log_path: Path) -> asyncio.subprocess.Process:
+    """``python -m module args`` as its own process (a baseline: relay, echo responder)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "wb")  # noqa: SIM115, ASYNC230 - handed to the child
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args, stdout=log, stderr=log, start_new_session=True, cwd=REPO)
+    log.close()
+    return proc
+
+
+async def stop(proc: asyncio.subprocess.Process | None) -> None:
+    if proc is not None and proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 15)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def wait_message(nc: Client, subject: str, timeout: float) -> None:
+    fut = asyncio.get_running_loop().create_future()
+
+    async def cb(_msg) -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    sub = await nc.subscribe(subject, cb=cb)
+    try:
+        await asyncio.wait_for(fut, timeout)
+    finally:
+        await sub.unsubscribe()
+
+
+async def wait_gateway(nc: Client, timeout: float = 30, count: int = 1) -> None:
+    """Until ``count`` gateway instances answer ``$SRV.PING``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        inbox = nc.new_inbox()
+        got: list[bytes] = []
+
+        async def cb(m, got=got) -> None:
+            got.append(m.data)
+
+        sub = await nc.subscribe(inbox, cb=cb)
+        await nc.publish("$SRV.PING.pgw-gateway", b"", reply=inbox)
+        await asyncio.sleep(0.3)
+        await sub.unsubscribe()
+        if len(got) >= count:
+            return
+    raise TimeoutError(f"{count} gateway instance(s) did not start")
+
+
+# -- what the server saw ------------------------------------------------------
+
+
+def connz(monitor_url: str) -> list[dict]:
+    with urllib.request.urlopen(f"{monitor_url.rstrip('/')}/connz?limit=1024", timeout=5) as r:
+        return json.loads(r.read()).get("connections") or []
+
+
+def msgs_of(monitor_url: str, name: str) -> tuple[int, int]:
+    """(messages sent to the server, messages received from it) by every connection named ``name``."""
+    sent = received = 0
+    for c in connz(monitor_url):
+        if c.get("name") == name:
+            sent += c.get("in_msgs", 0)
+            received += c.get("out_msgs", 0)
+    return sent, received
+
+
+@dataclass
+class Meter:
+    """CPU seconds of some processes and messages of some connection names, between start() and stop()."""
+
+    pids: dict[str, int]
+    monitor_url: str = ""
+    conn_names: dict[str, str] = field(default_factory=dict)  # label -> connection name
+    cpu: dict[str, float] = field(default_factory=dict)
+    msgs: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def _read(self) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
+        cpu = {k: cpu_s(p) for k, p in self.pids.items()}
+        msgs = {k: msgs_of(self.monitor_url, n) for k, n in self.conn_names.items()} if self.monitor_url else {}
+        return cpu, msgs
+
+    def __enter__(self) -> Meter:
+        self._c0, self._m0 = self._read()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        c1, m1 = self._read()
+        self.cpu = {k: c1[k] - self._c0[k] for k in c1}
+        self.msgs = {k: (m1[k][0] - self._m0[k][0], m1[k][1] - self._m0[k][1]) for k in m1}
+
+
+# -- the driver ---------------------------------------------------------------
+
+
+@dataclass
+class System:
+    """One system under test: where to publish, where its result appears (the latency end), where
+    its last write appears (the closed loop's end: the agent's outcome), which consumer acks the input."""
+
+    name: str
+    publish_prefix: str  # + ".{agent}.envelope"
+    receive_subject: str
+    stream: str
+    durable: str
+    done_subject: str = ""  # "" = receive_subject
+    procs: list[asyncio.subprocess.Process] = field(default_factory=list)
+    received: dict[str, float] = field(default_factory=dict)
+    waiters: dict[str, asyncio.Future[None]] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)  # outcome code -> count (must stay empty)
+
+    @staticmethod
+    def _id(data: bytes) -> tuple[str | None, dict]:
+        try:
+            body = json.loads(data)
+        except ValueError:
+            return None, {}
+        return body.get("envelope_id") or body.get("envelopeId"), body
+
+    def on_receive(self, data: bytes) -> None:
+        t = time.perf_counter()
+        eid, _ = self._id(data)
+        if eid and eid not in self.received:
+            self.received[eid] = t
+            if not self.done_subject:
+                self._done(eid)
+
+    def on_done(self, data: bytes) -> None:
+        eid, body = self._id(data)
+        if eid is None:
+            return
+        if body.get("status") not in (None, "accepted"):
+            code = str(body.get("code") or body.get("status"))
+            self.refused[code] = self.refused.get(code, 0) + 1
+        self._done(eid)
+
+    def _done(self, eid: str) -> None:
+        fut = self.waiters.pop(eid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def check(self) -> None:
+        if self.refused:
+            refused, self.refused = self.refused, {}
+            raise RuntimeError(f"{self.name} refused bench envelopes: {refused}")
+
+
+class Driver:
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self.js = nc.jetstream(timeout=30)
+        self.tag = uuid.uuid4().hex[:8]
+        self.seq = 0
+        self._bodies: dict[int, dict] = {}
+
+    async def watch(self, system: System) -> None:
+        async def cb(msg, s=system) -> None:
+            s.on_receive(msg.data)
+
+        await self.nc.subscribe(system.receive_subject, cb=cb)
+        if system.done_subject:
+            async def done(msg, s=system) -> None:
+                s.on_done(msg.data)
+
+            await self.nc.subscribe(system.done_subject, cb=done)
+
+    def body(self, kb: int) -> tuple[str, bytes]:
+        self.seq += 1
+        eid = f"b{self.tag}-{self.seq}"
+        moment = self._bodies.setdefault(kb, moment_of_kb(kb))
+        env = envelope(BINDING_MOMENT_KIND, {"principal": PRINCIPAL, "binding_moment": moment}, envelope_id=eid)
+        return eid, json.dumps(env).encode()
+
+    async def send(self, system: System, agent: str = "bench", kb: int = 1) -> tuple[str, float, asyncio.Future[None], int]:
+        """Publish one envelope; the future resolves when its result is received; the int is its stream seq."""
+        eid, body = self.body(kb)
+        fut = system.waiters[eid] = asyncio.get_running_loop().create_future()
+        t0 = time.perf_counter()
+        ack = await self.js.publish(f"{system.publish_prefix}.{agent}.envelope", body,
+                                    headers={"Nats-Msg-Id": f"{agent}:{eid}"})
+        return eid, t0, fut, ack.seq
+
+    async def acked_through(self, system: System, seq: int, timeout: float = 600) -> None:
+        """Until the system's consumer has acked every message up to stream sequence ``seq``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = await self.js.consumer_info(system.stream, system.durable)
+            if info.ack_floor.stream_seq >= seq and not info.num_ack_pending:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{system.name}: not acked through {seq} (ack floor {info.ack_floor.stream_seq})")
+            await asyncio.sleep(0.005)
+
+    async def throughput(self, system: System, n: int, *, window: int = 256, agents: int = 1, kb: int = 1,
+                         label: str = "") -> float:
+        """Envelopes/s from the first publish until every input is acked (closed loop, ``window`` in flight)."""
+        sem = asyncio.Semaphore(window)
+        last = [0]
+        names = [f"a{self.tag}x{i}" for i in range(agents)] if agents > 1 else ["bench"]
+        done = [0]
+
+        async def one(i: int) -> None:
+            async with sem:
+                _, _, fut, seq = await self.send(system, names[i % len(names)], kb)
+                last[0] = max(last[0], seq)
+                await fut
+            done[0] += 1
+
+        async def report() -> None:
+            while True:
+                await asyncio.sleep(5)
+                progress(f"{label or system.name}: {done[0]:,}/{n:,} envelopes")
+
+        reporter = asyncio.create_task(report())
+        try:
+            t0 = time.perf_counter()
+            await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), 900)
+            await self.acked_through(system, last[0])
+            system.check()
+            return n / (time.perf_counter() - t0)
+        finally:
+            reporter.cancel()
+
+    async def latency(self, system: System, rate: float, seconds: float, label: str = "") -> tuple[float, float, float]:
+        """(p50 ms, p99 ms, achieved/s) publish -> surface receipt at an open-loop offered ``rate`` for ``seconds``."""
+        n = max(10, int(rate * seconds))
+        sent: dict[str, float] = {}
+        t_start = time.perf_counter()
+        tasks = []
+        next_report = t_start + 5
+        for i in range(n):
+            delay = t_start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)  # pacing the open-loop driver, not waiting for an event
+            if time.perf_counter() >= next_report:
+                next_report += 5
+                progress(f"{label or system.name}: {i:,}/{n:,} sent at {rate:.0f}/s")
+            tasks.append(asyncio.create_task(self._timed(system, sent)))
+        await asyncio.wait_for(asyncio.gather(*tasks), 900)
+        system.check()
+        lat = sorted((system.received[e] - t0) * 1000 for e, t0 in sent.items())
+        span = max(system.received[e] for e in sent) - t_start
+        return statistics.median(lat), lat[min(len(lat) - 1, int(len(lat) * 0.99))], n / span
+
+    async def _timed(self, system: System, sent: dict[str, float]) -> None:
+        eid, t0, fut, _ = await self.send(system)
+        await fut
+        for _ in range(500):  # the result is stored before the outcome; its delivery may trail
+            if eid in system.received:
+                break
+            await asyncio.sleep(0.01)
+        sent[eid] = t0
+
+
+def row(name: str, value: float, baseline: float | None, unit: str, *, digits: int = 3) -> dict:
+    ratio = round(value / baseline, 3) if baseline else None
+    return {"name": name, "value": round(value, digits), "baseline": None if baseline is None else round(baseline, digits),
+            "ratio": ratio, "unit": unit}
+

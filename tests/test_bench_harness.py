@@ -1,0 +1,46 @@
+"""Smoke test of the benchmark harness at tiny sizes (issue 18): what it reports is what happened.
+
+No timing is asserted. What is: a throughput run ends only when the
+consumer has acked every input; the message meter sees the relay's publish
+and ack per envelope and the gateway's six writes and ack; the sized moments
+pass the gateway's grammar at 1, 16 and 120 KB (else the bench would measure
+refusals); and envelopes from new agents add no consumer to PGW_OUTBOUND.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.bench_gateway import Bench
+from benchmarks.harness import moment_of_kb
+from pgwcore.server import EmbeddedServer
+
+
+def test_moments_have_the_sizes_asked_for() -> None:
+    for kb in (16, 120):
+        size = len(json.dumps(moment_of_kb(kb)))
+        assert kb * 1024 * 0.9 <= size <= kb * 1024 * 1.1, (kb, size)
+
+
+async def test_the_harness_counts_until_acked_and_meters_messages(nats_server: EmbeddedServer, tmp_path: Path) -> None:
+    b = Bench(nats_server, tmp_path, "smoke")
+    try:
+        await b.start(group_commit_relay=False)
+        relay = await b.run(b.relay, 30)
+        info = await b.drv.js.consumer_info(b.relay.stream, b.relay.durable)
+        stream = await b.drv.js.stream_info(b.relay.stream)
+        assert info.ack_floor.stream_seq == stream.state.last_seq and info.num_ack_pending == 0
+        assert relay["sent"] >= 2.0 and relay["received"] >= 2.0  # a publish and an ack; a delivery and a PubAck
+        assert relay["rate"] > 0
+
+        consumers_before = (await b.drv.js.stream_info("PGW_OUTBOUND")).state.consumer_count
+        for kb in (1, 16, 120):  # System.check raises on any refused envelope
+            gw = await b.run(b.gw, 10, kb=kb, agents=5)
+            assert gw["sent"] >= 7.0  # claim, moment, surface item, verdict, outcome, settle, ack
+        info = await b.drv.js.consumer_info(b.gw.stream, b.gw.durable)
+        assert info.num_ack_pending == 0 and info.num_pending == 0
+        # First contact creates no consumer per agent (15 new agents above).
+        assert (await b.drv.js.stream_info("PGW_OUTBOUND")).state.consumer_count == consumers_before
+    finally:
+        await b.close()
