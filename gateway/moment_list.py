@@ -19,7 +19,7 @@ Moments opened before this index existed are not listed either.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from subjects.momentquery import DEFAULT_LIST_LIMIT, ListWhich, MomentSummary
 from subjects.util import to_rfc3339
@@ -27,7 +27,14 @@ from subjects.wire import BindingMomentItem, ClarificationItem
 
 if TYPE_CHECKING:
     from gateway.moment_record import MomentRecord
-    from gateway.moments import MomentDesk
+
+
+class _Desk(Protocol):
+    """What a list query needs of the moment desk (gateway.moments imports this module, not the reverse)."""
+
+    js: Any
+
+    async def get(self, principal: str, moment_id: str) -> tuple[MomentRecord, int] | None: ...
 
 INDEX_BUCKET = "PGW_AGENT_MOMENTS"
 _PRE = f"$KV.{INDEX_BUCKET}."
@@ -71,7 +78,7 @@ def _wanted(rec: MomentRecord, which: ListWhich) -> bool:
 
 
 async def list_moments(
-    desk: MomentDesk, agent: str, which: ListWhich, *, limit: int | None = None, principal: str | None = None
+    desk: _Desk, agent: str, which: ListWhich, *, limit: int | None = None, principal: str | None = None
 ) -> tuple[list[MomentSummary], bool]:
     """``agent``'s moments of kind ``which``, newest first, at most ``limit``; and whether there are more."""
     limit = limit or DEFAULT_LIST_LIMIT
