@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from consumers.notify.service import Notifier
+from consumers.notify.vapid import load_or_create_vapid_key
 from consumers.surfaces.feed import browser_auth
 from consumers.surfaces.web import WebSurfaceServer
 from gateway.app import Gateway
@@ -37,7 +38,7 @@ from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
 from pgwcore.streams import ensure_streams
 from subjects.client import Agent
-from tests.gcm_standin import GOOGLE_HOSTS, gcm_standin
+from tests.gcm_standin import GOOGLE_HOSTS, check_vapid, gcm_standin
 from tests.polling import until
 
 sys.path.insert(0, str(Path(__file__).parent / "web"))
@@ -45,7 +46,7 @@ from pwa_kit import MS, NOTIFY_ARGS, WAIT, notifications_shown, open_app
 from surface_kit import CHROMIUM, CHROMIUM_ARGS, browser_ready, moment
 
 _REASON = browser_ready()
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+needs_chromium = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 
 
 @pytest.fixture
@@ -103,6 +104,7 @@ async def _push_job(notifier: Notifier, moment_id: str) -> Any:
     return await until(probe, timeout=WAIT, what=f"the push job of {moment_id} settled")
 
 
+@needs_chromium
 async def test_chromium_subscribes_and_shows_the_notifiers_push(bed: dict[str, Any]) -> None:
     """Button -> Chromium's own subscription -> notifier over the bus as alice; page gone -> encrypted push -> Chromium decrypts -> service worker shows it."""
     from playwright.async_api import async_playwright
@@ -152,6 +154,18 @@ async def test_chromium_subscribes_and_shows_the_notifiers_push(bed: dict[str, A
             assert moment()["synopsis"] not in str(shown)
         finally:
             await ctx.close()
+
+
+def test_the_standin_checks_vapid_as_fcm_does(tmp_path: Path) -> None:
+    """The stand-in's push resource refuses a VAPID header for another key, another origin, or a forged signature."""
+    key, other = load_or_create_vapid_key(tmp_path / "a"), load_or_create_vapid_key(tmp_path / "b")
+    endpoint = "https://jmt17.google.com/fcm/send/t1"
+    good = key.authorization(endpoint, "mailto:ops@example.org")
+    assert check_vapid(good, key.public_b64url, "https://jmt17.google.com") is None
+    assert "applicationServerKey" in str(check_vapid(good, other.public_b64url, "https://jmt17.google.com"))
+    assert "aud" in str(check_vapid(good, key.public_b64url, "https://fcm.googleapis.com"))
+    forged = other.authorization(endpoint, "mailto:ops@example.org").replace(other.public_b64url, key.public_b64url)
+    assert "bad VAPID JWT" in str(check_vapid(forged, key.public_b64url, "https://jmt17.google.com"))
 
 
 async def _async(value: Any) -> Any:
