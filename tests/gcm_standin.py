@@ -24,14 +24,16 @@ each as small as Chromium needs, written from Chromium's protocol files
   ``content-encoding: aes128gcm`` in its app data; a message Chromium has not
   acknowledged (SelectiveAck, or listed in its next LoginRequest) is sent again
   on its next login (Chromium drops its first MCS connection right after the
-  login and opens another; a repeat carries the same notification tag);
+  login and opens another, as observed here; a repeat carries the same
+  notification tag);
 - the push resource: ``POST /fcm/send/<token>`` over TLS (RFC 8030 §5), which
   checks the VAPID header as FCM does (RFC 8292 §2-3: ES256 JWT signed by the
   key the subscription was made with, ``aud`` the endpoint's origin).
 
-The endpoint Chromium builds from the token is ``https://jmt17.google.com/fcm/send/<token>``
-(this Chromium's staging FCM host, used when the registration URL is
-overridden). The notifier reaches it through :meth:`GcmStandin.client_session`,
+The endpoint Chromium 156 built from the token in every run here is
+``https://jmt17.google.com/fcm/send/<token>`` (a host compiled into it beside
+``https://fcm.googleapis.com/fcm/send/``; why it picks that one with these
+switches was not investigated, so both names are handled). The notifier reaches it through :meth:`GcmStandin.client_session`,
 whose resolver sends the Google host names to this loopback server (test
 wiring, like an /etc/hosts line) and which trusts this server's certificate.
 Chromium accepts the same certificate for the MCS connection only through
