@@ -9,12 +9,15 @@ with the reference ``http_ece`` and checks the VAPID JWT.
 What is real and what is not:
 
 - The page's subscription reaches the notifier over the bus on the page's
-  own connection with alice's credentials, and is stored. The subscription
-  itself is made by the push-service peer (its endpoint and keys), NOT by
-  Chromium's pushManager.subscribe: Chromium first registers with Google's
-  push service (FCM), unreachable here (no internet); on a persistent
-  profile the call had not settled after 40 s (the page gives up after
-  30 s), in incognito it fails at once and the page says so (tested below). No PushManager is faked.
+  own connection with alice's credentials, and is stored. Here the
+  subscription is made by the push-service peer (its endpoint and keys), so
+  that http_ece can decrypt what the notifier sent; Chromium's own
+  pushManager.subscribe, end to end through a loopback GCM stand-in, is
+  tests/test_surface_push_gcm.py. Without that stand-in Chromium cannot reach
+  its push service (Google's FCM; no internet): on a persistent profile the
+  call had not settled after 40 s (the page gives up after 30 s), in
+  incognito it fails at once and the page says so (tested below). No
+  PushManager is faked.
 - Presence from the open page makes the notifier hold back its push while
   the page itself shows the desktop notification; once the page is gone
   (ttl_s 0 on pagehide) the next moment is pushed, and the payload the push
