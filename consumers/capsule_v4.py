@@ -44,6 +44,7 @@ registrar registers the statement unchanged.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -116,29 +117,50 @@ def identity_preimage(capsule: Mapping[str, Any]) -> dict[str, Any]:
 
 def compute_capsule_id(capsule: Mapping[str, Any]) -> str:
     """{#identity} format 4: HEX(SHA-256(plain JCS(preimage))); CapsuleError if it has no JCS form."""
-    pre = identity_preimage(capsule)
-    bad = _unsafe(pre)
-    if bad:
-        raise capm.CapsuleError("{#conventions} floats/unsafe integers", f"not allowed at {', '.join(bad)}")
-    return hashlib.sha256(_jcs(pre)).hexdigest()
+    return _walked_id(identity_preimage(capsule))[0]
+
+
+def _walked_id(pre: Mapping[str, Any]) -> tuple[str, dict[str, Any], int]:
+    """(capsule_id, the walked copy of ``pre``, its jcs flags): one walk of the preimage.
+
+    The walk's flags say whether ``pre`` holds a float or an integer beyond
+    +-(2^53-1) at all ({#conventions}); only then is it walked again for the
+    paths to report.
+    """
+    walked, flags = jcs.walk(pre)  # plain JCS: walk without drop_absent
+    if flags:
+        bad = _unsafe(pre)
+        if bad:
+            raise capm.CapsuleError("{#conventions} floats/unsafe integers", f"not allowed at {', '.join(bad)}")
+    return hashlib.sha256(_encode(walked, flags)).hexdigest(), walked, flags
 
 
 def _jcs(value: Any) -> bytes:
+    return _encode(*jcs.walk(value))  # plain JCS: walk without drop_absent
+
+
+def _encode(walked: Any, flags: int) -> bytes:
     try:
-        return jcs.encode(*jcs.walk(value))  # plain JCS: walk without drop_absent
+        return jcs.encode(walked, flags)
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as e:
         raise capm.CapsuleError("{#conventions} JCS", f"value has no JCS form: {e}") from e
 
 
 def seal(body: Mapping[str, Any]) -> Built4:
-    """Fix the format-4 identity members and compute capsule_id over the result."""
+    """Fix the format-4 identity members and compute capsule_id over the result.
+
+    The payload bytes are the walked preimage with ``capsule_id`` added: an
+    ASCII key with a hex string value changes none of the walk's flags, so
+    the preimage is walked once for both the id and the payload.
+    """
     out = {k: v for k, v in body.items() if k not in ("capsule_id", "ledger", *LOCAL_ONLY)}
     out["spec_version"] = SPEC_VERSION
     out["format_version"] = FORMAT
     out["canonicalization_id"] = CANONICALIZATION_ID
-    cid = compute_capsule_id(out)
+    cid, walked, flags = _walked_id(out)
     out["capsule_id"] = cid
-    return Built4(out, cid, _jcs(out))
+    walked["capsule_id"] = cid
+    return Built4(out, cid, _encode(walked, flags))
 
 
 def from_verdict(
@@ -193,12 +215,18 @@ def with_parent(built: Built4, parent_capsule_id: str | None) -> Built4:
 # ---------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=16)
+def _envelope_protected(key: Ed25519PrivateKey) -> bytes:
+    """The envelope's protected header: the same bytes for every capsule one key signs."""
+    return cbor2.dumps({ALG: EDDSA, CONTENT_TYPE: ID_MEDIA_TYPE, KID_LABEL: raw_public(key.public_key())})
+
+
 def producer_envelope(capsule_id: str, key: Ed25519PrivateKey) -> bytes:
     """{#envelope}: tagged COSE_Sign1, payload the raw 32-byte capsule_id, protected map exactly {1, 3, 4}."""
     payload = bytes.fromhex(capsule_id)
     if len(payload) != 32:
         raise capm.CapsuleError("{#envelope}", "capsule_id must be 64 hex characters")
-    protected = cbor2.dumps({ALG: EDDSA, CONTENT_TYPE: ID_MEDIA_TYPE, KID_LABEL: raw_public(key.public_key())})
+    protected = _envelope_protected(key)
     signature = key.sign(sig_structure(protected, payload))
     return cbor2.dumps(cbor2.CBORTag(COSE_SIGN1_TAG, [protected, {}, payload, signature]))
 
