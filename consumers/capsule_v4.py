@@ -120,14 +120,18 @@ def compute_capsule_id(capsule: Mapping[str, Any]) -> str:
     return _walked_id(identity_preimage(capsule))[0]
 
 
-def _walked_id(pre: Mapping[str, Any]) -> tuple[str, dict[str, Any], int]:
+def _walked_id(pre: Mapping[str, Any], flags: int | None = None) -> tuple[str, dict[str, Any], int]:
     """(capsule_id, the walked copy of ``pre``, its jcs flags): one walk of the preimage.
 
     The walk's flags say whether ``pre`` holds a float or an integer beyond
     +-(2^53-1) at all ({#conventions}); only then is it walked again for the
-    paths to report.
+    paths to report. ``flags`` given: ``pre`` is already a plain copy from
+    :func:`subjects.jcs.walk` (plus str members) and these are its flags.
     """
-    walked, flags = jcs.walk(pre)  # plain JCS: walk without drop_absent
+    if flags is None:
+        walked, flags = jcs.walk(pre)  # plain JCS: walk without drop_absent
+    else:
+        walked = dict(pre)
     if flags:
         bad = _unsafe(pre)
         if bad:
@@ -146,18 +150,21 @@ def _encode(walked: Any, flags: int) -> bytes:
         raise capm.CapsuleError("{#conventions} JCS", f"value has no JCS form: {e}") from e
 
 
-def seal(body: Mapping[str, Any]) -> Built4:
+def seal(body: Mapping[str, Any], walked_flags: int | None = None) -> Built4:
     """Fix the format-4 identity members and compute capsule_id over the result.
 
     The payload bytes are the walked preimage with ``capsule_id`` added: an
     ASCII key with a hex string value changes none of the walk's flags, so
-    the preimage is walked once for both the id and the payload.
+    the preimage is walked once for both the id and the payload, or not at
+    all when ``walked_flags`` says ``body`` is already a plain copy from
+    :func:`subjects.jcs.walk` with those flags (the checked body of the shared
+    mapping, whose absent members are already left out).
     """
     out = {k: v for k, v in body.items() if k not in ("capsule_id", "ledger", *LOCAL_ONLY)}
     out["spec_version"] = SPEC_VERSION
     out["format_version"] = FORMAT
     out["canonicalization_id"] = CANONICALIZATION_ID
-    cid, walked, flags = _walked_id(out)
+    cid, walked, flags = _walked_id(out, walked_flags)
     out["capsule_id"] = cid
     walked["capsule_id"] = cid
     return Built4(out, cid, _encode(walked, flags))
@@ -192,7 +199,8 @@ def from_verdict(
     body["assurance"] = assurance
     # {#constraints}, {#namespacing}: producer-local check_type values are namespaced; the shared
     # mapping already writes capm.CHECK_TYPE_GATEWAY_RULE ("io.pgw.gateway_rule").
-    return seal(body)
+    # built.body is the walked copy (its flags in built.flags); the members changed here are strings.
+    return seal(body, built.flags)
 
 
 def with_parent(built: Built4, parent_capsule_id: str | None) -> Built4:
