@@ -63,7 +63,6 @@ from consumers.cose import (
     EDDSA,
     KID_LABEL,
     raw_public,
-    sig_structure,
 )
 from subjects import jcs
 from subjects.wire import Verdict
@@ -223,6 +222,32 @@ def with_parent(built: Built4, parent_capsule_id: str | None) -> Built4:
 # ---------------------------------------------------------------------------
 
 
+def _bstr(b: bytes) -> bytes:
+    """A CBOR byte string (major type 2), head in its shortest form (RFC 8949 §3, §4.2.1)."""
+    n = len(b)
+    if n < 24:
+        head = bytes((0x40 | n,))
+    elif n < 0x100:
+        head = bytes((0x58, n))
+    elif n < 0x10000:
+        head = b"\x59" + n.to_bytes(2, "big")
+    elif n < 0x100000000:
+        head = b"\x5a" + n.to_bytes(4, "big")
+    else:
+        head = b"\x5b" + n.to_bytes(8, "big")
+    return head + b
+
+
+_SIG1_HEAD = b"\x84\x6aSignature1"  # array(4), tstr(10) "Signature1"
+
+
+def _sig_structure(protected: bytes, payload: bytes) -> bytes:
+    """:func:`consumers.cose.sig_structure` (RFC 9052 §4.4) for signing, written without cbor2's
+    generic encoder: the same bytes (tests/test_capsule_v4_cbor.py), a few microseconds less per
+    signature, and a format-4 capsule has two."""
+    return b"".join((_SIG1_HEAD, _bstr(protected), b"\x40", _bstr(payload)))
+
+
 @functools.lru_cache(maxsize=16)
 def _envelope_protected(key: Ed25519PrivateKey) -> bytes:
     """The envelope's protected header: the same bytes for every capsule one key signs."""
@@ -235,8 +260,9 @@ def producer_envelope(capsule_id: str, key: Ed25519PrivateKey) -> bytes:
     if len(payload) != 32:
         raise capm.CapsuleError("{#envelope}", "capsule_id must be 64 hex characters")
     protected = _envelope_protected(key)
-    signature = key.sign(sig_structure(protected, payload))
-    return cbor2.dumps(cbor2.CBORTag(COSE_SIGN1_TAG, [protected, {}, payload, signature]))
+    signature = key.sign(_sig_structure(protected, payload))
+    # RFC 8949 deterministic encoding, as cbor2.dumps writes it: tag 18, array(4), bstr, {}, bstr, bstr.
+    return b"".join((b"\xd2\x84", _bstr(protected), b"\xa0", _bstr(payload), _bstr(signature)))
 
 
 def claims_for(body: Mapping[str, Any]) -> dict[int, str]:
@@ -250,6 +276,6 @@ def statement(body: Mapping[str, Any], payload_json: bytes, key: Ed25519PrivateK
     raw_id = bytes.fromhex(cid)
     protected = cbor2.dumps({ALG: EDDSA, KID_LABEL: kid.encode("ascii"), CONTENT_TYPE: ID_MEDIA_TYPE,
                              CWT_CLAIMS: claims_for(body)})
-    signature = key.sign(sig_structure(protected, raw_id))
+    signature = key.sign(_sig_structure(protected, raw_id))
     unprotected = {CAPSULE_LABEL: payload_json, ENVELOPE_LABEL: producer_envelope(cid, key)}
     return cbor2.dumps(cbor2.CBORTag(COSE_SIGN1_TAG, [protected, unprotected, raw_id, signature]))
