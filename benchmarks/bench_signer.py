@@ -37,7 +37,7 @@ import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from consumers import capsule as capm
-from consumers import capsule_map
+from consumers import capsule_map, capsule_v4, profiles
 from consumers.signer import Signer, _Head, _Job, claims_for, sign_payload
 from pgwcore import loop as pgw_loop
 from pgwcore.config import load_config
@@ -82,6 +82,39 @@ def _raw_baseline(payloads: list[dict], key: Ed25519PrivateKey, kid: str,
         sig = key.sign(cbor2.dumps(["Signature1", prot, b"", body]))
         cbor2.dumps(cbor2.CBORTag(18, [prot, {}, body, sig]))
     return len(payloads) / (time.perf_counter() - t0)
+
+
+def _raw_format4(payloads: list[dict], key: Ed25519PrivateKey, kid: str) -> float:
+    """capsules/s for format 4's bare work: JCS + SHA-256 id, JCS payload, the Producer Envelope
+    and the registration statement (two Ed25519 signatures, two COSE_Sign1 encodes), nothing else."""
+    pub = capsule_v4.raw_public(key.public_key())
+    t0 = time.perf_counter()
+    for p in payloads:
+        raw_id = hashlib.sha256(jcs.dumps({k: v for k, v in p.items() if k != "capsule_id"})).digest()
+        body = jcs.dumps(p)
+        eprot = cbor2.dumps({1: -8, 3: capsule_v4.ID_MEDIA_TYPE, 4: pub})
+        env = cbor2.dumps(cbor2.CBORTag(18, [eprot, {}, raw_id, key.sign(cbor2.dumps(["Signature1", eprot, b"",
+                                                                                     raw_id]))]))
+        prot = cbor2.dumps({1: -8, 4: kid.encode(), 3: capsule_v4.ID_MEDIA_TYPE, 15: capsule_v4.claims_for(p)})
+        sig = key.sign(cbor2.dumps(["Signature1", prot, b"", raw_id]))
+        cbor2.dumps(cbor2.CBORTag(18, [prot, {capsule_v4.CAPSULE_LABEL: body, capsule_v4.ENVELOPE_LABEL: env},
+                                       raw_id, sig]))
+    return len(payloads) / (time.perf_counter() - t0)
+
+
+def _inprocess4(verdicts: list[Verdict], key: SigningKey) -> float:
+    """capsules/s for what the signer does in process with its default profile (format 4)."""
+    prof = profiles.profile("4")
+    t0 = time.perf_counter()
+    head = _Head(0, capm.GENESIS_HASH, None)
+    for v in verdicts:
+        built = prof.build(v, operator="bench", salt=SALT, default_developer="principal-gateway",
+                           authority=None, parent_capsule_id=None, fallback_ts=None)
+        job = _Job(None, v, built=built)
+        job.profile = prof
+        entry, head = Signer._link(head, job, {})
+        sign_payload(entry.payload.encode(), key, built.body)
+    return len(verdicts) / (time.perf_counter() - t0)
 
 
 def _inprocess(verdicts: list[Verdict], key: SigningKey) -> float:
@@ -134,6 +167,9 @@ def run() -> list[dict]:
     fast = _raw_baseline(payloads, priv, key.kid, fast_jcs)
     own = _raw_baseline(payloads, priv, key.kid, jcs.dumps)
     inproc = _inprocess(verdicts, key)
+    inproc4 = _inprocess4(verdicts, key)
+    payloads4 = [capsule_v4.from_verdict(v, operator="bench", salt=SALT).body for v in verdicts]
+    raw4 = _raw_format4(payloads4, priv, key.kid)
     with tempfile.TemporaryDirectory() as d:
         signer = pgw_loop.run(_through_signer(verdicts, Path(d)))
 
@@ -150,6 +186,10 @@ def run() -> list[dict]:
             "ratio vs raw with subjects.jcs"),
         row("signer: build + chain + sign, in process, vs raw with msgspec JCS", inproc, fast,
             "ratio vs the fastest raw"),
+        row("signer: build + chain + sign, in process, format 4 (the default: two signatures), vs raw with "
+            "the signer's own JCS", inproc4, own, "ratio vs raw with subjects.jcs (one signature)"),
+        row("signer: capsules/s end to end, vs a raw format-4 loop (two signatures, the signer's own JCS)",
+            signer, raw4, "ratio vs raw format 4"),
     ]
 
 

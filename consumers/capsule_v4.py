@@ -44,6 +44,7 @@ registrar registers the statement unchanged.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -62,7 +63,6 @@ from consumers.cose import (
     EDDSA,
     KID_LABEL,
     raw_public,
-    sig_structure,
 )
 from subjects import jcs
 from subjects.wire import Verdict
@@ -116,29 +116,57 @@ def identity_preimage(capsule: Mapping[str, Any]) -> dict[str, Any]:
 
 def compute_capsule_id(capsule: Mapping[str, Any]) -> str:
     """{#identity} format 4: HEX(SHA-256(plain JCS(preimage))); CapsuleError if it has no JCS form."""
-    pre = identity_preimage(capsule)
-    bad = _unsafe(pre)
-    if bad:
-        raise capm.CapsuleError("{#conventions} floats/unsafe integers", f"not allowed at {', '.join(bad)}")
-    return hashlib.sha256(_jcs(pre)).hexdigest()
+    return _walked_id(identity_preimage(capsule))[0]
+
+
+def _walked_id(pre: Mapping[str, Any], flags: int | None = None) -> tuple[str, dict[str, Any], int]:
+    """(capsule_id, the walked copy of ``pre``, its jcs flags): one walk of the preimage.
+
+    The walk's flags say whether ``pre`` holds a float or an integer beyond
+    +-(2^53-1) at all ({#conventions}); only then is it walked again for the
+    paths to report. ``flags`` given: ``pre`` is already a plain copy from
+    :func:`subjects.jcs.walk` (plus str members) and these are its flags.
+    """
+    if flags is None:
+        walked, flags = jcs.walk(pre)  # plain JCS: walk without drop_absent
+    else:
+        walked = dict(pre)
+    if flags:
+        bad = _unsafe(pre)
+        if bad:
+            raise capm.CapsuleError("{#conventions} floats/unsafe integers", f"not allowed at {', '.join(bad)}")
+    return hashlib.sha256(_encode(walked, flags)).hexdigest(), walked, flags
 
 
 def _jcs(value: Any) -> bytes:
+    return _encode(*jcs.walk(value))  # plain JCS: walk without drop_absent
+
+
+def _encode(walked: Any, flags: int) -> bytes:
     try:
-        return jcs.encode(*jcs.walk(value))  # plain JCS: walk without drop_absent
+        return jcs.encode(walked, flags)
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as e:
         raise capm.CapsuleError("{#conventions} JCS", f"value has no JCS form: {e}") from e
 
 
-def seal(body: Mapping[str, Any]) -> Built4:
-    """Fix the format-4 identity members and compute capsule_id over the result."""
+def seal(body: Mapping[str, Any], walked_flags: int | None = None) -> Built4:
+    """Fix the format-4 identity members and compute capsule_id over the result.
+
+    The payload bytes are the walked preimage with ``capsule_id`` added: an
+    ASCII key with a hex string value changes none of the walk's flags, so
+    the preimage is walked once for both the id and the payload, or not at
+    all when ``walked_flags`` says ``body`` is already a plain copy from
+    :func:`subjects.jcs.walk` with those flags (the checked body of the shared
+    mapping, whose absent members are already left out).
+    """
     out = {k: v for k, v in body.items() if k not in ("capsule_id", "ledger", *LOCAL_ONLY)}
     out["spec_version"] = SPEC_VERSION
     out["format_version"] = FORMAT
     out["canonicalization_id"] = CANONICALIZATION_ID
-    cid = compute_capsule_id(out)
+    cid, walked, flags = _walked_id(out, walked_flags)
     out["capsule_id"] = cid
-    return Built4(out, cid, _jcs(out))
+    walked["capsule_id"] = cid
+    return Built4(out, cid, _encode(walked, flags))
 
 
 def from_verdict(
@@ -170,7 +198,8 @@ def from_verdict(
     body["assurance"] = assurance
     # {#constraints}, {#namespacing}: producer-local check_type values are namespaced; the shared
     # mapping already writes capm.CHECK_TYPE_GATEWAY_RULE ("io.pgw.gateway_rule").
-    return seal(body)
+    # built.body is the walked copy (its flags in built.flags); the members changed here are strings.
+    return seal(body, built.flags)
 
 
 def with_parent(built: Built4, parent_capsule_id: str | None) -> Built4:
@@ -193,14 +222,47 @@ def with_parent(built: Built4, parent_capsule_id: str | None) -> Built4:
 # ---------------------------------------------------------------------------
 
 
+def _bstr(b: bytes) -> bytes:
+    """A CBOR byte string (major type 2), head in its shortest form (RFC 8949 §3, §4.2.1)."""
+    n = len(b)
+    if n < 24:
+        head = bytes((0x40 | n,))
+    elif n < 0x100:
+        head = bytes((0x58, n))
+    elif n < 0x10000:
+        head = b"\x59" + n.to_bytes(2, "big")
+    elif n < 0x100000000:
+        head = b"\x5a" + n.to_bytes(4, "big")
+    else:
+        head = b"\x5b" + n.to_bytes(8, "big")
+    return head + b
+
+
+_SIG1_HEAD = b"\x84\x6aSignature1"  # array(4), tstr(10) "Signature1"
+
+
+def _sig_structure(protected: bytes, payload: bytes) -> bytes:
+    """:func:`consumers.cose.sig_structure` (RFC 9052 §4.4) for signing, written without cbor2's
+    generic encoder: the same bytes (tests/test_capsule_v4_cbor.py), a few microseconds less per
+    signature, and a format-4 capsule has two."""
+    return b"".join((_SIG1_HEAD, _bstr(protected), b"\x40", _bstr(payload)))
+
+
+@functools.lru_cache(maxsize=16)
+def _envelope_protected(key: Ed25519PrivateKey) -> bytes:
+    """The envelope's protected header: the same bytes for every capsule one key signs."""
+    return cbor2.dumps({ALG: EDDSA, CONTENT_TYPE: ID_MEDIA_TYPE, KID_LABEL: raw_public(key.public_key())})
+
+
 def producer_envelope(capsule_id: str, key: Ed25519PrivateKey) -> bytes:
     """{#envelope}: tagged COSE_Sign1, payload the raw 32-byte capsule_id, protected map exactly {1, 3, 4}."""
     payload = bytes.fromhex(capsule_id)
     if len(payload) != 32:
         raise capm.CapsuleError("{#envelope}", "capsule_id must be 64 hex characters")
-    protected = cbor2.dumps({ALG: EDDSA, CONTENT_TYPE: ID_MEDIA_TYPE, KID_LABEL: raw_public(key.public_key())})
-    signature = key.sign(sig_structure(protected, payload))
-    return cbor2.dumps(cbor2.CBORTag(COSE_SIGN1_TAG, [protected, {}, payload, signature]))
+    protected = _envelope_protected(key)
+    signature = key.sign(_sig_structure(protected, payload))
+    # RFC 8949 deterministic encoding, as cbor2.dumps writes it: tag 18, array(4), bstr, {}, bstr, bstr.
+    return b"".join((b"\xd2\x84", _bstr(protected), b"\xa0", _bstr(payload), _bstr(signature)))
 
 
 def claims_for(body: Mapping[str, Any]) -> dict[int, str]:
@@ -214,6 +276,6 @@ def statement(body: Mapping[str, Any], payload_json: bytes, key: Ed25519PrivateK
     raw_id = bytes.fromhex(cid)
     protected = cbor2.dumps({ALG: EDDSA, KID_LABEL: kid.encode("ascii"), CONTENT_TYPE: ID_MEDIA_TYPE,
                              CWT_CLAIMS: claims_for(body)})
-    signature = key.sign(sig_structure(protected, raw_id))
+    signature = key.sign(_sig_structure(protected, raw_id))
     unprotected = {CAPSULE_LABEL: payload_json, ENVELOPE_LABEL: producer_envelope(cid, key)}
     return cbor2.dumps(cbor2.CBORTag(COSE_SIGN1_TAG, [protected, unprotected, raw_id, signature]))

@@ -76,6 +76,7 @@ from pgwcore.atomic import (
 )
 from pgwcore.keys import SigningKey, load_or_create
 from pgwcore.logs import get_logger
+from pgwcore.pull import fetch_ready
 from pgwcore.service import delivery, stop_pull_loop
 from subjects.errors import PgwError
 from subjects.wire import Verdict, verdict_decoder
@@ -243,7 +244,7 @@ class Signer(LedgerMixin):
     async def _fetch(self, batch: int) -> list[Msg] | None:
         """The next verdicts; [] when none came in time, None when the loop should end."""
         try:
-            return await self._sub.fetch(batch, timeout=0.5)
+            return await fetch_ready(self._sub, batch, timeout=0.5)  # the ready batch without a task per message
         except (TimeoutError, NatsTimeoutError):
             return []
         except Exception:

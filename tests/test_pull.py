@@ -1,0 +1,75 @@
+"""pgwcore.pull.fetch_ready against a real nats-server, held to nats-py's own fetch."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats.errors
+import pytest
+from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
+
+from pgwcore.pull import fetch_ready
+from tests.polling import until
+
+
+async def _setup(nc, n: int, durable: str = "d"):
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="PULLT", subjects=["pullt.>"]))
+    for i in range(n):
+        await js.publish(f"pullt.{i}", f"m{i}".encode(), headers={"Nats-Msg-Id": f"id{i}"})
+    return js, await js.pull_subscribe("pullt.>", durable=durable, stream="PULLT",
+                                       config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30))
+
+
+async def test_fetch_ready_takes_the_ready_batch_in_order(nc) -> None:
+    js, sub = await _setup(nc, 300)
+    first = await fetch_ready(sub, 256, timeout=2.0)
+    assert [m.data for m in first] == [f"m{i}".encode() for i in range(256)]
+    assert all(m.headers and m.headers["Nats-Msg-Id"] == f"id{i}" for i, m in enumerate(first))
+    rest = await fetch_ready(sub, 256, timeout=2.0)  # fewer than asked are ready: the 404 ends the read
+    assert [m.data for m in rest] == [f"m{i}".encode() for i in range(256, 300)]
+    for m in first + rest:
+        await m.ack()
+    assert sub._sub._pending_size == 0  # the subscription's byte count kept as nats-py keeps it
+
+    async def settled() -> bool:
+        info = await js.consumer_info("PULLT", "d")
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await until(settled, timeout=10, what="every fetched message acked")
+    await sub.unsubscribe()
+
+
+async def test_fetch_ready_idle_waits_then_times_out_like_nats_py(nc) -> None:
+    js, sub = await _setup(nc, 0)
+    with pytest.raises(nats.errors.TimeoutError):
+        await fetch_ready(sub, 16, timeout=0.3)
+    # A message published while the lingering request waits is delivered to it.
+
+    async def later() -> None:
+        await asyncio.sleep(0.2)
+        await js.publish("pullt.x", b"late")
+
+    task = asyncio.ensure_future(later())
+    got = await fetch_ready(sub, 16, timeout=3.0)
+    await task
+    assert [m.data for m in got] == [b"late"]
+    await sub.unsubscribe()
+
+
+async def test_unacked_messages_are_redelivered(nc) -> None:
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="PULLT", subjects=["pullt.>"]))
+    for i in range(5):
+        await js.publish(f"pullt.{i}", f"m{i}".encode())
+    sub = await js.pull_subscribe("pullt.>", durable="r", stream="PULLT",
+                                  config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=1))
+    got = await fetch_ready(sub, 10, timeout=2.0)
+    assert len(got) == 5
+    await got[0].ack()
+    for m in got[1:]:
+        await m.nak()
+    again = await fetch_ready(sub, 10, timeout=3.0)
+    assert sorted(m.data for m in again) == [b"m1", b"m2", b"m3", b"m4"]
+    assert all(m.metadata.num_delivered == 2 for m in again)
+    await sub.unsubscribe()
