@@ -34,6 +34,7 @@ from typing import Any
 import msgspec
 from nats.js.errors import KeyNotFoundError, NoKeysError
 
+from pgwcore.atomic import publish_acked
 from pgwcore.logs import get_logger
 from pgwcore.streams import ensure_kv
 from subjects.util import now_rfc3339, stable_id
@@ -91,7 +92,11 @@ class OverdueReports:
             session_id=entry.session_id, requested_action=entry.requested_action,
             submitted_seq=entry.submitted_seq, deadline_at=time.time() + self.deadline_s, moment_id=moment_id,
         )
-        await self.kv.put(_key(entry.so_id, entry.idp_id), msgspec.json.encode(op))
+        # kv.put through publish_acked: the same stored entry at less client CPU (on
+        # the PERMIT's reply path, beside the index entry and CEDAR_PERMIT_RECORDED).
+        js = self.kernel.js
+        await publish_acked(js._nc, f"$KV.{BUCKET}.{_key(entry.so_id, entry.idp_id)}", msgspec.json.encode(op), {},
+                            js._timeout)
 
     async def closed(self, so_id: str, idp_id: str) -> None:
         """The report came: nothing is overdue."""

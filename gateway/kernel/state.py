@@ -28,8 +28,10 @@ from typing import Any, Literal
 import msgspec
 from msgspec import Struct, field
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import APIError, KeyWrongLastSequenceError
 
+from pgwcore.atomic import ERR_WRONG_LAST_SEQ, publish_acked
+from pgwcore.kvread import get_last
 from pgwcore.logs import get_logger
 from pgwcore.streams import ensure_kv
 from subjects.errors import PgwError
@@ -119,13 +121,9 @@ class KernelState:
 
     # -- reads --------------------------------------------------------------
     async def _get(self, key: str) -> tuple[bytes, int] | None:
-        try:
-            e = await self.kv.get(key)
-        except KeyNotFoundError:
-            return None
-        if not e.value:
-            return None
-        return e.value, e.revision
+        # kv.get's answer (None for a missing, deleted or empty key) at about half
+        # its client CPU (pgwcore.kvread); the request and the server's work are the same.
+        return await get_last(self.js._nc, self.js._prefix, BUCKET, key, self.js._timeout)
 
     async def idp(self, so_id: str, idp_id: str) -> tuple[IdpEntry, int] | None:
         got = await self._get(idp_key(so_id, idp_id))
@@ -142,11 +140,26 @@ class KernelState:
         return _sess_dec.decode(got[0]), got[1]
 
     # -- compare-and-set writes ----------------------------------------------
+    async def _write(self, key: str, value: bytes, rev: int) -> int:
+        """``kv.update(key, value, last=rev)`` (rev 0: the key must not exist) through
+        ``publish_acked`` (about two thirds of ``kv.update``'s client CPU): the same
+        compare-and-set (``Nats-Expected-Last-Subject-Sequence``, checked by the server),
+        the new revision, or ``KeyWrongLastSequenceError``."""
+        try:
+            ack = await publish_acked(self.js._nc, f"$KV.{BUCKET}.{key}", value,
+                                      {"Nats-Expected-Last-Subject-Sequence": str(rev)}, self.js._timeout)
+        except APIError as e:
+            if e.err_code != ERR_WRONG_LAST_SEQ:
+                raise
+            if rev != 0:
+                raise KeyWrongLastSequenceError(description=e.description) from None
+            # Taken, or a delete/purge marker nats' create writes over: let it decide.
+            return await self.kv.create(key, value)
+        return ack.seq
+
     async def _cas(self, key: str, value: bytes, rev: int) -> int:
         try:
-            if rev == 0:
-                return await self.kv.create(key, value)
-            return await self.kv.update(key, value, last=rev)
+            return await self._write(key, value, rev)
         except KeyWrongLastSequenceError as e:
             raise ConflictError(key) from e
 
@@ -158,7 +171,7 @@ class KernelState:
 
     async def put_tr(self, agent: str, idp_id: str, so_id: str) -> None:
         with contextlib.suppress(KeyWrongLastSequenceError):
-            await self.kv.create(tr_key(agent, idp_id), so_id.encode())
+            await self._write(tr_key(agent, idp_id), so_id.encode(), 0)
 
     async def update_session(
         self, agent: str, session_id: str, fn: Any, *, known: tuple[SessionEntry, int] | None = None
