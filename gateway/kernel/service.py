@@ -236,13 +236,15 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             return r.result
 
     async def _handle(self, agent: str, data: bytes, receipt: str, tp: str | None) -> KernelResult:
-        digest = stable_id("request", agent, data.decode("utf-8", "replace"))
+        def digest() -> str:  # only a refusal needs it: hashing every request body is not free
+            return stable_id("request", agent, data.decode("utf-8", "replace"))
+
         try:
             raw = msgspec.json.decode(data)
         except Exception:  # noqa: BLE001 - not JSON, not UTF-8, too deep: all a refusal
             raw = None
         if not isinstance(raw, dict):
-            await self._deny_verdict(agent, None, digest, "REQUEST_MALFORMED", "the request is not a JSON object", None, tp)
+            await self._deny_verdict(agent, None, digest(), "REQUEST_MALFORMED", "the request is not a JSON object", None, tp)
             raise self._reject("REQUEST_MALFORMED", "the request body must be a JSON object {mandate, action, resource?, idp}")
         try:
             idp, mandate, resource, pii, read = await self._validate(agent, raw)
@@ -251,7 +253,7 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             assert isinstance(res, Reject)
             # A well-formed IDP refused by (c)-(f) is still committed first (received.py).
             await commit_refused(self, agent, raw.get("idp"), receipt, res.error_code, tp)
-            await self._deny_verdict(agent, res.idp_id, digest, res.error_code, res.reason, None, tp)
+            await self._deny_verdict(agent, res.idp_id, digest(), res.error_code, res.reason, None, tp)
             raise
         return await self._decide(agent, raw, idp, mandate, resource, pii, read, receipt, tp)
 
