@@ -112,9 +112,34 @@ class ConflictError(PgwError):
 
 
 class KernelState:
+    # Sessions this instance last read or wrote, with their revision (issue 18):
+    # the next step of a session skips its read. Safe because the step is only
+    # ever taken by a compare-and-set on that revision (spec 003 §5.2(f)): if
+    # anyone wrote the session since, the CAS fails and the session is re-read,
+    # so a stale entry can never let a step, a HEM_PENDING or TERMINATED
+    # session through. It is used only to go on (ACTIVE, step above last_step);
+    # every refusal is decided on a fresh read (``cached_session``).
+    session_cache_size = 4096
+
     def __init__(self, js: JetStreamContext) -> None:
         self.js = js
         self.kv: Any = None
+        self._sessions: dict[str, tuple[SessionEntry, int]] = {}
+
+    def _remember(self, s: SessionEntry, rev: int) -> None:
+        key = session_key(s.agent, s.session_id)
+        self._sessions.pop(key, None)
+        if len(self._sessions) >= self.session_cache_size:
+            del self._sessions[next(iter(self._sessions))]
+        self._sessions[key] = (msgspec.structs.replace(s, mismatches=list(s.mismatches)), rev)
+
+    def cached_session(self, agent: str, session_id: str, step: int) -> tuple[SessionEntry, int] | None:
+        """The session as this instance last saw it, if it lets ``step`` go on (ACTIVE, a
+        higher step): a copy and its revision, for a compare-and-set; else None (read it)."""
+        got = self._sessions.get(session_key(agent, session_id))
+        if got is None or got[0].state != "ACTIVE" or got[0].last_step >= step:
+            return None
+        return msgspec.structs.replace(got[0], mismatches=list(got[0].mismatches)), got[1]
 
     async def open(self) -> None:
         self.kv = await ensure_kv(self.js, BUCKET)
@@ -137,7 +162,9 @@ class KernelState:
         got = await self._get(session_key(agent, session_id))
         if got is None:
             return SessionEntry(agent=agent, session_id=session_id), 0
-        return _sess_dec.decode(got[0]), got[1]
+        s = _sess_dec.decode(got[0])
+        self._remember(s, got[1])
+        return s, got[1]
 
     # -- compare-and-set writes ----------------------------------------------
     async def _write(self, key: str, value: bytes, rev: int) -> int:
@@ -164,7 +191,13 @@ class KernelState:
             raise ConflictError(key) from e
 
     async def put_session(self, s: SessionEntry, rev: int) -> int:
-        return await self._cas(session_key(s.agent, s.session_id), _enc.encode(s), rev)
+        try:
+            new = await self._cas(session_key(s.agent, s.session_id), _enc.encode(s), rev)
+        except ConflictError:
+            self._sessions.pop(session_key(s.agent, s.session_id), None)
+            raise
+        self._remember(s, new)
+        return new
 
     async def put_idp(self, e: IdpEntry, rev: int) -> int:
         return await self._cas(idp_key(e.so_id, e.idp_id), _enc.encode(e), rev)
