@@ -135,6 +135,7 @@ class KernelService(RequestValidation, Denials, TransitionReports):
         await self.revocations.start(QUEUE)
         await self.audit.start(QUEUE)
         await self.state.rebuild(self.js, STREAM)
+        self.overdue.log_ready = True  # the index now knows every permit the log closed
         if not self.policy.files:
             log.warning("no Cedar policies configured (kernel.policy_dir): every action is denied")
         self.desk.on_hem_decision(self._on_hem_decision)
@@ -379,7 +380,10 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             allowed = False
         if allowed:
             entry.status = "permitted"
-            jobs = [self._put_entry(entry), self.overdue.opened(entry)]
+            # The permit is registered open (overdue.py) by its CEDAR_PERMIT_RECORDED
+            # when that is logged, else by a PGW_KERNEL_OPEN key; either is stored
+            # before the answer leaves.
+            jobs = [self._put_entry(entry), self.overdue.opened(entry, logged=self.cfg.log_permits)]
             if self.cfg.log_permits:
                 jobs.append(
                     self.eventlog.append(

@@ -73,6 +73,8 @@ class IdpEntry(Struct, kw_only=True, omit_defaults=True):
     status: IdpStatus = "submitted"
     moment_id: str | None = None
     transition_seq: int | None = None
+    # The TRANSITION_REPORT_OVERDUE event that closed this permit (gateway/kernel/overdue.py).
+    overdue_seq: int | None = None
 
 
 class SessionEntry(Struct, kw_only=True, omit_defaults=True):
@@ -278,6 +280,21 @@ class KernelState:
                 continue
         raise ConflictError(idp_key(so_id, idp_id))
 
+    async def mark_overdue(self, so_id: str, idp_id: str, seq: int) -> None:
+        """Record that ``TRANSITION_REPORT_OVERDUE`` at ``seq`` closed this permit (status unchanged)."""
+        for _ in range(20):
+            got = await self.idp(so_id, idp_id)
+            if got is None or got[0].overdue_seq is not None:
+                return
+            e, rev = got
+            e.overdue_seq = seq
+            try:
+                await self.put_idp(e, rev)
+                return
+            except ConflictError:
+                continue
+        raise ConflictError(idp_key(so_id, idp_id))
+
     # -- rebuild from the log (spec 003 §8.4) -----------------------------------
     async def rebuild(self, js: JetStreamContext, stream: str) -> int:
         """Apply every log event after the checkpoint; return how many were applied."""
@@ -358,6 +375,8 @@ class KernelState:
                 await self.update_session(body["agent"], body["session_id"], _escalate(body))
             case "HEM_RESOLVED":
                 await self.resolve_hem(body)
+            case "TRANSITION_REPORT_OVERDUE":
+                await self.mark_overdue(body["so_id"], body["idp_id"], seq)
 
     async def resolve_hem(self, body: dict[str, Any]) -> SessionEntry:
         """Apply a HEM decision (``HEM_RESOLVED`` body): idempotent by moment id."""
