@@ -37,13 +37,14 @@ def body(token: str, rec: dict[str, Any]) -> bytes:
 
 def count_session_reads(kernel: KernelService) -> list[str]:
     reads: list[str] = []
-    real = kernel.state.session
+    real = kernel.state.validation_reads
 
-    async def session(a: str, s: str) -> Any:
-        reads.append(s)
-        return await real(a, s)
+    async def validation_reads(a: str, so: str, idp_id: str, s: str | None) -> Any:
+        if s is not None:
+            reads.append(s)
+        return await real(a, so, idp_id, s)
 
-    kernel.state.session = session  # type: ignore[method-assign]
+    kernel.state.validation_reads = validation_reads  # type: ignore[method-assign]
     return reads
 
 

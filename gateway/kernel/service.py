@@ -180,6 +180,7 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             with contextlib.suppress(Exception):
                 await self._psub.unsubscribe()
         await self.overdue.close()
+        await self.state.close()
         if self.cfg.enabled and not self.nc.is_closed:
             await self.checkpoints.close()  # the head at shutdown, anchored
 

@@ -9,7 +9,6 @@ they share.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import msgspec
@@ -131,15 +130,11 @@ class RequestValidation:
         # re-checks it); any other is read fresh, so every refusal below is
         # decided on the session as stored.
         cached = self.state.cached_session(agent, idp.session_id, idp.step_sequence)
-        if cached is None:
-            known, reported, read = await asyncio.gather(
-                self.state.idp(idp.so_id, idp.idp_id), self.state.so_of(agent, idp.idp_id),
-                self.state.session(agent, idp.session_id),
-            )
-        else:
-            (known, reported), read = await asyncio.gather(
-                self.state.idp(idp.so_id, idp.idp_id), self.state.so_of(agent, idp.idp_id)
-            ), cached
+        known, reported, fresh = await self.state.validation_reads(
+            agent, idp.so_id, idp.idp_id, idp.session_id if cached is None else None
+        )
+        read = fresh if fresh is not None else cached
+        assert read is not None
         if known is not None or reported:
             raise self._reject("IDP_DUPLICATE", "this idp_id was already submitted (spec 003 §5.2(c), §8.4)", idp_id=idp.idp_id)
         # mandate: signature, revocation, expiry (DESIGN §5.2)
