@@ -96,8 +96,9 @@ async def test_a_hem_approval_without_report_is_closed_too(env: Env) -> None:
 async def test_a_logged_permit_is_registered_by_its_log_event_and_closed_once(make_config: Any, nc: Any, tmp_path: Path) -> None:
     """A Cedar PERMIT writes no PGW_KERNEL_OPEN key (its CEDAR_PERMIT_RECORDED registers it, issue 18); the sweep
     closes it from the log once, also when the log is read again from the start, and the rebuild knows it is closed."""
-    from gateway.kernel.overdue import POSITION_KEY
     from nats.js.errors import NoKeysError
+
+    from gateway.kernel.overdue import POSITION_KEY
 
     issuer = Issuer(tmp_path / "issuer")
     cfg = kernel_config(make_config, issuer, policy_dir(tmp_path), report_deadline_s=3600, checkpoint_interval_s=0)

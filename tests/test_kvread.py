@@ -11,7 +11,6 @@ from pgwcore.kvread import get_last
 from pgwcore.streams import ensure_kv
 
 
-
 async def test_get_last_answers_as_kv_get(nc: Any) -> None:
     js = nc.jetstream()
     kv = await ensure_kv(js, "PGW_T")
