@@ -14,7 +14,8 @@ stops at the first rate it fails.
   session compare-and-set and the signed, chained ``IDP_SUBMITTED`` append,
   Cedar, the ``CEDAR_PERMIT_RECORDED`` append, the IDP index entry and the
   open-permit record (``PGW_KERNEL_OPEN``), then the reply. Every request
-  carries a new idp_id and session; the agent presents the same mandate.
+  carries a new idp_id and (``PGW_BENCH_IDP_STEPS``, default 1) a new session; the
+  agent presents the same mandate.
 - **bare** (baseline): a core-NATS responder on ``bench.echo`` that replies
   with the request body, no logic, no storage.
 
@@ -44,6 +45,9 @@ from pgwcore import loop as pgw_loop
 
 RATES = [int(x) for x in os.environ.get("PGW_BENCH_IDP_RATES", "250,500,750,1000,1500,2000,3000").split(",") if x]
 SECONDS = float(os.environ.get("PGW_BENCH_IDP_S", "5"))
+# Steps per session (default 1: every request a new session). With more, the
+# sessions are interleaved so that each recurs about SECONDS / STEPS apart at 250/s.
+STEPS = max(1, int(os.environ.get("PGW_BENCH_IDP_STEPS", "1")))
 P99_MAX_MS = 10.0
 REPO = str(Path(__file__).resolve().parent.parent)
 POLICY = 'permit(principal, action == Action::"CloseBooking", resource)\n' \
@@ -162,10 +166,13 @@ async def _main() -> list[dict]:
         token = issue_mandate(key, kid, agent="bench", so_id=so, principal="alice", actions=["CloseBooking"], jti="bench-m")
         tag = uuid.uuid4().hex[:8]
 
+        nsess = max(1, int(250 * SECONDS / STEPS))
+
         def body(i: int, prefix: str = "bench") -> bytes:
+            session, step = (i, 1) if STEPS == 1 or prefix != "bench" else (i % nsess, i // nsess + 1)
             return msgspec.json.encode({"mandate": token, "idp": {
-                "idp_id": str(uuid.uuid4()), "session_id": f"{prefix}-{tag}-{i}", "so_id": so, "mandate_id": "bench-m",
-                "step_sequence": 1, "requested_action": "CloseBooking",
+                "idp_id": str(uuid.uuid4()), "session_id": f"{prefix}-{tag}-{session}", "so_id": so, "mandate_id": "bench-m",
+                "step_sequence": step, "requested_action": "CloseBooking",
                 "declared_goal": {"goal_id": str(uuid.uuid4()), "description": "Close the booking after checkout"},
                 "reasoning_basis": {"type": "RULE_BASED", "description": "Checkout recorded"},
                 "confidence_level": 0.9, "hem_urgency": "NONE", "timestamp": now_rfc3339()}})

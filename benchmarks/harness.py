@@ -106,8 +106,11 @@ async def start_gateway(url: str, data: Path, extra_toml: str = "") -> asyncio.s
     cfg.write_text("[ops]\nlag_interval_s = 60.0\n" + (f"[gateway]\nbatch = {batch}\n" if batch else "")
                    + extra_toml)
     log = open(data / "gateway.log", "wb")  # noqa: SIM115, ASYNC230 - handed to the child
+    # PGW_BENCH_GW_PROFILE=FILE: the gateway runs under cProfile and writes FILE at exit (SIGTERM).
+    prof = os.environ.get("PGW_BENCH_GW_PROFILE")
+    cmd = [sys.executable, "-m", "cProfile", "-o", prof, "-m", "gateway.cli"] if prof else [PGW]
     proc = await asyncio.create_subprocess_exec(
-        PGW, "--server", url, "--data-dir", str(data), "--config", str(cfg), "--log-format", "json",
+        *cmd, "--server", url, "--data-dir", str(data), "--config", str(cfg), "--log-format", "json",
         "--log-level", "WARNING", "gateway", stdout=log, stderr=log, start_new_session=True)
     log.close()
     return proc

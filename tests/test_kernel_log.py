@@ -271,16 +271,17 @@ async def test_the_same_idp_permitted_through_the_instance_that_lost_the_reserva
 
 
 def stale_session_read(kernel: KernelService, agent: str, session_id: str, read: tuple[Any, int]) -> None:
-    """The kernel's next read of this session returns ``read``: what it held before a concurrent write."""
-    real = kernel.state.session
+    """The kernel's next validation read of this session returns ``read``: what it held before a concurrent write."""
+    real = kernel.state.validation_reads
 
-    async def session(a: str, s: str) -> Any:
+    async def reads(a: str, so: str, idp_id: str, s: str | None) -> Any:
         if (a, s) == (agent, session_id):
-            kernel.state.session = real  # type: ignore[method-assign]
-            return read
-        return await real(a, s)
+            kernel.state.validation_reads = real  # type: ignore[method-assign]
+            known, reported, _ = await real(a, so, idp_id, None)
+            return known, reported, read
+        return await real(a, so, idp_id, s)
 
-    kernel.state.session = session  # type: ignore[method-assign]
+    kernel.state.validation_reads = reads  # type: ignore[method-assign]
 
 
 async def test_a_step_taken_meanwhile_voids_the_logged_submission(setup: Any, nc: Any) -> None:

@@ -91,3 +91,42 @@ async def test_a_hem_approval_without_report_is_closed_too(env: Env) -> None:
     assert await kernel.overdue.sweep(now=1e12) == 1
     [v] = await stored_verdicts(env.js, "timeout")
     assert v.idp_id == rec["idp_id"] and v.moment_id == pending.moment_id
+
+
+async def test_a_logged_permit_is_registered_by_its_log_event_and_closed_once(make_config: Any, nc: Any, tmp_path: Path) -> None:
+    """A Cedar PERMIT writes no PGW_KERNEL_OPEN key (its CEDAR_PERMIT_RECORDED registers it, issue 18); the sweep
+    closes it from the log once, also when the log is read again from the start, and the rebuild knows it is closed."""
+    from nats.js.errors import NoKeysError
+
+    from gateway.kernel.overdue import POSITION_KEY
+
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = kernel_config(make_config, issuer, policy_dir(tmp_path), report_deadline_s=3600, checkpoint_interval_s=0)
+    so = str(uuid.uuid4())
+    token, jti = issuer.mandate(agent=AGENT, so_id=so)
+    js = nc.jetstream()
+    silent = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")
+    async with running_gateway(cfg, nc) as gw:
+        kernel = next(p for p in gw.parts if isinstance(p, KernelService))
+        assert isinstance(await request(nc, AGENT, {"mandate": token, "idp": silent}), Permit)
+        try:
+            keys = await kernel.overdue.kv.keys()
+        except NoKeysError:
+            keys = []
+        assert keys == []
+        assert await kernel.overdue.sweep() == 0  # not due within the hour
+        assert await kernel.overdue.sweep(now=1e12) == 1
+        entry, _ = await kernel.state.idp(so, silent["idp_id"])  # type: ignore[misc]
+        [(seq, _ev)] = await read_log(js, "TRANSITION_REPORT_OVERDUE")
+        assert entry.overdue_seq == seq
+        # Read from the start again (a position set back by another gateway, a lost bucket): closed once.
+        await kernel.state.kv.put(POSITION_KEY, b"0")
+        assert await kernel.overdue.sweep(now=1e12) == 0
+        # The rebuild from the log records the same.
+        entry.overdue_seq = None
+        await kernel.state.put_idp(entry, (await kernel.state.idp(so, silent["idp_id"]))[1])  # type: ignore[index]
+        await kernel.state.apply("TRANSITION_REPORT_OVERDUE", _ev.body, seq)
+        again, _ = await kernel.state.idp(so, silent["idp_id"])  # type: ignore[misc]
+        assert again.overdue_seq == seq
+    assert len(await stored_verdicts(js, "timeout")) == 1
+    assert len(await read_log(js, "TRANSITION_REPORT_OVERDUE")) == 1

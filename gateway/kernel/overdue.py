@@ -5,11 +5,21 @@ verdict only when the agent reports the transition (spec 003 §5.5). An agent
 that crashes, or never reports, would leave the permit without a capsule,
 and spec 004 §5.4.3 wants a capsule for every verdict, timeouts included.
 
-So each permit is registered as open (KV bucket ``PGW_KERNEL_OPEN``, one key
-per IDP, written before the PERMIT answer leaves the kernel) and the report
-closes it. A sweep on every gateway (``kernel.report_deadline_s``, checked at
-a quarter of that, at most every 30 s) takes the permits still open past
-their deadline, and for each:
+So each permit is registered as open before the PERMIT answer leaves the
+kernel, and the report closes it:
+
+* a Cedar PERMIT (``kernel.log_permits``, the default) by its
+  ``CEDAR_PERMIT_RECORDED`` event alone, which is stored before the answer
+  anyway (issue 18: one synced write less per PERMIT); the sweep reads these
+  events from the log, from the position ``_permit_sweep`` (in
+  ``PGW_KERNEL``) on, up to the first one younger than the deadline;
+* a HEM approval, or any permit when ``log_permits`` is off, by a key in the
+  KV bucket ``PGW_KERNEL_OPEN`` (one per IDP), deleted by its report.
+
+A sweep on every gateway (``kernel.report_deadline_s``, checked at a quarter
+of that, at most every 30 s) takes the permits still open past their
+deadline (not reported, and not closed before: the index entry's
+``overdue_seq``), and for each:
 
 * logs ``TRANSITION_REPORT_OVERDUE`` (signed, chained; deterministic
   ``Nats-Msg-Id``, so two gateways sweeping at once log it once);
@@ -17,7 +27,16 @@ their deadline, and for each:
   before dispatch" as far as the gateway saw: no effect is claimed, so the
   capsule's effect_mode is ``not_applicable``) with the reason
   ``TRANSITION_REPORT_MISSING``; its id is deterministic too;
-* deletes the key.
+* records the event's sequence in the index entry (``overdue_seq``; the
+  rebuild from the log does the same), so a sweep that reads the same
+  permit again, from a position another gateway wrote back or after a lost
+  bucket, never closes it twice; and deletes the key, if it has one.
+
+The log position: a kernel that finds no ``_permit_sweep`` in a bucket that
+has a rebuild checkpoint (a kernel from before this scheme, whose permits
+have KV keys) starts it at the log's head; in a new or lost bucket it starts
+at 0, after the rebuild has marked every permit the log shows closed. Only
+after the rebuild does the log pass run.
 
 A report that arrives after the deadline is still verified and logged, and
 yields its own ``executed`` (or ``errored``) verdict: the trail then holds
@@ -32,17 +51,23 @@ import time
 from typing import Any
 
 import msgspec
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
 
+from pgwcore.atomic import publish_acked
 from pgwcore.logs import get_logger
 from pgwcore.streams import ensure_kv
-from subjects.util import now_rfc3339, stable_id
+from subjects.idp import log_event_decoder
+from subjects.util import now_rfc3339, parse_rfc3339, stable_id
 from subjects.wire import Refusal, Verdict
 
 log = get_logger("pgw.kernel.overdue")
 
 BUCKET = "PGW_KERNEL_OPEN"
 EVENT = "TRANSITION_REPORT_OVERDUE"
+PERMIT_EVENT = "CEDAR_PERMIT_RECORDED"
+POSITION_KEY = "_permit_sweep"  # in PGW_KERNEL: the last log sequence the log pass has swept
+LOG_STREAM = "PGW_EVENTLOG"
 
 
 class OpenPermit(msgspec.Struct, kw_only=True):
@@ -69,9 +94,20 @@ class OverdueReports:
         self.deadline_s = deadline_s
         self.kv: Any = None
         self._task: asyncio.Task[None] | None = None
+        self.log_ready = False  # the log pass waits for the kernel's rebuild (start)
 
     async def start(self) -> None:
+        """Open the bucket and place the log position; call after ``state.open`` and before the rebuild."""
         self.kv = await ensure_kv(self.kernel.js, BUCKET)
+        st = self.kernel.state
+        if await st._get(POSITION_KEY) is None:
+            upgraded = await st._get("_checkpoint") is not None
+            head = 0
+            if upgraded:
+                info = await self.kernel.js.stream_info(LOG_STREAM)
+                head = info.state.last_seq or 0
+            with contextlib.suppress(KeyWrongLastSequenceError):
+                await st.kv.create(POSITION_KEY, str(head).encode())
         if self.deadline_s > 0:
             self._task = asyncio.create_task(self._loop(), name="kernel-overdue-reports")
 
@@ -82,20 +118,27 @@ class OverdueReports:
                 await self._task
             self._task = None
 
-    async def opened(self, entry: Any, *, moment_id: str | None = None) -> None:
-        """Register a permitted IDP (``IdpEntry``) as waiting for its report."""
-        if self.kv is None or self.deadline_s <= 0:
+    async def opened(self, entry: Any, *, moment_id: str | None = None, logged: bool = False) -> None:
+        """Register a permitted IDP (``IdpEntry``) as waiting for its report; ``logged``:
+        its ``CEDAR_PERMIT_RECORDED`` registers it (the log pass), no key is written."""
+        if self.kv is None or self.deadline_s <= 0 or logged:
             return
         op = OpenPermit(
             so_id=entry.so_id, idp_id=entry.idp_id, agent=entry.agent, principal=entry.principal,
             session_id=entry.session_id, requested_action=entry.requested_action,
             submitted_seq=entry.submitted_seq, deadline_at=time.time() + self.deadline_s, moment_id=moment_id,
         )
-        await self.kv.put(_key(entry.so_id, entry.idp_id), msgspec.json.encode(op))
+        # kv.put through publish_acked: the same stored entry at less client CPU (on
+        # the PERMIT's reply path, beside the index entry and CEDAR_PERMIT_RECORDED).
+        js = self.kernel.js
+        await publish_acked(js._nc, f"$KV.{BUCKET}.{_key(entry.so_id, entry.idp_id)}", msgspec.json.encode(op), {},
+                            js._timeout)
 
-    async def closed(self, so_id: str, idp_id: str) -> None:
-        """The report came: nothing is overdue."""
-        if self.kv is None:
+    async def closed(self, so_id: str, idp_id: str, *, keyed: bool = True) -> None:
+        """The report came: nothing is overdue. ``keyed``: the permit may have a key to delete
+        (a permit registered by its log event alone has none; its index entry, now
+        ``transitioned``, keeps the log pass from closing it)."""
+        if self.kv is None or not keyed:
             return
         with contextlib.suppress(KeyNotFoundError):
             await self.kv.delete(_key(so_id, idp_id))
@@ -114,11 +157,11 @@ class OverdueReports:
     async def sweep(self, now: float | None = None) -> int:
         """Close every permit past its deadline; how many were closed."""
         now = time.time() if now is None else now
+        closed = await self._sweep_log(now) if self.log_ready else 0
         try:
             keys = await self.kv.keys()
         except NoKeysError:
-            return 0
-        closed = 0
+            return closed
         for key in keys:
             try:
                 e = await self.kv.get(key)
@@ -130,12 +173,64 @@ class OverdueReports:
             if op.deadline_at > now:
                 continue
             got = await self.kernel.state.idp(op.so_id, op.idp_id)
-            if got is None or got[0].status in ("permitted", "hem_approved"):
+            if got is None or (got[0].status in ("permitted", "hem_approved") and got[0].overdue_seq is None):
                 await self._time_out(op)
                 closed += 1
             with contextlib.suppress(KeyNotFoundError):
                 await self.kv.delete(key)
         return closed
+
+    async def _sweep_log(self, now: float) -> int:
+        """The log pass: ``CEDAR_PERMIT_RECORDED`` events after the position, up to the first
+        one still inside its deadline; how many permits it closed."""
+        k = self.kernel
+        got = await k.state._get(POSITION_KEY)
+        pos = int(got[0]) if got else 0
+        subject = k.subjects.log(PERMIT_EVENT)
+        try:
+            last = (await k.js.get_last_msg(LOG_STREAM, subject)).seq or 0
+        except NotFoundError:
+            return 0
+        if last <= pos:
+            return 0
+        sub = await k.js.subscribe(
+            subject, stream=LOG_STREAM, ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=pos + 1),
+        )
+        closed, swept = 0, pos
+        try:
+            while swept < last:
+                msg = await sub.next_msg(timeout=10)
+                seq = msg.metadata.sequence.stream
+                ev = log_event_decoder.decode(msg.data)
+                if parse_rfc3339(ev.ts).timestamp() + self.deadline_s > now:
+                    break  # this one and every later one is not due yet
+                closed += await self._log_permit(ev.body)
+                swept = seq
+        finally:
+            await sub.unsubscribe()
+        if swept > pos:
+            # A plain put: two gateways sweeping at once may set it back a little; a
+            # permit read twice is skipped by its overdue_seq.
+            await k.state.kv.put(POSITION_KEY, str(swept).encode())
+        return closed
+
+    async def _log_permit(self, body: dict[str, Any]) -> int:
+        got = await self.kernel.state.idp(body["so_id"], body["idp_id"])
+        if got is not None:
+            e = got[0]
+            if e.status != "permitted" or e.overdue_seq is not None:
+                return 0  # reported, or closed already (a HEM approval has its own key)
+            principal = e.principal
+        else:
+            # The index lags the log (a crash between the two): the log says who.
+            principal = (await self.kernel.eventlog.get(body["idp_submitted_seq"])).body.get("principal") or ""
+        await self._time_out(OpenPermit(
+            so_id=body["so_id"], idp_id=body["idp_id"], agent=body["agent"], principal=principal,
+            session_id=body["session_id"], requested_action=body["requested_action"],
+            submitted_seq=body["idp_submitted_seq"], deadline_at=0.0,
+        ))
+        return 1
 
     async def _time_out(self, op: OpenPermit) -> None:
         body = {"idp_id": op.idp_id, "so_id": op.so_id, "session_id": op.session_id, "agent": op.agent,
@@ -155,4 +250,7 @@ class OverdueReports:
                 details={"event_seq": ev.seq, "idp_submitted_seq": op.submitted_seq},
             )
         )
+        # After the verdict: a crash before this leaves the permit to the next sweep,
+        # whose event and verdict have the same ids (deduplicated).
+        await self.kernel.state.mark_overdue(op.so_id, op.idp_id, ev.seq)
         log.warning("transition report overdue", agent=op.agent, idp_id=op.idp_id, event_seq=ev.seq)

@@ -135,6 +135,7 @@ class KernelService(RequestValidation, Denials, TransitionReports):
         await self.revocations.start(QUEUE)
         await self.audit.start(QUEUE)
         await self.state.rebuild(self.js, STREAM)
+        self.overdue.log_ready = True  # the index now knows every permit the log closed
         if not self.policy.files:
             log.warning("no Cedar policies configured (kernel.policy_dir): every action is denied")
         self.desk.on_hem_decision(self._on_hem_decision)
@@ -179,6 +180,7 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             with contextlib.suppress(Exception):
                 await self._psub.unsubscribe()
         await self.overdue.close()
+        await self.state.close()
         if self.cfg.enabled and not self.nc.is_closed:
             await self.checkpoints.close()  # the head at shutdown, anchored
 
@@ -236,13 +238,15 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             return r.result
 
     async def _handle(self, agent: str, data: bytes, receipt: str, tp: str | None) -> KernelResult:
-        digest = stable_id("request", agent, data.decode("utf-8", "replace"))
+        def digest() -> str:  # only a refusal needs it: hashing every request body is not free
+            return stable_id("request", agent, data.decode("utf-8", "replace"))
+
         try:
             raw = msgspec.json.decode(data)
         except Exception:  # noqa: BLE001 - not JSON, not UTF-8, too deep: all a refusal
             raw = None
         if not isinstance(raw, dict):
-            await self._deny_verdict(agent, None, digest, "REQUEST_MALFORMED", "the request is not a JSON object", None, tp)
+            await self._deny_verdict(agent, None, digest(), "REQUEST_MALFORMED", "the request is not a JSON object", None, tp)
             raise self._reject("REQUEST_MALFORMED", "the request body must be a JSON object {mandate, action, resource?, idp}")
         try:
             idp, mandate, resource, pii, read = await self._validate(agent, raw)
@@ -251,7 +255,7 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             assert isinstance(res, Reject)
             # A well-formed IDP refused by (c)-(f) is still committed first (received.py).
             await commit_refused(self, agent, raw.get("idp"), receipt, res.error_code, tp)
-            await self._deny_verdict(agent, res.idp_id, digest, res.error_code, res.reason, None, tp)
+            await self._deny_verdict(agent, res.idp_id, digest(), res.error_code, res.reason, None, tp)
             raise
         return await self._decide(agent, raw, idp, mandate, resource, pii, read, receipt, tp)
 
@@ -377,7 +381,10 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             allowed = False
         if allowed:
             entry.status = "permitted"
-            jobs = [self._put_entry(entry), self.overdue.opened(entry)]
+            # The permit is registered open (overdue.py) by its CEDAR_PERMIT_RECORDED
+            # when that is logged, else by a PGW_KERNEL_OPEN key; either is stored
+            # before the answer leaves.
+            jobs = [self._put_entry(entry), self.overdue.opened(entry, logged=self.cfg.log_permits)]
             if self.cfg.log_permits:
                 jobs.append(
                     self.eventlog.append(

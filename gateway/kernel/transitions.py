@@ -178,7 +178,9 @@ class TransitionReports:
         vev = await self.eventlog.append(etype, vbody, msg_id=stable_id(etype, entry.so_id.lower(), entry.idp_id.lower()), traceparent=tp)
         record = vev.event.body["record"]
         await self.state.advance_idp(entry.so_id, entry.idp_id, "transitioned", transition_seq=st.seq)
-        await self.overdue.closed(entry.so_id, entry.idp_id)
+        # A Cedar permit with CEDAR_PERMIT_RECORDED has no PGW_KERNEL_OPEN key (overdue.py).
+        await self.overdue.closed(entry.so_id, entry.idp_id,
+                                  keyed=entry.status == "hem_approved" or not self.cfg.log_permits)
         if not matched:
             COMMITMENT_GAPS.labels(agent=agent).inc()
             log.critical("IDP_COMMITMENT_GAP", agent=agent, idp_id=entry.idp_id, requested=entry.requested_action,

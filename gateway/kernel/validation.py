@@ -9,7 +9,6 @@ they share.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import msgspec
@@ -126,10 +125,16 @@ class RequestValidation:
         # (c) idp_id unique for the governed object (and for this agent's reports).
         # The session entry for (f) is read in the same round trip; only the
         # reads overlap, the checks below still run in the order of §5.2.
-        known, reported, read = await asyncio.gather(
-            self.state.idp(idp.so_id, idp.idp_id), self.state.so_of(agent, idp.idp_id),
-            self.state.session(agent, idp.session_id),
+        # A session this instance holds at its last revision, ACTIVE and below this
+        # step, is not read again (KernelState.cached_session: the step's CAS
+        # re-checks it); any other is read fresh, so every refusal below is
+        # decided on the session as stored.
+        cached = self.state.cached_session(agent, idp.session_id, idp.step_sequence)
+        known, reported, fresh = await self.state.validation_reads(
+            agent, idp.so_id, idp.idp_id, idp.session_id if cached is None else None
         )
+        read = fresh if fresh is not None else cached
+        assert read is not None
         if known is not None or reported:
             raise self._reject("IDP_DUPLICATE", "this idp_id was already submitted (spec 003 §5.2(c), §8.4)", idp_id=idp.idp_id)
         # mandate: signature, revocation, expiry (DESIGN §5.2)
@@ -143,6 +148,11 @@ class RequestValidation:
         # (e) mandate_id is the JWT's jti
         if idp.mandate_id != mandate.jti:
             raise self._reject("IDP_MANDATE_MISMATCH", "the IDP mandate_id is not the jti of the presented mandate", idp_id=idp.idp_id)
+        if cached is not None and idp.mission_ref is not None and mandate.mission_ref is not None \
+                and idp.mission_ref != mandate.mission_ref:
+            # (g) denies without taking the step, so no CAS would catch a stale
+            # session there: it is decided on the session as stored.
+            read = await self.state.session(agent, idp.session_id)
         # (f) step_sequence strictly increasing per session
         sess, rev = await self._session(agent, idp.session_id, read)
         if sess.state == "TERMINATED":

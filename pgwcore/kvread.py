@@ -1,0 +1,185 @@
+"""A KV read at a fraction of nats-py's client CPU (issue 18, the IDP kernel's hot path).
+
+``kv.get`` in nats-py builds the request with ``json.dumps``, awaits it through
+``wait_for``, parses the answer with ``json.loads`` into ``RawStreamMsg`` and
+its headers with a MIME parser. ``get_last`` sends the same request
+(``$JS.API.STREAM.MSG.GET.KV_{bucket}``, ``last_by_subj``), so the server does
+the same work and answers from the stream leader, as ``kv.get`` does on a
+stream without direct gets, but takes the reply through nats' request inbox
+with one timer (as ``pgwcore.atomic.send_acked`` does) and decodes it with
+msgspec. Same answers: the value and revision of the key's last entry, or
+None when the key has none or its last entry is a delete or purge marker
+(``KV-Operation``), which ``kv.get`` reports as ``KeyNotFoundError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import msgspec
+import nats.errors
+from nats.aio.client import Client
+from nats.js.errors import APIError
+
+ERR_NO_MESSAGE = 10037  # JSNoMessageFoundErr
+
+
+class _StoredMsg(msgspec.Struct):
+    seq: int
+    data: str = ""
+    hdrs: str | None = None
+
+
+class _GetReply(msgspec.Struct):
+    message: _StoredMsg | None = None
+    error: dict[str, Any] | None = None
+
+
+_reply_dec = msgspec.json.Decoder(_GetReply)
+_enc = msgspec.json.Encoder()
+
+
+def _expire(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_exception(nats.errors.TimeoutError())
+
+
+def _deleted(hdrs: str) -> bool:
+    raw = base64.b64decode(hdrs)
+    # NATS/1.0 header block: a delete or purge marker carries ``KV-Operation``.
+    return b"KV-Operation:" in raw and (b"KV-Operation: DEL" in raw or b"KV-Operation: PURGE" in raw
+                                        or b"KV-Operation:DEL" in raw or b"KV-Operation:PURGE" in raw)
+
+
+async def get_last(nc: Client, api_prefix: str, bucket: str, key: str, timeout: float) -> tuple[bytes, int] | None:
+    """(value, revision) of ``key`` in KV ``bucket``; None if it has no value."""
+    if not nc._resp_sub_prefix:
+        await nc._init_request_sub()
+    token = nc._nuid.next().decode()
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+    nc._resp_map[token] = fut
+    timer = loop.call_later(timeout, _expire, fut)
+    try:
+        await nc.publish(
+            f"{api_prefix}.STREAM.MSG.GET.KV_{bucket}",
+            _enc.encode({"last_by_subj": f"$KV.{bucket}.{key}"}),
+            reply=nc._resp_sub_prefix.decode() + token,
+        )
+        msg = await fut
+    finally:
+        timer.cancel()
+        nc._resp_map.pop(token, None)
+    reply = _reply_dec.decode(msg.data)
+    if reply.error is not None:
+        if reply.error.get("err_code") == ERR_NO_MESSAGE or reply.error.get("code") == 404:
+            return None
+        APIError.from_error(reply.error)  # raises the matching subclass
+    m = reply.message
+    if m is None:
+        return None
+    if m.hdrs and _deleted(m.hdrs):
+        return None
+    value = base64.b64decode(m.data) if m.data else b""
+    if not value:
+        return None
+    return value, m.seq
+
+
+async def enable_direct(js: Any, bucket: str) -> bool:
+    """Make sure ``KV_{bucket}`` answers direct gets (``allow_direct``, an additive update); False if
+    not, and False for a replicated bucket, whose followers may answer a direct get (see ``BatchReader``)."""
+    try:
+        info = await js.stream_info(f"KV_{bucket}")
+        if (info.config.num_replicas or 1) > 1:
+            return False
+        if info.config.allow_direct:
+            return True
+        cfg = info.config
+        cfg.allow_direct = True
+        info = await js.update_stream(cfg)
+    except (nats.errors.Error, TimeoutError):
+        return False
+    return bool(info.config.allow_direct)
+
+
+class _Batch:
+    __slots__ = ("found", "fut")
+
+    def __init__(self, fut: asyncio.Future[dict[str, tuple[bytes, int] | None]]) -> None:
+        self.found: dict[str, tuple[bytes, int] | None] = {}
+        self.fut = fut
+
+
+class BatchReader:
+    """Several keys of one KV bucket in one request: a batched direct get
+    (``multi_last``, nats-server 2.11+), one message out instead of one per key.
+
+    The server answers with the last entry of each key that has one, in one
+    consistent view of the stream (``Nats-UpTo-Sequence``), then an end-of-batch
+    status (204; 404 when no key has an entry). The same answers as ``get_last``
+    per key: a delete or purge marker, an empty value or no entry is None.
+
+    Direct gets may be answered by any replica that is not catching up, and a
+    partitioned follower can be far behind, so ``enable_direct`` turns them on
+    only for a bucket with one replica, where the one server answers (the
+    embedded default); a replicated bucket keeps leader reads (``get_last``).
+    """
+
+    def __init__(self, nc: Client, api_prefix: str, bucket: str, timeout: float) -> None:
+        self.nc = nc
+        self.subject = f"{api_prefix}.DIRECT.GET.KV_{bucket}"
+        self.pre = f"$KV.{bucket}."
+        self.timeout = timeout
+        self._inbox = ""
+        self._sub: Any = None
+        self._pending: dict[str, _Batch] = {}
+
+    async def start(self) -> None:
+        self._inbox = self.nc.new_inbox()
+        self._sub = await self.nc.subscribe(self._inbox + ".*", cb=self._on_msg)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            import contextlib
+
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    async def _on_msg(self, msg: Any) -> None:
+        b = self._pending.get(msg.subject[len(self._inbox) + 1:])
+        if b is None or b.fut.done():
+            return
+        h = msg.headers or {}
+        status = h.get("Status")
+        if status is not None:
+            if status in ("204", "404"):
+                b.fut.set_result(b.found)
+            else:
+                b.fut.set_exception(APIError(code=int(status) if status.isdigit() else None,
+                                             description=str(h.get("Description", ""))))
+            return
+        subject = h.get("Nats-Subject", "")
+        op = h.get("KV-Operation")
+        value = msg.data
+        b.found[subject[len(self.pre):]] = None if op in ("DEL", "PURGE") or not value else (value, int(h["Nats-Sequence"]))
+
+    async def get_many(self, keys: list[str]) -> list[tuple[bytes, int] | None]:
+        """(value, revision) or None for each key, in order."""
+        token = self.nc._nuid.next().decode()
+        fut: asyncio.Future[dict[str, tuple[bytes, int] | None]] = asyncio.get_running_loop().create_future()
+        self._pending[token] = _Batch(fut)
+        try:
+            await self.nc.publish(
+                self.subject, _enc.encode({"multi_last": [self.pre + k for k in keys], "batch": len(keys)}),
+                reply=f"{self._inbox}.{token}",
+            )
+            found = await asyncio.wait_for(fut, self.timeout)
+        except TimeoutError:
+            raise nats.errors.TimeoutError from None
+        finally:
+            del self._pending[token]
+        return [found.get(k) for k in keys]
