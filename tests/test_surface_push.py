@@ -36,16 +36,9 @@ from typing import Any
 import pytest
 
 from consumers.notify.service import Notifier
-from consumers.surfaces.feed import browser_auth
-from consumers.surfaces.web import WebSurfaceServer
-from gateway.app import Gateway
-from gateway.security import Party, embedded_auth
-from pgwcore.config import load_config
-from pgwcore.connect import connect
-from pgwcore.server import EmbeddedServer
-from pgwcore.streams import ensure_streams
 from subjects.client import Agent
 from tests.polling import until
+from tests.push_bed import secured_push_bed
 from tests.push_peer import push_service
 
 sys.path.insert(0, str(Path(__file__).parent / "web"))
@@ -62,44 +55,9 @@ pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 @pytest.fixture
 async def bed(tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
     """Server with isolation, gateway, notifier and alice's page server (its URL is the notifier's link)."""
-    web = WebSurfaceServer(principal="alice", ws_url="ws://127.0.0.1:1", port=0)  # ws_url set below
-    await web.start()
-    base = f"http://{web.host}:{web.port}/"
-    settings = {"agents": {"planner": {"principals": ["alice"]}},
-                "notifier": {"presence_grace_s": 0, "push_hosts": ["127.0.0.1"], "push_allow_http": True,
-                             "surface_url": base}}
-    config = load_config(None, data_dir=str(tmp_path / "data"), **settings)
-    auth = embedded_auth(config)
-    server = EmbeddedServer(tmp_path / "nats", port=-1, monitor_port=-1, websocket_port=-1,
-                            authorization=auth.server_block)
-    await server.start()
-    config = load_config(None, data_dir=str(tmp_path / "data"), nats_url=server.client_url, **settings)
-
-    def creds(role: str, name: str) -> str:
-        return str(auth.creds_for(Party(role, name)))  # type: ignore[arg-type]
-
-    conns = []
-    try:
-        gw_nc = await connect(server.client_url, creds=creds("service", "gateway"), name="gateway")
-        n_nc = await connect(server.client_url, creds=creds("service", "notifier"), name="notifier")
-        agent_nc = await connect(server.client_url, creds=creds("agent", "planner"), name="planner")
-        conns = [gw_nc, n_nc, agent_nc]
-        await ensure_streams(gw_nc.jetstream(), config.subjects)
-        # The page connects as alice, with her own credentials only.
-        web.ws_url = server.websocket_url
-        web.auth = browser_auth(server.client_url, creds("principal", "alice"))
-        assert web.auth and web.auth["type"] == "nkey"
-        async with Gateway(config, gw_nc), Notifier(config, n_nc) as notifier, push_service() as ps:
-            agent = Agent(agent_nc, "planner")
-            try:
-                yield {"web": web, "notifier": notifier, "push": ps, "agent": agent, "base": base, "tmp": tmp_path}
-            finally:
-                await agent.close()
-    finally:
-        for c in conns:
-            await c.drain()
-        await web.drain()
-        await server.stop()
+    async with push_service() as ps, secured_push_bed(
+            tmp_path, {"push_hosts": ["127.0.0.1"], "push_allow_http": True}) as bed:
+        yield {**bed, "push": ps}
 
 
 async def send(agent: Agent) -> str:

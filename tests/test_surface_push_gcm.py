@@ -29,17 +29,9 @@ import pytest
 
 from consumers.notify.service import Notifier
 from consumers.notify.vapid import load_or_create_vapid_key
-from consumers.surfaces.feed import browser_auth
-from consumers.surfaces.web import WebSurfaceServer
-from gateway.app import Gateway
-from gateway.security import Party, embedded_auth
-from pgwcore.config import load_config
-from pgwcore.connect import connect
-from pgwcore.server import EmbeddedServer
-from pgwcore.streams import ensure_streams
-from subjects.client import Agent
 from tests.gcm_standin import GOOGLE_HOSTS, check_vapid, gcm_standin
 from tests.polling import until
+from tests.push_bed import secured_push_bed
 
 sys.path.insert(0, str(Path(__file__).parent / "web"))
 from pwa_kit import MS, NOTIFY_ARGS, WAIT, notifications_shown, open_app
@@ -52,44 +44,12 @@ needs_chromium = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 @pytest.fixture
 async def bed(tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
     """Server with isolation, gateway, notifier (its HTTP client reaching the GCM stand-in) and alice's page server."""
-    web = WebSurfaceServer(principal="alice", ws_url="ws://127.0.0.1:1", port=0)  # ws_url set below
-    await web.start()
-    base = f"http://{web.host}:{web.port}/"
-    settings = {"agents": {"planner": {"principals": ["alice"]}},
-                "notifier": {"presence_grace_s": 0, "push_hosts": list(GOOGLE_HOSTS), "surface_url": base}}
-    config = load_config(None, data_dir=str(tmp_path / "data"), **settings)
-    auth = embedded_auth(config)
-    server = EmbeddedServer(tmp_path / "nats", port=-1, monitor_port=-1, websocket_port=-1,
-                            authorization=auth.server_block)
-    await server.start()
-    config = load_config(None, data_dir=str(tmp_path / "data"), nats_url=server.client_url, **settings)
-
-    def creds(role: str, name: str) -> str:
-        return str(auth.creds_for(Party(role, name)))  # type: ignore[arg-type]
-
-    conns = []
-    try:
-        gw_nc = await connect(server.client_url, creds=creds("service", "gateway"), name="gateway")
-        n_nc = await connect(server.client_url, creds=creds("service", "notifier"), name="notifier")
-        agent_nc = await connect(server.client_url, creds=creds("agent", "planner"), name="planner")
-        conns = [gw_nc, n_nc, agent_nc]
-        await ensure_streams(gw_nc.jetstream(), config.subjects)
-        web.ws_url = server.websocket_url
-        web.auth = browser_auth(server.client_url, creds("principal", "alice"))
-        async with gcm_standin() as gcm, Gateway(config, gw_nc), Notifier(config, n_nc) as notifier:
-            assert notifier.http is not None
-            await notifier.http.close()
-            notifier.http = gcm.client_session()  # Google's push hosts -> the loopback stand-in
-            agent = Agent(agent_nc, "planner")
-            try:
-                yield {"web": web, "notifier": notifier, "gcm": gcm, "agent": agent, "base": base, "tmp": tmp_path}
-            finally:
-                await agent.close()
-    finally:
-        for c in conns:
-            await c.drain()
-        await web.drain()
-        await server.stop()
+    async with gcm_standin() as gcm, secured_push_bed(tmp_path, {"push_hosts": list(GOOGLE_HOSTS)}) as bed:
+        notifier = bed["notifier"]
+        assert notifier.http is not None
+        await notifier.http.close()
+        notifier.http = gcm.client_session()  # Google's push hosts -> the loopback stand-in
+        yield {**bed, "gcm": gcm}
 
 
 async def _push_job(notifier: Notifier, moment_id: str) -> Any:
