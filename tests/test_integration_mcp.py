@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +282,36 @@ async def test_a_wait_cut_by_a_restart_is_picked_up_by_await_moment(env: Env) ->
     assert result.structuredContent == {"status": "resolved", "kind": "option", "index": 0, "moment_id": moment_id}
 
 
+@contextlib.asynccontextmanager
+async def killable(env: Env, transport: str, tmp_path: Path) -> AsyncIterator[tuple[ClientSession, Callable[[], Awaitable[None]]]]:
+    """A `pgw mcp` session and a function that SIGKILLs its server (the client side is then torn down quietly)."""
+    stack = contextlib.AsyncExitStack()
+    proc = None
+    try:
+        if transport == "stdio":
+            pidfile = tmp_path / "mcp.pid"
+            session = await stack.enter_async_context(env.stdio(pidfile))
+            pid = int(pidfile.read_text())
+        else:
+            proc, port = await env.http_server()
+            pid = proc.pid
+            session = await stack.enter_async_context(env.http_client(port))
+
+        async def kill() -> None:
+            os.kill(pid, signal.SIGKILL)
+            if proc is not None:
+                assert await asyncio.wait_for(proc.wait(), 10) == -signal.SIGKILL
+
+        yield session, kill
+    finally:
+        with contextlib.suppress(Exception):  # the client side of a killed server (anyio scopes: no wait_for here)
+            await stack.aclose()
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+
 async def read_then_kill9(env: Env, transport: str, tmp_path: Path, answer: Resolution) -> str:
     """Start `pgw mcp`, ask_principal, give up on the call (the server stays up), let the principal answer, wait until
     the server has read the answer and its outcome consumer acknowledged it (never to deliver it again), then SIGKILL
@@ -294,17 +324,7 @@ async def read_then_kill9(env: Env, transport: str, tmp_path: Path, answer: Reso
         messages.append(message or "")
         delivered.set()
 
-    stack = contextlib.AsyncExitStack()
-    proc = None
-    try:
-        if transport == "stdio":
-            pidfile = tmp_path / "mcp.pid"
-            session = await stack.enter_async_context(env.stdio(pidfile))
-            pid = int(pidfile.read_text())
-        else:
-            proc, port = await env.http_server()
-            pid = proc.pid
-            session = await stack.enter_async_context(env.http_client(port))
+    async with killable(env, transport, tmp_path) as (session, kill):
         asking = asyncio.create_task(session.call_tool(
             "ask_principal", {"principal": "alice", "binding_moment": MOMENT}, progress_callback=on_progress))
         await asyncio.wait_for(delivered.wait(), 20)
@@ -321,15 +341,7 @@ async def read_then_kill9(env: Env, transport: str, tmp_path: Path, answer: Reso
             return info.ack_floor.stream_seq >= last and info.num_ack_pending == 0 and info.num_pending == 0
 
         await until(read_and_acked, timeout=20, what="the MCP server reading and acknowledging alice's answer")
-        os.kill(pid, signal.SIGKILL)
-        if proc is not None:
-            assert await asyncio.wait_for(proc.wait(), 10) == -signal.SIGKILL
-    finally:
-        with contextlib.suppress(Exception):  # the client side of a killed server (anyio scopes: no wait_for here)
-            await stack.aclose()
-        if proc is not None and proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await kill()
     return moment_id
 
 

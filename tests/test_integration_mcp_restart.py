@@ -12,20 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import ClientSession
 
 from subjects.client import Surface
 from subjects.wire import BindingMomentItem, ClarificationAnswers, OptionChoice
 from tests.kernel_support import Issuer, policy_dir, running_gateway
 from tests.polling import until
-from tests.test_integration_mcp import AGENT, MOMENT, PRINCIPAL, Env, moment_answer
+from tests.test_integration_mcp import AGENT, MOMENT, PRINCIPAL, Env, killable, moment_answer
 
 TRANSPORTS = ["stdio", "http"]
 
@@ -40,35 +37,6 @@ async def env(make_config: Any, nc: Any, nats_server: Any, tmp_path: Path) -> As
     )
     async with running_gateway(cfg, nc):
         yield Env(nats_server.client_url, tmp_path / "mcp-data", issuer, nc)
-
-
-@contextlib.asynccontextmanager
-async def killable(env: Env, transport: str, tmp_path: Path) -> AsyncIterator[tuple[ClientSession, Callable[[], Awaitable[None]]]]:
-    """A `pgw mcp` session and a function that SIGKILLs its server (the client side is then torn down quietly)."""
-    stack = contextlib.AsyncExitStack()
-    proc = None
-    try:
-        if transport == "stdio":
-            pidfile = tmp_path / "mcp.pid"
-            session = await stack.enter_async_context(env.stdio(pidfile))
-            pid = int(pidfile.read_text())
-        else:
-            proc, port = await env.http_server()
-            pid = proc.pid
-            session = await stack.enter_async_context(env.http_client(port))
-
-        async def kill() -> None:
-            os.kill(pid, signal.SIGKILL)
-            if proc is not None:
-                assert await asyncio.wait_for(proc.wait(), 10) == -signal.SIGKILL
-
-        yield session, kill
-    finally:
-        with contextlib.suppress(Exception):  # the client side of a killed server (anyio scopes: no wait_for here)
-            await stack.aclose()
-        if proc is not None and proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 async def ask_then_kill9(env: Env, transport: str, tmp_path: Path, args: dict[str, Any]) -> BindingMomentItem:
