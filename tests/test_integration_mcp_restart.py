@@ -120,7 +120,7 @@ async def test_the_same_request_key_while_the_first_call_still_waits_is_the_same
         first = asyncio.create_task(session.call_tool("ask_principal", args))
         [item] = await until(surface.pending, timeout=20, what="the moment on alice's surface")
         second = asyncio.create_task(session.call_tool("ask_principal", args))
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # an absence to check: give the retry time to reach the gateway (it opens nothing to wait on)
         assert await surface.pending() == [item]  # the retry opened nothing new
         assert isinstance(item, BindingMomentItem)
         assert (await surface.answer(item, "Tomorrow.")).status == "accepted"

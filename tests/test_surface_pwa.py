@@ -43,6 +43,7 @@ from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
 from subjects.client import Agent
 from subjects.wire import OptionChoice
+from tests.polling import until as polling_until
 
 sys.path.insert(0, str(Path(__file__).parent / "web"))
 from pwa_kit import NOTIFICATIONS, NOTIFY_ARGS, SET_VISIBILITY, notifications_shown, open_app
@@ -273,13 +274,12 @@ async def presence_watch(nats_server: EmbeddedServer) -> tuple[Any, list[dict[st
 
 
 async def until(cond: Any, what: str) -> None:
-    import asyncio
+    """tests.polling.until for a plain condition on what the page sent."""
 
-    for _ in range(int(WAIT * 20)):
-        if cond():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    async def probe() -> Any:
+        return cond()
+
+    await polling_until(probe, timeout=WAIT, what=what)
 
 
 async def test_hidden_page_notifies_a_new_moment_and_keeps_presence(
