@@ -12,31 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import tests.test_integration_mcp as mcp_tests
 from subjects.client import Surface
 from subjects.wire import BindingMomentItem, ClarificationAnswers, OptionChoice
-from tests.kernel_support import Issuer, policy_dir, running_gateway
 from tests.polling import until
-from tests.test_integration_mcp import AGENT, MOMENT, PRINCIPAL, Env, killable, moment_answer
+from tests.test_integration_mcp import MOMENT, PRINCIPAL, Env, killable, moment_answer
 
 TRANSPORTS = ["stdio", "http"]
-
-
-@pytest.fixture
-async def env(make_config: Any, nc: Any, nats_server: Any, tmp_path: Path) -> AsyncIterator[Env]:
-    """test_integration_mcp's gateway: agent planner bound to principal alice."""
-    issuer = Issuer(tmp_path / "issuer")
-    cfg = make_config(
-        kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))},
-        agents={AGENT: {"principals": [PRINCIPAL]}},
-    )
-    async with running_gateway(cfg, nc):
-        yield Env(nats_server.client_url, tmp_path / "mcp-data", issuer, nc)
+env = mcp_tests.env  # the same gateway fixture as test_integration_mcp (agent planner bound to alice)
 
 
 async def ask_then_kill9(env: Env, transport: str, tmp_path: Path, args: dict[str, Any]) -> BindingMomentItem:

@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 import pytest
 
+import tests.test_surface_web as page_tests
 from consumers.surfaces.feed import SurfaceFeed
 from consumers.surfaces.web import WebSurfaceServer
 from pgwcore.connect import connect
@@ -54,8 +55,6 @@ from surface_kit import (
     accepted_moment,
     browser_ready,
     moment,
-    planner_agent,
-    running_gateway,
 )
 
 WAIT = 20.0
@@ -66,18 +65,9 @@ DESKTOP = {"width": 1280, "height": 800}
 
 _REASON = browser_ready()
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
-
-@pytest.fixture
-async def gateway(nats_server: EmbeddedServer, tmp_path: Path) -> AsyncIterator[Any]:
-    async with running_gateway(nats_server, tmp_path / "gw") as gw:
-        yield gw
-
-
-@pytest.fixture
-async def agent(nats_server: EmbeddedServer, gateway: Any) -> AsyncIterator[Agent]:
-    async with planner_agent(nats_server) as a:
-        yield a
-
+# the same gateway and agent fixtures as the page's own tests
+gateway = page_tests.gateway
+agent = page_tests.agent
 
 @pytest.fixture
 async def web(nats_server: EmbeddedServer) -> AsyncIterator[WebSurfaceServer]:
