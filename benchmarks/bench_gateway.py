@@ -34,6 +34,7 @@ import contextlib
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import relay as relay_mod
@@ -192,16 +193,7 @@ async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: f
                 rows.append({"name": f"gateway: 1,000 distinct new agents: FAILED ({e})"[:160]})
                 await b.drv.throughput(gw, 100)  # let the redeliveries settle before the next scenario
             del one_agent
-            progress(f"always: relay p99 at 500/s over {rate_s:.0f} s")
-            lr = await b.drv.latency(rel, 500, rate_s, label="relay latency")
-            for i in range(lat_runs):
-                progress(f"always: gateway p99 at 500/s, run {i + 1}/{lat_runs} ({rate_s:.0f} s)")
-                lg = await b.drv.latency(gw, 500, rate_s, label=f"gateway latency run {i + 1}")
-                sat = " (saturated)" if lg[2] < 450 else ""
-                rows.append(row(f"gateway: p99 publish->surface @ 500/s, {rate_s:.0f} s window, run {i + 1}/{lat_runs}{sat}",
-                                lg[1], lr[1], "ms (ratio = gateway/relay, target <= 20 ms)", digits=2))
-                rows.append(row(f"gateway: p50 publish->surface @ 500/s, run {i + 1}/{lat_runs}", lg[0], lr[0],
-                                "ms (ratio = gateway/relay)", digits=2))
+            rows += await _latency_rows(b, "", lat_runs, rate_s)
             if soak_s > 0:
                 rows += await _soak(b, soak_s)
             progress("always: a second gateway instance")
@@ -220,19 +212,57 @@ async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: f
     return rows
 
 
-async def _on_default_interval(root: Path, n: int) -> list[dict]:
+async def _on_default_interval(root: Path, n: int, lat_runs: int, rate_s: float) -> list[dict]:
     async with EmbeddedServer(root / "nats-default", port=-1, monitor_port=-1, websocket_port=None,
                               sync_interval=None) as server:
         b = Bench(server, root / "default", "default sync")
         try:
             await b.start(group_commit_relay=False)
             t = await b.best_of([b.relay, b.gw], n // 2)
+            latency = await _latency_rows(b, "default sync interval: ", lat_runs, rate_s)
         finally:
             await b.close()
     g, r = t["gateway"], t["relay"]
     return [row("gateway, server's default sync interval: envelopes/s until acked", g["rate"], r["rate"],
                 "env/s (ratio = gateway/relay, target >= 0.5)", digits=1),
-            *_cpu_rows("default sync interval: ", g, r)]
+            *_cpu_rows("default sync interval: ", g, r), *latency]
+
+
+async def _latency_rows(b: Bench, tag: str, lat_runs: int, rate_s: float) -> list[dict]:
+    """p99 and p50 publish -> surface at 500/s: one window of the relay, then ``lat_runs`` consecutive
+    windows of the gateway, all reported; and how busy the machine and each process were meanwhile
+    (on a small machine the tail at a steady rate is queueing for the CPU, so the reader needs both)."""
+    rows: list[dict] = []
+    progress(f"{b.label}: relay p99 at 500/s over {rate_s:.0f} s")
+    with b.meter(b.relay) as mr:
+        lr = await b.drv.latency(b.relay, 500, rate_s, label=f"{b.label}: relay latency")
+    meters: list[Meter] = []
+    for i in range(lat_runs):
+        progress(f"{b.label}: gateway p99 at 500/s, run {i + 1}/{lat_runs} ({rate_s:.0f} s)")
+        with b.meter(b.gw) as m:
+            lg = await b.drv.latency(b.gw, 500, rate_s, label=f"{b.label}: gateway latency run {i + 1}")
+        meters.append(m)
+        sat = " (saturated)" if lg[2] < 450 else ""
+        rows.append(row(f"{tag}gateway: p99 publish->surface @ 500/s, {rate_s:.0f} s window, run {i + 1}/{lat_runs}{sat}",
+                        lg[1], lr[1], "ms (ratio = gateway/relay, target <= 20 ms)", digits=2))
+        rows.append(row(f"{tag}gateway: p50 publish->surface @ 500/s, run {i + 1}/{lat_runs}", lg[0], lr[0],
+                        "ms (ratio = gateway/relay)", digits=2))
+    if meters:
+        def mean(f: Callable[[Meter], float]) -> float:
+            return sum(f(m) for m in meters) / len(meters) * 100
+
+        cores = os.cpu_count() or 1
+        rows += [
+            row(f"{tag}machine CPU busy during the latency windows (all processes)", mean(lambda m: m.busy),
+                mr.busy * 100, f"% of {cores} cores (gateway windows vs the relay's)", digits=1),
+            row(f"{tag}service process CPU during the latency windows", mean(lambda m: m.core_share("gateway")),
+                mr.core_share("relay") * 100, "% of one core (gateway vs relay)", digits=1),
+            row(f"{tag}nats-server CPU during the latency windows", mean(lambda m: m.core_share("server")),
+                mr.core_share("server") * 100, "% of one core (gateway windows vs the relay's)", digits=1),
+            row(f"{tag}driver CPU during the latency windows", mean(lambda m: m.core_share("driver")),
+                mr.core_share("driver") * 100, "% of one core (gateway windows vs the relay's)", digits=1),
+        ]
+    return rows
 
 
 async def _soak(b: Bench, seconds: float, rate: float = 150.0) -> list[dict]:
@@ -275,7 +305,7 @@ async def measure(*, n: int, lat_runs: int, rate_s: float, soak_s: float) -> lis
         root = Path(d)
         rows = await _on_always(root, n, lat_runs, rate_s, soak_s)
         progress("server's default sync interval")
-        rows += await _on_default_interval(root, n)
+        rows += await _on_default_interval(root, n, lat_runs, rate_s)
     return rows
 
 

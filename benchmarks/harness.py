@@ -91,6 +91,14 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine so far, all CPUs (``/proc/stat``): busy is
+    everything but idle and iowait, so steal and interrupt time count as busy."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -197,6 +205,9 @@ class Meter:
     cpu: dict[str, float] = field(default_factory=dict)
     msgs: dict[str, tuple[int, int]] = field(default_factory=dict)
 
+    busy: float = 0.0  # share of the whole machine's CPU that was busy (0..1), any process
+    wall: float = 0.0  # seconds between start and stop
+
     def _read(self) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
         cpu = {k: cpu_s(p) for k, p in self.pids.items()}
         msgs = {k: msgs_of(self.monitor_url, n) for k, n in self.conn_names.items()} if self.monitor_url else {}
@@ -204,12 +215,20 @@ class Meter:
 
     def __enter__(self) -> Meter:
         self._c0, self._m0 = self._read()
+        self._t0, self._w0 = machine_ticks(), time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
         c1, m1 = self._read()
+        (b1, t1), (b0, t0) = machine_ticks(), self._t0
+        self.wall = time.perf_counter() - self._w0
+        self.busy = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
         self.cpu = {k: c1[k] - self._c0[k] for k in c1}
         self.msgs = {k: (m1[k][0] - self._m0[k][0], m1[k][1] - self._m0[k][1]) for k in m1}
+
+    def core_share(self, prefix: str) -> float:
+        """CPU of the processes whose label starts with ``prefix``, as a share of one core."""
+        return sum(v for k, v in self.cpu.items() if k.startswith(prefix)) / self.wall if self.wall else 0.0
 
 
 # -- the driver ---------------------------------------------------------------

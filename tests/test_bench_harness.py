@@ -4,7 +4,9 @@ No timing is asserted. What is: a throughput run ends only when the
 consumer has acked every input; the message meter sees the relay's publish
 and ack per envelope and the gateway's six writes and ack; the sized moments
 pass the gateway's grammar at 1, 16 and 120 KB (else the bench would measure
-refusals); and envelopes from new agents add no consumer to PGW_OUTBOUND.
+refusals); envelopes from new agents add no consumer to PGW_OUTBOUND; and the
+latency windows report percentiles and the CPU the machine and each process
+used meanwhile.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.bench_gateway import Bench
+from benchmarks.bench_gateway import Bench, _latency_rows
 from benchmarks.harness import moment_of_kb
 from pgwcore.server import EmbeddedServer
 
@@ -42,5 +44,17 @@ async def test_the_harness_counts_until_acked_and_meters_messages(nats_server: E
         assert info.num_ack_pending == 0 and info.num_pending == 0
         # First contact creates no consumer per agent (15 new agents above).
         assert (await b.drv.js.stream_info("PGW_OUTBOUND")).state.consumer_count == consumers_before
+
+        # The latency windows and what the machine did meanwhile (a 0.1 s window: 50 envelopes).
+        rows = {r["name"]: r for r in await _latency_rows(b, "t: ", 1, 0.1)}
+        p99, p50 = rows["t: gateway: p99 publish->surface @ 500/s, 0 s window, run 1/1"], \
+            rows["t: gateway: p50 publish->surface @ 500/s, run 1/1"]
+        assert 0 < p50["value"] <= p99["value"] and 0 < p50["baseline"] <= p99["baseline"]
+        busy = rows["t: machine CPU busy during the latency windows (all processes)"]
+        assert 0 < busy["value"] <= 100 and 0 < busy["baseline"] <= 100
+        # Each process's share is its own CPU over the window: the gateway and the relay did work.
+        assert rows["t: service process CPU during the latency windows"]["value"] > 0
+        assert rows["t: service process CPU during the latency windows"]["baseline"] > 0
+        assert rows["t: nats-server CPU during the latency windows"]["value"] > 0
     finally:
         await b.close()
