@@ -6,16 +6,22 @@ and ack per envelope and the gateway's six writes and ack; the sized moments
 pass the gateway's grammar at 1, 16 and 120 KB (else the bench would measure
 refusals); envelopes from new agents add no consumer to PGW_OUTBOUND; and the
 latency windows report percentiles and the CPU the machine and each process
-used meanwhile.
+used meanwhile; and nats-server's own CPU profile decodes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+import pytest
+from nats.js.api import StreamConfig
+
 from benchmarks.bench_gateway import Bench, _latency_rows
 from benchmarks.harness import moment_of_kb
+from benchmarks.server_profile import decode, fetch_profile, free_port, report
+from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
 
 
@@ -58,3 +64,28 @@ async def test_the_harness_counts_until_acked_and_meters_messages(nats_server: E
         assert rows["t: nats-server CPU during the latency windows"]["value"] > 0
     finally:
         await b.close()
+
+
+async def test_server_profile_decodes_a_real_nats_server_cpu_profile(tmp_path: Path) -> None:
+    """benchmarks.server_profile reads nats-server's own pprof output (no Go toolchain here)."""
+    port = free_port()
+    async with EmbeddedServer(tmp_path / "nats", port=-1, monitor_port=None, websocket_port=None,
+                              extra_conf=f"prof_port: {port}") as server:
+        nc = await connect(server.client_url, name="profile-load")
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="PROFT", subjects=["proft.>"]))
+        prof = asyncio.create_task(fetch_profile(port, 1))
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 1.5
+        while loop.time() < end and not prof.done():  # keep the server busy (fsync'd writes) during the window
+            await asyncio.gather(*(js.publish(f"proft.{i}", b"x" * 512) for i in range(50)))
+        profile = decode(await prof)
+        await nc.close()
+    assert profile.total_ns > 0
+    assert any("nats-server" in name for name in profile.cum), profile.cum.most_common(5)
+    assert sum(profile.flat.values()) <= profile.total_ns
+    assert all(profile.flat[name] <= profile.cum[name] for name in profile.flat)
+    assert max(profile.cum.values()) <= profile.total_ns
+    assert "nats-server CPU in the window" in report(profile, 5)
+    with pytest.raises(ValueError, match="not a pprof profile"):
+        decode(b"\x1f\x8bnot gzip at all")
