@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -108,11 +107,10 @@ async def test_resolution_waits_for_its_dispatch(nc: Any, make_config: Any) -> N
     pub = Publisher(js, config.subjects)
     await pub.verdict(resolution)  # out of order on purpose
     async with Signer(config, nc) as signer:
-        async def resolution_tried() -> None:  # the signer fetched the lone resolution and nak'ed it
-            info = js.consumer_info
-            while (await info("PGW_VERDICTS", config.signer.durable)).delivered.stream_seq < 1:  # noqa: ASYNC110
-                await asyncio.sleep(0.02)  # polls server state, bounded by wait_for
-        await asyncio.wait_for(resolution_tried(), 10)
+        async def resolution_tried() -> bool:  # the signer fetched the lone resolution and nak'ed it
+            return (await js.consumer_info("PGW_VERDICTS", config.signer.durable)).delivered.stream_seq >= 1
+
+        await until(resolution_tried, timeout=10, interval=0.02, what="the lone resolution fetched")
         assert signer.signed == 0
         await pub.verdict(dispatch)
         await wait_count(js, "PGW_REGISTRATION", 2)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import msgspec
@@ -19,6 +18,7 @@ from subjects.client import BINDING_MOMENT_KIND, envelope
 from subjects.wire import OptionChoice, ResolveRequest
 from tests.chaos.checker import read_stream
 from tests.moments import good_moment
+from tests.polling import until
 
 TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -26,17 +26,6 @@ TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 def _moment_env(eid: str, principal: str = "alice") -> dict:
     return envelope(BINDING_MOMENT_KIND, {"principal": principal, "binding_moment": good_moment()},
                     envelope_id=eid)
-
-
-async def _wait_for(pred, timeout: float = 10.0, every: float = 0.05):
-    """Poll an async predicate on the real server until it holds (state, not a timed sleep)."""
-    async def loop():
-        while True:
-            v = await pred()
-            if v:
-                return v
-            await asyncio.sleep(every)
-    return await asyncio.wait_for(loop(), timeout)
 
 
 async def _send(js, agent: str, body: dict | list, *, headers: dict | None = None) -> None:
@@ -50,9 +39,9 @@ async def test_traceparent_reaches_every_message_the_envelope_causes(nc, make_co
     js = nc.jetstream()
     async with Gateway(make_config(), nc):
         await _send(js, "tracer", _moment_env("t1"), headers={"traceparent": TRACE})
-        verdicts = await _wait_for(lambda: read_stream(js, "PGW_VERDICTS"))
-        outs = await _wait_for(lambda: read_stream(js, "PGW_OUTBOUND", "pgw.agent.tracer.outcome"))
-        items = await _wait_for(lambda: read_stream(js, "PGW_SURFACE"))
+        verdicts = await until(lambda: read_stream(js, "PGW_VERDICTS"), timeout=10)
+        outs = await until(lambda: read_stream(js, "PGW_OUTBOUND", "pgw.agent.tracer.outcome"), timeout=10)
+        items = await until(lambda: read_stream(js, "PGW_SURFACE"), timeout=10)
     for m in (*verdicts, *outs, *items):
         assert m.headers.get("traceparent") == TRACE, m.subject
         assert json.loads(m.data)["traceparent"] == TRACE
@@ -69,11 +58,11 @@ async def test_traceparent_is_on_the_log_lines_it_causes(nc, make_config) -> Non
             expiring["payload"]["expires_in_s"] = 1
             await _send(js, "tracer", expiring, headers={"traceparent": TRACE})
             await _send(js, "tracer", _moment_env("t-answered"), headers={"traceparent": TRACE})
-            items = await _wait_for(lambda: _items_of(js, 2))
+            items = await until(lambda: _items_of(js, 2), timeout=10)
             answered = next(json.loads(m.data) for m in items if b"t-answered" in m.data)
             body = msgspec.json.encode(ResolveRequest(moment_id=answered["moment_id"], resolution=OptionChoice(index=0)))
             await nc.request("pgw.principal.alice.resolve", body, timeout=10, headers={"traceparent": answer_trace})
-            await _wait_for(lambda: _logged(logs, "moment expired"))
+            await until(lambda: _logged(logs, "moment expired"), timeout=10)
     envelope_lines = [e for e in logs if e["event"] == "envelope"]
     assert len(envelope_lines) == 2 and all(e["traceparent"] == TRACE for e in envelope_lines)
     assert [e["traceparent"] for e in logs if e["event"] == "moment expired"] == [TRACE]
@@ -106,9 +95,9 @@ async def test_poison_message_is_dead_lettered_not_redelivered_forever(nc, make_
         gw.worker.pipeline.stages.insert(0, poison_stage)
         await _send(js, "bot", _moment_env("poison"))
         await _send(js, "bot", _moment_env("healthy"))
-        dl = await _wait_for(lambda: read_stream(js, "PGW_DEADLETTER"))
-        outs = await _wait_for(lambda: read_stream(js, "PGW_OUTBOUND", "pgw.agent.bot.outcome"), every=0.1)
-        await _wait_for(lambda: _len_at_least(js, "PGW_OUTBOUND", 2))
+        dl = await until(lambda: read_stream(js, "PGW_DEADLETTER"), timeout=10)
+        outs = await until(lambda: read_stream(js, "PGW_OUTBOUND", "pgw.agent.bot.outcome"), timeout=10, interval=0.1)
+        await until(lambda: _len_at_least(js, "PGW_OUTBOUND", 2), timeout=10)
         info = await js.consumer_info("PGW_INBOUND", "pgw-gateway")
     record = json.loads(dl[0].data)
     assert len(dl) == 1
@@ -145,8 +134,8 @@ async def test_unacknowledged_message_is_dead_lettered_from_the_advisory(nc, mak
         # and emits the MAX_DELIVERIES advisory instead of a third delivery.
         with pytest.raises(NatsTimeout):
             await psub.fetch(1, timeout=1.5)
-        dl = await _wait_for(lambda: read_stream(js, "PGW_DEADLETTER"))
-        await _wait_for(lambda: read_stream(js, "PGW_VERDICTS"))
+        dl = await until(lambda: read_stream(js, "PGW_DEADLETTER"), timeout=10)
+        await until(lambda: read_stream(js, "PGW_VERDICTS"), timeout=10)
         await psub.unsubscribe()
     rec = json.loads(dl[0].data)
     assert rec["stream_seq"] == 1 and rec["deliveries"] == 2 and "not acknowledged" in rec["reason"]
@@ -176,8 +165,8 @@ async def test_gateway_counts_envelopes_moments_and_latency(nc, make_config) -> 
     lat = metrics.REGISTRY.get_sample_value("pgw_latency_seconds_count", {"stage": "turn"}) or 0
     async with Gateway(make_config(), nc):
         await _send(js, "counter", _moment_env("m1"))
-        await _wait_for(lambda: read_stream(js, "PGW_OUTBOUND", "pgw.agent.counter.outcome"))
-        await _wait_for(lambda: _metric_above("pgw_latency_seconds_count", {"stage": "turn"}, lat))
+        await until(lambda: read_stream(js, "PGW_OUTBOUND", "pgw.agent.counter.outcome"), timeout=10)
+        await until(lambda: _metric_above("pgw_latency_seconds_count", {"stage": "turn"}, lat), timeout=10)
     assert metrics.REGISTRY.get_sample_value("pgw_envelopes_total", {"outcome": "accepted", "code": "none"}) == acc + 1
     assert metrics.REGISTRY.get_sample_value("pgw_binding_moments_total", {"agent": "counter"}) == mom + 1
 
@@ -194,7 +183,7 @@ async def test_dialogue_resolutions_feed_the_dialogue_hatch_rate(nc, make_config
     r0 = metrics.REGISTRY.get_sample_value("pgw_resolutions_total", labels) or 0
     async with Gateway(make_config(), nc):
         await _send(js, "veto", _moment_env("v1", principal="carol"))
-        outs = await _wait_for(lambda: read_stream(js, "PGW_OUTBOUND", "pgw.agent.veto.outcome"))
+        outs = await until(lambda: read_stream(js, "PGW_OUTBOUND", "pgw.agent.veto.outcome"), timeout=10)
         moment_id = json.loads(outs[0].data)["moment_id"]
         reply = await Surface(nc, "carol").resolve(moment_id, DialogueVeto(objection="wrong question"))
         assert reply.status == "accepted"
@@ -214,16 +203,16 @@ async def test_replay_through_the_gateway_publishes_no_new_items_or_verdicts(nc,
     async with Gateway(make_config(), nc):
         for i in range(3):
             await _send(js, "rp", _moment_env(f"r{i}"))
-        await _wait_for(lambda: _len_at_least(js, "PGW_OUTBOUND", 3))
-        await _wait_for(lambda: _drained(js))
+        await until(lambda: _len_at_least(js, "PGW_OUTBOUND", 3), timeout=10)
+        await until(lambda: _drained(js), timeout=10)
         counts = {s: (await js.stream_info(s)).state.messages for s in ("PGW_SURFACE", "PGW_VERDICTS", "PGW_OUTBOUND")}
         dry = await Replayer(nc, gw_subjects(), dedup_lookup=_cached(js)).replay(
             ReplayRange(subject="pgw.agent.rp.envelope"), "gateway", fresh_msg_id=True, dry_run=True)
         report = await Replayer(nc, gw_subjects()).replay(
             ReplayRange(subject="pgw.agent.rp.envelope"), "gateway", fresh_msg_id=True)
         assert report.counts() == {"published": 3}
-        await _wait_for(lambda: _metric_above("pgw_replays_total", {"agent": "rp"}, replays + 2))
-        await _wait_for(lambda: _drained(js))
+        await until(lambda: _metric_above("pgw_replays_total", {"agent": "rp"}, replays + 2), timeout=10)
+        await until(lambda: _drained(js), timeout=10)
     assert [a.cached for a in dry.actions] == [True, True, True]
     assert {s: (await js.stream_info(s)).state.messages for s in counts} == counts == {
         "PGW_SURFACE": 3, "PGW_VERDICTS": 3, "PGW_OUTBOUND": 3}

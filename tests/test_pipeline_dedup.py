@@ -15,6 +15,7 @@ from tests.pipeline_helpers import (
     stream_bytes,
     stream_count,
 )
+from tests.polling import until
 
 STREAMS = ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS")
 
@@ -23,14 +24,11 @@ async def counts(nc, at_least: dict[str, int]) -> dict[str, int]:
     """Stored message counts once the streams hold at least ``at_least`` (a core
     subscriber may see a message a moment before its stream reports it stored)."""
 
-    async def settled() -> dict[str, int]:
-        while True:
-            c = {s: await stream_count(nc, s) for s in STREAMS}
-            if all(c[k] >= v for k, v in at_least.items()):
-                return c
-            await asyncio.sleep(0.02)  # polling the stream state, bounded by wait_for
+    async def settled() -> dict[str, int] | None:
+        c = {s: await stream_count(nc, s) for s in STREAMS}
+        return c if all(c[k] >= v for k, v in at_least.items()) else None
 
-    return await asyncio.wait_for(settled(), 10)
+    return await until(settled, timeout=10, interval=0.02, what=f"streams holding {at_least}")
 
 
 async def stored_outcomes(nc) -> list:

@@ -46,8 +46,11 @@ async def test_fetch_ready_idle_waits_then_times_out_like_nats_py(nc) -> None:
         await fetch_ready(sub, 16, timeout=0.3)
     # A message published while the lingering request waits is delivered to it.
 
-    async def later() -> None:
-        await asyncio.sleep(0.2)
+    async def later() -> None:  # once the lingering request is registered on the server
+        async def lingering() -> bool:
+            return (await js.consumer_info("PULLT", "d")).num_waiting >= 1
+
+        await until(lingering, timeout=3, interval=0.01, what="the lingering pull request")
         await js.publish("pullt.x", b"late")
 
     task = asyncio.ensure_future(later())

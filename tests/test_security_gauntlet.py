@@ -45,6 +45,7 @@ from tests.gauntlet.corpus import (
     transition_cases,
 )
 from tests.moments import GOOD_MOMENT
+from tests.polling import until
 
 pytestmark = [pytest.mark.security, pytest.mark.asyncio(loop_scope="module")]
 TABLE = "hostile-input gauntlet"
@@ -109,14 +110,18 @@ def expected_outcomes(body: bytes, cap: int) -> int:
 
 
 async def settled_consumer(bed: Bed, durable: str) -> Any:
-    """Consumer info once the last delivery is acked (the ack follows the outcome publish)."""
+    """Consumer info once the last delivery is acked (the ack follows the outcome publish); after
+    WAIT the info as it is, for the caller's assertions to report."""
     js = bed.ncs["_watch"].jetstream()
-    deadline = time.monotonic() + WAIT
-    while True:
+
+    async def settled() -> Any:
         info = await js.consumer_info("PGW_INBOUND", durable)
-        if (info.num_ack_pending == 0 and info.num_pending == 0) or time.monotonic() > deadline:
-            return info
-        await asyncio.sleep(0.02)  # polling the condition itself, bounded by WAIT
+        return info if info.num_ack_pending == 0 and info.num_pending == 0 else None
+
+    try:
+        return await until(settled, timeout=WAIT, interval=0.02)
+    except TimeoutError:
+        return await js.consumer_info("PGW_INBOUND", durable)
 
 
 async def next_outcomes(bed: Bed, agent: str, n: int) -> list[Any]:
