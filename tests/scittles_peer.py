@@ -1,7 +1,7 @@
 """The real scittles SCRAPI Transparency Service as a test peer (issue 14).
 
 scittles is outside software (``../shared/peers/scittles``, a snapshot of
-github.com/vcon-dev/scittles); the suite installs it, unmodified, into a venv
+github.com/vcon-dev/scittles; found as :func:`source_candidates` says); the suite installs it, unmodified, into a venv
 of its own and runs it as a subprocess on a free loopback port, so that the
 registrar is proved against the other side's own code.
 
@@ -35,7 +35,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-SOURCE = Path(__file__).resolve().parents[1].parent / "shared" / "peers" / "scittles"
+REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("PGW_PEERS_CACHE", Path.home() / ".cache" / "pgw-peers"))
 
 
@@ -43,7 +43,33 @@ class PeerUnavailable(RuntimeError):
     """The peer could not be installed or started; the message says why."""
 
 
-def source_hash(src: Path = SOURCE) -> str:
+def source_candidates(repo: Path | None = None) -> list[Path]:
+    """Where the scittles source may be, in order: ``$PGW_SCITTLES_SRC``; ``../shared/peers/scittles``
+    beside this checkout; and, for a clone of a local checkout (``git clone . /tmp/fresh``), the same
+    beside the checkout it was cloned from (its ``origin`` is a local path)."""
+    repo = repo or REPO
+    out = [Path(os.environ["PGW_SCITTLES_SRC"])] if os.environ.get("PGW_SCITTLES_SRC") else []
+    out.append(repo.parent / "shared" / "peers" / "scittles")
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        origin = subprocess.run(["git", "-C", str(repo), "config", "--get", "remote.origin.url"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+        origin = origin.removeprefix("file://")
+        if origin and "://" not in origin and Path(origin).is_dir():
+            out.append(Path(origin).resolve().parent / "shared" / "peers" / "scittles")
+    return out
+
+
+def find_source() -> Path:
+    """The first candidate holding scittles' source; PeerUnavailable naming every place looked at."""
+    tried = source_candidates()
+    for src in tried:
+        if (src / "pyproject.toml").exists():
+            return src
+    raise PeerUnavailable("scittles source not found; looked at " + ", ".join(map(str, tried))
+                          + " (set PGW_SCITTLES_SRC to the folder of github.com/vcon-dev/scittles)")
+
+
+def source_hash(src: Path) -> str:
     """A short hash of the peer's source tree (paths and contents) and of the Python that runs it."""
     h = hashlib.sha256(f"{getattr(sys, '_base_executable', sys.executable)} {sys.version}".encode())
     for p in sorted(src.rglob("*")):
@@ -52,8 +78,9 @@ def source_hash(src: Path = SOURCE) -> str:
     return h.hexdigest()[:12]
 
 
-def ensure_venv(src: Path = SOURCE) -> Path:
-    """The cached venv folder with scittles installed (built when missing)."""
+def ensure_venv(src: Path | None = None) -> Path:
+    """The cached venv folder with scittles installed (built when missing); ``src``: default find_source()."""
+    src = src or find_source()
     if not (src / "pyproject.toml").exists():
         raise PeerUnavailable(f"scittles source not found at {src}")
     final = CACHE / f"scittles-{source_hash(src)}"
