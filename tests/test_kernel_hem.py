@@ -269,10 +269,12 @@ async def test_hem_expiry_is_a_refusal(make_config: Any, nc: Any, tmp_path: Path
 
 async def test_no_step_goes_through_while_the_escalation_is_being_logged(env: Env) -> None:
     """§5.5.2 "enters HEM_PENDING immediately": the session is HEM_PENDING from the moment the escalation is
-    decided, not from the ack of its HEM_ESCALATED append, so a request arriving in between is denied."""
+    decided, not from the ack of its HEM_ESCALATED append, so a request arriving in between is denied.
+    (A request that reserved its step before the session's move was first, and goes through: the test sends
+    its second request once the move is stored, the append still unacknowledged.)"""
     kernel = next(p for p in env.gw.parts if isinstance(p, KernelService))
-    real = kernel.eventlog.append
-    appending, release = asyncio.Event(), asyncio.Event()
+    real, real_escalate = kernel.eventlog.append, kernel.state.escalate
+    appending, moved, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def append(event_type: str, body: Any, **kw: Any) -> Any:
         if event_type == "HEM_ESCALATED":
@@ -280,11 +282,21 @@ async def test_no_step_goes_through_while_the_escalation_is_being_logged(env: En
             await release.wait()
         return await real(event_type, body, **kw)
 
+    async def escalate(body: dict[str, Any]) -> Any:
+        prior = await real_escalate(body)
+        moved.set()
+        return prior
+
     kernel.eventlog.append = append  # type: ignore[method-assign]
+    kernel.state.escalate = escalate  # type: ignore[method-assign]
     escalating = asyncio.create_task(env.send(env.idp(1, hem_urgency="REQUIRED")))
-    await asyncio.wait_for(appending.wait(), 10)
-    during = await env.send(env.idp(2, "ReadBooking"))
-    release.set()
+    # The append is held; the session's move (sent alongside it) is stored while it is held.
+    # A kernel that moved the session only after the append's ack would time out here.
+    try:
+        await asyncio.wait_for(asyncio.gather(appending.wait(), moved.wait()), 10)
+        during = await env.send(env.idp(2, "ReadBooking"))
+    finally:
+        release.set()
     assert isinstance(await escalating, HemPending)
     assert isinstance(during, EnrichedDeny) and during.deny_code == "HEM_PENDING", during
 
