@@ -233,17 +233,17 @@ async def _latency_rows(b: Bench, tag: str, lat_runs: int, rate_s: float) -> lis
     windows of the gateway, all reported; and how busy the machine and each process were meanwhile
     (on a small machine the tail at a steady rate is queueing for the CPU, so the reader needs both)."""
     rows: list[dict] = []
-    progress(f"{b.label}: relay p99 at 500/s over {rate_s:.0f} s")
+    progress(f"{b.label}: relay p99 at 500/s over {rate_s:g} s")
     with b.meter(b.relay) as mr:
         lr = await b.drv.latency(b.relay, 500, rate_s, label=f"{b.label}: relay latency")
     meters: list[Meter] = []
     for i in range(lat_runs):
-        progress(f"{b.label}: gateway p99 at 500/s, run {i + 1}/{lat_runs} ({rate_s:.0f} s)")
+        progress(f"{b.label}: gateway p99 at 500/s, run {i + 1}/{lat_runs} ({rate_s:g} s)")
         with b.meter(b.gw) as m:
             lg = await b.drv.latency(b.gw, 500, rate_s, label=f"{b.label}: gateway latency run {i + 1}")
         meters.append(m)
         sat = " (saturated)" if lg[2] < 450 else ""
-        rows.append(row(f"{tag}gateway: p99 publish->surface @ 500/s, {rate_s:.0f} s window, run {i + 1}/{lat_runs}{sat}",
+        rows.append(row(f"{tag}gateway: p99 publish->surface @ 500/s, {rate_s:g} s window, run {i + 1}/{lat_runs}{sat}",
                         lg[1], lr[1], "ms (ratio = gateway/relay, target <= 20 ms)", digits=2))
         rows.append(row(f"{tag}gateway: p50 publish->surface @ 500/s, run {i + 1}/{lat_runs}", lg[0], lr[0],
                         "ms (ratio = gateway/relay)", digits=2))
