@@ -16,7 +16,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from pgwcore.atomic import enable_atomic
 from subjects.errors import PgwError
@@ -97,6 +97,9 @@ def stream_plans(subjects: Subjects, *, replicas: int = 1, duplicate_window_s: f
 
 
 # Fields that must match exactly for the stream to be the one the contract needs.
+# JetStream's answer to creating a stream whose name is taken with another configuration.
+ERR_STREAM_NAME_IN_USE = 10058
+
 _CHECKED = ("subjects", "retention", "storage", "deny_delete", "deny_purge", "num_replicas")
 
 
@@ -127,6 +130,27 @@ async def cluster_replicas(js: JetStreamContext) -> int:
         return 1
 
 
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> bool:
+    """Create stream ``config.name`` unless it exists; True if this call made it.
+
+    A stream made meanwhile by another process starting at the same time is
+    taken as it is (the server refuses our create if that one's configuration
+    differs: ``ERR_STREAM_NAME_IN_USE``); any other refusal is raised.
+    """
+    try:
+        await js.stream_info(config.name)
+        return False
+    except NotFoundError:
+        pass
+    try:
+        await js.add_stream(config)
+        return True
+    except BadRequestError as e:
+        if e.err_code != ERR_STREAM_NAME_IN_USE:
+            raise
+        return False
+
+
 async def ensure_streams(
     js: JetStreamContext, subjects: Subjects, *, replicas: int | None = None, duplicate_window_s: float = 3600.0
 ) -> dict[str, str]:
@@ -139,12 +163,12 @@ async def ensure_streams(
     if replicas is None:
         replicas = await cluster_replicas(js)
     for plan in stream_plans(subjects, replicas=replicas, duplicate_window_s=duplicate_window_s):
-        try:
-            info = await js.stream_info(plan.name)
-        except NotFoundError:
-            await js.add_stream(plan.config)
+        if await ensure_stream(js, plan.config):
             result[plan.name] = "created"
             continue
+        # Existing, or made meanwhile by another process starting at the same time:
+        # checked against the contract either way.
+        info = await js.stream_info(plan.name)
         diff = _differences(info.config, plan.config)
         if diff:
             raise StreamConflict(plan.name, diff)
@@ -190,9 +214,17 @@ async def ensure_kv(
     except BucketNotFoundError:
         if replicas is None:
             replicas = await cluster_replicas(js)
-        kv = await js.create_key_value(
-            KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, replicas=replicas, ttl=ttl)
-        )
+        try:
+            kv = await js.create_key_value(
+                KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE, replicas=replicas, ttl=ttl)
+            )
+        except BadRequestError as e:
+            if e.err_code != ERR_STREAM_NAME_IN_USE:
+                raise
+            # Made meanwhile by another process starting at the same time, which may
+            # already have allowed atomic batches on it, so our create's configuration
+            # differs from it and the server refuses the create: open theirs.
+            kv = await js.key_value(name)
     if atomic:
         await enable_atomic(js, f"KV_{name}")
     return kv
