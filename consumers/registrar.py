@@ -46,7 +46,6 @@ import aiohttp
 import msgspec
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
 
 from consumers.cose import CoseError, with_receipt
 from consumers.receipts import ReceiptInfo, entry_hash, leaf_kinds, verify_receipt
@@ -72,7 +71,7 @@ from consumers.verifier import payload_of
 from pgwcore import micro
 from pgwcore.logs import get_logger
 from pgwcore.service import stop_pull_loop
-from pgwcore.streams import cluster_replicas
+from pgwcore.streams import cluster_replicas, ensure_stream
 from subjects.util import now_rfc3339
 
 if TYPE_CHECKING:
@@ -192,14 +191,11 @@ class Registrar:
         return n
 
     async def _ensure_dlq(self) -> None:
-        try:
-            await self.js.stream_info(DLQ_STREAM)
-        except NotFoundError:
-            await self.js.add_stream(StreamConfig(
-                name=DLQ_STREAM, subjects=[f"{self.subjects.prefix}.capsule.deadletter"],
-                storage=StorageType.FILE, retention=RetentionPolicy.LIMITS,
-                num_replicas=await cluster_replicas(self.js),  # R3 in a cluster, like the rest
-            ))
+        await ensure_stream(self.js, StreamConfig(
+            name=DLQ_STREAM, subjects=[f"{self.subjects.prefix}.capsule.deadletter"],
+            storage=StorageType.FILE, retention=RetentionPolicy.LIMITS,
+            num_replicas=await cluster_replicas(self.js),  # R3 in a cluster, like the rest
+        ))
 
     async def _trusted_keys(self) -> dict[str, TsKey]:
         if self.ts_keys:

@@ -25,7 +25,7 @@ from consumers.capsule import Ledger, ledger_entry_hash
 from consumers.cose import sign_statement
 from pgwcore.atomic import ERR_ATOMIC_DISABLED, ERR_WRONG_LAST_SEQ, enable_atomic, publish_atomic
 from pgwcore.keys import SigningKey
-from pgwcore.streams import cluster_replicas
+from pgwcore.streams import cluster_replicas, ensure_stream
 from subjects.errors import PgwError
 from subjects.wire import Verdict
 
@@ -111,20 +111,17 @@ class LedgerMixin:
         return f"{self.subjects.prefix}.signer.ledger.{verdict_id}"
 
     async def _ensure_ledger(self) -> None:
-        try:
-            await self.js.stream_info(LEDGER_STREAM)
-        except NotFoundError:
-            await self.js.add_stream(StreamConfig(
-                name=LEDGER_STREAM,
-                subjects=[f"{self.subjects.prefix}.signer.ledger.*"],
-                storage=StorageType.FILE,
-                retention=RetentionPolicy.LIMITS,
-                duplicate_window=self.config.signer.ledger_duplicate_window_s,
-                deny_delete=True,
-                deny_purge=True,
-                allow_atomic=True,
-                num_replicas=await cluster_replicas(self.js),  # R3 in a cluster, like the rest
-            ))
+        await ensure_stream(self.js, StreamConfig(
+            name=LEDGER_STREAM,
+            subjects=[f"{self.subjects.prefix}.signer.ledger.*"],
+            storage=StorageType.FILE,
+            retention=RetentionPolicy.LIMITS,
+            duplicate_window=self.config.signer.ledger_duplicate_window_s,
+            deny_delete=True,
+            deny_purge=True,
+            allow_atomic=True,
+            num_replicas=await cluster_replicas(self.js),  # R3 in a cluster, like the rest
+        ))
         # Both streams take a batch per fetched batch of verdicts; a stream made before this
         # (or by an operator) gets the additive allow_atomic flag, or the signer goes one by one.
         self._atomic_ledger = await enable_atomic(self.js, LEDGER_STREAM)

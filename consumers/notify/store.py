@@ -25,7 +25,7 @@ from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
-from pgwcore.streams import cluster_replicas, ensure_kv
+from pgwcore.streams import cluster_replicas, ensure_kv, ensure_stream
 from subjects.names import Subjects
 
 SUBS_BUCKET = "PGW_PUSH_SUBS"
@@ -108,13 +108,10 @@ class Store:
     async def open(self) -> Store:
         self.subs = await ensure_kv(self.js, SUBS_BUCKET)
         self.jobs = await ensure_kv(self.js, JOBS_BUCKET, ttl=JOBS_TTL_S)
-        try:
-            await self.js.stream_info(DLQ_STREAM)
-        except NotFoundError:
-            await self.js.add_stream(StreamConfig(
-                name=DLQ_STREAM, subjects=[self.subjects.notify_deadletter], storage=StorageType.FILE,
-                retention=RetentionPolicy.LIMITS, max_age=90 * 86400.0,
-                num_replicas=await cluster_replicas(self.js)))
+        await ensure_stream(self.js, StreamConfig(
+            name=DLQ_STREAM, subjects=[self.subjects.notify_deadletter], storage=StorageType.FILE,
+            retention=RetentionPolicy.LIMITS, max_age=90 * 86400.0,
+            num_replicas=await cluster_replicas(self.js)))
         return self
 
     async def _keys(self, bucket: str, prefix: str) -> list[str]:
