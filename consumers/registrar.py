@@ -71,7 +71,7 @@ from consumers.verifier import payload_of
 from pgwcore import micro
 from pgwcore.logs import get_logger
 from pgwcore.service import stop_pull_loop
-from pgwcore.streams import cluster_replicas, ensure_stream
+from pgwcore.streams import ensure_stream
 from subjects.util import now_rfc3339
 
 if TYPE_CHECKING:
@@ -194,7 +194,6 @@ class Registrar:
         await ensure_stream(self.js, StreamConfig(
             name=DLQ_STREAM, subjects=[f"{self.subjects.prefix}.capsule.deadletter"],
             storage=StorageType.FILE, retention=RetentionPolicy.LIMITS,
-            num_replicas=await cluster_replicas(self.js),  # R3 in a cluster, like the rest
         ))
 
     async def _trusted_keys(self) -> dict[str, TsKey]:

@@ -25,7 +25,7 @@ from consumers.capsule import Ledger, ledger_entry_hash
 from consumers.cose import sign_statement
 from pgwcore.atomic import ERR_ATOMIC_DISABLED, ERR_WRONG_LAST_SEQ, enable_atomic, publish_atomic
 from pgwcore.keys import SigningKey
-from pgwcore.streams import cluster_replicas, ensure_stream
+from pgwcore.streams import ensure_stream
 from subjects.errors import PgwError
 from subjects.wire import Verdict
 
@@ -120,7 +120,6 @@ class LedgerMixin:
             deny_delete=True,
             deny_purge=True,
             allow_atomic=True,
-            num_replicas=await cluster_replicas(self.js),  # R3 in a cluster, like the rest
         ))
         # Both streams take a batch per fetched batch of verdicts; a stream made before this
         # (or by an operator) gets the additive allow_atomic flag, or the signer goes one by one.

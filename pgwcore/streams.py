@@ -96,10 +96,10 @@ def stream_plans(subjects: Subjects, *, replicas: int = 1, duplicate_window_s: f
     ]
 
 
-# Fields that must match exactly for the stream to be the one the contract needs.
 # JetStream's answer to creating a stream whose name is taken with another configuration.
 ERR_STREAM_NAME_IN_USE = 10058
 
+# Fields that must match exactly for the stream to be the one the contract needs.
 _CHECKED = ("subjects", "retention", "storage", "deny_delete", "deny_purge", "num_replicas")
 
 
@@ -133,6 +133,7 @@ async def cluster_replicas(js: JetStreamContext) -> int:
 async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> bool:
     """Create stream ``config.name`` unless it exists; True if this call made it.
 
+    ``num_replicas`` left unset adopts the deployment's count (``cluster_replicas``).
     A stream made meanwhile by another process starting at the same time is
     taken as it is (the server refuses our create if that one's configuration
     differs: ``ERR_STREAM_NAME_IN_USE``); any other refusal is raised.
@@ -142,6 +143,8 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> bool:
         return False
     except NotFoundError:
         pass
+    if config.num_replicas is None:
+        config.num_replicas = await cluster_replicas(js)
     try:
         await js.add_stream(config)
         return True

@@ -25,7 +25,7 @@ from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
-from pgwcore.streams import cluster_replicas, ensure_kv, ensure_stream
+from pgwcore.streams import ensure_kv, ensure_stream
 from subjects.names import Subjects
 
 SUBS_BUCKET = "PGW_PUSH_SUBS"
@@ -110,8 +110,7 @@ class Store:
         self.jobs = await ensure_kv(self.js, JOBS_BUCKET, ttl=JOBS_TTL_S)
         await ensure_stream(self.js, StreamConfig(
             name=DLQ_STREAM, subjects=[self.subjects.notify_deadletter], storage=StorageType.FILE,
-            retention=RetentionPolicy.LIMITS, max_age=90 * 86400.0,
-            num_replicas=await cluster_replicas(self.js)))
+            retention=RetentionPolicy.LIMITS, max_age=90 * 86400.0))
         return self
 
     async def _keys(self, bucket: str, prefix: str) -> list[str]:
