@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -33,3 +33,16 @@ async def until(
             desc = what() if callable(what) else what
             raise TimeoutError(f"{desc} not reached within {timeout} s")
         await asyncio.sleep(interval)
+
+
+async def consumer_drained(js: Any, stream: str, durable: str) -> bool:
+    """True once ``durable`` on ``stream`` has nothing pending and nothing unacknowledged."""
+    info = await js.consumer_info(stream, durable)
+    return (info.num_pending or 0) + (info.num_ack_pending or 0) == 0
+
+
+async def until_drained(js: Any, stream: str, durable: str, *, timeout: float, interval: float = 0.05,
+                        what: str | None = None) -> None:
+    """Wait until ``durable`` on ``stream`` has taken and acked everything stored (:func:`consumer_drained`)."""
+    await until(lambda: consumer_drained(js, stream, durable), timeout=timeout, interval=interval,
+                what=what or f"{durable} on {stream} drained")

@@ -20,7 +20,7 @@ from pgwcore.config import Config
 from pgwcore.keys import public_keys
 from pgwcore.publish import Publisher
 from subjects.wire import Verdict
-from tests.polling import until
+from tests.polling import until, until_drained
 from tests.stored import stored_msgs
 from tests.test_capsule_model import design_rows, verdict, vid
 
@@ -151,11 +151,8 @@ async def kill9_signer_run(nc: Any, config: Any, fmt: str, tag: str, n: int = 30
         proc = _spawn_signer(config, toml)
         await wait_count(js, "PGW_REGISTRATION", n, timeout=120)
 
-        async def drained() -> bool:
-            ci = await js.consumer_info("PGW_VERDICTS", config.signer.durable)
-            return ci.num_pending == 0 and ci.num_ack_pending == 0
-
-        await until(drained, timeout=60, interval=0.1, what="the signer's consumer drained")
+        await until_drained(js, "PGW_VERDICTS", config.signer.durable, timeout=60, interval=0.1,
+                            what="the signer's consumer drained")
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

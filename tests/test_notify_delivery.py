@@ -31,7 +31,7 @@ from pgwcore.metrics import REGISTRY
 from subjects.client import Agent, OptionChoice, Presence, Surface, envelope
 from tests.moments import good_moment
 from tests.notify_peers import Hook, Relay, smtp_server, webhook_receiver
-from tests.polling import until
+from tests.polling import until, until_drained
 from tests.push_peer import PushService, push_service
 
 SURFACE_URL = "https://pgw.example/surface"
@@ -297,11 +297,9 @@ async def test_history_of_closed_moments_makes_no_jobs(tmp_path, make_config, na
                 bed.notifier = again
                 await settled(bed, 3)
 
-                async def read_all() -> bool:  # both items (and the withdrawn one) read and acked
-                    ci = await nc.jetstream().consumer_info("PGW_SURFACE", bed.config.notifier.durable)
-                    return ci.num_pending == 0 and ci.num_ack_pending == 0
-
-                await until(read_all, timeout=10, what="the notifier read the whole surface stream")
+                # both items (and the withdrawn one) read and acked
+                await until_drained(nc.jetstream(), "PGW_SURFACE", bed.config.notifier.durable, timeout=10,
+                                    what="the notifier read the whole surface stream")
                 jobs = await bed.jobs()
         finally:
             await n_nc.drain()

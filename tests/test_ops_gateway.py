@@ -18,7 +18,7 @@ from subjects.client import BINDING_MOMENT_KIND, envelope
 from subjects.wire import OptionChoice, ResolveRequest
 from tests.chaos.checker import read_stream
 from tests.moments import good_moment
-from tests.polling import until
+from tests.polling import until, until_drained
 
 TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -204,7 +204,7 @@ async def test_replay_through_the_gateway_publishes_no_new_items_or_verdicts(nc,
         for i in range(3):
             await _send(js, "rp", _moment_env(f"r{i}"))
         await until(lambda: _len_at_least(js, "PGW_OUTBOUND", 3), timeout=10)
-        await until(lambda: _drained(js), timeout=10)
+        await until_drained(js, "PGW_INBOUND", "pgw-gateway", timeout=10)
         counts = {s: (await js.stream_info(s)).state.messages for s in ("PGW_SURFACE", "PGW_VERDICTS", "PGW_OUTBOUND")}
         dry = await Replayer(nc, gw_subjects(), dedup_lookup=_cached(js)).replay(
             ReplayRange(subject="pgw.agent.rp.envelope"), "gateway", fresh_msg_id=True, dry_run=True)
@@ -212,7 +212,7 @@ async def test_replay_through_the_gateway_publishes_no_new_items_or_verdicts(nc,
             ReplayRange(subject="pgw.agent.rp.envelope"), "gateway", fresh_msg_id=True)
         assert report.counts() == {"published": 3}
         await until(lambda: _metric_above("pgw_replays_total", {"agent": "rp"}, replays + 2), timeout=10)
-        await until(lambda: _drained(js), timeout=10)
+        await until_drained(js, "PGW_INBOUND", "pgw-gateway", timeout=10)
     assert [a.cached for a in dry.actions] == [True, True, True]
     assert {s: (await js.stream_info(s)).state.messages for s in counts} == counts == {
         "PGW_SURFACE": 3, "PGW_VERDICTS": 3, "PGW_OUTBOUND": 3}
@@ -234,6 +234,3 @@ def gw_subjects():
     return Subjects("pgw")
 
 
-async def _drained(js) -> bool:
-    info = await js.consumer_info("PGW_INBOUND", "pgw-gateway")
-    return info.num_pending == 0 and info.num_ack_pending == 0

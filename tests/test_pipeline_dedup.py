@@ -16,7 +16,7 @@ from tests.pipeline_helpers import (
     stream_bytes,
     stream_count,
 )
-from tests.polling import until
+from tests.polling import until, until_drained
 
 STREAMS = ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS")
 
@@ -40,13 +40,8 @@ async def drained_counts(nc) -> dict[str, int]:
     """Stored message counts once the gateway has acked every envelope stored so far. An envelope
     is acked only after everything it caused is stored, so nothing it would still store is missed
     (the gateway takes a batch of envelopes at once, so one sent last may be finished first)."""
-    js = nc.jetstream()
-
-    async def drained() -> bool:
-        info = await js.consumer_info("PGW_INBOUND", DURABLE)
-        return (info.num_pending or 0) + (info.num_ack_pending or 0) == 0
-
-    await until(drained, timeout=10, interval=0.02, what="the gateway acking every envelope")
+    await until_drained(nc.jetstream(), "PGW_INBOUND", DURABLE, timeout=10, interval=0.02,
+                        what="the gateway acking every envelope")
     return {s: await stream_count(nc, s) for s in STREAMS}
 
 

@@ -9,7 +9,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from pgwcore.pull import fetch_ready
-from tests.polling import until
+from tests.polling import until, until_drained
 
 
 async def _setup(nc, n: int, durable: str = "d"):
@@ -32,11 +32,7 @@ async def test_fetch_ready_takes_the_ready_batch_in_order(nc) -> None:
         await m.ack()
     assert sub._sub._pending_size == 0  # the subscription's byte count kept as nats-py keeps it
 
-    async def settled() -> bool:
-        info = await js.consumer_info("PULLT", "d")
-        return info.num_ack_pending == 0 and info.num_pending == 0
-
-    await until(settled, timeout=10, what="every fetched message acked")
+    await until_drained(js, "PULLT", "d", timeout=10, what="every fetched message acked")
     await sub.unsubscribe()
 
 

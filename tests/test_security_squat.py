@@ -23,7 +23,7 @@ from subjects.wire import EnvelopeOutcome, outcome_decoder
 from tests.gauntlet.bed import Bed, secured_bed
 from tests.moments import GOOD_MOMENT
 from tests.openwop_schemas import checked_envelope, checked_outcome
-from tests.polling import until
+from tests.polling import consumer_drained, until
 
 pytestmark = pytest.mark.security
 TABLE = "envelope suppression (raw nats-py agents)"
@@ -81,8 +81,7 @@ async def settled(bed: Bed, agent: str, stored: int) -> None:
         info = await js.stream_info("PGW_INBOUND", subjects_filter=subject)
         if (info.state.subjects or {}).get(subject, 0) < stored:
             return False
-        ci = await js.consumer_info("PGW_INBOUND", "pgw-gateway")
-        return ci.num_pending == 0 and ci.num_ack_pending == 0
+        return await consumer_drained(js, "PGW_INBOUND", "pgw-gateway")
 
     await until(done, timeout=WAIT, what=f"{stored} envelope(s) of {agent} stored and answered")
 

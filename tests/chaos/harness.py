@@ -37,6 +37,7 @@ from nats.js import JetStreamContext
 
 from subjects.client import BINDING_MOMENT_KIND, envelope
 from tests.moments import good_moment
+from tests.polling import until
 
 PGW = str(Path(sys.executable).parent / "pgw")
 
@@ -146,14 +147,13 @@ async def consumer_backlog(js: JetStreamContext, stream: str, durable: str) -> i
 
 async def wait_drained(js: JetStreamContext, stream: str = "PGW_INBOUND", durable: str = "pgw-gateway",
                        *, timeout: float = 120.0, poll: float = 0.2) -> None:
-    """Wait until the consumer has caught up (nothing pending, nothing unacknowledged)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if await consumer_backlog(js, stream, durable) == 0:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{durable} on {stream} did not drain in {timeout}s")
-        await asyncio.sleep(poll)
+    """Wait until the consumer has caught up (nothing pending, nothing unacknowledged); a consumer
+    not there yet or a node down is waited out too."""
+
+    async def caught_up() -> bool:
+        return await consumer_backlog(js, stream, durable) == 0
+
+    await until(caught_up, timeout=timeout, interval=poll, what=f"{durable} on {stream} drained")
 
 
 def make_envelope(i: int, tag: str, *, principal: str = "alice") -> tuple[dict, str]:
