@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
 
 from pgwcore import metrics
 from pgwcore.logs import get_logger
+from pgwcore.streams import ensure_stream
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import EnvelopeOutcome, Refusal, Verdict
 
@@ -113,26 +113,16 @@ class DeadLetters:
         return self
 
     async def _ensure_stream(self) -> None:
-        js = self.gw.js
-        try:
-            await js.stream_info(STREAM)
-            return
-        except NotFoundError:
-            pass
-        replicas = 1
-        with contextlib.suppress(Exception):
-            replicas = (await js.stream_info(SOURCE_STREAM)).config.num_replicas or 1
-        with contextlib.suppress(Exception):  # a concurrent instance may have created it
-            await js.add_stream(StreamConfig(
-                name=STREAM,
-                subjects=[f"{self.prefix}.deadletter.>"],
-                storage=StorageType.FILE,
-                num_replicas=replicas,
-                retention=RetentionPolicy.LIMITS,
-                discard=DiscardPolicy.OLD,
-                max_age=90 * 86400.0,
-                duplicate_window=self.gw.config.gateway.duplicate_window_s,
-            ))
+        # Replicas as PGW_INBOUND's (the deployment's count); made once by whichever instance is first.
+        await ensure_stream(self.gw.js, StreamConfig(
+            name=STREAM,
+            subjects=[f"{self.prefix}.deadletter.>"],
+            storage=StorageType.FILE,
+            retention=RetentionPolicy.LIMITS,
+            discard=DiscardPolicy.OLD,
+            max_age=90 * 86400.0,
+            duplicate_window=self.gw.config.gateway.duplicate_window_s,
+        ))
 
     async def drain(self) -> None:
         sub, self._sub = self._sub, None

@@ -15,6 +15,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    StreamInfo,
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
@@ -130,8 +131,9 @@ async def cluster_replicas(js: JetStreamContext) -> int:
         return 1
 
 
-async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> bool:
-    """Create stream ``config.name`` unless it exists; True if this call made it.
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> StreamInfo | None:
+    """Create stream ``config.name`` unless it exists: None if this call made it, else the
+    existing stream's info (for the caller to check against what it needs).
 
     ``num_replicas`` left unset adopts the deployment's count (``cluster_replicas``).
     A stream made meanwhile by another process starting at the same time is
@@ -139,19 +141,18 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> bool:
     differs: ``ERR_STREAM_NAME_IN_USE``); any other refusal is raised.
     """
     try:
-        await js.stream_info(config.name)
-        return False
+        return await js.stream_info(config.name)
     except NotFoundError:
         pass
     if config.num_replicas is None:
         config.num_replicas = await cluster_replicas(js)
     try:
         await js.add_stream(config)
-        return True
+        return None
     except BadRequestError as e:
         if e.err_code != ERR_STREAM_NAME_IN_USE:
             raise
-        return False
+        return await js.stream_info(config.name)
 
 
 async def ensure_streams(
@@ -166,12 +167,12 @@ async def ensure_streams(
     if replicas is None:
         replicas = await cluster_replicas(js)
     for plan in stream_plans(subjects, replicas=replicas, duplicate_window_s=duplicate_window_s):
-        if await ensure_stream(js, plan.config):
-            result[plan.name] = "created"
-            continue
         # Existing, or made meanwhile by another process starting at the same time:
         # checked against the contract either way.
-        info = await js.stream_info(plan.name)
+        info = await ensure_stream(js, plan.config)
+        if info is None:
+            result[plan.name] = "created"
+            continue
         diff = _differences(info.config, plan.config)
         if diff:
             raise StreamConflict(plan.name, diff)
