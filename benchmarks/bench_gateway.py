@@ -62,13 +62,14 @@ from pgwcore.streams import ensure_streams
 GW_CONN = "pgw-gateway"
 
 
-def _systems() -> tuple[System, System, System]:
+def _systems() -> tuple[System, System, System, System]:
     gw = System("gateway", "pgw.agent", f"pgw.principal.{PRINCIPAL}.surface", "PGW_INBOUND", "pgw-gateway",
                 done_subject="pgw.agent.*.outcome")
     rel = System("relay", "bench.agent", f"bench.out.{PRINCIPAL}", "BENCH_IN", relay_mod.durable("plain"))
     rgc = System("relay-gc", "bench.gcagent", f"bench.gcout.{PRINCIPAL}", "BENCH_GC_IN",
                  relay_mod.durable("group-commit"))
-    return gw, rel, rgc
+    floor = System("floor", "bench.flagent", f"bench.flsurface.{PRINCIPAL}", "BENCH_FL_IN", relay_mod.durable("floor"))
+    return gw, rel, rgc, floor
 
 
 class Bench:
@@ -78,20 +79,23 @@ class Bench:
         self.server = server
         self.root = root
         self.label = label
-        self.gw, self.relay, self.relay_gc = _systems()
+        self.gw, self.relay, self.relay_gc, self.floor = _systems()
+        self._variants = {self.relay.name: "plain", self.relay_gc.name: "group-commit", self.floor.name: "floor"}
 
     async def start(self, *, group_commit_relay: bool = True) -> None:
         self.nc = await connect(self.server.client_url, name="bench-driver")
         await ensure_streams(self.nc.jetstream(), Config().subjects)
         await relay_mod.ensure_relay_streams(self.nc)
         self.drv = Driver(self.nc)
-        systems = [self.gw, self.relay] + ([self.relay_gc] if group_commit_relay else [])
+        relays = [self.relay, self.floor] + ([self.relay_gc] if group_commit_relay else [])
+        systems = [self.gw, *relays]
         for s in systems:
             await self.drv.watch(s)
-        variants = ["plain"] + (["group-commit"] if group_commit_relay else [])
-        ready = [asyncio.create_task(wait_message(self.nc, f"bench.relay.ready.{v}", 60)) for v in variants]
+        ready = [asyncio.create_task(wait_message(self.nc, f"bench.relay.ready.{self._variants[s.name]}", 60))
+                 for s in relays]
         await self.nc.flush()
-        for v, s in zip(variants, (self.relay, self.relay_gc), strict=False):
+        for s in relays:
+            v = self._variants[s.name]
             s.procs.append(await start_module("benchmarks.relay", self.server.client_url, v,
                                               log_path=self.root / f"relay-{v}.log"))
         self.gw.procs.append(await start_gateway(self.server.client_url, self.root / "gw1"))
@@ -102,7 +106,7 @@ class Bench:
             await self.drv.throughput(s, 200)
 
     async def close(self) -> None:
-        for s in (self.gw, self.relay, self.relay_gc):
+        for s in (self.gw, self.relay, self.relay_gc, self.floor):
             for p in s.procs:
                 await stop(p)
         with contextlib.suppress(Exception):
@@ -114,8 +118,7 @@ class Bench:
         for s in systems:
             for i, p in enumerate(s.procs):
                 pids[f"{s.name}{i}"] = p.pid
-            names[s.name] = GW_CONN if s is self.gw else relay_mod.CONN_NAME.format(
-                variant="plain" if s is self.relay else "group-commit")
+            names[s.name] = GW_CONN if s is self.gw else relay_mod.CONN_NAME.format(variant=self._variants[s.name])
         return Meter(pids, self.server.monitor_url, names)
 
     async def run(self, s: System, n: int, **kw: object) -> dict:
@@ -156,6 +159,22 @@ def _cpu_rows(tag: str, g: dict, r: dict) -> list[dict]:
     ]
 
 
+def _floor_rows(tag: str, g: dict, f: dict, r: dict) -> list[dict]:
+    """The contract floor (benchmarks/relay.py ``floor``) against the relay and the gateway against it."""
+    return [
+        row(f"{tag}contract floor (the gateway's writes, no logic): envelopes/s until acked", f["rate"], r["rate"],
+            "env/s (ratio = floor/relay)", digits=1),
+        row(f"{tag}contract floor: CPU per envelope (service process)", f["cpu"], r["cpu"],
+            "ms CPU (ratio = floor/relay: what the stored records cost)"),
+        row(f"{tag}gateway CPU per envelope vs the contract floor", g["cpu"], f["cpu"],
+            "ms CPU (ratio = gateway/floor: what the gateway's own code costs)"),
+        row(f"{tag}contract floor: nats-server CPU per envelope", f["server"], r["server"],
+            "ms CPU (floor run vs relay run)"),
+        row(f"{tag}contract floor: messages sent / received per envelope", f["sent"], r["sent"],
+            f"msgs sent (floor vs relay connection); received {f['received']:.2f} vs {r['received']:.2f}", digits=2),
+    ]
+
+
 async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: float) -> list[dict]:
     rows: list[dict] = []
     async with EmbeddedServer(root / "nats", port=-1, monitor_port=-1, websocket_port=None) as server:
@@ -163,13 +182,14 @@ async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: f
         try:
             await b.start()
             gw, rel, rgc = b.gw, b.relay, b.relay_gc
-            t = await b.best_of([rel, rgc, gw], n // 2)
+            t = await b.best_of([rel, rgc, b.floor, gw], n // 2)
             g, r = t["gateway"], t["relay"]
             rows.append(row("gateway: envelopes/s until acked (closed loop, 256 in flight)", g["rate"], r["rate"],
                             "env/s (ratio = gateway/relay, target >= 0.5)", digits=1))
             rows.append(row("gateway: the same, vs the relay with the gateway's group commit", g["rate"],
                             t["relay-gc"]["rate"], "env/s (ratio = gateway/relay-gc)", digits=1))
             rows += _cpu_rows("", g, r)
+            rows += _floor_rows("", g, t["floor"], r)
             one_agent = g
             for kb in (16, 120):
                 k = max(100, n // (4 if kb == 16 else 10))
@@ -218,14 +238,15 @@ async def _on_default_interval(root: Path, n: int, lat_runs: int, rate_s: float)
         b = Bench(server, root / "default", "default sync")
         try:
             await b.start(group_commit_relay=False)
-            t = await b.best_of([b.relay, b.gw], n // 2)
+            t = await b.best_of([b.relay, b.floor, b.gw], n // 2)
             latency = await _latency_rows(b, "default sync interval: ", lat_runs, rate_s)
         finally:
             await b.close()
     g, r = t["gateway"], t["relay"]
     return [row("gateway, server's default sync interval: envelopes/s until acked", g["rate"], r["rate"],
                 "env/s (ratio = gateway/relay, target >= 0.5)", digits=1),
-            *_cpu_rows("default sync interval: ", g, r), *latency]
+            *_cpu_rows("default sync interval: ", g, r), *_floor_rows("default sync interval: ", g, t["floor"], r),
+            *latency]
 
 
 async def _latency_rows(b: Bench, tag: str, lat_runs: int, rate_s: float) -> list[dict]:
@@ -236,6 +257,16 @@ async def _latency_rows(b: Bench, tag: str, lat_runs: int, rate_s: float) -> lis
     progress(f"{b.label}: relay p99 at 500/s over {rate_s:g} s")
     with b.meter(b.relay) as mr:
         lr = await b.drv.latency(b.relay, 500, rate_s, label=f"{b.label}: relay latency")
+    progress(f"{b.label}: contract floor p99 at 500/s over {rate_s:g} s")
+    with b.meter(b.floor) as mf:
+        lf = await b.drv.latency(b.floor, 500, rate_s, label=f"{b.label}: contract floor latency")
+    rows += [
+        row(f"{tag}contract floor: p99 publish->surface @ 500/s, {rate_s:g} s window", lf[1], lr[1],
+            "ms (ratio = floor/relay)", digits=2),
+        row(f"{tag}contract floor: p50 publish->surface @ 500/s", lf[0], lr[0], "ms (ratio = floor/relay)", digits=2),
+        row(f"{tag}contract floor: machine CPU busy during its window", mf.busy * 100, mr.busy * 100,
+            f"% of {os.cpu_count() or 1} cores (floor vs relay window)", digits=1),
+    ]
     meters: list[Meter] = []
     for i in range(lat_runs):
         progress(f"{b.label}: gateway p99 at 500/s, run {i + 1}/{lat_runs} ({rate_s:g} s)")

@@ -18,6 +18,16 @@ stops at the first rate it fails.
   agent presents the same mandate.
 - **bare** (baseline): a core-NATS responder on ``bench.echo`` that replies
   with the request body, no logic, no storage.
+- **contract floor** (``_floor_main``): a responder on ``bench.idpfloor`` that
+  does only the kernel's reads and synced writes for a PERMIT of a new session,
+  in the kernel's rounds and through its primitives (``BatchReader``,
+  ``publish_acked``): the batched read of the index entry, report key and
+  session; then together the session compare-and-set, the ``IDP_SUBMITTED``
+  append and the report key (spec 003 §5.2(f), §5.3); then together the index
+  entry and the ``CEDAR_PERMIT_RECORDED`` append; then the reply. No
+  validation, mandate, signature, hash chain or Cedar: what the kernel spends
+  beyond it is its own code, what it spends beyond the bare responder is what
+  spec 003 has stored before the answer.
 
 Rows: each ceiling; p50/p99 at every step; the gateway's and the server's CPU
 per request and the gateway connection's messages per request (at the
@@ -107,6 +117,56 @@ async def _echo_main(url: str) -> None:
     await nc.drain()
 
 
+FLOOR_BUCKET, FLOOR_LOG = "BENCH_IDPF_KERNEL", "BENCH_IDPF_LOG"
+
+
+async def _floor_main(url: str) -> None:
+    """The IDP contract floor, in its own process (module docstring)."""
+    from nats.js.api import StorageType, StreamConfig
+
+    from pgwcore.atomic import publish_acked
+    from pgwcore.connect import connect
+    from pgwcore.kvread import BatchReader, enable_direct
+    from pgwcore.streams import ensure_kv, ensure_stream
+
+    nc = await connect(url, name="bench-idp-floor")
+    js = nc.jetstream()
+    await ensure_kv(js, FLOOR_BUCKET, replicas=1)
+    await enable_direct(js, FLOOR_BUCKET)
+    await ensure_stream(js, StreamConfig(name=FLOOR_LOG, subjects=["bench.idpf.log.*"], storage=StorageType.FILE,
+                                         duplicate_window=3600.0))
+    reader = BatchReader(nc, "$JS.API", FLOOR_BUCKET, 10.0)
+    await reader.start()
+    kv = f"$KV.{FLOOR_BUCKET}."
+    permit_event = b"p" * 420  # about the size of a signed CEDAR_PERMIT_RECORDED
+    stop_ev = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop_ev.set)
+
+    def put(key: str, value: bytes) -> Any:  # a create: the key must not exist (the kernel's _write, rev 0)
+        return publish_acked(nc, kv + key, value, {"Nats-Expected-Last-Subject-Sequence": "0"}, 10.0)
+
+    def log(event: str, body: bytes, idp_id: str) -> Any:
+        return publish_acked(nc, f"bench.idpf.log.{event}", body, {"Nats-Msg-Id": f"{event}:{idp_id}"}, 10.0)
+
+    async def serve(msg: Any) -> None:
+        idp = msgspec.json.decode(msg.data)["idp"]
+        idp_id, session = idp["idp_id"], idp["session_id"]
+        await reader.get_many([f"idp.{idp_id}", f"tr.{idp_id}", f"sess.{session}"])
+        await asyncio.gather(put(f"sess.{session}", b"s" * 200), log("IDP_SUBMITTED", msg.data, idp_id),
+                             put(f"tr.{idp_id}", b"t" * 36))
+        await asyncio.gather(put(f"idp.{idp_id}", b"e" * 360), log("CEDAR_PERMIT_RECORDED", permit_event, idp_id))
+        await msg.respond(b'{"result":"PERMIT"}')
+
+    await nc.subscribe("bench.idpfloor", cb=serve)
+    await nc.flush()
+    await nc.publish("bench.idpfloor.ready", b"")
+    await stop_ev.wait()
+    await reader.close()
+    await nc.drain()
+
+
 async def _ladder(name: str, send: Any, meter: Any) -> tuple[int, list[dict], dict]:
     """Step up the offered rate until ``send`` fails a step; (ceiling, rows, CPU/messages at the ceiling)."""
     from benchmarks.harness import progress, row
@@ -153,7 +213,7 @@ async def _main() -> list[dict]:
     server = EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=-1)
     await server.start()
     driver = await connect(server.client_url, name="bench-driver")
-    gw = echo_proc = None
+    gw = echo_proc = floor_proc = None
     try:
         key = Ed25519PrivateKey.generate()
         kid = kid_of(key.public_key())
@@ -180,12 +240,17 @@ async def _main() -> list[dict]:
         # Both systems run as their own process, as they would in production; the
         # driver only sends and times.
         echo_ready = asyncio.create_task(wait_message(driver, "bench.echo.ready", 30))
+        floor_ready = asyncio.create_task(wait_message(driver, "bench.idpfloor.ready", 30))
         await driver.flush()
         echo_proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "benchmarks.bench_idp", "echo", server.client_url,
             start_new_session=True, cwd=REPO)
+        floor_proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "benchmarks.bench_idp", "floor", server.client_url,
+            start_new_session=True, cwd=REPO)
         gw = await start_gateway(server.client_url, tmp / "gw", extra_toml=kernel_toml)
         await echo_ready
+        await floor_ready
         await wait_gateway(driver)
         counter = iter(range(10**9))
         payload = body(0)
@@ -198,8 +263,13 @@ async def _main() -> list[dict]:
             msg = await driver.request("pgw.agent.bench.idp", body(next(counter)), timeout=10)
             return isinstance(kernel_result_decoder.decode(msg.data), Permit)
 
+        async def floor(_i: int) -> bool:
+            msg = await driver.request("bench.idpfloor", body(next(counter)), timeout=10)
+            return msg.data == b'{"result":"PERMIT"}'
+
         for _ in range(3):
             await bare(0)
+            await floor(0)
         deadline = time.monotonic() + 30
         while True:  # the gateway answers $SRV.PING before its kernel part has subscribed
             try:
@@ -216,16 +286,27 @@ async def _main() -> list[dict]:
             return lambda: Meter({"service": pid, "server": server.pid or 0}, server.monitor_url, {"service": conn})
 
         b_ceiling, b_rows, b_at = await _ladder("bare responder", bare, meter_of(echo_proc.pid, "bench-echo"))
+        f_ceiling, f_rows, f_at = await _ladder("contract floor", floor, meter_of(floor_proc.pid, "bench-idp-floor"))
         k_ceiling, k_rows, k_at = await _ladder("kernel", kernel, meter_of(gw.pid, "pgw-gateway"))
     finally:
         await stop(gw)
         await stop(echo_proc)
+        await stop(floor_proc)
         with contextlib.suppress(Exception):
             await driver.close()
         await server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     rows = [row(f"idp ceiling: highest offered rate with p99 <= {P99_MAX_MS:.0f} ms (kernel vs bare responder)",
-                float(k_ceiling), float(b_ceiling), "req/s (target: kernel >= 1,000 on 2 cores)", digits=0)]
+                float(k_ceiling), float(b_ceiling), "req/s (target: kernel >= 1,000 on 2 cores)", digits=0),
+            row("idp ceiling: the contract floor (the kernel's reads and writes, no logic) vs bare responder",
+                float(f_ceiling), float(b_ceiling), "req/s", digits=0)]
+    if f_at:
+        rows.append(row(f"idp contract floor: CPU per request @ {f_at['rate']}/s (floor vs bare responder)",
+                        f_at["service"], b_at.get("service"), "ms CPU"))
+        rows.append(row(f"idp contract floor: nats-server CPU per request @ {f_at['rate']}/s (floor vs bare)",
+                        f_at["server"], b_at.get("server"), "ms CPU"))
+        rows.append(row("idp contract floor: messages sent to the server per request (floor vs bare)",
+                        f_at["msgs_service"], b_at.get("msgs_service"), "msgs (writes, reads, reply)", digits=2))
     if k_at:
         rows.append(row(f"idp: CPU per request @ {k_at['rate']}/s (gateway vs bare responder)",
                         k_at["service"], b_at.get("service"), "ms CPU"))
@@ -233,7 +314,7 @@ async def _main() -> list[dict]:
                         k_at["server"], b_at.get("server"), "ms CPU"))
         rows.append(row("idp: messages the service sent to the server per request (kernel vs bare)",
                         k_at["msgs_service"], b_at.get("msgs_service"), "msgs (writes, reply)", digits=2))
-    return rows + k_rows + b_rows
+    return rows + k_rows + f_rows + b_rows
 
 
 def run() -> list[dict]:
@@ -245,8 +326,8 @@ def run() -> list[dict]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 3 and sys.argv[1] == "echo":
-        pgw_loop.run(_echo_main(sys.argv[2]))
+    if len(sys.argv) >= 3 and sys.argv[1] in ("echo", "floor"):
+        pgw_loop.run((_echo_main if sys.argv[1] == "echo" else _floor_main)(sys.argv[2]))
         sys.exit(0)
     for r in run():
         print(r)

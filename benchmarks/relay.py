@@ -1,4 +1,4 @@
-"""The bare baseline relay, its own process: ``python -m benchmarks.relay URL [plain|group-commit]``.
+"""The bare baseline relay, its own process: ``python -m benchmarks.relay URL [plain|group-commit|floor]``.
 
 The same durable pull consumer with explicit ack as the gateway's worker on a
 stream like ``PGW_INBOUND``, the same pipelined fetch loop (four batches of 64
@@ -7,6 +7,17 @@ awaiting the PubAck (with ``Nats-Msg-Id``), then the ack. Same ack semantics,
 no logic. ``group-commit``: its publishes go through the gateway's own
 :class:`pgwcore.publish.GroupCommit`, so a ratio against it shows what the
 gateway costs beyond the batching both then share.
+
+``floor``: the same loop doing only the durable writes the bus contract and
+the delivery guarantees ask of the gateway for one binding moment, in the
+gateway's order and through its own writers (``GroupCommit``, ``KvWriter``),
+with no logic between them: the correlationId claim (KV create), the moment
+record (KV create), then together the surface item, the ``hitl_dispatched``
+verdict and the agent's index entry, then together the outcome and the
+claim's settle (KV compare-and-set), then the ack (gateway/pipeline.py,
+gateway/moments.py ``dispatch``). What the gateway spends beyond this floor is
+its own code; what the floor spends beyond the plain relay is what is stored
+(docs/performance.md, "The contract floor").
 """
 
 from __future__ import annotations
@@ -15,20 +26,32 @@ import asyncio
 import contextlib
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
+from nats.js.errors import KeyWrongLastSequenceError
 
 from pgwcore import loop as pgw_loop
+from pgwcore.atomic import publish_acked
 from pgwcore.connect import connect
-from pgwcore.publish import GroupCommit
+from pgwcore.loop import together
+from pgwcore.publish import GroupCommit, KvWriter
+from pgwcore.streams import ensure_kv
 
 PRINCIPAL = "alice"
 CONN_NAME = "bench-relay-{variant}"
 RELAYS = {  # variant: (input stream, input subjects, output stream, output prefix)
     "plain": ("BENCH_IN", "bench.agent.*.envelope", "BENCH_OUT", "bench.out"),
     "group-commit": ("BENCH_GC_IN", "bench.gcagent.*.envelope", "BENCH_GC_OUT", "bench.gcout"),
+    "floor": ("BENCH_FL_IN", "bench.flagent.*.envelope", "BENCH_FL_SURFACE", "bench.flsurface"),
 }
+# The floor's other streams (stream, subject prefix) and KV buckets, as the gateway's.
+FLOOR_STREAMS = (("BENCH_FL_VERDICTS", "bench.flverdict"), ("BENCH_FL_OUTBOUND", "bench.floutcome"))
+FLOOR_BUCKETS = ("BENCH_FL_CLAIMS", "BENCH_FL_MOMENTS", "BENCH_FL_INDEX")
+# Sizes of the small records, as the gateway writes them for a 1 KB moment (a claim and its
+# settle, a verdict, an outcome, an index entry).
+CLAIM, SETTLE, VERDICT, OUTCOME, INDEX = (b"c" * 180, b"s" * 420, b"v" * 700, b"o" * 330, b"1764100000.123")
 
 
 def durable(variant: str) -> str:
@@ -38,11 +61,43 @@ def durable(variant: str) -> str:
 async def ensure_relay_streams(nc: Client) -> None:
     js = nc.jetstream()
     for variant, (sin, subj_in, sout, out) in RELAYS.items():
-        for name, subj in ((sin, subj_in), (sout, f"{out}.*")):
+        extra = FLOOR_STREAMS if variant == "floor" else ()
+        for name, subj in ((sin, subj_in), (sout, f"{out}.*"), *((n, f"{o}.*") for n, o in extra)):
             with contextlib.suppress(Exception):
                 await js.add_stream(StreamConfig(name=name, subjects=[subj], storage=StorageType.FILE,
                                                  duplicate_window=3600.0,
-                                                 allow_atomic=True if variant == "group-commit" else None))
+                                                 allow_atomic=True if variant != "plain" and name != sin else None))
+    for bucket in FLOOR_BUCKETS:
+        await ensure_kv(js, bucket, replicas=1, atomic=True)
+
+
+async def floor_writes(nc: Client) -> Callable[[object], Awaitable[None]]:
+    """The floor's writes for one input message ``m`` (module docstring), through the gateway's writers."""
+    js = nc.jetstream()
+    surface = GroupCommit(js, "BENCH_FL_SURFACE")
+    verdicts, outcomes = (GroupCommit(js, name) for name, _ in FLOOR_STREAMS)
+    claims, moments, index = [KvWriter(js, await js.key_value(b), b) for b in FLOOR_BUCKETS]
+
+    async def publish(gc: GroupCommit, subject: str, body: bytes, msg_id: str) -> None:
+        headers = {"Nats-Msg-Id": msg_id}
+        await gc.write(subject, body, headers, lambda: publish_acked(nc, subject, body, headers, js._timeout),
+                       lambda seq: seq)
+
+    async def run(m) -> None:
+        seq = m.metadata.sequence.stream
+        key = f"agent.{seq}"
+        try:
+            rev = await claims.create(key, CLAIM)
+        except KeyWrongLastSequenceError:
+            return  # a redelivery: the gateway would replay its stored outcome; the floor has none
+        await moments.create(f"{PRINCIPAL}.{seq}", m.data)
+        await together(publish(surface, f"bench.flsurface.{PRINCIPAL}", m.data, f"item:{seq}"),
+                       together(publish(verdicts, "bench.flverdict.hitl_dispatched", VERDICT, f"dispatch:{seq}"),
+                                index.create(f"agent.{seq:015d}.{PRINCIPAL}.{seq}", INDEX)))
+        await together(publish(outcomes, "bench.floutcome.agent", OUTCOME, f"outcome:{seq}"),
+                       claims.update(key, SETTLE, rev))
+
+    return run
 
 
 async def relay_main(url: str, variant: str = "plain") -> None:
@@ -59,6 +114,7 @@ async def relay_main(url: str, variant: str = "plain") -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     gc = GroupCommit(js, sout) if variant == "group-commit" else None
+    floor = await floor_writes(nc) if variant == "floor" else None
     await nc.publish(f"bench.relay.ready.{variant}", b"")
 
     async def plain(subject: str, data: bytes, headers: dict[str, str]) -> object:
@@ -67,7 +123,13 @@ async def relay_main(url: str, variant: str = "plain") -> None:
     async def one(m) -> None:
         seq = m.metadata.sequence.stream
         subject, headers = f"{out}.{PRINCIPAL}", {"Nats-Msg-Id": f"relay:{seq}"}
-        if gc is None:
+        if floor is not None:
+            try:
+                await floor(m)
+            except Exception as e:  # left unacked: redelivered after ack_wait, and said here
+                print(f"floor: input {seq} failed: {e!r}", file=sys.stderr, flush=True)
+                raise
+        elif gc is None:
             await plain(subject, m.data, headers)
         else:
             await gc.write(subject, m.data, headers, lambda: plain(subject, m.data, headers), lambda seq: seq)
@@ -91,7 +153,11 @@ async def relay_main(url: str, variant: str = "plain") -> None:
             task.add_done_callback(inflight.discard)
     if inflight:
         await asyncio.gather(*inflight, return_exceptions=True)
-    await nc.drain()
+    # Every ack is sent; flush them and close. (nats-py's drain() does not finish
+    # with a pull subscription open: it waited its 30 s timeout at every stop,
+    # past the harness's 15 s, and the relay was killed.)
+    await nc.flush()
+    await nc.close()
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 No timing is asserted. What is: a throughput run ends only when the
 consumer has acked every input; the message meter sees the relay's publish
-and ack per envelope and the gateway's six writes and ack; the sized moments
+and ack per envelope and the gateway's six writes and ack; the contract floor stores each of
+the records it stands for; the sized moments
 pass the gateway's grammar at 1, 16 and 120 KB (else the bench would measure
 refusals); envelopes from new agents add no consumer to PGW_OUTBOUND; and the
 latency windows report percentiles and the CPU the machine and each process
@@ -15,6 +16,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import nats.errors
 import pytest
 from nats.js.api import StreamConfig
 
@@ -41,6 +43,19 @@ async def test_the_harness_counts_until_acked_and_meters_messages(nats_server: E
         assert info.ack_floor.stream_seq == stream.state.last_seq and info.num_ack_pending == 0
         assert relay["sent"] >= 2.0 and relay["received"] >= 2.0  # a publish and an ack; a delivery and a PubAck
         assert relay["rate"] > 0
+
+        # The contract floor does the writes it is named for, per input: the claim and its
+        # settle, the moment record, the index entry, the surface item, the verdict, the outcome.
+        js = b.drv.js
+        streams = {"KV_BENCH_FL_CLAIMS": 2, "KV_BENCH_FL_MOMENTS": 1, "KV_BENCH_FL_INDEX": 1,
+                   "BENCH_FL_SURFACE": 1, "BENCH_FL_VERDICTS": 1, "BENCH_FL_OUTBOUND": 1}
+        before = {name: (await js.stream_info(name)).state.last_seq for name in streams}
+        floor = await b.run(b.floor, 30)
+        for name, per_input in streams.items():
+            assert (await js.stream_info(name)).state.last_seq - before[name] == 30 * per_input, name
+        assert floor["sent"] >= 8.0  # seven writes and an ack
+        info = await js.consumer_info(b.floor.stream, b.floor.durable)
+        assert info.num_ack_pending == 0 and info.num_pending == 0
 
         consumers_before = (await b.drv.js.stream_info("PGW_OUTBOUND")).state.consumer_count
         for kb in (1, 16, 120):  # System.check raises on any refused envelope
@@ -94,3 +109,37 @@ async def test_server_profile_decodes_a_real_nats_server_cpu_profile(tmp_path: P
     assert "nats-server CPU in the window" in report(profile, 5)
     with pytest.raises(ValueError, match="not a pprof profile"):
         decode(b"\x1f\x8bnot gzip at all")
+
+
+async def test_the_idp_contract_floor_stores_what_a_permit_stores(nats_server: EmbeddedServer, tmp_path: Path) -> None:
+    """benchmarks.bench_idp's floor responder writes, per request, the session, the report key, the
+    index entry and two log events before it answers, and refuses to take one idp_id twice."""
+    from benchmarks.bench_idp import FLOOR_BUCKET, FLOOR_LOG
+    from benchmarks.harness import start_module, stop, wait_message
+
+    nc = await connect(nats_server.client_url, name="floor-test")
+    js = nc.jetstream()
+    ready = asyncio.create_task(wait_message(nc, "bench.idpfloor.ready", 30))
+    await nc.flush()
+    proc = await start_module("benchmarks.bench_idp", "floor", nats_server.client_url, log_path=tmp_path / "floor.log")
+    try:
+        await ready
+
+        def request(idp_id: str, session: str) -> bytes:
+            return json.dumps({"idp": {"idp_id": idp_id, "session_id": session}}).encode()
+
+        for i in range(5):
+            msg = await nc.request("bench.idpfloor", request(f"i{i}", f"s{i}"), timeout=10)
+            assert msg.data == b'{"result":"PERMIT"}'
+        kv = await js.key_value(FLOOR_BUCKET)
+        keys = set(await kv.keys())
+        for i in range(5):
+            assert {f"sess.s{i}", f"tr.i{i}", f"idp.i{i}"} <= keys
+        log = await js.stream_info(FLOOR_LOG, subjects_filter="bench.idpf.log.*")
+        assert log.state.subjects == {"bench.idpf.log.IDP_SUBMITTED": 5, "bench.idpf.log.CEDAR_PERMIT_RECORDED": 5}
+        # A create of a key that exists is refused, as the kernel's is: no answer for a reused idp_id.
+        with pytest.raises(nats.errors.TimeoutError):  # the responder's writes fail; it does not answer
+            await nc.request("bench.idpfloor", request("i0", "s-new"), timeout=2)
+    finally:
+        await stop(proc)
+        await nc.close()
