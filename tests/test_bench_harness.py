@@ -76,6 +76,9 @@ async def test_the_harness_counts_until_acked_and_meters_messages(nats_server: E
         p99 = named("t: gateway: p99 publish->surface @ 500/s, 0.1 s window, run 1/1")
         p50 = named("t: gateway: p50 publish->surface @ 500/s, run 1/1")
         assert 0 < p50["value"] <= p99["value"] and 0 < p50["baseline"] <= p99["baseline"]
+        floor_p99 = named("t: contract floor: p99 publish->surface @ 500/s, 0.1 s window, run 1/1")
+        floor_p50 = named("t: contract floor: p50 publish->surface @ 500/s, run 1/1")
+        assert 0 < floor_p50["value"] <= floor_p99["value"] and floor_p99["baseline"] == p99["baseline"]
         busy = rows["t: machine CPU busy during the latency windows (all processes)"]
         assert 0 < busy["value"] <= 100 and 0 < busy["baseline"] <= 100
         # Each process's share is its own CPU over the window: the gateway and the relay did work.
