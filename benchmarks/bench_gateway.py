@@ -13,7 +13,9 @@ the same driver with the same envelope bytes:
   only the gateway's durable writes for a binding moment, through its writers,
   with no logic: what any gateway keeping these records pays, so gateway/floor
   is what the gateway's own code costs (throughput, CPU, messages, and
-  ``PGW_BENCH_FLOOR_RUNS`` (1) latency windows at 500/s on both settings).
+  ``PGW_BENCH_FLOOR_RUNS`` (1) latency windows at 500/s on both settings, and two
+  floors sharing the work against one); and the **minimal floor** (``floor-min``: a
+  claim and the contract's three streams), the least DESIGN's streams can cost.
 
 Every ratio is against a baseline measured in the same run. Throughput is
 counted until every input is **acked** (all it caused stored). CPU per
@@ -67,14 +69,16 @@ from pgwcore.streams import ensure_streams
 GW_CONN = "pgw-gateway"
 
 
-def _systems() -> tuple[System, System, System, System]:
+def _systems() -> tuple[System, System, System, System, System]:
     gw = System("gateway", "pgw.agent", f"pgw.principal.{PRINCIPAL}.surface", "PGW_INBOUND", "pgw-gateway",
                 done_subject="pgw.agent.*.outcome")
     rel = System("relay", "bench.agent", f"bench.out.{PRINCIPAL}", "BENCH_IN", relay_mod.durable("plain"))
     rgc = System("relay-gc", "bench.gcagent", f"bench.gcout.{PRINCIPAL}", "BENCH_GC_IN",
                  relay_mod.durable("group-commit"))
     floor = System("floor", "bench.flagent", f"bench.flsurface.{PRINCIPAL}", "BENCH_FL_IN", relay_mod.durable("floor"))
-    return gw, rel, rgc, floor
+    fmin = System("floor-min", "bench.fmagent", f"bench.fmsurface.{PRINCIPAL}", "BENCH_FM_IN",
+                  relay_mod.durable("floor-min"))
+    return gw, rel, rgc, floor, fmin
 
 
 class Bench:
@@ -84,15 +88,16 @@ class Bench:
         self.server = server
         self.root = root
         self.label = label
-        self.gw, self.relay, self.relay_gc, self.floor = _systems()
-        self._variants = {self.relay.name: "plain", self.relay_gc.name: "group-commit", self.floor.name: "floor"}
+        self.gw, self.relay, self.relay_gc, self.floor, self.floor_min = _systems()
+        self._variants = {self.relay.name: "plain", self.relay_gc.name: "group-commit", self.floor.name: "floor",
+                          self.floor_min.name: "floor-min"}
 
     async def start(self, *, group_commit_relay: bool = True) -> None:
         self.nc = await connect(self.server.client_url, name="bench-driver")
         await ensure_streams(self.nc.jetstream(), Config().subjects)
         await relay_mod.ensure_relay_streams(self.nc)
         self.drv = Driver(self.nc)
-        relays = [self.relay, self.floor] + ([self.relay_gc] if group_commit_relay else [])
+        relays = [self.relay, self.floor, self.floor_min] + ([self.relay_gc] if group_commit_relay else [])
         systems = [self.gw, *relays]
         for s in systems:
             await self.drv.watch(s)
@@ -111,7 +116,7 @@ class Bench:
             await self.drv.throughput(s, 200)
 
     async def close(self) -> None:
-        for s in (self.gw, self.relay, self.relay_gc, self.floor):
+        for s in (self.gw, self.relay, self.relay_gc, self.floor, self.floor_min):
             for p in s.procs:
                 await stop(p)
         with contextlib.suppress(Exception):
@@ -164,9 +169,14 @@ def _cpu_rows(tag: str, g: dict, r: dict) -> list[dict]:
     ]
 
 
-def _floor_rows(tag: str, g: dict, f: dict, r: dict) -> list[dict]:
-    """The contract floor (benchmarks/relay.py ``floor``) against the relay and the gateway against it."""
+def _floor_rows(tag: str, g: dict, f: dict, r: dict, fmin: dict) -> list[dict]:
+    """The contract floor (benchmarks/relay.py ``floor``) against the relay and the gateway against it;
+    the minimal floor (``floor-min``: a claim and the contract's three streams) against the relay."""
     return [
+        row(f"{tag}minimal floor (claim + surface, verdict, outcome; no logic): CPU per envelope", fmin["cpu"],
+            r["cpu"], "ms CPU (ratio = minimal floor/relay: the least DESIGN's streams can cost)"),
+        row(f"{tag}minimal floor: envelopes/s until acked", fmin["rate"], r["rate"],
+            "env/s (ratio = minimal floor/relay)", digits=1),
         row(f"{tag}contract floor (the gateway's writes, no logic): envelopes/s until acked", f["rate"], r["rate"],
             "env/s (ratio = floor/relay)", digits=1),
         row(f"{tag}contract floor: CPU per envelope (service process)", f["cpu"], r["cpu"],
@@ -187,22 +197,26 @@ async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: f
         try:
             await b.start()
             gw, rel, rgc = b.gw, b.relay, b.relay_gc
-            t = await b.best_of([rel, rgc, b.floor, gw], n // 2)
+            t = await b.best_of([rel, rgc, b.floor, b.floor_min, gw], n // 2)
             g, r = t["gateway"], t["relay"]
             rows.append(row("gateway: envelopes/s until acked (closed loop, 256 in flight)", g["rate"], r["rate"],
                             "env/s (ratio = gateway/relay, target >= 0.5)", digits=1))
             rows.append(row("gateway: the same, vs the relay with the gateway's group commit", g["rate"],
                             t["relay-gc"]["rate"], "env/s (ratio = gateway/relay-gc)", digits=1))
             rows += _cpu_rows("", g, r)
-            rows += _floor_rows("", g, t["floor"], r)
+            rows += _floor_rows("", g, t["floor"], r, t["floor-min"])
             one_agent = g
             for kb in (16, 120):
                 k = max(100, n // (4 if kb == 16 else 10))
-                sz = await b.best_of([rel, gw], k, rounds=1, kb=kb)
+                sz = await b.best_of([rel, b.floor, gw], k, rounds=1, kb=kb)
                 rows.append(row(f"gateway: envelopes/s until acked, {kb} KB moments", sz["gateway"]["rate"],
                                 sz["relay"]["rate"], "env/s (ratio = gateway/relay, same bytes)", digits=1))
                 rows.append(row(f"gateway: CPU per envelope, {kb} KB moments", sz["gateway"]["cpu"],
                                 sz["relay"]["cpu"], "ms CPU (ratio = gateway/relay, same bytes)"))
+                rows.append(row(f"contract floor: CPU per envelope, {kb} KB moments", sz["floor"]["cpu"],
+                                sz["relay"]["cpu"], "ms CPU (ratio = floor/relay: the moment written twice)"))
+                rows.append(row(f"gateway CPU per envelope vs the contract floor, {kb} KB moments", sz["gateway"]["cpu"],
+                                sz["floor"]["cpu"], "ms CPU (ratio = gateway/floor)"))
                 if kb == 16:
                     one16 = sz["gateway"]
             try:
@@ -221,6 +235,9 @@ async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: f
             rows += await _latency_rows(b, "", lat_runs, rate_s)
             if soak_s > 0:
                 rows += await _soak(b, soak_s)
+            # The one-instance figure again right before the second starts: the machine's
+            # drift over the minute since the size runs must not count as the instance's cost.
+            one16 = await b.run(gw, max(100, n // 4), kb=16)
             progress("always: a second gateway instance")
             gw.procs.append(await start_gateway(server.client_url, root / "gw2"))
             await wait_gateway(b.nc, count=2)
@@ -232,6 +249,19 @@ async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: f
                             one16["cpu"], "ms CPU (ratio = two/one, target <= 1)"))
             rows.append(row("gateway: 2 instances vs 1, envelopes/s until acked, 16 KB", two["rate"], one16["rate"],
                             "env/s (ratio = two/one)", digits=1))
+            # The same for the contract floor: what sharing one durable consumer costs by itself
+            # (each instance's group commit batches half the writes), without any per-instance watch.
+            progress("always: a second contract floor")
+            floor_one = await b.run(b.floor, max(100, n // 4), kb=16)
+            ready = asyncio.create_task(wait_message(b.nc, "bench.relay.ready.floor", 60))
+            await b.nc.flush()
+            b.floor.procs.append(await start_module("benchmarks.relay", server.client_url, "floor",
+                                                    log_path=root / "relay-floor-2.log"))
+            await ready
+            await b.drv.throughput(b.floor, 600, kb=16)
+            floor_two = await b.run(b.floor, max(100, n // 4), kb=16)
+            rows.append(row("contract floor: 2 instances vs 1, CPU per envelope (all instances), 16 KB",
+                            floor_two["cpu"], floor_one["cpu"], "ms CPU (ratio = two/one: sharing the work alone)"))
         finally:
             await b.close()
     return rows
@@ -243,14 +273,14 @@ async def _on_default_interval(root: Path, n: int, lat_runs: int, rate_s: float)
         b = Bench(server, root / "default", "default sync")
         try:
             await b.start(group_commit_relay=False)
-            t = await b.best_of([b.relay, b.floor, b.gw], n // 2)
+            t = await b.best_of([b.relay, b.floor, b.floor_min, b.gw], n // 2)
             latency = await _latency_rows(b, "default sync interval: ", lat_runs, rate_s)
         finally:
             await b.close()
     g, r = t["gateway"], t["relay"]
     return [row("gateway, server's default sync interval: envelopes/s until acked", g["rate"], r["rate"],
                 "env/s (ratio = gateway/relay, target >= 0.5)", digits=1),
-            *_cpu_rows("default sync interval: ", g, r), *_floor_rows("default sync interval: ", g, t["floor"], r),
+            *_cpu_rows("default sync interval: ", g, r), *_floor_rows("default sync interval: ", g, t["floor"], r, t["floor-min"]),
             *latency]
 
 

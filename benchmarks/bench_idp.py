@@ -28,6 +28,12 @@ stops at the first rate it fails.
   validation, mandate, signature, hash chain or Cedar: what the kernel spends
   beyond it is its own code, what it spends beyond the bare responder is what
   spec 003 has stored before the answer.
+- **minimal floor** (``PGW_BENCH_IDP_MIN=1``, off by default to keep
+  ``make bench`` under five minutes): the same responder storing only what
+  spec 003 itself requires before a PERMIT, the session compare-and-set
+  (§5.2(f)) and ``IDP_SUBMITTED`` (§5.3), together, then the reply: a lower
+  bound for storing fewer records, not a design (no index entry behind
+  ``IDP_DUPLICATE`` past the log's duplicate window, no report key).
 
 Rows: each ceiling; p50/p99 at every step; the gateway's and the server's CPU
 per request and the gateway connection's messages per request (at the
@@ -120,8 +126,8 @@ async def _echo_main(url: str) -> None:
 FLOOR_BUCKET, FLOOR_LOG = "BENCH_IDPF_KERNEL", "BENCH_IDPF_LOG"
 
 
-async def _floor_main(url: str) -> None:
-    """The IDP contract floor, in its own process (module docstring)."""
+async def _floor_main(url: str, minimal: bool = False) -> None:
+    """The IDP contract floor (``minimal``: the minimal floor), in its own process (module docstring)."""
     from nats.js.api import StorageType, StreamConfig
 
     from pgwcore.atomic import publish_acked
@@ -129,7 +135,8 @@ async def _floor_main(url: str) -> None:
     from pgwcore.kvread import BatchReader, enable_direct
     from pgwcore.streams import ensure_kv, ensure_stream
 
-    nc = await connect(url, name="bench-idp-floor")
+    name = "bench.idpfloormin" if minimal else "bench.idpfloor"
+    nc = await connect(url, name="bench-idp-floor-min" if minimal else "bench-idp-floor")
     js = nc.jetstream()
     await ensure_kv(js, FLOOR_BUCKET, replicas=1)
     await enable_direct(js, FLOOR_BUCKET)
@@ -153,15 +160,19 @@ async def _floor_main(url: str) -> None:
     async def serve(msg: Any) -> None:
         idp = msgspec.json.decode(msg.data)["idp"]
         idp_id, session = idp["idp_id"], idp["session_id"]
+        if minimal:
+            await asyncio.gather(put(f"sess.{session}", b"s" * 200), log("IDP_SUBMITTED", msg.data, idp_id))
+            await msg.respond(b'{"result":"PERMIT"}')
+            return
         await reader.get_many([f"idp.{idp_id}", f"tr.{idp_id}", f"sess.{session}"])
         await asyncio.gather(put(f"sess.{session}", b"s" * 200), log("IDP_SUBMITTED", msg.data, idp_id),
                              put(f"tr.{idp_id}", b"t" * 36))
         await asyncio.gather(put(f"idp.{idp_id}", b"e" * 360), log("CEDAR_PERMIT_RECORDED", permit_event, idp_id))
         await msg.respond(b'{"result":"PERMIT"}')
 
-    await nc.subscribe("bench.idpfloor", cb=serve)
+    await nc.subscribe(name, cb=serve)
     await nc.flush()
-    await nc.publish("bench.idpfloor.ready", b"")
+    await nc.publish(f"{name}.ready", b"")
     await stop_ev.wait()
     await reader.close()
     await nc.drain()
@@ -213,7 +224,9 @@ async def _main() -> list[dict]:
     server = EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=-1)
     await server.start()
     driver = await connect(server.client_url, name="bench-driver")
-    gw = echo_proc = floor_proc = None
+    gw = echo_proc = floor_proc = min_proc = None
+    minimal = os.environ.get("PGW_BENCH_IDP_MIN", "") not in ("", "0")
+    m_ceiling, m_rows, m_at = 0, [], {}
     try:
         key = Ed25519PrivateKey.generate()
         kid = kid_of(key.public_key())
@@ -251,6 +264,13 @@ async def _main() -> list[dict]:
         gw = await start_gateway(server.client_url, tmp / "gw", extra_toml=kernel_toml)
         await echo_ready
         await floor_ready
+        if minimal:
+            min_ready = asyncio.create_task(wait_message(driver, "bench.idpfloormin.ready", 30))
+            await driver.flush()
+            min_proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "benchmarks.bench_idp", "floor-min", server.client_url,
+                start_new_session=True, cwd=REPO)
+            await min_ready
         await wait_gateway(driver)
         counter = iter(range(10**9))
         payload = body(0)
@@ -265,6 +285,10 @@ async def _main() -> list[dict]:
 
         async def floor(_i: int) -> bool:
             msg = await driver.request("bench.idpfloor", body(next(counter)), timeout=10)
+            return msg.data == b'{"result":"PERMIT"}'
+
+        async def floor_min(_i: int) -> bool:
+            msg = await driver.request("bench.idpfloormin", body(next(counter)), timeout=10)
             return msg.data == b'{"result":"PERMIT"}'
 
         for _ in range(3):
@@ -287,11 +311,15 @@ async def _main() -> list[dict]:
 
         b_ceiling, b_rows, b_at = await _ladder("bare responder", bare, meter_of(echo_proc.pid, "bench-echo"))
         f_ceiling, f_rows, f_at = await _ladder("contract floor", floor, meter_of(floor_proc.pid, "bench-idp-floor"))
+        if min_proc is not None:
+            m_ceiling, m_rows, m_at = await _ladder("minimal floor", floor_min,
+                                                    meter_of(min_proc.pid, "bench-idp-floor-min"))
         k_ceiling, k_rows, k_at = await _ladder("kernel", kernel, meter_of(gw.pid, "pgw-gateway"))
     finally:
         await stop(gw)
         await stop(echo_proc)
         await stop(floor_proc)
+        await stop(min_proc)
         with contextlib.suppress(Exception):
             await driver.close()
         await server.stop()
@@ -314,7 +342,12 @@ async def _main() -> list[dict]:
                         k_at["server"], b_at.get("server"), "ms CPU"))
         rows.append(row("idp: messages the service sent to the server per request (kernel vs bare)",
                         k_at["msgs_service"], b_at.get("msgs_service"), "msgs (writes, reply)", digits=2))
-    return rows + k_rows + f_rows + b_rows
+    if m_at:
+        rows.append(row("idp ceiling: the minimal floor (session + IDP_SUBMITTED only) vs bare responder",
+                        float(m_ceiling), float(b_ceiling), "req/s", digits=0))
+        rows.append(row(f"idp minimal floor: CPU per request @ {m_at['rate']}/s, service / nats-server",
+                        m_at["service"], m_at["server"], "ms CPU (baseline column = nats-server)") | {"ratio": None})
+    return rows + k_rows + f_rows + m_rows + b_rows
 
 
 def run() -> list[dict]:
@@ -326,8 +359,9 @@ def run() -> list[dict]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 3 and sys.argv[1] in ("echo", "floor"):
-        pgw_loop.run((_echo_main if sys.argv[1] == "echo" else _floor_main)(sys.argv[2]))
+    if len(sys.argv) >= 3 and sys.argv[1] in ("echo", "floor", "floor-min"):
+        pgw_loop.run(_echo_main(sys.argv[2]) if sys.argv[1] == "echo"
+                     else _floor_main(sys.argv[2], minimal=sys.argv[1] == "floor-min"))
         sys.exit(0)
     for r in run():
         print(r)

@@ -1,4 +1,4 @@
-"""The bare baseline relay, its own process: ``python -m benchmarks.relay URL [plain|group-commit|floor]``.
+"""The bare baseline relay, its own process: ``python -m benchmarks.relay URL [plain|group-commit|floor|floor-min]``.
 
 The same durable pull consumer with explicit ack as the gateway's worker on a
 stream like ``PGW_INBOUND``, the same pipelined fetch loop (four batches of 64
@@ -17,7 +17,14 @@ verdict and the agent's index entry, then together the outcome and the
 claim's settle (KV compare-and-set), then the ack (gateway/pipeline.py,
 gateway/moments.py ``dispatch``). What the gateway spends beyond this floor is
 its own code; what the floor spends beyond the plain relay is what is stored
-(docs/performance.md, "The contract floor").
+(docs/performance.md, "Run 6: the contract floors").
+
+``floor-min``: the least any gateway keeping DESIGN's streams could store for
+one binding moment: one durable claim (the dedup that must hold across
+restarts and instances, DESIGN §3.2 step 8), then together the surface item,
+the verdict and the outcome (the contract's own streams, DESIGN §2), then the
+ack. Not a design (no moment record for §4.2's answers, no settle to replay
+from): a lower bound for what storing fewer records could reach.
 """
 
 from __future__ import annotations
@@ -45,10 +52,25 @@ RELAYS = {  # variant: (input stream, input subjects, output stream, output pref
     "plain": ("BENCH_IN", "bench.agent.*.envelope", "BENCH_OUT", "bench.out"),
     "group-commit": ("BENCH_GC_IN", "bench.gcagent.*.envelope", "BENCH_GC_OUT", "bench.gcout"),
     "floor": ("BENCH_FL_IN", "bench.flagent.*.envelope", "BENCH_FL_SURFACE", "bench.flsurface"),
+    "floor-min": ("BENCH_FM_IN", "bench.fmagent.*.envelope", "BENCH_FM_SURFACE", "bench.fmsurface"),
 }
-# The floor's other streams (stream, subject prefix) and KV buckets, as the gateway's.
-FLOOR_STREAMS = (("BENCH_FL_VERDICTS", "bench.flverdict"), ("BENCH_FL_OUTBOUND", "bench.floutcome"))
-FLOOR_BUCKETS = ("BENCH_FL_CLAIMS", "BENCH_FL_MOMENTS", "BENCH_FL_INDEX")
+FLOOR_TAGS = {"floor": "FL", "floor-min": "FM"}
+
+
+def floor_streams(variant: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The floor's verdict and outcome streams (name, subject prefix), beside its surface stream."""
+    t = FLOOR_TAGS[variant]
+    return (f"BENCH_{t}_VERDICTS", f"bench.{t.lower()}verdict"), (f"BENCH_{t}_OUTBOUND", f"bench.{t.lower()}outcome")
+
+
+def floor_buckets(variant: str) -> tuple[str, ...]:
+    """The floor's KV buckets: claims, and for the full floor the moment records and the agent index."""
+    t = FLOOR_TAGS[variant]
+    return (f"BENCH_{t}_CLAIMS",) + ((f"BENCH_{t}_MOMENTS", f"BENCH_{t}_INDEX") if variant == "floor" else ())
+
+
+FLOOR_STREAMS = floor_streams("floor")
+FLOOR_BUCKETS = floor_buckets("floor")
 # Sizes of the small records, as the gateway writes them for a 1 KB moment (a claim and its
 # settle, a verdict, an outcome, an index entry).
 CLAIM, SETTLE, VERDICT, OUTCOME, INDEX = (b"c" * 180, b"s" * 420, b"v" * 700, b"o" * 330, b"1764100000.123")
@@ -61,22 +83,24 @@ def durable(variant: str) -> str:
 async def ensure_relay_streams(nc: Client) -> None:
     js = nc.jetstream()
     for variant, (sin, subj_in, sout, out) in RELAYS.items():
-        extra = FLOOR_STREAMS if variant == "floor" else ()
+        extra = floor_streams(variant) if variant in FLOOR_TAGS else ()
         for name, subj in ((sin, subj_in), (sout, f"{out}.*"), *((n, f"{o}.*") for n, o in extra)):
             with contextlib.suppress(Exception):
                 await js.add_stream(StreamConfig(name=name, subjects=[subj], storage=StorageType.FILE,
                                                  duplicate_window=3600.0,
                                                  allow_atomic=True if variant != "plain" and name != sin else None))
-    for bucket in FLOOR_BUCKETS:
-        await ensure_kv(js, bucket, replicas=1, atomic=True)
+        for bucket in floor_buckets(variant) if variant in FLOOR_TAGS else ():
+            await ensure_kv(js, bucket, replicas=1, atomic=True)
 
 
-async def floor_writes(nc: Client) -> Callable[[object], Awaitable[None]]:
+async def floor_writes(nc: Client, variant: str = "floor") -> Callable[[object], Awaitable[None]]:
     """The floor's writes for one input message ``m`` (module docstring), through the gateway's writers."""
     js = nc.jetstream()
-    surface = GroupCommit(js, "BENCH_FL_SURFACE")
-    verdicts, outcomes = (GroupCommit(js, name) for name, _ in FLOOR_STREAMS)
-    claims, moments, index = [KvWriter(js, await js.key_value(b), b) for b in FLOOR_BUCKETS]
+    surface_subject = f"{RELAYS[variant][3]}.{PRINCIPAL}"
+    surface = GroupCommit(js, RELAYS[variant][2])
+    (vname, vpre), (oname, opre) = floor_streams(variant)
+    verdicts, outcomes = GroupCommit(js, vname), GroupCommit(js, oname)
+    writers = [KvWriter(js, await js.key_value(b), b) for b in floor_buckets(variant)]
 
     async def publish(gc: GroupCommit, subject: str, body: bytes, msg_id: str) -> None:
         headers = {"Nats-Msg-Id": msg_id}
@@ -86,16 +110,27 @@ async def floor_writes(nc: Client) -> Callable[[object], Awaitable[None]]:
     async def run(m) -> None:
         seq = m.metadata.sequence.stream
         key = f"agent.{seq}"
+        claims = writers[0]
         try:
             rev = await claims.create(key, CLAIM)
         except KeyWrongLastSequenceError:
             return  # a redelivery: the gateway would replay its stored outcome; the floor has none
+        def surface_item() -> Awaitable[None]:
+            return publish(surface, surface_subject, m.data, f"item:{seq}")
+
+        def verdict() -> Awaitable[None]:
+            return publish(verdicts, f"{vpre}.hitl_dispatched", VERDICT, f"dispatch:{seq}")
+
+        def outcome() -> Awaitable[None]:
+            return publish(outcomes, f"{opre}.agent", OUTCOME, f"outcome:{seq}")
+
+        if variant == "floor-min":
+            await together(surface_item(), together(verdict(), outcome()))
+            return
+        moments, index = writers[1:]
         await moments.create(f"{PRINCIPAL}.{seq}", m.data)
-        await together(publish(surface, f"bench.flsurface.{PRINCIPAL}", m.data, f"item:{seq}"),
-                       together(publish(verdicts, "bench.flverdict.hitl_dispatched", VERDICT, f"dispatch:{seq}"),
-                                index.create(f"agent.{seq:015d}.{PRINCIPAL}.{seq}", INDEX)))
-        await together(publish(outcomes, "bench.floutcome.agent", OUTCOME, f"outcome:{seq}"),
-                       claims.update(key, SETTLE, rev))
+        await together(surface_item(), together(verdict(), index.create(f"agent.{seq:015d}.{PRINCIPAL}.{seq}", INDEX)))
+        await together(outcome(), claims.update(key, SETTLE, rev))
 
     return run
 
@@ -114,7 +149,7 @@ async def relay_main(url: str, variant: str = "plain") -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     gc = GroupCommit(js, sout) if variant == "group-commit" else None
-    floor = await floor_writes(nc) if variant == "floor" else None
+    floor = await floor_writes(nc, variant) if variant in FLOOR_TAGS else None
     await nc.publish(f"bench.relay.ready.{variant}", b"")
 
     async def plain(subject: str, data: bytes, headers: dict[str, str]) -> object:

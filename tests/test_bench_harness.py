@@ -56,6 +56,13 @@ async def test_the_harness_counts_until_acked_and_meters_messages(nats_server: E
         assert floor["sent"] >= 8.0  # seven writes and an ack
         info = await js.consumer_info(b.floor.stream, b.floor.durable)
         assert info.num_ack_pending == 0 and info.num_pending == 0
+        # The minimal floor: a claim and the contract's three streams, nothing else.
+        streams = {"KV_BENCH_FM_CLAIMS": 1, "BENCH_FM_SURFACE": 1, "BENCH_FM_VERDICTS": 1, "BENCH_FM_OUTBOUND": 1}
+        before = {name: (await js.stream_info(name)).state.last_seq for name in streams}
+        fmin = await b.run(b.floor_min, 30)
+        for name, per_input in streams.items():
+            assert (await js.stream_info(name)).state.last_seq - before[name] == 30 * per_input, name
+        assert fmin["sent"] >= 5.0  # four writes and an ack
 
         consumers_before = (await b.drv.js.stream_info("PGW_OUTBOUND")).state.consumer_count
         for kb in (1, 16, 120):  # System.check raises on any refused envelope
@@ -116,17 +123,22 @@ async def test_server_profile_decodes_a_real_nats_server_cpu_profile(tmp_path: P
 
 async def test_the_idp_contract_floor_stores_what_a_permit_stores(nats_server: EmbeddedServer, tmp_path: Path) -> None:
     """benchmarks.bench_idp's floor responder writes, per request, the session, the report key, the
-    index entry and two log events before it answers, and refuses to take one idp_id twice."""
+    index entry and two log events before it answers, and refuses to take one idp_id twice; the
+    minimal floor writes the session and IDP_SUBMITTED only."""
     from benchmarks.bench_idp import FLOOR_BUCKET, FLOOR_LOG
     from benchmarks.harness import start_module, stop, wait_message
 
     nc = await connect(nats_server.client_url, name="floor-test")
     js = nc.jetstream()
     ready = asyncio.create_task(wait_message(nc, "bench.idpfloor.ready", 30))
+    ready_min = asyncio.create_task(wait_message(nc, "bench.idpfloormin.ready", 30))
     await nc.flush()
     proc = await start_module("benchmarks.bench_idp", "floor", nats_server.client_url, log_path=tmp_path / "floor.log")
+    proc_min = await start_module("benchmarks.bench_idp", "floor-min", nats_server.client_url,
+                                  log_path=tmp_path / "floor-min.log")
     try:
         await ready
+        await ready_min
 
         def request(idp_id: str, session: str) -> bytes:
             return json.dumps({"idp": {"idp_id": idp_id, "session_id": session}}).encode()
@@ -143,6 +155,15 @@ async def test_the_idp_contract_floor_stores_what_a_permit_stores(nats_server: E
         # A create of a key that exists is refused, as the kernel's is: no answer for a reused idp_id.
         with pytest.raises(nats.errors.TimeoutError):  # the responder's writes fail; it does not answer
             await nc.request("bench.idpfloor", request("i0", "s-new"), timeout=2)
+
+        # The minimal floor stores the session and IDP_SUBMITTED only.
+        keys_before = set(await kv.keys())
+        msg = await nc.request("bench.idpfloormin", request("m0", "sm0"), timeout=10)
+        assert msg.data == b'{"result":"PERMIT"}'
+        assert set(await kv.keys()) - keys_before == {"sess.sm0"}
+        log = await js.stream_info(FLOOR_LOG, subjects_filter="bench.idpf.log.*")
+        assert log.state.subjects == {"bench.idpf.log.IDP_SUBMITTED": 6, "bench.idpf.log.CEDAR_PERMIT_RECORDED": 5}
     finally:
         await stop(proc)
+        await stop(proc_min)
         await nc.close()
