@@ -328,26 +328,27 @@ async def _main() -> list[dict]:
                 float(k_ceiling), float(b_ceiling), "req/s (target: kernel >= 1,000 on 2 cores)", digits=0),
             row("idp ceiling: the contract floor (the kernel's reads and writes, no logic) vs bare responder",
                 float(f_ceiling), float(b_ceiling), "req/s", digits=0)]
-    if f_at:
-        rows.append(row(f"idp contract floor: CPU per request @ {f_at['rate']}/s (floor vs bare responder)",
-                        f_at["service"], b_at.get("service"), "ms CPU"))
-        rows.append(row(f"idp contract floor: nats-server CPU per request @ {f_at['rate']}/s (floor vs bare)",
-                        f_at["server"], b_at.get("server"), "ms CPU"))
-        rows.append(row("idp contract floor: messages sent to the server per request (floor vs bare)",
-                        f_at["msgs_service"], b_at.get("msgs_service"), "msgs (writes, reads, reply)", digits=2))
     if k_at:
-        rows.append(row(f"idp: CPU per request @ {k_at['rate']}/s (gateway vs bare responder)",
-                        k_at["service"], b_at.get("service"), "ms CPU"))
-        rows.append(row(f"idp: nats-server CPU per request @ {k_at['rate']}/s (kernel vs bare)",
-                        k_at["server"], b_at.get("server"), "ms CPU"))
-        rows.append(row("idp: messages the service sent to the server per request (kernel vs bare)",
-                        k_at["msgs_service"], b_at.get("msgs_service"), "msgs (writes, reply)", digits=2))
+        rows += _cost_rows("idp kernel", k_at, b_at, "writes, reply")
+    if f_at:
+        rows += _cost_rows("idp contract floor", f_at, b_at, "writes, read, reply")
     if m_at:
         rows.append(row("idp ceiling: the minimal floor (session + IDP_SUBMITTED only) vs bare responder",
                         float(m_ceiling), float(b_ceiling), "req/s", digits=0))
-        rows.append(row(f"idp minimal floor: CPU per request @ {m_at['rate']}/s, service / nats-server",
-                        m_at["service"], m_at["server"], "ms CPU (baseline column = nats-server)") | {"ratio": None})
+        rows += _cost_rows("idp minimal floor", m_at, b_at, "writes, reply")
     return rows + k_rows + f_rows + m_rows + b_rows
+
+
+def _cost_rows(who: str, at: dict, bare: dict, what: str) -> list[dict]:
+    """CPU of the service and of nats-server, and messages sent, per request at ``who``'s highest passed step."""
+    from benchmarks.harness import row
+
+    return [row(f"{who}: CPU per request @ {at['rate']}/s (vs bare responder)", at["service"], bare.get("service"),
+                "ms CPU"),
+            row(f"{who}: nats-server CPU per request @ {at['rate']}/s (vs bare responder's)", at["server"],
+                bare.get("server"), "ms CPU"),
+            row(f"{who}: messages sent to the server per request (vs bare responder)", at["msgs_service"],
+                bare.get("msgs_service"), f"msgs ({what})", digits=2)]
 
 
 def run() -> list[dict]:
