@@ -77,6 +77,27 @@ def test_redactor_leaves_clean_text_alone():
     assert r.text(text) == text
 
 
+@given(graph=st.recursive(
+    st.text(alphabet=st.sampled_from([*"abcSECRTt:\\\"/ ", "\n", "\x00", "\x1f", "\u200b", "é"]), max_size=24),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3),
+    max_leaves=8,
+))
+@settings(max_examples=500, deadline=None)
+def test_plainly_clean_never_skips_what_the_walk_would_change(graph):
+    """The pre-check is exact in one direction: whatever it calls clean, the full walk leaves alone
+    (with and without backslashes, escaped control characters and ``secret:`` in any case)."""
+    r = Redactor()
+    if r.plainly_clean(graph):
+        assert r.graph(graph) == graph
+
+
+def test_plainly_clean_takes_the_walk_for_an_escaped_control_character():
+    r = Redactor()
+    assert r.plainly_clean({"a": "line\nbreak", "b": "back\\slash"})  # escapes, none of them \u00..
+    assert not r.plainly_clean({"a": "sec\x00ret: tok"})  # JSON writes NUL as \u0000: the walk decides
+    assert not r.plainly_clean({"a": "SeCrEt:abc"})
+
+
 def test_short_secret_in_config_fails_at_start():
     """A configured secret shorter than 4 characters fails the configuration with the field named."""
     from pgwcore.config import load_config

@@ -153,3 +153,20 @@ def test_the_fast_path_is_taken_for_an_ordinary_envelope(monkeypatch) -> None:
     monkeypatch.setattr(shape, "_strict", no_strict)
     env = envelope(BINDING_MOMENT_KIND, {"principal": "alice", "binding_moment": GOOD_MOMENT}, envelope_id="e1")
     assert shape.decode_body(json.dumps(env).encode(), DEFAULT) == [env]
+
+
+def test_an_escape_other_than_u_keeps_the_fast_path(monkeypatch) -> None:
+    r"""A backslash alone (\n, \", \\) does not send a body to the strict decoder; a \u escape does."""
+    calls: list[str] = []
+    strict = shape._strict
+
+    def counting(text: str, limits: LimitsConfig) -> Any:
+        calls.append(text)
+        return strict(text, limits)
+
+    monkeypatch.setattr(shape, "_strict", counting)
+    body = b'{"a": "line\\nbreak \\"quoted\\" back\\\\slash"}'
+    assert shape.decode_body(body, DEFAULT) == [{"a": 'line\nbreak "quoted" back\\slash'}]
+    assert calls == []
+    assert shape.decode_body(b'{"a": "\\u0041"}', DEFAULT) == [{"a": "A"}]
+    assert len(calls) == 1

@@ -219,7 +219,8 @@ class Redactor:
         blob = msgspec.json.encode(obj)
         # b"\\u00": JSON writes a control character (NUL, ...) as an escape; it must be
         # dropped (visible()) and may hide a token ("sec\\u0000ret:"), so take the walk.
-        return blob.isascii() and b"secret:" not in blob.lower() and b"\\u00" not in blob
+        # (b"\\" first: one memchr proves the longer search unneeded for most bodies.)
+        return blob.isascii() and b"secret:" not in blob.lower() and (b"\\" not in blob or b"\\u00" not in blob)
 
     def graph(self, value: Any) -> Any:
         """A copy of a JSON graph with every string leaf and key redacted (``value`` itself if none changed)."""

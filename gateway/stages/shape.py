@@ -102,7 +102,10 @@ def decode_body(body: bytes, limits: LimitsConfig) -> list[Any]:
     except UnicodeDecodeError as e:
         raise _refuse(f"body is not valid UTF-8 (byte {e.start})") from None
     value: Any = _UNSET
-    if "\\u" not in text:
+    # No \u escape (a body with no backslash at all is found by one memchr; the two-byte search
+    # costs a tenth of a millisecond per 100 KB, issue 18). Same answer as ``"\\u" not in text``:
+    # UTF-8 never puts an ASCII byte inside a multi-byte character.
+    if b"\\" not in body or b"\\u" not in body:
         try:
             value = _fast.decode(body)
             if _fast_enc.encode(value).count(b":") != text.count(":"):
