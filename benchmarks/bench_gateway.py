@@ -217,8 +217,6 @@ async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: f
                                 sz["relay"]["cpu"], "ms CPU (ratio = floor/relay: the moment written twice)"))
                 rows.append(row(f"gateway CPU per envelope vs the contract floor, {kb} KB moments", sz["gateway"]["cpu"],
                                 sz["floor"]["cpu"], "ms CPU (ratio = gateway/floor)"))
-                if kb == 16:
-                    one16 = sz["gateway"]
             try:
                 many = await b.run(gw, n, agents=1000)
                 single = await b.run(gw, n)
@@ -235,37 +233,59 @@ async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: f
             rows += await _latency_rows(b, "", lat_runs, rate_s)
             if soak_s > 0:
                 rows += await _soak(b, soak_s)
-            # The one-instance figure again right before the second starts: the machine's
-            # drift over the minute since the size runs must not count as the instance's cost.
-            # n envelopes, not the size runs' n/4: two instances' CPU is split over two processes'
-            # clock ticks (10 ms each), so a short run cannot tell a few per cent from noise.
-            one16 = await b.run(gw, n, kb=16)
-            progress("always: a second gateway instance")
-            gw.procs.append(await start_gateway(server.client_url, root / "gw2"))
-            await wait_gateway(b.nc, count=2)
-            # Warm the new instance (its first envelopes compile patterns and fill caches),
-            # then measure as many envelopes as the one-instance 16 KB run did.
-            await b.drv.throughput(gw, 600, kb=16)
-            two = await b.run(gw, n, kb=16)
-            rows.append(row("gateway: 2 instances vs 1, CPU per envelope (all instances), 16 KB", two["cpu"],
-                            one16["cpu"], "ms CPU (ratio = two/one, target <= 1)"))
-            rows.append(row("gateway: 2 instances vs 1, envelopes/s until acked, 16 KB", two["rate"], one16["rate"],
-                            "env/s (ratio = two/one)", digits=1))
-            # The same for the contract floor: what sharing one durable consumer costs by itself
-            # (each instance's group commit batches half the writes), without any per-instance watch.
-            progress("always: a second contract floor")
-            floor_one = await b.run(b.floor, n, kb=16)
-            ready = asyncio.create_task(wait_message(b.nc, "bench.relay.ready.floor", 60))
-            await b.nc.flush()
-            b.floor.procs.append(await start_module("benchmarks.relay", server.client_url, "floor",
-                                                    log_path=root / "relay-floor-2.log"))
-            await ready
-            await b.drv.throughput(b.floor, 600, kb=16)
-            floor_two = await b.run(b.floor, n, kb=16)
-            rows.append(row("contract floor: 2 instances vs 1, CPU per envelope (all instances), 16 KB",
-                            floor_two["cpu"], floor_one["cpu"], "ms CPU (ratio = two/one: sharing the work alone)"))
+            rows += await _instances(b, root, n)
         finally:
             await b.close()
+    return rows
+
+
+async def _instances(b: Bench, root: Path, n: int) -> list[dict]:
+    """1 vs 2 instances at 16 KB, of the gateway and of the contract floor (what sharing one durable
+    consumer costs with no per-instance watch), ``PGW_BENCH_INSTANCE_ROUNDS`` (1) times alternating.
+
+    Each one-instance figure is taken right before the second instance starts (the machine's drift
+    since the size runs must not count as the instance's cost), over ``n`` envelopes, not the size
+    runs' n/4: two instances' CPU is split over two processes' clock ticks (10 ms each), so a short
+    run cannot tell a few per cent from noise. The second instances stop between rounds."""
+    rounds = env_int("PGW_BENCH_INSTANCE_ROUNDS", 1)
+    url = b.server.client_url
+    rows: list[dict] = []
+    ratios: dict[str, list[float]] = {"gateway": [], "contract floor": []}
+    for r in range(rounds):
+        tag = f", round {r + 1}/{rounds}" if rounds > 1 else ""
+        one = await b.run(b.gw, n, kb=16)
+        progress(f"always: a second gateway instance{tag}")
+        b.gw.procs.append(await start_gateway(url, root / f"gw2-{r}"))
+        await wait_gateway(b.nc, count=2)
+        # Warm the new instance (its first envelopes compile patterns and fill caches).
+        await b.drv.throughput(b.gw, 600, kb=16)
+        two = await b.run(b.gw, n, kb=16)
+        rows.append(row(f"gateway: 2 instances vs 1, CPU per envelope (all instances), 16 KB{tag}", two["cpu"],
+                        one["cpu"], "ms CPU (ratio = two/one, target <= 1)"))
+        rows.append(row(f"gateway: 2 instances vs 1, envelopes/s until acked, 16 KB{tag}", two["rate"], one["rate"],
+                        "env/s (ratio = two/one)", digits=1))
+        progress(f"always: a second contract floor{tag}")
+        f_one = await b.run(b.floor, n, kb=16)
+        ready = asyncio.create_task(wait_message(b.nc, "bench.relay.ready.floor", 60))
+        await b.nc.flush()
+        b.floor.procs.append(await start_module("benchmarks.relay", url, "floor",
+                                                log_path=root / f"relay-floor-2-{r}.log"))
+        await ready
+        await b.drv.throughput(b.floor, 600, kb=16)
+        f_two = await b.run(b.floor, n, kb=16)
+        rows.append(row(f"contract floor: 2 instances vs 1, CPU per envelope (all instances), 16 KB{tag}",
+                        f_two["cpu"], f_one["cpu"], "ms CPU (ratio = two/one: sharing the work alone)"))
+        ratios["gateway"].append(two["cpu"] / one["cpu"] if one["cpu"] else float("nan"))
+        ratios["contract floor"].append(f_two["cpu"] / f_one["cpu"] if f_one["cpu"] else float("nan"))
+        if r < rounds - 1:
+            for s in (b.gw, b.floor):
+                await stop(s.procs.pop())
+    if rounds > 1:
+        for what, rs in ratios.items():
+            rows.append({"name": f"{what}: 2 instances vs 1, CPU ratio over {rounds} rounds (mean; min-max)",
+                         "value": round(sum(rs) / len(rs), 3), "baseline": None,
+                         "ratio": round(sum(rs) / len(rs), 3),
+                         "unit": f"two/one ({min(rs):.3f}-{max(rs):.3f})"})
     return rows
 
 

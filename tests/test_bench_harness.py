@@ -20,7 +20,7 @@ import nats.errors
 import pytest
 from nats.js.api import StreamConfig
 
-from benchmarks.bench_gateway import Bench, _latency_rows
+from benchmarks.bench_gateway import Bench, _instances, _latency_rows
 from benchmarks.harness import moment_of_kb
 from benchmarks.server_profile import decode, fetch_profile, free_port, report
 from pgwcore.connect import connect
@@ -92,6 +92,30 @@ async def test_the_harness_counts_until_acked_and_meters_messages(nats_server: E
         assert rows["t: service process CPU during the latency windows"]["value"] > 0
         assert rows["t: service process CPU during the latency windows"]["baseline"] > 0
         assert rows["t: nats-server CPU during the latency windows"]["value"] > 0
+    finally:
+        await b.close()
+
+
+async def test_instance_rounds_alternate_one_and_two_of_each(nats_server: EmbeddedServer, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """PGW_BENCH_INSTANCE_ROUNDS=2: a second gateway and a second floor start, are measured, stop,
+    and start again; each round has its rows, and the mean rows summarise them."""
+    monkeypatch.setenv("PGW_BENCH_INSTANCE_ROUNDS", "2")
+    b = Bench(nats_server, tmp_path, "rounds")
+    try:
+        await b.start(group_commit_relay=False)
+        rows = {r["name"]: r for r in await _instances(b, tmp_path, 200)}  # enough CPU ticks to read
+        for r in (1, 2):
+            for name in (f"gateway: 2 instances vs 1, CPU per envelope (all instances), 16 KB, round {r}/2",
+                         f"contract floor: 2 instances vs 1, CPU per envelope (all instances), 16 KB, round {r}/2"):
+                assert rows[name]["value"] > 0 and rows[name]["baseline"] > 0, name
+        for what in ("gateway", "contract floor"):
+            mean = rows[f"{what}: 2 instances vs 1, CPU ratio over 2 rounds (mean; min-max)"]
+            per_round = [rows[n]["ratio"] for n in rows if n.startswith(f"{what}: 2 instances vs 1, CPU per")]
+            assert min(per_round) - 0.01 <= mean["value"] <= max(per_round) + 0.01
+        # The first round's second instances were stopped; the last round's run until close.
+        assert len(b.gw.procs) == 2 and len(b.floor.procs) == 2
+        assert all(p.returncode is None for p in b.gw.procs + b.floor.procs)
     finally:
         await b.close()
 
