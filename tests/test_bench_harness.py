@@ -191,3 +191,25 @@ async def test_the_idp_contract_floor_stores_what_a_permit_stores(nats_server: E
         await stop(proc)
         await stop(proc_min)
         await nc.close()
+
+
+def test_size_breakdown_times_each_step_on_a_valid_moment() -> None:
+    """benchmarks.size_breakdown calls the pipeline's own functions; the moment it times passes them
+    (else it would time refusals), and each step costs something."""
+    import msgspec
+
+    from benchmarks.harness import PRINCIPAL, envelope, moment_of_kb
+    from benchmarks.size_breakdown import steps
+    from gateway.stages import lints, shape
+    from gateway.stages.moment_grammar import check_binding_moment
+    from pgwcore.config import Config
+    from subjects.client import BINDING_MOMENT_KIND
+    from subjects.wire import BindingMomentPayload
+
+    got = steps(16)
+    assert got["bytes"] > 15 * 1024
+    assert all(v > 0 for v in got.values()), got
+    body = json.dumps(envelope(BINDING_MOMENT_KIND, {"principal": PRINCIPAL, "binding_moment": moment_of_kb(16)})).encode()
+    (raw,) = shape.decode_body(body, Config().limits)
+    assert check_binding_moment(raw["payload"]["binding_moment"]) == []
+    assert lints.check(msgspec.convert(raw["payload"], BindingMomentPayload).binding_moment) == []
