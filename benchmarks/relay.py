@@ -71,9 +71,13 @@ def floor_buckets(variant: str) -> tuple[str, ...]:
 
 FLOOR_STREAMS = floor_streams("floor")
 FLOOR_BUCKETS = floor_buckets("floor")
-# Sizes of the small records, as the gateway writes them for a 1 KB moment (a claim and its
-# settle, a verdict, an outcome, an index entry).
-CLAIM, SETTLE, VERDICT, OUTCOME, INDEX = (b"c" * 180, b"s" * 420, b"v" * 700, b"o" * 330, b"1764100000.123")
+# Sizes of the records, matched to what the gateway stores for the bench's 1 KB moment (stream
+# bytes per message of each of its streams against the floor's, 2026-11-26): the claim (a
+# DedupRecord, about 200 bytes) and its settle (with the outcome, about 710), the verdict, the
+# outcome and the index entry; the moment record is the envelope plus MOMENT_EXTRA (its fields
+# around the moment), at every size.
+CLAIM, SETTLE, VERDICT, OUTCOME, INDEX = (b"c" * 200, b"s" * 710, b"v" * 425, b"o" * 466, b"1764100000.123" * 3)
+MOMENT_EXTRA = b" " * 267
 
 
 def durable(variant: str) -> str:
@@ -115,6 +119,7 @@ async def floor_writes(nc: Client, variant: str = "floor") -> Callable[[object],
             rev = await claims.create(key, CLAIM)
         except KeyWrongLastSequenceError:
             return  # a redelivery: the gateway would replay its stored outcome; the floor has none
+
         def surface_item() -> Awaitable[None]:
             return publish(surface, surface_subject, m.data, f"item:{seq}")
 
@@ -128,7 +133,7 @@ async def floor_writes(nc: Client, variant: str = "floor") -> Callable[[object],
             await together(surface_item(), together(verdict(), outcome()))
             return
         moments, index = writers[1:]
-        await moments.create(f"{PRINCIPAL}.{seq}", m.data)
+        await moments.create(f"{PRINCIPAL}.{seq}", m.data + MOMENT_EXTRA)
         await together(surface_item(), together(verdict(), index.create(f"agent.{seq:015d}.{PRINCIPAL}.{seq}", INDEX)))
         await together(outcome(), claims.update(key, SETTLE, rev))
 
