@@ -27,7 +27,10 @@ stops at the first rate it fails.
   entry and the ``CEDAR_PERMIT_RECORDED`` append; then the reply. No
   validation, mandate, signature, hash chain or Cedar: what the kernel spends
   beyond it is its own code, what it spends beyond the bare responder is what
-  spec 003 has stored before the answer.
+  spec 003 has stored before the answer. The record sizes are approximate
+  (the request itself as ``IDP_SUBMITTED``, a few hundred bytes for the
+  others); with five synced writes of under 2 KB together the cost is the
+  writes' count, not their bytes.
 - **minimal floor** (``PGW_BENCH_IDP_MIN=1``, off by default to keep
   ``make bench`` under five minutes): the same responder storing only what
   spec 003 itself requires before a PERMIT, the session compare-and-set
