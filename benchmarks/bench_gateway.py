@@ -55,10 +55,9 @@ from benchmarks.harness import (
     row,
     rss_mb,
     start_gateway,
-    start_module,
+    start_ready,
     stop,
     wait_gateway,
-    wait_message,
 )
 from pgwcore import loop as pgw_loop
 from pgwcore.config import Config
@@ -101,15 +100,11 @@ class Bench:
         systems = [self.gw, *relays]
         for s in systems:
             await self.drv.watch(s)
-        ready = [asyncio.create_task(wait_message(self.nc, f"bench.relay.ready.{self._variants[s.name]}", 60))
-                 for s in relays]
-        await self.nc.flush()
         for s in relays:
             v = self._variants[s.name]
-            s.procs.append(await start_module("benchmarks.relay", self.server.client_url, v,
-                                              log_path=self.root / f"relay-{v}.log"))
+            s.procs.append(await start_ready(self.nc, f"bench.relay.ready.{v}", "benchmarks.relay",
+                                             self.server.client_url, v, log_path=self.root / f"relay-{v}.log"))
         self.gw.procs.append(await start_gateway(self.server.client_url, self.root / "gw1"))
-        await asyncio.gather(*ready)
         await wait_gateway(self.nc)
         progress(f"{self.label}: warm-up")
         for s in systems:
@@ -205,7 +200,6 @@ async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: f
                             t["relay-gc"]["rate"], "env/s (ratio = gateway/relay-gc)", digits=1))
             rows += _cpu_rows("", g, r)
             rows += _floor_rows("", g, t["floor"], r, t["floor-min"])
-            one_agent = g
             for kb in (16, 120):
                 k = max(100, n // (4 if kb == 16 else 10))
                 sz = await b.best_of([rel, b.floor, gw], k, rounds=1, kb=kb)
@@ -229,7 +223,6 @@ async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: f
             except Exception as e:  # noqa: BLE001 - reported as a row; the other scenarios still run
                 rows.append({"name": f"gateway: 1,000 distinct new agents: FAILED ({e})"[:160]})
                 await b.drv.throughput(gw, 100)  # let the redeliveries settle before the next scenario
-            del one_agent
             rows += await _latency_rows(b, "", lat_runs, rate_s)
             if soak_s > 0:
                 rows += await _soak(b, soak_s)
@@ -266,11 +259,8 @@ async def _instances(b: Bench, root: Path, n: int) -> list[dict]:
                         "env/s (ratio = two/one)", digits=1))
         progress(f"always: a second contract floor{tag}")
         f_one = await b.run(b.floor, n, kb=16)
-        ready = asyncio.create_task(wait_message(b.nc, "bench.relay.ready.floor", 60))
-        await b.nc.flush()
-        b.floor.procs.append(await start_module("benchmarks.relay", url, "floor",
-                                                log_path=root / f"relay-floor-2-{r}.log"))
-        await ready
+        b.floor.procs.append(await start_ready(b.nc, "bench.relay.ready.floor", "benchmarks.relay", url, "floor",
+                                               log_path=root / f"relay-floor-2-{r}.log"))
         await b.drv.throughput(b.floor, 600, kb=16)
         f_two = await b.run(b.floor, n, kb=16)
         rows.append(row(f"contract floor: 2 instances vs 1, CPU per envelope (all instances), 16 KB{tag}",

@@ -68,7 +68,6 @@ SECONDS = float(os.environ.get("PGW_BENCH_IDP_S", "5"))
 # sessions are interleaved so that each recurs about SECONDS / STEPS apart at 250/s.
 STEPS = max(1, int(os.environ.get("PGW_BENCH_IDP_STEPS", "1")))
 P99_MAX_MS = 10.0
-REPO = str(Path(__file__).resolve().parent.parent)
 POLICY = 'permit(principal, action == Action::"CloseBooking", resource)\n' \
          'when { context.idp.confidence_level.greaterThanOrEqual(decimal("0.8")) };\n'
 
@@ -215,7 +214,7 @@ async def _main() -> list[dict]:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from nats.errors import NoRespondersError
 
-    from benchmarks.harness import Meter, row, start_gateway, stop, wait_gateway, wait_message
+    from benchmarks.harness import Meter, row, start_gateway, start_ready, stop, wait_gateway
     from gateway.kernel.mandate import issue_mandate
     from pgwcore.connect import connect
     from pgwcore.keys import kid_of
@@ -255,25 +254,15 @@ async def _main() -> list[dict]:
 
         # Both systems run as their own process, as they would in production; the
         # driver only sends and times.
-        echo_ready = asyncio.create_task(wait_message(driver, "bench.echo.ready", 30))
-        floor_ready = asyncio.create_task(wait_message(driver, "bench.idpfloor.ready", 30))
-        await driver.flush()
-        echo_proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "benchmarks.bench_idp", "echo", server.client_url,
-            start_new_session=True, cwd=REPO)
-        floor_proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "benchmarks.bench_idp", "floor", server.client_url,
-            start_new_session=True, cwd=REPO)
-        gw = await start_gateway(server.client_url, tmp / "gw", extra_toml=kernel_toml)
-        await echo_ready
-        await floor_ready
+        logs = tmp / "logs"
+        echo_proc = await start_ready(driver, "bench.echo.ready", "benchmarks.bench_idp", "echo", server.client_url,
+                                      log_path=logs / "echo.log")
+        floor_proc = await start_ready(driver, "bench.idpfloor.ready", "benchmarks.bench_idp", "floor",
+                                       server.client_url, log_path=logs / "floor.log")
         if minimal:
-            min_ready = asyncio.create_task(wait_message(driver, "bench.idpfloormin.ready", 30))
-            await driver.flush()
-            min_proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "benchmarks.bench_idp", "floor-min", server.client_url,
-                start_new_session=True, cwd=REPO)
-            await min_ready
+            min_proc = await start_ready(driver, "bench.idpfloormin.ready", "benchmarks.bench_idp", "floor-min",
+                                         server.client_url, log_path=logs / "floor-min.log")
+        gw = await start_gateway(server.client_url, tmp / "gw", extra_toml=kernel_toml)
         await wait_gateway(driver)
         counter = iter(range(10**9))
         payload = body(0)

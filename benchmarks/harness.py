@@ -134,6 +134,20 @@ async def start_module(module: str, *args: str, log_path: Path) -> asyncio.subpr
     return proc
 
 
+async def start_ready(nc: Client, ready_subject: str, module: str, *args: str, log_path: Path,
+                      timeout: float = 60) -> asyncio.subprocess.Process:
+    """``start_module``, then wait until the process publishes ``ready_subject`` (subscribed first)."""
+    ready = asyncio.create_task(wait_message(nc, ready_subject, timeout))
+    await nc.flush()
+    proc = await start_module(module, *args, log_path=log_path)
+    try:
+        await ready
+    except BaseException:
+        await stop(proc)
+        raise
+    return proc
+
+
 async def stop(proc: asyncio.subprocess.Process | None) -> None:
     if proc is not None and proc.returncode is None:
         proc.send_signal(signal.SIGTERM)

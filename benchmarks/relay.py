@@ -30,7 +30,6 @@ from): a lower bound for what storing fewer records could reach.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -44,7 +43,7 @@ from pgwcore.atomic import publish_acked
 from pgwcore.connect import connect
 from pgwcore.loop import together
 from pgwcore.publish import GroupCommit, KvWriter
-from pgwcore.streams import ensure_kv
+from pgwcore.streams import ensure_kv, ensure_stream
 
 PRINCIPAL = "alice"
 CONN_NAME = "bench-relay-{variant}"
@@ -89,9 +88,8 @@ async def ensure_relay_streams(nc: Client) -> None:
     for variant, (sin, subj_in, sout, out) in RELAYS.items():
         extra = floor_streams(variant) if variant in FLOOR_TAGS else ()
         for name, subj in ((sin, subj_in), (sout, f"{out}.*"), *((n, f"{o}.*") for n, o in extra)):
-            with contextlib.suppress(Exception):
-                await js.add_stream(StreamConfig(name=name, subjects=[subj], storage=StorageType.FILE,
-                                                 duplicate_window=3600.0,
+            await ensure_stream(js, StreamConfig(name=name, subjects=[subj], storage=StorageType.FILE,
+                                                 duplicate_window=3600.0, num_replicas=1,
                                                  allow_atomic=True if variant != "plain" and name != sin else None))
         for bucket in floor_buckets(variant) if variant in FLOOR_TAGS else ():
             await ensure_kv(js, bucket, replicas=1, atomic=True)

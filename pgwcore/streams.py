@@ -7,7 +7,7 @@ operator decides whether to migrate it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -144,8 +144,8 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> StreamInf
         return await js.stream_info(config.name)
     except NotFoundError:
         pass
-    if config.num_replicas is None:
-        config.num_replicas = await cluster_replicas(js)
+    if config.num_replicas is None:  # a copy: the caller's config stays as it passed it
+        config = replace(config, num_replicas=await cluster_replicas(js))
     try:
         await js.add_stream(config)
         return None

@@ -150,19 +150,16 @@ async def test_the_idp_contract_floor_stores_what_a_permit_stores(nats_server: E
     index entry and two log events before it answers, and refuses to take one idp_id twice; the
     minimal floor writes the session and IDP_SUBMITTED only."""
     from benchmarks.bench_idp import FLOOR_BUCKET, FLOOR_LOG
-    from benchmarks.harness import start_module, stop, wait_message
+    from benchmarks.harness import start_ready, stop
 
     nc = await connect(nats_server.client_url, name="floor-test")
     js = nc.jetstream()
-    ready = asyncio.create_task(wait_message(nc, "bench.idpfloor.ready", 30))
-    ready_min = asyncio.create_task(wait_message(nc, "bench.idpfloormin.ready", 30))
-    await nc.flush()
-    proc = await start_module("benchmarks.bench_idp", "floor", nats_server.client_url, log_path=tmp_path / "floor.log")
-    proc_min = await start_module("benchmarks.bench_idp", "floor-min", nats_server.client_url,
-                                  log_path=tmp_path / "floor-min.log")
+    proc = await start_ready(nc, "bench.idpfloor.ready", "benchmarks.bench_idp", "floor", nats_server.client_url,
+                             log_path=tmp_path / "floor.log")
+    proc_min = None
     try:
-        await ready
-        await ready_min
+        proc_min = await start_ready(nc, "bench.idpfloormin.ready", "benchmarks.bench_idp", "floor-min",
+                                     nats_server.client_url, log_path=tmp_path / "floor-min.log")
 
         def request(idp_id: str, session: str) -> bytes:
             return json.dumps({"idp": {"idp_id": idp_id, "session_id": session}}).encode()
