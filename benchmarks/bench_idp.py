@@ -31,12 +31,20 @@ stops at the first rate it fails.
   (the request itself as ``IDP_SUBMITTED``, a few hundred bytes for the
   others); with five synced writes of under 2 KB together the cost is the
   writes' count, not their bytes.
-- **minimal floor** (``PGW_BENCH_IDP_MIN=1``, off by default to keep
-  ``make bench`` under five minutes): the same responder storing only what
-  spec 003 itself requires before a PERMIT, the session compare-and-set
-  (§5.2(f)) and ``IDP_SUBMITTED`` (§5.3), together, then the reply: a lower
-  bound for storing fewer records, not a design (no index entry behind
-  ``IDP_DUPLICATE`` past the log's duplicate window, no report key).
+- **log-index floor** (``PGW_BENCH_IDP_MIN=1``, with the next one; off by
+  default to keep ``make bench`` under five minutes): what a kernel would
+  still store if its idp_id index were the in-memory one spec 003 §8.4
+  describes ("an in-memory index of committed idp_ids ..., rebuilt from the
+  Event Log"), kept by following the log instead of by the two keys per
+  request of ``PGW_KERNEL`` (index entry, report key): the session read, then
+  together the session compare-and-set and ``IDP_SUBMITTED``, then the
+  ``CEDAR_PERMIT_RECORDED`` append (the overdue sweep's record), then the
+  reply.
+- **minimal floor** (``PGW_BENCH_IDP_MIN=1``): the same responder storing only
+  what spec 003 itself requires before a PERMIT, the session compare-and-set
+  (§5.2(f)) and ``IDP_SUBMITTED`` (§5.3), together, then the reply: no read
+  (a session revision known in memory) and no permit record. A lower bound,
+  not a design.
 
 Rows: each ceiling; p50/p99 at every step; the gateway's and the server's CPU
 per request and the gateway connection's messages per request (at the
@@ -128,8 +136,12 @@ async def _echo_main(url: str) -> None:
 FLOOR_BUCKET, FLOOR_LOG = "BENCH_IDPF_KERNEL", "BENCH_IDPF_LOG"
 
 
-async def _floor_main(url: str, minimal: bool = False) -> None:
-    """The IDP contract floor (``minimal``: the minimal floor), in its own process (module docstring)."""
+# The floors: module argument -> (subject and connection name suffix, what it stores); module docstring.
+FLOORS = {"floor": "", "floor-log": "log", "floor-min": "min"}
+
+
+async def _floor_main(url: str, variant: str = "floor") -> None:
+    """One IDP floor (``FLOORS``), in its own process (module docstring)."""
     from nats.js.api import StorageType, StreamConfig
 
     from pgwcore.atomic import publish_acked
@@ -137,8 +149,9 @@ async def _floor_main(url: str, minimal: bool = False) -> None:
     from pgwcore.kvread import BatchReader, enable_direct
     from pgwcore.streams import ensure_kv, ensure_stream
 
-    name = "bench.idpfloormin" if minimal else "bench.idpfloor"
-    nc = await connect(url, name="bench-idp-floor-min" if minimal else "bench-idp-floor")
+    suffix = FLOORS[variant]
+    name = f"bench.idpfloor{suffix}"
+    nc = await connect(url, name=f"bench-idp-{variant}")
     js = nc.jetstream()
     await ensure_kv(js, FLOOR_BUCKET, replicas=1)
     await enable_direct(js, FLOOR_BUCKET)
@@ -162,8 +175,14 @@ async def _floor_main(url: str, minimal: bool = False) -> None:
     async def serve(msg: Any) -> None:
         idp = msgspec.json.decode(msg.data)["idp"]
         idp_id, session = idp["idp_id"], idp["session_id"]
-        if minimal:
+        if variant == "floor-min":
             await asyncio.gather(put(f"sess.{session}", b"s" * 200), log("IDP_SUBMITTED", msg.data, idp_id))
+            await msg.respond(b'{"result":"PERMIT"}')
+            return
+        if variant == "floor-log":
+            await reader.get_many([f"sess.{session}"])
+            await asyncio.gather(put(f"sess.{session}", b"s" * 200), log("IDP_SUBMITTED", msg.data, idp_id))
+            await log("CEDAR_PERMIT_RECORDED", permit_event, idp_id)
             await msg.respond(b'{"result":"PERMIT"}')
             return
         await reader.get_many([f"idp.{idp_id}", f"tr.{idp_id}", f"sess.{session}"])
@@ -226,9 +245,15 @@ async def _main() -> list[dict]:
     server = EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=-1)
     await server.start()
     driver = await connect(server.client_url, name="bench-driver")
-    gw = echo_proc = floor_proc = min_proc = None
-    minimal = os.environ.get("PGW_BENCH_IDP_MIN", "") not in ("", "0")
-    m_ceiling, m_rows, m_at = 0, [], {}
+    gw = echo_proc = floor_proc = None
+    # The optional floors (PGW_BENCH_IDP_MIN=1): module argument -> (ladder name, ceiling row, what it writes).
+    extra = {"floor-log": ("log-index floor", "session read; session + IDP_SUBMITTED; CEDAR_PERMIT_RECORDED",
+                           "read, writes, reply"),
+             "floor-min": ("minimal floor", "session + IDP_SUBMITTED only", "writes, reply")}
+    if os.environ.get("PGW_BENCH_IDP_MIN", "") in ("", "0"):
+        extra = {}
+    extra_procs: dict[str, Any] = {}
+    extra_results: dict[str, tuple[int, list[dict], dict]] = {}
     try:
         key = Ed25519PrivateKey.generate()
         kid = kid_of(key.public_key())
@@ -259,9 +284,10 @@ async def _main() -> list[dict]:
                                       log_path=logs / "echo.log")
         floor_proc = await start_ready(driver, "bench.idpfloor.ready", "benchmarks.bench_idp", "floor",
                                        server.client_url, log_path=logs / "floor.log")
-        if minimal:
-            min_proc = await start_ready(driver, "bench.idpfloormin.ready", "benchmarks.bench_idp", "floor-min",
-                                         server.client_url, log_path=logs / "floor-min.log")
+        for variant in extra:
+            extra_procs[variant] = await start_ready(
+                driver, f"bench.idpfloor{FLOORS[variant]}.ready", "benchmarks.bench_idp", variant, server.client_url,
+                log_path=logs / f"{variant}.log")
         gw = await start_gateway(server.client_url, tmp / "gw", extra_toml=kernel_toml)
         await wait_gateway(driver)
         counter = iter(range(10**9))
@@ -275,13 +301,13 @@ async def _main() -> list[dict]:
             msg = await driver.request("pgw.agent.bench.idp", body(next(counter)), timeout=10)
             return isinstance(kernel_result_decoder.decode(msg.data), Permit)
 
-        async def floor(_i: int) -> bool:
-            msg = await driver.request("bench.idpfloor", body(next(counter)), timeout=10)
-            return msg.data == b'{"result":"PERMIT"}'
+        def floor_of(variant: str) -> Any:
+            async def send(_i: int) -> bool:
+                msg = await driver.request(f"bench.idpfloor{FLOORS[variant]}", body(next(counter)), timeout=10)
+                return msg.data == b'{"result":"PERMIT"}'
+            return send
 
-        async def floor_min(_i: int) -> bool:
-            msg = await driver.request("bench.idpfloormin", body(next(counter)), timeout=10)
-            return msg.data == b'{"result":"PERMIT"}'
+        floor = floor_of("floor")
 
         for _ in range(3):
             await bare(0)
@@ -303,15 +329,16 @@ async def _main() -> list[dict]:
 
         b_ceiling, b_rows, b_at = await _ladder("bare responder", bare, meter_of(echo_proc.pid, "bench-echo"))
         f_ceiling, f_rows, f_at = await _ladder("contract floor", floor, meter_of(floor_proc.pid, "bench-idp-floor"))
-        if min_proc is not None:
-            m_ceiling, m_rows, m_at = await _ladder("minimal floor", floor_min,
-                                                    meter_of(min_proc.pid, "bench-idp-floor-min"))
+        for variant, proc in extra_procs.items():
+            extra_results[variant] = await _ladder(extra[variant][0], floor_of(variant),
+                                                   meter_of(proc.pid, f"bench-idp-{variant}"))
         k_ceiling, k_rows, k_at = await _ladder("kernel", kernel, meter_of(gw.pid, "pgw-gateway"))
     finally:
         await stop(gw)
         await stop(echo_proc)
         await stop(floor_proc)
-        await stop(min_proc)
+        for proc in extra_procs.values():
+            await stop(proc)
         with contextlib.suppress(Exception):
             await driver.close()
         await server.stop()
@@ -324,11 +351,15 @@ async def _main() -> list[dict]:
         rows += _cost_rows("idp kernel", k_at, b_at, "writes, reply")
     if f_at:
         rows += _cost_rows("idp contract floor", f_at, b_at, "writes, read, reply")
-    if m_at:
-        rows.append(row("idp ceiling: the minimal floor (session + IDP_SUBMITTED only) vs bare responder",
-                        float(m_ceiling), float(b_ceiling), "req/s", digits=0))
-        rows += _cost_rows("idp minimal floor", m_at, b_at, "writes, reply")
-    return rows + k_rows + f_rows + m_rows + b_rows
+    extra_rows: list[dict] = []
+    for variant, (ceiling, ladder_rows, at) in extra_results.items():
+        name, stores, what = extra[variant]
+        rows.append(row(f"idp ceiling: the {name} ({stores}) vs bare responder", float(ceiling), float(b_ceiling),
+                        "req/s", digits=0))
+        if at:
+            rows += _cost_rows(f"idp {name}", at, b_at, what)
+        extra_rows += ladder_rows
+    return rows + k_rows + f_rows + extra_rows + b_rows
 
 
 def _cost_rows(who: str, at: dict, bare: dict, what: str) -> list[dict]:
@@ -352,9 +383,8 @@ def run() -> list[dict]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 3 and sys.argv[1] in ("echo", "floor", "floor-min"):
-        pgw_loop.run(_echo_main(sys.argv[2]) if sys.argv[1] == "echo"
-                     else _floor_main(sys.argv[2], minimal=sys.argv[1] == "floor-min"))
+    if len(sys.argv) >= 3 and (sys.argv[1] == "echo" or sys.argv[1] in FLOORS):
+        pgw_loop.run(_echo_main(sys.argv[2]) if sys.argv[1] == "echo" else _floor_main(sys.argv[2], sys.argv[1]))
         sys.exit(0)
     for r in run():
         print(r)

@@ -148,7 +148,8 @@ async def test_server_profile_decodes_a_real_nats_server_cpu_profile(tmp_path: P
 async def test_the_idp_contract_floor_stores_what_a_permit_stores(nats_server: EmbeddedServer, tmp_path: Path) -> None:
     """benchmarks.bench_idp's floor responder writes, per request, the session, the report key, the
     index entry and two log events before it answers, and refuses to take one idp_id twice; the
-    minimal floor writes the session and IDP_SUBMITTED only."""
+    log-index floor writes the session, IDP_SUBMITTED and CEDAR_PERMIT_RECORDED; the minimal floor
+    the session and IDP_SUBMITTED only."""
     from benchmarks.bench_idp import FLOOR_BUCKET, FLOOR_LOG
     from benchmarks.harness import start_ready, stop
 
@@ -156,10 +157,12 @@ async def test_the_idp_contract_floor_stores_what_a_permit_stores(nats_server: E
     js = nc.jetstream()
     proc = await start_ready(nc, "bench.idpfloor.ready", "benchmarks.bench_idp", "floor", nats_server.client_url,
                              log_path=tmp_path / "floor.log")
-    proc_min = None
+    proc_min = proc_log = None
     try:
         proc_min = await start_ready(nc, "bench.idpfloormin.ready", "benchmarks.bench_idp", "floor-min",
                                      nats_server.client_url, log_path=tmp_path / "floor-min.log")
+        proc_log = await start_ready(nc, "bench.idpfloorlog.ready", "benchmarks.bench_idp", "floor-log",
+                                     nats_server.client_url, log_path=tmp_path / "floor-log.log")
 
         def request(idp_id: str, session: str) -> bytes:
             return json.dumps({"idp": {"idp_id": idp_id, "session_id": session}}).encode()
@@ -184,9 +187,18 @@ async def test_the_idp_contract_floor_stores_what_a_permit_stores(nats_server: E
         assert set(await kv.keys()) - keys_before == {"sess.sm0"}
         log = await js.stream_info(FLOOR_LOG, subjects_filter="bench.idpf.log.*")
         assert log.state.subjects == {"bench.idpf.log.IDP_SUBMITTED": 6, "bench.idpf.log.CEDAR_PERMIT_RECORDED": 5}
+
+        # The log-index floor: the session and both log events, no index entry or report key.
+        keys_before = set(await kv.keys())
+        msg = await nc.request("bench.idpfloorlog", request("l0", "sl0"), timeout=10)
+        assert msg.data == b'{"result":"PERMIT"}'
+        assert set(await kv.keys()) - keys_before == {"sess.sl0"}
+        log = await js.stream_info(FLOOR_LOG, subjects_filter="bench.idpf.log.*")
+        assert log.state.subjects == {"bench.idpf.log.IDP_SUBMITTED": 7, "bench.idpf.log.CEDAR_PERMIT_RECORDED": 6}
     finally:
         await stop(proc)
         await stop(proc_min)
+        await stop(proc_log)
         await nc.close()
 
 
