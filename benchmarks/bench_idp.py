@@ -46,6 +46,13 @@ stops at the first rate it fails.
   (a session revision known in memory) and no permit record. A lower bound,
   not a design.
 
+Each floor is a *shape* (``FLOORS``: rounds of batched reads and of writes sent
+together, optionally through the gateway's group commit);
+``python -m benchmarks.bench_idp shapes SHAPE [SHAPE ...]`` runs any shapes
+side by side on one server and prints each one's p99 at every rate of the
+ladder, ``PGW_BENCH_IDP_ROUNDS`` times (default 2): which records, in which
+rounds, a given rate can afford (docs/performance.md, Run 12).
+
 Rows: each ceiling; p50/p99 at every step; the gateway's and the server's CPU
 per request and the gateway connection's messages per request (at the
 highest step the kernel passed). Run alone: ``.venv/bin/python -m benchmarks.bench_idp``.
@@ -136,22 +143,62 @@ async def _echo_main(url: str) -> None:
 FLOOR_BUCKET, FLOOR_LOG = "BENCH_IDPF_KERNEL", "BENCH_IDPF_LOG"
 
 
-# The floors: module argument -> (subject and connection name suffix, what it stores); module docstring.
-FLOORS = {"floor": "", "floor-log": "log", "floor-min": "min"}
+# What each floor stores per request, in rounds ("/"; each round's writes go
+# together, "+"; "read:" is one batched read of those keys). Writes: ``sess``,
+# ``tr``, ``idp``, ``open`` (KV creates in FLOOR_BUCKET: the session, the report
+# key, the index entry, an open-permit key), ``submitted`` and ``permit`` (log
+# appends: ``IDP_SUBMITTED``, ``CEDAR_PERMIT_RECORDED``). A trailing ``@gc``
+# sends the writes through the gateway's group commit (``GroupCommit``,
+# ``KvWriter``). Module docstring; ``shapes`` compares any of them.
+FLOORS = {
+    "floor": "read:idp,tr,sess / sess+submitted+tr / idp+permit",
+    "floor-log": "read:sess / sess+submitted / permit",
+    "floor-min": "sess+submitted",
+}
+_KV_WRITES = {"sess": 200, "tr": 36, "idp": 360, "open": 300}  # about the kernel's record sizes
+_LOG_WRITES = {"submitted": "IDP_SUBMITTED", "permit": "CEDAR_PERMIT_RECORDED"}
 
 
-async def _floor_main(url: str, variant: str = "floor") -> None:
-    """One IDP floor (``FLOORS``), in its own process (module docstring)."""
+def parse_shape(shape: str) -> tuple[list[tuple[str, list[str]]], bool]:
+    """``FLOORS``' notation -> ([("read" | "write", items) per round], group commit); ValueError if malformed."""
+    text, _, flag = shape.partition("@")
+    if flag.strip() not in ("", "gc"):
+        raise ValueError(f"unknown flag @{flag.strip()} in {shape!r} (only @gc)")
+    rounds: list[tuple[str, list[str]]] = []
+    for part in (p.strip() for p in text.split("/")):
+        if part.startswith("read:"):
+            keys = [k.strip() for k in part[5:].split(",") if k.strip()]
+            bad = [k for k in keys if k not in _KV_WRITES]
+            kind, items = "read", keys
+        else:
+            items = [w.strip() for w in part.split("+") if w.strip()]
+            bad = [w for w in items if w not in _KV_WRITES and w not in _LOG_WRITES]
+            kind = "write"
+        if not items or bad:
+            raise ValueError(f"round {part!r} of {shape!r}: expected read:KEY,... or WRITE+WRITE... "
+                             f"(keys {sorted(_KV_WRITES)}, log events {sorted(_LOG_WRITES)})")
+        rounds.append((kind, items))
+    return rounds, flag.strip() == "gc"
+
+
+def _subject(name: str) -> str:
+    """The subject a floor answers on: the named floors' as they always were, a shape's by its name."""
+    return "bench.idpfloor" + {"floor": "", "floor-log": "log", "floor-min": "min"}.get(name, f".{name}")
+
+
+async def _floor_main(url: str, name: str = "floor", shape: str | None = None) -> None:
+    """One IDP floor (``FLOORS[name]``, or ``shape``), in its own process (module docstring)."""
     from nats.js.api import StorageType, StreamConfig
 
-    from pgwcore.atomic import publish_acked
+    from pgwcore.atomic import enable_atomic, publish_acked
     from pgwcore.connect import connect
     from pgwcore.kvread import BatchReader, enable_direct
+    from pgwcore.publish import GroupCommit, KvWriter
     from pgwcore.streams import ensure_kv, ensure_stream
 
-    suffix = FLOORS[variant]
-    name = f"bench.idpfloor{suffix}"
-    nc = await connect(url, name=f"bench-idp-{variant}")
+    rounds, group = parse_shape(shape or FLOORS[name])
+    subject = _subject(name)
+    nc = await connect(url, name=f"bench-idp-{name}")
     js = nc.jetstream()
     await ensure_kv(js, FLOOR_BUCKET, replicas=1)
     await enable_direct(js, FLOOR_BUCKET)
@@ -159,6 +206,12 @@ async def _floor_main(url: str, variant: str = "floor") -> None:
                                          duplicate_window=3600.0))
     reader = BatchReader(nc, "$JS.API", FLOOR_BUCKET, 10.0)
     await reader.start()
+    kv_writer = log_gc = None
+    if group:
+        if not (await enable_atomic(js, f"KV_{FLOOR_BUCKET}") and await enable_atomic(js, FLOOR_LOG)):
+            raise SystemExit("@gc: the server takes no atomic batches")
+        kv_writer = KvWriter(js, await js.key_value(FLOOR_BUCKET), FLOOR_BUCKET)
+        log_gc = GroupCommit(js, FLOOR_LOG)
     kv = f"$KV.{FLOOR_BUCKET}."
     permit_event = b"p" * 420  # about the size of a signed CEDAR_PERMIT_RECORDED
     stop_ev = asyncio.Event()
@@ -166,34 +219,36 @@ async def _floor_main(url: str, variant: str = "floor") -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop_ev.set)
 
-    def put(key: str, value: bytes) -> Any:  # a create: the key must not exist (the kernel's _write, rev 0)
-        return publish_acked(nc, kv + key, value, {"Nats-Expected-Last-Subject-Sequence": "0"}, 10.0)
+    def key_of(what: str, idp_id: str, session: str) -> str:
+        return f"sess.{session}" if what == "sess" else f"{what}.{idp_id}"
 
-    def log(event: str, body: bytes, idp_id: str) -> Any:
-        return publish_acked(nc, f"bench.idpf.log.{event}", body, {"Nats-Msg-Id": f"{event}:{idp_id}"}, 10.0)
+    def write(what: str, data: bytes, idp_id: str, session: str) -> Any:
+        if what in _KV_WRITES:  # a create: the key must not exist (the kernel's _write, rev 0)
+            key, value = key_of(what, idp_id, session), what[0].encode() * _KV_WRITES[what]
+            if kv_writer is not None:
+                return kv_writer.create(key, value)
+            return publish_acked(nc, kv + key, value, {"Nats-Expected-Last-Subject-Sequence": "0"}, 10.0)
+        event = _LOG_WRITES[what]
+        subj, body = f"bench.idpf.log.{event}", data if what == "submitted" else permit_event
+        headers = {"Nats-Msg-Id": f"{event}:{idp_id}"}
+        if log_gc is not None:
+            return log_gc.write(subj, body, headers, lambda: publish_acked(nc, subj, body, headers, 10.0),
+                                lambda seq: seq)
+        return publish_acked(nc, subj, body, headers, 10.0)
 
     async def serve(msg: Any) -> None:
         idp = msgspec.json.decode(msg.data)["idp"]
         idp_id, session = idp["idp_id"], idp["session_id"]
-        if variant == "floor-min":
-            await asyncio.gather(put(f"sess.{session}", b"s" * 200), log("IDP_SUBMITTED", msg.data, idp_id))
-            await msg.respond(b'{"result":"PERMIT"}')
-            return
-        if variant == "floor-log":
-            await reader.get_many([f"sess.{session}"])
-            await asyncio.gather(put(f"sess.{session}", b"s" * 200), log("IDP_SUBMITTED", msg.data, idp_id))
-            await log("CEDAR_PERMIT_RECORDED", permit_event, idp_id)
-            await msg.respond(b'{"result":"PERMIT"}')
-            return
-        await reader.get_many([f"idp.{idp_id}", f"tr.{idp_id}", f"sess.{session}"])
-        await asyncio.gather(put(f"sess.{session}", b"s" * 200), log("IDP_SUBMITTED", msg.data, idp_id),
-                             put(f"tr.{idp_id}", b"t" * 36))
-        await asyncio.gather(put(f"idp.{idp_id}", b"e" * 360), log("CEDAR_PERMIT_RECORDED", permit_event, idp_id))
+        for kind, items in rounds:
+            if kind == "read":
+                await reader.get_many([key_of(k, idp_id, session) for k in items])
+            else:
+                await asyncio.gather(*(write(w, msg.data, idp_id, session) for w in items))
         await msg.respond(b'{"result":"PERMIT"}')
 
-    await nc.subscribe(name, cb=serve)
+    await nc.subscribe(subject, cb=serve)
     await nc.flush()
-    await nc.publish(f"{name}.ready", b"")
+    await nc.publish(f"{subject}.ready", b"")
     await stop_ev.wait()
     await reader.close()
     await nc.drain()
@@ -286,7 +341,7 @@ async def _main() -> list[dict]:
                                        server.client_url, log_path=logs / "floor.log")
         for variant in extra:
             extra_procs[variant] = await start_ready(
-                driver, f"bench.idpfloor{FLOORS[variant]}.ready", "benchmarks.bench_idp", variant, server.client_url,
+                driver, f"{_subject(variant)}.ready", "benchmarks.bench_idp", variant, server.client_url,
                 log_path=logs / f"{variant}.log")
         gw = await start_gateway(server.client_url, tmp / "gw", extra_toml=kernel_toml)
         await wait_gateway(driver)
@@ -303,7 +358,7 @@ async def _main() -> list[dict]:
 
         def floor_of(variant: str) -> Any:
             async def send(_i: int) -> bool:
-                msg = await driver.request(f"bench.idpfloor{FLOORS[variant]}", body(next(counter)), timeout=10)
+                msg = await driver.request(_subject(variant), body(next(counter)), timeout=10)
                 return msg.data == b'{"result":"PERMIT"}'
             return send
 
@@ -382,7 +437,79 @@ def run() -> list[dict]:
     return pgw_loop.run(_main())
 
 
+async def _shapes(shapes: list[str], rounds: int) -> list[list[tuple[int, float, float]]]:
+    """Each shape's floor as its own process on one embedded server; in each of ``rounds``
+    rounds, every shape in turn at every rate of the ladder (no stop at a failure):
+    [[(rate, p99 ms, achieved / offered, 0 if any request failed) per rate] per shape per round]."""
+    from benchmarks.harness import progress, start_ready, stop
+    from pgwcore.connect import connect
+    from pgwcore.server import EmbeddedServer
+
+    tmp = Path(tempfile.mkdtemp(prefix="pgw-bench-shapes-"))
+    procs: list[Any] = []
+    out: list[list[tuple[int, float, float]]] = []
+    async with EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=None) as server:
+        nc = await connect(server.client_url, name="bench-shapes-driver")
+        try:
+            for i, shape in enumerate(shapes):
+                procs.append(await start_ready(nc, f"{_subject(f'shape{i}')}.ready", "benchmarks.bench_idp", "shape",
+                                               server.client_url, f"shape{i}", shape, log_path=tmp / f"shape{i}.log"))
+            for r in range(rounds):
+                for i, shape in enumerate(shapes):
+                    steps = []
+                    for rate in RATES:
+                        progress(f"idp shapes: round {r + 1}/{rounds}, {shape} at {rate}/s")
+
+                        async def send(_n: int, i: int = i) -> bool:
+                            body = msgspec.json.encode({"idp": {"idp_id": str(uuid.uuid4()),
+                                                                "session_id": str(uuid.uuid4()), "pad": "x" * 900}})
+                            msg = await nc.request(_subject(f"shape{i}"), body, timeout=10)
+                            return msg.data == b'{"result":"PERMIT"}'
+
+                        n = max(10, int(rate * SECONDS))
+                        lat, elapsed, fail = await _drive(send, n, rate)
+                        steps.append((rate, _pct(lat, 0.99) * 1000, 0.0 if fail else (len(lat) / elapsed) / rate))
+                    out.append(steps)
+        finally:
+            for proc in procs:
+                await stop(proc)
+            await nc.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def shapes_main(argv: list[str]) -> int:
+    """``python -m benchmarks.bench_idp shapes SHAPE [SHAPE ...]``: p99 of each floor shape
+    (``FLOORS``' notation, or a floor's name) at each rate of the ladder, in
+    ``PGW_BENCH_IDP_ROUNDS`` rounds (default 2). A comparison, not a ceiling: no retries."""
+    shapes = [FLOORS.get(a, a) for a in argv]
+    if not shapes:
+        print("usage: python -m benchmarks.bench_idp shapes SHAPE [SHAPE ...]\n"
+              f"  e.g. {' '.join(repr(v) for v in FLOORS.values())}", file=sys.stderr)
+        return 2
+    for shape in shapes:
+        try:
+            parse_shape(shape)
+        except ValueError as e:
+            print(f"bad shape: {e}", file=sys.stderr)
+            return 2
+    rounds = max(1, int(os.environ.get("PGW_BENCH_IDP_ROUNDS", "2")))
+    results = pgw_loop.run(_shapes(shapes, rounds))
+    width = max(len(s) for s in shapes)
+    print(f"p99 in ms at each offered rate ({SECONDS:g} s per step; * = a request failed or under 95 % of offered achieved)")
+    for k, steps in enumerate(results):
+        r, i = divmod(k, len(shapes))
+        cells = "  ".join(f"{rate}/s {p99:8.1f}{'*' if ok < 0.95 else ' '}" for rate, p99, ok in steps)
+        print(f"round {r + 1}  {shapes[i]:<{width}}  {cells}")
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] == "shapes":
+        sys.exit(shapes_main(sys.argv[2:]))
+    if len(sys.argv) >= 5 and sys.argv[1] == "shape":  # a shape's floor process, started by ``shapes``
+        pgw_loop.run(_floor_main(sys.argv[2], sys.argv[3], sys.argv[4]))
+        sys.exit(0)
     if len(sys.argv) >= 3 and (sys.argv[1] == "echo" or sys.argv[1] in FLOORS):
         pgw_loop.run(_echo_main(sys.argv[2]) if sys.argv[1] == "echo" else _floor_main(sys.argv[2], sys.argv[1]))
         sys.exit(0)

@@ -202,6 +202,47 @@ async def test_the_idp_contract_floor_stores_what_a_permit_stores(nats_server: E
         await nc.close()
 
 
+def test_idp_floor_shapes_parse_and_refuse_what_they_do_not_know() -> None:
+    """The floors' notation: rounds, batched reads, writes together, group commit; a bad shape is refused
+    with what is known."""
+    from benchmarks.bench_idp import FLOORS, parse_shape
+
+    assert parse_shape(FLOORS["floor"]) == (
+        [("read", ["idp", "tr", "sess"]), ("write", ["sess", "submitted", "tr"]), ("write", ["idp", "permit"])], False)
+    assert parse_shape("sess+submitted / open @gc") == ([("write", ["sess", "submitted"]), ("write", ["open"])], True)
+    for bad, why in (("sess+bogus", "log events"), ("read:permit / sess", "keys"), ("sess / ", "expected"),
+                     ("sess @fast", "only @gc")):
+        with pytest.raises(ValueError, match=why):
+            parse_shape(bad)
+
+
+async def test_an_idp_floor_shape_through_group_commit_stores_its_writes(nats_server: EmbeddedServer,
+                                                                        tmp_path: Path) -> None:
+    """``python -m benchmarks.bench_idp shape URL NAME SHAPE`` (what ``shapes`` starts): each round's
+    records, here through the gateway's group commit, before the answer."""
+    from benchmarks.bench_idp import FLOOR_BUCKET, FLOOR_LOG
+    from benchmarks.harness import start_ready, stop
+
+    nc = await connect(nats_server.client_url, name="shape-test")
+    js = nc.jetstream()
+    proc = await start_ready(nc, "bench.idpfloor.t1.ready", "benchmarks.bench_idp", "shape", nats_server.client_url,
+                             "t1", "read:sess / sess+submitted / open+permit @gc", log_path=tmp_path / "shape.log")
+    try:
+        for i in range(3):
+            msg = await nc.request("bench.idpfloor.t1", json.dumps({"idp": {"idp_id": f"g{i}",
+                                                                              "session_id": f"gs{i}"}}).encode(),
+                                   timeout=10)
+            assert msg.data == b'{"result":"PERMIT"}'
+        kv = await js.key_value(FLOOR_BUCKET)
+        assert set(await kv.keys()) == {f"{k}{i}" for i in range(3) for k in ("sess.gs", "open.g")}
+        log = await js.stream_info(FLOOR_LOG, subjects_filter="bench.idpf.log.*")
+        assert log.state.subjects == {"bench.idpf.log.IDP_SUBMITTED": 3, "bench.idpf.log.CEDAR_PERMIT_RECORDED": 3}
+        assert (await js.stream_info(f"KV_{FLOOR_BUCKET}")).config.allow_atomic
+    finally:
+        await stop(proc)
+        await nc.close()
+
+
 def test_size_breakdown_times_each_step_on_a_valid_moment() -> None:
     """benchmarks.size_breakdown calls the pipeline's own functions; the moment it times passes them
     (else it would time refusals), and each step costs something."""
