@@ -180,21 +180,20 @@ async def test_the_idp_contract_floor_stores_what_a_permit_stores(nats_server: E
         with pytest.raises(nats.errors.TimeoutError):  # the responder's writes fail; it does not answer
             await nc.request("bench.idpfloor", request("i0", "s-new"), timeout=2)
 
-        # The minimal floor stores the session and IDP_SUBMITTED only.
-        keys_before = set(await kv.keys())
-        msg = await nc.request("bench.idpfloormin", request("m0", "sm0"), timeout=10)
-        assert msg.data == b'{"result":"PERMIT"}'
-        assert set(await kv.keys()) - keys_before == {"sess.sm0"}
-        log = await js.stream_info(FLOOR_LOG, subjects_filter="bench.idpf.log.*")
-        assert log.state.subjects == {"bench.idpf.log.IDP_SUBMITTED": 6, "bench.idpf.log.CEDAR_PERMIT_RECORDED": 5}
+        async def one_request(subject: str, idp_id: str, session: str) -> tuple[set[str], dict[str, int]]:
+            """One PERMIT from ``subject``'s floor: the keys it added, and the log's counts after it."""
+            keys_before = set(await kv.keys())
+            msg = await nc.request(subject, request(idp_id, session), timeout=10)
+            assert msg.data == b'{"result":"PERMIT"}'
+            log = await js.stream_info(FLOOR_LOG, subjects_filter="bench.idpf.log.*")
+            return set(await kv.keys()) - keys_before, log.state.subjects
 
+        # The minimal floor stores the session and IDP_SUBMITTED only.
+        assert await one_request("bench.idpfloormin", "m0", "sm0") == (
+            {"sess.sm0"}, {"bench.idpf.log.IDP_SUBMITTED": 6, "bench.idpf.log.CEDAR_PERMIT_RECORDED": 5})
         # The log-index floor: the session and both log events, no index entry or report key.
-        keys_before = set(await kv.keys())
-        msg = await nc.request("bench.idpfloorlog", request("l0", "sl0"), timeout=10)
-        assert msg.data == b'{"result":"PERMIT"}'
-        assert set(await kv.keys()) - keys_before == {"sess.sl0"}
-        log = await js.stream_info(FLOOR_LOG, subjects_filter="bench.idpf.log.*")
-        assert log.state.subjects == {"bench.idpf.log.IDP_SUBMITTED": 7, "bench.idpf.log.CEDAR_PERMIT_RECORDED": 6}
+        assert await one_request("bench.idpfloorlog", "l0", "sl0") == (
+            {"sess.sl0"}, {"bench.idpf.log.IDP_SUBMITTED": 7, "bench.idpf.log.CEDAR_PERMIT_RECORDED": 6})
     finally:
         await stop(proc)
         await stop(proc_min)
