@@ -440,7 +440,7 @@ def run() -> list[dict]:
 async def _shapes(shapes: list[str], rounds: int) -> list[list[tuple[int, float, float]]]:
     """Each shape's floor as its own process on one embedded server; in each of ``rounds``
     rounds, every shape in turn at every rate of the ladder (no stop at a failure):
-    [[(rate, p99 ms, achieved / offered, 0 if any request failed) per rate] per shape per round]."""
+    [[(rate, p99 ms, achieved / offered or 0.0 if a request failed) per rate] per shape per round]."""
     from benchmarks.harness import progress, start_ready, stop
     from pgwcore.connect import connect
     from pgwcore.server import EmbeddedServer
