@@ -183,7 +183,7 @@ def parse_shape(shape: str) -> tuple[list[tuple[str, list[str]]], bool]:
 
 def _subject(name: str) -> str:
     """The subject a floor answers on: the named floors' as they always were, a shape's by its name."""
-    return "bench.idpfloor" + {"floor": "", "floor-log": "log", "floor-min": "min"}.get(name, f".{name}")
+    return "bench.idpfloor" + (name.removeprefix("floor").lstrip("-") if name in FLOORS else f".{name}")
 
 
 async def _floor_main(url: str, name: str = "floor", shape: str | None = None) -> None:
