@@ -112,7 +112,7 @@ def render() -> str:
 def block(text: str) -> str | None:
     """The generated block of a document (between the markers), or None when a marker is missing."""
     try:
-        head, rest = text.split(BEGIN + "\n", 1)
+        _head, rest = text.split(BEGIN + "\n", 1)
         body, _tail = rest.split(END, 1)
     except ValueError:
         return None
