@@ -310,7 +310,7 @@ def test_streams_match_the_code():
 
 
 def test_stream_properties_match_the_plans():
-    """For the streams of pgwcore.streams, §4 states the retention and the deny-delete/purge the plan sets."""
+    """For the streams of pgwcore.streams, §4 states the retention, age limit and deny-delete/purge the plan sets."""
     rows = {ticked(row[0])[0]: row for row in doc_rows(4)}
     wrong = []
     for plan in streams.stream_plans(Subjects()):
@@ -318,6 +318,10 @@ def test_stream_properties_match_the_plans():
         work_queue = plan.config.retention == streams.RetentionPolicy.WORK_QUEUE
         if work_queue != row[2].startswith("work queue"):
             wrong.append(f"{plan.name}: retention {plan.config.retention}")
+        age = plan.config.max_age
+        said = (f"{age / 86400:g} days",) if age else ("kept forever", "no age limit")
+        if not any(s in row[2] for s in said):
+            wrong.append(f"{plan.name}: max_age {age}")
         if bool(plan.config.deny_delete and plan.config.deny_purge) != (row[4] == "deny delete and purge"):
             wrong.append(f"{plan.name}: deny_delete={plan.config.deny_delete} deny_purge={plan.config.deny_purge}")
     assert not wrong, missing("stream properties docs/contract.md §4 misstates", wrong)
