@@ -312,8 +312,11 @@ def test_streams_match_the_code():
 def test_stream_properties_match_the_plans():
     """For the streams of pgwcore.streams, §4 states the retention, age limit and deny-delete/purge the plan sets."""
     rows = {ticked(row[0])[0]: row for row in doc_rows(4)}
+    plans = streams.stream_plans(Subjects())
+    # The page says "the first eight are stream_plans": keep them first, in the plans' order.
+    assert list(rows)[: len(plans)] == [p.name for p in plans], "docs/contract.md §4 must list stream_plans first, in order"
     wrong = []
-    for plan in streams.stream_plans(Subjects()):
+    for plan in plans:
         row = rows[plan.name]
         work_queue = plan.config.retention == streams.RetentionPolicy.WORK_QUEUE
         if work_queue != row[2].startswith("work queue"):
