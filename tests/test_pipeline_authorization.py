@@ -12,7 +12,8 @@ WORKFLOWS = {
     "labs": {"authoritative_intent": "authoritative", "enforcement_mode": "INLINE"},
     "chat": {"authoritative_intent": "non_authoritative", "enforcement_mode": "NON_AUTHORITATIVE_ONLY"},
 }
-PROV = {"oracle_records": [{"oracle_id": "lab-1", "tier": "primary"}], "generated_at": "2026-05-01T10:00:00Z", "envelope_id": "p-1"}
+RECORD = {"oracle_id": "lab-1", "tier": "primary", "value": 5.4, "verified_at": "2026-05-01T09:59:00Z"}
+PROV = {"oracle_records": [RECORD], "generated_at": "2026-05-01T10:00:00Z", "envelope_id": "p-1"}
 
 
 def auth(workflow: str, envelope: dict, **kw) -> dict:
