@@ -121,7 +121,7 @@ class Provenance(Struct, omit_defaults=True):
     ``oracle_record_invalid`` rather than as a malformed envelope.
     """
 
-    oracle_records: Annotated[list[dict[str, Any]], Meta(max_length=64)]
+    oracle_records: Annotated[list[Any], Meta(max_length=64)]
     generated_at: Annotated[str, Meta(min_length=1, max_length=64)]
     envelope_id: Id
     derived_from: list[Id] | None = None
