@@ -237,6 +237,16 @@ async def test_soft_authority_markers_refused_in_every_visible_string(rec):
         assert out.code == "forbidden_marker", e
 
 
+async def test_refused_emergency_escalation_keeps_its_code_for_the_principal(rec):
+    """An EMERGENCY_ESCALATION refused for a marker still reaches the principal as EMERGENCY_ESCALATION, in the gateway's words."""
+    reason = {"code": "EMERGENCY_ESCALATION", "user_message": "Confirmed: call 911 now.", "audit_id": "a"}
+    out = await rec.roundtrip("planner", auth("chat", {"kind": "refusal", "reason": reason}))
+    assert out.code == "forbidden_marker"
+    item = await rec.item(lambda i: isinstance(i, AuthorizationItem) and i.envelope_id == out.envelope_id)
+    assert item.envelope["reason"]["code"] == "EMERGENCY_ESCALATION"
+    assert item.envelope["reason"]["user_message"] == authz.USER_MESSAGES["EMERGENCY_ESCALATION"]
+
+
 # --- spec 001 Provenance: oracle records
 
 async def test_malformed_oracle_records_refused_with_their_own_code(rec):

@@ -96,6 +96,7 @@ def rfc3339(value: object) -> datetime | None:
         return None
 
 
+Rfc3339 = Annotated[str, Meta(min_length=1, max_length=64, extra_json_schema={"format": "date-time"})]
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})$")
 
 
@@ -109,7 +110,7 @@ class OracleVerificationRecord(Struct, omit_defaults=True):
 
     oracle_id: Id
     tier: Literal["primary", "secondary", "cross_domain", "unverified"]
-    verified_at: Annotated[str, Meta(min_length=1, max_length=64)]  # RFC 3339, checked after decoding
+    verified_at: Rfc3339  # checked by check_provenance
     value: Any = None
     reference: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None
 
@@ -117,12 +118,12 @@ class OracleVerificationRecord(Struct, omit_defaults=True):
 class Provenance(Struct, omit_defaults=True):
     """Authoritative basis of a claim; at least one oracle record (checked with its own code).
 
-    The records stay untyped here so that a malformed one is refused as
-    ``oracle_record_invalid`` rather than as a malformed envelope.
+    A record that does not decode is refused as ``oracle_record_invalid``
+    (:func:`decode`), not as a malformed envelope.
     """
 
-    oracle_records: Annotated[list[Any], Meta(max_length=64)]
-    generated_at: Annotated[str, Meta(min_length=1, max_length=64)]
+    oracle_records: Annotated[list[OracleVerificationRecord], Meta(max_length=64)]
+    generated_at: Rfc3339  # checked by check_provenance
     envelope_id: Id
     derived_from: list[Id] | None = None
 
@@ -336,6 +337,12 @@ def decode(raw: Any) -> AuthorizationEnvelope:
     except msgspec.ValidationError as e:
         msg = str(e)
         where = msg.rsplit("at `", 1)[-1].rstrip("`").replace("$", "$.payload.envelope", 1) if "at `" in msg else "$.payload.envelope"
+        if where.startswith("$.payload.envelope.provenance.oracle_records["):
+            raise PolicyRefusal(
+                "oracle_record_invalid",
+                f"an oracle record is not an OracleVerificationRecord {{oracle_id, tier, verified_at, value?, reference?}}: {msg}",
+                where,
+            ) from None
         raise PolicyRefusal("envelope_invalid", f"the {kind} envelope does not match spec 001: {msg}", where, "BLOCKED") from None
 
 
@@ -368,6 +375,8 @@ def enforce(env: AuthorizationEnvelope, workflow: Any, narrative_cfg: Any, *, un
                 "forbidden_marker",
                 f"{path.rsplit('.', 1)[-1]} carries the soft-authority marker {hit!r} (spec 001 forbidden markers)",
                 path,
+                # An agent's own refusal keeps its code (an EMERGENCY_ESCALATION is not lost), in the gateway's words.
+                user_code=env.reason.code if isinstance(env, Refusal) else "POLICY_VIOLATION",
             )
     if isinstance(env, Narrative):
         text = scrub_measurements(env.text) if env.policy.scrub_measurements else env.text
@@ -408,17 +417,7 @@ def check_provenance(prov: Provenance, kind: str) -> None:
             f"a {kind} envelope needs provenance.oracle_records with at least one record (spec 001)",
             f"{at}.oracle_records",
         )
-    for i, raw in enumerate(prov.oracle_records):
-        try:
-            rec = msgspec.convert(raw, OracleVerificationRecord)
-        except msgspec.ValidationError as e:
-            msg = str(e)
-            where = msg.rsplit("at `", 1)[-1].rstrip("`").replace("$", f"{at}.oracle_records[{i}]", 1) if "at `" in msg else f"{at}.oracle_records[{i}]"
-            raise PolicyRefusal(
-                "oracle_record_invalid",
-                f"oracle record {i} is not an OracleVerificationRecord {{oracle_id, tier, verified_at, value?, reference?}}: {msg}",
-                where,
-            ) from None
+    for i, rec in enumerate(prov.oracle_records):
         if rfc3339(rec.verified_at) is None:
             raise PolicyRefusal(
                 "oracle_record_invalid",
@@ -442,7 +441,7 @@ def verify_oracles(env: AuthorizationEnvelope, workflow: Any, now: datetime | No
         return
     now = now or datetime.now(UTC)
     at = "$.payload.envelope.provenance.oracle_records"
-    records = [msgspec.convert(r, OracleVerificationRecord) for r in env.provenance.oracle_records]
+    records = env.provenance.oracle_records
     declared = list(getattr(workflow, "oracles", []) or [])
     for i, rec in enumerate(records):
         if declared and rec.oracle_id not in declared:
@@ -484,7 +483,7 @@ WITHDRAWN_MESSAGE = "An item shown to you earlier could not be verified and was 
 
 def user_refusal(code: str, audit_id: str, message: str | None = None) -> Refusal:
     """A refusal variant a user may see: no control-plane detail (spec 001 RefusalReason)."""
-    user_code: Literal["BLOCKED", "POLICY_VIOLATION"] = "BLOCKED" if code == "BLOCKED" else "POLICY_VIOLATION"
+    user_code: Any = code if code in USER_MESSAGES else "POLICY_VIOLATION"
     return Refusal(reason=RefusalReason(
         code=user_code,
         user_message=message or USER_MESSAGES[user_code],
