@@ -17,7 +17,7 @@ verdict) with a code the agent can act on:
    :class:`OracleVerificationRecord` (spec 001 names the type but gives no
    fields; ours mirrors the per-oracle entry of its ``OracleConflict``:
    ``oracle_id``, ``tier``, ``verified_at`` as RFC 3339, optional ``value``
-   and ``reference``);
+   and ``reference``); one that does not decode gets this code at step 3;
 7. ``provenance_invalid``: ``provenance.generated_at`` is not an RFC 3339
    timestamp (spec 001 Provenance);
 8. ``forbidden_marker``: a soft-authority marker (the configured ones, plus a
