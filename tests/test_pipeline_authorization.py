@@ -345,3 +345,20 @@ def test_workflow_without_authoritative_intent_fails_start_up(tmp_path):
         load_config(cfg)
     cfg.write_text('[pipeline.workflows.labs]\nauthoritative_intent = "authoritative"\n')
     assert load_config(cfg).pipeline.workflows["labs"].enforcement_mode == "NON_AUTHORITATIVE_ONLY"
+
+
+async def test_supporting_types_enforce_their_minimum_schemas(rec):
+    """Each supporting type's normative minimum schema is enforced: a variant missing or misusing a field is envelope_invalid."""
+    bad = [
+        ("labs", {"kind": "measurement", "value": 1, "provenance": {"oracle_records": [RECORD], "generated_at": "2026-05-01T10:00:00Z"}}),
+        ("chat", {"kind": "narrative", "text": "It may rain."}),
+        ("chat", dict(narrative("It may rain."), policy={"grammar_mode": "poetic", "forbidden_markers": [],
+                                                          "max_specificity": "general", "scrub_measurements": False})),
+        ("chat", {"kind": "refusal", "reason": {"code": "NOPE", "user_message": "No.", "audit_id": "a"}}),
+        ("chat", {"kind": "refusal", "reason": {"code": "BLOCKED", "user_message": "No."}}),
+        ("labs", {"kind": "dispute_summary", "sources": [{"axis": "k", "resolution_attempted": True, "escalation_required": False,
+                  "oracles": [{"oracle_id": "a", "tier": "gold", "value": 1, "verified_at": "2026-05-01T00:00:00Z"}]}]}),
+    ]
+    for wf, e in bad:
+        out = await rec.roundtrip("planner", auth(wf, e))
+        assert out.code == "envelope_invalid", e
