@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import msgspec
 import pytest
 
 from consumers.surfaces.model import plan_item
+from consumers.surfaces.terminal import TerminalSurface
 from consumers.surfaces.text import render_plan
 from gateway.stages import authorization as authz
 from pgwcore.config import load_config
@@ -293,6 +295,13 @@ async def test_async_delivers_then_withdraws_when_verification_fails(rec):
     assert order.index(id(first)) < order.index(id(gone)) < order.index(id(notice))
     assert notice.envelope["reason"]["user_message"] == authz.WITHDRAWN_MESSAGE
     await rec.verdict(lambda v: v.envelope_id == out.envelope_id and v.verdict_class == "denied")
+    # The terminal surface drops the measurement and keeps the notice; the browser's model plans the removal of that card.
+    term = TerminalSurface(None, out=io.StringIO(), color=False)  # type: ignore[arg-type]
+    for i in (first, gone, notice):
+        term.apply(msgspec.json.encode(i))
+    assert list(term.board) == [notice.item_id]
+    js_first, js_gone = surface_kit.js_plans([msgspec.to_builtins(first), msgspec.to_builtins(gone)])
+    assert js_gone == dict(js_gone, plan="withdraw", moment_id=js_first["item_id"])
 
 
 async def test_async_delivers_a_verified_envelope_without_withdrawal(rec):
