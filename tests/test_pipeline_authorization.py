@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import io
 import sys
+from datetime import UTC
 from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from consumers.surfaces.model import plan_item
 from consumers.surfaces.terminal import TerminalSurface
@@ -371,3 +374,10 @@ async def test_supporting_types_enforce_their_minimum_schemas(rec):
     for wf, e in bad:
         out = await rec.roundtrip("planner", auth(wf, e))
         assert out.code == "envelope_invalid", e
+
+
+@given(st.datetimes(timezones=st.just(UTC)))
+def test_rfc3339_reads_every_aware_timestamp_and_refuses_naive_ones(dt):
+    """Every timezone-aware ISO timestamp is RFC 3339 and reads back as itself; the same without a zone is refused."""
+    assert authz.rfc3339(dt.isoformat()) == dt
+    assert authz.rfc3339(dt.replace(tzinfo=None).isoformat()) is None
