@@ -16,6 +16,8 @@ from consumers.surfaces.model import plan_item
 from consumers.surfaces.terminal import TerminalSurface
 from consumers.surfaces.text import render_plan
 from gateway.stages import authorization as authz
+from gateway.stages import route
+from gateway.stages.base import Ctx, Turn
 from pgwcore.config import load_config
 from subjects.errors import ConfigError
 from subjects.wire import AuthorizationItem, WithdrawnItem
@@ -381,3 +383,20 @@ def test_rfc3339_reads_every_aware_timestamp_and_refuses_naive_ones(dt):
     """Every timezone-aware ISO timestamp is RFC 3339 and reads back as itself; the same without a zone is refused."""
     assert authz.rfc3339(dt.isoformat()) == dt
     assert authz.rfc3339(dt.replace(tzinfo=None).isoformat()) is None
+
+
+
+async def test_an_envelope_id_claim_is_its_owners_on_redelivery(nats_server, tmp_path):
+    """The envelope that claimed a provenance envelope_id may claim it again (a redelivery); any other envelope is refused."""
+    async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"workflows": WORKFLOWS}) as gw:
+        state = await gw.stage_state.get()
+
+        def ctx(body: bytes) -> Ctx:
+            return Ctx(gw=gw, turn=Turn(agent="planner", subject="s", stream_seq=1, body=body, msg_id=None, traceparent=None),
+                       index=0, raw=None, state=state)
+
+        await route._claim_envelope_id(ctx(b"first"), "labs", "m-claim")
+        await route._claim_envelope_id(ctx(b"first"), "labs", "m-claim")
+        with pytest.raises(authz.PolicyRefusal) as refused:
+            await route._claim_envelope_id(ctx(b"second"), "labs", "m-claim")
+        assert refused.value.code == "envelope_id_reused"
