@@ -70,6 +70,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -86,18 +87,18 @@ Text = Annotated[str, Meta(min_length=1, max_length=4000)]
 Id = Annotated[str, Meta(min_length=1, max_length=256)]
 
 
+Rfc3339 = Annotated[str, Meta(min_length=1, max_length=64, extra_json_schema={"format": "date-time"})]
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})$")
+
+
 def rfc3339(value: object) -> datetime | None:
-    """``value`` as an aware datetime if it is an RFC 3339 date-time (§5.6), else None."""
+    """``value`` as an aware datetime if it is an RFC 3339 ``date-time`` (RFC 3339 §5.6), else None."""
     if not isinstance(value, str) or not _RFC3339.match(value):
         return None
     try:
         return datetime.fromisoformat(value.upper().replace("Z", "+00:00").replace(" ", "T"))
     except ValueError:  # well-shaped but not a date (month 13, hour 25)
         return None
-
-
-Rfc3339 = Annotated[str, Meta(min_length=1, max_length=64, extra_json_schema={"format": "date-time"})]
-_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})$")
 
 
 class OracleVerificationRecord(Struct, omit_defaults=True):
@@ -246,7 +247,7 @@ def _strings(value: Any, path: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     if isinstance(value, dict):
         for k, v in value.items():
-            out += [(f"{path}.{k}", str(k))] + _strings(v, f"{path}.{k}")
+            out += [(f"{path}.{k}", str(k)), *_strings(v, f"{path}.{k}")]
     elif isinstance(value, list):
         for i, v in enumerate(value):
             out += _strings(v, f"{path}[{i}]")
@@ -264,8 +265,7 @@ def visible_strings(env: AuthorizationEnvelope) -> list[tuple[str, str]]:
             out = [(f"{at}.reason.user_message", r.user_message)]
             return out + ([(f"{at}.reason.recovery_hint", r.recovery_hint)] if r.recovery_hint else [])
         case Action():
-            return [(f"{at}.action", env.action)] + _strings(env.params, f"{at}.params") + [
-                (f"{at}.provenance.envelope_id", env.provenance.envelope_id)]
+            return [(f"{at}.action", env.action), *_strings(env.params, f"{at}.params"), (f"{at}.provenance.envelope_id", env.provenance.envelope_id)]
         case Classification():
             return [(f"{at}.label", env.label), (f"{at}.provenance.envelope_id", env.provenance.envelope_id)]
         case Measurement():
@@ -294,7 +294,7 @@ _IDENTIFIER = re.compile(r"\b[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+\b")  # snake
 _COMPARISON = re.compile(r"\d\s*(?:[<>]=?|[≤≥])\s*[-+]?\.?\d")  # "5.9 > 5.5"
 
 
-def control_plane_detail(text: str, names: list[str] = ()) -> str | None:  # type: ignore[assignment]
+def control_plane_detail(text: str, names: Sequence[str] = ()) -> str | None:
     """What in ``text`` is control-plane detail (a word, identifier, comparison or configured name), or None."""
     t = unicodedata.normalize("NFKC", text)
     for rx in (_CONTROL_WORDS, _CONTROL_CASED, _IDENTIFIER, _COMPARISON):
@@ -492,7 +492,7 @@ def user_refusal(code: str, audit_id: str, message: str | None = None) -> Refusa
     ))
 
 
-def shown_refusal(env: Refusal, audit_id: str, names: list[str]) -> tuple[Refusal, list[Detail]]:
+def shown_refusal(env: Refusal, audit_id: str, names: Sequence[str]) -> tuple[Refusal, list[Detail]]:
     """An agent's refusal as the principal may see it, and the warnings for the agent (spec 001 RefusalReason).
 
     The agent's ``audit_id`` is replaced by ``audit_id`` (opaque, the item's);
