@@ -243,10 +243,18 @@ class VendorKindConfig(_Section):
 
 
 class WorkflowConfig(_Section):
-    """spec 001 WorkflowDeclaration (``workflow_id`` is the table key)."""
+    """spec 001 WorkflowDeclaration (``workflow_id`` is the table key).
 
-    authoritative_intent: Literal["authoritative", "non_authoritative"] = "non_authoritative"
+    ``authoritative_intent`` has no default: spec 001 "Every workflow MUST
+    declare whether it may emit authoritative envelopes", so a table without
+    it fails start-up with the field named. ``enforcement_mode`` (docs/pipeline.md)
+    defaults to the safe ``NON_AUTHORITATIVE_ONLY``. ``oracles``: the oracle ids
+    this workflow's records may name (empty: any).
+    """
+
+    authoritative_intent: Literal["authoritative", "non_authoritative"]
     enforcement_mode: Literal["INLINE", "ASYNC", "NON_AUTHORITATIVE_ONLY"] = "NON_AUTHORITATIVE_ONLY"
+    oracles: list[Annotated[str, Meta(min_length=1, max_length=256)]] = field(default_factory=list)
 
 
 class NarrativeConfig(_Section):
@@ -350,6 +358,7 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Config
     for k, v in overrides.items():
         if v is not None:
             raw[k] = v
+    _check_workflows(raw)
     try:
         return msgspec.convert(raw, Config)
     except msgspec.ValidationError as e:
@@ -357,3 +366,16 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Config
         msg = str(e)
         where = msg.rsplit("at `", 1)[-1].rstrip("`") if "at `" in msg else "$"
         raise ConfigError(where, msg) from e
+
+
+def _check_workflows(raw: dict[str, Any]) -> None:
+    """Name the workflow whose intent is missing (msgspec would say ``workflows[...]``)."""
+    pipeline = raw.get("pipeline")
+    workflows = pipeline.get("workflows") if isinstance(pipeline, dict) else None
+    for name, wf in (workflows or {}).items() if isinstance(workflows, dict) else ():
+        if isinstance(wf, dict) and "authoritative_intent" not in wf:
+            # spec 001 "Workflow-Level Authoritative Intent": every workflow MUST declare it.
+            raise ConfigError(
+                f"pipeline.workflows.{name}.authoritative_intent",
+                'missing: every workflow MUST declare authoritative_intent = "authoritative" or "non_authoritative" (spec 001)',
+            )
