@@ -322,3 +322,73 @@ def test_codes_beyond_the_registry_are_documented_as_extensions() -> None:
     ours = set(RejectCode.__args__) | set(DenyCode.__args__)  # type: ignore[attr-defined]
     assert ours - _SPEC_CODES <= documented, sorted(ours - _SPEC_CODES - documented)
     assert documented and not documented & _SPEC_CODES
+
+
+# -- §4.1, §4.5, §7: every REQUIRED field; §4.2, §5.3: what IDP_SUBMITTED holds; §5.4: the context --------
+
+_STANDARD_REQUIRED = ("idp_id", "session_id", "so_id", "mandate_id", "step_sequence", "requested_action",
+                      "declared_goal", "reasoning_basis", "confidence_level", "hem_urgency", "timestamp")
+_THIN_REQUIRED = ("idp_id", "session_id", "so_id", "mandate_id", "step_sequence", "requested_action", "timestamp")
+
+
+@pytest.mark.parametrize("field", _STANDARD_REQUIRED + ("declared_goal.goal_id", "declared_goal.description",
+                                                         "reasoning_basis.type", "reasoning_basis.description"))
+def test_every_required_standard_field_is_required(field: str) -> None:
+    """An IDP_STANDARD missing any REQUIRED field of spec 003 §4.1 (nested ones included) is malformed (§4.5, §5.2(b))."""
+    rec = idp(so_id=str(uuid.uuid4()), mandate_id="j-1", step=1, action="CloseBooking")
+    outer, _, inner = field.partition(".")
+    if inner:
+        rec[outer] = {k: v for k, v in rec[outer].items() if k != inner}
+    else:
+        del rec[outer]
+    with pytest.raises(msgspec.ValidationError, match=inner or outer):
+        decode_idp(rec)
+
+
+@pytest.mark.parametrize("field", _THIN_REQUIRED)
+def test_every_required_thin_field_is_required(field: str) -> None:
+    """An IDP_THIN missing any field §7 says it MUST contain is malformed; without ``profile`` it is read as
+    IDP_STANDARD and lacks the reasoning fields."""
+    rec = thin(idp(so_id=str(uuid.uuid4()), mandate_id="j-1", step=1, action="ReadBooking"))
+    del rec[field]
+    with pytest.raises(msgspec.ValidationError, match=field):
+        decode_idp(rec)
+    with pytest.raises(msgspec.ValidationError):
+        decode_idp({k: v for k, v in thin(idp(so_id=str(uuid.uuid4()), mandate_id="j", step=1, action="A")).items()
+                    if k != "profile"})
+
+
+async def test_idp_submitted_holds_what_section_5_3_lists(env: Env) -> None:
+    """IDP_SUBMITTED holds the IDP exactly as submitted (metadata uninterpreted), the kernel receipt time beside the
+    agent's, the mandate_id, the session_id, audit_accessible (true when absent) and the profile, and is signed by
+    the kernel (spec 003 §4.2, §4.5, §5.3, §8.2)."""
+    from gateway.kernel.eventlog import check_signature
+
+    meta = {"ticket": "T-1", "nested": {"n": 3, "list": [1, "two", None]}, "unicode": "Zoë"}
+    rec = env.idp(1, metadata=meta, timestamp="2026-01-02T03:04:05.5Z")
+    assert isinstance(await env.send(rec), Permit)
+    [(_, ev)] = await read_log(env.js, "IDP_SUBMITTED")
+    b = ev.body
+    assert b["idp"] == rec and b["idp"]["metadata"] == meta
+    assert b["agent_ts"] == "2026-01-02T03:04:05.5Z" and b["kernel_receipt_ts"] != b["agent_ts"]
+    assert b["mandate_id"] == env.jti and b["session_id"] == "s-1"
+    assert b["audit_accessible"] is True and b["profile"] == "IDP_STANDARD"
+    keys = {k.kid: k.public for k in public_keys(env.cfg.data_path, "kernel")}
+    assert check_signature(ev, keys) is None
+
+
+_GOAL = "5b0e7f0a-1c2d-4e3f-8a9b-0c1d2e3f4a5b"
+_MISSION = "6f1c2a4e-2b7d-4c1e-9f3a-1d2e3f4a5b6c"
+
+
+@pytest.mark.kernel(
+    mandate={"mission_ref": _MISSION},
+    policy=(f'permit(principal, action, resource) when {{ context.idp.goal_id == "{_GOAL}" && '
+            f'context.idp has mission_ref && context.idp.mission_ref == "{_MISSION}" }};\n'),
+)
+async def test_goal_id_and_mission_ref_are_cedar_context(env: Env) -> None:
+    """context.idp.goal_id and context.idp.mission_ref (absent, never null, without one) decide a policy (spec 003 §5.4)."""
+    goal = {"goal_id": _GOAL, "description": "Advance the mission"}
+    assert isinstance(await env.send(env.idp(1, declared_goal=goal, mission_ref=_MISSION)), Permit)
+    assert isinstance(await env.send(env.idp(2, declared_goal=goal)), EnrichedDeny)
+    assert isinstance(await env.send(env.idp(3, mission_ref=_MISSION)), EnrichedDeny)
