@@ -115,7 +115,15 @@ class KernelConfig(_Section):
     mismatch_hem_threshold: Annotated[int, Meta(ge=0)] = 3  # spec 003 §5.2(g); 0 = never
     hem_enabled: bool = True
     hem_expires_in_s: Annotated[int, Meta(ge=1, le=30 * 86400)] = 3600
-    pii: Literal["flag", "reject"] = "flag"  # spec 003 §9
+    # spec 003 §9: "reject" (the default) keeps flagged personal data out of the append-only
+    # log; "flag" admits it with a warning and records where it was found.
+    pii: Literal["flag", "reject"] = "reject"
+    # spec 003 §9 names: names (or full names) flagged in goal and reasoning descriptions,
+    # matched case-insensitively as whole words; titles like "Mr Smith" are flagged always.
+    pii_names: list[str] = field(default_factory=list)
+    # spec 003 §8.7: actions whose executed transition must pass a kernel gate. No gate
+    # exists yet, so such an action is denied (GATE_REQUIRED) and a report claiming it refused.
+    gated_actions: list[str] = field(default_factory=list)
     log_permits: bool = True
     # The event log's head is anchored outside it this often, and at drain (gateway/kernel/checkpoint.py).
     checkpoint_interval_s: Annotated[float, Meta(ge=0, le=3600)] = 5.0

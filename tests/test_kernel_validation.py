@@ -165,10 +165,15 @@ def test_remembered_mandate_is_still_checked(issuer: Issuer, tmp_path: Path) -> 
 
 @pytest.mark.kernel(revoked_jtis=["revoked-1"])
 async def test_mandate_revoked(env: Env) -> None:
-    """A mandate whose jti is on the revocation list is MANDATE_REVOKED."""
+    """A mandate whose jti is on the revocation list is an Enriched DENY MANDATE_REVOKED (a deny code of spec 003 §6.2)
+    with nothing available and no HEM, its IDP committed as IDP_RECEIVED first."""
     token, jti = env.issuer.mandate(agent=AGENT, so_id=env.so, jti="revoked-1")
-    r = await env.send(idp(so_id=env.so, mandate_id=jti, step=1, action="CloseBooking"), mandate=token)
-    assert isinstance(r, Reject) and r.error_code == "MANDATE_REVOKED"
+    rec = idp(so_id=env.so, mandate_id=jti, step=1, action="CloseBooking")
+    r = await env.send(rec, mandate=token)
+    assert isinstance(r, EnrichedDeny) and r.deny_code == "MANDATE_REVOKED", r
+    assert r.available_actions == [] and r.hem_available is False and r.idp_received == rec
+    [(seq, received)] = await read_log(env.js, "IDP_RECEIVED")
+    assert r.event_seq == seq and received.body["code"] == "MANDATE_REVOKED"
 
 
 async def test_es256_mandate(make_config: Any, nc: Any, tmp_path: Path) -> None:
@@ -309,8 +314,9 @@ async def test_unknown_reasoning_type_recorded(env: Env) -> None:
     assert body["idp"]["reasoning_basis"]["type"] == "urn:example:HUNCH"
 
 
+@pytest.mark.kernel(pii="flag")
 async def test_pii_flagged(env: Env) -> None:
-    """An e-mail address in the goal is flagged in the reply and the log, not rejected (spec 003 §9)."""
+    """With kernel.pii = flag, an e-mail address in the goal is flagged in the reply and the log, not rejected (spec 003 §9)."""
     rec = env.idp(1, declared_goal={"goal_id": str(uuid.uuid4()), "description": "Mail the invoice to bob@example.com"})
     r = await env.send(rec)
     assert isinstance(r, Permit) and r.warnings[0].path == "$.declared_goal.description"
@@ -355,9 +361,11 @@ async def test_uncanonicalizable_metadata(env: Env) -> None:
 
 @pytest.mark.kernel(hem_enabled=False)
 async def test_required_without_hem_fails_closed(env: Env) -> None:
-    """With HEM disabled, an IDP declaring hem_urgency REQUIRED is denied even where Cedar would permit, and hem_available is false."""
+    """With HEM disabled, an IDP declaring hem_urgency REQUIRED is denied even where Cedar would permit, with a code of
+    its own (HEM_UNAVAILABLE, not POLICY_DENY), and hem_available is false."""
     r = await env.send(env.idp(1, hem_urgency="REQUIRED"))
-    assert isinstance(r, EnrichedDeny) and r.deny_code == "POLICY_DENY" and r.hem_available is False
+    assert isinstance(r, EnrichedDeny) and r.deny_code == "HEM_UNAVAILABLE" and r.hem_available is False
+    assert (await read_log(env.js, "CEDAR_DENY_RECORDED"))[0][1].body["deny_code"] == "HEM_UNAVAILABLE"
     assert isinstance(await env.send(env.idp(2)), Permit)
 
 

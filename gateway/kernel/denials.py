@@ -36,6 +36,8 @@ _DENY_REASONS = {
     "MANDATE_SCOPE": "{action} is outside the scope of the presented mandate.",
     "HEM_PENDING": "The session awaits a human decision; no transition proceeds until it is resolved.",
     "IDP_MISSION_REF_MISMATCH": "The IDP mission_ref does not match the mission bound to the mandate; see mismatch_detail.",
+    "GATE_REQUIRED": "{action} may only execute through a kernel gate, which this gateway does not provide.",
+    "HEM_UNAVAILABLE": "The IDP requires human judgment and no human escalation is available here.",
 }
 
 
@@ -78,7 +80,8 @@ class Denials:
         detail = MismatchDetail(expected_mission_ref=m.mission_ref, submitted_mission_ref=idp.mission_ref)
         # spec 003 §5.2(g): "MUST log IDP_MISSION_REF_MISMATCH_REJECTED".
         body = {"idp_id": idp.idp_id, "so_id": idp.so_id, "session_id": idp.session_id, "agent": agent,
-                "principal": m.principal, "mismatch_detail": msgspec.to_builtins(detail), "idp": idp_raw}
+                "principal": m.principal, "mismatch_detail": msgspec.to_builtins(detail), "idp": idp_raw,
+                "audit_accessible": idp.audit_accessible}  # spec 003 §4.2, honoured by audit.py
         ev = await self.eventlog.append(
             "IDP_MISSION_REF_MISMATCH_REJECTED", body,
             msg_id=stable_id("IDP_MISSION_REF_MISMATCH_REJECTED", idp.so_id.lower(), idp.idp_id.lower()), traceparent=tp,

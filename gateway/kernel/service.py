@@ -47,7 +47,7 @@ from gateway.kernel.policy import PolicyEngine, idp_context
 from gateway.kernel.received import commit_received, commit_refused
 from gateway.kernel.revocation import Revocations
 from gateway.kernel.state import ConflictError, IdpEntry, KernelState, SessionEntry, bump_step
-from gateway.kernel.transitions import TransitionReports
+from gateway.kernel.transitions import EXECUTION_CONTEXT, TransitionReports
 from gateway.kernel.validation import RefusalError, RequestValidation
 from pgwcore.keys import load_or_create
 from pgwcore.logs import get_logger
@@ -55,6 +55,7 @@ from pgwcore.metrics import LATENCY, REGISTRY
 from subjects.errors import SubjectError
 from subjects.idp import (
     REASONING_BASIS_TYPES,
+    EnrichedDeny,
     HemPending,
     Idp,
     IdpThin,
@@ -252,8 +253,12 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             idp, mandate, resource, pii, read = await self._validate(agent, raw)
         except RefusalError as r:
             res = r.result
-            assert isinstance(res, Reject)
             # A well-formed IDP refused by (c)-(f) is still committed first (received.py).
+            if isinstance(res, EnrichedDeny):  # MANDATE_REVOKED, a deny code (spec 003 §6.2)
+                res.event_seq = await commit_refused(self, agent, raw.get("idp"), receipt, res.deny_code, tp)
+                await self._deny_verdict(agent, res.idp_id, digest(), res.deny_code, res.deny_reason, None, tp, result="DENY")
+                raise
+            assert isinstance(res, Reject)
             await commit_refused(self, agent, raw.get("idp"), receipt, res.error_code, tp)
             await self._deny_verdict(agent, res.idp_id, digest(), res.error_code, res.reason, None, tp)
             raise
@@ -363,6 +368,17 @@ class KernelService(RequestValidation, Denials, TransitionReports):
         deny_code = "POLICY_DENY" if in_scope else "MANDATE_SCOPE"
         warnings = [Detail(message=f"possible personal data ({p.split('@')[0]})", path=p.split("@")[1], rule="pii") for p in pii]
 
+        if in_scope and action in self.cfg.gated_actions:
+            # spec 003 §8.7: the comparison of declared and executed action must happen
+            # entirely within the kernel, i.e. the action must transit a kernel gate.
+            # No gate exists yet, so a gated action is never permitted, nor sent to a
+            # human who could only approve what the agent would then report itself.
+            entry.status = "denied"
+            await self._put_entry(entry)
+            return await self._deny(
+                agent, idp, m, "GATE_REQUIRED", raw["idp"], available=self._available(agent, idp, m, resource, ctx),
+                hem_available=False, tp=tp, submitted_seq=sub.seq, log_event=True,
+            )
         if idp.hem_urgency == "REQUIRED" and self.cfg.hem_enabled:
             # spec 003 §4.4: HEM regardless of the Cedar outcome; §6.3 a resubmission after DENY.
             entry.status = "hem_pending"
@@ -377,8 +393,9 @@ class KernelService(RequestValidation, Denials, TransitionReports):
                 moment_id=moment_id, trigger="HEM_URGENCY_REQUIRED", event_seq=sub.seq,
             )
         if idp.hem_urgency == "REQUIRED":
-            # The agent asked for a human and none can be asked: fail closed.
-            allowed = False
+            # The agent asked for a human and none can be asked: fail closed, with a
+            # code of its own (policy may well permit; the missing human is the reason).
+            allowed, deny_code, hem_available = False, "HEM_UNAVAILABLE", False
         if allowed:
             entry.status = "permitted"
             # The permit is registered open (overdue.py) by its CEDAR_PERMIT_RECORDED
@@ -468,14 +485,18 @@ class KernelService(RequestValidation, Denials, TransitionReports):
 
     def _context(self, agent: str, idp: Idp, m: Mandate) -> dict[str, Any]:
         ctx: dict[str, Any] = {"idp": idp_context(idp), "agent": agent, "principal": m.principal,
-                               "mandate": {"jti": m.jti, "so_id": m.so_id}}
+                               "mandate": {"jti": m.jti, "so_id": m.so_id},
+                               # spec 003 §8.7: how the executed action will be known. No kernel
+                               # gate exists yet: the agent reports it. A policy requiring the gate:
+                               # forbid(...) unless { context.execution.gated };
+                               "execution": EXECUTION_CONTEXT}
         if m.mission_ref is not None:
             ctx["mandate"]["mission_ref"] = m.mission_ref
         return ctx
 
     def _available(self, agent: str, idp: Idp, m: Mandate, resource: dict[str, str], ctx: dict[str, Any]) -> list[str]:
-        """spec 003 §6.2: the mandate's actions that Cedar would permit now (never more)."""
-        actions = list(dict.fromkeys(m.actions))
+        """spec 003 §6.2: the mandate's actions that Cedar would permit now (never more; no gated action)."""
+        actions = [a for a in dict.fromkeys(m.actions) if a not in self.cfg.gated_actions]
         decisions = self.policy.evaluate_many(
             actions, agent=agent, principal=m.principal, resource=resource, so_id=idp.so_id, context=ctx
         )

@@ -36,6 +36,14 @@ from subjects.wire import Refusal, ReportedEffect, Verdict
 
 log = get_logger("pgw.kernel")
 
+# spec 003 §8.7: "agents MUST NOT be able to influence match_result; the comparison
+# happens entirely within the kernel". The kernel compares the declaration with the
+# executed action the agent itself reports: no action transits a kernel gate yet, so
+# every record says so (docs/kernel.md, "Commitment verification and §8.7").
+EXECUTED_ACTION_SOURCE = "agent_reported"
+# What Cedar sees of it (context.execution): a policy may require the gate.
+EXECUTION_CONTEXT = {"gated": False, "executed_action_source": EXECUTED_ACTION_SOURCE}
+
 COMMITMENT_GAPS = Counter(
     "pgw_idp_commitment_gaps_total",
     "IDP_COMMITMENT_GAP findings: CRITICAL audit alerts (spec 003 §5.5.2)",
@@ -67,6 +75,7 @@ class TransitionReports:
 
     nc: Any
     config: Any
+    cfg: Any
     subjects: Any
     state: KernelState
     eventlog: EventLog
@@ -135,6 +144,16 @@ class TransitionReports:
             entry = (await self.state.idp(entry.so_id, entry.idp_id) or got)[0]
         if entry.status not in ("permitted", "hem_approved", "transitioned"):
             return await self._refuse_transition(agent, rep, f"the IDP was not permitted (status {entry.status})", msg_seq, tp)
+        gated = [a for a in dict.fromkeys((entry.requested_action, rep.executed_action)) if a in self.cfg.gated_actions]
+        if gated:
+            # spec 003 §8.7: a gated action reported on the agent-report path did not
+            # transit a gate, so its comparison would rest on the agent's word: refused,
+            # and a finding (no STATE_TRANSITIONED: the kernel does not take it as governed).
+            return await self._refuse_transition(
+                agent, rep, f"{', '.join(gated)} must transit a kernel gate; an agent's report is not accepted for it",
+                msg_seq, tp, code="GATE_REQUIRED",
+                alert={"severity": "CRITICAL", "alert_trigger": "GATE_REQUIRED", "actions": gated},
+            )
         report_digest = json_digest(msgspec.to_builtins(rep))
         eff = rep.effect
         resp_digest = json_digest(eff.response) if eff.response is not None else None
@@ -142,7 +161,8 @@ class TransitionReports:
         st_body = {
             "idp_id": entry.idp_id, "so_id": entry.so_id, "session_id": entry.session_id, "agent": agent,
             "principal": entry.principal, "step_sequence": entry.step_sequence,
-            "executed_action": rep.executed_action, "idp_submitted_seq": entry.submitted_seq,
+            "executed_action": rep.executed_action, "executed_action_source": EXECUTED_ACTION_SOURCE,
+            "idp_submitted_seq": entry.submitted_seq,
             "effect": {"type": eff.type, "status": status, "external_ref": eff.external_ref,
                        "irreversibility_class": eff.irreversibility_class,
                        "request_digest": json_digest(eff.request) if eff.request is not None else None,
@@ -167,12 +187,14 @@ class TransitionReports:
             "match_result": "MATCHED" if matched else "IDP_COMMITMENT_GAP",
             "requested_action": entry.requested_action,
             "executed_action": rep.executed_action,
+            "executed_action_source": EXECUTED_ACTION_SOURCE,
             "kid": self.key.kid,
         }
         # spec 003 §5.5.1: Ed25519 over the canonical serialization of all other fields.
         record["kernel_signature"] = b64url(self.key.sign(rfc8785.dumps(record)))
         etype = "IDP_COMMITMENT_VERIFIED" if matched else "IDP_COMMITMENT_GAP"
-        vbody: dict[str, Any] = {"record": record, "so_id": entry.so_id, "session_id": entry.session_id, "agent": agent}
+        vbody: dict[str, Any] = {"record": record, "so_id": entry.so_id, "session_id": entry.session_id, "agent": agent,
+                                 "executed_action_source": EXECUTED_ACTION_SOURCE}
         if not matched:
             vbody["alert"] = {"severity": "CRITICAL", "alert_trigger": "IDP_COMMITMENT_GAP"}
         vev = await self.eventlog.append(etype, vbody, msg_id=stable_id(etype, entry.so_id.lower(), entry.idp_id.lower()), traceparent=tp)
@@ -199,7 +221,8 @@ class TransitionReports:
         eff = rep.effect
         status, reported = recorded_status(eff.status, resp_digest)
         details: dict[str, Any] = {"effect_attestation": "runtime_claimed", "match_result": record["match_result"],
-                                   "executed_action": rep.executed_action, "requested_action": entry.requested_action}
+                                   "executed_action": rep.executed_action, "requested_action": entry.requested_action,
+                                   "executed_action_source": EXECUTED_ACTION_SOURCE}
         if resp_digest:
             details["response_digest"] = resp_digest
         if reported is not None:
@@ -224,20 +247,26 @@ class TransitionReports:
         await self.publisher.verdict(v)
 
     async def _refuse_transition(
-        self, agent: str, rep: TransitionReport | None, why: str, msg_seq: int, tp: str | None
+        self, agent: str, rep: TransitionReport | None, why: str, msg_seq: int, tp: str | None,
+        *, code: str = "TRANSITION_REFUSED", alert: dict[str, Any] | None = None,
     ) -> str:
         key = stable_id("TRANSITION_REFUSED", agent, str(msg_seq))
-        body = {"agent": agent, "reason": why, "inbound_seq": msg_seq,
-                "idp_id": rep.idp_id if rep else None, "executed_action": rep.executed_action if rep else None}
+        body: dict[str, Any] = {"agent": agent, "reason": why, "inbound_seq": msg_seq,
+                                "idp_id": rep.idp_id if rep else None, "executed_action": rep.executed_action if rep else None,
+                                "executed_action_source": EXECUTED_ACTION_SOURCE}
+        if code != "TRANSITION_REFUSED":
+            body["code"] = code
+        if alert is not None:
+            body["alert"] = alert  # a finding: the audit record lists it under alerts
         await self.eventlog.append("TRANSITION_REFUSED", body, msg_id=key, traceparent=tp)
-        log.warning("transition refused", agent=agent, reason=why, idp_id=body["idp_id"])
+        (log.critical if alert else log.warning)("transition refused", agent=agent, reason=why, idp_id=body["idp_id"], code=code)
         await self.publisher.verdict(
             Verdict(
                 verdict_id=stable_id("idp-transition-refused", key), verdict_class="denied", decision="reject",
                 approver="policy", human_disposed=False, ts=now_rfc3339(), agent=agent,
                 action_type=(rep.executed_action if rep else "idp.transition"), action_id=(rep.idp_id if rep else key),
                 idp_id=rep.idp_id if rep else None, traceparent=tp,
-                reason=Refusal(code="TRANSITION_REFUSED", reason=why),
+                reason=Refusal(code=code, reason=why),
             )
         )
         return f"refused:{why}"
