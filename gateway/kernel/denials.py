@@ -87,9 +87,15 @@ class Denials:
         sess, _ = await self.state.session(agent, idp.session_id)
         threshold = self.cfg.mismatch_hem_threshold
         escalate = bool(threshold) and self.cfg.hem_enabled and len(sess.mismatches) >= threshold and sess.state == "ACTIVE"
+        # hem_available is false (spec 003 §6.2: "whether the agent may trigger HEM by
+        # resubmitting with hem_urgency: REQUIRED"): it may not. A resubmission naming
+        # the same wrong mission fails the same §5.2(g) check, which precedes Cedar and
+        # HEM; a human is not asked to approve an action declared under a mission its
+        # mandate does not name. The agent corrects mission_ref; repeated mismatches
+        # reach a human through the threshold below.
         res = await self._deny(
             agent, idp, m, "IDP_MISSION_REF_MISMATCH", idp_raw, available=[],
-            hem_available=self.cfg.hem_enabled and not escalate and sess.state == "ACTIVE", tp=tp, mismatch=detail,
+            hem_available=False, tp=tp, mismatch=detail,
         )
         if escalate:
             # spec 003 §5.2(g): HEM_AGENT_ESCALATED after the configured number of mismatches.
