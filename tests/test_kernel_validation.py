@@ -340,14 +340,20 @@ async def test_pii_rejected_when_configured(env: Env) -> None:
 
 
 async def test_hem_required_blocks_session(env: Env) -> None:
-    """hem_urgency REQUIRED puts the session in HEM_PENDING even when Cedar permits; later steps get HEM_PENDING denies (spec 003 §4.4)."""
+    """hem_urgency REQUIRED puts the session in HEM_PENDING even when Cedar permits; later steps get HEM_PENDING denies
+    (spec 003 §4.4), in a new session of the same mandate too; the agent's work on another governed object goes on."""
     r = await env.send(env.idp(1, hem_urgency="REQUIRED"))
     assert isinstance(r, HemPending) and r.trigger == "HEM_URGENCY_REQUIRED"
     esc = (await read_log(env.js, "HEM_ESCALATED"))[0][1].body
     assert esc["cedar"] == "PERMIT"
     r2 = await env.send(env.idp(2, "ReadBooking"))
     assert isinstance(r2, EnrichedDeny) and r2.deny_code == "HEM_PENDING" and r2.hem_available is False
-    assert isinstance(await env.send(env.idp(1, "ReadBooking", session="other")), Permit)
+    r3 = await env.send(env.idp(1, "ReadBooking", session="other"))
+    assert isinstance(r3, EnrichedDeny) and r3.deny_code == "HEM_PENDING"
+    other_so = str(uuid.uuid4())
+    token, jti = env.issuer.mandate(agent=AGENT, so_id=other_so)
+    elsewhere = idp(so_id=other_so, mandate_id=jti, step=1, action="ReadBooking", session="other")
+    assert isinstance(await env.send(elsewhere, mandate=token), Permit)
 
 
 async def test_resubmission_after_deny_escalates(env: Env) -> None:
