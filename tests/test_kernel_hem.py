@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from gateway.kernel.service import KernelService
+from gateway.kernel.state import session_key
 from subjects.client import Agent, Surface
 from subjects.idp import EnrichedDeny, HemPending, Permit, Reject
 from subjects.util import stable_id
@@ -421,3 +422,45 @@ async def test_a_second_report_past_the_duplicate_window_is_a_critical_finding(e
     assert len(verified) == len(transitioned)
     blocked = await env.send(env.idp(2, "ReadBooking"))
     assert isinstance(blocked, EnrichedDeny) and blocked.deny_code == "HEM_PENDING"
+
+
+async def test_the_hold_is_rebuilt_from_the_log(make_config: Any, nc: Any, tmp_path: Path) -> None:
+    """With PGW_KERNEL lost, the rebuild from the log holds a new session of the escalated object again, and after the
+    principal's deny it rebuilds the mandate's termination (spec 003 §8.4, §5.5.2)."""
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = make_config(
+        kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))},
+        agents={AGENT: {"principals": [PRINCIPAL]}},
+    )
+    watch = LogWatch()
+    await watch.start(nc)
+    js = nc.jetstream()
+    async with running_gateway(cfg, nc) as gw:
+        env = Env(nc, gw, issuer, watch)
+        [item] = await _gaps(env, 1)
+    await js.delete_key_value("PGW_KERNEL")
+    async with running_gateway(cfg, nc):
+        held = await env.send(env.idp(1, "ReadBooking", session="s-new"))
+        assert isinstance(held, EnrichedDeny) and held.deny_code == "HEM_PENDING", held
+        assert (await Surface(nc, PRINCIPAL).resolve(item.moment_id, OptionChoice(index=1))).status == "accepted"
+        await watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["moment_id"] == item.moment_id)
+    await js.delete_key_value("PGW_KERNEL")
+    async with running_gateway(cfg, nc):
+        r = await env.send(env.idp(1, "ReadBooking", session="s-newer"))
+        assert isinstance(r, Reject) and r.error_code == "SESSION_TERMINATED", r
+
+
+async def test_a_session_stored_before_queues_is_held_and_settled(env: Env) -> None:
+    """A session record written before escalations queued (HEM_PENDING with one hem_moment_id, no hem_queue) still
+    denies HEM_PENDING, and the answer to its moment is logged and frees it."""
+    kernel = next(p for p in env.gw.parts if isinstance(p, KernelService))
+    idp_id, moment_id = str(uuid.uuid4()), stable_id("hem", "legacy")
+    legacy = {"agent": AGENT, "session_id": "s-old", "last_step": 1, "state": "HEM_PENDING", "hem_idp_id": idp_id,
+              "hem_moment_id": moment_id, "hem_trigger": "HEM_URGENCY_REQUIRED", "hem_principal": PRINCIPAL}
+    await kernel.state.kv.put(session_key(AGENT, "s-old"), msgspec.json.encode(legacy))
+    r = await env.send(env.idp(2, "ReadBooking", session="s-old"))
+    assert isinstance(r, EnrichedDeny) and r.deny_code == "HEM_PENDING", r
+    await kernel._apply_hem(AGENT, "s-old", idp_id, moment_id, "deny")
+    resolved = await env.watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["moment_id"] == moment_id)
+    assert resolved["body"]["decision"] == "deny"
+    assert isinstance(await env.send(env.idp(2, "ReadBooking", session="s-old")), Permit)
