@@ -163,11 +163,14 @@ class Denials:
         except Exception:
             log.exception("could not apply HEM decision", moment_id=record.moment_id)
 
-    async def _apply_hem(self, agent: str, session_id: str, idp_id: str, moment_id: str, decision: str) -> SessionEntry:
+    async def _apply_hem(
+        self, agent: str, session_id: str, idp_id: str, moment_id: str, decision: str, held: HemHold | None = None,
+    ) -> SessionEntry:
         """Log and act on a human's answer to one moment of the session's queue (spec 003
-        §5.5.2): every answer, whichever moment it is and however many are queued."""
+        §5.5.2): every answer, whichever moment it is and however many are queued. ``held``:
+        the moment as the object's hold has it, for one its session does not list."""
         sess, _ = await self.state.session(agent, session_id)
-        held = next((h for h in sess.hem_queue if h.moment_id == moment_id), None)
+        held = next((h for h in sess.hem_queue if h.moment_id == moment_id), held)
         if held is None:
             return sess
         so_id = await self.state.so_of(agent, idp_id) if held.trigger != "MISSION_REF_MISMATCH_THRESHOLD" else None
@@ -195,7 +198,7 @@ class Denials:
             if found and found[0].status in ("resolved", "expired"):
                 rec = found[0]
                 decision = hem_decision_of(rec.resolution) if rec.status == "resolved" else "expired"
-                await self._apply_hem(agent, h.session_id, h.idp_id, h.moment_id, decision)
+                await self._apply_hem(agent, h.session_id, h.idp_id, h.moment_id, decision, held=h)
                 applied = True
         return applied
 
