@@ -46,7 +46,14 @@ from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.policy import PolicyEngine, idp_context
 from gateway.kernel.received import commit_received, commit_refused
 from gateway.kernel.revocation import Revocations
-from gateway.kernel.state import ConflictError, HoldEntry, IdpEntry, KernelState, SessionEntry, bump_step
+from gateway.kernel.state import (
+    ConflictError,
+    HoldEntry,
+    IdpEntry,
+    KernelState,
+    SessionEntry,
+    bump_step,
+)
 from gateway.kernel.transitions import TransitionReports
 from gateway.kernel.validation import RefusalError, RequestValidation
 from pgwcore.keys import load_or_create
