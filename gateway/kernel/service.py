@@ -12,10 +12,12 @@
   ``IDP_COMMITMENT_GAP`` (§5.5), and a verdict; the message is acked only
   after all of them are durably published. Every publish has a
   deterministic ``Nats-Msg-Id``, so a redelivery doubles nothing.
-* HEM (§4.4, §5.5.2, §6.3): the session enters HEM_PENDING, the mandate's
-  principal gets a binding moment through the moment desk, and the answer
-  (``on_hem_decision``) settles the session; an approval lets exactly that
-  idp_id transition once.
+* HEM (§4.4, §5.5.2, §6.3): the session enters HEM_PENDING, and so does
+  every other session of the agent on the governed object (the object's
+  hold, ``state.HoldEntry``); the mandate's principal gets a binding moment
+  through the moment desk, escalations queue, and each answer
+  (``on_hem_decision``) is logged and settles its moment; an approval lets
+  exactly that idp_id transition once.
 
 This module is the service and the request path (serve, validate, reserve
 the step, decide, commit); the other three ideas live beside it as mixins of

@@ -3,7 +3,8 @@
 Split from ``gateway.kernel.service`` (issue 18): the durable pull consumer
 ``pgw-kernel`` on ``PGW_INBOUND`` and what each report becomes
 (``STATE_TRANSITIONED``, then ``IDP_COMMITMENT_VERIFIED`` or
-``IDP_COMMITMENT_GAP``, and a verdict). The methods run on
+``IDP_COMMITMENT_GAP``, and a verdict; a second, different report of one
+IDP is a critical finding, never a second ``STATE_TRANSITIONED``). The methods run on
 :class:`gateway.kernel.service.KernelService`, whose state they share.
 """
 
