@@ -230,13 +230,26 @@ async def test_mission_ref_mismatch_then_hem(env: Env) -> None:
     r = await env.send(env.idp(1, mission_ref=wrong))
     assert isinstance(r, EnrichedDeny) and r.deny_code == "IDP_MISSION_REF_MISMATCH"
     assert r.mismatch_detail.expected_mission_ref == mission and r.mismatch_detail.submitted_mission_ref == wrong
-    assert r.hem_available is True
+    assert r.hem_available is False  # a resubmission with hem_urgency REQUIRED would fail (g) again (spec 003 §6.2)
     assert len(await read_log(env.js, "IDP_MISSION_REF_MISMATCH_REJECTED")) == 1
     r2 = await env.send(env.idp(1, mission_ref=wrong))
     assert isinstance(r2, EnrichedDeny) and r2.hem_available is False
     assert len(await read_log(env.js, "HEM_ESCALATED")) == 1
     r3 = await env.send(env.idp(1, mission_ref=mission))
     assert isinstance(r3, EnrichedDeny) and r3.deny_code == "HEM_PENDING"
+
+
+async def test_mission_ref_mismatch_promises_no_hem(env: Env) -> None:
+    """A mission_ref mismatch DENY says hem_available false, and it is true: resubmitting with hem_urgency REQUIRED
+    gets the same DENY and no HEM (spec 003 §6.2, §6.3: hem_available true would oblige the kernel to enter HEM)."""
+    mission, wrong = str(uuid.uuid4()), str(uuid.uuid4())
+    env.token, env.jti = env.issuer.mandate(agent=AGENT, so_id=env.so, mission_ref=mission)
+    r = await env.send(env.idp(1, mission_ref=wrong))
+    assert isinstance(r, EnrichedDeny) and r.deny_code == "IDP_MISSION_REF_MISMATCH"
+    assert r.hem_available is False
+    again = await env.send(env.idp(1, mission_ref=wrong, hem_urgency="REQUIRED"))
+    assert isinstance(again, EnrichedDeny) and again.deny_code == "IDP_MISSION_REF_MISMATCH" and again.hem_available is False
+    assert await read_log(env.js, "HEM_ESCALATED") == []
 
 
 async def test_mandate_scope(env: Env) -> None:
@@ -333,14 +346,20 @@ async def test_pii_rejected_when_configured(env: Env) -> None:
 
 
 async def test_hem_required_blocks_session(env: Env) -> None:
-    """hem_urgency REQUIRED puts the session in HEM_PENDING even when Cedar permits; later steps get HEM_PENDING denies (spec 003 §4.4)."""
+    """hem_urgency REQUIRED puts the session in HEM_PENDING even when Cedar permits; later steps get HEM_PENDING denies
+    (spec 003 §4.4), in a new session of the same mandate too; the agent's work on another governed object goes on."""
     r = await env.send(env.idp(1, hem_urgency="REQUIRED"))
     assert isinstance(r, HemPending) and r.trigger == "HEM_URGENCY_REQUIRED"
     esc = (await read_log(env.js, "HEM_ESCALATED"))[0][1].body
     assert esc["cedar"] == "PERMIT"
     r2 = await env.send(env.idp(2, "ReadBooking"))
     assert isinstance(r2, EnrichedDeny) and r2.deny_code == "HEM_PENDING" and r2.hem_available is False
-    assert isinstance(await env.send(env.idp(1, "ReadBooking", session="other")), Permit)
+    r3 = await env.send(env.idp(1, "ReadBooking", session="other"))
+    assert isinstance(r3, EnrichedDeny) and r3.deny_code == "HEM_PENDING"
+    other_so = str(uuid.uuid4())
+    token, jti = env.issuer.mandate(agent=AGENT, so_id=other_so)
+    elsewhere = idp(so_id=other_so, mandate_id=jti, step=1, action="ReadBooking", session="other")
+    assert isinstance(await env.send(elsewhere, mandate=token), Permit)
 
 
 async def test_resubmission_after_deny_escalates(env: Env) -> None:

@@ -12,10 +12,12 @@
   ``IDP_COMMITMENT_GAP`` (§5.5), and a verdict; the message is acked only
   after all of them are durably published. Every publish has a
   deterministic ``Nats-Msg-Id``, so a redelivery doubles nothing.
-* HEM (§4.4, §5.5.2, §6.3): the session enters HEM_PENDING, the mandate's
-  principal gets a binding moment through the moment desk, and the answer
-  (``on_hem_decision``) settles the session; an approval lets exactly that
-  idp_id transition once.
+* HEM (§4.4, §5.5.2, §6.3): the session enters HEM_PENDING, and so does
+  every other session of the agent on the governed object (the object's
+  hold, ``state.HoldEntry``); the mandate's principal gets a binding moment
+  through the moment desk, escalations queue, and each answer
+  (``on_hem_decision``) is logged and settles its moment; an approval lets
+  exactly that idp_id transition once.
 
 This module is the service and the request path (serve, validate, reserve
 the step, decide, commit); the other three ideas live beside it as mixins of
@@ -46,7 +48,14 @@ from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.policy import PolicyEngine, idp_context
 from gateway.kernel.received import commit_received, commit_refused
 from gateway.kernel.revocation import Revocations
-from gateway.kernel.state import ConflictError, IdpEntry, KernelState, SessionEntry, bump_step
+from gateway.kernel.state import (
+    ConflictError,
+    HoldEntry,
+    IdpEntry,
+    KernelState,
+    SessionEntry,
+    bump_step,
+)
 from gateway.kernel.transitions import EXECUTION_CONTEXT, TransitionReports
 from gateway.kernel.validation import RefusalError, RequestValidation
 from pgwcore.keys import load_or_create
@@ -267,19 +276,20 @@ class KernelService(RequestValidation, Denials, TransitionReports):
     async def _session(
         self, agent: str, session_id: str, read: tuple[SessionEntry, int] | None = None
     ) -> tuple[SessionEntry, int | None]:
-        """The session, settling a HEM decision the desk holds; revision None if settled here."""
+        """The session, settling the HEM decisions the desk holds for its queue; revision None if settled here."""
         sess, rev = read or await self.state.session(agent, session_id)
-        if sess.state == "HEM_PENDING" and sess.hem_moment_id and sess.hem_principal:
-            # The desk may have resolved the moment before our callback ran.
-            found = await self.desk.get(sess.hem_principal, sess.hem_moment_id)
-            if found and found[0].status in ("resolved", "expired"):
-                from gateway.moment_record import hem_decision_of
-
-                rec = found[0]
-                decision = hem_decision_of(rec.resolution) if rec.status == "resolved" else "expired"
-                sess = await self._apply_hem(agent, session_id, sess.hem_idp_id or "", rec.moment_id, decision)
-                return sess, None
+        # The desk may have resolved a moment before our callback ran.
+        if sess.hem_queue and await self._settle_decided(agent, list(sess.hem_queue)):
+            sess, _ = await self.state.session(agent, session_id)
+            return sess, None
         return sess, rev
+
+    async def _hold(self, agent: str, so_id: str, read: tuple[HoldEntry, int]) -> HoldEntry:
+        """The hold of the agent's governed object (spec 003 §4.4, §5.5.2), settling decided moments."""
+        hold = read[0]
+        if hold.pending and await self._settle_decided(agent, list(hold.pending)):
+            hold, _ = await self.state.hold(agent, so_id)
+        return hold
 
     # after validation: commit, then Cedar ------------------------------------
     async def _decide(
@@ -385,7 +395,7 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             entry.moment_id = self._moment_id("HEM_URGENCY_REQUIRED", idp)
             await self._put_entry(entry)
             moment_id, _seq = await self._escalate(
-                agent=agent, principal=m.principal, idp=idp, trigger="HEM_URGENCY_REQUIRED",
+                agent=agent, principal=m.principal, idp=idp, trigger="HEM_URGENCY_REQUIRED", mandate_id=m.jti,
                 cedar="PERMIT" if allowed else "DENY", tp=tp,
             )
             return HemPending(

@@ -3,7 +3,8 @@
 Split from ``gateway.kernel.service`` (issue 18): the durable pull consumer
 ``pgw-kernel`` on ``PGW_INBOUND`` and what each report becomes
 (``STATE_TRANSITIONED``, then ``IDP_COMMITMENT_VERIFIED`` or
-``IDP_COMMITMENT_GAP``, and a verdict). The methods run on
+``IDP_COMMITMENT_GAP``, and a verdict; a second, different report of one
+IDP is a critical finding, never a second ``STATE_TRANSITIONED``). The methods run on
 :class:`gateway.kernel.service.KernelService`, whose state they share.
 """
 
@@ -19,7 +20,7 @@ import structlog
 from nats.errors import TimeoutError as NatsTimeout
 from prometheus_client import Counter
 
-from gateway.kernel.eventlog import EventLog
+from gateway.kernel.eventlog import Appended, EventLog
 from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.state import IdpEntry, KernelState
 from pgwcore.logs import get_logger
@@ -32,7 +33,7 @@ from subjects.idp import (
     json_digest,
 )
 from subjects.util import now_rfc3339, stable_id
-from subjects.wire import Refusal, ReportedEffect, Verdict
+from subjects.wire import BindingMoment, Refusal, ReportedEffect, Verdict
 
 log = get_logger("pgw.kernel")
 
@@ -44,6 +45,12 @@ EXECUTED_ACTION_SOURCE = "agent_reported"
 # What Cedar sees of it (context.execution): a policy may require the gate.
 EXECUTION_CONTEXT = {"gated": False, "executed_action_source": EXECUTED_ACTION_SOURCE}
 
+SECOND_REPORTS = Counter(
+    "pgw_idp_second_reports_total",
+    "Second, different transition reports for one IDP: CRITICAL findings (spec 003 §5.3, §5.5.2)",
+    ["agent"],
+    registry=REGISTRY,
+)
 COMMITMENT_GAPS = Counter(
     "pgw_idp_commitment_gaps_total",
     "IDP_COMMITMENT_GAP findings: CRITICAL audit alerts (spec 003 §5.5.2)",
@@ -68,6 +75,19 @@ def recorded_status(reported: str, response_digest: str | None) -> tuple[str, st
     if reported == "confirmed" and response_digest is None:
         return "dispatched", reported
     return reported, None
+
+
+def _second_report_moment(
+    moment: BindingMoment, agent: str, session_id: str, declared: str, first: Any, second: str
+) -> BindingMoment:
+    """The HEM moment of a second report: what happened, in the moment ``hem_moment`` built."""
+    synopsis = (f"Agent {agent} declared {declared[:100]} once, reported executing {str(first)[:100]}, "
+                f"then reported executing {second[:100]} for the same declared step.")
+    because = "Escalated because the agent reported a second transition for one declared step (no declaration covers it)."
+    findings = [because, *(f for f in moment.findings if not f.startswith("Escalated because"))]
+    stem = f"Should agent {agent} be allowed to continue session {session_id[:64]}?"
+    question = msgspec.structs.replace(moment.question, stem=stem)
+    return msgspec.structs.replace(moment, synopsis=synopsis, findings=findings, question=question)
 
 
 class TransitionReports:
@@ -172,12 +192,20 @@ class TransitionReports:
         }
         if reported is not None:
             st_body["effect"]["status_reported"] = reported
-        st_id = stable_id("STATE_TRANSITIONED", entry.so_id.lower(), entry.idp_id.lower())
-        st = await self.eventlog.append("STATE_TRANSITIONED", st_body, msg_id=st_id, traceparent=tp)
-        if st.duplicate and st.event.body.get("report_digest") != report_digest:
-            return await self._refuse_transition(agent, rep, "a transition was already reported for this IDP", msg_seq, tp)
-        if entry.status == "transitioned" and not st.duplicate and entry.transition_seq not in (None, st.seq):
-            return await self._refuse_transition(agent, rep, "a transition was already reported for this IDP", msg_seq, tp)
+        # spec 003 §5.3, §5.5: every STATE_TRANSITIONED is followed by its verification, so
+        # whether this IDP was reported already is decided before anything is appended,
+        # not by the log's duplicate window (past it, an append would succeed).
+        first = await self._reported(entry)
+        if first is not None:
+            if first.event.body.get("report_digest") != report_digest:
+                return await self._reported_twice(agent, rep, entry, first, report_digest, msg_seq, tp)
+            st = first  # the same report again (a redelivery): finish it, append nothing twice
+        else:
+            st_id = stable_id("STATE_TRANSITIONED", entry.so_id.lower(), entry.idp_id.lower())
+            st = await self.eventlog.append("STATE_TRANSITIONED", st_body, msg_id=st_id, traceparent=tp)
+            if st.duplicate and st.event.body.get("report_digest") != report_digest:
+                # Another report of this IDP was logged first (a concurrent one).
+                return await self._reported_twice(agent, rep, entry, st, report_digest, msg_seq, tp)
         matched = rep.executed_action == entry.requested_action  # spec 003 §5.5.3: string-exact
         record: dict[str, Any] = {
             "idp_id": entry.idp_id,
@@ -197,9 +225,13 @@ class TransitionReports:
                                  "executed_action_source": EXECUTED_ACTION_SOURCE}
         if not matched:
             vbody["alert"] = {"severity": "CRITICAL", "alert_trigger": "IDP_COMMITMENT_GAP"}
-        vev = await self.eventlog.append(etype, vbody, msg_id=stable_id(etype, entry.so_id.lower(), entry.idp_id.lower()), traceparent=tp)
+        if entry.verification_seq is not None:
+            vev = Appended(entry.verification_seq, await self.eventlog.get(entry.verification_seq), True)
+        else:
+            vev = await self.eventlog.append(etype, vbody, msg_id=stable_id(etype, entry.so_id.lower(), entry.idp_id.lower()), traceparent=tp)
         record = vev.event.body["record"]
-        await self.state.advance_idp(entry.so_id, entry.idp_id, "transitioned", transition_seq=st.seq)
+        await self.state.advance_idp(entry.so_id, entry.idp_id, "transitioned", transition_seq=st.seq,
+                                     verification_seq=vev.seq)
         # A Cedar permit with CEDAR_PERMIT_RECORDED has no PGW_KERNEL_OPEN key (overdue.py).
         await self.overdue.closed(entry.so_id, entry.idp_id,
                                   keyed=entry.status == "hem_approved" or not self.cfg.log_permits)
@@ -210,9 +242,48 @@ class TransitionReports:
             sub_ev = await self.eventlog.get(entry.submitted_seq)
             idp = decode_idp(sub_ev.body["idp"])
             await self._escalate(agent=agent, principal=entry.principal, idp=idp, trigger="IDP_COMMITMENT_GAP",
-                                 verification=record, tp=tp)
+                                 mandate_id=entry.mandate_id, verification=record, tp=tp)
         await self._transition_verdict(agent, entry, rep, resp_digest, record, tp)
         return "verified" if matched else "gap"
+
+    async def _reported(self, entry: IdpEntry) -> Appended | None:
+        """The STATE_TRANSITIONED already logged for this IDP, or None."""
+        if entry.status != "transitioned" or entry.transition_seq is None:
+            return None
+        return Appended(entry.transition_seq, await self.eventlog.get(entry.transition_seq), True)
+
+    async def _reported_twice(
+        self, agent: str, rep: TransitionReport, entry: IdpEntry, first: Appended, report_digest: str,
+        msg_seq: int, tp: str | None,
+    ) -> str:
+        """A second, different transition reported for one declared step: no STATE_TRANSITIONED
+        is written for it (spec 003 §5.3: one declaration, one transition), and it is a
+        critical finding like a commitment gap (§5.5.2): logged as such (``TRANSITION_REFUSED``
+        with a CRITICAL alert), a ``critical`` log line and metric, and HEM for the session."""
+        why = "a transition was already reported for this IDP"
+        first_action = first.event.body.get("executed_action")
+        alert = {"severity": "CRITICAL", "alert_trigger": "TRANSITION_REPORTED_TWICE"}
+        await self._refuse_transition(agent, rep, why, msg_seq, tp, extra={
+            "so_id": entry.so_id, "session_id": entry.session_id, "requested_action": entry.requested_action,
+            "first_transition_seq": first.seq, "first_executed_action": first_action,
+            "report_digest": report_digest, "alert": alert,
+        })
+        SECOND_REPORTS.labels(agent=agent).inc()
+        log.critical("TRANSITION_REPORTED_TWICE", agent=agent, idp_id=entry.idp_id, first_executed=first_action,
+                     executed=rep.executed_action[:200], alert_trigger="TRANSITION_REPORTED_TWICE")
+        idp = decode_idp((await self.eventlog.get(entry.submitted_seq)).body["idp"])
+
+        def retell(moment: BindingMoment) -> BindingMoment:
+            return _second_report_moment(moment, agent, idp.session_id, entry.requested_action, first_action,
+                                         rep.executed_action)
+
+        await self._escalate(
+            agent=agent, principal=entry.principal, idp=idp, trigger="TRANSITION_REPORTED_TWICE",
+            mandate_id=entry.mandate_id, tp=tp, retell=retell,
+            moment_id=stable_id("hem", "TRANSITION_REPORTED_TWICE", entry.so_id.lower(), entry.idp_id.lower(), report_digest),
+            extra={"executed_action": rep.executed_action, "first_transition_seq": first.seq},
+        )
+        return f"refused:{why}"
 
     async def _transition_verdict(
         self, agent: str, entry: IdpEntry, rep: TransitionReport, resp_digest: str | None,
@@ -249,11 +320,12 @@ class TransitionReports:
     async def _refuse_transition(
         self, agent: str, rep: TransitionReport | None, why: str, msg_seq: int, tp: str | None,
         *, code: str = "TRANSITION_REFUSED", alert: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> str:
         key = stable_id("TRANSITION_REFUSED", agent, str(msg_seq))
         body: dict[str, Any] = {"agent": agent, "reason": why, "inbound_seq": msg_seq,
                                 "idp_id": rep.idp_id if rep else None, "executed_action": rep.executed_action if rep else None,
-                                "executed_action_source": EXECUTED_ACTION_SOURCE}
+                                "executed_action_source": EXECUTED_ACTION_SOURCE, **(extra or {})}
         if code != "TRANSITION_REFUSED":
             body["code"] = code
         if alert is not None:

@@ -9,6 +9,7 @@ they share.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -167,8 +168,11 @@ class RequestValidation:
         # re-checks it); any other is read fresh, so every refusal below is
         # decided on the session as stored.
         cached = self.state.cached_session(agent, idp.session_id, idp.step_sequence)
-        known, reported, fresh = await self.state.validation_reads(
-            agent, idp.so_id, idp.idp_id, idp.session_id if cached is None else None
+        # The hold of the governed object (spec 003 §4.4, §5.5.2: a HEM block or a
+        # termination holds every session of the agent on it) is read alongside.
+        (known, reported, fresh), hold_read = await asyncio.gather(
+            self.state.validation_reads(agent, idp.so_id, idp.idp_id, idp.session_id if cached is None else None),
+            self.state.hold(agent, idp.so_id),
         )
         read = fresh if fresh is not None else cached
         assert read is not None
@@ -187,10 +191,13 @@ class RequestValidation:
             read = await self.state.session(agent, idp.session_id)
         # (f) step_sequence strictly increasing per session
         sess, rev = await self._session(agent, idp.session_id, read)
-        if sess.state == "TERMINATED":
+        hold = await self._hold(agent, idp.so_id, hold_read)
+        # A termination ends the session and its mandate: every other session under
+        # that mandate is refused too, not only the one that was escalated.
+        if sess.state == "TERMINATED" or mandate.jti in hold.terminated:
             await commit_received(
                 self, self._submitted_body(agent, idp_raw, idp, mandate, resource, pii, now_rfc3339()),
-                session_state=sess.state, code="SESSION_TERMINATED", moment_id=sess.hem_moment_id, tp=None,
+                session_state="TERMINATED", code="SESSION_TERMINATED", moment_id=sess.hem_moment_id, tp=None,
             )
             raise self._reject("SESSION_TERMINATED", "this session was ended by its principal after a human escalation", idp_id=idp.idp_id)
         if idp.step_sequence <= sess.last_step:
@@ -202,5 +209,12 @@ class RequestValidation:
         # §7: IDP_THIN where the configuration does not accept it
         if isinstance(idp, IdpThin) and (not self.cfg.thin_accepted or idp.requested_action in self.cfg.thin_refused_actions):
             raise self._reject("IDP_THIN_NOT_ACCEPTED", f"{idp.requested_action} requires an IDP_STANDARD declaration (spec 003 §7)", idp_id=idp.idp_id)
+        if hold.pending and sess.state == "ACTIVE":
+            # A moment of another session of this agent on this governed object awaits a
+            # human: this session is held as if it were its own (spec 003 §4.4, §5.5.2). The
+            # view is only read (HEM_PENDING takes no step); it is never written.
+            h = hold.pending[0]
+            sess = msgspec.structs.replace(sess, state="HEM_PENDING", hem_moment_id=h.moment_id, hem_idp_id=h.idp_id,
+                                           hem_trigger=h.trigger, hem_principal=h.principal)
         return idp, mandate, resource, pii, (sess, rev)
 
