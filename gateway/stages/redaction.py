@@ -318,7 +318,41 @@ async def run(ctx: Ctx) -> None:
     ctx.payload = typed
     ctx.envelope_id = red_env.envelopeId
     ctx.correlation_id = red_env.correlationId
+    changed = [(name, path, was) for name, path, was, now in (
+        ("envelopeId", "$.envelopeId", env.envelopeId, red_env.envelopeId),
+        ("correlationId", "$.correlationId", env.correlationId, red_env.correlationId),
+    ) if was != now]
+    if changed:
+        raise identifier_redacted(changed)
     log.info("redacted secret material", envelope_id=ctx.envelope_id, agent=ctx.agent)
+
+
+ID_CODE = "identifier_redacted"
+
+
+def identifier_redacted(changed: list[tuple[str, str, str | None]]) -> Refuse:
+    """An id that held secret material (or invisible characters) is refused, not rewritten.
+
+    The ids are the keys of dedup (spec 002 "Replay determinism") and the
+    agent's way to match its outcome. Keyed on the redacted text, two ids
+    differing only inside a ``secret:`` token would be one correlationId (the
+    second envelope answered with the first's outcome); echoed as written,
+    the secret would reach the outcome (spec 002 "Redaction": not in "any
+    error envelope returned to the client"). So the envelope is refused; each
+    detail gives the sha256 of the id as sent, so the agent can still tell
+    which of its envelopes this outcome answers.
+    """
+    import hashlib
+
+    names = " and ".join(n for n, _, _ in changed)
+    return Refuse(
+        ID_CODE,
+        f"{names} held secret material or invisible characters; re-emit with an id that holds neither",
+        details=[Detail(
+            message=f"sha256 of the {name} as sent: {hashlib.sha256((was or '').encode('utf-8', 'surrogatepass')).hexdigest()}",
+            path=path, rule="redaction",
+        ) for name, path, was in changed],
+    )
 
 
 __all__ = ["MARK", "MIN_SECRET", "Redactor", "fast_skeleton", "run", "skeleton"]
