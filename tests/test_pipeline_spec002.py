@@ -241,3 +241,53 @@ async def test_a_refused_correlation_id_may_be_reused_with_another_type(nats_ser
         other = await rec.roundtrip("planner", env("schema.response", {"envelopeType": "error", "ack": True},
                                                    correlation_id="c-fix"))
         assert other.code == "envelope_correlation_conflict"
+
+
+# -- rows of docs/conformance.md that had no test of their own ----------------------------------
+
+
+def test_stages_run_in_the_spec_order():
+    """The pipeline's stages are shape, kind, payload, contract, limits, redaction, trust, dedup, in that order
+    (spec 002 "Production flow": the ordering is normative); routing follows them."""
+    from gateway.pipeline import STAGES
+
+    assert [s.__module__.rsplit(".", 1)[-1] for s in STAGES] == [
+        "shape", "kind", "payload", "contract", "limits", "redaction", "trust", "dedup"]
+
+
+async def test_a_turn_is_processed_in_array_order(nats_server, tmp_path, rec):
+    """Two envelopes of one turn sharing a correlationId: the first in the array is accepted and the second,
+    of another type, is the correlation conflict, whichever type comes first (spec 002 "Wire serialization")."""
+    async with running_gateway(nats_server, str(tmp_path / "d")):
+        for n, order in enumerate((("error", "schema.response"), ("schema.response", "error"))):
+            payloads = {"error": {"code": "x", "message": "y"}, "schema.response": {"envelopeType": "error", "ack": True}}
+            turn = [env(t, payloads[t], correlation_id=f"c-order-{n}") for t in order]
+            await rec.send("planner", turn)
+            first, second = [await rec.outcome(e["envelopeId"]) for e in turn]
+            assert (first.status, first.type) == ("accepted", order[0])
+            assert second.code == "envelope_correlation_conflict"
+
+
+@pytest.mark.parametrize("type_, payload", [
+    ("clarification.request", {"questions": [{"id": "q", "question": "Which?"}]}),
+    ("schema.request", {"envelopeType": "error"}),
+    ("error", {"code": "x", "message": "y"}),
+])
+async def test_universal_payloads_take_an_optional_reasoning(nats_server, tmp_path, rec, type_, payload):
+    """The universal kinds whose official schema has reasoning accept it, as a string or null, and accept its absence
+    (spec 002 "Reasoning field")."""
+    async with running_gateway(nats_server, str(tmp_path / "d")):
+        for reasoning in ("Because the ledger has two accounts.", None, "absent"):
+            p = dict(payload) if reasoning == "absent" else {**payload, "reasoning": reasoning}
+            o = await rec.roundtrip("planner", env(type_, p), headers=ALICE, official=reasoning is not None)
+            assert o.__struct_config__.tag == "schema" or o.status == "accepted", (reasoning, o)
+
+
+def test_no_published_schema_uses_one_of():
+    """No payload schema this host publishes expresses variants with oneOf (spec 002 "Variant payload
+    discrimination"): the tagged unions come out of msgspec as anyOf with a single-field discriminator."""
+    from gateway.stages.kind import BUILTIN_KINDS
+    from subjects.schemas import all_types, json_schema
+
+    docs = [k.schema() for k in BUILTIN_KINDS.values()] + [json_schema(t) for t in all_types()]
+    assert "oneOf" not in json.dumps(docs)
