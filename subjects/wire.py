@@ -28,7 +28,6 @@ from subjects.constraints import (
     OptionLabel,
     OptionReasoning,
     PrincipalToken,
-    ShortText,
     SlotText,
     Timestamp,
 )

@@ -41,6 +41,7 @@ a value) must not carry a secret downstream either.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -342,8 +343,6 @@ def identifier_redacted(changed: list[tuple[str, str, str | None]]) -> Refuse:
     detail gives the sha256 of the id as sent, so the agent can still tell
     which of its envelopes this outcome answers.
     """
-    import hashlib
-
     names = " and ".join(n for n, _, _ in changed)
     return Refuse(
         ID_CODE,
