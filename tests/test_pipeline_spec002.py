@@ -289,3 +289,15 @@ def test_no_published_schema_uses_one_of():
 
     docs = [k.schema() for k in BUILTIN_KINDS.values()] + [json_schema(t) for t in all_types()]
     assert "oneOf" not in json.dumps(docs)
+
+
+@pytest.mark.parametrize("hider", ["\b", "\f", "\x7f"])
+async def test_a_secret_token_split_by_a_control_character_is_redacted(nats_server, tmp_path, rec, hider):
+    """With no configured secrets, a secret: token split by a backspace, form feed or DEL (which the reader never
+    sees) is still redacted on its way to the principal: the fast "nothing to redact" check takes the walk for them."""
+    async with running_gateway(nats_server, str(tmp_path / "d")):
+        q = {"id": "q", "question": f"Use sec{hider}ret:tok-99-ALPHA for the refund?"}
+        o = await rec.roundtrip("planner", env("clarification.request", {"questions": [q]}), headers=ALICE)
+        assert o.status == "accepted"
+        item = await rec.item(lambda i: isinstance(i, ClarificationItem))
+        assert "tok-99-ALPHA" not in item.questions[0].question and "[REDACTED]" in item.questions[0].question

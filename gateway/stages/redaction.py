@@ -218,10 +218,13 @@ class Redactor:
         if self._needles:
             return False
         blob = msgspec.json.encode(obj)
-        # b"\\u00": JSON writes a control character (NUL, ...) as an escape; it must be
-        # dropped (visible()) and may hide a token ("sec\\u0000ret:"), so take the walk.
-        # (b"\\" first: one memchr proves the longer search unneeded for most bodies.)
-        return blob.isascii() and b"secret:" not in blob.lower() and (b"\\" not in blob or b"\\u00" not in blob)
+        # A control character must be dropped (visible()) and may hide a token
+        # ("sec\\bret:"), so take the walk: JSON writes most as b"\\u00..", backspace and
+        # form feed as b"\\b" / b"\\f", and DEL (0x7f) as itself. (b"\\" first: one
+        # memchr proves the longer searches unneeded for most bodies.)
+        if not blob.isascii() or b"secret:" in blob.lower() or b"\x7f" in blob:
+            return False
+        return b"\\" not in blob or (b"\\u00" not in blob and b"\\b" not in blob and b"\\f" not in blob)
 
     def graph(self, value: Any) -> Any:
         """A copy of a JSON graph with every string leaf and key redacted (``value`` itself if none changed)."""
