@@ -201,11 +201,13 @@ async def test_no_secret_in_any_downstream_byte(nats_server, tmp_path, nc, monke
             id_clar = every_string(env("clarification.request", {"questions": [{"id": "q", "question": "Which?"}]}), 1)
             id_schema = every_string(env("schema.request", {"envelopeType": "error"}), 2)
             id_discard = every_string(moment_env("alice", good_moment()), 3)
-            for e in (moment, clar, malformed, echo_kind, echo_trust, echo_err, id_clar, id_schema):
+            echo_meta = env("error", {"code": "x", "message": "y"})
+            echo_meta["meta"].update(ts=f"2026-01-01T00:00:00Z {SECRET}", source=ENV_SECRET)  # refused by shape
+            for e in (moment, clar, malformed, echo_kind, echo_trust, echo_err, id_clar, id_schema, echo_meta):
                 await rec.send("planner", e, official=False)  # secrets where the schemas forbid them, on purpose
             await rec.send("gated", id_discard, official=False)
             await rec.send("planner", None, msg_id="planner:dup", raw=dup_key)
-            await rec.until(lambda: len([o for o in rec.outcomes]) >= 10, timeout=20)
+            await rec.until(lambda: len([o for o in rec.outcomes]) >= 11, timeout=20)
             await rec.item(lambda i: isinstance(i, BindingMomentItem))
             await rec.item(lambda i: isinstance(i, ClarificationItem))
             notice = await rec.item(lambda i: isinstance(i, NoticeItem))
