@@ -97,11 +97,9 @@ async def run(ctx: Ctx) -> None:
     assert ctx.env is not None and ctx.correlation_id
     st = ctx.state
     kv = st.kv
-    # The schemaRounds check the limits stage left to us (limits.ROUNDS_DEFERRED).
+    # The schemaRounds check the limits stage left to us (limits.ROUNDS_DEFERRED). It is for
+    # this very correlationId: an id redaction would change was refused (identifier_redacted).
     rounds_for = ctx.extra.pop(limits.ROUNDS_DEFERRED, None)
-    if rounds_for is not None and rounds_for != ctx.correlation_id:
-        await limits.check_rounds(ctx, kv, rounds_for)  # redaction changed the id: no shortcut
-        rounds_for = None
     key = corr_key(ctx.agent, ctx.correlation_id)
     mine = _owner(ctx)
     deadline = time.monotonic() + WAIT_S
