@@ -48,6 +48,9 @@ class LimitsConfig(_Section):
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 1024 * 1024
     max_depth: Annotated[int, Meta(ge=4, le=512)] = 64
     max_string_chars: Annotated[int, Meta(ge=64)] = 64 * 1024
+    # A turn (JSON array) of more envelopes is refused whole (invalid_envelope_shape), one
+    # outcome: below it every envelope gets its own (spec 002 "Wire serialization").
+    max_turn_envelopes: Annotated[int, Meta(ge=1)] = 1024
 
 
 class AgentConfig(_Section):

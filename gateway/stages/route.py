@@ -52,6 +52,7 @@ def accepted(ctx: Ctx, **kw: object) -> EnvelopeOutcome:
         ts=now_rfc3339(),
         untrusted=ctx.untrusted,
         traceparent=ctx.turn.traceparent,
+        node_id=ctx.node_id,
         status="accepted",
         envelope_id=ctx.envelope_id,
         correlation_id=ctx.correlation_id,
@@ -156,6 +157,7 @@ async def binding_moment(ctx: Ctx) -> Outcome:
         untrusted=ctx.untrusted,
         expires_in_s=p.expires_in_s,
         traceparent=ctx.turn.traceparent,
+        node_id=ctx.node_id,
         details=details or None,
     )
     return accepted(ctx, moment_id=moment_id)
@@ -176,6 +178,7 @@ async def clarification(ctx: Ctx) -> Outcome:
         untrusted=ctx.untrusted,
         expires_in_s=ctx.gw.config.pipeline.clarification_expires_in_s,
         traceparent=ctx.turn.traceparent,
+        node_id=ctx.node_id,
         action_type="pgw.clarification",
     )
     return accepted(ctx, moment_id=moment_id)
@@ -205,6 +208,7 @@ async def schema_request(ctx: Ctx) -> Outcome:
         traceparent=ctx.turn.traceparent,
         envelope_id=ctx.envelope_id,
         correlation_id=ctx.correlation_id,
+        node_id=ctx.node_id,
         envelope_type=spec.name,
         schema_version=spec.schema_version,
         schema=spec.schema(),
@@ -290,6 +294,7 @@ def _authorization_item(ctx: Ctx, principal: str, item_id: str, workflow_id: str
         created_at=now_rfc3339(),
         untrusted=ctx.untrusted,
         traceparent=ctx.turn.traceparent,
+        node_id=ctx.node_id,
         item_id=item_id,
         envelope_id=ctx.envelope_id or "",
         workflow_id=workflow_id,
