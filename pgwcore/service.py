@@ -6,8 +6,8 @@ everything. ``run_services`` wires several with an AsyncExitStack, waits for
 a stop event, drains them in reverse order and logs-and-continues past a
 drain step that fails.
 
-Services that ``pgw up`` runs are listed in ``UP_SERVICES``: name -> factory
-``(config, nc) -> Service``. A module that adds a service appends to it.
+The platform names no service: the list ``pgw up`` runs (``UP_SERVICES``, name ->
+factory ``(config, nc) -> Service``) is the command line's, in ``cli/commands/up.py``.
 """
 
 from __future__ import annotations

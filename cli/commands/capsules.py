@@ -1,7 +1,7 @@
 """Capsule commands (spec 004): ``pgw signer``, ``pgw registrar``, ``pgw verify``,
 ``pgw keys`` and ``pgw capsules open-items``.
 
-Also runnable without the full CLI: ``python -m gateway.commands.capsules ...``
+Also runnable without the full CLI: ``python -m cli.commands.capsules ...``
 takes the same global options and only these subcommands.
 """
 
@@ -18,12 +18,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.js.errors import NotFoundError
 
+from cli.commands.run_gateway import stop_event
 from consumers.cose import TrustedKey
 from consumers.ledger_check import LedgerIssue, check_ledger, missing_from
 from consumers.registrar import Registrar, load_ts_key, read_pinned_ts_keys
 from consumers.signer import LEDGER_STREAM, Signer
 from consumers.verifier import Result, Store, open_items, payload_of, verify_many, verify_statement
-from gateway.commands.run_gateway import stop_event
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.keys import kid_of, public_keys, rotate
@@ -315,8 +315,8 @@ async def handle_status(args: argparse.Namespace, config: Config) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gateway.commands.capsules``: the same as ``pgw`` (kept for scripts that use it)."""
-    from gateway.cli import main as cli_main
+    """``python -m cli.commands.capsules``: the same as ``pgw`` (kept for scripts that use it)."""
+    from cli.main import main as cli_main
 
     return cli_main(argv)
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from gateway.commands.run_gateway import stop_event
+from cli.commands.run_gateway import stop_event
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.logs import get_logger

@@ -15,7 +15,7 @@ import sys
 
 import msgspec
 
-from gateway.commands.run_gateway import stop_event
+from cli.commands.run_gateway import stop_event
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.logs import get_logger
