@@ -18,7 +18,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.js.errors import NotFoundError
 
-from cli.commands.run_gateway import stop_event
 from consumers.cose import TrustedKey
 from consumers.ledger_check import LedgerIssue, check_ledger, missing_from
 from consumers.registrar import Registrar, load_ts_key, read_pinned_ts_keys
@@ -27,15 +26,12 @@ from consumers.verifier import Result, Store, open_items, payload_of, verify_man
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.keys import kid_of, public_keys, rotate
-from pgwcore.logs import get_logger
-from pgwcore.service import run_services
-from pgwcore.streams import ensure_streams
+from pgwcore.service import serve_alone
 from subjects.errors import PgwError
 
 if TYPE_CHECKING:
     from consumers.ts_keys import TsKey
 
-log = get_logger("pgw.cli")
 _enc = msgspec.json.Encoder()
 
 
@@ -84,25 +80,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 # -- services -----------------------------------------------------------------
 
 
-async def _run_one(config: Config, factory: type, name: str) -> int:
-    nc = await connect(config.nats_url, creds=config.creds, name=f"pgw-{name}")
-    try:
-        await ensure_streams(nc.jetstream(), config.subjects,
-                             duplicate_window_s=config.gateway.duplicate_window_s)
-        stop = stop_event()
-        await run_services([factory(config, nc)], stop,
-                           on_started=lambda: log.info(f"{name} ready", server=config.nats_url))
-    finally:
-        await nc.drain()
-    return 0
-
-
 async def handle_signer(args: argparse.Namespace, config: Config) -> int:
-    return await _run_one(config, Signer, "signer")
+    return await serve_alone(config, Signer, "signer")
 
 
 async def handle_registrar(args: argparse.Namespace, config: Config) -> int:
-    return await _run_one(config, Registrar, "registrar")
+    return await serve_alone(config, Registrar, "registrar")
 
 
 # -- keys -----------------------------------------------------------------------
