@@ -64,7 +64,7 @@ class CheckpointSigner:
     async def drain(self) -> None:
         task, self._task = self._task, None
         sub, self._sub = self._sub, None
-        await stop_pull_loop(self._stopping, task, sub)
+        await stop_pull_loop(self._stopping, [task], sub)
 
     async def _run(self) -> None:
         while not self._stopping.is_set():

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import gc
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -97,10 +97,12 @@ async def run_services(services: list[Service], stop: asyncio.Event, *, on_start
                 log.exception("drain failed; continuing", service=svc.name)
 
 
-async def stop_pull_loop(stopping: asyncio.Event, task: asyncio.Task[Any] | None, sub: Any) -> None:
-    """Stop a consumer loop: signal it, let it finish what it holds, release its subscription."""
+async def stop_pull_loop(stopping: asyncio.Event, tasks: Iterable[asyncio.Task[Any] | None], sub: Any) -> None:
+    """Stop consumer loops: signal them, let each finish what it holds, release their subscription."""
     stopping.set()
-    if task is not None:
+    for task in tasks:
+        if task is None:
+            continue
         with contextlib.suppress(asyncio.CancelledError):
             await task
     if sub is not None:
@@ -130,7 +132,7 @@ async def fetch_batch(
 class PullService:
     """The life cycle of a service of its own that reads a stream (signer, registrar, notifier).
 
-    A subclass sets ``name`` (its services-API role and log name), opens what it
+    A subclass sets ``name`` (its services-API role), opens what it
     needs in ``start()``, keeps its pull subscription in ``self._sub`` and hands
     its loops to ``spawn()``; each loop runs ``while not self.stopping.is_set()``.
 
@@ -196,13 +198,7 @@ class PullService:
         await self.stop_inputs()
         tasks, self._tasks = self._tasks, []
         sub, self._sub = self._sub, None
-        self.stopping.set()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        await stop_pull_loop(self.stopping, tasks, sub)
         await self.close()
 
 
