@@ -13,7 +13,7 @@ import pytest
 import structlog
 from cryptography.hazmat.primitives import serialization
 
-from gateway.cli import build_parser, config_from_args
+from cli.main import build_parser, config_from_args
 from gateway.security import CredentialsError, Party, embedded_auth, read_creds, rotate_creds
 from pgwcore import keys
 from pgwcore.config import load_config

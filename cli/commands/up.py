@@ -15,12 +15,11 @@ import sys
 
 import msgspec
 
-from gateway.commands.run_gateway import stop_event
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.logs import get_logger
 from pgwcore.server import EmbeddedServer
-from pgwcore.service import ServiceFactory, run_services
+from pgwcore.service import ServiceFactory, run_services, stop_event
 from pgwcore.streams import ensure_streams
 
 log = get_logger("pgw.up")
