@@ -66,7 +66,7 @@ def verify_payload(payload: dict[str, Any], *, msg: Any, store: Any, anchored: b
 
 PROFILE = Profile(
     format_version=capsule_v4.FORMAT,
-    label=f"format 4 ({capsule_v4.SPEC_VERSION})",
+    label=f"format 4 ({capsule_v4.DRAFT})",
     build=build,
     link=link,
     claims=capsule_v4.claims_for,

@@ -111,8 +111,9 @@ def _effect_record(v: Verdict, notes: list[str]) -> EffectRecord | None:
 def capsule_from_verdict(v: Verdict, **kw: Any) -> Capsule:
     """The capsule of one verdict (DESIGN §6); deterministic in its inputs.
 
-    With ``chained`` (the default) the capsule claims ``ledger_mode: chained``
-    and must get its linkage with :func:`attach_ledger` before it is signed.
+    ``ledger_mode`` is ``chained`` exactly when the capsule carries a
+    ``chain`` block (§5.3, §5.4.4). ``chained=True`` builds the legacy form
+    whose ``ledger`` linkage :func:`attach_ledger` adds before it is signed.
     """
     return capsule_from_verdict_checked(v, **kw).capsule
 
@@ -125,7 +126,7 @@ def capsule_from_verdict_checked(
     default_developer: str = "principal-gateway",
     authority: str | None = None,
     parent_capsule_id: str | None = None,
-    chained: bool = True,
+    chained: bool = False,
     fallback_ts: str | Callable[[], str | None] | None = None,
 ) -> Built:
     """:func:`capsule_from_verdict` with the normalized body (see :class:`Built`)."""

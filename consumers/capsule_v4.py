@@ -3,8 +3,8 @@
 Implements draft-mih-scitt-agent-action-capsule-05 as stored in
 action-state-group/agent-action-capsule at commit 16289abe29349da7356879a343197f54aacc23ed
 (spec/draft-mih-scitt-agent-action-capsule-05.md), the draft the reference
-verifier agent-action-capsule 0.12.0 checks (its ``versions.py``: emits -05,
-accepts -04 and -05, format "4"). Section names below are that draft's anchors.
+verifier agent-action-capsule 0.12.0 checks (its ``versions.py`` accepts -04
+and -05, format "4"). Section names below are that draft's anchors.
 
 What changes from format "2" (spec 004, draft -01, :mod:`consumers.capsule`):
 
@@ -68,9 +68,12 @@ from subjects import jcs
 from subjects.wire import Verdict
 
 FORMAT = "4"
-SPEC_VERSION = "draft-mih-scitt-agent-action-capsule-05"
-# {#identity}: -04 and -05 both define format 4 (the reference accepts both).
-ACCEPTED_SPEC_VERSIONS = ("draft-mih-scitt-agent-action-capsule-04", SPEC_VERSION)
+DRAFT = "draft-mih-scitt-agent-action-capsule-05"  # the text implemented (commit above)
+# {#identity}: "The value defined by this profile version is draft-mih-scitt-agent-action-capsule-04"
+# (the -05 text at that commit still defines -04 as the value a capsule carries).
+SPEC_VERSION = "draft-mih-scitt-agent-action-capsule-04"
+# -04 and -05 both define format 4 (the reference accepts both).
+ACCEPTED_SPEC_VERSIONS = (SPEC_VERSION, DRAFT)
 CANONICALIZATION_ID = "jcs"
 ID_MEDIA_TYPE = "application/agent-action-capsule-id"  # {#envelope}, {#registration}
 # Container labels (ours: the draft leaves the container open). Text labels are valid COSE labels (RFC 9052 §3).

@@ -409,7 +409,18 @@ def _predecessor_ok(p: Mapping[str, Any], pred: Mapping[str, Any]) -> bool:
 
 
 def _ledger_mode(p: Mapping[str, Any], store: Store | None, run: _Run) -> str:
-    """ledger_mode rederived (§5.3): standalone vs chained from the presence and integrity of the linkage."""
+    """ledger_mode rederived (§5.3): standalone vs chained from the presence and integrity of the linkage.
+
+    The linkage a capsule carries is its ``chain`` block (§5.4.4), as the
+    reference verifier reads it; a missing parent is check 6's finding. A
+    capsule signed before the signer's hash chain moved out of the capsule
+    carries a ``ledger`` block, checked against its predecessor in the store.
+    """
+    ch = p.get("chain")
+    if isinstance(ch, dict) and isinstance(ch.get("parent_capsule_id"), str) \
+            and _HEX64.match(ch["parent_capsule_id"]) and isinstance(ch.get("relation"), str):
+        if not isinstance(p.get("ledger"), dict):
+            return "chained"
     led = p.get("ledger") if isinstance(p.get("ledger"), dict) else None
     ledger_mode = "standalone"
     if led is not None and isinstance(led.get("position"), int):
@@ -456,8 +467,8 @@ def _assurance(p: dict[str, Any], derived: str, anchored: bool, store: Store | N
     if claimed_l in _LEDGER_ORDER:
         if claimed_l == "anchored" and not anchored:
             run.add(7, "ledger_overclaim", "ledger_mode anchored without a verified receipt")
-        elif claimed_l == "chained" and led is None:
-            run.add(7, "ledger_overclaim", "ledger_mode chained without a hash-chain linkage")
+        elif claimed_l == "chained" and led is None and ledger_mode != "chained":
+            run.add(7, "ledger_overclaim", "ledger_mode chained without a hash-chain linkage (no chain block)")
     res.assurance = {"attestation_mode": att_mode, "effect_mode": derived, "ledger_mode": ledger_mode}
 
 

@@ -75,7 +75,8 @@ def design_rows(tag: str = "") -> list[Verdict]:
         verdict(f"{t}hem", "hitl_dispatched", decision="needs_input", idp_id="idp-1", action_id=f"bot:{t}idp-1"),
         verdict(f"{t}hem_ok", "resolved", decision="accept", approver="human", human_disposed=True,
                 supersedes=vid(f"{t}hem"), resolution_kind="option", option_index=0, action_id=f"bot:{t}idp-1"),
-        verdict(f"{t}executed", "executed", decision="accept", approver="human", human_disposed=False,
+        # after a HEM approval the kernel's verdict says the human acted (gateway/kernel/transitions.py)
+        verdict(f"{t}executed", "executed", decision="accept", approver="human", human_disposed=True,
                 supersedes=vid(f"{t}hem_ok"), idp_id="idp-1", action_id=f"bot:{t}idp-1",
                 effect=ReportedEffect(type="send_payment", status="confirmed", request={"amount": "12.50"},
                                       response={"ok": True, "id": "tx-9"}, external_ref="tx-9",
@@ -93,6 +94,8 @@ def design_rows(tag: str = "") -> list[Verdict]:
 
 
 def make(v: Verdict, **kw: object) -> capm.Capsule:
+    """The legacy ledger-linked form (a ``ledger`` block inside the capsule), as stored capsules carry it."""
+    kw.setdefault("chained", True)
     cap = capsule_from_verdict(v, operator="acme", salt=SALT, **kw)  # type: ignore[arg-type]
     return capm.attach_ledger(cap, Ledger(position=1, prev_hash=capm.GENESIS_HASH))
 
@@ -238,7 +241,7 @@ def test_design_table_rows() -> None:
         "dispatch": ("needs_input", "policy", False, "not_applicable"),
         "resolved": ("accept", "human", True, "not_applicable"),
         "expired": ("reject", "policy", False, "not_applicable"),
-        "executed": ("accept", "human", False, "confirmed"),
+        "executed": ("accept", "human", True, "confirmed"),
         "executed_policy": ("accept", "policy", False, "dispatched_unconfirmed"),
         "errored": ("accept", "policy", False, "dispatched_unconfirmed"),
         "engine": ("reject", "policy", False, "not_applicable"),
@@ -294,6 +297,11 @@ def test_signing_from_the_built_body_equals_the_full_rebuild() -> None:
     for v in design_rows("lb-"):
         built = capsule_map.capsule_from_verdict_checked(v, operator="acme", salt=SALT)
         linked, payload = capm.link_built(built, ledger)
-        assert linked == capm.attach_ledger(built.capsule, ledger)
+        assert linked.ledger is None and linked.capsule_id == built.capsule.capsule_id
+        assert payload == capm.ready_to_sign(linked) == linked.to_json()
+        # the legacy form, the ledger linkage inside the capsule, is still built the same way
+        legacy = capsule_map.capsule_from_verdict_checked(v, operator="acme", salt=SALT, chained=True)
+        linked, payload = capm.link_built(legacy, ledger, embed_ledger=True)
+        assert linked == capm.attach_ledger(legacy.capsule, ledger)
         assert payload == capm.ready_to_sign(linked) == linked.to_json()
         assert json.loads(payload)["capsule_id"] == capm.compute_capsule_id(json.loads(payload))

@@ -30,11 +30,12 @@ KEYS = {KEY.kid: trusted(KEY)}
 
 
 def signer_chain(rows: list[Any] | None = None) -> list[bytes]:
-    """Statements as the signer makes them: ledger-linked, chains resolved to parent capsule ids."""
+    """Statements in the legacy ledger-linked form (a ``ledger`` block inside), chains resolved to parent ids."""
     out, ids = [], {}
     prev_hash, prev_id = capm.GENESIS_HASH, None
     for pos, v in enumerate(rows or design_rows(), start=1):
-        cap = capsule_map.capsule_from_verdict(v, operator="acme", salt=SALT, parent_capsule_id=ids.get(v.supersedes))
+        cap = capsule_map.capsule_from_verdict(v, operator="acme", salt=SALT, parent_capsule_id=ids.get(v.supersedes),
+                                               chained=True)
         cap = capm.attach_ledger(cap, capm.Ledger(position=pos, prev_hash=prev_hash, prev_capsule_id=prev_id))
         chain = cap.to_dict().get("chain")
         prev_hash, prev_id = capm.ledger_entry_hash(pos, cap.capsule_id, chain, prev_hash), cap.capsule_id
