@@ -49,8 +49,12 @@ def test_chain_block_alone_makes_a_format2_capsule_chained() -> None:
     """A -01 capsule linked only by its chain block, as the reference library builds it, verifies as chained."""
     rows = design_rows("ref-")
     dispatch = _built(rows[2])
+    dispatch.pop("ledger", None)
+    dispatch["assurance"]["ledger_mode"] = "standalone"
+    dispatch["capsule_id"] = capm.compute_capsule_id(dispatch)
     resolution = _built(rows[3], dispatch["capsule_id"])
-    assert "ledger" not in resolution and resolution["chain"]["parent_capsule_id"] == dispatch["capsule_id"]
+    resolution.pop("ledger", None)  # the reference library's -01 capsule: linked by its chain block only
+    assert resolution["chain"]["parent_capsule_id"] == dispatch["capsule_id"]
     assert resolution["assurance"]["ledger_mode"] == "chained"
     res = verify_many([("d", _signed(dispatch)), ("r", _signed(resolution))], keys=KEYS)
     assert all(r.ok for r in res), [r.findings for r in res]
