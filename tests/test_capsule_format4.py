@@ -101,7 +101,7 @@ async def test_real_run_every_verdict_class_accepted_by_newest_reference(nc: Any
     assert all(r.ok and r.profile == "4" for r in results), [(r.source, _errors(r)) for r in results if not r.ok]
     payloads = [payload_of(d) for _, d, _ in items]
     classes = Counter(p["disposition"].get("verdict_class", "executed") for p in payloads)
-    assert set(classes) >= {"blocked", "denied", "hitl_dispatched", "resolved", "expired", "executed",
+    assert set(classes) >= {"blocked", "denied", "hitl_dispatched", "resolved", "timeout", "executed",
                             "errored", "engine_failure"}, classes
     for (_, d, h), p in zip(items, payloads, strict=True):
         assert p["format_version"] == "4" and p["canonicalization_id"] == "jcs"

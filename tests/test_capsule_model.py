@@ -70,26 +70,32 @@ def design_rows(tag: str = "") -> list[Verdict]:
                 moment_id="ab" * 16, action_id=f"bot:{t}m1"),
         verdict(f"{t}dispatch2", "hitl_dispatched", decision="needs_input", moment_id="cd" * 16,
                 action_id=f"bot:{t}m2"),
-        verdict(f"{t}expired", "expired", supersedes=vid(f"{t}dispatch2"), moment_id="cd" * 16,
+        # a moment unanswered before its expiry: the decision timed out (spec 004 §5.4.1)
+        verdict(f"{t}expired", "timeout", supersedes=vid(f"{t}dispatch2"), moment_id="cd" * 16,
                 action_id=f"bot:{t}m2", reason=Refusal("moment_expired", "no answer before expiry")),
         verdict(f"{t}hem", "hitl_dispatched", decision="needs_input", idp_id="idp-1", action_id=f"bot:{t}idp-1"),
-        verdict(f"{t}hem_ok", "resolved", decision="accept", approver="human", human_disposed=True,
-                supersedes=vid(f"{t}hem"), resolution_kind="option", option_index=0, action_id=f"bot:{t}idp-1"),
         # after a HEM approval the kernel's verdict says the human acted (gateway/kernel/transitions.py)
         verdict(f"{t}executed", "executed", decision="accept", approver="human", human_disposed=True,
-                supersedes=vid(f"{t}hem_ok"), idp_id="idp-1", action_id=f"bot:{t}idp-1",
+                # the HEM approval permits the step and is no closure of its own: the execution
+                # supersedes the dispatch (spec 004 §5.4.2 pairing rule)
+                supersedes=vid(f"{t}hem"), idp_id="idp-1", action_id=f"bot:{t}idp-1",
                 effect=ReportedEffect(type="send_payment", status="confirmed", request={"amount": "12.50"},
                                       response={"ok": True, "id": "tx-9"}, external_ref="tx-9",
                                       irreversibility_class="one_way_consequential")),
         verdict(f"{t}executed_policy", "executed", decision="accept", idp_id="idp-2",
                 action_id=f"bot:{t}idp-2",
                 effect=ReportedEffect(type="write_order", status="confirmed", request={"n": 1})),
+        # ran and threw, state unknown (spec 004 §5.4.2)
         verdict(f"{t}errored", "errored", decision="accept", idp_id="idp-3", action_id=f"bot:{t}idp-3",
-                effect=ReportedEffect(type="write_order", status="failed", response={"error": "timeout"})),
+                effect=ReportedEffect(type="write_order", status="dispatched")),
+        # ran and returned a clean failure: an executed action whose effect status is failed
+        verdict(f"{t}failed", "executed", decision="accept", idp_id="idp-5", action_id=f"bot:{t}idp-5",
+                effect=ReportedEffect(type="write_order", status="failed", response={"error": "card declined"})),
         verdict(f"{t}engine", "engine_failure", reason=Refusal("engine_failure", "policy engine unavailable")),
         # a kernel PERMIT whose transition report never came (gateway/kernel/overdue.py)
         verdict(f"{t}overdue", "timeout", decision="accept", idp_id="idp-4", action_id=f"bot:{t}idp-4",
-                reason=Refusal("TRANSITION_REPORT_MISSING", "no transition report within 60 s of the permit")),
+                reason=Refusal("TRANSITION_REPORT_MISSING", "no transition report within 60 s of the permit"),
+                effect=ReportedEffect(type="envelope", status="dispatched")),  # the permit went out (§5.4.2)
     ]
 
 
@@ -241,6 +247,7 @@ def test_design_table_rows() -> None:
         "dispatch": ("needs_input", "policy", False, "not_applicable"),
         "resolved": ("accept", "human", True, "not_applicable"),
         "expired": ("reject", "policy", False, "not_applicable"),
+        "failed": ("accept", "policy", False, "dispatched_unconfirmed"),
         "executed": ("accept", "human", True, "confirmed"),
         "executed_policy": ("accept", "policy", False, "dispatched_unconfirmed"),
         "errored": ("accept", "policy", False, "dispatched_unconfirmed"),
@@ -263,7 +270,9 @@ def test_design_table_rows() -> None:
     # executed_policy reported confirmed without a response: never claimed as confirmed (§5.2).
     assert caps[vid("executed_policy")]["effect"]["status"] == "dispatched"
     assert "response_digest" not in caps[vid("executed_policy")]["effect"]
-    assert caps[vid("errored")]["effect"]["status"] == "failed"
+    assert caps[vid("failed")]["effect"]["status"] == "failed"
+    assert caps[vid("errored")]["effect"]["status"] == "dispatched"
+    assert caps[vid("expired")]["disposition"]["verdict_class"] == "timeout"
 
 
 def test_reason_digest_is_structured_and_salted() -> None:

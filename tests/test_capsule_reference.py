@@ -54,7 +54,7 @@ async def test_reference_0_1_0_accepts_every_verdict_class(nc: Any, make_config:
     statements = await real_run_capsules(nc, config)
     payloads = [refverifier.payload_of_statement(s) for s in statements]
     classes = Counter(p["disposition"].get("verdict_class", "executed") for p in payloads)
-    assert set(classes) >= {"blocked", "denied", "hitl_dispatched", "resolved", "expired", "executed",
+    assert set(classes) >= {"blocked", "denied", "hitl_dispatched", "resolved", "timeout", "executed",
                             "errored", "engine_failure"}, classes
     results = refverifier.run(statements, version="0.1.0")
     bad = [(r.capsule_id, [(f.code, f.detail) for f in r.errors]) for r in results if not r.ok or r.errors]
@@ -66,5 +66,5 @@ async def test_reference_0_1_0_accepts_every_verdict_class(nc: Any, make_config:
     assert all(r.recomputed == r.capsule_id for r in results)
     # supersedes chains were resolved inside the store the reference was given (§5.4.4, check 6)
     chained = [p for p in payloads if "chain" in p]
-    assert len(chained) >= 4
+    assert len(chained) >= 3  # resolution, moment timeout and HEM execution, each over its dispatch
     print("reference 0.1.0:", refverifier.summary(results), dict(classes))  # counts for docs/capsules.md

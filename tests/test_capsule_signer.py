@@ -70,8 +70,7 @@ async def test_every_design_row_gets_one_verified_capsule(nc: Any, make_config: 
     ledger = check_ledger([m.data for m in await stored_msgs(js, LEDGER_STREAM)])
     assert ledger.ok and sorted(ledger.capsule_ids) == sorted(payload_of(d)["capsule_id"] for _, d, _ in items)
     # chains: resolution -> dispatch, expiry -> dispatch, execution -> HEM resolution.
-    for child, parent in (("resolved", "dispatch"), ("expired", "dispatch2"), ("hem_ok", "hem"),
-                          ("executed", "hem_ok")):
+    for child, parent in (("resolved", "dispatch"), ("expired", "dispatch2"), ("executed", "hem")):
         assert payloads[vid(child)]["chain"] == {"parent_capsule_id": payloads[vid(parent)]["capsule_id"],
                                                  "relation": "supersedes"}
     blocked = payloads[vid("blocked")]
