@@ -125,6 +125,27 @@ async def test_resolution_waits_for_its_dispatch(nc: Any, make_config: Any) -> N
     assert items[resolution.verdict_id]["chain"]["parent_capsule_id"] == items[dispatch.verdict_id]["capsule_id"]
 
 
+async def test_resolution_waits_for_its_dispatch_past_the_warning(nc: Any, make_config: Any) -> None:
+    """A resolution whose dispatch comes after more redeliveries than parent_wait_deliveries still gets its chain."""
+    config = make_config(signer={"parent_wait_deliveries": 2})
+    js = nc.jetstream()
+    rows = design_rows("late-")
+    dispatch, resolution = rows[2], rows[3]
+    pub = Publisher(js, config.subjects)
+    await pub.verdict(resolution)
+    async with Signer(config, nc) as signer:
+        async def tried_past_the_limit() -> bool:
+            info = await js.consumer_info("PGW_VERDICTS", config.signer.durable)
+            return info.delivered.consumer_seq >= 4  # delivered four times, twice past the limit
+
+        await until(tried_past_the_limit, timeout=20, interval=0.05, what="the lone resolution redelivered")
+        assert signer.signed == 0  # never signed without its parent
+        await pub.verdict(dispatch)
+        await signer.wait_signed(2, timeout=20)
+    items = {payload_of(d)["pgw"]["verdict_id"]: payload_of(d) for _, d, _ in await stream_items(js, "PGW_REGISTRATION")}
+    assert items[resolution.verdict_id]["chain"]["parent_capsule_id"] == items[dispatch.verdict_id]["capsule_id"]
+
+
 def _spawn_signer(config: Config, toml: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
