@@ -24,11 +24,11 @@ from consumers.profiles import Profile
 from subjects.wire import Verdict
 
 
-def build(v: Verdict, **kw: Any) -> capsule_v4.Built4 | outm.OutcomeBuilt:
+def build(v: Verdict, **kw: Any) -> capsule_v4.Built4:
     if outm.is_outcome_verdict(v):
-        # §3.3 / {#outcomes}: the drafts leave the outcome payload open; it is the same statement
-        # whatever the capsule format (consumers.capsule_outcome), without a ledger block here.
-        return outm.build_outcome(v, **kw)
+        # {#outcomes}: under -05 an outcome is a new Capsule; the -01 outcome statement type and
+        # media type are not defined for format 4 ({#media-types} registers neither).
+        return capsule_v4.outcome_from_verdict(v, **kw)
     return capsule_v4.from_verdict(v, **kw)
 
 

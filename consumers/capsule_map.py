@@ -174,7 +174,7 @@ def capsule_from_verdict_checked(
             )
         ]
     if facts is not None:
-        constraints = [*(constraints or []), *_transition_constraints(facts, salt, "effect_confirmed_without_response"
+        constraints = [*(constraints or []), *transition_constraints(facts, salt, "effect_confirmed_without_response"
                                                                      in notes)]
     action_type = v.action_type if v.action_type in ACTION_TYPES else "decide"
     pgw = {
@@ -211,8 +211,8 @@ def capsule_from_verdict_checked(
     )
 
 
-def _transition_constraints(facts: kernel_facts.TransitionFacts, salt: str,
-                            unbound_here: bool) -> list[ConstraintRecord]:
+def transition_constraints(facts: kernel_facts.TransitionFacts, salt: str,
+                           unbound_here: bool) -> list[ConstraintRecord]:
     """§8.1 records of the kernel's checks on a transition: commitment match, confirmed binding."""
     out = [ConstraintRecord(
         id=kernel_facts.COMMITMENT_CHECK_ID, result="fail" if facts.gap else "pass", blocking=False,

@@ -50,11 +50,14 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import cbor2
+import msgspec
 import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from consumers import capsule as capm
+from consumers import capsule_kernel as kernel_facts
 from consumers import capsule_map
+from consumers import capsule_outcome as outm
 from consumers.cose import (
     ALG,
     CONTENT_TYPE,
@@ -90,6 +93,7 @@ class Built4(NamedTuple):
     body: dict[str, Any]
     capsule_id: str
     payload: bytes
+    relation: str = "supersedes"  # the chain relation a parent known only at linking gets
 
     @property
     def chain(self) -> dict[str, Any] | None:
@@ -215,9 +219,72 @@ def with_parent(built: Built4, parent_capsule_id: str | None) -> Built4:
     if parent_capsule_id is None:
         return built
     body = dict(built.body)
-    body["chain"] = {"parent_capsule_id": parent_capsule_id, "relation": "supersedes"}
+    body["chain"] = {"parent_capsule_id": parent_capsule_id, "relation": built.relation}
     body["assurance"] = {**body["assurance"], "ledger_mode": "chained"}
-    return seal(body)
+    return seal(body)._replace(relation=built.relation)
+
+
+# {#outcomes}: "An asynchronously observed consequence, such as a reversal, dispute, correction, or
+# confirmation, is recorded as a new Capsule with its own Capsule ID ... Correlation uses payload
+# fields such as action_id, decision_id, external_ref, and chain". {#hitl}: "confirms: Non-terminal:
+# this Capsule observes or records the outcome of the parent; the parent's open state remains."
+OUTCOME_RELATION = "confirms"
+
+
+def outcome_from_verdict(
+    v: Verdict,
+    *,
+    operator: str,
+    salt: str,
+    default_developer: str = "principal-gateway",
+    authority: str | None = None,
+    parent_capsule_id: str | None = None,
+    fallback_ts: str | Callable[[], str | None] | None = None,
+) -> Built4:
+    """The format "4" outcome of an outcome verdict (:func:`consumers.capsule_outcome.companion`): a capsule.
+
+    Format 4 has no outcome statement type or media type (draft -05 {#outcomes}
+    makes an outcome a new Capsule), so the kernel's commitment check of a
+    transition is an ``fyi`` capsule of the same action, chained ``confirms``
+    to the action's capsule, its check as a Constraint Record (evidence by
+    salted digest, {#constraints}); a dispute carries the salted reason digest
+    of the gap and the disposition ``needs_input`` the action's capsule has.
+    """
+    spec = v.details[outm._DETAIL]
+    facts = kernel_facts.transition_facts(v)
+    try:
+        timestamp = capm.utc_z(v.ts)
+    except (ValueError, TypeError):
+        fallback = fallback_ts() if callable(fallback_ts) else fallback_ts
+        if fallback is None:
+            raise capm.CapsuleError("{#identity} timestamp", f"verdict ts {v.ts!r} is not RFC 3339") from None
+        timestamp = capm.utc_z(fallback)
+    action_id = v.action_id or f"verdict:{v.verdict_id}"
+    gap = facts is not None and facts.gap
+    disposition: dict[str, Any] = {"decision": "needs_input" if gap else "accept", "approver": "policy",
+                                   "human_disposed": False}
+    if authority:
+        disposition["authority"] = authority
+    if gap:
+        disposition["reason_digest"] = capm.salted_digest(salt, kernel_facts.gap_reason(facts))  # type: ignore[arg-type]
+    body: dict[str, Any] = {
+        "action_id": action_id, "action_type": "fyi", "operator": operator,
+        "developer": v.agent or default_developer, "timestamp": timestamp, "decision_id": action_id,
+        "disposition": disposition,
+        "assurance": {"attestation_mode": "self_attested", "effect_mode": "not_applicable",
+                      "ledger_mode": "chained" if parent_capsule_id else "standalone"},
+        "pgw": {"verdict_id": v.verdict_id, "of_verdict_id": v.supersedes, "outcome": spec["kind"],
+                "source": spec["source"]},
+    }
+    for k, val in (("idp_id", v.idp_id), ("agent", v.agent)):
+        if val:
+            body["pgw"][k] = val
+    if facts is not None:
+        rec = capsule_map.transition_constraints(facts, salt, unbound_here=False)[0]
+        body["constraints"] = [{k: val for k, val in msgspec.to_builtins(rec).items() if val is not None}]
+    if parent_capsule_id:
+        body["chain"] = {"parent_capsule_id": parent_capsule_id, "relation": OUTCOME_RELATION}
+    return seal(body)._replace(relation=OUTCOME_RELATION)
 
 
 # ---------------------------------------------------------------------------
