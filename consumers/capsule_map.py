@@ -190,6 +190,9 @@ def capsule_from_verdict_checked(
         "notes": notes,
     }
     if facts is not None:
+        # §8.1: the transition's actions are the commitment check's content, bound by digest only
+        # (the declared one is the action_type of the verdict; the executed one is the agent's string).
+        del pgw["action_kind"]
         pgw.update(kernel_facts.pgw_members(facts))
     if "effect_confirmed_without_response" in notes and v.effect is not None:
         pgw["effect_status_reported"] = v.effect.status

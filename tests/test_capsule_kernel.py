@@ -10,6 +10,7 @@ verifier from PyPI.
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 import cbor2
@@ -81,8 +82,8 @@ async def statements_of(env: Env, idp_id: str, fmt: str = "2") -> tuple[dict[str
 
 
 async def test_commitment_gap_capsule_records_what_ran(env: Env) -> None:
-    """An IDP_COMMITMENT_GAP capsule names the executed action with the declared one beside it, carries
-    verdict_class and a salted reason_digest over the structured reason, and claims no approval of what ran."""
+    """An IDP_COMMITMENT_GAP capsule carries verdict_class and a salted reason_digest over the structured
+    reason, binds the check's content by digest only (§8.1) and claims no approval of what ran."""
     idp_id, config = await transition(env, "CloseBooking ")
     cap, out, items = await statements_of(env, idp_id)
     salt = load_or_create_salt(salt_path(config))
@@ -92,9 +93,7 @@ async def test_commitment_gap_capsule_records_what_ran(env: Env) -> None:
               "declared_action": "CloseBooking", "executed_action": "CloseBooking "}
     assert d["reason_digest"] == salted_digest(salt, reason)
     assert d["decision"] == "needs_input" and d["approver"] == "policy" and d["human_disposed"] is False
-    assert cap["pgw"]["action_kind"] == "CloseBooking "  # the executed action
-    assert cap["pgw"]["declared_action"] == "CloseBooking"
-    assert cap["pgw"]["match_result"] == "IDP_COMMITMENT_GAP"
+    assert not {"action_kind", "declared_action", "match_result"} & set(cap["pgw"])
     check = next(c for c in cap["constraints"] if c["id"] == kernel_facts.COMMITMENT_CHECK_ID)
     assert check["result"] == "fail" and check["blocking"] is False and check["check_type"].startswith("io.pgw.")
     # §3.3: the kernel's independent check disputes the action, in a statement of its own
@@ -182,8 +181,8 @@ async def test_format4_outcome_is_a_capsule(env: Env) -> None:
 
 
 def test_gap_mapping_is_shared_by_both_formats() -> None:
-    """The commitment-gap mapping holds in format "4" as in format "2": same verdict class, reason digest,
-    executed action named with the declared one beside it."""
+    """The commitment-gap mapping holds in format "4" as in format "2": same verdict class and reason digest,
+    and neither carries the declared or the executed action or the match result in clear (§8.1)."""
     v = verdict("gap", "executed", decision="accept", idp_id="idp-9", action_id="idp-9", action_type="CloseBooking",
                 details={"match_result": "IDP_COMMITMENT_GAP", "requested_action": "CloseBooking",
                          "executed_action": "DeleteBooking", "effect_attestation": "runtime_claimed"})
@@ -193,4 +192,20 @@ def test_gap_mapping_is_shared_by_both_formats() -> None:
         d = body["disposition"]
         assert (d["verdict_class"], d["decision"], d["human_disposed"]) == ("executed", "needs_input", False)
         assert d["reason_digest"] == v2["disposition"]["reason_digest"]
-        assert (body["pgw"]["action_kind"], body["pgw"]["declared_action"]) == ("DeleteBooking", "CloseBooking")
+        text = json.dumps(body)
+        assert "DeleteBooking" not in text and "CloseBooking" not in text and "IDP_COMMITMENT_GAP" not in text
+
+
+@pytest.mark.parametrize("fmt", ["2", "4"])
+async def test_capsule_carries_no_check_content_and_no_secret(env: Env, fmt: str) -> None:
+    """An executed action holding an IBAN and an effect reference holding a secret: token leave neither
+    in any statement byte (spec 004 §8.1: the check's content by digest only; SR-1 over every verdict)."""
+    iban, token = "DE89370400440532013000", "secret:hunter2-hunter2"
+    idp_id, _config = await transition(env, f"CloseBooking to {iban}",
+                                       {"type": "booking.close", "status": "dispatched", "external_ref": f"ref {token}"})
+    cap, out, items = await statements_of(env, idp_id, fmt)
+    assert cap["effect"]["external_ref"] == "ref [REDACTED]"
+    for _, data, _ in items:
+        assert iban.encode() not in data and b"hunter2" not in data
+    assert not {"action_kind", "declared_action", "match_result"} & set(cap["pgw"])
+    assert [c["result"] for c in cap["constraints"] if c["id"] == kernel_facts.COMMITMENT_CHECK_ID] == ["fail"]
