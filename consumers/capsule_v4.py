@@ -65,6 +65,7 @@ from consumers.cose import (
     CWT_CLAIMS,
     EDDSA,
     KID_LABEL,
+    decode_sign1,
     raw_public,
 )
 from subjects import jcs
@@ -338,6 +339,23 @@ def producer_envelope(capsule_id: str, key: Ed25519PrivateKey) -> bytes:
 def claims_for(body: Mapping[str, Any]) -> dict[int, str]:
     """{#registration}: RFC 9943 requires protected CWT ``iss`` and ``sub``."""
     return {1: body["developer"], 2: capm.subject_urn(body["operator"], body["action_id"])}
+
+
+def registration_statement(statement: bytes) -> bytes:
+    """What goes to the Transparency Service for a bus statement: the registration statement alone.
+
+    {#registration}: the registration makes the *Capsule ID* transparent (its
+    payload is the raw capsule_id); {#privacy}: "anything admitted to a Capsule
+    is admitted permanently" once anchored. So the capsule JSON and its Producer
+    Envelope, which travel beside it on the bus (unprotected, outside the
+    signature), are left out of what is registered, and the Transparency
+    Service holds the identifier only. Any other statement is returned as is.
+    Raises :class:`consumers.cose.CoseError` for bytes that are no COSE_Sign1.
+    """
+    msg = decode_sign1(statement)
+    if msg.protected.get(CONTENT_TYPE) != ID_MEDIA_TYPE:
+        return statement
+    return msg.encode({k: v for k, v in msg.unprotected.items() if k not in (CAPSULE_LABEL, ENVELOPE_LABEL)})
 
 
 def statement(body: Mapping[str, Any], payload_json: bytes, key: Ed25519PrivateKey, kid: str) -> bytes:
