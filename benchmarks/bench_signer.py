@@ -159,9 +159,8 @@ def run() -> list[dict]:
     priv = Ed25519PrivateKey.generate()
     key = SigningKey("signer", kid_of(priv.public_key()), priv)
     payloads = []
-    for i, v in enumerate(verdicts, start=1):
-        cap = capsule_map.capsule_from_verdict(v, operator="bench", salt=SALT)
-        payloads.append(capm.attach_ledger(cap, capm.Ledger(position=i, prev_hash=capm.GENESIS_HASH)).to_dict())
+    for v in verdicts:  # as the signer emits them: the ledger linkage stays in PGW_SIGNER_LEDGER
+        payloads.append(capsule_map.capsule_from_verdict(v, operator="bench", salt=SALT).to_dict())
     ref = _raw_baseline(payloads, priv, key.kid)
     fast_jcs = msgspec.json.Encoder(order="sorted").encode
     fast = _raw_baseline(payloads, priv, key.kid, fast_jcs)

@@ -12,12 +12,18 @@ construction time every producer-side rule the spec states:
 - verdict_class / effect_mode orthogonality (§5.4.2);
 - assurance claimed only as achieved (§5.3): effect_mode must equal the mode
   derived from the effect, ``anchored`` is never claimed at signing time, and
-  ``chained`` only with a ledger linkage present;
+  ``chained`` only with the ``chain`` block (§5.4.4) present, the linkage a
+  verifier can check from the capsule's own bytes;
 - no floating-point numbers anywhere (§5.1: amounts are decimal strings).
 
 :func:`consumers.capsule_map.capsule_from_verdict` maps a
-gateway verdict to a capsule (DESIGN §6 table); :func:`link_built` adds the
-signer's ledger linkage and derives the capsule_id (§5.1).
+gateway verdict to a capsule (DESIGN §6 table); :func:`link_built` adds a
+supersedes parent known only when the signer links its run and derives the
+capsule_id (§5.1). The signer's hash chain over everything it signs stays in
+its own stream (``PGW_SIGNER_LEDGER``), outside the capsule: a ``ledger``
+block inside the capsule would make the content address depend on the
+ledger position. Capsules signed before carry one; :func:`attach_ledger`
+still builds that legacy form and the verifier still checks it.
 """
 
 from __future__ import annotations
@@ -328,9 +334,12 @@ def build_capsule_checked(
         raise CapsuleError("§5.3 assurance", f"effect_mode {effect_mode!r} but the effect derives {derived!r}")
     if attestation_mode != "self_attested":
         raise CapsuleError("§5.3 assurance", "anchored needs a verified receipt, which a capsule cannot carry at signing")
+    # §5.3: "standalone" versus "chained" from the presence of the linkage a verifier can check:
+    # the chain block (§5.4.4); ``ledger``/``ledger_pending`` only for the legacy in-capsule ledger.
+    linked = chain is not None or ledger is not None or ledger_pending
     if ledger_mode is None:
-        ledger_mode = "chained" if (ledger or ledger_pending) else "standalone"
-    if ledger_mode == "chained" and ledger is None and not ledger_pending:
+        ledger_mode = "chained" if linked else "standalone"
+    if ledger_mode == "chained" and not linked:
         raise CapsuleError("§5.3 assurance", "ledger_mode chained without a hash-chain linkage")
     if ledger_mode == "anchored":
         raise CapsuleError("§5.3 assurance", "ledger_mode anchored is never claimed at signing")
@@ -388,35 +397,47 @@ def attach_ledger(cap: Capsule, ledger: Ledger) -> Capsule:
     return msgspec.structs.replace(linked, capsule_id=linked.checked_body()[1])
 
 
-def link_built(built: Built, ledger: Ledger, parent_capsule_id: str | None = None) -> tuple[Capsule, bytes]:
-    """:func:`attach_ledger` plus the payload bytes to sign, from the body built once.
+def link_built(built: Built, ledger: Ledger | None = None, parent_capsule_id: str | None = None, *,
+               embed_ledger: bool = False) -> tuple[Capsule, bytes]:
+    """The capsule as signed, and its payload bytes, from the body built once.
 
     ``parent_capsule_id``: the supersedes parent when it was only known at
-    linking (a parent signed in the same batch, whose id depends on its own
-    ledger position); ``chain`` is outside capsule_id (§5.1), so adding it
-    here changes only the signed bytes.
+    linking (a parent signed in the same batch). ``chain`` is outside
+    capsule_id (§5.1) but the ``chained`` it supports (§5.3) is not, so the id
+    is derived again. The signer's ``ledger`` linkage is not embedded (it
+    stays in ``PGW_SIGNER_LEDGER``): the capsule_id is then a pure function of
+    the verdict, whatever ledger position it is signed at. ``embed_ledger``
+    builds the legacy form signed before, with the linkage inside the id.
     """
     cap = built.capsule
-    if cap.assurance.ledger_mode != "chained":
-        raise CapsuleError("§5.3 assurance", "ledger linkage on a capsule not claiming chained")
-    if ledger.position < 1 or not _HEX64.match(ledger.prev_hash):
-        raise CapsuleError("§5.3 ledger", "malformed ledger linkage")
     body = dict(built.body)
-    body["ledger"], flags = jcs.walk(msgspec.to_builtins(ledger), drop_absent=True)
-    flags |= built.flags
+    flags = built.flags
     chain = cap.chain
+    assurance = cap.assurance
     if parent_capsule_id is not None:
         chain = Chain(parent_capsule_id)
         body["chain"] = jcs.walk(msgspec.to_builtins(chain), drop_absent=True)[0]
+        if assurance.ledger_mode == "standalone":
+            assurance = Assurance(assurance.attestation_mode, assurance.effect_mode, "chained")
+            body["assurance"] = jcs.walk(msgspec.to_builtins(assurance), drop_absent=True)[0]
+    kept = None
+    if embed_ledger:
+        if ledger is None or ledger.position < 1 or not _HEX64.match(ledger.prev_hash):
+            raise CapsuleError("§5.3 ledger", "malformed ledger linkage")
+        body["ledger"], lflags = jcs.walk(msgspec.to_builtins(ledger), drop_absent=True)
+        flags |= lflags
+        kept = ledger
+    if assurance.ledger_mode == "chained" and chain is None and kept is None:
+        raise CapsuleError("§5.3 assurance", "ledger_mode chained without a hash-chain linkage")
     capsule_id = digest_of_walked(identity_form(body), flags)
     body["capsule_id"] = capsule_id
-    linked = msgspec.structs.replace(cap, ledger=ledger, chain=chain, capsule_id=capsule_id)
+    linked = msgspec.structs.replace(cap, ledger=kept, chain=chain, assurance=assurance, capsule_id=capsule_id)
     return linked, _payload_bytes(body, flags)
 
 
 def ready_to_sign(cap: Capsule) -> bytes:
     """The payload bytes to sign; refuse a capsule whose claims are not backed by what it carries."""
-    if cap.assurance.ledger_mode == "chained" and cap.ledger is None:
+    if cap.assurance.ledger_mode == "chained" and cap.ledger is None and cap.chain is None:
         raise CapsuleError("§5.3 assurance", "ledger_mode chained without a hash-chain linkage")
     _body, capsule_id, payload = cap.checked_form()
     if cap.capsule_id != capsule_id:

@@ -27,7 +27,8 @@ def build(v: Verdict, **kw: Any) -> capm.Built | outm.OutcomeBuilt:
 
 def link(built: Any, ledger: capm.Ledger, parent_capsule_id: str | None = None) -> tuple[Any, bytes]:
     if isinstance(built, outm.OutcomeBuilt):
-        return outm.link_outcome(built, ledger, parent_capsule_id)
+        return outm.link_outcome(built, ledger, parent_capsule_id, embed_ledger=False)
+    # The ledger linkage stays in PGW_SIGNER_LEDGER, outside the capsule (consumers.capsule.link_built).
     return capm.link_built(built, ledger, parent_capsule_id)
 
 

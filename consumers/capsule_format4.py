@@ -24,11 +24,11 @@ from consumers.profiles import Profile
 from subjects.wire import Verdict
 
 
-def build(v: Verdict, **kw: Any) -> capsule_v4.Built4 | outm.OutcomeBuilt:
+def build(v: Verdict, **kw: Any) -> capsule_v4.Built4:
     if outm.is_outcome_verdict(v):
-        # §3.3 / {#outcomes}: the drafts leave the outcome payload open; it is the same statement
-        # whatever the capsule format (consumers.capsule_outcome), without a ledger block here.
-        return outm.build_outcome(v, **kw)
+        # {#outcomes}: under -05 an outcome is a new Capsule; the -01 outcome statement type and
+        # media type are not defined for format 4 ({#media-types} registers neither).
+        return capsule_v4.outcome_from_verdict(v, **kw)
     return capsule_v4.from_verdict(v, **kw)
 
 
@@ -66,7 +66,7 @@ def verify_payload(payload: dict[str, Any], *, msg: Any, store: Any, anchored: b
 
 PROFILE = Profile(
     format_version=capsule_v4.FORMAT,
-    label=f"format 4 ({capsule_v4.SPEC_VERSION})",
+    label=f"format 4 ({capsule_v4.DRAFT})",
     build=build,
     link=link,
     claims=capsule_v4.claims_for,

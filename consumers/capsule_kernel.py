@@ -5,8 +5,9 @@ check it ran in ``Verdict.details`` (``match_result``, ``requested_action``,
 ``executed_action``; ``effect_status_reported`` when it could not keep the
 status the runtime reported). The capsule records what actually happened:
 
-- the action it names (``pgw.action_kind``) is the *executed* one, with the
-  declared one beside it (``pgw.declared_action``) when they differ;
+- the declared and the executed action and the match result are bound by
+  salted digest only (§8.1), never carried in clear: the executed action is
+  a free string of the agent's;
 - the commitment check is a Constraint Record (§8.1), ``pass`` or ``fail``,
   never blocking (it ran after the fact), its evidence bound by a salted digest;
 - an ``IDP_COMMITMENT_GAP`` (spec 003 §5.5.2) carries its verdict class
@@ -78,10 +79,16 @@ def commitment_evidence(f: TransitionFacts) -> dict[str, Any]:
 
 
 def pgw_members(f: TransitionFacts) -> dict[str, Any]:
-    """The ``pgw`` extension members (§9: payload-only) for a transition."""
-    out: dict[str, Any] = {"action_kind": f.executed_action, "match_result": f.match_result}
-    if f.gap:
-        out["declared_action"] = f.declared_action
+    """The ``pgw`` extension members (§9: payload-only) for a transition.
+
+    §8.1: "The content a check evaluated MUST NOT appear in the public record;
+    it is bound by digest only." The declared action, the executed action (a
+    free string of the agent's) and the match result are the commitment
+    check's content: they are in the salted ``evidence_digest`` of its
+    Constraint Record (and the gap's ``reason_digest``), whose ``result``
+    (pass / fail) is the check's public verdict, and never here in clear.
+    """
+    out: dict[str, Any] = {}
     if f.reported_status is not None:
         out["effect_status_reported"] = f.reported_status
     return out

@@ -111,8 +111,9 @@ def _effect_record(v: Verdict, notes: list[str]) -> EffectRecord | None:
 def capsule_from_verdict(v: Verdict, **kw: Any) -> Capsule:
     """The capsule of one verdict (DESIGN §6); deterministic in its inputs.
 
-    With ``chained`` (the default) the capsule claims ``ledger_mode: chained``
-    and must get its linkage with :func:`attach_ledger` before it is signed.
+    ``ledger_mode`` is ``chained`` exactly when the capsule carries a
+    ``chain`` block (§5.3, §5.4.4). ``chained=True`` builds the legacy form
+    whose ``ledger`` linkage :func:`attach_ledger` adds before it is signed.
     """
     return capsule_from_verdict_checked(v, **kw).capsule
 
@@ -125,7 +126,7 @@ def capsule_from_verdict_checked(
     default_developer: str = "principal-gateway",
     authority: str | None = None,
     parent_capsule_id: str | None = None,
-    chained: bool = True,
+    chained: bool = False,
     fallback_ts: str | Callable[[], str | None] | None = None,
 ) -> Built:
     """:func:`capsule_from_verdict` with the normalized body (see :class:`Built`)."""
@@ -173,7 +174,7 @@ def capsule_from_verdict_checked(
             )
         ]
     if facts is not None:
-        constraints = [*(constraints or []), *_transition_constraints(facts, salt, "effect_confirmed_without_response"
+        constraints = [*(constraints or []), *transition_constraints(facts, salt, "effect_confirmed_without_response"
                                                                      in notes)]
     action_type = v.action_type if v.action_type in ACTION_TYPES else "decide"
     pgw = {
@@ -189,6 +190,9 @@ def capsule_from_verdict_checked(
         "notes": notes,
     }
     if facts is not None:
+        # §8.1: the transition's actions are the commitment check's content, bound by digest only
+        # (the declared one is the action_type of the verdict; the executed one is the agent's string).
+        del pgw["action_kind"]
         pgw.update(kernel_facts.pgw_members(facts))
     if "effect_confirmed_without_response" in notes and v.effect is not None:
         pgw["effect_status_reported"] = v.effect.status
@@ -210,8 +214,8 @@ def capsule_from_verdict_checked(
     )
 
 
-def _transition_constraints(facts: kernel_facts.TransitionFacts, salt: str,
-                            unbound_here: bool) -> list[ConstraintRecord]:
+def transition_constraints(facts: kernel_facts.TransitionFacts, salt: str,
+                           unbound_here: bool) -> list[ConstraintRecord]:
     """§8.1 records of the kernel's checks on a transition: commitment match, confirmed binding."""
     out = [ConstraintRecord(
         id=kernel_facts.COMMITMENT_CHECK_ID, result="fail" if facts.gap else "pass", blocking=False,

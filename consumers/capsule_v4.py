@@ -3,8 +3,8 @@
 Implements draft-mih-scitt-agent-action-capsule-05 as stored in
 action-state-group/agent-action-capsule at commit 16289abe29349da7356879a343197f54aacc23ed
 (spec/draft-mih-scitt-agent-action-capsule-05.md), the draft the reference
-verifier agent-action-capsule 0.12.0 checks (its ``versions.py``: emits -05,
-accepts -04 and -05, format "4"). Section names below are that draft's anchors.
+verifier agent-action-capsule 0.12.0 checks (its ``versions.py`` accepts -04
+and -05, format "4"). Section names below are that draft's anchors.
 
 What changes from format "2" (spec 004, draft -01, :mod:`consumers.capsule`):
 
@@ -50,11 +50,14 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import cbor2
+import msgspec
 import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from consumers import capsule as capm
+from consumers import capsule_kernel as kernel_facts
 from consumers import capsule_map
+from consumers import capsule_outcome as outm
 from consumers.cose import (
     ALG,
     CONTENT_TYPE,
@@ -62,15 +65,19 @@ from consumers.cose import (
     CWT_CLAIMS,
     EDDSA,
     KID_LABEL,
+    decode_sign1,
     raw_public,
 )
 from subjects import jcs
 from subjects.wire import Verdict
 
 FORMAT = "4"
-SPEC_VERSION = "draft-mih-scitt-agent-action-capsule-05"
-# {#identity}: -04 and -05 both define format 4 (the reference accepts both).
-ACCEPTED_SPEC_VERSIONS = ("draft-mih-scitt-agent-action-capsule-04", SPEC_VERSION)
+DRAFT = "draft-mih-scitt-agent-action-capsule-05"  # the text implemented (commit above)
+# {#identity}: "The value defined by this profile version is draft-mih-scitt-agent-action-capsule-04"
+# (the -05 text at that commit still defines -04 as the value a capsule carries).
+SPEC_VERSION = "draft-mih-scitt-agent-action-capsule-04"
+# -04 and -05 both define format 4 (the reference accepts both).
+ACCEPTED_SPEC_VERSIONS = (SPEC_VERSION, DRAFT)
 CANONICALIZATION_ID = "jcs"
 ID_MEDIA_TYPE = "application/agent-action-capsule-id"  # {#envelope}, {#registration}
 # Container labels (ours: the draft leaves the container open). Text labels are valid COSE labels (RFC 9052 §3).
@@ -87,6 +94,7 @@ class Built4(NamedTuple):
     body: dict[str, Any]
     capsule_id: str
     payload: bytes
+    relation: str = "supersedes"  # the chain relation a parent known only at linking gets
 
     @property
     def chain(self) -> dict[str, Any] | None:
@@ -212,9 +220,72 @@ def with_parent(built: Built4, parent_capsule_id: str | None) -> Built4:
     if parent_capsule_id is None:
         return built
     body = dict(built.body)
-    body["chain"] = {"parent_capsule_id": parent_capsule_id, "relation": "supersedes"}
+    body["chain"] = {"parent_capsule_id": parent_capsule_id, "relation": built.relation}
     body["assurance"] = {**body["assurance"], "ledger_mode": "chained"}
-    return seal(body)
+    return seal(body)._replace(relation=built.relation)
+
+
+# {#outcomes}: "An asynchronously observed consequence, such as a reversal, dispute, correction, or
+# confirmation, is recorded as a new Capsule with its own Capsule ID ... Correlation uses payload
+# fields such as action_id, decision_id, external_ref, and chain". {#hitl}: "confirms: Non-terminal:
+# this Capsule observes or records the outcome of the parent; the parent's open state remains."
+OUTCOME_RELATION = "confirms"
+
+
+def outcome_from_verdict(
+    v: Verdict,
+    *,
+    operator: str,
+    salt: str,
+    default_developer: str = "principal-gateway",
+    authority: str | None = None,
+    parent_capsule_id: str | None = None,
+    fallback_ts: str | Callable[[], str | None] | None = None,
+) -> Built4:
+    """The format "4" outcome of an outcome verdict (:func:`consumers.capsule_outcome.companion`): a capsule.
+
+    Format 4 has no outcome statement type or media type (draft -05 {#outcomes}
+    makes an outcome a new Capsule), so the kernel's commitment check of a
+    transition is an ``fyi`` capsule of the same action, chained ``confirms``
+    to the action's capsule, its check as a Constraint Record (evidence by
+    salted digest, {#constraints}); a dispute carries the salted reason digest
+    of the gap and the disposition ``needs_input`` the action's capsule has.
+    """
+    spec = v.details[outm._DETAIL]
+    facts = kernel_facts.transition_facts(v)
+    try:
+        timestamp = capm.utc_z(v.ts)
+    except (ValueError, TypeError):
+        fallback = fallback_ts() if callable(fallback_ts) else fallback_ts
+        if fallback is None:
+            raise capm.CapsuleError("{#identity} timestamp", f"verdict ts {v.ts!r} is not RFC 3339") from None
+        timestamp = capm.utc_z(fallback)
+    action_id = v.action_id or f"verdict:{v.verdict_id}"
+    gap = facts is not None and facts.gap
+    disposition: dict[str, Any] = {"decision": "needs_input" if gap else "accept", "approver": "policy",
+                                   "human_disposed": False}
+    if authority:
+        disposition["authority"] = authority
+    if gap:
+        disposition["reason_digest"] = capm.salted_digest(salt, kernel_facts.gap_reason(facts))  # type: ignore[arg-type]
+    body: dict[str, Any] = {
+        "action_id": action_id, "action_type": "fyi", "operator": operator,
+        "developer": v.agent or default_developer, "timestamp": timestamp, "decision_id": action_id,
+        "disposition": disposition,
+        "assurance": {"attestation_mode": "self_attested", "effect_mode": "not_applicable",
+                      "ledger_mode": "chained" if parent_capsule_id else "standalone"},
+        "pgw": {"verdict_id": v.verdict_id, "of_verdict_id": v.supersedes, "outcome": spec["kind"],
+                "source": spec["source"]},
+    }
+    for k, val in (("idp_id", v.idp_id), ("agent", v.agent)):
+        if val:
+            body["pgw"][k] = val
+    if facts is not None:
+        rec = capsule_map.transition_constraints(facts, salt, unbound_here=False)[0]
+        body["constraints"] = [{k: val for k, val in msgspec.to_builtins(rec).items() if val is not None}]
+    if parent_capsule_id:
+        body["chain"] = {"parent_capsule_id": parent_capsule_id, "relation": OUTCOME_RELATION}
+    return seal(body)._replace(relation=OUTCOME_RELATION)
 
 
 # ---------------------------------------------------------------------------
@@ -268,6 +339,23 @@ def producer_envelope(capsule_id: str, key: Ed25519PrivateKey) -> bytes:
 def claims_for(body: Mapping[str, Any]) -> dict[int, str]:
     """{#registration}: RFC 9943 requires protected CWT ``iss`` and ``sub``."""
     return {1: body["developer"], 2: capm.subject_urn(body["operator"], body["action_id"])}
+
+
+def registration_statement(statement: bytes) -> bytes:
+    """What goes to the Transparency Service for a bus statement: the registration statement alone.
+
+    {#registration}: the registration makes the *Capsule ID* transparent (its
+    payload is the raw capsule_id); {#privacy}: "anything admitted to a Capsule
+    is admitted permanently" once anchored. So the capsule JSON and its Producer
+    Envelope, which travel beside it on the bus (unprotected, outside the
+    signature), are left out of what is registered, and the Transparency
+    Service holds the identifier only. Any other statement is returned as is.
+    Raises :class:`consumers.cose.CoseError` for bytes that are no COSE_Sign1.
+    """
+    msg = decode_sign1(statement)
+    if msg.protected.get(CONTENT_TYPE) != ID_MEDIA_TYPE:
+        return statement
+    return msg.encode({k: v for k, v in msg.unprotected.items() if k not in (CAPSULE_LABEL, ENVELOPE_LABEL)})
 
 
 def statement(body: Mapping[str, Any], payload_json: bytes, key: Ed25519PrivateKey, kid: str) -> bytes:

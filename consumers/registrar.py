@@ -46,6 +46,7 @@ import aiohttp
 import msgspec
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 
+from consumers import capsule_v4
 from consumers.cose import CoseError, with_receipt
 from consumers.receipts import ReceiptInfo, entry_hash, leaf_kinds, verify_receipt
 from consumers.registrar_status import (
@@ -226,6 +227,9 @@ class Registrar(PullService):
         """Register and verify: the receipt is returned only once it verifies; True if the TS held it already."""
         assert self.client is not None
         keys = await self._trusted_keys()
+        # Draft -05 {#registration}, {#privacy}: the TS gets the registration statement only (the raw
+        # capsule_id), never the capsule JSON that travels beside it on the bus.
+        statement = capsule_v4.registration_statement(statement)
         try:
             receipt = await self.client.register(statement)
         except AlreadyRegistered as e:

@@ -343,13 +343,16 @@ class Signer(LedgerMixin, PullService):
                 pentry = await self._lookup(verdict.supersedes)
                 if pentry is not None:
                     parent = pentry.capsule_id
-                else:
-                    deliveries = msg.metadata.num_delivered if msg is not None else 1
-                    if msg is not None and deliveries < self.config.signer.parent_wait_deliveries:
-                        raise _ParentPending(deliveries)
-                    log.warning("superseded parent never signed; capsule carries no chain",
-                                verdict_id=verdict.verdict_id, parent_verdict=verdict.supersedes,
-                                traceparent=verdict.traceparent)
+                elif msg is not None:
+                    # Spec 004 §5.4.4: the closure of an open item is its supersedes link. Signed
+                    # without it, the parent would stay open for ever (and the id, which covers
+                    # ledger_mode, would differ), so the child waits for its parent however long.
+                    deliveries = msg.metadata.num_delivered
+                    if deliveries >= self.config.signer.parent_wait_deliveries:
+                        log.warning("superseded parent not signed yet; the verdict waits for it",
+                                    verdict_id=verdict.verdict_id, parent_verdict=verdict.supersedes,
+                                    deliveries=deliveries, traceparent=verdict.traceparent)
+                    raise _ParentPending(deliveries)
         job.profile = self.profile
         return self.profile.build(
             verdict,

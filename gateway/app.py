@@ -41,7 +41,7 @@ from pgwcore.streams import ensure_streams
 from subjects.client import ensure_agent_consumer
 from subjects.errors import SubjectError
 from subjects.momentquery import MomentState, moment_query_decoder
-from subjects.wire import PendingReply, Refusal, ResolveReply, resolve_request_decoder
+from subjects.wire import PendingReply, Refusal, ResolveReply, Verdict, resolve_request_decoder
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -76,6 +76,7 @@ class Gateway:
         self.desk = MomentDesk(self.js, self.subjects, self.publisher)
         self.kinds: dict[str, KindSpec] = dict(BUILTIN_KINDS)
         self.stage_state = StageStateCell(self)  # what the stages share, passed to them as ctx.state
+        self.publisher.scrub_verdict = self._scrub_verdict  # SR-1 over the kernel's and the desk's verdicts too
         self.outcome_hooks: list[Callable[[Ctx, Outcome], Awaitable[None]]] = []
         self.failure_hooks: list[Callable[[Any, Msg], Awaitable[bool]]] = []
         self.timing_hooks: list[Callable[[str, float], None]] = []
@@ -84,6 +85,10 @@ class Gateway:
         self._subs: list[Any] = []
         self._stack = contextlib.AsyncExitStack()
         self._drained = False
+
+    async def _scrub_verdict(self, verdict: Verdict) -> Verdict:
+        """SR-1 over a verdict before it is published: it becomes a capsule (spec 004 §8.1, -05 {#privacy})."""
+        return (await self.stage_state.get()).redactor.scrub_struct(verdict)
 
     async def __aenter__(self) -> Gateway:
         await ensure_streams(self.js, self.subjects, duplicate_window_s=self.config.gateway.duplicate_window_s)

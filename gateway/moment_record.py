@@ -35,12 +35,16 @@ class HemContext:
     idp_id: str
     session_id: str
     action: str
+    # An approval is the human's permit of the gated step (HEM_URGENCY_REQUIRED): the agent then
+    # acts, and the capsule of its report (or of the overdue timeout) closes the dispatch.
+    permits: bool = False
 
 
 class HemInfo(msgspec.Struct, frozen=True):
     idp_id: str
     session_id: str
     action: str
+    permits: bool = False  # see HemContext
 
 
 class MomentRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -148,7 +152,7 @@ def closing_outcome(rec: MomentRecord) -> ResolutionOutcome | MomentExpired | He
     )
 
 
-def closing_verdict(rec: MomentRecord, ts: str, verdict_class: Literal["resolved", "expired"], **kw: Any) -> Verdict:
+def closing_verdict(rec: MomentRecord, ts: str, verdict_class: Literal["resolved", "timeout"], **kw: Any) -> Verdict:
     """The verdict that closes a moment; it supersedes the dispatch verdict (spec 004 §5.4.4)."""
     return Verdict(
         verdict_id=stable_id(verdict_class, rec.moment_id),

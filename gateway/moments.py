@@ -192,7 +192,7 @@ class MomentDesk:
             created_at=now,
             expires_at=expires_at,
             untrusted=untrusted,
-            hem=HemInfo(hem.idp_id, hem.session_id, hem.action) if hem else None,
+            hem=HemInfo(hem.idp_id, hem.session_id, hem.action, hem.permits) if hem else None,
             traceparent=traceparent,
             node_id=node_id,
         )
@@ -381,16 +381,21 @@ class MomentDesk:
             withdrawn_reason: Literal["resolved", "expired"] = "resolved"
         else:
             decision = "expired"
-            # DESIGN §6: a timeout is a refusal, never a consent.
-            verdict = closing_verdict(rec, ts, "expired", decision="reject", approver="policy", human_disposed=False)
+            # DESIGN §6: a timeout is a refusal, never a consent. Spec 004 §5.4.1: the decision timed
+            # out ("timeout"); "expired" is the TTL of a deferral's expiry_policy, which a moment has not.
+            verdict = closing_verdict(rec, ts, "timeout", decision="reject", approver="policy", human_disposed=False)
             withdrawn_reason = "expired"
         withdrawn = WithdrawnItem(
             agent=rec.agent, principal=rec.principal, created_at=ts, untrusted=rec.untrusted,
             traceparent=rec.traceparent, moment_id=mid, reason=withdrawn_reason,
         )
+        # Spec 004 §5.4.2 pairing rule: a HEM approval that permits the gated step is not a closure
+        # of its own ("resolved" is the non-executing closure only); like a kernel PERMIT it is no
+        # verdict. The step's execution (or the overdue timeout) supersedes the dispatch, once.
+        permit = bool(rec.hem and rec.hem.permits and decision == "approve")
         await asyncio.gather(
             self.publisher.outcome(closing_outcome(rec), f"final:{mid}"),
-            self.publisher.verdict(verdict),
+            *(() if permit else (self.publisher.verdict(verdict),)),
             self.publisher.surface(withdrawn, f"withdrawn:{mid}"),
         )
         if rec.hem:

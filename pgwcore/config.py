@@ -189,6 +189,8 @@ class SignerConfig(_Section):
     batch: Annotated[int, Meta(ge=1, le=1000)] = 256  # verdicts per fetch = per atomic batch (server max 1000)
     ack_wait_s: Annotated[float, Meta(gt=0)] = 30.0
     ledger_duplicate_window_s: Annotated[float, Meta(gt=0)] = 86400.0
+    # deliveries after which a verdict still waiting for its supersedes parent is logged as a
+    # warning; it keeps waiting (spec 004 §5.4.4: signed without its chain block, its parent stays open)
     parent_wait_deliveries: Annotated[int, Meta(ge=1)] = 5
     # The capsule profile signed from now on (consumers/profiles.py): "2" = spec 004 (draft -01,
     # reference verifier 0.1.0), "4" = the current drafts (draft-mih-scitt-agent-action-capsule-05,

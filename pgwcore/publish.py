@@ -275,6 +275,9 @@ class Publisher:
         self.subjects = subjects
         self.timeout = timeout if timeout is not None else js._timeout
         self._streams = {name: GroupCommit(js, name, self.timeout) for name in ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS")}
+        # SR-1 (spec 002) over every verdict, whoever publishes it: set by the gateway, which holds the
+        # redactor. A verdict becomes a capsule (spec 004), anchored for good: no secret may reach it.
+        self.scrub_verdict: Callable[[Verdict], Awaitable[Verdict]] | None = None
 
     async def _plain(self, subject: str, body: bytes, headers: dict[str, str]) -> bool:
         ack = await publish_acked(self.js._nc, subject, body, headers, self.timeout)
@@ -298,6 +301,8 @@ class Publisher:
                         item.traceparent)
 
     async def verdict(self, verdict: Verdict) -> None:
+        if self.scrub_verdict is not None:
+            verdict = await self.scrub_verdict(verdict)
         stored = await self._pub(
             "PGW_VERDICTS",
             self.subjects.verdict(verdict.verdict_class),

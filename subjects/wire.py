@@ -439,7 +439,8 @@ VerdictClass = Literal[
     "executed",
     "errored",
     "engine_failure",
-    "timeout",  # spec 004 §5.4.1: a kernel PERMIT closed without its transition report
+    "timeout",  # spec 004 §5.4.1: a kernel PERMIT without its report in time, or a moment unanswered
+    # ("expired" stays decodable for verdicts already stored; the gateway no longer publishes it)
 ]
 
 

@@ -10,6 +10,7 @@ verifier from PyPI.
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 import cbor2
@@ -60,11 +61,12 @@ async def statements_of(env: Env, idp_id: str, fmt: str = "2") -> tuple[dict[str
     js = env.js
 
     def action_capsule(p: dict[str, Any]) -> bool:
-        return p.get("action_id") == idp_id and "statement_type" not in p \
+        return p.get("action_id") == idp_id and "statement_type" not in p and p.get("action_type") != "fyi" \
             and p["disposition"].get("verdict_class", "executed") in ("executed", "errored")
 
-    def outcome(p: dict[str, Any]) -> bool:
-        return p.get("action_id") == idp_id and p.get("statement_type") == "outcome"
+    def outcome(p: dict[str, Any]) -> bool:  # a -01 outcome statement, or (format 4) an outcome capsule
+        return p.get("action_id") == idp_id and (
+            p.get("statement_type") == "outcome" or (p.get("chain") or {}).get("relation") == "confirms")
 
     async def both() -> list[Any] | None:
         items = await stream_items(js, "PGW_REGISTRATION")
@@ -80,8 +82,8 @@ async def statements_of(env: Env, idp_id: str, fmt: str = "2") -> tuple[dict[str
 
 
 async def test_commitment_gap_capsule_records_what_ran(env: Env) -> None:
-    """An IDP_COMMITMENT_GAP capsule names the executed action with the declared one beside it, carries
-    verdict_class and a salted reason_digest over the structured reason, and claims no approval of what ran."""
+    """An IDP_COMMITMENT_GAP capsule carries verdict_class and a salted reason_digest over the structured
+    reason, binds the check's content by digest only (§8.1) and claims no approval of what ran."""
     idp_id, config = await transition(env, "CloseBooking ")
     cap, out, items = await statements_of(env, idp_id)
     salt = load_or_create_salt(salt_path(config))
@@ -91,9 +93,7 @@ async def test_commitment_gap_capsule_records_what_ran(env: Env) -> None:
               "declared_action": "CloseBooking", "executed_action": "CloseBooking "}
     assert d["reason_digest"] == salted_digest(salt, reason)
     assert d["decision"] == "needs_input" and d["approver"] == "policy" and d["human_disposed"] is False
-    assert cap["pgw"]["action_kind"] == "CloseBooking "  # the executed action
-    assert cap["pgw"]["declared_action"] == "CloseBooking"
-    assert cap["pgw"]["match_result"] == "IDP_COMMITMENT_GAP"
+    assert not {"action_kind", "declared_action", "match_result"} & set(cap["pgw"])
     check = next(c for c in cap["constraints"] if c["id"] == kernel_facts.COMMITMENT_CHECK_ID)
     assert check["result"] == "fail" and check["blocking"] is False and check["check_type"].startswith("io.pgw.")
     # §3.3: the kernel's independent check disputes the action, in a statement of its own
@@ -128,9 +128,9 @@ async def test_confirmed_without_response_agrees_with_the_log(env: Env) -> None:
     assert binding["result"] == "fail" and binding["blocking"] is False
 
 
-@pytest.mark.parametrize("fmt", ["2", "4"])
+@pytest.mark.parametrize("fmt", ["2"])
 async def test_outcome_statement_for_a_verified_transition(env: Env, capsys: Any, fmt: str) -> None:
-    """A matching transition yields an outcome statement (§3.3) under either capsule format: its own media
+    """A matching transition yields an outcome statement (§3.3) under format "2": its own media
     type and statement type, the action's sub, and `pgw verify` verifies it and says what each statement is."""
     idp_id, config = await transition(env, "CloseBooking", {"type": "booking.close", "status": "confirmed",
                                                             "response": {"ok": True}})
@@ -150,13 +150,39 @@ async def test_outcome_statement_for_a_verified_transition(env: Env, capsys: Any
     lines = capsys.readouterr().out.splitlines()
     assert any("statement=outcome" in ln and ln.startswith("OK") for ln in lines), lines
     assert any(f"format={fmt}" in ln and "statement=outcome" not in ln for ln in lines), lines
-    if fmt == "4":  # the hash chain stays store-level: no linkage in the outcome either
-        assert "ledger" not in out
+    assert "ledger" not in out  # the hash chain stays store-level
+
+
+async def test_format4_outcome_is_a_capsule(env: Env) -> None:
+    """Under draft -05 {#outcomes} an outcome is a new capsule: format "4", chained `confirms` to the action's
+    capsule, signed as a capsule-id statement like any capsule; no -01 outcome statement is emitted, and the
+    newest reference verifier accepts both with no error or overclaim."""
+    from tests.test_capsule_format4 import NEWEST
+
+    idp_id, config = await transition(env, "CloseBooking", {"type": "booking.close", "status": "confirmed",
+                                                            "response": {"ok": True}})
+    cap, out, items = await statements_of(env, idp_id, "4")
+    assert (out["format_version"], out["canonicalization_id"], out["action_type"]) == ("4", "jcs", "fyi")
+    assert out["spec_version"] == capsule_v4.SPEC_VERSION and "statement_type" not in out
+    assert out["chain"] == {"parent_capsule_id": cap["capsule_id"], "relation": "confirms"}
+    assert out["assurance"]["ledger_mode"] == "chained" and out["decision_id"] == cap["decision_id"]
+    assert [c["result"] for c in out["constraints"]] == ["pass"]
+    raw = next(data for _, data, _ in items if payload_of(data) == out)
+    prot = cbor2.loads(cbor2.loads(raw).value[0])
+    assert prot[3] == capsule_v4.ID_MEDIA_TYPE and set(prot[15]) == {1, 2}
+    assert not any((payload_of(d) or {}).get("format_version") == "2" for _, d, _ in items)
+    results = verify_many([(s, d) for s, d, _ in items], keys=signer_keys(config))
+    assert all(r.ok for r in results), [(r.source, r.findings) for r in results if not r.ok]
+    payloads = [payload_of(d) for _, d, _ in items]
+    ref = refverifier.run(payloads, version=NEWEST)
+    bad = [(r.capsule_id, f.code, f.severity) for r in ref for f in r.findings
+           if f.severity == "error" or "overclaim" in f.code]
+    assert all(r.ok for r in ref) and not bad, bad
 
 
 def test_gap_mapping_is_shared_by_both_formats() -> None:
-    """The commitment-gap mapping holds in format "4" as in format "2": same verdict class, reason digest,
-    executed action named with the declared one beside it."""
+    """The commitment-gap mapping holds in format "4" as in format "2": same verdict class and reason digest,
+    and neither carries the declared or the executed action or the match result in clear (§8.1)."""
     v = verdict("gap", "executed", decision="accept", idp_id="idp-9", action_id="idp-9", action_type="CloseBooking",
                 details={"match_result": "IDP_COMMITMENT_GAP", "requested_action": "CloseBooking",
                          "executed_action": "DeleteBooking", "effect_attestation": "runtime_claimed"})
@@ -166,4 +192,20 @@ def test_gap_mapping_is_shared_by_both_formats() -> None:
         d = body["disposition"]
         assert (d["verdict_class"], d["decision"], d["human_disposed"]) == ("executed", "needs_input", False)
         assert d["reason_digest"] == v2["disposition"]["reason_digest"]
-        assert (body["pgw"]["action_kind"], body["pgw"]["declared_action"]) == ("DeleteBooking", "CloseBooking")
+        text = json.dumps(body)
+        assert "DeleteBooking" not in text and "CloseBooking" not in text and "IDP_COMMITMENT_GAP" not in text
+
+
+@pytest.mark.parametrize("fmt", ["2", "4"])
+async def test_capsule_carries_no_check_content_and_no_secret(env: Env, fmt: str) -> None:
+    """An executed action holding an IBAN and an effect reference holding a secret: token leave neither
+    in any statement byte (spec 004 §8.1: the check's content by digest only; SR-1 over every verdict)."""
+    iban, token = "DE89370400440532013000", "secret:hunter2-hunter2"
+    idp_id, _config = await transition(env, f"CloseBooking to {iban}",
+                                       {"type": "booking.close", "status": "dispatched", "external_ref": f"ref {token}"})
+    cap, out, items = await statements_of(env, idp_id, fmt)
+    assert cap["effect"]["external_ref"] == "ref [REDACTED]"
+    for _, data, _ in items:
+        assert iban.encode() not in data and b"hunter2" not in data
+    assert not {"action_kind", "declared_action", "match_result"} & set(cap["pgw"])
+    assert [c["result"] for c in cap["constraints"] if c["id"] == kernel_facts.COMMITMENT_CHECK_ID] == ["fail"]

@@ -70,29 +70,38 @@ def design_rows(tag: str = "") -> list[Verdict]:
                 moment_id="ab" * 16, action_id=f"bot:{t}m1"),
         verdict(f"{t}dispatch2", "hitl_dispatched", decision="needs_input", moment_id="cd" * 16,
                 action_id=f"bot:{t}m2"),
-        verdict(f"{t}expired", "expired", supersedes=vid(f"{t}dispatch2"), moment_id="cd" * 16,
+        # a moment unanswered before its expiry: the decision timed out (spec 004 §5.4.1)
+        verdict(f"{t}expired", "timeout", supersedes=vid(f"{t}dispatch2"), moment_id="cd" * 16,
                 action_id=f"bot:{t}m2", reason=Refusal("moment_expired", "no answer before expiry")),
         verdict(f"{t}hem", "hitl_dispatched", decision="needs_input", idp_id="idp-1", action_id=f"bot:{t}idp-1"),
-        verdict(f"{t}hem_ok", "resolved", decision="accept", approver="human", human_disposed=True,
-                supersedes=vid(f"{t}hem"), resolution_kind="option", option_index=0, action_id=f"bot:{t}idp-1"),
-        verdict(f"{t}executed", "executed", decision="accept", approver="human", human_disposed=False,
-                supersedes=vid(f"{t}hem_ok"), idp_id="idp-1", action_id=f"bot:{t}idp-1",
+        # after a HEM approval the kernel's verdict says the human acted (gateway/kernel/transitions.py)
+        verdict(f"{t}executed", "executed", decision="accept", approver="human", human_disposed=True,
+                # the HEM approval permits the step and is no closure of its own: the execution
+                # supersedes the dispatch (spec 004 §5.4.2 pairing rule)
+                supersedes=vid(f"{t}hem"), idp_id="idp-1", action_id=f"bot:{t}idp-1",
                 effect=ReportedEffect(type="send_payment", status="confirmed", request={"amount": "12.50"},
                                       response={"ok": True, "id": "tx-9"}, external_ref="tx-9",
                                       irreversibility_class="one_way_consequential")),
         verdict(f"{t}executed_policy", "executed", decision="accept", idp_id="idp-2",
                 action_id=f"bot:{t}idp-2",
                 effect=ReportedEffect(type="write_order", status="confirmed", request={"n": 1})),
+        # ran and threw, state unknown (spec 004 §5.4.2)
         verdict(f"{t}errored", "errored", decision="accept", idp_id="idp-3", action_id=f"bot:{t}idp-3",
-                effect=ReportedEffect(type="write_order", status="failed", response={"error": "timeout"})),
+                effect=ReportedEffect(type="write_order", status="dispatched")),
+        # ran and returned a clean failure: an executed action whose effect status is failed
+        verdict(f"{t}failed", "executed", decision="accept", idp_id="idp-5", action_id=f"bot:{t}idp-5",
+                effect=ReportedEffect(type="write_order", status="failed", response={"error": "card declined"})),
         verdict(f"{t}engine", "engine_failure", reason=Refusal("engine_failure", "policy engine unavailable")),
         # a kernel PERMIT whose transition report never came (gateway/kernel/overdue.py)
         verdict(f"{t}overdue", "timeout", decision="accept", idp_id="idp-4", action_id=f"bot:{t}idp-4",
-                reason=Refusal("TRANSITION_REPORT_MISSING", "no transition report within 60 s of the permit")),
+                reason=Refusal("TRANSITION_REPORT_MISSING", "no transition report within 60 s of the permit"),
+                effect=ReportedEffect(type="envelope", status="dispatched")),  # the permit went out (§5.4.2)
     ]
 
 
 def make(v: Verdict, **kw: object) -> capm.Capsule:
+    """The legacy ledger-linked form (a ``ledger`` block inside the capsule), as stored capsules carry it."""
+    kw.setdefault("chained", True)
     cap = capsule_from_verdict(v, operator="acme", salt=SALT, **kw)  # type: ignore[arg-type]
     return capm.attach_ledger(cap, Ledger(position=1, prev_hash=capm.GENESIS_HASH))
 
@@ -238,7 +247,8 @@ def test_design_table_rows() -> None:
         "dispatch": ("needs_input", "policy", False, "not_applicable"),
         "resolved": ("accept", "human", True, "not_applicable"),
         "expired": ("reject", "policy", False, "not_applicable"),
-        "executed": ("accept", "human", False, "confirmed"),
+        "failed": ("accept", "policy", False, "dispatched_unconfirmed"),
+        "executed": ("accept", "human", True, "confirmed"),
         "executed_policy": ("accept", "policy", False, "dispatched_unconfirmed"),
         "errored": ("accept", "policy", False, "dispatched_unconfirmed"),
         "engine": ("reject", "policy", False, "not_applicable"),
@@ -260,7 +270,9 @@ def test_design_table_rows() -> None:
     # executed_policy reported confirmed without a response: never claimed as confirmed (§5.2).
     assert caps[vid("executed_policy")]["effect"]["status"] == "dispatched"
     assert "response_digest" not in caps[vid("executed_policy")]["effect"]
-    assert caps[vid("errored")]["effect"]["status"] == "failed"
+    assert caps[vid("failed")]["effect"]["status"] == "failed"
+    assert caps[vid("errored")]["effect"]["status"] == "dispatched"
+    assert caps[vid("expired")]["disposition"]["verdict_class"] == "timeout"
 
 
 def test_reason_digest_is_structured_and_salted() -> None:
@@ -294,6 +306,11 @@ def test_signing_from_the_built_body_equals_the_full_rebuild() -> None:
     for v in design_rows("lb-"):
         built = capsule_map.capsule_from_verdict_checked(v, operator="acme", salt=SALT)
         linked, payload = capm.link_built(built, ledger)
-        assert linked == capm.attach_ledger(built.capsule, ledger)
+        assert linked.ledger is None and linked.capsule_id == built.capsule.capsule_id
+        assert payload == capm.ready_to_sign(linked) == linked.to_json()
+        # the legacy form, the ledger linkage inside the capsule, is still built the same way
+        legacy = capsule_map.capsule_from_verdict_checked(v, operator="acme", salt=SALT, chained=True)
+        linked, payload = capm.link_built(legacy, ledger, embed_ledger=True)
+        assert linked == capm.attach_ledger(legacy.capsule, ledger)
         assert payload == capm.ready_to_sign(linked) == linked.to_json()
         assert json.loads(payload)["capsule_id"] == capm.compute_capsule_id(json.loads(payload))

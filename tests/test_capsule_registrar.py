@@ -17,6 +17,7 @@ import pytest
 import structlog
 
 from cli.commands import capsules as cli
+from consumers import capsule_v4
 from consumers.cose import TrustedKey, decode_sign1, statement_leaf
 from consumers.registrar import DLQ_STREAM, Registrar
 from consumers.registrar_status import progress
@@ -61,6 +62,10 @@ async def test_registration_anchors_with_verified_receipts(nc: Any, make_config:
             await wait_count(js, "PGW_CAPSULES", len(rows))
             assert reg.registered == len(rows)
         assert len(ts.leaves) == len(rows)  # the TS log really holds each statement once
+        # draft -05 {#registration}, {#privacy}: the TS holds the capsule's identifier, not the capsule
+        for body in ts.statements:
+            sent = decode_sign1(body)
+            assert len(sent.payload) == 32 and not set(sent.unprotected) - {394}
         items = await stream_items(js, "PGW_CAPSULES")
         assert (await js.stream_info("PGW_REGISTRATION")).state.messages == 0  # work queue drained
         ts_keys = {ts.kid: TrustedKey(ts.kid, ts.key.public_key())}
@@ -70,7 +75,7 @@ async def test_registration_anchors_with_verified_receipts(nc: Any, make_config:
             msg = decode_sign1(d)
             assert len(msg.receipts()) == 1
             assert h["Nats-Msg-Id"] == payload_of(d)["capsule_id"]
-            assert statement_leaf(d) in ts.leaves
+            assert statement_leaf(capsule_v4.registration_statement(d)) in ts.leaves
         # without the TS key the same statements are only self-attested
         plain = verify_many([(s, d) for s, d, _ in items], keys=signer_keys(config))
         assert {r.assurance["attestation_mode"] for r in plain} == {"self_attested"}

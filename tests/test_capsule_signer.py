@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from consumers.cose import TrustedKey, decode_sign1
+from consumers.ledger_check import check_ledger
 from consumers.signer import LEDGER_STREAM, Signer
 from consumers.verifier import payload_of, verify_many
 from pgwcore.config import Config
@@ -46,7 +47,7 @@ def signer_keys(config: Config) -> dict[str, TrustedKey]:
 
 async def test_every_design_row_gets_one_verified_capsule(nc: Any, make_config: Any) -> None:
     """Each DESIGN §6 verdict yields exactly one capsule that passes Class 1 verification, chains resolved."""
-    config = make_config(signer={"capsule_format": "2"})  # asserts the format-2 ledger block
+    config = make_config(signer={"capsule_format": "2"})  # the format-2 profile (spec 004 draft -01)
     js = nc.jetstream()
     pub = Publisher(js, config.subjects)
     rows = design_rows()
@@ -62,10 +63,14 @@ async def test_every_design_row_gets_one_verified_capsule(nc: Any, make_config: 
         assert h["Nats-Msg-Id"] == payload_of(d)["capsule_id"]
     results = verify_many([(s, d) for s, d, _ in items], keys=signer_keys(config))
     assert all(r.ok for r in results), [(r.source, r.findings) for r in results if not r.ok]
-    assert {r.assurance["ledger_mode"] for r in results} == {"chained"}
+    # §5.3: chained exactly where the capsule carries its chain block; the signer's hash chain is store-level
+    assert all(r.assurance["ledger_mode"] == ("chained" if "chain" in payload_of(d) else "standalone")
+               for r, (_, d, _) in zip(results, items, strict=True))
+    assert not any("ledger" in payload_of(d) for _, d, _ in items)
+    ledger = check_ledger([m.data for m in await stored_msgs(js, LEDGER_STREAM)])
+    assert ledger.ok and sorted(ledger.capsule_ids) == sorted(payload_of(d)["capsule_id"] for _, d, _ in items)
     # chains: resolution -> dispatch, expiry -> dispatch, execution -> HEM resolution.
-    for child, parent in (("resolved", "dispatch"), ("expired", "dispatch2"), ("hem_ok", "hem"),
-                          ("executed", "hem_ok")):
+    for child, parent in (("resolved", "dispatch"), ("expired", "dispatch2"), ("executed", "hem")):
         assert payloads[vid(child)]["chain"] == {"parent_capsule_id": payloads[vid(parent)]["capsule_id"],
                                                  "relation": "supersedes"}
     blocked = payloads[vid("blocked")]
@@ -120,6 +125,27 @@ async def test_resolution_waits_for_its_dispatch(nc: Any, make_config: Any) -> N
     assert items[resolution.verdict_id]["chain"]["parent_capsule_id"] == items[dispatch.verdict_id]["capsule_id"]
 
 
+async def test_resolution_waits_for_its_dispatch_past_the_warning(nc: Any, make_config: Any) -> None:
+    """A resolution whose dispatch comes after more redeliveries than parent_wait_deliveries still gets its chain."""
+    config = make_config(signer={"parent_wait_deliveries": 2})
+    js = nc.jetstream()
+    rows = design_rows("late-")
+    dispatch, resolution = rows[2], rows[3]
+    pub = Publisher(js, config.subjects)
+    await pub.verdict(resolution)
+    async with Signer(config, nc) as signer:
+        async def tried_past_the_limit() -> bool:
+            info = await js.consumer_info("PGW_VERDICTS", config.signer.durable)
+            return info.delivered.consumer_seq >= 4  # delivered four times, twice past the limit
+
+        await until(tried_past_the_limit, timeout=20, interval=0.05, what="the lone resolution redelivered")
+        assert signer.signed == 0  # never signed without its parent
+        await pub.verdict(dispatch)
+        await signer.wait_signed(2, timeout=20)
+    items = {payload_of(d)["pgw"]["verdict_id"]: payload_of(d) for _, d, _ in await stream_items(js, "PGW_REGISTRATION")}
+    assert items[resolution.verdict_id]["chain"]["parent_capsule_id"] == items[dispatch.verdict_id]["capsule_id"]
+
+
 def _spawn_signer(config: Config, toml: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
@@ -166,7 +192,7 @@ async def kill9_signer_run(nc: Any, config: Any, fmt: str, tag: str, n: int = 30
 @pytest.mark.slow
 async def test_kill9_mid_batch_every_verdict_exactly_one_capsule(nc: Any, make_config: Any) -> None:
     """SIGKILL of `pgw signer` mid-batch, then restart: every verdict has exactly one capsule, chain intact."""
-    config = make_config(signer={"capsule_format": "2"})  # asserts the format-2 ledger block
+    config = make_config(signer={"capsule_format": "2"})  # the format-2 profile (spec 004 draft -01)
     n = 300
     verdicts, items, killed_at = await kill9_signer_run(nc, config, "2", "k", n)
     by_verdict = Counter(payload_of(d)["pgw"]["verdict_id"] for _, d, _ in items)
@@ -176,9 +202,10 @@ async def test_kill9_mid_batch_every_verdict_exactly_one_capsule(nc: Any, make_c
     assert len({payload_of(d)["capsule_id"] for _, d, _ in items}) == n
     # the hash chain survived the crash: every capsule verifies chained against the whole set
     results = verify_many([(s, d) for s, d, _ in items], keys=signer_keys(config))
-    assert all(r.ok and r.assurance["ledger_mode"] == "chained" for r in results)
-    positions = sorted(payload_of(d)["ledger"]["position"] for _, d, _ in items)
-    assert positions == list(range(1, n + 1))
+    assert all(r.ok for r in results)
+    ledger = check_ledger([m.data for m in await stored_msgs(nc, LEDGER_STREAM)])
+    assert ledger.ok and ledger.links == n
+    assert sorted(ledger.capsule_ids) == sorted(payload_of(d)["capsule_id"] for _, d, _ in items)
     assert killed_at >= 20 and decode_sign1(items[0][1]).kid
 
 

@@ -30,11 +30,12 @@ KEYS = {KEY.kid: trusted(KEY)}
 
 
 def signer_chain(rows: list[Any] | None = None) -> list[bytes]:
-    """Statements as the signer makes them: ledger-linked, chains resolved to parent capsule ids."""
+    """Statements in the legacy ledger-linked form (a ``ledger`` block inside), chains resolved to parent ids."""
     out, ids = [], {}
     prev_hash, prev_id = capm.GENESIS_HASH, None
     for pos, v in enumerate(rows or design_rows(), start=1):
-        cap = capsule_map.capsule_from_verdict(v, operator="acme", salt=SALT, parent_capsule_id=ids.get(v.supersedes))
+        cap = capsule_map.capsule_from_verdict(v, operator="acme", salt=SALT, parent_capsule_id=ids.get(v.supersedes),
+                                               chained=True)
         cap = capm.attach_ledger(cap, capm.Ledger(position=pos, prev_hash=prev_hash, prev_capsule_id=prev_id))
         chain = cap.to_dict().get("chain")
         prev_hash, prev_id = capm.ledger_entry_hash(pos, cap.capsule_id, chain, prev_hash), cap.capsule_id
@@ -113,7 +114,7 @@ def test_check2_identity() -> None:
 
 def test_check3_confirmed_binding() -> None:
     """confirmed without a well-formed response_digest fails check 3."""
-    executed = signer_chain()[8]
+    executed = signer_chain()[7]
     r = _one(craft(executed, lambda p: p["effect"].pop("response_digest")))
     assert codes(r, "error") == [(3, "confirmed_without_response_digest")]
     r = _one(craft(executed, lambda p: p["effect"].update(response_digest="not-hex")))
@@ -135,7 +136,7 @@ def test_check4_orthogonality() -> None:
 
 def test_check5_attestation_matrix_vectors() -> None:
     """failed and reverted without effect_attestation fail check 5; planned with one fails too (§6 vector)."""
-    errored = signer_chain()[10]
+    errored = signer_chain()[9]
     for status in ("failed", "reverted"):
         def drop(p: dict[str, Any], status: str = status) -> None:
             p["effect"]["status"] = status
@@ -192,7 +193,7 @@ def test_check8_unknown_registry_values_are_informational() -> None:
         p["effect"]["type"] = "com.example.ship"
         p["effect"]["effect_attestation"] = "com.example.tee"
 
-    r = _one(craft(signer_chain()[10], exotic))
+    r = _one(craft(signer_chain()[9], exotic))
     assert r.ok
     assert [c for c in codes(r, "info") if c[0] == 8] == [(8, "unregistered_value")] * 3
     assert r.effect_grade == "runtime_claimed"
@@ -206,7 +207,7 @@ def test_findings_in_fixed_order() -> None:
         p["effect"]["effect_attestation"] = None
         p["pgw"]["f"] = 1.5
 
-    r = _one(craft(signer_chain()[10], many, reid=False))
+    r = _one(craft(signer_chain()[9], many, reid=False))
     checks = [f.check for f in r.findings]
     assert checks == sorted(checks) and {1, 2, 5, 7, 8} <= set(checks)
 

@@ -24,6 +24,7 @@ from tests.kernel_support import (
     read_log,
     request,
     running_gateway,
+    read_verdicts,
     stored_verdicts,
 )
 
@@ -145,7 +146,9 @@ async def test_hem_approve_round_trip(env: Env) -> None:
     await env.watch.wait("IDP_COMMITMENT_VERIFIED", lambda ev: ev["body"]["record"]["idp_id"] == rec["idp_id"])
     await env.watch.wait("verdict:executed", lambda v: v["idp_id"] == rec["idp_id"])
     executed = await stored_verdicts(env.js, "executed", lambda v: v.idp_id == rec["idp_id"])
-    assert executed[0].supersedes == stable_id("resolved", item.moment_id) and executed[0].approver == "human"
+    # spec 004 §5.4.2: the execution closes the dispatch; the approval is no `resolved` closure of its own
+    assert executed[0].supersedes == stable_id("dispatch", item.moment_id) and executed[0].approver == "human"
+    assert await read_verdicts(env.js, "resolved") == []
     assert executed[0].human_disposed is True
     assert isinstance(await env.send(env.idp(2, "ReadBooking")), Permit)
     # Exactly once: a second, different report for the same idp_id is refused, a critical finding that goes to HEM.
@@ -248,8 +251,10 @@ async def test_redelivered_report_is_not_doubled(env: Env) -> None:
     assert await kernel.handle_transition(AGENT, data, 999) == "verified"
     assert len(await read_log(env.js, "STATE_TRANSITIONED")) == 1
     assert len(await read_log(env.js, "IDP_COMMITMENT_VERIFIED")) == 1
-    errored = await stored_verdicts(env.js, "errored")
-    assert len(errored) == 1 and errored[0].effect.status == "failed"
+    # spec 004 §5.4.2: "failed" is the effect status of an executed action, never the class errored
+    assert await read_verdicts(env.js, "errored") == []
+    executed = await stored_verdicts(env.js, "executed")
+    assert len(executed) == 1 and executed[0].effect.status == "failed"
 
 
 async def test_hem_expiry_is_a_refusal(make_config: Any, nc: Any, tmp_path: Path) -> None:

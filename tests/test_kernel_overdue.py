@@ -10,6 +10,7 @@ from consumers.signer import Signer
 from consumers.verifier import payload_of, verify_many
 from gateway.kernel.service import KernelService
 from subjects.idp import Permit
+from subjects.util import stable_id
 from tests.kernel_support import (
     Issuer,
     idp,
@@ -18,6 +19,7 @@ from tests.kernel_support import (
     read_log,
     request,
     running_gateway,
+    read_verdicts,
     stored_verdicts,
 )
 from tests.test_capsule_signer import signer_keys, stream_items, wait_count
@@ -57,7 +59,38 @@ async def test_a_permit_without_report_is_closed_by_a_timeout_capsule(make_confi
     items = await stream_items(js, "PGW_REGISTRATION")
     caps = {payload_of(d)["pgw"]["idp_id"]: payload_of(d) for _s, d, _h in items}
     cap = caps[silent["idp_id"]]
-    assert cap["disposition"]["verdict_class"] == "timeout" and "effect" not in cap
+    # spec 004 §5.4.2: the permit went out, so whether the action ran is unknown: a timeout after dispatch
+    assert cap["disposition"]["verdict_class"] == "timeout"
+    assert cap["effect"] == {"type": "CloseBooking", "status": "dispatched", "effect_attestation": "runtime_claimed"}
+    assert cap["assurance"]["effect_mode"] == "dispatched_unconfirmed"
+    results = verify_many([(s, d) for s, d, _ in items], keys=signer_keys(cfg))
+    assert all(r.ok for r in results), [(r.source, r.findings) for r in results if not r.ok]
+
+
+async def test_a_late_report_is_chained_to_its_timeout(make_config: Any, nc: Any, tmp_path: Path) -> None:
+    """A transition report after the overdue timeout yields an executed capsule that supersedes the timeout's."""
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = kernel_config(make_config, issuer, policy_dir(tmp_path), report_deadline_s=3600, checkpoint_interval_s=0)
+    so = str(uuid.uuid4())
+    token, jti = issuer.mandate(agent=AGENT, so_id=so)
+    js = nc.jetstream()
+    late = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")
+    async with running_gateway(cfg, nc) as gw, Signer(cfg, nc):
+        kernel = next(p for p in gw.parts if isinstance(p, KernelService))
+        assert isinstance(await request(nc, AGENT, {"mandate": token, "idp": late}), Permit)
+        assert await kernel.overdue.sweep(now=1e12) == 1
+        await wait_count(js, "PGW_REGISTRATION", 1)
+        assert await kernel.handle_transition(
+            AGENT, b'{"idp_id": "%s", "executed_action": "CloseBooking", "effect": {"type": "booking.close", "status": "dispatched"}}'
+            % late["idp_id"].encode(), 1) == "verified"
+        await wait_count(js, "PGW_REGISTRATION", 3)  # timeout, executed, and the executed one's outcome
+    [timeout] = await stored_verdicts(js, "timeout")
+    [executed] = await stored_verdicts(js, "executed")
+    assert executed.supersedes == timeout.verdict_id
+    items = await stream_items(js, "PGW_REGISTRATION")
+    caps = {payload_of(d)["pgw"]["verdict_id"]: payload_of(d) for _s, d, _h in items}
+    assert caps[executed.verdict_id]["chain"] == {"parent_capsule_id": caps[timeout.verdict_id]["capsule_id"],
+                                                  "relation": "supersedes"}
     results = verify_many([(s, d) for s, d, _ in items], keys=signer_keys(cfg))
     assert all(r.ok for r in results), [(r.source, r.findings) for r in results if not r.ok]
 
@@ -91,6 +124,10 @@ async def test_a_hem_approval_without_report_is_closed_too(env: Env) -> None:
     assert await kernel.overdue.sweep(now=1e12) == 1
     [v] = await stored_verdicts(env.js, "timeout")
     assert v.idp_id == rec["idp_id"] and v.moment_id == pending.moment_id
+    # the human's approval is the decision it closes; it supersedes the dispatch, the approval having no
+    # closure of its own (spec 004 §5.4.2)
+    assert (v.approver, v.human_disposed, v.supersedes) == ("human", True, stable_id("dispatch", pending.moment_id))
+    assert await read_verdicts(env.js, "resolved") == []
 
 
 async def test_a_logged_permit_is_registered_by_its_log_event_and_closed_once(make_config: Any, nc: Any, tmp_path: Path) -> None:

@@ -182,12 +182,13 @@ async def test_hatch_false_is_delivered_and_recorded(nats_server, tmp_path, nc):
 
 
 async def test_expiry_withdraws_and_records_expired(nats_server, tmp_path, nc):
-    """On expires_in_s the surface gets withdrawn, the signer an expired verdict, the agent moment_expired."""
+    """On expires_in_s the surface gets withdrawn, the signer a timeout verdict, the agent moment_expired."""
     async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
         out = await rec.roundtrip("planner", moment_env("alice", good_moment(), expires_in_s=1))
         w = await rec.item(lambda i: isinstance(i, WithdrawnItem), timeout=15)
         assert (w.moment_id, w.reason) == (out.moment_id, "expired")
-        v = await rec.verdict(lambda v: v.verdict_class == "expired")
+        # spec 004 §5.4.1: an unanswered decision timed out ("expired" is a deferral's TTL)
+        v = await rec.verdict(lambda v: v.verdict_class == "timeout")
         assert v.decision == "reject" and v.human_disposed is False
         await rec.until(lambda: next((o for o in rec.outcomes if isinstance(o, MomentExpired)), None))
 

@@ -150,7 +150,8 @@ class Denials:
         await self.desk.dispatch(
             agent=agent, principal=principal, binding_moment=moment, envelope_id=idp.idp_id,
             correlation_id=idp.session_id, expires_in_s=self.cfg.hem_expires_in_s, traceparent=tp,
-            hem=HemContext(idp.idp_id, idp.session_id, idp.requested_action), moment_id=moment_id,
+            hem=HemContext(idp.idp_id, idp.session_id, idp.requested_action,
+                           permits=trigger == "HEM_URGENCY_REQUIRED"), moment_id=moment_id,
         )
         log.info("hem escalated", agent=agent, idp_id=idp.idp_id, trigger=trigger, moment_id=moment_id,
                  session_state=sess.state)

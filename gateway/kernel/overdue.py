@@ -59,7 +59,7 @@ from pgwcore.logs import get_logger
 from pgwcore.streams import ensure_kv
 from subjects.idp import log_event_decoder
 from subjects.util import now_rfc3339, parse_rfc3339, stable_id
-from subjects.wire import Refusal, Verdict
+from subjects.wire import Refusal, ReportedEffect, Verdict
 
 log = get_logger("pgw.kernel.overdue")
 
@@ -244,9 +244,16 @@ class OverdueReports:
         await self.kernel.publisher.verdict(
             Verdict(
                 verdict_id=stable_id("idp-report-overdue", so, idp), verdict_class="timeout", decision="accept",
-                approver="policy", human_disposed=False, ts=now_rfc3339(), agent=op.agent, principal=op.principal,
+                # A HEM-approved step: the human's approval is the decision this verdict closes.
+                approver="human" if op.moment_id else "policy", human_disposed=bool(op.moment_id),
+                ts=now_rfc3339(), agent=op.agent, principal=op.principal,
                 action_type=op.requested_action, action_id=op.idp_id, idp_id=op.idp_id, moment_id=op.moment_id,
+                supersedes=stable_id("dispatch", op.moment_id) if op.moment_id else None,
                 reason=Refusal(code="TRANSITION_REPORT_MISSING", reason=why),
+                # Spec 004 §5.4.2: a timeout after dispatch is "timeout" with dispatched_unconfirmed.
+                # The permit went out; whether the effect happened is unknown, so "not_applicable"
+                # (nothing ran) would be a claim the gateway cannot make.
+                effect=ReportedEffect(type=op.requested_action, status="dispatched"),
                 details={"event_seq": ev.seq, "idp_submitted_seq": op.submitted_seq},
             )
         )

@@ -58,7 +58,24 @@ COMMITMENT_GAPS = Counter(
     registry=REGISTRY,
 )
 
-_ERRORED = {"failed", "error", "errored", "failure"}
+# Spec 004 §5.4.2: "failed" (ran, returned a clean failure, state known) is an effect status of an
+# executed action, never the reason-class errored (ran and threw, state unknown).
+_ERRORED = {"error", "errored", "failure"}
+
+
+def _closes(entry: IdpEntry) -> str | None:
+    """The verdict a transition's verdict supersedes (spec 004 §5.4.4), if any.
+
+    A report after the overdue timeout supersedes that timeout, which said the
+    outcome was unknown; otherwise a HEM-approved step's execution closes the
+    dispatch of its moment (§5.4.2: "executed" chained to the dispatch is the
+    one encoding of a closure with effect).
+    """
+    if entry.overdue_seq is not None:
+        return stable_id("idp-report-overdue", entry.so_id.lower(), entry.idp_id.lower())
+    if entry.moment_id:
+        return stable_id("dispatch", entry.moment_id)
+    return None
 
 
 def recorded_status(reported: str, response_digest: str | None) -> tuple[str, str | None]:
@@ -309,7 +326,7 @@ class TransitionReports:
             human_disposed=human,
             ts=now_rfc3339(), agent=agent, principal=entry.principal, action_type=entry.requested_action,
             action_id=entry.idp_id, idp_id=entry.idp_id, moment_id=entry.moment_id,
-            supersedes=stable_id("resolved", entry.moment_id) if entry.moment_id else None,
+            supersedes=_closes(entry),
             traceparent=tp,
             effect=ReportedEffect(type=eff.type, status=status, request=eff.request, response=eff.response,
                                   external_ref=eff.external_ref, irreversibility_class=eff.irreversibility_class),
