@@ -35,6 +35,7 @@ COMMAND_MODULES: list[str] = [
     "gateway.commands.kernel",
     "gateway.commands.audit",
     "gateway.commands.security",
+    "gateway.commands.accounts",
     "gateway.commands.mcp",
 ]
 
