@@ -286,6 +286,18 @@ class PipelineConfig(_Section):
                 raise ConfigError(f"pipeline.vendor_kinds.{name}", "a configured kind must be vendor-namespaced (vendor.<host>.<kind>) and not vendor.pgw.*")
 
 
+class KeysConfig(_Section):
+    """Signing keys (kernel, signer, the notifier's VAPID key) and the signer's salt.
+
+    ``create = true`` (the default, so `make run` just works) makes a missing key on
+    first start. A production deployment sets ``create = false``: a key volume mounted
+    at the wrong path then stops the service with the file named, instead of signing
+    silently with a brand-new key that no verifier trusts (docs/operations.md).
+    """
+
+    create: bool = True
+
+
 class Config(_Section):
     """Top-level configuration. Every setting has a safe default."""
 
@@ -307,6 +319,7 @@ class Config(_Section):
     registrar: RegistrarConfig = field(default_factory=RegistrarConfig)
     notifier: NotifierConfig = field(default_factory=NotifierConfig)  # issue 17, docs/notifications.md
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    keys: KeysConfig = field(default_factory=KeysConfig)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
