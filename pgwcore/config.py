@@ -16,6 +16,7 @@ import msgspec
 from msgspec import Meta, Struct, field
 
 from pgwcore.notifier_config import NotifierConfig
+from pgwcore.tls import TlsFiles
 from subjects.errors import ConfigError
 from subjects.names import Subjects, check_token, principal_token
 
@@ -286,6 +287,21 @@ class PipelineConfig(_Section):
                 raise ConfigError(f"pipeline.vendor_kinds.{name}", "a configured kind must be vendor-namespaced (vendor.<host>.<kind>) and not vendor.pgw.*")
 
 
+class TlsConfig(_Section):
+    """TLS to the NATS server (pgwcore/tls.py): the CA that signed it, and a client certificate if it asks."""
+
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.cert) != bool(self.key):
+            raise ConfigError("tls", "cert and key go together: give both (a client certificate and its key) or neither")
+
+    def files(self) -> TlsFiles | None:
+        return TlsFiles(self.ca, self.cert, self.key) if (self.ca or self.cert) else None
+
+
 class KeysConfig(_Section):
     """Signing keys (kernel, signer, the notifier's VAPID key) and the signer's salt.
 
@@ -320,6 +336,7 @@ class Config(_Section):
     notifier: NotifierConfig = field(default_factory=NotifierConfig)  # issue 17, docs/notifications.md
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     keys: KeysConfig = field(default_factory=KeysConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
