@@ -167,6 +167,9 @@ class OpsConfig(_Section):
     lag_interval_s: Annotated[float, Meta(gt=0)] = 5.0  # consumer-lag gauge refresh
     micro: bool = True  # register with the NATS services API ($SRV.PING/INFO/STATS)
     dead_letter: bool = True  # after max_deliver: dead-letter record + engine_failure verdict
+    # pgwcore/durability.py: at start, are the streams a service writes R3 or fsynced on every write?
+    durability: Literal["warn", "refuse", "off"] = "warn"
+    nats_monitor_url: str | None = None  # the server's monitoring endpoint (reads /varz sync_always)
 
 
 class SignerConfig(_Section):
