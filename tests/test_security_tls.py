@@ -59,3 +59,28 @@ def test_half_a_client_pair_is_refused(tmp_path: Path) -> None:
         TlsFiles(cert="/x.pem").client_context()
     with pytest.raises(TlsError, match="no such file"):
         TlsFiles(ca=str(tmp_path / "missing.pem")).client_context()
+
+
+async def test_pgw_commands_take_tls_flags_and_nats_cli_variables(mtls_server, tmp_path: Path) -> None:
+    """`pgw streams` reaches a mutual-TLS server with --tls-* flags, or with NATS_CA/NATS_CERT/NATS_KEY; without, it fails."""
+    import asyncio
+    import os
+    import sys
+
+    server, ca = mtls_server
+    repo = Path(__file__).resolve().parent.parent
+    base = [sys.executable, "-m", "gateway.cli", "--server", server.client_url, "--data-dir", str(tmp_path / "d")]
+
+    async def run(args: list[str], env: dict[str, str]) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(*base, *args, "streams", cwd=str(repo), env=env,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode or 0, out.decode()
+
+    clean = {k: v for k, v in os.environ.items() if k not in ("NATS_CA", "NATS_CERT", "NATS_KEY")}
+    code, out = await run(["--tls-ca", str(ca.ca), "--tls-cert", str(ca.client_cert), "--tls-key", str(ca.client_key)], clean)
+    assert code == 0, out
+    code, out = await run([], {**clean, "NATS_CA": str(ca.ca), "NATS_CERT": str(ca.client_cert), "NATS_KEY": str(ca.client_key)})
+    assert code == 0, out
+    code, out = await run(["--tls-ca", str(ca.ca)], clean)  # no client certificate: the server refuses
+    assert code != 0 and "cannot connect" in out, out

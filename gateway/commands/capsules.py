@@ -86,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 async def _run_one(config: Config, factory: type, name: str) -> int:
-    nc = await connect(config.nats_url, creds=config.creds, name=f"pgw-{name}")
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name=f"pgw-{name}")
     try:
         await ensure_streams(nc.jetstream(), config.subjects,
                              duplicate_window_s=config.gateway.duplicate_window_s)
@@ -143,7 +143,7 @@ def _read_paths(paths: list[str]) -> list[tuple[str, bytes]]:
 
 async def read_stream(config: Config, stream: str) -> list[tuple[str, bytes]]:
     """Every message of ``stream`` by sequence (a direct read: no consumer, nothing acked)."""
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-verify", once=True)
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-verify", once=True)
     try:
         js = nc.jetstream()
         state = (await js.stream_info(stream)).state
@@ -300,7 +300,7 @@ async def handle_status(args: argparse.Namespace, config: Config) -> int:
     """Registration progress from the streams (docs/capsules.md "Registration")."""
     from consumers.registrar_status import progress  # only this command needs it
 
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-capsules", once=True)
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-capsules", once=True)
     try:
         p = await progress(nc.jetstream(), config.registrar.durable)
     finally:

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 async def handle_notifier(args: argparse.Namespace, config: Config) -> int:
     from consumers.notify.service import Notifier
 
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-notifier")
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-notifier")
     try:
         await ensure_streams(nc.jetstream(), config.subjects, duplicate_window_s=config.gateway.duplicate_window_s)
         notifier = Notifier(config, nc)  # a bad channel file fails here, before anything runs
@@ -48,7 +48,7 @@ async def handle_notifier(args: argparse.Namespace, config: Config) -> int:
 async def handle_notifications(args: argparse.Namespace, config: Config) -> int:
     from consumers.notify.store import dead_letters, status
 
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-notifications", once=True)
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-notifications", once=True)
     try:
         js = nc.jetstream()
         if args.dead:

@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 async def handle(args: argparse.Namespace, config: Config) -> int:
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-gateway")
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-gateway")
     stop = stop_event()
     try:
         await run_services([Gateway(config, nc)], stop, on_started=lambda: log.info("gateway ready", server=config.nats_url))

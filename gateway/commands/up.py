@@ -113,7 +113,7 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
     await server.start()  # AlreadyRunning / ServerError are reported by the CLI
     try:
         config = msgspec.structs.replace(config, nats_url=server.client_url)
-        nc = await connect(server.client_url, creds=config.creds, name="pgw-up")
+        nc = await connect(server.client_url, creds=config.creds, tls=config.tls.files(), name="pgw-up")
         try:
             created = await ensure_streams(nc.jetstream(), config.subjects,
                                            duplicate_window_s=config.gateway.duplicate_window_s)
