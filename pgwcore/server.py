@@ -251,6 +251,27 @@ class EmbeddedServer:
                 await proc.wait()
         self._release_lock()
 
+    async def wait_exit(self) -> int:
+        """Wait until the server process exits (on its own or killed); its return code."""
+        proc = self._proc
+        if proc is None:
+            return 0
+        return await proc.wait()
+
+    async def restart(self, timeout: float = 20.0) -> None:
+        """Start the server again on the same ports and store, keeping the lock (it died, we did not stop it).
+
+        The ports it chose at its first start are kept, so clients reconnect to the URL they have.
+        """
+        if self._proc is not None and self._proc.returncode is None:
+            raise ServerError("restart of a server that is still running")
+        for url, attr in ((self.client_url, "port"), (self.monitor_url, "monitor_port"),
+                          (self.websocket_url, "websocket_port")):
+            if url and getattr(self, attr) == -1:
+                setattr(self, attr, int(url.rsplit(":", 1)[1].split("/")[0]))
+        self._proc = None
+        await self._start(timeout)
+
     def kill(self) -> None:
         """SIGKILL the server (fault injection); the lock stays held."""
         if self._proc and self._proc.returncode is None:
