@@ -81,6 +81,9 @@ class EmbeddedServer:
     tls_verify: bool = True
     health_client_cert: str = ""  # the start-up health probe's client certificate, when tls_verify
     health_client_key: str = ""
+    # Credentials the start-up probe connects with, so "healthy" means JetStream answers this account
+    # (an anonymous probe of a secured server only learns that it refuses anonymous users).
+    health_creds: str = ""
     extra_conf: str = ""
     # DESIGN §7: an fsync per write. None: nats-server's own default (the benchmarks compare both).
     sync_interval: str | None = "always"
@@ -230,7 +233,7 @@ class EmbeddedServer:
         tls: dict[str, object] = {}
         if self.tls_cert:  # the probe presents the client certificate a verifying server asks for
             tls = {"tls": TlsFiles(self.tls_ca, self.health_client_cert, self.health_client_key).client_context()}
-        creds = os.environ.get("PGW_HEALTH_CREDS")
+        creds = self.health_creds or os.environ.get("PGW_HEALTH_CREDS")
         if not creds:
             return {"error_cb": quiet, **tls}
         from pgwcore.identity import creds_connect_options  # JWT .creds or a pgw nkey file
