@@ -40,11 +40,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 import msgspec
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 
 from consumers.cose import CoseError, with_receipt
@@ -68,9 +67,8 @@ from consumers.ts_keys import (
     write_pinned_ts_keys,
 )
 from consumers.verifier import payload_of
-from pgwcore import micro
 from pgwcore.logs import get_logger
-from pgwcore.service import stop_pull_loop
+from pgwcore.service import PullService
 from pgwcore.streams import ensure_stream
 from subjects.util import now_rfc3339
 
@@ -115,22 +113,16 @@ async def discover_ts_keys(client: ScrapiClient) -> dict[str, TsKey]:
     raise UnsupportedTsKey("the transparency configuration has neither jwks nor jwks_uri; set registrar.ts_public_key")
 
 
-class Registrar:
-    """The registrar service: an async context manager with an idempotent ``drain()``."""
+class Registrar(PullService):
+    """The registrar service; its life cycle (start, idempotent ``drain()``, close) is ``PullService``'s."""
 
     name = "registrar"
 
     def __init__(self, config: Config, nc: Client) -> None:
-        self.config = config
-        self.nc = nc
-        self.js = nc.jetstream()
-        self.subjects = config.subjects
+        super().__init__(config, nc)
         self.client: ScrapiClient | None = None
         self.ts_keys: dict[str, TsKey] = {}
         self.leaves = leaf_kinds(config.registrar.receipt_leaf)
-        self._sub: Any = None
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
         self._outage = 0  # consecutive transient failures: the TS is down or busy while > 0
         self._refusals: dict[str, int] = {}  # permanent refusals per statement (in memory: a restart only adds tries)
         self.registered = 0
@@ -138,8 +130,7 @@ class Registrar:
         self.dead_lettered = 0
         self.waiting: int | None = None
 
-    async def __aenter__(self) -> Registrar:
-        self._micro = await micro.register(self.nc, "registrar", self.config)  # nats micro ls (issue 8)
+    async def start(self) -> None:
         rc = self.config.registrar
         if not rc.ts_url:
             self.waiting = await self._queue_depth()
@@ -148,7 +139,7 @@ class Registrar:
                 "capsules wait in capsule.register",
                 waiting=self.waiting,
             )
-            return self
+            return
         self.client = ScrapiClient(rc.ts_url, timeout_s=rc.http_timeout_s, poll_timeout_s=rc.poll_timeout_s)
         self.ts_keys = configured_ts_keys(self.config)  # a bad configured key fails here, at start
         await self._ensure_dlq()
@@ -163,21 +154,12 @@ class Registrar:
             ),
         )
         TS_UP.set(1)
-        self._task = asyncio.create_task(self._run(), name="pgw-registrar")
+        self.spawn(self._run(), name="pgw-registrar")
         log.info("registrar started", ts_url=rc.ts_url, pinned_keys=sorted(self.ts_keys),
                  receipt_leaf=rc.receipt_leaf)
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.drain()
-
-    async def drain(self) -> None:
-        """Stop fetching, finish the statement in hand, close HTTP. Idempotent."""
-        await micro.unregister(getattr(self, "_micro", None))
-        self._micro = None
-        task, self._task = self._task, None
-        sub, self._sub = self._sub, None
-        await stop_pull_loop(self._stopping, task, sub)
+    async def close(self) -> None:
+        """After the statement in hand is finished (``drain()``): close HTTP."""
         client, self.client = self.client, None
         if client is not None:
             await client.close()
@@ -214,25 +196,20 @@ class Registrar:
     async def _pause(self, seconds: float) -> None:
         """Sleep, but wake at once on drain."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
+            await asyncio.wait_for(self.stopping.wait(), seconds)
 
     async def _run(self) -> None:
         last_depth = 0.0
         loop = asyncio.get_running_loop()
-        while not self._stopping.is_set():
-            try:
-                msgs = await self._sub.fetch(8, timeout=0.5)
-            except (TimeoutError, NatsTimeoutError):
+        while not self.stopping.is_set():
+            msgs = await self.fetch(lambda: self._sub.fetch(8, timeout=0.5), log)
+            if msgs is None:
+                return
+            if not msgs:  # none came in time, or a failed fetch was logged
                 await self._queue_depth()
                 continue
-            except Exception:
-                if self._stopping.is_set() or self.nc.is_closed:
-                    return
-                log.exception("fetch failed; retrying")
-                await asyncio.sleep(0.5)
-                continue
             for i, msg in enumerate(msgs):
-                if self._stopping.is_set() or not await self.handle(msg):
+                if self.stopping.is_set() or not await self.handle(msg):
                     for rest in msgs[i + 1:]:  # back to the queue untouched: tried after the pause
                         await rest.nak()
                     break

@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from nats.errors import Error as NatsError
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
@@ -68,7 +67,6 @@ from consumers.signer_ledger import (
     claims_for,
     sign_payload,
 )
-from pgwcore import micro
 from pgwcore.atomic import (
     ERR_ATOMIC_DISABLED,
     MAX_BATCH,
@@ -77,7 +75,7 @@ from pgwcore.atomic import (
 from pgwcore.keys import MissingKeyError, SigningKey, load_or_create
 from pgwcore.logs import get_logger
 from pgwcore.pull import fetch_ready
-from pgwcore.service import delivery, stop_pull_loop
+from pgwcore.service import PullService, delivery
 from subjects.errors import PgwError
 from subjects.wire import Verdict, verdict_decoder
 
@@ -122,22 +120,16 @@ def salt_path(config: Config) -> Path:
     return config.data_path / "signer" / "tenant_salt"
 
 
-class Signer(LedgerMixin):
-    """The signer service: an async context manager with an idempotent ``drain()``."""
+class Signer(LedgerMixin, PullService):
+    """The signer service; its life cycle (start, idempotent ``drain()``, close) is ``PullService``'s."""
 
     name = "signer"
 
     def __init__(self, config: Config, nc: Client) -> None:
-        self.config = config
-        self.nc = nc
-        self.js = nc.jetstream()
-        self.subjects = config.subjects
+        super().__init__(config, nc)
         self.key: SigningKey | None = None
         self.salt = ""
         self._head: _Head | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
-        self._sub: Any = None
         self._atomic_ledger = False
         self._atomic_register = False
         self._timeout = 10.0  # a durable write unanswered this long counts as failed
@@ -146,9 +138,8 @@ class Signer(LedgerMixin):
         self.checkpoints: CheckpointSigner | None = None
 
     # -- life cycle ---------------------------------------------------------
-    async def __aenter__(self) -> Signer:
+    async def start(self) -> None:
         self.profile = profiles.profile(self.config.signer.capsule_format)  # fails at start, format named
-        self._micro = await micro.register(self.nc, "signer", self.config)  # nats micro ls (issue 8)
         self.key = load_or_create(self.config.data_path, "signer", create=self.config.keys.create)
         self.salt = load_or_create_salt(salt_path(self.config), create=self.config.keys.create)
         await self._ensure_ledger()
@@ -166,12 +157,11 @@ class Signer(LedgerMixin):
             ),
         )
         await self._fit_durable(sc.batch * 4)
-        self._task = asyncio.create_task(self._run(), name="pgw-signer")
+        self.spawn(self._run(), name="pgw-signer")
         # The event log's anchored heads, on to the Transparency Service (issue 20).
         self.checkpoints = CheckpointSigner(self)
         await self.checkpoints.start()
         log.info("signer started", kid=self.key.kid, durable=sc.durable)
-        return self
 
     async def _fit_durable(self, want: int) -> None:
         """An existing durable (made with a smaller ``signer.batch``) gets room for the pipeline's batches.
@@ -194,18 +184,10 @@ class Signer(LedgerMixin):
         else:
             log.info("signer durable widened", durable=durable, max_ack_pending=want)
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.drain()
-
-    async def drain(self) -> None:
-        """Stop fetching, finish the batch in hand, release the subscription. Idempotent."""
-        await micro.unregister(getattr(self, "_micro", None))
-        self._micro = None
+    async def stop_inputs(self) -> None:
+        """The checkpoint input stops first; then ``drain()`` lets the batch in hand finish."""
         if self.checkpoints is not None:
             await self.checkpoints.drain()
-        task, self._task = self._task, None
-        sub, self._sub = self._sub, None
-        await stop_pull_loop(self._stopping, task, sub)
 
     async def wait_signed(self, n: int, timeout: float | None = None) -> None:
         """Wait until this instance has stored ``n`` capsules (tests, benchmarks)."""
@@ -225,7 +207,7 @@ class Signer(LedgerMixin):
         storing: set[asyncio.Task[None]] = set()
         ahead: asyncio.Future[list[Msg]] | None = None
         try:
-            while not self._stopping.is_set():
+            while not self.stopping.is_set():
                 msgs = await (ahead or self._fetch(batch))
                 ahead = None
                 if msgs is None:
@@ -249,16 +231,8 @@ class Signer(LedgerMixin):
 
     async def _fetch(self, batch: int) -> list[Msg] | None:
         """The next verdicts; [] when none came in time, None when the loop should end."""
-        try:
-            return await fetch_ready(self._sub, batch, timeout=0.5)  # the ready batch without a task per message
-        except (TimeoutError, NatsTimeoutError):
-            return []
-        except Exception:
-            if self._stopping.is_set() or self.nc.is_closed:
-                return None
-            log.exception("fetch failed; retrying")
-            await asyncio.sleep(0.5)
-            return []
+        # the ready batch without a task per message
+        return await self.fetch(lambda: fetch_ready(self._sub, batch, timeout=0.5), log)
 
     async def _prepare_batch(self, msgs: list[Msg]) -> list[_Job]:
         """Decode, build, chain (ledger stored) and sign; return the jobs whose capsule can be stored.

@@ -17,13 +17,12 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from consumers import checkpoint_statement as cps
 from pgwcore.logs import get_logger
-from pgwcore.service import stop_pull_loop
+from pgwcore.service import fetch_batch, stop_pull_loop
 from subjects.checkpoint import CHECKPOINT_STREAM as STREAM
 from subjects.checkpoint import Checkpoint, checkpoint_subject
 
@@ -65,20 +64,14 @@ class CheckpointSigner:
     async def drain(self) -> None:
         task, self._task = self._task, None
         sub, self._sub = self._sub, None
-        await stop_pull_loop(self._stopping, task, sub)
+        await stop_pull_loop(self._stopping, [task], sub)
 
     async def _run(self) -> None:
         while not self._stopping.is_set():
-            try:
-                msgs = await self._sub.fetch(16, timeout=0.5)
-            except (TimeoutError, NatsTimeoutError):
-                continue
-            except Exception:
-                if self._stopping.is_set() or self.signer.nc.is_closed:
-                    return
-                log.exception("fetching checkpoints failed; retrying")
-                await asyncio.sleep(0.5)
-                continue
+            msgs = await fetch_batch(lambda: self._sub.fetch(16, timeout=0.5), self._stopping, self.signer.nc, log,
+                                     what="fetching checkpoints")
+            if msgs is None:
+                return
             for m in msgs:
                 await self.handle(m)
 

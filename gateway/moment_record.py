@@ -62,6 +62,7 @@ class MomentRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     resolution: Resolution | None = None
     resolved_at: float | None = None
     traceparent: str | None = None
+    node_id: str | None = None  # the envelope's nodeId (spec 002 "Run event log integration")
 
 
 HemCallback = Callable[[MomentRecord, str, Resolution | None], Awaitable[None]]
@@ -130,7 +131,7 @@ def closing_outcome(rec: MomentRecord) -> ResolutionOutcome | MomentExpired | He
     ts = to_rfc3339(rec.resolved_at)
     common: dict[str, Any] = dict(
         agent=rec.agent, ts=ts, untrusted=rec.untrusted, traceparent=rec.traceparent,
-        moment_id=rec.moment_id, principal=rec.principal,
+        moment_id=rec.moment_id, principal=rec.principal, node_id=rec.node_id,
     )
     res = rec.resolution if rec.status == "resolved" else None
     if rec.hem:
@@ -164,5 +165,6 @@ def closing_verdict(rec: MomentRecord, ts: str, verdict_class: Literal["resolved
         supersedes=rec.dispatch_verdict_id,
         untrusted=rec.untrusted,
         traceparent=rec.traceparent,
+        node_id=rec.node_id,
         **kw,
     )

@@ -153,6 +153,7 @@ class MomentDesk:
         moment_id: str | None = None,
         action_type: str = "pgw.binding_moment",
         details: dict[str, Any] | None = None,
+        node_id: str | None = None,
     ) -> str:
         """Store the moment, publish its surface item and the hitl_dispatched verdict.
 
@@ -173,6 +174,7 @@ class MomentDesk:
             envelope_id=envelope_id,
             correlation_id=correlation_id,
             expires_at=to_rfc3339(expires_at) if expires_at else None,
+            node_id=node_id,
         )
         item: SurfaceItem
         if binding_moment is not None:
@@ -192,6 +194,7 @@ class MomentDesk:
             untrusted=untrusted,
             hem=HemInfo(hem.idp_id, hem.session_id, hem.action) if hem else None,
             traceparent=traceparent,
+            node_id=node_id,
         )
         key = moment_key(principal, moment_id)
         try:
@@ -217,6 +220,7 @@ class MomentDesk:
                 idp_id=hem.idp_id if hem else None,
                 untrusted=untrusted,
                 traceparent=traceparent,
+                node_id=record.node_id,
                 details=details or {},
             )
         )

@@ -84,11 +84,11 @@ class Pipeline:
             ctx.correlation_id = shape.readable_id(hint, "correlationId")
             return [await self._finish(ctx, await self._refuse(ctx, r))]
         outcomes = []
-        # spec 002 "Wire serialization": processed in array order. Only the first
-        # envelopesPerTurn + 1 get an outcome each (the last of them is the
-        # cap.breached refusal): a 100k-element turn must not become 100k
-        # durable publishes and stall the consumer past ack_wait (issue 7).
-        for i, raw in enumerate(values[: self.gw.config.pipeline.envelopes_per_turn + 1]):
+        # spec 002 "Wire serialization": processed in array order, each envelope to
+        # exactly one outcome; those past envelopesPerTurn are cap.breached (the
+        # limits stage). A turn too long to answer envelope by envelope (more than
+        # limits.max_turn_envelopes) was refused whole by decode_body.
+        for i, raw in enumerate(values):
             ctx = Ctx(self.gw, turn, i, raw, state)
             ctx.extra["turn_size"] = len(values)
             outcomes.append(await self.process_envelope(ctx))
@@ -104,6 +104,8 @@ class Pipeline:
                 return await self._finish(ctx, ctx.extra["cached_outcome"])
             outcome: Outcome = await route.HANDLERS[ctx.kind.handler](ctx)
         except Refuse as r:
+            # A clarification / schema.request round counted, then refused: not a round.
+            await limits.uncount(ctx)
             # spec 002: validation refusals count against schemaRounds; past it, cap.breached.
             if limits.counts_against_rounds(ctx, r):
                 # The dedup record before the count (limits module docstring).
@@ -169,6 +171,7 @@ class Pipeline:
             reason=r.refusal,
             untrusted=ctx.untrusted,
             traceparent=ctx.turn.traceparent,
+            node_id=ctx.node_id,
         )
         red = ctx.state.redactor
         verdict = red.scrub_struct(verdict)
@@ -182,6 +185,7 @@ class Pipeline:
                 created_at=ts,
                 untrusted=ctx.untrusted,
                 traceparent=ctx.turn.traceparent,
+                node_id=ctx.node_id,
                 item_id=stable_id("notice", ctx.agent, key),
                 envelope_id=action_id,
                 diagnostic=f"The agent's binding moment was discarded as malformed: {r.reason}",
@@ -194,6 +198,7 @@ class Pipeline:
             ts=ts,
             untrusted=ctx.untrusted,
             traceparent=ctx.turn.traceparent,
+            node_id=ctx.node_id,
             status=r.status,
             envelope_id=ctx.envelope_id,
             correlation_id=ctx.correlation_id,

@@ -3,7 +3,7 @@
 The types are frozen msgspec Structs decoded with ``forbid_unknown_fields`` so
 that a typo'd key fails start-up instead of being silently ignored
 (STYLE.md "Configuration"). Environment overrides are applied only at the CLI
-edge (``gateway.cli``).
+edge (``cli.main``).
 """
 
 from __future__ import annotations
@@ -51,6 +51,9 @@ class LimitsConfig(_Section):
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 1024 * 1024
     max_depth: Annotated[int, Meta(ge=4, le=512)] = 64
     max_string_chars: Annotated[int, Meta(ge=64)] = 64 * 1024
+    # A turn (JSON array) of more envelopes is refused whole (invalid_envelope_shape), one
+    # outcome: below it every envelope gets its own (spec 002 "Wire serialization").
+    max_turn_envelopes: Annotated[int, Meta(ge=1)] = 1024
 
 
 class AgentConfig(_Section):
@@ -118,7 +121,15 @@ class KernelConfig(_Section):
     mismatch_hem_threshold: Annotated[int, Meta(ge=0)] = 3  # spec 003 §5.2(g); 0 = never
     hem_enabled: bool = True
     hem_expires_in_s: Annotated[int, Meta(ge=1, le=30 * 86400)] = 3600
-    pii: Literal["flag", "reject"] = "flag"  # spec 003 §9
+    # spec 003 §9: "reject" (the default) keeps flagged personal data out of the append-only
+    # log; "flag" admits it with a warning and records where it was found.
+    pii: Literal["flag", "reject"] = "reject"
+    # spec 003 §9 names: names (or full names) flagged in goal and reasoning descriptions,
+    # matched case-insensitively as whole words; titles like "Mr Smith" are flagged always.
+    pii_names: list[str] = field(default_factory=list)
+    # spec 003 §8.7: actions whose executed transition must pass a kernel gate. No gate
+    # exists yet, so such an action is denied (GATE_REQUIRED) and a report claiming it refused.
+    gated_actions: list[str] = field(default_factory=list)
     log_permits: bool = True
     # The event log's head is anchored outside it this often, and at drain (gateway/kernel/checkpoint.py).
     checkpoint_interval_s: Annotated[float, Meta(ge=0, le=3600)] = 5.0
@@ -249,10 +260,18 @@ class VendorKindConfig(_Section):
 
 
 class WorkflowConfig(_Section):
-    """spec 001 WorkflowDeclaration (``workflow_id`` is the table key)."""
+    """spec 001 WorkflowDeclaration (``workflow_id`` is the table key).
 
-    authoritative_intent: Literal["authoritative", "non_authoritative"] = "non_authoritative"
+    ``authoritative_intent`` has no default: spec 001 "Every workflow MUST
+    declare whether it may emit authoritative envelopes", so a table without
+    it fails start-up with the field named. ``enforcement_mode`` (docs/pipeline.md)
+    defaults to the safe ``NON_AUTHORITATIVE_ONLY``. ``oracles``: the oracle ids
+    this workflow's records may name (empty: any).
+    """
+
+    authoritative_intent: Literal["authoritative", "non_authoritative"]
     enforcement_mode: Literal["INLINE", "ASYNC", "NON_AUTHORITATIVE_ONLY"] = "NON_AUTHORITATIVE_ONLY"
+    oracles: list[Annotated[str, Meta(min_length=1, max_length=256)]] = field(default_factory=list)
 
 
 class NarrativeConfig(_Section):
@@ -385,6 +404,7 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Config
     for k, v in overrides.items():
         if v is not None:
             raw[k] = v
+    _check_workflows(raw)
     try:
         return msgspec.convert(raw, Config)
     except msgspec.ValidationError as e:
@@ -392,3 +412,16 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Config
         msg = str(e)
         where = msg.rsplit("at `", 1)[-1].rstrip("`") if "at `" in msg else "$"
         raise ConfigError(where, msg) from e
+
+
+def _check_workflows(raw: dict[str, Any]) -> None:
+    """Name the workflow whose intent is missing (msgspec would say ``workflows[...]``)."""
+    pipeline = raw.get("pipeline")
+    workflows = pipeline.get("workflows") if isinstance(pipeline, dict) else None
+    for name, wf in (workflows or {}).items() if isinstance(workflows, dict) else ():
+        if isinstance(wf, dict) and "authoritative_intent" not in wf:
+            # spec 001 "Workflow-Level Authoritative Intent": every workflow MUST declare it.
+            raise ConfigError(
+                f"pipeline.workflows.{name}.authoritative_intent",
+                'missing: every workflow MUST declare authoritative_intent = "authoritative" or "non_authoritative" (spec 001)',
+            )

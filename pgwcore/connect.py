@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 import nats
@@ -81,3 +83,13 @@ async def connect(url: str, *, creds: str | None = None, name: str = "pgw", once
 
 async def _silent(e: Exception) -> None:
     """Probe errors are reported by the caller, not logged twice."""
+
+
+async def close_quietly(nc: Client, timeout: float = 10.0) -> None:
+    """Drain the connection; with the server gone there is nothing to drain: close, no traceback."""
+    try:
+        await asyncio.wait_for(nc.drain(), timeout)
+    except Exception as e:  # noqa: BLE001 - ConnectionReconnectingError etc. when the server is gone
+        log.info("connection closed without draining", reason=type(e).__name__)
+        with contextlib.suppress(Exception):
+            await nc.close()

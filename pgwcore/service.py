@@ -6,8 +6,18 @@ everything. ``run_services`` wires several with an AsyncExitStack, waits for
 a stop event, drains them in reverse order and logs-and-continues past a
 drain step that fails.
 
-Services that ``pgw up`` runs are listed in ``UP_SERVICES``: name -> factory
-``(config, nc) -> Service``. A module that adds a service appends to it.
+The parts every service wrote for itself live here once:
+
+- ``PullService``: the base of a service of its own (signer, registrar,
+  notifier): the services-API registration, the stop signal its loops watch,
+  the loops, the pull subscription, started and released in one order;
+  ``fetch_batch`` is the fetch every such loop makes.
+- ``stop_event``: the signal-driven stop (SIGINT, SIGTERM) of a process.
+- ``serve_alone``: one service as its own process (``pgw gateway``, ``pgw
+  signer``, ``pgw registrar``, ``pgw notifier``): connect, streams, run, drain.
+
+The platform names no service: the list ``pgw up`` runs (``UP_SERVICES``, name ->
+factory ``(config, nc) -> Service``) is the command line's, in ``cli/commands/up.py``.
 """
 
 from __future__ import annotations
@@ -15,14 +25,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+import signal
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from pgwcore import micro
 from pgwcore.logs import get_logger
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.aio.msg import Msg
+    from structlog.typing import FilteringBoundLogger
 
     from pgwcore.config import Config
 
@@ -50,6 +65,7 @@ class Service(Protocol):
 
 
 ServiceFactory = Callable[["Config", "Client"], Service]
+
 
 def freeze_startup_heap() -> None:
     """Collect once, then move everything alive after start-up (modules, compiled patterns,
@@ -81,12 +97,141 @@ async def run_services(services: list[Service], stop: asyncio.Event, *, on_start
                 log.exception("drain failed; continuing", service=svc.name)
 
 
-async def stop_pull_loop(stopping: asyncio.Event, task: asyncio.Task[Any] | None, sub: Any) -> None:
-    """Stop a consumer loop: signal it, let it finish what it holds, release its subscription."""
+async def stop_pull_loop(stopping: asyncio.Event, tasks: Iterable[asyncio.Task[Any] | None], sub: Any) -> None:
+    """Stop consumer loops: signal them, let each finish what it holds, release their subscription."""
     stopping.set()
-    if task is not None:
+    for task in tasks:
+        if task is None:
+            continue
         with contextlib.suppress(asyncio.CancelledError):
             await task
     if sub is not None:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+
+
+async def fetch_batch(
+    fetch: Callable[[], Awaitable[list[Msg]]], stopping: asyncio.Event, nc: Client, log: FilteringBoundLogger,
+    *, what: str = "fetch",
+) -> list[Msg] | None:
+    """One fetch of a consumer loop: the messages; ``[]`` when none came in time; ``None`` when
+    the loop should end (it is stopping, or the connection is closed). Any other failure is
+    logged and answered with ``[]`` after half a second, so the loop keeps the stream alive."""
+    try:
+        return await fetch()
+    except (TimeoutError, NatsTimeoutError):
+        return []
+    except Exception:
+        if stopping.is_set() or nc.is_closed:
+            return None
+        log.exception(f"{what} failed; retrying")
+        await asyncio.sleep(0.5)
+        return []
+
+
+class PullService:
+    """The life cycle of a service of its own that reads a stream (signer, registrar, notifier).
+
+    A subclass sets ``name`` (its services-API role), opens what it
+    needs in ``start()``, keeps its pull subscription in ``self._sub`` and hands
+    its loops to ``spawn()``; each loop runs ``while not self.stopping.is_set()``.
+
+    - ``__aenter__``: registers with the services API (``pgwcore.micro``, so
+      ``nats micro ls`` lists it), then ``start()``. A start that fails is drained
+      before its error goes on, so no loop or registration outlives it.
+    - ``drain()`` (idempotent): unregisters; ``stop_inputs()`` (a second input
+      or responders the subclass runs); sets ``stopping``; waits for every loop
+      to finish what it holds; releases the subscription; ``close()`` (HTTP
+      clients and what else is the subclass's own).
+    - ``__aexit__``: drains.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, config: Config, nc: Client) -> None:
+        self.config = config
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.subjects = config.subjects
+        self.stopping = asyncio.Event()
+        self._sub: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._micro: micro.MicroRegistration | None = None
+
+    async def start(self) -> None:
+        """Open what the service needs and spawn its loops."""
+        raise NotImplementedError
+
+    async def stop_inputs(self) -> None:
+        """Stop what feeds the loops besides the subscription (nothing by default)."""
+
+    async def close(self) -> None:
+        """Release what the service holds once its loops have ended (nothing by default)."""
+
+    def spawn(self, loop: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run ``loop`` as one of the service's loops: ``drain()`` waits for it."""
+        task = asyncio.create_task(loop, name=name)
+        self._tasks.append(task)
+        return task
+
+    async def fetch(self, fetch: Callable[[], Awaitable[list[Msg]]], log: FilteringBoundLogger,
+                    *, what: str = "fetch") -> list[Msg] | None:
+        """``fetch_batch`` with this service's stop signal and connection."""
+        return await fetch_batch(fetch, self.stopping, self.nc, log, what=what)
+
+    async def __aenter__(self) -> Self:
+        self._micro = await micro.register(self.nc, self.name, self.config)  # nats micro ls (issue 8)
+        try:
+            await self.start()
+        except BaseException:
+            await self.drain()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.drain()
+
+    async def drain(self) -> None:
+        """Stop taking work, let each loop finish what it holds, release everything. Idempotent."""
+        reg, self._micro = self._micro, None
+        await micro.unregister(reg)
+        await self.stop_inputs()
+        tasks, self._tasks = self._tasks, []
+        sub, self._sub = self._sub, None
+        await stop_pull_loop(self.stopping, tasks, sub)
+        await self.close()
+
+
+def stop_event() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (the second Ctrl-C is left to Python). Where signals
+    cannot be handled (not the main thread, no signal support) the event is only set by hand."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def serve_alone(config: Config, factory: ServiceFactory, name: str, *, streams: bool = True) -> int:
+    """Run one service as a process of its own until SIGINT/SIGTERM: connect as ``pgw-{name}``,
+    create the streams (``streams``; the gateway makes its own), build the service (a bad
+    configuration fails here, before anything runs), run it, drain it, drain the connection."""
+    from pgwcore.connect import close_quietly, connect
+    from pgwcore.durability import check_durability
+    from pgwcore.streams import ensure_streams, stream_plans
+
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name=f"pgw-{name}")
+    try:
+        if streams:
+            await ensure_streams(nc.jetstream(), config.subjects,
+                                 duplicate_window_s=config.gateway.duplicate_window_s)
+        # Are the contract's streams crash-durable on this server (R3, or fsync on every write)?
+        await check_durability(nc.jetstream(), [p.name for p in stream_plans(config.subjects)],
+                               monitor_url=config.ops.nats_monitor_url, policy=config.ops.durability, service=name)
+        stop = stop_event()
+        await run_services([factory(config, nc)], stop,
+                           on_started=lambda: log.info(f"{name} ready", server=config.nats_url))
+    finally:
+        await close_quietly(nc)
+    return 0

@@ -24,6 +24,10 @@ NonNegInt = Annotated[int, Meta(ge=0)]
 # Identifiers minted by the gateway (lowercase hex digests).
 HexId = Annotated[str, Meta(pattern=r"^[0-9a-f]{16,64}$")]
 Timestamp = Annotated[str, Meta(min_length=1, max_length=64, description="RFC 3339 UTC")]
+# spec 002 EnvelopeMeta.ts: "ISO 8601 UTC timestamp" (the official schema: format date-time, RFC 3339).
+# The calendar (month 13, 25:00) is checked by the shape stage (gateway/stages/shape.py).
+RFC3339_PATTERN = r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
+EnvelopeTimestamp = Annotated[str, Meta(pattern=RFC3339_PATTERN, max_length=64, description="RFC 3339 date-time")]
 
 # Binding-moment slot sizes (spec 000 §6 gives cardinalities; sizes are ours).
 SlotText = Annotated[str, Meta(min_length=1, max_length=2000)]

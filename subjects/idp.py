@@ -21,6 +21,7 @@ JSON Schemas come from the same Structs (``idp_json_schemas()``).
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import re
 from datetime import UTC, datetime
@@ -90,6 +91,9 @@ DenyCode = Literal[
     "CROSS_PRINCIPAL_UNRESOLVED",
     "MISSION_INVALID",
     "IDP_MISSION_REF_MISMATCH",
+    # Extensions (docs/kernel.md "Codes beyond spec 003 §11"):
+    "GATE_REQUIRED",  # §8.7: the action must transit a kernel gate, and none exists
+    "HEM_UNAVAILABLE",  # §4.4 hem_urgency REQUIRED while HEM is switched off
 ]
 
 
@@ -380,17 +384,33 @@ def json_digest(value: Any) -> str:
 
 
 # ---------------------------------------------------------------------------
-# PII markers (spec 003 §9): obvious e-mail addresses and phone numbers
+# PII markers (spec 003 §9): obvious e-mail addresses, phone numbers and names
 # ---------------------------------------------------------------------------
 
 _EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+")
 # An international or grouped phone number: 7-15 digits with separators,
 # optionally '+'-prefixed. Bare UUID fragments and ISO dates do not match.
 _PHONE = re.compile(r"(?<![\w-])(\+\d{1,3}[\s.-]?)?(\(\d{1,4}\)[\s.-]?)?\d{2,4}([\s.-]\d{2,4}){2,4}(?![\w-])")
+# A personal title before a capitalised word ("Mr Smith", "Dr. Jane Doe"): a name
+# whatever the configured list holds.
+_TITLED_NAME = re.compile(r"\b(?:Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Sir|Dame|Madam|Herr|Frau|Mme|Mlle)\.?\s+[A-Z][\w'’-]+")
 
 
-def pii_markers(text: str) -> list[str]:
-    """Kinds of obvious PII found in ``text`` (``email``, ``phone``); never the values."""
+@functools.lru_cache(maxsize=8)
+def _names_re(names: tuple[str, ...]) -> re.Pattern[str] | None:
+    words = sorted({" ".join(n.split()) for n in names if n.strip()}, key=len, reverse=True)
+    if not words:
+        return None
+    alt = "|".join(r"\s+".join(re.escape(w) for w in n.split()) for n in words)
+    return re.compile(rf"(?<!\w)(?:{alt})(?!\w)", re.IGNORECASE)
+
+
+def pii_markers(text: str, names: tuple[str, ...] = ()) -> list[str]:
+    """Kinds of obvious PII found in ``text`` (``email``, ``phone``, ``name``); never the values.
+
+    ``names``: names to flag (``kernel.pii_names``), matched case-insensitively
+    as whole words; a titled name ("Mr Smith") is flagged without a list.
+    """
     found = []
     if _EMAIL.search(text):
         found.append("email")
@@ -399,6 +419,9 @@ def pii_markers(text: str) -> list[str]:
         if 7 <= digits <= 15 and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", m.group(0).strip()):
             found.append("phone")
             break
+    listed = _names_re(tuple(names))
+    if _TITLED_NAME.search(text) or (listed is not None and listed.search(text)):
+        found.append("name")
     return found
 
 

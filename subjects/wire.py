@@ -20,6 +20,7 @@ from subjects.constraints import (
     Code,
     CorrelationId,
     EnvelopeId,
+    EnvelopeTimestamp,
     FreeText,
     HexId,
     KindName,
@@ -27,7 +28,6 @@ from subjects.constraints import (
     OptionLabel,
     OptionReasoning,
     PrincipalToken,
-    ShortText,
     SlotText,
     Timestamp,
 )
@@ -78,7 +78,7 @@ class EnvelopeMeta(Struct, omit_defaults=True):
     (a missing source is synthesized as ``ai-generation`` with a warning).
     """
 
-    ts: Timestamp
+    ts: EnvelopeTimestamp
     source: Source | None = None
     contentTrust: ContentTrust | None = None
     traceparent: Annotated[str, Meta(max_length=128)] | None = None
@@ -170,17 +170,21 @@ class BindingMomentPayload(Struct, forbid_unknown_fields=True, omit_defaults=Tru
 
 
 # ---------------------------------------------------------------------------
-# spec 002 universal kinds
+# spec 002 universal kinds. Closed (forbid_unknown_fields), as the official
+# schemas/envelopes/*.schema.json say (additionalProperties: false): an unknown
+# member is envelope_invalid, never silently dropped.
 # ---------------------------------------------------------------------------
 
 
-class ClarificationQuestion(Struct, omit_defaults=True):
+class ClarificationQuestion(Struct, forbid_unknown_fields=True, omit_defaults=True):
     id: Annotated[str, Meta(min_length=1, max_length=128)]
     question: SlotText
     schema: dict[str, Any] | None = None
+    # The official schema's open-shape bag (spec 002 "Redaction": walked like every other leaf).
+    context: dict[str, Any] | None = None
 
 
-class ClarificationRequestPayload(Struct, omit_defaults=True):
+class ClarificationRequestPayload(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """spec 002 ``clarification.request`` payload (open-shape children allowed)."""
 
     questions: Annotated[list[ClarificationQuestion], Meta(min_length=1, max_length=MAX_LIST_ITEMS)]
@@ -188,26 +192,26 @@ class ClarificationRequestPayload(Struct, omit_defaults=True):
     reasoning: str | None = None
 
 
-class SchemaRequestPayload(Struct, omit_defaults=True):
+class SchemaRequestPayload(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """spec 002 ``schema.request`` payload."""
 
     envelopeType: KindName
-    reason: ShortText | None = None
+    reason: Annotated[str, Meta(max_length=1024)] | None = None  # the official schema's maxLength
     reasoning: str | None = None
 
 
-class SchemaResponsePayload(Struct, omit_defaults=True):
+class SchemaResponsePayload(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """spec 002 ``schema.response`` payload."""
 
     envelopeType: KindName
     ack: Literal[True]
 
 
-class ErrorEnvelopePayload(Struct, omit_defaults=True):
+class ErrorEnvelopePayload(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """spec 002 ``error`` payload: the LLM's own error report (a successful turn)."""
 
     code: Code
-    message: ShortText
+    message: Annotated[str, Meta(min_length=1, max_length=2000)]  # official: minLength 1
     details: dict[str, Any] | None = None
     reasoning: str | None = None
 
@@ -231,6 +235,9 @@ class SurfaceItemBase(Struct, tag_field="item", omit_defaults=True, kw_only=True
     created_at: Timestamp
     untrusted: bool = False
     traceparent: str | None = None
+    # spec 002 "Run event log integration": the events an envelope causes carry its nodeId
+    # (optional: absent when the envelope named none, so the wire stays compatible).
+    node_id: Annotated[str, Meta(max_length=128)] | None = None
 
 
 class BindingMomentItem(SurfaceItemBase, tag="binding_moment"):
@@ -347,6 +354,9 @@ class OutcomeBase(Struct, tag_field="outcome", omit_defaults=True, kw_only=True)
     ts: Timestamp
     untrusted: bool = False
     traceparent: str | None = None
+    # spec 002 "Run event log integration": the events an envelope causes carry its nodeId
+    # (optional: absent when the envelope named none, so the wire stays compatible).
+    node_id: Annotated[str, Meta(max_length=128)] | None = None
 
 
 class EnvelopeOutcome(OutcomeBase, tag="envelope_outcome"):
@@ -470,6 +480,7 @@ class Verdict(Struct, omit_defaults=True, kw_only=True):
     supersedes: HexId | None = None
     untrusted: bool = False
     traceparent: str | None = None
+    node_id: Annotated[str, Meta(max_length=128)] | None = None  # spec 002: the envelope's nodeId
     resolution_kind: Literal["option", "free_text", "dialogue", "answers"] | None = None
     option_index: int | None = None
     text_digest: str | None = None

@@ -1,13 +1,13 @@
 """The shape of the house, read from the imports (STYLE.md "The shape of the house", issue 18).
 
 The graph is built with ``ast`` over ``subjects/``, the shared platform package
-``pgwcore/``, ``gateway/``, ``consumers/`` and ``integrations/``. Every ``import`` and
-``from ... import`` statement counts wherever it stands: at module level, inside
-a function (a lazy import is still a dependency, it only moves the failure to
-run time) and under ``if TYPE_CHECKING:`` (the type checker follows it). An
-import of a name from a package counts as an import of the submodule when one of
-that name exists (``from pgwcore import metrics`` is ``pgwcore.metrics``), and as
-an import of the package's ``__init__`` otherwise.
+``pgwcore/``, ``gateway/``, ``consumers/``, ``integrations/`` and the command line
+``cli/``. Every ``import`` and ``from ... import`` statement counts wherever it
+stands: at module level, inside a function (a lazy import is still a dependency,
+it only moves the failure to run time) and under ``if TYPE_CHECKING:`` (the type
+checker follows it). An import of a name from a package counts as an import of
+the submodule when one of that name exists (``from pgwcore import metrics`` is
+``pgwcore.metrics``), and as an import of the package's ``__init__`` otherwise.
 """
 
 from __future__ import annotations
@@ -18,8 +18,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PLATFORM = "pgwcore"
-PACKAGES = ("subjects", PLATFORM, "gateway", "consumers", "integrations")
-INTEGRATIONS = "integrations"
+CLI = "cli"
+PACKAGES = ("subjects", PLATFORM, "gateway", "consumers", "integrations", CLI)
+
+# package -> the packages it may import, from the ground up (STYLE.md "The shape of the house").
+# gateway/, consumers/ and integrations/ sit side by side and share only what is below them;
+# the command line wires them together and nothing imports it.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "subjects": (),
+    PLATFORM: ("subjects",),
+    "gateway": ("subjects", PLATFORM),
+    "consumers": ("subjects", PLATFORM),
+    "integrations": ("subjects", PLATFORM),
+    CLI: ("subjects", PLATFORM, "gateway", "consumers", "integrations"),
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -111,13 +123,13 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-def _reaching(graph: dict[str, set[str]], source: str, forbidden: tuple[str, ...]) -> list[str]:
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every edge ``module -> target`` whose target's package is not a layer the module's package may import."""
     return sorted(
         f"{m} -> {t}"
         for m, targets in graph.items()
-        if m.split(".")[0] == source
         for t in targets
-        if t.split(".")[0] in forbidden
+        if (src := m.split(".")[0]) != (dst := t.split(".")[0]) and dst not in LAYERS[src]
     )
 
 
@@ -143,47 +155,41 @@ def test_circles_are_found():
 
 
 def test_no_import_circles():
-    """No module of subjects/, the platform, gateway/ or consumers/ imports itself through others."""
+    """No module of the house imports itself through others."""
     found = circles(import_graph())
     assert found == [], "import circles: " + "; ".join(" <-> ".join(c) for c in found)
 
 
-def test_subjects_imports_nothing_above_it():
-    """subjects/ is the bus contract: it imports nothing from the platform, gateway/ or consumers/."""
-    assert _reaching(import_graph(), "subjects", (PLATFORM, "gateway", "consumers", "integrations")) == []
+def test_a_step_up_is_a_violation():
+    """An import of consumers/ from gateway/, of the command line from a consumer, and of gateway/ from the platform are each reported; imports down the layers and inside a package are not."""
+    graph = {
+        "gateway.app": {"pgwcore.service", "subjects.wire", "gateway.pipeline", "consumers.signer"},
+        "consumers.signer": {"pgwcore.keys", "cli.main"},
+        "pgwcore.streams": {"gateway.app"},
+        "cli.main": {"gateway.app", "consumers.signer", "integrations.mcp"},
+    }
+    assert violations(graph) == ["consumers.signer -> cli.main", "gateway.app -> consumers.signer", "pgwcore.streams -> gateway.app"]
 
 
-def test_platform_imports_nothing_from_gateway_or_consumers():
-    """The platform every process shares imports nothing from gateway/ or consumers/."""
+def test_each_package_imports_only_the_layers_below_it():
+    """subjects/ imports nothing of the project; the platform only subjects/; gateway/, consumers/ and integrations/ only the platform and subjects/ (not each other); the command line anything."""
     graph = import_graph()
-    assert any(m.split(".")[0] == PLATFORM for m in graph), f"no {PLATFORM}/ package"
-    assert _reaching(graph, PLATFORM, ("gateway", "consumers", "integrations")) == []
+    assert {m.split(".")[0] for m in graph} == set(PACKAGES), "a package of the house has no modules"
+    assert violations(graph) == []
 
 
-def test_consumers_import_nothing_from_gateway():
-    """consumers/ is downstream of the gateway: it takes the plumbing from the platform and the wire types from subjects/."""
-    assert _reaching(import_graph(), "consumers", ("gateway",)) == []
-
-
-def test_integrations_speak_only_the_contract_and_the_platform():
-    """integrations/ (MCP and the frameworks, issue 16) imports only subjects/ and the platform, like an agent would."""
+def test_no_service_imports_the_command_line():
+    """Nothing outside cli/ imports it: the services run without the command line (a lazy import counts too)."""
     graph = import_graph()
-    assert any(m.split(".")[0] == INTEGRATIONS for m in graph), "no integrations/ package"
-    assert _reaching(graph, INTEGRATIONS, ("gateway", "consumers")) == []
+    assert sorted(f"{m} -> {t}" for m, targets in graph.items() if m.split(".")[0] != CLI
+                  for t in targets if t.split(".")[0] == CLI) == []
 
 
-def test_nothing_below_the_command_line_imports_integrations():
-    """Only the command line (gateway/commands, gateway/cli.py) starts an integration; no service depends on one."""
+def test_the_command_line_is_its_own_package():
+    """`pgw` and its subcommands live in cli/ at the top, and gateway/ holds the gateway service only."""
     graph = import_graph()
-    below = [
-        f"{m} -> {t}"
-        for m, targets in graph.items()
-        if m.split(".")[0] in ("subjects", PLATFORM, "consumers")
-        or (m.startswith("gateway.") and not m.startswith("gateway.commands") and m != "gateway.cli")
-        for t in targets
-        if t.split(".")[0] == INTEGRATIONS
-    ]
-    assert below == []
+    assert {"cli.main", "cli.commands.up"} <= set(graph)
+    assert [m for m in graph if m == "gateway.cli" or m.startswith("gateway.commands")] == []
 
 
 def test_the_readmes_old_connect_path_still_works() -> None:

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 import structlog
 
+from cli.commands import capsules as cli
 from consumers.cose import TrustedKey, decode_sign1, statement_leaf
 from consumers.registrar import DLQ_STREAM, Registrar
 from consumers.registrar_status import progress
 from consumers.signer import Signer
 from consumers.ts_keys import pinned_ts_keys_path
 from consumers.verifier import payload_of, verify_many
-from gateway.commands import capsules as cli
 from pgwcore.config import Config
 from pgwcore.metrics import REGISTRY
 from pgwcore.publish import Publisher

@@ -123,7 +123,7 @@ async def test_resolution_waits_for_its_dispatch(nc: Any, make_config: Any) -> N
 def _spawn_signer(config: Config, toml: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, "-m", "gateway.commands.capsules", "--config", str(toml), "--server", config.nats_url,
+        [sys.executable, "-m", "cli.commands.capsules", "--config", str(toml), "--server", config.nats_url,
          "--data-dir", config.data_dir, "--log-format", "json", "--log-level", "WARNING", "signer"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL,
         stderr=(toml.parent / "signer.log").open("ab"),  # a file: a full pipe would stall the child

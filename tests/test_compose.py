@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.cli import build_parser
+from cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,6 +44,16 @@ def test_services_and_nats_url_wiring():
         assert svc["command"][0] in subcommands, f"{name}: `pgw {svc['command'][0]}` does not exist"
         assert svc["build"] == "."
     assert (ROOT / "Dockerfile").read_text().count('ENTRYPOINT ["pgw"]') == 1
+
+
+def test_the_image_holds_every_package_pgw_installs():
+    """The Dockerfile copies each top-level package pyproject.toml installs (the command line's cli/ included), so `pgw` in the image imports."""
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.rstrip("*") for p in include}
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", (ROOT / "Dockerfile").read_text(), re.M))
+    assert "cli" in packages and packages <= copied, f"not copied into the image: {sorted(packages - copied)}"
 
 
 def test_docker_compose_config_accepts_it():

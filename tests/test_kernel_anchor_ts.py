@@ -8,10 +8,10 @@ from typing import Any
 
 import msgspec
 
+from cli.commands import capsules as cli
 from consumers.cose import decode_sign1
 from consumers.registrar import Registrar
 from consumers.signer import Signer
-from gateway.commands import capsules as cli
 from gateway.kernel.checkpoint import read_anchor_file
 from pgwcore.connect import connect
 from tests.filestore import truncate_last

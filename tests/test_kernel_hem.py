@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from gateway.kernel.service import KernelService
+from gateway.kernel.state import session_key
 from subjects.client import Agent, Surface
 from subjects.idp import EnrichedDeny, HemPending, Permit, Reject
 from subjects.util import stable_id
@@ -60,7 +61,7 @@ class LogWatch:
 
 class Env:
     def __init__(self, nc: Any, gw: Any, issuer: Issuer, watch: LogWatch) -> None:
-        self.nc, self.gw, self.watch = nc, gw, watch
+        self.nc, self.gw, self.watch, self.issuer = nc, gw, watch, issuer
         self.js = nc.jetstream()
         self.so = str(uuid.uuid4())
         self.token, self.jti = issuer.mandate(agent=AGENT, so_id=self.so, principal=PRINCIPAL)
@@ -146,11 +147,15 @@ async def test_hem_approve_round_trip(env: Env) -> None:
     executed = await stored_verdicts(env.js, "executed", lambda v: v.idp_id == rec["idp_id"])
     assert executed[0].supersedes == stable_id("resolved", item.moment_id) and executed[0].approver == "human"
     assert executed[0].human_disposed is True
-    # Exactly once: a second, different report for the same idp_id is refused.
+    assert isinstance(await env.send(env.idp(2, "ReadBooking")), Permit)
+    # Exactly once: a second, different report for the same idp_id is refused, a critical finding that goes to HEM.
     await env.report(rec["idp_id"], "ProcessPayment", {"type": "booking.close", "status": "failed"})
     refused = await env.watch.wait("TRANSITION_REFUSED", lambda ev: ev["body"]["idp_id"] == rec["idp_id"])
     assert "already reported" in refused["body"]["reason"]
-    assert isinstance(await env.send(env.idp(2, "ReadBooking")), Permit)
+    assert refused["body"]["alert"] == {"severity": "CRITICAL", "alert_trigger": "TRANSITION_REPORTED_TWICE"}
+    await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"])
+    blocked = await env.send(env.idp(3, "ReadBooking"))
+    assert isinstance(blocked, EnrichedDeny) and blocked.deny_code == "HEM_PENDING"
 
 
 async def test_hem_deny_round_trip(env: Env) -> None:
@@ -319,3 +324,143 @@ async def test_an_escalation_that_cannot_be_logged_leaves_the_session_as_it_was(
     assert (sess.state, sess.hem_moment_id) == ("ACTIVE", None)
     kernel.eventlog.append = real  # type: ignore[method-assign]
     assert isinstance(await env.send(env.idp(2, "ReadBooking")), Permit)
+
+
+async def _gaps(env: Env, steps: int) -> list[BindingMomentItem]:
+    """``steps`` permitted steps, then a report of each naming another action: the HEM moments the gaps opened, in order."""
+    recs = [env.idp(step) for step in range(1, steps + 1)]
+    for rec in recs:
+        assert isinstance(await env.send(rec), Permit)
+    items = []
+    for rec in recs:
+        await env.report(rec["idp_id"], "DeleteEverything")
+        # The moment is dispatched after the escalation is stored (log, session and hold).
+        items.append(await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"]))
+    return items
+
+
+async def test_a_new_session_does_not_escape_an_escalation(env: Env) -> None:
+    """After a commitment gap, a new session_id of the same agent on the same governed object is held HEM_PENDING, under
+    the same or another mandate; once the principal denies the gap, every session of that mandate is SESSION_TERMINATED
+    (spec 003 §4.2, §5.5.2)."""
+    [item] = await _gaps(env, 1)
+    fresh = await env.send(env.idp(1, "ReadBooking", session="s-new"))
+    assert isinstance(fresh, EnrichedDeny) and fresh.deny_code == "HEM_PENDING", fresh
+    token2, jti2 = env.issuer.mandate(agent=AGENT, so_id=env.so, principal=PRINCIPAL)
+    other = idp(so_id=env.so, mandate_id=jti2, step=1, action="ReadBooking", session="s-other")
+    held = await request(env.nc, AGENT, {"mandate": token2, "idp": other})
+    assert isinstance(held, EnrichedDeny) and held.deny_code == "HEM_PENDING", held
+
+    assert (await Surface(env.nc, PRINCIPAL).resolve(item.moment_id, OptionChoice(index=1))).status == "accepted"
+    await env.watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["moment_id"] == item.moment_id)
+    for session in ("s-new", "s-newer"):
+        r = await env.send(env.idp(1, "ReadBooking", session=session))
+        assert isinstance(r, Reject) and r.error_code == "SESSION_TERMINATED", (session, r)
+    # The termination ends that mandate; a mandate issued apart from it is a new authorisation.
+    assert isinstance(await request(env.nc, AGENT, {"mandate": token2, "idp": other}), Permit)
+
+
+async def test_a_second_gap_does_not_erase_the_answer_to_the_first(env: Env) -> None:
+    """Two gaps in one session queue two moments: the principal's deny of the first is logged and ends the session
+    even though the second, answered after it, is approved (spec 003 §5.5.2)."""
+    first, second = await _gaps(env, 2)
+    assert first.moment_id != second.moment_id
+
+    surface = Surface(env.nc, PRINCIPAL)
+    assert (await surface.resolve(first.moment_id, OptionChoice(index=1))).status == "accepted"
+    denied = await env.watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["moment_id"] == first.moment_id)
+    assert denied["body"]["decision"] == "deny"
+    assert (await surface.resolve(second.moment_id, OptionChoice(index=0))).status == "accepted"
+    approved = await env.watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["moment_id"] == second.moment_id)
+    assert approved["body"]["decision"] == "approve"
+    r = await env.send(env.idp(3, "ReadBooking"))
+    assert isinstance(r, Reject) and r.error_code == "SESSION_TERMINATED", r
+
+
+async def test_the_session_is_held_until_every_queued_escalation_is_answered(env: Env) -> None:
+    """With two gaps queued, approving one leaves the session HEM_PENDING; approving the other frees it (spec 003 §5.5.2)."""
+    first, second = await _gaps(env, 2)
+    surface = Surface(env.nc, PRINCIPAL)
+    assert (await surface.resolve(second.moment_id, OptionChoice(index=0))).status == "accepted"
+    await env.watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["moment_id"] == second.moment_id)
+    r = await env.send(env.idp(3, "ReadBooking"))
+    assert isinstance(r, EnrichedDeny) and r.deny_code == "HEM_PENDING", r
+    assert (await surface.resolve(first.moment_id, OptionChoice(index=0))).status == "accepted"
+    await env.watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["moment_id"] == first.moment_id)
+    assert isinstance(await env.send(env.idp(3, "ReadBooking")), Permit)
+
+
+async def test_a_second_report_past_the_duplicate_window_is_a_critical_finding(env: Env) -> None:
+    """A second, different report of one IDP arriving after the event log's duplicate window has forgotten the first
+    STATE_TRANSITIONED writes no second STATE_TRANSITIONED (each is followed by its verification, spec 003 §5.3, §5.5):
+    it is logged as a CRITICAL finding and the session goes to HEM."""
+    kernel = next(p for p in env.gw.parts if isinstance(p, KernelService))
+    rec = env.idp(1)
+    assert isinstance(await env.send(rec), Permit)
+    await env.report(rec["idp_id"], "CloseBooking")
+    await env.watch.wait("IDP_COMMITMENT_VERIFIED", lambda ev: ev["body"]["record"]["idp_id"] == rec["idp_id"])
+    real = kernel.eventlog.append
+
+    async def past_the_window(event_type: str, body: Any, *, msg_id: str, **kw: Any) -> Any:
+        # The server has forgotten the first STATE_TRANSITIONED's Nats-Msg-Id: an append is stored anew.
+        if event_type == "STATE_TRANSITIONED":
+            msg_id = f"{msg_id}-after-window"
+        return await real(event_type, body, msg_id=msg_id, **kw)
+
+    kernel.eventlog.append = past_the_window  # type: ignore[method-assign]
+    await env.report(rec["idp_id"], "DeleteEverything")
+    refused = await env.watch.wait("TRANSITION_REFUSED", lambda ev: ev["body"]["idp_id"] == rec["idp_id"])
+    assert refused["body"]["alert"] == {"severity": "CRITICAL", "alert_trigger": "TRANSITION_REPORTED_TWICE"}
+    assert refused["body"]["executed_action"] == "DeleteEverything"
+    esc = await env.watch.wait("HEM_ESCALATED", lambda ev: ev["body"]["trigger"] == "TRANSITION_REPORTED_TWICE")
+    assert esc["body"]["executed_action"] == "DeleteEverything"
+    item = await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"])
+    assert "DeleteEverything" in item.binding_moment.synopsis
+    transitioned = await read_log(env.js, "STATE_TRANSITIONED")
+    assert len(transitioned) == 1
+    verified = await read_log(env.js, "IDP_COMMITMENT_VERIFIED") + await read_log(env.js, "IDP_COMMITMENT_GAP")
+    assert len(verified) == len(transitioned)
+    blocked = await env.send(env.idp(2, "ReadBooking"))
+    assert isinstance(blocked, EnrichedDeny) and blocked.deny_code == "HEM_PENDING"
+
+
+async def test_the_hold_is_rebuilt_from_the_log(make_config: Any, nc: Any, tmp_path: Path) -> None:
+    """With PGW_KERNEL lost, the rebuild from the log holds a new session of the escalated object again, and after the
+    principal's deny it rebuilds the mandate's termination (spec 003 §8.4, §5.5.2)."""
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = make_config(
+        kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))},
+        agents={AGENT: {"principals": [PRINCIPAL]}},
+    )
+    watch = LogWatch()
+    await watch.start(nc)
+    js = nc.jetstream()
+    async with running_gateway(cfg, nc) as gw:
+        env = Env(nc, gw, issuer, watch)
+        [item] = await _gaps(env, 1)
+    await js.delete_key_value("PGW_KERNEL")
+    async with running_gateway(cfg, nc):
+        held = await env.send(env.idp(1, "ReadBooking", session="s-new"))
+        assert isinstance(held, EnrichedDeny) and held.deny_code == "HEM_PENDING", held
+        assert (await Surface(nc, PRINCIPAL).resolve(item.moment_id, OptionChoice(index=1))).status == "accepted"
+        await watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["moment_id"] == item.moment_id)
+    await js.delete_key_value("PGW_KERNEL")
+    async with running_gateway(cfg, nc):
+        r = await env.send(env.idp(1, "ReadBooking", session="s-newer"))
+        assert isinstance(r, Reject) and r.error_code == "SESSION_TERMINATED", r
+
+
+async def test_a_session_stored_before_queues_is_held_and_settled(env: Env) -> None:
+    """A session record written before escalations queued (HEM_PENDING with one hem_moment_id, no hem_queue) still
+    denies HEM_PENDING, and the answer to its moment is logged and frees it."""
+    kernel = next(p for p in env.gw.parts if isinstance(p, KernelService))
+    idp_id, moment_id = str(uuid.uuid4()), stable_id("hem", "legacy")
+    legacy = {"agent": AGENT, "session_id": "s-old", "last_step": 1, "state": "HEM_PENDING", "hem_idp_id": idp_id,
+              "hem_moment_id": moment_id, "hem_trigger": "HEM_URGENCY_REQUIRED", "hem_principal": PRINCIPAL}
+    await kernel.state.kv.put(session_key(AGENT, "s-old"), msgspec.json.encode(legacy))
+    r = await env.send(env.idp(2, "ReadBooking", session="s-old"))
+    assert isinstance(r, EnrichedDeny) and r.deny_code == "HEM_PENDING", r
+    await kernel._apply_hem(AGENT, "s-old", idp_id, moment_id, "deny")
+    resolved = await env.watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["moment_id"] == moment_id)
+    assert resolved["body"]["decision"] == "deny"
+    assert isinstance(await env.send(env.idp(2, "ReadBooking", session="s-old")), Permit)

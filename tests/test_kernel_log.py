@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.commands.kernel import verify_command
+from cli.commands.kernel import verify_command
 from gateway.kernel.eventlog import EventLog, verify_stream, with_signature
 from gateway.kernel.service import KernelService
 from pgwcore.connect import connect
@@ -270,9 +270,22 @@ async def test_the_same_idp_permitted_through_the_instance_that_lost_the_reserva
     assert await read_log(nc.jetstream(), "IDP_SUBMISSION_VOIDED") == []
 
 
-def stale_session_read(kernel: KernelService, agent: str, session_id: str, read: tuple[Any, int]) -> None:
-    """The kernel's next validation read of this session returns ``read``: what it held before a concurrent write."""
+def stale_session_read(
+    kernel: KernelService, agent: str, session_id: str, read: tuple[Any, int], hold: tuple[Any, int] | None = None
+) -> None:
+    """The kernel's next validation read of this session returns ``read`` (and of the governed object's hold,
+    ``hold``, when given): what they held before a concurrent write."""
     real = kernel.state.validation_reads
+    if hold is not None:
+        real_hold = kernel.state.hold
+
+        async def holds(a: str, so: str) -> Any:
+            if a == agent:
+                kernel.state.hold = real_hold  # type: ignore[method-assign]
+                return hold
+            return await real_hold(a, so)
+
+        kernel.state.hold = holds  # type: ignore[method-assign]
 
     async def reads(a: str, so: str, idp_id: str, s: str | None) -> Any:
         if (a, s) == (agent, session_id):
@@ -333,9 +346,10 @@ async def test_a_session_escalated_meanwhile_voids_the_logged_submission(setup: 
     async with running_gateway(cfg, nc) as gw:
         kernel = kernel_of(gw)
         before = await kernel.state.session(AGENT, "s-1")
+        before_hold = await kernel.state.hold(AGENT, so)
         hem = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking", hem_urgency="REQUIRED")
         assert type(await request(nc, AGENT, {"mandate": token, "idp": hem})).__name__ == "HemPending"
-        stale_session_read(kernel, AGENT, "s-1", before)
+        stale_session_read(kernel, AGENT, "s-1", before, before_hold)
         late = idp(so_id=so, mandate_id=jti, step=2, action="CloseBooking")
         r = await kernel.handle_request(AGENT, msgspec.json.encode({"mandate": token, "idp": late}))
         assert isinstance(r, EnrichedDeny) and r.deny_code == "HEM_PENDING", r

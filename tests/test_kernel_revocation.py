@@ -17,7 +17,7 @@ from gateway.kernel.mandate import MandateError, MandateVerifier
 from gateway.kernel.service import KernelService
 from pgwcore.config import load_config
 from pgwcore.connect import connect
-from subjects.idp import Permit, Reject
+from subjects.idp import EnrichedDeny, Permit
 from tests.kernel_support import (
     Issuer,
     idp,
@@ -83,7 +83,7 @@ async def test_revoke_is_honoured_by_every_gateway_and_logged(make_config: Any, 
 
             await until(probe, timeout=5, what="the revocation on both gateways")
             r = await request(nc, AGENT, {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=2, action="CloseBooking")})
-            assert isinstance(r, Reject) and r.error_code == "MANDATE_REVOKED"
+            assert isinstance(r, EnrichedDeny) and r.deny_code == "MANDATE_REVOKED"
             other = kernels[1].mandates.verify(keep, agent=AGENT)  # another mandate of the same issuer still holds
             assert other.jti != jti
             rc, again = await _revoke(nats_server.client_url, tmp_path / "cli", jti, tmp_path / "iss.pem")

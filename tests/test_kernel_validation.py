@@ -165,10 +165,15 @@ def test_remembered_mandate_is_still_checked(issuer: Issuer, tmp_path: Path) -> 
 
 @pytest.mark.kernel(revoked_jtis=["revoked-1"])
 async def test_mandate_revoked(env: Env) -> None:
-    """A mandate whose jti is on the revocation list is MANDATE_REVOKED."""
+    """A mandate whose jti is on the revocation list is an Enriched DENY MANDATE_REVOKED (a deny code of spec 003 §6.2)
+    with nothing available and no HEM, its IDP committed as IDP_RECEIVED first."""
     token, jti = env.issuer.mandate(agent=AGENT, so_id=env.so, jti="revoked-1")
-    r = await env.send(idp(so_id=env.so, mandate_id=jti, step=1, action="CloseBooking"), mandate=token)
-    assert isinstance(r, Reject) and r.error_code == "MANDATE_REVOKED"
+    rec = idp(so_id=env.so, mandate_id=jti, step=1, action="CloseBooking")
+    r = await env.send(rec, mandate=token)
+    assert isinstance(r, EnrichedDeny) and r.deny_code == "MANDATE_REVOKED", r
+    assert r.available_actions == [] and r.hem_available is False and r.idp_received == rec
+    [(seq, received)] = await read_log(env.js, "IDP_RECEIVED")
+    assert r.event_seq == seq and received.body["code"] == "MANDATE_REVOKED"
 
 
 async def test_es256_mandate(make_config: Any, nc: Any, tmp_path: Path) -> None:
@@ -225,13 +230,26 @@ async def test_mission_ref_mismatch_then_hem(env: Env) -> None:
     r = await env.send(env.idp(1, mission_ref=wrong))
     assert isinstance(r, EnrichedDeny) and r.deny_code == "IDP_MISSION_REF_MISMATCH"
     assert r.mismatch_detail.expected_mission_ref == mission and r.mismatch_detail.submitted_mission_ref == wrong
-    assert r.hem_available is True
+    assert r.hem_available is False  # a resubmission with hem_urgency REQUIRED would fail (g) again (spec 003 §6.2)
     assert len(await read_log(env.js, "IDP_MISSION_REF_MISMATCH_REJECTED")) == 1
     r2 = await env.send(env.idp(1, mission_ref=wrong))
     assert isinstance(r2, EnrichedDeny) and r2.hem_available is False
     assert len(await read_log(env.js, "HEM_ESCALATED")) == 1
     r3 = await env.send(env.idp(1, mission_ref=mission))
     assert isinstance(r3, EnrichedDeny) and r3.deny_code == "HEM_PENDING"
+
+
+async def test_mission_ref_mismatch_promises_no_hem(env: Env) -> None:
+    """A mission_ref mismatch DENY says hem_available false, and it is true: resubmitting with hem_urgency REQUIRED
+    gets the same DENY and no HEM (spec 003 §6.2, §6.3: hem_available true would oblige the kernel to enter HEM)."""
+    mission, wrong = str(uuid.uuid4()), str(uuid.uuid4())
+    env.token, env.jti = env.issuer.mandate(agent=AGENT, so_id=env.so, mission_ref=mission)
+    r = await env.send(env.idp(1, mission_ref=wrong))
+    assert isinstance(r, EnrichedDeny) and r.deny_code == "IDP_MISSION_REF_MISMATCH"
+    assert r.hem_available is False
+    again = await env.send(env.idp(1, mission_ref=wrong, hem_urgency="REQUIRED"))
+    assert isinstance(again, EnrichedDeny) and again.deny_code == "IDP_MISSION_REF_MISMATCH" and again.hem_available is False
+    assert await read_log(env.js, "HEM_ESCALATED") == []
 
 
 async def test_mandate_scope(env: Env) -> None:
@@ -309,8 +327,9 @@ async def test_unknown_reasoning_type_recorded(env: Env) -> None:
     assert body["idp"]["reasoning_basis"]["type"] == "urn:example:HUNCH"
 
 
+@pytest.mark.kernel(pii="flag")
 async def test_pii_flagged(env: Env) -> None:
-    """An e-mail address in the goal is flagged in the reply and the log, not rejected (spec 003 §9)."""
+    """With kernel.pii = flag, an e-mail address in the goal is flagged in the reply and the log, not rejected (spec 003 §9)."""
     rec = env.idp(1, declared_goal={"goal_id": str(uuid.uuid4()), "description": "Mail the invoice to bob@example.com"})
     r = await env.send(rec)
     assert isinstance(r, Permit) and r.warnings[0].path == "$.declared_goal.description"
@@ -327,14 +346,20 @@ async def test_pii_rejected_when_configured(env: Env) -> None:
 
 
 async def test_hem_required_blocks_session(env: Env) -> None:
-    """hem_urgency REQUIRED puts the session in HEM_PENDING even when Cedar permits; later steps get HEM_PENDING denies (spec 003 §4.4)."""
+    """hem_urgency REQUIRED puts the session in HEM_PENDING even when Cedar permits; later steps get HEM_PENDING denies
+    (spec 003 §4.4), in a new session of the same mandate too; the agent's work on another governed object goes on."""
     r = await env.send(env.idp(1, hem_urgency="REQUIRED"))
     assert isinstance(r, HemPending) and r.trigger == "HEM_URGENCY_REQUIRED"
     esc = (await read_log(env.js, "HEM_ESCALATED"))[0][1].body
     assert esc["cedar"] == "PERMIT"
     r2 = await env.send(env.idp(2, "ReadBooking"))
     assert isinstance(r2, EnrichedDeny) and r2.deny_code == "HEM_PENDING" and r2.hem_available is False
-    assert isinstance(await env.send(env.idp(1, "ReadBooking", session="other")), Permit)
+    r3 = await env.send(env.idp(1, "ReadBooking", session="other"))
+    assert isinstance(r3, EnrichedDeny) and r3.deny_code == "HEM_PENDING"
+    other_so = str(uuid.uuid4())
+    token, jti = env.issuer.mandate(agent=AGENT, so_id=other_so)
+    elsewhere = idp(so_id=other_so, mandate_id=jti, step=1, action="ReadBooking", session="other")
+    assert isinstance(await env.send(elsewhere, mandate=token), Permit)
 
 
 async def test_resubmission_after_deny_escalates(env: Env) -> None:
@@ -355,9 +380,11 @@ async def test_uncanonicalizable_metadata(env: Env) -> None:
 
 @pytest.mark.kernel(hem_enabled=False)
 async def test_required_without_hem_fails_closed(env: Env) -> None:
-    """With HEM disabled, an IDP declaring hem_urgency REQUIRED is denied even where Cedar would permit, and hem_available is false."""
+    """With HEM disabled, an IDP declaring hem_urgency REQUIRED is denied even where Cedar would permit, with a code of
+    its own (HEM_UNAVAILABLE, not POLICY_DENY), and hem_available is false."""
     r = await env.send(env.idp(1, hem_urgency="REQUIRED"))
-    assert isinstance(r, EnrichedDeny) and r.deny_code == "POLICY_DENY" and r.hem_available is False
+    assert isinstance(r, EnrichedDeny) and r.deny_code == "HEM_UNAVAILABLE" and r.hem_available is False
+    assert (await read_log(env.js, "CEDAR_DENY_RECORDED"))[0][1].body["deny_code"] == "HEM_UNAVAILABLE"
     assert isinstance(await env.send(env.idp(2)), Permit)
 
 

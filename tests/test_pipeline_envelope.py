@@ -189,13 +189,13 @@ async def test_contract_discard_and_warn(nats_server, tmp_path, rec):
 
 
 async def test_envelopes_per_turn(nats_server, tmp_path, rec):
-    """Envelopes past envelopesPerTurn in one turn are refused with cap.breached kind envelopes."""
+    """Envelopes past envelopesPerTurn in one turn are refused with cap.breached kind envelopes, each of them."""
     async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"envelopes_per_turn": 2}):
-        turn = [env("error", {"code": "x", "message": str(i)}) for i in range(3)]
+        turn = [env("error", {"code": "x", "message": str(i)}) for i in range(4)]
         await rec.send("planner", turn)
         outs = [await rec.outcome(e["envelopeId"]) for e in turn]
-        assert [o.status for o in outs] == ["accepted", "accepted", "breached"]
-        assert outs[2].code == "cap.breached" and outs[2].cap_kind == "envelopes"
+        assert [o.status for o in outs] == ["accepted", "accepted", "breached", "breached"]
+        assert outs[3].code == "cap.breached" and outs[3].cap_kind == "envelopes"
 
 
 async def test_schema_rounds(nats_server, tmp_path, rec):
@@ -230,15 +230,15 @@ async def test_schema_rounds_counted_after_the_dedup_claim(nats_server, tmp_path
 
 
 async def test_clarification_rounds(nats_server, tmp_path, rec):
-    """clarification.request envelopes per (agent, nodeId) past clarificationRounds are cap.breached kind clarification."""
+    """clarification.request envelopes of one run's node past clarificationRounds are cap.breached kind clarification."""
     async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"clarification_rounds": 2}):
         statuses = []
-        for _ in range(3):
-            e = clar(node_id="node-a")
+        for turn in range(3):
+            e = clar(node_id="node-a", correlation_id=f"run-1:node-a:{turn}:k")
             o = await rec.roundtrip("planner", e, headers={"Pgw-Principal": "alice"})
             statuses.append((o.status, o.cap_kind))
         assert statuses == [("accepted", None), ("accepted", None), ("breached", "clarification")]
-        e = clar(node_id="node-b")
+        e = clar(node_id="node-b", correlation_id="run-1:node-b:3:k")
         assert (await rec.roundtrip("planner", e, headers={"Pgw-Principal": "alice"})).status == "accepted"
 
 
@@ -296,9 +296,11 @@ async def test_policy_and_limit_refusals_have_verdicts(nats_server, tmp_path, re
 
 
 async def test_schema_requests_bound_to_schema_rounds(nats_server, tmp_path, rec):
-    """schema.request envelopes per node past schemaRounds are cap.breached kind schema (spec 002 Universal kinds)."""
+    """schema.request envelopes of one run's node past schemaRounds are cap.breached kind schema (spec 002 Universal kinds)."""
     async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"schema_rounds": 1}):
-        first = await rec.roundtrip("planner", env("schema.request", {"envelopeType": "error"}, node_id="n1"))
+        first = await rec.roundtrip("planner", env("schema.request", {"envelopeType": "error"}, node_id="n1",
+                                                   correlation_id="run-1:n1:0:k"))
         assert first.__struct_config__.tag == "schema"
-        second = await rec.roundtrip("planner", env("schema.request", {"envelopeType": "error"}, node_id="n1"))
+        second = await rec.roundtrip("planner", env("schema.request", {"envelopeType": "error"}, node_id="n1",
+                                                    correlation_id="run-1:n1:1:k"))
         assert (second.code, second.cap_kind) == ("cap.breached", "schema")

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from gateway.stages.redaction import MARK, Redactor, skeleton
 from subjects.wire import BindingMomentItem, ClarificationItem, NoticeItem
 from tests.moments import good_moment
-from tests.pipeline_helpers import Recorder, env, moment_env, running_gateway, stream_bytes
+from tests.pipeline_helpers import Recorder, env, moment_env, running_gateway
+from tests.stored import stored_msgs
 
 SECRET = "sk-live-7Hq2Zp9WvX4r"
 ENV_SECRET = "ghp_EnvTokenAbc123xyz"
@@ -156,12 +157,15 @@ def test_property_no_planted_secret_survives(graph, evasion, where, split):
 
 @pytest.mark.slow
 async def test_no_secret_in_any_downstream_byte(nats_server, tmp_path, nc, monkeypatch):
-    """Secrets planted in every position (payload at any depth, keys, meta.label, reasoning, arrays, split, evasions,
-    refusal echoes) appear in no outcome, surface item, verdict or log line."""
+    """Secrets planted in every position (payload at any depth, keys, every top-level string and id, meta.label,
+    reasoning, arrays, split, evasions, refusal echoes), in envelopes refused at every stage (the contract gate's
+    discard-and-warn included), appear in no log line and in no byte (body, subject, header) of any stream or
+    KV bucket but the agent's own inbound one."""
     monkeypatch.setenv("PGW_TEST_SECRET", ENV_SECRET)
     sf = tmp_path / "secrets.txt"
     sf.write_text(f"\n{FILE_SECRET}\n")
-    cfg = {"secrets": {"values": [SECRET], "env": ["PGW_TEST_SECRET"], "files": [str(sf)]}}
+    cfg = {"secrets": {"values": [SECRET], "env": ["PGW_TEST_SECRET"], "files": [str(sf)]},
+           "contracts": {"gated": {"accepts": [], "refusal_mode": "discard-and-warn"}}}
     with structlog.testing.capture_logs() as logs:
         async with running_gateway(nats_server, str(tmp_path / "d"), pipeline=cfg), Recorder(nc) as rec:
             m = good_moment()
@@ -187,20 +191,39 @@ async def test_no_secret_in_any_downstream_byte(nats_server, tmp_path, nc, monke
             echo_trust["meta"]["contentTrust"] = SECRET  # msgspec would quote the bad enum value
             echo_err = env("error", {"code": "leak", "message": f"failed with {SECRET}", "details": {"k": FILE_SECRET}})
             dup_key = b'{"type":"error","payload":{},"%s":1,"%s":2}' % (SECRET.encode(), SECRET.encode())
-            for e in (moment, clar, malformed, echo_kind, echo_trust, echo_err):
+            # Every top-level string holds a secret, ids included: the limits stage counts a
+            # clarification / schema.request round before redaction, the contract gate logs a discard.
+            def every_string(e, n):
+                e.update(envelopeId=f"e{n}-{SECRET}", correlationId=f"run-secret:tok-abc-DEF-987:{ENV_SECRET}:{n}:k",
+                         nodeId=f"n-{FILE_SECRET}")
+                e["meta"].update(label=f"l {SECRET}", traceparent=f"t {ENV_SECRET}")
+                return e
+            id_clar = every_string(env("clarification.request", {"questions": [{"id": "q", "question": "Which?"}]}), 1)
+            id_schema = every_string(env("schema.request", {"envelopeType": "error"}), 2)
+            id_discard = every_string(moment_env("alice", good_moment()), 3)
+            echo_meta = env("error", {"code": "x", "message": "y"})
+            echo_meta["meta"].update(ts=f"2026-01-01T00:00:00Z {SECRET}", source=ENV_SECRET)  # refused by shape
+            for e in (moment, clar, malformed, echo_kind, echo_trust, echo_err, id_clar, id_schema, echo_meta):
                 await rec.send("planner", e, official=False)  # secrets where the schemas forbid them, on purpose
+            await rec.send("gated", id_discard, official=False)
             await rec.send("planner", None, msg_id="planner:dup", raw=dup_key)
-            await rec.until(lambda: len([o for o in rec.outcomes]) >= 7, timeout=20)
+            await rec.until(lambda: len([o for o in rec.outcomes]) >= 11, timeout=20)
             await rec.item(lambda i: isinstance(i, BindingMomentItem))
             await rec.item(lambda i: isinstance(i, ClarificationItem))
             notice = await rec.item(lambda i: isinstance(i, NoticeItem))
             assert MARK in str(notice.conventional)
             stored = []
-            # the KV buckets as their streams: every stored revision, live or not
-            for s in ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS", "KV_PGW_DEDUP", "KV_PGW_MOMENTS"):
-                stored += await stream_bytes(nc, s)
+            # Every stream, the KV buckets' included (every stored revision, live or not): bodies,
+            # subjects (a KV key is one) and headers. PGW_INBOUND holds what the agent sent.
+            js = nc.jetstream()
+            for info in await js.streams_info():
+                if info.config.name == "PGW_INBOUND":
+                    continue
+                for m in await stored_msgs(nc, info.config.name):
+                    stored += [m.data or b"", m.subject.encode(), repr(m.headers).encode()]
     blob = b"\n".join(stored + rec.raw) + repr(logs).encode()
     assert b"REDACTED" in blob
+    assert any(entry["event"] == "envelope discarded by the contract gate" for entry in logs)  # the gate's log ran
     for needle in _needles():
         assert needle not in blob, needle
     # decoded JSON escapes (\uXXXX) too: compare on the skeleton of the decoded text

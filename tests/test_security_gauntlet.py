@@ -101,12 +101,13 @@ async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
 
 
 def expected_outcomes(body: bytes, cap: int) -> int:
-    """How many outcomes one turn yields: one per envelope, at most envelopesPerTurn + 1."""
+    """How many outcomes one turn yields: one per envelope (those past envelopesPerTurn cap.breached),
+    or one for a turn longer than limits.max_turn_envelopes, refused whole."""
     try:
         v = json.loads(body)
     except (ValueError, RecursionError):
         return 1
-    return min(len(v), cap + 1) if isinstance(v, list) and v else 1
+    return len(v) if isinstance(v, list) and v and len(v) <= cap else 1
 
 
 async def settled_consumer(bed: Bed, durable: str) -> Any:
@@ -133,7 +134,7 @@ async def test_envelope_subject(bed: Bed, security_table) -> None:
     """Every hostile envelope body gets an outcome and a verdict, must-reject ones a refusal, and a valid envelope still goes through."""
     js = bed.ncs["agent:a"].jetstream(timeout=WAIT)
     subject = bed.config.subjects.envelope("a")
-    cap = bed.config.pipeline.envelopes_per_turn
+    cap = bed.config.limits.max_turn_envelopes
     res = Results("agent.a.envelope")
     seen_verdicts: set[str] = set()
     cases = [(c, None) for c in generic_cases()] + list(envelope_cases("a", "p"))

@@ -13,7 +13,7 @@ import pytest
 import structlog
 from cryptography.hazmat.primitives import serialization
 
-from gateway.cli import build_parser, config_from_args
+from cli.main import build_parser, config_from_args
 from gateway.security import CredentialsError, Party, embedded_auth, read_creds, rotate_creds
 from pgwcore import keys
 from pgwcore.config import load_config
@@ -232,7 +232,7 @@ def test_pgw_keys_lists_every_role_including_vapid(tmp_path: Path) -> None:
     load_or_create(tmp_path, "kernel")
     load_or_create(tmp_path, "signer")
     vapid = load_or_create_vapid_key(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "gateway.cli", "--data-dir", str(tmp_path), "keys"],
+    out = subprocess.run([sys.executable, "-m", "cli", "--data-dir", str(tmp_path), "keys"],
                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode == 0, out.stderr
     assert "role: kernel" in out.stdout and "role: signer" in out.stdout

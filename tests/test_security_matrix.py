@@ -329,6 +329,10 @@ AGENT_ATTACKS: dict[str, Attack] = {
     "direct-get A's envelopes (PGW_INBOUND)": js_api("$JS.API.DIRECT.GET.PGW_INBOUND", {"last_by_subj": "{pre}.agent.{v}.envelope"}),
     "pull from A's outcome durable": js_api("$JS.API.CONSUMER.MSG.NEXT.PGW_OUTBOUND.{adur}", {"batch": 1}),
     "delete A's outcome durable": js_api("$JS.API.CONSUMER.DELETE.PGW_OUTBOUND.{adur}"),
+    # spec 003 §8.2 "MUST NOT permit agents to write directly to the Event Log", and §8.7: no
+    # agent may publish a verification record (match_result) of its own.
+    "write the event log (pgw.log.*)": pub_to("{pre}.log.IDP_SUBMITTED"),
+    "forge a commitment verification": pub_to("{pre}.log.IDP_COMMITMENT_VERIFIED"),
 }
 
 # Cross-role: an agent against a principal it is bound to, a principal against an agent.

@@ -69,7 +69,7 @@ async def test_pgw_commands_take_tls_flags_and_nats_cli_variables(mtls_server, t
 
     server, ca = mtls_server
     repo = Path(__file__).resolve().parent.parent
-    base = [sys.executable, "-m", "gateway.cli", "--server", server.client_url, "--data-dir", str(tmp_path / "d")]
+    base = [sys.executable, "-m", "cli", "--server", server.client_url, "--data-dir", str(tmp_path / "d")]
 
     async def run(args: list[str], env: dict[str, str]) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(*base, *args, "streams", cwd=str(repo), env=env,

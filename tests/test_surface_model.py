@@ -131,6 +131,21 @@ def test_unknown_or_unprovenanced_authorization_is_blocked_and_not_shown() -> No
         assert "trust me" not in screen and "no kind at all" not in screen
 
 
+
+def test_refusal_with_an_unknown_code_is_blocked_in_python_terminal_and_browser_models() -> None:
+    """A refusal whose code is none of spec 001's four is BLOCKED, its message not shown, by model.py, the terminal and plan.js."""
+    item = CORPUS["auth_refusal_unknown_code"]
+    plan = plan_item(item)
+    assert isinstance(plan, AuthorizationPlan) and plan.status == "BLOCKED"
+    screen = "\n".join(render_plan(plan, width=200))
+    assert "BLOCKED" in screen and "trust me" not in screen and "APPROVED" not in screen
+    js = surface_kit.js_plans([item])[0]
+    assert js["status"] == "BLOCKED" and "trust me" not in str(js)
+    # the four spec codes are still shown
+    for code in ("BLOCKED", "UNRESOLVABLE", "POLICY_VIOLATION", "EMERGENCY_ESCALATION"):
+        ok = dict(item, envelope={"kind": "refusal", "reason": {"code": code, "user_message": "Not now.", "audit_id": "a"}})
+        assert plan_item(ok).status == "shown" and surface_kit.js_plans([ok])[0]["status"] == "shown", code
+
 def test_clarification_becomes_questions_and_withdrawn_a_removal() -> None:
     """A clarification is planned as its questions; a withdrawn item as a withdraw of its moment."""
     c = plan_item(CORPUS["clarification"])

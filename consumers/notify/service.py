@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import msgspec
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 
@@ -50,9 +49,8 @@ from consumers.notify.store import OPEN, Job, Store
 from consumers.notify.vapid import load_or_create_vapid_key
 from consumers.notify.webpush import PushResult
 from consumers.notify.webpush import send as push_send
-from pgwcore import micro
 from pgwcore.logs import get_logger
-from pgwcore.service import stop_pull_loop
+from pgwcore.service import PullService
 from subjects.names import check_token
 from subjects.util import parse_rfc3339
 from subjects.wire import BindingMomentItem, ClarificationItem, WithdrawnItem, surface_item_decoder
@@ -77,17 +75,14 @@ class _MomentState(msgspec.Struct):
 _moment_dec = msgspec.json.Decoder(_MomentState)
 
 
-class Notifier:
-    """The notifier service: an async context manager with an idempotent ``drain()``."""
+class Notifier(PullService):
+    """The notifier service; its life cycle (start, idempotent ``drain()``, close) is ``PullService``'s."""
 
     name = "notifier"
 
     def __init__(self, config: Config, nc: Client) -> None:
-        self.config = config
+        super().__init__(config, nc)
         self.cfg = config.notifier
-        self.nc = nc
-        self.js = nc.jetstream()
-        self.subjects = config.subjects
         self.presence = Presence()
         self.store = Store(self.js, self.subjects)
         s = config.surfaces
@@ -100,9 +95,6 @@ class Notifier:
         self.responders: Responders | None = None
         self.http: aiohttp.ClientSession | None = None
         self._moments: Any = None
-        self._sub: Any = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._heap: list[tuple[float, str]] = []
         self._inflight: set[str] = set()
@@ -112,8 +104,7 @@ class Notifier:
         self._started = 0.0
         self.counts: dict[str, int] = {}
 
-    async def __aenter__(self) -> Notifier:
-        self._micro = await micro.register(self.nc, "notifier", self.config)
+    async def start(self) -> None:
         await self.store.open()
         self.http = aiohttp.ClientSession()
         self.responders = Responders(self.nc, self.subjects.prefix, self.cfg, self.store, self.vapid, self.presence)
@@ -123,28 +114,19 @@ class Notifier:
             self.subjects.all_principals("surface"), durable=self.cfg.durable, stream=SURFACE_STREAM,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0, max_deliver=-1,
                                   deliver_policy=DeliverPolicy.ALL))
-        self._tasks = [asyncio.create_task(self._feed(), name="pgw-notifier-feed"),
-                       asyncio.create_task(self._schedule_loop(), name="pgw-notifier-scheduler")]
+        self.spawn(self._feed(), name="pgw-notifier-feed")
+        self.spawn(self._schedule_loop(), name="pgw-notifier-scheduler")
         log.info("notifier started", vapid_public_key=self.vapid.public_b64url, surface_url=self.surface_url,
                  email=bool(self.mailer), principals=sorted(self.cfg.principals))
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.drain()
-
-    async def drain(self) -> None:
-        """Stop reading and scheduling, let sends in flight finish, close. Idempotent."""
-        await micro.unregister(getattr(self, "_micro", None))
-        self._micro = None
+    async def stop_inputs(self) -> None:
+        """Push and presence responders stop; the scheduler wakes to see ``stopping``."""
         if self.responders is not None:
             await self.responders.stop()
-        tasks, self._tasks = self._tasks, []
-        sub, self._sub = self._sub, None
         self._wake.set()
-        await stop_pull_loop(self._stopping, None, sub)
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+
+    async def close(self) -> None:
+        """Once reading and scheduling have stopped (``drain()``): let sends in flight finish, close HTTP."""
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
         http, self.http = self.http, None
@@ -153,17 +135,10 @@ class Notifier:
 
     # -- reading the surface stream ---------------------------------------------
     async def _feed(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                msgs = await self._sub.fetch(64, timeout=0.5)
-            except (TimeoutError, NatsTimeoutError):
-                continue
-            except Exception:
-                if self._stopping.is_set() or self.nc.is_closed:
-                    return
-                log.exception("fetch failed; retrying")
-                await asyncio.sleep(0.5)
-                continue
+        while not self.stopping.is_set():
+            msgs = await self.fetch(lambda: self._sub.fetch(64, timeout=0.5), log)
+            if msgs is None:
+                return
             for msg in msgs:
                 try:
                     await self.on_item(msg)
@@ -226,7 +201,7 @@ class Notifier:
         """Jobs left scheduled or sending by an earlier run (``sending``: sent again, at least once)."""
         n = 0
         for key in await self.store.job_keys():
-            if self._stopping.is_set():
+            if self.stopping.is_set():
                 return
             got = await self.store.get_job(key)
             if got and got[0].status in OPEN:
@@ -241,7 +216,7 @@ class Notifier:
             await self._load_open_jobs()
         except Exception:
             log.exception("resuming earlier jobs failed; they run at the next start")
-        while not self._stopping.is_set():
+        while not self.stopping.is_set():
             now = time.time()
             while self._heap and self._heap[0][0] <= now:
                 _, key = heapq.heappop(self._heap)
@@ -261,7 +236,7 @@ class Notifier:
     async def _run_guarded(self, key: str) -> None:
         try:
             async with self._sem:
-                if not self._stopping.is_set():
+                if not self.stopping.is_set():
                     await self.run_job(key)
         except Exception:
             log.exception("notification job failed; retried shortly", job=key)

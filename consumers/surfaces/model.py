@@ -11,8 +11,9 @@ accident:
   entry per hatch whose slot-8 boolean is true (§9.1 third bullet, §12.3).
 * ``clarification``: spec 002 questions for the principal.
 * ``authorization``: an RFC-0010 envelope rendered per variant (spec 001
-  "Client Requirement"): an unknown ``kind``, or an authoritative kind without
-  its provenance, is ``BLOCKED`` (fail closed) and its content is not shown.
+  "Client Requirement"): an unknown ``kind``, a refusal with a code outside
+  spec 001's four, or an authoritative kind without its provenance, is
+  ``BLOCKED`` (fail closed) and its content is not shown.
 * ``notice``: the fallback form (spec 000 §9.3, §12.5): the conventional
   payload as text plus a diagnostic. Anything that cannot be planned as a
   whole (undecodable, malformed moment, recommended_idx out of range) lands
@@ -52,6 +53,7 @@ HATCH_TEXT = {
 }
 
 AUTHORITATIVE_KINDS = ("measurement", "classification", "action")
+REFUSAL_CODES = ("BLOCKED", "UNRESOLVABLE", "POLICY_VIOLATION", "EMERGENCY_ESCALATION")  # spec 001 RefusalReason
 
 
 class OptionView(Struct, frozen=True):
@@ -335,6 +337,9 @@ def _authorization(item: AuthorizationItem, base: dict[str, Any]) -> Authorizati
         reason = env.get("reason")
         if not isinstance(reason, dict) or not isinstance(reason.get("code"), str):
             return _blocked(item, base, variant, "refusal without a reason code")
+        if reason["code"] not in REFUSAL_CODES:
+            # spec 001 RefusalReason: four codes; anything else fails closed like an unknown kind.
+            return _blocked(item, base, variant, "refusal with an unknown code: blocked (fail closed, spec 001)")
         fields.append(FieldView("Code", reason["code"]))
         if isinstance(reason.get("user_message"), str):
             fields.append(FieldView("Message", reason["user_message"]))

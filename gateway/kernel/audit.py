@@ -66,6 +66,15 @@ def _idp_of(body: dict[str, Any]) -> str | None:
     return rec.get("idp_id") if isinstance(rec, dict) else None
 
 
+def _restricts(entry: dict[str, Any]) -> bool:
+    """Any event carrying an IDP (or part of one) with ``audit_accessible: false`` restricts
+    every event of that IDP: not only IDP_SUBMITTED and IDP_RECEIVED, also e.g.
+    IDP_MISSION_REF_MISMATCH_REJECTED, the only event of an IDP denied at §5.2(g)."""
+    body = entry["event"]["body"]
+    idp = body.get("idp")
+    return body.get("audit_accessible") is False or (isinstance(idp, dict) and idp.get("audit_accessible") is False)
+
+
 def _redact(entry: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     body = entry["event"]["body"]
     kept = {k: body[k] for k in _STRUCTURAL if k in body}
@@ -157,9 +166,7 @@ class AuditService:
             return b.get("agent") == agent and _idp_of(b) in idps  # e.g. TRANSITION_REFUSED
 
         events = await self._events(match)
-        restricted = {e["event"]["body"]["idp_id"] for e in events
-                      if e["event"]["event_type"] in ("IDP_SUBMITTED", "IDP_RECEIVED")
-                      and e["event"]["body"].get("audit_accessible") is False}
+        restricted = {i for e in events if _restricts(e) and (i := _idp_of(e["event"]["body"])) is not None}
         shown: list[dict[str, Any]] = []
         restrictions: dict[str, dict[str, Any]] = {}
         for e in events:
@@ -222,8 +229,7 @@ class AuditService:
 
     async def _idp(self, auditor: str, idp_id: str, from_seq: int = 0) -> AuditReply:
         events = await self._events(lambda ev: _idp_of(ev.body) == idp_id)
-        restricted = any(e["event"]["event_type"] in ("IDP_SUBMITTED", "IDP_RECEIVED")
-                         and e["event"]["body"].get("audit_accessible") is False for e in events)
+        restricted = any(_restricts(e) for e in events)
         seq = await self._log_query(auditor, {"kind": "idp", "id": idp_id, "events_returned": 0 if restricted else len(events),
                                               "restricted_idp_ids": [idp_id] if restricted else []})
         if not events:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -18,7 +19,7 @@ import msgspec
 from gateway.kernel.eventlog import EventLog
 from gateway.kernel.hem import hem_moment
 from gateway.kernel.mandate import Mandate
-from gateway.kernel.state import KernelState, SessionEntry
+from gateway.kernel.state import HemHold, KernelState, SessionEntry
 from pgwcore.logs import get_logger
 from subjects.idp import (
     EnrichedDeny,
@@ -27,7 +28,7 @@ from subjects.idp import (
     MismatchDetail,
 )
 from subjects.util import now_rfc3339, stable_id
-from subjects.wire import Refusal, Verdict
+from subjects.wire import BindingMoment, Refusal, Verdict
 
 log = get_logger("pgw.kernel")
 
@@ -36,6 +37,8 @@ _DENY_REASONS = {
     "MANDATE_SCOPE": "{action} is outside the scope of the presented mandate.",
     "HEM_PENDING": "The session awaits a human decision; no transition proceeds until it is resolved.",
     "IDP_MISSION_REF_MISMATCH": "The IDP mission_ref does not match the mission bound to the mandate; see mismatch_detail.",
+    "GATE_REQUIRED": "{action} may only execute through a kernel gate, which this gateway does not provide.",
+    "HEM_UNAVAILABLE": "The IDP requires human judgment and no human escalation is available here.",
 }
 
 
@@ -44,6 +47,7 @@ class Denials:
 
     gw: Any
     cfg: Any
+    desk: Any
     state: KernelState
     eventlog: EventLog
     overdue: Any
@@ -78,7 +82,8 @@ class Denials:
         detail = MismatchDetail(expected_mission_ref=m.mission_ref, submitted_mission_ref=idp.mission_ref)
         # spec 003 §5.2(g): "MUST log IDP_MISSION_REF_MISMATCH_REJECTED".
         body = {"idp_id": idp.idp_id, "so_id": idp.so_id, "session_id": idp.session_id, "agent": agent,
-                "principal": m.principal, "mismatch_detail": msgspec.to_builtins(detail), "idp": idp_raw}
+                "principal": m.principal, "mismatch_detail": msgspec.to_builtins(detail), "idp": idp_raw,
+                "audit_accessible": idp.audit_accessible}  # spec 003 §4.2, honoured by audit.py
         ev = await self.eventlog.append(
             "IDP_MISSION_REF_MISMATCH_REJECTED", body,
             msg_id=stable_id("IDP_MISSION_REF_MISMATCH_REJECTED", idp.so_id.lower(), idp.idp_id.lower()), traceparent=tp,
@@ -87,25 +92,38 @@ class Denials:
         sess, _ = await self.state.session(agent, idp.session_id)
         threshold = self.cfg.mismatch_hem_threshold
         escalate = bool(threshold) and self.cfg.hem_enabled and len(sess.mismatches) >= threshold and sess.state == "ACTIVE"
+        # hem_available is false (spec 003 §6.2: "whether the agent may trigger HEM by
+        # resubmitting with hem_urgency: REQUIRED"): it may not. A resubmission naming
+        # the same wrong mission fails the same §5.2(g) check, which precedes Cedar and
+        # HEM; a human is not asked to approve an action declared under a mission its
+        # mandate does not name. The agent corrects mission_ref; repeated mismatches
+        # reach a human through the threshold below.
         res = await self._deny(
             agent, idp, m, "IDP_MISSION_REF_MISMATCH", idp_raw, available=[],
-            hem_available=self.cfg.hem_enabled and not escalate and sess.state == "ACTIVE", tp=tp, mismatch=detail,
+            hem_available=False, tp=tp, mismatch=detail,
         )
         if escalate:
             # spec 003 §5.2(g): HEM_AGENT_ESCALATED after the configured number of mismatches.
-            await self._escalate(agent=agent, principal=m.principal, idp=idp, trigger="MISSION_REF_MISMATCH_THRESHOLD", tp=tp)
+            await self._escalate(agent=agent, principal=m.principal, idp=idp, trigger="MISSION_REF_MISMATCH_THRESHOLD",
+                                 mandate_id=m.jti, tp=tp)
         return res
 
     async def _escalate(
-        self, *, agent: str, principal: str, idp: Idp, trigger: str, cedar: str | None = None,
-        verification: dict[str, Any] | None = None, tp: str | None = None,
+        self, *, agent: str, principal: str, idp: Idp, trigger: str, mandate_id: str, cedar: str | None = None,
+        verification: dict[str, Any] | None = None, tp: str | None = None, moment_id: str | None = None,
+        retell: Callable[[BindingMoment], BindingMoment] | None = None, extra: dict[str, Any] | None = None,
     ) -> tuple[str, int]:
+        """Escalate to the mandate's principal: log ``HEM_ESCALATED``, queue its moment on the
+        session and on the hold of the governed object (every session of the agent on it is
+        held until a human answers; docs/kernel.md "Session creation and the scope of a HEM
+        block"), and dispatch the moment. ``retell`` adjusts the moment built by ``hem_moment``."""
         from gateway.moment_record import HemContext
 
-        moment_id = self._moment_id(trigger, idp)
+        moment_id = moment_id or self._moment_id(trigger, idp)
         body = {"idp_id": idp.idp_id, "so_id": idp.so_id if trigger != "MISSION_REF_MISMATCH_THRESHOLD" else None,
                 "session_id": idp.session_id, "agent": agent, "principal": principal, "trigger": trigger,
-                "moment_id": moment_id, "cedar": cedar, "requested_action": idp.requested_action}
+                "moment_id": moment_id, "cedar": cedar, "requested_action": idp.requested_action,
+                "scope": {"so_id": idp.so_id.lower(), "mandate_id": mandate_id}, **(extra or {})}
         if verification:
             body["verification"] = verification
         # §5.5.2 "the session enters HEM_PENDING immediately": the session moves together
@@ -127,6 +145,8 @@ class Denials:
             raise prior
         sess, _ = await self.state.session(agent, idp.session_id)
         moment = hem_moment(agent=agent, idp=idp, trigger=trigger, cedar=cedar, verification=verification)
+        if retell is not None:
+            moment = retell(moment)
         await self.desk.dispatch(
             agent=agent, principal=principal, binding_moment=moment, envelope_id=idp.idp_id,
             correlation_id=idp.session_id, expires_in_s=self.cfg.hem_expires_in_s, traceparent=tp,
@@ -146,20 +166,44 @@ class Denials:
         except Exception:
             log.exception("could not apply HEM decision", moment_id=record.moment_id)
 
-    async def _apply_hem(self, agent: str, session_id: str, idp_id: str, moment_id: str, decision: str) -> SessionEntry:
+    async def _apply_hem(
+        self, agent: str, session_id: str, idp_id: str, moment_id: str, decision: str, held: HemHold | None = None,
+    ) -> SessionEntry:
+        """Log and act on a human's answer to one moment of the session's queue (spec 003
+        §5.5.2): every answer, whichever moment it is and however many are queued. ``held``:
+        the moment as the object's hold has it, for one its session does not list."""
         sess, _ = await self.state.session(agent, session_id)
-        if sess.hem_moment_id != moment_id or sess.state != "HEM_PENDING":
+        held = next((h for h in sess.hem_queue if h.moment_id == moment_id), held)
+        if held is None:
             return sess
-        so_id = await self.state.so_of(agent, idp_id) if sess.hem_trigger != "MISSION_REF_MISMATCH_THRESHOLD" else None
-        body = {"agent": agent, "session_id": session_id, "idp_id": idp_id, "so_id": so_id, "moment_id": moment_id,
-                "decision": decision, "trigger": sess.hem_trigger, "principal": sess.hem_principal}
+        so_id = await self.state.so_of(agent, idp_id) if held.trigger != "MISSION_REF_MISMATCH_THRESHOLD" else None
+        body: dict[str, Any] = {"agent": agent, "session_id": session_id, "idp_id": idp_id, "so_id": so_id,
+                                "moment_id": moment_id, "decision": decision, "trigger": held.trigger,
+                                "principal": held.principal}
+        if held.so_id:
+            body["scope"] = {"so_id": held.so_id, "mandate_id": held.mandate_id}
         await self.eventlog.append("HEM_RESOLVED", body, msg_id=stable_id("HEM_RESOLVED", moment_id))
         settled = await self.state.resolve_hem(body)
-        if decision == "approve" and so_id and sess.hem_trigger == "HEM_URGENCY_REQUIRED":
+        if decision == "approve" and so_id and held.trigger == "HEM_URGENCY_REQUIRED":
             got = await self.state.idp(so_id, idp_id)
             if got is not None:
                 await self.overdue.opened(got[0], moment_id=moment_id)  # a human's permit awaits its report too
         return settled
+
+    async def _settle_decided(self, agent: str, holds: list[HemHold]) -> bool:
+        """Apply the answers the desk already holds for these moments (its callback may not
+        have run yet, or ran on an instance that failed); True if any was applied."""
+        from gateway.moment_record import hem_decision_of
+
+        applied = False
+        for h in holds:
+            found = await self.desk.get(h.principal, h.moment_id) if h.principal else None
+            if found and found[0].status in ("resolved", "expired"):
+                rec = found[0]
+                decision = hem_decision_of(rec.resolution) if rec.status == "resolved" else "expired"
+                await self._apply_hem(agent, h.session_id, h.idp_id, h.moment_id, decision, held=h)
+                applied = True
+        return applied
 
     # -- verdicts ---------------------------------------------------------------
     async def _deny_verdict(

@@ -68,10 +68,10 @@ def hem_moment(
     if previous_deny:
         findings.append(f"This follows a denial of the same action in this session ({previous_deny}).")
     if verification:
-        findings.append(
-            f"Commitment verification: match_result {verification.get('match_result')}, declared "
-            f"{action}, executed {_clip(str(verification.get('executed_action')), 100)}."
-        )
+        # spec 003 §5.5.2(b): the Escalation Request includes the verification record itself,
+        # match_result first; every field, as signed.
+        findings.append(f"Commitment verification record: match_result {verification.get('match_result')}.")
+        findings += [f"Verification record {k}: {_clip(str(v), 200)}" for k, v in verification.items() if k != "match_result"]
     if trigger == "HEM_URGENCY_REQUIRED":
         approve_reason = f"The declared goal and reasoning justify {action} this once."
         deny_reason = f"{action} should not run; the agent keeps its session and can choose another action."

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from decimal import ROUND_FLOOR, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +101,25 @@ def entity_uid(value: str) -> dict[str, str] | None:
     return {"type": m["type"], "id": m["id"]} if m else None
 
 
+_FOUR_PLACES = Decimal("0.0001")
+
+
+def cedar_decimal(x: float) -> str:
+    """``x`` as a Cedar decimal literal: four fractional digits, cut toward zero.
+
+    Cedar decimals hold four fractional digits. Rounding would lift 0.79995
+    over a ``greaterThanOrEqual(decimal("0.8"))`` threshold the agent did not
+    declare (spec 003 §5.4), so the value is truncated (floor: it lies in
+    [0, 1]) from its shortest decimal form (``repr``), never from the binary
+    float's expansion: 0.8 stays 0.8000. A threshold of at most four places
+    is then decided exactly for ``>=`` and ``<``; ``>`` and ``<=`` err toward
+    the lower value (docs/kernel.md, "Cedar policies").
+    """
+    return str(Decimal(repr(float(x))).quantize(_FOUR_PLACES, rounding=ROUND_FLOOR))
+
+
 def _decimal(x: float) -> dict[str, Any]:
-    # Cedar decimals carry at most four fractional digits.
-    return {"__extn": {"fn": "decimal", "arg": f"{x:.4f}"}}
+    return {"__extn": {"fn": "decimal", "arg": cedar_decimal(x)}}
 
 
 def idp_context(idp: Idp) -> dict[str, Any]:

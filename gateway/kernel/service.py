@@ -12,10 +12,12 @@
   ``IDP_COMMITMENT_GAP`` (§5.5), and a verdict; the message is acked only
   after all of them are durably published. Every publish has a
   deterministic ``Nats-Msg-Id``, so a redelivery doubles nothing.
-* HEM (§4.4, §5.5.2, §6.3): the session enters HEM_PENDING, the mandate's
-  principal gets a binding moment through the moment desk, and the answer
-  (``on_hem_decision``) settles the session; an approval lets exactly that
-  idp_id transition once.
+* HEM (§4.4, §5.5.2, §6.3): the session enters HEM_PENDING, and so does
+  every other session of the agent on the governed object (the object's
+  hold, ``state.HoldEntry``); the mandate's principal gets a binding moment
+  through the moment desk, escalations queue, and each answer
+  (``on_hem_decision``) is logged and settles its moment; an approval lets
+  exactly that idp_id transition once.
 
 This module is the service and the request path (serve, validate, reserve
 the step, decide, commit); the other three ideas live beside it as mixins of
@@ -46,8 +48,15 @@ from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.policy import PolicyEngine, idp_context
 from gateway.kernel.received import commit_received, commit_refused
 from gateway.kernel.revocation import Revocations
-from gateway.kernel.state import ConflictError, IdpEntry, KernelState, SessionEntry, bump_step
-from gateway.kernel.transitions import TransitionReports
+from gateway.kernel.state import (
+    ConflictError,
+    HoldEntry,
+    IdpEntry,
+    KernelState,
+    SessionEntry,
+    bump_step,
+)
+from gateway.kernel.transitions import EXECUTION_CONTEXT, TransitionReports
 from gateway.kernel.validation import RefusalError, RequestValidation
 from pgwcore.keys import load_or_create
 from pgwcore.logs import get_logger
@@ -55,6 +64,7 @@ from pgwcore.metrics import LATENCY, REGISTRY
 from subjects.errors import SubjectError
 from subjects.idp import (
     REASONING_BASIS_TYPES,
+    EnrichedDeny,
     HemPending,
     Idp,
     IdpThin,
@@ -252,8 +262,12 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             idp, mandate, resource, pii, read = await self._validate(agent, raw)
         except RefusalError as r:
             res = r.result
-            assert isinstance(res, Reject)
             # A well-formed IDP refused by (c)-(f) is still committed first (received.py).
+            if isinstance(res, EnrichedDeny):  # MANDATE_REVOKED, a deny code (spec 003 §6.2)
+                res.event_seq = await commit_refused(self, agent, raw.get("idp"), receipt, res.deny_code, tp)
+                await self._deny_verdict(agent, res.idp_id, digest(), res.deny_code, res.deny_reason, None, tp, result="DENY")
+                raise
+            assert isinstance(res, Reject)
             await commit_refused(self, agent, raw.get("idp"), receipt, res.error_code, tp)
             await self._deny_verdict(agent, res.idp_id, digest(), res.error_code, res.reason, None, tp)
             raise
@@ -262,19 +276,20 @@ class KernelService(RequestValidation, Denials, TransitionReports):
     async def _session(
         self, agent: str, session_id: str, read: tuple[SessionEntry, int] | None = None
     ) -> tuple[SessionEntry, int | None]:
-        """The session, settling a HEM decision the desk holds; revision None if settled here."""
+        """The session, settling the HEM decisions the desk holds for its queue; revision None if settled here."""
         sess, rev = read or await self.state.session(agent, session_id)
-        if sess.state == "HEM_PENDING" and sess.hem_moment_id and sess.hem_principal:
-            # The desk may have resolved the moment before our callback ran.
-            found = await self.desk.get(sess.hem_principal, sess.hem_moment_id)
-            if found and found[0].status in ("resolved", "expired"):
-                from gateway.moment_record import hem_decision_of
-
-                rec = found[0]
-                decision = hem_decision_of(rec.resolution) if rec.status == "resolved" else "expired"
-                sess = await self._apply_hem(agent, session_id, sess.hem_idp_id or "", rec.moment_id, decision)
-                return sess, None
+        # The desk may have resolved a moment before our callback ran.
+        if sess.hem_queue and await self._settle_decided(agent, list(sess.hem_queue)):
+            sess, _ = await self.state.session(agent, session_id)
+            return sess, None
         return sess, rev
+
+    async def _hold(self, agent: str, so_id: str, read: tuple[HoldEntry, int]) -> HoldEntry:
+        """The hold of the agent's governed object (spec 003 §4.4, §5.5.2), settling decided moments."""
+        hold = read[0]
+        if hold.pending and await self._settle_decided(agent, list(hold.pending)):
+            hold, _ = await self.state.hold(agent, so_id)
+        return hold
 
     # after validation: commit, then Cedar ------------------------------------
     async def _decide(
@@ -363,13 +378,24 @@ class KernelService(RequestValidation, Denials, TransitionReports):
         deny_code = "POLICY_DENY" if in_scope else "MANDATE_SCOPE"
         warnings = [Detail(message=f"possible personal data ({p.split('@')[0]})", path=p.split("@")[1], rule="pii") for p in pii]
 
+        if in_scope and action in self.cfg.gated_actions:
+            # spec 003 §8.7: the comparison of declared and executed action must happen
+            # entirely within the kernel, i.e. the action must transit a kernel gate.
+            # No gate exists yet, so a gated action is never permitted, nor sent to a
+            # human who could only approve what the agent would then report itself.
+            entry.status = "denied"
+            await self._put_entry(entry)
+            return await self._deny(
+                agent, idp, m, "GATE_REQUIRED", raw["idp"], available=self._available(agent, idp, m, resource, ctx),
+                hem_available=False, tp=tp, submitted_seq=sub.seq, log_event=True,
+            )
         if idp.hem_urgency == "REQUIRED" and self.cfg.hem_enabled:
             # spec 003 §4.4: HEM regardless of the Cedar outcome; §6.3 a resubmission after DENY.
             entry.status = "hem_pending"
             entry.moment_id = self._moment_id("HEM_URGENCY_REQUIRED", idp)
             await self._put_entry(entry)
             moment_id, _seq = await self._escalate(
-                agent=agent, principal=m.principal, idp=idp, trigger="HEM_URGENCY_REQUIRED",
+                agent=agent, principal=m.principal, idp=idp, trigger="HEM_URGENCY_REQUIRED", mandate_id=m.jti,
                 cedar="PERMIT" if allowed else "DENY", tp=tp,
             )
             return HemPending(
@@ -377,8 +403,9 @@ class KernelService(RequestValidation, Denials, TransitionReports):
                 moment_id=moment_id, trigger="HEM_URGENCY_REQUIRED", event_seq=sub.seq,
             )
         if idp.hem_urgency == "REQUIRED":
-            # The agent asked for a human and none can be asked: fail closed.
-            allowed = False
+            # The agent asked for a human and none can be asked: fail closed, with a
+            # code of its own (policy may well permit; the missing human is the reason).
+            allowed, deny_code, hem_available = False, "HEM_UNAVAILABLE", False
         if allowed:
             entry.status = "permitted"
             # The permit is registered open (overdue.py) by its CEDAR_PERMIT_RECORDED
@@ -468,14 +495,18 @@ class KernelService(RequestValidation, Denials, TransitionReports):
 
     def _context(self, agent: str, idp: Idp, m: Mandate) -> dict[str, Any]:
         ctx: dict[str, Any] = {"idp": idp_context(idp), "agent": agent, "principal": m.principal,
-                               "mandate": {"jti": m.jti, "so_id": m.so_id}}
+                               "mandate": {"jti": m.jti, "so_id": m.so_id},
+                               # spec 003 §8.7: how the executed action will be known. No kernel
+                               # gate exists yet: the agent reports it. A policy requiring the gate:
+                               # forbid(...) unless { context.execution.gated };
+                               "execution": EXECUTION_CONTEXT}
         if m.mission_ref is not None:
             ctx["mandate"]["mission_ref"] = m.mission_ref
         return ctx
 
     def _available(self, agent: str, idp: Idp, m: Mandate, resource: dict[str, str], ctx: dict[str, Any]) -> list[str]:
-        """spec 003 §6.2: the mandate's actions that Cedar would permit now (never more)."""
-        actions = list(dict.fromkeys(m.actions))
+        """spec 003 §6.2: the mandate's actions that Cedar would permit now (never more; no gated action)."""
+        actions = [a for a in dict.fromkeys(m.actions) if a not in self.cfg.gated_actions]
         decisions = self.policy.evaluate_many(
             actions, agent=agent, principal=m.principal, resource=resource, so_id=idp.so_id, context=ctx
         )

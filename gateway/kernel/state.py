@@ -16,7 +16,9 @@ or a bucket that was lost entirely is brought back to what the log says.
 Keys:
 * ``idp.{so_id}.{idp_id}``  -> ``IdpEntry`` (spec 003 §5.2(c): unique per governed object)
 * ``tr.{agent}.{idp_id}``   -> so_id, to find the IDP a transition report names
-* ``sess.{digest(agent, session_id)}`` -> ``SessionEntry``
+* ``sess.{digest(agent, session_id)}`` -> ``SessionEntry`` (its queue of unanswered escalations)
+* ``hold.{digest(agent, so_id)}`` -> ``HoldEntry``: escalations and terminations that hold
+  every session of the agent on that governed object (spec 003 §4.4, §5.5.2)
 * ``_checkpoint``           -> last log sequence the rebuild applied
 """
 
@@ -57,7 +59,9 @@ _RANK = {
     "transitioned": 3,
 }
 SessionState = Literal["ACTIVE", "HEM_PENDING", "TERMINATED"]
-HemTrigger = Literal["HEM_URGENCY_REQUIRED", "MISSION_REF_MISMATCH_THRESHOLD", "IDP_COMMITMENT_GAP"]
+HemTrigger = Literal[
+    "HEM_URGENCY_REQUIRED", "MISSION_REF_MISMATCH_THRESHOLD", "IDP_COMMITMENT_GAP", "TRANSITION_REPORTED_TWICE"
+]
 
 
 class IdpEntry(Struct, kw_only=True, omit_defaults=True):
@@ -76,6 +80,26 @@ class IdpEntry(Struct, kw_only=True, omit_defaults=True):
     transition_seq: int | None = None
     # The TRANSITION_REPORT_OVERDUE event that closed this permit (gateway/kernel/overdue.py).
     overdue_seq: int | None = None
+    # The IDP_COMMITMENT_VERIFIED / _GAP event of its transition (spec 003 §5.5): a
+    # redelivered report reuses it instead of writing a second one.
+    verification_seq: int | None = None
+
+
+class HemHold(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One unanswered escalation (spec 003 §5.5.2): its moment and what it holds.
+
+    ``so_id`` and ``mandate_id`` name the governed object and mandate it holds
+    (``HoldEntry``); both are None for an escalation recorded before holds
+    existed, which holds its own session only.
+    """
+
+    moment_id: str
+    idp_id: str
+    session_id: str
+    trigger: HemTrigger
+    principal: str
+    so_id: str | None = None
+    mandate_id: str | None = None
 
 
 class SessionEntry(Struct, kw_only=True, omit_defaults=True):
@@ -91,11 +115,46 @@ class SessionEntry(Struct, kw_only=True, omit_defaults=True):
     hem_trigger: HemTrigger | None = None
     hem_principal: str | None = None
     mismatches: list[str] = field(default_factory=list)
+    # Every unanswered escalation of this session, oldest first (spec 003 §5.5.2:
+    # a second one queues behind the first, each answer is logged and acted on).
+    # The hem_* members above mirror its head, as they read before queues existed.
+    hem_queue: list[HemHold] = field(default_factory=list)
+
+
+class HoldEntry(Struct, kw_only=True, omit_defaults=True):
+    """What holds one agent's work on one governed object, whatever the session (spec 003 §4.4, §5.5.2).
+
+    ``pending``: escalations awaiting a human; while one is, every IDP of the
+    agent for this object, in any session and under any mandate, is denied
+    ``HEM_PENDING``. ``terminated``: mandates a human ended (a gap, repeated
+    mismatches or a second report not approved); every session under one is
+    refused ``SESSION_TERMINATED``. docs/kernel.md, "Session creation and the
+    scope of a HEM block", says why this scope.
+    """
+
+    agent: str
+    so_id: str
+    pending: list[HemHold] = field(default_factory=list)
+    terminated: list[str] = field(default_factory=list)
 
 
 _idp_dec = msgspec.json.Decoder(IdpEntry)
 _sess_dec = msgspec.json.Decoder(SessionEntry)
+_hold_dec = msgspec.json.Decoder(HoldEntry)
 _enc = msgspec.json.Encoder()
+
+
+def _decode_session(data: bytes) -> SessionEntry:
+    """A stored session; one written before queues existed gets its pending moment as a one-entry queue."""
+    s = _sess_dec.decode(data)
+    if s.state == "HEM_PENDING" and s.hem_moment_id and not s.hem_queue:
+        s.hem_queue = [HemHold(moment_id=s.hem_moment_id, idp_id=s.hem_idp_id or "", session_id=s.session_id,
+                               trigger=s.hem_trigger or "HEM_URGENCY_REQUIRED", principal=s.hem_principal or "")]
+    return s
+
+
+def _copy(s: SessionEntry) -> SessionEntry:
+    return msgspec.structs.replace(s, mismatches=list(s.mismatches), hem_queue=list(s.hem_queue))
 
 
 def idp_key(so_id: str, idp_id: str) -> str:
@@ -108,6 +167,10 @@ def tr_key(agent: str, idp_id: str) -> str:
 
 def session_key(agent: str, session_id: str) -> str:
     return f"sess.{stable_id('session', agent, session_id)}"
+
+
+def hold_key(agent: str, so_id: str) -> str:
+    return f"hold.{stable_id('hold', agent, so_id.lower())}"
 
 
 class ConflictError(PgwError):
@@ -135,7 +198,7 @@ class KernelState:
         self._sessions.pop(key, None)
         if len(self._sessions) >= self.session_cache_size:
             del self._sessions[next(iter(self._sessions))]
-        self._sessions[key] = (msgspec.structs.replace(s, mismatches=list(s.mismatches)), rev)
+        self._sessions[key] = (_copy(s), rev)
 
     def cached_session(self, agent: str, session_id: str, step: int) -> tuple[SessionEntry, int] | None:
         """The session as this instance last saw it, if it lets ``step`` go on (ACTIVE, a
@@ -143,7 +206,7 @@ class KernelState:
         got = self._sessions.get(session_key(agent, session_id))
         if got is None or got[0].state != "ACTIVE" or got[0].last_step >= step:
             return None
-        return msgspec.structs.replace(got[0], mismatches=list(got[0].mismatches)), got[1]
+        return _copy(got[0]), got[1]
 
     async def open(self) -> None:
         self.kv = await ensure_kv(self.js, BUCKET)
@@ -181,7 +244,7 @@ class KernelState:
             if got[2] is None:
                 read = SessionEntry(agent=agent, session_id=session_id), 0
             else:
-                s = _sess_dec.decode(got[2][0])
+                s = _decode_session(got[2][0])
                 self._remember(s, got[2][1])
                 read = s, got[2][1]
         return known, reported, read
@@ -204,9 +267,15 @@ class KernelState:
         got = await self._get(session_key(agent, session_id))
         if got is None:
             return SessionEntry(agent=agent, session_id=session_id), 0
-        s = _sess_dec.decode(got[0])
+        s = _decode_session(got[0])
         self._remember(s, got[1])
         return s, got[1]
+
+    async def hold(self, agent: str, so_id: str) -> tuple[HoldEntry, int]:
+        got = await self._get(hold_key(agent, so_id))
+        if got is None:
+            return HoldEntry(agent=agent, so_id=so_id.lower()), 0
+        return _hold_dec.decode(got[0]), got[1]
 
     # -- compare-and-set writes ----------------------------------------------
     async def _write(self, key: str, value: bytes, rev: int) -> int:
@@ -260,7 +329,7 @@ class KernelState:
         """
         for _ in range(20):
             if known is not None:
-                s, rev = msgspec.structs.replace(known[0], mismatches=list(known[0].mismatches)), known[1]
+                s, rev = _copy(known[0]), known[1]
                 known = None
             else:
                 s, rev = await self.session(agent, session_id)
@@ -273,33 +342,63 @@ class KernelState:
                 continue
         raise ConflictError(session_key(agent, session_id))
 
+    async def update_hold(self, agent: str, so_id: str, fn: Any) -> HoldEntry:
+        """Apply ``fn(hold) -> bool`` (True = changed) to the hold of (agent, so_id) with CAS retries."""
+        key = hold_key(agent, so_id)
+        for _ in range(20):
+            h, rev = await self.hold(agent, so_id)
+            if not fn(h):
+                return h
+            try:
+                await self._cas(key, _enc.encode(h), rev)
+                return h
+            except ConflictError:
+                continue
+        raise ConflictError(key)
+
     async def escalate(self, body: dict[str, Any]) -> SessionEntry | None:
-        """Put the session in HEM_PENDING for the moment of ``body`` (a ``HEM_ESCALATED``
-        body); return the session as it was before, for ``unescalate`` (None if it already
-        held this moment)."""
+        """Queue the moment of ``body`` (a ``HEM_ESCALATED`` body) on its session, which is
+        HEM_PENDING from now, and on the hold of its governed object (``HoldEntry``); return
+        the session as it was before, for ``unescalate`` (None if it already held this moment)."""
         fn = _escalate(body)
         before: list[SessionEntry] = []
 
         def take(s: SessionEntry) -> bool:
-            prior = msgspec.structs.replace(s, mismatches=list(s.mismatches))
+            prior = _copy(s)
             changed = bool(fn(s))
             before[:] = [prior] if changed else []
             return changed
 
-        await self.update_session(body["agent"], body["session_id"], take)
+        jobs = [self.update_session(body["agent"], body["session_id"], take)]
+        scope = body.get("scope")
+        if scope:
+            jobs.append(self.update_hold(body["agent"], scope["so_id"], _hold_add(body)))
+        await asyncio.gather(*jobs)
         return before[0] if before else None
 
     async def unescalate(self, body: dict[str, Any], prior: SessionEntry) -> None:
         """Undo ``escalate`` while the session still holds this moment: its event was never logged."""
+        moment_id = body["moment_id"]
 
         def back(s: SessionEntry) -> bool:
-            if s.state != "HEM_PENDING" or s.hem_moment_id != body["moment_id"]:
+            if not any(h.moment_id == moment_id for h in s.hem_queue):
                 return False
-            s.state, s.hem_idp_id, s.hem_moment_id = prior.state, prior.hem_idp_id, prior.hem_moment_id
-            s.hem_trigger, s.hem_principal = prior.hem_trigger, prior.hem_principal
+            s.hem_queue = [h for h in s.hem_queue if h.moment_id != moment_id]
+            if not s.hem_queue:
+                s.state, s.hem_idp_id, s.hem_moment_id = prior.state, prior.hem_idp_id, prior.hem_moment_id
+                s.hem_trigger, s.hem_principal = prior.hem_trigger, prior.hem_principal
+            _mirror(s)
             return True
 
-        await self.update_session(body["agent"], body["session_id"], back)
+        def unhold(h: HoldEntry) -> bool:
+            kept = [p for p in h.pending if p.moment_id != moment_id]
+            changed, h.pending = len(kept) != len(h.pending), kept
+            return changed
+
+        jobs = [self.update_session(body["agent"], body["session_id"], back)]
+        if body.get("scope"):
+            jobs.append(self.update_hold(body["agent"], body["scope"]["so_id"], unhold))
+        await asyncio.gather(*jobs)
 
     async def advance_idp(self, so_id: str, idp_id: str, status: IdpStatus, **extra: Any) -> IdpEntry | None:
         """Move an IDP forward to ``status`` (never backwards); None if unknown."""
@@ -399,6 +498,8 @@ class KernelState:
                 await self.advance_idp(body["so_id"], body["idp_id"], "denied")
             case "STATE_TRANSITIONED":
                 await self.advance_idp(body["so_id"], body["idp_id"], "transitioned", transition_seq=seq)
+            case "IDP_COMMITMENT_VERIFIED" | "IDP_COMMITMENT_GAP":
+                await self.advance_idp(body["so_id"], body["record"]["idp_id"], "transitioned", verification_seq=seq)
             case "IDP_MISSION_REF_MISMATCH_REJECTED":
                 idp_id = body["idp_id"]
 
@@ -413,30 +514,47 @@ class KernelState:
                 if body.get("so_id") and body["trigger"] == "HEM_URGENCY_REQUIRED":
                     await self.advance_idp(body["so_id"], body["idp_id"], "hem_pending", moment_id=body["moment_id"])
                 await self.update_session(body["agent"], body["session_id"], _escalate(body))
+                if body.get("scope"):
+                    await self.update_hold(body["agent"], body["scope"]["so_id"], _hold_add(body))
             case "HEM_RESOLVED":
                 await self.resolve_hem(body)
             case "TRANSITION_REPORT_OVERDUE":
                 await self.mark_overdue(body["so_id"], body["idp_id"], seq)
 
     async def resolve_hem(self, body: dict[str, Any]) -> SessionEntry:
-        """Apply a HEM decision (``HEM_RESOLVED`` body): idempotent by moment id."""
+        """Apply a HEM decision (``HEM_RESOLVED`` body): idempotent by moment id.
+
+        The moment leaves its session's queue and its object's hold. Approving
+        a ``HEM_URGENCY_REQUIRED`` moment permits its IDP; any other answer to
+        it refuses the IDP and leaves the session going. A commitment gap,
+        repeated mission mismatches or a second report that the human did not
+        approve ends the session and its mandate (spec 003 §5.5.2): the hold
+        records the mandate as terminated, so every session under it is
+        refused. The session is ACTIVE again once its queue is empty.
+        """
         trigger, decision = body["trigger"], body["decision"]
         approve = decision == "approve"
+        ends = trigger != "HEM_URGENCY_REQUIRED" and not approve
         if trigger == "HEM_URGENCY_REQUIRED" and body.get("so_id"):
             await self.advance_idp(body["so_id"], body["idp_id"], "hem_approved" if approve else "hem_denied")
+        moment_id = body["moment_id"]
 
         def settle(s: SessionEntry) -> bool:
-            if s.hem_moment_id != body["moment_id"] or s.state != "HEM_PENDING":
+            if not any(h.moment_id == moment_id for h in s.hem_queue):
                 return False
-            if trigger == "HEM_URGENCY_REQUIRED" or approve:
-                s.state = "ACTIVE"
-                s.mismatches = []
-            else:
-                # A commitment gap or repeated mission mismatches that the human
-                # did not approve ends the session (spec 003 §5.5.2).
+            s.hem_queue = [h for h in s.hem_queue if h.moment_id != moment_id]
+            if ends:
                 s.state = "TERMINATED"
+            else:
+                s.mismatches = []
+                if not s.hem_queue and s.state == "HEM_PENDING":
+                    s.state = "ACTIVE"
+            _mirror(s)
             return True
 
+        scope = body.get("scope")
+        if scope:
+            await self.update_hold(body["agent"], scope["so_id"], _hold_resolve(moment_id, scope.get("mandate_id") if ends else None))
         return await self.update_session(body["agent"], body["session_id"], settle)
 
 
@@ -454,15 +572,56 @@ def bump_step(step: int, idp_id: str) -> Any:
     return fn
 
 
+def _hem_hold(body: dict[str, Any]) -> HemHold:
+    scope = body.get("scope") or {}
+    return HemHold(moment_id=body["moment_id"], idp_id=body["idp_id"], session_id=body["session_id"],
+                   trigger=body["trigger"], principal=body["principal"],
+                   so_id=scope.get("so_id"), mandate_id=scope.get("mandate_id"))
+
+
+def _mirror(s: SessionEntry) -> None:
+    """The hem_* members and the state follow the queue: its head, HEM_PENDING while it holds one."""
+    if s.hem_queue:
+        h = s.hem_queue[0]
+        s.hem_idp_id, s.hem_moment_id, s.hem_trigger, s.hem_principal = h.idp_id, h.moment_id, h.trigger, h.principal
+        if s.state == "ACTIVE":
+            s.state = "HEM_PENDING"
+
+
 def _escalate(body: dict[str, Any]) -> Any:
+    """``update_session`` fn: queue the moment (spec 003 §5.5.2: a second escalation
+    waits behind the first; neither replaces the other). A session already
+    TERMINATED stays so; its moment is still answered and logged."""
+
     def fn(s: SessionEntry) -> bool:
-        if s.hem_moment_id == body["moment_id"]:
+        # The last moment the session settled keeps its id in hem_moment_id: a late
+        # repeat of its escalation does not re-open it.
+        if s.hem_moment_id == body["moment_id"] or any(h.moment_id == body["moment_id"] for h in s.hem_queue):
             return False
-        s.state = "HEM_PENDING"
-        s.hem_idp_id = body["idp_id"]
-        s.hem_moment_id = body["moment_id"]
-        s.hem_trigger = body["trigger"]
-        s.hem_principal = body["principal"]
+        s.hem_queue.append(_hem_hold(body))
+        _mirror(s)
         return True
+
+    return fn
+
+
+def _hold_add(body: dict[str, Any]) -> Any:
+    def fn(h: HoldEntry) -> bool:
+        if any(p.moment_id == body["moment_id"] for p in h.pending):
+            return False
+        h.pending.append(_hem_hold(body))
+        return True
+
+    return fn
+
+
+def _hold_resolve(moment_id: str, ended_mandate: str | None) -> Any:
+    def fn(h: HoldEntry) -> bool:
+        kept = [p for p in h.pending if p.moment_id != moment_id]
+        changed, h.pending = len(kept) != len(h.pending), kept
+        if ended_mandate and ended_mandate not in h.terminated:
+            h.terminated.append(ended_mandate)
+            changed = True
+        return changed
 
     return fn

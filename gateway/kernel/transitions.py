@@ -3,7 +3,8 @@
 Split from ``gateway.kernel.service`` (issue 18): the durable pull consumer
 ``pgw-kernel`` on ``PGW_INBOUND`` and what each report becomes
 (``STATE_TRANSITIONED``, then ``IDP_COMMITMENT_VERIFIED`` or
-``IDP_COMMITMENT_GAP``, and a verdict). The methods run on
+``IDP_COMMITMENT_GAP``, and a verdict; a second, different report of one
+IDP is a critical finding, never a second ``STATE_TRANSITIONED``). The methods run on
 :class:`gateway.kernel.service.KernelService`, whose state they share.
 """
 
@@ -19,7 +20,7 @@ import structlog
 from nats.errors import TimeoutError as NatsTimeout
 from prometheus_client import Counter
 
-from gateway.kernel.eventlog import EventLog
+from gateway.kernel.eventlog import Appended, EventLog
 from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.state import IdpEntry, KernelState
 from pgwcore.logs import get_logger
@@ -32,10 +33,24 @@ from subjects.idp import (
     json_digest,
 )
 from subjects.util import now_rfc3339, stable_id
-from subjects.wire import Refusal, ReportedEffect, Verdict
+from subjects.wire import BindingMoment, Refusal, ReportedEffect, Verdict
 
 log = get_logger("pgw.kernel")
 
+# spec 003 §8.7: "agents MUST NOT be able to influence match_result; the comparison
+# happens entirely within the kernel". The kernel compares the declaration with the
+# executed action the agent itself reports: no action transits a kernel gate yet, so
+# every record says so (docs/kernel.md, "Commitment verification and §8.7").
+EXECUTED_ACTION_SOURCE = "agent_reported"
+# What Cedar sees of it (context.execution): a policy may require the gate.
+EXECUTION_CONTEXT = {"gated": False, "executed_action_source": EXECUTED_ACTION_SOURCE}
+
+SECOND_REPORTS = Counter(
+    "pgw_idp_second_reports_total",
+    "Second, different transition reports for one IDP: CRITICAL findings (spec 003 §5.3, §5.5.2)",
+    ["agent"],
+    registry=REGISTRY,
+)
 COMMITMENT_GAPS = Counter(
     "pgw_idp_commitment_gaps_total",
     "IDP_COMMITMENT_GAP findings: CRITICAL audit alerts (spec 003 §5.5.2)",
@@ -62,11 +77,25 @@ def recorded_status(reported: str, response_digest: str | None) -> tuple[str, st
     return reported, None
 
 
+def _second_report_moment(
+    moment: BindingMoment, agent: str, session_id: str, declared: str, first: Any, second: str
+) -> BindingMoment:
+    """The HEM moment of a second report: what happened, in the moment ``hem_moment`` built."""
+    synopsis = (f"Agent {agent} declared {declared[:100]} once, reported executing {str(first)[:100]}, "
+                f"then reported executing {second[:100]} for the same declared step.")
+    because = "Escalated because the agent reported a second transition for one declared step (no declaration covers it)."
+    findings = [because, *(f for f in moment.findings if not f.startswith("Escalated because"))]
+    stem = f"Should agent {agent} be allowed to continue session {session_id[:64]}?"
+    question = msgspec.structs.replace(moment.question, stem=stem)
+    return msgspec.structs.replace(moment, synopsis=synopsis, findings=findings, question=question)
+
+
 class TransitionReports:
     """The transition-report methods of :class:`gateway.kernel.service.KernelService` (state lives on the service)."""
 
     nc: Any
     config: Any
+    cfg: Any
     subjects: Any
     state: KernelState
     eventlog: EventLog
@@ -135,6 +164,16 @@ class TransitionReports:
             entry = (await self.state.idp(entry.so_id, entry.idp_id) or got)[0]
         if entry.status not in ("permitted", "hem_approved", "transitioned"):
             return await self._refuse_transition(agent, rep, f"the IDP was not permitted (status {entry.status})", msg_seq, tp)
+        gated = [a for a in dict.fromkeys((entry.requested_action, rep.executed_action)) if a in self.cfg.gated_actions]
+        if gated:
+            # spec 003 §8.7: a gated action reported on the agent-report path did not
+            # transit a gate, so its comparison would rest on the agent's word: refused,
+            # and a finding (no STATE_TRANSITIONED: the kernel does not take it as governed).
+            return await self._refuse_transition(
+                agent, rep, f"{', '.join(gated)} must transit a kernel gate; an agent's report is not accepted for it",
+                msg_seq, tp, code="GATE_REQUIRED",
+                alert={"severity": "CRITICAL", "alert_trigger": "GATE_REQUIRED", "actions": gated},
+            )
         report_digest = json_digest(msgspec.to_builtins(rep))
         eff = rep.effect
         resp_digest = json_digest(eff.response) if eff.response is not None else None
@@ -142,7 +181,8 @@ class TransitionReports:
         st_body = {
             "idp_id": entry.idp_id, "so_id": entry.so_id, "session_id": entry.session_id, "agent": agent,
             "principal": entry.principal, "step_sequence": entry.step_sequence,
-            "executed_action": rep.executed_action, "idp_submitted_seq": entry.submitted_seq,
+            "executed_action": rep.executed_action, "executed_action_source": EXECUTED_ACTION_SOURCE,
+            "idp_submitted_seq": entry.submitted_seq,
             "effect": {"type": eff.type, "status": status, "external_ref": eff.external_ref,
                        "irreversibility_class": eff.irreversibility_class,
                        "request_digest": json_digest(eff.request) if eff.request is not None else None,
@@ -152,12 +192,20 @@ class TransitionReports:
         }
         if reported is not None:
             st_body["effect"]["status_reported"] = reported
-        st_id = stable_id("STATE_TRANSITIONED", entry.so_id.lower(), entry.idp_id.lower())
-        st = await self.eventlog.append("STATE_TRANSITIONED", st_body, msg_id=st_id, traceparent=tp)
-        if st.duplicate and st.event.body.get("report_digest") != report_digest:
-            return await self._refuse_transition(agent, rep, "a transition was already reported for this IDP", msg_seq, tp)
-        if entry.status == "transitioned" and not st.duplicate and entry.transition_seq not in (None, st.seq):
-            return await self._refuse_transition(agent, rep, "a transition was already reported for this IDP", msg_seq, tp)
+        # spec 003 §5.3, §5.5: every STATE_TRANSITIONED is followed by its verification, so
+        # whether this IDP was reported already is decided before anything is appended,
+        # not by the log's duplicate window (past it, an append would succeed).
+        first = await self._reported(entry)
+        if first is not None:
+            if first.event.body.get("report_digest") != report_digest:
+                return await self._reported_twice(agent, rep, entry, first, report_digest, msg_seq, tp)
+            st = first  # the same report again (a redelivery): finish it, append nothing twice
+        else:
+            st_id = stable_id("STATE_TRANSITIONED", entry.so_id.lower(), entry.idp_id.lower())
+            st = await self.eventlog.append("STATE_TRANSITIONED", st_body, msg_id=st_id, traceparent=tp)
+            if st.duplicate and st.event.body.get("report_digest") != report_digest:
+                # Another report of this IDP was logged first (a concurrent one).
+                return await self._reported_twice(agent, rep, entry, st, report_digest, msg_seq, tp)
         matched = rep.executed_action == entry.requested_action  # spec 003 §5.5.3: string-exact
         record: dict[str, Any] = {
             "idp_id": entry.idp_id,
@@ -167,17 +215,23 @@ class TransitionReports:
             "match_result": "MATCHED" if matched else "IDP_COMMITMENT_GAP",
             "requested_action": entry.requested_action,
             "executed_action": rep.executed_action,
+            "executed_action_source": EXECUTED_ACTION_SOURCE,
             "kid": self.key.kid,
         }
         # spec 003 §5.5.1: Ed25519 over the canonical serialization of all other fields.
         record["kernel_signature"] = b64url(self.key.sign(rfc8785.dumps(record)))
         etype = "IDP_COMMITMENT_VERIFIED" if matched else "IDP_COMMITMENT_GAP"
-        vbody: dict[str, Any] = {"record": record, "so_id": entry.so_id, "session_id": entry.session_id, "agent": agent}
+        vbody: dict[str, Any] = {"record": record, "so_id": entry.so_id, "session_id": entry.session_id, "agent": agent,
+                                 "executed_action_source": EXECUTED_ACTION_SOURCE}
         if not matched:
             vbody["alert"] = {"severity": "CRITICAL", "alert_trigger": "IDP_COMMITMENT_GAP"}
-        vev = await self.eventlog.append(etype, vbody, msg_id=stable_id(etype, entry.so_id.lower(), entry.idp_id.lower()), traceparent=tp)
+        if entry.verification_seq is not None:
+            vev = Appended(entry.verification_seq, await self.eventlog.get(entry.verification_seq), True)
+        else:
+            vev = await self.eventlog.append(etype, vbody, msg_id=stable_id(etype, entry.so_id.lower(), entry.idp_id.lower()), traceparent=tp)
         record = vev.event.body["record"]
-        await self.state.advance_idp(entry.so_id, entry.idp_id, "transitioned", transition_seq=st.seq)
+        await self.state.advance_idp(entry.so_id, entry.idp_id, "transitioned", transition_seq=st.seq,
+                                     verification_seq=vev.seq)
         # A Cedar permit with CEDAR_PERMIT_RECORDED has no PGW_KERNEL_OPEN key (overdue.py).
         await self.overdue.closed(entry.so_id, entry.idp_id,
                                   keyed=entry.status == "hem_approved" or not self.cfg.log_permits)
@@ -188,9 +242,48 @@ class TransitionReports:
             sub_ev = await self.eventlog.get(entry.submitted_seq)
             idp = decode_idp(sub_ev.body["idp"])
             await self._escalate(agent=agent, principal=entry.principal, idp=idp, trigger="IDP_COMMITMENT_GAP",
-                                 verification=record, tp=tp)
+                                 mandate_id=entry.mandate_id, verification=record, tp=tp)
         await self._transition_verdict(agent, entry, rep, resp_digest, record, tp)
         return "verified" if matched else "gap"
+
+    async def _reported(self, entry: IdpEntry) -> Appended | None:
+        """The STATE_TRANSITIONED already logged for this IDP, or None."""
+        if entry.status != "transitioned" or entry.transition_seq is None:
+            return None
+        return Appended(entry.transition_seq, await self.eventlog.get(entry.transition_seq), True)
+
+    async def _reported_twice(
+        self, agent: str, rep: TransitionReport, entry: IdpEntry, first: Appended, report_digest: str,
+        msg_seq: int, tp: str | None,
+    ) -> str:
+        """A second, different transition reported for one declared step: no STATE_TRANSITIONED
+        is written for it (spec 003 §5.3: one declaration, one transition), and it is a
+        critical finding like a commitment gap (§5.5.2): logged as such (``TRANSITION_REFUSED``
+        with a CRITICAL alert), a ``critical`` log line and metric, and HEM for the session."""
+        why = "a transition was already reported for this IDP"
+        first_action = first.event.body.get("executed_action")
+        alert = {"severity": "CRITICAL", "alert_trigger": "TRANSITION_REPORTED_TWICE"}
+        await self._refuse_transition(agent, rep, why, msg_seq, tp, extra={
+            "so_id": entry.so_id, "session_id": entry.session_id, "requested_action": entry.requested_action,
+            "first_transition_seq": first.seq, "first_executed_action": first_action,
+            "report_digest": report_digest, "alert": alert,
+        })
+        SECOND_REPORTS.labels(agent=agent).inc()
+        log.critical("TRANSITION_REPORTED_TWICE", agent=agent, idp_id=entry.idp_id, first_executed=first_action,
+                     executed=rep.executed_action[:200], alert_trigger="TRANSITION_REPORTED_TWICE")
+        idp = decode_idp((await self.eventlog.get(entry.submitted_seq)).body["idp"])
+
+        def retell(moment: BindingMoment) -> BindingMoment:
+            return _second_report_moment(moment, agent, idp.session_id, entry.requested_action, first_action,
+                                         rep.executed_action)
+
+        await self._escalate(
+            agent=agent, principal=entry.principal, idp=idp, trigger="TRANSITION_REPORTED_TWICE",
+            mandate_id=entry.mandate_id, tp=tp, retell=retell,
+            moment_id=stable_id("hem", "TRANSITION_REPORTED_TWICE", entry.so_id.lower(), entry.idp_id.lower(), report_digest),
+            extra={"executed_action": rep.executed_action, "first_transition_seq": first.seq},
+        )
+        return f"refused:{why}"
 
     async def _transition_verdict(
         self, agent: str, entry: IdpEntry, rep: TransitionReport, resp_digest: str | None,
@@ -199,7 +292,8 @@ class TransitionReports:
         eff = rep.effect
         status, reported = recorded_status(eff.status, resp_digest)
         details: dict[str, Any] = {"effect_attestation": "runtime_claimed", "match_result": record["match_result"],
-                                   "executed_action": rep.executed_action, "requested_action": entry.requested_action}
+                                   "executed_action": rep.executed_action, "requested_action": entry.requested_action,
+                                   "executed_action_source": EXECUTED_ACTION_SOURCE}
         if resp_digest:
             details["response_digest"] = resp_digest
         if reported is not None:
@@ -224,20 +318,27 @@ class TransitionReports:
         await self.publisher.verdict(v)
 
     async def _refuse_transition(
-        self, agent: str, rep: TransitionReport | None, why: str, msg_seq: int, tp: str | None
+        self, agent: str, rep: TransitionReport | None, why: str, msg_seq: int, tp: str | None,
+        *, code: str = "TRANSITION_REFUSED", alert: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> str:
         key = stable_id("TRANSITION_REFUSED", agent, str(msg_seq))
-        body = {"agent": agent, "reason": why, "inbound_seq": msg_seq,
-                "idp_id": rep.idp_id if rep else None, "executed_action": rep.executed_action if rep else None}
+        body: dict[str, Any] = {"agent": agent, "reason": why, "inbound_seq": msg_seq,
+                                "idp_id": rep.idp_id if rep else None, "executed_action": rep.executed_action if rep else None,
+                                "executed_action_source": EXECUTED_ACTION_SOURCE, **(extra or {})}
+        if code != "TRANSITION_REFUSED":
+            body["code"] = code
+        if alert is not None:
+            body["alert"] = alert  # a finding: the audit record lists it under alerts
         await self.eventlog.append("TRANSITION_REFUSED", body, msg_id=key, traceparent=tp)
-        log.warning("transition refused", agent=agent, reason=why, idp_id=body["idp_id"])
+        (log.critical if alert else log.warning)("transition refused", agent=agent, reason=why, idp_id=body["idp_id"], code=code)
         await self.publisher.verdict(
             Verdict(
                 verdict_id=stable_id("idp-transition-refused", key), verdict_class="denied", decision="reject",
                 approver="policy", human_disposed=False, ts=now_rfc3339(), agent=agent,
                 action_type=(rep.executed_action if rep else "idp.transition"), action_id=(rep.idp_id if rep else key),
                 idp_id=rep.idp_id if rep else None, traceparent=tp,
-                reason=Refusal(code="TRANSITION_REFUSED", reason=why),
+                reason=Refusal(code=code, reason=why),
             )
         )
         return f"refused:{why}"

@@ -9,6 +9,7 @@ they share.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -20,6 +21,7 @@ from gateway.kernel.state import KernelState, SessionEntry
 from pgwcore.logs import get_logger
 from subjects import jcs
 from subjects.idp import (
+    EnrichedDeny,
     Idp,
     IdpThin,
     KernelResult,
@@ -39,6 +41,25 @@ _TYPED_FIELDS = frozenset(
 )
 
 
+# Punctuation that may wrap an id in prose: "(session s-1)", "mandate 'j-7'.", "[s-1]:".
+_WRAP = "()[]{}<>\"'`‘’“”,;:.!?"
+
+
+def names_source(description: str, *ids: str) -> bool:
+    """spec 003 §4.3 INSTRUCTION: does ``description`` name one of ``ids`` as a word of its own?
+
+    A substring test would let a one-character session_id be "named" by any
+    word holding that letter; here an id must be a whole whitespace-separated
+    token (wrapping punctuation stripped, or the token's ``key=``/``key:`` value).
+    """
+    wanted = {i for i in ids if i}
+    for token in description.split():
+        word = token.strip(_WRAP)
+        if word in wanted or any(word.partition(sep)[2].strip(_WRAP) in wanted for sep in ("=", ":")):
+            return True
+    return False
+
+
 class RefusalError(Exception):
     def __init__(self, result: KernelResult) -> None:
         self.result = result
@@ -56,6 +77,14 @@ class RequestValidation:
     ) -> RefusalError:
         return RefusalError(
             Reject(timestamp=now_rfc3339(), error_code=code, reason=reason, details=details or [], idp_id=idp_id)  # type: ignore[arg-type]
+        )
+
+    def _revoked(self, idp: Idp, idp_raw: Any) -> EnrichedDeny:
+        """spec 003 §6.2 MANDATE_REVOKED: a deny code, so an Enriched DENY; nothing is available."""
+        return EnrichedDeny(
+            timestamp=now_rfc3339(), deny_code="MANDATE_REVOKED", idp_received=idp_raw, available_actions=[],
+            deny_reason="The presented mandate has been revoked; no action is available under it.",
+            hem_available=False, idp_id=idp.idp_id,
         )
 
     # spec 003 §5.2, in order ---------------------------------------------------
@@ -106,7 +135,7 @@ class RequestValidation:
             ("$.declared_goal.description", idp.declared_goal.description if idp.declared_goal else ""),
             ("$.reasoning_basis.description", idp.reasoning_basis.description if idp.reasoning_basis else ""),
         ):
-            pii += [f"{kind}@{path}" for kind in pii_markers(text)]
+            pii += [f"{kind}@{path}" for kind in pii_markers(text, tuple(self.cfg.pii_names))]
         if pii and self.cfg.pii == "reject":
             raise self._reject(
                 "IDP_MALFORMED", "goal and reasoning descriptions must not contain personal data (spec 003 §9)",
@@ -115,13 +144,22 @@ class RequestValidation:
         # §4.3: an INSTRUCTION basis MUST name the instruction's source by
         # mandate_id or session_id, so the instruction stays traceable.
         rb = idp.reasoning_basis
-        if rb is not None and rb.type == "INSTRUCTION" and idp.mandate_id not in rb.description and idp.session_id not in rb.description:
+        if rb is not None and rb.type == "INSTRUCTION" and not names_source(rb.description, idp.mandate_id, idp.session_id):
             raise self._reject(
                 "IDP_MALFORMED",
                 "an INSTRUCTION reasoning basis must name its source by mandate_id or session_id (spec 003 §4.3)",
                 idp_id=idp.idp_id,
                 details=[Detail(message="source of the instruction not named", path="$.reasoning_basis.description", rule="instruction_source")],
             )
+        # mandate: signature, revocation, expiry (DESIGN §5.2). Before (c): an agent
+        # without a valid mandate learns nothing of the index, not even whether an
+        # idp_id exists. A revoked mandate is the Enriched DENY of §6.2.
+        try:
+            mandate = self.mandates.verify(raw.get("mandate"), agent=agent)
+        except MandateError as e:
+            if e.code == "MANDATE_REVOKED":
+                raise RefusalError(self._revoked(idp, idp_raw)) from None
+            raise self._reject(e.code, e.reason, idp_id=idp.idp_id) from None
         # (c) idp_id unique for the governed object (and for this agent's reports).
         # The session entry for (f) is read in the same round trip; only the
         # reads overlap, the checks below still run in the order of §5.2.
@@ -130,18 +168,16 @@ class RequestValidation:
         # re-checks it); any other is read fresh, so every refusal below is
         # decided on the session as stored.
         cached = self.state.cached_session(agent, idp.session_id, idp.step_sequence)
-        known, reported, fresh = await self.state.validation_reads(
-            agent, idp.so_id, idp.idp_id, idp.session_id if cached is None else None
+        # The hold of the governed object (spec 003 §4.4, §5.5.2: a HEM block or a
+        # termination holds every session of the agent on it) is read alongside.
+        (known, reported, fresh), hold_read = await asyncio.gather(
+            self.state.validation_reads(agent, idp.so_id, idp.idp_id, idp.session_id if cached is None else None),
+            self.state.hold(agent, idp.so_id),
         )
         read = fresh if fresh is not None else cached
         assert read is not None
         if known is not None or reported:
             raise self._reject("IDP_DUPLICATE", "this idp_id was already submitted (spec 003 §5.2(c), §8.4)", idp_id=idp.idp_id)
-        # mandate: signature, revocation, expiry (DESIGN §5.2)
-        try:
-            mandate = self.mandates.verify(raw.get("mandate"), agent=agent)
-        except MandateError as e:
-            raise self._reject(e.code, e.reason, idp_id=idp.idp_id) from None
         # (d) so_id bound to the mandate
         if idp.so_id.lower() != mandate.so_id.lower():
             raise self._reject("IDP_SO_MISMATCH", "the IDP so_id is not the governed object bound to the mandate", idp_id=idp.idp_id)
@@ -155,10 +191,13 @@ class RequestValidation:
             read = await self.state.session(agent, idp.session_id)
         # (f) step_sequence strictly increasing per session
         sess, rev = await self._session(agent, idp.session_id, read)
-        if sess.state == "TERMINATED":
+        hold = await self._hold(agent, idp.so_id, hold_read)
+        # A termination ends the session and its mandate: every other session under
+        # that mandate is refused too, not only the one that was escalated.
+        if sess.state == "TERMINATED" or mandate.jti in hold.terminated:
             await commit_received(
                 self, self._submitted_body(agent, idp_raw, idp, mandate, resource, pii, now_rfc3339()),
-                session_state=sess.state, code="SESSION_TERMINATED", moment_id=sess.hem_moment_id, tp=None,
+                session_state="TERMINATED", code="SESSION_TERMINATED", moment_id=sess.hem_moment_id, tp=None,
             )
             raise self._reject("SESSION_TERMINATED", "this session was ended by its principal after a human escalation", idp_id=idp.idp_id)
         if idp.step_sequence <= sess.last_step:
@@ -170,5 +209,12 @@ class RequestValidation:
         # §7: IDP_THIN where the configuration does not accept it
         if isinstance(idp, IdpThin) and (not self.cfg.thin_accepted or idp.requested_action in self.cfg.thin_refused_actions):
             raise self._reject("IDP_THIN_NOT_ACCEPTED", f"{idp.requested_action} requires an IDP_STANDARD declaration (spec 003 §7)", idp_id=idp.idp_id)
+        if hold.pending and sess.state == "ACTIVE":
+            # A moment of another session of this agent on this governed object awaits a
+            # human: this session is held as if it were its own (spec 003 §4.4, §5.5.2). The
+            # view is only read (HEM_PENDING takes no step); it is never written.
+            h = hold.pending[0]
+            sess = msgspec.structs.replace(sess, state="HEM_PENDING", hem_moment_id=h.moment_id, hem_idp_id=h.idp_id,
+                                           hem_trigger=h.trigger, hem_principal=h.principal)
         return idp, mandate, resource, pii, (sess, rev)
 

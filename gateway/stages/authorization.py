@@ -12,25 +12,66 @@ verdict) with a code the agent can act on:
 4. ``authority_not_permitted``: measurement / classification / action from a
    ``non_authoritative`` (or ``NON_AUTHORITATIVE_ONLY``) workflow;
 5. ``provenance_required``: an authoritative variant without at least one
-   ``provenance.oracle_records`` entry;
-6. ``forbidden_marker``: narrative text carrying a soft-authority marker (the
-   envelope's own ``policy.forbidden_markers`` plus the configured ones), in
-   every workflow;
-7. ``narrative_policy_violation``: narrative text that does not follow its
+   ``provenance.oracle_records`` entry (spec 001 Provenance);
+6. ``oracle_record_invalid``: an oracle record that is not an
+   :class:`OracleVerificationRecord` (spec 001 names the type but gives no
+   fields; ours mirrors the per-oracle entry of its ``OracleConflict``:
+   ``oracle_id``, ``tier``, ``verified_at`` as RFC 3339, optional ``value``
+   and ``reference``); one that does not decode gets this code at step 3;
+7. ``provenance_invalid``: ``provenance.generated_at`` is not an RFC 3339
+   timestamp (spec 001 Provenance);
+8. ``forbidden_marker``: a soft-authority marker (the configured ones, plus a
+   narrative's own ``policy.forbidden_markers``) in ANY string the principal
+   may see: narrative text, refusal message and hint, action and its
+   parameters, classification label, dispute axes and values; in every
+   workflow (spec 001 Binding Rules: non-authoritative workflows MUST still
+   enforce forbidden markers);
+9. ``narrative_policy_violation``: narrative text that does not follow its
    ``grammar_mode`` (attributive / hedged / educational) or carries precise
-   numbers under ``max_specificity = "general"``.
+   numbers under ``max_specificity = "general"``;
+10. ``envelope_id_reused``: an authoritative variant whose
+    ``provenance.envelope_id`` was already delivered in this workflow (spec
+    001 Provenance: "Unique identifier for audit"). Seen ids are claimed with
+    a CAS ``create`` in the ``PGW_DEDUP`` bucket under
+    ``authz.{sha256(workflow_id)}.{sha256(envelope_id)}`` (value: the claiming
+    envelope's ``Ctx.envelope_key``, so a redelivery of the same message is
+    not a reuse); they live as long as the bucket's TTL
+    (``pipeline.dedup_ttl_s``). An id is claimed only when the envelope is
+    about to be delivered, so a refused envelope does not burn its id;
+11. ``oracle_verification_failed`` (:func:`verify_oracles`): no record at a
+    verified tier (every one is ``unverified``), a record from an oracle the
+    workflow does not declare (``oracles = [...]``, when declared), or a
+    record verified in the future. What is NOT verified: spec 001 defines no
+    oracle signature, so a record's origin is the agent's word; ``reference``
+    is carried, not fetched.
+
+``enforcement_mode`` (spec 001 Binding Rules; docs/pipeline.md): ``INLINE``
+runs check 11 before the surface item is published; ``ASYNC`` publishes the
+item first and runs check 11 after, and when it fails withdraws the item
+(a ``withdrawn`` item for it, then a refusal item) and refuses the envelope;
+``NON_AUTHORITATIVE_ONLY`` refuses authoritative variants (check 4).
 
 ``scrub_measurements`` strips numbers with units from narrative text before
 delivery. The principal's surface receives an ``authorization`` item: the
 accepted envelope, or for a refusal a ``refusal`` variant with code
 ``BLOCKED`` / ``POLICY_VIOLATION`` and a user message that carries no
 control-plane detail (no oracle, threshold or workflow internals) and an
-opaque ``audit_id``.
+opaque ``audit_id``. An agent's own ``refusal`` is shown with its code, but
+(spec 001 RefusalReason: "MUST NOT leak control-plane details", "audit_id
+... opaque to user") its ``audit_id`` is replaced by the item's opaque id
+(the agent's id is kept in the outcome's ``audit_id_opaque`` warning and the
+log) and a ``user_message`` / ``recovery_hint`` that fails
+:func:`control_plane_detail` is replaced by the gateway's own text for that
+code (warning ``control_plane_detail_withheld``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+import unicodedata
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -46,11 +87,44 @@ Text = Annotated[str, Meta(min_length=1, max_length=4000)]
 Id = Annotated[str, Meta(min_length=1, max_length=256)]
 
 
-class Provenance(Struct, omit_defaults=True):
-    """Authoritative basis of a claim; at least one oracle record (checked with its own code)."""
+Rfc3339 = Annotated[str, Meta(min_length=1, max_length=64, extra_json_schema={"format": "date-time"})]
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})$")
 
-    oracle_records: Annotated[list[dict[str, Any]], Meta(max_length=64)]
-    generated_at: Annotated[str, Meta(min_length=1, max_length=64)]
+
+def rfc3339(value: object) -> datetime | None:
+    """``value`` as an aware datetime if it is an RFC 3339 ``date-time`` (RFC 3339 §5.6), else None."""
+    if not isinstance(value, str) or not _RFC3339.match(value):
+        return None
+    try:
+        return datetime.fromisoformat(value.upper().replace("Z", "+00:00").replace(" ", "T"))
+    except ValueError:  # well-shaped but not a date (month 13, hour 25)
+        return None
+
+
+class OracleVerificationRecord(Struct, omit_defaults=True):
+    """One oracle's verification of the claim (spec 001 Provenance ``oracle_records``).
+
+    Spec 001 names the type without fields; these are the fields it gives an
+    oracle's reading in ``OracleConflict``, plus an optional ``reference`` to
+    the oracle's own record. Unknown fields are allowed (the spec is open).
+    """
+
+    oracle_id: Id
+    tier: Literal["primary", "secondary", "cross_domain", "unverified"]
+    verified_at: Rfc3339  # checked by check_provenance
+    value: Any = None
+    reference: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None
+
+
+class Provenance(Struct, omit_defaults=True):
+    """Authoritative basis of a claim; at least one oracle record (checked with its own code).
+
+    A record that does not decode is refused as ``oracle_record_invalid``
+    (:func:`decode`), not as a malformed envelope.
+    """
+
+    oracle_records: Annotated[list[OracleVerificationRecord], Meta(max_length=64)]
+    generated_at: Rfc3339  # checked by check_provenance
     envelope_id: Id
     derived_from: list[Id] | None = None
 
@@ -158,14 +232,76 @@ _DIRECTIVE = re.compile(
 
 def has_marker(text: str, markers: list[str]) -> str | None:
     """The first forbidden marker ``text`` carries, matched as whole words, case-insensitive."""
-    import unicodedata
-
     t = unicodedata.normalize("NFKC", text).casefold()
     for m in markers:
         m2 = unicodedata.normalize("NFKC", m).casefold().strip()
         if m2 and re.search(r"(?<!\w)" + re.escape(m2) + r"(?!\w)", t):
             return m
     return None
+
+
+def _strings(value: Any, path: str) -> list[tuple[str, str]]:
+    """Every string in a JSON value (keys included), with its path."""
+    if isinstance(value, str):
+        return [(path, value)]
+    out: list[tuple[str, str]] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += [(f"{path}.{k}", str(k)), *_strings(v, f"{path}.{k}")]
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _strings(v, f"{path}[{i}]")
+    return out
+
+
+def visible_strings(env: AuthorizationEnvelope) -> list[tuple[str, str]]:
+    """``(path, text)`` of every string of ``env`` a surface shows the principal (consumers/surfaces/model.py)."""
+    at = "$.payload.envelope"
+    match env:
+        case Narrative():
+            return [(f"{at}.text", env.text)]
+        case Refusal():
+            r = env.reason
+            out = [(f"{at}.reason.user_message", r.user_message)]
+            return out + ([(f"{at}.reason.recovery_hint", r.recovery_hint)] if r.recovery_hint else [])
+        case Action():
+            return [(f"{at}.action", env.action), *_strings(env.params, f"{at}.params"), (f"{at}.provenance.envelope_id", env.provenance.envelope_id)]
+        case Classification():
+            return [(f"{at}.label", env.label), (f"{at}.provenance.envelope_id", env.provenance.envelope_id)]
+        case Measurement():
+            return [(f"{at}.provenance.envelope_id", env.provenance.envelope_id)]
+        case DisputeSummary():
+            out = []
+            for i, src in enumerate(env.sources):
+                out.append((f"{at}.sources[{i}].axis", src.axis))
+                for j, o in enumerate(src.oracles):
+                    out += [(f"{at}.sources[{i}].oracles[{j}].oracle_id", o.oracle_id)]
+                    out += _strings(o.value, f"{at}.sources[{i}].oracles[{j}].value")
+            return out
+    return []
+
+
+# Control-plane vocabulary a principal-facing refusal text must not carry
+# (spec 001 RefusalReason: "MUST NOT leak control-plane details that enable
+# probing"; user_message: "no oracle/threshold details").
+_CONTROL_WORDS = re.compile(
+    r"\b(?:oracles?|thresholds?|workflows?|provenance|enforcement[_ ]mode|authoritative[_ ]intent"
+    r"|non[_ -]authoritative|audit[_ ]ids?|cedar|gateway|pipeline|policy rules?|tiers?)\b",
+    re.IGNORECASE,
+)
+_CONTROL_CASED = re.compile(r"\b(?:INLINE|ASYNC|NON_AUTHORITATIVE_ONLY|BLOCKED|UNRESOLVABLE|POLICY_VIOLATION|EMERGENCY_ESCALATION)\b")
+_IDENTIFIER = re.compile(r"\b[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+\b")  # snake_case: config keys, rule codes
+_COMPARISON = re.compile(r"\d\s*(?:[<>]=?|[≤≥])\s*[-+]?\.?\d")  # "5.9 > 5.5"
+
+
+def control_plane_detail(text: str, names: Sequence[str] = ()) -> str | None:
+    """What in ``text`` is control-plane detail (a word, identifier, comparison or configured name), or None."""
+    t = unicodedata.normalize("NFKC", text)
+    for rx in (_CONTROL_WORDS, _CONTROL_CASED, _IDENTIFIER, _COMPARISON):
+        m = rx.search(t)
+        if m:
+            return m.group(0)
+    return has_marker(t, [n for n in names if len(n) >= 3])
 
 
 def scrub_measurements(text: str) -> str:
@@ -201,11 +337,17 @@ def decode(raw: Any) -> AuthorizationEnvelope:
     except msgspec.ValidationError as e:
         msg = str(e)
         where = msg.rsplit("at `", 1)[-1].rstrip("`").replace("$", "$.payload.envelope", 1) if "at `" in msg else "$.payload.envelope"
+        if where.startswith("$.payload.envelope.provenance.oracle_records["):
+            raise PolicyRefusal(
+                "oracle_record_invalid",
+                f"an oracle record is not an OracleVerificationRecord {{oracle_id, tier, verified_at, value?, reference?}}: {msg}",
+                where,
+            ) from None
         raise PolicyRefusal("envelope_invalid", f"the {kind} envelope does not match spec 001: {msg}", where, "BLOCKED") from None
 
 
 def enforce(env: AuthorizationEnvelope, workflow: Any, narrative_cfg: Any, *, untrusted: bool = False) -> AuthorizationEnvelope:
-    """Apply spec 001; return the envelope to deliver (narrative possibly scrubbed)."""
+    """Apply spec 001's inline checks (1-9 of the module docstring); return the envelope to deliver."""
     kind = env.__struct_config__.tag
     if untrusted and kind in AUTHORITATIVE:
         # spec 002 "Trust boundary": untrusted content never grants authority.
@@ -215,28 +357,28 @@ def enforce(env: AuthorizationEnvelope, workflow: Any, narrative_cfg: Any, *, un
             "$.meta.contentTrust",
         )
     non_auth = workflow.authoritative_intent == "non_authoritative" or workflow.enforcement_mode == "NON_AUTHORITATIVE_ONLY"
-    if kind in AUTHORITATIVE:
+    if isinstance(env, Measurement | Classification | Action):
         if non_auth:
             raise PolicyRefusal(
                 "authority_not_permitted",
                 f"a {kind} envelope is authoritative; this workflow declares non_authoritative intent (spec 001)",
                 "$.payload.envelope.kind",
             )
-        if not env.provenance.oracle_records:  # type: ignore[union-attr]
-            raise PolicyRefusal(
-                "provenance_required",
-                f"a {kind} envelope needs provenance.oracle_records with at least one record (spec 001)",
-                "$.payload.envelope.provenance.oracle_records",
-            )
-    if isinstance(env, Narrative):
-        markers = [*narrative_cfg.forbidden_markers, *env.policy.forbidden_markers]
-        hit = has_marker(env.text, markers)
+        check_provenance(env.provenance, kind)
+    # spec 001 Binding Rules: forbidden markers in every workflow, on every
+    # string the principal may see (not only a narrative's text).
+    own = env.policy.forbidden_markers if isinstance(env, Narrative) else []
+    for path, text in visible_strings(env):
+        hit = has_marker(text, [*narrative_cfg.forbidden_markers, *own])
         if hit:
             raise PolicyRefusal(
                 "forbidden_marker",
-                f"the narrative carries the soft-authority marker {hit!r} (spec 001 forbidden markers)",
-                "$.payload.envelope.text",
+                f"{path.rsplit('.', 1)[-1]} carries the soft-authority marker {hit!r} (spec 001 forbidden markers)",
+                path,
+                # An agent's own refusal keeps its code (an EMERGENCY_ESCALATION is not lost), in the gateway's words.
+                user_code=env.reason.code if isinstance(env, Refusal) else "POLICY_VIOLATION",
             )
+    if isinstance(env, Narrative):
         text = scrub_measurements(env.text) if env.policy.scrub_measurements else env.text
         if narrative_cfg.enforce_grammar_mode:
             mode = env.policy.grammar_mode
@@ -266,18 +408,113 @@ def enforce(env: AuthorizationEnvelope, workflow: Any, narrative_cfg: Any, *, un
     return env
 
 
+def check_provenance(prov: Provenance, kind: str) -> None:
+    """spec 001 Provenance: at least one well-formed oracle record, an RFC 3339 ``generated_at``."""
+    at = "$.payload.envelope.provenance"
+    if not prov.oracle_records:
+        raise PolicyRefusal(
+            "provenance_required",
+            f"a {kind} envelope needs provenance.oracle_records with at least one record (spec 001)",
+            f"{at}.oracle_records",
+        )
+    for i, rec in enumerate(prov.oracle_records):
+        if rfc3339(rec.verified_at) is None:
+            raise PolicyRefusal(
+                "oracle_record_invalid",
+                f"oracle record {i}: verified_at {rec.verified_at[:64]!r} is not an RFC 3339 timestamp",
+                f"{at}.oracle_records[{i}].verified_at",
+            )
+    if rfc3339(prov.generated_at) is None:
+        raise PolicyRefusal(
+            "provenance_invalid",
+            f"provenance.generated_at {prov.generated_at[:64]!r} is not an RFC 3339 timestamp (spec 001 Provenance)",
+            f"{at}.generated_at",
+        )
+
+
+CLOCK_SKEW = timedelta(seconds=60)
+
+
+def verify_oracles(env: AuthorizationEnvelope, workflow: Any, now: datetime | None = None) -> None:
+    """Check 11 of the module docstring (the oracle verification of spec 001 Binding Rules); raise PolicyRefusal."""
+    if not isinstance(env, Measurement | Classification | Action):
+        return
+    now = now or datetime.now(UTC)
+    at = "$.payload.envelope.provenance.oracle_records"
+    records = env.provenance.oracle_records
+    declared = list(getattr(workflow, "oracles", []) or [])
+    for i, rec in enumerate(records):
+        if declared and rec.oracle_id not in declared:
+            raise PolicyRefusal(
+                "oracle_verification_failed",
+                f"oracle record {i} names oracle {rec.oracle_id[:64]!r}, which this workflow does not declare",
+                f"{at}[{i}].oracle_id",
+            )
+        when = rfc3339(rec.verified_at)
+        if when is not None and when > now + CLOCK_SKEW:
+            raise PolicyRefusal(
+                "oracle_verification_failed",
+                f"oracle record {i} was verified at {rec.verified_at!r}, in the future",
+                f"{at}[{i}].verified_at",
+            )
+    if all(rec.tier == "unverified" for rec in records):
+        raise PolicyRefusal(
+            "oracle_verification_failed",
+            "every oracle record has tier 'unverified'; an authoritative claim needs a verified oracle (spec 001)",
+            at,
+        )
+
+
+def envelope_id_key(workflow_id: str, envelope_id: str) -> str:
+    """The PGW_DEDUP key that claims ``provenance.envelope_id`` within a workflow (check 10)."""
+    w = hashlib.sha256(workflow_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    e = hashlib.sha256(envelope_id.encode("utf-8", "surrogatepass")).hexdigest()[:48]
+    return f"authz.{w}.{e}"
+
+
 USER_MESSAGES = {
     "BLOCKED": "This item could not be shown because its format is not recognised. Nothing was authorised.",
     "POLICY_VIOLATION": "This item was withheld because it did not meet the policy that applies here. Nothing was authorised.",
+    "UNRESOLVABLE": "The agent could not settle this request. Nothing was authorised.",
+    "EMERGENCY_ESCALATION": "The agent could not handle this and asks for it to be escalated. If this is urgent, contact a person now.",
 }
+WITHDRAWN_MESSAGE = "An item shown to you earlier could not be verified and was withdrawn. Do not rely on it. Nothing was authorised."
 
 
-def user_refusal(code: str, audit_id: str) -> Refusal:
+def user_refusal(code: str, audit_id: str, message: str | None = None) -> Refusal:
     """A refusal variant a user may see: no control-plane detail (spec 001 RefusalReason)."""
-    user_code: Literal["BLOCKED", "POLICY_VIOLATION"] = "BLOCKED" if code == "BLOCKED" else "POLICY_VIOLATION"
+    user_code: Any = code if code in USER_MESSAGES else "POLICY_VIOLATION"
     return Refusal(reason=RefusalReason(
         code=user_code,
-        user_message=USER_MESSAGES[user_code],
+        user_message=message or USER_MESSAGES[user_code],
         audit_id=audit_id,
         recovery_hint="Ask the agent to send it again in a supported form." if user_code == "BLOCKED" else None,
     ))
+
+
+def shown_refusal(env: Refusal, audit_id: str, names: Sequence[str]) -> tuple[Refusal, list[Detail]]:
+    """An agent's refusal as the principal may see it, and the warnings for the agent (spec 001 RefusalReason).
+
+    The agent's ``audit_id`` is replaced by ``audit_id`` (opaque, the item's);
+    a message with control-plane detail becomes the gateway's own text for the
+    code, a hint with it is dropped.
+    """
+    r = env.reason
+    at = "$.payload.envelope.reason"
+    warnings = [Detail(
+        message=f"the principal sees audit_id {audit_id!r}; this agent's audit_id {r.audit_id!r} is kept here for audit",
+        path=f"{at}.audit_id", rule="audit_id_opaque",
+    )]
+    message, hint = r.user_message, r.recovery_hint
+    leak = control_plane_detail(message, names)
+    if leak is not None:
+        message = USER_MESSAGES[r.code]
+        warnings.append(Detail(message=f"user_message withheld: it carries control-plane detail ({leak[:64]!r})",
+                               path=f"{at}.user_message", rule="control_plane_detail_withheld"))
+    if hint is not None:
+        leak = control_plane_detail(hint, names)
+        if leak is not None:
+            hint = None
+            warnings.append(Detail(message=f"recovery_hint withheld: it carries control-plane detail ({leak[:64]!r})",
+                                   path=f"{at}.recovery_hint", rule="control_plane_detail_withheld"))
+    return Refusal(reason=RefusalReason(code=r.code, user_message=message, audit_id=audit_id, recovery_hint=hint)), warnings

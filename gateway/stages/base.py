@@ -99,6 +99,15 @@ class Ctx:
     def agent(self) -> str:
         return self.turn.agent
 
+    @property
+    def node_id(self) -> str | None:
+        """The envelope's ``nodeId``, carried by every message it causes (spec 002 "Run event log
+        integration"); read from the raw envelope when it did not pass the shape stage."""
+        if self.env is not None:
+            return self.env.nodeId
+        v = self.raw.get("nodeId") if isinstance(self.raw, dict) else None
+        return v if isinstance(v, str) and 0 < len(v) <= 128 else None
+
     def warn(self, message: str, rule: str, path: str | None = None) -> None:
         self.warnings.append(Detail(message=message, rule=rule, path=path))
 

@@ -43,7 +43,10 @@ async def run(ctx: Ctx) -> None:
     silent = contract.refusal_mode == "discard-and-warn"
     if silent:
         # spec 002: "discard ... after emitting a log.appended event of level warn".
-        log.warning("envelope discarded by the contract gate", agent=ctx.agent, type=t[:128], envelope_id=ctx.envelope_id)
+        # The gate runs before redaction (spec 002 "Production flow"): no raw text in the log (SR-1).
+        red = ctx.state.redactor
+        log.warning("envelope discarded by the contract gate", agent=ctx.agent, type=red.text(t[:128]),
+                    envelope_id=red.text(ctx.envelope_id) if ctx.envelope_id else None)
         ctx.warn(f"envelope of type {t[:128]!r} discarded (refusalMode discard-and-warn)", "discarded", "$.type")
     raise Refuse(
         CODE,

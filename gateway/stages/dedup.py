@@ -14,7 +14,16 @@ shared by every gateway instance:
   addressed to the later envelope's ``envelopeId``, flagged ``replayed`` and
   published under that envelope's own outcome id (``replay_of``), so the
   agent waiting on the new envelopeId gets it, once (issue 15);
-- with another ``type`` → ``envelope_correlation_conflict``;
+- the key is the digest of the correlationId as the agent sent it: an id that
+  redaction would change is refused before this stage (``identifier_redacted``,
+  gateway.stages.redaction), so two ids differing only inside a secret never
+  share a key;
+- a replayed answer carries the re-emission's own trust tag (an envelope
+  re-sent as ``untrusted`` gets ``untrusted: true``) and ``nodeId``;
+- with another ``type`` → ``envelope_correlation_conflict``; but a
+  correlationId whose earlier uses were all refused is free: a refusal binds no
+  type (see the ``refused`` record below), so an agent that used the wrong
+  kind may correct it under the same correlationId;
 - while another instance holds C ``pending`` this one waits for it; the
   redelivery of the owner's own message (a crash mid-way) carries on, and its
   deterministic message ids make the repeat harmless;
@@ -88,11 +97,9 @@ async def run(ctx: Ctx) -> None:
     assert ctx.env is not None and ctx.correlation_id
     st = ctx.state
     kv = st.kv
-    # The schemaRounds check the limits stage left to us (limits.ROUNDS_DEFERRED).
+    # The schemaRounds check the limits stage left to us (limits.ROUNDS_DEFERRED). It is for
+    # this very correlationId: an id redaction would change was refused (identifier_redacted).
     rounds_for = ctx.extra.pop(limits.ROUNDS_DEFERRED, None)
-    if rounds_for is not None and rounds_for != ctx.correlation_id:
-        await limits.check_rounds(ctx, kv, rounds_for)  # redaction changed the id: no shortcut
-        rounds_for = None
     key = corr_key(ctx.agent, ctx.correlation_id)
     mine = _owner(ctx)
     deadline = time.monotonic() + WAIT_S
@@ -164,6 +171,10 @@ def replay_of(cached: Outcome, ctx: Ctx, *, replayed: bool) -> Outcome:
         cached.replayed = replayed
         if replayed:
             cached.traceparent = ctx.turn.traceparent or cached.traceparent
+            cached.node_id = ctx.node_id
+    # spec 002 "Trust boundary": the answer to an envelope tagged untrusted is untrusted,
+    # whatever the tag of the emission whose outcome is cached.
+    cached.untrusted = cached.untrusted or ctx.untrusted
     return cached
 
 

@@ -14,10 +14,21 @@ integration", DESIGN §3.2 step 5).
   (a KV create) then proves the count is zero, and the counter is read only
   when the claim finds a record (a re-emission), not for every envelope.
 - ``schema.request`` envelopes are bound to ``schemaRounds`` too (spec 002
-  "Universal kinds"): per (agent, ``nodeId``), by distinct correlationId.
-- ``clarificationRounds``: ``clarification.request`` envelopes per
-  (agent, ``nodeId``), counted by distinct correlationId (a replay is not a
-  new round); past the cap, kind ``clarification``.
+  "Universal kinds"), and ``clarificationRounds`` caps ``clarification.request``
+  envelopes "per node" (spec 002 "Capability handshake integration"). Both
+  are rounds of one exchange: one node in one run. The gateway reads the
+  exchange from the correlationId, whose recommended form is
+  ``${runId}:${nodeId}:${turnIndex}:${kindHash}`` (spec 002 "AIEnvelope wire
+  shape"): the *chain* is the correlationId without its last two fields
+  (``runId:nodeId``), plus the envelope's ``nodeId``. A correlationId not in
+  that form (fewer than four fields) is an exchange of its own. Rounds are
+  counted by distinct correlationId (a replay is not a new round), in
+  ``PGW_DEDUP`` keys ``clar.{agent}.{hash(chain)}`` and
+  ``schemareq.{agent}.{hash(chain)}`` whose members are hashes of the
+  correlationIds (no raw id is stored, SR-1); a new run starts at zero. An
+  envelope refused after it was counted (no principal, a correlation
+  conflict, ...) is taken back out: only rounds that reached their handler
+  use up the allowance.
 
 The counters live in JetStream KV, shared by every gateway instance.
 """
@@ -32,11 +43,13 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from gateway.stages.base import Ctx, Refuse
 from gateway.stages.kind import CLARIFICATION, SCHEMA_REQUEST
+from pgwcore.logs import get_logger
 from subjects.wire import Detail
 
 if TYPE_CHECKING:
     from typing import Any
 
+log = get_logger("pgw.limits")
 CODE = "cap.breached"
 # Refusals that count as a schema round (spec 002 "Validation outcomes").
 ROUND_CODES = frozenset({
@@ -56,8 +69,18 @@ def rounds_key(agent: str, correlation_id: str) -> str:
     return f"rounds.{agent}.{_h(correlation_id)}"
 
 
-def clar_key(agent: str, node_id: str | None) -> str:
-    return f"clar.{agent}.{_h(node_id or '-')}"
+def chain_of(correlation_id: str, node_id: str | None) -> str:
+    """The exchange (one node of one run) whose rounds ``correlation_id`` counts against (module docstring)."""
+    parts = correlation_id.split(":")
+    chain = ":".join(parts[:-2]) if len(parts) >= 4 else correlation_id
+    return f"{chain}\x00{node_id or '-'}"
+
+
+def round_key(family: str, agent: str, correlation_id: str, node_id: str | None) -> str:
+    return f"{family}.{agent}.{_h(chain_of(correlation_id, node_id))}"
+
+
+COUNTED = "round_counted"  # ctx.extra: (key, member) this envelope added to a rounds set
 
 
 async def _get_set(kv: Any, key: str) -> tuple[list[str], int | None]:
@@ -70,20 +93,45 @@ async def _get_set(kv: Any, key: str) -> tuple[list[str], int | None]:
 
 async def add_to_set(kv: Any, key: str, member: str) -> int:
     """Add ``member`` to the set at ``key`` (CAS); return the set's size."""
+    return (await _add(kv, key, member))[0]
+
+
+async def _add(kv: Any, key: str, member: str) -> tuple[int, bool]:
+    """Add ``member`` to the set at ``key`` (CAS): the set's size, and whether this call added it."""
     for _ in range(20):
         members, rev = await _get_set(kv, key)
         if member in members:
-            return len(members)
+            return len(members), False
         members = [*members, member][-_MAX_SET:]
         try:
             if rev is None:
                 await kv.create(key, _enc.encode(members))
             else:
                 await kv.update(key, _enc.encode(members), last=rev)
-            return len(members)
+            return len(members), True
         except KeyWrongLastSequenceError:
             continue
     raise RuntimeError(f"could not update counter {key}")  # nak: the message is redelivered
+
+
+async def uncount(ctx: Ctx) -> None:
+    """Take back the round this envelope counted (it was refused after the limits stage)."""
+    counted = ctx.extra.pop(COUNTED, None)
+    if counted is None:
+        return
+    key, member = counted
+    kv = ctx.state.kv
+    for _ in range(20):
+        members, rev = await _get_set(kv, key)
+        if member not in members or rev is None:
+            return
+        try:
+            await kv.update(key, _enc.encode([m for m in members if m != member]), last=rev)
+            return
+        except KeyWrongLastSequenceError:
+            continue
+    # Left counted: the allowance errs on the safe side; the message is not failed for it.
+    log.warning("could not take back a counted round", key=key)
 
 
 def breached(kind: str, message: str, limit: int, details: list[Detail] | None = None) -> Refuse:
@@ -113,22 +161,26 @@ async def run(ctx: Ctx) -> None:
         else:
             # Checked by the dedup stage: free when its claim finds no record.
             ctx.extra[ROUNDS_DEFERRED] = ctx.correlation_id
-    if ctx.env.type == SCHEMA_REQUEST:
-        n = await add_to_set(st.kv, f"schemareq.{ctx.agent}.{_h(ctx.env.nodeId or '-')}", ctx.correlation_id or "")
-        if n > cfg.schema_rounds:
+    if ctx.env.type in (SCHEMA_REQUEST, CLARIFICATION) and ctx.correlation_id:
+        schema = ctx.env.type == SCHEMA_REQUEST
+        key = round_key("schemareq" if schema else "clar", ctx.agent, ctx.correlation_id, ctx.env.nodeId)
+        # A hash, never the raw correlationId: this runs before redaction (SR-1).
+        member = _h(ctx.correlation_id)
+        n, added = await _add(st.kv, key, member)
+        cap = cfg.schema_rounds if schema else cfg.clarification_rounds
+        if n > cap:
+            if added:  # a breached emission is not a round
+                ctx.extra[COUNTED] = (key, member)
+                await uncount(ctx)
+            what = "schema requests" if schema else "clarification requests"
             raise breached(
-                "schema",
-                f"{n} schema requests from this node; schemaRounds is {cfg.schema_rounds}",
-                cfg.schema_rounds,
+                "schema" if schema else "clarification",
+                f"{n} {what} in this exchange (node and run, read from the correlationId); "
+                f"{'schemaRounds' if schema else 'clarificationRounds'} is {cap}",
+                cap,
             )
-    if ctx.env.type == CLARIFICATION:
-        n = await add_to_set(st.kv, clar_key(ctx.agent, ctx.env.nodeId), ctx.correlation_id or "")
-        if n > cfg.clarification_rounds:
-            raise breached(
-                "clarification",
-                f"{n} clarification requests from this node; clarificationRounds is {cfg.clarification_rounds}",
-                cfg.clarification_rounds,
-            )
+        if added:
+            ctx.extra[COUNTED] = (key, member)
 
 
 ROUNDS_DEFERRED = "rounds_deferred"  # ctx.extra: the correlationId whose schemaRounds check dedup owes

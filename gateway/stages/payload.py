@@ -56,15 +56,52 @@ def _check_version(ctx: Ctx) -> None:
         ctx.warn(msg, "envelope_schema_version_drift", "$.schemaVersion")
 
 
-def _json_schema_errors(ctx: Ctx, raw: Any) -> list[Detail]:
+def _without_nulls(value: Any) -> Any:
+    """``value`` with every object member whose value is null left out (at any depth)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def _null_is_absent_validator(schema: dict[str, Any]) -> Any:
+    """A 2020-12 validator for which a member set to null and an absent member are the same.
+
+    spec 002 "Reasoning field": "Hosts MUST treat null and absence equivalently
+    when reading payloads" (the strict-mode pattern ``"type": ["string", "null"]``
+    listed in ``required``). The payload is validated with its null members left
+    out, and a ``required`` member that is absent is satisfied when its own
+    schema accepts null: so ``{"reasoning": null}`` passes where an absent
+    ``reasoning`` passes, and an absent one passes where null would.
+    """
     import jsonschema
 
+    base = jsonschema.Draft202012Validator
+
+    def required(validator: Any, names: Any, instance: Any, sch: dict[str, Any]) -> Any:
+        if not validator.is_type(instance, "object"):
+            return
+        props = sch.get("properties", {})
+        for name in names:
+            if name in instance:
+                continue
+            sub = props.get(name)
+            if sub is not None and validator.evolve(schema=sub).is_valid(None):
+                continue
+            yield jsonschema.ValidationError(f"{name!r} is a required property")
+
+    cls = jsonschema.validators.extend(base, {"required": required})
+    return cls(schema)
+
+
+def _json_schema_errors(ctx: Ctx, raw: Any) -> list[Detail]:
     assert ctx.kind is not None and ctx.kind.json_schema is not None
     v = _validators.get(id(ctx.kind.json_schema))
     if v is None:
-        v = _validators[id(ctx.kind.json_schema)] = jsonschema.Draft202012Validator(ctx.kind.json_schema)
+        v = _validators[id(ctx.kind.json_schema)] = _null_is_absent_validator(ctx.kind.json_schema)
     out = []
-    for err in sorted(v.iter_errors(raw), key=lambda e: list(e.absolute_path))[:32]:
+    for err in sorted(v.iter_errors(_without_nulls(raw)), key=lambda e: list(e.absolute_path))[:32]:
         path = "$.payload" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
         out.append(Detail(message=err.message[:500], path=path, rule=str(err.validator)))
     return out

@@ -41,6 +41,7 @@ a value) must not carry a secret downstream either.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -217,10 +218,13 @@ class Redactor:
         if self._needles:
             return False
         blob = msgspec.json.encode(obj)
-        # b"\\u00": JSON writes a control character (NUL, ...) as an escape; it must be
-        # dropped (visible()) and may hide a token ("sec\\u0000ret:"), so take the walk.
-        # (b"\\" first: one memchr proves the longer search unneeded for most bodies.)
-        return blob.isascii() and b"secret:" not in blob.lower() and (b"\\" not in blob or b"\\u00" not in blob)
+        # A control character must be dropped (visible()) and may hide a token
+        # ("sec\\bret:"), so take the walk: JSON writes most as b"\\u00..", backspace and
+        # form feed as b"\\b" / b"\\f", and DEL (0x7f) as itself. (b"\\" first: one
+        # memchr proves the longer searches unneeded for most bodies.)
+        if not blob.isascii() or b"secret:" in blob.lower() or b"\x7f" in blob:
+            return False
+        return b"\\" not in blob or (b"\\u00" not in blob and b"\\b" not in blob and b"\\f" not in blob)
 
     def graph(self, value: Any) -> Any:
         """A copy of a JSON graph with every string leaf and key redacted (``value`` itself if none changed)."""
@@ -318,7 +322,39 @@ async def run(ctx: Ctx) -> None:
     ctx.payload = typed
     ctx.envelope_id = red_env.envelopeId
     ctx.correlation_id = red_env.correlationId
+    changed = [(name, path, was) for name, path, was, now in (
+        ("envelopeId", "$.envelopeId", env.envelopeId, red_env.envelopeId),
+        ("correlationId", "$.correlationId", env.correlationId, red_env.correlationId),
+    ) if was != now]
+    if changed:
+        raise identifier_redacted(changed)
     log.info("redacted secret material", envelope_id=ctx.envelope_id, agent=ctx.agent)
+
+
+ID_CODE = "identifier_redacted"
+
+
+def identifier_redacted(changed: list[tuple[str, str, str | None]]) -> Refuse:
+    """An id that held secret material (or invisible characters) is refused, not rewritten.
+
+    The ids are the keys of dedup (spec 002 "Replay determinism") and the
+    agent's way to match its outcome. Keyed on the redacted text, two ids
+    differing only inside a ``secret:`` token would be one correlationId (the
+    second envelope answered with the first's outcome); echoed as written,
+    the secret would reach the outcome (spec 002 "Redaction": not in "any
+    error envelope returned to the client"). So the envelope is refused; each
+    detail gives the sha256 of the id as sent, so the agent can still tell
+    which of its envelopes this outcome answers.
+    """
+    names = " and ".join(n for n, _, _ in changed)
+    return Refuse(
+        ID_CODE,
+        f"{names} held secret material or invisible characters; re-emit with an id that holds neither",
+        details=[Detail(
+            message=f"sha256 of the {name} as sent: {hashlib.sha256((was or '').encode('utf-8', 'surrogatepass')).hexdigest()}",
+            path=path, rule="redaction",
+        ) for name, path, was in changed],
+    )
 
 
 __all__ = ["MARK", "MIN_SECRET", "Redactor", "fast_skeleton", "run", "skeleton"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from gateway.stages import authorization as authz
 from gateway.stages import dualveto
@@ -35,6 +36,7 @@ from subjects.wire import (
     ErrorEnvelopePayload,
     SchemaOutcome,
     SchemaRequestPayload,
+    WithdrawnItem,
 )
 
 if TYPE_CHECKING:
@@ -50,6 +52,7 @@ def accepted(ctx: Ctx, **kw: object) -> EnvelopeOutcome:
         ts=now_rfc3339(),
         untrusted=ctx.untrusted,
         traceparent=ctx.turn.traceparent,
+        node_id=ctx.node_id,
         status="accepted",
         envelope_id=ctx.envelope_id,
         correlation_id=ctx.correlation_id,
@@ -154,6 +157,7 @@ async def binding_moment(ctx: Ctx) -> Outcome:
         untrusted=ctx.untrusted,
         expires_in_s=p.expires_in_s,
         traceparent=ctx.turn.traceparent,
+        node_id=ctx.node_id,
         details=details or None,
     )
     return accepted(ctx, moment_id=moment_id)
@@ -174,6 +178,7 @@ async def clarification(ctx: Ctx) -> Outcome:
         untrusted=ctx.untrusted,
         expires_in_s=ctx.gw.config.pipeline.clarification_expires_in_s,
         traceparent=ctx.turn.traceparent,
+        node_id=ctx.node_id,
         action_type="pgw.clarification",
     )
     return accepted(ctx, moment_id=moment_id)
@@ -203,6 +208,7 @@ async def schema_request(ctx: Ctx) -> Outcome:
         traceparent=ctx.turn.traceparent,
         envelope_id=ctx.envelope_id,
         correlation_id=ctx.correlation_id,
+        node_id=ctx.node_id,
         envelope_type=spec.name,
         schema_version=spec.schema_version,
         schema=spec.schema(),
@@ -228,7 +234,13 @@ async def error(ctx: Ctx) -> Outcome:
 
 
 async def authorization(ctx: Ctx) -> Outcome:
-    """spec 001: enforce, then deliver as an ``authorization`` item (DESIGN §3.4)."""
+    """spec 001: enforce, then deliver as an ``authorization`` item (DESIGN §3.4).
+
+    ``enforcement_mode`` (spec 001 Binding Rules, docs/pipeline.md) decides
+    when an authoritative variant's oracle verification runs: ``INLINE``
+    before the item is published, ``ASYNC`` after, withdrawing the item when
+    it fails.
+    """
     p: AuthorizationPayload = ctx.payload
     assert ctx.envelope_id
     principal = resolve_principal(ctx, p.principal, "$.payload.principal")
@@ -236,6 +248,7 @@ async def authorization(ctx: Ctx) -> Outcome:
     cfg = ctx.gw.config.pipeline
     workflow = cfg.workflows.get(p.workflow_id)
     refusal: authz.PolicyRefusal | None = None
+    deferred: authz.AuthorizationEnvelope | None = None
     try:
         if workflow is None:
             raise authz.PolicyRefusal(
@@ -245,26 +258,91 @@ async def authorization(ctx: Ctx) -> Outcome:
                 user_code="BLOCKED",
             )
         env = authz.enforce(authz.decode(p.envelope), workflow, cfg.narrative, untrusted=ctx.untrusted)
+        if isinstance(env, authz.Refusal):
+            # spec 001 RefusalReason: the agent's own refusal, screened like the gateway's.
+            names = [o for w in cfg.workflows.values() for o in w.oracles]
+            env, warnings = authz.shown_refusal(env, item_id, names)
+            ctx.warnings.extend(warnings)
+        if isinstance(env, authz.Measurement | authz.Classification | authz.Action):
+            if workflow.enforcement_mode == "ASYNC":
+                deferred = env
+            else:
+                authz.verify_oracles(env, workflow)
+            await _claim_envelope_id(ctx, p.workflow_id, env.provenance.envelope_id)
         shown: dict[str, Any] = msgspec.to_builtins(env)
     except authz.PolicyRefusal as pr:
         refusal = pr
         # The principal sees a fail-closed refusal without control-plane detail.
         shown = msgspec.to_builtins(authz.user_refusal(pr.user_code, item_id))
-    item = AuthorizationItem(
+    await ctx.gw.publisher.surface(_authorization_item(ctx, principal, item_id, p.workflow_id, shown), f"authorization:{item_id}")
+    if refusal is not None:
+        raise Refuse(refusal.code, refusal.reason, details=[refusal.detail], status="gated", verdict_class="denied")
+    if deferred is not None:
+        try:
+            authz.verify_oracles(deferred, workflow)
+        except authz.PolicyRefusal as pr:
+            await _withdraw(ctx, principal, item_id, p.workflow_id)
+            withdrawn = Detail(message=f"ASYNC: authorization item {item_id} was delivered, then withdrawn", rule="withdrawn")
+            raise Refuse(pr.code, pr.reason, details=[pr.detail, withdrawn], status="gated", verdict_class="denied") from None
+    return accepted(ctx, recorded_event_ids=[item_id])
+
+
+def _authorization_item(ctx: Ctx, principal: str, item_id: str, workflow_id: str, shown: dict[str, Any]) -> AuthorizationItem:
+    return AuthorizationItem(
         agent=ctx.agent,
         principal=principal,
         created_at=now_rfc3339(),
         untrusted=ctx.untrusted,
         traceparent=ctx.turn.traceparent,
+        node_id=ctx.node_id,
         item_id=item_id,
-        envelope_id=ctx.envelope_id,
-        workflow_id=p.workflow_id,
+        envelope_id=ctx.envelope_id or "",
+        workflow_id=workflow_id,
         envelope=shown,
     )
-    await ctx.gw.publisher.surface(item, f"authorization:{item_id}")
-    if refusal is not None:
-        raise Refuse(refusal.code, refusal.reason, details=[refusal.detail], status="gated", verdict_class="denied")
-    return accepted(ctx, recorded_event_ids=[item_id])
+
+
+async def _withdraw(ctx: Ctx, principal: str, item_id: str, workflow_id: str) -> None:
+    """ASYNC verification failed: withdraw the delivered item, then say so (spec 001 Binding Rules)."""
+    await ctx.gw.publisher.surface(WithdrawnItem(
+        agent=ctx.agent, principal=principal, created_at=now_rfc3339(), untrusted=ctx.untrusted,
+        traceparent=ctx.turn.traceparent, moment_id=item_id, reason="superseded",
+    ), f"withdrawn:{item_id}")
+    notice_id = stable_id("authorization-withdrawn", ctx.agent, ctx.envelope_id or "")
+    shown = msgspec.to_builtins(authz.user_refusal("POLICY_VIOLATION", notice_id, authz.WITHDRAWN_MESSAGE))
+    await ctx.gw.publisher.surface(_authorization_item(ctx, principal, notice_id, workflow_id, shown), f"authorization:{notice_id}")
+
+
+class _Claim(msgspec.Struct):
+    owner: str  # Ctx.envelope_key of the envelope that delivered the id
+    agent: str
+
+
+_claim_enc = msgspec.json.Encoder()
+_claim_dec = msgspec.json.Decoder(_Claim)
+
+
+async def _claim_envelope_id(ctx: Ctx, workflow_id: str, envelope_id: str) -> None:
+    """spec 001 Provenance ``envelope_id`` "Unique identifier for audit": one delivery per id and workflow."""
+    key = authz.envelope_id_key(workflow_id, envelope_id)
+    claim = _claim_enc.encode(_Claim(owner=ctx.envelope_key, agent=ctx.agent))
+    for _ in range(2):
+        try:
+            await ctx.state.writer.create(key, claim)
+            return
+        except KeyWrongLastSequenceError:
+            try:
+                entry = await ctx.state.kv.get(key)
+            except KeyNotFoundError:
+                continue  # expired (bucket TTL) between the two calls: claim it afresh
+        if entry.value and _claim_dec.decode(entry.value).owner == ctx.envelope_key:
+            return  # the redelivery of the envelope that claimed it (a crash after the claim)
+        break
+    raise authz.PolicyRefusal(
+        "envelope_id_reused",
+        f"provenance.envelope_id {envelope_id[:128]!r} was already delivered in this workflow; each envelope needs its own (spec 001 Provenance)",
+        "$.payload.envelope.provenance.envelope_id",
+    )
 
 
 HANDLERS = {

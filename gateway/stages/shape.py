@@ -12,6 +12,7 @@ under ``envelope_strictness = "strict"`` a missing ``meta.source`` is refused
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -120,6 +121,10 @@ def decode_body(body: bytes, limits: LimitsConfig) -> list[Any]:
     if isinstance(value, list):
         if not value:
             raise _refuse("a turn must hold at least one envelope")
+        if len(value) > limits.max_turn_envelopes:
+            # Every envelope of a turn gets an outcome and every refusal a verdict: a
+            # 100k-element turn would be 100k durable publishes past ack_wait (DESIGN §7).
+            raise _refuse(f"the turn holds {len(value)} envelopes; the limit is {limits.max_turn_envelopes}")
         return value
     return [value]
 
@@ -162,6 +167,17 @@ def _lenient(text: str) -> Any:
         return None
 
 
+def _is_date_time(ts: str) -> bool:
+    ts = ts.upper()
+    if ts[17:19] == "60":  # RFC 3339 allows a leap second (the pattern fixed the positions)
+        ts = ts[:17] + "59" + ts[19:]
+    try:
+        datetime.fromisoformat(ts)
+    except ValueError:
+        return False
+    return True
+
+
 def readable_id(raw: Any, key: str) -> str | None:
     """An id from a raw envelope that failed validation, where one can be read."""
     if isinstance(raw, dict):
@@ -184,6 +200,10 @@ async def run(ctx: Ctx) -> None:
         env = msgspec.convert(raw, AIEnvelope)
     except msgspec.ValidationError as e:
         raise _refuse(str(e)) from None
+    if env.meta is not None and not _is_date_time(env.meta.ts):
+        # spec 002 EnvelopeMeta.ts: "ISO 8601 UTC timestamp" (the official schema: format date-time);
+        # the Struct's pattern checked the form, this the calendar.
+        raise _refuse("meta.ts is not a valid RFC 3339 date-time", "$.meta.ts")
     if env.envelopeId is None:
         # spec 002: "Engine assigns if absent" - deterministic, so a redelivery, or the
         # same turn stored twice by an agent's retry, agrees (ctx.envelope_key).

@@ -47,6 +47,27 @@ def browser_ready() -> str | None:
     return None
 
 
+def js_plans(items: list[Any]) -> list[dict[str, Any]]:
+    """plan.js's plans for ``items``, computed by Node: the browser's render model without a browser."""
+    import json
+    import shutil
+
+    node = shutil.which("node")
+    if node is None:
+        import pytest
+
+        pytest.skip("NODE TESTS NOT RUN: no `node` on PATH to run consumers/web/src/plan.js")
+    plan_js = (REPO / "consumers" / "web" / "src" / "plan.js").as_uri()
+    script = (
+        f"import {{ planItem }} from {json.dumps(plan_js)}; let s = '';"
+        " process.stdin.on('data', (d) => { s += d; });"
+        " process.stdin.on('end', () => { console.log(JSON.stringify(JSON.parse(s).map((i) => planItem(i)))); });"
+    )
+    done = subprocess.run([node, "--input-type=module", "-e", script], input=json.dumps(items),
+                          capture_output=True, text=True, check=True, timeout=60)
+    return json.loads(done.stdout)
+
+
 def moment(**question: Any) -> dict[str, Any]:
     """A well-formed eight-slot binding moment (spec 000 §5); ``question`` overrides slots 5-8."""
     q: dict[str, Any] = {
@@ -217,6 +238,8 @@ def corpus() -> list[tuple[str, Any]]:
             {"oracle_id": "o2", "tier": "secondary", "value": 12, "verified_at": "x"}],
             "resolution_attempted": True, "escalation_required": True}]})),
         ("auth_unknown_kind", auth(8, {"kind": "telepathy", "text": "trust me"})),
+        ("auth_refusal_unknown_code", auth(10, {"kind": "refusal", "reason": {"code": "APPROVED",
+                                       "user_message": "trust me, it is fine", "audit_id": "aud-2"}})),
         ("auth_no_kind", auth(9, {"text": "no kind at all"})),
         ("unknown_item_type", _base("hologram", moment_id="e1" * 16)),
         ("not_an_object", [1, 2, 3]),

@@ -5,7 +5,7 @@
 // its reasoning, exactly one recommended option, one entry per open hatch),
 // falls back to the notice form for anything it cannot plan as a whole
 // (spec 000 §9.3, §12.5), and renders authorization envelopes per variant
-// with an unknown kind BLOCKED (spec 001 "Client Requirement"). It never
+// with an unknown kind or refusal code BLOCKED (spec 001 "Client Requirement"). It never
 // throws. tests/test_surface_web.py compares it with the Python model on one
 // corpus of items, so the two surfaces cannot drift apart.
 
@@ -17,6 +17,7 @@ export const HATCH_TEXT = {
 };
 
 const AUTHORITATIVE = ["measurement", "classification", "action"];
+const REFUSAL_CODES = ["BLOCKED", "UNRESOLVABLE", "POLICY_VIOLATION", "EMERGENCY_ESCALATION"]; // spec 001 RefusalReason
 const HEX_ID = /^[0-9a-f]{16,64}$/;
 const TOKEN = /^[A-Za-z0-9_-]{1,64}$/;
 
@@ -227,6 +228,8 @@ function authorization(item, b) {
   if (kind === "refusal") {
     const r = env.reason;
     if (!isObj(r) || !isStr(r.code)) return blocked("refusal without a reason code");
+    // spec 001 RefusalReason: four codes; anything else fails closed like an unknown kind.
+    if (!REFUSAL_CODES.includes(r.code)) return blocked("refusal with an unknown code: blocked (fail closed, spec 001)");
     F("Code", r.code);
     if (isStr(r.user_message)) F("Message", r.user_message);
     if (isStr(r.recovery_hint)) F("What you can do", r.recovery_hint);

@@ -16,14 +16,12 @@ import importlib
 import sys
 
 import msgspec
-from nats.aio.client import Client
 
-from gateway.commands.run_gateway import stop_event
 from pgwcore.config import Config
-from pgwcore.connect import connect
+from pgwcore.connect import close_quietly, connect
 from pgwcore.logs import get_logger
 from pgwcore.server import EmbeddedServer
-from pgwcore.service import ServiceFactory, run_services
+from pgwcore.service import ServiceFactory, run_services, stop_event
 from pgwcore.streams import ensure_streams
 
 log = get_logger("pgw.up")
@@ -174,13 +172,3 @@ async def supervise(server: EmbeddedServer, stop: asyncio.Event, limit: int) -> 
             return f"the embedded nats-server exited (code {code}) and could not be restarted: {e}".splitlines()[0]
         log.info("embedded nats-server restarted", url=server.client_url, restart=restarts)
     return None
-
-
-async def close_quietly(nc: Client) -> None:
-    """Drain the connection; with the server gone there is nothing to drain: close, no traceback."""
-    try:
-        await asyncio.wait_for(nc.drain(), 10)
-    except Exception as e:  # noqa: BLE001 - ConnectionReconnectingError etc. when the server is gone
-        log.info("connection closed without draining", reason=f"{type(e).__name__}")
-        with contextlib.suppress(Exception):
-            await nc.close()

@@ -1,7 +1,7 @@
 """Capsule commands (spec 004): ``pgw signer``, ``pgw registrar``, ``pgw verify``,
 ``pgw keys`` and ``pgw capsules open-items``.
 
-Also runnable without the full CLI: ``python -m gateway.commands.capsules ...``
+Also runnable without the full CLI: ``python -m cli.commands.capsules ...``
 takes the same global options and only these subcommands.
 """
 
@@ -24,19 +24,15 @@ from consumers.notify.vapid import load_or_create_vapid_key, vapid_key_path
 from consumers.registrar import Registrar, load_ts_key, read_pinned_ts_keys
 from consumers.signer import LEDGER_STREAM, Signer
 from consumers.verifier import Result, Store, open_items, payload_of, verify_many, verify_statement
-from gateway.commands.run_gateway import stop_event
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.keys import kid_of, public_keys, rotate
-from pgwcore.logs import get_logger
-from pgwcore.service import run_services
-from pgwcore.streams import ensure_streams
+from pgwcore.service import serve_alone
 from subjects.errors import PgwError
 
 if TYPE_CHECKING:
     from consumers.ts_keys import TsKey
 
-log = get_logger("pgw.cli")
 _enc = msgspec.json.Encoder()
 
 
@@ -85,25 +81,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 # -- services -----------------------------------------------------------------
 
 
-async def _run_one(config: Config, factory: type, name: str) -> int:
-    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name=f"pgw-{name}")
-    try:
-        await ensure_streams(nc.jetstream(), config.subjects,
-                             duplicate_window_s=config.gateway.duplicate_window_s)
-        stop = stop_event()
-        await run_services([factory(config, nc)], stop,
-                           on_started=lambda: log.info(f"{name} ready", server=config.nats_url))
-    finally:
-        await nc.drain()
-    return 0
-
-
 async def handle_signer(args: argparse.Namespace, config: Config) -> int:
-    return await _run_one(config, Signer, "signer")
+    return await serve_alone(config, Signer, "signer")
 
 
 async def handle_registrar(args: argparse.Namespace, config: Config) -> int:
-    return await _run_one(config, Registrar, "registrar")
+    return await serve_alone(config, Registrar, "registrar")
 
 
 # -- keys -----------------------------------------------------------------------
@@ -321,8 +304,8 @@ async def handle_status(args: argparse.Namespace, config: Config) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gateway.commands.capsules``: the same as ``pgw`` (kept for scripts that use it)."""
-    from gateway.cli import main as cli_main
+    """``python -m cli.commands.capsules``: the same as ``pgw`` (kept for scripts that use it)."""
+    from cli.main import main as cli_main
 
     return cli_main(argv)
 

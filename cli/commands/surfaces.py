@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pgwcore.service import run_services, stop_event
 from subjects.names import principal_token
 
 if TYPE_CHECKING:
@@ -123,12 +124,8 @@ async def run_surface_web(args: argparse.Namespace, config: Config) -> int:
         # The page's own notifications follow the notifier's opt-in (docs/notifications.md).
         notify_synopsis=config.notifier.for_principal(principal).show_synopsis,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    async with server:
+
+    def announce() -> None:
         print(f"Browser surface for ~{principal}: {server.url}", flush=True)
         if config.surfaces.public_origin:  # the same page through the TLS proxy (docs/surfaces.md)
             print(f"Through HTTPS (install the app from here): {config.surfaces.public_origin}/?t={server.token}", flush=True)
@@ -137,5 +134,6 @@ async def run_surface_web(args: argparse.Namespace, config: Config) -> int:
             import webbrowser
 
             webbrowser.open(server.url)
-        await stop.wait()
+
+    await run_services([server], stop_event(), on_started=announce)
     return 0

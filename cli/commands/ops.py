@@ -8,9 +8,6 @@ only to the target it is given, and nothing at all with ``--dry-run``.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import signal
 import sys
 from datetime import UTC, datetime, timedelta
 
@@ -18,6 +15,7 @@ from consumers.replay import GATEWAY, Replayer, ReplayError, ReplayRange, format
 from consumers.tail import string_redactor, tail
 from pgwcore.config import Config
 from pgwcore.connect import connect
+from pgwcore.service import stop_event
 from subjects.util import parse_rfc3339
 
 
@@ -109,11 +107,7 @@ async def replay_command(args: argparse.Namespace, config: Config) -> int:
 
 async def tail_command(args: argparse.Namespace, config: Config) -> int:
     nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-tail")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop_event()
     pipeline = getattr(config, "pipeline", None)
     redact = string_redactor(secrets_config=getattr(pipeline, "secrets", None))
     try:

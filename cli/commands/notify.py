@@ -11,14 +11,10 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from gateway.commands.run_gateway import stop_event
 from pgwcore.config import Config
 from pgwcore.connect import connect
-from pgwcore.logs import get_logger
-from pgwcore.service import run_services
-from pgwcore.streams import ensure_streams
+from pgwcore.service import serve_alone
 
-log = get_logger("pgw.cli")
 _enc = msgspec.json.Encoder()
 
 
@@ -34,15 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 async def handle_notifier(args: argparse.Namespace, config: Config) -> int:
     from consumers.notify.service import Notifier
 
-    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-notifier")
-    try:
-        await ensure_streams(nc.jetstream(), config.subjects, duplicate_window_s=config.gateway.duplicate_window_s)
-        notifier = Notifier(config, nc)  # a bad channel file fails here, before anything runs
-        await run_services([notifier], stop_event(),
-                           on_started=lambda: log.info("notifier ready", server=config.nats_url))
-    finally:
-        await nc.drain()
-    return 0
+    return await serve_alone(config, Notifier, "notifier")  # a bad channel file fails before anything runs
 
 
 async def handle_notifications(args: argparse.Namespace, config: Config) -> int:

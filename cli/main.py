@@ -4,7 +4,7 @@ Global options: ``--server`` (or ``NATS_URL``), ``--creds``, ``--config`` (or
 ``PGW_CONFIG``), ``--data-dir`` (or ``PGW_DATA_DIR``), ``--log-format``.
 Environment overrides are read here only, at the edge.
 
-Each subcommand lives in a module under ``gateway/commands`` (or a consumer)
+Each subcommand lives in a module under ``cli/commands`` (or a consumer)
 exposing ``register(subparsers)``; the module list is ``COMMAND_MODULES``.
 A handler is ``async def handler(args, config) -> int``.
 """
@@ -23,20 +23,20 @@ from pgwcore.logs import configure_logging
 from subjects.errors import ConfigError, PgwError
 
 COMMAND_MODULES: list[str] = [
-    "gateway.commands.up",
-    "gateway.commands.run_gateway",
-    "gateway.commands.demo",
-    "gateway.commands.schema",
-    "gateway.commands.streams",
-    "gateway.commands.ops",
-    "gateway.commands.surfaces",
-    "gateway.commands.capsules",
-    "gateway.commands.notify",
-    "gateway.commands.kernel",
-    "gateway.commands.audit",
-    "gateway.commands.security",
-    "gateway.commands.accounts",
-    "gateway.commands.mcp",
+    "cli.commands.up",
+    "cli.commands.run_gateway",
+    "cli.commands.demo",
+    "cli.commands.schema",
+    "cli.commands.streams",
+    "cli.commands.ops",
+    "cli.commands.surfaces",
+    "cli.commands.capsules",
+    "cli.commands.notify",
+    "cli.commands.kernel",
+    "cli.commands.audit",
+    "cli.commands.security",
+    "cli.commands.accounts",
+    "cli.commands.mcp",
 ]
 
 
