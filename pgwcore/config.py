@@ -183,6 +183,8 @@ class OpsConfig(_Section):
     # pgwcore/durability.py: at start, are the streams a service writes R3 or fsynced on every write?
     durability: Literal["warn", "refuse", "off"] = "warn"
     nats_monitor_url: str | None = None  # the server's monitoring endpoint (reads /varz sync_always)
+    # /healthz: a durable consumer with work waiting and no ack for this long is stalled (pgwcore/health.py)
+    stall_after_s: Annotated[float, Meta(gt=0)] = 120.0
 
 
 class SignerConfig(_Section):

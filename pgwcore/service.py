@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from pgwcore import micro
+from pgwcore import health, micro
+from pgwcore.metrics import acquire_server
 from pgwcore.logs import get_logger
 
 if TYPE_CHECKING:
@@ -157,6 +158,8 @@ class PullService:
         self._sub: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._micro: micro.MicroRegistration | None = None
+        self._health = health.Registered()
+        self._release_http: Callable[[], None] | None = None
 
     async def start(self) -> None:
         """Open what the service needs and spawn its loops."""
@@ -183,10 +186,23 @@ class PullService:
         self._micro = await micro.register(self.nc, self.name, self.config)  # nats micro ls (issue 8)
         try:
             await self.start()
+            self._serve_ops()
         except BaseException:
             await self.drain()
             raise
         return self
+
+    def _serve_ops(self) -> None:
+        """/metrics and /healthz on ``ops.metrics_port`` (docs/operations.md "Health and metrics"):
+        connected, and the service's own durable consumer not stalled."""
+        ops = self.config.ops
+        if ops.metrics_port is None:
+            return
+        self._release_http = acquire_server(ops.metrics_addr, ops.metrics_port)
+        self._health.add(f"{self.name}:connected", health.connected(self.nc))
+        if self._sub is not None:
+            self._health.add(f"{self.name}:consumer", health.consumer_progress(self._sub.consumer_info,
+                                                                              ops.stall_after_s))
 
     async def __aexit__(self, *exc: object) -> None:
         await self.drain()
@@ -200,6 +216,10 @@ class PullService:
         sub, self._sub = self._sub, None
         await stop_pull_loop(self.stopping, tasks, sub)
         await self.close()
+        self._health.remove()
+        release, self._release_http = self._release_http, None
+        if release is not None:
+            release()
 
 
 def stop_event() -> asyncio.Event:
