@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pgwcore import loop
 from pgwcore.config import Config, load_config
 from pgwcore.logs import configure_logging
-from subjects.errors import PgwError
+from subjects.errors import ConfigError, PgwError
 
 COMMAND_MODULES: list[str] = [
     "cli.commands.up",
@@ -35,6 +35,7 @@ COMMAND_MODULES: list[str] = [
     "cli.commands.kernel",
     "cli.commands.audit",
     "cli.commands.security",
+    "cli.commands.accounts",
     "cli.commands.mcp",
 ]
 
@@ -66,6 +67,9 @@ def add_global_options(parser: argparse.ArgumentParser, default: object) -> None
     parser.add_argument("--data-dir", default=d(None), help="data folder (default: $PGW_DATA_DIR or .pgw)")
     parser.add_argument("--log-format", default=d(None), choices=["auto", "json", "console"], help="log output format")
     parser.add_argument("--log-level", default=d(os.environ.get("PGW_LOG_LEVEL", "INFO")))
+    parser.add_argument("--tls-ca", default=d(None), help="CA bundle of the NATS server's certificate (default: $NATS_CA or tls.ca)")
+    parser.add_argument("--tls-cert", default=d(None), help="client certificate for a server that verifies clients ($NATS_CERT)")
+    parser.add_argument("--tls-key", default=d(None), help="the client certificate's key ($NATS_KEY)")
     parser.add_argument("--metrics-port", type=int, default=d(None),
                         help="serve Prometheus metrics on this port (default: $PGW_METRICS_PORT or ops.metrics_port)")
 
@@ -80,6 +84,17 @@ def config_from_args(args: argparse.Namespace) -> Config:
         "log_format": args.log_format,
     }
     config = load_config(path, **overrides)
+    tls = {k: v for k, v in (("ca", getattr(args, "tls_ca", None) or os.environ.get("NATS_CA")),
+                             ("cert", getattr(args, "tls_cert", None) or os.environ.get("NATS_CERT")),
+                             ("key", getattr(args, "tls_key", None) or os.environ.get("NATS_KEY"))) if v}
+    if tls:  # nested section: the flags and the nats CLI's variables replace the file's values one by one
+        import msgspec
+
+        try:
+            config = msgspec.structs.replace(config, tls=msgspec.convert(
+                {**msgspec.to_builtins(config.tls), **tls}, type(config.tls)))
+        except msgspec.ValidationError as e:
+            raise ConfigError("tls", str(e)) from e
     metrics_port = getattr(args, "metrics_port", None) or os.environ.get("PGW_METRICS_PORT")
     if metrics_port:  # nested section: replaced field by field, keeping the file's other ops keys
         import msgspec

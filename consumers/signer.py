@@ -72,7 +72,7 @@ from pgwcore.atomic import (
     MAX_BATCH,
     publish_atomic,
 )
-from pgwcore.keys import SigningKey, load_or_create
+from pgwcore.keys import MissingKeyError, SigningKey, load_or_create
 from pgwcore.logs import get_logger
 from pgwcore.pull import fetch_ready
 from pgwcore.service import PullService, delivery
@@ -95,8 +95,14 @@ VERDICT_STREAM = "PGW_VERDICTS"
 REGISTRATION_STREAM = "PGW_REGISTRATION"
 
 
-def load_or_create_salt(path: Path) -> str:
-    """The per-tenant salt (§13), 32 random bytes as hex, created 0600 on first use."""
+def load_or_create_salt(path: Path, *, create: bool = True) -> str:
+    """The per-tenant salt (§13), 32 random bytes as hex, created 0600 on first use (when ``create``).
+
+    A new salt changes every salted digest from then on, so with ``keys.create = false``
+    a missing salt stops the signer like a missing key does.
+    """
+    if not create and not path.exists():
+        raise MissingKeyError("the signer's salt", path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -134,8 +140,8 @@ class Signer(LedgerMixin, PullService):
     # -- life cycle ---------------------------------------------------------
     async def start(self) -> None:
         self.profile = profiles.profile(self.config.signer.capsule_format)  # fails at start, format named
-        self.key = load_or_create(self.config.data_path, "signer")
-        self.salt = load_or_create_salt(salt_path(self.config))
+        self.key = load_or_create(self.config.data_path, "signer", create=self.config.keys.create)
+        self.salt = load_or_create_salt(salt_path(self.config), create=self.config.keys.create)
         await self._ensure_ledger()
         sc = self.config.signer
         self._sub = await self.js.pull_subscribe(

@@ -22,6 +22,8 @@ from pgwcore.metrics import (
     refresh_all_lag,
     safe_label,
 )
+from gateway.deadletter import DURABLE
+from pgwcore import health
 from pgwcore.micro import MicroRegistration
 
 
@@ -40,6 +42,7 @@ class MetricsPart:
         self._release: Callable[[], None] | None = None
         self._stop = asyncio.Event()
         self._lag_task: asyncio.Task[None] | None = None
+        self._health = health.Registered()
 
     async def __aenter__(self) -> MetricsPart:
         gw: object = self.gw
@@ -50,6 +53,10 @@ class MetricsPart:
             self._micro = await MicroRegistration(gw.nc, "gateway", gw.subjects.prefix).start()  # type: ignore[attr-defined]
         if ops.metrics_port is not None:
             self._release = acquire_server(ops.metrics_addr, ops.metrics_port)
+            js = gw.js  # type: ignore[attr-defined]
+            self._health.add("gateway:connected", health.connected(gw.nc))  # type: ignore[attr-defined]
+            self._health.add("gateway:consumer", health.consumer_progress(
+                lambda: js.consumer_info("PGW_INBOUND", DURABLE), ops.stall_after_s))
         self._lag_task = asyncio.create_task(self._lag_loop(ops.lag_interval_s), name="metrics-lag")
         return self
 
@@ -88,6 +95,7 @@ class MetricsPart:
         micro, self._micro = self._micro, None
         if micro is not None:
             await micro.drain()  # type: ignore[attr-defined]
+        self._health.remove()
         release, self._release = self._release, None
         if release is not None:
             release()

@@ -16,6 +16,7 @@ import msgspec
 from msgspec import Meta, Struct, field
 
 from pgwcore.notifier_config import NotifierConfig
+from pgwcore.tls import TlsFiles
 from subjects.errors import ConfigError
 from subjects.names import Subjects, check_token, principal_token
 
@@ -36,6 +37,8 @@ class ServerConfig(_Section):
     monitor_port: Annotated[int, Meta(ge=-1, le=65535)] | None = None
     websocket_port: Annotated[int, Meta(ge=-1, le=65535)] = 8443
     max_payload: Annotated[int, Meta(ge=1024, le=64 * 1024 * 1024)] = 8 * 1024 * 1024
+    # `pgw up` restarts its server when it dies, this many times; then it exits non-zero with one line.
+    restart_limit: Annotated[int, Meta(ge=0, le=100)] = 5
 
     def __post_init__(self) -> None:
         if self.host not in ("127.0.0.1", "localhost", "::1"):
@@ -177,6 +180,11 @@ class OpsConfig(_Section):
     lag_interval_s: Annotated[float, Meta(gt=0)] = 5.0  # consumer-lag gauge refresh
     micro: bool = True  # register with the NATS services API ($SRV.PING/INFO/STATS)
     dead_letter: bool = True  # after max_deliver: dead-letter record + engine_failure verdict
+    # pgwcore/durability.py: at start, are the streams a service writes R3 or fsynced on every write?
+    durability: Literal["warn", "refuse", "off"] = "warn"
+    nats_monitor_url: str | None = None  # the server's monitoring endpoint (reads /varz sync_always)
+    # /healthz: a durable consumer with work waiting and no ack for this long is stalled (pgwcore/health.py)
+    stall_after_s: Annotated[float, Meta(gt=0)] = 120.0
 
 
 class SignerConfig(_Section):
@@ -307,6 +315,33 @@ class PipelineConfig(_Section):
                 raise ConfigError(f"pipeline.vendor_kinds.{name}", "a configured kind must be vendor-namespaced (vendor.<host>.<kind>) and not vendor.pgw.*")
 
 
+class TlsConfig(_Section):
+    """TLS to the NATS server (pgwcore/tls.py): the CA that signed it, and a client certificate if it asks."""
+
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.cert) != bool(self.key):
+            raise ConfigError("tls", "cert and key go together: give both (a client certificate and its key) or neither")
+
+    def files(self) -> TlsFiles | None:
+        return TlsFiles(self.ca, self.cert, self.key) if (self.ca or self.cert) else None
+
+
+class KeysConfig(_Section):
+    """Signing keys (kernel, signer, the notifier's VAPID key) and the signer's salt.
+
+    ``create = true`` (the default, so `make run` just works) makes a missing key on
+    first start. A production deployment sets ``create = false``: a key volume mounted
+    at the wrong path then stops the service with the file named, instead of signing
+    silently with a brand-new key that no verifier trusts (docs/operations.md).
+    """
+
+    create: bool = True
+
+
 class Config(_Section):
     """Top-level configuration. Every setting has a safe default."""
 
@@ -328,6 +363,8 @@ class Config(_Section):
     registrar: RegistrarConfig = field(default_factory=RegistrarConfig)
     notifier: NotifierConfig = field(default_factory=NotifierConfig)  # issue 17, docs/notifications.md
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    keys: KeysConfig = field(default_factory=KeysConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

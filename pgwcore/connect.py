@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 import nats
 from nats.aio.client import Client
 
 from pgwcore.logs import get_logger
+from pgwcore.tls import TlsFiles
 from subjects.errors import PgwError
 
 log = get_logger("pgw.nats")
@@ -37,8 +40,9 @@ def _is_auth_error(e: BaseException) -> bool:
     return "authorization" in str(e).lower()
 
 
-async def connect(url: str, *, creds: str | None = None, name: str = "pgw", once: bool = False, **kw: Any) -> Client:
-    """Connect with the service name set and credentials if given.
+async def connect(url: str, *, creds: str | None = None, name: str = "pgw", once: bool = False,
+                  tls: TlsFiles | None = None, **kw: Any) -> Client:
+    """Connect with the service name set, and credentials and TLS (pgwcore/tls.py) if given.
 
     Services reconnect forever; ``once=True`` (one-shot commands) fails at
     once instead. Either way a refusal of our credentials is a ConnectError
@@ -57,6 +61,9 @@ async def connect(url: str, *, creds: str | None = None, name: str = "pgw", once
         from pgwcore.identity import creds_connect_options
 
         opts.update(creds_connect_options(creds))
+    if tls:
+        # A CA (private PKI) and/or a client certificate for a server that verifies clients.
+        opts["tls"] = tls.client_context()
     opts.update(kw)
     probe_opts = {**opts, "allow_reconnect": False, "max_reconnect_attempts": 1, "error_cb": _silent}
     if once:
@@ -76,3 +83,13 @@ async def connect(url: str, *, creds: str | None = None, name: str = "pgw", once
 
 async def _silent(e: Exception) -> None:
     """Probe errors are reported by the caller, not logged twice."""
+
+
+async def close_quietly(nc: Client, timeout: float = 10.0) -> None:
+    """Drain the connection; with the server gone there is nothing to drain: close, no traceback."""
+    try:
+        await asyncio.wait_for(nc.drain(), timeout)
+    except Exception as e:  # noqa: BLE001 - ConnectionReconnectingError etc. when the server is gone
+        log.info("connection closed without draining", reason=type(e).__name__)
+        with contextlib.suppress(Exception):
+            await nc.close()

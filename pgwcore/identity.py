@@ -16,6 +16,8 @@ content is never logged.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -186,8 +188,9 @@ def creds_connect_options(path: str | os.PathLike[str]) -> dict[str, object]:
     """nats-py ``connect`` options for a credentials file of either format.
 
     A standard JWT ``.creds`` file (operator mode) is passed through as
-    ``user_credentials``; a pgw decorated nkey seed gives ``nkeys_seed_str``
-    and the party's own ``inbox_prefix`` (DESIGN §7).
+    ``user_credentials`` with the party's own ``inbox_prefix`` from its header or
+    its JWT's name (:func:`jwt_creds_inbox_prefix`); a pgw decorated nkey seed
+    gives ``nkeys_seed_str`` and the party's own ``inbox_prefix`` (DESIGN §7).
     """
     p = Path(path)
     try:
@@ -195,9 +198,53 @@ def creds_connect_options(path: str | os.PathLike[str]) -> dict[str, object]:
     except OSError as e:
         raise CredentialsError(p, f"cannot read ({e.strerror})") from e
     if "BEGIN NATS USER JWT" in head:
-        return {"user_credentials": str(p)}
+        opts: dict[str, object] = {"user_credentials": str(p)}
+        prefix = jwt_creds_inbox_prefix(head)
+        if prefix:
+            opts["inbox_prefix"] = prefix
+        return opts
     creds = read_creds(p)
-    opts: dict[str, object] = {"nkeys_seed_str": creds.seed}
+    opts = {"nkeys_seed_str": creds.seed}
     if creds.inbox_prefix:
         opts["inbox_prefix"] = creds.inbox_prefix
     return opts
+
+
+_JWT_RE = re.compile(r"-----BEGIN NATS USER JWT-----\s*([A-Za-z0-9_\-.]+)\s*------END NATS USER JWT------")
+
+
+def party_of_jwt_name(name: str) -> Party | None:
+    """The party a user JWT's ``name`` claim names: ``role:name`` or ``role-name`` (nsc's naming), else None."""
+    for sep in (":", "-"):
+        role, found, rest = name.partition(sep)
+        if found and role in ROLES:
+            try:
+                return Party(role, rest)  # type: ignore[arg-type]
+            except ValueError:
+                return None
+    return None
+
+
+def jwt_creds_inbox_prefix(text: str) -> str | None:
+    """The reply-inbox prefix of a JWT ``.creds`` file (operator mode, DESIGN §7).
+
+    The ``# inbox-prefix:`` header (``pgw accounts`` writes it) wins; otherwise the
+    prefix follows from the user JWT's ``name`` claim when it names a party
+    (``agent:planner`` or ``agent-planner`` as ``nsc add user --name`` allows), so a
+    user minted with nsc gets the same confined inbox as one minted by pgw. None
+    when neither says: the connection then uses nats-py's shared ``_INBOX``, which
+    the generated permissions do not grant.
+    """
+    headers = {k: v for k, v in _HEADER_RE.findall(text)}
+    if "inbox-prefix" in headers:
+        return headers["inbox-prefix"]
+    m = _JWT_RE.search(text)
+    if not m:
+        return None
+    try:
+        payload = m.group(1).split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (IndexError, ValueError):
+        return None
+    party = party_of_jwt_name(str(claims.get("name") or ""))
+    return party.inbox_prefix if party else None

@@ -27,6 +27,9 @@ class KeyFileError(PgwError):
     """A key file is missing, unreadable, or has unsafe permissions."""
 
 
+NOT_ED25519 = frozenset({"vapid"})  # key folders under {data}/keys that hold another kind of key
+
+
 def kid_of(public: Ed25519PublicKey) -> str:
     raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]
@@ -101,11 +104,24 @@ def _read(path: Path, role: str) -> SigningKey:
     return SigningKey(role, kid_of(priv.public_key()), priv)
 
 
-def load_or_create(data_dir: Path, role: str) -> SigningKey:
-    """The active key of ``role``, created (0600) on first use."""
+class MissingKeyError(KeyFileError):
+    """A key that must already exist (``keys.create = false``) is not there."""
+
+    def __init__(self, what: str, path: Path) -> None:
+        self.path = path
+        super().__init__(
+            f"{what} is missing at {path} and keys.create is false: restore the key volume (is it mounted at "
+            f"this path?) or set keys.create = true to make a new key on purpose"
+        )
+
+
+def load_or_create(data_dir: Path, role: str, *, create: bool = True) -> SigningKey:
+    """The active key of ``role``, created (0600) on first use when ``create`` (else MissingKeyError)."""
     d = _role_dir(data_dir, role)
     active = d / "active"
     if not active.exists():
+        if not create:
+            raise MissingKeyError(f"the {role} signing key", active)
         return _write_new(d)
     kid = active.read_text().strip()
     return _read(d / f"{kid}.pem", role)
@@ -119,7 +135,9 @@ def rotate(data_dir: Path, role: str) -> SigningKey:
 def public_keys(data_dir: Path, role: str | None = None) -> list[PublicKeyInfo]:
     """Every public key (active and retired) under the data folder."""
     base = Path(data_dir) / "keys"
-    roles = [role] if role else sorted(p.name for p in base.iterdir() if p.is_dir()) if base.exists() else []
+    # Ed25519 signing roles only: the notifier's VAPID key (P-256, keys/vapid/) is listed by its own module.
+    roles = [role] if role else sorted(p.name for p in base.iterdir() if p.is_dir() and p.name not in NOT_ED25519) \
+        if base.exists() else []
     out: list[PublicKeyInfo] = []
     for r in roles:
         d = _role_dir(data_dir, r)

@@ -28,6 +28,36 @@ class _CurrentStderr:
             sys.stderr.flush()
 
 
+def connection_errors_in_one_line(
+    _logger: object, _name: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """A NATS connection-state error (the server gone, a request timed out while reconnecting) is
+    logged as one ``error`` field, not a traceback: it is an operating condition, not a bug, and a
+    stop after the server died must not fill the log with tracebacks (docs/operations.md)."""
+    exc = event.get("exc_info")
+    if exc is True:
+        exc = sys.exc_info()[1]
+    elif isinstance(exc, tuple):
+        exc = exc[1]
+    if isinstance(exc, BaseException) and _is_connection_error(exc):
+        event.pop("exc_info", None)
+        event.setdefault("error", f"{type(exc).__name__}: {exc}"[:300])
+    return event
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    from nats.errors import Error as NatsError  # nats is imported by every process that logs this
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:  # a wrapped one counts too (raise ... from e)
+        if isinstance(e, NatsError | ConnectionError):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def configure_logging(fmt: Literal["auto", "json", "console"] = "auto", level: str = "INFO") -> None:
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     renderer: structlog.typing.Processor = (
@@ -38,6 +68,7 @@ def configure_logging(fmt: Literal["auto", "json", "console"] = "auto", level: s
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            connection_errors_in_one_line,
             structlog.processors.format_exc_info,
             renderer,
         ],

@@ -16,19 +16,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
+    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
     generate_latest,
-    start_http_server,
 )
 
 if TYPE_CHECKING:
@@ -177,12 +180,38 @@ def render() -> bytes:
 
 
 def start_metrics_server(port: int, addr: str = "127.0.0.1") -> Callable[[], None]:
-    """Serve ``REGISTRY`` on ``http://addr:port/metrics``; return a function that stops it.
+    """Serve ``REGISTRY`` on ``http://addr:port/metrics`` and the process's readiness on
+    ``/healthz`` (``pgwcore.health``); return a function that stops it.
 
     Port 0 picks a free port; the chosen one is on the returned function's
     ``port`` attribute.
     """
-    server, thread = start_http_server(port, addr=addr, registry=REGISTRY)
+    from pgwcore.health import HEALTH
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                body, ctype, code = generate_latest(REGISTRY), CONTENT_TYPE_LATEST, 200
+            elif path in ("/healthz", "/readyz"):
+                ok, checks = HEALTH.run()
+                body = json.dumps({"status": "ok" if ok else "unhealthy", "checks": checks}).encode()
+                ctype, code = "application/json", 200 if ok else 503
+            else:
+                body, ctype, code = b"not found: /metrics or /healthz\n", "text/plain", 404
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - scrapes are not logged
+            return
+
+    server = ThreadingHTTPServer((addr, port), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="pgw-metrics", daemon=True)
+    thread.start()
 
     def stop() -> None:
         server.shutdown()

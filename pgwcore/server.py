@@ -24,6 +24,7 @@ from pathlib import Path
 
 import nats
 
+from pgwcore.tls import TlsFiles, server_tls_block
 from subjects.errors import PgwError
 
 
@@ -72,6 +73,17 @@ class EmbeddedServer:
     websocket_origins: tuple[str, ...] = ()
     max_payload: int = 8 * 1024 * 1024
     authorization: str | None = None  # a nats-server config block (see `pgw creds`)
+    # TLS on the client and WebSocket ports (pgwcore/tls.py); with tls_verify, clients need a certificate
+    # signed by tls_ca (mutual TLS). Empty: plain TCP on loopback, as before.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    tls_verify: bool = True
+    health_client_cert: str = ""  # the start-up health probe's client certificate, when tls_verify
+    health_client_key: str = ""
+    # Credentials the start-up probe connects with, so "healthy" means JetStream answers this account
+    # (an anonymous probe of a secured server only learns that it refuses anonymous users).
+    health_creds: str = ""
     extra_conf: str = ""
     # DESIGN §7: an fsync per write. None: nats-server's own default (the benchmarks compare both).
     sync_interval: str | None = "always"
@@ -99,11 +111,15 @@ class EmbeddedServer:
             *([f"  sync_interval: {self.sync_interval}"] if self.sync_interval else []),
             "}",
         ]
+        if self.tls_cert:
+            lines.append(server_tls_block(self.tls_cert, self.tls_key, self.tls_ca, verify=self.tls_verify))
         if self.websocket_port is not None:
+            ws_tls = (server_tls_block(self.tls_cert, self.tls_key, self.tls_ca, verify=False, indent="  ")
+                      if self.tls_cert else "  no_tls: true")  # plain only on loopback; browsers present no client cert
             lines += [
                 "websocket {",
                 f'  listen: "{self.host}:{self.websocket_port}"',
-                "  no_tls: true",  # loopback only; a deployed server puts TLS in front
+                ws_tls,
                 # No auth block of its own: WebSocket clients authenticate against the same
                 # users and per-party permissions as the client port (DESIGN §7).
                 *([f"  allowed_origins: [{', '.join(json.dumps(o) for o in self.websocket_origins)}]"]
@@ -214,12 +230,15 @@ class EmbeddedServer:
         async def quiet(e: Exception) -> None:
             """An anonymous probe of a secured server is refused by design (issue 7): no traceback."""
 
-        creds = os.environ.get("PGW_HEALTH_CREDS")
+        tls: dict[str, object] = {}
+        if self.tls_cert:  # the probe presents the client certificate a verifying server asks for
+            tls = {"tls": TlsFiles(self.tls_ca, self.health_client_cert, self.health_client_key).client_context()}
+        creds = self.health_creds or os.environ.get("PGW_HEALTH_CREDS")
         if not creds:
-            return {"error_cb": quiet}
+            return {"error_cb": quiet, **tls}
         from pgwcore.identity import creds_connect_options  # JWT .creds or a pgw nkey file
 
-        return {"error_cb": quiet, **creds_connect_options(creds)}
+        return {"error_cb": quiet, **tls, **creds_connect_options(creds)}
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop the server gracefully (SIGTERM, then SIGKILL); idempotent."""
@@ -234,6 +253,27 @@ class EmbeddedServer:
                     proc.kill()
                 await proc.wait()
         self._release_lock()
+
+    async def wait_exit(self) -> int:
+        """Wait until the server process exits (on its own or killed); its return code."""
+        proc = self._proc
+        if proc is None:
+            return 0
+        return await proc.wait()
+
+    async def restart(self, timeout: float = 20.0) -> None:
+        """Start the server again on the same ports and store, keeping the lock (it died, we did not stop it).
+
+        The ports it chose at its first start are kept, so clients reconnect to the URL they have.
+        """
+        if self._proc is not None and self._proc.returncode is None:
+            raise ServerError("restart of a server that is still running")
+        for url, attr in ((self.client_url, "port"), (self.monitor_url, "monitor_port"),
+                          (self.websocket_url, "websocket_port")):
+            if url and getattr(self, attr) == -1:
+                setattr(self, attr, int(url.rsplit(":", 1)[1].split("/")[0]))
+        self._proc = None
+        await self._start(timeout)
 
     def kill(self) -> None:
         """SIGKILL the server (fault injection); the lock stays held."""

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from pgwcore import micro
+from pgwcore import health, micro
+from pgwcore.metrics import acquire_server
 from pgwcore.logs import get_logger
 
 if TYPE_CHECKING:
@@ -157,6 +158,8 @@ class PullService:
         self._sub: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._micro: micro.MicroRegistration | None = None
+        self._health = health.Registered()
+        self._release_http: Callable[[], None] | None = None
 
     async def start(self) -> None:
         """Open what the service needs and spawn its loops."""
@@ -183,10 +186,23 @@ class PullService:
         self._micro = await micro.register(self.nc, self.name, self.config)  # nats micro ls (issue 8)
         try:
             await self.start()
+            self._serve_ops()
         except BaseException:
             await self.drain()
             raise
         return self
+
+    def _serve_ops(self) -> None:
+        """/metrics and /healthz on ``ops.metrics_port`` (docs/operations.md "Health and metrics"):
+        connected, and the service's own durable consumer not stalled."""
+        ops = self.config.ops
+        if ops.metrics_port is None:
+            return
+        self._release_http = acquire_server(ops.metrics_addr, ops.metrics_port)
+        self._health.add(f"{self.name}:connected", health.connected(self.nc))
+        if self._sub is not None:
+            self._health.add(f"{self.name}:consumer", health.consumer_progress(self._sub.consumer_info,
+                                                                              ops.stall_after_s))
 
     async def __aexit__(self, *exc: object) -> None:
         await self.drain()
@@ -200,6 +216,10 @@ class PullService:
         sub, self._sub = self._sub, None
         await stop_pull_loop(self.stopping, tasks, sub)
         await self.close()
+        self._health.remove()
+        release, self._release_http = self._release_http, None
+        if release is not None:
+            release()
 
 
 def stop_event() -> asyncio.Event:
@@ -217,17 +237,21 @@ async def serve_alone(config: Config, factory: ServiceFactory, name: str, *, str
     """Run one service as a process of its own until SIGINT/SIGTERM: connect as ``pgw-{name}``,
     create the streams (``streams``; the gateway makes its own), build the service (a bad
     configuration fails here, before anything runs), run it, drain it, drain the connection."""
-    from pgwcore.connect import connect
-    from pgwcore.streams import ensure_streams
+    from pgwcore.connect import close_quietly, connect
+    from pgwcore.durability import check_durability
+    from pgwcore.streams import ensure_streams, stream_plans
 
-    nc = await connect(config.nats_url, creds=config.creds, name=f"pgw-{name}")
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name=f"pgw-{name}")
     try:
         if streams:
             await ensure_streams(nc.jetstream(), config.subjects,
                                  duplicate_window_s=config.gateway.duplicate_window_s)
+        # Are the contract's streams crash-durable on this server (R3, or fsync on every write)?
+        await check_durability(nc.jetstream(), [p.name for p in stream_plans(config.subjects)],
+                               monitor_url=config.ops.nats_monitor_url, policy=config.ops.durability, service=name)
         stop = stop_event()
         await run_services([factory(config, nc)], stop,
                            on_started=lambda: log.info(f"{name} ready", server=config.nats_url))
     finally:
-        await nc.drain()
+        await close_quietly(nc)
     return 0

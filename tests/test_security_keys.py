@@ -184,3 +184,56 @@ def test_open_mode_gets_only_the_demo_parties(tmp_path: Path) -> None:
     assert {x for x in open_mode if not x.startswith("service:")} == {"agent:demo-agent", "principal:alice"}
     closed = embedded_auth(load_config(None, data_dir=str(tmp_path / "b"), security={"demo": False})).parties
     assert all(p.role == "service" for p in closed)
+
+
+def test_missing_keys_refused_when_create_is_false(tmp_path: Path) -> None:
+    """keys.create = false: a missing kernel/signer key, salt or VAPID key stops start-up naming the file, none is made."""
+    from consumers.notify.vapid import load_or_create_vapid_key
+    from consumers.signer import load_or_create_salt
+    from pgwcore.keys import MissingKeyError, load_or_create
+
+    for role in ("kernel", "signer"):
+        with pytest.raises(MissingKeyError, match=rf"{role} signing key is missing at .*keys/{role}/active"):
+            load_or_create(tmp_path, role, create=False)
+    with pytest.raises(MissingKeyError, match="salt"):
+        load_or_create_salt(tmp_path / "salt", create=False)
+    with pytest.raises(MissingKeyError, match="VAPID key is missing"):
+        load_or_create_vapid_key(tmp_path, create=False)
+    assert not (tmp_path / "keys").exists() and not (tmp_path / "salt").exists(), "nothing may be created"
+    made = load_or_create(tmp_path, "kernel")  # the development default still makes it...
+    assert load_or_create(tmp_path, "kernel", create=False).kid == made.kid  # ...and then it is simply read
+
+
+async def test_signer_refuses_to_start_without_its_key(make_config, nats_server) -> None:
+    """A signer configured with keys.create = false and no key volume fails at start instead of signing with a new key."""
+    from consumers.signer import Signer
+    from pgwcore.connect import connect
+    from pgwcore.keys import MissingKeyError
+
+    config = make_config(keys={"create": False})
+    nc = await connect(nats_server.client_url, name="signer-test")
+    try:
+        with pytest.raises(MissingKeyError, match="signer signing key"):
+            async with Signer(config, nc):
+                pass
+    finally:
+        await nc.close()
+    assert not (config.data_path / "keys" / "signer").exists()
+
+
+def test_pgw_keys_lists_every_role_including_vapid(tmp_path: Path) -> None:
+    """`pgw keys` lists the Ed25519 roles and the notifier's VAPID key instead of crashing on it."""
+    import subprocess
+    import sys
+
+    from consumers.notify.vapid import load_or_create_vapid_key
+    from pgwcore.keys import load_or_create
+
+    load_or_create(tmp_path, "kernel")
+    load_or_create(tmp_path, "signer")
+    vapid = load_or_create_vapid_key(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "cli", "--data-dir", str(tmp_path), "keys"],
+                         capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert "role: kernel" in out.stdout and "role: signer" in out.stdout
+    assert "role: vapid" in out.stdout and vapid.public_b64url in out.stdout

@@ -29,6 +29,7 @@ import pytest_asyncio
 from nats.js.api import ConsumerConfig
 
 from gateway.security import Party, agent_durable, embedded_auth, principal_durable
+from gateway.security.accounts import Operator, operator_auth
 from gateway.security.part import ensure_principal_consumer
 from pgwcore.config import Config, load_config
 from pgwcore.connect import connect
@@ -70,6 +71,11 @@ class Bed:
     conns: dict[str, Conn]
     pending_replies: list[str] = field(default_factory=list)
     moment_replies: list[str] = field(default_factory=list)
+    mode: str = "nkey"  # "nkey": the generated authorization block; "operator": JWT accounts
+
+    @property
+    def table(self) -> str:
+        return TABLE if self.mode == "nkey" else f"{TABLE} (operator mode, JWT users)"
 
     @property
     def subjects(self):
@@ -89,16 +95,18 @@ async def open_conn(server: EmbeddedServer, creds: Path, party: Party) -> Conn:
     return Conn(party, nc, errors)
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
-    """A server running the generated block, the streams, the gateway-made durables, and one connection per party."""
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["nkey", "operator"])
+async def bed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
+    """A server running the generated auth (the nkey block, or operator mode with one JWT user per party),
+    the streams, the gateway-made durables, and one connection per party."""
+    mode: str = request.param
     tmp = tmp_path_factory.mktemp("secmatrix")
     config = load_config(
         None,
         data_dir=str(tmp / "data"),
         agents={a: {"principals": ps} for a, ps in AGENT_BINDINGS.items()},
     )
-    auth = embedded_auth(config)
+    auth = embedded_auth(config) if mode == "nkey" else operator_auth(config, tenant="acme")
     server = EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=-1, authorization=auth.server_block)
     await server.start()
     conns: dict[str, Conn] = {}
@@ -113,7 +121,7 @@ async def bed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bed]:
         for party in auth.parties:
             if party.role in ("agent", "principal"):
                 conns[party.label] = await open_conn(server, auth.creds_for(party), party)
-        bed = Bed(config, server, auth.party_creds_dir, service, conns)
+        bed = Bed(config, server, auth.party_creds_dir, service, conns, mode=mode)
 
         async def pending_responder(msg) -> None:  # stands in for the gateway's pending service
             bed.pending_replies.append(msg.reply)
@@ -329,6 +337,9 @@ AGENT_ATTACKS: dict[str, Attack] = {
 
 # Cross-role: an agent against a principal it is bound to, a principal against an agent.
 CROSS_ATTACKS: dict[str, Attack] = {
+    # Operator mode used to need `_INBOX.>` for every user, and then an agent read other parties' replies.
+    "agent reads principal's inbox (replies)": read_inbox,
+    "agent subscribes the shared _INBOX.>": sub_to("_INBOX.>", "_INBOX.{v}"),
     "agent subscribes principal's surface": sub_to("{pre}.principal.{v}.surface", "{pre}.principal.{v}.surface"),
     "agent answers principal's moment": pub_to("{pre}.principal.{v}.resolve"),
     "agent pulls principal's durable": js_api("$JS.API.CONSUMER.MSG.NEXT.PGW_SURFACE.{pdur}", {"batch": 1}),
@@ -369,7 +380,7 @@ async def test_attack_is_refused_by_the_server(bed: Bed, security_table, group: 
         observed = f"NOT REFUSED: {e!s}"[:120] if isinstance(e, AssertionError) else "no violation reported"
         raise
     finally:
-        security_table.record(TABLE, attack, actor, target, "refused, 0 delivered", observed, ok)
+        security_table.record(bed.table, attack, actor, target, "refused, 0 delivered", observed, ok)
         assert not attacker.nc.is_closed, "a permissions violation must not cost the attacker its connection"
 
 
@@ -400,7 +411,7 @@ async def test_principal_receives_and_answers_its_own(bed: Bed, security_table) 
     assert (await obs.next_msg(timeout=WAIT)).data == b"{}"
     await obs.unsubscribe()
     await sub.unsubscribe()
-    security_table.record(TABLE, "own surface, durable and resolve", "principal:p1", "principal:p1", "allowed", "allowed", True)
+    security_table.record(bed.table, "own surface, durable and resolve", "principal:p1", "principal:p1", "allowed", "allowed", True)
 
 
 async def test_principal_request_reply_uses_its_own_inbox(bed: Bed, security_table) -> None:
@@ -411,7 +422,7 @@ async def test_principal_request_reply_uses_its_own_inbox(bed: Bed, security_tab
     reply = await p.nc.request(s.pending("p2"), b"{}", timeout=WAIT)  # answered by the bed's pending responder
     assert reply.data == b'{"items": []}'
     assert bed.pending_replies[-1].startswith("_INBOX_principal_p2.")
-    security_table.record(TABLE, "pending request-reply", "principal:p2", "principal:p2", "allowed", "allowed", True)
+    security_table.record(bed.table, "pending request-reply", "principal:p2", "principal:p2", "allowed", "allowed", True)
 
 
 async def test_principal_presence_and_push_are_its_own(bed: Bed, security_table) -> None:
@@ -434,7 +445,7 @@ async def test_principal_presence_and_push_are_its_own(bed: Bed, security_table)
     finally:
         await obs.unsubscribe()
         await push.unsubscribe()
-    security_table.record(TABLE, "own presence and push requests", "principal:p3", "principal:p3", "allowed", "allowed", True)
+    security_table.record(bed.table, "own presence and push requests", "principal:p3", "principal:p3", "allowed", "allowed", True)
 
 
 async def test_notifier_identity_hears_push_and_presence_only(bed: Bed, security_table) -> None:
@@ -457,7 +468,7 @@ async def test_notifier_identity_hears_push_and_presence_only(bed: Bed, security
         await conn.violation(f"{pre}.principal.p1.resolve")
     finally:
         await conn.nc.close()
-    security_table.record(TABLE, "notifier: push+presence only", "service:notifier", "principal:p1", "allowed/refused", "allowed/refused", True)
+    security_table.record(bed.table, "notifier: push+presence only", "service:notifier", "principal:p1", "allowed/refused", "allowed/refused", True)
 
 
 async def test_agent_queries_its_own_moments_on_its_own_inbox(bed: Bed, security_table) -> None:
@@ -466,11 +477,11 @@ async def test_agent_queries_its_own_moments_on_its_own_inbox(bed: Bed, security
     reply = await a.nc.request(bed.subjects.moment("a2"), b'{"moment_id": "00000000000000000000000000000000"}', timeout=WAIT)
     assert reply.data == b'{"status": "unknown"}'
     assert bed.moment_replies[-1].startswith("_INBOX_agent_a2.")
-    security_table.record(TABLE, "moment query request-reply", "agent:a2", "agent:a2", "allowed", "allowed", True)
+    security_table.record(bed.table, "moment query request-reply", "agent:a2", "agent:a2", "allowed", "allowed", True)
     # The list form rides the same subject, so the same permission: A's own, on A's own inbox.
     reply = await a.nc.request(bed.subjects.moment("a2"), b'{"list": "open"}', timeout=WAIT)
     assert reply.data == b'{"status": "unknown"}' and bed.moment_replies[-1].startswith("_INBOX_agent_a2.")
-    security_table.record(TABLE, "moment list request-reply", "agent:a2", "agent:a2", "allowed", "allowed", True)
+    security_table.record(bed.table, "moment list request-reply", "agent:a2", "agent:a2", "allowed", "allowed", True)
 
 
 async def test_agent_publishes_and_pulls_its_own(bed: Bed, security_table) -> None:
@@ -486,7 +497,7 @@ async def test_agent_publishes_and_pulls_its_own(bed: Bed, security_table) -> No
     assert b'{"outcome": "own"}' in [m.data for m in got]
     for m in got:
         await m.ack()
-    security_table.record(TABLE, "own envelope and outcome durable", "agent:a1", "agent:a1", "allowed", "allowed", True)
+    security_table.record(bed.table, "own envelope and outcome durable", "agent:a1", "agent:a1", "allowed", "allowed", True)
 
 
 async def test_anonymous_and_unknown_keys_are_refused(bed: Bed, security_table, tmp_path: Path) -> None:
@@ -495,7 +506,11 @@ async def test_anonymous_and_unknown_keys_are_refused(bed: Bed, security_table, 
         await nats.connect(bed.server.client_url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
     from pgwcore.identity import load_or_create_creds
 
-    stranger = load_or_create_creds(tmp_path / "other", Party("agent", "a1"))  # same name, different key
+    if bed.mode == "nkey":
+        stranger = load_or_create_creds(tmp_path / "other", Party("agent", "a1")).path  # same name, different key
+    else:  # a user JWT for the same party, signed by an account of an operator the server does not trust
+        stranger = Operator(tmp_path / "other-operator").mint_user(
+            "acme", bed.config.prefix, Party("agent", "a1"), tmp_path / "stranger.creds")
     with pytest.raises(Exception, match=r"(?i)authorization"):
-        await connect(bed.server.client_url, creds=str(stranger.path), allow_reconnect=False, max_reconnect_attempts=0)
-    security_table.record(TABLE, "connect without / with unknown nkey", "anonymous", "server", "refused", "refused", True)
+        await connect(bed.server.client_url, creds=str(stranger), allow_reconnect=False, max_reconnect_attempts=0)
+    security_table.record(bed.table, "connect without / with unknown nkey", "anonymous", "server", "refused", "refused", True)

@@ -67,7 +67,7 @@ async def revoke_command(args: argparse.Namespace, config: Config) -> int:
         dev = load_or_create(config.data_path, DEV_ISSUER_ROLE)
         priv, kid = dev.private, args.kid or dev.kid
     token = sign_revocation(priv, kid, args.jti, reason=args.reason)
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-mandate-revoke", once=True)
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-mandate-revoke", once=True)
     try:
         msg = await nc.request(revoke_subject(config.subjects.prefix), msgspec.json.encode(RevokeRequest(token)), timeout=10)
     finally:
@@ -84,7 +84,7 @@ async def audit_command(args: argparse.Namespace, config: Config) -> int:
         req = AuditRequest(kind="session", id=args.id, agent=args.agent, from_seq=args.from_seq)
     else:
         req = AuditRequest(kind="idp", id=args.id, from_seq=args.from_seq)
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-audit", once=True)
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-audit", once=True)
     try:
         msg = await nc.request(audit_subject(config.subjects.prefix, args.auditor), msgspec.json.encode(req), timeout=args.timeout)
     finally:

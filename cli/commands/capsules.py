@@ -20,6 +20,7 @@ from nats.js.errors import NotFoundError
 
 from consumers.cose import TrustedKey
 from consumers.ledger_check import LedgerIssue, check_ledger, missing_from
+from consumers.notify.vapid import load_or_create_vapid_key, vapid_key_path
 from consumers.registrar import Registrar, load_ts_key, read_pinned_ts_keys
 from consumers.signer import LEDGER_STREAM, Signer
 from consumers.verifier import Result, Store, open_items, payload_of, verify_many, verify_statement
@@ -95,13 +96,18 @@ async def handle_keys(args: argparse.Namespace, config: Config) -> int:
     if args.rotate:
         k = rotate(config.data_path, args.rotate)
         print(f"rotated {args.rotate}: new active kid {k.kid}")
-    keys = public_keys(config.data_path, args.role)
-    if not keys:
+    keys = public_keys(config.data_path, args.role) if args.role != "vapid" else []
+    vapid = vapid_key_path(config.data_path) if args.role in (None, "vapid") else None
+    if not keys and not (vapid and vapid.exists()):
         print(f"no keys under {config.data_path / 'keys'} (they are created on first start)", file=sys.stderr)
         return 1
     for k in keys:
         print(f"role: {k.role}\nkid: {k.kid}\nstatus: {'active' if k.active else 'retired'}\n"
               f"alg: EdDSA (Ed25519)\nraw: {k.raw_hex}\n{k.pem}")
+    if vapid and vapid.exists():  # the notifier's Web Push key (RFC 8292): P-256, not a signing role
+        v = load_or_create_vapid_key(config.data_path, create=False)
+        print(f"role: vapid\nstatus: active\nalg: ES256 (P-256)\npublic (applicationServerKey): {v.public_b64url}\n"
+              f"file: {v.path}")
     return 0
 
 
@@ -120,7 +126,7 @@ def _read_paths(paths: list[str]) -> list[tuple[str, bytes]]:
 
 async def read_stream(config: Config, stream: str) -> list[tuple[str, bytes]]:
     """Every message of ``stream`` by sequence (a direct read: no consumer, nothing acked)."""
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-verify", once=True)
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-verify", once=True)
     try:
         js = nc.jetstream()
         state = (await js.stream_info(stream)).state
@@ -277,7 +283,7 @@ async def handle_status(args: argparse.Namespace, config: Config) -> int:
     """Registration progress from the streams (docs/capsules.md "Registration")."""
     from consumers.registrar_status import progress  # only this command needs it
 
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-capsules", once=True)
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-capsules", once=True)
     try:
         p = await progress(nc.jetstream(), config.registrar.durable)
     finally:

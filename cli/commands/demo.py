@@ -99,9 +99,9 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
             with contextlib.suppress(Exception):
                 opts = {"max_reconnect_attempts": 1, "allow_reconnect": False, "connect_timeout": 2, "error_cb": _silent}
                 nc = await asyncio.wait_for(
-                    connect(config.nats_url, creds=acreds or config.creds, name="pgw-demo", **opts), timeout=3)
+                    connect(config.nats_url, creds=acreds or config.creds, tls=config.tls.files(), name="pgw-demo", **opts), timeout=3)
                 if acreds and pcreds:
-                    snc = await asyncio.wait_for(connect(config.nats_url, creds=pcreds, name="pgw-demo-surface", **opts), timeout=3)
+                    snc = await asyncio.wait_for(connect(config.nats_url, creds=pcreds, tls=config.tls.files(), name="pgw-demo-surface", **opts), timeout=3)
                     stack.push_async_callback(snc.drain)
         if nc is None:
             from gateway.app import Gateway

@@ -116,7 +116,7 @@ async def verify_command(args: argparse.Namespace, config: Config) -> int:
             anchored.append((a, cp, facts))
         except ValueError as e:
             bad_file = bad_file or {"seq": None, "event_type": None, "problem": f"anchor {a}: {e}"}
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-log-verify", once=True)
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-log-verify", once=True)
     try:
         js = nc.jetstream()
         result = await verify_stream(js, config.subjects, keys, stream=args.stream, subject=args.subject)

@@ -71,7 +71,7 @@ async def run_mcp(args: argparse.Namespace, config: Config) -> int:
     from pgwcore.connect import connect
 
     agent = agent_token(args.agent)
-    nc = await connect(config.nats_url, creds=agent_creds(config, agent), name=f"pgw-mcp-{agent}")
+    nc = await connect(config.nats_url, creds=agent_creds(config, agent), tls=config.tls.files(), name=f"pgw-mcp-{agent}")
     try:
         async with agent_tools(nc, agent, prefix=config.prefix, progress_every=args.progress_every) as tools:
             server = build_server(tools)

@@ -36,7 +36,7 @@ async def handle_notifier(args: argparse.Namespace, config: Config) -> int:
 async def handle_notifications(args: argparse.Namespace, config: Config) -> int:
     from consumers.notify.store import dead_letters, status
 
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-notifications", once=True)
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-notifications", once=True)
     try:
         js = nc.jetstream()
         if args.dead:

@@ -84,7 +84,7 @@ async def _dedup_lookup(nc, prefix: str):
 
 
 async def replay_command(args: argparse.Namespace, config: Config) -> int:
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-replay", once=True)
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-replay", once=True)
     try:
         rng = ReplayRange(stream=args.stream, subject=args.subject, from_seq=args.from_seq,
                           to_seq=args.to_seq, since=args.since, until=args.until, limit=args.limit)
@@ -106,7 +106,7 @@ async def replay_command(args: argparse.Namespace, config: Config) -> int:
 
 
 async def tail_command(args: argparse.Namespace, config: Config) -> int:
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-tail")
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-tail")
     stop = stop_event()
     pipeline = getattr(config, "pipeline", None)
     redact = string_redactor(secrets_config=getattr(pipeline, "secrets", None))

@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 async def handle(args: argparse.Namespace, config: Config) -> int:
-    nc = await connect(config.nats_url, creds=config.creds, name="pgw-streams", once=True)
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-streams", once=True)
     try:
         js = nc.jetstream()
         created: dict[str, str] = {}

@@ -81,7 +81,8 @@ async def run_surface(args: argparse.Namespace, config: Config) -> int:
         print("pgw surface: stdin is not a terminal; use --json for scripts", file=sys.stderr)
         return 2
     watch = ConnectionWatch()
-    nc = await connect_principal(config.nats_url, creds=creds, name=f"pgw-surface-{principal}", watch=watch)
+    nc = await connect_principal(config.nats_url, creds=creds, name=f"pgw-surface-{principal}", watch=watch,
+                                tls=config.tls.files())
     try:
         feed = SurfaceFeed(nc, principal, prefix=config.prefix, watch=watch)
         if args.json and not args.follow:

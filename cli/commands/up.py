@@ -10,13 +10,15 @@ everything, the server last.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import importlib
 import sys
 
 import msgspec
 
 from pgwcore.config import Config
-from pgwcore.connect import connect
+from pgwcore.connect import close_quietly, connect
 from pgwcore.logs import get_logger
 from pgwcore.server import EmbeddedServer
 from pgwcore.service import ServiceFactory, run_services, stop_event
@@ -110,19 +112,63 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
         authorization=auth.server_block if auth else None,
     )
     await server.start()  # AlreadyRunning / ServerError are reported by the CLI
+    supervisor: asyncio.Task[str | None] | None = None
     try:
         config = msgspec.structs.replace(config, nats_url=server.client_url)
-        nc = await connect(server.client_url, creds=config.creds, name="pgw-up")
+        nc = await connect(server.client_url, creds=config.creds, tls=config.tls.files(), name="pgw-up")
         try:
             created = await ensure_streams(nc.jetstream(), config.subjects,
                                            duplicate_window_s=config.gateway.duplicate_window_s)
             log.info("streams ready", **created)
             services = [load_factory(n)(config, nc) for n in names]
             stop = stop_event()
+            supervisor = asyncio.create_task(supervise(server, stop, s.restart_limit))
             await run_services(services, stop, on_started=lambda: print(banner(config, server, names), flush=True))
         finally:
-            await nc.drain()
+            await close_quietly(nc)
     finally:
+        failure = await _supervisor_result(supervisor)
         await server.stop()
         log.info("stopped")
+    if failure:
+        print(f"pgw up: {failure}", file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+async def _supervisor_result(task: asyncio.Task[str | None] | None) -> str | None:
+    if task is None:
+        return None
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+async def supervise(server: EmbeddedServer, stop: asyncio.Event, limit: int) -> str | None:
+    """Restart the embedded nats-server when it dies, up to ``limit`` times; then stop everything.
+
+    Returns the one line ``pgw up`` exits with when it gives up (None when stopped normally).
+    The services ride out a restart on their reconnecting connection: what they publish while
+    the server is down fails its PubAck and is retried by their own delivery rules.
+    """
+    restarts = 0
+    while not stop.is_set():
+        code = await server.wait_exit()
+        if stop.is_set():
+            return None
+        restarts += 1
+        if restarts > limit:
+            stop.set()
+            return (f"the embedded nats-server exited (code {code}) {restarts} times; gave up after "
+                    f"{limit} restarts (server.restart_limit). Its log: {server.data_dir / 'nats-server.log'}")
+        log.warning("embedded nats-server exited; restarting it", code=code, restart=restarts, limit=limit)
+        try:
+            await server.restart()
+        except Exception as e:  # noqa: BLE001 - reported in one line, then everything stops
+            stop.set()
+            return f"the embedded nats-server exited (code {code}) and could not be restarted: {e}".splitlines()[0]
+        log.info("embedded nats-server restarted", url=server.client_url, restart=restarts)
+    return None

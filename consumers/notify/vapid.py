@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from pgwcore.identity import write_private
+from pgwcore.keys import MissingKeyError
 from subjects.errors import PgwError
 
 VAPID_JWT_LIFETIME_S = 12 * 3600  # RFC 8292 §2: exp MUST NOT be more than 24 hours ahead
@@ -75,10 +76,12 @@ class VapidKey:
         return f"vapid t={token}, k={self.public_b64url}"
 
 
-def load_or_create_vapid_key(data_dir: Path) -> VapidKey:
-    """The deployment's VAPID key, created on first use and reused afterwards."""
+def load_or_create_vapid_key(data_dir: Path, *, create: bool = True) -> VapidKey:
+    """The deployment's VAPID key, created on first use (when ``create``) and reused afterwards."""
     path = vapid_key_path(data_dir)
     if not path.exists():
+        if not create:
+            raise MissingKeyError("the VAPID key", path)
         key = ec.generate_private_key(ec.SECP256R1())
         pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())

@@ -29,6 +29,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from pgwcore.identity import creds_connect_options, read_creds
 from pgwcore.logs import get_logger
+from pgwcore.tls import TlsFiles
 from subjects.errors import PgwError
 from subjects.names import Subjects, principal_token
 from subjects.util import now_rfc3339, parse_rfc3339
@@ -98,7 +99,8 @@ class ConnectionWatch:
 
 
 async def connect_principal(
-    url: str, *, creds: str | None = None, name: str = "pgw-surface", watch: ConnectionWatch | None = None
+    url: str, *, creds: str | None = None, name: str = "pgw-surface", watch: ConnectionWatch | None = None,
+    tls: TlsFiles | None = None,
 ) -> Client:
     """Connect as the principal, with its own credentials when given (DESIGN §7).
 
@@ -115,6 +117,8 @@ async def connect_principal(
     if creds:
         # A small local file read once at start; no event-loop work is waiting yet.
         opts.update(creds_connect_options(Path(creds).expanduser()))  # noqa: ASYNC240
+    if tls:  # a private CA and/or a client certificate (pgwcore/tls.py)
+        opts["tls"] = tls.client_context()
     if watch is not None:
         opts["error_cb"] = watch.error_cb
         opts["reconnected_cb"] = watch.reconnected_cb

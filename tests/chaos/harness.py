@@ -66,6 +66,7 @@ class ServiceProc:
     proc: asyncio.subprocess.Process | None = None
     log: Path | None = None
     starts: int = 0
+    creds: Path | None = None  # the service's own NATS credentials (operator mode: a JWT .creds file)
 
     async def start(self) -> ServiceProc:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -75,6 +76,8 @@ class ServiceProc:
                 "--log-level", "WARNING"]
         if self.config is not None:
             args += ["--config", str(self.config)]
+        if self.creds is not None:
+            args += ["--creds", str(self.creds)]
         args.append(self.role)
         with open(self.log, "wb") as out:  # noqa: ASYNC230 - process start-up, not a hot path
             self.proc = await asyncio.create_subprocess_exec(

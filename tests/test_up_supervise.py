@@ -1,0 +1,103 @@
+"""`pgw up` supervises its embedded nats-server: restarted when it dies, or one clear line and a non-zero exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_up import PGW, read_until
+
+
+def _server_pid(data: Path) -> int:
+    ports = sorted((data / "nats" / "run").glob("nats-server_*.ports"))
+    assert ports, "no ports file of the embedded server"
+    return int(ports[-1].name.split("_")[1].split(".")[0])
+
+
+def _start(tmp_path: Path, extra: str = "") -> tuple[subprocess.Popen, Path, str]:
+    cfg = tmp_path / "pgw.toml"
+    cfg.write_text(f"[server]\nport = -1\nmonitor_port = -1\nwebsocket_port = -1\n{extra}\n")
+    data = tmp_path / "data"
+    proc = subprocess.Popen(
+        [PGW, "--config", str(cfg), "--data-dir", str(data), "--log-format", "json", "up"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PGW_LOG_LEVEL": "INFO"},
+    )
+    _, m = read_until(proc, r"NATS\s+(nats://127\.0\.0\.1:\d+)")
+    return proc, data, m.group(1)
+
+
+def _wait_for_new_pid(data: Path, old: int, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ports = [p for p in (data / "nats" / "run").glob("nats-server_*.ports") if str(old) not in p.name]
+        if ports:
+            return int(ports[-1].name.split("_")[1].split(".")[0])
+        time.sleep(0.1)
+    raise AssertionError("the embedded server was not restarted")
+
+
+@pytest.mark.slow
+def test_killed_server_is_restarted_on_the_same_url(tmp_path: Path) -> None:
+    """kill -9 of the embedded nats-server: `pgw up` starts it again at the same URL and the demo runs against it."""
+    proc, data, url = _start(tmp_path)
+    try:
+        old = _server_pid(data)
+        os.kill(old, signal.SIGKILL)
+        new = _wait_for_new_pid(data, old)
+        assert new != old
+        demo = subprocess.run([PGW, "demo", "--server", url], capture_output=True, text=True, timeout=90)
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        assert proc.poll() is None, "pgw up must still be running"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    at = err.find(b"Traceback")
+    assert at < 0, err.decode()[max(0, at - 1500):at + 2500]
+    assert b"embedded nats-server restarted" in err
+
+
+@pytest.mark.slow
+def test_gives_up_after_the_restart_limit_with_one_line(tmp_path: Path) -> None:
+    """With server.restart_limit = 0 a dead server stops `pgw up` non-zero with one line, no traceback."""
+    proc, data, _url = _start(tmp_path, "restart_limit = 0")
+    os.kill(_server_pid(data), signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    text = err.decode()
+    assert proc.returncode == 1, text[-2000:]
+    at = text.find("Traceback")
+    assert at < 0, text[max(0, at - 1500):at + 2500]
+    lines = [ln for ln in text.splitlines() if ln.startswith("pgw up:")]
+    assert len(lines) == 1 and "gave up after 0 restarts" in lines[0], text[-2000:]
+
+
+def test_connection_errors_are_logged_in_one_line(capsys) -> None:
+    """A NATS connection error (or one it caused) is logged as an `error` field; any other exception keeps its traceback."""
+    import json
+
+    from nats.errors import TimeoutError as NatsTimeout
+
+    from pgwcore.logs import configure_logging, get_logger
+
+    configure_logging("json", "INFO")
+    log = get_logger("t")
+    try:
+        try:
+            raise NatsTimeout
+        except NatsTimeout as e:
+            raise RuntimeError("request failed") from e
+    except RuntimeError:
+        log.exception("while stopping")
+    try:
+        raise ValueError("a bug")
+    except ValueError:
+        log.exception("a real failure")
+    lines = [json.loads(ln) for ln in capsys.readouterr().err.splitlines()]
+    assert lines[0]["event"] == "while stopping" and "exception" not in lines[0]
+    assert lines[0]["error"] == "RuntimeError: request failed"
+    assert lines[1]["event"] == "a real failure" and "Traceback" in lines[1]["exception"]
