@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pgwcore import loop
+from pgwcore import loop, tracing
 from pgwcore.config import Config, load_config
 from pgwcore.logs import configure_logging
 from subjects.errors import ConfigError, PgwError
@@ -116,12 +116,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(config.log_format, args.log_level)
     try:
+        tracing.configure(f"pgw-{args.command}")  # the standard OTEL_* variables; off unless they ask
         return loop.run(args.handler(args, config))
     except KeyboardInterrupt:
         return 130
     except PgwError as e:
         print(f"pgw: {e}", file=sys.stderr)
         return 1
+    finally:
+        tracing.shutdown()
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ from consumers.ts_keys import (
     write_pinned_ts_keys,
 )
 from consumers.verifier import payload_of
+from pgwcore import tracing
 from pgwcore.logs import get_logger
 from pgwcore.service import PullService
 from pgwcore.streams import ensure_stream
@@ -277,8 +278,13 @@ class Registrar(PullService):
 
     async def handle(self, msg: Msg) -> bool:
         """Register one statement; False if the TS is unavailable (the caller pauses)."""
-        statement = msg.data
         hdrs = msg.headers or {}
+        with tracing.span("pgw.registrar.register", hdrs.get("traceparent"),
+                          capsule_id=hdrs.get("Pgw-Capsule-Id") or ""):
+            return await self._handle(msg, hdrs)
+
+    async def _handle(self, msg: Msg, hdrs: dict[str, str]) -> bool:
+        statement = msg.data
         payload = payload_of(statement)
         capsule_id = hdrs.get("Pgw-Capsule-Id") or (payload or {}).get("capsule_id")
         traceparent = hdrs.get("traceparent")

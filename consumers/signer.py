@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import time
 from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,7 @@ from consumers.signer_ledger import (
     claims_for,
     sign_payload,
 )
+from pgwcore import tracing
 from pgwcore.atomic import (
     ERR_ATOMIC_DISABLED,
     MAX_BATCH,
@@ -372,6 +374,7 @@ class Signer(LedgerMixin, PullService):
 
     async def _publish_jobs(self, jobs: list[_Job]) -> None:
         """Store every job's capsule in ``capsule.register`` (one atomic batch), then ack its verdict."""
+        t0 = time.time_ns()  # the batch's start: each capsule's span (pgwcore/tracing.py)
         if not jobs:
             return
         items = [(self.subjects.capsule_register, j.statement, self._capsule_headers(j)) for j in jobs]
@@ -413,6 +416,8 @@ class Signer(LedgerMixin, PullService):
             if job.msg is not None:
                 await (job.msg.ack() if all_stored.get(id(job), ok) else job.msg.nak(delay=1.0))
             if ok:
+                tracing.record("pgw.signer.capsule", job.verdict.traceparent, t0, capsule_id=job.entry.capsule_id,
+                               verdict_class=job.verdict.verdict_class, duplicate=dup)
                 blog.info("capsule signed", verdict_id=job.verdict.verdict_id, capsule_id=job.entry.capsule_id,
                           verdict_class=job.verdict.verdict_class, ledger=job.status, duplicate=dup,
                           traceparent=job.verdict.traceparent)

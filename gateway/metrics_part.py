@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
+from gateway.deadletter import DURABLE
+from pgwcore import health
 from pgwcore.metrics import (
     LATENCY,
     REPLAYS,
@@ -22,8 +24,6 @@ from pgwcore.metrics import (
     refresh_all_lag,
     safe_label,
 )
-from gateway.deadletter import DURABLE
-from pgwcore import health
 from pgwcore.micro import MicroRegistration
 
 

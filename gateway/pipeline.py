@@ -23,6 +23,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from gateway.stages import contract, dedup, kind, limits, payload, redaction, route, shape, trust
 from gateway.stages.base import Ctx, Refuse, Turn
 from gateway.stages.state import StageStateCell, StateHost
+from pgwcore import tracing
 from pgwcore.logs import get_logger
 from pgwcore.loop import together
 from pgwcore.service import delivery
@@ -297,7 +298,8 @@ class EnvelopeWorker:
         structlog.contextvars.bind_contextvars(agent=turn.agent, seq=turn.stream_seq, traceparent=turn.traceparent)
         t0 = time.perf_counter()
         try:
-            await self.pipeline.process_turn(turn)
+            with tracing.span("pgw.gateway.turn", turn.traceparent, agent=turn.agent, stream_seq=turn.stream_seq):
+                await self.pipeline.process_turn(turn)
         except Exception:
             log.exception("turn failed; will be redelivered", delivered=turn.num_delivered)
             for hook in self.gw.failure_hooks:

@@ -57,7 +57,7 @@ class Health:
             fut = asyncio.run_coroutine_threadsafe(asyncio.wait_for(check(), timeout), loop)
             try:
                 reason = fut.result(timeout + 0.5)
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 fut.cancel()
                 reason = f"no answer within {timeout:g} s"
             except Exception as e:  # noqa: BLE001 - a check that fails is an unhealthy check

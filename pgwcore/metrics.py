@@ -189,7 +189,7 @@ def start_metrics_server(port: int, addr: str = "127.0.0.1") -> Callable[[], Non
     from pgwcore.health import HEALTH
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 body, ctype, code = generate_latest(REGISTRY), CONTENT_TYPE_LATEST, 200
@@ -205,7 +205,7 @@ def start_metrics_server(port: int, addr: str = "127.0.0.1") -> Callable[[], Non
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - scrapes are not logged
+        def log_message(self, format: str, *args: object) -> None:
             return
 
     server = ThreadingHTTPServer((addr, port), Handler)

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from pgwcore import health, micro
-from pgwcore.metrics import acquire_server
 from pgwcore.logs import get_logger
+from pgwcore.metrics import acquire_server
 
 if TYPE_CHECKING:
     from nats.aio.client import Client

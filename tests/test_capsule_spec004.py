@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import cbor2
-
 from consumers import capsule as capm
 from consumers import capsule_map, capsule_v4
 from consumers.cose import sign_statement

@@ -22,9 +22,9 @@ from tests.kernel_support import (
     idp,
     policy_dir,
     read_log,
+    read_verdicts,
     request,
     running_gateway,
-    read_verdicts,
     stored_verdicts,
 )
 

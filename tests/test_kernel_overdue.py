@@ -17,9 +17,9 @@ from tests.kernel_support import (
     kernel_config,
     policy_dir,
     read_log,
+    read_verdicts,
     request,
     running_gateway,
-    read_verdicts,
     stored_verdicts,
 )
 from tests.test_capsule_signer import signer_keys, stream_items, wait_count

@@ -27,7 +27,7 @@ async def test_r1_streams_on_a_server_without_sync_always_are_refused(tmp_path: 
     try:
         js = nc.jetstream()
         await ensure_streams(js, Subjects("pgw"))
-        with pytest.raises(DurabilityError, match="PGW_VERDICTS .*R1 without sync_interval: always"):
+        with pytest.raises(DurabilityError, match=r"PGW_VERDICTS .*R1 without sync_interval: always"):
             await check_durability(js, STREAMS, monitor_url=server.monitor_url, policy="refuse")
         with capture_logs() as logs:
             found = await check_durability(js, STREAMS, monitor_url=server.monitor_url, policy="warn")

@@ -86,7 +86,7 @@ def test_missing_seeds_refused_without_create(tmp_path: Path) -> None:
     """With create=False (production), a missing operator seed is an error naming the file, not a new key."""
     from pgwcore.identity import CredentialsError
 
-    with pytest.raises(CredentialsError, match="operator.seed"):
+    with pytest.raises(CredentialsError, match=r"operator\.seed"):
         Operator(tmp_path / "nowhere", create=False)
 
 

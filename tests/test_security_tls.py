@@ -12,6 +12,8 @@ from pgwcore.server import EmbeddedServer
 from pgwcore.tls import TlsError, TlsFiles, make_dev_ca
 from subjects.errors import ConfigError
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 @pytest.fixture
 async def mtls_server(tmp_path: Path):
@@ -68,11 +70,10 @@ async def test_pgw_commands_take_tls_flags_and_nats_cli_variables(mtls_server, t
     import sys
 
     server, ca = mtls_server
-    repo = Path(__file__).resolve().parent.parent
     base = [sys.executable, "-m", "cli", "--server", server.client_url, "--data-dir", str(tmp_path / "d")]
 
     async def run(args: list[str], env: dict[str, str]) -> tuple[int, str]:
-        proc = await asyncio.create_subprocess_exec(*base, *args, "streams", cwd=str(repo), env=env,
+        proc = await asyncio.create_subprocess_exec(*base, *args, "streams", cwd=str(REPO), env=env,
                                                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         out, _ = await asyncio.wait_for(proc.communicate(), 60)
         return proc.returncode or 0, out.decode()

@@ -22,7 +22,14 @@ from pgwcore.identity import Party
 from pgwcore.streams import ensure_streams
 from pgwcore.tls import make_dev_ca
 from tests.chaos.checker import capsule_verdict_ids, check_streams
-from tests.chaos.harness import Load, ServiceProc, chaos_config, env_int, wait_drained, wait_services
+from tests.chaos.harness import (
+    Load,
+    ServiceProc,
+    chaos_config,
+    env_int,
+    wait_drained,
+    wait_services,
+)
 from tests.chaos.test_chaos_cluster import _outcomes, _restart, _wait_outcomes, cluster_nodes
 from tests.gauntlet.bed import flushed
 from tests.polling import until
