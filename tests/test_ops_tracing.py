@@ -8,7 +8,6 @@ is a loopback HTTP endpoint that decodes each export with the official OTLP prot
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
