@@ -39,6 +39,8 @@ class ServerConfig(_Section):
     max_payload: Annotated[int, Meta(ge=1024, le=64 * 1024 * 1024)] = 8 * 1024 * 1024
     # `pgw up` restarts its server when it dies, this many times; then it exits non-zero with one line.
     restart_limit: Annotated[int, Meta(ge=0, le=100)] = 5
+    # Serve TLS with client certificates from a development CA in {data_dir}/tls (`pgw up --dev-tls`).
+    tls: bool = False
 
     def __post_init__(self) -> None:
         if self.host not in ("127.0.0.1", "localhost", "::1"):

@@ -90,3 +90,22 @@ async def test_a_consumer_with_waiting_work_and_no_acks_is_stalled(nc) -> None:
     for m in await sub.fetch(3, timeout=5):
         await m.ack_sync()
     assert await check() is None  # acknowledged: the floor moved and nothing waits
+
+
+async def test_web_surface_healthz_follows_the_nats_websocket(tmp_path: Path) -> None:
+    """The browser surface's /healthz is 200 while the NATS WebSocket it hands the page accepts connections, 503 after."""
+    from consumers.surfaces.web import WebSurfaceServer
+
+    server = await EmbeddedServer(tmp_path / "nats", port=-1, monitor_port=None, websocket_port=-1).start()
+    web = await WebSurfaceServer(principal="alice", ws_url=server.websocket_url, port=0).start()
+    try:
+        code, body = await asyncio.to_thread(_get, f"http://127.0.0.1:{web.port}/healthz")
+        assert code == 200 and json.loads(body)["checks"] == {"serving": "ok", "nats_websocket": "ok"}
+        code, body = await asyncio.to_thread(_get, f"http://127.0.0.1:{web.port}/metrics")
+        assert code == 200
+        await server.stop()
+        code, body = await asyncio.to_thread(_get, f"http://127.0.0.1:{web.port}/healthz")
+        assert code == 503 and json.loads(body)["checks"]["nats_websocket"].endswith("ConnectionRefusedError")
+    finally:
+        await web.drain()
+        await server.stop()

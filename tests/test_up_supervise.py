@@ -101,3 +101,29 @@ def test_connection_errors_are_logged_in_one_line(capsys) -> None:
     assert lines[0]["event"] == "while stopping" and "exception" not in lines[0]
     assert lines[0]["error"] == "RuntimeError: request failed"
     assert lines[1]["event"] == "a real failure" and "Traceback" in lines[1]["exception"]
+
+
+@pytest.mark.slow
+def test_up_tls_serves_mutual_tls_from_a_development_ca(tmp_path: Path) -> None:
+    """`pgw up --dev-tls`: the server wants client certificates of its development CA; the printed demo command runs."""
+    import re
+    import shlex
+
+    cfg = tmp_path / "pgw.toml"
+    cfg.write_text("[server]\nport = -1\nmonitor_port = -1\nwebsocket_port = -1\n")
+    proc = subprocess.Popen(
+        [PGW, "--config", str(cfg), "--data-dir", str(tmp_path / "data"), "--log-format", "json", "up", "--dev-tls"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, "PGW_LOG_LEVEL": "WARNING"},
+    )
+    try:
+        out, m = read_until(proc, r"(\.venv/bin/pgw demo --server (\S+) .*--tls-key \S+)")
+        assert "TLS, client certificates required" in out
+        demo = shlex.split(m.group(1))[1:]
+        ok = subprocess.run([PGW, *demo], capture_output=True, text=True, timeout=90)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        url = m.group(2)
+        bare = subprocess.run([PGW, "streams", "--server", url], capture_output=True, text=True, timeout=60)
+        assert bare.returncode != 0 and re.search(r"cannot connect", bare.stderr), bare.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)

@@ -23,6 +23,7 @@ from pgwcore.logs import get_logger
 from pgwcore.server import EmbeddedServer
 from pgwcore.service import ServiceFactory, run_services, stop_event
 from pgwcore.streams import ensure_streams
+from pgwcore.tls import make_dev_ca
 
 log = get_logger("pgw.up")
 
@@ -44,23 +45,29 @@ def load_factory(name: str) -> ServiceFactory:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("up", help="start nats-server and every service locally (what `make run` runs)")
     p.add_argument("--only", help="comma-separated services to run (default: all of them)")
+    p.add_argument("--dev-tls", action="store_true",
+                   help="serve TLS with client certificates, from a local development CA in {data_dir}/tls "
+                        "(also [server] tls = true)")
     p.set_defaults(handler=handle)
 
 
 def banner(config: Config, server: EmbeddedServer, names: list[str]) -> str:
+    t = config.tls
+    tls = f" --tls-ca {t.ca} --tls-cert {t.cert} --tls-key {t.key}" if server.tls_cert else ""
     return "\n".join(
         [
             "",
             "Principal Gateway is up.",
-            f"  NATS          {server.client_url}",
+            f"  NATS          {server.client_url}" + ("  (TLS, client certificates required)" if tls else ""),
+            *([f"  TLS           development CA {t.ca}; a client pair {t.cert}"] if tls else []),
             f"  monitoring    {server.monitor_url or '(off; [server] monitor_port to turn on)'}",
             f"  websocket     {server.websocket_url or '(off)'}",
             f"  data folder   {config.data_path.resolve()}",
             f"  services      {', '.join(names)}",
             "",
             "Try, in another terminal:",
-            f"  .venv/bin/pgw demo --server {server.client_url}",
-            f"  .venv/bin/pgw streams --server {server.client_url}" + (f" --creds {config.creds}" if config.creds else ""),
+            f"  .venv/bin/pgw demo --server {server.client_url}{tls}",
+            f"  .venv/bin/pgw streams --server {server.client_url}{tls}" + (f" --creds {config.creds}" if config.creds else ""),
             "",
             "Ctrl-C drains in-flight work and stops everything.",
             "",
@@ -101,6 +108,15 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
         auth = embedded_auth(config)
         config = msgspec.structs.replace(config, creds=str(auth.service_creds))
         print(f"Isolation on: per-party NATS credentials in {auth.party_creds_dir.resolve()}", flush=True)
+    tls: dict[str, str] = {}
+    if args.dev_tls or s.tls:
+        # A development CA (pgwcore/tls.py): mutual TLS on the client port, TLS on the WebSocket port;
+        # every in-process service and the printed commands use its client pair.
+        ca = make_dev_ca(config.data_path / "tls")
+        tls = {"tls_cert": str(ca.server_cert), "tls_key": str(ca.server_key), "tls_ca": str(ca.ca),
+               "health_client_cert": str(ca.client_cert), "health_client_key": str(ca.client_key)}
+        config = msgspec.structs.replace(config, tls=msgspec.structs.replace(
+            config.tls, ca=str(ca.ca), cert=str(ca.client_cert), key=str(ca.client_key)))
     server = EmbeddedServer(
         config.data_path / "nats",
         host=s.host,
@@ -110,6 +126,7 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
         websocket_origins=browser_origins(config),
         max_payload=s.max_payload,
         authorization=auth.server_block if auth else None,
+        **tls,  # type: ignore[arg-type]
     )
     await server.start()  # AlreadyRunning / ServerError are reported by the CLI
     supervisor: asyncio.Task[str | None] | None = None

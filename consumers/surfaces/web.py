@@ -20,10 +20,13 @@ opened with in localStorage (docs/surfaces.md, "Installing the app").
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import secrets
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -126,6 +129,8 @@ class WebSurfaceServer:
         app.router.add_get("/config.json", self._config)
         app.router.add_get("/manifest.webmanifest", self._manifest)
         app.router.add_get("/sw.js", self._service_worker)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_static("/static", self.static_dir, show_index=False, follow_symlinks=False)
         return app
 
@@ -142,6 +147,20 @@ class WebSurfaceServer:
         resp.headers["Referrer-Policy"] = "no-referrer"
         resp.headers["Cache-Control"] = "no-store"
         return resp
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        """Ready when this server serves and the NATS WebSocket the page connects to accepts connections
+        (the page holds its own NATS connection; docs/operations.md "Health and metrics")."""
+        checks = {"serving": "ok", "nats_websocket": await _reachable(self.ws_url)}
+        ok = all(v == "ok" for v in checks.values())
+        return web.json_response({"status": "ok" if ok else "unhealthy", "checks": checks}, status=200 if ok else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        from pgwcore.metrics import REGISTRY
+
+        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(self.static_dir / "index.html")
@@ -187,3 +206,21 @@ class WebSurfaceServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.drain()
+
+
+async def _reachable(ws_urls: str, timeout: float = 2.0) -> str:
+    """"ok" when one of the comma-separated WebSocket URLs accepts a TCP connection, else why not."""
+    last = "no WebSocket URL configured"
+    for url in (u.strip() for u in ws_urls.split(",") if u.strip()):
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "wss" else 80)
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(parts.hostname, port), timeout)
+        except (OSError, TimeoutError) as e:
+            last = f"{url}: {type(e).__name__}"
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return "ok"
+    return last
