@@ -142,7 +142,8 @@ class Signer(LedgerMixin, PullService):
     # -- life cycle ---------------------------------------------------------
     async def start(self) -> None:
         self.profile = profiles.profile(self.config.signer.capsule_format)  # fails at start, format named
-        self.key = load_or_create(self.config.data_path, "signer", create=self.config.keys.create)
+        self.key = load_or_create(self.config.data_path, "signer", create=self.config.keys.create,
+                                  keys_dir=self.config.keys_path)
         self.salt = load_or_create_salt(salt_path(self.config), create=self.config.keys.create)
         await self._ensure_ledger()
         sc = self.config.signer

@@ -342,6 +342,9 @@ class KeysConfig(_Section):
     """
 
     create: bool = True
+    # Where the key folders (kernel/, signer/, vapid/, mandate_issuer/) live; default {data_dir}/keys.
+    # A secrets mount of its own keeps keys out of the data volume (deploy/production).
+    dir: str = ""
 
 
 class Config(_Section):
@@ -387,6 +390,11 @@ class Config(_Section):
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir).expanduser()
+
+    @property
+    def keys_path(self) -> Path:
+        """The folder of the signing keys: ``keys.dir``, else ``{data_dir}/keys``."""
+        return Path(self.keys.dir).expanduser() if self.keys.dir else self.data_path / "keys"
 
     def bound_principals(self, agent: str) -> list[str] | None:
         """Principals bound to ``agent``; None when no binding is configured at all (open mode)."""

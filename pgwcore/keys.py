@@ -70,10 +70,10 @@ class SigningKey:
         return f"SigningKey(role={self.role!r}, kid={self.kid!r})"
 
 
-def _role_dir(data_dir: Path, role: str) -> Path:
+def _role_dir(data_dir: Path, role: str, keys_dir: Path | None = None) -> Path:
     if not role.isidentifier():
         raise KeyFileError(f"invalid key role {role!r}")
-    return Path(data_dir) / "keys" / role
+    return (Path(keys_dir) if keys_dir else Path(data_dir) / "keys") / role
 
 
 def _write_new(d: Path) -> SigningKey:
@@ -115,9 +115,11 @@ class MissingKeyError(KeyFileError):
         )
 
 
-def load_or_create(data_dir: Path, role: str, *, create: bool = True) -> SigningKey:
-    """The active key of ``role``, created (0600) on first use when ``create`` (else MissingKeyError)."""
-    d = _role_dir(data_dir, role)
+def load_or_create(data_dir: Path, role: str, *, create: bool = True, keys_dir: Path | None = None) -> SigningKey:
+    """The active key of ``role``, created (0600) on first use when ``create`` (else MissingKeyError).
+
+    ``keys_dir`` (``keys.dir``, ``Config.keys_path``) replaces ``{data_dir}/keys``."""
+    d = _role_dir(data_dir, role, keys_dir)
     active = d / "active"
     if not active.exists():
         if not create:
@@ -127,20 +129,20 @@ def load_or_create(data_dir: Path, role: str, *, create: bool = True) -> Signing
     return _read(d / f"{kid}.pem", role)
 
 
-def rotate(data_dir: Path, role: str) -> SigningKey:
+def rotate(data_dir: Path, role: str, *, keys_dir: Path | None = None) -> SigningKey:
     """Make a new active key for ``role``; the previous keys stay for verification."""
-    return _write_new(_role_dir(data_dir, role))
+    return _write_new(_role_dir(data_dir, role, keys_dir))
 
 
-def public_keys(data_dir: Path, role: str | None = None) -> list[PublicKeyInfo]:
-    """Every public key (active and retired) under the data folder."""
-    base = Path(data_dir) / "keys"
+def public_keys(data_dir: Path, role: str | None = None, *, keys_dir: Path | None = None) -> list[PublicKeyInfo]:
+    """Every public key (active and retired) under the data folder (or ``keys_dir``)."""
+    base = Path(keys_dir) if keys_dir else Path(data_dir) / "keys"
     # Ed25519 signing roles only: the notifier's VAPID key (P-256, keys/vapid/) is listed by its own module.
     roles = [role] if role else sorted(p.name for p in base.iterdir() if p.is_dir() and p.name not in NOT_ED25519) \
         if base.exists() else []
     out: list[PublicKeyInfo] = []
     for r in roles:
-        d = _role_dir(data_dir, r)
+        d = _role_dir(data_dir, r, keys_dir)
         if not d.exists():
             continue
         active = (d / "active").read_text().strip() if (d / "active").exists() else ""

@@ -27,7 +27,9 @@ def test_services_and_nats_url_wiring():
     nats = services["nats"]
     assert nats["image"].startswith("nats:") and "alpine" in nats["image"]
     assert "-js" in nats["command"]
-    assert "4222:4222" in nats["ports"]
+    # Development only: no auth, so the client port is published on the host's loopback, never every interface.
+    assert "127.0.0.1:4222:4222" in [p.split("#")[0].strip() for p in nats["ports"]]
+    assert not any(p.strip().startswith("4222") for p in nats["ports"])
     # issue 19: the unauthenticated monitoring port is published on the host's loopback only
     assert "127.0.0.1:8222:8222" in [p.split("#")[0].strip() for p in nats["ports"]]
     assert not any(p.strip().startswith("8222") for p in nats["ports"])

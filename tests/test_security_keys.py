@@ -237,3 +237,23 @@ def test_pgw_keys_lists_every_role_including_vapid(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "role: kernel" in out.stdout and "role: signer" in out.stdout
     assert "role: vapid" in out.stdout and vapid.public_b64url in out.stdout
+
+
+def test_keys_dir_moves_every_key_out_of_the_data_folder(tmp_path: Path) -> None:
+    """keys.dir: `pgw keys --rotate` writes there, `pgw keys` lists from there, nothing lands under {data_dir}/keys."""
+    import subprocess
+    import sys
+
+    keys_dir = tmp_path / "secrets" / "keys"
+    cfg = tmp_path / "pgw.toml"
+    cfg.write_text(f'[keys]\ndir = "{keys_dir}"\n')
+    repo = Path(__file__).resolve().parent.parent
+    base = [sys.executable, "-m", "cli", "--config", str(cfg), "--data-dir", str(tmp_path / "data"), "keys"]
+    made = subprocess.run([*base, "--rotate", "signer"], capture_output=True, text=True, timeout=60, cwd=repo)
+    assert made.returncode == 0, made.stderr
+    listed = subprocess.run(base, capture_output=True, text=True, timeout=60, cwd=repo)
+    assert listed.returncode == 0 and "role: signer" in listed.stdout
+    assert list((keys_dir / "signer").glob("*.pem")) and not (tmp_path / "data" / "keys").exists()
+    from pgwcore.config import load_config
+
+    assert load_config(cfg).keys_path == keys_dir

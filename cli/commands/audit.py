@@ -64,7 +64,7 @@ async def revoke_command(args: argparse.Namespace, config: Config) -> int:
         else:
             raise SystemExit("pgw: --kid is required for a non-Ed25519 key")
     else:
-        dev = load_or_create(config.data_path, DEV_ISSUER_ROLE)
+        dev = load_or_create(config.data_path, DEV_ISSUER_ROLE, keys_dir=config.keys_path)
         priv, kid = dev.private, args.kid or dev.kid
     token = sign_revocation(priv, kid, args.jti, reason=args.reason)
     nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-mandate-revoke", once=True)

@@ -94,10 +94,10 @@ async def handle_registrar(args: argparse.Namespace, config: Config) -> int:
 
 async def handle_keys(args: argparse.Namespace, config: Config) -> int:
     if args.rotate:
-        k = rotate(config.data_path, args.rotate)
+        k = rotate(config.data_path, args.rotate, keys_dir=config.keys_path)
         print(f"rotated {args.rotate}: new active kid {k.kid}")
-    keys = public_keys(config.data_path, args.role) if args.role != "vapid" else []
-    vapid = vapid_key_path(config.data_path) if args.role in (None, "vapid") else None
+    keys = public_keys(config.data_path, args.role, keys_dir=config.keys_path) if args.role != "vapid" else []
+    vapid = vapid_key_path(config.data_path, config.keys_path) if args.role in (None, "vapid") else None
     if not keys and not (vapid and vapid.exists()):
         print(f"no keys under {config.data_path / 'keys'} (they are created on first start)", file=sys.stderr)
         return 1
@@ -105,7 +105,7 @@ async def handle_keys(args: argparse.Namespace, config: Config) -> int:
         print(f"role: {k.role}\nkid: {k.kid}\nstatus: {'active' if k.active else 'retired'}\n"
               f"alg: EdDSA (Ed25519)\nraw: {k.raw_hex}\n{k.pem}")
     if vapid and vapid.exists():  # the notifier's Web Push key (RFC 8292): P-256, not a signing role
-        v = load_or_create_vapid_key(config.data_path, create=False)
+        v = load_or_create_vapid_key(config.data_path, create=False, keys_dir=config.keys_path)
         print(f"role: vapid\nstatus: active\nalg: ES256 (P-256)\npublic (applicationServerKey): {v.public_b64url}\n"
               f"file: {v.path}")
     return 0
@@ -158,7 +158,7 @@ def trusted_keys(config: Config, extra: list[str]) -> dict[str, TrustedKey]:
     """The signer keys of the data folder (active and retired) plus ``--key``."""
     keys: dict[str, TrustedKey] = {}
     try:
-        for k in public_keys(config.data_path, "signer"):
+        for k in public_keys(config.data_path, "signer", keys_dir=config.keys_path):
             keys[k.kid] = TrustedKey(k.kid, k.public, role="signer")
     except Exception as e:  # noqa: BLE001 - an unreadable folder just means no default keys
         print(f"pgw verify: not using keys of {config.data_path}: {e}", file=sys.stderr)
@@ -171,7 +171,7 @@ def trusted_keys(config: Config, extra: list[str]) -> dict[str, TrustedKey]:
 def kernel_public_keys(config: Config) -> dict[str, Any]:
     """The kernel's public keys in the data folder (active and retired); {} if none."""
     try:
-        return {k.kid: k.public for k in public_keys(config.data_path, "kernel")}
+        return {k.kid: k.public for k in public_keys(config.data_path, "kernel", keys_dir=config.keys_path)}
     except Exception:  # noqa: BLE001 - no folder, no keys: the check is then reported as not made
         return {}
 

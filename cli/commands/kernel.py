@@ -87,7 +87,7 @@ def kernel_keys(config: Config, pem_files: list[str]) -> dict[str, Ed25519Public
                 raise SystemExit(f"pgw: {f} is not an Ed25519 public key")
             out[kid_of(key)] = key
         return out
-    return {k.kid: k.public for k in public_keys(config.data_path, "kernel")}
+    return {k.kid: k.public for k in public_keys(config.data_path, "kernel", keys_dir=config.keys_path)}
 
 
 async def verify_command(args: argparse.Namespace, config: Config) -> int:
@@ -158,7 +158,7 @@ async def issue_command(args: argparse.Namespace, config: Config) -> int:
     from gateway.kernel.mandate import DEV_ISSUER_ROLE, issue_mandate
     from pgwcore.keys import load_or_create
 
-    key = load_or_create(config.data_path, DEV_ISSUER_ROLE)
+    key = load_or_create(config.data_path, DEV_ISSUER_ROLE, keys_dir=config.keys_path)
     token = issue_mandate(
         key.private, key.kid, agent=args.agent, so_id=args.so_id, principal=args.principal,
         actions=args.action, ttl_s=args.ttl, jti=args.jti, mission_ref=args.mission_ref,
@@ -178,7 +178,7 @@ async def pubkey_command(args: argparse.Namespace, config: Config) -> int:
     from gateway.kernel.mandate import DEV_ISSUER_ROLE
     from pgwcore.keys import load_or_create
 
-    key = load_or_create(config.data_path, DEV_ISSUER_ROLE)
+    key = load_or_create(config.data_path, DEV_ISSUER_ROLE, keys_dir=config.keys_path)
     pem = key.public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
     print(f"# kid {key.kid}\n{pem}", end="")
     return 0

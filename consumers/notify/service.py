@@ -91,7 +91,8 @@ class Notifier(PullService):
         self.mailer = Mailer(self.cfg.smtp) if self.cfg.smtp.host else None
         self.secrets = {name: read_secret(p.webhook_secret_file, f"notifier.principals.{name}.webhook_secret_file")
                         for name, p in self.cfg.principals.items() if p.webhook_secret_file}
-        self.vapid = load_or_create_vapid_key(config.data_path, create=config.keys.create)
+        self.vapid = load_or_create_vapid_key(config.data_path, create=config.keys.create,
+                                              keys_dir=config.keys_path)
         self.responders: Responders | None = None
         self.http: aiohttp.ClientSession | None = None
         self._moments: Any = None

@@ -41,8 +41,8 @@ def b64url_decode(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def vapid_key_path(data_dir: Path) -> Path:
-    return Path(data_dir) / "keys" / "vapid" / "vapid.pem"
+def vapid_key_path(data_dir: Path, keys_dir: Path | None = None) -> Path:
+    return (Path(keys_dir) if keys_dir else Path(data_dir) / "keys") / "vapid" / "vapid.pem"
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,9 @@ class VapidKey:
         return f"vapid t={token}, k={self.public_b64url}"
 
 
-def load_or_create_vapid_key(data_dir: Path, *, create: bool = True) -> VapidKey:
+def load_or_create_vapid_key(data_dir: Path, *, create: bool = True, keys_dir: Path | None = None) -> VapidKey:
     """The deployment's VAPID key, created on first use (when ``create``) and reused afterwards."""
-    path = vapid_key_path(data_dir)
+    path = vapid_key_path(data_dir, keys_dir)
     if not path.exists():
         if not create:
             raise MissingKeyError("the VAPID key", path)

@@ -83,13 +83,13 @@ class MandateVerifier:
 
     cache_size = 1024
 
-    def __init__(self, cfg: KernelConfig, data_dir: Path | None = None) -> None:
+    def __init__(self, cfg: KernelConfig, data_dir: Path | None = None, *, keys_dir: Path | None = None) -> None:
         self.cfg = cfg
         self.keys: dict[str, Any] = {kid: _load_key(kid, v) for kid, v in cfg.issuers.items()}
         if cfg.trust_dev_issuer and data_dir is not None:
             from pgwcore.keys import load_or_create
 
-            k = load_or_create(data_dir, DEV_ISSUER_ROLE)
+            k = load_or_create(data_dir, DEV_ISSUER_ROLE, keys_dir=keys_dir)
             self.keys.setdefault(k.kid, k.public)
         self.revoked = frozenset(cfg.revoked_jtis)
         self.live_revoked: set[str] = set()  # gateway/kernel/revocation.py

@@ -114,8 +114,9 @@ class KernelService(RequestValidation, Denials, TransitionReports):
         self.subjects = gateway.subjects
         self.publisher = gateway.publisher
         self.desk = gateway.desk
-        self.key = load_or_create(self.config.data_path, "kernel", create=self.config.keys.create)
-        self.mandates = MandateVerifier(self.cfg, self.config.data_path)
+        self.key = load_or_create(self.config.data_path, "kernel", create=self.config.keys.create,
+                                  keys_dir=self.config.keys_path)
+        self.mandates = MandateVerifier(self.cfg, self.config.data_path, keys_dir=self.config.keys_path)
         # A bad policy file fails start-up here, with its name and line.
         self.policy = PolicyEngine(self.cfg.policy_dir)
         self.eventlog = EventLog(self.nc, self.subjects, self.key)
