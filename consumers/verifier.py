@@ -426,9 +426,9 @@ def _ledger_mode(p: Mapping[str, Any], store: Store | None, run: _Run) -> str:
     """
     ch = p.get("chain")
     if isinstance(ch, dict) and isinstance(ch.get("parent_capsule_id"), str) \
-            and _HEX64.match(ch["parent_capsule_id"]) and isinstance(ch.get("relation"), str):
-        if not isinstance(p.get("ledger"), dict):
-            return "chained"
+            and _HEX64.match(ch["parent_capsule_id"]) and isinstance(ch.get("relation"), str) \
+            and not isinstance(p.get("ledger"), dict):
+        return "chained"
     led = p.get("ledger") if isinstance(p.get("ledger"), dict) else None
     ledger_mode = "standalone"
     if led is not None and isinstance(led.get("position"), int):

@@ -203,7 +203,7 @@ async def test_capsule_carries_no_check_content_and_no_secret(env: Env, fmt: str
     iban, token = "DE89370400440532013000", "secret:hunter2-hunter2"
     idp_id, _config = await transition(env, f"CloseBooking to {iban}",
                                        {"type": "booking.close", "status": "dispatched", "external_ref": f"ref {token}"})
-    cap, out, items = await statements_of(env, idp_id, fmt)
+    cap, _out, items = await statements_of(env, idp_id, fmt)
     assert cap["effect"]["external_ref"] == "ref [REDACTED]"
     for _, data, _ in items:
         assert iban.encode() not in data and b"hunter2" not in data

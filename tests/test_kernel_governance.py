@@ -331,8 +331,8 @@ _STANDARD_REQUIRED = ("idp_id", "session_id", "so_id", "mandate_id", "step_seque
 _THIN_REQUIRED = ("idp_id", "session_id", "so_id", "mandate_id", "step_sequence", "requested_action", "timestamp")
 
 
-@pytest.mark.parametrize("field", _STANDARD_REQUIRED + ("declared_goal.goal_id", "declared_goal.description",
-                                                         "reasoning_basis.type", "reasoning_basis.description"))
+@pytest.mark.parametrize("field", (*_STANDARD_REQUIRED, "declared_goal.goal_id", "declared_goal.description",
+                                   "reasoning_basis.type", "reasoning_basis.description"))
 def test_every_required_standard_field_is_required(field: str) -> None:
     """An IDP_STANDARD missing any REQUIRED field of spec 003 §4.1 (nested ones included) is malformed (§4.5, §5.2(b))."""
     rec = idp(so_id=str(uuid.uuid4()), mandate_id="j-1", step=1, action="CloseBooking")
