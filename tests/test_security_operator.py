@@ -206,3 +206,60 @@ async def test_two_tenants_share_a_server_and_never_meet(tmp_path: Path) -> None
         for c in conns:
             await c.drain()
         await server.stop()
+
+
+def _concrete(pattern: str) -> str:
+    return ".".join("x" if t == "*" else "x.y" if t == ">" else t for t in pattern.split("."))
+
+
+@pytest.mark.security
+async def test_tenant_isolation_matrix(tmp_path: Path, security_table) -> None:
+    """Two tenants (NATS accounts) of one operator, the same parties in each: every subject a party of one tenant
+    may subscribe to stays silent when the other tenant's services publish there, in both directions."""
+    from gateway.security import parties
+    from gateway.security.permissions import permissions_for
+
+    op = Operator(tmp_path / "accounts")
+    cfg = load_config(None, data_dir=str(tmp_path / "d"), agents={"a1": {"principals": ["p1"]}},
+                      security={"ops": ["oncall"]})
+    tenants = {t: op.provision(t, cfg.prefix, parties(cfg)) for t in ("acme", "globex")}
+    server = EmbeddedServer(tmp_path / "nats", port=-1, monitor_port=None, websocket_port=None,
+                            authorization=tenants["globex"].server_block)
+    await server.start()
+    conns = []
+    try:
+        services = {}
+        for t, auth in tenants.items():
+            services[t] = await connect(server.client_url, creds=str(auth.service_creds), name=f"svc-{t}")
+            conns.append(services[t])
+        for listener_t, publisher_t in (("globex", "acme"), ("acme", "globex")):
+            auth = tenants[listener_t]
+            for party in auth.parties:
+                if party.role == "service":
+                    continue
+                nc = await connect(server.client_url, creds=str(auth.creds_for(party)), name=f"{listener_t}-{party.label}")
+                conns.append(nc)
+                perms = permissions_for(cfg.prefix, party)
+                subjects = [s for s in perms.sub_allow if s.startswith((f"{cfg.prefix}.", "_INBOX_"))]
+                subs = [await nc.subscribe(s) for s in subjects]
+                await flushed(nc)
+                pub = services[publisher_t]
+                for s in subjects:
+                    await pub.publish(_concrete(s), b'{"from": "the other tenant"}')
+                await flushed(pub)
+                await flushed(nc)
+                leaked = {s.subject: s.pending_msgs for s in subs if s.pending_msgs}
+                ok = not leaked
+                security_table.record("tenant isolation (operator mode)", f"{publisher_t} publishes on every subject",
+                                      party.label, listener_t, "0 delivered", f"{sum(leaked.values())} delivered", ok)
+                assert ok, f"{publisher_t} reached {listener_t}'s {party.label}: {leaked}"
+                # Positive control: the party's own tenant does reach the same subscription.
+                own = services[listener_t]
+                await own.publish(_concrete(subjects[0]), b'{"from": "its own tenant"}')
+                await flushed(own)
+                await flushed(nc)
+                assert subs[0].pending_msgs == 1, f"{party.label} hears nothing at all: the check would prove nothing"
+    finally:
+        for c in conns:
+            await c.close()
+        await server.stop()
