@@ -263,8 +263,9 @@ class Operator:
         ]
         return "\n".join(lines) + "\n"
 
-    def mint_user(self, tenant: str, prefix: str, party: Party, path: Path) -> Path:
-        """Write ``party``'s creds file for ``tenant`` with the permissions of ``permissions_for``.
+    def mint_user(self, tenant: str, prefix: str, party: Party, path: Path, perms: Permissions | None = None) -> Path:
+        """Write ``party``'s creds file for ``tenant`` with the permissions of ``permissions_for``
+        (or ``perms``, for a user outside the contract's roles, e.g. a test's probe).
 
         A user seed already in the file is kept (its JWT is re-signed with today's permissions).
         """
@@ -276,7 +277,8 @@ class Operator:
                     user_seed = line.strip()
         if not user_seed:
             user_seed = new_seed(nkeys.PREFIX_BYTE_USER)
-        token = user_jwt(self.account_seed(tenant), public_of(user_seed), party, permissions_for(prefix, party))
+        token = user_jwt(self.account_seed(tenant), public_of(user_seed), party,
+                         perms if perms is not None else permissions_for(prefix, party))
         write_private(path, render_user_creds(party, token, user_seed))
         return path
 
