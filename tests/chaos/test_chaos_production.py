@@ -1,6 +1,7 @@
 """The production recipe of docs/operations.md, run for real: three nats-server nodes in operator
 mode (JWT accounts) with mutual TLS on the client port, R3 streams, two gateways, a signer and a
-registrar (against the real scittles), each service with its own user JWT.
+registrar (against the real scittles), each service with its own user JWT. A binding moment is
+answered by its principal as herself and an IDP is permitted, end to end across the cluster.
 
 Under load one node and one gateway are killed -9 and restarted: every acknowledged envelope gets
 exactly one outcome (and a binding moment one surface item and one verdict), every verdict exactly
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,9 @@ from pgwcore.connect import connect
 from pgwcore.identity import Party
 from pgwcore.streams import ensure_streams
 from pgwcore.tls import make_dev_ca
+from subjects.client import Agent, Surface
+from subjects.idp import Permit
+from subjects.wire import OptionChoice, ResolutionOutcome
 from tests.chaos.checker import capsule_verdict_ids, check_streams
 from tests.chaos.harness import (
     Load,
@@ -32,6 +37,8 @@ from tests.chaos.harness import (
 )
 from tests.chaos.test_chaos_cluster import _outcomes, _restart, _wait_outcomes, cluster_nodes
 from tests.gauntlet.bed import flushed
+from tests.kernel_support import Issuer, idp, policy_dir, request
+from tests.moments import good_moment
 from tests.polling import until
 from tests.scittles_peer import Scittles
 
@@ -39,13 +46,14 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 ENVELOPES = env_int("PGW_CHAOS_PRODUCTION_ENVELOPES", 600)
 AGENT, PRINCIPAL = "prod", "alice"
+E2E = "prod-e2e"  # its own agent for the end-to-end checks: its outcomes do not queue behind the burst's
 
 
 async def test_operator_mode_tls_r3_cluster_two_gateways_kill9(tmp_path: Path, scittles: Scittles) -> None:
     """Operator mode + mutual TLS + R3 + two gateways, signer, registrar: kill -9 of a node and a gateway
     mid-burst loses nothing and doubles nothing, from envelope to registered capsule."""
     ca = make_dev_ca(tmp_path / "tls")
-    cfg = load_config(None, data_dir=str(tmp_path / "accounts-data"), agents={AGENT: {"principals": [PRINCIPAL]}})
+    cfg = load_config(None, data_dir=str(tmp_path / "accounts-data"), agents={AGENT: {"principals": [PRINCIPAL]}, E2E: {"principals": [PRINCIPAL]}})
     op = Operator(tmp_path / "accounts")
     auth = op.provision("acme", cfg.prefix, parties(cfg))
     nodes = cluster_nodes(tmp_path)
@@ -60,8 +68,11 @@ async def test_operator_mode_tls_r3_cluster_two_gateways_kill9(tmp_path: Path, s
     svc = await connect(url, creds=str(auth.service_creds), tls=tls, name="prod-check")
     agent_nc = await connect(url, creds=str(auth.creds_for(Party("agent", AGENT))), tls=tls, name="prod-agent")
     js = svc.jetstream(timeout=5)
+    issuer = Issuer(tmp_path / "issuer")
+    pdir = policy_dir(tmp_path)
     extra = (f'[tls]\nca = "{ca.ca}"\ncert = "{ca.client_cert}"\nkey = "{ca.client_key}"\n\n'
-             f'[agents.{AGENT}]\nprincipals = ["{PRINCIPAL}"]\n\n'
+             f'[kernel]\npolicy_dir = "{pdir}"\n[kernel.issuers]\n"{issuer.kid}" = "{issuer.pem_path}"\n\n'
+             f'[agents.{AGENT}]\nprincipals = ["{PRINCIPAL}"]\n[agents.{E2E}]\nprincipals = ["{PRINCIPAL}"]\n\n'
              f'[signer]\nack_wait_s = 2.0\nbatch = 16\n\n[registrar]\nts_url = "{scittles.url}"\n'
              'http_timeout_s = 2.0\npoll_timeout_s = 2.0\n')
     conf = chaos_config(tmp_path / "c.toml", extra=extra)
@@ -72,7 +83,11 @@ async def test_operator_mode_tls_r3_cluster_two_gateways_kill9(tmp_path: Path, s
     procs = [*gws, signer, reg]
     try:
         await ensure_streams(js, Config().subjects, replicas=3)
-        for p in procs:
+        # The first gateway creates the R3 buckets; the others start against them (on two busy cores,
+        # R3 bucket creation raced by several processes can outlast a JetStream API timeout).
+        await gws[0].start()
+        await wait_services(svc, "pgw-gateway", 1, procs, timeout=90)
+        for p in procs[1:]:
             await p.start()
         await wait_services(svc, "pgw-gateway", 2, procs, timeout=90)
         await wait_services(svc, "pgw-signer", 1, procs, timeout=90)
@@ -118,6 +133,30 @@ async def test_operator_mode_tls_r3_cluster_two_gateways_kill9(tmp_path: Path, s
                     what=lambda: "registration queue drained: " + "\n".join(p.log_tail() for p in procs))
         caps, ledger = await capsule_verdict_ids(js)
         report = await check_streams(js, load.acked, sent=load.sent, agents=[AGENT], capsules=caps)
+        # End to end across the cluster, after the burst is checked (its records are not the burst's):
+        # a moment answered by alice as herself, and an IDP permitted, with a node and a gateway restarted.
+        alice_nc = await connect(url, creds=str(auth.creds_for(Party("principal", PRINCIPAL))), tls=tls, name="alice")
+        e2e_nc = await connect(url, creds=str(auth.creds_for(Party("agent", E2E))), tls=tls, name="e2e-agent")
+        try:
+            agent = Agent(e2e_nc, E2E)
+            surface = Surface(alice_nc, PRINCIPAL, presence=False)
+            eid = await agent.send_moment(PRINCIPAL, good_moment())
+            mid = (await agent.outcome_for(eid, timeout=60)).moment_id
+            assert mid in {i.moment_id for i in await surface.pending()}  # alice reads it with her own JWT
+            assert (await surface.resolve(mid, OptionChoice(index=1))).status == "accepted"
+            res = await agent.resolution_for(mid, timeout=60)
+            assert isinstance(res, ResolutionOutcome) and res.resolution == OptionChoice(index=1)
+            so = str(uuid.uuid4())
+            token, jti = issuer.mandate(agent=E2E, so_id=so, principal=PRINCIPAL)
+            got = await request(e2e_nc, E2E, {"mandate": token, "action": "ReadBooking",
+                                                  "idp": idp(so_id=so, mandate_id=jti, step=1, action="ReadBooking")},
+                                timeout=30)
+            assert isinstance(got, Permit), got
+            await agent.close()
+        finally:
+            await alice_nc.close()
+            await e2e_nc.close()
+
     finally:
         for p in procs:
             await p.stop()
