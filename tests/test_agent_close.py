@@ -1,0 +1,33 @@
+"""Agent.close() ends the outcome pump even when its cancellation is swallowed (Python 3.11's asyncio.wait_for
+turns a cancel that lands as the fetch's own timeout fires into TimeoutError)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from subjects.client import Agent
+
+
+class _SwallowingSub:
+    """Fault injection the real server cannot do: a fetch that answers a cancel with TimeoutError, as
+    nats-py's fetch does when the cancel and its wait_for timeout meet (the race seen as a hung close())."""
+
+    async def fetch(self, batch: int, timeout: float) -> list:
+        try:
+            await asyncio.sleep(timeout)
+        except asyncio.CancelledError:
+            raise TimeoutError from None
+        raise TimeoutError
+
+    async def unsubscribe(self) -> None:
+        return None
+
+
+async def test_close_ends_the_pump_when_its_cancel_is_swallowed(nc) -> None:
+    """With a fetch that swallows the cancel, close() still returns (within a few fetch timeouts)."""
+    agent = Agent(nc, "closer")
+    agent._sub = _SwallowingSub()
+    agent._pump = asyncio.create_task(agent._run_pump())
+    await asyncio.sleep(0)  # the pump is inside its fetch
+    await asyncio.wait_for(agent.close(), 5)
+    assert agent._pump is None
