@@ -82,6 +82,7 @@ class Pipeline:
             hint = getattr(r, "hint", None)  # ids read back where they can be (DESIGN §3.2)
             ctx.envelope_id = shape.readable_id(hint, "envelopeId")
             ctx.correlation_id = shape.readable_id(hint, "correlationId")
+            ctx.anonymous = ctx.envelope_id is None  # an empty body sent twice is two inputs (Ctx.envelope_key)
             return [await self._finish(ctx, await self._refuse(ctx, r))]
         outcomes = []
         # spec 002 "Wire serialization": processed in array order. Only the first
@@ -90,6 +91,7 @@ class Pipeline:
         # durable publishes and stall the consumer past ack_wait (issue 7).
         for i, raw in enumerate(values[: self.gw.config.pipeline.envelopes_per_turn + 1]):
             ctx = Ctx(self.gw, turn, i, raw, state)
+            ctx.anonymous = shape.readable_id(raw, "envelopeId") is None
             ctx.extra["turn_size"] = len(values)
             outcomes.append(await self.process_envelope(ctx))
         return outcomes
