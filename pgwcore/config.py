@@ -233,6 +233,7 @@ class LintsConfig(_Section):
     leading_stem: LintMode = "reject"  # §6.5
     findings_restate_synopsis: LintMode = "warn"  # §6.2 ("SHOULD be omitted")
     recommendation_not_action: LintMode = "reject"  # §6.3
+    option_is_hatch: LintMode = "reject"  # §6.6 ("they do not include the escape hatches")
 
 
 class VendorKindConfig(_Section):

@@ -91,6 +91,7 @@ BAD = {
     "leading_stem": dict(question_stem="Shouldn't we just send the 2025 tax summary only?"),
     "findings_restate_synopsis": dict(findings0="Share only your 2025 tax summary with Harbor Accounting, not the full ledger."),
     "recommendation_not_action": dict(recs0="Weigh the trade-offs between privacy and convenience."),
+    "option_is_hatch": dict(option2="Something else (free text)"),
 }
 
 
@@ -105,6 +106,8 @@ def bad_moment(lint: str) -> dict:
         m["findings"][0] = change["findings0"]
     if "recs0" in change:
         m["recommendations"][0] = change["recs0"]
+    if "option2" in change:
+        m["question"]["options"][2]["label"] = change["option2"]
     return m
 
 
@@ -134,6 +137,27 @@ def test_modes_reject_warn_off():
     rej, warn = lints.apply(m, LintsConfig(synopsis_hedge="warn"))
     assert not rej and warn
     assert lints.apply(m, LintsConfig(synopsis_hedge="off")) == ([], [])
+
+
+@pytest.mark.parametrize("label", ["Something else (free text)", "Other (please specify)", "Reject the question",
+                                   "Neither - let's discuss", "This is the wrong question"])
+async def test_option_duplicating_a_hatch_is_refused(nats_server, tmp_path, nc, label):
+    """An option whose label is an escape hatch (spec 000 §6.6: the options do not include the hatches) is a
+    malformed moment: envelope_invalid with rule option_is_hatch, and no decision reaches the principal."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        m = good_moment()
+        m["question"]["options"][2]["label"] = label
+        out = await rec.roundtrip("planner", moment_env("alice", m))
+        assert (out.code, out.details[0].rule) == ("envelope_invalid", "option_is_hatch")
+        assert out.details[0].path == "$.payload.binding_moment.question.options[2].label"
+        assert not [i for i in rec.items if isinstance(i, BindingMomentItem)]
+
+
+def test_substantive_options_that_mention_hatch_words_pass():
+    """Options that only share a word with a hatch ("Reject the vendor's offer", "Other vendors: ask for quotes") pass."""
+    for label in ["Reject the vendor's offer", "Other vendors: ask for quotes", "Discuss the contract with legal",
+                  "Something else entirely: renegotiate the term", "Custom plan for 20 seats"]:
+        assert lints.hatch_of(label) is None, label
 
 
 async def test_lint_reject_refuses_with_notice(nats_server, tmp_path, nc):
