@@ -296,6 +296,9 @@ class Config(_Section):
     creds: str | None = None
     operator: str = "principal-gateway"
     log_format: Literal["auto", "json", "console"] = "auto"
+    # spec 000 §8.4: with no [agents] bindings any agent may address any principal ("open mode").
+    # Kept for development, but `pgw up` refuses it unless asked for here (or with `pgw up --open`).
+    open: bool = False
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)

@@ -43,6 +43,7 @@ def load_factory(name: str) -> ServiceFactory:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("up", help="start nats-server and every service locally (what `make run` runs)")
     p.add_argument("--only", help="comma-separated services to run (default: all of them)")
+    p.add_argument("--open", action="store_true", help="allow open mode (no [agents] bindings; development only)")
     p.set_defaults(handler=handle)
 
 
@@ -83,6 +84,14 @@ def browser_origins(config: Config) -> tuple[str, ...]:
         (f"http://[::1]:{port}",) if config.surfaces.web_host == "::1" else ()) + public
 
 
+OPEN_REFUSED = (
+    "pgw: refusing to start in OPEN MODE: no [agents.NAME] principals = [...] bindings are configured, so any "
+    "agent could address any principal (spec 000 §8.4 single-surface delivery). Bind your agents, or, for "
+    "development only, set `open = true` in the config (or run `pgw up --open`)."
+)
+OPEN_BANNER = "OPEN MODE (open = true): any agent may address any principal (spec 000 §8.4). Development only."
+
+
 async def handle(args: argparse.Namespace, config: Config) -> int:
     names = [n for n in UP_SERVICES if n != "notifier" or config.notifier.enabled]
     if args.only:
@@ -91,6 +100,13 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
         if unknown:
             print(f"pgw: unknown service(s) {unknown}; known: {list(UP_SERVICES)}", file=sys.stderr)
             return 2
+    if getattr(args, "open", False):
+        config = msgspec.structs.replace(config, open=True)
+    if "gateway" in names and not config.agents:
+        if not config.open:
+            print(OPEN_REFUSED, file=sys.stderr, flush=True)
+            return 2
+        print(f"\n*** {OPEN_BANNER} ***\n", file=sys.stderr, flush=True)
     s = config.server
     auth = None
     if config.security.enabled and not config.creds:
