@@ -153,6 +153,7 @@ class MomentDesk:
         moment_id: str | None = None,
         action_type: str = "pgw.binding_moment",
         details: dict[str, Any] | None = None,
+        conventional: Any = None,
     ) -> str:
         """Store the moment, publish its surface item and the hitl_dispatched verdict.
 
@@ -176,7 +177,8 @@ class MomentDesk:
         )
         item: SurfaceItem
         if binding_moment is not None:
-            item = BindingMomentItem(binding_moment=binding_moment, hem=hem is not None, **common)
+            item = BindingMomentItem(binding_moment=binding_moment, hem=hem is not None, conventional=conventional,
+                                     **common)
         else:
             item = ClarificationItem(questions=questions or [], context_type=context_type, **common)
         record = MomentRecord(

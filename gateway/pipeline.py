@@ -175,7 +175,9 @@ class Pipeline:
         red = ctx.state.redactor
         verdict = red.scrub_struct(verdict)
         pubs = [self.gw.publisher.verdict(verdict)]
-        if r.notice is not None and ctx.principal:
+        bound = self.gw.config.bound_principals(ctx.agent)
+        # spec 000 §8.4: a notice goes only to a principal the agent may address.
+        if r.notice is not None and ctx.principal and (bound is None or ctx.principal in bound):
             # spec 000 §9.3 / §12.5: the principal sees the conventional payload
             # and a diagnostic, never a partial decision.
             notice = NoticeItem(

@@ -191,6 +191,35 @@ async def test_malformed_moment_with_conventional_gives_notice(nats_server, tmp_
         assert "options" in notice.diagnostic
 
 
+async def test_malformed_moment_without_conventional_still_gets_a_fallback_notice(nats_server, tmp_path, nc):
+    """spec 000 §9.3 "the fallback is always available": a malformed moment sent without ``conventional`` gives the
+    principal a notice with a plain payload the gateway wrote; an agent not bound to the principal gets none (§8.4)."""
+    agents = {"planner": {"principals": ["alice"]}, "other": {"principals": ["bob"]}}
+    async with running_gateway(nats_server, str(tmp_path / "d"), agents=agents), Recorder(nc) as rec:
+        m = good_moment()
+        m["question"]["options"] = m["question"]["options"][:1]
+        out = await rec.roundtrip("planner", moment_env("alice", m))
+        assert out.code == "envelope_invalid"
+        notice = await rec.item(lambda i: isinstance(i, NoticeItem) and i.agent == "planner")
+        assert notice.principal == "alice" and "options" in notice.diagnostic
+        assert "planner" in notice.conventional["text"] and "Nothing was decided" in notice.conventional["text"]
+        stray = await rec.roundtrip("other", moment_env("alice", m, conventional={"text": "spam"}))
+        assert stray.code == "envelope_invalid"
+        await rec.verdict(lambda v: v.agent == "other" and v.verdict_class == "blocked")
+        assert not [i for i in rec.items if isinstance(i, NoticeItem) and i.agent == "other"]
+
+
+async def test_moment_item_carries_the_conventional_payload(nats_server, tmp_path, nc):
+    """A well-formed moment's surface item carries the envelope's conventional payload (spec 000 §8.1, §9.3), so a
+    surface that cannot render the envelope falls back by itself."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        out = await rec.roundtrip("planner", moment_env("alice", good_moment(), conventional={"rows": [1, 2]}))
+        item = await rec.item(lambda i: isinstance(i, BindingMomentItem) and i.moment_id == out.moment_id)
+        assert item.conventional == {"rows": [1, 2]}
+        pending = await Surface(nc, "alice").pending()
+        assert [i.conventional for i in pending if isinstance(i, BindingMomentItem)] == [{"rows": [1, 2]}]
+
+
 async def test_hatch_false_is_delivered_and_recorded(nats_server, tmp_path, nc):
     """A moment with the dialogue hatch closed is delivered, and recorded as a hatch suppression (warning, verdict, counter)."""
     async with running_gateway(nats_server, str(tmp_path / "d")) as gw, Recorder(nc) as rec:

@@ -155,6 +155,7 @@ async def binding_moment(ctx: Ctx) -> Outcome:
         expires_in_s=p.expires_in_s,
         traceparent=ctx.turn.traceparent,
         details=details or None,
+        conventional=p.conventional,  # spec 000 §9.3: the surface's own fallback
     )
     return accepted(ctx, moment_id=moment_id)
 
