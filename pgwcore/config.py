@@ -271,6 +271,10 @@ class PipelineConfig(_Section):
     # spec 002 leaves it open, the official conformance scenario expects "accept", the official
     # schema's description says refuse with unknown_envelope_kind.
     schema_request_unknown_kind: Literal["accept", "refuse"] = "accept"
+    # spec 000 §7.2 (docs/pipeline.md "Dual veto"): after a dialogue veto, a moment of the same agent to
+    # the same principal is "on the same decision" when it has the vetoed moment's decision_class, or when
+    # its stem words or its option labels overlap the vetoed moment's by at least this Jaccard similarity.
+    dual_veto_similarity: Annotated[float, Meta(gt=0, le=1)] = 0.5
     schema_versions: dict[str, Annotated[int, Meta(ge=0)]] = field(default_factory=dict)
     contracts: dict[str, ContractConfig] = field(default_factory=dict)  # agent -> contract
     secrets: SecretsConfig = field(default_factory=SecretsConfig)

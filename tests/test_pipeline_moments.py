@@ -267,8 +267,58 @@ async def test_dual_veto_broken_handshake(nats_server, tmp_path, nc):
         fresh = good_moment(stem="Should Harbor Accounting stay your accountant for 2026?")
         fresh["question"]["options"] = [{"label": "Keep Harbor", "reasoning": "Continuity."},
                                         {"label": "Switch firms", "reasoning": "Addresses your objection."}]
+        fresh["findings"].append(f"Your objection to moment {out.moment_id}: this asks about Harbor itself instead.")
         o3 = await rec.roundtrip("planner", moment_env("alice", fresh))
         assert o3.status == "accepted"
+
+
+def _reworded(extra: bool = True, **over) -> dict:
+    """GOOD_MOMENT's decision asked again: a reworded stem and one extra option (a walk-around of rule 1)."""
+    m = good_moment(stem="What should Harbor Accounting get from us for the 2025 filing?", **over)
+    if extra:
+        m["question"]["options"].append({"label": "Send the summary and the Q4 ledger", "reasoning": "A middle way."})
+    return m
+
+
+async def test_dual_veto_cannot_be_walked_around_by_rewording(nats_server, tmp_path, nc):
+    """After a dialogue veto, a reworded stem with one extra option and the dialogue hatch closed is refused
+    (objection_not_incorporated: hatch closed, objection not acknowledged), by decision_class and, without one,
+    by similarity; a moment that keeps the hatch open and names the vetoed moment in a finding passes and closes
+    the veto, after which only an exact repeat is refused (spec 000 §7.2)."""
+    async with running_gateway(nats_server, str(tmp_path / "d")) as gw, Recorder(nc) as rec:
+        out = await rec.roundtrip("planner", moment_env("alice", good_moment()))
+        await Surface(nc, "alice").resolve(out.moment_id, DialogueVeto(objection="Why share anything?"))
+        st = await gw.stage_state.get()
+        await rec.until(lambda: st.stats.dialogue_hatch[("planner", "consent")] == 1)
+        await until(lambda: _cached(st), timeout=10, what="the veto in the cache")
+        walk = _reworded(hatches={"free_text": True, "dialogue": False})
+        o1 = await rec.roundtrip("planner", moment_env("alice", walk))
+        assert (o1.status, o1.code) == ("gated", "objection_not_incorporated"), o1
+        assert {d.rule for d in o1.details} == {"dialogue_hatch_closed", "objection_not_acknowledged"}
+        v = await rec.verdict(lambda v: v.envelope_id == o1.envelope_id)
+        assert v.decision == "reject" and v.reason.code == "objection_not_incorporated"
+        no_class = _reworded()
+        del no_class["meta"]
+        o2 = await rec.roundtrip("planner", moment_env("alice", no_class))
+        assert (o2.code, [d.rule for d in o2.details]) == ("objection_not_incorporated", ["objection_not_acknowledged"])
+        unrelated = good_moment(stem="Which printer should the office lease next year?")
+        unrelated["question"]["options"] = [{"label": "Lease the laser", "reasoning": "Cheaper per page."},
+                                            {"label": "Lease the inkjet", "reasoning": "Prints photos."}]
+        del unrelated["meta"]
+        assert (await rec.roundtrip("planner", moment_env("alice", unrelated))).status == "accepted"
+        ok = _reworded()
+        ok["findings"].append(f"You rejected moment {out.moment_id} ('why share anything'): this adds a middle way.")
+        assert (await rec.roundtrip("planner", moment_env("alice", ok))).status == "accepted"
+        later = _reworded(extra=False)
+        later["question"]["stem"] = "Which files go to Harbor Accounting this year?"
+        later["question"]["options"] = [{"label": "The summary by portal", "reasoning": "Encrypted."},
+                                        {"label": "The summary by post", "reasoning": "No account needed."}]
+        assert (await rec.roundtrip("planner", moment_env("alice", later))).status == "accepted"
+        assert (await rec.roundtrip("planner", moment_env("alice", good_moment()))).code == "broken_handshake"
+
+
+async def _cached(st) -> object:
+    return st.vetoes.get("veto.planner.alice")
 
 
 async def test_dual_veto_recorded_elsewhere_and_cached_vetoes_confirmed(nats_server, tmp_path, nc):
