@@ -67,6 +67,9 @@ class GatewayConfig(_Section):
     ack_wait_s: Annotated[float, Meta(gt=0)] = 30.0
     max_deliver: Annotated[int, Meta(ge=1)] = 10
     duplicate_window_s: Annotated[float, Meta(gt=0)] = 3600.0
+    # spec 000 §13: a principal's free text (free_text answer, dialogue objection, clarification
+    # answers) is kept in full this long after it is published to the agent, then only its digest.
+    answer_text_keep_s: Annotated[float, Meta(gt=0)] = 3600.0
 
 
 class SecurityConfig(_Section):
