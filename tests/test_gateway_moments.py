@@ -21,7 +21,7 @@ from gateway.stages.moment_grammar import check_binding_moment
 from subjects.idp import IdpStandard, IdpThin
 from tests.kernel_support import idp, thin
 
-TRIGGERS = ["HEM_URGENCY_REQUIRED", "MISSION_REF_MISMATCH_THRESHOLD", "IDP_COMMITMENT_GAP"]
+TRIGGERS = ["HEM_URGENCY_REQUIRED", "MISSION_REF_MISMATCH_THRESHOLD", "IDP_COMMITMENT_GAP", "SOME_FUTURE_TRIGGER"]
 HOSTILE = dict(  # agent-authored text that would trip the lints if quoted in the synopsis or stem
     action="Maybe pay. Recommended", session="it depends. Surely",
     goal="Maybe pay the invoice. It depends on the client. Up to you?",

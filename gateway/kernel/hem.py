@@ -42,21 +42,22 @@ def hem_moment(
 ) -> BindingMoment:
     action = idp.requested_action
     goal = idp.declared_goal.description if idp.declared_goal else "no goal declared (IDP_THIN)"
-    gap = trigger == "IDP_COMMITMENT_GAP" and verification
     # spec 000 §6.1: the synopsis commits to the gateway's position (answer-first), it does not restate
     # the request; the request itself is in the stem and the findings. The position is the
     # recommended option (slot 7): deny, the conservative one, since the gateway has no stake.
     if trigger == "HEM_URGENCY_REQUIRED":
         position = "the agent asked for a human decision, and the gateway approves nothing on your behalf"
         stem = f"Should agent {agent} perform {_clip(action, 100)} on object {idp.so_id}?"
-    elif gap:
-        position = "the agent executed a different action than the one it declared"
-        stem = f"Should agent {agent} be allowed to continue session {_clip(idp.session_id, 64)}?"
     else:
-        position = "the agent's declarations repeatedly named a mission its mandate does not cover"
+        position = {
+            "IDP_COMMITMENT_GAP": "the agent executed a different action than the one it declared",
+            "MISSION_REF_MISMATCH_THRESHOLD": "the agent's declarations repeatedly named a mission its mandate does not cover",
+        }.get(trigger, "the kernel escalated it and the gateway approves nothing on your behalf")
         stem = f"Should agent {agent} be allowed to continue session {_clip(idp.session_id, 64)}?"
-    subject = f"{_clip(action, 100)} for agent {agent}" if trigger == "HEM_URGENCY_REQUIRED" else f"session {_clip(idp.session_id, 64)} of agent {agent}"
-    verb = "Deny" if trigger == "HEM_URGENCY_REQUIRED" else "End"
+    if trigger == "HEM_URGENCY_REQUIRED":
+        verb, subject = "Deny", f"{_clip(action, 100)} for agent {agent}"
+    else:
+        verb, subject = "End", f"session {_clip(idp.session_id, 64)} of agent {agent}"
     synopsis = _clip(f"{verb} {subject}: {position}.")
     findings = [f"Escalated because {_TRIGGER_TEXT.get(trigger, trigger)}."]
     findings.append(f"Declared action {_clip(action, 200)}, to pursue: \"{_clip(goal, 300)}\".")
