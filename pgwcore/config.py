@@ -347,6 +347,23 @@ class Config(_Section):
         return [principal_token(p) for p in cfg.principals] if cfg else []
 
 
+def open_mode_message(config: Config) -> tuple[bool, str] | None:
+    """``pgw up``'s word on open mode (spec 000 §8.4): (refuse?, what to print), or None when agents are bound.
+
+    With no ``[agents]`` bindings any agent may address any principal: refused unless
+    ``open = true`` (development only), and said loudly either way.
+    """
+    if config.agents:
+        return None
+    if not config.open:
+        return True, (
+            "pgw: refusing to start in OPEN MODE: no [agents.NAME] principals = [...] bindings are configured, so "
+            "any agent could address any principal (spec 000 §8.4 single-surface delivery). Bind your agents, or, "
+            "for development only, set `open = true` in the config (or run `pgw up --open`)."
+        )
+    return False, "\n*** OPEN MODE (open = true): any agent may address any principal (spec 000 §8.4). Development only. ***\n"
+
+
 def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Config:
     """Load ``path`` (or the defaults) and apply ``overrides``; fail with the field named."""
     raw: dict[str, Any] = {}

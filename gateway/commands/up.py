@@ -16,7 +16,7 @@ import sys
 import msgspec
 
 from gateway.commands.run_gateway import stop_event
-from pgwcore.config import Config
+from pgwcore.config import Config, open_mode_message
 from pgwcore.connect import connect
 from pgwcore.logs import get_logger
 from pgwcore.server import EmbeddedServer
@@ -84,14 +84,6 @@ def browser_origins(config: Config) -> tuple[str, ...]:
         (f"http://[::1]:{port}",) if config.surfaces.web_host == "::1" else ()) + public
 
 
-OPEN_REFUSED = (
-    "pgw: refusing to start in OPEN MODE: no [agents.NAME] principals = [...] bindings are configured, so any "
-    "agent could address any principal (spec 000 §8.4 single-surface delivery). Bind your agents, or, for "
-    "development only, set `open = true` in the config (or run `pgw up --open`)."
-)
-OPEN_BANNER = "OPEN MODE (open = true): any agent may address any principal (spec 000 §8.4). Development only."
-
-
 async def handle(args: argparse.Namespace, config: Config) -> int:
     names = [n for n in UP_SERVICES if n != "notifier" or config.notifier.enabled]
     if args.only:
@@ -102,11 +94,10 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
             return 2
     if getattr(args, "open", False):
         config = msgspec.structs.replace(config, open=True)
-    if "gateway" in names and not config.agents:
-        if not config.open:
-            print(OPEN_REFUSED, file=sys.stderr, flush=True)
+    if "gateway" in names and (open_mode := open_mode_message(config)) is not None:  # spec 000 §8.4
+        print(open_mode[1], file=sys.stderr, flush=True)
+        if open_mode[0]:
             return 2
-        print(f"\n*** {OPEN_BANNER} ***\n", file=sys.stderr, flush=True)
     s = config.server
     auth = None
     if config.security.enabled and not config.creds:
