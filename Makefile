@@ -17,7 +17,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	@touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/pgw up
+	$(BIN)/pgw up --open
 
 test: $(STAMP)
 	-sh tests/web/setup.sh

@@ -73,7 +73,8 @@ class Gateway:
         self.js = nc.jetstream()
         self.subjects = config.subjects
         self.publisher = Publisher(self.js, self.subjects)
-        self.desk = MomentDesk(self.js, self.subjects, self.publisher)
+        self.desk = MomentDesk(self.js, self.subjects, self.publisher,
+                               answer_text_keep_s=config.gateway.answer_text_keep_s)
         self.kinds: dict[str, KindSpec] = dict(BUILTIN_KINDS)
         self.stage_state = StageStateCell(self)  # what the stages share, passed to them as ctx.state
         self.publisher.scrub_verdict = self._scrub_verdict  # SR-1 over the kernel's and the desk's verdicts too

@@ -8,6 +8,7 @@ resolution can meet, and the pure functions over a record. The desk
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -16,6 +17,7 @@ import msgspec
 
 from subjects.util import stable_id, to_rfc3339
 from subjects.wire import (
+    ClarificationAnswers,
     DialogueVeto,
     FreeTextAnswer,
     HemDecision,
@@ -67,6 +69,7 @@ class MomentRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     resolved_at: float | None = None
     traceparent: str | None = None
     node_id: str | None = None  # the envelope's nodeId (spec 002 "Run event log integration")
+    forgotten: bool = False  # the principal's free text was replaced by its digest (spec 000 §13)
 
 
 HemCallback = Callable[[MomentRecord, str, Resolution | None], Awaitable[None]]
@@ -84,26 +87,52 @@ class Refused(Exception):
 STATE_HEADER = "Pgw-Moment-State"
 
 
-def state_header(rec: MomentRecord) -> dict[str, str]:
-    """What a watcher needs of a record, as a header on its KV write: ``status;expires_at;published``.
+def state_header(rec: MomentRecord, forget_at: float | None = None) -> dict[str, str]:
+    """What a watcher needs of a record, as a header on its KV write: ``status;expires_at;published``,
+    then ``;forget_at`` when the record holds a principal's free text to forget (spec 000 §13).
 
     Every gateway instance follows every write of ``PGW_MOMENTS`` (expiries,
-    re-drives); with this header it follows them headers-only, so an instance
-    costs the same whatever the moment's size (issue 18)."""
+    re-drives, forgetting); with this header it follows them headers-only, so an
+    instance costs the same whatever the moment's size (issue 18)."""
     exp = "" if rec.expires_at is None else repr(rec.expires_at)
-    return {STATE_HEADER: f"{rec.status};{exp};{int(rec.published)}"}
+    tail = f";{forget_at!r}" if forget_at is not None else ""
+    return {STATE_HEADER: f"{rec.status};{exp};{int(rec.published)}{tail}"}
 
 
-def parse_state(value: str) -> tuple[str, float | None, bool] | None:
-    """(status, expires_at, published) from :func:`state_header`'s value; None if malformed."""
+def parse_state(value: str) -> tuple[str, float | None, bool, float | None] | None:
+    """(status, expires_at, published, forget_at) from :func:`state_header`'s value; None if malformed.
+
+    A three-part value (an instance before forget_at existed) has no forget_at."""
     parts = value.split(";")
-    if len(parts) != 3 or parts[0] not in ("pending", "resolved", "expired") or parts[2] not in ("0", "1"):
+    if len(parts) not in (3, 4) or parts[0] not in ("pending", "resolved", "expired") or parts[2] not in ("0", "1"):
         return None
     try:
         exp = float(parts[1]) if parts[1] else None
+        forget_at = float(parts[3]) if len(parts) == 4 and parts[3] else None
     except ValueError:
         return None
-    return parts[0], exp, parts[2] == "1"
+    return parts[0], exp, parts[2] == "1", forget_at
+
+
+def has_text(res: Resolution | None) -> bool:
+    """Whether ``res`` carries principal-authored free text (spec 000 §13)."""
+    return (isinstance(res, FreeTextAnswer) or (isinstance(res, DialogueVeto) and bool(res.objection))
+            or isinstance(res, ClarificationAnswers))
+
+
+def _forgotten(text: str) -> str:
+    return f"[forgotten (spec 000 §13); sha256 {hashlib.sha256(text.encode()).hexdigest()}]"
+
+
+def forget_text(res: Resolution) -> Resolution:
+    """``res`` with each free text replaced by a marker holding its sha256 (the verdict's ``text_digest``)."""
+    if isinstance(res, FreeTextAnswer):
+        return FreeTextAnswer(text=_forgotten(res.text))
+    if isinstance(res, DialogueVeto) and res.objection:
+        return DialogueVeto(objection=_forgotten(res.objection))
+    if isinstance(res, ClarificationAnswers):
+        return ClarificationAnswers(answers={k: _forgotten(v) for k, v in res.answers.items()})
+    return res
 
 
 def moment_key(principal: str, moment_id: str) -> str:

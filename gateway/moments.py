@@ -6,6 +6,15 @@ it survives restarts. Transitions use compare-and-set on the KV revision:
 the first valid answer wins (DESIGN §4.2), a second one is refused even
 after a restart, and a moment expires at most once.
 
+A principal's free text (a free_text answer, a dialogue objection,
+clarification answers) is kept in full only ``answer_text_keep_s`` after its
+outcome is published (spec 000 §13: not persisted "beyond what the
+audit-signal significance predicate requires"; the verdict, and so the
+capsule, only ever holds its digest). Then the instance that follows the
+record deletes the outcome message from ``PGW_OUTBOUND`` and rewrites the
+record with each text replaced by ``[forgotten (spec 000 §13); sha256 …]``
+(``moment_record.forget_text``); the moment query answers that from then on.
+
 A terminal transition is written first with ``published = False``, then its
 messages (outcome, verdict, withdrawn item) are published with deterministic
 ``Nats-Msg-Id``s, then the record is marked ``published``. A crash in between
@@ -31,6 +40,8 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from gateway.moment_list import INDEX_BUCKET, index_key
 from gateway.moment_record import (
     STATE_HEADER,
+    forget_text,
+    has_text,
     HemCallback,
     HemContext,
     HemInfo,
@@ -82,8 +93,10 @@ _enc = msgspec.json.Encoder()
 class MomentDesk:
     """Dispatch, resolve and expire moments; shared state in KV."""
 
-    def __init__(self, js: JetStreamContext, subjects: Subjects, publisher: Publisher) -> None:
+    def __init__(self, js: JetStreamContext, subjects: Subjects, publisher: Publisher,
+                 answer_text_keep_s: float = 3600.0) -> None:
         self.js = js
+        self.answer_text_keep_s = answer_text_keep_s
         self.subjects = subjects
         self.publisher = publisher
         self.kv: Any = None
@@ -154,6 +167,7 @@ class MomentDesk:
         action_type: str = "pgw.binding_moment",
         details: dict[str, Any] | None = None,
         node_id: str | None = None,
+        conventional: Any = None,
     ) -> str:
         """Store the moment, publish its surface item and the hitl_dispatched verdict.
 
@@ -178,7 +192,8 @@ class MomentDesk:
         )
         item: SurfaceItem
         if binding_moment is not None:
-            item = BindingMomentItem(binding_moment=binding_moment, hem=hem is not None, **common)
+            item = BindingMomentItem(binding_moment=binding_moment, hem=hem is not None, conventional=conventional,
+                                     **common)
         else:
             item = ClarificationItem(questions=questions or [], context_type=context_type, **common)
         record = MomentRecord(
@@ -198,7 +213,7 @@ class MomentDesk:
         )
         key = moment_key(principal, moment_id)
         try:
-            await self._writer.create(key, _enc.encode(record), state_header(record))
+            await self._writer.create(key, _enc.encode(record), self._header(record))
         except KeyWrongLastSequenceError:
             record = _dec.decode((await self.kv.get(key)).value)
         # Independent durable writes: in flight together, both acked before we return.
@@ -230,6 +245,15 @@ class MomentDesk:
         else:
             await together(verdict, indexed)
         return moment_id
+
+    def _forget_at(self, rec: MomentRecord) -> float | None:
+        """When ``rec``'s free text is to be forgotten (spec 000 §13), or None if it holds none to forget."""
+        if rec.status != "resolved" or not rec.published or rec.forgotten or not has_text(rec.resolution):
+            return None
+        return (rec.resolved_at or rec.created_at) + self.answer_text_keep_s
+
+    def _header(self, rec: MomentRecord) -> dict[str, str]:
+        return state_header(rec, self._forget_at(rec))
 
     async def _indexed(self, record: MomentRecord) -> None:
         """The moment in its agent's index (the list query, gateway.moment_list); once, however often dispatched."""
@@ -315,7 +339,7 @@ class MomentDesk:
             rec.published = False
             try:
                 rev = await self._writer.update(moment_key(principal, moment_id), _enc.encode(rec), rev,
-                                                state_header(rec))
+                                                self._header(rec))
             except KeyWrongLastSequenceError:
                 continue  # someone else changed it; re-read and decide again
             await self._publish_final(rec, rev)
@@ -409,7 +433,7 @@ class MomentDesk:
                     log.exception("on_resolved hook failed", moment_id=mid)
         rec.published = True
         with contextlib.suppress(KeyWrongLastSequenceError):
-            await self._writer.update(moment_key(rec.principal, mid), _enc.encode(rec), rev, state_header(rec))
+            await self._writer.update(moment_key(rec.principal, mid), _enc.encode(rec), rev, self._header(rec))
 
     # -- expiry and re-drive ------------------------------------------------
     async def _on_record(self, msg: Msg) -> None:
@@ -426,7 +450,11 @@ class MomentDesk:
             return
         self._track(key, *state)
 
-    def _track(self, key: str, status: str, expires_at: float | None, published: bool) -> None:
+    def _track(self, key: str, status: str, expires_at: float | None, published: bool,
+               forget_at: float | None = None) -> None:
+        if forget_at is not None and status == "resolved" and published:
+            heapq.heappush(self._heap, (forget_at, key))  # spec 000 §13 (the module docstring)
+            self._wake.set()
         if status == "pending" and expires_at:
             heapq.heappush(self._heap, (expires_at, key))
             self._wake.set()
@@ -450,7 +478,7 @@ class MomentDesk:
             return
         if found is not None:
             rec = found[0]
-            self._track(key, rec.status, rec.expires_at, rec.published)
+            self._track(key, rec.status, rec.expires_at, rec.published, self._forget_at(rec))
 
     def _redrive_soon(self, key: str) -> None:
         if not self._closing:
@@ -485,17 +513,61 @@ class MomentDesk:
         if not found:
             return
         rec, rev = found
+        if rec.status == "resolved":
+            await self._forget(key, rec, rev)
+            return
         if rec.status != "pending" or not rec.expires_at or rec.expires_at > time.time():
             return
         rec.status = "expired"
         rec.resolved_at = rec.expires_at
         rec.published = False
         try:
-            rev = await self._writer.update(key, _enc.encode(rec), rev, state_header(rec))
+            rev = await self._writer.update(key, _enc.encode(rec), rev, self._header(rec))
         except KeyWrongLastSequenceError:
             return  # answered or expired by another instance first
         log.info("moment expired", moment_id=mid, agent=rec.agent, traceparent=rec.traceparent)
         await self._publish_final(rec, rev)
+
+
+    async def _forget(self, key: str, rec: MomentRecord, rev: int) -> None:
+        """Forget the principal's free text of ``rec`` once its time has come (spec 000 §13)."""
+        forget_at = self._forget_at(rec)
+        if forget_at is None or forget_at > time.time():
+            return
+        await self._delete_outcome(rec)
+        rec.resolution = forget_text(rec.resolution)  # type: ignore[arg-type]
+        rec.forgotten = True
+        with contextlib.suppress(KeyWrongLastSequenceError):  # another instance did it first
+            await self._writer.update(key, _enc.encode(rec), rev, self._header(rec))
+            log.info("principal's free text forgotten", moment_id=rec.moment_id, agent=rec.agent)
+
+    async def _delete_outcome(self, rec: MomentRecord) -> None:
+        """Delete the closing outcome (``final:{moment_id}``) of ``rec`` from ``PGW_OUTBOUND``.
+
+        Found by its ``Nats-Msg-Id`` among the agent's outcomes stored since just before the
+        moment was resolved, headers only; gone already (an earlier pass) is fine.
+        """
+        from nats.js.api import ConsumerConfig
+
+        want = f"final:{rec.moment_id}"
+        start = to_rfc3339(max(rec.created_at, (rec.resolved_at or rec.created_at) - 5.0))
+        sub = await self.js.subscribe(
+            self.subjects.outcome(rec.agent), stream="PGW_OUTBOUND", ordered_consumer=True, headers_only=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start),
+        )
+        try:
+            for _ in range(100_000):
+                try:
+                    msg = await sub.next_msg(timeout=1.0)
+                except TimeoutError:
+                    return  # read to the end: not there (deleted before, or aged out)
+                if (msg.headers or {}).get("Nats-Msg-Id") == want:
+                    with contextlib.suppress(Exception):  # already deleted by another instance
+                        await self.js.delete_msg("PGW_OUTBOUND", msg.metadata.sequence.stream)
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
 
 __all__ = ["HemContext", "MomentDesk", "MomentRecord", "Refused", "hem_decision_of", "now_rfc3339"]

@@ -83,6 +83,7 @@ class Pipeline:
             hint = getattr(r, "hint", None)  # ids read back where they can be (DESIGN §3.2)
             ctx.envelope_id = shape.readable_id(hint, "envelopeId")
             ctx.correlation_id = shape.readable_id(hint, "correlationId")
+            ctx.anonymous = ctx.envelope_id is None  # an empty body sent twice is two inputs (Ctx.envelope_key)
             return [await self._finish(ctx, await self._refuse(ctx, r))]
         outcomes = []
         # spec 002 "Wire serialization": processed in array order, each envelope to
@@ -91,6 +92,7 @@ class Pipeline:
         # limits.max_turn_envelopes) was refused whole by decode_body.
         for i, raw in enumerate(values):
             ctx = Ctx(self.gw, turn, i, raw, state)
+            ctx.anonymous = shape.readable_id(raw, "envelopeId") is None
             ctx.extra["turn_size"] = len(values)
             outcomes.append(await self.process_envelope(ctx))
         return outcomes
@@ -177,7 +179,9 @@ class Pipeline:
         red = ctx.state.redactor
         verdict = red.scrub_struct(verdict)
         pubs = [self.gw.publisher.verdict(verdict)]
-        if r.notice is not None and ctx.principal:
+        bound = self.gw.config.bound_principals(ctx.agent)
+        # spec 000 §8.4: a notice goes only to a principal the agent may address.
+        if r.notice is not None and ctx.principal and (bound is None or ctx.principal in bound):
             # spec 000 §9.3 / §12.5: the principal sees the conventional payload
             # and a diagnostic, never a partial decision.
             notice = NoticeItem(

@@ -158,11 +158,48 @@ TOOLS: dict[str, tuple[type[Struct], str]] = {
 }
 
 
+# Tools that may put a binding moment before the principal (spec 000 §8.2: a tool that may emit one
+# SHOULD say so in tools/list, RECOMMENDED name ``emits_binding_moment``): ask_principal sends one,
+# declare_intent may be escalated to the gateway's own human-escalation moment (HEM, spec 003).
+EMITS_BINDING_MOMENT = frozenset({"ask_principal", "declare_intent"})
+
+# spec 000 §6.8: "Both members SHALL default to true", while §5 and §6.8 also call them REQUIRED.
+# Read together (docs/conformance.md): the wire envelope must carry both (an explicit false is the
+# only suppression, and it is recorded, §12.3); the authoring tool applies the default, so a model
+# that leaves a hatch out asks with it open.
+HATCH_DEFAULTS = {"free_text": True, "dialogue": True}
+
+
+def with_hatch_defaults(args: dict[str, Any]) -> dict[str, Any]:
+    """``ask_principal``'s arguments with an omitted hatch (or ``hatches``) filled in as true (spec 000 §6.8)."""
+    bm = args.get("binding_moment")
+    question = bm.get("question") if isinstance(bm, dict) else None
+    if not isinstance(question, dict):
+        return args  # malformed: the gateway lists what is wrong
+    hatches = question.get("hatches", {})
+    if not isinstance(hatches, dict):
+        return args
+    filled = {**HATCH_DEFAULTS, **hatches}
+    if filled == hatches:
+        return args
+    return {**args, "binding_moment": {**bm, "question": {**question, "hatches": filled}}}
+
+
 def input_schema(struct: type[Struct]) -> dict[str, Any]:
     """The Struct's JSON Schema with the Struct itself at the top (MCP wants ``type: object`` there)."""
     schema = msgspec.json.schema(struct)
     defs = dict(schema.get("$defs", {}))
     top = defs.pop(struct.__name__)
+    if struct is AskPrincipalArgs:
+        # spec 000 §6.8 default (see HATCH_DEFAULTS): optional here, true when left out.
+        hatches = defs["Hatches"]
+        hatches.pop("required", None)
+        for name in HATCH_DEFAULTS:
+            hatches["properties"][name]["default"] = True
+        hatches["description"] = ("spec 000 §6.8 escape hatches; each defaults to true when omitted. Set one to "
+                                  "false only where that revision is genuinely inapplicable (it is recorded).")
+        defs["Question"]["required"] = [r for r in defs["Question"].get("required", []) if r != "hatches"]
+        defs["Question"]["properties"]["hatches"] = {"$ref": "#/$defs/Hatches", "default": dict(HATCH_DEFAULTS)}
     if struct is DeclareIntentArgs:
         # The two IDP profiles are untagged Structs (``profile`` is optional in IDP_STANDARD), which
         # msgspec cannot put in one union; their schemas are published side by side instead.
@@ -306,6 +343,7 @@ class AgentTools:
 
     async def ask_principal(self, args: dict[str, Any], progress: Progress | None) -> ToolAnswer:
         key = _request_key(args)
+        args = with_hatch_defaults(args)
         principal = principal_token(str(args.get("principal", "")))
         # The moment goes to the gateway as given: its shape stage lists every violated rule (spec 000 §6).
         payload = {**{k: v for k, v in args.items() if k != "request_key"}, "principal": principal}

@@ -24,7 +24,7 @@ from mcp import types
 from mcp.server.lowlevel import Server
 from nats.aio.client import Client
 
-from integrations.agent_tools import TOOLS, AgentTools, ToolAnswer, input_schema
+from integrations.agent_tools import EMITS_BINDING_MOMENT, TOOLS, AgentTools, ToolAnswer, input_schema
 from subjects.client import Agent
 
 SERVER_NAME = "principal-gateway"
@@ -33,7 +33,11 @@ HTTP_PATH = "/mcp"
 
 def tool_list() -> list[types.Tool]:
     return [
-        types.Tool(name=name, description=description, inputSchema=input_schema(struct))
+        types.Tool(
+            name=name, description=description, inputSchema=input_schema(struct),
+            # spec 000 §8.2: advertised in tools/list (advisory; every result is still a tool result).
+            annotations=types.ToolAnnotations(emits_binding_moment=name in EMITS_BINDING_MOMENT),
+        )
         for name, (struct, description) in TOOLS.items()
     ]
 

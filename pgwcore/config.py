@@ -75,6 +75,9 @@ class GatewayConfig(_Section):
     ack_wait_s: Annotated[float, Meta(gt=0)] = 30.0
     max_deliver: Annotated[int, Meta(ge=1)] = 10
     duplicate_window_s: Annotated[float, Meta(gt=0)] = 3600.0
+    # spec 000 §13: a principal's free text (free_text answer, dialogue objection, clarification
+    # answers) is kept in full this long after it is published to the agent, then only its digest.
+    answer_text_keep_s: Annotated[float, Meta(gt=0)] = 3600.0
 
 
 class SecurityConfig(_Section):
@@ -256,6 +259,7 @@ class LintsConfig(_Section):
     leading_stem: LintMode = "reject"  # §6.5
     findings_restate_synopsis: LintMode = "warn"  # §6.2 ("SHOULD be omitted")
     recommendation_not_action: LintMode = "reject"  # §6.3
+    option_is_hatch: LintMode = "reject"  # §6.6 ("they do not include the escape hatches")
 
 
 class VendorKindConfig(_Section):
@@ -301,6 +305,10 @@ class PipelineConfig(_Section):
     # spec 002 leaves it open, the official conformance scenario expects "accept", the official
     # schema's description says refuse with unknown_envelope_kind.
     schema_request_unknown_kind: Literal["accept", "refuse"] = "accept"
+    # spec 000 §7.2 (docs/pipeline.md "Dual veto"): after a dialogue veto, a moment of the same agent to
+    # the same principal is "on the same decision" when it has the vetoed moment's decision_class, or when
+    # its stem words or its option labels overlap the vetoed moment's by at least this Jaccard similarity.
+    dual_veto_similarity: Annotated[float, Meta(gt=0, le=1)] = 0.5
     schema_versions: dict[str, Annotated[int, Meta(ge=0)]] = field(default_factory=dict)
     contracts: dict[str, ContractConfig] = field(default_factory=dict)  # agent -> contract
     secrets: SecretsConfig = field(default_factory=SecretsConfig)
@@ -356,6 +364,9 @@ class Config(_Section):
     creds: str | None = None
     operator: str = "principal-gateway"
     log_format: Literal["auto", "json", "console"] = "auto"
+    # spec 000 §8.4: with no [agents] bindings any agent may address any principal ("open mode").
+    # Kept for development, but `pgw up` refuses it unless asked for here (or with `pgw up --open`).
+    open: bool = False
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
@@ -402,6 +413,23 @@ class Config(_Section):
             return None
         cfg = self.agents.get(agent)
         return [principal_token(p) for p in cfg.principals] if cfg else []
+
+
+def open_mode_message(config: Config) -> tuple[bool, str] | None:
+    """``pgw up``'s word on open mode (spec 000 §8.4): (refuse?, what to print), or None when agents are bound.
+
+    With no ``[agents]`` bindings any agent may address any principal: refused unless
+    ``open = true`` (development only), and said loudly either way.
+    """
+    if config.agents:
+        return None
+    if not config.open:
+        return True, (
+            "pgw: refusing to start in OPEN MODE: no [agents.NAME] principals = [...] bindings are configured, so "
+            "any agent could address any principal (spec 000 §8.4 single-surface delivery). Bind your agents, or, "
+            "for development only, set `open = true` in the config (or run `pgw up --open`)."
+        )
+    return False, "\n*** OPEN MODE (open = true): any agent may address any principal (spec 000 §8.4). Development only. ***\n"
 
 
 def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Config:

@@ -249,6 +249,9 @@ class BindingMomentItem(SurfaceItemBase, tag="binding_moment"):
     binding_moment: BindingMoment
     expires_at: Timestamp | None = None
     hem: bool = False
+    # spec 000 §8.1/§9.3: the envelope's conventional payload, so a surface that cannot render the
+    # moment falls back by itself (absent when the agent sent none).
+    conventional: Any = None
 
 
 class ClarificationItem(SurfaceItemBase, tag="clarification"):

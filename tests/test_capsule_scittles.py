@@ -223,7 +223,7 @@ async def test_every_verdict_class_anchored_through_pgw_up(scittles: Scittles, t
     """`pgw up` with registrar.ts_url = scittles: a capsule of every verdict class is registered by its
     registrar, and `pgw verify --stream PGW_CAPSULES` reports every one OK and anchored."""
     cfg = tmp_path / "pgw.toml"
-    cfg.write_text("[server]\nport = -1\nmonitor_port = -1\nwebsocket_port = -1\n\n"
+    cfg.write_text("open = true\n[server]\nport = -1\nmonitor_port = -1\nwebsocket_port = -1\n\n"
                    "[security]\nenabled = false\n\n"  # isolation is tested elsewhere; publish verdicts directly
                    f'[registrar]\nts_url = "{scittles.url}"\n')
     data = tmp_path / "data"

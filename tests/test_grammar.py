@@ -1,4 +1,4 @@
-"""Each spec 000 §5-§6 grammar violation is refused with its own reason, and nothing reaches the surface."""
+"""Each spec 000 §5-§6 grammar violation is refused with its own reason, and no decision reaches the surface."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 
 from gateway.stages.moment_grammar import check_binding_moment
 from subjects.client import Agent, Surface
+from subjects.wire import BindingMomentItem, NoticeItem
 from tests.moments import GOOD_MOMENT
+from tests.polling import until
 from tests.stored import stored_json
 
 
@@ -73,7 +75,8 @@ def test_each_violation_has_its_own_rule(path, value, rule):
 
 
 async def test_grammar_violations_are_refused_end_to_end(gateway, nc):
-    """Malformed moments are refused to the agent with their rule, get a blocked verdict, and never reach the surface."""
+    """Malformed moments are refused to the agent with their rule, get a blocked verdict, and never reach the surface
+    as a decision: the principal gets a fallback notice for each instead (spec 000 §9.3, §12.5)."""
     agent = Agent(nc, "grammar-agent")
     surface = Surface(nc, "alice")
     seen: list[object] = []
@@ -97,8 +100,15 @@ async def test_grammar_violations_are_refused_end_to_end(gateway, nc):
     ok = await agent.outcome_for(eid, timeout=10)
     assert ok.status == "accepted"
     await asyncio.wait_for(first_seen.wait(), 10)
+
+    async def all_seen() -> bool:
+        return any(isinstance(i, BindingMomentItem) for i in seen)
+
+    await until(all_seen, timeout=10, what="the good moment on the surface")
     watcher.cancel()
-    assert [getattr(i, "moment_id", None) for i in seen] == [ok.moment_id]
+    assert [i.moment_id for i in seen if isinstance(i, BindingMomentItem)] == [ok.moment_id]
+    assert [i for i in seen if not isinstance(i, (BindingMomentItem, NoticeItem))] == []
+    assert len([i for i in seen if isinstance(i, NoticeItem)]) == len(cases)
     js = nc.jetstream()
     verdicts = await stored_json(js, "PGW_VERDICTS")
     assert sorted(v["verdict_class"] for v in verdicts) == ["blocked"] * len(cases) + ["hitl_dispatched"]

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
+from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from integrations.agent_tools import AskPrincipalArgs, input_schema
@@ -74,9 +74,12 @@ class Env:
 
     @contextlib.asynccontextmanager
     async def stdio(self, pidfile: Path | None = None) -> AsyncIterator[ClientSession]:
-        params = StdioServerParameters(command=PGW, args=self.args())
+        # The SDK passes the server only a few variables: keep PYTHONPATH, so it runs the code under test.
+        env = {**get_default_environment(), **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}}
+        params = StdioServerParameters(command=PGW, args=self.args(), env=env)
         if pidfile is not None:  # through sh, which writes the server's pid and execs it (same pid)
-            params = StdioServerParameters(command="/bin/sh", args=["-c", f'echo $$ > {pidfile}; exec "$0" "$@"', PGW, *self.args()])
+            params = StdioServerParameters(command="/bin/sh", args=["-c", f'echo $$ > {pidfile}; exec "$0" "$@"', PGW, *self.args()],
+                                           env=env)
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
             await session.initialize()
             yield session
@@ -191,6 +194,35 @@ async def test_ask_principal_keeps_the_three_kinds_distinct(env: Env, transport:
             assert body["status"] == "resolved" and {k: body[k] for k in expected} == expected
 
 
+async def test_tools_list_advertises_binding_moments_and_hatches_default_open(env: Env) -> None:
+    """tools/list marks the tools that may put a binding moment before the principal (spec 000 §8.2
+    emits_binding_moment), its schema makes each hatch default to true (§6.8), and a moment asked with
+    the hatches left out reaches the principal with both open."""
+    async with env.stdio() as session:
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        flags = {name: (t.annotations.model_extra or {}).get("emits_binding_moment") if t.annotations else None
+                 for name, t in tools.items()}
+        assert flags == {"ask_principal": True, "declare_intent": True, "clarify": False, "report_transition": False,
+                         "await_moment": False, "list_moments": False}
+        defs = tools["ask_principal"].inputSchema["$defs"]
+        assert "hatches" not in defs["Question"]["required"] and "required" not in defs["Hatches"]
+        assert {k: v["default"] for k, v in defs["Hatches"]["properties"].items()} == {"free_text": True, "dialogue": True}
+        moment = {**MOMENT, "question": {k: v for k, v in MOMENT["question"].items() if k != "hatches"}}
+        seen: list[BindingMomentItem] = []
+
+        def answer(item: SurfaceItem) -> Resolution | None:
+            if isinstance(item, BindingMomentItem):
+                seen.append(item)
+                return DialogueVeto(objection="Not now.")
+            return None
+
+        answering = env.principal_answers(answer)
+        result = await session.call_tool("ask_principal", {"principal": "alice", "binding_moment": moment})
+        await answering
+    assert not result.isError and result.structuredContent["kind"] == "dialogue", result
+    assert (seen[0].binding_moment.question.hatches.free_text, seen[0].binding_moment.question.hatches.dialogue) == (True, True)
+
+
 async def test_an_unanswered_moment_expires_as_a_refusal(env: Env) -> None:
     """A moment nobody answers before expires_in_s comes back as status expired, not as consent and not as an error."""
     async with env.stdio() as session:
@@ -199,10 +231,10 @@ async def test_an_unanswered_moment_expires_as_a_refusal(env: Env) -> None:
 
 
 async def test_a_malformed_moment_is_a_tool_error_listing_every_rule(env: Env) -> None:
-    """Five options, recommended_idx out of range and a missing hatch: one isError result names each rule; the server keeps serving."""
+    """Five options, recommended_idx out of range and a hatch that is not a boolean: one isError result names each rule; the server keeps serving."""
     bad = {**MOMENT, "question": {**MOMENT["question"],
                                    "options": [{"label": f"o{i}", "reasoning": "r"} for i in range(5)],
-                                   "recommended_idx": 7, "hatches": {"free_text": True}}}
+                                   "recommended_idx": 7, "hatches": {"free_text": True, "dialogue": "yes"}}}
     async with env.stdio() as session:
         result = await session.call_tool("ask_principal", {"principal": "alice", "binding_moment": bad})
         assert result.isError and result.structuredContent, result

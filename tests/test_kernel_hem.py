@@ -121,7 +121,8 @@ async def test_hem_approve_round_trip(env: Env) -> None:
     item = await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"])
     bm = item.binding_moment
     assert item.hem and item.moment_id == r.moment_id
-    assert "ProcessPayment" in bm.synopsis and rec["declared_goal"]["description"] in bm.synopsis
+    assert bm.synopsis.startswith("Deny ProcessPayment") and bm.recommendations  # spec 000 §6.1, §6.3
+    assert any(rec["declared_goal"]["description"] in f for f in bm.findings)
     assert any("INFERENCE" in f and "invoice looks due" in f for f in bm.findings)
     assert any("0.62" in f for f in bm.findings)
     assert [o.label for o in bm.question.options] == ["Approve", "Deny"]

@@ -26,7 +26,7 @@ async def push_key(url: str, creds: str) -> dict:
 @pytest.mark.slow
 def test_pgw_up_answers_push_key_for_the_principal(tmp_path) -> None:
     cfg = tmp_path / "pgw.toml"
-    cfg.write_text("[server]\nport = -1\nmonitor_port = -1\nwebsocket_port = -1\n")
+    cfg.write_text("open = true\n[server]\nport = -1\nmonitor_port = -1\nwebsocket_port = -1\n")
     data = tmp_path / "data"
     env = {**os.environ, "PGW_LOG_LEVEL": "WARNING"}
     proc = subprocess.Popen([PGW, "--config", str(cfg), "--data-dir", str(data), "--log-format", "json", "up"],

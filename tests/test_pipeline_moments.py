@@ -91,6 +91,7 @@ BAD = {
     "leading_stem": dict(question_stem="Shouldn't we just send the 2025 tax summary only?"),
     "findings_restate_synopsis": dict(findings0="Share only your 2025 tax summary with Harbor Accounting, not the full ledger."),
     "recommendation_not_action": dict(recs0="Weigh the trade-offs between privacy and convenience."),
+    "option_is_hatch": dict(option2="Something else (free text)"),
 }
 
 
@@ -105,6 +106,8 @@ def bad_moment(lint: str) -> dict:
         m["findings"][0] = change["findings0"]
     if "recs0" in change:
         m["recommendations"][0] = change["recs0"]
+    if "option2" in change:
+        m["question"]["options"][2]["label"] = change["option2"]
     return m
 
 
@@ -136,6 +139,27 @@ def test_modes_reject_warn_off():
     assert lints.apply(m, LintsConfig(synopsis_hedge="off")) == ([], [])
 
 
+@pytest.mark.parametrize("label", ["Something else (free text)", "Other (please specify)", "Reject the question",
+                                   "Neither - let's discuss", "This is the wrong question"])
+async def test_option_duplicating_a_hatch_is_refused(nats_server, tmp_path, nc, label):
+    """An option whose label is an escape hatch (spec 000 §6.6: the options do not include the hatches) is a
+    malformed moment: envelope_invalid with rule option_is_hatch, and no decision reaches the principal."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        m = good_moment()
+        m["question"]["options"][2]["label"] = label
+        out = await rec.roundtrip("planner", moment_env("alice", m))
+        assert (out.code, out.details[0].rule) == ("envelope_invalid", "option_is_hatch")
+        assert out.details[0].path == "$.payload.binding_moment.question.options[2].label"
+        assert not [i for i in rec.items if isinstance(i, BindingMomentItem)]
+
+
+def test_substantive_options_that_mention_hatch_words_pass():
+    """Options that only share a word with a hatch ("Reject the vendor's offer", "Other vendors: ask for quotes") pass."""
+    for label in ["Reject the vendor's offer", "Other vendors: ask for quotes", "Discuss the contract with legal",
+                  "Something else entirely: renegotiate the term", "Custom plan for 20 seats"]:
+        assert lints.hatch_of(label) is None, label
+
+
 async def test_lint_reject_refuses_with_notice(nats_server, tmp_path, nc):
     """A hedged synopsis is a malformed moment: the agent gets envelope_invalid, the principal a notice with the conventional payload."""
     async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
@@ -165,6 +189,35 @@ async def test_malformed_moment_with_conventional_gives_notice(nats_server, tmp_
         notice = await rec.item(lambda i: isinstance(i, NoticeItem))
         assert notice.conventional == ["row 1", "row 2"] and notice.principal == "alice"
         assert "options" in notice.diagnostic
+
+
+async def test_malformed_moment_without_conventional_still_gets_a_fallback_notice(nats_server, tmp_path, nc):
+    """spec 000 §9.3 "the fallback is always available": a malformed moment sent without ``conventional`` gives the
+    principal a notice with a plain payload the gateway wrote; an agent not bound to the principal gets none (§8.4)."""
+    agents = {"planner": {"principals": ["alice"]}, "other": {"principals": ["bob"]}}
+    async with running_gateway(nats_server, str(tmp_path / "d"), agents=agents), Recorder(nc) as rec:
+        m = good_moment()
+        m["question"]["options"] = m["question"]["options"][:1]
+        out = await rec.roundtrip("planner", moment_env("alice", m))
+        assert out.code == "envelope_invalid"
+        notice = await rec.item(lambda i: isinstance(i, NoticeItem) and i.agent == "planner")
+        assert notice.principal == "alice" and "options" in notice.diagnostic
+        assert "planner" in notice.conventional["text"] and "Nothing was decided" in notice.conventional["text"]
+        stray = await rec.roundtrip("other", moment_env("alice", m, conventional={"text": "spam"}))
+        assert stray.code == "envelope_invalid"
+        await rec.verdict(lambda v: v.agent == "other" and v.verdict_class == "blocked")
+        assert not [i for i in rec.items if isinstance(i, NoticeItem) and i.agent == "other"]
+
+
+async def test_moment_item_carries_the_conventional_payload(nats_server, tmp_path, nc):
+    """A well-formed moment's surface item carries the envelope's conventional payload (spec 000 §8.1, §9.3), so a
+    surface that cannot render the envelope falls back by itself."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        out = await rec.roundtrip("planner", moment_env("alice", good_moment(), conventional={"rows": [1, 2]}))
+        item = await rec.item(lambda i: isinstance(i, BindingMomentItem) and i.moment_id == out.moment_id)
+        assert item.conventional == {"rows": [1, 2]}
+        pending = await Surface(nc, "alice").pending()
+        assert [i.conventional for i in pending if isinstance(i, BindingMomentItem)] == [{"rows": [1, 2]}]
 
 
 async def test_hatch_false_is_delivered_and_recorded(nats_server, tmp_path, nc):
@@ -215,8 +268,58 @@ async def test_dual_veto_broken_handshake(nats_server, tmp_path, nc):
         fresh = good_moment(stem="Should Harbor Accounting stay your accountant for 2026?")
         fresh["question"]["options"] = [{"label": "Keep Harbor", "reasoning": "Continuity."},
                                         {"label": "Switch firms", "reasoning": "Addresses your objection."}]
+        fresh["findings"].append(f"Your objection to moment {out.moment_id}: this asks about Harbor itself instead.")
         o3 = await rec.roundtrip("planner", moment_env("alice", fresh))
         assert o3.status == "accepted"
+
+
+def _reworded(extra: bool = True, **over) -> dict:
+    """GOOD_MOMENT's decision asked again: a reworded stem and one extra option (a walk-around of rule 1)."""
+    m = good_moment(stem="What should Harbor Accounting get from us for the 2025 filing?", **over)
+    if extra:
+        m["question"]["options"].append({"label": "Send the summary and the Q4 ledger", "reasoning": "A middle way."})
+    return m
+
+
+async def test_dual_veto_cannot_be_walked_around_by_rewording(nats_server, tmp_path, nc):
+    """After a dialogue veto, a reworded stem with one extra option and the dialogue hatch closed is refused
+    (objection_not_incorporated: hatch closed, objection not acknowledged), by decision_class and, without one,
+    by similarity; a moment that keeps the hatch open and names the vetoed moment in a finding passes and closes
+    the veto, after which only an exact repeat is refused (spec 000 §7.2)."""
+    async with running_gateway(nats_server, str(tmp_path / "d")) as gw, Recorder(nc) as rec:
+        out = await rec.roundtrip("planner", moment_env("alice", good_moment()))
+        await Surface(nc, "alice").resolve(out.moment_id, DialogueVeto(objection="Why share anything?"))
+        st = await gw.stage_state.get()
+        await rec.until(lambda: st.stats.dialogue_hatch[("planner", "consent")] == 1)
+        await until(lambda: _cached(st), timeout=10, what="the veto in the cache")
+        walk = _reworded(hatches={"free_text": True, "dialogue": False})
+        o1 = await rec.roundtrip("planner", moment_env("alice", walk))
+        assert (o1.status, o1.code) == ("gated", "objection_not_incorporated"), o1
+        assert {d.rule for d in o1.details} == {"dialogue_hatch_closed", "objection_not_acknowledged"}
+        v = await rec.verdict(lambda v: v.envelope_id == o1.envelope_id)
+        assert v.decision == "reject" and v.reason.code == "objection_not_incorporated"
+        no_class = _reworded()
+        del no_class["meta"]
+        o2 = await rec.roundtrip("planner", moment_env("alice", no_class))
+        assert (o2.code, [d.rule for d in o2.details]) == ("objection_not_incorporated", ["objection_not_acknowledged"])
+        unrelated = good_moment(stem="Which printer should the office lease next year?")
+        unrelated["question"]["options"] = [{"label": "Lease the laser", "reasoning": "Cheaper per page."},
+                                            {"label": "Lease the inkjet", "reasoning": "Prints photos."}]
+        del unrelated["meta"]
+        assert (await rec.roundtrip("planner", moment_env("alice", unrelated))).status == "accepted"
+        ok = _reworded()
+        ok["findings"].append(f"You rejected moment {out.moment_id} ('why share anything'): this adds a middle way.")
+        assert (await rec.roundtrip("planner", moment_env("alice", ok))).status == "accepted"
+        later = _reworded(extra=False)
+        later["question"]["stem"] = "Which files go to Harbor Accounting this year?"
+        later["question"]["options"] = [{"label": "The summary by portal", "reasoning": "Encrypted."},
+                                        {"label": "The summary by post", "reasoning": "No account needed."}]
+        assert (await rec.roundtrip("planner", moment_env("alice", later))).status == "accepted"
+        assert (await rec.roundtrip("planner", moment_env("alice", good_moment()))).code == "broken_handshake"
+
+
+async def _cached(st) -> object:
+    return st.vetoes.get("veto.planner.alice")
 
 
 async def test_dual_veto_recorded_elsewhere_and_cached_vetoes_confirmed(nats_server, tmp_path, nc):

@@ -46,6 +46,7 @@ from tests.gauntlet.corpus import (
 )
 from tests.moments import GOOD_MOMENT
 from tests.polling import until
+from tests.stored import stored_json
 
 pytestmark = [pytest.mark.security, pytest.mark.asyncio(loop_scope="module")]
 TABLE = "hostile-input gauntlet"
@@ -344,3 +345,49 @@ async def test_unidentifiable_sender_is_a_logged_drop(gateway, nc, security_tabl
     security_table.record(TABLE, "sender unidentifiable (bad subject token)", "open mode", "envelope worker",
                           "logged drop; next accepted", f"{len(drops)} drops logged; next {out.status}", ok)
     assert ok, (out, drops)
+
+
+EMPTY_INPUTS = {"empty body": (b"", "empty_body"), "empty array": (b"[]", "empty_turn"),
+                "word joiner only": ("\u2060".encode(), "invisible_body")}
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_empty_inputs_each_get_one_outcome_verdict_and_capsule_every_time(tmp_path, security_table) -> None:
+    """An empty body, [] and a lone U+2060, each published twice by a raw nats-py agent (with and without a
+    Nats-Msg-Id), get one refusal outcome per publish with their own rule, a verdict and a capsule each."""
+    from consumers.signer import Signer
+    from gateway.security import agent_durable
+    from subjects.wire import outcome_decoder
+    from tests.test_capsule_signer import wait_count
+    from tests.test_security_squat import raw_agent
+
+    async with secured_bed(tmp_path) as bed:
+        a = await raw_agent(bed, "a")
+        js = bed.ncs["_watch"].jetstream()
+        sub = await a.jetstream().pull_subscribe_bind(agent_durable("a"), "PGW_OUTBOUND")
+        subject = bed.config.subjects.envelope("a")
+        got: list[tuple[str, str | None, str | None]] = []
+        try:
+            async with Signer(bed.config, bed.ncs["_watch"]):
+                for name, (body, rule) in EMPTY_INPUTS.items():
+                    for attempt in range(2):
+                        if attempt == 0:
+                            await a.publish(subject, body)  # core NATS, no header: as the nats CLI does
+                        else:
+                            await a.jetstream().publish(subject, body, headers={"Nats-Msg-Id": f"a:{name}-{attempt}"})
+                        msgs = await sub.fetch(1, timeout=WAIT)
+                        await msgs[0].ack()
+                        out = outcome_decoder.decode(msgs[0].data)
+                        assert isinstance(out, EnvelopeOutcome)
+                        got.append((name, out.code, out.details[0].rule if out.details else None))
+                        assert (out.code, got[-1][2]) == ("invalid_envelope_shape", rule), (name, attempt, out)
+                n = 2 * len(EMPTY_INPUTS)
+                await wait_count(js, "PGW_VERDICTS", n)
+                await wait_count(js, "PGW_REGISTRATION", n)  # one capsule per verdict
+            verdicts = [v for v in await stored_json(js, "PGW_VERDICTS") if v["agent"] == "a"]
+            assert len({v["verdict_id"] for v in verdicts}) == n, verdicts
+            assert all(v["decision"] == "reject" and v["reason"]["code"] == "invalid_envelope_shape" for v in verdicts)
+        finally:
+            await a.close()
+    security_table.record(TABLE, "empty / [] / U+2060 bodies, each sent twice", "agent.a.envelope", "raw agent",
+                          "one outcome + verdict + capsule per publish", f"{len(got)} outcomes", True)

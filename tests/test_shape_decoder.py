@@ -29,6 +29,8 @@ def reference(body: bytes, limits: LimitsConfig) -> list[Any]:
     """decode_body as it was before the fast path: strict decoder, then the walk."""
     if len(body) > limits.max_body_bytes:
         raise shape._refuse(f"body is {len(body)} bytes; the limit is {limits.max_body_bytes}")
+    if len(body) <= 64 and (empty := shape._empty(body)) is not None:
+        raise empty
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -37,7 +39,8 @@ def reference(body: bytes, limits: LimitsConfig) -> list[Any]:
     shape._check_graph(value, limits)
     if isinstance(value, list):
         if not value:
-            raise shape._refuse("a turn must hold at least one envelope")
+            raise shape._refuse("the turn is an empty JSON array: a turn must hold at least one envelope", "$",
+                                rule="empty_turn")
         return value
     return [value]
 

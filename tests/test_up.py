@@ -38,7 +38,7 @@ def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 30.0) -> t
 def test_up_starts_serves_and_stops_cleanly(tmp_path):
     """`pgw up` prints where to connect, the demo runs against it, a second `up` is refused, SIGINT stops it all."""
     cfg = tmp_path / "pgw.toml"
-    cfg.write_text("[server]\nport = -1\nmonitor_port = -1\nwebsocket_port = -1\n")
+    cfg.write_text("open = true\n[server]\nport = -1\nmonitor_port = -1\nwebsocket_port = -1\n")
     data = tmp_path / "data"
     env = {**os.environ, "PGW_LOG_LEVEL": "WARNING"}
     proc = subprocess.Popen(
@@ -65,6 +65,31 @@ def test_up_starts_serves_and_stops_cleanly(tmp_path):
         for pid in server_pids:  # the embedded nats-server is gone too
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_up_refuses_open_mode_unless_asked(tmp_path):
+    """`pgw up` with no agent bindings exits 2 with a loud OPEN MODE refusal naming `open = true` (spec 000 §8.4),
+    before starting any server; `open = true` in the config lets it start."""
+    cfg = tmp_path / "pgw.toml"
+    cfg.write_text("[server]\nport = -1\nmonitor_port = -1\nwebsocket_port = -1\n")
+    data = tmp_path / "data"
+    env = {**os.environ, "PGW_LOG_LEVEL": "WARNING"}
+    refused = subprocess.run([PGW, "--config", str(cfg), "--data-dir", str(data), "up"],
+                             capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "OPEN MODE" in refused.stderr and "open = true" in refused.stderr
+    assert not (data / "nats").exists(), "no server may start in refused open mode"
+    cfg.write_text("open = true\n" + cfg.read_text())
+    proc = subprocess.Popen([PGW, "--config", str(cfg), "--data-dir", str(data), "--log-format", "json", "up"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    try:
+        read_until(proc, r"NATS\s+nats://127\.0\.0\.1:\d+")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

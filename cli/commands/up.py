@@ -17,7 +17,7 @@ import sys
 
 import msgspec
 
-from pgwcore.config import Config
+from pgwcore.config import Config, open_mode_message
 from pgwcore.connect import close_quietly, connect
 from pgwcore.logs import get_logger
 from pgwcore.server import EmbeddedServer
@@ -48,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--dev-tls", action="store_true",
                    help="serve TLS with client certificates, from a local development CA in {data_dir}/tls "
                         "(also [server] tls = true)")
+    p.add_argument("--open", action="store_true", help="allow open mode (no [agents] bindings; development only)")
     p.set_defaults(handler=handle)
 
 
@@ -98,6 +99,12 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
         unknown = [n for n in names if n not in UP_SERVICES]
         if unknown:
             print(f"pgw: unknown service(s) {unknown}; known: {list(UP_SERVICES)}", file=sys.stderr)
+            return 2
+    if getattr(args, "open", False):
+        config = msgspec.structs.replace(config, open=True)
+    if "gateway" in names and (open_mode := open_mode_message(config)) is not None:  # spec 000 §8.4
+        print(open_mode[1], file=sys.stderr, flush=True)
+        if open_mode[0]:
             return 2
     s = config.server
     auth = None

@@ -1,12 +1,15 @@
 """The human-escalation binding moment the gateway builds itself (DESIGN §5.3).
 
-Spec 000 §5 eight slots: the synopsis states the action and the agent's
-declared goal in one sentence; the findings carry the reasoning basis and
-confidence (and, for a commitment gap, the verification record with
-``match_result: IDP_COMMITMENT_GAP``, spec 003 §5.5.2(b)); options are
+Spec 000 §5 eight slots, under the same grammar and lints as an agent's
+moment (``_disciplined``; a test runs them over every trigger): the synopsis
+commits to the gateway's position in one answer-first sentence (§6.1: deny
+the action, or end the session); the findings carry the declared action and
+goal, the reasoning basis and confidence (and, for a commitment gap, the
+verification record with ``match_result: IDP_COMMITMENT_GAP``, spec 003
+§5.5.2(b)); the recommendations are concrete moves (§6.3); options are
 approve (index 0) and deny (index 1), both with reasoning; both hatches open.
 The gateway has no stake in the answer, so the recommended option is the
-conservative one, deny, and the offer says so.
+conservative one, deny.
 """
 
 from __future__ import annotations
@@ -39,22 +42,27 @@ def hem_moment(
 ) -> BindingMoment:
     action = idp.requested_action
     goal = idp.declared_goal.description if idp.declared_goal else "no goal declared (IDP_THIN)"
-    if trigger == "IDP_COMMITMENT_GAP" and verification:
-        synopsis = _clip(
-            f"Agent {agent} declared {action} to pursue \"{_clip(goal, 200)}\" but executed "
-            f"{_clip(str(verification.get('executed_action')), 100)} instead."
-        )
-        stem = f"Should agent {agent} be allowed to continue session {_clip(idp.session_id, 64)}?"
-    elif trigger == "MISSION_REF_MISMATCH_THRESHOLD":
-        synopsis = _clip(
-            f"Agent {agent} asks to perform {action} to pursue \"{_clip(goal, 200)}\" under a mission "
-            "its mandate does not name."
-        )
-        stem = f"Should agent {agent} be allowed to continue session {_clip(idp.session_id, 64)}?"
+    # spec 000 §6.1: the synopsis commits to the gateway's position (answer-first), it does not restate
+    # the request; the request itself is in the stem and the findings. The position is the
+    # recommended option (slot 7): deny, the conservative one, since the gateway has no stake.
+    if trigger == "HEM_URGENCY_REQUIRED":
+        position = "the agent asked for a human decision, and the gateway approves nothing on your behalf"
+        stem = f"Should agent {agent} perform {_clip(action, 100)} on object {idp.so_id}?"
     else:
-        synopsis = _clip(f"Agent {agent} asks to perform {action} to pursue \"{_clip(goal, 300)}\".")
-        stem = f"Should agent {agent} perform {action} on object {idp.so_id}?"
+        position = {
+            "IDP_COMMITMENT_GAP": "the agent executed a different action than the one it declared",
+            "MISSION_REF_MISMATCH_THRESHOLD": "the agent's declarations repeatedly named a mission its mandate does not cover",
+        }.get(trigger, "the kernel escalated it and the gateway approves nothing on your behalf")
+        stem = f"Should agent {agent} be allowed to continue session {_clip(idp.session_id, 64)}?"
+    if trigger == "HEM_URGENCY_REQUIRED":
+        verb, subject = "Deny", f"{_clip(action, 100)} for agent {agent}"
+    else:
+        verb, subject = "End", f"session {_clip(idp.session_id, 64)} of agent {agent}"
+    synopsis = _clip(f"{verb} {subject}: {position}.")
     findings = [f"Escalated because {_TRIGGER_TEXT.get(trigger, trigger)}."]
+    findings.append(f"Declared action {_clip(action, 200)}, to pursue: \"{_clip(goal, 300)}\".")
+    if trigger == "MISSION_REF_MISMATCH_THRESHOLD":
+        findings.append("The mission named in the declarations is not one the agent's mandate names.")
     if idp.reasoning_basis is not None:
         findings.append(
             f"Reasoning basis {idp.reasoning_basis.type}: {_clip(idp.reasoning_basis.description, 600)}"
@@ -73,17 +81,26 @@ def hem_moment(
         findings.append(f"Commitment verification record: match_result {verification.get('match_result')}.")
         findings += [f"Verification record {k}: {_clip(str(v), 200)}" for k, v in verification.items() if k != "match_result"]
     if trigger == "HEM_URGENCY_REQUIRED":
-        approve_reason = f"The declared goal and reasoning justify {action} this once."
-        deny_reason = f"{action} should not run; the agent keeps its session and can choose another action."
-        offer = "Approving permits exactly this declared step once; the gateway recommends deny unless you are sure."
+        approve_reason = "The declared goal and reasoning justify this action this once."
+        deny_reason = "The action does not run; the agent keeps its session and can choose another action."
+        offer = "Ask for detail on any finding; approving permits exactly this declared step once."
+        # spec 000 §6.3: concrete moves, each one that would change state if taken.
+        recommendations = [
+            "Deny the declared action; the agent keeps its session and can propose another step.",
+            "Approve it only if the declared goal is one you set and the action is the step it needs.",
+        ]
     else:
         approve_reason = "You have checked the divergence and accept it; the session continues."
         deny_reason = "The divergence is not acceptable; the session ends and the agent must start again."
-        offer = "Approving lets the session continue; denying ends it; the gateway recommends deny unless you are sure."
-    return BindingMoment(
+        offer = "Ask for detail on any finding; approving lets the session continue, denying ends it."
+        recommendations = [
+            "Deny: end the session, so that the agent must start again under a correct declaration.",
+            "Approve only after you have checked the divergence in the findings and accept it.",
+        ]
+    moment = BindingMoment(
         synopsis=synopsis,
         findings=findings,
-        recommendations=[],
+        recommendations=recommendations,
         offer=offer,
         question=Question(
             stem=stem,
@@ -96,3 +113,23 @@ def hem_moment(
         ),
         meta=MomentMeta(decision_class="idp.hem"),
     )
+    return _disciplined(moment, agent, "Deny this escalated request" if verb == "Deny" else "End this session")
+
+
+def _disciplined(moment: BindingMoment, agent: str, plain_position: str) -> BindingMoment:
+    """``moment`` held to the same grammar and lints as an agent's (spec 000 §6, §7.1).
+
+    The stem and synopsis quote the agent's own action name and session id, which are free
+    text: where one of them would trip a lint (a hedge word, a full stop followed by a capital,
+    a leading word), that slot falls back to wording without it; the findings still carry it.
+    """
+    from gateway.stages import lints
+
+    flagged = {d.path for _, d in lints.check(moment)}
+    if f"{lints.P}.synopsis" in flagged:
+        moment.synopsis = f"{plain_position}: the gateway approves nothing on your behalf."
+    if f"{lints.P}.question.stem" in flagged:
+        moment.question.stem = f"Should agent {agent} be allowed to go ahead as declared in the findings?"
+    if lints.check(moment):  # the agent token itself trips a lint: no agent-authored text at all
+        moment.question.stem = "Should the agent be allowed to go ahead as declared in the findings?"
+    return moment

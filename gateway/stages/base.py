@@ -94,6 +94,9 @@ class Ctx:
     principal: str | None = None
     warnings: list[Detail] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # The body names no envelopeId for this envelope (an empty body, ``[]``, bytes that are not
+    # JSON, an id-less envelope): its bytes alone cannot tell a new send from a retry (see envelope_key).
+    anonymous: bool = False
 
     @property
     def agent(self) -> str:
@@ -122,7 +125,16 @@ class Ctx:
         has the same key, so its outcome and verdict carry the same message
         ids and the services' streams store them once. Nothing another agent
         publishes can share it: its subject names another agent.
+
+        An envelope whose body names no ``envelopeId`` (``anonymous``) has no
+        identity of its own: the same empty body sent twice is two inputs, and
+        each must get its outcome. Its key adds the publish: the ``Nats-Msg-Id``
+        (a retry re-using it stays one envelope), else the stream sequence (one
+        stored message, whatever its redeliveries).
         """
+        if self.anonymous:
+            instance = f"id:{self.turn.msg_id}" if self.turn.msg_id else f"seq:{self.turn.stream_seq}"
+            return envelope_key(self.turn.agent, f"{self.turn.digest}\x00{instance}", self.index)
         return envelope_key(self.turn.agent, self.turn.digest, self.index)
 
 

@@ -1,15 +1,30 @@
 """Dual veto, enforced (spec 000 §7.2) and the resolution rates of §12.2.
 
 When a principal answers binding moment M with the question-space hatch
-(``dialogue``), M's stem and option set are remembered in ``PGW_DEDUP`` under
-``veto.{agent}.{principal}``. A later moment from that agent to that principal
-that repeats M's stem, or M's option set, is "a question-space hatch that
-leads only to another menu" and is refused with ``broken_handshake``.
+(``dialogue``), M's stem, option set, stem words and ``decision_class`` are
+remembered in ``PGW_DEDUP`` under ``veto.{agent}.{principal}``. Two rules
+then apply to a later moment N from that agent to that principal:
 
-Repeats are compared after normalisation (NFKC, case-folded, punctuation and
-extra whitespace removed), so re-wording only the capitals or the question
-mark does not get through; a moment that incorporates the objection (a new
-stem and a new option set) does.
+1. **Repeat** (``broken_handshake``): N repeats M's stem or M's option set
+   ("it SHALL NOT respond by re-emitting the same question"). Compared after
+   normalisation (NFKC, case-folded, punctuation and extra whitespace removed).
+2. **Same decision, objection not incorporated** (``objection_not_incorporated``):
+   N is on the same decision as M, which has not been acknowledged yet, and N
+   either closes the dialogue hatch or carries no acknowledgement of the
+   objection ("SHALL NOT ... emit a further forced-choice envelope without
+   first incorporating the principal's objection"). N is on the same decision
+   when it has M's non-empty ``meta.decision_class``, or when its stem words
+   (non-stop words) or its option labels overlap M's by a Jaccard similarity
+   of at least ``pipeline.dual_veto_similarity`` (default 0.5). The
+   acknowledgement is a finding that names M's ``moment_id`` (the agent has
+   it from the dialogue resolution), e.g. "Objection to moment 3f2a...: you
+   asked why share anything; this asks whether to share at all." The first N
+   that passes marks M acknowledged; later moments are held to rule 1 only.
+
+What is not caught: a moment on the same decision with another
+``decision_class`` (or none) whose stem and options share less than the
+threshold with M's; and whether the acknowledging finding really answers the
+objection (a machine cannot judge that; the principal still has both hatches).
 
 The check reads a :class:`VetoCache`, an in-process copy of the ``veto.*``
 records kept by an ordered push consumer on the bucket's stream (loaded
@@ -52,6 +67,9 @@ class Veto(msgspec.Struct):
     moment_id: str
     stem: str
     options: list[str]
+    decision_class: str | None = None
+    words: list[str] = msgspec.field(default_factory=list)  # the stem's non-stop words
+    acknowledged: bool = False  # a later moment on the same decision incorporated the objection (rule 2)
 
 
 _dec = msgspec.json.Decoder(list[Veto])
@@ -65,6 +83,42 @@ def norm(text: str) -> str:
 
 def option_set(bm: BindingMoment) -> list[str]:
     return sorted({norm(o.label) for o in bm.question.options})
+
+
+def stem_words(bm: BindingMoment) -> list[str]:
+    from gateway.stages.lints import _STOP
+
+    return sorted({w for w in norm(bm.question.stem).split() if w not in _STOP})
+
+
+def _jaccard(a: list[str], b: list[str]) -> float:
+    sa, sb = set(a), set(b)
+    return len(sa & sb) / len(sa | sb) if sa | sb else 0.0
+
+
+def _decision_class(bm: BindingMoment) -> str | None:
+    return (bm.meta.decision_class or None) if bm.meta else None
+
+
+def same_decision(v: Veto, bm: BindingMoment, opts: list[str], threshold: float) -> bool:
+    """Whether ``bm`` is on the decision vetoed in ``v`` (module docstring, rule 2)."""
+    if v.decision_class and _decision_class(bm) == v.decision_class:
+        return True
+    return _jaccard(v.words, stem_words(bm)) >= threshold or _jaccard(v.options, opts) >= threshold
+
+
+def _incorporates(v: Veto, bm: BindingMoment) -> list[str]:
+    """What ``bm`` lacks to incorporate the objection of ``v`` (empty: nothing)."""
+    missing = []
+    if not bm.question.hatches.dialogue:
+        missing.append("dialogue_hatch_closed")
+    if not any(v.moment_id in f for f in bm.findings):
+        missing.append("objection_not_acknowledged")
+    return missing
+
+
+def _open_vetoes(vetoes: list[Veto], bm: BindingMoment, opts: list[str], threshold: float) -> list[Veto]:
+    return [v for v in vetoes if not v.acknowledged and same_decision(v, bm, opts, threshold)]
 
 
 def _key(agent: str, principal: str) -> str:
@@ -150,7 +204,8 @@ async def remember_resolution(st: StageState, rec: MomentRecord) -> None:
     if not isinstance(rec.resolution, DialogueVeto):
         return
     st.stats.dialogue_hatch[(rec.agent, dc)] += 1
-    veto = Veto(rec.moment_id, norm(bm.question.stem), option_set(bm))
+    veto = Veto(rec.moment_id, norm(bm.question.stem), option_set(bm), decision_class=_decision_class(bm),
+                words=stem_words(bm))
     key = _key(rec.agent, rec.principal)
     for _ in range(10):
         try:
@@ -176,7 +231,7 @@ async def remember_resolution(st: StageState, rec: MomentRecord) -> None:
 
 
 async def check(ctx: Ctx, st: StageState, principal: str, bm: BindingMoment) -> None:
-    """Refuse a moment that repeats a vetoed moment's stem or option set (spec 000 §7.2)."""
+    """Refuse a moment that repeats a vetoed moment (rule 1) or does not incorporate its objection (rule 2)."""
     key = _key(ctx.agent, principal)
     cache = st.vetoes
     ready = cache is not None and cache.ready
@@ -184,7 +239,8 @@ async def check(ctx: Ctx, st: StageState, principal: str, bm: BindingMoment) -> 
     if ready and not cached:
         return  # this pair has no veto: nothing to repeat, nothing to normalize, no read
     stem, opts = norm(bm.question.stem), option_set(bm)
-    if cached and not _repeats(cached, stem, opts):
+    threshold = ctx.gw.config.pipeline.dual_veto_similarity
+    if cached and not _repeats(cached, stem, opts) and not _open_vetoes(cached, bm, opts, threshold):
         return  # no veto matches: no read
     try:  # no cache, or a match to confirm against the bucket before refusing
         entry = await st.kv.get(key)
@@ -194,7 +250,8 @@ async def check(ctx: Ctx, st: StageState, principal: str, bm: BindingMoment) -> 
         return
     if cache is not None:
         cache.apply(key, entry.revision, entry.value)
-    found = _repeats(_dec.decode(entry.value) if entry.value else [], stem, opts)
+    vetoes = _dec.decode(entry.value) if entry.value else []
+    found = _repeats(vetoes, stem, opts)
     if found:
         v, what = found
         raise Refuse(
@@ -209,3 +266,49 @@ async def check(ctx: Ctx, st: StageState, principal: str, bm: BindingMoment) -> 
             status="gated",
             verdict_class="denied",
         )
+    open_vetoes = _open_vetoes(vetoes, bm, opts, threshold)
+    for v in open_vetoes:
+        missing = _incorporates(v, bm)
+        if not missing:
+            continue
+        details = []
+        if "dialogue_hatch_closed" in missing:
+            details.append(Detail(
+                message=f"keep the question-space hatch open: the principal rejected the question of moment {v.moment_id}",
+                path="$.payload.binding_moment.question.hatches.dialogue", rule="dialogue_hatch_closed"))
+        if "objection_not_acknowledged" in missing:
+            details.append(Detail(
+                message=f"acknowledge the objection: add a finding that names moment {v.moment_id} and says how "
+                        "this question incorporates the principal's objection",
+                path="$.payload.binding_moment.findings", rule="objection_not_acknowledged"))
+        raise Refuse(
+            "objection_not_incorporated",
+            f"the principal rejected the question of moment {v.moment_id} through the question-space hatch; "
+            "this moment is on the same decision but does not incorporate the objection (spec 000 §7.2)",
+            details=details,
+            status="gated",
+            verdict_class="denied",
+        )
+    if open_vetoes:
+        await _mark_acknowledged(st, key, {v.moment_id for v in open_vetoes})
+
+
+async def _mark_acknowledged(st: StageState, key: str, moment_ids: set[str]) -> None:
+    """Close the vetoes ``moment_ids`` for rule 2 (the objection was incorporated); rule 1 still applies."""
+    for _ in range(10):
+        try:
+            entry = await st.kv.get(key)
+        except KeyNotFoundError:
+            return
+        vetoes = _dec.decode(entry.value) if entry.value else []
+        for v in vetoes:
+            if v.moment_id in moment_ids:
+                v.acknowledged = True
+        try:
+            rev = await st.kv.update(key, _enc.encode(vetoes), last=entry.revision)
+        except KeyWrongLastSequenceError:
+            continue
+        if st.vetoes is not None:
+            st.vetoes.apply(key, rev, vetoes)
+        return
+    log.error("could not mark a question-space veto acknowledged", key=key)

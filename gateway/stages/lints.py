@@ -11,7 +11,10 @@ delivers it with a warning on the outcome, ``off`` skips it.
 - ``leading_stem`` §6.5: a stem that embeds the recommendation or a lean;
 - ``findings_restate_synopsis`` §6.2: a finding that restates the synopsis;
 - ``recommendation_not_action`` §6.3: a recommendation that names a
-  consideration ("weigh the trade-offs") instead of a concrete move.
+  consideration ("weigh the trade-offs") instead of a concrete move;
+- ``option_is_hatch`` §6.6: an option that duplicates an escape hatch
+  ("Something else (free text)", "Reject the question"): "they do not include
+  the escape hatches; the hatches are slot 8".
 """
 
 from __future__ import annotations
@@ -61,6 +64,40 @@ _CONSIDERATION = re.compile(
     re.IGNORECASE,
 )
 _TRADEOFF = re.compile(r"\b(?:weigh|consider|balance) (?:the |all )?(?:trade-?offs?|pros and cons|options|risks)\b", re.IGNORECASE)
+
+# An option label that *is* a hatch (§6.6). Anchored to the whole label (after the words that
+# only dress it up), so "Reject the vendor's offer" or "Other vendors: ask for quotes" pass.
+_HATCH_ANSWER = (
+    r"(?:something|anything) else|other|others|none of (?:these|the above|them)|free[- ]?(?:text|form)(?: answer)?"
+    r"|(?:write|type|enter|give|supply|provide) (?:in )?(?:my|your|an?) own(?: answer| response| option)?"
+    r"|(?:my|your) own (?:answer|response|words|option)|custom(?: answer| response| option)?|write[- ]in"
+    r"|(?:let me|i(?:'ll| will)) (?:type|write|specify|answer in my own words)|specify(?: other| another)?"
+    r"|other[ ,:-]+(?:please )?specify|(?:an? )?different answer"
+)
+_HATCH_QUESTION = (
+    r"(?:reject|decline|refuse|challenge|question) (?:the|this) (?:question|framing|frame|premise)"
+    r"|(?:this is )?(?:the )?wrong question|(?:neither|none)[ ,;:-]+(?:let'?s|let us) (?:discuss|talk)(?: (?:it|this))?"
+    r"|(?:let'?s|let us) (?:discuss|talk about) (?:it|this)(?: first| more| further)?"
+    r"|reopen (?:the )?(?:deliberation|discussion|question)|(?:i )?(?:don'?t|do not) accept the question"
+    r"|not the right question|ask (?:me )?(?:a )?(?:different|another) question|discuss (?:it|this) first"
+)
+_HATCH_LABEL = re.compile(
+    r"^\W*(?:(?:i(?:'d| would) (?:rather|like to)|i want to|please)\s+)?"
+    r"(?P<answer>" + _HATCH_ANSWER + r")?(?P<question>" + _HATCH_QUESTION + r")?"
+    r"(?:\s*[(\[][^)\]]{0,40}[)\]])?\W*$",
+    re.IGNORECASE,
+)
+
+
+def hatch_of(label: str) -> str | None:
+    """``free_text`` or ``dialogue`` when ``label`` merely names that escape hatch (§6.6), else None."""
+    m = _HATCH_LABEL.match(" ".join(label.split()))
+    if m is None:
+        return None
+    if m.group("answer"):
+        return "free_text"
+    return "dialogue" if m.group("question") else None
+
 
 _STOP = frozenset(
     ["a", "an", "the", "and", "or", "but", "of", "to", "in", "on", "at", "for", "with", "by", "from", "as", "is", "are", "was", "were", "be", "been", "being", "it", "its", "this", "that", "these", "those", "your", "you", "we", "our", "i", "my", "their", "they", "them", "he", "she", "his", "her", "not", "no", "all", "any", "only", "just", "than", "then", "so", "do", "does", "did", "have", "has", "had", "will", "would", "should", "can", "could", "may", "might", "must"]
@@ -179,6 +216,13 @@ def check(bm: Any) -> list[tuple[str, Detail]]:
             out.append(("findings_restate_synopsis", Detail(
                 message=f"finding {i} restates the synopsis; spec 000 §6.2: each finding adds an observation",
                 path=f"{P}.findings[{i}]", rule="findings_restate_synopsis")))
+    for i, o in enumerate(q.options):
+        hatch = hatch_of(o.label)
+        if hatch:
+            out.append(("option_is_hatch", Detail(
+                message=f"option {i} ({o.label[:60]!r}) duplicates the {hatch} escape hatch; spec 000 §6.6: the "
+                        f"options are the substantive answers, the hatches are slot 8 (question.hatches.{hatch})",
+                path=f"{P}.question.options[{i}].label", rule="option_is_hatch")))
     for i, r in enumerate(bm.recommendations):
         if _CONSIDERATION.search(r) or _tradeoff(r):
             out.append(("recommendation_not_action", Detail(

@@ -8,9 +8,11 @@
   details the agent can act on (configured vendor kinds: their JSON Schema).
 - A binding moment is checked against the slot grammar of spec 000 §5-§6 rule
   by rule, then the construction-discipline lints (``gateway.stages.lints``).
-  A malformed moment is never delivered as a decision (spec 000 §12.5): if the
-  envelope carries ``conventional`` the principal gets a notice instead
-  (spec 000 §9.3) while the agent gets the refusal.
+  A malformed moment is never delivered as a decision (spec 000 §12.5): the
+  principal gets a notice instead (spec 000 §9.3: "the fallback is always
+  available") with the envelope's ``conventional`` payload, or, when the agent
+  sent none, a plain one the gateway writes (``fallback``), while the agent
+  gets the refusal.
 """
 
 from __future__ import annotations
@@ -27,6 +29,19 @@ from subjects.names import principal_token
 from subjects.wire import Detail
 
 CODE = "envelope_invalid"
+
+
+def fallback(ctx: Ctx, raw: Any) -> Any:
+    """The notice's payload for a malformed moment: the agent's ``conventional``, else a plain one.
+
+    spec 000 §9.3 assumes the conventional payload "is always present"; on this bus it is
+    optional, so the gateway writes one rather than leave the principal with nothing.
+    """
+    conventional = raw.get("conventional") if isinstance(raw, dict) else None
+    if conventional is not None:
+        return conventional
+    return {"text": f"Agent {ctx.agent} tried to put a decision to you, but it was malformed and was discarded. "
+                    "Nothing was decided; the agent has been told what to fix."}
 _validators: dict[int, Any] = {}
 
 
@@ -135,7 +150,7 @@ async def run(ctx: Ctx) -> None:
                 CODE,
                 f"malformed binding moment: {reject[0].message}",
                 details=reject,
-                notice=raw.get("conventional"),
+                notice=fallback(ctx, raw),
             )
 
 
@@ -153,7 +168,7 @@ def _check_moment_payload(ctx: Ctx, raw: object) -> None:
     else:
         details.extend(check_binding_moment(raw["binding_moment"]))
     if details:
-        notice = raw.get("conventional") if ctx.principal else None
+        notice = fallback(ctx, raw) if ctx.principal else None
         raise Refuse(
             CODE,
             f"malformed binding moment: {details[0].message}",

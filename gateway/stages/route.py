@@ -159,6 +159,7 @@ async def binding_moment(ctx: Ctx) -> Outcome:
         traceparent=ctx.turn.traceparent,
         node_id=ctx.node_id,
         details=details or None,
+        conventional=p.conventional,  # spec 000 §9.3: the surface's own fallback
     )
     return accepted(ctx, moment_id=moment_id)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.security.text import visible
 from gateway.stages.base import Ctx, Refuse
 from pgwcore.config import LimitsConfig
 from subjects.util import now_rfc3339
@@ -38,8 +39,27 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _refuse(reason: str, path: str | None = None) -> Refuse:
-    return Refuse(CODE, reason, details=[Detail(message=reason, path=path, rule="shape")])
+def _refuse(reason: str, path: str | None = None, rule: str = "shape") -> Refuse:
+    return Refuse(CODE, reason, details=[Detail(message=reason, path=path, rule=rule)])
+
+
+def _empty(body: bytes) -> Refuse | None:
+    """A body with nothing in it: empty, whitespace only, or invisible characters only.
+
+    Each is its own case (``details[0].rule``: ``empty_body`` / ``invisible_body``)
+    under spec 002's code for malformed JSON, ``invalid_envelope_shape``.
+    """
+    if not body.strip():
+        return _refuse("the body is empty: a turn holds one envelope or a JSON array of them", rule="empty_body")
+    if not body.isascii():  # a few bytes, some not ASCII: perhaps only invisible characters
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if not visible(text).strip():
+            return _refuse("the body holds only invisible characters (no JSON): a turn holds one envelope "
+                           "or a JSON array of them", rule="invisible_body")
+    return None
 
 
 def _check_graph(value: Any, limits: LimitsConfig) -> None:
@@ -98,6 +118,8 @@ def decode_body(body: bytes, limits: LimitsConfig) -> list[Any]:
     """
     if len(body) > limits.max_body_bytes:
         raise _refuse(f"body is {len(body)} bytes; the limit is {limits.max_body_bytes}")
+    if len(body) <= 64 and (empty := _empty(body)) is not None:
+        raise empty
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -120,7 +142,8 @@ def decode_body(body: bytes, limits: LimitsConfig) -> list[Any]:
         _check_graph(value, limits)
     if isinstance(value, list):
         if not value:
-            raise _refuse("a turn must hold at least one envelope")
+            raise _refuse("the turn is an empty JSON array: a turn must hold at least one envelope", "$",
+                          rule="empty_turn")
         if len(value) > limits.max_turn_envelopes:
             # Every envelope of a turn gets an outcome and every refusal a verdict: a
             # 100k-element turn would be 100k durable publishes past ack_wait (DESIGN §7).

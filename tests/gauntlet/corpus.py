@@ -59,6 +59,7 @@ JSON_MUST_REJECT: dict[str, bytes] = {
     "hex number": b'{"n": 0x1F}',
     "empty body": b"",
     "whitespace only": b" \t\r\n ",
+    "word joiner only": "\u2060".encode(),
     "two documents": b'{"a": 1}{"b": 2}',
     "UTF-8 BOM": b"\xef\xbb\xbf{}",
     "lone surrogate escape": b'{"type": "\\ud800", "payload": {}}',
