@@ -137,7 +137,7 @@ class Agent:
         self.js = nc.jetstream()
         self._sub: Any = None
         self._pump: asyncio.Task[None] | None = None
-        self._closing = False  # close() in progress: the pump stops even if a cancel is swallowed (below)
+        self._shutting_down = False  # close() in progress: the pump stops even if a cancel is swallowed (below)
         self._waiters: list[tuple[Any, asyncio.Future[Outcome]]] = []
         self._unclaimed: asyncio.Queue[Outcome] = asyncio.Queue()
         self._sent: dict[str, None] = {}  # msg ids published by this process (DESIGN §7)
@@ -341,13 +341,13 @@ class Agent:
         except NotFoundError:
             await ensure_agent_consumer(self.js, self.agent, prefix=self.subjects.prefix)
         self._sub = await self.js.pull_subscribe_bind(durable, OUTBOUND_STREAM)
-        self._closing = False
+        self._shutting_down = False
         self._pump = asyncio.create_task(self._run_pump(), name=f"agent-{self.agent}-outcomes")
 
     async def _run_pump(self) -> None:
         # Not `while True`: on Python 3.11 a cancel that lands as a fetch's own timeout fires is
         # turned into TimeoutError by asyncio.wait_for and lost, and the loop would go on for ever.
-        while not self._closing:
+        while not self._shutting_down:
             try:
                 msgs = await self._sub.fetch(64, timeout=1.0)
             except (NatsTimeout, TimeoutError):
@@ -379,7 +379,7 @@ class Agent:
             self._waiters = [(p, f) for p, f in self._waiters if not f.done()]
 
     async def close(self) -> None:
-        self._closing = True
+        self._shutting_down = True
         if self._pump is not None:
             self._pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
