@@ -24,7 +24,7 @@ def _start(tmp_path: Path, extra: str = "") -> tuple[subprocess.Popen, Path, str
     cfg.write_text(f"[server]\nport = -1\nmonitor_port = -1\nwebsocket_port = -1\n{extra}\n")
     data = tmp_path / "data"
     proc = subprocess.Popen(
-        [PGW, "--config", str(cfg), "--data-dir", str(data), "--log-format", "json", "up"],
+        [PGW, "--config", str(cfg), "--data-dir", str(data), "--log-format", "json", "up", "--open"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PGW_LOG_LEVEL": "INFO"},
     )
     _, m = read_until(proc, r"NATS\s+(nats://127\.0\.0\.1:\d+)")
@@ -112,7 +112,7 @@ def test_up_tls_serves_mutual_tls_from_a_development_ca(tmp_path: Path) -> None:
     cfg = tmp_path / "pgw.toml"
     cfg.write_text("[server]\nport = -1\nmonitor_port = -1\nwebsocket_port = -1\n")
     proc = subprocess.Popen(
-        [PGW, "--config", str(cfg), "--data-dir", str(tmp_path / "data"), "--log-format", "json", "up", "--dev-tls"],
+        [PGW, "--config", str(cfg), "--data-dir", str(tmp_path / "data"), "--log-format", "json", "up", "--open", "--dev-tls"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, "PGW_LOG_LEVEL": "WARNING"},
     )
     try:
