@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import nats.errors as nats_errors
 import pytest
 
 from consumers.notify.answers import USED_BUCKET, AnswerKeyError, Claims, Tokens, load_answer_key
@@ -365,3 +366,75 @@ def test_answer_key_never_from_toml_and_refused_when_short(tmp_path, monkeypatch
     loose.chmod(0o644)
     with pytest.raises(AnswerKeyError, match="0600"):
         load_answer_key(load_config(None, data_dir=str(tmp_path), notifier={"answer_key_file": str(loose)}))
+
+
+@pytest.mark.security
+async def test_secured_answer_goes_out_as_the_principal_and_only_for_her(tmp_path: Path, monkeypatch) -> None:
+    """Under server-enforced isolation the notifier (service:notifier) answers alice's link with alice's own credentials; that connection cannot answer bob's moment."""
+    from gateway.security import Party, embedded_auth
+    from pgwcore.config import load_config
+    from pgwcore.server import EmbeddedServer
+    from pgwcore.streams import ensure_streams
+
+    monkeypatch.setenv("PGW_ANSWER_KEY", KEY)
+    with smtp_server(tmp_path) as relay:
+        mail = {"web_push": False, "answer_by_email": True}
+        config = load_config(
+            None, data_dir=str(tmp_path / "data"), agents={"planner": {"principals": ["alice", "bob"]}},
+            notifier={"presence_grace_s": 0, "answer_port": 0,
+                      "smtp": {"host": relay.host, "port": relay.port, "credentials_file": str(relay.credentials_file),
+                               "ca_file": str(relay.ca_file)},
+                      "principals": {"alice": {"email": "alice@example.com", **mail},
+                                     "bob": {"email": "bob@example.com", **mail}}})
+        auth = embedded_auth(config)
+        server = EmbeddedServer(tmp_path / "nats", port=-1, monitor_port=-1, websocket_port=-1,
+                                authorization=auth.server_block)
+        await server.start()
+        config = load_config(None, data_dir=str(tmp_path / "data"), nats_url=server.client_url,
+                             agents=config.agents, notifier=msgspec.to_builtins(config.notifier))
+        conns: list[Any] = []
+        try:
+            def creds(role: str, name: str) -> str:
+                return str(auth.creds_for(Party(role, name)))  # type: ignore[arg-type]
+
+            gw_nc = await connect(server.client_url, creds=creds("service", "gateway"), name="gateway")
+            n_nc = await connect(server.client_url, creds=creds("service", "notifier"), name="notifier")
+            agent_nc = await connect(server.client_url, creds=creds("agent", "planner"), name="planner")
+            conns = [gw_nc, n_nc, agent_nc]
+            await ensure_streams(gw_nc.jetstream(), config.subjects)
+            async with Gateway(config, gw_nc), Notifier(config, n_nc) as notifier:
+                agent = Agent(agent_nc, "planner")
+                eid = await agent.send_moment("alice", good_moment(), expires_in_s=600)
+                mid = (await agent.outcome_for(eid, timeout=10)).moment_id
+                eid = await agent.send_moment("bob", good_moment(), expires_in_s=600)
+                bob_mid = (await agent.outcome_for(eid, timeout=10)).moment_id
+
+                async def two() -> bool:
+                    return len(relay.box.envelopes) >= 2
+
+                await until(two, timeout=15, what="both mails")
+                mails = [BytesParser(policy=policy.default).parsebytes(e.original_content) for e in relay.box.envelopes]
+                alice_mail = next(m for m in mails if m["To"] == "alice@example.com")
+                status, page = await post(answer_links(alice_mail)["o0"])  # type: ignore[arg-type]
+                assert status == 200 and "Answer sent" in page, page
+                res = await agent.resolution_for(mid, timeout=10)  # type: ignore[arg-type]
+                assert res.resolution == OptionChoice(index=0) and res.principal == "alice"
+                assert notifier.answers is not None and list(notifier.answers._conns) == ["alice"]
+                as_alice = notifier.answers._conns["alice"]
+                # The server drops the publish (a permissions violation), so the request gets no reply.
+                with pytest.raises(nats_errors.TimeoutError):
+                    await Surface(as_alice, "bob", presence=False, timeout=1).resolve(bob_mid, OptionChoice(index=0))  # type: ignore[arg-type]
+                bob_pending = [i.moment_id for i in await Surface(
+                    await _principal(server, creds("principal", "bob"), conns), "bob", presence=False).pending()]
+                assert bob_mid in bob_pending, "bob's moment still waits"
+                await agent.close()
+        finally:
+            for c in conns:
+                await c.drain()
+            await server.stop()
+
+
+async def _principal(server: Any, creds: str, conns: list[Any]) -> Any:
+    nc = await connect(server.client_url, creds=creds, name="bob")
+    conns.append(nc)
+    return nc

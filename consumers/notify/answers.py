@@ -176,6 +176,10 @@ class Tokens:
         return claims
 
 
+UNREACHABLE = TokenRefused("unavailable", 503, "The gateway cannot be reached just now. Nothing was answered; "
+                           "try the link again in a minute.")
+
+
 # -- rendering -------------------------------------------------------------------
 
 def choice_text(plan: Plan, choice: str) -> str:
@@ -483,6 +487,9 @@ class AnswerLinks:
             plan = await self._moment(claims)
         except TokenRefused as r:
             return self._refusal(r)
+        except Exception:
+            log.exception("answer page failed")
+            return self._refusal(UNREACHABLE)
         body = self._form(plan, claims, str(request.rel_url)) + "<hr>" + plan_html(plan)
         return web.Response(text=page("Confirm your answer", body), content_type="text/html")
 
@@ -518,9 +525,17 @@ class AnswerLinks:
             except KeyWrongLastSequenceError:
                 raise TokenRefused("used", 409, "This answer link was already used. Each link answers once.") from None
             surface = await self._surface(claims.p)
-            reply = await surface.resolve(claims.m, resolution)
+            try:
+                reply = await surface.resolve(claims.m, resolution)
+            except Exception:
+                log.exception("e-mail answer not confirmed by the gateway", principal=claims.p, moment_id=claims.m)
+                raise TokenRefused("unconfirmed", 503, "The gateway did not confirm this answer in time; the link is "
+                                   "used. Open your surface to see whether the decision still waits.") from None
         except TokenRefused as r:
             return self._refusal(r)
+        except Exception:
+            log.exception("answer page failed")
+            return self._refusal(UNREACHABLE)
         if reply.status != "accepted":
             log.info("e-mail answer refused by the gateway", principal=claims.p, moment_id=claims.m, code=reply.code)
             return self._refusal(TokenRefused(reply.code or "refused", 409,
