@@ -294,7 +294,11 @@ def plan_text(plan: Plan, links: dict[str, str] | None = None) -> str:
     """The plain-text part: the terminal's rendering (consumers/surfaces/text.py) and the links."""
     from consumers.surfaces.text import render_plan
 
-    lines = render_plan(plan, width=76, color=False)
+    from consumers.surfaces.text import HATCH_KEYS
+
+    # The terminal binds the hatches to keys; in a mail each is a link below instead.
+    keys = {f"  [{k}] " for k in HATCH_KEYS.values()}
+    lines = [f"  • {ln[6:]}" if ln[:6] in keys else ln for ln in render_plan(plan, width=76, color=False)]
     links = links or {}
     if links:
         lines += ["", "Answer (each link opens a confirmation page; nothing is answered until you confirm):"]
