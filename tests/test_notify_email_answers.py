@@ -140,7 +140,7 @@ async def post(url: str, data: dict[str, str] | None = None) -> tuple[int, str]:
 
 async def test_every_link_fetched_answers_nothing_then_one_post_answers_once(
         tmp_path, make_config, nats_server, nc, monkeypatch) -> None:
-    """GET on every link of the real mail answers nothing; the confirmation POST answers once (the agent gets it); a second POST is refused."""
+    """GET on every link of the real mail answers nothing; the confirmation POST answers once (the agent gets it, the other surfaces get withdrawn); a second POST is refused."""
     async with running(tmp_path, make_config, nats_server, nc, monkeypatch) as bed:
         mid = await bed.moment()
         mail = await bed.mail()
@@ -160,11 +160,23 @@ async def test_every_link_fetched_answers_nothing_then_one_post_answers_once(
         assert 'method="post"' in page and "Harbor requested the full ledger" in page, "the page shows the moment"
         assert mid in await bed.pending_ids(), "after every GET the moment still waits"
 
+        withdrawn: list[Any] = []
+
+        async def heard(m: Any) -> None:
+            withdrawn.append(msgspec.json.decode(m.data))
+
+        sub = await nc.subscribe("pgw.principal.alice.surface", cb=heard)
         status, page = await post(links["o1"])
         assert status == 200 and "Answer sent" in page
         res = await bed.agent.resolution_for(mid, timeout=10)
         assert res.resolution == OptionChoice(index=1) and res.principal == "alice"
         assert mid not in await bed.pending_ids()
+
+        async def other_surfaces_told() -> bool:
+            return any(w.get("item") == "withdrawn" and w.get("moment_id") == mid for w in withdrawn)
+
+        await until(other_surfaces_told, timeout=10, what="withdrawn on alice's surface subject")
+        await sub.unsubscribe()
 
         status, page = await post(links["o1"])
         assert status == 409 and 'data-code="used"' in page, "a link answers once"
@@ -193,7 +205,7 @@ async def test_single_use_survives_a_notifier_restart(tmp_path, make_config, nat
 
 
 async def test_forged_expired_and_foreign_tokens_are_refused(tmp_path, make_config, nats_server, nc, monkeypatch) -> None:
-    """A token changed by a byte, signed with another key, expired, or another principal's (pasted into this URL) answers nothing."""
+    """A token changed by a byte, signed with another key, expired, another principal's (pasted into this URL), or for a principal who did not opt in answers nothing."""
     async with running(tmp_path, make_config, nats_server, nc, monkeypatch) as bed:
         mid = await bed.moment()
         url = answer_links(await bed.mail())["o0"]
@@ -212,6 +224,8 @@ async def test_forged_expired_and_foreign_tokens_are_refused(tmp_path, make_conf
         bob_mid = await bed.moment(principal="bob")
         bob_url = answer_links(await bed.mail(2))["o0"]
         assert f"/answer/bob/{bob_mid}/o0" in bob_url
+        carol = bed.notifier.answers.tokens.mint(Claims("carol", mid, "o0", now + 600, "ef" * 12))
+        cases["a principal who did not opt in"] = (f"{base.replace('/alice/', '/carol/')}?t={carol}", 403, "not_enabled")
         cases["bob's token on alice's URL"] = (f"{base}?t={bob_url.split('?t=')[1]}", 403, "foreign")
         # bob's genuine token, with the path rewritten to alice's moment: refused, bound to bob and his moment
         cases["bob's URL aimed at alice"] = (bob_url.replace(f"/bob/{bob_mid}/", f"/alice/{mid}/"), 403, "foreign")
@@ -438,3 +452,11 @@ async def _principal(server: Any, creds: str, conns: list[Any]) -> Any:
     nc = await connect(server.client_url, creds=creds, name="bob")
     conns.append(nc)
     return nc
+
+
+def test_answer_by_email_needs_an_address() -> None:
+    """answer_by_email without an e-mail address fails the start with the field named."""
+    from pgwcore.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"principals\.alice\.answer_by_email"):
+        load_config(None, notifier={"principals": {"alice": {"answer_by_email": True}}})

@@ -292,9 +292,7 @@ def plan_html(plan: Plan, links: dict[str, str] | None = None) -> str:
 
 def plan_text(plan: Plan, links: dict[str, str] | None = None) -> str:
     """The plain-text part: the terminal's rendering (consumers/surfaces/text.py) and the links."""
-    from consumers.surfaces.text import render_plan
-
-    from consumers.surfaces.text import HATCH_KEYS
+    from consumers.surfaces.text import HATCH_KEYS, render_plan
 
     # The terminal binds the hatches to keys; in a mail each is a link below instead.
     keys = {f"  [{k}] " for k in HATCH_KEYS.values()}
