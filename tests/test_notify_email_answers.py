@@ -460,3 +460,45 @@ def test_answer_by_email_needs_an_address() -> None:
 
     with pytest.raises(ConfigError, match=r"principals\.alice\.answer_by_email"):
         load_config(None, notifier={"principals": {"alice": {"answer_by_email": True}}})
+
+
+async def test_in_chromium_the_mail_renders_and_the_form_button_answers(
+        tmp_path, make_config, nats_server, nc, monkeypatch) -> None:
+    """In headless Chromium the mail's HTML part renders, the confirmation page's form submits to itself under its CSP and answers; the screenshots of docs/surfaces.md come from here."""
+    import os
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "web"))
+    from surface_kit import CHROMIUM, CHROMIUM_ARGS, browser_ready
+
+    reason = browser_ready()
+    if reason is not None:
+        pytest.skip(reason)
+    from playwright.async_api import async_playwright
+
+    shots = Path(os.environ.get("PGW_EMAIL_SCREENSHOTS", str(tmp_path)))
+    async with running(tmp_path, make_config, nats_server, nc, monkeypatch) as bed, async_playwright() as pw:
+        mid = await bed.moment()
+        mail = await bed.mail()
+        _, htm = parts(mail)
+        links = answer_links(mail)
+        b = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await b.new_page(viewport={"width": 760, "height": 900})
+            await page.set_content(htm)
+            assert await page.locator("a.answer").count() == 5
+            assert await page.locator(".recommended").count() == 1
+            await page.screenshot(path=str(shots / "email-answer.png"), full_page=True)
+            await page.goto(links["o0"])
+            assert "Option 1: Send the 2025 tax summary only" in await page.locator(".chosen").inner_text()
+            await page.screenshot(path=str(shots / "email-confirm.png"), full_page=True)
+            await page.goto(links["free_text"])
+            await page.screenshot(path=str(shots / "email-confirm-free-text.png"), full_page=True)
+            assert mid in await bed.pending_ids(), "opening the pages answered nothing"
+            await page.fill("textarea#text", "Only the summary, and tell them why.")
+            await page.get_by_role("button", name="Send this answer").click()
+            await page.locator("h2.accepted").wait_for(timeout=10_000)
+        finally:
+            await b.close()
+        res = await bed.agent.resolution_for(mid, timeout=10)
+        assert res.resolution == FreeTextAnswer(text="Only the summary, and tell them why.")

@@ -464,7 +464,7 @@ class AnswerLinks:
         raise TokenRefused("gone", 410, "This decision no longer waits: it was answered (here or on another "
                            "surface), withdrawn, or it expired. Nothing was answered.")
 
-    def _form(self, plan: Plan, claims: Claims, action: str) -> str:
+    def _form(self, plan: Plan, claims: Claims) -> str:
         fields = ""
         if claims.c == "free_text":
             fields = ('<p><label for="text">Your answer</label><br><textarea id="text" name="text" rows="5" '
@@ -478,7 +478,8 @@ class AnswerLinks:
                 f'<p><label for="q{i}">{_e(q.question)}</label><br><textarea id="q{i}" name="q:{_e(q.id)}" rows="3" '
                 f'cols="60" maxlength="{MAX_TEXT}" required></textarea></p>' for i, q in enumerate(plan.questions))
         return (f'<h2>Your answer: <span class="chosen">{_e(choice_text(plan, claims.c))}</span></h2>'
-                f'<form method="post" action="{_e(action)}">{fields}'
+                # No action: the form posts to this very URL, also behind a proxy that adds a path prefix.
+                f'<form method="post">{fields}'
                 f'<button type="submit"{_st("link")}>Send this answer</button></form>'
                 f'<p{_st("foot")}>Nothing has been answered yet. Close this page to answer nothing.</p>')
 
@@ -492,7 +493,7 @@ class AnswerLinks:
         except Exception:
             log.exception("answer page failed")
             return self._refusal(UNREACHABLE)
-        body = self._form(plan, claims, str(request.rel_url)) + "<hr>" + plan_html(plan)
+        body = self._form(plan, claims) + "<hr>" + plan_html(plan)
         return web.Response(text=page("Confirm your answer", body), content_type="text/html")
 
     def _resolution(self, plan: Plan, claims: Claims, form: Any) -> Resolution:
