@@ -32,6 +32,7 @@ surface), with one link per option and one per open hatch.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -340,6 +341,7 @@ class AnswerLinks:
         self.used: Any = None
         self._runner: web.AppRunner | None = None
         self._conns: dict[str, Client] = {}
+        self._lock = asyncio.Lock()
         self.port = self.cfg.answer_port
 
     @property
@@ -439,6 +441,10 @@ class AnswerLinks:
 
     async def _surface(self, principal: str) -> Surface:
         """P's own connection (``pgw creds``'s file) when there is one, so the server confines it to P."""
+        async with self._lock:  # one connection per principal, also when two pages open at once
+            return Surface(await self._conn(principal), principal, prefix=self.config.prefix, presence=False)
+
+    async def _conn(self, principal: str) -> Client:
         nc = self._conns.get(principal)
         if nc is None:
             sec = self.config.security
@@ -447,11 +453,12 @@ class AnswerLinks:
             if creds.exists():
                 from pgwcore.connect import connect
 
-                nc = await connect(self.config.nats_url, creds=str(creds), name=f"pgw-notifier-answers-{principal}")
+                nc = await connect(self.config.nats_url, creds=str(creds), tls=self.config.tls.files(),
+                                   name=f"pgw-notifier-answers-{principal}")
                 self._conns[principal] = nc
             else:
                 nc = self.nc
-        return Surface(nc, principal, prefix=self.config.prefix, presence=False)
+        return nc
 
     async def _moment(self, claims: Claims) -> Plan:
         surface = await self._surface(claims.p)
