@@ -71,11 +71,16 @@ class PrincipalNotify(_Section):
     quiet_hours: str | None = None  # "22:00-07:00" in `timezone`: notifications wait for the end
     timezone: str = "UTC"  # IANA name, e.g. "Europe/Paris"
     reminder_before_s: Annotated[int, Meta(ge=1, le=30 * 86400)] | None = None  # remind this long before expiry
+    # Opt-in: the e-mail carries the whole moment and one answer link per option and hatch
+    # (docs/notifications.md "Answering from the e-mail"); it puts the decision in the mailbox.
+    answer_by_email: bool = False
 
     def check(self, where: str) -> None:
         """Every value of the table; ``where`` names it in the error."""
         if self.email is not None and not _EMAIL.match(self.email):
             raise _bad(f"{where}.email", f"{self.email!r} is not an e-mail address")
+        if self.answer_by_email and not self.email:
+            raise _bad(f"{where}.answer_by_email", "set, but the principal has no email address")
         if self.webhook_url is not None:
             check_http_url(self.webhook_url, f"{where}.webhook_url")
             if not self.webhook_secret_file:
@@ -139,11 +144,24 @@ class NotifierConfig(_Section):
     concurrency: Annotated[int, Meta(ge=1, le=256)] = 16
     push_max_per_principal: Annotated[int, Meta(ge=1, le=1000)] = 20  # devices; one more is refused
     smtp: SmtpConfig = field(default_factory=SmtpConfig)
+    # E-mail answers (docs/notifications.md "Answering from the e-mail"): the notifier serves the
+    # confirmation pages the links open. answer_url is the base URL the links carry ("" =
+    # http://{answer_host}:{answer_port}); put it behind your HTTPS reverse proxy in production.
+    answer_url: str = ""
+    answer_host: str = "127.0.0.1"
+    answer_port: Annotated[int, Meta(ge=0, le=65535)] = 8767  # 0: any free port
+    # The HMAC key of the links: a file (0600, at least 32 bytes) or $PGW_ANSWER_KEY; never this TOML.
+    # "" = {data_dir}/keys/answer_link.key, made on first start when keys.create allows.
+    answer_key_file: str = ""
+    # A link works this long after the mail is sent (and never after the moment expires).
+    answer_link_ttl_s: Annotated[int, Meta(ge=60, le=30 * 86400)] = 7 * 86400
     principals: dict[str, PrincipalNotify] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.surface_url:
             check_http_url(self.surface_url, "notifier.surface_url")
+        if self.answer_url:
+            check_http_url(self.answer_url, "notifier.answer_url")
         if not self.vapid_subject.startswith(("mailto:", "https://")):
             raise _bad("notifier.vapid_subject", "must be a mailto: or https: URI (RFC 8292 §2.1)")
         for name, p in self.principals.items():

@@ -449,7 +449,7 @@ async def test_principal_presence_and_push_are_its_own(bed: Bed, security_table)
 
 
 async def test_notifier_identity_hears_push_and_presence_only(bed: Bed, security_table) -> None:
-    """service:notifier subscribes to every principal's push and presence, and may not forge a surface item."""
+    """service:notifier subscribes to every principal's push and presence, and may neither forge a surface item nor answer a moment."""
     party = Party("service", "notifier")
     conn = await open_conn(bed.server, bed.creds_dir / party.filename, party)
     pre = bed.config.prefix
@@ -465,6 +465,9 @@ async def test_notifier_identity_hears_push_and_presence_only(bed: Bed, security
         await conn.nc.publish(f"{pre}.principal.p1.surface", b'{"forged": true}')
         await conn.violation(f"{pre}.principal.p1.surface")
         await conn.nc.subscribe(f"{pre}.principal.p1.resolve")
+        await conn.violation(f"{pre}.principal.p1.resolve")
+        # E-mail answers go out with the principal's own credentials, never the notifier's.
+        await conn.nc.publish(f"{pre}.principal.p1.resolve", b'{"forged": true}')
         await conn.violation(f"{pre}.principal.p1.resolve")
     finally:
         await conn.nc.close()

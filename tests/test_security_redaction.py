@@ -10,6 +10,7 @@ property test generates disguises built from the same transformations.
 from __future__ import annotations
 
 import base64
+import contextlib
 import unicodedata
 import urllib.parse
 
@@ -24,6 +25,7 @@ from gateway.stages.redaction import MARK, Redactor, skeleton
 from subjects.client import Surface
 from subjects.wire import BindingMomentItem, FreeTextAnswer
 from tests.moments import good_moment
+from tests.notify_peers import Relay, smtp_server
 from tests.pipeline_helpers import Recorder, moment_env, running_gateway, stream_bytes
 
 pytestmark = pytest.mark.security
@@ -177,13 +179,15 @@ def test_property_generated_disguises(first, second, secret, before, after) -> N
 @pytest.mark.slow
 async def test_no_disguise_reaches_any_downstream_byte(nats_server, tmp_path, nc, security_table) -> None:
     """Every disguise planted in a binding moment (option reasoning included) and a principal's free-text answer
-    holding the secret leave no trace of it in any stream, KV bucket or log line, and no invisible character on the surface."""
+    holding the secret leave no trace of it in any stream, KV bucket, log line or the answer-enabled e-mail (both parts
+    and its confirmation page), and no invisible character on the surface."""
     cfg = {"secrets": {"values": [SECRET]}}
     # A bidi control in a slot is refused by the moment grammar before redaction
     # (gateway/security/text.py hidden_controls): the refuse half of "drop or refuse".
     names = [n for n in DISGUISES if n != "bidi override"]
-    with structlog.testing.capture_logs() as logs:
-        async with running_gateway(nats_server, str(tmp_path / "d"), pipeline=cfg), Recorder(nc) as rec:
+    with structlog.testing.capture_logs() as logs, smtp_server(tmp_path) as relay:
+        async with running_gateway(nats_server, str(tmp_path / "d"), pipeline=cfg), Recorder(nc) as rec, \
+                mail_notifier(nats_server, tmp_path, relay):
             m = good_moment()
             m["findings"] = [f"{n}: {DISGUISES[n](SECRET)}" for n in names[:10]]
             m["recommendations"] = [f"{n}: {DISGUISES[n](SECRET)}" for n in names[10:]]
@@ -196,6 +200,8 @@ async def test_no_disguise_reaches_any_downstream_byte(nats_server, tmp_path, nc
             shown = [bm.synopsis, *bm.findings, *bm.recommendations, bm.offer, *(o.reasoning for o in bm.question.options)]
             for text in shown:
                 assert text == visible(text), f"invisible characters reached the surface: {text!r}"
+            mailed = await the_mail(relay)  # sent while the moment waits, with its answer links
+            assert all(MARK in part for part in mailed[1:]), "the mail and its page carry the redacted moment"
             reply = await Surface(nc, "alice").resolve(out.moment_id, FreeTextAnswer(text=f"Use {SECRET} and {every_confusable(SECRET)} instead"))
             assert reply.status == "accepted"
             await rec.verdict(lambda v: v.verdict_class == "resolved")
@@ -204,8 +210,10 @@ async def test_no_disguise_reaches_any_downstream_byte(nats_server, tmp_path, nc
             stored: list[bytes] = []
             # Every revision a KV bucket still stores, deleted or superseded ones included (a bucket
             # whose records were all closed has no live keys, yet its stream keeps their history).
-            for s in ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS", "KV_PGW_MOMENTS", "KV_PGW_DEDUP"):
+            for s in ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS", "KV_PGW_MOMENTS", "KV_PGW_DEDUP",
+                      "KV_PGW_NOTIFY", "KV_PGW_ANSWER_LINKS"):
                 stored += await stream_bytes(nc, s)
+            stored += [m.encode() for m in mailed]
     blob = b"\n".join(stored + rec.raw).decode("utf-8", errors="replace") + repr(logs)
     text = blob.encode().decode("unicode_escape", errors="ignore")
     assert MARK in blob
@@ -220,5 +228,49 @@ async def test_no_disguise_reaches_any_downstream_byte(nats_server, tmp_path, nc
             leaks.append("second half")
     ok = not leaks
     security_table.record(TABLE, f"all {len(names)} disguises + principal free text, end to end", "agent planner, principal alice",
-                          "PGW_OUTBOUND/SURFACE/VERDICTS, KV MOMENTS/DEDUP, logs", "no trace", "no trace" if ok else f"LEAKED {leaks}", ok)
+                          "PGW_OUTBOUND/SURFACE/VERDICTS, KV MOMENTS/DEDUP/NOTIFY/ANSWER_LINKS, e-mail, logs", "no trace", "no trace" if ok else f"LEAKED {leaks}", ok)
     assert ok, leaks
+
+
+@contextlib.asynccontextmanager
+async def mail_notifier(nats_server, tmp_path, relay: Relay):
+    """A notifier mailing alice the whole moment with answer links (answer_by_email), through aiosmtpd."""
+    from consumers.notify.service import Notifier
+    from pgwcore.config import load_config
+    from pgwcore.connect import connect
+
+    config = load_config(None, data_dir=str(tmp_path / "n"), nats_url=nats_server.client_url, notifier={
+        "presence_grace_s": 0, "answer_port": 0,
+        "smtp": {"host": relay.host, "port": relay.port, "credentials_file": str(relay.credentials_file),
+                 "ca_file": str(relay.ca_file)},
+        "principals": {"alice": {"email": "alice@example.com", "web_push": False, "answer_by_email": True}}})
+    n_nc = await connect(nats_server.client_url, name="notifier")
+    try:
+        async with Notifier(config, n_nc) as notifier:
+            yield notifier
+    finally:
+        await n_nc.drain()
+
+
+async def the_mail(relay: Relay) -> list[str]:
+    """The mail's raw bytes, its decoded text and HTML parts, and the confirmation page of its first link."""
+    import re
+    from email import policy
+    from email.parser import BytesParser
+
+    import aiohttp
+
+    from tests.polling import until
+
+    async def arrived() -> bool:
+        return bool(relay.box.envelopes)
+
+    await until(arrived, timeout=15, what="the mail")
+    raw = relay.box.envelopes[0].original_content
+    mail = BytesParser(policy=policy.default).parsebytes(raw)
+    text, htm = mail.get_body(("plain",)).get_content(), mail.get_body(("html",)).get_content()
+    link = re.search(r"https?://\S+/answer/\S+", text).group(0)
+    async with aiohttp.ClientSession() as s, s.get(link) as r:
+        assert r.status == 200, "the confirmation page opens"
+        page = await r.text()
+    return [raw.decode("utf-8", "replace"), text, htm, page]

@@ -21,6 +21,7 @@ import aiohttp
 import aiosmtplib
 import msgspec
 
+from consumers.notify.answers import AnswerMail
 from consumers.notify.store import Job
 from consumers.notify.webhook_verify import ID_HEADER, SIGNATURE_HEADER, sign
 from consumers.notify.webpush import PushResult
@@ -108,7 +109,7 @@ class Mailer:
             except (OSError, ssl.SSLError) as e:
                 raise ChannelConfigError(f"notifier.smtp.ca_file {cfg.ca_file}: {e}") from e
 
-    def message(self, job: Job, notice: Notice, to: str) -> EmailMessage:
+    def message(self, job: Job, notice: Notice, to: str, answer: AnswerMail | None = None) -> EmailMessage:
         m = EmailMessage()
         m["From"] = self.cfg.from_addr
         m["To"] = to
@@ -116,15 +117,20 @@ class Mailer:
         m["Date"] = formatdate(localtime=False)
         m["Message-ID"] = f"<{job.notification_id}@pgw-notifier>"  # the same on a repeat
         m["Auto-Submitted"] = "auto-generated"  # RFC 3834 §5: no auto-replies, please
-        m.set_content(f"{notice.body}\n\nOpen your surface to answer: {notice.url}\n")
+        if answer is None:
+            m.set_content(f"{notice.body}\n\nOpen your surface to answer: {notice.url}\n")
+            return m
+        # The whole moment, with answer links (answer_by_email): a text part and an HTML part.
+        m.set_content(f"{answer.text}\nOr open your surface: {notice.url}\n")
+        m.add_alternative(answer.html, subtype="html")
         return m
 
-    async def send(self, job: Job, notice: Notice, to: str) -> PushResult:
+    async def send(self, job: Job, notice: Notice, to: str, answer: AnswerMail | None = None) -> PushResult:
         assert self.cfg.host is not None
         user, password = self.login or (None, None)
         try:
             await aiosmtplib.send(
-                self.message(job, notice, to), hostname=self.cfg.host, port=self.cfg.port,
+                self.message(job, notice, to, answer), hostname=self.cfg.host, port=self.cfg.port,
                 start_tls=self.cfg.starttls, use_tls=False, tls_context=self.tls,
                 username=user, password=password, timeout=self.cfg.timeout_s)
         except aiosmtplib.SMTPRecipientsRefused as e:

@@ -42,6 +42,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 
 from consumers.notify import metrics
+from consumers.notify.answers import AnswerLinks
 from consumers.notify.channels import Mailer, Notice, read_secret, render, send_webhook
 from consumers.notify.quiet import quiet_until
 from consumers.notify.responders import Presence, Responders
@@ -94,6 +95,10 @@ class Notifier(PullService):
         self.vapid = load_or_create_vapid_key(config.data_path, create=config.keys.create,
                                               keys_dir=config.keys_path)
         self.responders: Responders | None = None
+        # E-mail answers (consumers/notify/answers.py): only when a principal opted in and mail is set up.
+        self.answers: AnswerLinks | None = None
+        if self.mailer and any(p.answer_by_email for p in self.cfg.principals.values()):
+            self.answers = AnswerLinks(config, nc, self.js)
         self.http: aiohttp.ClientSession | None = None
         self._moments: Any = None
         self._wake = asyncio.Event()
@@ -110,6 +115,8 @@ class Notifier(PullService):
         self.http = aiohttp.ClientSession()
         self.responders = Responders(self.nc, self.subjects.prefix, self.cfg, self.store, self.vapid, self.presence)
         await self.responders.start()
+        if self.answers is not None:
+            await self.answers.start()
         self._started = time.time()
         self._sub = await self.js.pull_subscribe(
             self.subjects.all_principals("surface"), durable=self.cfg.durable, stream=SURFACE_STREAM,
@@ -133,6 +140,8 @@ class Notifier(PullService):
         http, self.http = self.http, None
         if http is not None:
             await http.close()
+        if self.answers is not None:
+            await self.answers.close()
 
     # -- reading the surface stream ---------------------------------------------
     async def _feed(self) -> None:
@@ -178,8 +187,9 @@ class Notifier(PullService):
         if pc.reminder_before_s and expires is not None and expires - pc.reminder_before_s > now:
             kinds.append(("reminder", expires - pc.reminder_before_s))
         for channel in await self._channels(principal, pc):
+            extra = {"surface_item": msg.data.decode()} if channel == "email" and pc.answer_by_email else {}
             for kind, due in kinds:
-                job = Job(kind=kind, channel=channel, due=due, **base)  # type: ignore[arg-type]
+                job = Job(kind=kind, channel=channel, due=due, **base, **extra)  # type: ignore[arg-type]
                 if await self.store.create_job(job):
                     self._schedule(job.key, due)
 
@@ -318,7 +328,10 @@ class Notifier(PullService):
         if job.channel == "email":
             if not self.mailer or not pc.email:
                 return PushResult("failed", None, "e-mail is no longer configured for this principal")
-            return await self.mailer.send(job, notice, pc.email)
+            answer = None
+            if pc.answer_by_email and self.answers is not None and job.surface_item:
+                answer = self.answers.mail(job.principal, job.surface_item, job.expires_at)
+            return await self.mailer.send(job, notice, pc.email, answer)
         if job.channel == "webhook":
             secret = self.secrets.get(job.principal)
             if not pc.webhook_url or secret is None:

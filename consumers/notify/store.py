@@ -61,6 +61,9 @@ class Job(msgspec.Struct, omit_defaults=True, kw_only=True):
     expires_at: float | None = None
     synopsis: str | None = None  # only when the principal opted in; from the redacted surface item
     untrusted: bool = False
+    # The surface item as the gateway sent it (already redacted), kept only for the e-mail job of a
+    # principal with answer_by_email: the mail renders the whole moment (consumers/notify/answers.py).
+    surface_item: str | None = None
     status: JobStatus = "scheduled"
     attempts: int = 0
     last_error: str | None = None
