@@ -40,8 +40,6 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from gateway.moment_list import INDEX_BUCKET, index_key
 from gateway.moment_record import (
     STATE_HEADER,
-    forget_text,
-    has_text,
     HemCallback,
     HemContext,
     HemInfo,
@@ -49,6 +47,8 @@ from gateway.moment_record import (
     Refused,
     closing_outcome,
     closing_verdict,
+    forget_text,
+    has_text,
     hem_decision_of,
     moment_key,
     parse_state,

@@ -24,7 +24,13 @@ from mcp import types
 from mcp.server.lowlevel import Server
 from nats.aio.client import Client
 
-from integrations.agent_tools import EMITS_BINDING_MOMENT, TOOLS, AgentTools, ToolAnswer, input_schema
+from integrations.agent_tools import (
+    EMITS_BINDING_MOMENT,
+    TOOLS,
+    AgentTools,
+    ToolAnswer,
+    input_schema,
+)
 from subjects.client import Agent
 
 SERVER_NAME = "principal-gateway"
