@@ -83,6 +83,7 @@ class SlackStandin:
     rate_limit: dict[str, int] = field(default_factory=dict)  # method -> how many 429s to answer next
     retry_after: int = 1
     down: bool = False
+    post_delay_s: float = 0.0  # each chat.postMessage takes this long (posts stay in flight)
     _seq: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -127,6 +128,8 @@ class SlackStandin:
             if isinstance(args.get(k), str):
                 args[k] = json.loads(args[k])
         self.calls.append((method, args))
+        if method == "chat.postMessage" and self.post_delay_s:
+            await asyncio.sleep(self.post_delay_s)
         try:
             return web.json_response(self.answer(method, args))
         finally:
