@@ -319,3 +319,39 @@ def test_secrets_never_come_from_the_toml(tmp_path) -> None:
         SlackSurface(config, environ={"PGW_SLACK_SIGNING_SECRET": SIGNING_SECRET})
     with pytest.raises(Exception, match="bot_token"):
         load_config(None, slack={"bot_token": BOT_TOKEN})
+
+
+async def test_isolated_deployment_answers_with_the_slack_identity(tmp_path) -> None:
+    """With isolation on, the gateway creates the Slack surface's durable and bucket, the surface connects as
+    slack:alice (its own credentials) and a moment is posted and answered end to end under the server's permissions."""
+    from gateway.app import Gateway
+    from gateway.security import embedded_auth
+    from pgwcore.connect import connect
+    from pgwcore.identity import Party
+    from pgwcore.server import EmbeddedServer
+
+    async with slack_standin() as s:
+        settings = {"data_dir": str(tmp_path / "data"), "agents": {"planner": {"principals": ["alice"]}},
+                    "slack": slack_settings(s)}
+        auth = embedded_auth(load_config(None, **settings))
+        assert Party("slack", "alice") in auth.parties
+        server = EmbeddedServer(tmp_path / "nats", port=-1, monitor_port=-1, websocket_port=-1,
+                                authorization=auth.server_block)
+        await server.start()
+        config = load_config(None, nats_url=server.client_url, **settings)
+        gw_nc = await connect(server.client_url, creds=str(auth.service_creds), name="gateway")
+        agent_nc = await connect(server.client_url, creds=str(auth.creds_for(Party("agent", "planner"))), name="agent")
+        try:
+            async with Gateway(config, gw_nc), SlackSurface(config, environ=ENV) as surface, \
+                    aiohttp.ClientSession() as http:
+                assert surface.creds_for("alice") == str(auth.creds_for(Party("slack", "alice")))
+                b = Bed(s, surface, http, Agent(agent_nc, "planner"), agent_nc)
+                mid = await b.moment()
+                await b.send(button_press(await b.posted(mid), "pgw_option_2", USER))
+                assert (await b.agent.resolution_for(mid, timeout=10)).resolution == OptionChoice(index=2)
+                await closed(b, mid)
+                await b.agent.close()
+        finally:
+            await agent_nc.drain()
+            await gw_nc.drain()
+            await server.stop()
