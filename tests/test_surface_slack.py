@@ -355,3 +355,36 @@ async def test_isolated_deployment_answers_with_the_slack_identity(tmp_path) -> 
             await agent_nc.drain()
             await gw_nc.drain()
             await server.stop()
+
+
+def test_every_corpus_item_is_valid_slack_and_blocked_stays_blocked() -> None:
+    """Every item of the shared render corpus becomes blocks slack-sdk accepts; an unknown authorization kind, an
+    unprovenanced action and a refusal with an unknown code are BLOCKED without their content; untrusted items carry
+    the warning; malformed moments are notices without buttons; a moment offers exactly its open hatches."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "web"))
+    import surface_kit
+
+    from tests.slack_standin import blocks_valid
+
+    corpus = dict(surface_kit.corpus())
+    hatched = 0
+    for name, item in corpus.items():
+        plan = plan_item(item)
+        _, blocks = kit.render(plan, "alice")
+        assert blocks_valid(blocks) is None, name
+        shown = json.dumps(blocks)
+        if getattr(plan, "untrusted", False):
+            assert "untrusted content" in shown, name
+        if type(plan).__name__ == "NoticePlan":
+            assert not any(b.get("accessory") or b["type"] == "actions" for b in blocks), name
+        if type(plan).__name__ == "DecisionPlan":  # exactly the open hatches, each its own button
+            hatch_ids = {e["action_id"] for b in blocks if b["type"] == "actions" for e in b["elements"]}
+            assert hatch_ids == {f"pgw_{h.kind}" for h in plan.hatches}, name
+            hatched += len(plan.hatches) < 2
+    assert hatched, "the corpus has a moment with one hatch closed"
+    for name in ("auth_unknown_kind", "auth_no_kind", "auth_action_no_provenance", "auth_refusal_unknown_code"):
+        _, blocks = kit.render(plan_item(corpus[name]), "alice")
+        shown = json.dumps(blocks)
+        assert "BLOCKED" in shown and "trust me" not in shown and "no kind at all" not in shown, name
