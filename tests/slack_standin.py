@@ -33,6 +33,7 @@ from slack_sdk.models.blocks import Block
 from slack_sdk.models.views import View
 
 BOT_TOKEN = "xoxb-test-0000-standin"
+APP_TOKEN = "xapp-1-test-0000-standin"
 SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 TEAM = "T0STANDIN"
 
@@ -84,6 +85,8 @@ class SlackStandin:
     retry_after: int = 1
     down: bool = False
     post_delay_s: float = 0.0  # each chat.postMessage takes this long (posts stay in flight)
+    socket_acks: list[dict[str, Any]] = field(default_factory=list)  # Socket Mode: what the app acknowledged
+    sockets: list[web.WebSocketResponse] = field(default_factory=list)
     _seq: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -117,7 +120,8 @@ class SlackStandin:
             self.calls.append((method + ":429", {}))
             return web.json_response({"ok": False, "error": "ratelimited"}, status=429,
                                      headers={"Retry-After": str(self.retry_after)})
-        if request.headers.get("Authorization") != f"Bearer {BOT_TOKEN}":
+        token = APP_TOKEN if method == "apps.connections.open" else BOT_TOKEN
+        if request.headers.get("Authorization") != f"Bearer {token}":
             return web.json_response({"ok": False, "error": "invalid_auth"})
         args: dict[str, Any] = dict(request.query)
         if request.content_type == "application/json":
@@ -141,6 +145,8 @@ class SlackStandin:
 
     def answer(self, method: str, a: dict[str, Any]) -> dict[str, Any]:
         match method:
+            case "apps.connections.open":
+                return {"ok": True, "url": self.url.replace("http://", "ws://").replace("/api/", "/socket")}
             case "auth.test":
                 return {"ok": True, "team": "Stand-in", "team_id": TEAM, "user": "pgw", "bot_id": "B0PGW"}
             case "conversations.open":
@@ -185,6 +191,11 @@ async def slack_standin() -> AsyncIterator[SlackStandin]:
     s = SlackStandin()
     app = web.Application()
     app.router.add_route("*", "/api/{method}", s.handle)  # slack-sdk GETs a few read methods
+
+    async def socket_route(request: web.Request) -> web.WebSocketResponse:
+        return await _socket(s, request)
+
+    app.router.add_get("/socket", socket_route)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -194,7 +205,29 @@ async def slack_standin() -> AsyncIterator[SlackStandin]:
     try:
         yield s
     finally:
+        for ws in s.sockets:
+            await ws.close()
         await runner.cleanup()
+
+
+async def _socket(s: SlackStandin, request: web.Request) -> web.WebSocketResponse:
+    """Socket Mode as Slack speaks it: ``hello``, then envelopes; the app acknowledges each by envelope_id."""
+    ws = web.WebSocketResponse(autoping=True)
+    await ws.prepare(request)
+    await ws.send_json({"type": "hello", "num_connections": 1, "connection_info": {"app_id": "A0PGW"}})
+    s.sockets.append(ws)
+    s.changed.set()
+    async for msg in ws:
+        if msg.type == web.WSMsgType.TEXT:
+            s.socket_acks.append(json.loads(msg.data))
+            s.changed.set()
+    return ws
+
+
+async def socket_send(s: SlackStandin, envelope_id: str, payload: dict[str, Any]) -> None:
+    """Deliver an interaction over Socket Mode (``type: interactive``), as Slack does."""
+    await s.sockets[-1].send_json({"envelope_id": envelope_id, "type": "interactive", "payload": payload,
+                                   "accepts_response_payload": payload.get("type") == "view_submission"})
 
 
 def sign(body: str, ts: int, secret: str = SIGNING_SECRET) -> str:

@@ -388,3 +388,29 @@ def test_every_corpus_item_is_valid_slack_and_blocked_stays_blocked() -> None:
         _, blocks = kit.render(plan_item(corpus[name]), "alice")
         shown = json.dumps(blocks)
         assert "BLOCKED" in shown and "trust me" not in shown and "no kind at all" not in shown, name
+
+
+async def test_socket_mode_answers_without_a_public_endpoint(nats_server, tmp_path, nc) -> None:
+    """In Socket Mode (app-level token, no HTTP endpoint) a press arrives over Slack's WebSocket, is acknowledged by
+    its envelope id and reaches the agent; a press by someone else over the socket is refused the same way."""
+    from tests.slack_standin import APP_TOKEN, socket_send
+
+    async with slack_standin() as s, running_gateway(nats_server, str(tmp_path / "gw")):
+        config = load_config(None, data_dir=str(tmp_path / "slack"), nats_url=nats_server.client_url,
+                             slack=slack_settings(s, mode="socket"))
+        agent = Agent(nc, "planner")
+        env = {"PGW_SLACK_BOT_TOKEN": BOT_TOKEN, "PGW_SLACK_APP_TOKEN": APP_TOKEN}
+        async with SlackSurface(config, environ=env) as surface, aiohttp.ClientSession() as http:
+            assert surface.port == 0 and surface.signing_secret == ""
+            b = Bed(s, surface, http, agent, nc)
+            await s.wait(lambda: s.sockets)
+            mid = await b.moment()
+            msg = await b.posted(mid)
+            await socket_send(s, "env-mallory", button_press(msg, "pgw_option_0", MALLORY))
+            await s.wait(lambda: [a for a in s.socket_acks if a.get("envelope_id") == "env-mallory"])
+            assert [e["user"] for e in s.ephemerals] == [MALLORY]
+            await socket_send(s, "env-1", button_press(msg, "pgw_option_2", USER))
+            await s.wait(lambda: [a for a in s.socket_acks if a.get("envelope_id") == "env-1"])
+            assert (await agent.resolution_for(mid, timeout=10)).resolution == OptionChoice(index=2)
+            await closed(b, mid)
+        await agent.close()

@@ -563,7 +563,8 @@ class SlackSurface:
     async def _on_action(self, lane: Lane, user: str, ref: dict[str, Any], trigger: str, channel: str) -> None:
         ident, k = str(ref.get("m", "")), ref.get("k")
         got = await lane.record(ident)
-        if got is None or got[0].state != "open":
+        # "posting": a press can arrive before the post's record says "open"; the moment is answerable.
+        if got is None or got[0].state == "closed" or not got[0].item:
             await self._tell(channel, user, "This decision is no longer open; nothing was recorded.")
             return
         plan = plan_item(got[0].item.encode())
