@@ -24,7 +24,13 @@ from subjects.wire import OptionChoice
 from tests.chaos.harness import ServiceProc
 from tests.moments import good_moment
 from tests.polling import until
-from tests.slack_standin import BOT_TOKEN, SIGNING_SECRET, button_press, signed_interaction, slack_standin
+from tests.slack_standin import (
+    BOT_TOKEN,
+    SIGNING_SECRET,
+    button_press,
+    signed_interaction,
+    slack_standin,
+)
 from tests.test_notify_kill9 import toml
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
