@@ -414,3 +414,12 @@ async def test_socket_mode_answers_without_a_public_endpoint(nats_server, tmp_pa
             assert (await agent.resolution_for(mid, timeout=10)).resolution == OptionChoice(index=2)
             await closed(b, mid)
         await agent.close()
+
+
+async def test_expired_moment_is_updated_and_loses_its_buttons(nats_server, tmp_path, nc) -> None:
+    """A moment that expires unanswered is updated in place on Slack to say it expired, without buttons."""
+    async with bed(nats_server, tmp_path, nc) as b:
+        mid = await b.moment(expires_in_s=1)
+        await b.posted(mid)
+        done = await closed(b, mid)
+        assert "Expired" in texts(done)
