@@ -87,6 +87,7 @@ class SlackConfig(_Section):
 # The bus state of the Slack surface (docs/contract.md): shared by the gateway, which creates it
 # for an isolated deployment, and the surface, which creates it itself in open mode.
 SLACK_BUCKET = "PGW_SLACK"
+SLACK_RECORD_TTL_S = 35 * 86400  # longer than PGW_SURFACE keeps an item (30 days): no redelivery outlives its record
 SURFACE_STREAM = "PGW_SURFACE"
 
 
@@ -114,4 +115,4 @@ async def ensure_slack_state(js: Any, principal: str, *, prefix: str = "pgw") ->
     except NotFoundError:
         with contextlib.suppress(BadRequestError):  # made meanwhile by another process
             await js.create_key_value(KeyValueConfig(bucket=SLACK_BUCKET, history=1, storage=StorageType.FILE,
-                                                     direct=True))
+                                                     direct=True, ttl=SLACK_RECORD_TTL_S))

@@ -423,3 +423,12 @@ async def test_expired_moment_is_updated_and_loses_its_buttons(nats_server, tmp_
         await b.posted(mid)
         done = await closed(b, mid)
         assert "Expired" in texts(done)
+
+
+async def test_a_refused_bot_token_stops_the_start_with_its_reason(nats_server, tmp_path) -> None:
+    """A bot token Slack refuses (invalid_auth) fails the start with a clear reason instead of running deaf."""
+    async with slack_standin() as s:
+        config = load_config(None, data_dir=str(tmp_path), nats_url=nats_server.client_url, slack=slack_settings(s))
+        with pytest.raises(SlackConfigError, match="invalid_auth"):
+            async with SlackSurface(config, environ={**ENV, "PGW_SLACK_BOT_TOKEN": "xoxb-wrong"}):
+                pass

@@ -149,7 +149,15 @@ _rec_enc = msgspec.json.Encoder()
 
 
 class SlackDown(Exception):
-    """Slack did not take the call (after slack-sdk's own retries)."""
+    """Slack did not take the call (after slack-sdk's own retries); ``error`` is Slack's code when it gave one."""
+
+    def __init__(self, message: str, error: str = "") -> None:
+        super().__init__(message)
+        self.error = error
+
+
+# Slack's answers that no retry will change: the token is wrong, revoked or lacks a scope.
+FATAL_AUTH = ("invalid_auth", "not_authed", "token_revoked", "token_expired", "account_inactive", "missing_scope")
 
 
 def _key_of(raw: bytes, plan: Plan) -> str:
@@ -395,6 +403,7 @@ class SlackSurface:
         self.lanes: dict[str, Lane] = {}
         self._conns: list[Client] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._updates: set[asyncio.Task[None]] = set()  # message updates after an answer
         self._runner: web.AppRunner | None = None
         self._socket: Any = None
         self.guard = RequestGuard(self.signing_secret) if self.signing_secret else None
@@ -424,9 +433,15 @@ class SlackSurface:
         await self.drain()
 
     async def start(self) -> None:
-        with contextlib.suppress(SlackDown):  # Slack unreachable: items wait on the stream, nothing is lost
+        try:
             who = await self.call("auth_test")
             log.info("slack bot", team=who.get("team"), user=who.get("user"), bot_id=who.get("bot_id"))
+        except SlackDown as e:
+            if e.error in FATAL_AUTH:
+                raise SlackConfigError(f"Slack refused the bot token ({e.error}); check slack.bot_token_file "
+                                       "or $PGW_SLACK_BOT_TOKEN and the app's scopes") from e
+            # Slack unreachable: the items wait on the stream, nothing is lost.
+            log.warning("slack unreachable at start; items wait until it answers", error=str(e))
         for p in self.names:
             nc = await connect(self.config.nats_url, creds=self.creds_for(p), tls=self.config.tls.files(),
                                name=f"pgw-slack-{p}")
@@ -456,7 +471,7 @@ class SlackSurface:
     async def drain(self) -> None:
         """Stop reading, let each lane finish the item it holds, close everything. Idempotent."""
         self.stopping.set()
-        tasks, self._tasks = self._tasks, []
+        tasks, self._tasks = [*self._tasks, *self._updates], []
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         runner, self._runner = self._runner, None
@@ -477,8 +492,9 @@ class SlackSurface:
             return await getattr(self.web, method)(**kw)
         except SlackApiError as e:
             data = getattr(e.response, "data", None)
-            why = data.get("error") if isinstance(data, dict) else f"HTTP {getattr(e.response, 'status_code', '?')}"
-            raise SlackDown(f"{method}: {why}") from e
+            code = str(data.get("error", "")) if isinstance(data, dict) else ""
+            why = code or f"HTTP {getattr(e.response, 'status_code', '?')}"
+            raise SlackDown(f"{method}: {why}", code) from e
         except (SlackClientError, OSError, TimeoutError) as e:
             raise SlackDown(f"{method}: {type(e).__name__}: {e}") from e
 
@@ -625,7 +641,8 @@ class SlackSurface:
             task = asyncio.create_task(self._close_quietly(lane, ident,
                                                            f":white_check_mark: *Answered in Slack* by <@{_slack_id(user)}>:",
                                                            shown))
-            self._tasks.append(task)
+            self._updates.add(task)
+            task.add_done_callback(self._updates.discard)
         else:
             await self._tell(channel, user, f"Not recorded: {reply.reason or reply.code} ({reply.code}).")
 
