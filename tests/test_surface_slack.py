@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 import structlog
 
@@ -432,3 +433,41 @@ async def test_a_refused_bot_token_stops_the_start_with_its_reason(nats_server, 
         with pytest.raises(SlackConfigError, match="invalid_auth"):
             async with SlackSurface(config, environ={**ENV, "PGW_SLACK_BOT_TOKEN": "xoxb-wrong"}):
                 pass
+
+
+@pytest.mark.parametrize("answered_meanwhile", [False, True])
+async def test_a_post_whose_record_was_lost_is_found_not_posted_again(nats_server, tmp_path, nc,
+                                                                       answered_meanwhile) -> None:
+    """A previous run that died between chat.postMessage and its record left the record `posting` and the message on
+    Slack: the next run finds the message by its metadata and adopts it instead of posting again; when the moment was
+    answered meanwhile, that message is closed."""
+    from consumers.slack.service import Record
+    from pgwcore.slack_config import SLACK_BUCKET, ensure_slack_state
+    from tests.slack_standin import Message
+
+    async with slack_standin() as s, running_gateway(nats_server, str(tmp_path / "gw")):
+        agent = Agent(nc, "planner")
+        eid = await agent.send_moment("alice", good_moment())
+        mid = (await agent.outcome_for(eid, timeout=10)).moment_id
+        js = nc.jetstream()
+        raw = (await js.get_last_msg("PGW_SURFACE", "pgw.principal.alice.surface")).data
+        await ensure_slack_state(js, "alice")
+        kv = await js.key_value(SLACK_BUCKET)
+        await kv.create(f"alice.{mid}", msgspec.json.encode(Record(state="posting", item=raw.decode(),
+                                                                   at=time.time())))
+        _, blocks = kit.render(plan_item(raw), "alice")
+        ts = f"{int(time.time())}.000001"
+        s.messages[("D0ALICE", ts)] = Message("D0ALICE", ts, "A decision", blocks,
+                                              {"event_type": "pgw_moment", "event_payload": {"principal": "alice", "id": mid}})
+        if answered_meanwhile:
+            assert (await Surface(nc, "alice", presence=False).resolve(mid, OptionChoice(index=0))).status == "accepted"
+        config = load_config(None, data_dir=str(tmp_path / "slack"), nats_url=nats_server.client_url,
+                             slack=slack_settings(s))
+        async with SlackSurface(config, environ=ENV), aiohttp.ClientSession() as http:
+            b = Bed(s, None, http, agent, nc)  # type: ignore[arg-type]
+            if not answered_meanwhile:
+                await s.wait(lambda: s.count("conversations.history"))
+                assert (await Surface(nc, "alice", presence=False).resolve(mid, OptionChoice(index=0))).status == "accepted"
+            done = await closed(b, mid)
+            assert done.ts == ts and s.count("chat.postMessage") == 0
+        await agent.close()

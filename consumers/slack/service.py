@@ -289,6 +289,8 @@ class Lane:
             if got is None:
                 await self.write(ident, Record(state="closed", item=raw.decode(), synced=True,
                                                status="closed before it reached Slack"), None)
+            else:  # a post of an earlier run may be on Slack: close it
+                await self.close(ident, ":leftwards_arrow_with_hook: *No longer waiting* (answered or expired).", "")
             return
         await self.post(ident, raw, plan, got)
 
@@ -318,7 +320,8 @@ class Lane:
             got2 = await self.record(ident)  # closed meanwhile (answered at once): keep the close, add the message
             if got2 is not None:
                 rec2, rev2 = got2
-                rec2.messages = [*rec2.messages, Posted(resp["channel"], resp["ts"])]
+                mine = Posted(resp["channel"], resp["ts"])
+                rec2.messages = [*rec2.messages, *([] if mine in rec2.messages else [mine])]
                 rec2.synced = False
                 await self.write(ident, rec2, rev2)
                 await self.sync(ident)
@@ -341,6 +344,12 @@ class Lane:
                 if rec.synced:
                     return
                 break
+            if rec.state == "posting" and not rec.messages:
+                # Killed between a post and its record: the message may be on Slack, with its buttons.
+                channel = await self.target()
+                found = await self.s.find_posted(channel, ident, rec.at)
+                if found is not None:
+                    rec.messages = [Posted(channel, found)]
             rec.state, rec.status, rec.detail, rec.synced = "closed", status, detail, False
             if await self.write(ident, rec, rev) is not None:
                 break
