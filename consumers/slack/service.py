@@ -428,7 +428,7 @@ class SlackSurface:
         d = Path(self.config.security.creds_dir).expanduser() if self.config.security.creds_dir \
             else self.config.data_path / "creds"
         own = d / f"slack-{principal}.creds"
-        return str(own) if own.exists() else (None if self.config.security.enabled else self.config.creds)
+        return str(own) if own.exists() else self.config.creds
 
     async def __aenter__(self) -> SlackSurface:
         try:
@@ -452,7 +452,11 @@ class SlackSurface:
             # Slack unreachable: the items wait on the stream, nothing is lost.
             log.warning("slack unreachable at start; items wait until it answers", error=str(e))
         for p in self.names:
-            nc = await connect(self.config.nats_url, creds=self.creds_for(p), tls=self.config.tls.files(),
+            creds = self.creds_for(p)
+            if creds is None and self.config.security.enabled:
+                log.warning("no slack credentials; connecting without (open mode only)", principal=p,
+                            hint="`pgw creds` with [slack] enabled writes slack-{principal}.creds")
+            nc = await connect(self.config.nats_url, creds=creds, tls=self.config.tls.files(),
                                name=f"pgw-slack-{p}")
             self._conns.append(nc)
             lane = Lane(self, p, nc)
