@@ -16,6 +16,7 @@ import msgspec
 from msgspec import Meta, Struct, field
 
 from pgwcore.notifier_config import NotifierConfig
+from pgwcore.slack_config import SlackConfig
 from pgwcore.tls import TlsFiles
 from subjects.errors import ConfigError
 from subjects.names import Subjects, check_token, principal_token
@@ -378,6 +379,7 @@ class Config(_Section):
     signer: SignerConfig = field(default_factory=SignerConfig)
     registrar: RegistrarConfig = field(default_factory=RegistrarConfig)
     notifier: NotifierConfig = field(default_factory=NotifierConfig)  # issue 17, docs/notifications.md
+    slack: SlackConfig = field(default_factory=SlackConfig)  # the Slack surface, docs/surfaces.md
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     keys: KeysConfig = field(default_factory=KeysConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)

@@ -29,8 +29,9 @@ import nkeys
 from subjects.errors import PgwError
 from subjects.names import check_token
 
-Role = Literal["agent", "principal", "service", "ops", "audit"]
-ROLES: tuple[Role, ...] = ("agent", "principal", "service", "ops", "audit")
+# "slack": the Slack surface of one principal (name = the principal; docs/surfaces.md).
+Role = Literal["agent", "principal", "service", "ops", "audit", "slack"]
+ROLES: tuple[Role, ...] = ("agent", "principal", "service", "ops", "audit", "slack")
 SERVICE_NAMES = ("gateway", "signer", "registrar", "notifier", "services")
 
 _SEED_BEGIN = "-----BEGIN USER NKEY SEED-----"

@@ -34,6 +34,7 @@ from gateway.security.part import ensure_principal_consumer
 from pgwcore.config import Config, load_config
 from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
+from pgwcore.slack_config import SLACK_BUCKET, ensure_slack_state, slack_durable
 from pgwcore.streams import ensure_streams
 from subjects.client import ensure_agent_consumer
 from tests.gauntlet.bed import flushed
@@ -41,6 +42,7 @@ from tests.gauntlet.bed import flushed
 pytestmark = [pytest.mark.security, pytest.mark.asyncio(loop_scope="module")]
 
 PRINCIPALS = ["p1", "p2", "p3"]
+SLACK_PRINCIPALS = ["p1", "p2"]
 AGENTS = ["a1", "a2"]
 AGENT_BINDINGS = {"a1": ["p1", "p2"], "a2": ["p3"]}
 TABLE = "isolation matrix"
@@ -105,6 +107,8 @@ async def bed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         None,
         data_dir=str(tmp / "data"),
         agents={a: {"principals": ps} for a, ps in AGENT_BINDINGS.items()},
+        # One Slack surface identity per principal (slack:P, docs/surfaces.md).
+        slack={"enabled": True, "principals": {p: {"user": f"U0{p.upper()}"} for p in SLACK_PRINCIPALS}},
     )
     auth = embedded_auth(config) if mode == "nkey" else operator_auth(config, tenant="acme")
     server = EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=-1, authorization=auth.server_block)
@@ -118,8 +122,10 @@ async def bed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
             await ensure_agent_consumer(js, a, prefix=config.prefix)
         for p in PRINCIPALS:
             await ensure_principal_consumer(js, p, prefix=config.prefix)
+        for p in SLACK_PRINCIPALS:
+            await ensure_slack_state(js, p, prefix=config.prefix)
         for party in auth.parties:
-            if party.role in ("agent", "principal"):
+            if party.role in ("agent", "principal", "slack"):
                 conns[party.label] = await open_conn(server, auth.creds_for(party), party)
         bed = Bed(config, server, auth.party_creds_dir, service, conns, mode=mode)
 
@@ -517,3 +523,50 @@ async def test_anonymous_and_unknown_keys_are_refused(bed: Bed, security_table, 
     with pytest.raises(Exception, match=r"(?i)authorization"):
         await connect(bed.server.client_url, creds=str(stranger), allow_reconnect=False, max_reconnect_attempts=0)
     security_table.record(bed.table, "connect without / with unknown nkey", "anonymous", "server", "refused", "refused", True)
+
+
+async def test_slack_surface_reaches_only_its_principal(bed: Bed, security_table) -> None:
+    """The Slack surface identity of p1 pulls p1's items from its own durable, answers p1's moments and keeps
+    p1's records; p2's resolve, pending, durable, records and surface, and a key read by message get, are each
+    refused by the server with nothing delivered."""
+    from nats.js.kv import KeyValue
+
+    me, s = bed.conns["slack:p1"], bed.subjects
+    sjs, mjs = bed.service.nc.jetstream(), me.nc.jetstream()
+    await sjs.publish(s.surface("p1"), b'{"item": "own"}')
+    await sjs.publish(s.surface("p2"), b'{"item": "not yours"}')
+    await sjs.publish(f"$KV.{SLACK_BUCKET}.p2.m1", b"p2's record")
+    pulled = await mjs.pull_subscribe_bind(slack_durable("p1"), "PGW_SURFACE")
+    got = await pulled.fetch(100, timeout=WAIT)
+    assert {m.subject for m in got} == {s.surface("p1")}
+    for m in got:
+        await m.ack()
+    kv = KeyValue(name=SLACK_BUCKET, stream=f"KV_{SLACK_BUCKET}", pre=f"$KV.{SLACK_BUCKET}.", js=mjs, direct=True)
+    await kv.put("p1.m1", b"mine")
+    assert (await kv.get("p1.m1")).value == b"mine"
+    obs = await bed.service.nc.subscribe(s.resolve("p1"))
+    await flushed(bed.service.nc)
+    await me.nc.publish(s.resolve("p1"), b"{}")
+    assert (await obs.next_msg(timeout=WAIT)).data == b"{}"
+    await obs.unsubscribe()
+
+    refused = [s.resolve("p2"), s.pending("p2"), s.surface("p1"), f"$KV.{SLACK_BUCKET}.p2.m1",
+               f"$JS.API.DIRECT.GET.KV_{SLACK_BUCKET}.$KV.{SLACK_BUCKET}.p2.m1",
+               f"$JS.API.STREAM.MSG.GET.KV_{SLACK_BUCKET}", f"$JS.API.CONSUMER.MSG.NEXT.PGW_SURFACE.{slack_durable('p2')}",
+               f"$JS.API.CONSUMER.CREATE.PGW_SURFACE.x.{s.surface('p2')}", "$JS.API.DIRECT.GET.PGW_SURFACE"]
+    watch = [await bed.service.nc.subscribe(subj) for subj in (s.resolve("p2"), s.pending("p2"))]
+    await flushed(bed.service.nc)
+    for subject in refused:
+        await me.nc.publish(subject, b'{"last_by_subj": "$KV.PGW_SLACK.p2.m1"}', reply=f"{me.party.inbox_prefix}.x")
+        await me.violation(subject)
+    sub = await me.nc.subscribe(s.surface("p2"))
+    await flushed(me.nc)
+    await me.violation(s.surface("p2"))
+    await sjs.publish(s.surface("p2"), b'{"item": "not yours"}')
+    await settle(me, bed.service)
+    assert sub.pending_msgs == 0 and all(w.pending_msgs == 0 for w in watch)
+    assert (await kv.get("p1.m1")).value == b"mine"
+    for w in watch:
+        await w.unsubscribe()
+    security_table.record(bed.table, "Slack surface: only its principal's items, answers and records", "slack:p1",
+                          "principal:p2", "refused (9 subjects + surface)", "refused, 0 delivered", True)

@@ -3,7 +3,8 @@
 Unit rows run each disguise through the :class:`Redactor`; the end-to-end row
 plants all of them in one gateway run (and a principal's free-text answer)
 and greps every downstream byte: PGW_OUTBOUND, PGW_SURFACE, PGW_VERDICTS, the
-KV buckets PGW_MOMENTS and PGW_DEDUP, the gateway's log lines. A hypothesis
+KV buckets PGW_MOMENTS, PGW_DEDUP and PGW_SLACK, every call the Slack surface
+made to (a stand-in for) Slack's Web API, the log lines. A hypothesis
 property test generates disguises built from the same transformations.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import unicodedata
 import urllib.parse
 
@@ -19,18 +21,22 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from consumers.slack.service import SlackSurface
 from gateway.security.confusables import data_version, prototypes
 from gateway.security.text import visible
 from gateway.stages.redaction import MARK, Redactor, skeleton
+from pgwcore.config import load_config
 from subjects.client import Surface
 from subjects.wire import BindingMomentItem, FreeTextAnswer
 from tests.moments import good_moment
 from tests.notify_peers import Relay, smtp_server
 from tests.pipeline_helpers import Recorder, moment_env, running_gateway, stream_bytes
+from tests.slack_standin import BOT_TOKEN, SIGNING_SECRET, slack_standin
 
 pytestmark = pytest.mark.security
 
 TABLE = "redaction disguises (SR-1)"
+SLACK_ENV = {"PGW_SLACK_BOT_TOKEN": BOT_TOKEN, "PGW_SLACK_SIGNING_SECRET": SIGNING_SECRET}
 SECRET = "NYX-deploy-Key-4471-Quartz"
 ZWJ, ZWSP, BOM = "\u200d", "\u200b", "\ufeff"
 
@@ -187,7 +193,11 @@ async def test_no_disguise_reaches_any_downstream_byte(nats_server, tmp_path, nc
     names = [n for n in DISGUISES if n != "bidi override"]
     with structlog.testing.capture_logs() as logs, smtp_server(tmp_path) as relay:
         async with running_gateway(nats_server, str(tmp_path / "d"), pipeline=cfg), Recorder(nc) as rec, \
-                mail_notifier(nats_server, tmp_path, relay):
+                mail_notifier(nats_server, tmp_path, relay), \
+                slack_standin() as slack, SlackSurface(load_config(
+                    None, data_dir=str(tmp_path / "s"), nats_url=nats_server.client_url,
+                    slack={"enabled": True, "api_url": slack.url, "http_port": 0,
+                           "principals": {"alice": {"user": "U0ALICE"}}}), environ=SLACK_ENV):
             m = good_moment()
             m["findings"] = [f"{n}: {DISGUISES[n](SECRET)}" for n in names[:10]]
             m["recommendations"] = [f"{n}: {DISGUISES[n](SECRET)}" for n in names[10:]]
@@ -207,11 +217,16 @@ async def test_no_disguise_reaches_any_downstream_byte(nats_server, tmp_path, nc
             await rec.verdict(lambda v: v.verdict_class == "resolved")
             await rec.until(lambda: any(getattr(o, "moment_id", None) == out.moment_id and o.__struct_config__.tag == "resolution"
                                         for o in rec.outcomes))
-            stored: list[bytes] = []
+            # The Slack surface posted the moment and, once answered, updated its message: every byte it
+            # sent to Slack is grepped too (only what the gateway put on the surface subject reaches Slack).
+            await slack.wait(lambda: any(m.versions for m in slack.of(out.moment_id)))
+            to_slack = json.dumps(slack.calls, ensure_ascii=False)
+            assert MARK in to_slack, "the moment reached Slack (redacted), so the grep below covers it"
+            stored: list[bytes] = [to_slack.encode()]
             # Every revision a KV bucket still stores, deleted or superseded ones included (a bucket
             # whose records were all closed has no live keys, yet its stream keeps their history).
             for s in ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS", "KV_PGW_MOMENTS", "KV_PGW_DEDUP",
-                      "KV_PGW_NOTIFY", "KV_PGW_ANSWER_LINKS"):
+                      "KV_PGW_NOTIFY", "KV_PGW_ANSWER_LINKS", "KV_PGW_SLACK"):
                 stored += await stream_bytes(nc, s)
             stored += [m.encode() for m in mailed]
     blob = b"\n".join(stored + rec.raw).decode("utf-8", errors="replace") + repr(logs)
@@ -228,7 +243,7 @@ async def test_no_disguise_reaches_any_downstream_byte(nats_server, tmp_path, nc
             leaks.append("second half")
     ok = not leaks
     security_table.record(TABLE, f"all {len(names)} disguises + principal free text, end to end", "agent planner, principal alice",
-                          "PGW_OUTBOUND/SURFACE/VERDICTS, KV MOMENTS/DEDUP/NOTIFY/ANSWER_LINKS, e-mail, logs", "no trace", "no trace" if ok else f"LEAKED {leaks}", ok)
+                          "PGW_OUTBOUND/SURFACE/VERDICTS, KV MOMENTS/DEDUP/NOTIFY/ANSWER_LINKS/SLACK, e-mail, Slack API, logs", "no trace", "no trace" if ok else f"LEAKED {leaks}", ok)
     assert ok, leaks
 
 

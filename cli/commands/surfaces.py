@@ -52,6 +52,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "once with the new URL)")
     w.set_defaults(handler=run_surface_web)
 
+    k = sub.add_parser(
+        "surface-slack",
+        help="Slack surface: post a principal's moments to Slack and take the answers from there",
+        description="Post every binding moment, question and notice of the principals in [slack.principals] "
+        "to Slack (a DM or a channel) and take their answers from Slack's buttons and modals. The bot token "
+        "and signing secret come from the files [slack] names or $PGW_SLACK_BOT_TOKEN / "
+        "$PGW_SLACK_SIGNING_SECRET ($PGW_SLACK_APP_TOKEN for Socket Mode). See docs/surfaces.md.",
+    )
+    k.add_argument("--principal", "-p", action="append",
+                   help="serve only this principal (repeatable; default: every one in [slack.principals])")
+    k.set_defaults(handler=run_surface_slack)
+
 
 def principal_creds(args: argparse.Namespace, config: Config, principal: str) -> str | None:
     """The credentials to use: explicit, else the file ``pgw creds`` wrote for this principal."""
@@ -136,4 +148,22 @@ async def run_surface_web(args: argparse.Namespace, config: Config) -> int:
             webbrowser.open(server.url)
 
     await run_services([server], stop_event(), on_started=announce)
+    return 0
+
+
+async def run_surface_slack(args: argparse.Namespace, config: Config) -> int:
+    from consumers.slack.service import SlackConfigError, SlackSurface
+
+    try:
+        surface = SlackSurface(config, principals=args.principal)
+    except SlackConfigError as e:
+        print(f"pgw surface-slack: {e}", file=sys.stderr)
+        return 2
+
+    def announce() -> None:
+        where = (f"interactions on http://{config.slack.http_host}:{surface.port}{config.slack.path}"
+                 if config.slack.mode == "http" else "Socket Mode")
+        print(f"Slack surface for {', '.join('~' + p for p in surface.names)}: {where} (Ctrl-C stops)", flush=True)
+
+    await run_services([surface], stop_event(), on_started=announce)
     return 0

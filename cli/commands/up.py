@@ -34,6 +34,7 @@ UP_SERVICES: dict[str, str] = {
     "signer": "consumers.signer:Signer",
     "registrar": "consumers.registrar:Registrar",
     "notifier": "consumers.notify.service:Notifier",  # issue 17 (notifier.enabled = false: not run)
+    "surface-slack": "consumers.slack.service:SlackSurface",  # docs/surfaces.md (slack.enabled = false: not run)
 }
 
 
@@ -93,7 +94,8 @@ def browser_origins(config: Config) -> tuple[str, ...]:
 
 
 async def handle(args: argparse.Namespace, config: Config) -> int:
-    names = [n for n in UP_SERVICES if n != "notifier" or config.notifier.enabled]
+    optional = {"notifier": config.notifier.enabled, "surface-slack": config.slack.enabled}
+    names = [n for n in UP_SERVICES if optional.get(n, True)]
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
         unknown = [n for n in names if n not in UP_SERVICES]

@@ -88,6 +88,8 @@ def parties(config: Config) -> list[Party]:
     out += [Party("principal", p) for p in sorted(principals)]
     out += [Party("ops", o) for o in sorted(dict.fromkeys(config.security.ops))]
     out += [Party("audit", a) for a in sorted(dict.fromkeys(config.security.auditors))]
+    if config.slack.enabled:  # one identity per principal on Slack (docs/surfaces.md)
+        out += [Party("slack", principal_token(p)) for p in sorted(config.slack.principals)]
     return out
 
 

@@ -30,7 +30,7 @@ END = "<!-- END permissions -->"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "contract.md"
 
 # Placeholder party names: valid subject tokens, shown as {agent}, {principal}, {name}.
-_SAMPLES = {"agent": "AGENTx9", "principal": "PRINCIPALx9", "ops": "OPSx9", "audit": "AUDITx9"}
+_SAMPLES = {"agent": "AGENTx9", "principal": "PRINCIPALx9", "ops": "OPSx9", "audit": "AUDITx9", "slack": "PRINCIPALx9"}
 _SHOWN = {"AGENTx9": "{agent}", "PRINCIPALx9": "{principal}", "OPSx9": "{name}", "AUDITx9": "{name}"}
 
 # Lists shared by several roles, shown once by name instead of in every row.

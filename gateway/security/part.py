@@ -20,6 +20,7 @@ from gateway.security.permissions import SURFACE_STREAM, principal_durable
 from gateway.security.squat import SquatWatch
 from gateway.stages import shape
 from pgwcore.logs import get_logger
+from pgwcore.slack_config import ensure_slack_state
 from subjects.client import ensure_agent_consumer, ensure_pull_durable
 
 if TYPE_CHECKING:
@@ -53,6 +54,8 @@ class SecurityPart:
         for party in parties(self.gw.config):
             if party.role == "principal":
                 await ensure_principal_consumer(self.gw.js, party.name, prefix=self.gw.subjects.prefix)
+            elif party.role == "slack":
+                await ensure_slack_state(self.gw.js, party.name, prefix=self.gw.subjects.prefix)
             elif party.role == "agent" and party.name not in self.gw.config.agents:
                 # e.g. the open-mode demo agent: it may not create its own consumer.
                 await ensure_agent_consumer(self.gw.js, party.name, prefix=self.gw.subjects.prefix)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pgwcore.identity import Party
+from pgwcore.slack_config import SLACK_BUCKET, slack_durable
 from subjects.client import outcome_durable
 from subjects.names import principal_token
 
@@ -135,6 +136,34 @@ def principal_permissions(prefix: str, principal: str) -> Permissions:
         # A surface must not forge items into its own surface stream.
         pub_deny=(f"{base}.surface", *JS_BYPASS_DENY),
         sub_allow=(f"{base}.surface", f"{own.inbox_prefix}.>"),
+    )
+
+
+def slack_permissions(prefix: str, principal: str) -> Permissions:
+    """The Slack surface of principal P: P's items (its own durable), P's answers, P's records.
+
+    It may answer and list only P's moments, read only P's surface items (pulling its own
+    durable ``slack-P``, never creating one) and read and write only the keys ``P.*`` of
+    ``PGW_SLACK``: by direct get *by subject*, so the server can confine the read to P's
+    keys (a ``STREAM.MSG.GET`` names its key in the body and is not granted).
+    """
+    own = Party("slack", principal)
+    base = f"{prefix}.principal.{principal}"
+    kv = f"$KV.{SLACK_BUCKET}.{principal}"
+    # The JetStream bypasses of agents and principals, less the two forms this role needs
+    # confined to its own keys (granted by the allow list below, which names nothing else).
+    deny = tuple(d for d in JS_BYPASS_DENY if d not in ("$JS.API.DIRECT.GET.>", "$KV.>"))
+    return Permissions(
+        pub_allow=(
+            f"{base}.resolve",
+            f"{base}.pending",
+            f"{prefix}.capabilities",
+            *_pull_only(SURFACE_STREAM, slack_durable(principal)),
+            f"{kv}.>",
+            f"$JS.API.DIRECT.GET.KV_{SLACK_BUCKET}.{kv}.>",
+        ),
+        pub_deny=(f"{base}.surface", *deny),
+        sub_allow=(f"{own.inbox_prefix}.>",),
     )
 
 
@@ -285,6 +314,7 @@ ROLE_BUILDERS: dict[str, RoleBuilder] = {
     "service": service_permissions,
     "ops": ops_permissions,
     "audit": audit_permissions,
+    "slack": slack_permissions,
 }
 
 

@@ -1,0 +1,133 @@
+"""kill -9 of ``pgw surface-slack`` mid-burst, then a restart (docs/surfaces.md "Slack: delivery").
+
+The real ``pgw surface-slack`` runs as a child process against a real
+nats-server and gateway and the loopback Slack stand-in, whose
+``chat.postMessage`` answers slowly so posts are in flight at the kill. A
+burst of moments is sent, a few are answered in Slack, the process is
+SIGKILLed part-way and started again.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gateway.app import Gateway
+from pgwcore.connect import connect
+from subjects.client import Agent
+from subjects.wire import OptionChoice
+from tests.chaos.harness import ServiceProc
+from tests.moments import good_moment
+from tests.polling import until
+from tests.slack_standin import (
+    BOT_TOKEN,
+    SIGNING_SECRET,
+    button_press,
+    signed_interaction,
+    slack_standin,
+)
+from tests.test_notify_kill9 import toml
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
+MOMENTS = 24
+USER = "U0ALICE"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def secret_file(path: Path, value: str) -> str:
+    path.write_text(value)
+    path.chmod(0o600)
+    return str(path)
+
+
+async def test_kill9_mid_burst_every_moment_posted_once_every_answer_once(tmp_path, make_config, nats_server, nc) -> None:
+    """Killed mid-burst and restarted, the Slack surface posts every moment exactly once (a post whose record was
+    lost is found in the channel's history, not posted again), every answer given in Slack reaches the agent exactly
+    once, and every answered moment's message ends without buttons."""
+    port = free_port()
+    async with slack_standin() as slack, aiohttp.ClientSession() as http:
+        slack.post_delay_s = 0.05
+        cfg_file = tmp_path / "slack.toml"
+        cfg_file.write_text(toml({"slack": {
+            "enabled": True, "api_url": slack.url, "http_port": port,
+            "bot_token_file": secret_file(tmp_path / "bot", BOT_TOKEN),
+            "signing_secret_file": secret_file(tmp_path / "signing", SIGNING_SECRET),
+            "principals": {"alice": {"user": USER}}}}))
+        proc = ServiceProc("surface-slack", nats_server.client_url, tmp_path / "slack-data", cfg_file)
+        gw_nc = await connect(nats_server.client_url, name="gateway")
+        agent = Agent(nc, "planner")
+        url = f"http://127.0.0.1:{port}/slack/interactions"
+
+        async def press(mid: str) -> int:
+            [msg] = slack.of(mid)
+            body, headers = signed_interaction(button_press(msg, "pgw_option_1", USER))
+            async with http.post(url, data=body, headers=headers) as r:
+                return r.status
+
+        try:
+            async with Gateway(make_config(), gw_nc):
+                await proc.start()
+                mids = []
+                for _ in range(MOMENTS):
+                    eid = await agent.send_moment("alice", good_moment(), expires_in_s=3600)
+                    mids.append((await agent.outcome_for(eid, timeout=10)).moment_id)
+                await until(lambda: _ready(len(slack.posted()) >= 4), timeout=60, interval=0.02,
+                            what=lambda: f"the first posts\n{proc.log_tail()}")
+                early = [m for m in mids if slack.of(m)][:3]
+                assert [await press(m) for m in early] == [200, 200, 200]
+                proc.kill9()
+                await proc.wait_dead()
+                posted_at_kill = len(slack.posted())
+                assert posted_at_kill < MOMENTS, "the burst was over before the kill; nothing was tested"
+
+                await proc.start()
+                await until(lambda: _ready(all(slack.of(m) for m in mids)), timeout=90, interval=0.1,
+                            what=lambda: f"every moment posted after the restart\n{proc.log_tail()}")
+                later = [m for m in mids if m not in early]
+                for m in later:
+                    assert await press(m) == 200
+                    assert await press(m) == 200  # pressed twice: the gateway takes the first only
+                resolutions = {m: await agent.resolution_for(m, timeout=20) for m in mids}
+
+                def all_closed() -> bool:
+                    return all(not any(b.get("accessory") or b["type"] == "actions" for b in slack.of(m)[0].blocks)
+                               for m in mids)
+
+                await until(lambda: _ready(all_closed()), timeout=60, interval=0.1,
+                            what=lambda: f"every answered moment closed on Slack\n{proc.log_tail()}")
+        finally:
+            await proc.stop()
+            await agent.close()
+            await gw_nc.drain()
+
+        posts = Counter(a["metadata"]["event_payload"]["id"] for m, a in slack.calls if m == "chat.postMessage")
+        assert sorted(posts) == sorted(mids) and set(posts.values()) == {1}, posts
+        assert all(r.resolution == OptionChoice(index=1) for r in resolutions.values())
+        # Exactly one resolution per moment on the agent's stream.
+        js = nc.jetstream()
+        sub = await js.subscribe("pgw.agent.planner.outcome", ordered_consumer=True)
+        seen: Counter[str] = Counter()
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=1)
+            except Exception:  # noqa: BLE001 - the stream is read to its end
+                break
+            out = json.loads(msg.data)
+            if out.get("outcome") == "resolution":
+                seen[out["moment_id"]] += 1
+        assert set(seen) == set(mids) and set(seen.values()) == {1}, seen
+        print(f"\nkill -9 after {posted_at_kill}/{MOMENTS} posts; {len(early)} answered before it")
+
+
+async def _ready(value: bool) -> bool:
+    return value
