@@ -42,7 +42,7 @@ async def test_pgw_up_runs_the_slack_surface_under_its_own_identity(tmp_path) ->
         env = {**os.environ, "PGW_LOG_LEVEL": "WARNING", "PGW_SLACK_BOT_TOKEN": BOT_TOKEN,
                "PGW_SLACK_SIGNING_SECRET": SIGNING_SECRET}
         proc = await asyncio.create_subprocess_exec(
-            PGW, "--config", str(cfg), "--data-dir", str(data), "--log-format", "json", "up",
+            PGW, "--config", str(cfg), "--data-dir", str(data), "--log-format", "json", "up", "--open",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env)
         try:
             out = ""
