@@ -8,6 +8,7 @@ surface as Slack sends them, signed with the signing secret.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import json
@@ -471,3 +472,23 @@ async def test_a_post_whose_record_was_lost_is_found_not_posted_again(nats_serve
             done = await closed(b, mid)
             assert done.ts == ts and s.count("chat.postMessage") == 0
         await agent.close()
+
+
+async def test_slack_surface_serves_healthz_per_lane(nats_server, tmp_path, nc) -> None:
+    """With ops.metrics_port the Slack surface serves /healthz: each lane's connection and durable consumer."""
+    import urllib.request
+
+    from tests.chaos.harness import free_port
+
+    port = free_port()
+    async with slack_standin() as s, running_gateway(nats_server, str(tmp_path / "gw")):
+        config = load_config(None, data_dir=str(tmp_path / "slack"), nats_url=nats_server.client_url,
+                             slack=slack_settings(s), ops={"metrics_port": port})
+        async with SlackSurface(config, environ=ENV):
+            def get() -> tuple[int, dict]:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+                    return r.status, json.loads(r.read())
+
+            code, doc = await asyncio.to_thread(get)
+            assert code == 200 and doc["checks"]["slack:alice:connected"] == "ok"
+            assert doc["checks"]["slack:alice:consumer"] == "ok"

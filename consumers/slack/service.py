@@ -73,8 +73,10 @@ from consumers.surfaces.model import (
     WithdrawPlan,
     plan_item,
 )
+from pgwcore import health
 from pgwcore.connect import close_quietly, connect
 from pgwcore.logs import get_logger
+from pgwcore.metrics import acquire_server
 from pgwcore.slack_config import SLACK_BUCKET, SURFACE_STREAM, ensure_slack_state, slack_durable
 from subjects.errors import PgwError
 from subjects.names import principal_token
@@ -417,6 +419,8 @@ class SlackSurface:
         self._socket: Any = None
         self.guard = RequestGuard(self.signing_secret) if self.signing_secret else None
         self.port = 0
+        self._health = health.Registered()
+        self._release_http: Any = None
         self.web = AsyncWebClient(
             token=self.bot_token, base_url=self.cfg.api_url, timeout=15,
             retry_handlers=[AsyncRateLimitErrorRetryHandler(max_retry_count=self.cfg.max_retries),
@@ -480,6 +484,14 @@ class SlackSurface:
             log.info("slack socket mode connected")
         for lane in self.lanes.values():
             self._tasks.append(asyncio.create_task(lane.run(), name=f"pgw-slack-{lane.principal}"))
+        ops = self.config.ops
+        if ops.metrics_port is not None:
+            # /metrics and /healthz like every service (pgwcore/health.py): each lane's connection and durable.
+            self._release_http = acquire_server(ops.metrics_addr, ops.metrics_port)
+            for lane in self.lanes.values():
+                self._health.add(f"slack:{lane.principal}:connected", health.connected(lane.nc))
+                self._health.add(f"slack:{lane.principal}:consumer",
+                                 health.consumer_progress(lane.sub.consumer_info, ops.stall_after_s))
 
     async def drain(self) -> None:
         """Stop reading, let each lane finish the item it holds, close everything. Idempotent."""
@@ -497,6 +509,10 @@ class SlackSurface:
         conns, self._conns = self._conns, []
         for nc in conns:
             await close_quietly(nc)
+        self._health.remove()
+        release, self._release_http = self._release_http, None
+        if release is not None:
+            release()
 
     # -- Slack Web API -----------------------------------------------------------
     async def call(self, method: str, **kw: Any) -> Any:
