@@ -41,8 +41,8 @@ import time
 import tomllib
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -543,12 +543,21 @@ def tool_error(body: dict[str, Any]) -> types.CallToolResult:
 
 
 def resource_of(gated: GatedTool, arguments: dict[str, Any]) -> str | None:
+    """The call's Cedar resource ``Type::"value"`` from the rule's argument; ``None`` without a rule.
+
+    Raises ``ValueError`` when the argument is missing or cannot be an entity id (a quote, a
+    backslash, over 256 characters): the call is refused rather than evaluated against the
+    governed object instead of the resource the rule names.
+    """
     if gated.resource is None:
         return None
     value = arguments.get(gated.resource.argument)
-    if not isinstance(value, str | int) or isinstance(value, bool):
-        return None
-    return f'{gated.resource.type}::{json.dumps(str(value))}'
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f"argument {gated.resource.argument!r} (the Cedar resource) is missing or not a string")
+    text = str(value)
+    if not 1 <= len(text) <= 256 or '"' in text or "\\" in text:
+        raise ValueError(f"argument {gated.resource.argument!r} cannot name a Cedar resource (1-256 characters, no quote or backslash)")
+    return f'{gated.resource.type}::"{text}"'
 
 
 def build_server(upstreams: Upstreams, call: Callable[[GatedTool, dict[str, Any], dict[str, Any] | None, Progress], Awaitable[types.CallToolResult]]) -> Server[Any, Any]:
@@ -587,6 +596,10 @@ def build_server(upstreams: Upstreams, call: Callable[[GatedTool, dict[str, Any]
         intent = args.pop(INTENT_ARG, None) if INTENT_ARG not in (gated.tool.inputSchema.get("properties") or {}) else None
         if intent is not None and not isinstance(intent, dict):
             return tool_error({"status": "invalid", "code": "invalid_arguments", "reason": "intent must be an object"})
+        try:
+            resource_of(gated, args)
+        except ValueError as e:
+            return tool_error({"status": "invalid", "code": "invalid_arguments", "reason": str(e)})
         return await call(gated, args, intent, progress)
 
     @server.list_prompts()
@@ -630,7 +643,162 @@ def _forwarder(hosts: weakref.WeakSet[Any]) -> Notify:
     return forward
 
 
-@asynccontextmanager
-async def open_upstreams(config: GateConfig) -> AsyncIterator[Upstreams]:
-    async with Upstreams(config) as ups:
-        yield ups
+# ---------------------------------------------------------------------------
+# The gate: both halves over the bus
+# ---------------------------------------------------------------------------
+
+
+class Gate:
+    """Both halves of the MCP gate for one agent; an async context manager.
+
+    Entering opens the upstream sessions, starts the executor ``mcp-{name}``
+    (``subjects.executor``: results kept by idempotency key, so a re-dispatch
+    of one call never runs the upstream tool twice) with one action per Cedar
+    action of the tool table, and the agent's outcome reader. ``nc`` speaks
+    for the agent; ``exec_nc`` (default ``nc``) for the executor.
+    """
+
+    def __init__(self, config: GateConfig, nc: Any, agent: str, *, prefix: str = "pgw", exec_nc: Any = None,
+                 base: Path | None = None, request_timeout: float = 30.0) -> None:
+        from subjects.client import Agent
+        from subjects.names import Subjects
+
+        self.config = config
+        self.builder = IdpBuilder(config.mandate_token(base), config.session_id)
+        self.agent = Agent(nc, agent, prefix=prefix)
+        self.nc, self.exec_nc = nc, exec_nc or nc
+        self.subject = Subjects(prefix).act(self.agent.agent)
+        self.prefix = prefix
+        self.request_timeout = request_timeout
+        self.upstreams = Upstreams(config)
+        self.executor: Any = None
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> Gate:
+        from subjects.executor import Executor
+
+        try:
+            await self._stack.enter_async_context(self.upstreams)
+            self.executor = Executor(self.exec_nc, self.config.kind, prefix=self.prefix)
+            self._register()
+            await self._stack.enter_async_context(self.executor)
+            self._stack.push_async_callback(self.agent.close)
+            await self.agent._ensure_pump()  # outcomes that arrive before a wait are kept for it
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    def _register(self) -> None:
+        """One executor action per Cedar action (again after a list change: new actions are added)."""
+        for action in self.upstreams.actions():
+            if action not in self.executor.handlers:
+                self.executor.action(action)(self._handler(action))
+
+    def _handler(self, action: str) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+        from subjects.executor import ActionError
+
+        async def run(arguments: dict[str, Any]) -> Any:
+            try:
+                result = await self.upstreams.call(action, arguments)
+            except ExecutionRefused as e:
+                raise ActionError(e.code, e.message) from None
+            if result.get("isError"):
+                # The tool ran and failed: the kernel records failed (spec 004 §5.2), with its words.
+                text = " ".join(c.get("text", "") for c in result.get("content", []) if isinstance(c, dict))
+                raise ActionError("tool_error", text[:2000])
+            return result
+
+        return run
+
+    def server(self) -> Server[Any, Any]:
+        ups = self.upstreams
+        server = build_server(ups, self.call)
+        notify = ups._notify
+
+        async def on_change(note: types.ServerNotification) -> None:
+            if isinstance(note.root, types.ToolListChangedNotification):
+                self._register()
+            if notify is not None:
+                await notify(note)
+
+        ups._notify = on_change
+        return server
+
+    # the agent half ----------------------------------------------------------
+    async def call(self, gated: GatedTool, args: dict[str, Any], intent: dict[str, Any] | None,
+                   progress: Progress) -> types.CallToolResult:
+        """One tools/call through the kernel (spec 003 §5.1): DONE, DENY, HEM_PENDING or DISPATCHED."""
+        from subjects.gate import ActDispatched, ActDone
+        from subjects.idp import EnrichedDeny, HemPending, Reject
+
+        result = await self._act(gated, args, intent, hem_required=False)
+        if isinstance(result, EnrichedDeny) and result.hem_available and gated.escalate:
+            # spec 003 §6.3: after a DENY with hem_available the agent may resubmit with
+            # hem_urgency REQUIRED; this tool's rule says its denials go to the principal.
+            await progress(0.0, f"{gated.action} needs the principal's approval; asking")
+            result = await self._act(gated, args, intent, hem_required=True)
+        match result:
+            case ActDone(status="confirmed"):
+                return types.CallToolResult.model_validate(result.response)
+            case ActDone():
+                return tool_error({"status": "failed", "idp_id": result.idp_id, "error": result.response,
+                                   "response_digest": result.response_digest})
+            case EnrichedDeny():
+                return tool_error({"status": "denied", **msgspec.to_builtins(result)})
+            case Reject():
+                return tool_error({"status": "rejected", **msgspec.to_builtins(result)})
+            case HemPending():
+                return await self._await_result(result.idp_id, f"waiting for the principal (moment {result.moment_id})", progress)
+            case ActDispatched():
+                return await self._await_result(result.idp_id, f"dispatched, waiting for the result ({result.reason})", progress)
+        return tool_error({"status": "failed", "reason": "unexpected kernel answer"})  # pragma: no cover
+
+    async def _act(self, gated: GatedTool, args: dict[str, Any], intent: dict[str, Any] | None, *, hem_required: bool) -> Any:
+        from subjects.gate import ActRequest, act_result_decoder
+
+        request = ActRequest(
+            mandate=self.builder.mandate, action=gated.action,
+            idp=self.builder.idp(gated.action, intent, hem_required=hem_required),
+            arguments={"tool": gated.name, "arguments": args}, resource=resource_of(gated, args),
+        )
+        msg = await self.nc.request(self.subject, msgspec.json.encode(request), timeout=self.request_timeout)
+        return act_result_decoder.decode(msg.data)
+
+    async def _await_result(self, idp_id: str, what: str, progress: Progress) -> types.CallToolResult:
+        """Wait (with progress) for the ``action_result`` outcome of ``idp_id``, at most ``wait_s``."""
+        from subjects.wire import ActionResult
+
+        fut = self.agent._expect(lambda o: isinstance(o, ActionResult) and o.idp_id == idp_id)
+        start = time.monotonic()
+        await progress(0.0, what)
+        while True:
+            elapsed = time.monotonic() - start
+            left = self.config.wait_s - elapsed
+            if left <= 0:
+                fut.cancel()
+                return tool_error({"status": "timeout", "idp_id": idp_id,
+                                   "reason": f"no result within {self.config.wait_s:g} s; the action may still run"})
+            done, _ = await asyncio.wait({fut}, timeout=min(self.config.progress_every, left))
+            if done:
+                break
+            await progress(time.monotonic() - start, what)
+        out = fut.result()
+        assert isinstance(out, ActionResult)
+        if out.status == "confirmed":
+            return types.CallToolResult.model_validate(out.response)
+        return tool_error({"status": out.status, "idp_id": idp_id, "reason": out.reason, "error": out.response,
+                           "moment_id": out.moment_id})
+
+
+async def serve_stdio(server: Server[Any, Any]) -> None:
+    """Serve the host over stdio, announcing that the tool list may change."""
+    from mcp.server.lowlevel import NotificationOptions
+    from mcp.server.stdio import stdio_server
+
+    options = server.create_initialization_options(NotificationOptions(tools_changed=True, prompts_changed=True))
+    async with stdio_server() as (read, write):
+        await server.run(read, write, options)

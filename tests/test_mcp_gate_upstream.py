@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from integrations.mcp_gate import (
@@ -177,12 +178,16 @@ def test_the_idp_is_thin_without_a_full_intent_and_standard_with_one() -> None:
 
 
 def test_the_resource_comes_from_the_configured_argument() -> None:
-    """A rule's resource is the Cedar entity built from the named argument, quoted as Cedar needs; no argument, none."""
+    """A rule's resource is the Cedar entity built from the named argument; an argument that is missing or cannot be
+    an entity id is refused (never silently replaced by the governed object); no rule, no resource."""
     from mcp import types
 
     from integrations.mcp_gate import GatedTool, ResourceFrom
 
     t = GatedTool(name="w", upstream="fs", tool=types.Tool(name="w", inputSchema={"type": "object"}), action="WriteFile",
                   resource=ResourceFrom(type="File", argument="path"), escalate=False)
-    assert resource_of(t, {"path": '/tmp/a "b"'}) == 'File::"/tmp/a \\"b\\""'
-    assert resource_of(t, {}) is None
+    assert resource_of(t, {"path": "/tmp/a b"}) == 'File::"/tmp/a b"'
+    for bad in ({}, {"path": '/tmp/a"b'}, {"path": "x" * 257}, {"path": True}):
+        with pytest.raises(ValueError, match="path"):
+            resource_of(t, bad)
+    assert resource_of(msgspec.structs.replace(t, resource=None), {}) is None
