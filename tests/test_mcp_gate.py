@@ -1,0 +1,267 @@
+"""The MCP gate end to end: the official reference MCP servers, unmodified, behind `pgw mcp-gate` and the IDP kernel.
+
+A real nats-server and gateway (kernel, Cedar with policies/mcp-gate, the gate's executor configured);
+`pgw mcp-gate` runs as a subprocess spoken to over stdio by the real `mcp` client; the principal answers
+on the bus with ``subjects.client.Surface``; the capsules are made by the real signer. The file on disk
+says whether a write or a delete ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import sys
+import tomllib
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from mcp import ClientSession, StdioServerParameters, types
+from mcp.client.stdio import stdio_client
+
+from consumers.signer import Signer
+from consumers.verifier import payload_of
+from integrations.mcp_gate import result_json
+from subjects.client import Surface
+from subjects.idp import json_digest
+from subjects.wire import BindingMomentItem, OptionChoice
+from tests.kernel_support import Issuer, read_log, running_gateway
+from tests.mcp_peers import filesystem_upstream, git_upstream
+from tests.polling import until
+from tests.test_capsule_signer import stream_items
+
+AGENT, PRINCIPAL = "planner", "alice"
+PGW = str(Path(sys.executable).parent / "pgw")
+REPO = Path(__file__).resolve().parent.parent
+CHANGING = Path(__file__).with_name("mcp_changing_upstream.py")
+ACTIONS = ["ReadFile", "WriteFile", "DeleteFile", "ReadRepo", "WriteRepo", "add_tool", "shout"]
+
+
+class GateEnv:
+    def __init__(self, url: str, nc: Any, gw: Any, tmp: Path, token: str) -> None:
+        self.url, self.nc, self.gw, self.tmp, self.token = url, nc, gw, tmp, token
+        self.js = nc.jetstream()
+        self.files = tmp / "files"
+        self.files.mkdir()
+
+    def gate_file(self, **upstreams: dict[str, Any]) -> Path:
+        """deploy/mcp-gate.toml (the README's example) with the cached server on ``files`` and the test's mandate;
+        ``upstreams`` adds more (then the tools are namespaced and the rules apply to ``fs__*``)."""
+        raw = tomllib.loads((REPO / "deploy" / "mcp-gate.toml").read_text())
+        raw.pop("mandate_file")
+        raw["mandate"] = self.token
+        raw["upstreams"]["fs"] = filesystem_upstream(self.files)
+        if upstreams:
+            raw["upstreams"].update(upstreams)
+            raw["tools"] = {f"fs__{k}": v for k, v in raw["tools"].items()}
+            raw["tools"].update({f"git__{t}": {"action": "ReadRepo"} for t in ("git_status", "git_log", "git_diff", "git_show")})
+        path = self.tmp / f"gate-{uuid.uuid4().hex[:6]}.toml"
+        path.write_text(_toml(raw))
+        return path
+
+    @contextlib.asynccontextmanager
+    async def session(self, gate_file: Path, on_message: Any = None) -> AsyncIterator[ClientSession]:
+        params = StdioServerParameters(command=PGW, args=[
+            "mcp-gate", "--agent", AGENT, "--gate", str(gate_file), "--server", self.url,
+            "--data-dir", str(self.tmp / "gate-data"), "--progress-every", "0.3"])
+        async with stdio_client(params) as (read, write), ClientSession(read, write, message_handler=on_message) as session:
+            await session.initialize()
+            yield session
+
+    def principal(self, index: int | None) -> asyncio.Task[Any]:
+        """alice, on her surface: the first HEM moment, answered with option ``index`` (None: left unanswered)."""
+
+        async def run() -> Any:
+            surface = Surface(self.nc, PRINCIPAL)
+            try:
+                async for item in surface.items():
+                    if isinstance(item, BindingMomentItem):
+                        if index is None:
+                            return item
+                        return item, await surface.resolve(item.moment_id, OptionChoice(index=index))
+            finally:
+                await surface.close()
+            return None
+
+        return asyncio.create_task(run())
+
+    async def capsule(self, action: str) -> dict[str, Any]:
+        """The signed capsule of the one dispatched ``action`` (its idp_id from the kernel's log)."""
+        dispatched = [ev for _s, ev in await read_log(self.js, "STATE_TRANSITIONED") if ev.body.get("executed_action") == action]
+        assert len(dispatched) == 1, dispatched
+        idp_id = dispatched[0].body["idp_id"]
+
+        async def found() -> dict[str, Any] | None:
+            for _src, data, _h in await stream_items(self.js, "PGW_REGISTRATION"):
+                p = payload_of(data) or {}
+                if p.get("action_id") == idp_id and "statement_type" not in p \
+                        and p.get("disposition", {}).get("verdict_class", "executed") == "executed":
+                    return p
+            return None
+
+        async with Signer(self.gw.config, self.nc):
+            return await until(found, timeout=20, what=f"the capsule of {action}")
+
+
+async def git(repo: Path, *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec("git", "-C", str(repo), *args, stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0, args
+    return out.decode().strip()
+
+
+def _toml(raw: dict[str, Any]) -> str:
+    """A small TOML writer for the gate file (tables of scalars, lists and inline tables)."""
+    def val(v: Any) -> str:
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {val(x)}" for k, x in v.items()) + " }"
+        if isinstance(v, list):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return msgspec.json.encode(v).decode()
+
+    lines = [f"{k} = {val(v)}" for k, v in raw.items() if not isinstance(v, dict)]
+    for section in ("upstreams", "tools"):
+        for name, table in raw.get(section, {}).items():
+            lines.append(f'[{section}."{name}"]')
+            lines += [f"{k} = {val(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(params=[3600], ids=["hem-1h"])
+async def gate_env(request: Any, make_config: Any, nc: Any, nats_server: Any, tmp_path: Path) -> AsyncIterator[GateEnv]:
+    """A gateway whose kernel runs policies/mcp-gate (plus a permit for the list-changing test tools) and sends
+    the gate's actions to the executor mcp-files; agent planner is bound to alice and holds a mandate for them."""
+    issuer = Issuer(tmp_path / "issuer")
+    pdir = tmp_path / "policies"
+    shutil.copytree(REPO / "policies" / "mcp-gate", pdir)
+    (pdir / "test.cedar").write_text('permit(principal, action in [Action::"add_tool", Action::"shout"], resource);\n')
+    so = str(uuid.uuid4())
+    token, _jti = issuer.mandate(agent=AGENT, so_id=so, principal=PRINCIPAL, actions=ACTIONS)
+    cfg = make_config(
+        kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(pdir),
+                "hem_expires_in_s": request.param,
+                "executors": {"mcp-files": {"actions": ACTIONS, "timeout_s": 20}}},
+        agents={AGENT: {"principals": [PRINCIPAL]}},
+    )
+    async with running_gateway(cfg, nc) as gw:
+        yield GateEnv(nats_server.client_url, nc, gw, tmp_path, token)
+
+
+async def test_a_read_returns_the_servers_result_and_its_capsule_is_gate_executed_and_confirmed(gate_env: GateEnv) -> None:
+    """A permitted read returns the filesystem server's real result; its capsule is gate_executed, confirmed, with the
+    JSON-DIGEST of exactly the result the client got."""
+    (gate_env.files / "notes.txt").write_text("the real notes\n")
+    async with gate_env.session(gate_env.gate_file()) as session:
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        assert "intent" in tools["read_text_file"].inputSchema["properties"]
+        result = await asyncio.wait_for(session.call_tool("read_text_file", {"path": str(gate_env.files / "notes.txt")}), 30)
+    assert not result.isError and result.content[0].text == "the real notes\n"  # type: ignore[union-attr]
+    cap = await gate_env.capsule("ReadFile")
+    effect = cap["effect"]
+    assert effect["status"] == "confirmed"
+    assert cap["pgw"]["effect_attestation"] == "gate_executed"
+    assert effect["response_digest"] == json_digest(result_json(result))
+
+
+@pytest.mark.parametrize("answer", [0, 1], ids=["approved", "rejected"])
+async def test_a_write_waits_for_the_principal_and_runs_only_after_approval(gate_env: GateEnv, answer: int) -> None:
+    """A write is not permitted on its own: the call waits (with progress) while alice sees a binding moment about it;
+    approved, the file is written and the call returns the server's result; rejected, the call fails and no file exists."""
+    target = gate_env.files / "draft.txt"
+    waiting = asyncio.Event()
+
+    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+        if "waiting for the principal" in (message or ""):
+            waiting.set()
+
+    async with gate_env.session(gate_env.gate_file()) as session:
+        call = asyncio.create_task(session.call_tool(
+            "write_file", {"path": str(target), "content": "hello", "intent": {"goal": "Save the draft"}},
+            progress_callback=on_progress))
+        item = await asyncio.wait_for(gate_env.principal(None), 30)
+        await asyncio.wait_for(waiting.wait(), 20)
+        assert not target.exists()  # nothing ran while alice thinks
+        assert "WriteFile" in item.binding_moment.synopsis + " ".join(item.binding_moment.findings)
+        _item, reply = await asyncio.wait_for(gate_env.principal(answer), 30)
+        assert reply.status == "accepted"
+        result = await asyncio.wait_for(call, 30)
+    if answer == 0:
+        assert not result.isError and target.read_text() == "hello"
+    else:
+        assert result.isError and result.structuredContent["status"] == "not_run" and not target.exists()
+
+
+@pytest.mark.parametrize("gate_env", [2], ids=["hem-2s"], indirect=True)
+async def test_a_write_the_principal_lets_expire_does_not_run(gate_env: GateEnv) -> None:
+    """A write whose moment expires unanswered is refused (expiry is never consent): the call fails, no file exists."""
+    target = gate_env.files / "late.txt"
+    async with gate_env.session(gate_env.gate_file()) as session:
+        result = await asyncio.wait_for(session.call_tool("write_file", {"path": str(target), "content": "x"}), 60)
+    assert result.isError and result.structuredContent["status"] == "not_run"
+    assert not target.exists()
+
+
+async def test_a_delete_is_denied_and_the_file_stays(gate_env: GateEnv) -> None:
+    """move_file (governed as DeleteFile: it removes its source) is denied by the forbid, with the Enriched DENY in the
+    tool error, and the principal is not asked; the file stays where it was."""
+    src = gate_env.files / "keep.txt"
+    src.write_text("keep me")
+    async with gate_env.session(gate_env.gate_file()) as session:
+        result = await asyncio.wait_for(session.call_tool(
+            "move_file", {"source": str(src), "destination": str(gate_env.files / "gone.txt")}), 30)
+    assert result.isError
+    body = result.structuredContent
+    assert body["status"] == "denied" and body["deny_code"] == "POLICY_DENY"
+    assert "ReadFile" in body["available_actions"] and "hem_available" in body
+    assert src.read_text() == "keep me" and not (gate_env.files / "gone.txt").exists()
+    assert not await Surface(gate_env.nc, PRINCIPAL).pending()
+
+
+async def test_the_git_server_behind_the_same_gate_is_namespaced_and_governed(gate_env: GateEnv) -> None:
+    """With the git server beside the filesystem server the tools are fs__* and git__*; git__git_status is a permitted
+    read and returns the server's real status; a git__git_commit (no rule, no permit) is denied and commits nothing."""
+    repo = gate_env.tmp / "repo"
+    repo.mkdir()
+    (repo / "a.txt").write_text("a")
+    for cmd in (["init", "-q", "-b", "main"], ["config", "user.email", "t@example.org"], ["config", "user.name", "T"],
+                ["add", "a.txt"]):
+        await git(repo, *cmd)
+    async with gate_env.session(gate_env.gate_file(git=git_upstream(repo))) as session:
+        names = {t.name for t in (await session.list_tools()).tools}
+        assert {"fs__read_text_file", "git__git_status", "git__git_commit"} <= names
+        status = await asyncio.wait_for(session.call_tool("git__git_status", {"repo_path": str(repo)}), 30)
+        commit = await asyncio.wait_for(session.call_tool("git__git_commit", {"repo_path": str(repo), "message": "x"}), 30)
+    assert not status.isError and "a.txt" in status.content[0].text  # type: ignore[union-attr]
+    assert commit.isError and commit.structuredContent["status"] == "denied"
+    assert await git(repo, "rev-list", "--all") == ""  # no commit was made
+
+
+async def test_a_list_change_upstream_reaches_the_host_and_prompts_pass_resources_refused(gate_env: GateEnv) -> None:
+    """An upstream's tools/list_changed reaches the host, whose new listing has the new tool, callable through the
+    kernel; the upstream's prompt passes through and its resource is refused as ungoverned."""
+    path = gate_env.tmp / "changing.toml"
+    path.write_text(_toml({"name": "files", "mandate": gate_env.token,
+                           "upstreams": {"ch": {"command": sys.executable, "args": [str(CHANGING)]}}}))
+    changed = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ServerNotification) and isinstance(message.root, types.ToolListChangedNotification):
+            changed.set()
+
+    async with gate_env.session(path, on_message) as session:
+        assert "shout" not in {t.name for t in (await session.list_tools()).tools}
+        added = await asyncio.wait_for(session.call_tool("add_tool", {"name": "shout"}), 30)
+        assert not added.isError
+        await asyncio.wait_for(changed.wait(), 20)
+        assert "shout" in {t.name for t in (await session.list_tools()).tools}
+        out = await asyncio.wait_for(session.call_tool("shout", {"text": "hi"}), 30)
+        assert out.content[0].text == "shout: hi"  # type: ignore[union-attr]
+        assert [p.name for p in (await session.list_prompts()).prompts] == ["summarize"]
+        with pytest.raises(Exception, match="not governed"):
+            await session.read_resource("memo://notes")  # type: ignore[arg-type]
