@@ -191,3 +191,26 @@ def test_the_resource_comes_from_the_configured_argument() -> None:
         with pytest.raises(ValueError, match="path"):
             resource_of(t, bad)
     assert resource_of(msgspec.structs.replace(t, resource=None), {}) is None
+
+
+async def test_the_readme_quick_start_config_is_the_tested_gate_file(tmp_path: Path) -> None:
+    """The README's host configuration runs `pgw mcp-gate` on deploy/mcp-gate.toml (the file tests/test_mcp_gate.py runs),
+    and its kernel section lists exactly the Cedar actions that file's rules give the real filesystem server's tools."""
+    import json
+    import re
+    import tomllib
+
+    repo = Path(__file__).resolve().parent.parent
+    text = (repo / "README.md").read_text()
+    section = text[text.index("### Tools behind the gate (MCP)"):]
+    host = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))  # type: ignore[union-attr]
+    assert host["mcpServers"]["files"] == {"command": "pgw", "args": ["mcp-gate", "--agent", "planner", "--gate", "deploy/mcp-gate.toml"]}
+    kernel = tomllib.loads(re.search(r"```toml\n(.*?)```", section, re.S).group(1))["kernel"]  # type: ignore[union-attr]
+    assert (repo / kernel["policy_dir"] / "files.cedar").is_file()
+    raw = tomllib.loads((repo / "deploy" / "mcp-gate.toml").read_text())
+    (tmp_path / "files").mkdir()
+    raw["upstreams"]["fs"] = filesystem_upstream(tmp_path / "files")
+    config = parse_gate_config(raw)
+    async with Upstreams(config) as ups:
+        assert sorted(ups.actions()) == kernel["executors"][config.kind]["actions"] == ["DeleteFile", "ReadFile", "WriteFile"]
+        assert [t.name for t in ups.host_tools() if ups.tools[t.name].escalate] == ["write_file", "edit_file", "create_directory"]
