@@ -26,6 +26,7 @@ from subjects.idp import IdpStandard, IdpThin, decode_idp
 from tests.mcp_peers import filesystem_upstream, git_upstream
 
 CHANGING = Path(__file__).with_name("mcp_changing_upstream.py")
+REPO = Path(__file__).resolve().parent.parent
 
 
 def git_repo(path: Path) -> Path:
@@ -200,7 +201,7 @@ async def test_the_readme_quick_start_config_is_the_tested_gate_file(tmp_path: P
     import re
     import tomllib
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPO
     text = (repo / "README.md").read_text()
     section = text[text.index("### Tools behind the gate (MCP)"):]
     host = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))  # type: ignore[union-attr]
