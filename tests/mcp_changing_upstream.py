@@ -1,6 +1,8 @@
 """A small MCP server (the SDK's FastMCP) whose tool list changes, with a prompt and a resource: the
 upstream the gate's list_changed, prompt and resource handling is tested against (the reference servers
-have no tool list that changes, no prompt and no resource)."""
+have no tool list that changes, no prompt and no resource). ``python mcp_changing_upstream.py`` serves
+stdio; ``... http PORT`` serves streamable HTTP on 127.0.0.1:PORT/mcp, where ``whoami`` tells which
+Authorization header the request carried."""
 
 from __future__ import annotations
 
@@ -33,5 +35,18 @@ def notes() -> str:
     return "secret notes"
 
 
+@app.tool()
+async def whoami(ctx: Context) -> str:  # type: ignore[type-arg]
+    """The Authorization header of this HTTP request ("" over stdio)."""
+    request = getattr(ctx.request_context, "request", None)
+    return request.headers.get("authorization", "") if request is not None else ""
+
+
 if __name__ == "__main__":
-    app.run("stdio")
+    import sys
+
+    if sys.argv[1:2] == ["http"]:
+        app.settings.host, app.settings.port = "127.0.0.1", int(sys.argv[2])
+        app.run("streamable-http")
+    else:
+        app.run("stdio")

@@ -5,6 +5,7 @@ client sessions the gate holds; and against a small FastMCP server whose tool li
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -215,3 +216,38 @@ async def test_the_readme_quick_start_config_is_the_tested_gate_file(tmp_path: P
     async with Upstreams(config) as ups:
         assert sorted(ups.actions()) == kernel["executors"][config.kind]["actions"] == ["DeleteFile", "ReadFile", "WriteFile"]
         assert [t.name for t in ups.host_tools() if ups.tools[t.name].escalate] == ["write_file", "edit_file", "create_directory"]
+
+
+async def test_a_streamable_http_upstream_gets_the_credentials_only_the_gate_holds(tmp_path: Path) -> None:
+    """An upstream given by URL is reached over streamable HTTP with the headers of the gate's file (its credentials):
+    the server sees them on the call; the tools the host would list carry no trace of them."""
+    import socket
+
+    from tests.polling import until
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(CHANGING), "http", str(port),
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+
+    async def listening() -> bool:
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return False
+        w.close()
+        return True
+
+    try:
+        await until(listening, timeout=20, what="the HTTP upstream listening")
+        config = parse_gate_config({"name": "h", "upstreams": {"remote": {
+            "url": f"http://127.0.0.1:{port}/mcp", "headers": {"Authorization": "Bearer s3cret"}}}})
+        async with Upstreams(config) as ups:
+            out = await ups.call("whoami", {"tool": "whoami", "arguments": {}})
+            listed = json.dumps([t.model_dump(mode="json") for t in ups.host_tools()])
+        assert out["content"][0]["text"] == "Bearer s3cret"
+        assert "s3cret" not in listed and "whoami" in listed
+    finally:
+        proc.terminate()
+        await proc.wait()
