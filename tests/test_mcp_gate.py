@@ -26,7 +26,7 @@ from mcp.client.stdio import stdio_client
 
 from consumers.signer import Signer
 from consumers.verifier import payload_of
-from integrations.mcp_gate import result_json
+from integrations.mcp_gate import mandate_claims, result_json
 from subjects.client import Surface
 from subjects.idp import json_digest
 from subjects.wire import BindingMomentItem, OptionChoice
@@ -274,3 +274,35 @@ async def test_a_list_change_upstream_reaches_the_host_and_prompts_pass_resource
         assert [p.name for p in (await session.list_prompts()).prompts] == ["summarize"]
         with pytest.raises(Exception, match="not governed"):
             await session.read_resource("memo://notes")  # type: ignore[arg-type]
+
+
+async def test_a_read_the_server_fails_is_recorded_failed_and_the_host_gets_its_words(gate_env: GateEnv) -> None:
+    """A permitted read of a file outside the server's folder: the server answers isError, the executor reports the
+    error, the kernel records failed (no confirmed capsule), and the host gets a tool error with the server's words."""
+    async with gate_env.session(gate_env.gate_file()) as session:
+        result = await asyncio.wait_for(session.call_tool("read_text_file", {"path": "/etc/hostname"}), 30)
+    assert result.isError and result.structuredContent["status"] == "failed"
+    error = result.structuredContent["error"]
+    assert error["code"] == "tool_error" and "denied" in error["message"].lower()
+    cap = await gate_env.capsule("ReadFile")
+    assert cap["effect"]["status"] == "failed" and cap["effect"]["effect_attestation"] == "gate_executed"
+
+
+async def test_an_act_that_names_a_write_tool_under_a_read_action_does_not_write(gate_env: GateEnv) -> None:
+    """An agent that bypasses the gate's server and submits ReadFile (permitted) with the write tool in its arguments
+    gets its act permitted and dispatched, but the gate's executor refuses the mismatch: failed, and nothing is written."""
+    from subjects.gate import ActDone, ActRequest, act_result_decoder
+    from subjects.util import now_rfc3339
+
+    target = gate_env.files / "smuggled.txt"
+    claims = mandate_claims(gate_env.token)
+    idp = {"idp_id": str(uuid.uuid4()), "session_id": "direct", "so_id": claims["so_id"], "mandate_id": claims["jti"],
+           "step_sequence": 1, "requested_action": "ReadFile", "timestamp": now_rfc3339(), "profile": "IDP_THIN"}
+    async with gate_env.session(gate_env.gate_file()):  # the gate (and so its executor) is running
+        req = ActRequest(mandate=gate_env.token, action="ReadFile", idp=idp,
+                         arguments={"tool": "write_file", "arguments": {"path": str(target), "content": "x"}})
+        msg = await gate_env.nc.request(f"pgw.agent.{AGENT}.act", msgspec.json.encode(req), timeout=30)
+    result = act_result_decoder.decode(msg.data)
+    assert isinstance(result, ActDone) and result.status == "failed"
+    assert result.response["code"] == "action_mismatch"
+    assert not target.exists()
