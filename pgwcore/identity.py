@@ -29,8 +29,9 @@ import nkeys
 from subjects.errors import PgwError
 from subjects.names import check_token
 
-Role = Literal["agent", "principal", "service", "ops", "audit"]
-ROLES: tuple[Role, ...] = ("agent", "principal", "service", "ops", "audit")
+Role = Literal["agent", "principal", "service", "ops", "audit", "executor"]
+# executor:{kind}: the service that carries out one kind of gated action (docs/gate.md).
+ROLES: tuple[Role, ...] = ("agent", "principal", "service", "ops", "audit", "executor")
 SERVICE_NAMES = ("gateway", "signer", "registrar", "notifier", "services")
 
 _SEED_BEGIN = "-----BEGIN USER NKEY SEED-----"

@@ -88,6 +88,7 @@ def parties(config: Config) -> list[Party]:
     out += [Party("principal", p) for p in sorted(principals)]
     out += [Party("ops", o) for o in sorted(dict.fromkeys(config.security.ops))]
     out += [Party("audit", a) for a in sorted(dict.fromkeys(config.security.auditors))]
+    out += [Party("executor", k) for k in sorted(config.kernel.executors)]  # docs/gate.md
     return out
 
 
