@@ -35,9 +35,6 @@ from tests.mcp_peers import filesystem_upstream, git_upstream
 from tests.polling import until
 from tests.test_capsule_signer import stream_items
 
-# The kernel's gate path (agent.{agent}.act, dispatch to executors) comes with gateway/kernel/gate.py.
-pytest.importorskip("gateway.kernel.gate", reason="the kernel's gate path is not in this tree yet")
-
 AGENT, PRINCIPAL = "planner", "alice"
 PGW = str(Path(sys.executable).parent / "pgw")
 REPO = Path(__file__).resolve().parent.parent
@@ -51,6 +48,7 @@ class GateEnv:
         self.js = nc.jetstream()
         self.files = tmp / "files"
         self.files.mkdir()
+        self.data_dir = tmp / "gate-data"
 
     def gate_file(self, **upstreams: dict[str, Any]) -> Path:
         """deploy/mcp-gate.toml (the README's example) with the cached server on ``files`` and the test's mandate;
@@ -69,10 +67,10 @@ class GateEnv:
         return path
 
     @contextlib.asynccontextmanager
-    async def session(self, gate_file: Path, on_message: Any = None) -> AsyncIterator[ClientSession]:
+    async def session(self, gate_file: Path, on_message: Any = None, *extra: str) -> AsyncIterator[ClientSession]:
         params = StdioServerParameters(command=PGW, args=[
             "mcp-gate", "--agent", AGENT, "--gate", str(gate_file), "--server", self.url,
-            "--data-dir", str(self.tmp / "gate-data"), "--progress-every", "0.3"], env=dict(os.environ))
+            "--data-dir", str(self.data_dir), "--progress-every", "0.3", *extra], env=dict(os.environ))
         async with stdio_client(params) as (read, write), ClientSession(read, write, message_handler=on_message) as session:
             await session.initialize()
             yield session
@@ -306,3 +304,48 @@ async def test_an_act_that_names_a_write_tool_under_a_read_action_does_not_write
     assert isinstance(result, ActDone) and result.status == "failed"
     assert result.response["code"] == "action_mismatch"
     assert not target.exists()
+
+
+@pytest.mark.security
+async def test_the_gate_works_within_the_agents_and_the_executors_own_permissions(tmp_path: Path) -> None:
+    """On a server enforcing the generated permissions, `pgw mcp-gate` speaks for the agent with the agent's credentials
+    (found in the data folder) and serves its executor with the executor role's: a read runs, a delete is denied."""
+    from gateway.app import Gateway
+    from gateway.security import Party, embedded_auth
+    from pgwcore.config import load_config
+    from pgwcore.connect import connect
+    from pgwcore.server import EmbeddedServer
+
+    issuer = Issuer(tmp_path / "issuer")
+    pdir = tmp_path / "policies"
+    shutil.copytree(REPO / "policies" / "mcp-gate", pdir)
+    token, _ = issuer.mandate(agent=AGENT, so_id=str(uuid.uuid4()), principal=PRINCIPAL, actions=ACTIONS)
+    data = tmp_path / "data"
+    settings: dict[str, Any] = {
+        "agents": {AGENT: {"principals": [PRINCIPAL]}},
+        "kernel": {"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(pdir),
+                   "executors": {"mcp-files": {"actions": ["ReadFile", "WriteFile", "DeleteFile"]}}},
+    }
+    auth = embedded_auth(load_config(None, data_dir=str(data), **settings))
+    server = EmbeddedServer(tmp_path / "nats", port=-1, monitor_port=-1, websocket_port=-1, authorization=auth.server_block)
+    await server.start()
+    try:
+        config = load_config(None, data_dir=str(data), nats_url=server.client_url, **settings)
+        service = await connect(server.client_url, creds=str(auth.service_creds), name="gateway")
+        try:
+            async with Gateway(config, service):
+                env = GateEnv(server.client_url, service, None, tmp_path, token)
+                env.data_dir = data  # where `pgw creds` put agent-planner.creds
+                (env.files / "keep.txt").write_text("kept")
+                executor_creds = str(auth.creds_for(Party("executor", "mcp-files")))
+                async with env.session(env.gate_file(), None, "--executor-creds", executor_creds) as session:
+                    read = await asyncio.wait_for(session.call_tool("read_text_file", {"path": str(env.files / "keep.txt")}), 30)
+                    moved = await asyncio.wait_for(session.call_tool(
+                        "move_file", {"source": str(env.files / "keep.txt"), "destination": str(env.files / "x.txt")}), 30)
+        finally:
+            await service.drain()
+    finally:
+        await server.stop()
+    assert not read.isError and read.content[0].text == "kept"  # type: ignore[union-attr]
+    assert moved.isError and moved.structuredContent["status"] == "denied"
+    assert (env.files / "keep.txt").read_text() == "kept"
