@@ -165,6 +165,9 @@ class KernelConfig(_Section):
                     check_action_token(a)
             except SubjectError as e:
                 raise ConfigError(f"kernel.executors.{kind}", str(e)) from None
+            clash = [k for k in self.executors if k != kind and k.upper() == kind.upper()]
+            if clash:
+                raise ConfigError(f"kernel.executors.{kind}", f"differs from {clash[0]} only in case (one results bucket)")
             for a in ex.actions:
                 if a in served:
                     raise ConfigError(f"kernel.executors.{kind}", f"action {a} is served by {served[a]} already")

@@ -49,15 +49,14 @@ from subjects.wire import ActionResult
 IDEMPOTENCY_HEADER = "Pgw-Idempotency-Key"
 # The kernel's queue group on agent.*.act (the same group as agent.*.idp).
 ACT_QUEUE = "pgw-gateway"
-# An executor kind is one subject token; its results bucket is PGW_EXEC_{KIND} (upper-cased,
-# '-' becomes '_': a KV bucket name allows [A-Za-z0-9_-], and the upper-cased token stays unique
-# because kinds are lower-case by rule).
-KIND_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
+# An executor kind is one subject token of at most 48 characters; its results bucket is
+# PGW_EXEC_{KIND} (upper-cased; kernel.executors refuses two kinds that differ only in case).
+KIND_RE = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
 # The action token of an executor subject: a Cedar action id that is also one subject token.
 ACTION_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 RESULT_ENDPOINT = "_result"
 
-ExecKind = Annotated[str, Meta(pattern=KIND_RE.pattern, description="executor kind (one lower-case subject token)")]
+ExecKind = Annotated[str, Meta(pattern=KIND_RE.pattern, description="executor kind (one subject token)")]
 IdempotencyKey = Annotated[str, Meta(pattern=r"^[0-9a-f]{32,64}$", description="idempotency key (hex)")]
 JsonDigest = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$", description="spec 004 JSON-DIGEST (SHA-256 of JCS)")]
 
@@ -65,7 +64,7 @@ JsonDigest = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$", description="spec 00
 def check_kind(kind: str) -> str:
     """Return ``kind`` if it is a valid executor kind, else raise SubjectError."""
     if not isinstance(kind, str) or not KIND_RE.match(kind):
-        raise SubjectError(repr(kind), "executor kind", "must be 1-48 of a-z, 0-9, '_', '-' (starting alphanumeric)")
+        raise SubjectError(repr(kind), "executor kind", "must be 1-48 of A-Z, a-z, 0-9, '_', '-'")
     return kind
 
 
@@ -78,7 +77,7 @@ def check_action_token(action: str) -> str:
 
 def exec_bucket(kind: str) -> str:
     """The executor's results bucket: ``PGW_EXEC_{KIND}``."""
-    return "PGW_EXEC_" + check_kind(kind).upper().replace("-", "_")
+    return "PGW_EXEC_" + check_kind(kind).upper()
 
 
 def exec_service_name(kind: str) -> str:
