@@ -309,7 +309,7 @@ async def test_an_act_that_names_a_write_tool_under_a_read_action_does_not_write
 @pytest.mark.security
 async def test_the_gate_works_within_the_agents_and_the_executors_own_permissions(tmp_path: Path) -> None:
     """On a server enforcing the generated permissions, `pgw mcp-gate` speaks for the agent with the agent's credentials
-    (found in the data folder) and serves its executor with the executor role's: a read runs, a delete is denied."""
+    and serves its executor with the executor role's (both found in the data folder): a read runs, a delete is denied."""
     from gateway.app import Gateway
     from gateway.security import Party, embedded_auth
     from pgwcore.config import load_config
@@ -337,8 +337,8 @@ async def test_the_gate_works_within_the_agents_and_the_executors_own_permission
                 env = GateEnv(server.client_url, service, None, tmp_path, token)
                 env.data_dir = data  # where `pgw creds` put agent-planner.creds
                 (env.files / "keep.txt").write_text("kept")
-                executor_creds = str(auth.creds_for(Party("executor", "mcp-files")))
-                async with env.session(env.gate_file(), None, "--executor-creds", executor_creds) as session:
+                assert auth.creds_for(Party("executor", "mcp-files")).exists()  # found by the gate in the data folder
+                async with env.session(env.gate_file()) as session:
                     read = await asyncio.wait_for(session.call_tool("read_text_file", {"path": str(env.files / "keep.txt")}), 30)
                     moved = await asyncio.wait_for(session.call_tool(
                         "move_file", {"source": str(env.files / "keep.txt"), "destination": str(env.files / "x.txt")}), 30)

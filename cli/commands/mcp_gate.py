@@ -3,8 +3,8 @@
 An MCP host spawns it (stdio) or connects over streamable HTTP, in place of the
 upstream servers it fronts. It speaks the bus for the agent with the agent's
 credentials (``--creds``, else ``{creds_dir}/agent-{NAME}.creds``) and serves
-the gate's executor ``mcp-{name}`` with ``--executor-creds`` (default: the same
-connection). Needs the extra: ``pip install 'principal-gateway[mcp]'``.
+the gate's executor ``mcp-{name}`` with ``--executor-creds`` (default:
+``{creds_dir}/executor-mcp-{name}.creds`` when it exists, else the same connection). Needs the extra: ``pip install 'principal-gateway[mcp]'``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--agent", "-a", required=True, help="the agent this gate speaks for")
     p.add_argument("--gate", "-g", dest="gate_config", required=True,
                    help="the gate's TOML file: upstreams, tool rules, mandate (docs/gate.md); --config stays pgw's own")
-    p.add_argument("--executor-creds", default=None, help="credentials of the executor role (default: the agent's connection)")
+    p.add_argument("--executor-creds", default=None,
+                   help="credentials of the executor role executor:mcp-{name} (default: {creds_dir}/executor-mcp-{name}.creds "
+                   "when `pgw creds` made it, else the agent's connection)")
     p.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     p.add_argument("--host", default="127.0.0.1", help="with --transport http: address to listen on")
     p.add_argument("--port", type=int, default=8000, help="with --transport http: port (default 8000); the path is /mcp")
@@ -44,6 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--check", action="store_true",
                    help="start the upstreams, print the tools and the kernel's executor configuration, and exit")
     p.set_defaults(handler=run_mcp_gate)
+
+
+def _executor_creds(config: Config, kind: str) -> str | None:
+    """The file ``pgw creds`` wrote for the executor role ``executor:{kind}``, if there is one."""
+    creds_dir = Path(config.security.creds_dir) if config.security.creds_dir else config.data_path / "creds"
+    candidate = creds_dir / f"executor-{kind}.creds"
+    return str(candidate) if candidate.exists() else None
 
 
 async def run_mcp_gate(args: argparse.Namespace, config: Config) -> int:
@@ -80,8 +89,9 @@ async def run_mcp_gate(args: argparse.Namespace, config: Config) -> int:
     nc = await connect(config.nats_url, creds=agent_creds(config, agent), tls=config.tls.files(), name=f"pgw-mcp-gate-{agent}")
     exec_nc = None
     try:
-        if args.executor_creds:
-            exec_nc = await connect(config.nats_url, creds=args.executor_creds, tls=config.tls.files(),
+        executor_creds = args.executor_creds or _executor_creds(config, gate_config.kind)
+        if executor_creds:
+            exec_nc = await connect(config.nats_url, creds=executor_creds, tls=config.tls.files(),
                                     name=f"pgw-exec-{gate_config.kind}")
         try:
             gate = Gate(gate_config, nc, agent, prefix=config.prefix, exec_nc=exec_nc, base=Path(args.gate_config).parent)
