@@ -457,6 +457,9 @@ def result_json(result: types.CallToolResult) -> dict[str, Any]:
     return result.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+INTENT_REASONING_TYPES = ("RULE_BASED", "INFERENCE", "UNCERTAINTY_REDUCTION")
+
+
 def intent_schema() -> dict[str, Any]:
     """The optional ``intent`` argument: the model's stated goal, reasoning and confidence (spec 003 §4.1-§4.2)."""
     return {
@@ -466,7 +469,9 @@ def intent_schema() -> dict[str, Any]:
         "properties": {
             "goal": {"type": "string", "minLength": 1, "maxLength": 500, "description": "what this call is for"},
             "reasoning": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "why this call serves it"},
-            "reasoning_type": {"type": "string", "enum": ["RULE_BASED", "INFERENCE", "INSTRUCTION", "UNCERTAINTY_REDUCTION"],
+            # INSTRUCTION must name its source by mandate_id or session_id (spec 003 §4.3), which the model
+            # does not know, and MISSION_STAGE needs a mission_ref: neither is offered.
+            "reasoning_type": {"type": "string", "enum": list(INTENT_REASONING_TYPES),
                                "description": "the kind of reasoning (default INFERENCE)"},
             "confidence": {"type": "number", "minimum": 0, "maximum": 1},
         },
@@ -518,7 +523,8 @@ class IdpBuilder:
         if intent.get("goal"):
             rec["declared_goal"] = {"goal_id": str(uuid.uuid4()), "description": str(intent["goal"])[:500]}
         if intent.get("reasoning"):
-            rec["reasoning_basis"] = {"type": str(intent.get("reasoning_type") or "INFERENCE"),
+            kind = intent.get("reasoning_type")
+            rec["reasoning_basis"] = {"type": kind if kind in INTENT_REASONING_TYPES else "INFERENCE",
                                       "description": str(intent["reasoning"])[:1000]}
         if isinstance(intent.get("confidence"), int | float) and not isinstance(intent.get("confidence"), bool):
             rec["confidence_level"] = float(intent["confidence"])

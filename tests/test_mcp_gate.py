@@ -349,3 +349,21 @@ async def test_the_gate_works_within_the_agents_and_the_executors_own_permission
     assert not read.isError and read.content[0].text == "kept"  # type: ignore[union-attr]
     assert moved.isError and moved.structuredContent["status"] == "denied"
     assert (env.files / "keep.txt").read_text() == "kept"
+
+
+async def test_the_models_intent_makes_the_declaration_standard_and_never_reaches_the_server(gate_env: GateEnv) -> None:
+    """A call with goal, reasoning and confidence in `intent` is declared IDP_STANDARD with them (spec 003 §4.1); one
+    without is IDP_THIN (§7); the server gets the call's own arguments only (it would refuse an unknown `intent`)."""
+    (gate_env.files / "a.txt").write_text("a")
+    intent = {"goal": "Check the notes", "reasoning": "The user asked what they say", "confidence": 0.9,
+              "reasoning_type": "RULE_BASED"}
+    async with gate_env.session(gate_env.gate_file()) as session:
+        stated = await asyncio.wait_for(session.call_tool("read_text_file", {"path": str(gate_env.files / "a.txt"), "intent": intent}), 30)
+        bare = await asyncio.wait_for(session.call_tool("get_file_info", {"path": str(gate_env.files / "a.txt")}), 30)
+    assert not stated.isError and stated.content[0].text == "a"  # type: ignore[union-attr]
+    assert not bare.isError
+    submitted = [ev.body for _s, ev in await read_log(gate_env.js, "IDP_SUBMITTED")]
+    assert [b["profile"] for b in submitted] == ["IDP_STANDARD", "IDP_THIN"]
+    idp = submitted[0]["idp"]
+    assert idp["declared_goal"]["description"] == "Check the notes" and idp["reasoning_basis"]["type"] == "RULE_BASED"
+    assert idp["confidence_level"] == 0.9 and "declared_goal" not in submitted[1]["idp"]

@@ -172,8 +172,10 @@ def test_the_idp_is_thin_without_a_full_intent_and_standard_with_one() -> None:
     thin = decode_idp(b.idp("ReadFile", None))
     assert isinstance(thin, IdpThin) and thin.so_id == claims["so_id"] and thin.mandate_id == "m-1"
     std = decode_idp(b.idp("WriteFile", {"goal": "Save the notes", "reasoning": "The user asked", "confidence": 0.7,
-                                         "reasoning_type": "INSTRUCTION"}))
-    assert isinstance(std, IdpStandard) and std.reasoning_basis.type == "INSTRUCTION" and std.hem_urgency == "NONE"
+                                         "reasoning_type": "RULE_BASED"}))
+    assert isinstance(std, IdpStandard) and std.reasoning_basis.type == "RULE_BASED" and std.hem_urgency == "NONE"
+    # INSTRUCTION needs a source the model cannot name (spec 003 §4.3): not offered, recorded as INFERENCE.
+    assert decode_idp(b.idp("ReadFile", {"reasoning": "r", "reasoning_type": "INSTRUCTION"})).reasoning_basis.type == "INFERENCE"
     assert std.step_sequence > thin.step_sequence
     asked = decode_idp(b.idp("WriteFile", {"goal": "Save"}, hem_required=True))
     assert isinstance(asked, IdpThin) and asked.hem_urgency == "REQUIRED" and asked.declared_goal is not None
