@@ -23,6 +23,15 @@ async def add_tool(name: str, ctx: Context) -> str:  # type: ignore[type-arg]
     return f"added {name}"
 
 
+@app.tool()
+async def slow(seconds: float) -> str:
+    """Answer after SECONDS."""
+    import asyncio
+
+    await asyncio.sleep(seconds)
+    return f"slept {seconds:g} s"
+
+
 @app.prompt()
 def summarize(topic: str) -> str:
     """A prompt template."""

@@ -39,7 +39,7 @@ AGENT, PRINCIPAL = "planner", "alice"
 PGW = str(Path(sys.executable).parent / "pgw")
 REPO = Path(__file__).resolve().parent.parent
 CHANGING = Path(__file__).with_name("mcp_changing_upstream.py")
-ACTIONS = ["ReadFile", "WriteFile", "DeleteFile", "ReadRepo", "WriteRepo", "add_tool", "shout"]
+ACTIONS = ["ReadFile", "WriteFile", "DeleteFile", "ReadRepo", "WriteRepo", "add_tool", "shout", "slow"]
 
 
 class GateEnv:
@@ -136,20 +136,19 @@ def _toml(raw: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.fixture(params=[3600], ids=["hem-1h"])
+@pytest.fixture(params=[{}], ids=["default"])
 async def gate_env(request: Any, make_config: Any, nc: Any, nats_server: Any, tmp_path: Path) -> AsyncIterator[GateEnv]:
     """A gateway whose kernel runs policies/mcp-gate (plus a permit for the list-changing test tools) and sends
     the gate's actions to the executor mcp-files; agent planner is bound to alice and holds a mandate for them."""
     issuer = Issuer(tmp_path / "issuer")
     pdir = tmp_path / "policies"
     shutil.copytree(REPO / "policies" / "mcp-gate", pdir)
-    (pdir / "test.cedar").write_text('permit(principal, action in [Action::"add_tool", Action::"shout"], resource);\n')
+    (pdir / "test.cedar").write_text('permit(principal, action in [Action::"add_tool", Action::"shout", Action::"slow"], resource);\n')
     so = str(uuid.uuid4())
     token, _jti = issuer.mandate(agent=AGENT, so_id=so, principal=PRINCIPAL, actions=ACTIONS)
     cfg = make_config(
         kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(pdir),
-                "hem_expires_in_s": request.param,
-                "executors": {"mcp-files": {"actions": ACTIONS, "timeout_s": 20}}},
+                "executors": {"mcp-files": {"actions": ACTIONS, "timeout_s": 20}}, **request.param},
         agents={AGENT: {"principals": [PRINCIPAL]}},
     )
     async with running_gateway(cfg, nc) as gw:
@@ -203,7 +202,7 @@ async def test_a_write_waits_for_the_principal_and_runs_only_after_approval(gate
         assert result.isError and result.structuredContent["status"] == "not_run" and not target.exists()
 
 
-@pytest.mark.parametrize("gate_env", [2], ids=["hem-2s"], indirect=True)
+@pytest.mark.parametrize("gate_env", [{"hem_expires_in_s": 2}], ids=["hem-2s"], indirect=True)
 async def test_a_write_the_principal_lets_expire_does_not_run(gate_env: GateEnv) -> None:
     """A write whose moment expires unanswered is refused (expiry is never consent): the call fails, no file exists."""
     target = gate_env.files / "late.txt"
@@ -367,3 +366,24 @@ async def test_the_models_intent_makes_the_declaration_standard_and_never_reache
     idp = submitted[0]["idp"]
     assert idp["declared_goal"]["description"] == "Check the notes" and idp["reasoning_basis"]["type"] == "RULE_BASED"
     assert idp["confidence_level"] == 0.9 and "declared_goal" not in submitted[1]["idp"]
+
+
+@pytest.mark.parametrize("gate_env", [{"executors": {"mcp-files": {"actions": ACTIONS, "timeout_s": 1}}}],
+                         ids=["executor-1s"], indirect=True)
+async def test_a_call_that_outlasts_the_executor_timeout_waits_for_its_late_result(gate_env: GateEnv) -> None:
+    """A tool slower than the kernel's executor timeout: the kernel answers DISPATCHED, the call keeps waiting (with
+    progress) and returns the tool's real result when the kernel learns it; its capsule is then confirmed."""
+    path = gate_env.tmp / "slow.toml"
+    path.write_text(_toml({"name": "files", "mandate": gate_env.token,
+                           "upstreams": {"ch": {"command": sys.executable, "args": [str(CHANGING)]}}}))
+    messages: list[str] = []
+
+    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    async with gate_env.session(path) as session:
+        result = await asyncio.wait_for(session.call_tool("slow", {"seconds": 2.5}, progress_callback=on_progress), 60)
+    assert not result.isError and result.content[0].text == "slept 2.5 s"  # type: ignore[union-attr]
+    assert any(m.startswith("dispatched, waiting for the result") for m in messages), messages
+    cap = await gate_env.capsule("slow")
+    assert cap["effect"]["status"] == "confirmed" and cap["effect"]["response_digest"] == json_digest(result_json(result))
