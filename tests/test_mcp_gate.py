@@ -387,3 +387,38 @@ async def test_a_call_that_outlasts_the_executor_timeout_waits_for_its_late_resu
     assert any(m.startswith("dispatched, waiting for the result") for m in messages), messages
     cap = await gate_env.capsule("slow")
     assert cap["effect"]["status"] == "confirmed" and cap["effect"]["response_digest"] == json_digest(result_json(result))
+
+
+async def test_the_gate_serves_a_host_over_streamable_http(gate_env: GateEnv) -> None:
+    """`pgw mcp-gate --transport http` serves the same gated tools at http://127.0.0.1:PORT/mcp: a read returns the
+    server's real result."""
+    import socket
+
+    from mcp.client.streamable_http import streamable_http_client
+
+    (gate_env.files / "h.txt").write_text("over http")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        PGW, "mcp-gate", "--agent", AGENT, "--gate", str(gate_env.gate_file()), "--server", gate_env.url,
+        "--data-dir", str(gate_env.data_dir), "--transport", "http", "--port", str(port))
+
+    async def listening() -> bool:
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return False
+        w.close()
+        return True
+
+    try:
+        await until(listening, timeout=20, what="pgw mcp-gate listening")
+        async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            result = await asyncio.wait_for(session.call_tool("read_text_file", {"path": str(gate_env.files / "h.txt")}), 30)
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 10)
+    assert not result.isError and result.content[0].text == "over http"  # type: ignore[union-attr]
