@@ -382,3 +382,23 @@ def test_only_the_kernels_marker_grades_up() -> None:
     assert capsule_from_verdict(v, operator="acme", salt=SALT, chained=False).to_dict()["effect"]["effect_attestation"] == "runtime_claimed"
     v2 = msgspec.structs.replace(v, details={**base, "effect_attestation": "gate_executed", "executed_action_source": "kernel_dispatched"})
     assert capsule_from_verdict(v2, operator="acme", salt=SALT, chained=False).to_dict()["effect"]["effect_attestation"] == "gate_executed"
+
+
+async def test_readme_executor_example_runs(make_config: Any, nc: Any, tmp_path: Path) -> None:
+    """The README's executor example, run against a real gateway, returns what the README says."""
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### Executors: actions that transit the gate", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = make_config(kernel={"issuers": {issuer.kid: str(issuer.pem_path)},
+                              "policy_dir": str(policy_dir(tmp_path, POLICY)),
+                              "executors": {"notes": {"actions": ["WriteNote"], "timeout_s": 10.0}}})
+    so = str(uuid.uuid4())
+    token, jti = issuer.mandate(agent="bot", so_id=so, principal=PRINCIPAL, actions=["WriteNote"])
+    ns: dict[str, Any] = {}
+    exec(compile(code, "README.md", "exec"), ns)  # noqa: S102 - the README's own example
+    async with running_gateway(cfg, nc):
+        got = await ns["main"](nc, token, so, jti)
+    assert got == ("ActDone", "confirmed", {"written": 8}, {"todo": "buy milk"})

@@ -97,6 +97,7 @@ class GateCall:
         self.kind = kind
         self.arguments = arguments
         self.entry: IdpEntry | None = None
+        self.d: OpenDispatch | None = None
         self.traceparent: str | None = None
 
 
@@ -238,9 +239,8 @@ class Gate:
         res = await self.handle_raw(agent, raw, data, receipt, tp, gate=gate)  # type: ignore[attr-defined]
         if not isinstance(res, Permit):
             return res
-        assert gate.entry is not None
-        d = self._open(gate.entry, gate, state="dispatched")
-        return await self._dispatch(d, reply=True)
+        assert gate.d is not None
+        return await self._dispatch(gate.d, reply=True, stored=True)
 
     def _open(self, entry: IdpEntry, gate: GateCall, *, state: Literal["awaiting_approval", "dispatched"],
               moment_id: str | None = None) -> OpenDispatch:
@@ -252,6 +252,13 @@ class Gate:
             traceparent=gate.traceparent,
         )
 
+    async def _gate_open(self, entry: IdpEntry, gate: GateCall) -> None:
+        """A permitted gated step: its open dispatch is stored before the permit is answered."""
+        d = self._open(entry, gate, state="dispatched")
+        d.dispatched_at = time.time()
+        gate.d = d
+        await self.gate_kv.put(d.idempotency_key, _enc.encode(d))
+
     async def _gate_hold(self, entry: IdpEntry, gate: GateCall, moment_id: str) -> None:
         """A HEM step of the gate: its arguments are stored before the principal is asked."""
         d = self._open(entry, gate, state="awaiting_approval", moment_id=moment_id)
@@ -259,28 +266,33 @@ class Gate:
             await self.gate_kv.create(d.idempotency_key, _enc.encode(d))
 
     # -- dispatch -------------------------------------------------------------------
-    async def _dispatch(self, d: OpenDispatch, *, reply: bool, rev: int | None = None) -> ActResult:
-        """Record the dispatch (key + GATE_DISPATCHED), send it, and record what came back."""
-        d.state, d.dispatched_at = "dispatched", time.time()
-        req = d.request()
-        body = {"idp_id": d.idp_id, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
-                "principal": d.principal, "action": d.action, "executor": d.kind,
-                "idempotency_key": d.idempotency_key, "request_digest": json_digest(msgspec.to_builtins(req)),
-                "idp_submitted_seq": d.submitted_seq, "moment_id": d.moment_id}
-        if rev is None:
-            put = self.gate_kv.put(d.idempotency_key, _enc.encode(d))
-        else:  # from awaiting_approval: exactly one instance takes it (compare-and-set)
-            put = self.gate_kv.update(d.idempotency_key, _enc.encode(d), last=rev)
-        await asyncio.gather(
-            self.eventlog.append("GATE_DISPATCHED", body, msg_id=stable_id("GATE_DISPATCHED", d.so_id.lower(), d.idp_id.lower()),
-                                 traceparent=d.traceparent),
-            put,
-        )
-        await self.state.advance_idp(d.so_id, d.idp_id, "dispatched")
-        resp = await self._ask(self.subjects.exec(d.kind, d.action), _enc.encode(req), d)
+    async def _dispatch(self, d: OpenDispatch, *, reply: bool, rev: int | None = None, stored: bool = False) -> ActResult:
+        """Record the dispatch (key + GATE_DISPATCHED), send it, and record what came back.
+
+        ``stored``: the key is written already (with the permit); ``rev``: the key is taken
+        from ``awaiting_approval`` by compare-and-set (one gateway dispatches an approval)."""
+        if not stored:
+            d.state, d.dispatched_at = "dispatched", time.time()
+            if rev is None:
+                await self.gate_kv.put(d.idempotency_key, _enc.encode(d))
+            else:
+                await self.gate_kv.update(d.idempotency_key, _enc.encode(d), last=rev)
+        await self._logged_dispatch(d)
+        resp = await self._ask(self.subjects.exec(d.kind, d.action), _enc.encode(d.request()), d)
         if resp is None or resp.status in ("running", "unknown"):
             return await self._timed_out(d, reply=reply)
         return await self._finish(d, resp)
+
+    async def _logged_dispatch(self, d: OpenDispatch) -> None:
+        """GATE_DISPATCHED (deterministic id: a re-send logs nothing twice), then the index entry."""
+        body = {"idp_id": d.idp_id, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
+                "principal": d.principal, "action": d.action, "executor": d.kind,
+                "idempotency_key": d.idempotency_key, "request_digest": json_digest(msgspec.to_builtins(d.request())),
+                "idp_submitted_seq": d.submitted_seq, "moment_id": d.moment_id}
+        await self.eventlog.append("GATE_DISPATCHED", body,
+                                   msg_id=stable_id("GATE_DISPATCHED", d.so_id.lower(), d.idp_id.lower()),
+                                   traceparent=d.traceparent)
+        await self.state.advance_idp(d.so_id, d.idp_id, "dispatched")
 
     async def _ask(self, subject: str, data: bytes, d: OpenDispatch) -> ExecResponse | None:
         timeout = self.cfg.executors[d.kind].timeout_s
@@ -525,7 +537,9 @@ class Gate:
             q = _enc.encode(ResultQuery(idempotency_key=d.idempotency_key))
             resp = await self._ask(self.subjects.exec_result(d.kind), q, d)
             if resp is not None and resp.status == "unknown":
-                # The executor never claimed the key, so it never ran it: send it again, same key.
+                # The executor never claimed the key, so it never ran it: send it again, same key
+                # (logged first: a crash between the permit and GATE_DISPATCHED lands here).
+                await self._logged_dispatch(d)
                 resp = await self._ask(self.subjects.exec(d.kind, d.action), _enc.encode(d.request()), d)
             if resp is not None and resp.status in ("ok", "error"):
                 await self._finish(d, resp)

@@ -440,6 +440,10 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             # when that is logged, else by a PGW_KERNEL_OPEN key; either is stored
             # before the answer leaves.
             jobs = [self._put_entry(entry), self.overdue.opened(entry, logged=self.cfg.log_permits)]
+            if gate is not None:
+                # The open dispatch, with its arguments, is stored with the permit: a crash from
+                # here on leaves it to the gate sweep, which finishes it (gateway/kernel/gate.py).
+                jobs.append(self._gate_open(entry, gate))
             if self.cfg.log_permits:
                 jobs.append(
                     self.eventlog.append(
