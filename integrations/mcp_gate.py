@@ -52,6 +52,7 @@ from mcp.client.stdio import stdio_client
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import McpError
 from msgspec import Meta, Struct
+from nats.errors import Error as NatsError
 
 from subjects.util import now_rfc3339
 
@@ -741,12 +742,20 @@ class Gate:
         from subjects.gate import ActDispatched, ActDone
         from subjects.idp import EnrichedDeny, HemPending, Reject
 
-        result = await self._act(gated, args, intent, hem_required=False)
-        if isinstance(result, EnrichedDeny) and result.hem_available and gated.escalate:
-            # spec 003 §6.3: after a DENY with hem_available the agent may resubmit with
-            # hem_urgency REQUIRED; this tool's rule says its denials go to the principal.
-            await progress(0.0, f"{gated.action} needs the principal's approval; asking")
-            result = await self._act(gated, args, intent, hem_required=True)
+        try:
+            result = await self._act(gated, args, intent, hem_required=False)
+            if isinstance(result, EnrichedDeny) and result.hem_available and gated.escalate:
+                # spec 003 §6.3: after a DENY with hem_available the agent may resubmit with
+                # hem_urgency REQUIRED; this tool's rule says its denials go to the principal.
+                await progress(0.0, f"{gated.action} needs the principal's approval; asking")
+                result = await self._act(gated, args, intent, hem_required=True)
+        except (NatsError, TimeoutError) as e:
+            # Nothing ran: an action runs only when the kernel dispatches it.
+            return tool_error({"status": "unavailable", "code": "kernel_unavailable",
+                               "reason": f"the gateway did not answer on {self.subject} ({type(e).__name__}); nothing ran"})
+        except msgspec.ValidationError as e:
+            return tool_error({"status": "unavailable", "code": "kernel_unavailable",
+                               "reason": f"the gateway's answer is not an act result: {e}"})
         match result:
             case ActDone(status="confirmed"):
                 return types.CallToolResult.model_validate(result.response)

@@ -253,3 +253,27 @@ async def test_a_streamable_http_upstream_gets_the_credentials_only_the_gate_hol
     finally:
         proc.terminate()
         await proc.wait()
+
+
+async def test_without_a_gateway_a_call_is_a_clear_tool_error_and_nothing_runs(nc: Any, tmp_path: Path) -> None:
+    """A gate whose bus has no gateway answering agent.{agent}.act returns the tool error kernel_unavailable (never the
+    upstream's result, never an exception string), and the write it was asked for does not happen."""
+    import base64
+    import uuid
+
+    from integrations.mcp_gate import Gate
+
+    claims = {"so_id": str(uuid.uuid4()), "jti": "m-1"}
+    token = "e30." + base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=") + ".sig"
+    files = tmp_path / "files"
+    files.mkdir()
+    config = parse_gate_config({"name": "fs", "mandate": token, "upstreams": {"fs": filesystem_upstream(files)}})
+    notes: list[str] = []
+
+    async def progress(_elapsed: float, message: str) -> None:
+        notes.append(message)
+
+    async with Gate(config, nc, "planner", request_timeout=2.0) as gate:
+        result = await gate.call(gate.upstreams.tools["write_file"], {"path": str(files / "x.txt"), "content": "x"}, None, progress)
+    assert result.isError and result.structuredContent["code"] == "kernel_unavailable"  # type: ignore[index]
+    assert not (files / "x.txt").exists()
