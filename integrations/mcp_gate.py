@@ -540,6 +540,7 @@ class IdpBuilder:
 
 
 Progress = Callable[[float, str], Awaitable[None]]
+STEP_RETRIES = 32
 
 
 def tool_error(body: dict[str, Any]) -> types.CallToolResult:
@@ -773,15 +774,27 @@ class Gate:
         return tool_error({"status": "failed", "reason": "unexpected kernel answer"})  # pragma: no cover
 
     async def _act(self, gated: GatedTool, args: dict[str, Any], intent: dict[str, Any] | None, *, hem_required: bool) -> Any:
-        from subjects.gate import ActRequest, act_result_decoder
+        """Submit the call; a step overtaken by a concurrent call of this gate is declared again.
 
-        request = ActRequest(
-            mandate=self.builder.mandate, action=gated.action,
-            idp=self.builder.idp(gated.action, intent, hem_required=hem_required),
-            arguments={"tool": gated.name, "arguments": args}, resource=resource_of(gated, args),
-        )
-        msg = await self.nc.request(self.subject, msgspec.json.encode(request), timeout=self.request_timeout)
-        return act_result_decoder.decode(msg.data)
+        Calls of one host run concurrently, each its own step of the gate's session, and the
+        kernel takes a step only above the last it committed (spec 003 §5.2(f)): a call whose
+        step a later one overtook is refused IDP_STEP_SEQUENCE before anything is evaluated, so
+        it is declared again with a new IDP and a higher step (at most ``STEP_RETRIES`` times).
+        """
+        from subjects.gate import ActRequest, act_result_decoder
+        from subjects.idp import Reject
+
+        for _ in range(STEP_RETRIES):
+            request = ActRequest(
+                mandate=self.builder.mandate, action=gated.action,
+                idp=self.builder.idp(gated.action, intent, hem_required=hem_required),
+                arguments={"tool": gated.name, "arguments": args}, resource=resource_of(gated, args),
+            )
+            msg = await self.nc.request(self.subject, msgspec.json.encode(request), timeout=self.request_timeout)
+            result = act_result_decoder.decode(msg.data)
+            if not (isinstance(result, Reject) and result.error_code == "IDP_STEP_SEQUENCE"):
+                return result
+        return result
 
     async def _await_result(self, idp_id: str, what: str, progress: Progress) -> types.CallToolResult:
         """Wait (with progress) for the ``action_result`` outcome of ``idp_id``, at most ``wait_s``."""

@@ -422,3 +422,14 @@ async def test_the_gate_serves_a_host_over_streamable_http(gate_env: GateEnv) ->
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 10)
     assert not result.isError and result.content[0].text == "over http"  # type: ignore[union-attr]
+
+
+async def test_concurrent_calls_of_one_host_all_run(gate_env: GateEnv) -> None:
+    """A host that calls several tools at once (as hosts do) gets every result: each call is its own step of the
+    gate's session, and a step the kernel saw overtaken by a later one is declared again, never lost."""
+    for i in range(6):
+        (gate_env.files / f"{i}.txt").write_text(f"file {i}")
+    async with gate_env.session(gate_env.gate_file()) as session:
+        results = await asyncio.wait_for(asyncio.gather(*(
+            session.call_tool("read_text_file", {"path": str(gate_env.files / f"{i}.txt")}) for i in range(6))), 60)
+    assert [r.content[0].text for r in results] == [f"file {i}" for i in range(6)], [r.structuredContent for r in results]  # type: ignore[union-attr]
