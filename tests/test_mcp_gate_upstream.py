@@ -218,6 +218,18 @@ async def test_the_readme_quick_start_config_is_the_tested_gate_file(tmp_path: P
     async with Upstreams(config) as ups:
         assert sorted(ups.actions()) == kernel["executors"][config.kind]["actions"] == ["DeleteFile", "ReadFile", "WriteFile"]
         assert [t.name for t in ups.host_tools() if ups.tools[t.name].escalate] == ["write_file", "edit_file", "create_directory"]
+    # `pgw mcp-gate --check` prints that very section.
+    gate_file = tmp_path / "gate.toml"
+    upstream = f'[upstreams.fs]\ncommand = {json.dumps(raw["upstreams"]["fs"]["command"])}\nargs = {json.dumps(raw["upstreams"]["fs"]["args"])}\n'
+    gate_file.write_text(re.sub(r"(?ms)^\[upstreams\.fs\]\n.*?(?=^#)", lambda _m: upstream,
+                                (repo / "deploy" / "mcp-gate.toml").read_text()))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "cli", "mcp-gate", "--agent", "planner", "--gate", str(gate_file), "--check",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=str(repo))
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0
+    printed = tomllib.loads(out.decode().split("\n\n", 1)[1])
+    assert printed["kernel"]["executors"] == kernel["executors"]
 
 
 async def test_a_streamable_http_upstream_gets_the_credentials_only_the_gate_holds(tmp_path: Path) -> None:
