@@ -24,6 +24,14 @@ async def add_tool(name: str, ctx: Context) -> str:  # type: ignore[type-arg]
 
 
 @app.tool()
+def getenv(name: str) -> str:
+    """The value of environment variable NAME in this server's process ("" when unset)."""
+    import os
+
+    return os.environ.get(name, "")
+
+
+@app.tool()
 async def slow(seconds: float) -> str:
     """Answer after SECONDS."""
     import asyncio

@@ -289,3 +289,14 @@ async def test_without_a_gateway_a_call_is_a_clear_tool_error_and_nothing_runs(n
         result = await gate.call(gate.upstreams.tools["write_file"], {"path": str(files / "x.txt"), "content": "x"}, None, progress)
     assert result.isError and result.structuredContent["code"] == "kernel_unavailable"  # type: ignore[index]
     assert not (files / "x.txt").exists()
+
+
+async def test_a_stdio_upstream_gets_the_environment_only_the_gate_holds() -> None:
+    """A stdio upstream's `env` from the gate's file (its credentials) reaches the upstream process and appears nowhere
+    in what the host is shown."""
+    config = parse_gate_config({"name": "x", "upstreams": {"ch": {
+        "command": sys.executable, "args": [str(CHANGING)], "env": {"TRACKER_TOKEN": "tok-123"}}}})
+    async with Upstreams(config) as ups:
+        out = await ups.call("getenv", {"tool": "getenv", "arguments": {"name": "TRACKER_TOKEN"}})
+        shown = json.dumps([t.model_dump(mode="json") for t in ups.host_tools()])
+    assert out["content"][0]["text"] == "tok-123" and "tok-123" not in shown
