@@ -22,6 +22,7 @@ run: $(STAMP)
 test: $(STAMP)
 	-sh tests/web/setup.sh
 	-sh tests/ops/setup.sh
+	-$(BIN)/python -m tests.mcp_peers
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 security: $(STAMP)

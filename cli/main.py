@@ -37,6 +37,7 @@ COMMAND_MODULES: list[str] = [
     "cli.commands.security",
     "cli.commands.accounts",
     "cli.commands.mcp",
+    "cli.commands.mcp_gate",
 ]
 
 

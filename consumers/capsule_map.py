@@ -62,8 +62,18 @@ def _constraint_id(code: str) -> str:
     return NAMESPACE + (_SNAKE.sub("_", code.lower()).strip("_") or "unnamed")
 
 
+def attestation_of(v: Verdict) -> str:
+    """spec 004 §5.2 effect_attestation: ``gate_executed`` only where the kernel's gate dispatched the
+    action and observed its result itself (gateway/kernel/gate.py: ``executed_action_source``
+    ``kernel_dispatched``); every other effect is the runtime's claim."""
+    d = v.details
+    if d.get("effect_attestation") == "gate_executed" and d.get("executed_action_source") == "kernel_dispatched":
+        return "gate_executed"
+    return "runtime_claimed"
+
+
 def _effect_record(v: Verdict, notes: list[str]) -> EffectRecord | None:
-    """The effect as observed by the gateway: reported by the runtime, never upgraded."""
+    """The effect as observed by the gateway: reported by the runtime (or observed by its gate), never upgraded."""
     vc = v.verdict_class
     if vc in NEVER_DISPATCH:
         if v.effect is not None:
@@ -104,7 +114,7 @@ def _effect_record(v: Verdict, notes: list[str]) -> EffectRecord | None:
         response_digest=resp,
         external_ref=e.external_ref,
         irreversibility_class=e.irreversibility_class,
-        effect_attestation=None if status == "planned" else "runtime_claimed",
+        effect_attestation=None if status == "planned" else attestation_of(v),
     )
 
 

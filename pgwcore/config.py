@@ -104,6 +104,17 @@ class SecurityConfig(_Section):
             check_token(a, "auditor name")
 
 
+class ExecutorConfig(_Section):
+    """One executor kind of the gate (docs/gate.md): the actions it serves, and how long the
+    kernel waits for its answer before recording the action ``dispatched_unconfirmed``."""
+
+    actions: list[str] = field(default_factory=list)
+    timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0
+    # After a timeout (or a restart) the kernel keeps asking the executor's _result endpoint this
+    # long for the result it did not see, then leaves the action dispatched_unconfirmed.
+    follow_up_s: Annotated[float, Meta(ge=0, le=30 * 86400)] = 300.0
+
+
 class KernelConfig(_Section):
     """The IDP kernel (spec 003, DESIGN §5): mandates, policy, HEM. See docs/kernel.md."""
 
@@ -136,6 +147,9 @@ class KernelConfig(_Section):
     # spec 003 §8.7: actions whose executed transition must pass a kernel gate. No gate
     # exists yet, so such an action is denied (GATE_REQUIRED) and a report claiming it refused.
     gated_actions: list[str] = field(default_factory=list)
+    # The gate (docs/gate.md): executor kind -> the actions it serves. An action served by an
+    # executor is gated: it runs only when the kernel dispatches it (agent.{agent}.act).
+    executors: dict[str, ExecutorConfig] = field(default_factory=dict)
     log_permits: bool = True
     # The event log's head is anchored outside it this often, and at drain (gateway/kernel/checkpoint.py).
     checkpoint_interval_s: Annotated[float, Meta(ge=0, le=3600)] = 5.0
@@ -144,6 +158,33 @@ class KernelConfig(_Section):
     report_deadline_s: Annotated[float, Meta(ge=0)] = 3600.0
     # denied action -> candidate paths (each a list of actions); offered only when derivable.
     suggested_paths: dict[str, list[list[str]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from subjects.errors import SubjectError
+        from subjects.gate import check_action_token, check_kind
+
+        served: dict[str, str] = {}
+        for kind, ex in self.executors.items():
+            try:
+                check_kind(kind)
+                for a in ex.actions:
+                    check_action_token(a)
+            except SubjectError as e:
+                raise ConfigError(f"kernel.executors.{kind}", str(e)) from None
+            clash = [k for k in self.executors if k != kind and k.upper() == kind.upper()]
+            if clash:
+                raise ConfigError(f"kernel.executors.{kind}", f"differs from {clash[0]} only in case (one results bucket)")
+            for a in ex.actions:
+                if a in served:
+                    raise ConfigError(f"kernel.executors.{kind}", f"action {a} is served by {served[a]} already")
+                served[a] = kind
+
+    def executor_of(self, action: str) -> str | None:
+        """The executor kind that serves ``action`` (docs/gate.md), or None."""
+        for kind, ex in self.executors.items():
+            if action in ex.actions:
+                return kind
+        return None
 
 
 class SurfacesConfig(_Section):

@@ -30,8 +30,9 @@ from subjects.errors import PgwError
 from subjects.names import check_token
 
 # "slack": the Slack surface of one principal (name = the principal; docs/surfaces.md).
-Role = Literal["agent", "principal", "service", "ops", "audit", "slack"]
-ROLES: tuple[Role, ...] = ("agent", "principal", "service", "ops", "audit", "slack")
+# "executor": executor:{kind}, the service that carries out one kind of gated action (docs/gate.md).
+Role = Literal["agent", "principal", "service", "ops", "audit", "slack", "executor"]
+ROLES: tuple[Role, ...] = ("agent", "principal", "service", "ops", "audit", "slack", "executor")
 SERVICE_NAMES = ("gateway", "signer", "registrar", "notifier", "services")
 
 _SEED_BEGIN = "-----BEGIN USER NKEY SEED-----"

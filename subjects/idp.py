@@ -312,6 +312,7 @@ EVENT_TYPES = (
     "TRANSITION_REPORT_OVERDUE",  # a permit closed without its report (gateway/kernel/overdue.py)
     "MANDATE_REVOKED",  # live revocation (gateway/kernel/revocation.py)
     "AUDIT_QUERY",  # an Audit Principal's query and what it was shown (gateway/kernel/audit.py)
+    "GATE_DISPATCHED",  # the kernel sent a gated action to its executor (gateway/kernel/gate.py)
 )
 
 GENESIS_DIGEST = "0" * 64

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from subjects.errors import SubjectError
+from subjects.gate import RESULT_ENDPOINT, check_action_token, check_kind
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,3}$")
@@ -30,7 +31,7 @@ VERDICT_CLASSES = (
 )
 LOG_EVENT_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 
-AgentChannel = Literal["envelope", "idp", "transition", "outcome", "moment"]
+AgentChannel = Literal["envelope", "idp", "transition", "outcome", "moment", "act"]
 PrincipalChannel = Literal["surface", "resolve", "pending"]
 # Issue 17 (docs/notifications.md): a surface's presence, and its Web Push subscription
 # requests to the notifier. Not JetStream: core request-reply and publish.
@@ -73,7 +74,7 @@ def principal_token(principal: str) -> str:
 class ParsedSubject:
     """A subject split into its role, the identity token and the channel."""
 
-    role: Literal["agent", "principal", "verdict", "capsule", "log", "capabilities", "notify"]
+    role: Literal["agent", "principal", "verdict", "capsule", "log", "capabilities", "notify", "exec"]
     token: str | None
     channel: str | None
 
@@ -104,6 +105,11 @@ class Subjects:
     def outcome(self, agent: str) -> str:
         return self.agent(agent, "outcome")
 
+    def act(self, agent: str) -> str:
+        """Request-reply: a governed action submitted through the kernel's gate
+        (``subjects.gate.ActRequest``; spec 003 §5.1)."""
+        return self.agent(agent, "act")
+
     def moment(self, agent: str) -> str:
         """Request-reply: the state of one of the agent's moments, and the outcome that closed it
         (served by the gateway; subjects/momentquery.py)."""
@@ -132,6 +138,24 @@ class Subjects:
         if verb not in PUSH_VERBS:
             raise SubjectError(str(verb), "push verb", f"must be one of {PUSH_VERBS}")
         return f"{self.prefix}.principal.{principal_token(principal)}.push.{verb}"
+
+    # -- executors (subjects/gate.py): only the gateway publishes here ------------
+    def exec(self, kind: str, action: str) -> str:
+        """An executor's action subject ``exec.{kind}.{action}`` (core request-reply)."""
+        return f"{self.prefix}.exec.{check_kind(kind)}.{check_action_token(action)}"
+
+    def exec_result(self, kind: str) -> str:
+        """An executor's result query ``exec.{kind}._result`` (crash recovery)."""
+        return f"{self.prefix}.exec.{check_kind(kind)}.{RESULT_ENDPOINT}"
+
+    def exec_all(self, kind: str) -> str:
+        """Every subject of one executor kind (its subscribe permission)."""
+        return f"{self.prefix}.exec.{check_kind(kind)}.>"
+
+    @property
+    def all_exec(self) -> str:
+        """Every executor subject (only the gateway's identity may publish here)."""
+        return f"{self.prefix}.exec.>"
 
     # -- downstream -------------------------------------------------------
     def verdict(self, verdict_class: str) -> str:
@@ -192,12 +216,17 @@ class Subjects:
             raise SubjectError(subject, "subject", f"does not start with prefix {self.prefix!r}")
         parts = subject[len(head) :].split(".")
         match parts:
-            case ["agent", token, ("envelope" | "idp" | "transition" | "outcome" | "moment") as ch]:
+            case ["agent", token, ("envelope" | "idp" | "transition" | "outcome" | "moment" | "act") as ch]:
                 return ParsedSubject("agent", agent_token(token), ch)
             case ["principal", token, ("surface" | "resolve" | "pending" | "presence") as ch]:
                 return ParsedSubject("principal", check_token(token, "principal token"), ch)
             case ["principal", token, "push", verb] if verb in PUSH_VERBS:
                 return ParsedSubject("principal", check_token(token, "principal token"), f"push.{verb}")
+            case ["exec", kind, action]:
+                check_kind(kind)
+                if action != RESULT_ENDPOINT:
+                    check_action_token(action)
+                return ParsedSubject("exec", kind, action)
             case ["notify", "deadletter"]:
                 return ParsedSubject("notify", None, "deadletter")
             case ["verdict", cls] if cls in VERDICT_CLASSES:

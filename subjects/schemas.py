@@ -39,12 +39,13 @@ WIRE_TYPES: dict[str, Any] = {
     "MomentExpired": wire.MomentExpired,
     "HemDecision": wire.HemDecision,
     "SchemaOutcome": wire.SchemaOutcome,
+    "ActionResult": wire.ActionResult,
     "Verdict": wire.Verdict,
     "Refusal": wire.Refusal,
 }
 
 # Modules that contribute more wire types (each exposes WIRE_TYPES: dict[str, type]).
-EXTRA_MODULES = ["subjects.idp", "subjects.kernelops", "subjects.momentquery"]
+EXTRA_MODULES = ["subjects.idp", "subjects.kernelops", "subjects.momentquery", "subjects.gate"]
 
 
 def all_types() -> dict[str, Any]:

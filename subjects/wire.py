@@ -426,7 +426,22 @@ class SchemaOutcome(OutcomeBase, tag="schema"):
     replayed: bool = False
 
 
-Outcome = EnvelopeOutcome | ResolutionOutcome | MomentExpired | HemDecision | SchemaOutcome
+class ActionResult(OutcomeBase, tag="action_result"):
+    """The result of a gated action that did not come back in the ``act`` reply (subjects/gate.py):
+    dispatched after a HEM approval, a late executor answer, or ``not_run`` (the principal
+    rejected it, or the moment expired). ``response_digest`` is the JSON-DIGEST of the
+    ``response`` the kernel received (spec 004 §5.2)."""
+
+    idp_id: str
+    status: Literal["confirmed", "failed", "dispatched_unconfirmed", "not_run"]
+    response: Any = None
+    response_digest: str | None = None
+    reason: str | None = None
+    moment_id: str | None = None
+    verdict_id: str | None = None
+
+
+Outcome = EnvelopeOutcome | ResolutionOutcome | MomentExpired | HemDecision | SchemaOutcome | ActionResult
 
 
 # ---------------------------------------------------------------------------

@@ -202,7 +202,12 @@ def code_streams() -> dict[str, list[str]]:
 
 def code_buckets() -> set[str]:
     """Every KV bucket the code creates."""
+    from subjects.gate import exec_bucket
+
     out = set(streams.KV_BUCKETS)
+    # One per executor kind (subjects/executor.py), named by this function: listed as its template.
+    if exec_bucket("kind") == "PGW_EXEC_KIND":
+        out.add("PGW_EXEC_{KIND}")
     for path, tree in code_files():
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):

@@ -45,6 +45,8 @@ PRINCIPALS = ["p1", "p2", "p3"]
 SLACK_PRINCIPALS = ["p1", "p2"]
 AGENTS = ["a1", "a2"]
 AGENT_BINDINGS = {"a1": ["p1", "p2"], "a2": ["p3"]}
+# Executors of the gate (docs/gate.md): only the gateway's identity may send to them.
+EXECUTORS = {"files": ["WriteFile"], "mail": ["SendMail"]}
 TABLE = "isolation matrix"
 WAIT = 5.0  # guard only: every wait below is for an event that should come at once
 
@@ -109,6 +111,7 @@ async def bed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         agents={a: {"principals": ps} for a, ps in AGENT_BINDINGS.items()},
         # One Slack surface identity per principal (slack:P, docs/surfaces.md).
         slack={"enabled": True, "principals": {p: {"user": f"U0{p.upper()}"} for p in SLACK_PRINCIPALS}},
+        kernel={"executors": {k: {"actions": acts} for k, acts in EXECUTORS.items()}},
     )
     auth = embedded_auth(config) if mode == "nkey" else operator_auth(config, tenant="acme")
     server = EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=-1, authorization=auth.server_block)
@@ -125,7 +128,7 @@ async def bed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         for p in SLACK_PRINCIPALS:
             await ensure_slack_state(js, p, prefix=config.prefix)
         for party in auth.parties:
-            if party.role in ("agent", "principal", "slack"):
+            if party.role in ("agent", "principal", "slack", "executor"):
                 conns[party.label] = await open_conn(server, auth.creds_for(party), party)
         bed = Bed(config, server, auth.party_creds_dir, service, conns, mode=mode)
 
@@ -341,6 +344,29 @@ AGENT_ATTACKS: dict[str, Attack] = {
     "forge a commitment verification": pub_to("{pre}.log.IDP_COMMITMENT_VERIFIED"),
 }
 
+def _exec_bucket_get(bed: Bed, attacker: Conn, victim: Conn) -> Awaitable[str]:
+    bucket = "PGW_EXEC_" + victim.party.name.upper()
+    return js_api(f"$JS.API.DIRECT.GET.KV_{bucket}", {"last_by_subj": f"$KV.{bucket}.>"})(bed, attacker, victim)
+
+
+# spec 003 §8.7 (docs/gate.md): an action is reached only through the kernel. Attacker: an agent
+# (or a principal); victim: an executor kind.
+EXEC_ATTACKS: dict[str, Attack] = {
+    "publish to an executor (exec.{kind}.{action})": pub_to("{pre}.exec.{v}.Run", b'{"idempotency_key": "00", "forged": true}'),
+    "ask an executor's stored result (exec.{kind}._result)": pub_to("{pre}.exec.{v}._result"),
+    "serve an executor's actions (subscribe exec.>)": sub_to("{pre}.exec.>", "{pre}.exec.{v}.Run"),
+    "read an executor's results bucket": _exec_bucket_get,
+}
+# An executor of one kind against another kind, and against the contract: it answers requests only.
+EXECUTOR_ATTACKS: dict[str, Attack] = {
+    "serve another kind's actions": sub_to("{pre}.exec.{v}.>", "{pre}.exec.{v}.Run"),
+    "call another executor": pub_to("{pre}.exec.{v}.Run"),
+    "read another kind's results bucket": _exec_bucket_get,
+    "write the event log": pub_to("{pre}.log.STATE_TRANSITIONED"),
+    "forge a verdict": pub_to("{pre}.verdict.executed"),
+    "submit a gated action as an agent": pub_to("{pre}.agent.a1.act"),
+}
+
 # Cross-role: an agent against a principal it is bound to, a principal against an agent.
 CROSS_ATTACKS: dict[str, Attack] = {
     # Operator mode used to need `_INBOX.>` for every user, and then an agent read other parties' replies.
@@ -368,10 +394,15 @@ def _cases() -> list[tuple[str, str, str, str]]:
         p = ps[0]
         out += [("cross", name, f"agent:{a}", f"principal:{p}") for name in CROSS_ATTACKS]
         out += [("reverse", name, f"principal:{p}", f"agent:{a}") for name in REVERSE_CROSS]
+    for actor in ("agent:a1", "principal:p1"):
+        out += [("exec", name, actor, f"executor:{k}") for k in EXECUTORS for name in EXEC_ATTACKS]
+    for x, y in itertools.permutations(EXECUTORS, 2):
+        out += [("executor", name, f"executor:{x}", f"executor:{y}") for name in EXECUTOR_ATTACKS]
     return out
 
 
-ATTACKS = {"principal": PRINCIPAL_ATTACKS, "agent": AGENT_ATTACKS, "cross": CROSS_ATTACKS, "reverse": REVERSE_CROSS}
+ATTACKS = {"principal": PRINCIPAL_ATTACKS, "agent": AGENT_ATTACKS, "cross": CROSS_ATTACKS, "reverse": REVERSE_CROSS,
+           "exec": EXEC_ATTACKS, "executor": EXECUTOR_ATTACKS}
 
 
 @pytest.mark.parametrize(("group", "attack", "actor", "target"), _cases(), ids=lambda v: str(v).replace(" ", "_"))
@@ -570,3 +601,36 @@ async def test_slack_surface_reaches_only_its_principal(bed: Bed, security_table
         await w.unsubscribe()
     security_table.record(bed.table, "Slack surface: only its principal's items, answers and records", "slack:p1",
                           "principal:p2", "refused (9 subjects + surface)", "refused, 0 delivered", True)
+
+
+async def test_executor_serves_the_gateway_and_agents_reach_it_only_through_act(bed: Bed, security_table) -> None:
+    """An executor with its own credentials keeps its results bucket and answers the gateway's identity (the
+    SDK, subjects/executor.py); an agent may send agent.{agent}.act, which only the gateway serves."""
+    from subjects.executor import Executor
+    from subjects.gate import ExecRequest, ExecResponse
+
+    x = bed.conns["executor:files"]
+    async with Executor(x.nc, "files", prefix=bed.config.prefix) as ex:
+
+        @ex.action("WriteFile")
+        async def write(args: dict) -> dict:
+            return {"ok": args["n"]}
+
+        await flushed(x.nc)
+        req = ExecRequest(idempotency_key="ab" * 16, action="WriteFile", arguments={"n": 1}, idp_id="i", so_id="s",
+                          agent="a1", principal="p1")
+        import msgspec
+
+        reply = await bed.service.nc.request(bed.subjects.exec("files", "WriteFile"), msgspec.json.encode(req), timeout=WAIT)
+        assert msgspec.json.decode(reply.data, type=ExecResponse).result == {"ok": 1}
+        assert ex.runs == 1
+    security_table.record(bed.table, "executor serves the gateway", "executor:files", "service:services", "allowed",
+                          "allowed", True)
+    a = bed.conns["agent:a1"]
+    obs = await bed.service.nc.subscribe(bed.subjects.act("a1"))
+    await flushed(bed.service.nc)
+    await a.nc.publish(bed.subjects.act("a1"), b"{}")
+    await settle(a, bed.service)
+    assert obs.pending_msgs == 1
+    await obs.unsubscribe()
+    security_table.record(bed.table, "own gated action (agent.{agent}.act)", "agent:a1", "agent:a1", "allowed", "allowed", True)

@@ -202,6 +202,10 @@ def format_result(r: Result) -> str:
     line = (f"{head} {r.source}  format={r.profile or '-'} statement={r.statement_type or '-'} "
             f"capsule_id={r.capsule_id or '-'} verdict_class={r.verdict_class or '-'} "
             f"attestation={a.get('attestation_mode', '-')} ledger={a.get('ledger_mode', '-')}")
+    if r.effect_grade or a.get("effect_mode"):
+        # spec 004 §5.2: who vouches for the effect (gate_executed: observed by the gate;
+        # runtime_claimed: the runtime's word) and what is known of it.
+        line += f" effect={a.get('effect_mode', '-')} effect_attestation={r.effect_grade or '-'}"
     for f in r.findings:
         line += f"\n      [{f.check} {f.name}] {f.severity}: {f.code}: {f.message}" + (f" ({f.path})" if f.path else "")
     return line

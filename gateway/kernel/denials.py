@@ -189,6 +189,9 @@ class Denials:
             got = await self.state.idp(so_id, idp_id)
             if got is not None:
                 await self.overdue.opened(got[0], moment_id=moment_id)  # a human's permit awaits its report too
+        if so_id and held.trigger == "HEM_URGENCY_REQUIRED":
+            # A gated step (gateway/kernel/gate.py) runs now, or never.
+            await self._gate_after_hem(so_id, idp_id, decision)  # type: ignore[attr-defined]
         return settled
 
     async def _settle_decided(self, agent: str, holds: list[HemHold]) -> bool:

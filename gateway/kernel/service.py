@@ -43,6 +43,7 @@ from gateway.kernel.audit import AuditService
 from gateway.kernel.checkpoint import Checkpointer
 from gateway.kernel.denials import Denials
 from gateway.kernel.eventlog import STREAM, EventLog
+from gateway.kernel.gate import GATE_CONTEXT, Gate, GateCall
 from gateway.kernel.mandate import Mandate, MandateVerifier
 from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.policy import PolicyEngine, idp_context
@@ -100,7 +101,7 @@ def _uuid_from(*parts: str) -> str:
     return str(uuid.UUID(hex=stable_id(*parts), version=4))
 
 
-class KernelService(RequestValidation, Denials, TransitionReports):
+class KernelService(RequestValidation, Denials, TransitionReports, Gate):
     """The governing kernel of spec 003 on the bus; a gateway part (``GATEWAY_PARTS``)."""
 
     name = "kernel"
@@ -151,6 +152,7 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             log.warning("no Cedar policies configured (kernel.policy_dir): every action is denied")
         self.desk.on_hem_decision(self._on_hem_decision)
         self._sub = await self.nc.subscribe(self.subjects.all_agents("idp"), queue=QUEUE, cb=self._on_idp)
+        await self._gate_start(QUEUE)  # agent.*.act and the sweep of open dispatches (gate.py)
         self._psub = await self.js.pull_subscribe(
             self.subjects.all_agents("transition"),
             durable=DURABLE,
@@ -177,6 +179,7 @@ class KernelService(RequestValidation, Denials, TransitionReports):
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.drain()
+        await self._gate_drain()
         await self.revocations.close()
         await self.audit.close()
         if self._loop_task is not None:
@@ -249,16 +252,32 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             return r.result
 
     async def _handle(self, agent: str, data: bytes, receipt: str, tp: str | None) -> KernelResult:
-        def digest() -> str:  # only a refusal needs it: hashing every request body is not free
-            return stable_id("request", agent, data.decode("utf-8", "replace"))
-
         try:
             raw = msgspec.json.decode(data)
         except Exception:  # noqa: BLE001 - not JSON, not UTF-8, too deep: all a refusal
             raw = None
         if not isinstance(raw, dict):
-            await self._deny_verdict(agent, None, digest(), "REQUEST_MALFORMED", "the request is not a JSON object", None, tp)
+            digest = stable_id("request", agent, data.decode("utf-8", "replace"))
+            await self._deny_verdict(agent, None, digest, "REQUEST_MALFORMED", "the request is not a JSON object", None, tp)
             raise self._reject("REQUEST_MALFORMED", "the request body must be a JSON object {mandate, action, resource?, idp}")
+        return await self._handle_raw(agent, raw, data, receipt, tp)
+
+    async def handle_raw(
+        self, agent: str, raw: dict[str, Any], data: bytes, receipt: str, tp: str | None, *, gate: GateCall | None = None
+    ) -> KernelResult:
+        """A decoded transition request (``agent.{agent}.idp``, or the transition of a gated
+        action on ``agent.{agent}.act`` when ``gate`` is given) -> its result."""
+        try:
+            return await self._handle_raw(agent, raw, data, receipt, tp, gate)
+        except RefusalError as r:
+            return r.result
+
+    async def _handle_raw(
+        self, agent: str, raw: dict[str, Any], data: bytes, receipt: str, tp: str | None, gate: GateCall | None = None
+    ) -> KernelResult:
+        def digest() -> str:  # only a refusal needs it: hashing every request body is not free
+            return stable_id("request", agent, data.decode("utf-8", "replace"))
+
         try:
             idp, mandate, resource, pii, read = await self._validate(agent, raw)
         except RefusalError as r:
@@ -272,7 +291,7 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             await commit_refused(self, agent, raw.get("idp"), receipt, res.error_code, tp)
             await self._deny_verdict(agent, res.idp_id, digest(), res.error_code, res.reason, None, tp)
             raise
-        return await self._decide(agent, raw, idp, mandate, resource, pii, read, receipt, tp)
+        return await self._decide(agent, raw, idp, mandate, resource, pii, read, receipt, tp, gate)
 
     async def _session(
         self, agent: str, session_id: str, read: tuple[SessionEntry, int] | None = None
@@ -296,6 +315,7 @@ class KernelService(RequestValidation, Denials, TransitionReports):
     async def _decide(
         self, agent: str, raw: dict[str, Any], idp: Idp, m: Mandate, resource: dict[str, str],
         pii: list[str], read: tuple[SessionEntry, int | None], receipt: str, tp: str | None,
+        gate: GateCall | None = None,
     ) -> KernelResult:
         sess, rev = read
         hem_available = self.cfg.hem_enabled and sess.state == "ACTIVE"
@@ -337,13 +357,14 @@ class KernelService(RequestValidation, Denials, TransitionReports):
         )
         tr = asyncio.ensure_future(self.state.put_tr(agent, idp.idp_id, idp.so_id))
         try:
-            return await self._commit(agent, raw, idp, m, resource, pii, round1, tp, hem_available)
+            return await self._commit(agent, raw, idp, m, resource, pii, round1, tp, hem_available, gate)
         finally:
             await tr
 
     async def _commit(
         self, agent: str, raw: dict[str, Any], idp: Idp, m: Mandate, resource: dict[str, str],
         pii: list[str], round1: asyncio.Future[list[Any]], tp: str | None, hem_available: bool,
+        gate: GateCall | None = None,
     ) -> KernelResult:
         reserved, sub = await round1
         for r in (sub, reserved):
@@ -370,7 +391,7 @@ class KernelService(RequestValidation, Denials, TransitionReports):
         )
 
         # Only now: policy (spec 003 §5.3 ordering IDP_SUBMITTED < Cedar evaluation).
-        ctx = self._context(agent, idp, m)
+        ctx = self._context(agent, idp, m, gated=gate is not None)
         action = idp.requested_action
         in_scope = action in m.actions
         allowed = in_scope and self.policy.evaluate(
@@ -379,11 +400,15 @@ class KernelService(RequestValidation, Denials, TransitionReports):
         deny_code = "POLICY_DENY" if in_scope else "MANDATE_SCOPE"
         warnings = [Detail(message=f"possible personal data ({p.split('@')[0]})", path=p.split("@")[1], rule="pii") for p in pii]
 
-        if in_scope and action in self.cfg.gated_actions:
+        if gate is not None:
+            gate.entry = entry
+        if in_scope and gate is None and self.gated(action):
             # spec 003 §8.7: the comparison of declared and executed action must happen
-            # entirely within the kernel, i.e. the action must transit a kernel gate.
-            # No gate exists yet, so a gated action is never permitted, nor sent to a
-            # human who could only approve what the agent would then report itself.
+            # entirely within the kernel, i.e. the action must transit the kernel's gate
+            # (agent.{agent}.act, gateway/kernel/gate.py). Declared here, on the report
+            # path, it is never permitted, nor sent to a human who could only approve what
+            # the agent would then report itself. An action in kernel.gated_actions that
+            # no executor serves has no gate at all: it is denied either way.
             entry.status = "denied"
             await self._put_entry(entry)
             return await self._deny(
@@ -395,6 +420,9 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             entry.status = "hem_pending"
             entry.moment_id = self._moment_id("HEM_URGENCY_REQUIRED", idp)
             await self._put_entry(entry)
+            if gate is not None:
+                # The arguments are stored before the principal can answer (gate.py).
+                await self._gate_hold(entry, gate, entry.moment_id)
             moment_id, _seq = await self._escalate(
                 agent=agent, principal=m.principal, idp=idp, trigger="HEM_URGENCY_REQUIRED", mandate_id=m.jti,
                 cedar="PERMIT" if allowed else "DENY", tp=tp,
@@ -413,6 +441,10 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             # when that is logged, else by a PGW_KERNEL_OPEN key; either is stored
             # before the answer leaves.
             jobs = [self._put_entry(entry), self.overdue.opened(entry, logged=self.cfg.log_permits)]
+            if gate is not None:
+                # The open dispatch, with its arguments, is stored with the permit: a crash from
+                # here on leaves it to the gate sweep, which finishes it (gateway/kernel/gate.py).
+                jobs.append(self._gate_open(entry, gate))
             if self.cfg.log_permits:
                 jobs.append(
                     self.eventlog.append(
@@ -494,20 +526,20 @@ class KernelService(RequestValidation, Denials, TransitionReports):
             self.state.update_session(agent, idp.session_id, bump_step(idp.step_sequence, idp.idp_id)),
         )
 
-    def _context(self, agent: str, idp: Idp, m: Mandate) -> dict[str, Any]:
+    def _context(self, agent: str, idp: Idp, m: Mandate, *, gated: bool = False) -> dict[str, Any]:
         ctx: dict[str, Any] = {"idp": idp_context(idp), "agent": agent, "principal": m.principal,
                                "mandate": {"jti": m.jti, "so_id": m.so_id},
-                               # spec 003 §8.7: how the executed action will be known. No kernel
-                               # gate exists yet: the agent reports it. A policy requiring the gate:
-                               # forbid(...) unless { context.execution.gated };
-                               "execution": EXECUTION_CONTEXT}
+                               # spec 003 §8.7: how the executed action will be known: dispatched
+                               # by the kernel's gate (agent.{agent}.act), or reported by the agent.
+                               # A policy requiring the gate: forbid(...) unless { context.execution.gated };
+                               "execution": GATE_CONTEXT if gated else EXECUTION_CONTEXT}
         if m.mission_ref is not None:
             ctx["mandate"]["mission_ref"] = m.mission_ref
         return ctx
 
     def _available(self, agent: str, idp: Idp, m: Mandate, resource: dict[str, str], ctx: dict[str, Any]) -> list[str]:
         """spec 003 §6.2: the mandate's actions that Cedar would permit now (never more; no gated action)."""
-        actions = [a for a in dict.fromkeys(m.actions) if a not in self.cfg.gated_actions]
+        actions = [a for a in dict.fromkeys(m.actions) if not self.gated(a)]
         decisions = self.policy.evaluate_many(
             actions, agent=agent, principal=m.principal, resource=resource, so_id=idp.so_id, context=ctx
         )

@@ -46,7 +46,7 @@ log = get_logger("pgw.kernel.state")
 BUCKET = "PGW_KERNEL"
 
 IdpStatus = Literal[
-    "submitted", "permitted", "denied", "hem_pending", "hem_approved", "hem_denied", "transitioned"
+    "submitted", "permitted", "denied", "hem_pending", "hem_approved", "hem_denied", "dispatched", "transitioned"
 ]
 # Forward order of an IDP's life; a status never moves backwards.
 _RANK = {
@@ -56,6 +56,7 @@ _RANK = {
     "hem_pending": 1,
     "hem_approved": 2,
     "hem_denied": 2,
+    "dispatched": 2,  # the gate sent it to its executor (gateway/kernel/gate.py); no report is taken
     "transitioned": 3,
 }
 SessionState = Literal["ACTIVE", "HEM_PENDING", "TERMINATED"]
@@ -496,6 +497,8 @@ class KernelState:
                 await self.advance_idp(body["so_id"], body["idp_id"], "permitted")
             case "CEDAR_DENY_RECORDED" | "IDP_SUBMISSION_VOIDED":
                 await self.advance_idp(body["so_id"], body["idp_id"], "denied")
+            case "GATE_DISPATCHED":
+                await self.advance_idp(body["so_id"], body["idp_id"], "dispatched")
             case "STATE_TRANSITIONED":
                 await self.advance_idp(body["so_id"], body["idp_id"], "transitioned", transition_seq=seq)
             case "IDP_COMMITMENT_VERIFIED" | "IDP_COMMITMENT_GAP":

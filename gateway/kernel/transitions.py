@@ -122,6 +122,7 @@ class TransitionReports:
     _psub: Any
     _stopping: bool
     _busy: bool
+    gated: Any
 
     # -- transition reports (spec 003 §5.5) -------------------------------------------
     async def _transition_loop(self) -> None:
@@ -179,9 +180,17 @@ class TransitionReports:
         if entry.status == "hem_pending":
             await self._session(agent, entry.session_id)
             entry = (await self.state.idp(entry.so_id, entry.idp_id) or got)[0]
+        if entry.status == "dispatched" or (entry.status == "transitioned" and await self._gate_transitioned(entry)):
+            # spec 003 §8.7: the kernel dispatched this step itself (gate.py); the agent's word
+            # on it is not taken, and a report of it is a finding like any gated action's.
+            return await self._refuse_transition(
+                agent, rep, "this step transited the kernel's gate; its transition is recorded by the kernel",
+                msg_seq, tp, code="GATE_REQUIRED",
+                alert={"severity": "CRITICAL", "alert_trigger": "GATE_REQUIRED", "actions": [entry.requested_action]},
+            )
         if entry.status not in ("permitted", "hem_approved", "transitioned"):
             return await self._refuse_transition(agent, rep, f"the IDP was not permitted (status {entry.status})", msg_seq, tp)
-        gated = [a for a in dict.fromkeys((entry.requested_action, rep.executed_action)) if a in self.cfg.gated_actions]
+        gated = [a for a in dict.fromkeys((entry.requested_action, rep.executed_action)) if self.gated(a)]
         if gated:
             # spec 003 §8.7: a gated action reported on the agent-report path did not
             # transit a gate, so its comparison would rest on the agent's word: refused,
@@ -262,6 +271,13 @@ class TransitionReports:
                                  mandate_id=entry.mandate_id, verification=record, tp=tp)
         await self._transition_verdict(agent, entry, rep, resp_digest, record, tp)
         return "verified" if matched else "gap"
+
+    async def _gate_transitioned(self, entry: IdpEntry) -> bool:
+        """The step's STATE_TRANSITIONED was written by the gate (kernel_dispatched)."""
+        if entry.transition_seq is None:
+            return False
+        ev = await self.eventlog.get(entry.transition_seq)
+        return ev.body.get("executed_action_source") == "kernel_dispatched"
 
     async def _reported(self, entry: IdpEntry) -> Appended | None:
         """The STATE_TRANSITIONED already logged for this IDP, or None."""

@@ -90,6 +90,7 @@ def parties(config: Config) -> list[Party]:
     out += [Party("audit", a) for a in sorted(dict.fromkeys(config.security.auditors))]
     if config.slack.enabled:  # one identity per principal on Slack (docs/surfaces.md)
         out += [Party("slack", principal_token(p)) for p in sorted(config.slack.principals)]
+    out += [Party("executor", k) for k in sorted(config.kernel.executors)]  # docs/gate.md
     return out
 
 

@@ -30,8 +30,10 @@ END = "<!-- END permissions -->"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "contract.md"
 
 # Placeholder party names: valid subject tokens, shown as {agent}, {principal}, {name}.
-_SAMPLES = {"agent": "AGENTx9", "principal": "PRINCIPALx9", "ops": "OPSx9", "audit": "AUDITx9", "slack": "PRINCIPALx9"}
-_SHOWN = {"AGENTx9": "{agent}", "PRINCIPALx9": "{principal}", "OPSx9": "{name}", "AUDITx9": "{name}"}
+_SAMPLES = {"agent": "AGENTx9", "principal": "PRINCIPALx9", "ops": "OPSx9", "audit": "AUDITx9", "slack": "PRINCIPALx9",
+            "executor": "kindx9"}
+_SHOWN = {"AGENTx9": "{agent}", "PRINCIPALx9": "{principal}", "OPSx9": "{name}", "AUDITx9": "{name}",
+          "kindx9": "{kind}", "KINDX9": "{KIND}"}
 
 # Lists shared by several roles, shown once by name instead of in every row.
 NAMED_LISTS: tuple[tuple[str, tuple[str, ...]], ...] = (

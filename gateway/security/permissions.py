@@ -104,11 +104,14 @@ def agent_permissions(prefix: str, agent: str) -> Permissions:
             f"{base}.idp",
             f"{base}.transition",
             f"{base}.moment",  # request-reply: its own moments' state (subjects/momentquery.py)
+            f"{base}.act",  # request-reply: a gated action, through the kernel (subjects/gate.py)
             f"{prefix}.capabilities",
             *_pull_only(OUTBOUND_STREAM, agent_durable(agent)),
         ),
         # An agent must not forge its own outcomes into PGW_OUTBOUND.
-        pub_deny=(f"{base}.outcome", *JS_BYPASS_DENY),
+        # Nor reach an executor except through the kernel (spec 003 §8.7, docs/gate.md): the
+        # allow list has no exec subject; the deny keeps a later, wider allow from granting one.
+        pub_deny=(f"{base}.outcome", f"{prefix}.exec.>", *JS_BYPASS_DENY),
         sub_allow=(f"{base}.outcome", f"{own.inbox_prefix}.>"),
     )
 
@@ -188,11 +191,13 @@ def service_permissions(prefix: str, name: str) -> Permissions:
                     f"{p}.checkpoint.>",  # its anchored heads (gateway/kernel/checkpoint.py)
                     f"{p}.deadletter.>",  # poison messages (gateway/deadletter.py, issue 8)
                     f"{p}.agent.*.envelope",  # re-publish an envelope whose msg id was squatted (security/squat.py)
+                    f"{p}.exec.>",  # the gate: only the kernel sends to executors (gateway/kernel/gate.py)
                 ),
                 sub_allow=(
                     "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>",  # ditto: crashed-worker path
                     f"{p}.agent.*.envelope",  # core watch for squatted msg ids (security/squat.py)
                     f"{p}.agent.*.idp",
+                    f"{p}.agent.*.act",  # gated actions (gateway/kernel/gate.py)
                     f"{p}.agent.*.moment",  # the agents' moment queries (gateway/app.py)
                     f"{p}.principal.*.resolve",
                     f"{p}.principal.*.pending",
@@ -306,6 +311,29 @@ def audit_permissions(prefix: str, name: str) -> Permissions:
     )
 
 
+def executor_permissions(prefix: str, kind: str) -> Permissions:
+    """Executor of kind K (docs/gate.md): serve ``exec.K.>`` (a queue group, answering the gateway's
+    requests), register with the services API, and keep its results in its own bucket
+    ``PGW_EXEC_{K}``; it publishes on no contract subject, and no party but the gateway may
+    publish to it."""
+    from subjects.gate import exec_bucket
+
+    own = Party("executor", kind)
+    stream = f"KV_{exec_bucket(kind)}"
+    return Permissions(
+        pub_allow=(
+            f"$KV.{exec_bucket(kind)}.>",
+            f"$JS.API.STREAM.INFO.{stream}",
+            f"$JS.API.STREAM.CREATE.{stream}",
+            f"$JS.API.STREAM.MSG.GET.{stream}",
+            f"$JS.API.DIRECT.GET.{stream}",
+            f"$JS.API.DIRECT.GET.{stream}.>",
+        ),
+        sub_allow=(f"{prefix}.exec.{kind}.>", "$SRV.>", f"{own.inbox_prefix}.>"),
+        allow_responses=True,
+    )
+
+
 # One builder per role: a new role (say, an auditor) is one function and one entry here.
 RoleBuilder = Callable[[str, str], Permissions]
 ROLE_BUILDERS: dict[str, RoleBuilder] = {
@@ -315,6 +343,7 @@ ROLE_BUILDERS: dict[str, RoleBuilder] = {
     "ops": ops_permissions,
     "audit": audit_permissions,
     "slack": slack_permissions,
+    "executor": executor_permissions,
 }
 
 

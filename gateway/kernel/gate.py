@@ -1,0 +1,567 @@
+"""The gate: governed actions that transit the kernel (spec 003 §5.1, §8.7; spec 004 §5.2; docs/gate.md).
+
+An agent submits the transition and the action's arguments in one call on
+``{prefix}.agent.*.act`` (``subjects.gate.ActRequest``; request-reply, queue
+group ``pgw-gateway``). The request runs the same path as one on
+``agent.*.idp`` (validation in the order of §5.2, ``IDP_SUBMITTED`` committed
+before Cedar, §5.3); on PERMIT, or on a human's approval through HEM, the
+kernel itself carries the action out by sending it to the executor of its
+kind (``exec.{kind}.{action}``, which only the gateway's identity may
+publish on). What is written when:
+
+1. ``PGW_KERNEL_GATE`` key ``{idempotency_key}`` (``OpenDispatch``: the
+   arguments, the executor, the state) and ``GATE_DISPATCHED`` in the event
+   log (request digest, executor, key), both stored before the request is
+   sent; for a HEM step the key is written ``awaiting_approval`` before the
+   principal is asked, and becomes ``dispatched`` on the approval;
+2. the executor's answer, within ``kernel.executors.{kind}.timeout_s``:
+   ``STATE_TRANSITIONED`` with ``executed_action`` = the action the kernel
+   dispatched, ``executed_action_source: kernel_dispatched``,
+   ``effect_attestation: gate_executed`` and the effect status
+   (``confirmed`` bound to the JSON-DIGEST of the response the kernel
+   received, or ``failed``); then ``IDP_COMMITMENT_VERIFIED`` (declared vs
+   dispatched, computed by the kernel alone: §8.7), the ``executed``
+   verdict (so the capsule), the key deleted, and the ``ActDone`` answer;
+3. no answer in time: a ``timeout`` verdict (spec 004 §5.4.2: a timeout
+   after dispatch, ``dispatched_unconfirmed``), the ``ActDispatched``
+   answer; the key stays, and the sweep below finishes it.
+
+The sweep (at start, then every few seconds) finishes every dispatch whose
+answer the kernel did not record, from its key: it asks the executor's
+``_result`` endpoint for the key; a stored result is recorded as in 2 (and
+supersedes the timeout verdict), ``unknown`` (the executor never claimed
+the key, so never ran it) is dispatched again with the same key, and
+``running`` or no executor is asked again until ``follow_up_s`` has passed,
+when the step is recorded ``dispatched`` (``STATE_TRANSITIONED`` with that
+status) and left unconfirmed. Every write has a deterministic id, so a
+sweep on two gateways, or a restart in the middle, doubles nothing.
+docs/gate.md says what each crash leaves and what holds for an executor
+that is not idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+import rfc8785
+import structlog
+from msgspec import Struct, field
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+
+from gateway.kernel.eventlog import Appended
+from gateway.kernel.state import IdpEntry
+from pgwcore.logs import get_logger
+from pgwcore.metrics import LATENCY
+from pgwcore.streams import ensure_kv
+from subjects.errors import SubjectError
+from subjects.executor import decode_response
+from subjects.gate import (
+    IDEMPOTENCY_HEADER,
+    ActDispatched,
+    ActDone,
+    ActRequest,
+    ActResult,
+    ExecRequest,
+    ExecResponse,
+    ResultQuery,
+    idempotency_key,
+)
+from subjects.idp import Permit, Reject, b64url, json_digest
+from subjects.util import now_rfc3339, stable_id
+from subjects.wire import ActionResult, Refusal, ReportedEffect, Verdict
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
+log = get_logger("pgw.kernel.gate")
+
+BUCKET = "PGW_KERNEL_GATE"
+EXECUTED_ACTION_SOURCE = "kernel_dispatched"
+ATTESTATION = "gate_executed"
+# What Cedar sees of a request on agent.{agent}.act (context.execution): the action will
+# transit the gate, so a policy may require it: forbid(...) unless { context.execution.gated };
+GATE_CONTEXT = {"gated": True, "executed_action_source": EXECUTED_ACTION_SOURCE}
+_enc = msgspec.json.Encoder()
+
+
+class GateCall:
+    """What ``agent.{agent}.act`` carries beyond a transition request; filled in on the way."""
+
+    def __init__(self, kind: str, arguments: dict[str, Any]) -> None:
+        self.kind = kind
+        self.arguments = arguments
+        self.entry: IdpEntry | None = None
+        self.d: OpenDispatch | None = None
+        self.traceparent: str | None = None
+
+
+class OpenDispatch(Struct, kw_only=True, omit_defaults=True):
+    """A gated action the kernel has accepted and not yet recorded the end of (``PGW_KERNEL_GATE``)."""
+
+    idempotency_key: str
+    state: Literal["awaiting_approval", "dispatched"]
+    kind: str
+    action: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    idp_id: str
+    so_id: str
+    agent: str
+    principal: str
+    session_id: str
+    step_sequence: int
+    submitted_seq: int
+    moment_id: str | None = None
+    dispatched_at: float | None = None
+    dispatched_seq: int | None = None
+    timed_out: bool = False
+    traceparent: str | None = None
+
+    def request(self) -> ExecRequest:
+        return ExecRequest(idempotency_key=self.idempotency_key, action=self.action, arguments=self.arguments,
+                           idp_id=self.idp_id, so_id=self.so_id, agent=self.agent, principal=self.principal)
+
+
+_od_dec = msgspec.json.Decoder(OpenDispatch)
+
+
+def observed(resp: ExecResponse) -> tuple[Literal["confirmed", "failed"], Any]:
+    """The effect status and the response the kernel records for an executor's answer.
+
+    ``ok``: ``confirmed`` with the executor's result (a null result is recorded as ``{}``,
+    so that a confirmed effect always has a response to bind, spec 004 §5.2); ``error``:
+    ``failed`` with the error object (spec 004 §5.2 ``failed``: attempted, failure reported).
+    """
+    if resp.status == "ok":
+        return "confirmed", ({} if resp.result is None else resp.result)
+    err = msgspec.to_builtins(resp.error) if resp.error is not None else {"code": "EXECUTOR_ERROR"}
+    return "failed", err
+
+
+class Gate:
+    """The gate methods of :class:`gateway.kernel.service.KernelService` (state lives on the service)."""
+
+    nc: Any
+    js: Any
+    cfg: Any
+    subjects: Any
+    state: Any
+    eventlog: Any
+    overdue: Any
+    publisher: Any
+    key: Any
+    _inflight: set[asyncio.Task[Any]]
+    _sem: asyncio.Semaphore
+    _stopping: bool
+
+    gate_kv: Any = None
+    _gate_sub: Any = None
+    _gate_task: asyncio.Task[None] | None = None
+    _gate_busy: set[str]
+
+    # -- life cycle -------------------------------------------------------------
+    async def _gate_start(self, queue: str) -> None:
+        self._gate_busy = set()
+        self.gate_kv = await ensure_kv(self.js, BUCKET)
+        self._gate_sub = await self.nc.subscribe(self.subjects.all_agents("act"), queue=queue, cb=self._on_act)
+        if self.cfg.executors:
+            self._gate_task = asyncio.create_task(self._gate_loop(), name="kernel-gate-sweep")
+
+    async def _gate_drain(self) -> None:
+        if self._gate_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._gate_sub.drain()
+            self._gate_sub = None
+        if self._gate_task is not None:
+            self._gate_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._gate_task
+            self._gate_task = None
+
+    def gated(self, action: str) -> bool:
+        """spec 003 §8.7: an action that must transit the gate (served by an executor, or listed)."""
+        return action in self.cfg.gated_actions or self.cfg.executor_of(action) is not None
+
+    # -- agent.{agent}.act ----------------------------------------------------------
+    async def _on_act(self, msg: Msg) -> None:
+        task = asyncio.create_task(self._serve_act(msg))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _serve_act(self, msg: Msg) -> None:
+        async with self._sem:
+            structlog.contextvars.clear_contextvars()
+            t0 = time.perf_counter()
+            try:
+                agent = self.subjects.parse(msg.subject).token or ""
+            except SubjectError:
+                return
+            tp = (msg.headers or {}).get("traceparent")
+            structlog.contextvars.bind_contextvars(agent=agent, traceparent=tp)
+            try:
+                result = await self.handle_act(agent, msg.data, traceparent=tp)
+            except Exception:
+                log.exception("gated action failed", agent=agent)
+                result = Reject(timestamp=now_rfc3339(), error_code="KERNEL_UNAVAILABLE",
+                                reason="the kernel could not complete this request; see the event log for what it recorded")
+            LATENCY.labels(stage="act").observe(time.perf_counter() - t0)
+            log.info("act", agent=agent, result=type(result).__name__, idp_id=getattr(result, "idp_id", None))
+            if msg.reply:
+                with contextlib.suppress(Exception):
+                    await msg.respond(_enc.encode(result))
+
+    async def handle_act(self, agent: str, data: bytes, *, traceparent: str | None = None) -> ActResult:
+        """One gated action: the transition (spec 003 §5.1) and, when permitted, its dispatch."""
+        tp = traceparent
+        receipt = now_rfc3339()
+        try:
+            req = msgspec.json.decode(data, type=ActRequest)
+        except Exception as e:  # noqa: BLE001 - not JSON or not an ActRequest: a refusal with the path
+            key = stable_id("request", agent, data.decode("utf-8", "replace"))
+            await self._deny_verdict(agent, None, key, "REQUEST_MALFORMED", "the act request is malformed", None, tp)  # type: ignore[attr-defined]
+            return Reject(timestamp=now_rfc3339(), error_code="REQUEST_MALFORMED",
+                          reason="the body must be an ActRequest {mandate, action, idp, arguments?, resource?}",
+                          details=[_detail(str(e))])
+        kind = self.cfg.executor_of(req.action)
+        if kind is None:
+            return Reject(timestamp=now_rfc3339(), error_code="REQUEST_MALFORMED",
+                          reason=f"no executor serves {req.action[:128]} here: declare it on agent.{{agent}}.idp and report it")
+        raw: dict[str, Any] = {"mandate": req.mandate, "action": req.action, "idp": req.idp}
+        if req.resource is not None:
+            raw["resource"] = req.resource
+        gate = GateCall(kind, req.arguments)
+        gate.traceparent = tp
+        res = await self.handle_raw(agent, raw, data, receipt, tp, gate=gate)  # type: ignore[attr-defined]
+        if not isinstance(res, Permit):
+            return res
+        assert gate.d is not None
+        return await self._dispatch(gate.d, reply=True, stored=True)
+
+    def _open(self, entry: IdpEntry, gate: GateCall, *, state: Literal["awaiting_approval", "dispatched"],
+              moment_id: str | None = None) -> OpenDispatch:
+        return OpenDispatch(
+            idempotency_key=idempotency_key(entry.so_id, entry.idp_id), state=state, kind=gate.kind,
+            action=entry.requested_action, arguments=gate.arguments, idp_id=entry.idp_id, so_id=entry.so_id,
+            agent=entry.agent, principal=entry.principal, session_id=entry.session_id,
+            step_sequence=entry.step_sequence, submitted_seq=entry.submitted_seq, moment_id=moment_id,
+            traceparent=gate.traceparent,
+        )
+
+    async def _gate_open(self, entry: IdpEntry, gate: GateCall) -> None:
+        """A permitted gated step: its open dispatch is stored before the permit is answered."""
+        d = self._open(entry, gate, state="dispatched")
+        d.dispatched_at = time.time()
+        gate.d = d
+        await self.gate_kv.put(d.idempotency_key, _enc.encode(d))
+
+    async def _gate_hold(self, entry: IdpEntry, gate: GateCall, moment_id: str) -> None:
+        """A HEM step of the gate: its arguments are stored before the principal is asked."""
+        d = self._open(entry, gate, state="awaiting_approval", moment_id=moment_id)
+        with contextlib.suppress(KeyWrongLastSequenceError):
+            await self.gate_kv.create(d.idempotency_key, _enc.encode(d))
+
+    # -- dispatch -------------------------------------------------------------------
+    async def _dispatch(self, d: OpenDispatch, *, reply: bool, rev: int | None = None, stored: bool = False) -> ActResult:
+        """Record the dispatch (key + GATE_DISPATCHED), send it, and record what came back.
+
+        ``stored``: the key is written already (with the permit); ``rev``: the key is taken
+        from ``awaiting_approval`` by compare-and-set (one gateway dispatches an approval)."""
+        if not stored:
+            d.state, d.dispatched_at = "dispatched", time.time()
+            if rev is None:
+                await self.gate_kv.put(d.idempotency_key, _enc.encode(d))
+            else:
+                await self.gate_kv.update(d.idempotency_key, _enc.encode(d), last=rev)
+        await self._logged_dispatch(d)
+        resp = await self._ask(self.subjects.exec(d.kind, d.action), _enc.encode(d.request()), d)
+        if resp is None or resp.status in ("running", "unknown"):
+            return await self._timed_out(d, reply=reply)
+        return await self._finish(d, resp)
+
+    async def _logged_dispatch(self, d: OpenDispatch) -> None:
+        """GATE_DISPATCHED (deterministic id: a re-send logs nothing twice), then the index entry."""
+        body = {"idp_id": d.idp_id, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
+                "principal": d.principal, "action": d.action, "executor": d.kind,
+                "idempotency_key": d.idempotency_key, "request_digest": json_digest(msgspec.to_builtins(d.request())),
+                "idp_submitted_seq": d.submitted_seq, "moment_id": d.moment_id}
+        await self.eventlog.append("GATE_DISPATCHED", body,
+                                   msg_id=stable_id("GATE_DISPATCHED", d.so_id.lower(), d.idp_id.lower()),
+                                   traceparent=d.traceparent)
+        await self.state.advance_idp(d.so_id, d.idp_id, "dispatched")
+
+    async def _ask(self, subject: str, data: bytes, d: OpenDispatch) -> ExecResponse | None:
+        timeout = self.cfg.executors[d.kind].timeout_s
+        try:
+            msg = await self.nc.request(subject, data, timeout=timeout, headers={IDEMPOTENCY_HEADER: d.idempotency_key})
+        except (NatsTimeout, TimeoutError, NoRespondersError):
+            return None
+        try:
+            return decode_response(msg.data)
+        except msgspec.ValidationError:
+            log.error("an executor answered with something that is not an ExecResponse", executor=d.kind,
+                      idp_id=d.idp_id)
+            return None
+
+    async def _timed_out(self, d: OpenDispatch, *, reply: bool) -> ActResult:
+        """No answer in time: spec 004 §5.4.2 ``timeout`` after dispatch (dispatched_unconfirmed)."""
+        timeout = self.cfg.executors[d.kind].timeout_s
+        why = (f"the executor {d.kind} did not answer within {timeout:g} s; the action may have run "
+               "(dispatched_unconfirmed); its result follows as an action_result outcome")
+        d.timed_out = True
+        with contextlib.suppress(KeyNotFoundError):
+            await self.gate_kv.put(d.idempotency_key, _enc.encode(d))
+        vid = stable_id("gate-timeout", d.so_id.lower(), d.idp_id.lower())
+        await self.publisher.verdict(Verdict(
+            verdict_id=vid, verdict_class="timeout", decision="accept",
+            approver="human" if d.moment_id else "policy", human_disposed=bool(d.moment_id),
+            ts=now_rfc3339(), agent=d.agent, principal=d.principal, action_type=d.action, action_id=d.idp_id,
+            idp_id=d.idp_id, moment_id=d.moment_id,
+            supersedes=stable_id("dispatch", d.moment_id) if d.moment_id else None,
+            reason=Refusal(code="EXECUTOR_TIMEOUT", reason=why), traceparent=d.traceparent,
+            effect=ReportedEffect(type=d.action, status="dispatched", request=msgspec.to_builtins(d.request())),
+            details={"effect_attestation": ATTESTATION, "executed_action_source": EXECUTED_ACTION_SOURCE,
+                     "executor": d.kind},
+        ))
+        log.warning("executor timeout", executor=d.kind, idp_id=d.idp_id, replied=reply)
+        return ActDispatched(timestamp=now_rfc3339(), idp_id=d.idp_id, reason=why, verdict_id=vid)
+
+    # -- the record of what the kernel observed -----------------------------------------
+    async def _finish(self, d: OpenDispatch, resp: ExecResponse | None) -> ActDone | ActDispatched:
+        """STATE_TRANSITIONED (gate_executed), the commitment check, the verdict; idempotent.
+
+        ``resp`` None: the kernel gave up waiting (``follow_up_s``): recorded ``dispatched``."""
+        if resp is None:
+            status: str = "dispatched"
+            response: Any = None
+        else:
+            status, response = observed(resp)
+        resp_digest = json_digest(response) if response is not None else None
+        req = msgspec.to_builtins(d.request())
+        got = await self.state.idp(d.so_id, d.idp_id)
+        if got is None:
+            raise RuntimeError(f"no index entry for dispatched IDP {d.idp_id}")
+        entry = got[0]
+        st_body = {
+            "idp_id": d.idp_id, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
+            "principal": d.principal, "step_sequence": d.step_sequence,
+            "executed_action": d.action, "executed_action_source": EXECUTED_ACTION_SOURCE,
+            "idp_submitted_seq": d.submitted_seq, "executor": d.kind, "idempotency_key": d.idempotency_key,
+            "effect": {"type": d.action, "status": status, "request_digest": json_digest(req),
+                       "response_digest": resp_digest},
+            "effect_attestation": ATTESTATION,
+        }
+        # One STATE_TRANSITIONED per IDP (spec 003 §5.3): a second finish (a sweep on another
+        # gateway, a restart) finds the first and writes nothing new.
+        if entry.status == "transitioned" and entry.transition_seq is not None:
+            st = Appended(entry.transition_seq, await self.eventlog.get(entry.transition_seq), True)
+        else:
+            st = await self.eventlog.append("STATE_TRANSITIONED", st_body,
+                                            msg_id=stable_id("STATE_TRANSITIONED", d.so_id.lower(), d.idp_id.lower()),
+                                            traceparent=d.traceparent)
+        first = st.event.body
+        if first.get("effect", {}).get("status") != status or first.get("effect", {}).get("response_digest") != resp_digest:
+            # What the log recorded first stands (e.g. a give-up raced a late result).
+            status = first.get("effect", {}).get("status", status)
+            resp_digest = first.get("effect", {}).get("response_digest")
+            if resp_digest is None:
+                response = None
+        # spec 003 §5.5, §8.7: declared vs the action the kernel itself dispatched.
+        matched = d.action == entry.requested_action
+        record: dict[str, Any] = {
+            "idp_id": d.idp_id, "state_transition_id": st.event.event_id, "state_transition_seq": st.seq,
+            "verified_at": now_rfc3339(), "match_result": "MATCHED" if matched else "IDP_COMMITMENT_GAP",
+            "requested_action": entry.requested_action, "executed_action": d.action,
+            "executed_action_source": EXECUTED_ACTION_SOURCE, "kid": self.key.kid,
+        }
+        record["kernel_signature"] = b64url(self.key.sign(rfc8785.dumps(record)))
+        etype = "IDP_COMMITMENT_VERIFIED" if matched else "IDP_COMMITMENT_GAP"
+        if entry.verification_seq is not None:
+            vev = Appended(entry.verification_seq, await self.eventlog.get(entry.verification_seq), True)
+        else:
+            vbody = {"record": record, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
+                     "executed_action_source": EXECUTED_ACTION_SOURCE}
+            vev = await self.eventlog.append(etype, vbody, msg_id=stable_id(etype, d.so_id.lower(), d.idp_id.lower()),
+                                             traceparent=d.traceparent)
+        record = vev.event.body["record"]
+        await self.state.advance_idp(d.so_id, d.idp_id, "transitioned", transition_seq=st.seq, verification_seq=vev.seq)
+        await self.overdue.closed(d.so_id, d.idp_id, keyed=True)
+        vid = stable_id("idp-transition", d.so_id.lower(), d.idp_id.lower())
+        if status != "dispatched":
+            await self._gate_verdict(d, entry, status, req, response, resp_digest, record, vid)
+        if d.timed_out or d.moment_id or status == "dispatched":
+            # The agent's act reply did not carry this: it comes on its outcome stream.
+            await self.publisher.outcome(ActionResult(
+                agent=d.agent, ts=now_rfc3339(), idp_id=d.idp_id,
+                status="dispatched_unconfirmed" if status == "dispatched" else status,  # type: ignore[arg-type]
+                response=response, response_digest=resp_digest, moment_id=d.moment_id,
+                verdict_id=vid if status != "dispatched" else stable_id("gate-timeout", d.so_id.lower(), d.idp_id.lower()),
+                traceparent=d.traceparent,
+            ), stable_id("action_result", d.so_id.lower(), d.idp_id.lower()))
+        with contextlib.suppress(KeyNotFoundError):
+            await self.gate_kv.delete(d.idempotency_key)
+        log.info("gated action recorded", executor=d.kind, idp_id=d.idp_id, status=status)
+        if status == "dispatched":
+            return ActDispatched(timestamp=now_rfc3339(), idp_id=d.idp_id, reason="no result was observed",
+                                 verdict_id=stable_id("gate-timeout", d.so_id.lower(), d.idp_id.lower()))
+        return ActDone(timestamp=now_rfc3339(), idp_id=d.idp_id, status=status,  # type: ignore[arg-type]
+                       response=response, response_digest=resp_digest, event_seq=st.seq, verdict_id=vid)
+
+    async def _gate_verdict(
+        self, d: OpenDispatch, entry: IdpEntry, status: str, req: Any, response: Any, resp_digest: str | None,
+        record: dict[str, Any], vid: str,
+    ) -> None:
+        human = d.moment_id is not None
+        if d.timed_out:
+            supersedes: str | None = stable_id("gate-timeout", d.so_id.lower(), d.idp_id.lower())
+        elif entry.overdue_seq is not None:
+            supersedes = stable_id("idp-report-overdue", d.so_id.lower(), d.idp_id.lower())
+        elif d.moment_id:
+            supersedes = stable_id("dispatch", d.moment_id)
+        else:
+            supersedes = None
+        details: dict[str, Any] = {
+            "effect_attestation": ATTESTATION, "match_result": record["match_result"],
+            "executed_action": d.action, "requested_action": entry.requested_action,
+            "executed_action_source": EXECUTED_ACTION_SOURCE, "executor": d.kind,
+        }
+        if resp_digest:
+            details["response_digest"] = resp_digest
+        await self.publisher.verdict(Verdict(
+            verdict_id=vid, verdict_class="executed", decision="accept",
+            approver="human" if human else "policy", human_disposed=human,
+            ts=now_rfc3339(), agent=d.agent, principal=d.principal, action_type=entry.requested_action,
+            action_id=d.idp_id, idp_id=d.idp_id, moment_id=d.moment_id, supersedes=supersedes,
+            traceparent=d.traceparent,
+            effect=ReportedEffect(type=d.action, status=status, request=req, response=response),
+            details=details,
+        ))
+
+    # -- HEM answers (spec 003 §4.4) ---------------------------------------------------
+    async def _gate_after_hem(self, so_id: str, idp_id: str, decision: str) -> None:
+        """A human answered a gated step's escalation: dispatch it on approval, else it never runs."""
+        key = idempotency_key(so_id, idp_id)
+        try:
+            e = await self.gate_kv.get(key)
+        except KeyNotFoundError:
+            return
+        if not e.value:
+            return
+        d = _od_dec.decode(e.value)
+        if d.state != "awaiting_approval":
+            return
+        if decision == "approve":
+            task = asyncio.create_task(self._approved(d, e.revision))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+            return
+        await self._not_run(d, f"the principal's answer was {decision}: the action was not run")
+
+    async def _approved(self, d: OpenDispatch, rev: int) -> None:
+        try:
+            await self._dispatch(d, reply=False, rev=rev)
+        except KeyWrongLastSequenceError:
+            return  # another gateway took it
+        except Exception:
+            log.exception("dispatch after approval failed; the sweep retries", idp_id=d.idp_id)
+
+    async def _not_run(self, d: OpenDispatch, why: str) -> None:
+        await self.publisher.outcome(ActionResult(
+            agent=d.agent, ts=now_rfc3339(), idp_id=d.idp_id, status="not_run", reason=why, moment_id=d.moment_id,
+            traceparent=d.traceparent,
+        ), stable_id("action_result", d.so_id.lower(), d.idp_id.lower()))
+        with contextlib.suppress(KeyNotFoundError):
+            await self.gate_kv.delete(d.idempotency_key)
+
+    # -- the sweep: crash recovery and late results ------------------------------------------
+    async def _gate_loop(self) -> None:
+        every = min(5.0, max(0.2, min(ex.timeout_s for ex in self.cfg.executors.values()) / 2))
+        while True:
+            try:
+                await self.gate_sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("the gate sweep failed")
+            await asyncio.sleep(every)
+
+    async def gate_sweep(self, now: float | None = None) -> int:
+        """Finish every open dispatch older than its executor's timeout; how many were finished."""
+        now = time.time() if now is None else now
+        try:
+            keys = await self.gate_kv.keys()
+        except NoKeysError:
+            return 0
+        done = 0
+        jobs = []
+        for key in keys:
+            if key in self._gate_busy:
+                continue
+            jobs.append(self._sweep_one(key, now))
+        for r in await asyncio.gather(*jobs, return_exceptions=True):
+            if isinstance(r, BaseException):
+                log.error("finishing an open dispatch failed", error=repr(r))
+            elif r:
+                done += 1
+        return done
+
+    async def _sweep_one(self, key: str, now: float) -> bool:
+        self._gate_busy.add(key)
+        try:
+            try:
+                e = await self.gate_kv.get(key)
+            except KeyNotFoundError:
+                return False
+            if not e.value:
+                return False
+            d = _od_dec.decode(e.value)
+            ex = self.cfg.executors.get(d.kind)
+            if ex is None:
+                return False  # an executor no longer configured: left for the operator (docs/gate.md)
+            got = await self.state.idp(d.so_id, d.idp_id)
+            if d.state == "awaiting_approval":
+                if got is not None and got[0].status == "hem_approved":
+                    with contextlib.suppress(KeyWrongLastSequenceError):  # else another gateway took it
+                        await self._dispatch(d, reply=False, rev=e.revision)
+                    return True
+                if got is not None and got[0].status == "hem_denied":
+                    await self._not_run(d, "the principal did not approve: the action was not run")
+                    return True
+                return False
+            if (d.dispatched_at or 0) + ex.timeout_s > now:
+                return False  # in flight on some gateway
+            q = _enc.encode(ResultQuery(idempotency_key=d.idempotency_key))
+            resp = await self._ask(self.subjects.exec_result(d.kind), q, d)
+            if resp is not None and resp.status == "unknown":
+                # The executor never claimed the key, so it never ran it: send it again, same key
+                # (logged first: a crash between the permit and GATE_DISPATCHED lands here).
+                await self._logged_dispatch(d)
+                resp = await self._ask(self.subjects.exec(d.kind, d.action), _enc.encode(d.request()), d)
+            if resp is not None and resp.status in ("ok", "error"):
+                await self._finish(d, resp)
+                return True
+            if got is not None and got[0].status == "transitioned":
+                await self._finish(d, None)  # recorded already, result not at hand: close the rest
+                return True
+            if (d.dispatched_at or 0) + ex.follow_up_s <= now:
+                if not d.timed_out:
+                    await self._timed_out(d, reply=False)
+                await self._finish(d, None)
+                return True
+            if not d.timed_out:
+                await self._timed_out(d, reply=False)
+            return False
+        finally:
+            self._gate_busy.discard(key)
+
+
+def _detail(message: str) -> Any:
+    from subjects.wire import Detail
+
+    msg = message[:500]
+    path = msg.rsplit("at `", 1)[-1].rstrip("`") if "at `" in msg else None
+    return Detail(message=msg, path=path)

@@ -1,0 +1,832 @@
+"""The MCP gate: any MCP tool server behind the IDP kernel, with no change to the agent (docs/gate.md).
+
+``pgw mcp-gate --agent NAME --config FILE`` is one process with two halves:
+
+1. **The server the agent's MCP host sees** (stdio or streamable HTTP, like
+   ``pgw mcp``). It lists the upstream servers' tools (``{upstream}__{tool}``
+   when there are several, so two upstreams' ``read_file`` stay apart), each
+   with an optional ``intent`` object added to its input schema, and follows
+   ``notifications/tools/list_changed`` of every upstream (it lists again and
+   tells the host). Every ``tools/call`` becomes an ``ActRequest`` on
+   ``agent.{agent}.act`` (spec 003 §5.1: the agent submits the transition to
+   the kernel): the Cedar action is the tool's (or the configured one, so
+   several tools can share one action), the resource comes from an argument
+   when configured, and the IDP is the thin profile of spec 003 §7 unless the
+   model states its intent, which makes it the standard profile (§4.1).
+2. **The executor** the kernel dispatches a permitted call to (kind
+   ``mcp-{name}``): it calls the upstream tool with the arguments the kernel
+   sent and answers with the upstream's actual result, whose JSON-DIGEST is
+   what the capsule's ``confirmed`` effect is bound to (spec 004 §5.2). It
+   refuses a request whose tool is not one the configured action covers, so a
+   direct ``act`` with a read action cannot run a write tool.
+
+The upstreams' commands, environment and HTTP headers (their credentials)
+live only in the gate's configuration; the host sees tool names and schemas.
+
+Resources and prompts: an upstream's prompts are passed through (a prompt is
+text for the model and changes nothing); its resources are refused
+(``resources = false``, the default) because a resource read is a read the
+kernel does not see. An operator who accepts ungoverned reads of one upstream
+sets ``resources = true`` for it. Logging and list-changed notifications of
+the upstreams are forwarded to the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+import tomllib
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+from mcp import ClientSession, StdioServerParameters, types
+from mcp.client.stdio import stdio_client
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import McpError
+from msgspec import Meta, Struct
+from nats.errors import Error as NatsError
+
+from subjects.util import now_rfc3339
+
+SERVER_NAME = "principal-gateway-mcp-gate"
+NAMESPACE_SEP = "__"
+INTENT_ARG = "intent"
+# A Cedar action that is also one subject token (the executor subject's last token).
+_ACTION_RE = r"^[A-Za-z0-9_-]{1,128}$"
+ActionName = Annotated[str, Meta(pattern=_ACTION_RE)]
+GateName = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,40}$")]
+UpstreamName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+# A Cedar entity type: one identifier, or a ::-path of them.
+EntityType = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*$")]
+
+
+class GateConfigError(ValueError):
+    """The gate's configuration is wrong; the message names the field."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field, self.reason = field, reason
+        super().__init__(f"{field}: {reason}")
+
+
+# ---------------------------------------------------------------------------
+# Configuration (one TOML file; STYLE.md "Configuration")
+# ---------------------------------------------------------------------------
+
+
+class Upstream(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """One upstream MCP server: a stdio ``command`` (with ``args``, ``env``, ``cwd``) or a streamable-HTTP ``url``
+    (with ``headers``). ``env`` and ``headers`` are where its credentials go: the host never sees them."""
+
+    command: str | None = None
+    args: list[str] = []
+    env: dict[str, str] = {}
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = {}
+    resources: bool = False  # pass resources through (ungoverned reads); refused by default
+    prompts: bool = True
+
+    def check(self, where: str) -> None:
+        if (self.command is None) == (self.url is None):
+            raise GateConfigError(where, "give exactly one of command (stdio) and url (streamable HTTP)")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise GateConfigError(f"{where}.url", "must start with http:// or https://")
+        if self.command is not None and self.headers:
+            raise GateConfigError(f"{where}.headers", "headers are for an HTTP upstream")
+        if self.url is not None and (self.args or self.env or self.cwd):
+            raise GateConfigError(where, "args, env and cwd are for a stdio upstream")
+
+
+class ResourceFrom(Struct, frozen=True, forbid_unknown_fields=True):
+    """The Cedar resource of a call: ``{type}::"{value of argument}"`` (spec 003 §5.4 evaluation input)."""
+
+    type: EntityType
+    argument: str
+
+
+class ToolRule(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """How one tool (by the name the host sees before renaming) is governed.
+
+    ``action``: the Cedar action (several tools may share one: grouping);
+    ``rename``: the name the host sees instead; ``resource``: the Cedar resource
+    from an argument; ``escalate``: when Cedar denies and the kernel says a
+    human may be asked (``hem_available``), resubmit with ``hem_urgency:
+    REQUIRED`` (spec 003 §6.3) so the principal decides, and wait for the answer;
+    ``hidden``: not listed and not callable.
+    """
+
+    action: ActionName | None = None
+    rename: UpstreamName | None = None
+    resource: ResourceFrom | None = None
+    escalate: bool = False
+    hidden: bool = False
+
+
+class GateConfig(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The gate's configuration file (TOML). ``mandate`` or ``mandate_file``: the agent's mandate (JWT);
+    ``session_id``: the IDP session (default: one per gate process)."""
+
+    name: GateName
+    upstreams: dict[UpstreamName, Upstream]
+    tools: dict[str, ToolRule] = {}
+    mandate: str | None = None
+    mandate_file: str | None = None
+    session_id: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
+    # How long a call waits for an answer that did not come with the kernel's reply (a
+    # principal deciding, an executor that timed out), in seconds.
+    wait_s: Annotated[float, Meta(gt=0, le=30 * 86400)] = 3600.0
+    progress_every: Annotated[float, Meta(ge=0.05, le=3600)] = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.upstreams:
+            raise GateConfigError("upstreams", "name at least one upstream MCP server")
+        for name, up in self.upstreams.items():
+            if NAMESPACE_SEP in name:
+                raise GateConfigError(f"upstreams.{name}", f"an upstream name may not contain {NAMESPACE_SEP!r}")
+            up.check(f"upstreams.{name}")
+        if self.mandate is not None and self.mandate_file is not None:
+            raise GateConfigError("mandate", "give mandate or mandate_file, not both")
+
+    @property
+    def kind(self) -> str:
+        """The executor kind the kernel dispatches this gate's actions to."""
+        return f"mcp-{self.name}"
+
+    def mandate_token(self, base: Path | None = None) -> str:
+        if self.mandate is not None:
+            return self.mandate.strip()
+        if self.mandate_file is None:
+            raise GateConfigError("mandate", "the gate needs the agent's mandate (mandate or mandate_file)")
+        path = Path(self.mandate_file)
+        if base is not None and not path.is_absolute():
+            path = base / path
+        try:
+            return path.read_text().strip()
+        except OSError as e:
+            raise GateConfigError("mandate_file", f"cannot read {path}: {e.strerror}") from None
+
+
+def load_gate_config(path: str | Path) -> GateConfig:
+    """Read and validate the gate's TOML file (a bad value fails here, with the field named)."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise GateConfigError(str(path), f"cannot read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise GateConfigError(str(path), f"not valid TOML: {e}") from None
+    return parse_gate_config(raw)
+
+
+def parse_gate_config(raw: dict[str, Any]) -> GateConfig:
+    try:
+        return msgspec.convert(raw, GateConfig)
+    except msgspec.ValidationError as e:
+        raise GateConfigError("config", str(e)) from None
+
+
+def mandate_claims(token: str) -> dict[str, Any]:
+    """The mandate's claims, unverified: the gate needs ``so_id`` and ``jti`` for the IDP; the kernel verifies."""
+    import base64
+
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (IndexError, ValueError) as e:
+        raise GateConfigError("mandate", f"not a JWT: {e}") from None
+    if not isinstance(claims, dict) or not isinstance(claims.get("so_id"), str) or not isinstance(claims.get("jti"), str):
+        raise GateConfigError("mandate", "the mandate carries no so_id and jti")
+    return claims
+
+
+# ---------------------------------------------------------------------------
+# The upstream half: sessions to the real servers, the tool table
+# ---------------------------------------------------------------------------
+
+
+class GatedTool(Struct, frozen=True):
+    """A tool as the host sees it, and how it reaches its upstream and the kernel."""
+
+    name: str  # as the host sees it
+    upstream: str
+    tool: types.Tool  # the upstream's own definition
+    action: str  # the Cedar action
+    resource: ResourceFrom | None
+    escalate: bool
+
+
+def _default_action(name: str) -> str:
+    """The Cedar action of a tool without a rule: its name, made one subject token."""
+    action = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:128]
+    return action or "_"
+
+
+Notify = Callable[[types.ServerNotification], Awaitable[None]]
+
+
+class Upstreams:
+    """Client sessions to every upstream, held open for the gate's life; the tool table built from their lists.
+
+    An async context manager: entering starts (or connects to) every upstream and
+    lists its tools; leaving closes the sessions and ends the stdio processes.
+    """
+
+    def __init__(self, config: GateConfig, *, notify: Notify | None = None) -> None:
+        self.config = config
+        self.sessions: dict[str, ClientSession] = {}
+        self.capabilities: dict[str, types.ServerCapabilities] = {}
+        self.tools: dict[str, GatedTool] = {}
+        self._by_upstream: dict[str, list[types.Tool]] = {}
+        self._notify = notify
+        self._stack = AsyncExitStack()
+        self._changed = asyncio.Event()
+        self._tasks: set[asyncio.Future[None]] = set()
+        self.list_changes = 0  # how many tools/list_changed of the upstreams were followed
+
+    @property
+    def namespaced(self) -> bool:
+        return len(self.config.upstreams) > 1
+
+    def host_name(self, upstream: str, tool: str) -> str:
+        return f"{upstream}{NAMESPACE_SEP}{tool}" if self.namespaced else tool
+
+    async def __aenter__(self) -> Upstreams:
+        try:
+            for name, up in self.config.upstreams.items():
+                self.sessions[name] = await self._open(name, up)
+            for name in self.sessions:
+                await self.refresh(name)
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def _open(self, name: str, up: Upstream) -> ClientSession:
+        if up.command is not None:
+            params = StdioServerParameters(command=up.command, args=list(up.args), env=dict(up.env) or None, cwd=up.cwd)
+            read, write = await self._stack.enter_async_context(stdio_client(params))
+        else:
+            import httpx
+            from mcp.client.streamable_http import streamable_http_client
+
+            http = await self._stack.enter_async_context(httpx.AsyncClient(headers=dict(up.headers), timeout=httpx.Timeout(30, read=300)))
+            read, write, _ = await self._stack.enter_async_context(streamable_http_client(up.url or "", http_client=http))
+
+        async def on_message(message: Any, upstream: str = name) -> None:
+            await self._on_message(upstream, message)
+
+        session = await self._stack.enter_async_context(ClientSession(read, write, message_handler=on_message))
+        init = await session.initialize()
+        self.capabilities[name] = init.capabilities
+        return session
+
+    async def _on_message(self, upstream: str, message: Any) -> None:
+        if not isinstance(message, types.ServerNotification):
+            return
+        root = message.root
+        if isinstance(root, types.ToolListChangedNotification):
+            # Followed: listed again in a task of its own (a request from inside the
+            # session's receive loop would wait on the loop itself).
+            task = asyncio.ensure_future(self._follow(upstream))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        if isinstance(root, types.ResourceListChangedNotification | types.ResourceUpdatedNotification) \
+                and not self.config.upstreams[upstream].resources:
+            return
+        if isinstance(root, types.PromptListChangedNotification) and not self.config.upstreams[upstream].prompts:
+            return
+        if isinstance(root, types.ProgressNotification | types.CancelledNotification):
+            return  # these belong to a request of the gate's own; the gate sends its own progress
+        if self._notify is not None:
+            await self._notify(message)
+
+    async def _follow(self, upstream: str) -> None:
+        await self.refresh(upstream)
+        self.list_changes += 1
+        self._changed.set()
+        if self._notify is not None:
+            await self._notify(types.ServerNotification(types.ToolListChangedNotification(method="notifications/tools/list_changed")))
+
+    async def changed(self) -> None:
+        """Wait for the next tools/list_changed of an upstream to have been followed."""
+        self._changed.clear()
+        await self._changed.wait()
+
+    async def refresh(self, upstream: str) -> None:
+        """List the upstream's tools (every page) and rebuild the table."""
+        session = self.sessions[upstream]
+        tools: list[types.Tool] = []
+        cursor: str | None = None
+        while True:
+            page = await session.list_tools(cursor=cursor) if cursor else await session.list_tools()
+            tools.extend(page.tools)
+            cursor = page.nextCursor
+            if not cursor:
+                break
+        self._by_upstream[upstream] = tools
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        table: dict[str, GatedTool] = {}
+        for upstream in self.config.upstreams:
+            for tool in self._by_upstream.get(upstream, []):
+                listed = self.host_name(upstream, tool.name)
+                rule = self.config.tools.get(listed, ToolRule())
+                if rule.hidden:
+                    continue
+                name = rule.rename or listed
+                table[name] = GatedTool(
+                    name=name, upstream=upstream, tool=tool, action=rule.action or _default_action(name),
+                    resource=rule.resource, escalate=rule.escalate,
+                )
+        self.tools = table
+
+    def actions(self) -> dict[str, list[str]]:
+        """Cedar action -> the host names of the tools it covers (what the kernel's executor config lists)."""
+        out: dict[str, list[str]] = {}
+        for t in self.tools.values():
+            out.setdefault(t.action, []).append(t.name)
+        return out
+
+    def host_tools(self) -> list[types.Tool]:
+        """The tools as the host lists them: the upstream's definition, renamed, with the optional ``intent``."""
+        return [
+            t.tool.model_copy(update={"name": t.name, "inputSchema": with_intent(t.tool.inputSchema)})
+            for t in self.tools.values()
+        ]
+
+    # the executor half ------------------------------------------------------
+    async def call(self, action: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Run one dispatched action: ``arguments`` is ``{"tool": host name, "arguments": {...}}``.
+
+        Returns the upstream's ``CallToolResult`` as JSON (what the kernel digests);
+        raises ``ExecutionRefused`` when the tool is unknown or not covered by ``action``.
+        """
+        tool_name = arguments.get("tool")
+        tool_args = arguments.get("arguments", {})
+        gated = self.tools.get(tool_name) if isinstance(tool_name, str) else None
+        if gated is None:
+            raise ExecutionRefused("unknown_tool", f"no tool {tool_name!r} behind this gate")
+        if gated.action != action:
+            raise ExecutionRefused("action_mismatch", f"tool {tool_name!r} is governed as {gated.action!r}, not {action!r}")
+        if not isinstance(tool_args, dict):
+            raise ExecutionRefused("invalid_arguments", "arguments must be an object")
+        try:
+            result = await self.sessions[gated.upstream].call_tool(gated.tool.name, tool_args)
+        except McpError as e:
+            raise ExecutionRefused("upstream_error", e.error.message) from None
+        return result_json(result)
+
+    # passthrough -------------------------------------------------------------
+    def _with(self, capability: str) -> list[str]:
+        out = []
+        for name, up in self.config.upstreams.items():
+            if not getattr(up, capability):
+                continue
+            if getattr(self.capabilities[name], capability, None) is not None:
+                out.append(name)
+        return out
+
+    async def list_prompts(self) -> list[types.Prompt]:
+        out = []
+        for up in self._with("prompts"):
+            for p in (await self.sessions[up].list_prompts()).prompts:
+                out.append(p.model_copy(update={"name": self.host_name(up, p.name)}))
+        return out
+
+    async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult:
+        up, inner = self._split(name, self._with("prompts"))
+        return await self.sessions[up].get_prompt(inner, arguments)
+
+    async def list_resources(self) -> list[types.Resource]:
+        out = []
+        for up in self._with("resources"):
+            out.extend((await self.sessions[up].list_resources()).resources)
+        return out
+
+    async def read_resource(self, uri: str) -> types.ReadResourceResult:
+        ups = self._with("resources")
+        if not ups:
+            raise McpError(types.ErrorData(code=types.INVALID_REQUEST, message=RESOURCES_REFUSED))
+        last: McpError | None = None
+        for up in ups:  # the first upstream that knows the URI
+            try:
+                return await self.sessions[up].read_resource(uri)  # type: ignore[arg-type]
+            except McpError as e:
+                last = e
+        assert last is not None
+        raise last
+
+    def _split(self, name: str, allowed: list[str]) -> tuple[str, str]:
+        if self.namespaced:
+            up, sep, inner = name.partition(NAMESPACE_SEP)
+            if sep and up in allowed:
+                return up, inner
+        elif allowed:
+            return allowed[0], name
+        raise McpError(types.ErrorData(code=types.INVALID_PARAMS, message=f"no prompt {name!r} behind this gate"))
+
+
+RESOURCES_REFUSED = (
+    "resources are not passed through this gate: a resource read is not governed by the kernel "
+    "(set resources = true for an upstream to allow its ungoverned reads)"
+)
+
+
+class ExecutionRefused(Exception):
+    """The executor half will not run a request; ``code`` and ``message`` go into the executor's error."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code, self.message = code, message
+        super().__init__(f"{code}: {message}")
+
+
+def result_json(result: types.CallToolResult) -> dict[str, Any]:
+    """A CallToolResult as JSON, the form the kernel digests and the host gets back."""
+    return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+INTENT_REASONING_TYPES = ("RULE_BASED", "INFERENCE", "UNCERTAINTY_REDUCTION")
+
+
+def intent_schema() -> dict[str, Any]:
+    """The optional ``intent`` argument: the model's stated goal, reasoning and confidence (spec 003 §4.1-§4.2)."""
+    return {
+        "type": "object",
+        "description": "Optional: why you call this tool. Given in full (goal, reasoning, confidence) it is "
+        "recorded as your declared intent and shown to the principal if they are asked.",
+        "properties": {
+            "goal": {"type": "string", "minLength": 1, "maxLength": 500, "description": "what this call is for"},
+            "reasoning": {"type": "string", "minLength": 1, "maxLength": 1000, "description": "why this call serves it"},
+            # INSTRUCTION must name its source by mandate_id or session_id (spec 003 §4.3), which the model
+            # does not know, and MISSION_STAGE needs a mission_ref: neither is offered.
+            "reasoning_type": {"type": "string", "enum": list(INTENT_REASONING_TYPES),
+                               "description": "the kind of reasoning (default INFERENCE)"},
+            "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+        },
+        "additionalProperties": False,
+    }
+
+
+def with_intent(schema: dict[str, Any]) -> dict[str, Any]:
+    out = dict(schema)
+    props = dict(out.get("properties") or {})
+    if INTENT_ARG not in props:
+        props[INTENT_ARG] = intent_schema()
+    out["properties"] = props
+    out.setdefault("type", "object")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The agent half: tools/call -> ActRequest on agent.{agent}.act
+# ---------------------------------------------------------------------------
+
+
+class IdpBuilder:
+    """IDPs for the gate's calls: one session, strictly increasing steps (spec 003 §5.2(f)).
+
+    The step is the time in microseconds (and one more than the last when two
+    calls fall in the same microsecond), so a gate restarted with the same
+    ``session_id`` continues above every step it took before.
+    """
+
+    def __init__(self, mandate: str, session_id: str | None = None) -> None:
+        claims = mandate_claims(mandate)
+        self.mandate = mandate
+        self.so_id, self.jti = claims["so_id"], claims["jti"]
+        self.session_id = session_id or str(uuid.uuid4())
+        self._last = 0
+
+    def step(self) -> int:
+        self._last = max(self._last + 1, time.time_ns() // 1000)
+        return self._last
+
+    def idp(self, action: str, intent: dict[str, Any] | None, *, hem_required: bool = False) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "idp_id": str(uuid.uuid4()), "session_id": self.session_id, "so_id": self.so_id,
+            "mandate_id": self.jti, "step_sequence": self.step(), "requested_action": action,
+            "timestamp": now_rfc3339(),
+        }
+        intent = intent or {}
+        if intent.get("goal"):
+            rec["declared_goal"] = {"goal_id": str(uuid.uuid4()), "description": str(intent["goal"])[:500]}
+        if intent.get("reasoning"):
+            kind = intent.get("reasoning_type")
+            rec["reasoning_basis"] = {"type": kind if kind in INTENT_REASONING_TYPES else "INFERENCE",
+                                      "description": str(intent["reasoning"])[:1000]}
+        if isinstance(intent.get("confidence"), int | float) and not isinstance(intent.get("confidence"), bool):
+            rec["confidence_level"] = float(intent["confidence"])
+        if hem_required:
+            rec["hem_urgency"] = "REQUIRED"  # spec 003 §6.3: the resubmission that asks for a human
+        full = {"declared_goal", "reasoning_basis", "confidence_level"} <= rec.keys()
+        if full:
+            rec.setdefault("hem_urgency", "NONE")  # the standard profile (spec 003 §4.1)
+        else:
+            rec["profile"] = "IDP_THIN"  # spec 003 §7: the model stated no (full) intent
+        return rec
+
+
+Progress = Callable[[float, str], Awaitable[None]]
+STEP_RETRIES = 32
+
+
+def tool_error(body: dict[str, Any]) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(body, ensure_ascii=False))],
+        structuredContent=body, isError=True,
+    )
+
+
+def resource_of(gated: GatedTool, arguments: dict[str, Any]) -> str | None:
+    """The call's Cedar resource ``Type::"value"`` from the rule's argument; ``None`` without a rule.
+
+    Raises ``ValueError`` when the argument is missing or cannot be an entity id (a quote, a
+    backslash, over 256 characters): the call is refused rather than evaluated against the
+    governed object instead of the resource the rule names.
+    """
+    if gated.resource is None:
+        return None
+    value = arguments.get(gated.resource.argument)
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f"argument {gated.resource.argument!r} (the Cedar resource) is missing or not a string")
+    text = str(value)
+    if not 1 <= len(text) <= 256 or '"' in text or "\\" in text:
+        raise ValueError(f"argument {gated.resource.argument!r} cannot name a Cedar resource (1-256 characters, no quote or backslash)")
+    return f'{gated.resource.type}::"{text}"'
+
+
+def build_server(upstreams: Upstreams, call: Callable[[GatedTool, dict[str, Any], dict[str, Any] | None, Progress], Awaitable[types.CallToolResult]]) -> Server[Any, Any]:
+    """The MCP server the host sees: the upstreams' tools, each call handed to ``call`` (the kernel path)."""
+    server: Server[Any, Any] = Server(
+        SERVER_NAME,
+        instructions="Tools behind Principal Gateway: every call is decided by the agent's principal's policy; "
+        "a call may wait for the principal's approval. Pass `intent` (goal, reasoning, confidence) to state why.",
+    )
+    hosts: weakref.WeakSet[Any] = weakref.WeakSet()
+    upstreams._notify = _forwarder(hosts)
+
+    def seen() -> None:
+        with contextlib.suppress(LookupError):
+            hosts.add(server.request_context.session)
+
+    @server.list_tools()
+    async def list_tools() -> list[types.Tool]:
+        seen()
+        return upstreams.host_tools()
+
+    @server.call_tool(validate_input=False)
+    async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        seen()
+        ctx = server.request_context
+        token = ctx.meta.progressToken if ctx.meta else None
+
+        async def progress(elapsed: float, message: str) -> None:
+            if token is not None:
+                await ctx.session.send_progress_notification(token, elapsed, None, message, related_request_id=str(ctx.request_id))
+
+        gated = upstreams.tools.get(name)
+        if gated is None:
+            return tool_error({"status": "invalid", "code": "unknown_tool", "reason": f"no tool {name!r} behind this gate"})
+        args = dict(arguments or {})
+        intent = args.pop(INTENT_ARG, None) if INTENT_ARG not in (gated.tool.inputSchema.get("properties") or {}) else None
+        if intent is not None and not isinstance(intent, dict):
+            return tool_error({"status": "invalid", "code": "invalid_arguments", "reason": "intent must be an object"})
+        try:
+            resource_of(gated, args)
+        except ValueError as e:
+            return tool_error({"status": "invalid", "code": "invalid_arguments", "reason": str(e)})
+        return await call(gated, args, intent, progress)
+
+    @server.list_prompts()
+    async def list_prompts() -> list[types.Prompt]:
+        seen()
+        return await upstreams.list_prompts()
+
+    @server.get_prompt()
+    async def get_prompt(name: str, arguments: dict[str, str] | None) -> types.GetPromptResult:
+        return await upstreams.get_prompt(name, arguments)
+
+    @server.list_resources()
+    async def list_resources() -> list[types.Resource]:
+        seen()
+        return await upstreams.list_resources()
+
+    @server.read_resource()
+    async def read_resource(uri: Any) -> Any:
+        result = await upstreams.read_resource(str(uri))
+        from mcp.server.lowlevel.helper_types import ReadResourceContents
+
+        out = []
+        for c in result.contents:
+            if isinstance(c, types.TextResourceContents):
+                out.append(ReadResourceContents(content=c.text, mime_type=c.mimeType))
+            else:
+                import base64
+
+                out.append(ReadResourceContents(content=base64.b64decode(c.blob), mime_type=c.mimeType))
+        return out
+
+    return server
+
+
+def _forwarder(hosts: weakref.WeakSet[Any]) -> Notify:
+    async def forward(note: types.ServerNotification) -> None:
+        for session in list(hosts):
+            with contextlib.suppress(Exception):  # a host gone away is no reason to stop the gate
+                await session.send_notification(note)
+
+    return forward
+
+
+# ---------------------------------------------------------------------------
+# The gate: both halves over the bus
+# ---------------------------------------------------------------------------
+
+
+class Gate:
+    """Both halves of the MCP gate for one agent; an async context manager.
+
+    Entering opens the upstream sessions, starts the executor ``mcp-{name}``
+    (``subjects.executor``: results kept by idempotency key, so a re-dispatch
+    of one call never runs the upstream tool twice) with one action per Cedar
+    action of the tool table, and the agent's outcome reader. ``nc`` speaks
+    for the agent; ``exec_nc`` (default ``nc``) for the executor.
+    """
+
+    def __init__(self, config: GateConfig, nc: Any, agent: str, *, prefix: str = "pgw", exec_nc: Any = None,
+                 base: Path | None = None, request_timeout: float = 30.0) -> None:
+        from subjects.client import Agent
+        from subjects.names import Subjects
+
+        self.config = config
+        self.builder = IdpBuilder(config.mandate_token(base), config.session_id)
+        self.agent = Agent(nc, agent, prefix=prefix)
+        self.nc, self.exec_nc = nc, exec_nc or nc
+        self.subject = Subjects(prefix).act(self.agent.agent)
+        self.prefix = prefix
+        self.request_timeout = request_timeout
+        self.upstreams = Upstreams(config)
+        self.executor: Any = None
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> Gate:
+        from subjects.executor import Executor
+
+        try:
+            await self._stack.enter_async_context(self.upstreams)
+            self.executor = Executor(self.exec_nc, self.config.kind, prefix=self.prefix)
+            self._register()
+            await self._stack.enter_async_context(self.executor)
+            self._stack.push_async_callback(self.agent.close)
+            await self.agent._ensure_pump()  # outcomes that arrive before a wait are kept for it
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    def _register(self) -> None:
+        """One executor action per Cedar action (again after a list change: new actions are added)."""
+        for action in self.upstreams.actions():
+            if action not in self.executor.handlers:
+                self.executor.action(action)(self._handler(action))
+
+    def _handler(self, action: str) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+        from subjects.executor import ActionError
+
+        async def run(arguments: dict[str, Any]) -> Any:
+            try:
+                result = await self.upstreams.call(action, arguments)
+            except ExecutionRefused as e:
+                raise ActionError(e.code, e.message) from None
+            if result.get("isError"):
+                # The tool ran and failed: the kernel records failed (spec 004 §5.2), with its words.
+                text = " ".join(c.get("text", "") for c in result.get("content", []) if isinstance(c, dict))
+                raise ActionError("tool_error", text[:2000])
+            return result
+
+        return run
+
+    def server(self) -> Server[Any, Any]:
+        ups = self.upstreams
+        server = build_server(ups, self.call)
+        notify = ups._notify
+
+        async def on_change(note: types.ServerNotification) -> None:
+            if isinstance(note.root, types.ToolListChangedNotification):
+                self._register()
+            if notify is not None:
+                await notify(note)
+
+        ups._notify = on_change
+        return server
+
+    # the agent half ----------------------------------------------------------
+    async def call(self, gated: GatedTool, args: dict[str, Any], intent: dict[str, Any] | None,
+                   progress: Progress) -> types.CallToolResult:
+        """One tools/call through the kernel (spec 003 §5.1): DONE, DENY, HEM_PENDING or DISPATCHED."""
+        from subjects.gate import ActDispatched, ActDone
+        from subjects.idp import EnrichedDeny, HemPending, Reject
+
+        try:
+            result = await self._act(gated, args, intent, hem_required=False)
+            if isinstance(result, EnrichedDeny) and result.hem_available and gated.escalate:
+                # spec 003 §6.3: after a DENY with hem_available the agent may resubmit with
+                # hem_urgency REQUIRED; this tool's rule says its denials go to the principal.
+                await progress(0.0, f"{gated.action} needs the principal's approval; asking")
+                result = await self._act(gated, args, intent, hem_required=True)
+        except (NatsError, TimeoutError) as e:
+            # Nothing ran: an action runs only when the kernel dispatches it.
+            return tool_error({"status": "unavailable", "code": "kernel_unavailable",
+                               "reason": f"the gateway did not answer on {self.subject} ({type(e).__name__}); nothing ran"})
+        except msgspec.ValidationError as e:
+            return tool_error({"status": "unavailable", "code": "kernel_unavailable",
+                               "reason": f"the gateway's answer is not an act result: {e}"})
+        match result:
+            case ActDone(status="confirmed"):
+                return types.CallToolResult.model_validate(result.response)
+            case ActDone():
+                return tool_error({"status": "failed", "idp_id": result.idp_id, "error": result.response,
+                                   "response_digest": result.response_digest})
+            case EnrichedDeny():
+                return tool_error({"status": "denied", **msgspec.to_builtins(result)})
+            case Reject():
+                return tool_error({"status": "rejected", **msgspec.to_builtins(result)})
+            case HemPending():
+                return await self._await_result(result.idp_id, f"waiting for the principal (moment {result.moment_id})", progress)
+            case ActDispatched():
+                return await self._await_result(result.idp_id, f"dispatched, waiting for the result ({result.reason})", progress)
+        return tool_error({"status": "failed", "reason": "unexpected kernel answer"})  # pragma: no cover
+
+    async def _act(self, gated: GatedTool, args: dict[str, Any], intent: dict[str, Any] | None, *, hem_required: bool) -> Any:
+        """Submit the call; a step overtaken by a concurrent call of this gate is declared again.
+
+        Calls of one host run concurrently, each its own step of the gate's session, and the
+        kernel takes a step only above the last it committed (spec 003 §5.2(f)): a call whose
+        step a later one overtook is refused IDP_STEP_SEQUENCE before anything is evaluated, so
+        it is declared again with a new IDP and a higher step (at most ``STEP_RETRIES`` times).
+        """
+        from subjects.gate import ActRequest, act_result_decoder
+        from subjects.idp import Reject
+
+        for _ in range(STEP_RETRIES):
+            request = ActRequest(
+                mandate=self.builder.mandate, action=gated.action,
+                idp=self.builder.idp(gated.action, intent, hem_required=hem_required),
+                arguments={"tool": gated.name, "arguments": args}, resource=resource_of(gated, args),
+            )
+            msg = await self.nc.request(self.subject, msgspec.json.encode(request), timeout=self.request_timeout)
+            result = act_result_decoder.decode(msg.data)
+            if not (isinstance(result, Reject) and result.error_code == "IDP_STEP_SEQUENCE"):
+                return result
+        return result
+
+    async def _await_result(self, idp_id: str, what: str, progress: Progress) -> types.CallToolResult:
+        """Wait (with progress) for the ``action_result`` outcome of ``idp_id``, at most ``wait_s``."""
+        from subjects.wire import ActionResult
+
+        fut = self.agent._expect(lambda o: isinstance(o, ActionResult) and o.idp_id == idp_id)
+        start = time.monotonic()
+        await progress(0.0, what)
+        while True:
+            elapsed = time.monotonic() - start
+            left = self.config.wait_s - elapsed
+            if left <= 0:
+                fut.cancel()
+                return tool_error({"status": "timeout", "idp_id": idp_id,
+                                   "reason": f"no result within {self.config.wait_s:g} s; the action may still run"})
+            done, _ = await asyncio.wait({fut}, timeout=min(self.config.progress_every, left))
+            if done:
+                break
+            await progress(time.monotonic() - start, what)
+        out = fut.result()
+        assert isinstance(out, ActionResult)
+        if out.status == "confirmed":
+            return types.CallToolResult.model_validate(out.response)
+        return tool_error({"status": out.status, "idp_id": idp_id, "reason": out.reason, "error": out.response,
+                           "moment_id": out.moment_id})
+
+
+async def serve_stdio(server: Server[Any, Any]) -> None:
+    """Serve the host over stdio, announcing that the tool list may change."""
+    from mcp.server.lowlevel import NotificationOptions
+    from mcp.server.stdio import stdio_server
+
+    options = server.create_initialization_options(NotificationOptions(tools_changed=True, prompts_changed=True))
+    async with stdio_server() as (read, write):
+        await server.run(read, write, options)

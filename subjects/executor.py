@@ -1,0 +1,249 @@
+"""A small SDK for executors: the services that carry out gated actions (subjects/gate.py).
+
+An executor serves the actions of one kind of governed object. The kernel is
+the only party that may send to it (the server enforces that: only the
+gateway's identity may publish on ``{prefix}.exec.>``), so what it runs is
+what the kernel dispatched after validation, the log commit and Cedar (spec
+003 §5.1, §8.7)::
+
+    async with Executor(nc, "files") as ex:
+        @ex.action("WriteFile")
+        async def write(args):
+            Path(args["path"]).write_text(args["text"])
+            return {"written": len(args["text"])}
+
+        await stop.wait()
+
+What it guarantees (docs/gate.md, "Crash safety"):
+
+* **At most once per idempotency key.** Before an action runs, the executor
+  claims the key in its KV bucket ``PGW_EXEC_{KIND}`` (a create, which the
+  server lets succeed once); the result (or the error) is then stored under
+  the key. A second dispatch of a key that has a result gets the stored
+  result without the action running again; one whose claim has no result
+  yet (running now, or an executor that died while running it) gets
+  ``running``: the kernel keeps it ``dispatched_unconfirmed`` rather than
+  guess.
+* ``{prefix}.exec.{kind}._result`` answers what became of a key: the stored
+  result, ``running``, or ``unknown`` (never claimed here, so never run): the
+  kernel's crash recovery may then dispatch it again, safely.
+* A handler that raises ``ActionError`` is a clean failure (``error``, the
+  kernel records ``failed``); any other exception is stored as the error
+  ``EXECUTOR_EXCEPTION`` (the executor cannot say more about what happened).
+
+The service registers with the NATS services API as ``pgw-exec-{kind}``, so
+``nats micro ls`` shows it. This module imports ``subjects`` only, like an
+agent: an executor is an outside party.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.micro import Request
+from nats.micro.service import Service, ServiceConfig
+
+from subjects.gate import (
+    IDEMPOTENCY_HEADER,
+    RESULT_ENDPOINT,
+    ExecError,
+    ExecRequest,
+    ExecResponse,
+    check_action_token,
+    check_kind,
+    exec_bucket,
+    exec_request_decoder,
+    exec_service_name,
+    result_query_decoder,
+)
+from subjects.names import Subjects
+
+Handler = Callable[..., Awaitable[Any]]
+
+# The executors' queue group: several instances of one kind share the work.
+EXEC_QUEUE = "pgw-exec"
+_RUNNING = b'{"status":"running"}'
+_enc = msgspec.json.Encoder()
+_resp_dec = msgspec.json.Decoder(ExecResponse)
+
+
+class ActionError(Exception):
+    """Raised by a handler for a clean failure: the executor answers ``error`` with this code."""
+
+    def __init__(self, code: str, message: str = "") -> None:
+        self.code = code
+        self.message = message
+        super().__init__(f"{code}: {message}" if message else code)
+
+
+class Executor:
+    """One executor kind on the bus; an async context manager with an idempotent ``drain()``.
+
+    ``action(name)`` registers a handler ``async def f(args)`` or ``async def
+    f(args, request)`` (``request``: the ``ExecRequest``, for its idp_id, agent,
+    principal and idempotency key). Handlers may be added before or after start.
+    """
+
+    def __init__(
+        self, nc: Any, kind: str, *, prefix: str = "pgw", version: str = "0.1.0", replicas: int = 1
+    ) -> None:
+        self.nc = nc
+        self.kind = check_kind(kind)
+        self.subjects = Subjects(prefix)
+        self.version = version
+        self.replicas = replicas
+        self.bucket = exec_bucket(kind)
+        self.kv: Any = None
+        self.handlers: dict[str, Handler] = {}
+        self.runs = 0  # how many times a handler actually ran in this process
+        self._service: Service | None = None
+        self._endpoints: set[str] = set()
+        self._local: dict[str, asyncio.Future[bytes]] = {}
+        self._pending: set[asyncio.Task[None]] = set()
+
+    # -- registration ----------------------------------------------------------
+    def action(self, name: str) -> Callable[[Handler], Handler]:
+        check_action_token(name)
+
+        def deco(fn: Handler) -> Handler:
+            self.handlers[name] = fn
+            if self._service is not None:
+                # A running executor gets the endpoint now (the task keeps its reference).
+                task = asyncio.get_running_loop().create_task(self._add(name))
+                self._pending.add(task)
+                task.add_done_callback(self._pending.discard)
+            return fn
+
+        return deco
+
+    # -- life cycle --------------------------------------------------------------
+    async def __aenter__(self) -> Executor:
+        js = self.nc.jetstream()
+        try:
+            self.kv = await js.key_value(self.bucket)
+        except BucketNotFoundError:
+            with contextlib.suppress(Exception):
+                await js.create_key_value(
+                    KeyValueConfig(bucket=self.bucket, history=1, storage=StorageType.FILE, replicas=self.replicas)
+                )
+            self.kv = await js.key_value(self.bucket)
+        self._service = Service(
+            self.nc,
+            ServiceConfig(
+                name=exec_service_name(self.kind), version=self.version,
+                description=f"Principal Gateway executor of kind {self.kind}",
+                metadata={"prefix": self.subjects.prefix, "kind": self.kind},
+            ),
+        )
+        await self._service.start()
+        await self._service.add_endpoint(
+            name=RESULT_ENDPOINT, subject=self.subjects.exec_result(self.kind), handler=self._on_result,
+            queue_group=EXEC_QUEUE,
+        )
+        for name in list(self.handlers):
+            await self._add(name)
+        await self.nc.flush()
+        return self
+
+    async def _add(self, name: str) -> None:
+        if self._service is None or name in self._endpoints:
+            return
+        self._endpoints.add(name)
+
+        async def serve(req: Request) -> None:
+            await self._on_action(name, req)
+
+        await self._service.add_endpoint(
+            name=name, subject=self.subjects.exec(self.kind, name), handler=serve, queue_group=EXEC_QUEUE
+        )
+
+    async def drain(self) -> None:
+        """Stop serving; idempotent."""
+        service, self._service = self._service, None
+        if service is not None and not self.nc.is_closed:
+            with contextlib.suppress(Exception):
+                await service.stop()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.drain()
+
+    # -- the two endpoints ---------------------------------------------------------
+    async def _on_result(self, req: Request) -> None:
+        try:
+            q = result_query_decoder.decode(req.data)
+        except msgspec.ValidationError as e:
+            await req.respond(_enc.encode(ExecResponse(status="error", error=ExecError(code="REQUEST_MALFORMED", message=str(e)[:500]))))
+            return
+        await req.respond(await self.lookup(q.idempotency_key))
+
+    async def lookup(self, key: str) -> bytes:
+        """The stored answer for ``key``: a result, ``running`` or ``unknown``."""
+        try:
+            e = await self.kv.get(key)
+        except KeyNotFoundError:
+            return _enc.encode(ExecResponse(status="unknown"))
+        return bytes(e.value) if e.value else _enc.encode(ExecResponse(status="unknown"))
+
+    async def _on_action(self, name: str, req: Request) -> None:
+        try:
+            er = exec_request_decoder.decode(req.data)
+        except msgspec.ValidationError as e:
+            await req.respond(_enc.encode(ExecResponse(status="error", error=ExecError(code="REQUEST_MALFORMED", message=str(e)[:500]))))
+            return
+        header = (req.headers or {}).get(IDEMPOTENCY_HEADER)
+        if er.action != name or (header is not None and header != er.idempotency_key):
+            await req.respond(_enc.encode(ExecResponse(status="error", error=ExecError(
+                code="REQUEST_MALFORMED", message="action or idempotency key differs between subject, header and body"))))
+            return
+        await req.respond(await self.run(name, er))
+
+    async def run(self, name: str, er: ExecRequest) -> bytes:
+        """Run ``er`` at most once for its key; the answer (stored, or just made)."""
+        key = er.idempotency_key
+        local = self._local.get(key)
+        if local is not None:  # the same key in flight in this process: share its answer
+            return await asyncio.shield(local)
+        try:
+            await self.kv.create(key, _RUNNING)
+        except KeyWrongLastSequenceError:
+            # Claimed before: its result, or "running" (never run twice).
+            return await self.lookup(key)
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._local[key] = fut
+        try:
+            answer = await self._call(name, er)
+            # The result under the key; a crash before this leaves "running" (docs/gate.md).
+            await self.kv.put(key, answer)
+            fut.set_result(answer)
+            return answer
+        except BaseException as e:
+            if not fut.done():
+                fut.set_exception(e)
+                fut.exception()  # retrieved: no "never retrieved" warning when nobody shared it
+            raise
+        finally:
+            self._local.pop(key, None)
+
+    async def _call(self, name: str, er: ExecRequest) -> bytes:
+        fn = self.handlers[name]
+        self.runs += 1
+        try:
+            params = len(inspect.signature(fn).parameters)
+            out = await (fn(er.arguments, er) if params >= 2 else fn(er.arguments))
+        except ActionError as e:
+            return _enc.encode(ExecResponse(status="error", error=ExecError(code=e.code[:128], message=e.message[:2000])))
+        except Exception as e:  # noqa: BLE001 - the executor cannot say more; the kernel records failed
+            return _enc.encode(ExecResponse(status="error", error=ExecError(code="EXECUTOR_EXCEPTION", message=type(e).__name__)))
+        return _enc.encode(ExecResponse(status="ok", result=out))
+
+
+def decode_response(data: bytes) -> ExecResponse:
+    """An executor's answer, decoded (``msgspec.ValidationError`` if it is not one)."""
+    return _resp_dec.decode(data)

@@ -1,0 +1,125 @@
+"""Faults on the gate: kill -9 of the gateway during a burst of gated actions (docs/gate.md "Crash safety").
+
+The gateway runs as ``pgw gateway`` in a child process; the executor (the SDK of
+``subjects/executor.py``) and the agents run here. While ``PGW_CHAOS_GATE_ACTIONS``
+gated actions (default 300) are in flight the gateway is killed with SIGKILL
+and started again; every action without an answer is sent again, as an agent
+would. Then, from the event log, the verdict stream and the executor's own
+count: every action the kernel permitted (``CEDAR_PERMIT_RECORDED``) ran
+exactly once at the executor and has exactly one ``STATE_TRANSITIONED`` and
+exactly one ``executed`` verdict (so one capsule: the signer makes one per
+verdict id, tests/chaos/test_chaos_signer.py); an action never permitted never ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from pgwcore.server import EmbeddedServer
+from subjects.executor import Executor
+from subjects.gate import ActDone, act_result_decoder, idempotency_key
+from tests.chaos.harness import ServiceProc, chaos_config, env_int, wait_services
+from tests.kernel_support import Issuer, idp, policy_dir, read_log, read_verdicts
+from tests.polling import until
+
+pytestmark = [pytest.mark.chaos]
+
+ACTIONS = env_int("PGW_CHAOS_GATE_ACTIONS", 300)
+AGENT = "chaos"
+
+
+async def test_gateway_kill9_during_gated_actions(tmp_path: Path, nats_server: EmbeddedServer, nc: Any) -> None:
+    """kill -9 of the gateway mid-burst of gated actions: each permitted action ran exactly once at the executor
+    and has exactly one STATE_TRANSITIONED and one executed verdict; nothing unpermitted ran."""
+    issuer = Issuer(tmp_path / "issuer")
+    pdir = policy_dir(tmp_path, 'permit(principal, action == Action::"WriteNote", resource);\n')
+    extra = "\n".join([
+        "[kernel]", f'policy_dir = "{pdir}"', "report_deadline_s = 0.0",
+        "[kernel.issuers]", f'"{issuer.kid}" = "{issuer.pem_path}"',
+        "[kernel.executors.notes]", 'actions = ["WriteNote"]', "timeout_s = 2.0", "follow_up_s = 600.0",
+    ])
+    gw = ServiceProc("gateway", nats_server.client_url, tmp_path / "gw", chaos_config(tmp_path / "c.toml", extra=extra))
+    so = str(uuid.uuid4())
+    token, jti = issuer.mandate(agent=AGENT, so_id=so, principal="alice", actions=["WriteNote"])
+    runs: collections.Counter[str] = collections.Counter()
+    bodies = []
+    for i in range(ACTIONS):
+        rec = idp(so_id=so, mandate_id=jti, step=1, action="WriteNote", session=f"s-{i}")
+        bodies.append(msgspec.json.encode({"mandate": token, "action": "WriteNote", "idp": rec,
+                                           "arguments": {"n": i}}))
+    ids = [msgspec.json.decode(b)["idp"]["idp_id"] for b in bodies]
+    answered: dict[int, Any] = {}
+
+    async with Executor(nc, "notes") as ex:
+
+        @ex.action("WriteNote")
+        async def write(args: dict[str, Any], req: Any) -> Any:
+            runs[req.idempotency_key] += 1
+            await asyncio.sleep(0.01)  # the action's own work: keeps some in flight at the kill
+            return {"n": args["n"]}
+
+        async def send(i: int, sem: asyncio.Semaphore) -> None:
+            async with sem:
+                try:
+                    msg = await nc.request(f"pgw.agent.{AGENT}.act", bodies[i], timeout=10)
+                except Exception:  # noqa: BLE001 - no gateway, or killed mid-request: sent again below
+                    return
+                answered[i] = act_result_decoder.decode(msg.data)
+
+        try:
+            await gw.start()
+            await wait_services(nc, "pgw-gateway", 1, [gw])
+            sem = asyncio.Semaphore(32)
+            burst = asyncio.gather(*(send(i, sem) for i in range(ACTIONS)))
+
+            async def midway() -> bool:
+                return sum(runs.values()) >= ACTIONS // 3
+
+            await until(midway, timeout=120, interval=0.01, what="a third of the actions run")
+            gw.kill9()
+            await gw.wait_dead()
+            killed_at = sum(runs.values())
+            await burst
+            await gw.start()
+            await wait_services(nc, "pgw-gateway", 1, [gw])
+            # An agent without an answer sends its action again (a committed one is IDP_DUPLICATE: the
+            # kernel's sweep finishes it).
+            await asyncio.gather(*(send(i, sem) for i in range(ACTIONS) if i not in answered))
+            js = nc.jetstream()
+
+            async def permitted() -> set[str]:
+                return {ev.body["idp_id"] for _s, ev in await read_log(js, "CEDAR_PERMIT_RECORDED")}
+
+            async def settled() -> bool:
+                done = {ev.body["idp_id"] for _s, ev in await read_log(js, "STATE_TRANSITIONED")}
+                return (await permitted()) <= done
+
+            await until(settled, timeout=180, interval=0.5, what="every permitted action recorded")
+            perm = await permitted()
+            sts = collections.Counter(ev.body["idp_id"] for _s, ev in await read_log(js, "STATE_TRANSITIONED"))
+            executed = collections.Counter(v.idp_id for v in await read_verdicts(js, "executed"))
+            keys = {idempotency_key(so, i): i for i in ids}
+            assert set(runs) <= set(keys), "the executor ran an action nobody submitted"
+            ran = {keys[k] for k in runs}
+            assert ran == perm, f"ran but not permitted: {ran - perm}; permitted, never ran: {perm - ran}"
+            assert all(runs[idempotency_key(so, i)] == 1 for i in perm), \
+                {i: runs[idempotency_key(so, i)] for i in perm if runs[idempotency_key(so, i)] != 1}
+            assert all(sts[i] == 1 for i in perm) and set(sts) == perm
+            assert all(executed[i] == 1 for i in perm) and set(executed) == perm
+            # Every answered DONE is what the log recorded (the digest of the response the agent got).
+            st = {ev.body["idp_id"]: ev.body for _s, ev in await read_log(js, "STATE_TRANSITIONED")}
+            for r in answered.values():
+                if isinstance(r, ActDone):
+                    assert st[r.idp_id]["effect"]["response_digest"] == r.response_digest
+            print(f"gate chaos: {ACTIONS} actions, {len(perm)} permitted and run once each, "
+                  f"{killed_at} run before the kill -9, {sum(isinstance(r, ActDone) for r in answered.values())} "
+                  "answered DONE")
+        finally:
+            await gw.stop()

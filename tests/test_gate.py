@@ -1,0 +1,404 @@
+"""Governed actions transit the gate (spec 003 §5.1, §8.7; spec 004 §5.2; docs/gate.md).
+
+A real gateway with the IDP kernel, a real executor built with the SDK of
+``subjects/executor.py`` (the README's worked example), Cedar and Ed25519,
+against a real nats-server: the agent submits the transition and the
+arguments on ``agent.{agent}.act``; the kernel dispatches the action itself
+and records what it observed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from consumers import capsule_v4
+from consumers.capsule_map import capsule_from_verdict
+from consumers.signer import Signer
+from consumers.verifier import payload_of, verify_many
+from subjects.client import Agent, Surface
+from subjects.executor import ActionError, Executor
+from subjects.gate import ActDispatched, ActDone, act_result_decoder, idempotency_key
+from subjects.idp import EnrichedDeny, HemPending, Permit, json_digest
+from subjects.wire import ActionResult, OptionChoice
+from tests import refverifier
+from tests.kernel_support import Issuer, idp, policy_dir, read_log, running_gateway, stored_verdicts
+from tests.polling import until
+from tests.test_capsule_signer import signer_keys, stream_items
+from tests.test_kernel_hem import LogWatch, _moment
+
+AGENT, PRINCIPAL = "bot", "alice"
+ACTIONS = ["WriteNote", "FailNote", "SlowNote", "ReadBooking", "CloseBooking"]
+POLICY = """
+permit(principal, action == Action::"WriteNote", resource);
+permit(principal, action == Action::"FailNote", resource);
+permit(principal, action == Action::"SlowNote", resource);
+permit(principal, action == Action::"ReadBooking", resource);
+permit(principal, action == Action::"CloseBooking", resource);
+"""
+
+
+class NotesExecutor:
+    """The example executor (README "Executors"): writes notes, fails on FailNote, hangs on SlowNote."""
+
+    def __init__(self, nc: Any) -> None:
+        self.notes: dict[str, str] = {}
+        self.calls: list[str] = []
+        self.release = asyncio.Event()
+        self.ex = Executor(nc, "notes")
+
+        @self.ex.action("WriteNote")
+        async def write(args: dict[str, Any], req: Any) -> Any:
+            self.calls.append(req.idempotency_key)
+            self.notes[args["name"]] = args["text"]
+            return {"written": len(args["text"]), "name": args["name"]}
+
+        @self.ex.action("FailNote")
+        async def fail(args: dict[str, Any]) -> Any:
+            raise ActionError("NOTE_LOCKED", f"note {args['name']} is locked")
+
+        @self.ex.action("SlowNote")
+        async def slow(args: dict[str, Any]) -> Any:
+            await self.release.wait()
+            return {"late": True}
+
+
+def kernel(env: Any) -> Any:
+    from gateway.kernel.service import KernelService
+
+    return next(p for p in env.gw.parts if isinstance(p, KernelService))
+
+
+class GateEnv:
+    def __init__(self, nc: Any, gw: Any, issuer: Issuer, watch: LogWatch, notes: NotesExecutor) -> None:
+        self.nc, self.gw, self.issuer, self.watch, self.notes = nc, gw, issuer, watch, notes
+        self.js = nc.jetstream()
+        self.so = str(uuid.uuid4())
+        self.token, self.jti = issuer.mandate(agent=AGENT, so_id=self.so, principal=PRINCIPAL, actions=ACTIONS)
+        self.step = 0
+
+    def idp(self, action: str, **over: Any) -> dict[str, Any]:
+        self.step += 1
+        return idp(so_id=self.so, mandate_id=self.jti, step=self.step, action=action, **over)
+
+    async def act(self, action: str, arguments: dict[str, Any], rec: dict[str, Any] | None = None) -> Any:
+        rec = rec or self.idp(action)
+        body = {"mandate": self.token, "action": action, "idp": rec, "arguments": arguments}
+        msg = await self.nc.request(f"pgw.agent.{AGENT}.act", msgspec.json.encode(body), timeout=15)
+        return act_result_decoder.decode(msg.data)
+
+
+def gate_config(make_config: Any, issuer: Issuer, tmp_path: Path, **executor: Any) -> Any:
+    notes = {"actions": ["WriteNote", "FailNote", "SlowNote"], "timeout_s": 1.0, **executor}
+    return make_config(
+        kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path, POLICY)),
+                "executors": {"notes": notes}},
+        agents={AGENT: {"principals": [PRINCIPAL]}},
+    )
+
+
+@pytest.fixture
+async def genv(make_config: Any, nc: Any, tmp_path: Path) -> AsyncIterator[GateEnv]:
+    """A gateway whose kernel dispatches WriteNote/FailNote/SlowNote to the notes executor."""
+    issuer = Issuer(tmp_path / "issuer")
+    watch = LogWatch()
+    await watch.start(nc)
+    notes = NotesExecutor(nc)
+    async with notes.ex, running_gateway(gate_config(make_config, issuer, tmp_path), nc) as gw:
+        try:
+            yield GateEnv(nc, gw, issuer, watch, notes)
+        finally:
+            notes.release.set()
+
+
+async def _event(js: Any, event_type: str, idp_id: str) -> Any:
+    for _seq, ev in await read_log(js, event_type):
+        if ev.body.get("idp_id", ev.body.get("record", {}).get("idp_id")) == idp_id:
+            return ev
+    raise AssertionError(f"no {event_type} for {idp_id}")
+
+
+async def _capsule(env: GateEnv, idp_id: str, fmt: str, verdict_class: str = "executed") -> tuple[dict[str, Any], list[Any]]:
+    config = msgspec.structs.replace(env.gw.config, signer=msgspec.structs.replace(env.gw.config.signer, capsule_format=fmt))
+
+    def mine(p: dict[str, Any]) -> bool:
+        return p.get("action_id") == idp_id and p.get("action_type") != "fyi" and "statement_type" not in p \
+            and p["disposition"].get("verdict_class", "executed") == verdict_class
+
+    async def found() -> list[Any] | None:
+        items = await stream_items(env.js, "PGW_REGISTRATION")
+        return items if any(mine(payload_of(d) or {}) for _, d, _ in items) else None
+
+    async with Signer(config, env.nc):
+        items = await until(found, timeout=20, what=f"the {verdict_class} capsule of {idp_id}")
+    return next(p for p in (payload_of(d) or {} for _, d, _ in items) if mine(p)), items
+
+
+async def test_permitted_action_runs_once_at_the_executor_and_is_gate_executed(genv: GateEnv) -> None:
+    """PERMIT on agent.{agent}.act: the executor runs once, the agent gets its result, and the log and the
+    verdict record kernel_dispatched / gate_executed / confirmed with the digest of the response the agent got."""
+    r = await genv.act("WriteNote", {"name": "todo", "text": "buy milk"})
+    assert isinstance(r, ActDone), r
+    assert r.status == "confirmed" and r.response == {"written": 8, "name": "todo"}
+    assert r.response_digest == json_digest(r.response)
+    assert genv.notes.notes == {"todo": "buy milk"} and len(genv.notes.calls) == 1
+    assert genv.notes.calls[0] == idempotency_key(genv.so, r.idp_id)
+    disp = await _event(genv.js, "GATE_DISPATCHED", r.idp_id)
+    assert disp.body["executor"] == "notes" and disp.body["idempotency_key"] == genv.notes.calls[0]
+    st = await _event(genv.js, "STATE_TRANSITIONED", r.idp_id)
+    assert st.body["executed_action_source"] == "kernel_dispatched"
+    assert st.body["effect_attestation"] == "gate_executed"
+    assert st.body["effect"]["status"] == "confirmed" and st.body["effect"]["response_digest"] == r.response_digest
+    assert st.body["effect"]["request_digest"] == disp.body["request_digest"]
+    ver = await _event(genv.js, "IDP_COMMITMENT_VERIFIED", r.idp_id)
+    assert ver.body["record"]["executed_action_source"] == "kernel_dispatched"
+    assert ver.body["record"]["match_result"] == "MATCHED" and ver.body["record"]["executed_action"] == "WriteNote"
+    v = (await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == r.idp_id))[0]
+    assert v.verdict_id == r.verdict_id and v.details["effect_attestation"] == "gate_executed"
+    # the open dispatch is closed: nothing left for the sweep
+    assert await kernel(genv).gate_sweep() == 0
+
+
+@pytest.mark.parametrize("fmt", ["2", "4"])
+async def test_gate_executed_capsule_in_both_formats_and_reference_verifiers(genv: GateEnv, fmt: str) -> None:
+    """The capsule of a gated action says executed, confirmed with the digest of the response the agent got,
+    and gate_executed, in format "2" and "4"; our verifier and the reference verifier of that format accept it."""
+    from tests.test_capsule_format4 import NEWEST
+
+    r = await genv.act("WriteNote", {"name": f"n{fmt}", "text": "hello"})
+    assert isinstance(r, ActDone) and r.status == "confirmed"
+    cap, items = await _capsule(genv, r.idp_id, fmt)
+    assert cap["format_version"] == fmt
+    assert cap["effect"]["status"] == "confirmed"
+    assert cap["effect"]["effect_attestation"] == "gate_executed"
+    assert cap["effect"]["response_digest"] == r.response_digest
+    assert cap["assurance"]["effect_mode"] == "confirmed"
+    config = msgspec.structs.replace(genv.gw.config, signer=msgspec.structs.replace(genv.gw.config.signer, capsule_format=fmt))
+    results = verify_many([(s, d) for s, d, _ in items], keys=signer_keys(config))
+    assert all(r.ok for r in results), [(x.source, x.findings) for x in results if not x.ok]
+    assert any(x.capsule_id == cap["capsule_id"] and x.effect_grade == "gate_executed" for x in results)
+    payloads = [p for p in (payload_of(d) for _, d, _ in items) if p and "statement_type" not in p and "capsule_id" in p]
+    ref = refverifier.run(payloads, version="0.1.0" if fmt == "2" else NEWEST)
+    bad = [(x.capsule_id, f.code, f.severity) for x in ref for f in x.findings
+           if f.severity == "error" or "overclaim" in f.code]
+    assert ref and all(x.ok for x in ref) and not bad, bad
+
+
+async def test_pgw_verify_shows_the_grade(genv: GateEnv, capsys: Any) -> None:
+    """`pgw verify` prints effect=confirmed effect_attestation=gate_executed for a gated action's capsule."""
+    import argparse
+
+    from cli.commands import capsules as cli
+
+    r = await genv.act("WriteNote", {"name": "v", "text": "x"})
+    assert isinstance(r, ActDone)
+    await _capsule(genv, r.idp_id, "2")
+    config = msgspec.structs.replace(genv.gw.config, signer=msgspec.structs.replace(genv.gw.config.signer, capsule_format="2"))
+    capsys.readouterr()
+    args = argparse.Namespace(paths=[], stream=["PGW_REGISTRATION"], key=[], ts_key=[], store=[], json=False)
+    assert await cli.handle_verify(args, config) == 0
+    out = capsys.readouterr().out
+    assert "effect=confirmed effect_attestation=gate_executed" in out, out
+
+
+async def test_executor_error_is_failed(genv: GateEnv) -> None:
+    """An executor that answers with an error: the agent gets DONE failed with the error object, the log and the
+    capsule say failed (gate_executed), never confirmed."""
+    r = await genv.act("FailNote", {"name": "x"})
+    assert isinstance(r, ActDone) and r.status == "failed"
+    assert r.response == {"code": "NOTE_LOCKED", "message": "note x is locked"}
+    st = await _event(genv.js, "STATE_TRANSITIONED", r.idp_id)
+    assert st.body["effect"]["status"] == "failed" and st.body["effect_attestation"] == "gate_executed"
+    cap, _items = await _capsule(genv, r.idp_id, "2")
+    assert cap["effect"]["status"] == "failed" and cap["effect"]["effect_attestation"] == "gate_executed"
+    assert cap["assurance"]["effect_mode"] == "dispatched_unconfirmed"
+
+
+async def test_executor_timeout_is_dispatched_unconfirmed_never_confirmed(genv: GateEnv) -> None:
+    """An executor that does not answer in time: DISPATCHED to the agent, a timeout capsule with
+    dispatched_unconfirmed (gate_executed), and no confirmed effect anywhere while the result is unknown."""
+    r = await genv.act("SlowNote", {"name": "s"})
+    assert isinstance(r, ActDispatched)
+    cap, _items = await _capsule(genv, r.idp_id, "2", verdict_class="timeout")
+    assert cap["effect"]["status"] == "dispatched" and "response_digest" not in cap["effect"]
+    assert cap["effect"]["effect_attestation"] == "gate_executed"
+    assert cap["assurance"]["effect_mode"] == "dispatched_unconfirmed"
+    assert [ev for _s, ev in await read_log(genv.js, "STATE_TRANSITIONED") if ev.body["idp_id"] == r.idp_id] == []
+    v4 = capsule_v4.from_verdict(
+        (await stored_verdicts(genv.js, "timeout", lambda v: v.idp_id == r.idp_id))[0], operator="acme", salt="s" * 32
+    ).body
+    assert v4["effect"]["status"] == "dispatched" and v4["assurance"]["effect_mode"] == "dispatched_unconfirmed"
+
+
+async def test_late_result_after_timeout_is_recorded_and_reaches_the_agent(genv: GateEnv) -> None:
+    """A result that comes after the timeout is found by the sweep (the executor's _result endpoint): recorded
+    confirmed, its executed verdict supersedes the timeout, and the agent gets it as an action_result outcome."""
+    agent = Agent(genv.nc, AGENT)
+    try:
+        r = await genv.act("SlowNote", {"name": "s"})
+        assert isinstance(r, ActDispatched)
+        genv.notes.release.set()
+
+        async def swept() -> Any:
+            await kernel(genv).gate_sweep()
+            got = [v for v in await stored_verdicts(genv.js, "*") if v.idp_id == r.idp_id and v.verdict_class == "executed"]
+            return got or None
+
+        executed = (await until(swept, timeout=15, what="the late result recorded"))[0]
+        assert executed.supersedes == r.verdict_id and executed.effect.status == "confirmed"
+
+        async def first() -> ActionResult:
+            async for o in agent.outcomes():
+                if isinstance(o, ActionResult) and o.idp_id == r.idp_id:
+                    return o
+            raise AssertionError("outcomes ended")
+
+        out = await asyncio.wait_for(first(), 10)
+        assert out.status == "confirmed" and out.response == {"late": True}
+        assert out.response_digest == json_digest({"late": True})
+    finally:
+        await agent.close()
+
+
+async def test_hem_approval_dispatches_and_the_result_is_an_outcome(genv: GateEnv) -> None:
+    """hem_urgency REQUIRED on a gated action: HEM_PENDING, nothing runs; after the principal approves the
+    kernel dispatches it once and the agent gets the result as an action_result outcome."""
+    agent = Agent(genv.nc, AGENT)
+    try:
+        rec = genv.idp("WriteNote", hem_urgency="REQUIRED")
+        r = await genv.act("WriteNote", {"name": "hem", "text": "approved"}, rec)
+        assert isinstance(r, HemPending)
+        assert genv.notes.calls == []
+        item = await _moment(Surface(genv.nc, PRINCIPAL), rec["idp_id"])
+        assert (await Surface(genv.nc, PRINCIPAL).resolve(item.moment_id, OptionChoice(index=0))).status == "accepted"
+
+        async def first() -> ActionResult:
+            async for o in agent.outcomes():
+                if isinstance(o, ActionResult) and o.idp_id == rec["idp_id"]:
+                    return o
+            raise AssertionError("outcomes ended")
+
+        out = await asyncio.wait_for(first(), 15)
+        assert out.status == "confirmed" and out.response == {"written": 8, "name": "hem"}
+        assert genv.notes.notes == {"hem": "approved"} and len(genv.notes.calls) == 1
+        v = (await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == rec["idp_id"]))[0]
+        assert v.approver == "human" and v.human_disposed and v.details["effect_attestation"] == "gate_executed"
+    finally:
+        await agent.close()
+
+
+async def test_hem_rejection_does_not_run(genv: GateEnv) -> None:
+    """A gated action the principal rejects never reaches the executor; the agent gets action_result not_run."""
+    agent = Agent(genv.nc, AGENT)
+    try:
+        rec = genv.idp("WriteNote", hem_urgency="REQUIRED")
+        assert isinstance(await genv.act("WriteNote", {"name": "no", "text": "rejected"}, rec), HemPending)
+        item = await _moment(Surface(genv.nc, PRINCIPAL), rec["idp_id"])
+        assert (await Surface(genv.nc, PRINCIPAL).resolve(item.moment_id, OptionChoice(index=1))).status == "accepted"
+
+        async def first() -> ActionResult:
+            async for o in agent.outcomes():
+                if isinstance(o, ActionResult) and o.idp_id == rec["idp_id"]:
+                    return o
+            raise AssertionError("outcomes ended")
+
+        out = await asyncio.wait_for(first(), 15)
+        assert out.status == "not_run"
+        assert genv.notes.calls == [] and genv.notes.notes == {}
+        assert await kernel(genv).gate_sweep() == 0
+    finally:
+        await agent.close()
+
+
+async def test_gated_action_declared_on_the_report_path_is_denied_and_its_report_refused(genv: GateEnv) -> None:
+    """An action served by an executor, declared on agent.{agent}.idp, is denied GATE_REQUIRED; a transition
+    report claiming it (for a step permitted as something else) is refused and logged as a CRITICAL finding."""
+    from tests.kernel_support import request
+
+    rec = genv.idp("WriteNote")
+    r = await request(genv.nc, AGENT, {"mandate": genv.token, "idp": rec})
+    assert isinstance(r, EnrichedDeny) and r.deny_code == "GATE_REQUIRED"
+    assert "WriteNote" not in r.available_actions
+    ok = genv.idp("CloseBooking")
+    assert isinstance(await request(genv.nc, AGENT, {"mandate": genv.token, "idp": ok}), Permit)
+    body = {"idp_id": ok["idp_id"], "executed_action": "WriteNote", "effect": {"type": "note", "status": "confirmed",
+                                                                               "response": {"written": 1}}}
+    await genv.js.publish(f"pgw.agent.{AGENT}.transition", msgspec.json.encode(body),
+                          headers={"Nats-Msg-Id": f"{AGENT}:{uuid.uuid4()}"})
+    refused = await genv.watch.wait("TRANSITION_REFUSED", lambda ev: ev["body"]["idp_id"] == ok["idp_id"])
+    assert refused["body"]["code"] == "GATE_REQUIRED"
+    assert refused["body"]["alert"]["severity"] == "CRITICAL"
+    assert genv.notes.calls == []
+
+
+async def test_report_for_a_step_the_gate_ran_is_refused(genv: GateEnv) -> None:
+    """A transition report for a step the kernel dispatched itself is refused GATE_REQUIRED and logged: the
+    kernel's record stands, the agent's word is not taken."""
+    r = await genv.act("WriteNote", {"name": "a", "text": "b"})
+    assert isinstance(r, ActDone)
+    body = {"idp_id": r.idp_id, "executed_action": "WriteNote", "effect": {"type": "note", "status": "failed"}}
+    await genv.js.publish(f"pgw.agent.{AGENT}.transition", msgspec.json.encode(body),
+                          headers={"Nats-Msg-Id": f"{AGENT}:{uuid.uuid4()}"})
+    refused = await genv.watch.wait("TRANSITION_REFUSED", lambda ev: ev["body"]["idp_id"] == r.idp_id)
+    assert refused["body"]["code"] == "GATE_REQUIRED"
+    sts = [ev for _s, ev in await read_log(genv.js, "STATE_TRANSITIONED") if ev.body["idp_id"] == r.idp_id]
+    assert len(sts) == 1 and sts[0].body["effect"]["status"] == "confirmed"
+
+
+async def test_ungated_actions_keep_the_declare_and_report_path(genv: GateEnv) -> None:
+    """An action no executor serves still goes declare -> PERMIT -> report, and its capsule stays runtime_claimed;
+    submitted on agent.{agent}.act it is refused with a clear reason."""
+    from tests.kernel_support import request
+
+    rec = genv.idp("CloseBooking")
+    assert isinstance(await request(genv.nc, AGENT, {"mandate": genv.token, "idp": rec}), Permit)
+    body = {"idp_id": rec["idp_id"], "executed_action": "CloseBooking",
+            "effect": {"type": "booking.close", "status": "confirmed", "response": {"ok": True}}}
+    await genv.js.publish(f"pgw.agent.{AGENT}.transition", msgspec.json.encode(body),
+                          headers={"Nats-Msg-Id": f"{AGENT}:{uuid.uuid4()}"})
+    v = (await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == rec["idp_id"]))[0]
+    assert v.details["executed_action_source"] == "agent_reported"
+    cap = capsule_from_verdict(v, operator="acme", salt="s" * 32, chained=False).to_dict()
+    assert cap["effect"]["effect_attestation"] == "runtime_claimed"
+    refused = await genv.act("CloseBooking", {})
+    assert refused.error_code == "REQUEST_MALFORMED" and "no executor serves CloseBooking" in refused.reason
+
+
+def test_only_the_kernels_marker_grades_up() -> None:
+    """A verdict claiming gate_executed without the kernel's kernel_dispatched source is graded runtime_claimed."""
+    from tests.test_capsule_model import SALT, verdict
+
+    base = {"match_result": "MATCHED", "requested_action": "W", "executed_action": "W"}
+    v = verdict("g1", "executed", decision="accept", idp_id="i", action_id="i", action_type="W",
+                details={**base, "effect_attestation": "gate_executed", "executed_action_source": "agent_reported"})
+    v = msgspec.structs.replace(v, effect=msgspec.convert({"type": "W", "status": "confirmed", "response": {"a": 1}},
+                                                          type=type(v.effect) if v.effect else __import__("subjects.wire", fromlist=["ReportedEffect"]).ReportedEffect))
+    assert capsule_from_verdict(v, operator="acme", salt=SALT, chained=False).to_dict()["effect"]["effect_attestation"] == "runtime_claimed"
+    v2 = msgspec.structs.replace(v, details={**base, "effect_attestation": "gate_executed", "executed_action_source": "kernel_dispatched"})
+    assert capsule_from_verdict(v2, operator="acme", salt=SALT, chained=False).to_dict()["effect"]["effect_attestation"] == "gate_executed"
+
+
+async def test_readme_executor_example_runs(make_config: Any, nc: Any, tmp_path: Path) -> None:
+    """The README's executor example, run against a real gateway, returns what the README says."""
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### Executors: actions that transit the gate", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = make_config(kernel={"issuers": {issuer.kid: str(issuer.pem_path)},
+                              "policy_dir": str(policy_dir(tmp_path, POLICY)),
+                              "executors": {"notes": {"actions": ["WriteNote"], "timeout_s": 10.0}}})
+    so = str(uuid.uuid4())
+    token, jti = issuer.mandate(agent="bot", so_id=so, principal=PRINCIPAL, actions=["WriteNote"])
+    ns: dict[str, Any] = {}
+    exec(compile(code, "README.md", "exec"), ns)  # noqa: S102 - the README's own example
+    async with running_gateway(cfg, nc):
+        got = await ns["main"](nc, token, so, jti)
+    assert got == ("ActDone", "confirmed", {"written": 8}, {"todo": "buy milk"})

@@ -1,0 +1,302 @@
+"""The MCP gate's upstream half (integrations/mcp_gate.py) against the official reference servers, unmodified:
+``@modelcontextprotocol/server-filesystem`` (npm, cached) and ``mcp-server-git`` (PyPI), through the real ``mcp``
+client sessions the gate holds; and against a small FastMCP server whose tool list changes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from integrations.mcp_gate import (
+    ExecutionRefused,
+    GateConfigError,
+    IdpBuilder,
+    Upstreams,
+    load_gate_config,
+    parse_gate_config,
+    resource_of,
+)
+from subjects.idp import IdpStandard, IdpThin, decode_idp
+from tests.mcp_peers import filesystem_upstream, git_upstream
+
+CHANGING = Path(__file__).with_name("mcp_changing_upstream.py")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def git_repo(path: Path) -> Path:
+    path.mkdir()
+    for cmd in (["init", "-q", "-b", "main"], ["config", "user.email", "t@example.org"], ["config", "user.name", "T"]):
+        subprocess.run(["git", "-C", str(path), *cmd], check=True)
+    (path / "README").write_text("hello\n")
+    subprocess.run(["git", "-C", str(path), "add", "README"], check=True)
+    subprocess.run(["git", "-C", str(path), "commit", "-q", "-m", "first"], check=True)
+    return path
+
+
+def two_upstreams(tmp_path: Path, **tools: Any) -> dict[str, Any]:
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "a.txt").write_text("alpha\n")
+    return {
+        "name": "dev",
+        "upstreams": {"fs": filesystem_upstream(files), "git": git_upstream(git_repo(tmp_path / "repo"))},
+        "tools": tools,
+    }
+
+
+async def test_two_reference_servers_are_listed_namespaced_and_called_through_the_executor_half(tmp_path: Path) -> None:
+    """Behind one gate the filesystem and git servers' tools are listed as fs__* and git__*, each with the optional
+    intent argument; the executor half runs a read, a write (the file on disk changes) and a git status for real."""
+    config = parse_gate_config(two_upstreams(tmp_path, fs__read_text_file={"action": "ReadFile"},
+                                             fs__read_file={"action": "ReadFile"}))
+    async with Upstreams(config) as ups:
+        names = {t.name for t in ups.host_tools()}
+        assert {"fs__read_text_file", "fs__write_file", "fs__move_file", "git__git_status", "git__git_log"} <= names
+        assert all(n.startswith(("fs__", "git__")) for n in names)
+        schema = next(t for t in ups.host_tools() if t.name == "fs__write_file").inputSchema
+        assert {"path", "content", "intent"} <= set(schema["properties"]) and "intent" not in schema.get("required", [])
+        # Grouping: two tools, one Cedar action; an ungrouped tool's action is its name.
+        assert sorted(ups.actions()["ReadFile"]) == ["fs__read_file", "fs__read_text_file"]
+        assert ups.tools["fs__write_file"].action == "fs__write_file"
+
+        read = await ups.call("ReadFile", {"tool": "fs__read_text_file", "arguments": {"path": str(tmp_path / "files" / "a.txt")}})
+        assert read["content"][0]["text"] == "alpha\n" and not read.get("isError")
+        target = tmp_path / "files" / "b.txt"
+        wrote = await ups.call("fs__write_file", {"tool": "fs__write_file", "arguments": {"path": str(target), "content": "beta"}})
+        assert not wrote.get("isError") and target.read_text() == "beta"
+        status = await ups.call("git__git_status", {"tool": "git__git_status", "arguments": {"repo_path": str(tmp_path / "repo")}})
+        assert "On branch main" in status["content"][0]["text"]
+
+
+async def test_the_executor_half_runs_only_the_tool_its_action_covers(tmp_path: Path) -> None:
+    """A dispatch whose action does not govern the named tool (a read action naming the write tool) or that names
+    no tool of the gate is refused before the upstream is called: the file is not written."""
+    config = parse_gate_config(two_upstreams(tmp_path, fs__read_text_file={"action": "ReadFile"}))
+    target = tmp_path / "files" / "evil.txt"
+    async with Upstreams(config) as ups:
+        with pytest.raises(ExecutionRefused) as e:
+            await ups.call("ReadFile", {"tool": "fs__write_file", "arguments": {"path": str(target), "content": "x"}})
+        assert e.value.code == "action_mismatch"
+        with pytest.raises(ExecutionRefused) as e:
+            await ups.call("ReadFile", {"tool": "fs__nope", "arguments": {}})
+        assert e.value.code == "unknown_tool"
+    assert not target.exists()
+
+
+async def test_one_upstream_is_not_namespaced_and_renames_and_hiding_apply(tmp_path: Path) -> None:
+    """With one upstream the tools keep their own names; a rename changes the listed name (the upstream is still
+    called by its own), and a hidden tool is neither listed nor callable."""
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "a.txt").write_text("alpha\n")
+    config = parse_gate_config({"name": "fs", "upstreams": {"fs": filesystem_upstream(files)}, "tools": {
+        "read_text_file": {"rename": "read", "action": "ReadFile"}, "move_file": {"hidden": True}}})
+    async with Upstreams(config) as ups:
+        names = {t.name for t in ups.host_tools()}
+        assert "read" in names and "read_text_file" not in names and "move_file" not in names and "write_file" in names
+        out = await ups.call("ReadFile", {"tool": "read", "arguments": {"path": str(files / "a.txt")}})
+        assert out["content"][0]["text"] == "alpha\n"
+        with pytest.raises(ExecutionRefused):
+            await ups.call("move_file", {"tool": "move_file", "arguments": {}})
+
+
+async def test_tools_list_changed_of_an_upstream_is_followed(tmp_path: Path) -> None:
+    """When an upstream announces tools/list_changed the gate lists it again: the new tool is listed and callable."""
+    config = parse_gate_config({"name": "x", "upstreams": {"ch": {"command": sys.executable, "args": [str(CHANGING)]}}})
+    async with Upstreams(config) as ups:
+        assert "shout" not in ups.tools
+        changed = asyncio.ensure_future(ups.changed())
+        await asyncio.sleep(0)
+        await ups.call("add_tool", {"tool": "add_tool", "arguments": {"name": "shout"}})
+        await asyncio.wait_for(changed, 20)
+        assert "shout" in ups.tools and ups.list_changes == 1
+        out = await ups.call("shout", {"tool": "shout", "arguments": {"text": "hi"}})
+        assert out["content"][0]["text"] == "shout: hi"
+
+
+async def test_prompts_pass_through_and_resources_are_refused_unless_allowed(tmp_path: Path) -> None:
+    """An upstream's prompts are passed through; its resources are refused (an ungoverned read) unless the upstream's
+    configuration allows them, and then they are read from the upstream unchanged."""
+    from mcp.shared.exceptions import McpError
+
+    up = {"command": sys.executable, "args": [str(CHANGING)]}
+    async with Upstreams(parse_gate_config({"name": "x", "upstreams": {"ch": up}})) as ups:
+        assert [p.name for p in await ups.list_prompts()] == ["summarize"]
+        got = await ups.get_prompt("summarize", {"topic": "gates"})
+        assert "gates" in got.messages[0].content.text  # type: ignore[union-attr]
+        assert await ups.list_resources() == []
+        with pytest.raises(McpError, match="not governed"):
+            await ups.read_resource("memo://notes")
+    async with Upstreams(parse_gate_config({"name": "x", "upstreams": {"ch": {**up, "resources": True}}})) as ups:
+        assert [str(r.uri) for r in await ups.list_resources()] == ["memo://notes"]
+        assert (await ups.read_resource("memo://notes")).contents[0].text == "secret notes"  # type: ignore[union-attr]
+
+
+def test_a_bad_configuration_fails_at_start_with_the_field_named(tmp_path: Path) -> None:
+    """An upstream with both a command and a URL, none at all, a bad gate name, or unreadable TOML is refused with
+    the field named."""
+    with pytest.raises(GateConfigError, match=r"upstreams\.a"):
+        parse_gate_config({"name": "g", "upstreams": {"a": {"command": "x", "url": "http://h/mcp"}}})
+    with pytest.raises(GateConfigError, match="upstreams"):
+        parse_gate_config({"name": "g", "upstreams": {}})
+    with pytest.raises(GateConfigError, match="name"):
+        parse_gate_config({"name": "Bad Name", "upstreams": {"a": {"command": "x"}}})
+    bad = tmp_path / "gate.toml"
+    bad.write_text("name = \n")
+    with pytest.raises(GateConfigError, match="not valid TOML"):
+        load_gate_config(bad)
+    good = tmp_path / "good.toml"
+    good.write_text('name = "g"\n[upstreams.a]\nurl = "http://127.0.0.1:1/mcp"\nheaders = { Authorization = "Bearer s" }\n'
+                    '[tools.write]\naction = "WriteFile"\nescalate = true\nresource = { type = "File", argument = "path" }\n')
+    cfg = load_gate_config(good)
+    assert cfg.kind == "mcp-g" and cfg.upstreams["a"].headers == {"Authorization": "Bearer s"} and cfg.tools["write"].escalate
+
+
+def test_the_idp_is_thin_without_a_full_intent_and_standard_with_one() -> None:
+    """A call without the model's intent gives an IDP_THIN (spec 003 §7) that the kernel's own decoder accepts; with
+    goal, reasoning and confidence it is an IDP_STANDARD; steps strictly increase within the gate's session."""
+    import base64
+    import json
+    import uuid
+
+    claims = {"so_id": str(uuid.uuid4()), "jti": "m-1"}
+    token = "e30." + base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=") + ".sig"
+    b = IdpBuilder(token, session_id="s-1")
+    thin = decode_idp(b.idp("ReadFile", None))
+    assert isinstance(thin, IdpThin) and thin.so_id == claims["so_id"] and thin.mandate_id == "m-1"
+    std = decode_idp(b.idp("WriteFile", {"goal": "Save the notes", "reasoning": "The user asked", "confidence": 0.7,
+                                         "reasoning_type": "RULE_BASED"}))
+    assert isinstance(std, IdpStandard) and std.reasoning_basis.type == "RULE_BASED" and std.hem_urgency == "NONE"
+    # INSTRUCTION needs a source the model cannot name (spec 003 §4.3): not offered, recorded as INFERENCE.
+    assert decode_idp(b.idp("ReadFile", {"reasoning": "r", "reasoning_type": "INSTRUCTION"})).reasoning_basis.type == "INFERENCE"
+    assert std.step_sequence > thin.step_sequence
+    asked = decode_idp(b.idp("WriteFile", {"goal": "Save"}, hem_required=True))
+    assert isinstance(asked, IdpThin) and asked.hem_urgency == "REQUIRED" and asked.declared_goal is not None
+
+
+def test_the_resource_comes_from_the_configured_argument() -> None:
+    """A rule's resource is the Cedar entity built from the named argument; an argument that is missing or cannot be
+    an entity id is refused (never silently replaced by the governed object); no rule, no resource."""
+    from mcp import types
+
+    from integrations.mcp_gate import GatedTool, ResourceFrom
+
+    t = GatedTool(name="w", upstream="fs", tool=types.Tool(name="w", inputSchema={"type": "object"}), action="WriteFile",
+                  resource=ResourceFrom(type="File", argument="path"), escalate=False)
+    assert resource_of(t, {"path": "/tmp/a b"}) == 'File::"/tmp/a b"'
+    for bad in ({}, {"path": '/tmp/a"b'}, {"path": "x" * 257}, {"path": True}):
+        with pytest.raises(ValueError, match="path"):
+            resource_of(t, bad)
+    assert resource_of(msgspec.structs.replace(t, resource=None), {}) is None
+
+
+async def test_the_readme_quick_start_config_is_the_tested_gate_file(tmp_path: Path) -> None:
+    """The README's host configuration runs `pgw mcp-gate` on deploy/mcp-gate.toml (the file tests/test_mcp_gate.py runs),
+    and its kernel section lists exactly the Cedar actions that file's rules give the real filesystem server's tools."""
+    import json
+    import re
+    import tomllib
+
+    repo = REPO
+    text = (repo / "README.md").read_text()
+    section = text[text.index("### Tools behind the gate (MCP)"):]
+    host = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))  # type: ignore[union-attr]
+    assert host["mcpServers"]["files"] == {"command": "pgw", "args": ["mcp-gate", "--agent", "planner", "--gate", "deploy/mcp-gate.toml"]}
+    kernel = tomllib.loads(re.search(r"```toml\n(.*?)```", section, re.S).group(1))["kernel"]  # type: ignore[union-attr]
+    assert (repo / kernel["policy_dir"] / "files.cedar").is_file()
+    raw = tomllib.loads((repo / "deploy" / "mcp-gate.toml").read_text())
+    (tmp_path / "files").mkdir()
+    raw["upstreams"]["fs"] = filesystem_upstream(tmp_path / "files")
+    config = parse_gate_config(raw)
+    async with Upstreams(config) as ups:
+        assert sorted(ups.actions()) == kernel["executors"][config.kind]["actions"] == ["DeleteFile", "ReadFile", "WriteFile"]
+        assert [t.name for t in ups.host_tools() if ups.tools[t.name].escalate] == ["write_file", "edit_file", "create_directory"]
+    # `pgw mcp-gate --check` prints that very section.
+    gate_file = tmp_path / "gate.toml"
+    upstream = f'[upstreams.fs]\ncommand = {json.dumps(raw["upstreams"]["fs"]["command"])}\nargs = {json.dumps(raw["upstreams"]["fs"]["args"])}\n'
+    gate_file.write_text(re.sub(r"(?ms)^\[upstreams\.fs\]\n.*?(?=^#)", lambda _m: upstream,
+                                (repo / "deploy" / "mcp-gate.toml").read_text()))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "cli", "mcp-gate", "--agent", "planner", "--gate", str(gate_file), "--check",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=str(repo))
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0
+    printed = tomllib.loads(out.decode().split("\n\n", 1)[1])
+    assert printed["kernel"]["executors"] == kernel["executors"]
+
+
+async def test_a_streamable_http_upstream_gets_the_credentials_only_the_gate_holds(tmp_path: Path) -> None:
+    """An upstream given by URL is reached over streamable HTTP with the headers of the gate's file (its credentials):
+    the server sees them on the call; the tools the host would list carry no trace of them."""
+    import socket
+
+    from tests.polling import until
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(CHANGING), "http", str(port),
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+
+    async def listening() -> bool:
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return False
+        w.close()
+        return True
+
+    try:
+        await until(listening, timeout=20, what="the HTTP upstream listening")
+        config = parse_gate_config({"name": "h", "upstreams": {"remote": {
+            "url": f"http://127.0.0.1:{port}/mcp", "headers": {"Authorization": "Bearer s3cret"}}}})
+        async with Upstreams(config) as ups:
+            out = await ups.call("whoami", {"tool": "whoami", "arguments": {}})
+            listed = json.dumps([t.model_dump(mode="json") for t in ups.host_tools()])
+        assert out["content"][0]["text"] == "Bearer s3cret"
+        assert "s3cret" not in listed and "whoami" in listed
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def test_without_a_gateway_a_call_is_a_clear_tool_error_and_nothing_runs(nc: Any, tmp_path: Path) -> None:
+    """A gate whose bus has no gateway answering agent.{agent}.act returns the tool error kernel_unavailable (never the
+    upstream's result, never an exception string), and the write it was asked for does not happen."""
+    import base64
+    import uuid
+
+    from integrations.mcp_gate import Gate
+
+    claims = {"so_id": str(uuid.uuid4()), "jti": "m-1"}
+    token = "e30." + base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=") + ".sig"
+    files = tmp_path / "files"
+    files.mkdir()
+    config = parse_gate_config({"name": "fs", "mandate": token, "upstreams": {"fs": filesystem_upstream(files)}})
+    notes: list[str] = []
+
+    async def progress(_elapsed: float, message: str) -> None:
+        notes.append(message)
+
+    async with Gate(config, nc, "planner", request_timeout=2.0) as gate:
+        result = await gate.call(gate.upstreams.tools["write_file"], {"path": str(files / "x.txt"), "content": "x"}, None, progress)
+    assert result.isError and result.structuredContent["code"] == "kernel_unavailable"  # type: ignore[index]
+    assert not (files / "x.txt").exists()
+
+
+async def test_a_stdio_upstream_gets_the_environment_only_the_gate_holds() -> None:
+    """A stdio upstream's `env` from the gate's file (its credentials) reaches the upstream process and appears nowhere
+    in what the host is shown."""
+    config = parse_gate_config({"name": "x", "upstreams": {"ch": {
+        "command": sys.executable, "args": [str(CHANGING)], "env": {"TRACKER_TOKEN": "tok-123"}}}})
+    async with Upstreams(config) as ups:
+        out = await ups.call("getenv", {"tool": "getenv", "arguments": {"name": "TRACKER_TOKEN"}})
+        shown = json.dumps([t.model_dump(mode="json") for t in ups.host_tools()])
+    assert out["content"][0]["text"] == "tok-123" and "tok-123" not in shown
