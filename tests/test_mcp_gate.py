@@ -191,7 +191,8 @@ async def test_a_write_waits_for_the_principal_and_runs_only_after_approval(gate
         assert not target.exists()  # nothing ran while alice thinks
         # What alice sees (the README's quick start quotes it): the action, the model's stated goal, Approve / Deny.
         moment = item.binding_moment
-        assert "WriteFile" in moment.synopsis and "Save the draft" in moment.synopsis
+        assert "WriteFile" in moment.synopsis  # the synopsis commits to a position (spec 000 §6.1)
+        assert any("Save the draft" in f for f in moment.findings)  # the model's stated goal, as a finding
         assert [o.label for o in moment.question.options] == ["Approve", "Deny"]
         _item, reply = await asyncio.wait_for(gate_env.principal(answer), 30)
         assert reply.status == "accepted"
