@@ -34,6 +34,7 @@ from tests.test_capsule_signer import signer_keys, stream_items
 from tests.test_kernel_hem import LogWatch, _moment
 
 AGENT, PRINCIPAL = "bot", "alice"
+README = Path(__file__).resolve().parent.parent / "README.md"
 ACTIONS = ["WriteNote", "FailNote", "SlowNote", "ReadBooking", "CloseBooking"]
 POLICY = """
 permit(principal, action == Action::"WriteNote", resource);
@@ -388,7 +389,7 @@ async def test_readme_executor_example_runs(make_config: Any, nc: Any, tmp_path:
     """The README's executor example, run against a real gateway, returns what the README says."""
     import re
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = README.read_text()
     section = readme.split("### Executors: actions that transit the gate", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     issuer = Issuer(tmp_path / "issuer")
@@ -398,7 +399,7 @@ async def test_readme_executor_example_runs(make_config: Any, nc: Any, tmp_path:
     so = str(uuid.uuid4())
     token, jti = issuer.mandate(agent="bot", so_id=so, principal=PRINCIPAL, actions=["WriteNote"])
     ns: dict[str, Any] = {}
-    exec(compile(code, "README.md", "exec"), ns)  # noqa: S102 - the README's own example
+    exec(compile(code, "README.md", "exec"), ns)
     async with running_gateway(cfg, nc):
         got = await ns["main"](nc, token, so, jti)
     assert got == ("ActDone", "confirmed", {"written": 8}, {"todo": "buy milk"})
