@@ -118,6 +118,14 @@ async def genv(make_config: Any, nc: Any, tmp_path: Path) -> AsyncIterator[GateE
             notes.release.set()
 
 
+def _reference_accepts(items: list[Any]) -> None:
+    """The reference verifier of format "2" (0.1.0) accepts every capsule of the store, with no error finding."""
+    payloads = [p for p in (payload_of(d) for _, d, _ in items) if p and "statement_type" not in p and "capsule_id" in p]
+    ref = refverifier.run(payloads, version="0.1.0")
+    bad = [(x.capsule_id, f.code) for x in ref for f in x.findings if f.severity == "error" or "overclaim" in f.code]
+    assert ref and all(x.ok for x in ref) and not bad, bad
+
+
 async def _event(js: Any, event_type: str, idp_id: str) -> Any:
     for _seq, ev in await read_log(js, event_type):
         if ev.body.get("idp_id", ev.body.get("record", {}).get("idp_id")) == idp_id:
@@ -164,6 +172,9 @@ async def test_permitted_action_runs_once_at_the_executor_and_is_gate_executed(g
     assert v.verdict_id == r.verdict_id and v.details["effect_attestation"] == "gate_executed"
     # the open dispatch is closed: nothing left for the sweep
     assert await kernel(genv).gate_sweep() == 0
+    # the executor is a services-API service: `nats micro ls` lists pgw-exec-notes
+    ping = msgspec.json.decode((await genv.nc.request("$SRV.PING.pgw-exec-notes", b"", timeout=5)).data)
+    assert ping["name"] == "pgw-exec-notes" and ping["metadata"]["kind"] == "notes"
 
 
 @pytest.mark.parametrize("fmt", ["2", "4"])
@@ -216,9 +227,11 @@ async def test_executor_error_is_failed(genv: GateEnv) -> None:
     assert r.response == {"code": "NOTE_LOCKED", "message": "note x is locked"}
     st = await _event(genv.js, "STATE_TRANSITIONED", r.idp_id)
     assert st.body["effect"]["status"] == "failed" and st.body["effect_attestation"] == "gate_executed"
-    cap, _items = await _capsule(genv, r.idp_id, "2")
+    cap, items = await _capsule(genv, r.idp_id, "2")
     assert cap["effect"]["status"] == "failed" and cap["effect"]["effect_attestation"] == "gate_executed"
     assert cap["assurance"]["effect_mode"] == "dispatched_unconfirmed"
+    assert cap["effect"]["response_digest"] == json_digest(r.response)
+    _reference_accepts(items)
 
 
 async def test_executor_timeout_is_dispatched_unconfirmed_never_confirmed(genv: GateEnv) -> None:
@@ -226,7 +239,8 @@ async def test_executor_timeout_is_dispatched_unconfirmed_never_confirmed(genv: 
     dispatched_unconfirmed (gate_executed), and no confirmed effect anywhere while the result is unknown."""
     r = await genv.act("SlowNote", {"name": "s"})
     assert isinstance(r, ActDispatched)
-    cap, _items = await _capsule(genv, r.idp_id, "2", verdict_class="timeout")
+    cap, items = await _capsule(genv, r.idp_id, "2", verdict_class="timeout")
+    _reference_accepts(items)
     assert cap["effect"]["status"] == "dispatched" and "response_digest" not in cap["effect"]
     assert cap["effect"]["effect_attestation"] == "gate_executed"
     assert cap["assurance"]["effect_mode"] == "dispatched_unconfirmed"
@@ -253,14 +267,7 @@ async def test_late_result_after_timeout_is_recorded_and_reaches_the_agent(genv:
 
         executed = (await until(swept, timeout=15, what="the late result recorded"))[0]
         assert executed.supersedes == r.verdict_id and executed.effect.status == "confirmed"
-
-        async def first() -> ActionResult:
-            async for o in agent.outcomes():
-                if isinstance(o, ActionResult) and o.idp_id == r.idp_id:
-                    return o
-            raise AssertionError("outcomes ended")
-
-        out = await asyncio.wait_for(first(), 10)
+        out = await agent.action_result(r.idp_id, timeout=10)
         assert out.status == "confirmed" and out.response == {"late": True}
         assert out.response_digest == json_digest({"late": True})
     finally:
@@ -273,7 +280,7 @@ async def test_hem_approval_dispatches_and_the_result_is_an_outcome(genv: GateEn
     agent = Agent(genv.nc, AGENT)
     try:
         rec = genv.idp("WriteNote", hem_urgency="REQUIRED")
-        r = await genv.act("WriteNote", {"name": "hem", "text": "approved"}, rec)
+        r = await agent.act(genv.token, "WriteNote", rec, {"name": "hem", "text": "approved"})
         assert isinstance(r, HemPending)
         assert genv.notes.calls == []
         item = await _moment(Surface(genv.nc, PRINCIPAL), rec["idp_id"])
