@@ -326,7 +326,8 @@ async def test_hem_rejection_does_not_run(genv: GateEnv) -> None:
 
 async def test_gated_action_declared_on_the_report_path_is_denied_and_its_report_refused(genv: GateEnv) -> None:
     """An action served by an executor, declared on agent.{agent}.idp, is denied GATE_REQUIRED; a transition
-    report claiming it (for a step permitted as something else) is refused and logged as a CRITICAL finding."""
+    report claiming it (for a step permitted as something else, for its denied declaration, or for no
+    declaration at all) is refused and logged as a CRITICAL GATE_REQUIRED finding, with no STATE_TRANSITIONED."""
     from tests.kernel_support import request
 
     rec = genv.idp("WriteNote")
@@ -342,7 +343,16 @@ async def test_gated_action_declared_on_the_report_path_is_denied_and_its_report
     refused = await genv.watch.wait("TRANSITION_REFUSED", lambda ev: ev["body"]["idp_id"] == ok["idp_id"])
     assert refused["body"]["code"] == "GATE_REQUIRED"
     assert refused["body"]["alert"]["severity"] == "CRITICAL"
+    # the denied declaration reported anyway, and a claim with no declaration at all: the same finding
+    never = str(uuid.uuid4())
+    for idp_id in (rec["idp_id"], never):
+        body = {"idp_id": idp_id, "executed_action": "WriteNote", "effect": {"type": "note", "status": "dispatched"}}
+        await genv.js.publish(f"pgw.agent.{AGENT}.transition", msgspec.json.encode(body),
+                              headers={"Nats-Msg-Id": f"{AGENT}:{uuid.uuid4()}"})
+        ev = await genv.watch.wait("TRANSITION_REFUSED", lambda ev, i=idp_id: ev["body"]["idp_id"] == i)
+        assert ev["body"]["code"] == "GATE_REQUIRED" and ev["body"]["alert"]["alert_trigger"] == "GATE_REQUIRED"
     assert genv.notes.calls == []
+    assert [e for _s, e in await read_log(genv.js, "STATE_TRANSITIONED")] == []
 
 
 async def test_report_for_a_step_the_gate_ran_is_refused(genv: GateEnv) -> None:
