@@ -420,3 +420,53 @@ async def test_readme_executor_example_runs(make_config: Any, nc: Any, tmp_path:
     async with running_gateway(cfg, nc):
         got = await ns["main"](nc, token, so, jti)
     assert got == ("ActDone", "confirmed", {"written": 8}, {"todo": "buy milk"})
+
+
+async def test_executor_sdk_runs_a_key_at_most_once(nc: Any) -> None:
+    """The SDK claims a key before running: a repeated dispatch gets the stored answer without a second run, a key
+    whose run has not finished answers `running`, and `_result` says `unknown` for a key never seen."""
+    from subjects.gate import ExecRequest, ExecResponse, ResultQuery
+    from subjects.names import Subjects
+
+    s = Subjects()
+    runs: list[str] = []
+    gate = asyncio.Event()
+    async with Executor(nc, "sdk") as ex:
+
+        @ex.action("Do")
+        async def do(args: dict[str, Any]) -> Any:
+            runs.append(args["k"])
+            if args["k"] == "slow":
+                await gate.wait()
+            return {"did": args["k"]}
+
+        async def call(key: str, k: str) -> ExecResponse:
+            req = ExecRequest(idempotency_key=key, action="Do", arguments={"k": k}, idp_id="i", so_id="s", agent="a",
+                              principal="p")
+            msg = await nc.request(s.exec("sdk", "Do"), msgspec.json.encode(req), timeout=5)
+            return msgspec.json.decode(msg.data, type=ExecResponse)
+
+        async def result(key: str) -> ExecResponse:
+            msg = await nc.request(s.exec_result("sdk"), msgspec.json.encode(ResultQuery(idempotency_key=key)), timeout=5)
+            return msgspec.json.decode(msg.data, type=ExecResponse)
+
+        k1, k2, k3 = "a1" * 16, "b2" * 16, "c3" * 16
+        first = await call(k1, "one")
+        again = await call(k1, "one")
+        assert first == again == ExecResponse(status="ok", result={"did": "one"}) and runs == ["one"]
+        assert await result(k1) == first
+        assert (await result(k2)).status == "unknown"
+        slow = asyncio.ensure_future(call(k3, "slow"))
+
+        async def claimed() -> bool:
+            return (await result(k3)).status == "running"
+
+        await until(claimed, timeout=5, what="the slow key claimed")
+        # a second executor instance (another process) sees the claim: it never runs the action twice
+        async with Executor(nc, "sdk") as other:
+            other.handlers["Do"] = do
+            assert msgspec.json.decode(await other.run("Do", ExecRequest(
+                idempotency_key=k3, action="Do", arguments={"k": "slow"}, idp_id="i", so_id="s", agent="a",
+                principal="p")), type=ExecResponse).status == "running"
+        gate.set()
+        assert (await slow).result == {"did": "slow"} and runs == ["one", "slow"]
