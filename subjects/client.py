@@ -305,6 +305,29 @@ class Agent:
         assert isinstance(out, EnvelopeOutcome)
         return out
 
+    async def act(
+        self, mandate: str, action: str, idp: Any, arguments: dict[str, Any] | None = None, *,
+        resource: str | None = None, timeout: float = 30.0,
+    ) -> Any:
+        """A gated action through the kernel (``subjects/gate.py``, docs/gate.md): the IDP and the
+        arguments in one request on ``agent.{agent}.act``; returns the ``ActResult`` (``ActDone``,
+        ``ActDispatched``, or the kernel's ``Reject`` / ``EnrichedDeny`` / ``HemPending``).
+        After ``HemPending`` or ``ActDispatched`` the result comes by ``action_result``."""
+        from subjects.gate import ActRequest, act_result_decoder
+
+        req = ActRequest(mandate=mandate, action=action, idp=idp, arguments=arguments or {}, resource=resource)
+        msg = await self.nc.request(self.subjects.act(self.agent), _enc.encode(req), timeout=timeout)
+        return act_result_decoder.decode(msg.data)
+
+    async def action_result(self, idp_id: str, timeout: float | None = None) -> Any:
+        """Wait for the ``action_result`` outcome of a gated action (``subjects.wire.ActionResult``)."""
+        from subjects.wire import ActionResult
+
+        await self._ensure_pump()
+        return await asyncio.wait_for(
+            self._expect(lambda o: isinstance(o, ActionResult) and o.idp_id == idp_id), timeout
+        )
+
     async def outcomes(self) -> AsyncIterator[Outcome]:
         """Every outcome no ``ask``/``outcome_for`` call is waiting for, in order."""
         await self._ensure_pump()

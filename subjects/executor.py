@@ -104,21 +104,16 @@ class Executor:
         self.handlers: dict[str, Handler] = {}
         self.runs = 0  # how many times a handler actually ran in this process
         self._service: Service | None = None
-        self._endpoints: set[str] = set()
         self._local: dict[str, asyncio.Future[bytes]] = {}
-        self._pending: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- registration ----------------------------------------------------------
     def action(self, name: str) -> Callable[[Handler], Handler]:
         check_action_token(name)
 
         def deco(fn: Handler) -> Handler:
+            # Served at once, before or after start: one endpoint takes every action of the kind.
             self.handlers[name] = fn
-            if self._service is not None:
-                # A running executor gets the endpoint now (the task keeps its reference).
-                task = asyncio.get_running_loop().create_task(self._add(name))
-                self._pending.add(task)
-                task.add_done_callback(self._pending.discard)
             return fn
 
         return deco
@@ -143,33 +138,41 @@ class Executor:
             ),
         )
         await self._service.start()
+        # One endpoint, exec.{kind}.*: every action of the kind and the _result query. (Two
+        # subscriptions of one queue group on one connection would each get a share of _result.)
         await self._service.add_endpoint(
-            name=RESULT_ENDPOINT, subject=self.subjects.exec_result(self.kind), handler=self._on_result,
+            name="actions", subject=self.subjects.exec_all(self.kind)[:-1] + "*", handler=self._on_request,
             queue_group=EXEC_QUEUE,
         )
-        for name in list(self.handlers):
-            await self._add(name)
         await self.nc.flush()
         return self
 
-    async def _add(self, name: str) -> None:
-        if self._service is None or name in self._endpoints:
-            return
-        self._endpoints.add(name)
+    async def _on_request(self, req: Request) -> None:
+        # A subscription's callbacks run one after another: each request gets a task of its own,
+        # so a slow action holds up neither the others nor the _result query.
+        task = asyncio.get_running_loop().create_task(self._serve(req))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-        async def serve(req: Request) -> None:
+    async def _serve(self, req: Request) -> None:
+        name = req.subject.rsplit(".", 1)[-1]
+        if name == RESULT_ENDPOINT:
+            await self._on_result(req)
+        elif name in self.handlers:
             await self._on_action(name, req)
-
-        await self._service.add_endpoint(
-            name=name, subject=self.subjects.exec(self.kind, name), handler=serve, queue_group=EXEC_QUEUE
-        )
+        else:
+            # Refused, not run: this instance serves no such action.
+            await req.respond(_enc.encode(ExecResponse(status="error", error=ExecError(
+                code="UNKNOWN_ACTION", message=f"executor {self.kind} serves no action {name[:128]}"))))
 
     async def drain(self) -> None:
-        """Stop serving; idempotent."""
+        """Stop taking requests, let those in flight answer; idempotent."""
         service, self._service = self._service, None
         if service is not None and not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 await service.stop()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.drain()

@@ -34,6 +34,7 @@ from tests.test_capsule_signer import signer_keys, stream_items
 from tests.test_kernel_hem import LogWatch, _moment
 
 AGENT, PRINCIPAL = "bot", "alice"
+README = Path(__file__).resolve().parent.parent / "README.md"
 ACTIONS = ["WriteNote", "FailNote", "SlowNote", "ReadBooking", "CloseBooking"]
 POLICY = """
 permit(principal, action == Action::"WriteNote", resource);
@@ -117,6 +118,14 @@ async def genv(make_config: Any, nc: Any, tmp_path: Path) -> AsyncIterator[GateE
             notes.release.set()
 
 
+def _reference_accepts(items: list[Any]) -> None:
+    """The reference verifier of format "2" (0.1.0) accepts every capsule of the store, with no error finding."""
+    payloads = [p for p in (payload_of(d) for _, d, _ in items) if p and "statement_type" not in p and "capsule_id" in p]
+    ref = refverifier.run(payloads, version="0.1.0")
+    bad = [(x.capsule_id, f.code) for x in ref for f in x.findings if f.severity == "error" or "overclaim" in f.code]
+    assert ref and all(x.ok for x in ref) and not bad, bad
+
+
 async def _event(js: Any, event_type: str, idp_id: str) -> Any:
     for _seq, ev in await read_log(js, event_type):
         if ev.body.get("idp_id", ev.body.get("record", {}).get("idp_id")) == idp_id:
@@ -163,6 +172,9 @@ async def test_permitted_action_runs_once_at_the_executor_and_is_gate_executed(g
     assert v.verdict_id == r.verdict_id and v.details["effect_attestation"] == "gate_executed"
     # the open dispatch is closed: nothing left for the sweep
     assert await kernel(genv).gate_sweep() == 0
+    # the executor is a services-API service: `nats micro ls` lists pgw-exec-notes
+    ping = msgspec.json.decode((await genv.nc.request("$SRV.PING.pgw-exec-notes", b"", timeout=5)).data)
+    assert ping["name"] == "pgw-exec-notes" and ping["metadata"]["kind"] == "notes"
 
 
 @pytest.mark.parametrize("fmt", ["2", "4"])
@@ -215,9 +227,11 @@ async def test_executor_error_is_failed(genv: GateEnv) -> None:
     assert r.response == {"code": "NOTE_LOCKED", "message": "note x is locked"}
     st = await _event(genv.js, "STATE_TRANSITIONED", r.idp_id)
     assert st.body["effect"]["status"] == "failed" and st.body["effect_attestation"] == "gate_executed"
-    cap, _items = await _capsule(genv, r.idp_id, "2")
+    cap, items = await _capsule(genv, r.idp_id, "2")
     assert cap["effect"]["status"] == "failed" and cap["effect"]["effect_attestation"] == "gate_executed"
     assert cap["assurance"]["effect_mode"] == "dispatched_unconfirmed"
+    assert cap["effect"]["response_digest"] == json_digest(r.response)
+    _reference_accepts(items)
 
 
 async def test_executor_timeout_is_dispatched_unconfirmed_never_confirmed(genv: GateEnv) -> None:
@@ -225,7 +239,8 @@ async def test_executor_timeout_is_dispatched_unconfirmed_never_confirmed(genv: 
     dispatched_unconfirmed (gate_executed), and no confirmed effect anywhere while the result is unknown."""
     r = await genv.act("SlowNote", {"name": "s"})
     assert isinstance(r, ActDispatched)
-    cap, _items = await _capsule(genv, r.idp_id, "2", verdict_class="timeout")
+    cap, items = await _capsule(genv, r.idp_id, "2", verdict_class="timeout")
+    _reference_accepts(items)
     assert cap["effect"]["status"] == "dispatched" and "response_digest" not in cap["effect"]
     assert cap["effect"]["effect_attestation"] == "gate_executed"
     assert cap["assurance"]["effect_mode"] == "dispatched_unconfirmed"
@@ -252,14 +267,7 @@ async def test_late_result_after_timeout_is_recorded_and_reaches_the_agent(genv:
 
         executed = (await until(swept, timeout=15, what="the late result recorded"))[0]
         assert executed.supersedes == r.verdict_id and executed.effect.status == "confirmed"
-
-        async def first() -> ActionResult:
-            async for o in agent.outcomes():
-                if isinstance(o, ActionResult) and o.idp_id == r.idp_id:
-                    return o
-            raise AssertionError("outcomes ended")
-
-        out = await asyncio.wait_for(first(), 10)
+        out = await agent.action_result(r.idp_id, timeout=10)
         assert out.status == "confirmed" and out.response == {"late": True}
         assert out.response_digest == json_digest({"late": True})
     finally:
@@ -272,7 +280,7 @@ async def test_hem_approval_dispatches_and_the_result_is_an_outcome(genv: GateEn
     agent = Agent(genv.nc, AGENT)
     try:
         rec = genv.idp("WriteNote", hem_urgency="REQUIRED")
-        r = await genv.act("WriteNote", {"name": "hem", "text": "approved"}, rec)
+        r = await agent.act(genv.token, "WriteNote", rec, {"name": "hem", "text": "approved"})
         assert isinstance(r, HemPending)
         assert genv.notes.calls == []
         item = await _moment(Surface(genv.nc, PRINCIPAL), rec["idp_id"])
@@ -318,7 +326,8 @@ async def test_hem_rejection_does_not_run(genv: GateEnv) -> None:
 
 async def test_gated_action_declared_on_the_report_path_is_denied_and_its_report_refused(genv: GateEnv) -> None:
     """An action served by an executor, declared on agent.{agent}.idp, is denied GATE_REQUIRED; a transition
-    report claiming it (for a step permitted as something else) is refused and logged as a CRITICAL finding."""
+    report claiming it (for a step permitted as something else, for its denied declaration, or for no
+    declaration at all) is refused and logged as a CRITICAL GATE_REQUIRED finding, with no STATE_TRANSITIONED."""
     from tests.kernel_support import request
 
     rec = genv.idp("WriteNote")
@@ -334,7 +343,16 @@ async def test_gated_action_declared_on_the_report_path_is_denied_and_its_report
     refused = await genv.watch.wait("TRANSITION_REFUSED", lambda ev: ev["body"]["idp_id"] == ok["idp_id"])
     assert refused["body"]["code"] == "GATE_REQUIRED"
     assert refused["body"]["alert"]["severity"] == "CRITICAL"
+    # the denied declaration reported anyway, and a claim with no declaration at all: the same finding
+    never = str(uuid.uuid4())
+    for idp_id in (rec["idp_id"], never):
+        body = {"idp_id": idp_id, "executed_action": "WriteNote", "effect": {"type": "note", "status": "dispatched"}}
+        await genv.js.publish(f"pgw.agent.{AGENT}.transition", msgspec.json.encode(body),
+                              headers={"Nats-Msg-Id": f"{AGENT}:{uuid.uuid4()}"})
+        ev = await genv.watch.wait("TRANSITION_REFUSED", lambda ev, i=idp_id: ev["body"]["idp_id"] == i)
+        assert ev["body"]["code"] == "GATE_REQUIRED" and ev["body"]["alert"]["alert_trigger"] == "GATE_REQUIRED"
     assert genv.notes.calls == []
+    assert [e for _s, e in await read_log(genv.js, "STATE_TRANSITIONED")] == []
 
 
 async def test_report_for_a_step_the_gate_ran_is_refused(genv: GateEnv) -> None:
@@ -388,7 +406,7 @@ async def test_readme_executor_example_runs(make_config: Any, nc: Any, tmp_path:
     """The README's executor example, run against a real gateway, returns what the README says."""
     import re
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = README.read_text()
     section = readme.split("### Executors: actions that transit the gate", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     issuer = Issuer(tmp_path / "issuer")
@@ -398,7 +416,57 @@ async def test_readme_executor_example_runs(make_config: Any, nc: Any, tmp_path:
     so = str(uuid.uuid4())
     token, jti = issuer.mandate(agent="bot", so_id=so, principal=PRINCIPAL, actions=["WriteNote"])
     ns: dict[str, Any] = {}
-    exec(compile(code, "README.md", "exec"), ns)  # noqa: S102 - the README's own example
+    exec(compile(code, "README.md", "exec"), ns)
     async with running_gateway(cfg, nc):
         got = await ns["main"](nc, token, so, jti)
     assert got == ("ActDone", "confirmed", {"written": 8}, {"todo": "buy milk"})
+
+
+async def test_executor_sdk_runs_a_key_at_most_once(nc: Any) -> None:
+    """The SDK claims a key before running: a repeated dispatch gets the stored answer without a second run, a key
+    whose run has not finished answers `running`, and `_result` says `unknown` for a key never seen."""
+    from subjects.gate import ExecRequest, ExecResponse, ResultQuery
+    from subjects.names import Subjects
+
+    s = Subjects()
+    runs: list[str] = []
+    gate = asyncio.Event()
+    async with Executor(nc, "sdk") as ex:
+
+        @ex.action("Do")
+        async def do(args: dict[str, Any]) -> Any:
+            runs.append(args["k"])
+            if args["k"] == "slow":
+                await gate.wait()
+            return {"did": args["k"]}
+
+        async def call(key: str, k: str) -> ExecResponse:
+            req = ExecRequest(idempotency_key=key, action="Do", arguments={"k": k}, idp_id="i", so_id="s", agent="a",
+                              principal="p")
+            msg = await nc.request(s.exec("sdk", "Do"), msgspec.json.encode(req), timeout=5)
+            return msgspec.json.decode(msg.data, type=ExecResponse)
+
+        async def result(key: str) -> ExecResponse:
+            msg = await nc.request(s.exec_result("sdk"), msgspec.json.encode(ResultQuery(idempotency_key=key)), timeout=5)
+            return msgspec.json.decode(msg.data, type=ExecResponse)
+
+        k1, k2, k3 = "a1" * 16, "b2" * 16, "c3" * 16
+        first = await call(k1, "one")
+        again = await call(k1, "one")
+        assert first == again == ExecResponse(status="ok", result={"did": "one"}) and runs == ["one"]
+        assert await result(k1) == first
+        assert (await result(k2)).status == "unknown"
+        slow = asyncio.ensure_future(call(k3, "slow"))
+
+        async def claimed() -> bool:
+            return (await result(k3)).status == "running"
+
+        await until(claimed, timeout=5, what="the slow key claimed")
+        # a second executor instance (another process) sees the claim: it never runs the action twice
+        async with Executor(nc, "sdk") as other:
+            other.handlers["Do"] = do
+            assert msgspec.json.decode(await other.run("Do", ExecRequest(
+                idempotency_key=k3, action="Do", arguments={"k": "slow"}, idp_id="i", so_id="s", agent="a",
+                principal="p")), type=ExecResponse).status == "running"
+        gate.set()
+        assert (await slow).result == {"did": "slow"} and runs == ["one", "slow"]

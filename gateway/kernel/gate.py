@@ -544,15 +544,15 @@ class Gate:
             if resp is not None and resp.status in ("ok", "error"):
                 await self._finish(d, resp)
                 return True
-            if got is not None and got[0].status == "transitioned":
-                await self._finish(d, None)  # recorded already, result not at hand: close the rest
-                return True
+            # STATE_TRANSITIONED is logged already (a crash after it): the rest waits for the response
+            # (the verdict binds it), asked again on the next sweep, up to follow_up_s.
+            recorded = got is not None and got[0].status == "transitioned"
             if (d.dispatched_at or 0) + ex.follow_up_s <= now:
-                if not d.timed_out:
+                if not d.timed_out and not recorded:
                     await self._timed_out(d, reply=False)
                 await self._finish(d, None)
                 return True
-            if not d.timed_out:
+            if not d.timed_out and not recorded:
                 await self._timed_out(d, reply=False)
             return False
         finally:

@@ -174,7 +174,14 @@ class TransitionReports:
         so_id = await self.state.so_of(agent, rep.idp_id)
         got = await self.state.idp(so_id, rep.idp_id) if so_id else None
         if got is None:
-            # spec 003 §5.3: no STATE_TRANSITIONED without a preceding IDP_SUBMITTED.
+            # spec 003 §5.3: no STATE_TRANSITIONED without a preceding IDP_SUBMITTED. A gated action
+            # claimed with no declaration at all is the §8.7 finding below as well.
+            if self.gated(rep.executed_action):
+                return await self._refuse_transition(
+                    agent, rep, f"no IDP_SUBMITTED for this step, and {rep.executed_action} must transit a kernel gate",
+                    msg_seq, tp, code="GATE_REQUIRED",
+                    alert={"severity": "CRITICAL", "alert_trigger": "GATE_REQUIRED", "actions": [rep.executed_action]},
+                )
             return await self._refuse_transition(agent, rep, "no IDP_SUBMITTED for this step", msg_seq, tp)
         entry = got[0]
         if entry.status == "hem_pending":
@@ -188,8 +195,6 @@ class TransitionReports:
                 msg_seq, tp, code="GATE_REQUIRED",
                 alert={"severity": "CRITICAL", "alert_trigger": "GATE_REQUIRED", "actions": [entry.requested_action]},
             )
-        if entry.status not in ("permitted", "hem_approved", "transitioned"):
-            return await self._refuse_transition(agent, rep, f"the IDP was not permitted (status {entry.status})", msg_seq, tp)
         gated = [a for a in dict.fromkeys((entry.requested_action, rep.executed_action)) if self.gated(a)]
         if gated:
             # spec 003 §8.7: a gated action reported on the agent-report path did not
@@ -200,6 +205,8 @@ class TransitionReports:
                 msg_seq, tp, code="GATE_REQUIRED",
                 alert={"severity": "CRITICAL", "alert_trigger": "GATE_REQUIRED", "actions": gated},
             )
+        if entry.status not in ("permitted", "hem_approved", "transitioned"):
+            return await self._refuse_transition(agent, rep, f"the IDP was not permitted (status {entry.status})", msg_seq, tp)
         report_digest = json_digest(msgspec.to_builtins(rep))
         eff = rep.effect
         resp_digest = json_digest(eff.response) if eff.response is not None else None
