@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from subjects.names import agent_token
 
@@ -61,6 +62,24 @@ def agent_creds(config: Config, agent: str) -> str | None:
     return str(candidate) if candidate.exists() else None
 
 
+async def serve_transport(server: Any, args: argparse.Namespace, what: str,
+                          serve_stdio: Callable[[Any], Awaitable[None]],
+                          serve_http: Callable[..., Awaitable[None]]) -> int:
+    """Serve ``server`` on stdio, or on streamable HTTP until SIGINT/SIGTERM (``pgw mcp``, ``pgw mcp-gate``)."""
+    if args.transport == "stdio":
+        await serve_stdio(server)
+        return 0
+    serving = asyncio.ensure_future(serve_http(server, host=args.host, port=args.port))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, serving.cancel)
+    print(f"{what}: http://{args.host}:{args.port}/mcp", file=sys.stderr, flush=True)
+    with contextlib.suppress(asyncio.CancelledError):
+        await serving
+    return 0
+
+
 async def run_mcp(args: argparse.Namespace, config: Config) -> int:
     try:
         from integrations.mcp import agent_tools, build_server, serve_http, serve_stdio
@@ -74,19 +93,8 @@ async def run_mcp(args: argparse.Namespace, config: Config) -> int:
     nc = await connect(config.nats_url, creds=agent_creds(config, agent), tls=config.tls.files(), name=f"pgw-mcp-{agent}")
     try:
         async with agent_tools(nc, agent, prefix=config.prefix, progress_every=args.progress_every) as tools:
-            server = build_server(tools)
-            if args.transport == "stdio":
-                await serve_stdio(server)
-                return 0
-            serving = asyncio.ensure_future(serve_http(server, host=args.host, port=args.port))
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError):
-                    loop.add_signal_handler(sig, serving.cancel)
-            print(f"MCP server for agent {agent}: http://{args.host}:{args.port}/mcp", file=sys.stderr, flush=True)
-            with contextlib.suppress(asyncio.CancelledError):
-                await serving
-            return 0
+            return await serve_transport(build_server(tools), args, f"MCP server for agent {agent}",
+                                         serve_stdio, serve_http)
     finally:
         with contextlib.suppress(Exception):
             await nc.drain()

@@ -10,14 +10,12 @@ the gate's executor ``mcp-{name}`` with ``--executor-creds`` (default:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cli.commands.mcp import _positive_seconds, agent_creds
+from cli.commands.mcp import _positive_seconds, agent_creds, serve_transport
 from subjects.names import agent_token
 
 if TYPE_CHECKING:
@@ -99,19 +97,7 @@ async def run_mcp_gate(args: argparse.Namespace, config: Config) -> int:
             print(f"pgw mcp-gate: {e}", file=sys.stderr)
             return 2
         async with gate:
-            server = gate.server()
-            if args.transport == "stdio":
-                await serve_stdio(server)
-                return 0
-            serving = asyncio.ensure_future(serve_http(server, host=args.host, port=args.port))
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError):
-                    loop.add_signal_handler(sig, serving.cancel)
-            print(f"MCP gate for agent {agent}: http://{args.host}:{args.port}/mcp", file=sys.stderr, flush=True)
-            with contextlib.suppress(asyncio.CancelledError):
-                await serving
-            return 0
+            return await serve_transport(gate.server(), args, f"MCP gate for agent {agent}", serve_stdio, serve_http)
     finally:
         for c in (exec_nc, nc):
             if c is not None:
