@@ -7,7 +7,9 @@ operator decides whether to migrate it.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
+from typing import Any
 
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -20,8 +22,11 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, NotFoundError
 
 from pgwcore.atomic import enable_atomic
+from pgwcore.logs import get_logger
 from subjects.errors import PgwError
 from subjects.names import Subjects
+
+log = get_logger("pgw.streams")
 
 DAY = 86400.0
 # DESIGN §7, issue 19: JetStream's duplicate window is per stream and the
@@ -138,8 +143,13 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> StreamInf
     ``num_replicas`` left unset adopts the deployment's count (``cluster_replicas``).
     A stream made meanwhile by another process starting at the same time is
     taken as it is (the server refuses our create if that one's configuration
-    differs: ``ERR_STREAM_NAME_IN_USE``); any other refusal is raised.
+    differs: ``ERR_STREAM_NAME_IN_USE``); any other refusal is raised. A JetStream
+    API timeout is asked again for ``START_RETRY_S``.
     """
+    return await _retrying(lambda: _ensure_stream_once(js, config), f"stream {config.name}", START_RETRY_S)
+
+
+async def _ensure_stream_once(js: JetStreamContext, config: StreamConfig) -> StreamInfo | None:
     try:
         return await js.stream_info(config.name)
     except NotFoundError:
@@ -200,16 +210,50 @@ KV_BUCKETS = {
 }
 
 
+# A JetStream API call that times out while a clustered bucket is being created (an R3 stream
+# waits for its peers; a busy or electing cluster answers late) is asked again, for this long:
+# creating is idempotent (an existing bucket is opened, a concurrent create is taken as it is).
+START_RETRY_S = 60.0
+
+
 async def ensure_kv(
-    js: JetStreamContext, name: str, *, replicas: int | None = None, ttl: float | None = None, atomic: bool = False
+    js: JetStreamContext, name: str, *, replicas: int | None = None, ttl: float | None = None, atomic: bool = False,
+    retry_for: float = START_RETRY_S,
 ):
     """Open KV bucket ``name``, creating it (file storage) if missing.
 
     ``replicas=None`` adopts the deployment's count (``cluster_replicas``).
     ``atomic``: the bucket's stream also takes atomic batches (the gateway's
     group commit, ``pgwcore.publish.KvWriter``), added to an existing bucket
-    as an additive update.
+    as an additive update. A JetStream API timeout (or "no responders" while
+    the cluster elects) is retried for ``retry_for`` seconds, then raised.
     """
+    return await _retrying(lambda: _ensure_kv_once(js, name, replicas=replicas, ttl=ttl, atomic=atomic),
+                           f"bucket {name}", retry_for)
+
+
+async def _retrying(make: Any, what: str, retry_for: float) -> Any:
+    """``await make()``, asked again on a JetStream API timeout or no-responders for ``retry_for`` s."""
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeoutError
+    from nats.js.errors import ServiceUnavailableError
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + retry_for
+    delay = 0.25
+    while True:
+        try:
+            return await make()
+        except (NatsTimeoutError, NoRespondersError, ServiceUnavailableError) as e:
+            if loop.time() + delay > deadline:
+                raise
+            log.warning("JetStream did not answer while opening a stream or bucket; asking again", what=what,
+                        error=type(e).__name__, retry_in_s=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+async def _ensure_kv_once(js: JetStreamContext, name: str, *, replicas: int | None, ttl: float | None, atomic: bool):
     from nats.js.api import KeyValueConfig
     from nats.js.errors import BucketNotFoundError
 

@@ -91,3 +91,32 @@ async def test_a_stream_made_meanwhile_is_checked_as_an_existing_one(nats_server
             await ensure_streams(LateLook(js, "PGW_SURFACE"), subjects)  # type: ignore[arg-type]
     finally:
         await nc.close()
+
+
+async def test_a_bucket_create_that_times_out_is_asked_again(nc) -> None:
+    """A JetStream API timeout while a bucket is created (a busy or electing R3 cluster) is retried, not fatal."""
+    from nats.errors import TimeoutError as NatsTimeoutError
+
+    from pgwcore.streams import ensure_kv
+
+    real = nc.jetstream()
+
+    class SlowFirstCreate:
+        """Fault injection the real server cannot do on demand: the first create times out (as a busy
+        cluster's does); everything else is the real JetStream context."""
+
+        calls = 0
+
+        def __getattr__(self, name: str):
+            return getattr(real, name)
+
+        async def create_key_value(self, config):
+            SlowFirstCreate.calls += 1
+            if SlowFirstCreate.calls == 1:
+                raise NatsTimeoutError
+            return await real.create_key_value(config)
+
+    kv = await ensure_kv(SlowFirstCreate(), "PGW_RETRY_T", retry_for=10)
+    assert SlowFirstCreate.calls == 2 and kv is not None
+    await kv.put("k", b"v")
+    assert (await (await real.key_value("PGW_RETRY_T")).get("k")).value == b"v"

@@ -112,6 +112,8 @@ async def test_operator_mode_tls_r3_cluster_two_gateways_kill9(tmp_path: Path, s
         load = Load(agent_nc, agent=AGENT)
         sending = asyncio.create_task(load.send(ENVELOPES, "p", retry_for=90, rate=ENVELOPES / 8.0))
         await _wait_outcomes(js, ENVELOPES // 5, timeout=90)
+        dead = [g for g in gws if not g.alive]
+        assert not dead, "a gateway died on its own before the kill:\n" + "\n".join(g.log_tail() for g in dead)
         node = random.choice(nodes)
         node.kill()
         gw = random.choice(gws)
