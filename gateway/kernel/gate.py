@@ -480,7 +480,10 @@ class Gate:
     # -- the sweep: crash recovery and late results ------------------------------------------
     async def _gate_loop(self) -> None:
         every = min(5.0, max(0.2, min(ex.timeout_s for ex in self.cfg.executors.values()) / 2))
-        while True:
+        # Not `while True`: drain() sets _stopping before it cancels this task, and on Python 3.11 a
+        # cancel that meets a request's own timeout is turned into TimeoutError by asyncio.wait_for
+        # (caught below as a failed sweep): the loop would go on and drain() would wait for ever.
+        while not self._stopping:
             try:
                 await self.gate_sweep()
             except asyncio.CancelledError:
