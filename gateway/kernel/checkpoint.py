@@ -109,6 +109,7 @@ class Checkpointer:
         self.interval_s = interval_s
         self.last: Checkpoint | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stop_loop = False
         self._lock = asyncio.Lock()
         self._file_warned = False
 
@@ -133,10 +134,13 @@ class Checkpointer:
                 anchored_seq=self.last.seq, alert_trigger="EVENTLOG_ANCHOR_MISMATCH",
             )
         if self.interval_s > 0:
+            self._stop_loop = False
             self._task = asyncio.create_task(self._loop(), name="kernel-checkpoints")
 
     async def _loop(self) -> None:
-        while True:
+        # Not `while True`: close() sets _stop_loop before it cancels, so a cancel swallowed by
+        # Python 3.11's wait_for race (turned into TimeoutError, caught below) cannot keep it going.
+        while not self._stop_loop:
             await asyncio.sleep(self.interval_s)
             try:
                 await self.anchor()
@@ -147,6 +151,7 @@ class Checkpointer:
 
     async def close(self) -> None:
         """Stop the timer and anchor the head a last time. Idempotent."""
+        self._stop_loop = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -94,6 +94,7 @@ class OverdueReports:
         self.deadline_s = deadline_s
         self.kv: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._stop_loop = False
         self.log_ready = False  # the log pass waits for the kernel's rebuild (start)
 
     async def start(self) -> None:
@@ -109,9 +110,11 @@ class OverdueReports:
             with contextlib.suppress(KeyWrongLastSequenceError):
                 await st.kv.create(POSITION_KEY, str(head).encode())
         if self.deadline_s > 0:
+            self._stop_loop = False
             self._task = asyncio.create_task(self._loop(), name="kernel-overdue-reports")
 
     async def close(self) -> None:
+        self._stop_loop = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -145,7 +148,9 @@ class OverdueReports:
 
     async def _loop(self) -> None:
         every = min(max(self.deadline_s / 4, 0.2), 30.0)
-        while True:
+        # Not `while True`: close() sets _stop_loop before it cancels, so a cancel swallowed by
+        # Python 3.11's wait_for race (turned into TimeoutError, caught below) cannot keep it going.
+        while not self._stop_loop:
             await asyncio.sleep(every)
             try:
                 await self.sweep()
