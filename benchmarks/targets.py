@@ -13,9 +13,10 @@ renamed row shows here as "not measured", never as met.
 - ``report``: the target asks for the figure, not a threshold (two instances
   against one: the floor's own growth is accepted);
 - ``not measured``: a row the target needs is missing (its module failed, or
-  was left out with ``--only``), or the run was too small to judge (the p99
-  target needs five windows of 10 s; a run with fewer shows its windows and
-  "not measured" unless one of them already missed).
+  was left out with ``--only``; or one of the ``run i/n`` p99 windows the
+  module announced), or the run was too small to judge (the p99 target needs
+  five windows of 10 s; a run with fewer shows its windows and "not measured"
+  unless one of them already missed).
 
 Every ratio is of two figures measured in the same run, on the same machine
 (docs/performance.md, "What is compared with what"). The floors: the
@@ -219,6 +220,9 @@ def p99_windows(limit_ms: float = 20.0, windows: int = 5, seconds: float = 10.0)
         figure = f"{within} of {len(got)} windows of {secs:g} s <= {limit_ms:g} ms (worst {_n(max(w[2] for w in got), 'ms')})"
         if within < len(got):
             return Judged(figure, floor, "no")
+        if len(got) < max(w[1] for w in got):
+            return Judged(f"{figure}; {len(got)} of the run's {max(w[1] for w in got)} windows printed", floor,
+                          NOT_MEASURED)
         if len(got) < windows or secs < seconds:
             return Judged(f"{figure}; needs {windows} of {seconds:g} s", floor, NOT_MEASURED)
         return Judged(figure, floor, "yes")
@@ -239,6 +243,8 @@ def p99_against_floor(limit: float = 2.0) -> Callable[[Rows], Judged]:
         if not got:
             return _missing("gateway: p99 publish->surface @ 500/s, ...", floor)
         g = max(w[2] for w in got)
+        if len(got) < max(w[1] for w in got):
+            return Judged(f"{len(got)} of the run's {max(w[1] for w in got)} windows printed", floor, NOT_MEASURED)
         if not f:
             return Judged(f"{_n(g, 'ms')} (worst of {len(got)})", floor, NOT_MEASURED)
         return Judged(f"{g / f:.2f}x ({_n(g, 'ms')}, worst of {len(got)})", floor, _yes(g <= limit * f))
