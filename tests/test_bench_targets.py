@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import targets as T
+from benchmarks import targets as T  # noqa: N812 - short: the tests read T.NOT_MEASURED often
 from benchmarks.__main__ import main, wall_row
 from benchmarks.harness import row
 
@@ -174,7 +174,7 @@ def test_the_named_ratio_rows_win_over_the_fallback() -> None:
     """`idp: ceiling / contract floor` and `signer: end to end / raw format-4 loop`, when printed, decide
     the target even where the older rows say otherwise; a row holding the ratio alone is read too."""
     older = run13()  # kernel 0 vs floor 250; signer 0.56
-    m = met(older + [row(T.IDP_RATIO, 500, 500, "req/s"), row(T.SIGNER_RATIO, 7100, 10000, "capsules/s")])
+    m = met([*older, row(T.IDP_RATIO, 500, 500, "req/s"), row(T.SIGNER_RATIO, 7100, 10000, "capsules/s")])
     assert m["IDP ceiling (p99 <= 10 ms) >= 0.9x IDP contract floor"] == "yes"
     assert m["signer end to end >= 0.7x raw format-4 loop"] == "yes"
     alone = [{"name": T.IDP_RATIO, "value": 0.85, "baseline": None, "ratio": None, "unit": "ratio"},
@@ -215,7 +215,7 @@ def test_instance_rounds_are_averaged() -> None:
     """With several instance rounds the mean rows are read; with per-round rows alone, their mean."""
     target = "2 gateway instances / 1, CPU per envelope (report)"
     rounds = [row(f"{who}: 2 instances vs 1, CPU per envelope (all instances), 16 KB, round {i}/2", v, 1.0, "ms")
-              for who, vals in (("gateway", (1.2, 1.4)), ("contract floor", (1.1, 1.3))) for i, v in zip((1, 2), vals)]
+              for who, vals in (("gateway", (1.2, 1.4)), ("contract floor", (1.1, 1.3))) for i, v in zip((1, 2), vals, strict=True)]
     j = {x["target"]: x for x in T.judge(rounds)}[target]
     assert j["figure"].startswith("1.30") and "1.20" in j["floor"] and j["met"] == "report"
     means = [{"name": f"{who}: 2 instances vs 1, CPU ratio over 2 rounds (mean; min-max)", "value": v,
