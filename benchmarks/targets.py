@@ -100,8 +100,11 @@ def _lim(v: float, unit: str) -> str:
 
 
 def _n(v: float, unit: str = "") -> str:
-    """A figure as a reader wants it: 1,149 env/s, 0.630 ms, 18.2 ms."""
-    text = f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.3g}" if abs(v) >= 1 else f"{v:.3f}"
+    """A figure as a reader wants it: 1,149 env/s, 250 req/s, 0.630 ms, 1.440 ms, 18.2 ms, 138 ms."""
+    if unit.endswith("/s"):
+        text = f"{v:,.0f}"
+    else:
+        text = f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.3f}"
     return f"{text} {unit}".rstrip()
 
 
