@@ -8,6 +8,7 @@ A target whose rows are missing must say "not measured", never "yes".
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -262,3 +263,20 @@ def test_python_m_benchmarks_ends_with_the_target_table_and_writes_it_to_json(
     assert printed[-len(T.TARGETS) - 2].split() == ["target", "floor", "(same", "run)", "figure", "met"]
     for line, j in zip(tail, data["targets"], strict=True):
         assert line.startswith(j["target"]) and line.endswith(T.NOT_MEASURED)
+
+
+def _anchor(heading: str) -> str:
+    """A Markdown heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_performance_page_links_only_to_sections_that_exist() -> None:
+    """docs/performance.md's links into the run log (and its own) name headings that exist there."""
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    page = (docs / "performance.md").read_text()
+    links = re.findall(r"\]\(((?:performance-log\.md|performance\.md)?)#([^)]+)\)", page)
+    assert links, "performance.md links to no section of the run log"
+    for target, anchor in links:
+        text = (docs / (target or "performance.md")).read_text()
+        anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+        assert anchor in anchors, (target, anchor)
