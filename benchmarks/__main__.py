@@ -5,11 +5,16 @@ ratio, unit}``; every baseline is measured in the same run, on the same
 machine, so a ratio means something even on a busy laptop. A module that
 fails prints an error row and the others still run.
 
+The run ends with the target table (``benchmarks/targets.py``): one line per
+speed target, the floor it is judged against with that floor's figure, the
+figure measured, and whether it is met; a target whose rows are missing (its
+module failed or was left out) says "not measured".
+
 Options: ``--only NAME`` (module name part, repeatable), ``--json FILE``
-(also write the rows), ``--soak`` (add the 10-minute soak of the gateway,
-``PGW_SOAK_S=600``), ``--profile`` (profile the gateway's hot path with
-pyinstrument, see docs/performance.md). Progress goes to stderr while a
-module runs; the table to stdout at the end.
+(also write ``{"rows": [...], "targets": [...]}``), ``--soak`` (add the
+10-minute soak of the gateway, ``PGW_SOAK_S=600``), ``--profile`` (profile the
+gateway's hot path with pyinstrument, see docs/performance.md). Progress goes
+to stderr while a module runs; the tables to stdout at the end.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ import pkgutil
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 import structlog
 
+from benchmarks import targets
 from pgwcore.loop import loop_name
 
 
@@ -89,11 +96,28 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             rows.append({"name": f"{name}: FAILED ({type(e).__name__}: {e})"[:120], "module": name})
         print(f"  {name} took {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
-    print(f"all modules took {time.monotonic() - t_all:.0f} s", file=sys.stderr, flush=True)
+    elapsed = time.monotonic() - t_all
+    print(f"all modules took {elapsed:.0f} s", file=sys.stderr, flush=True)
+    rows.append(wall_row(elapsed, args.only, failed, os.environ))
+    judged = targets.judge(rows)
     print(table(rows))
+    print()
+    print(targets.table(judged))
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps({"rows": rows, "targets": judged}, indent=2))
     return 1 if failed else 0
+
+
+def wall_row(seconds: float, only: list[str], failed: int, environ: Mapping[str, str]) -> dict:
+    """The whole run's seconds, and whether it was a complete ``make bench``: every module, none
+    failed, no knob changed (a ``PGW_BENCH_*`` or ``PGW_SOAK_S`` set makes it another run)."""
+    knobs = sorted(k for k, v in environ.items() if k.startswith("PGW_BENCH_") or (k == "PGW_SOAK_S" and v != "0"))
+    why = [f"--only {' '.join(only)}"] if only else []
+    why += [f"{failed} module(s) failed"] if failed else []
+    why += [f"knobs set: {', '.join(knobs)}"] if knobs else []
+    return {"name": targets.WALL, "value": round(seconds, 1), "baseline": None, "ratio": None,
+            "unit": "s (" + ("; ".join(why) if why else "complete run, default knobs") + ")",
+            "complete": not why, "why": "; ".join(why), "module": "benchmarks"}
 
 
 if __name__ == "__main__":

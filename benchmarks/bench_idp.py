@@ -51,7 +51,7 @@ together, optionally through the gateway's group commit);
 ``python -m benchmarks.bench_idp shapes SHAPE [SHAPE ...]`` runs any shapes
 side by side on one server and prints each one's p99 at every rate of the
 ladder, ``PGW_BENCH_IDP_ROUNDS`` times (default 2): which records, in which
-rounds, a given rate can afford (docs/performance.md, Run 12).
+rounds, a given rate can afford (docs/performance-log.md, Run 12).
 
 Rows: each ceiling; p50/p99 at every step; the gateway's and the server's CPU
 per request and the gateway connection's messages per request (at the

@@ -17,7 +17,7 @@ verdict and the agent's index entry, then together the outcome and the
 claim's settle (KV compare-and-set), then the ack (gateway/pipeline.py,
 gateway/moments.py ``dispatch``). What the gateway spends beyond this floor is
 its own code; what the floor spends beyond the plain relay is what is stored
-(docs/performance.md, "Run 6: the contract floors").
+(docs/performance-log.md, "Run 6: the contract floors").
 
 ``floor-min``: the least any gateway keeping DESIGN's streams could store for
 one binding moment: one durable claim (the dedup that must hold across

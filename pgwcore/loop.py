@@ -2,7 +2,7 @@
 
 uvloop (libuv) does the socket and scheduling work of nats-py's many small
 requests in C; the services spend a large share of their time there (see
-docs/performance.md). ``PGW_LOOP=asyncio`` forces the standard loop, e.g. to
+docs/performance-log.md). ``PGW_LOOP=asyncio`` forces the standard loop, e.g. to
 compare the two or to rule uvloop out when chasing a bug.
 """
 
@@ -48,7 +48,7 @@ async def together(first: Awaitable[T], second: Awaitable[U]) -> tuple[T, U]:
     """``asyncio.gather(first, second)`` with one task instead of two and no gathering future.
 
     ``second`` runs in the caller's own task, ``first`` beside it; both are in
-    flight together (the hot path's pairs of durable writes, docs/performance.md).
+    flight together (the hot path's pairs of durable writes, docs/performance-log.md).
     An error of either is raised, once ``second`` is done (gather raises at
     once); if ``second`` fails, ``first`` keeps running to its end, as under
     gather. Cancelling the caller cancels both.
