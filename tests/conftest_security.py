@@ -8,7 +8,7 @@ behaviour, and the test itself asserts it, so a red row is also a failed test.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import pytest
 
@@ -49,6 +49,19 @@ def _fmt(rows: list[Row]) -> list[str]:
     out = [line(heads), "-+-".join("-" * w for w in widths)]
     out += [line(c) for c in cells]
     return out
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist (``make test`` runs two workers) a worker hands its rows to the controller."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["pgw_security_rows"] = [list(astuple(r)) for r in ROWS]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # noqa: ANN001 - pytest-xdist's hook
+    """The controller gathers the rows of each worker as it finishes."""
+    ROWS.extend(Row(*r) for r in getattr(node, "workeroutput", {}).get("pgw_security_rows", []))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

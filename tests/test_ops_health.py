@@ -59,8 +59,11 @@ async def test_every_service_serves_metrics_and_healthz(role: str, nats_server: 
         nats_server.kill()
 
         async def unhealthy() -> dict | None:
+            # 503 can come first from the consumer check (its request times out) while the
+            # client has not yet noticed the lost connection: wait for the connection check.
             code, body = await asyncio.to_thread(_get, base + "/healthz")
-            return json.loads(body) if code == 503 else None
+            doc = json.loads(body) if code == 503 else None
+            return doc if doc and doc["checks"].get(f"{role}:connected") != "ok" else None
 
         doc = await until(unhealthy, timeout=30, interval=0.1, what=f"{role} /healthz 503")
         assert doc["status"] == "unhealthy" and doc["checks"][f"{role}:connected"] != "ok", doc
