@@ -84,6 +84,7 @@ P99_MAX_MS = 20.0
 KIND, ACTION, AGENT = "bench", "Echo", "bench"
 POLICY = f'permit(principal, action == Action::"{ACTION}", resource);\n'
 ARGS = {"path": "/notes/today.txt", "text": "Pick up the dry cleaning before six."}
+WARM = 50  # sequential calls of each kind before the first window
 READY = "bench.gate.executor.ready"
 EXECUTOR_CONN = "bench-gate-executor"
 
@@ -204,9 +205,10 @@ async def _one_setting(sync: str, root: Path) -> list[dict]:
                 return decode_response(msg.data).status == "ok"
 
             progress(f"gate ({tag}): starting the executor and the gateway")
+            # Both processes start at once (the gateway's start-up is the longer one).
+            gw = await start_gateway(server.client_url, root / "gw", extra_toml=kernel_toml)
             ex = await start_ready(driver, READY, "benchmarks.bench_gate", "executor", server.client_url,
                                    log_path=root / "executor.log")
-            gw = await start_gateway(server.client_url, root / "gw", extra_toml=kernel_toml)
             await wait_gateway(driver)
             deadline = time.monotonic() + 30
             while True:  # the gateway answers $SRV.PING before its kernel part has subscribed
@@ -218,7 +220,7 @@ async def _one_setting(sync: str, root: Path) -> list[dict]:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the gated call did not succeed within 30 s (see {root / 'gw'})")
                 await asyncio.sleep(0.1)
-            for _ in range(50):  # warm-up: first stream and KV lookups, Cedar's caches
+            for _ in range(WARM):  # warm-up: first stream and KV lookups, Cedar's caches
                 await direct()
                 await gated()
 
@@ -282,8 +284,7 @@ async def _one_setting(sync: str, root: Path) -> list[dict]:
                             dm.msgs["executor"][0] / n,
                             "msgs (baseline = the executor's per direct call)", digits=2))
         finally:
-            await stop(gw)
-            await stop(ex)
+            await asyncio.gather(stop(gw), stop(ex))
             with contextlib.suppress(Exception):
                 await driver.close()
     return rows

@@ -25,7 +25,7 @@ import msgspec
 import pytest
 
 from consumers.signer import Signer
-from consumers.verifier import payload_of, verify_many
+from consumers.verifier import Store, payload_of, verify_many
 from pgwcore.server import EmbeddedServer
 from subjects.executor import Executor
 from subjects.gate import ActDone, act_result_decoder, idempotency_key
@@ -159,7 +159,9 @@ async def test_gateway_kill9_during_gated_actions(tmp_path: Path, nats_server: E
             assert set(per_action) == perm and all(n == 1 for n in per_action.values()), \
                 {a: n for a, n in per_action.items() if n != 1}
             # Verified with the whole stream as the store (a capsule may chain to an earlier one).
-            verified = {r.source: r for r in verify_many([(src, data) for src, data, _h in items], keys=signer_keys(config))}
+            store = Store(p for p in (payload_of(d) for _s, d, _h in items) if p is not None)
+            verified = {r.source: r for r in verify_many([(src, data) for src, data, _p in caps], keys=signer_keys(config),
+                                                          store=store)}
             bad = [(src, verified[src].findings) for src, _d, _p in caps
                    if not verified[src].ok or verified[src].effect_grade != "gate_executed"]
             assert not bad, bad[:3]
