@@ -44,6 +44,12 @@ default interval; ``PGW_BENCH_GATE_SYNC=always,default``):
   gated beside direct, each ladder stops at its first failed step; when
   100/s itself fails, the ladder goes down instead (50, 25, 10/s, one try
   each) to the first rate that passes (0: none did);
+- where the added time goes: the same declaration for an action no
+  executor serves, on ``agent.bench.idp`` (validation, session,
+  ``IDP_SUBMITTED``, Cedar, the permit's records; no dispatch), at the same
+  rate for ``PGW_BENCH_GATE_IDP_S`` seconds (default 5; 0 leaves it out),
+  its p50 beside the gated call's: the difference is the gate's own
+  dispatch records and the executor call;
 - the noise-robust figures of the 100/s windows: CPU of the gateway, the
   executor and nats-server per call, and messages the gateway's connection
   sent per gated call.
@@ -82,7 +88,10 @@ RATE = float(os.environ.get("PGW_BENCH_GATE_RATE", "100"))
 DOWN = [50, 25, 10]  # the ladder below RATE, tried only when RATE itself fails
 P99_MAX_MS = 20.0
 KIND, ACTION, AGENT = "bench", "Echo", "bench"
-POLICY = f'permit(principal, action == Action::"{ACTION}", resource);\n'
+DECLARED = "EchoDeclared"  # the same declaration for an action no executor serves (the split row)
+POLICY = f'permit(principal, action in [Action::"{ACTION}", Action::"{DECLARED}"], resource);\n'
+# Seconds of the split window (the declaration alone, agent.{agent}.idp); 0 leaves it out.
+SPLIT_S = float(os.environ.get("PGW_BENCH_GATE_IDP_S", "5"))
 ARGS = {"path": "/notes/today.txt", "text": "Pick up the dry cleaning before six."}
 WARM = 50  # sequential calls of each kind before the first window
 READY = "bench.gate.executor.ready"
@@ -152,16 +161,25 @@ async def _one_setting(sync: str, root: Path) -> list[dict]:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from nats.errors import NoRespondersError
 
-    from benchmarks.harness import Meter, progress, row, start_gateway, start_ready, stop, wait_gateway
+    from benchmarks.harness import (
+        Meter,
+        progress,
+        row,
+        start_gateway,
+        start_ready,
+        stop,
+        wait_gateway,
+    )
     from gateway.kernel.mandate import issue_mandate
     from pgwcore.connect import connect
     from pgwcore.keys import kid_of
     from pgwcore.server import EmbeddedServer
-    from subjects.gate import IDEMPOTENCY_HEADER, ActDone, ExecRequest, act_result_decoder
     from subjects.executor import decode_response
+    from subjects.gate import IDEMPOTENCY_HEADER, ActDone, ExecRequest, act_result_decoder
+    from subjects.idp import Permit, kernel_result_decoder
     from subjects.util import now_rfc3339
 
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - set-up, not a timed path
     tag = "always" if sync == "always" else "default sync"
     rows: list[dict] = []
     async with EmbeddedServer(root / "nats", port=-1, monitor_port=-1, websocket_port=None,
@@ -179,17 +197,26 @@ async def _one_setting(sync: str, root: Path) -> list[dict]:
             kernel_toml = (f'[kernel]\npolicy_dir = "{root / "policies"}"\n[kernel.issuers]\n"{kid}" = "{pem}"\n'
                            f'[kernel.executors.{KIND}]\nactions = ["{ACTION}"]\ntimeout_s = 10.0\n')
             so = str(uuid.uuid4())
-            token = issue_mandate(key, kid, agent=AGENT, so_id=so, principal="alice", actions=[ACTION], jti="bench-m")
+            token = issue_mandate(key, kid, agent=AGENT, so_id=so, principal="alice", actions=[ACTION, DECLARED],
+                                  jti="bench-m")
             run_tag = uuid.uuid4().hex[:8]
             counter = iter(range(10**9))
 
+            def idp_of(action: str) -> dict[str, Any]:
+                return {"idp_id": str(uuid.uuid4()), "session_id": f"g-{run_tag}-{next(counter)}", "so_id": so,
+                        "mandate_id": "bench-m", "step_sequence": 1, "requested_action": action,
+                        "declared_goal": {"goal_id": str(uuid.uuid4()), "description": "Write today's note"},
+                        "reasoning_basis": {"type": "RULE_BASED", "description": "The principal asked for a reminder"},
+                        "confidence_level": 0.9, "hem_urgency": "NONE", "timestamp": now_rfc3339()}
+
             def act_body() -> bytes:
-                return msgspec.json.encode({"mandate": token, "action": ACTION, "arguments": ARGS, "idp": {
-                    "idp_id": str(uuid.uuid4()), "session_id": f"g-{run_tag}-{next(counter)}", "so_id": so,
-                    "mandate_id": "bench-m", "step_sequence": 1, "requested_action": ACTION,
-                    "declared_goal": {"goal_id": str(uuid.uuid4()), "description": "Write today's note"},
-                    "reasoning_basis": {"type": "RULE_BASED", "description": "The principal asked for a reminder"},
-                    "confidence_level": 0.9, "hem_urgency": "NONE", "timestamp": now_rfc3339()}})
+                return msgspec.json.encode({"mandate": token, "action": ACTION, "arguments": ARGS, "idp": idp_of(ACTION)})
+
+            async def declared() -> bool:
+                """The declaration alone: the same IDP path to PERMIT (an ungated action), no dispatch."""
+                msg = await driver.request(f"pgw.agent.{AGENT}.idp", msgspec.json.encode(
+                    {"mandate": token, "idp": idp_of(DECLARED)}), timeout=10)
+                return isinstance(kernel_result_decoder.decode(msg.data), Permit)
 
             async def gated() -> bool:
                 msg = await driver.request(f"pgw.agent.{AGENT}.act", act_body(), timeout=10)
@@ -223,6 +250,7 @@ async def _one_setting(sync: str, root: Path) -> list[dict]:
             for _ in range(WARM):  # warm-up: first stream and KV lookups, Cedar's caches
                 await direct()
                 await gated()
+                await declared()
 
             def meter() -> Meter:
                 return Meter({"gateway": gw.pid, "executor": ex.pid, "server": server.pid or 0}, server.monitor_url,
@@ -246,6 +274,19 @@ async def _one_setting(sync: str, root: Path) -> list[dict]:
                             unit.format("p50", g50, 5), digits=2) | {"ratio": round(g50 / d50, 3) if d50 else None})
             rows.append(row(f"gate: added latency p99 at {at} ({tag})", g99 - d99, d99,
                             unit.format("p99", g99, 15), digits=2) | {"ratio": round(g99 / d99, 3) if d99 else None})
+
+            if SPLIT_S > 0:
+                # Where the added time goes: the declaration alone (validation, session, IDP_SUBMITTED,
+                # Cedar, the permit's records) at the same rate; the rest is the gate's dispatch records.
+                k = max(10, int(RATE * SPLIT_S))
+                progress(f"gate ({tag}): the declaration alone at {RATE:.0f}/s for {SPLIT_S:g} s")
+                il, ie, inf = await _drive(declared, k, RATE)
+                if inf or not il:
+                    raise RuntimeError(f"declarations failed at {RATE:.0f}/s: {inf}")
+                rows.append(row(f"gate: the declaration alone (agent.{{agent}}.idp PERMIT), p50 at {at} ({tag})",
+                                statistics.median(il), g50,
+                                f"ms (baseline = the gated call's p50; p99 {_pct(il, 0.99):.2f} vs {g99:.2f} ms; "
+                                f"{k} calls, achieved {len(il) / ie:,.0f}/s)", digits=2))
 
             # The ceiling: the 100/s window is the first step; then the ladder, each system on its own.
             ceilings: dict[str, int] = {}

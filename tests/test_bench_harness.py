@@ -275,10 +275,12 @@ def test_bench_gate_reports_its_rows_beside_the_direct_call(monkeypatch: pytest.
     monkeypatch.setattr(bench_gate, "DOWN", [])
     monkeypatch.setattr(bench_gate, "SYNCS", ["default"])
     monkeypatch.setattr(bench_gate, "WARM", 3)
+    monkeypatch.setattr(bench_gate, "SPLIT_S", 0.2)
     rows = {r["name"]: r for r in bench_gate.run()}
     assert list(rows) == [
         "gate: added latency p50 at 100/s (default sync)",
         "gate: added latency p99 at 100/s (default sync)",
+        "gate: the declaration alone (agent.{agent}.idp PERMIT), p50 at 100/s (default sync)",
         "gate: ceiling p99<=20ms (default sync)",
         "gate: gateway CPU per gated call at 100/s (default sync)",
         "gate: executor CPU per call at 100/s, gated vs direct (default sync)",
