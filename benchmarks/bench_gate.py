@@ -24,10 +24,10 @@ arguments back) is called two ways, on one nats-server, in one run:
 So the added latency is what the kernel's governance of one action costs,
 on top of the action itself (its executor's storage included). The MCP
 gate (``pgw mcp-gate``) puts the same kernel path between an MCP client and
-an upstream tool; it adds on both sides the MCP hop it would also have
-directly, plus one agent-to-gateway request, so this figure is its
-governance cost too (it is not measured here: a real upstream's own time
-would dominate and vary).
+an upstream tool: the MCP hops from host to upstream are there with or
+without it, and what it adds is one agent-to-gateway request and this
+kernel path, so this figure is its governance cost too (an MCP upstream is
+not measured here: a real server's own time would dominate and vary).
 
 **Measured**, on each sync setting of the embedded nats-server
 (``sync_interval: always``, the project's default, and the server's own
@@ -54,7 +54,7 @@ default interval; ``PGW_BENCH_GATE_SYNC=always,default``):
   executor and nats-server per call, and messages the gateway's connection
   sent per gated call.
 
-Run alone: ``.venv/bin/python -m benchmarks.bench_gate`` (about 80 s with the
+Run alone: ``.venv/bin/python -m benchmarks.bench_gate`` (about 85 s with the
 defaults on 2 cores). docs/performance.md, "The gated path (bench_gate)".
 """
 
