@@ -262,3 +262,34 @@ def test_size_breakdown_times_each_step_on_a_valid_moment() -> None:
     (raw,) = shape.decode_body(body, Config().limits)
     assert check_binding_moment(raw["payload"]["binding_moment"]) == []
     assert lints.check(msgspec.convert(raw["payload"], BindingMomentPayload).binding_moment) == []
+
+
+def test_bench_gate_reports_its_rows_beside_the_direct_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks.bench_gate at a tiny window on one sync setting: every gated call was confirmed (else it raises),
+    and it reports the added latency, the ceiling and the per-call costs under the row names the target table
+    reads, each with the direct call's figure as its baseline."""
+    from benchmarks import bench_gate
+
+    monkeypatch.setattr(bench_gate, "WINDOW_S", 0.3)
+    monkeypatch.setattr(bench_gate, "RATES", [])
+    monkeypatch.setattr(bench_gate, "DOWN", [])
+    monkeypatch.setattr(bench_gate, "SYNCS", ["default"])
+    monkeypatch.setattr(bench_gate, "WARM", 3)
+    monkeypatch.setattr(bench_gate, "SPLIT_S", 0.2)
+    rows = {r["name"]: r for r in bench_gate.run()}
+    assert list(rows) == [
+        "gate: added latency p50 at 100/s (default sync)",
+        "gate: added latency p99 at 100/s (default sync)",
+        "gate: the declaration alone (agent.{agent}.idp PERMIT), p50 at 100/s (default sync)",
+        "gate: ceiling p99<=20ms (default sync)",
+        "gate: gateway CPU per gated call at 100/s (default sync)",
+        "gate: executor CPU per call at 100/s, gated vs direct (default sync)",
+        "gate: nats-server CPU per call at 100/s, gated vs direct (default sync)",
+        "gate: messages the gateway sent per gated call (default sync)",
+    ]
+    assert all(r["baseline"] is not None for r in rows.values()), rows
+    assert rows["gate: added latency p50 at 100/s (default sync)"]["baseline"] > 0  # the direct call's own p50
+    assert rows["gate: ceiling p99<=20ms (default sync)"]["value"] in (0, 100)
+    # The gated call sends the kernel's writes and the executor request; the direct one only the executor's.
+    assert rows["gate: messages the gateway sent per gated call (default sync)"]["value"] > \
+        rows["gate: messages the gateway sent per gated call (default sync)"]["baseline"]

@@ -34,6 +34,7 @@ from tests.test_capsule_signer import signer_keys, stream_items
 from tests.test_kernel_hem import LogWatch, _moment
 
 AGENT, PRINCIPAL = "bot", "alice"
+SECRET = "sk-live-4f9a1c77e2"  # a configured secret (pipeline.secrets): SR-1 keeps it off the surface
 README = Path(__file__).resolve().parent.parent / "README.md"
 ACTIONS = ["WriteNote", "FailNote", "SlowNote", "ReadBooking", "CloseBooking"]
 POLICY = """
@@ -101,6 +102,7 @@ def gate_config(make_config: Any, issuer: Issuer, tmp_path: Path, **executor: An
         kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path, POLICY)),
                 "executors": {"notes": notes}},
         agents={AGENT: {"principals": [PRINCIPAL]}},
+        pipeline={"secrets": {"values": [SECRET]}},
     )
 
 
@@ -322,6 +324,28 @@ async def test_hem_rejection_does_not_run(genv: GateEnv) -> None:
         assert await kernel(genv).gate_sweep() == 0
     finally:
         await agent.close()
+
+
+async def test_hem_moment_shows_the_arguments_redacted_and_bounded(genv: GateEnv) -> None:
+    """The principal's moment for a gated action lists each argument the executor will get as a finding, with a
+    configured secret redacted, long values clipped and past twelve arguments a count, within spec 000's grammar."""
+    from gateway.stages.moment_grammar import SLOT_MAX, check_binding_moment
+    from subjects.constraints import MAX_LIST_ITEMS
+
+    rec = genv.idp("WriteNote", hem_urgency="REQUIRED")
+    extra = {f"k{i:02}": "x" * 3000 for i in range(20)}
+    args = {"name": "plan", "text": f"use key {SECRET} today", **extra}
+    assert isinstance(await genv.act("WriteNote", args, rec), HemPending)
+    findings = (await _moment(Surface(genv.nc, PRINCIPAL), rec["idp_id"])).binding_moment.findings
+    assert 'Argument name: "plan"' in findings
+    assert 'Argument text: "use key [REDACTED] today"' in findings
+    assert not any(SECRET in f for f in findings)
+    assert any(f.startswith('Argument k00: "xxx') and len(f) < 700 for f in findings)
+    assert "11 more arguments are not shown here; the kernel's dispatch record keeps them all." in findings
+    assert len(findings) <= MAX_LIST_ITEMS and all(len(f) <= SLOT_MAX for f in findings)
+    moment = (await _moment(Surface(genv.nc, PRINCIPAL), rec["idp_id"])).binding_moment
+    assert check_binding_moment(msgspec.to_builtins(moment)) == []
+    assert genv.notes.calls == []  # nothing ran while the principal reads
 
 
 async def test_gated_action_declared_on_the_report_path_is_denied_and_its_report_refused(genv: GateEnv) -> None:

@@ -193,6 +193,11 @@ async def test_a_write_waits_for_the_principal_and_runs_only_after_approval(gate
         moment = item.binding_moment
         assert "WriteFile" in moment.synopsis  # the synopsis commits to a position (spec 000 §6.1)
         assert any("Save the draft" in f for f in moment.findings)  # the model's stated goal, as a finding
+        # The tool and its arguments, as the upstream will get them (the intent is not one of them).
+        assert "Tool to call: write_file." in moment.findings
+        assert f"Tool argument path: {msgspec.json.encode(str(target)).decode()}" in moment.findings
+        assert 'Tool argument content: "hello"' in moment.findings
+        assert not any(f.startswith("Tool argument intent") for f in moment.findings)
         assert [o.label for o in moment.question.options] == ["Approve", "Deny"]
         _item, reply = await asyncio.wait_for(gate_env.principal(answer), 30)
         assert reply.status == "accepted"

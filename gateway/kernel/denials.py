@@ -112,11 +112,14 @@ class Denials:
         self, *, agent: str, principal: str, idp: Idp, trigger: str, mandate_id: str, cedar: str | None = None,
         verification: dict[str, Any] | None = None, tp: str | None = None, moment_id: str | None = None,
         retell: Callable[[BindingMoment], BindingMoment] | None = None, extra: dict[str, Any] | None = None,
+        arguments: dict[str, Any] | None = None,
     ) -> tuple[str, int]:
         """Escalate to the mandate's principal: log ``HEM_ESCALATED``, queue its moment on the
         session and on the hold of the governed object (every session of the agent on it is
         held until a human answers; docs/kernel.md "Session creation and the scope of a HEM
-        block"), and dispatch the moment. ``retell`` adjusts the moment built by ``hem_moment``."""
+        block"), and dispatch the moment. ``retell`` adjusts the moment built by ``hem_moment``;
+        ``arguments``: a gated action's arguments, shown as findings after SR-1 redaction (the
+        principal approves exactly what the executor will be sent, docs/gate.md)."""
         from gateway.moment_record import HemContext
 
         moment_id = moment_id or self._moment_id(trigger, idp)
@@ -144,7 +147,12 @@ class Denials:
         if isinstance(prior, BaseException):
             raise prior
         sess, _ = await self.state.session(agent, idp.session_id)
-        moment = hem_moment(agent=agent, idp=idp, trigger=trigger, cedar=cedar, verification=verification)
+        if arguments is not None:
+            # SR-1 (spec 002 "Redaction"): the principal's surface never shows a configured secret,
+            # whatever the agent put in the arguments; the executor still gets them as sent.
+            arguments = (await self.gw.stage_state.get()).redactor.graph(arguments)
+        moment = hem_moment(agent=agent, idp=idp, trigger=trigger, cedar=cedar, verification=verification,
+                            arguments=arguments)
         if retell is not None:
             moment = retell(moment)
         await self.desk.dispatch(

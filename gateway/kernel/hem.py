@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
+from subjects.constraints import MAX_LIST_ITEMS
 from subjects.idp import Idp
 from subjects.wire import BindingMoment, Hatches, MomentMeta, MomentOption, Question
 
@@ -31,6 +34,51 @@ def _clip(text: str, n: int = 400) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+# The findings that show a gated action's arguments (docs/gate.md "What the principal sees"): at most
+# this many, each at most ARG_CHARS characters, so with the other findings the moment stays within the
+# grammar of spec 000 (at most MAX_LIST_ITEMS findings of at most 2,000 characters each).
+MAX_ARG_FINDINGS = 12
+ARG_CHARS = 600
+
+
+def _json(value: Any) -> str:
+    try:
+        return msgspec.json.encode(value).decode()
+    except (TypeError, msgspec.EncodeError):
+        return repr(value)
+
+
+def argument_findings(arguments: dict[str, Any]) -> list[str]:
+    """What a gated action will be sent to its executor with, as findings the principal reads.
+
+    The arguments of an MCP tool call through ``pgw mcp-gate`` have the shape
+    ``{"tool": NAME, "arguments": {...}}`` (the gate's own executor reads it): the
+    tool is named, then each of its arguments. Any other action's arguments are
+    listed one per finding. Each value is its JSON, clipped to ``ARG_CHARS``; past
+    ``MAX_ARG_FINDINGS`` the rest are counted, not shown. The caller redacts first
+    (the gateway's SR-1 redactor): nothing here reads a secret.
+    """
+    out: list[str] = []
+    args = arguments
+    tool = arguments.get("tool")
+    if isinstance(tool, str) and isinstance(arguments.get("arguments"), dict) and set(arguments) == {"tool", "arguments"}:
+        out.append(f"Tool to call: {_clip(tool, 200)}.")
+        args = arguments["arguments"]
+        what = "Tool argument"
+    else:
+        what = "Argument"
+    if not args:
+        out.append("The action is called with no arguments." if what == "Argument" else "The tool is called with no arguments.")
+        return out
+    items = list(args.items())
+    room = MAX_ARG_FINDINGS - len(out)
+    shown = items if len(items) <= room else items[: room - 1]
+    out += [f"{what} {_clip(str(k), 100)}: {_clip(_json(v), ARG_CHARS)}" for k, v in shown]
+    if len(shown) < len(items):
+        out.append(f"{len(items) - len(shown)} more arguments are not shown here; the kernel's dispatch record keeps them all.")
+    return out
+
+
 def hem_moment(
     *,
     agent: str,
@@ -39,6 +87,7 @@ def hem_moment(
     cedar: str | None = None,
     previous_deny: str | None = None,
     verification: dict[str, Any] | None = None,
+    arguments: dict[str, Any] | None = None,
 ) -> BindingMoment:
     action = idp.requested_action
     goal = idp.declared_goal.description if idp.declared_goal else "no goal declared (IDP_THIN)"
@@ -71,6 +120,8 @@ def hem_moment(
         findings.append("Reasoning basis: UNSPECIFIED (thin profile).")
     conf = f"{idp.confidence_level:.2f}" if idp.confidence_level is not None else "not stated (0.5 recorded)"
     findings.append(f"Declared confidence: {conf}.")
+    if arguments is not None:
+        findings += argument_findings(arguments)
     if cedar:
         findings.append(f"Policy evaluation alone would {'permit' if cedar == 'PERMIT' else 'deny'} this action.")
     if previous_deny:
@@ -80,6 +131,8 @@ def hem_moment(
         # match_result first; every field, as signed.
         findings.append(f"Commitment verification record: match_result {verification.get('match_result')}.")
         findings += [f"Verification record {k}: {_clip(str(v), 200)}" for k, v in verification.items() if k != "match_result"]
+    # spec 000 §6.2 / the grammar: at most MAX_LIST_ITEMS findings (argument_findings keeps within it).
+    findings = findings[:MAX_LIST_ITEMS]
     if trigger == "HEM_URGENCY_REQUIRED":
         approve_reason = "The declared goal and reasoning justify this action this once."
         deny_reason = "The action does not run; the agent keeps its session and can choose another action."

@@ -425,7 +425,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                 await self._gate_hold(entry, gate, entry.moment_id)
             moment_id, _seq = await self._escalate(
                 agent=agent, principal=m.principal, idp=idp, trigger="HEM_URGENCY_REQUIRED", mandate_id=m.jti,
-                cedar="PERMIT" if allowed else "DENY", tp=tp,
+                cedar="PERMIT" if allowed else "DENY", tp=tp, arguments=gate.arguments if gate is not None else None,
             )
             return HemPending(
                 timestamp=now_rfc3339(), idp_id=idp.idp_id, session_id=idp.session_id,

@@ -28,6 +28,8 @@ from gateway.security.permissions import (
     principal_durable,
 )
 from pgwcore.identity import Party
+from pgwcore.slack_config import SLACK_BUCKET, slack_durable
+from subjects.gate import exec_bucket
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -86,6 +88,11 @@ VERBS: tuple[Verb, ...] = (
     Verb("CONSUMER.LEADER.STEPDOWN", "$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{other}", True, "services only (cluster operations)"),
     Verb("ACCOUNT / META / SERVER", "$JS.API.META.LEADER.STEPDOWN", True, "services only (cluster operations)"),
     Verb("$KV.> (KV put/delete)", "$KV.PGW_MOMENTS.x", True, "services only: KV buckets are gateway state"),
+    # A party's own bucket, where it has one (an executor's PGW_EXEC_K, the Slack surface's
+    # PGW_SLACK keys P.*); for the others the sample is a gateway bucket, as above.
+    Verb("STREAM.CREATE (own bucket)", "$JS.API.STREAM.CREATE.{bucket}", True, "an executor creates its results bucket `PGW_EXEC_K` at start (the gateway creates `PGW_SLACK` for the Slack surface)"),
+    Verb("DIRECT.GET (own bucket)", "$JS.API.DIRECT.GET.{bucket}.{ownkey}", False, "an executor reads its stored results; the Slack surface its own keys `P.*` of `PGW_SLACK`, by subject"),
+    Verb("$KV put/delete (own bucket)", "{ownkey}", True, "an executor stores its results by idempotency key; the Slack surface writes its own keys `P.*`"),
 )
 
 # The roles shown, with the party that stands for each (names are examples).
@@ -98,6 +105,8 @@ ROLE_COLUMNS: tuple[tuple[str, Party], ...] = (
     ("notifier", Party("service", "notifier")),
     ("ops", Party("ops", "oncall")),
     ("audit", Party("audit", "auditor")),
+    ("executor", Party("executor", "k")),
+    ("slack", Party("slack", "p")),
 )
 
 
@@ -105,13 +114,25 @@ def _stream_and_durables(party: Party) -> tuple[str, str, str]:
     """(stream, own durable, another party's durable) for the samples."""
     if party.role == "agent":
         return OUTBOUND_STREAM, agent_durable(party.name), agent_durable("someone-else")
-    own = principal_durable(party.name) if party.role == "principal" else f"{party.role}-{party.name}"
+    own = {"principal": principal_durable, "slack": slack_durable}.get(party.role, lambda n: f"{party.role}-{n}")(party.name)
     return SURFACE_STREAM, own, principal_durable("someone-else")
+
+
+def _own_bucket(party: Party) -> tuple[str, str]:
+    """(the KV stream of the party's own bucket, a key subject it owns there); a gateway bucket for the rest."""
+    if party.role == "executor":
+        bucket = exec_bucket(party.name)
+        return f"KV_{bucket}", f"$KV.{bucket}.0123456789abcdef0123456789abcdef"
+    if party.role == "slack":
+        return f"KV_{SLACK_BUCKET}", f"$KV.{SLACK_BUCKET}.{party.name}.x"
+    return "KV_PGW_MOMENTS", "$KV.PGW_MOMENTS.x"
 
 
 def sample_subject(verb: Verb, party: Party) -> str:
     stream, own, other = _stream_and_durables(party)
-    return verb.sample.replace("{stream}", stream).replace("{own}", own).replace("{other}", other)
+    bucket, ownkey = _own_bucket(party)
+    return (verb.sample.replace("{stream}", stream).replace("{own}", own).replace("{other}", other)
+            .replace("{bucket}", bucket).replace("{ownkey}", ownkey))
 
 
 def grants(prefix: str, verb: Verb, party: Party) -> bool:

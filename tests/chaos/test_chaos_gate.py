@@ -7,8 +7,10 @@ and started again; every action without an answer is sent again, as an agent
 would. Then, from the event log, the verdict stream and the executor's own
 count: every action the kernel permitted (``CEDAR_PERMIT_RECORDED``) ran
 exactly once at the executor and has exactly one ``STATE_TRANSITIONED`` and
-exactly one ``executed`` verdict (so one capsule: the signer makes one per
-verdict id, tests/chaos/test_chaos_signer.py); an action never permitted never ran.
+exactly one ``executed`` verdict; then a signer (in this process) signs the
+verdict stream and every permitted action has exactly one signed ``executed``
+capsule in ``PGW_REGISTRATION``, which verifies with the signer's key and is
+graded ``gate_executed``; an action never permitted never ran.
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ from typing import Any
 import msgspec
 import pytest
 
+from consumers.signer import Signer
+from consumers.verifier import Store, payload_of, verify_many
 from pgwcore.server import EmbeddedServer
 from subjects.executor import Executor
 from subjects.gate import ActDone, act_result_decoder, idempotency_key
-from tests.chaos.harness import ServiceProc, chaos_config, env_int, wait_services
+from tests.chaos.harness import ServiceProc, chaos_config, env_int, wait_drained, wait_services
 from tests.kernel_support import Issuer, idp, policy_dir, read_log, read_verdicts
 from tests.polling import until
+from tests.test_capsule_signer import signer_keys, stream_items
 
 pytestmark = [pytest.mark.chaos]
 
@@ -35,9 +40,11 @@ ACTIONS = env_int("PGW_CHAOS_GATE_ACTIONS", 500)  # the issue: "during 500 gated
 AGENT = "chaos"
 
 
-async def test_gateway_kill9_during_gated_actions(tmp_path: Path, nats_server: EmbeddedServer, nc: Any) -> None:
+async def test_gateway_kill9_during_gated_actions(tmp_path: Path, nats_server: EmbeddedServer, nc: Any,
+                                                 make_config: Any) -> None:
     """kill -9 of the gateway mid-burst of gated actions: each permitted action ran exactly once at the executor
-    and has exactly one STATE_TRANSITIONED and one executed verdict; nothing unpermitted ran."""
+    and has exactly one STATE_TRANSITIONED, one executed verdict and one signed, verifying, gate_executed executed
+    capsule; nothing unpermitted ran."""
     issuer = Issuer(tmp_path / "issuer")
     pdir = policy_dir(tmp_path, 'permit(principal, action == Action::"WriteNote", resource);\n')
     extra = "\n".join([
@@ -127,12 +134,43 @@ async def test_gateway_kill9_during_gated_actions(tmp_path: Path, nats_server: E
                 {i: runs[idempotency_key(so, i)] for i in perm if runs[idempotency_key(so, i)] != 1}
             assert all(sts[i] == 1 for i in perm) and set(sts) == perm
             assert all(executed[i] == 1 for i in perm) and set(executed) == perm
+            # One signed executed capsule per permitted action: the signer signs the whole verdict stream.
+            config = make_config()
+
+            def executed_capsules(items: list[Any]) -> list[tuple[str, bytes, dict[str, Any]]]:
+                out = []
+                for src, data, _h in items:
+                    p = payload_of(data) or {}
+                    if "statement_type" not in p and p.get("action_type") != "fyi" and p.get("action_id") in perm \
+                            and p.get("disposition", {}).get("verdict_class", "executed") == "executed":
+                        out.append((src, data, p))
+                return out
+
+            async def all_signed() -> list[tuple[str, bytes, dict[str, Any]]] | None:
+                caps = executed_capsules(await stream_items(js, "PGW_REGISTRATION"))
+                return caps if {p["action_id"] for *_, p in caps} >= perm else None
+
+            async with Signer(config, nc):
+                await until(all_signed, timeout=120, interval=0.5, what="a signed capsule for every permitted action")
+                await wait_drained(js, "PGW_VERDICTS", "pgw-signer", timeout=60)
+            items = await stream_items(js, "PGW_REGISTRATION")
+            caps = executed_capsules(items)
+            per_action = collections.Counter(p["action_id"] for *_, p in caps)
+            assert set(per_action) == perm and all(n == 1 for n in per_action.values()), \
+                {a: n for a, n in per_action.items() if n != 1}
+            # Verified with the whole stream as the store (a capsule may chain to an earlier one).
+            store = Store(p for p in (payload_of(d) for _s, d, _h in items) if p is not None)
+            verified = {r.source: r for r in verify_many([(src, data) for src, data, _p in caps], keys=signer_keys(config),
+                                                          store=store)}
+            bad = [(src, verified[src].findings) for src, _d, _p in caps
+                   if not verified[src].ok or verified[src].effect_grade != "gate_executed"]
+            assert not bad, bad[:3]
             # Every answered DONE is what the log recorded (the digest of the response the agent got).
             st = {ev.body["idp_id"]: ev.body for _s, ev in await read_log(js, "STATE_TRANSITIONED")}
             for r in answered.values():
                 if isinstance(r, ActDone):
                     assert st[r.idp_id]["effect"]["response_digest"] == r.response_digest
-            print(f"gate chaos: {ACTIONS} actions, {len(perm)} permitted and run once each, "
+            print(f"gate chaos: {ACTIONS} actions, {len(perm)} permitted, run once and signed once each, "
                   f"{killed_at} run before the kill -9, {sum(isinstance(r, ActDone) for r in answered.values())} "
                   "answered DONE")
         finally:
