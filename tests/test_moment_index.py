@@ -113,3 +113,47 @@ async def test_a_moment_stored_by_the_previous_version_is_still_listed(gateway, 
             await conn.drain()
     finally:
         await planner.close()
+
+
+class _KilledAfterTheRecord(Publisher):
+    """A publisher whose process dies (here: raises) at the first surface item or verdict: the moment record is
+    stored, nothing after it, as a kill -9 between the record and the old index write would leave it."""
+
+    async def surface(self, item, msg_id):  # noqa: ANN001, ANN201 - the Publisher signature
+        raise RuntimeError("killed")
+
+    async def verdict(self, verdict):  # noqa: ANN001, ANN201
+        raise RuntimeError("killed")
+
+
+async def test_a_moment_stored_when_its_instance_dies_is_listed_once_and_stays_once_after_the_redelivery(
+        gateway, nc, nats_server):
+    """An instance dies right after storing a moment record: another instance lists it at once (no index write
+    was lost, there is none), and the redelivered dispatch, completed by a restarted desk, leaves it listed once."""
+    from subjects.wire import BindingMoment
+
+    moment = msgspec.convert(good_moment(), BindingMoment)
+    kw = dict(agent="planner", principal="alice", binding_moment=moment, envelope_id="e-killed", correlation_id="c-killed")
+    conn, dying = await _desk(gateway, nats_server.client_url)
+    dying.publisher = _KilledAfterTheRecord(conn.jetstream(), gateway.subjects)
+    try:
+        try:
+            await dying.dispatch(**kw)
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("the dispatch should have died after the record")
+    finally:
+        await dying.close()
+        await conn.drain()
+    mid = stable_id("moment", "planner", "e-killed")
+    assert await _listing(gateway.desk) == ([(mid, "alice", "pending")], False)
+    conn2, restarted = await _desk(gateway, nats_server.client_url)
+    try:
+        assert await restarted.dispatch(**kw) == mid  # the redelivery: same moment, its item and verdict now
+        assert await _listing(restarted) == ([(mid, "alice", "pending")], False)
+        assert await _listing(gateway.desk) == ([(mid, "alice", "pending")], False)
+        assert [i.moment_id for i in await restarted.pending("alice")] == [mid]
+    finally:
+        await restarted.close()
+        await conn2.drain()
