@@ -119,10 +119,10 @@ class _KilledAfterTheRecord(Publisher):
     """A publisher whose process dies (here: raises) at the first surface item or verdict: the moment record is
     stored, nothing after it, as a kill -9 between the record and the old index write would leave it."""
 
-    async def surface(self, item, msg_id):  # noqa: ANN001, ANN201 - the Publisher signature
+    async def surface(self, item, msg_id):
         raise RuntimeError("killed")
 
-    async def verdict(self, verdict):  # noqa: ANN001, ANN201
+    async def verdict(self, verdict):
         raise RuntimeError("killed")
 
 
