@@ -10,7 +10,7 @@ key at start and each write as it is stored. It is rebuilt the same after a
 restart or a kill -9, on every instance, because it is a function of the
 bucket's contents alone.
 
-A list query first waits until the instance has followed the bucket up to its
+A list query first waits (3 s at most) until the instance has followed the bucket up to its
 last sequence at the time of the query (``MomentDesk.caught_up``), so a moment
 whose ``accepted`` outcome the agent has read is listed by any instance, as
 when the index was a synced write made before the outcome. It then takes the

@@ -261,7 +261,7 @@ class MomentDesk:
     def _header(self, rec: MomentRecord) -> dict[str, str]:
         return state_header(rec, self._forget_at(rec))
 
-    async def caught_up(self, timeout: float = 5.0) -> bool:
+    async def caught_up(self, timeout: float = 3.0) -> bool:
         """Wait until the watcher has handled every write of the bucket stored before this call; False on timeout.
 
         The moment list reads the derived index (gateway.moment_list) only then, so a moment
