@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import msgspec
+import pytest
 from nats.js.errors import NotFoundError
 
 from gateway.moment_list import INDEX_BUCKET, index_key, list_moments
@@ -157,3 +158,23 @@ async def test_a_moment_stored_when_its_instance_dies_is_listed_once_and_stays_o
     finally:
         await restarted.close()
         await conn2.drain()
+
+
+async def test_a_desk_that_cannot_follow_the_bucket_refuses_to_list_rather_than_answer_short(gateway, nc, nats_server):
+    """A desk whose watcher stopped following PGW_MOMENTS does not list from a stale index: the list query fails
+    (the gateway answers it with engine_failure) once it has waited its bounded time for the moment just stored."""
+    planner = Agent(nc, "planner")
+    conn, stalled = await _desk(gateway, nats_server.client_url)
+    try:
+        await stalled._watcher.unsubscribe()
+        eid = await planner.send_moment("alice", good_moment())
+        assert (await planner.outcome_for(eid, timeout=20)).moment_id
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await list_moments(stalled, "planner", "all")
+        assert time.monotonic() - started < 4.5  # below the agent's 5 s request timeout
+    finally:
+        await planner.close()
+        stalled._watcher = None
+        await stalled.close()
+        await conn.drain()
