@@ -12,10 +12,13 @@ gateway costs beyond the batching both then share.
 the delivery guarantees ask of the gateway for one binding moment, in the
 gateway's order and through its own writers (``GroupCommit``, ``KvWriter``),
 with no logic between them: the correlationId claim (KV create), the moment
-record (KV create), then together the surface item, the ``hitl_dispatched``
-verdict and the agent's index entry, then together the outcome and the
-claim's settle (KV compare-and-set), then the ack (gateway/pipeline.py,
-gateway/moments.py ``dispatch``). What the gateway spends beyond this floor is
+record (KV create), then together the surface item and the ``hitl_dispatched``
+verdict, then together the outcome and the claim's settle (KV
+compare-and-set), then the ack (gateway/pipeline.py, gateway/moments.py
+``dispatch``). The agent's index entry is no longer among them (issue 32,
+decision 2): the gateway derives the index from the moment record's write
+(its ``Pgw-Moment-Agent`` header, gateway/moment_list.py), so the floor stores
+one record fewer per moment than before. What the gateway spends beyond this floor is
 its own code; what the floor spends beyond the plain relay is what is stored
 (docs/performance-log.md, "Run 6: the contract floors").
 
@@ -63,20 +66,21 @@ def floor_streams(variant: str) -> tuple[tuple[str, str], tuple[str, str]]:
 
 
 def floor_buckets(variant: str) -> tuple[str, ...]:
-    """The floor's KV buckets: claims, and for the full floor the moment records and the agent index."""
+    """The floor's KV buckets: claims, and for the full floor the moment records (no agent index: derived)."""
     t = FLOOR_TAGS[variant]
-    return (f"BENCH_{t}_CLAIMS",) + ((f"BENCH_{t}_MOMENTS", f"BENCH_{t}_INDEX") if variant == "floor" else ())
+    return (f"BENCH_{t}_CLAIMS",) + ((f"BENCH_{t}_MOMENTS",) if variant == "floor" else ())
 
 
 FLOOR_STREAMS = floor_streams("floor")
 FLOOR_BUCKETS = floor_buckets("floor")
 # Sizes of the records, matched to what the gateway stores for the bench's 1 KB moment (stream
 # bytes per message of each of its streams against the floor's, 2026-11-26): the claim (a
-# DedupRecord, about 200 bytes) and its settle (with the outcome, about 710), the verdict, the
-# outcome and the index entry; the moment record is the envelope plus MOMENT_EXTRA (its fields
-# around the moment), at every size.
-CLAIM, SETTLE, VERDICT, OUTCOME, INDEX = (b"c" * 200, b"s" * 710, b"v" * 425, b"o" * 466, b"1764100000.123" * 3)
+# DedupRecord, about 200 bytes) and its settle (with the outcome, about 710), the verdict and the
+# outcome; the moment record is the envelope plus MOMENT_EXTRA (its fields around the moment), at
+# every size, and carries the gateway's two headers (AGENT_HEADERS).
+CLAIM, SETTLE, VERDICT, OUTCOME = (b"c" * 200, b"s" * 710, b"v" * 425, b"o" * 466)
 MOMENT_EXTRA = b" " * 267
+AGENT_HEADERS = {"Pgw-Moment-State": "pending;;1", "Pgw-Moment-Agent": "1764100000123;agent"}
 
 
 def durable(variant: str) -> str:
@@ -130,9 +134,9 @@ async def floor_writes(nc: Client, variant: str = "floor") -> Callable[[object],
         if variant == "floor-min":
             await together(surface_item(), together(verdict(), outcome()))
             return
-        moments, index = writers[1:]
-        await moments.create(f"{PRINCIPAL}.{seq}", m.data + MOMENT_EXTRA)
-        await together(surface_item(), together(verdict(), index.create(f"agent.{seq:015d}.{PRINCIPAL}.{seq}", INDEX)))
+        moments = writers[1]
+        await moments.create(f"{PRINCIPAL}.{seq}", m.data + MOMENT_EXTRA, AGENT_HEADERS)
+        await together(surface_item(), verdict())
         await together(outcome(), claims.update(key, SETTLE, rev))
 
     return run

@@ -85,6 +85,8 @@ class Refused(Exception):
 
 
 STATE_HEADER = "Pgw-Moment-State"
+# ``{created ms};{agent}`` on every desk write: what the agents' index (gateway.moment_list) is derived from.
+AGENT_HEADER = "Pgw-Moment-Agent"
 
 
 def state_header(rec: MomentRecord, forget_at: float | None = None) -> dict[str, str]:
@@ -92,11 +94,28 @@ def state_header(rec: MomentRecord, forget_at: float | None = None) -> dict[str,
     then ``;forget_at`` when the record holds a principal's free text to forget (spec 000 §13).
 
     Every gateway instance follows every write of ``PGW_MOMENTS`` (expiries,
-    re-drives, forgetting); with this header it follows them headers-only, so an
-    instance costs the same whatever the moment's size (issue 18)."""
+    re-drives, forgetting, the agents' index); with these headers it follows them
+    headers-only, so an instance costs the same whatever the moment's size (issue 18)."""
     exp = "" if rec.expires_at is None else repr(rec.expires_at)
     tail = f";{forget_at!r}" if forget_at is not None else ""
-    return {STATE_HEADER: f"{rec.status};{exp};{int(rec.published)}{tail}"}
+    return {STATE_HEADER: f"{rec.status};{exp};{int(rec.published)}{tail}", AGENT_HEADER: agent_header(rec)}
+
+
+def created_ms(rec: MomentRecord) -> int:
+    return int(rec.created_at * 1000)
+
+
+def agent_header(rec: MomentRecord) -> str:
+    """:data:`AGENT_HEADER`'s value: the moment's creation time (ms) and its agent."""
+    return f"{created_ms(rec)};{rec.agent}"
+
+
+def parse_agent(value: str) -> tuple[int, str] | None:
+    """(created ms, agent) from :func:`agent_header`'s value; None if malformed."""
+    ms, sep, agent = value.partition(";")
+    if not sep or not agent or not ms.isdigit():
+        return None
+    return int(ms), agent
 
 
 def parse_state(value: str) -> tuple[str, float | None, bool, float | None] | None:

@@ -37,8 +37,9 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-from gateway.moment_list import INDEX_BUCKET, index_key
+from gateway.moment_list import INDEX_BUCKET, AgentIndex
 from gateway.moment_record import (
+    AGENT_HEADER,
     STATE_HEADER,
     HemCallback,
     HemContext,
@@ -47,10 +48,12 @@ from gateway.moment_record import (
     Refused,
     closing_outcome,
     closing_verdict,
+    created_ms,
     forget_text,
     has_text,
     hem_decision_of,
     moment_key,
+    parse_agent,
     parse_state,
     state_header,
 )
@@ -101,7 +104,10 @@ class MomentDesk:
         self.publisher = publisher
         self.kv: Any = None
         self._writer: Any = None
-        self._index: Any = None  # the agents' index of their moments (gateway.moment_list)
+        # The agents' index of their moments (gateway.moment_list), derived from the writes the watcher follows.
+        self.agents = AgentIndex()
+        self._followed = 0  # the stream sequence of the last write of the bucket the watcher has handled
+        self._catching_up: list[tuple[int, asyncio.Future[None]]] = []
         self._hem_callbacks: list[HemCallback] = []
         self._resolved_callbacks: list[Callable[[MomentRecord], Awaitable[None]]] = []
         self._heap: list[tuple[float, str]] = []
@@ -114,8 +120,8 @@ class MomentDesk:
     async def start(self) -> None:
         self.kv = await ensure_kv(self.js, BUCKET, ttl=MOMENT_TTL_S, atomic=True)
         self._writer = KvWriter(self.js, self.kv, BUCKET)  # dispatch's creates, group-committed
-        index = await ensure_kv(self.js, INDEX_BUCKET, ttl=MOMENT_TTL_S, atomic=True)
-        self._index = KvWriter(self.js, index, INDEX_BUCKET)
+        # The index the previous version wrote per moment: still read for its entries, no longer written.
+        await ensure_kv(self.js, INDEX_BUCKET, ttl=MOMENT_TTL_S, atomic=True)
         # Every record, the latest of each key first, then each write as it is
         # stored, handled in the subscription's own callback: nats' KeyWatcher
         # would cost a task, a timer and a uuid per record on the hot path.
@@ -239,11 +245,11 @@ class MomentDesk:
                 details=details or {},
             )
         )
-        indexed = self._indexed(record)
+        # No index write: the agents' index is derived from the record's write (its Pgw-Moment-Agent header).
         if record.status == "pending":
-            await together(self.publisher.surface(record.item, f"item:{moment_id}"), together(verdict, indexed))
+            await together(self.publisher.surface(record.item, f"item:{moment_id}"), verdict)
         else:
-            await together(verdict, indexed)
+            await verdict
         return moment_id
 
     def _forget_at(self, rec: MomentRecord) -> float | None:
@@ -255,10 +261,39 @@ class MomentDesk:
     def _header(self, rec: MomentRecord) -> dict[str, str]:
         return state_header(rec, self._forget_at(rec))
 
-    async def _indexed(self, record: MomentRecord) -> None:
-        """The moment in its agent's index (the list query, gateway.moment_list); once, however often dispatched."""
-        with contextlib.suppress(KeyWrongLastSequenceError):  # a redelivery: the same key is there already
-            await self._index.create(index_key(record), str(record.created_at).encode())
+    async def caught_up(self, timeout: float = 3.0) -> bool:
+        """Wait until the watcher has handled every write of the bucket stored before this call; False on timeout.
+
+        The moment list reads the derived index (gateway.moment_list) only then, so a moment
+        stored (by any instance) before the query is in it, as when the index was its own write.
+        """
+        info = await self.js.stream_info(f"KV_{BUCKET}")
+        target = info.state.last_seq if info.state.messages else 0
+        if self._followed >= target:
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (target, fut)
+        self._catching_up.append(entry)
+        try:
+            await asyncio.wait_for(fut, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            with contextlib.suppress(ValueError):
+                self._catching_up.remove(entry)
+
+    def _followed_to(self, msg: Msg) -> None:
+        try:
+            seq = msg.metadata.sequence.stream
+        except Exception:  # noqa: BLE001 - no metadata (not a stream delivery): nothing to record
+            return
+        if seq <= self._followed:
+            return
+        self._followed = seq
+        for target, fut in self._catching_up:
+            if target <= seq and not fut.done():
+                fut.set_result(None)
 
     # -- queries ----------------------------------------------------------
     async def get(self, principal: str, moment_id: str) -> tuple[MomentRecord, int] | None:
@@ -437,11 +472,21 @@ class MomentDesk:
 
     # -- expiry and re-drive ------------------------------------------------
     async def _on_record(self, msg: Msg) -> None:
-        """Track pending expiries and re-drive unpublished terminal records (headers only)."""
+        """Track pending expiries, re-drive unpublished terminal records, index the agents' moments (headers only)."""
+        try:
+            self._on_write(msg)
+        finally:
+            self._followed_to(msg)
+
+    def _on_write(self, msg: Msg) -> None:
         headers = msg.headers or {}
         if self._closing or "KV-Operation" in headers:
             return  # a delete or purge marker
         key = msg.subject[len(_PRE):]
+        owner = parse_agent(headers[AGENT_HEADER]) if AGENT_HEADER in headers else None
+        if owner is not None:
+            principal, _, mid = key.partition(".")
+            self.agents.add(owner[1], owner[0], principal, mid)
         state = parse_state(headers[STATE_HEADER]) if STATE_HEADER in headers else None
         if state is None:  # written by something else than the desk: read it
             task = asyncio.create_task(self._follow(key))
@@ -478,6 +523,7 @@ class MomentDesk:
             return
         if found is not None:
             rec = found[0]
+            self.agents.add(rec.agent, created_ms(rec), rec.principal, rec.moment_id)
             self._track(key, rec.status, rec.expires_at, rec.published, self._forget_at(rec))
 
     def _redrive_soon(self, key: str) -> None:
