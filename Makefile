@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# `make test` runs the suite in this many pytest-xdist workers (each test starts its own
+# nats-server on port 0, so workers share nothing); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: run test security chaos bench lint clean
 
@@ -23,7 +26,7 @@ test: $(STAMP)
 	-sh tests/web/setup.sh
 	-sh tests/ops/setup.sh
 	-$(BIN)/python -m tests.mcp_peers
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
 
 security: $(STAMP)
 	$(BIN)/python -m pytest -q -m security -p no:cacheprovider
