@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import Any, Literal
 
 import msgspec
@@ -166,10 +167,12 @@ def tr_key(agent: str, idp_id: str) -> str:
     return f"tr.{agent}.{idp_id.lower()}"
 
 
+@functools.lru_cache(maxsize=8192)  # four lookups per request; a hash each
 def session_key(agent: str, session_id: str) -> str:
     return f"sess.{stable_id('session', agent, session_id)}"
 
 
+@functools.lru_cache(maxsize=8192)
 def hold_key(agent: str, so_id: str) -> str:
     return f"hold.{stable_id('hold', agent, so_id.lower())}"
 
