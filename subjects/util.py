@@ -6,7 +6,7 @@ import hashlib
 import time
 from datetime import UTC, datetime
 
-_second: tuple[int, str] = (-1, "")
+_second: list[tuple[int, str]] = [(-1, "")]  # [(the second, its text)]: swapped whole, read whole
 
 
 def now_rfc3339() -> str:
@@ -16,11 +16,12 @@ def now_rfc3339() -> str:
     ``Z``, the date and time of day formatted once per second (the kernel stamps
     four per request).
     """
-    global _second
     sec, ns = divmod(time.time_ns(), 1_000_000_000)
-    if sec != _second[0]:
-        _second = (sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)))
-    return f"{_second[1]}.{ns // 1_000_000:03d}Z"
+    known, text = _second[0]
+    if sec != known:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+        _second[0] = (sec, text)
+    return f"{text}.{ns // 1_000_000:03d}Z"
 
 
 def to_rfc3339(ts: float) -> str:

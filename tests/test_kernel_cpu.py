@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -35,3 +37,26 @@ def test_state_keys_are_the_hashed_ids() -> None:
     for _ in range(2):
         assert state.session_key("a1", "s-1") == f"sess.{stable_id('session', 'a1', 's-1')}"
         assert state.hold_key("a1", "ABC-so") == f"hold.{stable_id('hold', 'a1', 'abc-so')}"
+
+
+async def test_validation_reads_bring_the_hold_in_the_batched_request(nc: Any) -> None:
+    """The hold of the governed object comes with the index, report key and session in one read, as ``hold`` gives it."""
+    st = state.KernelState(nc.jetstream())
+    await st.open()
+    try:
+        assert st._batch is not None  # the one-request path is the one under test
+        so = str(uuid.uuid4())
+        empty = await st.validation_reads("a1", so, str(uuid.uuid4()), "s-1")
+        assert empty[3] == await st.hold("a1", so) and empty[3][1] == 0
+
+        def terminate(h: state.HoldEntry) -> bool:
+            h.terminated.append("m-1")
+            return True
+
+        await st.update_hold("a1", so.upper(), terminate)
+        for session in ("s-1", None):  # with the session read and without it (a cached session)
+            got = await st.validation_reads("a1", so, str(uuid.uuid4()), session)
+            assert got[3] == await st.hold("a1", so)
+            assert got[3][0].terminated == ["m-1"] and got[3][1] > 0
+    finally:
+        await st.close()
