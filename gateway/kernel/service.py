@@ -452,7 +452,9 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             # The permit is registered open (overdue.py) by its CEDAR_PERMIT_RECORDED
             # when that is logged, else by a PGW_KERNEL_OPEN key; either is stored
             # before the answer leaves.
-            jobs = [self._put_entry(entry), self.overdue.opened(entry, logged=self.cfg.log_permits)]
+            jobs = [self._put_entry(entry)]
+            if not self.cfg.log_permits:  # else its log event registers it: opened() would do nothing
+                jobs.append(self.overdue.opened(entry))
             if gate is not None:
                 # The open dispatch, with its arguments, is stored with the permit: a crash from
                 # here on leaves it to the gate sweep, which finishes it (gateway/kernel/gate.py).
