@@ -60,3 +60,19 @@ async def test_validation_reads_bring_the_hold_in_the_batched_request(nc: Any) -
             assert got[3][0].terminated == ["m-1"] and got[3][1] > 0
     finally:
         await st.close()
+
+
+def test_the_event_logs_signer_makes_the_keys_own_signatures() -> None:
+    """The log's libsodium signer gives byte for byte the signature of the kernel key (Ed25519 is deterministic)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from gateway.kernel.eventlog import fast_signer
+    from pgwcore.keys import SigningKey
+
+    key = SigningKey(role="kernel", kid="k", private=Ed25519PrivateKey.generate())
+    sign = fast_signer(key)
+    assert sign is not key.sign  # libsodium is installed here: the fast path is the one tested
+    for data in (b"", b"x", bytes(range(256)) * 8):
+        sig = sign(data)
+        assert sig == key.sign(data) and len(sig) == 64
+        key.public.verify(sig, data)
