@@ -180,7 +180,12 @@ class PolicyEngine:
         except ValueError as e:  # e.g. duplicate @id across files
             raise PolicyLoadError(",".join(self.files) or "(policies)", None, str(e)) from None
         # What the policies read of the context (evaluate_many); parsed entities and decisions, reused.
-        self.context_paths = context_paths(json.loads(cedarpy.policies_to_json_str(self.text))) if self.text.strip() else ()
+        self.context_paths: tuple[tuple[str, ...], ...] | None = ()
+        if self.text.strip():
+            try:
+                self.context_paths = context_paths(json.loads(cedarpy.policies_to_json_str(self.text)))
+            except ValueError:  # a policy cedarpy cannot write as JSON: Cedar gets the whole context
+                self.context_paths = None
         self._entity_cache: dict[tuple[Any, ...], Any] = {}
         self._decisions: dict[tuple[Any, ...], Decision] = {}
         if self.schema is not None and self.text.strip():
