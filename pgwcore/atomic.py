@@ -17,6 +17,7 @@ stream must have ``allow_atomic`` set (:func:`enable_atomic`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -114,6 +115,18 @@ def _expire(fut: asyncio.Future[Any]) -> None:
         fut.set_exception(nats.errors.TimeoutError())
 
 
+_tokens = itertools.count(1)
+
+
+def reply_token() -> str:
+    """A reply token for nats' request inbox (``nc._resp_map``), unique in this process.
+
+    A counter in hex, shorter than the 22-character NUID tokens of ``nc.request``,
+    so never equal to one; at a fraction of ``nc._nuid.next()``'s CPU.
+    """
+    return f"{next(_tokens):x}"
+
+
 async def send_acked(nc: Client, subject: str, payload: bytes, headers: Mapping[str, str],
                      timeout: float) -> asyncio.Future[Ack]:
     """Publish to a stream now; the returned future resolves with its PubAck or fails as
@@ -128,7 +141,7 @@ async def send_acked(nc: Client, subject: str, payload: bytes, headers: Mapping[
     """
     if not nc._resp_sub_prefix:
         await nc._init_request_sub()
-    token = nc._nuid.next().decode()  # unique per connection, like nc.request's
+    token = reply_token()  # unique per connection, like nc.request's
     loop = asyncio.get_running_loop()
     raw: asyncio.Future[Any] = loop.create_future()
     out: asyncio.Future[Ack] = loop.create_future()

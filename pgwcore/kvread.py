@@ -23,6 +23,8 @@ import nats.errors
 from nats.aio.client import Client
 from nats.js.errors import APIError
 
+from pgwcore.atomic import reply_token
+
 ERR_NO_MESSAGE = 10037  # JSNoMessageFoundErr
 
 
@@ -57,7 +59,7 @@ async def get_last(nc: Client, api_prefix: str, bucket: str, key: str, timeout: 
     """(value, revision) of ``key`` in KV ``bucket``; None if it has no value."""
     if not nc._resp_sub_prefix:
         await nc._init_request_sub()
-    token = nc._nuid.next().decode()
+    token = reply_token()
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
     nc._resp_map[token] = fut
@@ -169,7 +171,7 @@ class BatchReader:
 
     async def get_many(self, keys: list[str]) -> list[tuple[bytes, int] | None]:
         """(value, revision) or None for each key, in order."""
-        token = self.nc._nuid.next().decode()
+        token = reply_token()
         fut: asyncio.Future[dict[str, tuple[bytes, int] | None]] = asyncio.get_running_loop().create_future()
         self._pending[token] = _Batch(fut)
         try:

@@ -48,7 +48,7 @@ def walk(value: Any, *, drop_absent: bool = False) -> tuple[Any, int]:
     return _walk(value, drop_absent, flags), flags[0]
 
 
-def _walk(value: Any, drop: bool, flags: list[int]) -> Any:
+def _walk(value: Any, drop: bool, flags: list[int], raw: bool = False) -> Any:
     t = type(value)
     if t is str or t is bool or value is None:
         return value
@@ -67,18 +67,22 @@ def _walk(value: Any, drop: bool, flags: list[int]) -> Any:
             elif tv is int and -_MAX_SAFE_INT <= v <= _MAX_SAFE_INT:
                 out[k] = v
             else:
-                nv = _walk(v, drop, flags)
+                nv = _walk(v, drop, flags, raw)
                 if drop and (nv is None or (type(nv) in (dict, list) and not nv)):
                     continue
                 out[k] = nv
         return out
     if isinstance(value, (list, tuple)):
-        return [v if type(v) is str else _walk(v, drop, flags) for v in value]
+        return [v if type(v) is str else _walk(v, drop, flags, raw) for v in value]
     if t is int:
         if not -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
             flags[0] |= NOT_PLAIN
         return value
-    flags[0] |= FLOAT if t is float else NOT_PLAIN
+    if t is float:
+        flags[0] |= FLOAT
+        # ``raw`` (dumps): the ES6 form spliced in now, not by a second copy (_floats_raw).
+        return msgspec.Raw(rfc8785.dumps(value)) if raw else value
+    flags[0] |= NOT_PLAIN
     return value
 
 
@@ -94,6 +98,13 @@ def encode(walked: Any, flags: int) -> bytes:
 
 def dumps(value: Any) -> bytes:
     """``rfc8785.dumps(value)``, byte for byte."""
+    flags = [0]
+    walked = _walk(value, False, flags, True)  # floats already raw: one copy, not two
+    if not flags[0] & NOT_PLAIN:
+        try:
+            return _SORTED.encode(walked)
+        except UnicodeEncodeError:
+            pass  # a lone surrogate: rfc8785 raises its own CanonicalizationError below
     return encode(*walk(value))
 
 

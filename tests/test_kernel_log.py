@@ -276,22 +276,12 @@ def stale_session_read(
     """The kernel's next validation read of this session returns ``read`` (and of the governed object's hold,
     ``hold``, when given): what they held before a concurrent write."""
     real = kernel.state.validation_reads
-    if hold is not None:
-        real_hold = kernel.state.hold
-
-        async def holds(a: str, so: str) -> Any:
-            if a == agent:
-                kernel.state.hold = real_hold  # type: ignore[method-assign]
-                return hold
-            return await real_hold(a, so)
-
-        kernel.state.hold = holds  # type: ignore[method-assign]
 
     async def reads(a: str, so: str, idp_id: str, s: str | None) -> Any:
         if (a, s) == (agent, session_id):
             kernel.state.validation_reads = real  # type: ignore[method-assign]
-            known, reported, _ = await real(a, so, idp_id, None)
-            return known, reported, read
+            known, reported, _, fresh_hold = await real(a, so, idp_id, None)
+            return known, reported, read, hold if hold is not None else fresh_hold
         return await real(a, so, idp_id, s)
 
     kernel.state.validation_reads = reads  # type: ignore[method-assign]

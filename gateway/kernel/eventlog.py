@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,25 @@ def with_signature(signing: bytes, sig: str) -> bytes:
     return b"".join((signing[:i], b',"sig":"', sig.encode("ascii"), b'"', signing[i:]))
 
 
+def fast_signer(key: SigningKey) -> Callable[[bytes], bytes]:
+    """``key.sign`` through libsodium (PyNaCl, installed with nkeys) where it is there.
+
+    Ed25519 signatures are deterministic (RFC 8032 §5.1.6), so the bytes are the
+    same as OpenSSL's; libsodium makes them with about a quarter less CPU here
+    (two per PERMIT, spec 003 §8.2). Without PyNaCl, ``key.sign`` itself.
+    """
+    try:
+        from nacl.bindings import crypto_sign, crypto_sign_BYTES, crypto_sign_seed_keypair
+    except ImportError:  # pragma: no cover - nkeys depends on PyNaCl
+        return key.sign
+    _public, secret = crypto_sign_seed_keypair(key.private.private_bytes_raw())
+
+    def sign(data: bytes) -> bytes:
+        return crypto_sign(data, secret)[:crypto_sign_BYTES]  # signature || message
+
+    return sign
+
+
 class EventLog:
     """Append signed events to the chain; one writer lock per process, CAS across processes."""
 
@@ -90,6 +109,7 @@ class EventLog:
         self.js = nc.jetstream()
         self.subjects = subjects
         self.key = key
+        self._sign_bytes = fast_signer(key)
         self.stream = stream
         self._lock = asyncio.Lock()
         self._head: tuple[int, str] | None = None
@@ -118,7 +138,7 @@ class EventLog:
                     "body": event.body if plain else msgspec.to_builtins(event.body)}
         # == event.signing_bytes(), at msgspec's speed where that is exact
         signing = jcs.dumps(unsigned)
-        event.sig = b64url(self.key.sign(signing))
+        event.sig = b64url(self._sign_bytes(signing))
         return with_signature(signing, event.sig)
 
     async def append(

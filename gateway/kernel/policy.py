@@ -179,6 +179,15 @@ class PolicyEngine:
             self.policies = cedarpy.PolicySet.from_str(self.text)
         except ValueError as e:  # e.g. duplicate @id across files
             raise PolicyLoadError(",".join(self.files) or "(policies)", None, str(e)) from None
+        # What the policies read of the context (evaluate_many); parsed entities and decisions, reused.
+        self.context_paths: tuple[tuple[str, ...], ...] | None = ()
+        if self.text.strip():
+            try:
+                self.context_paths = context_paths(json.loads(cedarpy.policies_to_json_str(self.text)))
+            except ValueError:  # a policy cedarpy cannot write as JSON: Cedar gets the whole context
+                self.context_paths = None
+        self._entity_cache: dict[tuple[Any, ...], Any] = {}
+        self._decisions: dict[tuple[Any, ...], Decision] = {}
         if self.schema is not None and self.text.strip():
             res = cedarpy.validate_policies(self.text, self.schema)
             if not res.validation_passed:
@@ -202,6 +211,15 @@ class PolicyEngine:
             {"uid": resource, "attrs": {"so_id": so_id}, "parents": []},
         ]
 
+    def _entity_set(self, key: tuple[Any, ...], agent: str, principal: str, resource: dict[str, str], so_id: str) -> Any:
+        """The two entities parsed once per (agent, principal, resource, so_id): Cedar's JSON
+        parse of them cost about a third of an evaluation."""
+        ents = self._entity_cache.get(key)
+        if ents is None:
+            ents = cedarpy.Entities.from_json_str(_json.encode(self._entities(agent, principal, resource, so_id)).decode())
+            _bounded_put(self._entity_cache, key, ents)
+        return ents
+
     def evaluate_many(
         self,
         actions: list[str],
@@ -212,23 +230,128 @@ class PolicyEngine:
         so_id: str,
         context: dict[str, Any],
     ) -> list[Decision]:
-        """Cedar's decision for each action with the same principal, resource and context."""
+        """Cedar's decision for each action with the same principal, resource and context.
+
+        Cedar sees the context reduced to the attributes the policy set reads
+        (``context_paths``; all of it when a policy uses the context otherwise),
+        which decides every policy exactly as the whole context would; and since
+        Cedar's evaluation is a function of policies, request and entities, a
+        decision is kept for that reduced request (``_decisions``) and reused.
+        """
         if not actions:
             return []
-        # Context and entities handed over as JSON text encoded by msgspec (cedarpy
-        # would json.dumps them; the same JSON, about a third of the time).
-        ctx = _json.encode(context).decode()
-        reqs = [self._request(agent=agent, action=a, resource=resource, context=ctx) for a in actions]
-        results = cedarpy.is_authorized_batch(
-            reqs, self.policies, _json.encode(self._entities(agent, principal, resource, so_id)).decode()
-        )
-        out = []
-        for r in results:
-            errors = tuple(str(e) for e in (r.diagnostics.errors or []))
-            # Fail closed: an evaluation error (an absent IDP_THIN attribute, a
-            # type error) may have silenced a forbid, so it is never a PERMIT.
-            out.append(Decision(bool(r.allowed) and not errors, errors))
-        return out
+        ctx = _json.encode(project_context(context, self.context_paths)).decode()
+        ekey = (agent, principal, tuple(sorted(resource.items())), so_id)
+        out: list[Decision | None] = [self._decisions.get((a, ekey, ctx)) for a in actions]
+        missing = [i for i, d in enumerate(out) if d is None]
+        if missing:
+            # Context handed over as JSON text encoded by msgspec (cedarpy would
+            # json.dumps it; the same JSON, about a third of the time).
+            reqs = [self._request(agent=agent, action=actions[i], resource=resource, context=ctx) for i in missing]
+            results = cedarpy.is_authorized_batch(
+                reqs, self.policies, self._entity_set(ekey, agent, principal, resource, so_id)
+            )
+            for i, r in zip(missing, results, strict=True):
+                errors = tuple(str(e) for e in (r.diagnostics.errors or []))
+                # Fail closed: an evaluation error (an absent IDP_THIN attribute, a
+                # type error) may have silenced a forbid, so it is never a PERMIT.
+                d = Decision(bool(r.allowed) and not errors, errors)
+                _bounded_put(self._decisions, (actions[i], ekey, ctx), d)
+                out[i] = d
+        return out  # type: ignore[return-value]
 
     def evaluate(self, action: str, **kw: Any) -> Decision:
         return self.evaluate_many([action], **kw)[0]
+
+
+_CACHE_MAX = 4096
+
+
+def _bounded_put(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(cache) >= _CACHE_MAX:
+        del cache[next(iter(cache))]  # the oldest entry
+    cache[key] = value
+
+
+def _chain(expr: Any) -> list[str] | None:
+    """The attribute path of ``expr`` if it is ``context`` followed only by ``.attr`` accesses."""
+    if expr == {"Var": "context"}:
+        return []
+    if isinstance(expr, dict) and len(expr) == 1 and isinstance(expr.get("."), dict):
+        inner = expr["."]
+        path = _chain(inner.get("left"))
+        if path is not None and isinstance(inner.get("attr"), str):
+            return [*path, inner["attr"]]
+    return None
+
+
+def context_paths(est: Any) -> tuple[tuple[str, ...], ...] | None:
+    """The context attribute paths a policy set reads, from its JSON form (EST), shortest first.
+
+    ``context.a.b`` and ``context.a has b`` read path ``(a, b)``: their value
+    depends only on what lies at that path (or that it is absent). Any other
+    use of ``context`` (the record itself compared, passed to a function, or
+    an attribute of a computed value) returns None: the whole context.
+    """
+    paths: set[tuple[str, ...]] = set()
+    whole = False
+
+    def visit(node: Any) -> None:
+        nonlocal whole
+        if isinstance(node, dict):
+            if len(node) == 1:
+                ((k, v),) = node.items()
+                if k in (".", "has") and isinstance(v, dict) and isinstance(v.get("attr"), str):
+                    path = _chain(v.get("left"))
+                    if path is not None:
+                        paths.add((*path, v["attr"]))
+                        return
+                if k == "Var" and v == "context":
+                    whole = True
+                    return
+            for v in node.values():
+                visit(v)
+        elif isinstance(node, list):
+            for v in node:
+                visit(v)
+
+    visit(est)
+    if whole:
+        return None
+    return tuple(sorted(paths, key=len))
+
+
+def _is_record(value: Any) -> bool:
+    # A dict with an escape key (``__extn``, ``__entity``) is a Cedar value, not a record.
+    return type(value) is dict and not any(k.startswith("__") for k in value)
+
+
+def project_context(context: dict[str, Any], paths: tuple[tuple[str, ...], ...] | None) -> dict[str, Any]:
+    """``context`` with only the values at ``paths`` (``context_paths``), whole below each; all of it if None.
+
+    A record on the way to a path is kept with only the members the paths go
+    through, so ``has`` answers as it would on the whole context; a path that
+    is absent stays absent; a non-record on the way is kept whole (reading an
+    attribute of it is the same error either way).
+    """
+    if paths is None:
+        return context
+    out: dict[str, Any] = {}
+    for path in paths:  # shortest first: a value kept whole is never narrowed again
+        src: Any = context
+        dst = out
+        last = len(path) - 1
+        for i, a in enumerate(path):
+            if a not in src:
+                break
+            val = src[a]
+            if i == last or not _is_record(val):
+                dst[a] = val
+                break
+            sub = dst.get(a)
+            if sub is val:  # already kept whole by a shorter path
+                break
+            if sub is None:
+                sub = dst[a] = {}
+            src, dst = val, sub
+    return out

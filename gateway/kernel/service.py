@@ -93,6 +93,18 @@ IDP_RESULTS = Counter(
     ["result", "code"],
     registry=REGISTRY,
 )
+_IDP_LATENCY = LATENCY.labels(stage="idp")
+_RESULT_CHILDREN: dict[tuple[str, str], Any] = {}
+
+
+def _count_result(result: str, code: str) -> None:
+    """``IDP_RESULTS.labels(result, code).inc()``, the labelled child looked up once per pair."""
+    child = _RESULT_CHILDREN.get((result, code))
+    if child is None:
+        child = _RESULT_CHILDREN[(result, code)] = IDP_RESULTS.labels(result=result, code=code)
+    child.inc()
+
+
 class _RaceError(Exception):
     pass
 
@@ -229,9 +241,9 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                 )
                 with contextlib.suppress(Exception):
                     await self._verdict_failure(agent, msg.data, tp)
-            LATENCY.labels(stage="idp").observe(time.perf_counter() - t0)
+            _IDP_LATENCY.observe(time.perf_counter() - t0)
             code = getattr(result, "error_code", None) or getattr(result, "deny_code", None) or "none"
-            IDP_RESULTS.labels(result=type(result).__name__, code=code).inc()
+            _count_result(type(result).__name__, code)
             log.info(
                 "idp",
                 agent=agent,
@@ -440,7 +452,9 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             # The permit is registered open (overdue.py) by its CEDAR_PERMIT_RECORDED
             # when that is logged, else by a PGW_KERNEL_OPEN key; either is stored
             # before the answer leaves.
-            jobs = [self._put_entry(entry), self.overdue.opened(entry, logged=self.cfg.log_permits)]
+            jobs = [self._put_entry(entry)]
+            if not self.cfg.log_permits:  # else its log event registers it: opened() would do nothing
+                jobs.append(self.overdue.opened(entry))
             if gate is not None:
                 # The open dispatch, with its arguments, is stored with the permit: a crash from
                 # here on leaves it to the gate sweep, which finishes it (gateway/kernel/gate.py).

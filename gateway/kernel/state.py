@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import Any, Literal
 
 import msgspec
@@ -166,10 +167,12 @@ def tr_key(agent: str, idp_id: str) -> str:
     return f"tr.{agent}.{idp_id.lower()}"
 
 
+@functools.lru_cache(maxsize=8192)  # four lookups per request; a hash each
 def session_key(agent: str, session_id: str) -> str:
     return f"sess.{stable_id('session', agent, session_id)}"
 
 
+@functools.lru_cache(maxsize=8192)
 def hold_key(agent: str, so_id: str) -> str:
     return f"hold.{stable_id('hold', agent, so_id.lower())}"
 
@@ -224,31 +227,36 @@ class KernelState:
 
     async def validation_reads(
         self, agent: str, so_id: str, idp_id: str, session_id: str | None
-    ) -> tuple[tuple[IdpEntry, int] | None, str | None, tuple[SessionEntry, int] | None]:
-        """The idp_id's index entry and report key (spec 003 §5.2(c)) and, unless
-        ``session_id`` is None, the session (§5.2(f)): one request where the bucket
-        allows it, else three reads at once. The same answers as ``idp``, ``so_of``
-        and ``session``."""
+    ) -> tuple[tuple[IdpEntry, int] | None, str | None, tuple[SessionEntry, int] | None, tuple[HoldEntry, int]]:
+        """The idp_id's index entry and report key (spec 003 §5.2(c)), the hold of the
+        governed object (§4.4, §5.5.2) and, unless ``session_id`` is None, the session
+        (§5.2(f)): one request where the bucket allows it, else the reads at once. The
+        same answers as ``idp``, ``so_of``, ``session`` and ``hold``."""
         if self._batch is None:
             if session_id is None:
-                known, reported = await asyncio.gather(self.idp(so_id, idp_id), self.so_of(agent, idp_id))
-                return known, reported, None
-            return await asyncio.gather(self.idp(so_id, idp_id), self.so_of(agent, idp_id), self.session(agent, session_id))
-        keys = [idp_key(so_id, idp_id), tr_key(agent, idp_id)]
+                known, reported, hold = await asyncio.gather(
+                    self.idp(so_id, idp_id), self.so_of(agent, idp_id), self.hold(agent, so_id))
+                return known, reported, None, hold
+            known, reported, hold, read = await asyncio.gather(
+                self.idp(so_id, idp_id), self.so_of(agent, idp_id), self.hold(agent, so_id),
+                self.session(agent, session_id))
+            return known, reported, read, hold
+        keys = [idp_key(so_id, idp_id), tr_key(agent, idp_id), hold_key(agent, so_id)]
         if session_id is not None:
             keys.append(session_key(agent, session_id))
         got = await self._batch.get_many(keys)
         known = (_idp_dec.decode(got[0][0]), got[0][1]) if got[0] else None
         reported = got[1][0].decode() if got[1] else None
+        hold = (_hold_dec.decode(got[2][0]), got[2][1]) if got[2] else (HoldEntry(agent=agent, so_id=so_id.lower()), 0)
         read: tuple[SessionEntry, int] | None = None
         if session_id is not None:
-            if got[2] is None:
+            if got[3] is None:
                 read = SessionEntry(agent=agent, session_id=session_id), 0
             else:
-                s = _decode_session(got[2][0])
-                self._remember(s, got[2][1])
-                read = s, got[2][1]
-        return known, reported, read
+                s = _decode_session(got[3][0])
+                self._remember(s, got[3][1])
+                read = s, got[3][1]
+        return known, reported, read, hold
 
     # -- reads --------------------------------------------------------------
     async def _get(self, key: str) -> tuple[bytes, int] | None:

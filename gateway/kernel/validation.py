@@ -9,7 +9,6 @@ they share.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import msgspec
@@ -169,10 +168,9 @@ class RequestValidation:
         # decided on the session as stored.
         cached = self.state.cached_session(agent, idp.session_id, idp.step_sequence)
         # The hold of the governed object (spec 003 §4.4, §5.5.2: a HEM block or a
-        # termination holds every session of the agent on it) is read alongside.
-        (known, reported, fresh), hold_read = await asyncio.gather(
-            self.state.validation_reads(agent, idp.so_id, idp.idp_id, idp.session_id if cached is None else None),
-            self.state.hold(agent, idp.so_id),
+        # termination holds every session of the agent on it) is read in the same request.
+        known, reported, fresh, hold_read = await self.state.validation_reads(
+            agent, idp.so_id, idp.idp_id, idp.session_id if cached is None else None
         )
         read = fresh if fresh is not None else cached
         assert read is not None
