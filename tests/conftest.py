@@ -6,10 +6,11 @@ JetStream in a temporary folder, on ports picked by the server itself.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from pgwcore.config import Config, load_config
 from pgwcore.connect import connect
@@ -67,6 +68,15 @@ async def gateway(nats_server: EmbeddedServer, make_config, nc):
     async with gw:
         yield gw
     await gw_nc.drain()
+
+
+@pytest.fixture(autouse=True)
+def structlog_config() -> Iterator[None]:
+    """A test that runs a command's ``main`` in process (``python -m benchmarks`` sets WARNING) must not
+    leave its logging configuration to the tests after it in the same worker: it is put back."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture(autouse=True)
