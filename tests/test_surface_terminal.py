@@ -52,6 +52,10 @@ def pgw_env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(TERM="xterm-256color", PGW_DATA_DIR=str(tmp_path / "surface-data"), PYTHONUNBUFFERED="1")
     env.pop("NATS_CREDS", None)
+    # The pty's own size decides the layout: a pytest-xdist worker carries LINES=24 COLUMNS=80,
+    # which shutil.get_terminal_size would prefer, clipping the moment's hatches off the screen.
+    env.pop("LINES", None)
+    env.pop("COLUMNS", None)
     return env
 
 
