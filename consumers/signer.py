@@ -59,6 +59,7 @@ from nats.js.errors import APIError
 from consumers import capsule_outcome, profiles
 from consumers.capsule import CapsuleError
 from consumers.signer_checkpoints import CheckpointSigner
+from consumers.signer_pool import SigningPool, resolve_workers
 from consumers.signer_ledger import (
     LEDGER_STREAM,
     LedgerEntry,
@@ -138,6 +139,7 @@ class Signer(LedgerMixin, PullService):
         self.signed = 0
         self._progress = asyncio.Condition()
         self.checkpoints: CheckpointSigner | None = None
+        self.pool: SigningPool | None = None  # signer.workers: signing on other cores
 
     # -- life cycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -145,6 +147,10 @@ class Signer(LedgerMixin, PullService):
         self.key = load_or_create(self.config.data_path, "signer", create=self.config.keys.create,
                                   keys_dir=self.config.keys_path)
         self.salt = load_or_create_salt(salt_path(self.config), create=self.config.keys.create)
+        workers = resolve_workers(self.config.signer.workers)
+        if workers:
+            self.pool = SigningPool(self.key, self.config.data_path, self.config.keys_path, workers)
+            await self.pool.start()  # fails at start if a worker cannot sign with this very key
         await self._ensure_ledger()
         sc = self.config.signer
         self._sub = await self.js.pull_subscribe(
@@ -164,7 +170,7 @@ class Signer(LedgerMixin, PullService):
         # The event log's anchored heads, on to the Transparency Service (issue 20).
         self.checkpoints = CheckpointSigner(self)
         await self.checkpoints.start()
-        log.info("signer started", kid=self.key.kid, durable=sc.durable)
+        log.info("signer started", kid=self.key.kid, durable=sc.durable, sign_workers=workers)
 
     async def _fit_durable(self, want: int) -> None:
         """An existing durable (made with a smaller ``signer.batch``) gets room for the pipeline's batches.
@@ -191,6 +197,12 @@ class Signer(LedgerMixin, PullService):
         """The checkpoint input stops first; then ``drain()`` lets the batch in hand finish."""
         if self.checkpoints is not None:
             await self.checkpoints.drain()
+
+    async def close(self) -> None:
+        """The signing workers stop once the loop has stored what it held."""
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            await pool.close()
 
     async def wait_signed(self, n: int, timeout: float | None = None) -> None:
         """Wait until this instance has stored ``n`` capsules (tests, benchmarks)."""

@@ -11,6 +11,7 @@ signed payload, so a redelivered verdict is re-signed byte for byte.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -106,6 +107,7 @@ class LedgerMixin:
     _atomic_ledger: bool
     _atomic_register: bool
     _timeout: float
+    pool: Any  # consumers.signer_pool.SigningPool | None
 
     def _ledger_subject(self, verdict_id: str) -> str:
         return f"{self.subjects.prefix}.signer.ledger.{verdict_id}"
@@ -197,7 +199,18 @@ class LedgerMixin:
                 self.nc, items, timeout=self._timeout, first_headers={"Nats-Expected-Last-Sequence": str(head.seq)}))
             # Sign while the run is being stored; a signature over a link that does not land is
             # simply dropped (nothing is published before the ledger holds its entry).
-            statements = await self._sign_yielding(entries, [j.built.body for j in pending])
+            try:
+                statements = await self._sign_entries(entries, [j.built.body for j in pending])
+            except BaseException as e:
+                # Nothing is published: the run's verdicts are redelivered and re-signed from the
+                # ledger. Whether the run is stored is not known on a cancel: re-read the head.
+                self._head = None
+                if isinstance(e, Exception):
+                    with contextlib.suppress(Exception):
+                        await commit
+                else:
+                    commit.cancel()
+                raise
             try:
                 ack = await commit
             except APIError as e:
@@ -231,6 +244,13 @@ class LedgerMixin:
                 job.entry, job.status, job.statement = entry, "new", statement
             return
         raise PgwError("ledger append kept losing the race; giving up for this delivery")
+
+    async def _sign_entries(self, entries: list[LedgerEntry], bodies: list[dict[str, Any]]) -> list[bytes]:
+        """The entries' statements: in the signing workers (``signer.workers``) or in this process."""
+        pool = self.pool
+        if pool is not None:
+            return await pool.sign([e.payload.encode() for e in entries])
+        return await self._sign_yielding(entries, bodies)
 
     async def _sign_yielding(self, entries: list[LedgerEntry], bodies: list[dict[str, Any]]) -> list[bytes]:
         """Sign the entries' payloads, handing the loop a turn every few signatures.
