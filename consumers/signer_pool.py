@@ -39,6 +39,9 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import select
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -58,9 +61,31 @@ MAX_RESTARTS = 5  # pool breaks after which the signer signs in process for the 
 _KEY: SigningKey | None = None
 
 
-def _init(data_dir: str, keys_dir: str | None, kid: str) -> None:
+def _init(data_dir: str, keys_dir: str | None, kid: str, signer_pid: int) -> None:
     global _KEY  # noqa: PLW0603 - the worker's one key, set once when it starts
     _KEY = load_kid(Path(data_dir), "signer", kid, keys_dir=Path(keys_dir) if keys_dir else None)
+    threading.Thread(target=_exit_with, args=(signer_pid,), daemon=True, name="pgw-signer-watch").start()
+
+
+def _exit_with(pid: int) -> None:
+    """End this worker when the signer's process ends, however it ends (``kill -9`` included).
+
+    A pool worker waits on its input pipe, whose write end it holds itself, so
+    it would outlive a killed signer (and keep the fork server alive) for ever.
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(0)
+    except (AttributeError, OSError):  # no pidfd (not Linux 5.3+): look once a second
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            time.sleep(1.0)
+    select.select([fd], [], [])  # readable once the process has ended
+    os._exit(0)
 
 
 def _kid() -> str:
@@ -113,7 +138,7 @@ class SigningPool:
             raise ValueError("a signing pool has at least one worker")
         self.key = key
         self.workers = workers
-        self._initargs = (str(data_dir), str(keys_dir) if keys_dir else None, key.kid)
+        self._initargs = (str(data_dir), str(keys_dir) if keys_dir else None, key.kid, os.getpid())
         self._pool: ProcessPoolExecutor | None = None
         self.restarts = 0  # pools broken and replaced (tests, logs)
         self.given_up = False
@@ -121,6 +146,13 @@ class SigningPool:
     @property
     def active(self) -> bool:
         return self._pool is not None
+
+    def worker_pids(self) -> list[int]:
+        """The pids of the running workers (operations and tests); [] once given up or closed."""
+        pool = self._pool
+        # ProcessPoolExecutor names its processes only in this attribute (Python 3.11-3.13).
+        procs = getattr(pool, "_processes", None) or {}
+        return sorted(procs)
 
     async def start(self) -> None:
         """Start the workers and check that one signs as the signer's kid; SigningPoolError if not."""
