@@ -319,7 +319,7 @@ class Signer(LedgerMixin, PullService):
         ready = [j for j in ready if j.entry is not None and id(j.ack_with or j) not in naked]
         assert self.key is not None
         for job in ready:  # replayed entries; new ones were signed while their ledger run was stored
-            if not job.statement:
+            if not job.statement and job.signing is None:
                 assert job.entry is not None
                 job.statement = sign_payload(job.entry.payload.encode(), self.key)
         return ready
@@ -390,6 +390,8 @@ class Signer(LedgerMixin, PullService):
         t0 = time.time_ns()  # the batch's start: each capsule's span (pgwcore/tracing.py)
         if not jobs:
             return
+        if not await self._await_statements(jobs):
+            return
         items = [(self.subjects.capsule_register, j.statement, self._capsule_headers(j)) for j in jobs]
         stored: list[bool] | None = None
         duplicate = [False] * len(jobs)
@@ -437,6 +439,28 @@ class Signer(LedgerMixin, PullService):
         self.signed += sum(stored)
         async with self._progress:
             self._progress.notify_all()
+
+    async def _await_statements(self, jobs: list[_Job]) -> bool:
+        """Fill in the statements the signing workers are making; False (batch handed back) if they fail.
+
+        Their ledger links are stored, so a redelivered verdict is re-signed from its link.
+        """
+        runs = {id(j.signing): j.signing for j in jobs if j.signing is not None}
+        if not runs:
+            return True
+        try:
+            await asyncio.gather(*runs.values())
+        except Exception:
+            log.exception("signing failed; verdicts left for redelivery", count=len(jobs))
+            for job in jobs:
+                if job.msg is not None:
+                    await job.msg.nak(delay=1.0)
+            return False
+        for job in jobs:
+            if job.signing is not None:
+                job.statement = job.signing.result()[job.sign_index]
+                job.signing = None
+        return True
 
     def _capsule_headers(self, job: _Job) -> dict[str, str]:
         assert job.entry is not None
