@@ -91,11 +91,12 @@ def sign_payload(payload_json: bytes, key: SigningKey, payload: Mapping[str, Any
     (its ``format_version``), so a ledger entry re-signed after a change of
     ``signer.capsule_format`` is the same statement as before.
     """
+    exact = payload is None  # decoded here from the very bytes signed
     if payload is None:
         payload = msgspec.json.decode(payload_json)
     prof = profiles.profile_of(payload)
     if prof.sign is not None:
-        return prof.sign(payload_json, payload, key)
+        return prof.sign(payload_json, payload if exact else None, key)
     return sign_statement(payload_json, key.private, key.kid, prof.claims(payload), prof.content_type(payload))
 
 

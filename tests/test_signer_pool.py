@@ -47,8 +47,9 @@ if __name__ == "__main__":
 """
 
 
-def _payloads(fmt: str) -> list[bytes]:
-    """Linked ledger payloads of DESIGN §6's rows in format ``fmt``, as the signer would sign them."""
+def _payloads(fmt: str, bodies: list[Any] | None = None) -> list[bytes]:
+    """Linked ledger payloads of DESIGN §6's rows in format ``fmt``, as the signer would sign them;
+    ``bodies`` gets the built bodies the signer hands its in-process signing beside them."""
     prof = profiles.profile(fmt)
     head = _Head(0, capm.GENESIS_HASH, None)
     out = []
@@ -58,18 +59,23 @@ def _payloads(fmt: str) -> list[bytes]:
         job.profile = prof
         entry, head = Signer._link(head, job, {})
         out.append(entry.payload.encode())
+        if bodies is not None:
+            bodies.append(job.built.body)
     return out
 
 
 async def test_pool_statements_are_byte_identical_to_in_process(tmp_path: Path) -> None:
     """Two workers sign both formats' statements byte for byte as the signer's own process does, in order."""
     key = load_or_create(tmp_path, "signer")
-    payloads = _payloads("4") + _payloads("2")
+    bodies: list[Any] = []
+    payloads = _payloads("4", bodies) + _payloads("2", bodies)
     pool = SigningPool(key, tmp_path, None, workers=2)
     await pool.start()
     try:
         assert len(pool.worker_pids()) >= 1 and os.getpid() not in pool.worker_pids()
-        assert await pool.sign(payloads) == [sign_payload(p, key) for p in payloads]
+        # the signer's own in-process path (signer.workers = 0) signs each payload beside its built body
+        in_process = [sign_payload(p, key, b) for p, b in zip(payloads, bodies, strict=True)]
+        assert await pool.sign(payloads) == in_process
         assert await pool.sign([]) == []
     finally:
         await pool.close()
