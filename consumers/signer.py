@@ -59,7 +59,6 @@ from nats.js.errors import APIError
 from consumers import capsule_outcome, profiles
 from consumers.capsule import CapsuleError
 from consumers.signer_checkpoints import CheckpointSigner
-from consumers.signer_pool import SigningPool, resolve_workers
 from consumers.signer_ledger import (
     LEDGER_STREAM,
     LedgerEntry,
@@ -69,6 +68,7 @@ from consumers.signer_ledger import (
     claims_for,
     sign_payload,
 )
+from consumers.signer_pool import SigningPool, resolve_workers
 from pgwcore import tracing
 from pgwcore.atomic import (
     ERR_ATOMIC_DISABLED,
