@@ -41,10 +41,11 @@ def link(built: capsule_v4.Built4 | outm.OutcomeBuilt, ledger: capm.Ledger,
     return b4, b4.payload
 
 
-def sign(payload_json: bytes, payload: Mapping[str, Any], key: Any) -> bytes:
-    # The id is read from the bytes signed: a body built before linking may predate its chain block.
-    del payload
-    return capsule_v4.statement(msgspec.json.decode(payload_json), payload_json, key.private, key.kid)
+def sign(payload_json: bytes, payload: Mapping[str, Any] | None, key: Any) -> bytes:
+    # The id is read from the bytes signed: a body built before linking may predate its chain
+    # block, so ``payload`` is used only when it was decoded from ``payload_json`` (else None).
+    body = payload if payload is not None else msgspec.json.decode(payload_json)
+    return capsule_v4.statement(body, payload_json, key.private, key.kid)
 
 
 def verify_payload(payload: dict[str, Any], *, msg: Any, store: Any, anchored: bool,

@@ -74,8 +74,9 @@ class Profile:
     verify_payload: Callable[..., dict[str, str] | None] | None = None
     outcomes: bool = False  # build() takes outcome verdicts (consumers.capsule_outcome.companion)
     # sign(payload_json, payload, key) -> statement bytes, where the statement is not the default
-    # COSE_Sign1 over the payload with claims(payload) and content_type(payload).
-    sign: Callable[[bytes, Mapping[str, Any], Any], bytes] | None = None
+    # COSE_Sign1 over the payload with claims(payload) and content_type(payload). ``payload`` is
+    # the decoded payload_json, or None where the caller has only a body that may predate linking.
+    sign: Callable[[bytes, Mapping[str, Any] | None, Any], bytes] | None = None
 
 
 _loaded: dict[str, Profile] = {}

@@ -68,6 +68,7 @@ from consumers.signer_ledger import (
     claims_for,
     sign_payload,
 )
+from consumers.signer_pool import SigningPool, resolve_workers
 from pgwcore import tracing
 from pgwcore.atomic import (
     ERR_ATOMIC_DISABLED,
@@ -138,6 +139,7 @@ class Signer(LedgerMixin, PullService):
         self.signed = 0
         self._progress = asyncio.Condition()
         self.checkpoints: CheckpointSigner | None = None
+        self.pool: SigningPool | None = None  # signer.workers: signing on other cores
 
     # -- life cycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -145,6 +147,10 @@ class Signer(LedgerMixin, PullService):
         self.key = load_or_create(self.config.data_path, "signer", create=self.config.keys.create,
                                   keys_dir=self.config.keys_path)
         self.salt = load_or_create_salt(salt_path(self.config), create=self.config.keys.create)
+        workers = resolve_workers(self.config.signer.workers)
+        if workers:
+            self.pool = SigningPool(self.key, self.config.data_path, self.config.keys_path, workers)
+            await self.pool.start()  # fails at start if a worker cannot sign with this very key
         await self._ensure_ledger()
         sc = self.config.signer
         self._sub = await self.js.pull_subscribe(
@@ -164,7 +170,7 @@ class Signer(LedgerMixin, PullService):
         # The event log's anchored heads, on to the Transparency Service (issue 20).
         self.checkpoints = CheckpointSigner(self)
         await self.checkpoints.start()
-        log.info("signer started", kid=self.key.kid, durable=sc.durable)
+        log.info("signer started", kid=self.key.kid, durable=sc.durable, sign_workers=workers)
 
     async def _fit_durable(self, want: int) -> None:
         """An existing durable (made with a smaller ``signer.batch``) gets room for the pipeline's batches.
@@ -191,6 +197,12 @@ class Signer(LedgerMixin, PullService):
         """The checkpoint input stops first; then ``drain()`` lets the batch in hand finish."""
         if self.checkpoints is not None:
             await self.checkpoints.drain()
+
+    async def close(self) -> None:
+        """The signing workers stop once the loop has stored what it held."""
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            await pool.close()
 
     async def wait_signed(self, n: int, timeout: float | None = None) -> None:
         """Wait until this instance has stored ``n`` capsules (tests, benchmarks)."""
@@ -307,7 +319,7 @@ class Signer(LedgerMixin, PullService):
         ready = [j for j in ready if j.entry is not None and id(j.ack_with or j) not in naked]
         assert self.key is not None
         for job in ready:  # replayed entries; new ones were signed while their ledger run was stored
-            if not job.statement:
+            if not job.statement and job.signing is None:
                 assert job.entry is not None
                 job.statement = sign_payload(job.entry.payload.encode(), self.key)
         return ready
@@ -378,6 +390,8 @@ class Signer(LedgerMixin, PullService):
         t0 = time.time_ns()  # the batch's start: each capsule's span (pgwcore/tracing.py)
         if not jobs:
             return
+        if not await self._await_statements(jobs):
+            return
         items = [(self.subjects.capsule_register, j.statement, self._capsule_headers(j)) for j in jobs]
         stored: list[bool] | None = None
         duplicate = [False] * len(jobs)
@@ -425,6 +439,28 @@ class Signer(LedgerMixin, PullService):
         self.signed += sum(stored)
         async with self._progress:
             self._progress.notify_all()
+
+    async def _await_statements(self, jobs: list[_Job]) -> bool:
+        """Fill in the statements the signing workers are making; False (batch handed back) if they fail.
+
+        Their ledger links are stored, so a redelivered verdict is re-signed from its link.
+        """
+        runs = {id(j.signing): j.signing for j in jobs if j.signing is not None}
+        if not runs:
+            return True
+        try:
+            await asyncio.gather(*runs.values())
+        except Exception:
+            log.exception("signing failed; verdicts left for redelivery", count=len(jobs))
+            for job in jobs:
+                if job.msg is not None:
+                    await job.msg.nak(delay=1.0)
+            return False
+        for job in jobs:
+            if job.signing is not None:
+                job.statement = job.signing.result()[job.sign_index]
+                job.signing = None
+        return True
 
     def _capsule_headers(self, job: _Job) -> dict[str, str]:
         assert job.entry is not None

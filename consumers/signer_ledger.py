@@ -11,6 +11,7 @@ signed payload, so a redelivered verdict is re-signed byte for byte.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -70,6 +71,10 @@ class _Job:
     parent_vid: str | None = None  # a supersedes parent built in the same batch, linked first
     profile: Any = None  # the consumers.profiles.Profile that built ``built``
     ack_with: _Job | None = None  # an outcome statement's action job: one ack for both (§3.3)
+    # Signing in the workers (signer.workers): the run's statements, this job's at sign_index,
+    # awaited when the batch is stored, so the next batch is built while this one is signed.
+    signing: asyncio.Future[list[bytes]] | None = None
+    sign_index: int = 0
 
 
 def claims_for(payload: Mapping[str, Any]) -> dict[Any, Any]:
@@ -86,11 +91,12 @@ def sign_payload(payload_json: bytes, key: SigningKey, payload: Mapping[str, Any
     (its ``format_version``), so a ledger entry re-signed after a change of
     ``signer.capsule_format`` is the same statement as before.
     """
+    exact = payload is None  # decoded here from the very bytes signed
     if payload is None:
         payload = msgspec.json.decode(payload_json)
     prof = profiles.profile_of(payload)
     if prof.sign is not None:
-        return prof.sign(payload_json, payload, key)
+        return prof.sign(payload_json, payload if exact else None, key)
     return sign_statement(payload_json, key.private, key.kid, prof.claims(payload), prof.content_type(payload))
 
 
@@ -106,6 +112,7 @@ class LedgerMixin:
     _atomic_ledger: bool
     _atomic_register: bool
     _timeout: float
+    pool: Any  # consumers.signer_pool.SigningPool | None
 
     def _ledger_subject(self, verdict_id: str) -> str:
         return f"{self.subjects.prefix}.signer.ledger.{verdict_id}"
@@ -196,12 +203,31 @@ class LedgerMixin:
             commit = asyncio.ensure_future(publish_atomic(
                 self.nc, items, timeout=self._timeout, first_headers={"Nats-Expected-Last-Sequence": str(head.seq)}))
             # Sign while the run is being stored; a signature over a link that does not land is
-            # simply dropped (nothing is published before the ledger holds its entry).
-            statements = await self._sign_yielding(entries, [j.built.body for j in pending])
+            # simply dropped (nothing is published before the ledger holds its entry). With signing
+            # workers the statements are awaited only when the batch is stored (Signer._publish_jobs).
+            signing: asyncio.Future[list[bytes]] | None = None
+            statements: list[bytes] = []
+            try:
+                if self.pool is not None:
+                    signing = asyncio.ensure_future(self.pool.sign([e.payload.encode() for e in entries]))
+                else:
+                    statements = await self._sign_yielding(entries, [j.built.body for j in pending])
+            except BaseException as e:
+                # Nothing is published: the run's verdicts are redelivered and re-signed from the
+                # ledger. Whether the run is stored is not known on a cancel: re-read the head.
+                self._head = None
+                if isinstance(e, Exception):
+                    with contextlib.suppress(Exception):
+                        await commit
+                else:
+                    commit.cancel()
+                raise
             try:
                 ack = await commit
             except APIError as e:
                 self._head = None
+                if signing is not None:  # the run is not stored as signed: nothing of it goes out
+                    signing.cancel()
                 if e.err_code == ERR_WRONG_LAST_SEQ:
                     found = await asyncio.gather(*(self._lookup(j.verdict.verdict_id) for j in pending))
                     still = []
@@ -222,13 +248,21 @@ class LedgerMixin:
                 return
             except BaseException:
                 self._head = None  # unanswered: the run may or may not be stored
+                if signing is not None:
+                    signing.cancel()
                 raise
             if ack.seq != last.seq:  # cannot happen with the expected-sequence header; be loud
                 self._head = None
+                if signing is not None:
+                    signing.cancel()
                 raise PgwError(f"ledger run ended at {ack.seq}, expected {last.seq}")
             self._head = last
-            for job, entry, statement in zip(pending, entries, statements, strict=True):
-                job.entry, job.status, job.statement = entry, "new", statement
+            for i, (job, entry) in enumerate(zip(pending, entries, strict=True)):
+                job.entry, job.status = entry, "new"
+                if signing is not None:
+                    job.signing, job.sign_index = signing, i
+                else:
+                    job.statement = statements[i]
             return
         raise PgwError("ledger append kept losing the race; giving up for this delivery")
 

@@ -251,6 +251,9 @@ class SignerConfig(_Section):
     # reference verifier 0.1.0), "4" = the current drafts (draft-mih-scitt-agent-action-capsule-05,
     # reference verifier 0.3 and later). pgw verify reads both; a replay keeps its first profile.
     capsule_format: Literal["2", "4"] = "4"  # the profile the newest reference verifier (0.12.0) accepts
+    # Processes that sign the capsules beside the signer (consumers/signer_pool.py): 0 signs in the
+    # signer's own process; "auto" is 1 on a machine with two cores or more, 0 on one core.
+    workers: Annotated[int, Meta(ge=0, le=32)] | Literal["auto"] = "auto"
 
 
 class RegistrarConfig(_Section):

@@ -129,6 +129,17 @@ def load_or_create(data_dir: Path, role: str, *, create: bool = True, keys_dir: 
     return _read(d / f"{kid}.pem", role)
 
 
+def load_kid(data_dir: Path, role: str, kid: str, *, keys_dir: Path | None = None) -> SigningKey:
+    """The key ``kid`` of ``role`` read from its own file (``{kid}.pem``), whichever key is active now.
+
+    For a second process that must sign with exactly the key its parent loaded
+    (the signer's signing workers): a rotation in between cannot swap it."""
+    key = _read(_role_dir(data_dir, role, keys_dir) / f"{kid}.pem", role)
+    if key.kid != kid:
+        raise KeyFileError(f"key file {kid}.pem of {role} holds the key {key.kid}")
+    return key
+
+
 def rotate(data_dir: Path, role: str, *, keys_dir: Path | None = None) -> SigningKey:
     """Make a new active key for ``role``; the previous keys stay for verification."""
     return _write_new(_role_dir(data_dir, role, keys_dir))
