@@ -24,7 +24,8 @@ in process (``tests/test_signer_pool.py``). The chain (ledger position, prev
 hash, §5.3 ``chained``) is still built in the event loop, in order, before
 anything is signed; no worker sees or decides an order.
 
-A worker that dies (killed, out of memory) breaks the pool: the batch in
+A worker that dies (killed, out of memory), or hangs (no answer for
+``HUNG_AFTER_S``: it is killed), breaks the pool: the batch in
 hand is signed in process instead (the same bytes), the error is logged and a
 new pool is started for the next batch. A pool that cannot be restarted (its
 workers cannot read the key any more), or one that broke ``MAX_RESTARTS``
@@ -55,6 +56,9 @@ from subjects.errors import PgwError
 log = get_logger("pgw.signer")
 
 MAX_RESTARTS = 5  # pool breaks after which the signer signs in process for the rest of its life
+# A batch a worker has not answered in this long is taken as hung (stopped, deadlocked, swapping):
+# its workers are killed and it is handled as a death. A batch of 256 signs in well under a second.
+HUNG_AFTER_S = 30.0
 
 # -- in the worker ---------------------------------------------------------------------------------
 
@@ -141,6 +145,7 @@ class SigningPool:
         self._initargs = (str(data_dir), str(keys_dir) if keys_dir else None, key.kid, os.getpid())
         self._pool: ProcessPoolExecutor | None = None
         self.restarts = 0  # pools broken and replaced (tests, logs)
+        self.hung_after_s = HUNG_AFTER_S
         self.given_up = False
 
     @property
@@ -186,9 +191,16 @@ class SigningPool:
         size = -(-len(payloads) // self.workers)
         chunks = [payloads[i:i + size] for i in range(0, len(payloads), size)]
         try:
-            parts = await asyncio.gather(*(loop.run_in_executor(pool, _sign_chunk, c) for c in chunks))
-        except BrokenProcessPool as e:
-            log.error("a signing worker died; its batch is signed in process and the pool restarted",
+            parts = await asyncio.wait_for(
+                asyncio.gather(*(loop.run_in_executor(pool, _sign_chunk, c) for c in chunks)), self.hung_after_s,
+            )
+        except (BrokenProcessPool, TimeoutError) as e:
+            hung = isinstance(e, TimeoutError)
+            if hung:  # a worker that neither answers nor dies would stall the signer for ever
+                for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                    proc.kill()
+            log.error("a signing worker " + ("hung" if hung else "died") +
+                      "; its batch is signed in process and the pool restarted",
                       count=len(payloads), error=repr(e), restarts=self.restarts + 1)
             out = [sign_payload(p, self.key) for p in payloads]  # the same bytes: Ed25519 is deterministic
             await self._restart(pool)

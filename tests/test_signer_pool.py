@@ -101,6 +101,36 @@ async def test_a_killed_worker_is_replaced_and_its_batch_signed_the_same(tmp_pat
         await pool.close()
 
 
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return "gone"
+
+
+async def test_a_hung_worker_is_killed_and_its_batch_signed_the_same(tmp_path: Path) -> None:
+    """A worker that stops answering (SIGSTOP) is killed after hung_after_s; its batch is signed in process."""
+    key = load_or_create(tmp_path, "signer")
+    payloads = _payloads("4")
+    pool = SigningPool(key, tmp_path, None, workers=1)
+    pool.hung_after_s = 1.0
+    await pool.start()
+    try:
+        before = pool.worker_pids()
+        os.kill(before[0], signal.SIGSTOP)
+        assert await asyncio.wait_for(pool.sign(payloads), 20) == [sign_payload(p, key) for p in payloads]
+        assert pool.restarts == 1 and pool.active and not pool.given_up
+        assert set(pool.worker_pids()).isdisjoint(before)
+        # The stopped worker was killed, not left behind (gone, or a zombie until its parent reaps it).
+        for _ in range(200):
+            if _proc_state(before[0]) in ("gone", "Z", "X"):
+                break
+            await asyncio.sleep(0.05)
+        assert _proc_state(before[0]) in ("gone", "Z", "X")
+    finally:
+        await pool.close()
+
+
 async def test_a_worker_killed_while_its_batch_is_queued_or_signing_loses_nothing(tmp_path: Path) -> None:
     """A worker killed after its batch was handed over: the batch comes back signed in process, byte for byte."""
     key = load_or_create(tmp_path, "signer")
