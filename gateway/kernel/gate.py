@@ -56,7 +56,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 
 from gateway.kernel.eventlog import Appended
-from gateway.kernel.state import IdpEntry
+from gateway.kernel.state import ConflictError, IdpEntry
 from pgwcore.logs import get_logger
 from pgwcore.metrics import LATENCY
 from pgwcore.streams import ensure_kv
@@ -301,7 +301,35 @@ class Gate:
             return await self._timed_out(d, reply=reply)
         return await self._finish(d, resp, entry=entry, early=reply)
 
-    async def _logged_dispatch(self, d: OpenDispatch) -> IdpEntry | None:
+    async def _index_dispatched(self, d: OpenDispatch) -> tuple[IdpEntry, int] | None:
+        """The index entry moved to ``dispatched`` (never backwards); the entry and its revision,
+        so that the tail's ``transitioned`` is one compare-and-set without a read."""
+        for _ in range(20):
+            got = await self.state.idp(d.so_id, d.idp_id)
+            if got is None:
+                return None
+            e, rev = got
+            if e.status in ("dispatched", "transitioned"):
+                return e, rev
+            e.status = "dispatched"
+            try:
+                return e, await self.state.put_idp(e, rev)
+            except ConflictError:
+                continue
+        raise ConflictError(f"the index entry of {d.idp_id}")
+
+    async def _index_transitioned(self, d: OpenDispatch, known: tuple[IdpEntry, int] | None, st_seq: int,
+                                  v_seq: int) -> None:
+        if known is not None and known[0].status == "dispatched":
+            e = msgspec.structs.replace(known[0], status="transitioned", transition_seq=st_seq, verification_seq=v_seq)
+            try:
+                await self.state.put_idp(e, known[1])
+                return
+            except ConflictError:
+                pass  # written meanwhile (another gateway's sweep): read and move it forward
+        await self.state.advance_idp(d.so_id, d.idp_id, "transitioned", transition_seq=st_seq, verification_seq=v_seq)
+
+    async def _logged_dispatch(self, d: OpenDispatch) -> tuple[IdpEntry, int] | None:
         """GATE_DISPATCHED (deterministic id: a re-send logs nothing twice) and the index entry, sent
         together (independent writes; both are durable before the executor is asked); the entry."""
         body = {"idp_id": d.idp_id, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
@@ -312,7 +340,7 @@ class Gate:
             self.eventlog.append("GATE_DISPATCHED", body,
                                  msg_id=stable_id("GATE_DISPATCHED", d.so_id.lower(), d.idp_id.lower()),
                                  traceparent=d.traceparent),
-            self.state.advance_idp(d.so_id, d.idp_id, "dispatched"),
+            self._index_dispatched(d),
         )
         return entry
 
@@ -353,7 +381,7 @@ class Gate:
         return ActDispatched(timestamp=now_rfc3339(), idp_id=d.idp_id, reason=why, verdict_id=vid)
 
     # -- the record of what the kernel observed -----------------------------------------
-    async def _finish(self, d: OpenDispatch, resp: ExecResponse | None, *, entry: IdpEntry | None = None,
+    async def _finish(self, d: OpenDispatch, resp: ExecResponse | None, *, entry: tuple[IdpEntry, int] | None = None,
                       early: bool = False) -> ActDone | ActDispatched:
         """STATE_TRANSITIONED (gate_executed), the commitment check, the verdict; idempotent.
 
@@ -368,11 +396,10 @@ class Gate:
             status, response = observed(resp)
         resp_digest = json_digest(response) if response is not None else None
         req = msgspec.to_builtins(d.request())
-        if entry is None:
-            got = await self.state.idp(d.so_id, d.idp_id)
-            if got is None:
-                raise RuntimeError(f"no index entry for dispatched IDP {d.idp_id}")
-            entry = got[0]
+        known = entry if entry is not None else await self.state.idp(d.so_id, d.idp_id)
+        if known is None:
+            raise RuntimeError(f"no index entry for dispatched IDP {d.idp_id}")
+        entry = known[0]
         st_body = {
             "idp_id": d.idp_id, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
             "principal": d.principal, "step_sequence": d.step_sequence,
@@ -401,7 +428,7 @@ class Gate:
         # spec 003 §5.5, §8.7: declared vs the action the kernel itself dispatched.
         matched = d.action == entry.requested_action
         vid = stable_id("idp-transition", d.so_id.lower(), d.idp_id.lower())
-        tail = self._gate_tail(d, entry, st, status, req, response, resp_digest, vid, matched)
+        tail = self._gate_tail(d, known, st, status, req, response, resp_digest, vid, matched)
         if early and matched and status != "dispatched":
             # The agent is answered now: STATE_TRANSITIONED is durable, and everything after it has a
             # deterministic id (Nats-Msg-Id / key) and is rewritten by the sweep from the open
@@ -447,12 +474,13 @@ class Gate:
         task.add_done_callback(done)
 
     async def _gate_tail(
-        self, d: OpenDispatch, entry: IdpEntry, st: Appended, status: str, req: Any, response: Any,
+        self, d: OpenDispatch, known: tuple[IdpEntry, int], st: Appended, status: str, req: Any, response: Any,
         resp_digest: str | None, vid: str, matched: bool,
     ) -> None:
         """What follows STATE_TRANSITIONED, in order: the commitment record, the verdict, the
         outcome and the open-permit close (independent, sent together), the index entry, then the
         key's delete (last: while the key stands, the sweep finishes whatever is missing)."""
+        entry = known[0]
         record: dict[str, Any] = {
             "idp_id": d.idp_id, "state_transition_id": st.event.event_id, "state_transition_seq": st.seq,
             "verified_at": now_rfc3339(), "match_result": "MATCHED" if matched else "IDP_COMMITMENT_GAP",
@@ -468,7 +496,10 @@ class Gate:
                      "executed_action_source": EXECUTED_ACTION_SOURCE}
             vjob = self.eventlog.append(etype, vbody, msg_id=stable_id(etype, d.so_id.lower(), d.idp_id.lower()),
                                         traceparent=d.traceparent)
-        jobs: list[Any] = [vjob, self.overdue.closed(d.so_id, d.idp_id, keyed=True)]
+        # The open permit has a key only for a HEM approval or with log_permits off (as for a report,
+        # transitions.py); else its CEDAR_PERMIT_RECORDED registered it and the index closes it.
+        jobs: list[Any] = [vjob, self.overdue.closed(d.so_id, d.idp_id,
+                                                     keyed=d.moment_id is not None or not self.cfg.log_permits)]
         if status != "dispatched":
             # The verdict carries only match_result of the record, which is the same in any
             # record of this step (the comparison is deterministic, §5.5.3).
@@ -483,7 +514,7 @@ class Gate:
                 traceparent=d.traceparent,
             ), stable_id("action_result", d.so_id.lower(), d.idp_id.lower())))
         vev = (await asyncio.gather(*jobs))[0]
-        await self.state.advance_idp(d.so_id, d.idp_id, "transitioned", transition_seq=st.seq, verification_seq=vev.seq)
+        await self._index_transitioned(d, known, st.seq, vev.seq)
         with contextlib.suppress(KeyNotFoundError):
             await self.gate_kv.delete(d.idempotency_key)
 
