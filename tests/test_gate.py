@@ -134,6 +134,11 @@ async def _events(js: Any, event_type: str, idp_id: str) -> list[tuple[int, Any]
             if ev.body.get("idp_id", ev.body.get("record", {}).get("idp_id")) == idp_id]
 
 
+async def _seq_of(js: Any, event_type: str, idp_id: str) -> int | None:
+    got = await _events(js, event_type, idp_id)
+    return got[0][0] if got else None
+
+
 async def _event(js: Any, event_type: str, idp_id: str) -> Any:
     # The records after STATE_TRANSITIONED are written just after the agent's answer (docs/gate.md).
     async def found() -> Any:
@@ -547,9 +552,9 @@ async def test_the_answer_comes_before_the_tail_and_the_sessions_next_step_waits
         assert isinstance(r2, ActDone) and r2.status == "confirmed"
     finally:
         del k.eventlog.append
-    (v1, _), = await _events(genv.js, "IDP_COMMITMENT_VERIFIED", r1.idp_id)
-    (s2, _), = await _events(genv.js, "IDP_SUBMITTED", r2.idp_id)
-    assert v1 < s2
+    v1 = await until(lambda: _seq_of(genv.js, "IDP_COMMITMENT_VERIFIED", r1.idp_id), timeout=10, what="r1's record")
+    s2 = await until(lambda: _seq_of(genv.js, "IDP_SUBMITTED", r2.idp_id), timeout=10, what="r2's declaration")
+    assert v1 < s2, (v1, s2)
     await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == r2.idp_id)
 
 
