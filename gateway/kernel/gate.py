@@ -10,18 +10,23 @@ kind (``exec.{kind}.{action}``, which only the gateway's identity may
 publish on). What is written when:
 
 1. ``PGW_KERNEL_GATE`` key ``{idempotency_key}`` (``OpenDispatch``: the
-   arguments, the executor, the state) and ``GATE_DISPATCHED`` in the event
-   log (request digest, executor, key), both stored before the request is
-   sent; for a HEM step the key is written ``awaiting_approval`` before the
+   arguments, the executor, the state) with the permit; ``GATE_DISPATCHED``
+   in the event log (request digest, executor, key) and the index entry
+   ``dispatched``, sent together, both stored before the request is sent;
+   for a HEM step the key is written ``awaiting_approval`` before the
    principal is asked, and becomes ``dispatched`` on the approval;
 2. the executor's answer, within ``kernel.executors.{kind}.timeout_s``:
    ``STATE_TRANSITIONED`` with ``executed_action`` = the action the kernel
    dispatched, ``executed_action_source: kernel_dispatched``,
    ``effect_attestation: gate_executed`` and the effect status
    (``confirmed`` bound to the JSON-DIGEST of the response the kernel
-   received, or ``failed``); then ``IDP_COMMITMENT_VERIFIED`` (declared vs
-   dispatched, computed by the kernel alone: §8.7), the ``executed``
-   verdict (so the capsule), the key deleted, and the ``ActDone`` answer;
+   received, or ``failed``); once it is stored, the ``ActDone`` answer.
+   Then, after the answer (the tail): ``IDP_COMMITMENT_VERIFIED`` (declared
+   vs dispatched, computed by the kernel alone: §8.7), the ``executed``
+   verdict (so the capsule) and the open permit's close, together; the
+   index entry ``transitioned``; the key deleted, last. The session's next
+   act on this gateway waits for the tail; a gap (never on this path: the
+   kernel dispatches the declared action) keeps the tail before the answer;
 3. no answer in time: a ``timeout`` verdict (spec 004 §5.4.2: a timeout
    after dispatch, ``dispatched_unconfirmed``), the ``ActDispatched``
    answer; the key stays, and the sweep below finishes it.
