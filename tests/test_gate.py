@@ -555,6 +555,8 @@ async def test_the_answer_comes_before_the_tail_and_the_sessions_next_step_waits
     v1 = await until(lambda: _seq_of(genv.js, "IDP_COMMITMENT_VERIFIED", r1.idp_id), timeout=10, what="r1's record")
     s2 = await until(lambda: _seq_of(genv.js, "IDP_SUBMITTED", r2.idp_id), timeout=10, what="r2's declaration")
     assert v1 < s2, (v1, s2)
+    got = await until(lambda: k.state.idp(genv.so, r1.idp_id), timeout=10, what="r1's index entry")
+    assert got[0].status == "transitioned" and got[0].verification_seq == v1 and got[0].transition_seq == r1.event_seq
     await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == r2.idp_id)
 
 
