@@ -588,3 +588,31 @@ async def test_a_crash_after_the_answer_leaves_the_tail_to_the_sweep(genv: GateE
     got = await k.state.idp(genv.so, r.idp_id)
     assert got is not None and got[0].status == "transitioned" and got[0].verification_seq is not None
     assert genv.notes.calls == [key]  # ran once
+
+
+async def test_a_crash_before_the_index_entry_is_moved_on_by_the_sweep(genv: GateEnv) -> None:
+    """A gateway that dies after sending the request and before the index entry says ``dispatched``
+    (it is written while the executor works): the sweep's next pass moves the entry on at once, and
+    records the step once after the executor's timeout."""
+    k = kernel(genv)
+
+    async def lost(*_a: Any, **_k: Any) -> None:
+        return None  # neither the index entry nor the tail is written: the process is gone
+
+    k._index_dispatched, k._gate_tail = lost, lost
+    try:
+        r = await genv.act("WriteNote", {"name": "early", "text": "y"})
+    finally:
+        del k._index_dispatched, k._gate_tail
+    assert isinstance(r, ActDone) and r.status == "confirmed"
+    got = await k.state.idp(genv.so, r.idp_id)
+    assert got is not None and got[0].status == "permitted"
+    assert await k.gate_sweep() == 0  # within the executor's timeout: not finished yet, but...
+    got = await k.state.idp(genv.so, r.idp_id)
+    assert got is not None and got[0].status == "dispatched"  # ...no longer a permit waiting for a report
+    assert await k.gate_sweep(now=time.time() + 5) == 1
+    got = await k.state.idp(genv.so, r.idp_id)
+    assert got is not None and got[0].status == "transitioned" and got[0].transition_seq == r.event_seq
+    assert len(await _events(genv.js, "STATE_TRANSITIONED", r.idp_id)) == 1
+    assert len(await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == r.idp_id)) == 1
+    assert genv.notes.calls == [idempotency_key(genv.so, r.idp_id)]

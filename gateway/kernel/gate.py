@@ -300,8 +300,15 @@ class Gate:
                 await self.gate_kv.put(d.idempotency_key, _enc.encode(d))
             else:
                 await self.gate_kv.update(d.idempotency_key, _enc.encode(d), last=rev)
-        entry = await self._logged_dispatch(d)
-        resp = await self._ask(self.subjects.exec(d.kind, d.action), _enc.encode(d.request()), d)
+        await self._log_dispatch(d)
+        # GATE_DISPATCHED is stored before the request leaves; the index entry ``dispatched`` is
+        # written while the executor works. Meanwhile a report for this step is refused all the
+        # same (its action is gated: transitions.py), and after a crash the sweep moves the entry
+        # on from the key (_sweep_one), so nothing reads ``permitted`` for a dispatched step.
+        resp, entry = await asyncio.gather(
+            self._ask(self.subjects.exec(d.kind, d.action), _enc.encode(d.request()), d),
+            self._index_dispatched(d),
+        )
         if resp is None or resp.status in ("running", "unknown"):
             return await self._timed_out(d, reply=reply)
         return await self._finish(d, resp, entry=entry, early=reply)
@@ -337,17 +344,17 @@ class Gate:
     async def _logged_dispatch(self, d: OpenDispatch) -> tuple[IdpEntry, int] | None:
         """GATE_DISPATCHED (deterministic id: a re-send logs nothing twice) and the index entry, sent
         together (independent writes; both are durable before the executor is asked); the entry."""
+        _, entry = await asyncio.gather(self._log_dispatch(d), self._index_dispatched(d))
+        return entry
+
+    async def _log_dispatch(self, d: OpenDispatch) -> None:
         body = {"idp_id": d.idp_id, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
                 "principal": d.principal, "action": d.action, "executor": d.kind,
                 "idempotency_key": d.idempotency_key, "request_digest": json_digest(msgspec.to_builtins(d.request())),
                 "idp_submitted_seq": d.submitted_seq, "moment_id": d.moment_id}
-        _, entry = await asyncio.gather(
-            self.eventlog.append("GATE_DISPATCHED", body,
-                                 msg_id=stable_id("GATE_DISPATCHED", d.so_id.lower(), d.idp_id.lower()),
-                                 traceparent=d.traceparent),
-            self._index_dispatched(d),
-        )
-        return entry
+        await self.eventlog.append("GATE_DISPATCHED", body,
+                                   msg_id=stable_id("GATE_DISPATCHED", d.so_id.lower(), d.idp_id.lower()),
+                                   traceparent=d.traceparent)
 
     async def _ask(self, subject: str, data: bytes, d: OpenDispatch) -> ExecResponse | None:
         timeout = self.cfg.executors[d.kind].timeout_s
@@ -637,10 +644,13 @@ class Gate:
             if not e.value:
                 return False
             d = _od_dec.decode(e.value)
+            got = await self.state.idp(d.so_id, d.idp_id)
+            if d.state == "dispatched" and got is not None and got[0].status in ("permitted", "hem_approved"):
+                # A crash between the request and its index entry (_dispatch): the step was sent.
+                got = await self._index_dispatched(d)
             ex = self.cfg.executors.get(d.kind)
             if ex is None:
                 return False  # an executor no longer configured: left for the operator (docs/gate.md)
-            got = await self.state.idp(d.so_id, d.idp_id)
             if d.state == "awaiting_approval":
                 if got is not None and got[0].status == "hem_approved":
                     with contextlib.suppress(KeyWrongLastSequenceError):  # else another gateway took it
