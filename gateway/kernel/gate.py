@@ -11,8 +11,8 @@ publish on). What is written when:
 
 1. ``PGW_KERNEL_GATE`` key ``{idempotency_key}`` (``OpenDispatch``: the
    arguments, the executor, the state) with the permit; ``GATE_DISPATCHED``
-   in the event log (request digest, executor, key) and the index entry
-   ``dispatched``, sent together, both stored before the request is sent;
+   in the event log (request digest, executor, key), stored before the
+   request is sent; the index entry ``dispatched`` while the executor works;
    for a HEM step the key is written ``awaiting_approval`` before the
    principal is asked, and becomes ``dispatched`` on the approval;
 2. the executor's answer, within ``kernel.executors.{kind}.timeout_s``:
