@@ -10,6 +10,7 @@ and records what it observed.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -128,11 +129,23 @@ def _reference_accepts(items: list[Any]) -> None:
     assert ref and all(x.ok for x in ref) and not bad, bad
 
 
+async def _events(js: Any, event_type: str, idp_id: str) -> list[tuple[int, Any]]:
+    return [(seq, ev) for seq, ev in await read_log(js, event_type)
+            if ev.body.get("idp_id", ev.body.get("record", {}).get("idp_id")) == idp_id]
+
+
+async def _seq_of(js: Any, event_type: str, idp_id: str) -> int | None:
+    got = await _events(js, event_type, idp_id)
+    return got[0][0] if got else None
+
+
 async def _event(js: Any, event_type: str, idp_id: str) -> Any:
-    for _seq, ev in await read_log(js, event_type):
-        if ev.body.get("idp_id", ev.body.get("record", {}).get("idp_id")) == idp_id:
-            return ev
-    raise AssertionError(f"no {event_type} for {idp_id}")
+    # The records after STATE_TRANSITIONED are written just after the agent's answer (docs/gate.md).
+    async def found() -> Any:
+        got = await _events(js, event_type, idp_id)
+        return got[0][1] if got else None
+
+    return await until(found, timeout=10, what=f"{event_type} for {idp_id}")
 
 
 async def _capsule(env: GateEnv, idp_id: str, fmt: str, verdict_class: str = "executed") -> tuple[dict[str, Any], list[Any]]:
@@ -516,3 +529,90 @@ async def test_the_sweep_stops_even_when_its_cancel_is_swallowed(genv: GateEnv) 
     loop_task.cancel()
     await asyncio.wait_for(asyncio.gather(loop_task, return_exceptions=True), 10)
     assert loop_task.done()
+
+
+async def test_the_answer_comes_before_the_tail_and_the_sessions_next_step_waits_for_it(genv: GateEnv) -> None:
+    """The agent is answered once STATE_TRANSITIONED is durable, before the commitment record; the same
+    session's next act is taken only after that record is in the log (spec 003 §5.1 (6), §5.5)."""
+    k = kernel(genv)
+    append = k.eventlog.append
+
+    async def slow_verification(event_type: str, body: Any, **kw: Any) -> Any:
+        if event_type == "IDP_COMMITMENT_VERIFIED":
+            await asyncio.sleep(0.5)  # a slow tail: the next step must not overtake it
+        return await append(event_type, body, **kw)
+
+    k.eventlog.append = slow_verification
+    try:
+        r1 = await genv.act("WriteNote", {"name": "one", "text": "1"})
+        assert isinstance(r1, ActDone) and r1.status == "confirmed"
+        assert await _events(genv.js, "STATE_TRANSITIONED", r1.idp_id)
+        assert await _events(genv.js, "IDP_COMMITMENT_VERIFIED", r1.idp_id) == []  # answered first
+        r2 = await genv.act("WriteNote", {"name": "two", "text": "2"})
+        assert isinstance(r2, ActDone) and r2.status == "confirmed"
+    finally:
+        del k.eventlog.append
+    v1 = await until(lambda: _seq_of(genv.js, "IDP_COMMITMENT_VERIFIED", r1.idp_id), timeout=10, what="r1's record")
+    s2 = await until(lambda: _seq_of(genv.js, "IDP_SUBMITTED", r2.idp_id), timeout=10, what="r2's declaration")
+    assert v1 < s2, (v1, s2)
+    got = await until(lambda: k.state.idp(genv.so, r1.idp_id), timeout=10, what="r1's index entry")
+    assert got[0].status == "transitioned" and got[0].verification_seq == v1 and got[0].transition_seq == r1.event_seq
+    await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == r2.idp_id)
+
+
+async def test_a_crash_after_the_answer_leaves_the_tail_to_the_sweep(genv: GateEnv) -> None:
+    """A gateway that dies right after answering DONE (nothing after STATE_TRANSITIONED written): the
+    sweep writes the commitment record, the executed verdict and the index entry once, from the
+    open dispatch's key, without running the action again."""
+    k = kernel(genv)
+
+    async def dies(*_a: Any, **_k: Any) -> None:
+        return None  # the process is gone: nothing of the tail is written
+
+    k._gate_tail = dies
+    try:
+        r = await genv.act("WriteNote", {"name": "crash", "text": "x"})
+    finally:
+        del k._gate_tail
+    assert isinstance(r, ActDone) and r.status == "confirmed"
+    key = idempotency_key(genv.so, r.idp_id)
+    assert (await k.gate_kv.get(key)).value  # the open dispatch stands
+    assert await _events(genv.js, "IDP_COMMITMENT_VERIFIED", r.idp_id) == []
+    assert await k.gate_sweep(now=time.time() + 5) == 1
+    assert await k.gate_sweep(now=time.time() + 5) == 0  # finished: the key is gone
+    assert len(await _events(genv.js, "STATE_TRANSITIONED", r.idp_id)) == 1
+    (_s, ver), = await _events(genv.js, "IDP_COMMITMENT_VERIFIED", r.idp_id)
+    assert ver.body["record"]["match_result"] == "MATCHED"
+    v = await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == r.idp_id)
+    assert len(v) == 1 and v[0].verdict_id == r.verdict_id and v[0].details["response_digest"] == r.response_digest
+    got = await k.state.idp(genv.so, r.idp_id)
+    assert got is not None and got[0].status == "transitioned" and got[0].verification_seq is not None
+    assert genv.notes.calls == [key]  # ran once
+
+
+async def test_a_crash_before_the_index_entry_is_moved_on_by_the_sweep(genv: GateEnv) -> None:
+    """A gateway that dies after sending the request and before the index entry says ``dispatched``
+    (it is written while the executor works): the sweep's next pass moves the entry on at once, and
+    records the step once after the executor's timeout."""
+    k = kernel(genv)
+
+    async def lost(*_a: Any, **_k: Any) -> None:
+        return None  # neither the index entry nor the tail is written: the process is gone
+
+    k._index_dispatched, k._gate_tail = lost, lost
+    try:
+        r = await genv.act("WriteNote", {"name": "early", "text": "y"})
+    finally:
+        del k._index_dispatched, k._gate_tail
+    assert isinstance(r, ActDone) and r.status == "confirmed"
+    got = await k.state.idp(genv.so, r.idp_id)
+    assert got is not None and got[0].status == "permitted"
+    assert await k.gate_sweep() == 0  # within the executor's timeout: not finished yet, but...
+    got = await k.state.idp(genv.so, r.idp_id)
+    assert got is not None and got[0].status == "dispatched"  # ...no longer a permit waiting for a report
+    assert await k.gate_sweep(now=time.time() + 5) == 1
+    got = await k.state.idp(genv.so, r.idp_id)
+    assert got is not None and got[0].status == "transitioned" and got[0].transition_seq == r.event_seq
+    assert len(await _events(genv.js, "STATE_TRANSITIONED", r.idp_id)) == 1
+    assert len(await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == r.idp_id)) == 1
+    assert genv.notes.calls == [idempotency_key(genv.so, r.idp_id)]

@@ -10,18 +10,23 @@ kind (``exec.{kind}.{action}``, which only the gateway's identity may
 publish on). What is written when:
 
 1. ``PGW_KERNEL_GATE`` key ``{idempotency_key}`` (``OpenDispatch``: the
-   arguments, the executor, the state) and ``GATE_DISPATCHED`` in the event
-   log (request digest, executor, key), both stored before the request is
-   sent; for a HEM step the key is written ``awaiting_approval`` before the
+   arguments, the executor, the state) with the permit; ``GATE_DISPATCHED``
+   in the event log (request digest, executor, key), stored before the
+   request is sent; the index entry ``dispatched`` while the executor works;
+   for a HEM step the key is written ``awaiting_approval`` before the
    principal is asked, and becomes ``dispatched`` on the approval;
 2. the executor's answer, within ``kernel.executors.{kind}.timeout_s``:
    ``STATE_TRANSITIONED`` with ``executed_action`` = the action the kernel
    dispatched, ``executed_action_source: kernel_dispatched``,
    ``effect_attestation: gate_executed`` and the effect status
    (``confirmed`` bound to the JSON-DIGEST of the response the kernel
-   received, or ``failed``); then ``IDP_COMMITMENT_VERIFIED`` (declared vs
-   dispatched, computed by the kernel alone: §8.7), the ``executed``
-   verdict (so the capsule), the key deleted, and the ``ActDone`` answer;
+   received, or ``failed``); once it is stored, the ``ActDone`` answer.
+   Then, after the answer (the tail): ``IDP_COMMITMENT_VERIFIED`` (declared
+   vs dispatched, computed by the kernel alone: §8.7), the ``executed``
+   verdict (so the capsule) and the open permit's close, together; the
+   index entry ``transitioned``; the key deleted, last. The session's next
+   act on this gateway waits for the tail; a gap (never on this path: the
+   kernel dispatches the declared action) keeps the tail before the answer;
 3. no answer in time: a ``timeout`` verdict (spec 004 §5.4.2: a timeout
    after dispatch, ``dispatched_unconfirmed``), the ``ActDispatched``
    answer; the key stays, and the sweep below finishes it.
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -55,7 +61,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 
 from gateway.kernel.eventlog import Appended
-from gateway.kernel.state import IdpEntry
+from gateway.kernel.state import ConflictError, IdpEntry
 from pgwcore.logs import get_logger
 from pgwcore.metrics import LATENCY
 from pgwcore.streams import ensure_kv
@@ -88,6 +94,8 @@ ATTESTATION = "gate_executed"
 # transit the gate, so a policy may require it: forbid(...) unless { context.execution.gated };
 GATE_CONTEXT = {"gated": True, "executed_action_source": EXECUTED_ACTION_SOURCE}
 _enc = msgspec.json.Encoder()
+# The tail task _finish left running in this act's task (awaited by _serve_act after it answered).
+_TAIL: contextvars.ContextVar[asyncio.Task[None] | None] = contextvars.ContextVar("pgw_gate_tail", default=None)
 
 
 class GateCall:
@@ -163,10 +171,14 @@ class Gate:
     _gate_sub: Any = None
     _gate_task: asyncio.Task[None] | None = None
     _gate_busy: set[str]
+    # The tail of each session's last gated step still being written, by (agent, session_id):
+    # the session's next act waits for it (see _finish).
+    _gate_tails: dict[tuple[str, str], asyncio.Task[None]]
 
     # -- life cycle -------------------------------------------------------------
     async def _gate_start(self, queue: str) -> None:
         self._gate_busy = set()
+        self._gate_tails = {}
         self.gate_kv = await ensure_kv(self.js, BUCKET)
         self._gate_sub = await self.nc.subscribe(self.subjects.all_agents("act"), queue=queue, cb=self._on_act)
         if self.cfg.executors:
@@ -214,6 +226,10 @@ class Gate:
             if msg.reply:
                 with contextlib.suppress(Exception):
                     await msg.respond(_enc.encode(result))
+        # The tail written after the answer (_finish): this task, which drain() waits for, ends with it.
+        tail = _TAIL.get()
+        if tail is not None:
+            await asyncio.wait({tail})
 
     async def handle_act(self, agent: str, data: bytes, *, traceparent: str | None = None) -> ActResult:
         """One gated action: the transition (spec 003 §5.1) and, when permitted, its dispatch."""
@@ -231,6 +247,13 @@ class Gate:
         if kind is None:
             return Reject(timestamp=now_rfc3339(), error_code="REQUEST_MALFORMED",
                           reason=f"no executor serves {req.action[:128]} here: declare it on agent.{{agent}}.idp and report it")
+        # spec 003 §5.1 (6) "processes result before next ACT", §5.5.2: the previous step's
+        # commitment record is in the log before this session's next step is looked at (the
+        # reply to the previous step did not wait for it: _finish).
+        sid = req.idp.get("session_id") if isinstance(req.idp, dict) else None
+        prev = self._gate_tails.get((agent, str(sid))) if sid is not None else None
+        if prev is not None:
+            await asyncio.wait({prev})
         raw: dict[str, Any] = {"mandate": req.mandate, "action": req.action, "idp": req.idp}
         if req.resource is not None:
             raw["resource"] = req.resource
@@ -277,14 +300,54 @@ class Gate:
                 await self.gate_kv.put(d.idempotency_key, _enc.encode(d))
             else:
                 await self.gate_kv.update(d.idempotency_key, _enc.encode(d), last=rev)
-        await self._logged_dispatch(d)
-        resp = await self._ask(self.subjects.exec(d.kind, d.action), _enc.encode(d.request()), d)
+        await self._log_dispatch(d)
+        # GATE_DISPATCHED is stored before the request leaves; the index entry ``dispatched`` is
+        # written while the executor works. Meanwhile a report for this step is refused all the
+        # same (its action is gated: transitions.py), and after a crash the sweep moves the entry
+        # on from the key (_sweep_one), so nothing reads ``permitted`` for a dispatched step.
+        resp, entry = await asyncio.gather(
+            self._ask(self.subjects.exec(d.kind, d.action), _enc.encode(d.request()), d),
+            self._index_dispatched(d),
+        )
         if resp is None or resp.status in ("running", "unknown"):
             return await self._timed_out(d, reply=reply)
-        return await self._finish(d, resp)
+        return await self._finish(d, resp, entry=entry, early=reply)
 
-    async def _logged_dispatch(self, d: OpenDispatch) -> None:
-        """GATE_DISPATCHED (deterministic id: a re-send logs nothing twice), then the index entry."""
+    async def _index_dispatched(self, d: OpenDispatch) -> tuple[IdpEntry, int] | None:
+        """The index entry moved to ``dispatched`` (never backwards); the entry and its revision,
+        so that the tail's ``transitioned`` is one compare-and-set without a read."""
+        for _ in range(20):
+            got = await self.state.idp(d.so_id, d.idp_id)
+            if got is None:
+                return None
+            e, rev = got
+            if e.status in ("dispatched", "transitioned"):
+                return e, rev
+            e.status = "dispatched"
+            try:
+                return e, await self.state.put_idp(e, rev)
+            except ConflictError:
+                continue
+        raise ConflictError(f"the index entry of {d.idp_id}")
+
+    async def _index_transitioned(self, d: OpenDispatch, known: tuple[IdpEntry, int] | None, st_seq: int,
+                                  v_seq: int) -> None:
+        if known is not None and known[0].status == "dispatched":
+            e = msgspec.structs.replace(known[0], status="transitioned", transition_seq=st_seq, verification_seq=v_seq)
+            try:
+                await self.state.put_idp(e, known[1])
+                return
+            except ConflictError:
+                pass  # written meanwhile (another gateway's sweep): read and move it forward
+        await self.state.advance_idp(d.so_id, d.idp_id, "transitioned", transition_seq=st_seq, verification_seq=v_seq)
+
+    async def _logged_dispatch(self, d: OpenDispatch) -> tuple[IdpEntry, int] | None:
+        """GATE_DISPATCHED (deterministic id: a re-send logs nothing twice) and the index entry, sent
+        together (independent writes; both are durable before the executor is asked); the entry."""
+        _, entry = await asyncio.gather(self._log_dispatch(d), self._index_dispatched(d))
+        return entry
+
+    async def _log_dispatch(self, d: OpenDispatch) -> None:
         body = {"idp_id": d.idp_id, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
                 "principal": d.principal, "action": d.action, "executor": d.kind,
                 "idempotency_key": d.idempotency_key, "request_digest": json_digest(msgspec.to_builtins(d.request())),
@@ -292,7 +355,6 @@ class Gate:
         await self.eventlog.append("GATE_DISPATCHED", body,
                                    msg_id=stable_id("GATE_DISPATCHED", d.so_id.lower(), d.idp_id.lower()),
                                    traceparent=d.traceparent)
-        await self.state.advance_idp(d.so_id, d.idp_id, "dispatched")
 
     async def _ask(self, subject: str, data: bytes, d: OpenDispatch) -> ExecResponse | None:
         timeout = self.cfg.executors[d.kind].timeout_s
@@ -331,10 +393,14 @@ class Gate:
         return ActDispatched(timestamp=now_rfc3339(), idp_id=d.idp_id, reason=why, verdict_id=vid)
 
     # -- the record of what the kernel observed -----------------------------------------
-    async def _finish(self, d: OpenDispatch, resp: ExecResponse | None) -> ActDone | ActDispatched:
+    async def _finish(self, d: OpenDispatch, resp: ExecResponse | None, *, entry: tuple[IdpEntry, int] | None = None,
+                      early: bool = False) -> ActDone | ActDispatched:
         """STATE_TRANSITIONED (gate_executed), the commitment check, the verdict; idempotent.
 
-        ``resp`` None: the kernel gave up waiting (``follow_up_s``): recorded ``dispatched``."""
+        ``resp`` None: the kernel gave up waiting (``follow_up_s``): recorded ``dispatched``.
+        ``entry``: the index entry as the dispatch left it (saves reading it again). ``early``:
+        the agent is waiting on ``act``: it is answered once STATE_TRANSITIONED is durable, and
+        the rest (the tail, :meth:`_gate_tail`) is written after the answer."""
         if resp is None:
             status: str = "dispatched"
             response: Any = None
@@ -342,10 +408,10 @@ class Gate:
             status, response = observed(resp)
         resp_digest = json_digest(response) if response is not None else None
         req = msgspec.to_builtins(d.request())
-        got = await self.state.idp(d.so_id, d.idp_id)
-        if got is None:
+        known = entry if entry is not None else await self.state.idp(d.so_id, d.idp_id)
+        if known is None:
             raise RuntimeError(f"no index entry for dispatched IDP {d.idp_id}")
-        entry = got[0]
+        entry = known[0]
         st_body = {
             "idp_id": d.idp_id, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
             "principal": d.principal, "step_sequence": d.step_sequence,
@@ -356,7 +422,8 @@ class Gate:
             "effect_attestation": ATTESTATION,
         }
         # One STATE_TRANSITIONED per IDP (spec 003 §5.3): a second finish (a sweep on another
-        # gateway, a restart) finds the first and writes nothing new.
+        # gateway, a restart) finds the first (in the index, or as the duplicate its Nats-Msg-Id
+        # makes it) and writes nothing new.
         if entry.status == "transitioned" and entry.transition_seq is not None:
             st = Appended(entry.transition_seq, await self.eventlog.get(entry.transition_seq), True)
         else:
@@ -372,6 +439,60 @@ class Gate:
                 response = None
         # spec 003 §5.5, §8.7: declared vs the action the kernel itself dispatched.
         matched = d.action == entry.requested_action
+        vid = stable_id("idp-transition", d.so_id.lower(), d.idp_id.lower())
+        tail = self._gate_tail(d, known, st, status, req, response, resp_digest, vid, matched)
+        if early and matched and status != "dispatched":
+            # The agent is answered now: STATE_TRANSITIONED is durable, and everything after it has a
+            # deterministic id (Nats-Msg-Id / key) and is rewritten by the sweep from the open
+            # dispatch's key, which is deleted last, if this process dies before the tail is done.
+            # Nothing of the tail is read before the session's next step: a MATCHED record does not
+            # change the session (only IDP_COMMITMENT_GAP does, spec 003 §5.5.2, and a gap keeps the
+            # whole tail before the answer, below); still, so that the log shows the commitment
+            # record (§5.5) before the next step the agent takes after this result (§5.1 (6)),
+            # this session's next act on this gateway waits for the tail (handle_act).
+            self._spawn_tail(d, tail)
+        else:
+            await tail
+        log.info("gated action recorded", executor=d.kind, idp_id=d.idp_id, status=status, replied_first=early)
+        if status == "dispatched":
+            return ActDispatched(timestamp=now_rfc3339(), idp_id=d.idp_id, reason="no result was observed",
+                                 verdict_id=stable_id("gate-timeout", d.so_id.lower(), d.idp_id.lower()))
+        return ActDone(timestamp=now_rfc3339(), idp_id=d.idp_id, status=status,  # type: ignore[arg-type]
+                       response=response, response_digest=resp_digest, event_seq=st.seq, verdict_id=vid)
+
+    def _spawn_tail(self, d: OpenDispatch, tail: Any) -> None:
+        skey = (d.agent, d.session_id)
+        busy = d.idempotency_key
+
+        async def run() -> None:
+            try:
+                await tail
+            except Exception:
+                log.exception("writing the gate's tail failed; the sweep finishes it", idp_id=d.idp_id)
+            finally:
+                self._gate_busy.discard(busy)
+
+        self._gate_busy.add(busy)  # this process's sweep leaves the key alone meanwhile
+        task = asyncio.create_task(run(), name=f"gate-tail-{d.idp_id}")
+        self._gate_tails[skey] = task
+        _TAIL.set(task)
+        self._inflight.add(task)  # drain() waits for it
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._inflight.discard(t)
+            if self._gate_tails.get(skey) is t:
+                del self._gate_tails[skey]
+
+        task.add_done_callback(done)
+
+    async def _gate_tail(
+        self, d: OpenDispatch, known: tuple[IdpEntry, int], st: Appended, status: str, req: Any, response: Any,
+        resp_digest: str | None, vid: str, matched: bool,
+    ) -> None:
+        """What follows STATE_TRANSITIONED, in order: the commitment record, the verdict, the
+        outcome and the open-permit close (independent, sent together), the index entry, then the
+        key's delete (last: while the key stands, the sweep finishes whatever is missing)."""
+        entry = known[0]
         record: dict[str, Any] = {
             "idp_id": d.idp_id, "state_transition_id": st.event.event_id, "state_transition_seq": st.seq,
             "verified_at": now_rfc3339(), "match_result": "MATCHED" if matched else "IDP_COMMITMENT_GAP",
@@ -381,35 +502,36 @@ class Gate:
         record["kernel_signature"] = b64url(self.key.sign(rfc8785.dumps(record)))
         etype = "IDP_COMMITMENT_VERIFIED" if matched else "IDP_COMMITMENT_GAP"
         if entry.verification_seq is not None:
-            vev = Appended(entry.verification_seq, await self.eventlog.get(entry.verification_seq), True)
+            vjob: Any = self._logged(entry.verification_seq)
         else:
             vbody = {"record": record, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
                      "executed_action_source": EXECUTED_ACTION_SOURCE}
-            vev = await self.eventlog.append(etype, vbody, msg_id=stable_id(etype, d.so_id.lower(), d.idp_id.lower()),
-                                             traceparent=d.traceparent)
-        record = vev.event.body["record"]
-        await self.state.advance_idp(d.so_id, d.idp_id, "transitioned", transition_seq=st.seq, verification_seq=vev.seq)
-        await self.overdue.closed(d.so_id, d.idp_id, keyed=True)
-        vid = stable_id("idp-transition", d.so_id.lower(), d.idp_id.lower())
+            vjob = self.eventlog.append(etype, vbody, msg_id=stable_id(etype, d.so_id.lower(), d.idp_id.lower()),
+                                        traceparent=d.traceparent)
+        # The open permit has a key only for a HEM approval or with log_permits off (as for a report,
+        # transitions.py); else its CEDAR_PERMIT_RECORDED registered it and the index closes it.
+        jobs: list[Any] = [vjob, self.overdue.closed(d.so_id, d.idp_id,
+                                                     keyed=d.moment_id is not None or not self.cfg.log_permits)]
         if status != "dispatched":
-            await self._gate_verdict(d, entry, status, req, response, resp_digest, record, vid)
+            # The verdict carries only match_result of the record, which is the same in any
+            # record of this step (the comparison is deterministic, §5.5.3).
+            jobs.append(self._gate_verdict(d, entry, status, req, response, resp_digest, record, vid))
         if d.timed_out or d.moment_id or status == "dispatched":
             # The agent's act reply did not carry this: it comes on its outcome stream.
-            await self.publisher.outcome(ActionResult(
+            jobs.append(self.publisher.outcome(ActionResult(
                 agent=d.agent, ts=now_rfc3339(), idp_id=d.idp_id,
                 status="dispatched_unconfirmed" if status == "dispatched" else status,  # type: ignore[arg-type]
                 response=response, response_digest=resp_digest, moment_id=d.moment_id,
                 verdict_id=vid if status != "dispatched" else stable_id("gate-timeout", d.so_id.lower(), d.idp_id.lower()),
                 traceparent=d.traceparent,
-            ), stable_id("action_result", d.so_id.lower(), d.idp_id.lower()))
+            ), stable_id("action_result", d.so_id.lower(), d.idp_id.lower())))
+        vev = (await asyncio.gather(*jobs))[0]
+        await self._index_transitioned(d, known, st.seq, vev.seq)
         with contextlib.suppress(KeyNotFoundError):
             await self.gate_kv.delete(d.idempotency_key)
-        log.info("gated action recorded", executor=d.kind, idp_id=d.idp_id, status=status)
-        if status == "dispatched":
-            return ActDispatched(timestamp=now_rfc3339(), idp_id=d.idp_id, reason="no result was observed",
-                                 verdict_id=stable_id("gate-timeout", d.so_id.lower(), d.idp_id.lower()))
-        return ActDone(timestamp=now_rfc3339(), idp_id=d.idp_id, status=status,  # type: ignore[arg-type]
-                       response=response, response_digest=resp_digest, event_seq=st.seq, verdict_id=vid)
+
+    async def _logged(self, seq: int) -> Appended:
+        return Appended(seq, await self.eventlog.get(seq), True)
 
     async def _gate_verdict(
         self, d: OpenDispatch, entry: IdpEntry, status: str, req: Any, response: Any, resp_digest: str | None,
@@ -522,10 +644,13 @@ class Gate:
             if not e.value:
                 return False
             d = _od_dec.decode(e.value)
+            got = await self.state.idp(d.so_id, d.idp_id)
+            if d.state == "dispatched" and got is not None and got[0].status in ("permitted", "hem_approved"):
+                # A crash between the request and its index entry (_dispatch): the step was sent.
+                got = await self._index_dispatched(d)
             ex = self.cfg.executors.get(d.kind)
             if ex is None:
                 return False  # an executor no longer configured: left for the operator (docs/gate.md)
-            got = await self.state.idp(d.so_id, d.idp_id)
             if d.state == "awaiting_approval":
                 if got is not None and got[0].status == "hem_approved":
                     with contextlib.suppress(KeyWrongLastSequenceError):  # else another gateway took it
