@@ -59,7 +59,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node, error) -> None:  # noqa: ANN001 - pytest-xdist's hook
+def pytest_testnodedown(node, error) -> None:
     """The controller gathers the rows of each worker as it finishes."""
     ROWS.extend(Row(*r) for r in getattr(node, "workeroutput", {}).get("pgw_security_rows", []))
 
