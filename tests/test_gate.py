@@ -23,10 +23,11 @@ from consumers import capsule_v4
 from consumers.capsule_map import capsule_from_verdict
 from consumers.signer import Signer
 from consumers.verifier import payload_of, verify_many
+from gateway.kernel.gate import _od_dec
 from subjects.client import Agent, Surface
 from subjects.executor import ActionError, Executor
 from subjects.gate import ActDispatched, ActDone, act_result_decoder, idempotency_key
-from subjects.idp import EnrichedDeny, HemPending, Permit, json_digest
+from subjects.idp import EnrichedDeny, HemPending, Permit, Reject, json_digest
 from subjects.wire import ActionResult, OptionChoice
 from tests import refverifier
 from tests.kernel_support import Issuer, idp, policy_dir, read_log, running_gateway, stored_verdicts
@@ -616,3 +617,35 @@ async def test_a_crash_before_the_index_entry_is_moved_on_by_the_sweep(genv: Gat
     assert len(await _events(genv.js, "STATE_TRANSITIONED", r.idp_id)) == 1
     assert len(await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == r.idp_id)) == 1
     assert genv.notes.calls == [idempotency_key(genv.so, r.idp_id)]
+
+
+async def test_a_crash_before_gate_dispatched_is_stored_is_logged_by_the_sweep_first(genv: GateEnv) -> None:
+    """GATE_DISPATCHED is written while the executor works: a gateway that dies after the request left
+    and before GATE_DISPATCHED was stored leaves the open dispatch, and the sweep logs GATE_DISPATCHED
+    once, before the step's STATE_TRANSITIONED, without running the action again."""
+    k = kernel(genv)
+    real = k._log_dispatch
+
+    async def ran() -> bool:
+        return bool(genv.notes.calls)
+
+    async def dies(*_a: Any, **_k: Any) -> None:
+        await until(ran, timeout=10, what="the executor ran the action")
+        raise RuntimeError("the gateway died before GATE_DISPATCHED was stored")
+
+    k._log_dispatch = dies
+    try:
+        r = await genv.act("WriteNote", {"name": "lost-log", "text": "z"})
+    finally:
+        del k._log_dispatch
+    assert isinstance(r, Reject) and r.error_code == "KERNEL_UNAVAILABLE"
+    assert k._log_dispatch == real
+    key = genv.notes.calls[0]
+    idp_id = (_od_dec.decode((await k.gate_kv.get(key)).value)).idp_id
+    assert await _events(genv.js, "GATE_DISPATCHED", idp_id) == []
+    assert await k.gate_sweep(now=time.time() + 5) == 1
+    (gd_seq, _gd), = await _events(genv.js, "GATE_DISPATCHED", idp_id)
+    (st_seq, st), = await _events(genv.js, "STATE_TRANSITIONED", idp_id)
+    assert gd_seq < st_seq and st.body["effect_attestation"] == "gate_executed"
+    assert len(await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == idp_id)) == 1
+    assert genv.notes.calls == [key]  # ran once

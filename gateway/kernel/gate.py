@@ -10,9 +10,10 @@ kind (``exec.{kind}.{action}``, which only the gateway's identity may
 publish on). What is written when:
 
 1. ``PGW_KERNEL_GATE`` key ``{idempotency_key}`` (``OpenDispatch``: the
-   arguments, the executor, the state) with the permit; ``GATE_DISPATCHED``
-   in the event log (request digest, executor, key), stored before the
-   request is sent; the index entry ``dispatched`` while the executor works;
+   arguments, the executor, the state) with the permit: the record a crash
+   is recovered from; ``GATE_DISPATCHED`` in the event log (request digest,
+   executor, key) and the index entry ``dispatched``, written while the
+   executor works and stored before its answer is recorded;
    for a HEM step the key is written ``awaiting_approval`` before the
    principal is asked, and becomes ``dispatched`` on the approval;
 2. the executor's answer, within ``kernel.executors.{kind}.timeout_s``:
@@ -300,14 +301,19 @@ class Gate:
                 await self.gate_kv.put(d.idempotency_key, _enc.encode(d))
             else:
                 await self.gate_kv.update(d.idempotency_key, _enc.encode(d), last=rev)
-        await self._log_dispatch(d)
-        # GATE_DISPATCHED is stored before the request leaves; the index entry ``dispatched`` is
-        # written while the executor works. Meanwhile a report for this step is refused all the
-        # same (its action is gated: transitions.py), and after a crash the sweep moves the entry
-        # on from the key (_sweep_one), so nothing reads ``permitted`` for a dispatched step.
-        resp, entry = await asyncio.gather(
+        # The open dispatch (the key, state ``dispatched``) is the record a crash is recovered
+        # from, and it is stored before this point. GATE_DISPATCHED and the index entry
+        # ``dispatched`` are written while the executor works, and both are stored before
+        # anything the executor answered is recorded (STATE_TRANSITIONED follows this gather),
+        # so the log always reads GATE_DISPATCHED before STATE_TRANSITIONED; after a crash the
+        # sweep logs GATE_DISPATCHED (its fixed id: never twice) before it records a result
+        # (_sweep_one). Meanwhile a report for this step is refused all the same (its action is
+        # gated: transitions.py), and the sweep moves the entry on from the key, so nothing
+        # reads ``permitted`` for a dispatched step.
+        resp, entry, _ = await asyncio.gather(
             self._ask(self.subjects.exec(d.kind, d.action), _enc.encode(d.request()), d),
             self._index_dispatched(d),
+            self._log_dispatch(d),
         )
         if resp is None or resp.status in ("running", "unknown"):
             return await self._timed_out(d, reply=reply)
@@ -340,12 +346,6 @@ class Gate:
             except ConflictError:
                 pass  # written meanwhile (another gateway's sweep): read and move it forward
         await self.state.advance_idp(d.so_id, d.idp_id, "transitioned", transition_seq=st_seq, verification_seq=v_seq)
-
-    async def _logged_dispatch(self, d: OpenDispatch) -> tuple[IdpEntry, int] | None:
-        """GATE_DISPATCHED (deterministic id: a re-send logs nothing twice) and the index entry, sent
-        together (independent writes; both are durable before the executor is asked); the entry."""
-        _, entry = await asyncio.gather(self._log_dispatch(d), self._index_dispatched(d))
-        return entry
 
     async def _log_dispatch(self, d: OpenDispatch) -> None:
         body = {"idp_id": d.idp_id, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
@@ -663,11 +663,16 @@ class Gate:
             if (d.dispatched_at or 0) + ex.timeout_s > now:
                 return False  # in flight on some gateway
             q = _enc.encode(ResultQuery(idempotency_key=d.idempotency_key))
+            if not d.timed_out:
+                # The request may have left with its GATE_DISPATCHED still unstored (_dispatch
+                # writes it while the executor works): logged before any result is recorded, so
+                # the log reads it before STATE_TRANSITIONED. Its fixed id logs it once.
+                # (A timed-out step's GATE_DISPATCHED was stored before its timeout was.)
+                await self._log_dispatch(d)
             resp = await self._ask(self.subjects.exec_result(d.kind), q, d)
             if resp is not None and resp.status == "unknown":
-                # The executor never claimed the key, so it never ran it: send it again, same key
-                # (logged first: a crash between the permit and GATE_DISPATCHED lands here).
-                await self._logged_dispatch(d)
+                # The executor never claimed the key, so it never ran it: send it again, same key.
+                await self._index_dispatched(d)
                 resp = await self._ask(self.subjects.exec(d.kind, d.action), _enc.encode(d.request()), d)
             if resp is not None and resp.status in ("ok", "error"):
                 await self._finish(d, resp)
