@@ -492,3 +492,25 @@ async def test_slack_surface_serves_healthz_per_lane(nats_server, tmp_path, nc) 
             code, doc = await asyncio.to_thread(get)
             assert code == 200 and doc["checks"]["slack:alice:connected"] == "ok"
             assert doc["checks"]["slack:alice:consumer"] == "ok"
+
+
+async def test_an_answer_in_slack_says_so_even_when_the_gateways_withdrawal_closes_it_first(nats_server, tmp_path, nc) -> None:
+    """The gateway's ``withdrawn`` (resolved) for a moment answered in Slack can be handled before the
+    surface's own close after the answer (the first close wins): the message still says it was answered in
+    Slack, by whom and with what, not "on another surface"."""
+    async with bed(nats_server, tmp_path, nc) as b:
+        mid = await b.moment(good_moment())
+        msg = await b.posted(mid)
+        original = b.surface._close_quietly
+
+        async def late(lane: Any, ident: str, status: str, detail: str) -> None:
+            await closed(b, ident)  # the withdrawn item has closed the message already
+            await original(lane, ident, status, detail)
+
+        b.surface._close_quietly = late
+        r = await b.send(button_press(msg, "pgw_option_1", USER))
+        assert r.status == 200
+        assert (await b.agent.resolution_for(mid, timeout=10)).resolution == OptionChoice(index=1)
+        done = await closed(b, mid)
+        assert "Answered in Slack" in texts(done) and "another surface" not in texts(done)
+        assert good_moment()["question"]["options"][1]["label"] in texts(done)

@@ -167,6 +167,10 @@ def _key_of(raw: bytes, plan: Plan) -> str:
     return ident or hashlib.sha256(raw).hexdigest()[:32]
 
 
+def _answered_by(user: str) -> str:
+    return f":white_check_mark: *Answered in Slack* by <@{_slack_id(user)}>:"
+
+
 def _status(reason: str) -> str:
     return {
         "resolved": ":white_check_mark: *Answered* on another surface (the app, the terminal or e-mail).",
@@ -189,6 +193,10 @@ class Lane:
         self.sub: Any = None
         self.channel = ""
         self._failures = 0
+        # Moments being answered in Slack by this process: their closing status and detail. The
+        # gateway's ``withdrawn`` (resolved) can come before our own close after the answer, and
+        # the first close wins: it must say "Answered in Slack", not "on another surface".
+        self.answering: dict[str, tuple[str, str]] = {}
 
     # -- set up ------------------------------------------------------------------
     async def open(self) -> None:
@@ -280,7 +288,8 @@ class Lane:
         plan = plan_item(raw)
         ident = _key_of(raw, plan)
         if isinstance(plan, WithdrawPlan):
-            await self.close(ident, _status(plan.reason), "")
+            mine = self.answering.get(ident) if plan.reason == "resolved" else None
+            await self.close(ident, *(mine or (_status(plan.reason), "")))
             return
         got = await self.record(ident)
         if got is not None and got[0].state != "posting":
@@ -372,7 +381,15 @@ class Lane:
         log.info("slack message closed", principal=self.principal, moment_id=ident, messages=len(rec.messages))
 
     # -- answering ---------------------------------------------------------------
-    async def resolve(self, moment_id: str, resolution: Resolution) -> ResolveReply:
+    async def resolve(self, moment_id: str, resolution: Resolution, closing: tuple[str, str]) -> ResolveReply:
+        """Answer ``moment_id``; ``closing`` (status, detail) is what its message says once accepted."""
+        self.answering[moment_id] = closing
+        reply = await self._resolve(moment_id, resolution)
+        if reply.status != "accepted":
+            self.answering.pop(moment_id, None)
+        return reply
+
+    async def _resolve(self, moment_id: str, resolution: Resolution) -> ResolveReply:
         body = encoder.encode(ResolveRequest(moment_id=moment_id, resolution=resolution))
         try:
             msg = await self.nc.request(self.subjects.resolve(self.principal), body, timeout=5)
@@ -617,9 +634,9 @@ class SlackSurface:
             idx = ref.get("i")
             if not isinstance(idx, int) or not 0 <= idx < len(plan.options):
                 return
-            reply = await lane.resolve(ident, OptionChoice(index=idx))
-            await self._after(lane, ident, user, channel, reply,
-                              f"Option {idx + 1}: {plan.options[idx].label}")
+            shown = f"Option {idx + 1}: {plan.options[idx].label}"
+            reply = await lane.resolve(ident, OptionChoice(index=idx), (_answered_by(user), shown))
+            await self._after(lane, ident, user, channel, reply, shown)
         elif k in ("free_text", "dialogue") and isinstance(plan, DecisionPlan):
             if k not in {h.kind for h in plan.hatches}:
                 return
@@ -656,7 +673,7 @@ class SlackSurface:
             resolution, shown = ClarificationAnswers(answers=answers), "Answered the questions."
         else:
             return None
-        reply = await lane.resolve(ident, resolution)
+        reply = await lane.resolve(ident, resolution, (_answered_by(user), shown))
         if reply.status != "accepted":
             return {"response_action": "errors",
                     "errors": {_first_input(view): f"Not recorded: {reply.reason or reply.code}"[:150]}}
@@ -667,9 +684,7 @@ class SlackSurface:
         if reply.status == "accepted":
             log.info("answered in slack", principal=lane.principal, moment_id=ident, slack_user=user)
             # The update runs apart: the gateway already has the answer; Slack wants our reply in 3 s.
-            task = asyncio.create_task(self._close_quietly(lane, ident,
-                                                           f":white_check_mark: *Answered in Slack* by <@{_slack_id(user)}>:",
-                                                           shown))
+            task = asyncio.create_task(self._close_quietly(lane, ident, _answered_by(user), shown))
             self._updates.add(task)
             task.add_done_callback(self._updates.discard)
         else:
@@ -681,6 +696,8 @@ class SlackSurface:
         except Exception as e:  # noqa: BLE001 - the withdrawn item retries the update
             log.warning("slack update after an answer failed; the withdrawn item retries it",
                         moment_id=ident, error=str(e)[:200])
+            return
+        lane.answering.pop(ident, None)  # closed as answered here; a later withdrawn changes nothing
 
     async def _tell(self, channel: str, user: str, text: str) -> None:
         if channel:
