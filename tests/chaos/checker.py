@@ -66,7 +66,12 @@ async def read_stream(js: JetStreamContext, stream: str, subject: str | None = N
                 out.extend(msgs)
                 md = msgs[-1].metadata
                 next_seq = md.sequence.stream + 1
-                if md.num_pending == 0 or md.sequence.stream >= last:
+                if md.sequence.stream >= last:
+                    return out
+                # A filtered read may never reach the stream's last sequence: it ends when the
+                # consumer has nothing pending. An unfiltered one reads on to ``last``: a consumer
+                # made on a replica that is still catching up can say nothing is pending early.
+                if subject is not None and md.num_pending == 0:
                     return out
         except (NatsTimeoutError, NatsError) as e:  # stalled, or the consumer went away
             if loop.time() > deadline:
