@@ -76,6 +76,7 @@ from typing import Any
 
 import msgspec
 
+from benchmarks.harness import pct
 from pgwcore import loop as pgw_loop
 
 WINDOW_S = float(os.environ.get("PGW_BENCH_GATE_S", "10"))
@@ -96,11 +97,6 @@ ARGS = {"path": "/notes/today.txt", "text": "Pick up the dry cleaning before six
 WARM = 50  # sequential calls of each kind before the first window
 READY = "bench.gate.executor.ready"
 EXECUTOR_CONN = "bench-gate-executor"
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 async def _drive(send: Any, n: int, rate: float) -> tuple[list[float], float, int]:
@@ -132,7 +128,7 @@ async def _drive(send: Any, n: int, rate: float) -> tuple[list[float], float, in
 
 
 def _passed(lat: list[float], elapsed: float, fail: int, rate: float) -> bool:
-    return not fail and bool(lat) and len(lat) / elapsed >= 0.95 * rate and _pct(lat, 0.99) <= P99_MAX_MS
+    return not fail and bool(lat) and len(lat) / elapsed >= 0.95 * rate and pct(lat, 0.99) <= P99_MAX_MS
 
 
 async def _executor_main(url: str) -> None:
@@ -266,7 +262,7 @@ async def _one_setting(sync: str, root: Path) -> list[dict]:
             (dl, de, df, dm), (gl, ge, gf, gm) = got["direct"], got["gated"]
             if df or gf or not dl or not gl:
                 raise RuntimeError(f"calls failed at {RATE:.0f}/s: direct {df}, gated {gf}")
-            d50, d99, g50, g99 = (statistics.median(dl), _pct(dl, 0.99), statistics.median(gl), _pct(gl, 0.99))
+            d50, d99, g50, g99 = (statistics.median(dl), pct(dl, 0.99), statistics.median(gl), pct(gl, 0.99))
             achieved = f"achieved {len(gl) / ge:,.0f}/s gated, {len(dl) / de:,.0f}/s direct"
             unit = f"ms (baseline = the direct call's {{}}; gated {{:.2f}} ms; target <= {{}} ms; {n} calls each, {achieved})"
             at = f"{RATE:g}/s"
@@ -285,7 +281,7 @@ async def _one_setting(sync: str, root: Path) -> list[dict]:
                     raise RuntimeError(f"declarations failed at {RATE:.0f}/s: {inf}")
                 rows.append(row(f"gate: the declaration alone (agent.{{agent}}.idp PERMIT), p50 at {at} ({tag})",
                                 statistics.median(il), g50,
-                                f"ms (baseline = the gated call's p50; p99 {_pct(il, 0.99):.2f} vs {g99:.2f} ms; "
+                                f"ms (baseline = the gated call's p50; p99 {pct(il, 0.99):.2f} vs {g99:.2f} ms; "
                                 f"{k} calls, achieved {len(il) / ie:,.0f}/s)", digits=2))
 
             # The ceiling: the 100/s window is the first step; then the ladder, each system on its own.

@@ -76,6 +76,7 @@ from typing import Any
 
 import msgspec
 
+from benchmarks.harness import pct
 from pgwcore import loop as pgw_loop
 
 RATES = [int(x) for x in os.environ.get("PGW_BENCH_IDP_RATES", "250,500,750,1000,1500,2000,3000").split(",") if x]
@@ -86,11 +87,6 @@ STEPS = max(1, int(os.environ.get("PGW_BENCH_IDP_STEPS", "1")))
 P99_MAX_MS = 10.0
 POLICY = 'permit(principal, action == Action::"CloseBooking", resource)\n' \
          'when { context.idp.confidence_level.greaterThanOrEqual(decimal("0.8")) };\n'
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 async def _drive(send: Any, n: int, rate: float) -> tuple[list[float], float, int]:
@@ -266,7 +262,7 @@ async def _ladder(name: str, send: Any, meter: Any) -> tuple[int, list[dict], di
             progress(f"idp {name}: {rate}/s for {SECONDS:.0f} s" + (" (retry)" if attempt > 1 else ""))
             with meter() as m:
                 lat, elapsed, fail = await _drive(send, n, rate)
-            p50, p99 = _pct(lat, 0.5) * 1000, _pct(lat, 0.99) * 1000
+            p50, p99 = pct(lat, 0.5) * 1000, pct(lat, 0.99) * 1000
             achieved = len(lat) / elapsed
             ok = not fail and achieved >= 0.95 * rate and p99 <= P99_MAX_MS
             verdict = "" if ok else " (failed the step)"
@@ -472,7 +468,7 @@ async def _shapes(shapes: list[str], rounds: int) -> list[list[tuple[int, float,
 
                         n = max(10, int(rate * SECONDS))
                         lat, elapsed, fail = await _drive(send, n, rate)
-                        steps.append((rate, _pct(lat, 0.99) * 1000, 0.0 if fail else (len(lat) / elapsed) / rate))
+                        steps.append((rate, pct(lat, 0.99) * 1000, 0.0 if fail else (len(lat) / elapsed) / rate))
                     out.append(steps)
         finally:
             for proc in procs:

@@ -55,6 +55,12 @@ def progress(msg: str) -> None:
     print(f"  [{time.monotonic() - _T0:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
+def pct(xs: list[float], q: float) -> float:
+    """The ``q`` quantile of ``xs`` (nearest rank); NaN for no samples."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
 def env_int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name, default))

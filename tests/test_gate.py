@@ -73,6 +73,15 @@ class NotesExecutor:
             return {"late": True}
 
 
+async def _act_patched(genv: Any, action: str, arguments: dict[str, Any], **patches: Any) -> Any:
+    """One act with kernel methods replaced (fault injection: a gateway dying at that point), put back
+    before it returns."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, fn in patches.items():
+            mp.setattr(kernel(genv), name, fn)
+        return await genv.act(action, arguments)
+
+
 def kernel(env: Any) -> Any:
     from gateway.kernel.service import KernelService
 
@@ -514,18 +523,20 @@ async def test_the_sweep_stops_even_when_its_cancel_is_swallowed(genv: GateEnv) 
     """drain() ends the gate sweep even when a cancel is turned into TimeoutError (Python 3.11's wait_for
     race inside a request): the loop reads the stop flag instead of running for ever."""
     k = kernel(genv)
+    inside = asyncio.Event()
 
     async def swallowing(now: float | None = None) -> int:
         """Fault injection: a sweep whose request answers a cancel with TimeoutError, as nats-py's can."""
+        inside.set()
         try:
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()  # a request that never answers
         except asyncio.CancelledError:
             raise TimeoutError from None
         return 0
 
     k.gate_sweep = swallowing  # type: ignore[method-assign]
     loop_task = asyncio.create_task(k._gate_loop())
-    await asyncio.sleep(0)  # the loop is inside its sweep
+    await asyncio.wait_for(inside.wait(), 10)  # the loop is inside its sweep
     k._stopping = True
     loop_task.cancel()
     await asyncio.wait_for(asyncio.gather(loop_task, return_exceptions=True), 10)
@@ -543,16 +554,14 @@ async def test_the_answer_comes_before_the_tail_and_the_sessions_next_step_waits
             await asyncio.sleep(0.5)  # a slow tail: the next step must not overtake it
         return await append(event_type, body, **kw)
 
-    k.eventlog.append = slow_verification
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(k.eventlog, "append", slow_verification)
         r1 = await genv.act("WriteNote", {"name": "one", "text": "1"})
         assert isinstance(r1, ActDone) and r1.status == "confirmed"
         assert await _events(genv.js, "STATE_TRANSITIONED", r1.idp_id)
         assert await _events(genv.js, "IDP_COMMITMENT_VERIFIED", r1.idp_id) == []  # answered first
         r2 = await genv.act("WriteNote", {"name": "two", "text": "2"})
         assert isinstance(r2, ActDone) and r2.status == "confirmed"
-    finally:
-        del k.eventlog.append
     v1 = await until(lambda: _seq_of(genv.js, "IDP_COMMITMENT_VERIFIED", r1.idp_id), timeout=10, what="r1's record")
     s2 = await until(lambda: _seq_of(genv.js, "IDP_SUBMITTED", r2.idp_id), timeout=10, what="r2's declaration")
     assert v1 < s2, (v1, s2)
@@ -570,11 +579,7 @@ async def test_a_crash_after_the_answer_leaves_the_tail_to_the_sweep(genv: GateE
     async def dies(*_a: Any, **_k: Any) -> None:
         return None  # the process is gone: nothing of the tail is written
 
-    k._gate_tail = dies
-    try:
-        r = await genv.act("WriteNote", {"name": "crash", "text": "x"})
-    finally:
-        del k._gate_tail
+    r = await _act_patched(genv, "WriteNote", {"name": "crash", "text": "x"}, _gate_tail=dies)
     assert isinstance(r, ActDone) and r.status == "confirmed"
     key = idempotency_key(genv.so, r.idp_id)
     assert (await k.gate_kv.get(key)).value  # the open dispatch stands
@@ -600,11 +605,7 @@ async def test_a_crash_before_the_index_entry_is_moved_on_by_the_sweep(genv: Gat
     async def lost(*_a: Any, **_k: Any) -> None:
         return None  # neither the index entry nor the tail is written: the process is gone
 
-    k._index_dispatched, k._gate_tail = lost, lost
-    try:
-        r = await genv.act("WriteNote", {"name": "early", "text": "y"})
-    finally:
-        del k._index_dispatched, k._gate_tail
+    r = await _act_patched(genv, "WriteNote", {"name": "early", "text": "y"}, _index_dispatched=lost, _gate_tail=lost)
     assert isinstance(r, ActDone) and r.status == "confirmed"
     got = await k.state.idp(genv.so, r.idp_id)
     assert got is not None and got[0].status == "permitted"
@@ -633,11 +634,7 @@ async def test_a_crash_before_gate_dispatched_is_stored_is_logged_by_the_sweep_f
         await until(ran, timeout=10, what="the executor ran the action")
         raise RuntimeError("the gateway died before GATE_DISPATCHED was stored")
 
-    k._log_dispatch = dies
-    try:
-        r = await genv.act("WriteNote", {"name": "lost-log", "text": "z"})
-    finally:
-        del k._log_dispatch
+    r = await _act_patched(genv, "WriteNote", {"name": "lost-log", "text": "z"}, _log_dispatch=dies)
     assert isinstance(r, Reject) and r.error_code == "KERNEL_UNAVAILABLE"
     assert k._log_dispatch == real
     key = genv.notes.calls[0]

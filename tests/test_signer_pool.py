@@ -24,6 +24,7 @@ from consumers.verifier import payload_of, verify_many
 from pgwcore.keys import SigningKey, load_or_create
 from pgwcore.publish import Publisher
 from subjects.errors import ConfigError
+from tests.polling import until
 from tests.stored import stored_msgs
 from tests.test_capsule_model import design_rows, verdict
 from tests.test_capsule_signer import signer_keys, stream_items
@@ -122,11 +123,10 @@ async def test_a_hung_worker_is_killed_and_its_batch_signed_the_same(tmp_path: P
         assert pool.restarts == 1 and pool.active and not pool.given_up
         assert set(pool.worker_pids()).isdisjoint(before)
         # The stopped worker was killed, not left behind (gone, or a zombie until its parent reaps it).
-        for _ in range(200):
-            if _proc_state(before[0]) in ("gone", "Z", "X"):
-                break
-            await asyncio.sleep(0.05)
-        assert _proc_state(before[0]) in ("gone", "Z", "X")
+        async def ended() -> bool:
+            return _proc_state(before[0]) in ("gone", "Z", "X")
+
+        await until(ended, timeout=10, what="the stopped worker killed")
     finally:
         await pool.close()
 
@@ -140,7 +140,10 @@ async def test_a_worker_killed_while_its_batch_is_queued_or_signing_loses_nothin
     try:
         worker = pool.worker_pids()[0]
         task = asyncio.create_task(pool.sign(payloads))
-        await asyncio.sleep(0)  # one turn: the batch is submitted to the worker
+        async def handed_over() -> bool:  # the batch is with the worker (the executor's own queue)
+            return bool(getattr(pool._pool, "_pending_work_items", None))
+
+        await until(handed_over, timeout=10, interval=0.001, what="the batch handed to the worker")
         os.kill(worker, signal.SIGKILL)
         assert await task == [sign_payload(p, key) for p in payloads]
         assert pool.restarts == 1 and pool.active and worker not in pool.worker_pids()
