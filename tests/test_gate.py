@@ -73,13 +73,18 @@ class NotesExecutor:
             return {"late": True}
 
 
-async def _act_patched(genv: Any, action: str, arguments: dict[str, Any], **patches: Any) -> Any:
+async def _act_patched(genv: Any, action: str, arguments: dict[str, Any], *, reached: asyncio.Event | None = None,
+                       **patches: Any) -> Any:
     """One act with kernel methods replaced (fault injection: a gateway dying at that point), put back
-    before it returns."""
+    before it returns; with ``reached``, only once the fault has been reached (the tail runs after the
+    answer, so the answer alone does not say the replaced method was called)."""
     with pytest.MonkeyPatch.context() as mp:
         for name, fn in patches.items():
             mp.setattr(kernel(genv), name, fn)
-        return await genv.act(action, arguments)
+        r = await genv.act(action, arguments)
+        if reached is not None:
+            await asyncio.wait_for(reached.wait(), 10)
+        return r
 
 
 def kernel(env: Any) -> Any:
@@ -576,10 +581,12 @@ async def test_a_crash_after_the_answer_leaves_the_tail_to_the_sweep(genv: GateE
     open dispatch's key, without running the action again."""
     k = kernel(genv)
 
-    async def dies(*_a: Any, **_k: Any) -> None:
-        return None  # the process is gone: nothing of the tail is written
+    gone = asyncio.Event()
 
-    r = await _act_patched(genv, "WriteNote", {"name": "crash", "text": "x"}, _gate_tail=dies)
+    async def dies(*_a: Any, **_k: Any) -> None:
+        gone.set()  # the process is gone: nothing of the tail is written
+
+    r = await _act_patched(genv, "WriteNote", {"name": "crash", "text": "x"}, reached=gone, _gate_tail=dies)
     assert isinstance(r, ActDone) and r.status == "confirmed"
     key = idempotency_key(genv.so, r.idp_id)
     assert (await k.gate_kv.get(key)).value  # the open dispatch stands
@@ -602,10 +609,16 @@ async def test_a_crash_before_the_index_entry_is_moved_on_by_the_sweep(genv: Gat
     records the step once after the executor's timeout."""
     k = kernel(genv)
 
+    tail_gone = asyncio.Event()
+
     async def lost(*_a: Any, **_k: Any) -> None:
         return None  # neither the index entry nor the tail is written: the process is gone
 
-    r = await _act_patched(genv, "WriteNote", {"name": "early", "text": "y"}, _index_dispatched=lost, _gate_tail=lost)
+    async def tail_lost(*_a: Any, **_k: Any) -> None:
+        tail_gone.set()
+
+    r = await _act_patched(genv, "WriteNote", {"name": "early", "text": "y"}, reached=tail_gone,
+                           _index_dispatched=lost, _gate_tail=tail_lost)
     assert isinstance(r, ActDone) and r.status == "confirmed"
     got = await k.state.idp(genv.so, r.idp_id)
     assert got is not None and got[0].status == "permitted"
