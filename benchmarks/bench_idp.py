@@ -3,7 +3,8 @@
 Both run as their own process against the same embedded nats-server
 (JetStream ``sync_interval: always``) and are driven the same way: an
 open-loop driver fires requests at a fixed offered rate for
-``PGW_BENCH_IDP_S`` seconds (default 5) per step of a ladder
+``PGW_BENCH_IDP_S`` seconds (default 5; the bare responder's steps
+``PGW_BENCH_IDP_BARE_S``, default 2) per step of a ladder
 (``PGW_BENCH_IDP_RATES``, default ``250,500,750,1000,1500,2000,3000``/s).
 A system's **ceiling** is the highest offered rate at which it kept up
 (achieved >= 95 % of offered, no failures) with p99 <= 10 ms; its ladder
@@ -81,6 +82,9 @@ from pgwcore import loop as pgw_loop
 
 RATES = [int(x) for x in os.environ.get("PGW_BENCH_IDP_RATES", "250,500,750,1000,1500,2000,3000").split(",") if x]
 SECONDS = float(os.environ.get("PGW_BENCH_IDP_S", "5"))
+# The bare responder only shows what a reply costs at all (no target rests on its ceiling), and it
+# climbs the whole ladder: shorter steps keep make bench under five minutes.
+BARE_SECONDS = float(os.environ.get("PGW_BENCH_IDP_BARE_S", "2"))
 # Steps per session (default 1: every request a new session). With more, the
 # sessions are interleaved so that each recurs about SECONDS / STEPS apart at 250/s.
 STEPS = max(1, int(os.environ.get("PGW_BENCH_IDP_STEPS", "1")))
@@ -251,15 +255,16 @@ async def _floor_main(url: str, name: str = "floor", shape: str | None = None) -
     await nc.drain()
 
 
-async def _ladder(name: str, send: Any, meter: Any) -> tuple[int, list[dict], dict]:
-    """Step up the offered rate until ``send`` fails a step; (ceiling, rows, CPU/messages at the ceiling)."""
+async def _ladder(name: str, send: Any, meter: Any, seconds: float = SECONDS) -> tuple[int, list[dict], dict]:
+    """Step up the offered rate until ``send`` fails a step (``seconds`` per step); (ceiling, rows,
+    CPU/messages at the ceiling)."""
     from benchmarks.harness import progress, row
 
     ceiling, rows, at_ceiling = 0, [], {}
     for rate in RATES:
-        n = max(10, int(rate * SECONDS))
+        n = max(10, int(rate * seconds))
         for attempt in (1, 2):  # one retry: a single disk or scheduler stall must not set the ceiling
-            progress(f"idp {name}: {rate}/s for {SECONDS:.0f} s" + (" (retry)" if attempt > 1 else ""))
+            progress(f"idp {name}: {rate}/s for {seconds:g} s" + (" (retry)" if attempt > 1 else ""))
             with meter() as m:
                 lat, elapsed, fail = await _drive(send, n, rate)
             p50, p99 = pct(lat, 0.5) * 1000, pct(lat, 0.99) * 1000
@@ -379,7 +384,8 @@ async def _main() -> list[dict]:
         def meter_of(pid: int, conn: str) -> Any:
             return lambda: Meter({"service": pid, "server": server.pid or 0}, server.monitor_url, {"service": conn})
 
-        b_ceiling, b_rows, b_at = await _ladder("bare responder", bare, meter_of(echo_proc.pid, "bench-echo"))
+        b_ceiling, b_rows, b_at = await _ladder("bare responder", bare, meter_of(echo_proc.pid, "bench-echo"),
+                                                seconds=BARE_SECONDS)
         f_ceiling, f_rows, f_at = await _ladder("contract floor", floor, meter_of(floor_proc.pid, "bench-idp-floor"))
         for variant, proc in extra_procs.items():
             extra_results[variant] = await _ladder(extra[variant][0], floor_of(variant),

@@ -235,7 +235,8 @@ def p99_windows(limit_ms: float = 20.0, windows: int = 5, seconds: float = 10.0)
 
 def p99_against_floor(limit: float = 2.0) -> Callable[[Rows], Judged]:
     """Under ``always``: the gateway's worst p99 window at 500/s <= ``limit`` x the contract floor's worst
-    window in the same run (worst against worst: by default the floor has one window, the gateway five)."""
+    window in the same run (worst against worst; by default one window each: ``PGW_BENCH_LAT_RUNS_ALWAYS``
+    follows the floor's ``PGW_BENCH_FLOOR_RUNS``)."""
 
     def judge(rows: Rows) -> Judged:
         got, floor_w = _windows(rows, "", "gateway"), _windows(rows, "", "contract floor")
