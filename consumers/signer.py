@@ -77,6 +77,7 @@ from pgwcore.atomic import (
 )
 from pgwcore.keys import MissingKeyError, SigningKey, load_or_create
 from pgwcore.logs import get_logger
+from pgwcore.pubbatch import ack_all
 from pgwcore.pull import fetch_ready
 from pgwcore.service import PullService, delivery
 from subjects.errors import PgwError
@@ -427,9 +428,16 @@ class Signer(LedgerMixin, PullService):
         for job, ok in zip(jobs, stored, strict=True):
             owner = job.ack_with or job
             all_stored[id(owner)] = all_stored.get(id(owner), True) and ok
-        for job, ok, dup in zip(jobs, stored, duplicate, strict=True):
+        # The acks of the batch go to the connection at once (pgwcore.pubbatch), after every store.
+        acks: list[Msg] = []
+        for job, ok in zip(jobs, stored, strict=True):
             if job.msg is not None:
-                await (job.msg.ack() if all_stored.get(id(job), ok) else job.msg.nak(delay=1.0))
+                if all_stored.get(id(job), ok):
+                    acks.append(job.msg)
+                else:
+                    await job.msg.nak(delay=1.0)
+        await ack_all(self.nc, acks)
+        for job, ok, dup in zip(jobs, stored, duplicate, strict=True):
             if ok:
                 tracing.record("pgw.signer.capsule", job.verdict.traceparent, t0, capsule_id=job.entry.capsule_id,
                                verdict_class=job.verdict.verdict_class, duplicate=dup)
