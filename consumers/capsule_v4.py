@@ -197,6 +197,7 @@ def from_verdict(
     built = capsule_map.capsule_from_verdict_checked(
         v, operator=operator, salt=salt, default_developer=default_developer, authority=authority,
         parent_capsule_id=parent_capsule_id, chained=False, fallback_ts=fallback_ts,
+        identify=False,  # format 4 derives its own capsule_id ({#identity}, seal below); "" is left out there
     )
     body = dict(built.body)
     # {#assurance}: "chained is derived solely from ... the Capsule's own chain-linkage block".
