@@ -27,7 +27,11 @@ first message carries ``Nats-Expected-Last-Sequence`` (the whole run lands
 right after the head it was chained onto, or none of it does), and their
 capsules are published as a second atomic batch; each is synced once at its
 commit. A batch the server refuses (a duplicate id, a stream without
-``allow_atomic``) is redone one message at a time, as described above.
+``allow_atomic``) is redone one message at a time, as described above. The
+next batch is built while one batch's ledger run is being stored and its
+statements signed; runs are still appended one after the other, in fetch
+order (see :meth:`Signer._run`). A batch's ledger links, its capsules and its
+acks are each handed to the connection as one write (:mod:`pgwcore.pubbatch`).
 
 Residual: if the signer dies after publishing a capsule but before acking the
 verdict, and the verdict is redelivered only after ``PGW_REGISTRATION``'s

@@ -56,10 +56,10 @@ def header_block(headers: Mapping[str, str]) -> bytes:
         key = _key(k)
         if not key:
             continue
-        v = v.strip()
-        if "\r" in v or "\n" in v:
-            v = v.translate(_HEADER_VALUE_NEWLINES)
-        lines.append(f"{key}: {v}\r\n")
+        value = v.strip()
+        if "\r" in value or "\n" in value:
+            value = value.translate(_HEADER_VALUE_NEWLINES)
+        lines.append(f"{key}: {value}\r\n")
     lines.append("\r\n")
     return "".join(lines).encode()
 
