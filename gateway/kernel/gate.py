@@ -106,6 +106,8 @@ class GateCall:
         self.kind = kind
         self.arguments = arguments
         self.entry: IdpEntry | None = None
+        # The revision the permit's batch stored the index entry at (None: unknown, read it).
+        self.entry_rev: int | None = None
         self.d: OpenDispatch | None = None
         self.traceparent: str | None = None
 
@@ -264,7 +266,10 @@ class Gate:
         if not isinstance(res, Permit):
             return res
         assert gate.d is not None
-        return await self._dispatch(gate.d, reply=True, stored=True)
+        known = None
+        if gate.entry is not None and gate.entry_rev is not None:
+            known = msgspec.structs.replace(gate.entry), gate.entry_rev
+        return await self._dispatch(gate.d, reply=True, stored=True, known=known)
 
     def _open(self, entry: IdpEntry, gate: GateCall, *, state: Literal["awaiting_approval", "dispatched"],
               moment_id: str | None = None) -> OpenDispatch:
@@ -290,11 +295,13 @@ class Gate:
             await self.gate_kv.create(d.idempotency_key, _enc.encode(d))
 
     # -- dispatch -------------------------------------------------------------------
-    async def _dispatch(self, d: OpenDispatch, *, reply: bool, rev: int | None = None, stored: bool = False) -> ActResult:
+    async def _dispatch(self, d: OpenDispatch, *, reply: bool, rev: int | None = None, stored: bool = False,
+                        known: tuple[IdpEntry, int] | None = None) -> ActResult:
         """Record the dispatch (key + GATE_DISPATCHED), send it, and record what came back.
 
         ``stored``: the key is written already (with the permit); ``rev``: the key is taken
-        from ``awaiting_approval`` by compare-and-set (one gateway dispatches an approval)."""
+        from ``awaiting_approval`` by compare-and-set (one gateway dispatches an approval);
+        ``known``: the index entry as the permit stored it, and its revision."""
         if not stored:
             d.state, d.dispatched_at = "dispatched", time.time()
             if rev is None:
@@ -312,16 +319,27 @@ class Gate:
         # reads ``permitted`` for a dispatched step.
         resp, entry, _ = await asyncio.gather(
             self._ask(self.subjects.exec(d.kind, d.action), _enc.encode(d.request()), d),
-            self._index_dispatched(d),
+            self._index_dispatched(d, known),
             self._log_dispatch(d),
         )
         if resp is None or resp.status in ("running", "unknown"):
             return await self._timed_out(d, reply=reply)
         return await self._finish(d, resp, entry=entry, early=reply)
 
-    async def _index_dispatched(self, d: OpenDispatch) -> tuple[IdpEntry, int] | None:
+    async def _index_dispatched(self, d: OpenDispatch, known: tuple[IdpEntry, int] | None = None
+                                ) -> tuple[IdpEntry, int] | None:
         """The index entry moved to ``dispatched`` (never backwards); the entry and its revision,
-        so that the tail's ``transitioned`` is one compare-and-set without a read."""
+        so that the tail's ``transitioned`` is one compare-and-set without a read.
+
+        ``known``: the entry as the permit's batch stored it, and that revision: the move is one
+        compare-and-set on it, with no read first; if anything wrote the entry since (a sweep on
+        another gateway), the compare-and-set fails and the entry is read and moved as before."""
+        if known is not None and known[0].status == "permitted":
+            e = msgspec.structs.replace(known[0], status="dispatched")
+            try:
+                return e, await self.state.put_idp(e, known[1])
+            except ConflictError:
+                pass
         for _ in range(20):
             got = await self.state.idp(d.so_id, d.idp_id)
             if got is None:
