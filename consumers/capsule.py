@@ -255,15 +255,17 @@ class Capsule(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         """The payload bytes that get signed: JCS of the normalized capsule."""
         return canonical_bytes(msgspec.to_builtins(self))  # canonical_bytes normalizes
 
-    def checked_body(self) -> tuple[dict[str, Any], str, int]:
+    def checked_body(self, *, identify: bool = True) -> tuple[dict[str, Any], str, int]:
         """(normalized payload, the capsule_id it derives (§5.1), its jcs flags), from one walk.
 
         Floats are refused here (§5.1 decimal strings), with their paths.
+        ``identify=False``: the id is left out ("") for a caller that derives
+        its own (format 4's {#identity}, :mod:`consumers.capsule_v4`).
         """
         body, flags = jcs.walk(msgspec.to_builtins(self), drop_absent=True)
         if flags & jcs.FLOAT:
             raise CapsuleError("§5.1 decimal strings", f"floating-point values at {', '.join(find_floats(body))}")
-        return body, digest_of_walked(identity_form(body), flags), flags
+        return body, digest_of_walked(identity_form(body), flags) if identify else "", flags
 
     def checked_form(self) -> tuple[dict[str, Any], str, bytes]:
         """(normalized payload, the capsule_id it derives (§5.1), its JCS bytes)."""
@@ -318,8 +320,13 @@ def build_capsule_checked(
     ledger_mode: str | None = None,
     pgw: dict[str, Any] | None = None,
     ledger_pending: bool = False,
+    identify: bool = True,
 ) -> Built:
-    """:func:`build_capsule`, also returning the normalized body (so signing needs no second walk)."""
+    """:func:`build_capsule`, also returning the normalized body (so signing needs no second walk).
+
+    ``identify=False``: every rule is checked but no §5.1 capsule_id is derived
+    (the capsule's and the body's stay ""), for a profile that derives its own.
+    """
     if action_type not in ACTION_TYPES:
         raise CapsuleError("§5.1 action_type", f"must be one of {ACTION_TYPES}")
     for name, v in (("action_id", action_id), ("operator", operator), ("developer", developer)):
@@ -366,7 +373,9 @@ def build_capsule_checked(
         ledger=ledger,
         pgw=pgw or None,
     )
-    body, capsule_id, flags = cap.checked_body()
+    body, capsule_id, flags = cap.checked_body(identify=identify)
+    if not identify:
+        return Built(cap, body, flags)
     body["capsule_id"] = capsule_id
     return Built(msgspec.structs.replace(cap, capsule_id=capsule_id), body, flags)
 

@@ -138,8 +138,10 @@ def capsule_from_verdict_checked(
     parent_capsule_id: str | None = None,
     chained: bool = False,
     fallback_ts: str | Callable[[], str | None] | None = None,
+    identify: bool = True,
 ) -> Built:
-    """:func:`capsule_from_verdict` with the normalized body (see :class:`Built`)."""
+    """:func:`capsule_from_verdict` with the normalized body (see :class:`Built`); ``identify``:
+    see :func:`consumers.capsule.build_capsule_checked`."""
     notes: list[str] = []
     try:
         timestamp = utc_z(v.ts)
@@ -221,6 +223,7 @@ def capsule_from_verdict_checked(
         constraints=constraints,
         pgw=pgw,
         ledger_pending=chained,
+        identify=identify,
     )
 
 

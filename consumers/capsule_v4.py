@@ -61,7 +61,6 @@ from consumers import capsule_outcome as outm
 from consumers.cose import (
     ALG,
     CONTENT_TYPE,
-    COSE_SIGN1_TAG,
     CWT_CLAIMS,
     EDDSA,
     KID_LABEL,
@@ -198,6 +197,7 @@ def from_verdict(
     built = capsule_map.capsule_from_verdict_checked(
         v, operator=operator, salt=salt, default_developer=default_developer, authority=authority,
         parent_capsule_id=parent_capsule_id, chained=False, fallback_ts=fallback_ts,
+        identify=False,  # format 4 derives its own capsule_id ({#identity}, seal below); "" is left out there
     )
     body = dict(built.body)
     # {#assurance}: "chained is derived solely from ... the Capsule's own chain-linkage block".
@@ -358,12 +358,43 @@ def registration_statement(statement: bytes) -> bytes:
     return msg.encode({k: v for k, v in msg.unprotected.items() if k not in (CAPSULE_LABEL, ENVELOPE_LABEL)})
 
 
+def _tstr(s: str) -> bytes:
+    """A CBOR text string (major type 3), head in its shortest form (RFC 8949 §3, §4.2.1)."""
+    b = s.encode("utf-8")
+    head = _bstr(b)  # the same head as a byte string, major type 2 -> 3
+    return bytes((head[0] | 0x20,)) + head[1:]
+
+
+@functools.lru_cache(maxsize=16)
+def _registration_head(kid: str) -> bytes:
+    """The registration statement's protected map up to its CWT claims: the same for every capsule of a kid."""
+    # map(4) {1: -8, 4: kid, 3: ID_MEDIA_TYPE, 15: ...}, in this order, as cbor2.dumps writes the dict below.
+    return b"".join((b"\xa4\x01\x27\x04", _bstr(kid.encode("ascii")), b"\x03", _tstr(ID_MEDIA_TYPE), b"\x0f"))
+
+
+def _registration_protected(kid: str, claims: dict[int, Any]) -> bytes:
+    """``cbor2.dumps({ALG: EDDSA, KID_LABEL: kid, CONTENT_TYPE: ID_MEDIA_TYPE, CWT_CLAIMS: claims})``,
+    written without cbor2's generic encoder where the claims are the two strings of {#registration}
+    (tests/test_capsule_v4_cbor.py holds it to cbor2)."""
+    iss, sub = claims.get(1), claims.get(2)
+    if len(claims) != 2 or type(iss) is not str or type(sub) is not str or next(iter(claims)) != 1:
+        return cbor2.dumps({ALG: EDDSA, KID_LABEL: kid.encode("ascii"), CONTENT_TYPE: ID_MEDIA_TYPE,
+                            CWT_CLAIMS: claims})
+    return b"".join((_registration_head(kid), b"\xa2\x01", _tstr(iss), b"\x02", _tstr(sub)))
+
+
+_CAPSULE_KEY = _tstr(CAPSULE_LABEL)
+_ENVELOPE_KEY = _tstr(ENVELOPE_LABEL)
+
+
 def statement(body: Mapping[str, Any], payload_json: bytes, key: Ed25519PrivateKey, kid: str) -> bytes:
     """The bus statement: the registration statement, with the capsule and its envelope as unprotected members."""
     cid = body["capsule_id"]
     raw_id = bytes.fromhex(cid)
-    protected = cbor2.dumps({ALG: EDDSA, KID_LABEL: kid.encode("ascii"), CONTENT_TYPE: ID_MEDIA_TYPE,
-                             CWT_CLAIMS: claims_for(body)})
+    protected = _registration_protected(kid, claims_for(body))
     signature = key.sign(_sig_structure(protected, raw_id))
-    unprotected = {CAPSULE_LABEL: payload_json, ENVELOPE_LABEL: producer_envelope(cid, key)}
-    return cbor2.dumps(cbor2.CBORTag(COSE_SIGN1_TAG, [protected, unprotected, raw_id, signature]))
+    envelope = producer_envelope(cid, key)
+    # cbor2.dumps(CBORTag(COSE_SIGN1_TAG, [protected, {CAPSULE_LABEL: payload_json, ENVELOPE_LABEL:
+    # envelope}, raw_id, signature])), written out: tag 18, array(4), bstr, map(2), bstr, bstr.
+    return b"".join((b"\xd2\x84", _bstr(protected), b"\xa2", _CAPSULE_KEY, _bstr(bytes(payload_json)),
+                     _ENVELOPE_KEY, _bstr(envelope), _bstr(raw_id), _bstr(signature)))

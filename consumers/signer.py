@@ -27,7 +27,11 @@ first message carries ``Nats-Expected-Last-Sequence`` (the whole run lands
 right after the head it was chained onto, or none of it does), and their
 capsules are published as a second atomic batch; each is synced once at its
 commit. A batch the server refuses (a duplicate id, a stream without
-``allow_atomic``) is redone one message at a time, as described above.
+``allow_atomic``) is redone one message at a time, as described above. The
+next batch is built while one batch's ledger run is being stored and its
+statements signed; runs are still appended one after the other, in fetch
+order (see :meth:`Signer._run`). A batch's ledger links, its capsules and its
+acks are each handed to the connection as one write (:mod:`pgwcore.pubbatch`).
 
 Residual: if the signer dies after publishing a capsule but before acking the
 verdict, and the verdict is redelivered only after ``PGW_REGISTRATION``'s
@@ -77,6 +81,7 @@ from pgwcore.atomic import (
 )
 from pgwcore.keys import MissingKeyError, SigningKey, load_or_create
 from pgwcore.logs import get_logger
+from pgwcore.pubbatch import ack_all
 from pgwcore.pull import fetch_ready
 from pgwcore.service import PullService, delivery
 from subjects.errors import PgwError
@@ -140,6 +145,7 @@ class Signer(LedgerMixin, PullService):
         self._progress = asyncio.Condition()
         self.checkpoints: CheckpointSigner | None = None
         self.pool: SigningPool | None = None  # signer.workers: signing on other cores
+        self._runs: dict[asyncio.Task[list[_Job]], set[str]] = {}  # ledger runs in flight -> their verdict ids
 
     # -- life cycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -211,16 +217,23 @@ class Signer(LedgerMixin, PullService):
 
     # -- the loop -----------------------------------------------------------
     async def _run(self) -> None:
-        """Three overlapping stages: fetch the next batch, prepare this one, store the previous ones.
+        """Four overlapping stages: fetch the next batch, build this one, chain the previous one, store.
 
-        While a batch's capsules are being stored (and its verdicts acked), the
-        next batch is already fetched and is being built, chained and signed.
-        At most two batches are storing, one preparing and one fetched ahead,
-        which the consumer's ``max_ack_pending`` (4 batches) allows.
+        A fetched batch is decoded and its capsules built (:meth:`_stage_batch`,
+        CPU) while the batch before it is still being chained: its ledger run
+        stored (an fsync at the server) and its statements signed. Ledger runs
+        are appended one after the other in fetch order (:meth:`_append_staged`
+        waits for the run before it), so the chain is the one a batch-by-batch
+        loop makes; a batch's capsules are stored once its run is stored and
+        its statements signed, and only then are its verdicts acked. At most
+        two batches are storing (their runs included), one building and one
+        fetched ahead, which the consumer's ``max_ack_pending`` (4 batches) allows.
         """
         batch = min(self.config.signer.batch, MAX_BATCH)
         storing: set[asyncio.Task[None]] = set()
         ahead: asyncio.Future[list[Msg]] | None = None
+        appending: asyncio.Task[list[_Job]] | None = None  # the newest ledger run (each waits for the one before)
+        unstored: asyncio.Task[list[_Job]] | None = None  # a run whose store task is not started yet
         try:
             while not self.stopping.is_set():
                 msgs = await (ahead or self._fetch(batch))
@@ -230,13 +243,18 @@ class Signer(LedgerMixin, PullService):
                 if not msgs:
                     continue
                 ahead = asyncio.ensure_future(self._fetch(batch))
-                jobs = await self._prepare_batch(msgs)
+                staged = await self._stage_batch(msgs, appending)
+                appending = unstored = asyncio.create_task(self._append_staged(staged, appending),
+                                                           name="pgw-signer-chain")
+                self._runs[appending] = staged.vids
+                appending.add_done_callback(self._run_done)
                 while len(storing) >= 2:
                     await asyncio.wait(storing, return_when=asyncio.FIRST_COMPLETED)
-                task = asyncio.create_task(self._publish_jobs(jobs), name="pgw-signer-store")
-                storing.add(task)
-                task.add_done_callback(storing.discard)
+                self._store_after(unstored, storing)
+                unstored = None
         finally:
+            if unstored is not None:
+                self._store_after(unstored, storing)
             if ahead is not None:  # fetched but not worked on: hand back for prompt redelivery
                 for m in await ahead or []:
                     with contextlib.suppress(Exception):
@@ -244,21 +262,36 @@ class Signer(LedgerMixin, PullService):
             if storing:
                 await asyncio.gather(*storing, return_exceptions=True)
 
+    def _run_done(self, task: asyncio.Task[list[_Job]]) -> None:
+        self._runs.pop(task, None)
+
+    def _store_after(self, run: asyncio.Task[list[_Job]], storing: set[asyncio.Task[None]]) -> None:
+        """Store the capsules of ``run``'s batch once its ledger run is stored (a task in ``storing``)."""
+        async def store() -> None:
+            try:
+                await self._publish_jobs(await run)
+            except Exception:  # its verdicts are not acked: they come back after ack_wait
+                log.exception("storing a batch failed; its verdicts are left for redelivery")
+
+        task = asyncio.create_task(store(), name="pgw-signer-store")
+        storing.add(task)
+        task.add_done_callback(storing.discard)
+
     async def _fetch(self, batch: int) -> list[Msg] | None:
         """The next verdicts; [] when none came in time, None when the loop should end."""
         # the ready batch without a task per message
         return await self.fetch(lambda: fetch_ready(self._sub, batch, timeout=0.5), log)
 
-    async def _prepare_batch(self, msgs: list[Msg]) -> list[_Job]:
-        """Decode, build, chain (ledger stored) and sign; return the jobs whose capsule can be stored.
+    async def _stage_batch(self, msgs: list[Msg], before: asyncio.Task[list[_Job]] | None) -> _Staged:
+        """Decode the batch and build its capsules (not yet linked); ``before``: the ledger run in flight.
 
-        The batch's new ledger links are appended as one chained atomic batch
-        (:meth:`_append_jobs`) and :meth:`_publish_jobs` stores its capsules as
-        another: two durable writes for the whole batch instead of two per
-        capsule, each verdict acked only after its capsule is stored. A verdict
-        that cannot be signed now is nak'ed on its own; the rest go on.
+        A verdict that cannot be built now is nak'ed on its own; the rest go on.
+        A supersedes parent in a run still being stored is waited for (its
+        capsule_id is known once the run is stored), so the child is built as
+        a batch-by-batch loop builds it.
         """
-        jobs: list[_Job] = []
+        staged = _Staged()
+        jobs = staged.jobs
         for m in msgs:
             try:
                 verdict = verdict_decoder.decode(m.data)
@@ -269,44 +302,56 @@ class Signer(LedgerMixin, PullService):
                 continue
             primary = _Job(m, verdict)
             jobs.append(primary)
+            staged.vids.add(verdict.verdict_id)
             # spec 004 §3.3: an outcome statement beside the action's capsule, acked with it.
             extra = capsule_outcome.companion(verdict) if self.profile.outcomes else None
             if extra is not None:
                 jobs.append(_Job(None, extra, ack_with=primary))
+                staged.vids.add(extra.verdict_id)
+        if before is not None and not before.done():
+            flying = set().union(*self._runs.values())
+            if any(j.verdict.supersedes in flying and j.verdict.supersedes not in staged.vids for j in jobs):
+                await asyncio.wait([before])
         await self._recall(jobs)
         built: set[str] = set()  # verdict ids built in this batch (a parent may be here, not yet linked)
-        ready: list[_Job] = []
-        naked: set[int] = set()  # ids of the verdict jobs handed back (with every statement they yield)
-
-        async def hand_back(job: _Job, delay: float) -> None:
-            owner = job.ack_with or job
-            if id(owner) not in naked:
-                naked.add(id(owner))
-                if owner.msg is not None:
-                    await owner.msg.nak(delay=delay)
-
         for job in jobs:
-            if id(job.ack_with) in naked:
+            if id(job.ack_with) in staged.naked:
                 continue  # its action's capsule waits for redelivery: so does the outcome
             if job.entry is None:
                 vid = job.verdict.verdict_id
                 try:
                     job.built = await self._build(job.verdict, job.msg, built, job)
                 except _ParentPending as e:
-                    await hand_back(job, min(0.2 * e.deliveries, 2.0))
+                    await staged.hand_back(job, min(0.2 * e.deliveries, 2.0))
                     continue
                 except CapsuleError:
                     log.exception("capsule construction refused; verdict left for redelivery", verdict_id=vid,
                                   traceparent=job.verdict.traceparent)
-                    await hand_back(job, 5.0)
+                    await staged.hand_back(job, 5.0)
                     continue
                 except Exception:
                     log.exception("signing failed; verdict left for redelivery", verdict_id=vid,
                                   traceparent=job.verdict.traceparent)
-                    await hand_back(job, 1.0)
+                    await staged.hand_back(job, 1.0)
                     continue
                 built.add(vid)
-            ready.append(job)
+            staged.ready.append(job)
+        return staged
+
+    async def _append_staged(self, staged: _Staged, before: asyncio.Task[list[_Job]] | None) -> list[_Job]:
+        """Chain a built batch (ledger stored) and sign it; return the jobs whose capsule can be stored.
+
+        Waits first for ``before``, the run of the batch fetched before this
+        one, so runs land in the ledger in fetch order. The batch's new ledger
+        links are appended as one chained atomic batch (:meth:`_append_jobs`)
+        and :meth:`_publish_jobs` stores its capsules as another: two durable
+        writes for the whole batch instead of two per capsule, each verdict
+        acked only after its capsule is stored.
+        """
+        if before is not None:
+            await asyncio.wait([before])  # its failure is its own: it handed its verdicts back
+        naked = staged.naked
+        ready = staged.ready
         new = [j for j in ready if j.entry is None and id(j.ack_with or j) not in naked]
         if new:
             try:
@@ -314,7 +359,7 @@ class Signer(LedgerMixin, PullService):
             except Exception:
                 log.exception("ledger append failed; verdicts left for redelivery", count=len(new))
                 for j in new:
-                    await hand_back(j, 1.0)
+                    await staged.hand_back(j, 1.0)
         # A verdict goes on only with all of its statements (an outcome beside its capsule, §3.3).
         ready = [j for j in ready if j.entry is not None and id(j.ack_with or j) not in naked]
         assert self.key is not None
@@ -427,9 +472,16 @@ class Signer(LedgerMixin, PullService):
         for job, ok in zip(jobs, stored, strict=True):
             owner = job.ack_with or job
             all_stored[id(owner)] = all_stored.get(id(owner), True) and ok
-        for job, ok, dup in zip(jobs, stored, duplicate, strict=True):
+        # The acks of the batch go to the connection at once (pgwcore.pubbatch), after every store.
+        acks: list[Msg] = []
+        for job, ok in zip(jobs, stored, strict=True):
             if job.msg is not None:
-                await (job.msg.ack() if all_stored.get(id(job), ok) else job.msg.nak(delay=1.0))
+                if all_stored.get(id(job), ok):
+                    acks.append(job.msg)
+                else:
+                    await job.msg.nak(delay=1.0)
+        await ack_all(self.nc, acks)
+        for job, ok, dup in zip(jobs, stored, duplicate, strict=True):
             if ok:
                 tracing.record("pgw.signer.capsule", job.verdict.traceparent, t0, capsule_id=job.entry.capsule_id,
                                verdict_class=job.verdict.verdict_class, duplicate=dup)
@@ -478,6 +530,23 @@ def _stream_time(msg: Msg | None) -> str | None:
         return msg.metadata.timestamp.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     except Exception:  # noqa: BLE001 - only a fallback
         return None
+
+
+class _Staged:
+    """A fetched batch between building and chaining: its jobs, those built, those handed back."""
+
+    def __init__(self) -> None:
+        self.jobs: list[_Job] = []
+        self.ready: list[_Job] = []  # built (or found in the ledger), in fetch order
+        self.vids: set[str] = set()  # the batch's verdict ids (a parent of a later batch may be here)
+        self.naked: set[int] = set()  # ids of the verdict jobs handed back (with every statement they yield)
+
+    async def hand_back(self, job: _Job, delay: float) -> None:
+        owner = job.ack_with or job
+        if id(owner) not in self.naked:
+            self.naked.add(id(owner))
+            if owner.msg is not None:
+                await owner.msg.nak(delay=delay)
 
 
 class _ParentPending(Exception):

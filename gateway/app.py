@@ -87,9 +87,10 @@ class Gateway:
         self._stack = contextlib.AsyncExitStack()
         self._drained = False
 
-    async def _scrub_verdict(self, verdict: Verdict) -> Verdict:
-        """SR-1 over a verdict before it is published: it becomes a capsule (spec 004 §8.1, -05 {#privacy})."""
-        return (await self.stage_state.get()).redactor.scrub_struct(verdict)
+    async def _scrub_verdict(self, verdict: Verdict) -> tuple[Verdict, bytes]:
+        """SR-1 over a verdict before it is published: it becomes a capsule (spec 004 §8.1, -05 {#privacy});
+        with its JSON text, encoded once."""
+        return (await self.stage_state.get()).redactor.scrub_json(verdict)
 
     async def __aenter__(self) -> Gateway:
         await ensure_streams(self.js, self.subjects, duplicate_window_s=self.config.gateway.duplicate_window_s)

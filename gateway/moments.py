@@ -60,6 +60,7 @@ from gateway.moment_record import (
 from pgwcore.logs import get_logger
 from pgwcore.loop import together
 from pgwcore.publish import KvWriter, Publisher
+from pgwcore.service import delivery
 from pgwcore.streams import ensure_kv
 from subjects.names import Subjects
 from subjects.util import now_rfc3339, stable_id, to_rfc3339
@@ -285,7 +286,7 @@ class MomentDesk:
 
     def _followed_to(self, msg: Msg) -> None:
         try:
-            seq = msg.metadata.sequence.stream
+            seq = delivery(msg)[0]  # the reply subject read without nats' full metadata (a datetime per write)
         except Exception:  # noqa: BLE001 - no metadata (not a stream delivery): nothing to record
             return
         if seq <= self._followed:

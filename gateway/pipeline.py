@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from gateway.stages import contract, dedup, kind, limits, payload, redaction, ro
 from gateway.stages.base import Ctx, Refuse, Turn
 from gateway.stages.state import StageStateCell, StateHost
 from pgwcore import tracing
-from pgwcore.logs import get_logger
+from pgwcore.logs import enabled, get_logger
 from pgwcore.loop import together
 from pgwcore.service import delivery
 from subjects.errors import SubjectError
@@ -34,7 +35,7 @@ from subjects.wire import EnvelopeOutcome, NoticeItem, Outcome, Verdict
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
-    from subjects.names import Subjects
+    from subjects.names import ParsedSubject, Subjects
 
 
 class PipelineHost(StateHost):
@@ -65,6 +66,7 @@ STAGES: list[Stage] = [
 ]
 
 DURABLE = "pgw-gateway"
+PARSED_SUBJECTS_KEPT = 4096  # distinct inbound subjects (agents) whose parse is kept; then the cache starts over
 
 
 class Pipeline:
@@ -121,16 +123,19 @@ class Pipeline:
     async def _finish(self, ctx: Ctx, outcome: Outcome, *, refused: bool = False) -> Outcome:
         red = ctx.state.redactor
         # SR-1: no secret in any downstream byte, whatever stage produced the text.
-        outcome = red.scrub_struct(outcome)
+        outcome, body = red.scrub_json(outcome)  # encoded once: for the publish and the settle
         msg_id = self.outcome_msg_id(ctx)
         # The outcome and the correlationId record are stored together: a crash
         # between them leaves a record whose redelivery republishes the cached
         # outcome under the same Nats-Msg-Id, or no record, and the turn runs again.
         # The id names the envelope (ctx.envelope_key), not the stream position:
         # the same envelope stored twice has one outcome (DESIGN §7, issue 19).
-        await together(self.gw.publisher.outcome(outcome, msg_id), dedup.settle(ctx, outcome, msg_id, refused))
+        await together(self.gw.publisher.outcome(outcome, msg_id, body),
+                       dedup.settle(ctx, outcome, msg_id, refused, body))
         for hook in self.gw.outcome_hooks:
             await hook(ctx, outcome)
+        if not enabled(logging.INFO):
+            return outcome  # the summary line below would be dropped: its redacted fields are not built
         status = getattr(outcome, "status", outcome.__struct_config__.tag)
         code = getattr(outcome, "code", None)
         log.info(
@@ -227,6 +232,9 @@ class EnvelopeWorker:
         self._sub = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        # Each agent's subject, parsed once (ParsedSubject is frozen): a subject's parse costs as
+        # much as the rest of the message's bookkeeping here.
+        self._parsed: dict[str, ParsedSubject] = {}
 
     async def start(self) -> None:
         cfg = self.gw.config.gateway
@@ -281,13 +289,18 @@ class EnvelopeWorker:
     async def handle(self, msg: Msg) -> None:
         stream_seq, num_delivered = delivery(msg)
         structlog.contextvars.clear_contextvars()
-        try:
-            parsed = self.gw.subjects.parse(msg.subject)
-        except SubjectError as e:
-            # Not even the agent id can be read: drop with a logged reason.
-            log.warning("dropped message on an invalid subject", subject=msg.subject[:200], reason=str(e))
-            await msg.term()
-            return
+        parsed = self._parsed.get(msg.subject)
+        if parsed is None:
+            try:
+                parsed = self.gw.subjects.parse(msg.subject)
+            except SubjectError as e:
+                # Not even the agent id can be read: drop with a logged reason.
+                log.warning("dropped message on an invalid subject", subject=msg.subject[:200], reason=str(e))
+                await msg.term()
+                return
+            if len(self._parsed) >= PARSED_SUBJECTS_KEPT:
+                self._parsed.clear()
+            self._parsed[msg.subject] = parsed
         headers = msg.headers or {}
         turn = Turn(
             agent=parsed.token or "",

@@ -27,6 +27,7 @@ import nats.errors
 from nats.js.errors import APIError, NoStreamResponseError
 
 from pgwcore.logs import get_logger
+from pgwcore.pubbatch import publish_many
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -58,6 +59,7 @@ async def publish_atomic(nc: Client, items: Sequence[BatchItem], *, timeout: flo
         raise ValueError(f"an atomic batch holds at most {MAX_BATCH} messages, got {len(items)}")
     batch_id = secrets.token_hex(12)
     last = len(items) - 1
+    run = []  # every message but the commit, handed to the connection at once (pgwcore.pubbatch)
     for i, (subject, payload, headers) in enumerate(items):
         hdr = dict(headers)
         if i == 0 and first_headers:
@@ -65,8 +67,9 @@ async def publish_atomic(nc: Client, items: Sequence[BatchItem], *, timeout: flo
         hdr["Nats-Batch-Id"] = batch_id
         hdr["Nats-Batch-Sequence"] = str(i + 1)
         if i < last:
-            await nc.publish(subject, payload, headers=hdr)
+            run.append((subject, payload, hdr))
             continue
+        await publish_many(nc, run)
         hdr["Nats-Batch-Commit"] = "1"
         return await publish_acked(nc, subject, payload, hdr, timeout)
     raise AssertionError("unreachable: items is not empty")

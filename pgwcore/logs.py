@@ -82,3 +82,12 @@ def configure_logging(fmt: Literal["auto", "json", "console"] = "auto", level: s
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
     return structlog.get_logger(name)
+
+
+def enabled(level: int) -> bool:
+    """Whether a line at ``level`` (``logging.INFO``...) would be written under the configured
+    filtering level, so a hot path can skip building the fields of a line that would be dropped
+    (the gateway's per-envelope summary line costs a redaction of each field). A wrapper class
+    that does not say its level is taken to write everything."""
+    effective = getattr(structlog.get_config()["wrapper_class"], "get_effective_level", None)
+    return effective is None or level >= effective(None)

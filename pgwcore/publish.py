@@ -277,7 +277,8 @@ class Publisher:
         self._streams = {name: GroupCommit(js, name, self.timeout) for name in ("PGW_OUTBOUND", "PGW_SURFACE", "PGW_VERDICTS")}
         # SR-1 (spec 002) over every verdict, whoever publishes it: set by the gateway, which holds the
         # redactor. A verdict becomes a capsule (spec 004), anchored for good: no secret may reach it.
-        self.scrub_verdict: Callable[[Verdict], Awaitable[Verdict]] | None = None
+        # It returns the verdict to publish and its JSON text (encoded once, by the scrub's check).
+        self.scrub_verdict: Callable[[Verdict], Awaitable[tuple[Verdict, bytes]]] | None = None
 
     async def _plain(self, subject: str, body: bytes, headers: dict[str, str]) -> bool:
         ack = await publish_acked(self.js._nc, subject, body, headers, self.timeout)
@@ -292,9 +293,10 @@ class Publisher:
             subject, body, headers, lambda: self._plain(subject, body, headers), _stored,
         )
 
-    async def outcome(self, outcome: Outcome, msg_id: str) -> None:
-        await self._pub("PGW_OUTBOUND", self.subjects.outcome(outcome.agent), _enc.encode(outcome), msg_id,
-                        outcome.traceparent)
+    async def outcome(self, outcome: Outcome, msg_id: str, body: bytes | None = None) -> None:
+        """Publish ``outcome``; ``body``: its JSON text when the caller has it already."""
+        await self._pub("PGW_OUTBOUND", self.subjects.outcome(outcome.agent),
+                        _enc.encode(outcome) if body is None else body, msg_id, outcome.traceparent)
 
     async def surface(self, item: SurfaceItem, msg_id: str) -> None:
         await self._pub("PGW_SURFACE", self.subjects.surface(item.principal), _enc.encode(item), msg_id,
@@ -302,11 +304,13 @@ class Publisher:
 
     async def verdict(self, verdict: Verdict) -> None:
         if self.scrub_verdict is not None:
-            verdict = await self.scrub_verdict(verdict)
+            verdict, body = await self.scrub_verdict(verdict)
+        else:
+            body = _enc.encode(verdict)
         stored = await self._pub(
             "PGW_VERDICTS",
             self.subjects.verdict(verdict.verdict_class),
-            _enc.encode(verdict),
+            body,
             verdict.verdict_id,
             verdict.traceparent,
         )

@@ -76,11 +76,21 @@ def shutdown() -> None:
             provider.shutdown()
 
 
+_OFF: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()  # reusable: enters as None
+
+
+def span(name: str, traceparent: str | None, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
+    """A span named ``name``, child of ``traceparent`` (W3C) when given; nothing (``None``) when
+    tracing is off, then without building a generator per call (the gateway opens one per turn)."""
+    if _state.tracer is None:
+        return _OFF
+    return _span(name, traceparent, **attributes)
+
+
 @contextlib.contextmanager
-def span(name: str, traceparent: str | None, **attributes: Any) -> Iterator[Any]:
-    """A span named ``name``, child of ``traceparent`` (W3C) when given; nothing when tracing is off."""
+def _span(name: str, traceparent: str | None, **attributes: Any) -> Iterator[Any]:
     tracer = _state.tracer
-    if tracer is None:
+    if tracer is None:  # turned off in between
         yield None
         return
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from datetime import UTC, datetime
 
@@ -17,16 +18,38 @@ def now_rfc3339() -> str:
     four per request).
     """
     sec, ns = divmod(time.time_ns(), 1_000_000_000)
+    return f"{_second_text(sec)}.{ns // 1_000_000:03d}Z"
+
+
+_LAST_SECOND = 253402300799  # 9999-12-31T23:59:59Z: beyond it (and before 1970) datetime formats it
+
+
+def _second_text(sec: int) -> str:
     known, text = _second[0]
     if sec != known:
         text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
         _second[0] = (sec, text)
-    return f"{text}.{ns // 1_000_000:03d}Z"
+    return text
 
 
 def to_rfc3339(ts: float) -> str:
-    """A POSIX timestamp as RFC 3339 UTC ``Z``."""
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """A POSIX timestamp as RFC 3339 UTC ``Z``, to the millisecond.
+
+    The same text as ``datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")``
+    with ``Z``, which rounds the fraction half-even to microseconds and then truncates it to
+    milliseconds; done here as datetime does it (``math.modf``, ``round``, a carry) with the
+    date and time of day formatted once per second, at a third of its cost."""
+    frac, whole = math.modf(ts)
+    us = round(frac * 1e6)
+    if us >= 1_000_000:
+        us -= 1_000_000
+        whole += 1.0
+    elif us < 0:
+        us += 1_000_000
+        whole -= 1.0
+    if not 0.0 <= whole <= _LAST_SECOND:  # also NaN and the infinities: datetime says what it says
+        return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return f"{_second_text(int(whole))}.{us // 1000:03d}Z"
 
 
 def parse_rfc3339(value: str) -> datetime:

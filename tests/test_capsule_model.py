@@ -314,3 +314,25 @@ def test_signing_from_the_built_body_equals_the_full_rebuild() -> None:
         assert linked == capm.attach_ledger(legacy.capsule, ledger)
         assert payload == capm.ready_to_sign(linked) == linked.to_json()
         assert json.loads(payload)["capsule_id"] == capm.compute_capsule_id(json.loads(payload))
+
+
+@pytest.mark.parametrize(("position", "capsule_id", "chain", "prev_hash"), [
+    (1, "ab" * 32, None, capm.GENESIS_HASH),
+    (2**53 - 1, "cd" * 32, {}, "ef" * 32),
+    (7, "", None, ""),
+    (3, "ab" * 32, {"parent_capsule_id": "12" * 32, "relation": "supersedes"}, "ef" * 32),  # the walk's path
+    (4, "AB" * 32, None, 'a"\\b'),  # not lowercase hex: the walk's path, escapes included
+    (2**53, "ab" * 32, None, "ef" * 32),  # beyond the safe integers: the walk's path
+    (-5, "ab" * 32, None, "ef" * 32),
+])
+def test_ledger_entry_hash_is_the_json_digest_of_the_link(position: int, capsule_id: str, chain: dict | None,
+                                                          prev_hash: str) -> None:
+    """A ledger link's hash is JSON-DIGEST of {position, capsule_id, chain, prev_hash}, whichever way it is written."""
+    link = {"position": position, "capsule_id": capsule_id, "chain": dict(chain or {}), "prev_hash": prev_hash}
+    try:
+        want = json_digest(link)
+    except CapsuleError:
+        with pytest.raises(CapsuleError):
+            capm.ledger_entry_hash(position, capsule_id, chain, prev_hash)
+        return
+    assert capm.ledger_entry_hash(position, capsule_id, chain, prev_hash) == want

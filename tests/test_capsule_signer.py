@@ -271,3 +271,46 @@ async def test_a_narrower_existing_durable_is_widened_and_atomic_is_enabled(nc: 
             await pub.verdict(v)
         await signer.wait_signed(len(rows), timeout=30)
     assert len(await stream_items(js, "PGW_REGISTRATION")) == len(rows)
+
+
+async def test_a_child_whose_parent_run_is_still_being_stored_waits_for_it(
+        nc: Any, make_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resolution fetched while its dispatch's ledger run is still being stored is built after that run, chained to
+    the dispatch and never handed back for redelivery."""
+    import asyncio
+
+    import consumers.signer_ledger as ledger_mod
+
+    config = make_config(signer={"batch": 1})
+    js = nc.jetstream()
+    rows = design_rows("fly-")
+    dispatch, resolution = rows[2], rows[3]
+    held, release, child_staged = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    real_publish, real_stage = ledger_mod.publish_atomic, Signer._stage_batch
+
+    async def publish_held(nc_: Any, items: Any, **kw: Any) -> Any:
+        if any(dispatch.verdict_id in subject for subject, _, _ in items):  # the dispatch's run, held in flight
+            held.set()
+            await release.wait()
+        return await real_publish(nc_, items, **kw)
+
+    async def stage(self: Signer, msgs: Any, before: Any) -> Any:
+        if any(resolution.verdict_id.encode() in m.data for m in msgs):
+            child_staged.set()
+        return await real_stage(self, msgs, before)
+
+    monkeypatch.setattr(ledger_mod, "publish_atomic", publish_held)
+    monkeypatch.setattr(Signer, "_stage_batch", stage)
+    pub = Publisher(js, config.subjects)
+    await pub.verdict(dispatch)
+    await pub.verdict(resolution)
+    async with Signer(config, nc) as signer:
+        await asyncio.wait_for(held.wait(), 10)
+        await asyncio.wait_for(child_staged.wait(), 10)  # the resolution's batch is being built meanwhile
+        release.set()
+        await signer.wait_signed(2, timeout=10)
+        info = await js.consumer_info("PGW_VERDICTS", config.signer.durable)
+    assert info.num_redelivered == 0 and info.delivered.consumer_seq == 2  # each fetched once
+    items = {payload_of(d)["pgw"]["verdict_id"]: payload_of(d) for _, d, _ in await stream_items(js, "PGW_REGISTRATION")}
+    assert items[resolution.verdict_id]["chain"]["parent_capsule_id"] == items[dispatch.verdict_id]["capsule_id"]
+    assert check_ledger([m.data for m in await stored_msgs(js, LEDGER_STREAM)]).ok

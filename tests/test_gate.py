@@ -659,3 +659,45 @@ async def test_a_crash_before_gate_dispatched_is_stored_is_logged_by_the_sweep_f
     assert gd_seq < st_seq and st.body["effect_attestation"] == "gate_executed"
     assert len(await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == idp_id)) == 1
     assert genv.notes.calls == [key]  # ran once
+
+
+async def test_the_dispatch_moves_the_index_entry_without_reading_it(genv: GateEnv) -> None:
+    """A permitted gated action moves its index entry to ``dispatched`` by one compare-and-set on the
+    revision the permit stored it at: the entry is not read between the permit and the answer."""
+    k = kernel(genv)
+    reads: list[str] = []
+    real = k.state.idp
+
+    async def counted(so_id: str, idp_id: str) -> Any:
+        reads.append(idp_id)
+        return await real(so_id, idp_id)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(k.state, "idp", counted)
+        r = await genv.act("WriteNote", {"name": "rev", "text": "r"})
+    assert isinstance(r, ActDone) and r.status == "confirmed"
+    assert reads == []
+    assert await until(lambda: _transitioned(k, genv.so, r.idp_id), timeout=10, what="the entry transitioned")
+
+
+async def _transitioned(k: Any, so: str, idp_id: str) -> bool:
+    got = await k.state.idp(so, idp_id)
+    return got is not None and got[0].status == "transitioned"
+
+
+async def test_a_stale_revision_for_the_dispatch_reads_the_entry_and_never_moves_it_back(genv: GateEnv) -> None:
+    """The index entry written since the permit (here: the step already transitioned): the move to
+    ``dispatched`` on the permit's revision fails, the entry is read, and it stays ``transitioned``."""
+    k = kernel(genv)
+    r = await genv.act("WriteNote", {"name": "stale", "text": "s"})
+    assert isinstance(r, ActDone)
+    await until(lambda: _transitioned(k, genv.so, r.idp_id), timeout=10, what="the entry transitioned")
+    (entry, rev) = await k.state.idp(genv.so, r.idp_id)
+    d = _od_dec.decode(msgspec.json.encode({
+        "idempotency_key": idempotency_key(genv.so, r.idp_id), "state": "dispatched", "kind": "notes",
+        "action": "WriteNote", "idp_id": r.idp_id, "so_id": genv.so, "agent": AGENT, "principal": PRINCIPAL,
+        "session_id": entry.session_id, "step_sequence": entry.step_sequence, "submitted_seq": entry.submitted_seq}))
+    permitted = msgspec.structs.replace(entry, status="permitted", transition_seq=None, verification_seq=None)
+    got = await k._index_dispatched(d, (permitted, 1))  # the revision the permit had, long gone
+    assert got is not None and got[0].status == "transitioned" and got[1] == rev
+    assert (await k.state.idp(genv.so, r.idp_id)) == (entry, rev)  # nothing written

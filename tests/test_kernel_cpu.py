@@ -7,11 +7,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.kernel import state
 from pgwcore.atomic import reply_token
 from subjects import util
 from subjects.util import stable_id
+from tests.test_jcs import EXAMPLES, _outcome, scalars, text, values
 
 
 @pytest.mark.parametrize("ns", [0, 1_764_270_000_123_456_789, 1_764_270_000_999_999_999, 1_764_270_001_000_000_000,
@@ -76,3 +79,40 @@ def test_the_event_logs_signer_makes_the_keys_own_signatures() -> None:
         sig = sign(data)
         assert sig == key.sign(data) and len(sig) == 64
         key.public.verify(sig, data)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(values)
+def test_the_kernels_json_digest_is_the_spec_digest(value: object) -> None:
+    """The kernel's JSON-DIGEST (one walk, msgspec where exact) gives the digest of subjects.idp.json_digest, or fails as it does."""
+    from gateway.kernel.eventlog import json_digest as fast
+    from subjects.idp import json_digest
+
+    assert _outcome(fast, value) == _outcome(json_digest, value)
+
+
+def test_the_kernels_json_digest_drops_absent_members_as_the_spec_digest() -> None:
+    """Null, [] and {} members are left out bottom-up and array positions kept, as spec 004's JSON-DIGEST does."""
+    from gateway.kernel.eventlog import json_digest as fast
+    from subjects.idp import json_digest
+
+    for v in ({"a": None, "b": {"c": []}, "d": [None, {}, {"e": None}], "f": 0.5, "g": "\u2028"},
+              {"status": "ok", "result": {"written": 8, "name": "todo"}, "error": None}, [], {}, "x", 1e21):
+        assert fast(v) == json_digest(v)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.dictionaries(text, scalars, max_size=8))
+def test_commitment_records_are_signed_as_the_kernel_key_signs_their_jcs(record: dict[str, Any]) -> None:
+    """EventLog.sign_record gives b64url(key.sign(rfc8785.dumps(record))), the signature commitment records always carried."""
+    import rfc8785
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from gateway.kernel.eventlog import EventLog, fast_signer
+    from pgwcore.keys import SigningKey
+    from subjects.idp import b64url
+
+    key = SigningKey(role="kernel", kid="k", private=Ed25519PrivateKey.generate())
+    log = EventLog.__new__(EventLog)  # the signer alone: no connection needed
+    log._sign_bytes = fast_signer(key)
+    assert _outcome(log.sign_record, record) == _outcome(lambda r: b64url(key.sign(rfc8785.dumps(r))), record)

@@ -134,11 +134,11 @@ async def test_own_redelivery_after_a_lost_outcome_publishes_it_unflagged(nats_s
         real = gw.publisher.outcome
         failed: list[str] = []
 
-        async def outcome(o, msg_id):
+        async def outcome(o, msg_id, body=None):
             if not failed:
                 failed.append(msg_id)
                 raise RuntimeError("outcome publish lost")
-            return await real(o, msg_id)
+            return await real(o, msg_id, body)
 
         gw.publisher.outcome = outcome
         first = moment_env("alice", good_moment(), correlation_id="lost-1")

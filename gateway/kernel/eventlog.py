@@ -101,6 +101,14 @@ def fast_signer(key: SigningKey) -> Callable[[bytes], bytes]:
     return sign
 
 
+def json_digest(value: Any) -> str:
+    """``subjects.idp.json_digest`` (spec 004 JSON-DIGEST: SHA-256 of the JCS of the value with
+    absent members dropped bottom-up), byte for byte, through ``subjects.jcs``: the same
+    normalization in its one walk and msgspec's encoder where that is exact, instead of a
+    second copy and ``rfc8785``'s Python serializer (the gate takes two or three per action)."""
+    return hashlib.sha256(jcs.encode(*jcs.walk(value, drop_absent=True))).hexdigest()
+
+
 class EventLog:
     """Append signed events to the chain; one writer lock per process, CAS across processes."""
 
@@ -123,6 +131,12 @@ class EventLog:
             return 0, GENESIS_DIGEST
         raw = await self.js.get_msg(self.stream, last)
         return last, log_event_decoder.decode(raw.data).digest()
+
+    def sign_record(self, record: Mapping[str, Any]) -> str:
+        """The kernel's signature over the JCS of ``record`` (a commitment record, spec 003 §5.5),
+        base64url: the bytes of ``b64url(key.sign(rfc8785.dumps(record)))``, made by the log's
+        serializer and signer."""
+        return b64url(self._sign_bytes(jcs.dumps(record)))
 
     def sign(self, event: LogEvent) -> LogEvent:
         self._sign(event)

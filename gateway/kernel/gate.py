@@ -54,15 +54,15 @@ import time
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-import rfc8785
 import structlog
 from msgspec import Struct, field
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 
-from gateway.kernel.eventlog import Appended
+from gateway.kernel.eventlog import Appended, json_digest
 from gateway.kernel.state import ConflictError, IdpEntry
+from pgwcore.atomic import publish_acked
 from pgwcore.logs import get_logger
 from pgwcore.metrics import LATENCY
 from pgwcore.streams import ensure_kv
@@ -79,7 +79,7 @@ from subjects.gate import (
     ResultQuery,
     idempotency_key,
 )
-from subjects.idp import Permit, Reject, b64url, json_digest
+from subjects.idp import Permit, Reject
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import ActionResult, Refusal, ReportedEffect, Verdict
 
@@ -95,6 +95,7 @@ ATTESTATION = "gate_executed"
 # transit the gate, so a policy may require it: forbid(...) unless { context.execution.gated };
 GATE_CONTEXT = {"gated": True, "executed_action_source": EXECUTED_ACTION_SOURCE}
 _enc = msgspec.json.Encoder()
+_DELETE = {"KV-Operation": "DEL"}  # the KV delete marker's header (nats.js.kv.KeyValue.delete)
 # The tail task _finish left running in this act's task (awaited by _serve_act after it answered).
 _TAIL: contextvars.ContextVar[asyncio.Task[None] | None] = contextvars.ContextVar("pgw_gate_tail", default=None)
 
@@ -106,6 +107,8 @@ class GateCall:
         self.kind = kind
         self.arguments = arguments
         self.entry: IdpEntry | None = None
+        # The revision the permit's batch stored the index entry at (None: unknown, read it).
+        self.entry_rev: int | None = None
         self.d: OpenDispatch | None = None
         self.traceparent: str | None = None
 
@@ -150,6 +153,12 @@ def observed(resp: ExecResponse) -> tuple[Literal["confirmed", "failed"], Any]:
         return "confirmed", ({} if resp.result is None else resp.result)
     err = msgspec.to_builtins(resp.error) if resp.error is not None else {"code": "EXECUTOR_ERROR"}
     return "failed", err
+
+
+def _request_record(request: ExecRequest) -> tuple[Any, str]:
+    """The executor request as builtins (what the verdict carries) and its JSON-DIGEST (spec 004)."""
+    req = msgspec.to_builtins(request)
+    return req, json_digest(req)
 
 
 class Gate:
@@ -264,7 +273,10 @@ class Gate:
         if not isinstance(res, Permit):
             return res
         assert gate.d is not None
-        return await self._dispatch(gate.d, reply=True, stored=True)
+        known = None
+        if gate.entry is not None and gate.entry_rev is not None:
+            known = msgspec.structs.replace(gate.entry), gate.entry_rev
+        return await self._dispatch(gate.d, reply=True, stored=True, known=known)
 
     def _open(self, entry: IdpEntry, gate: GateCall, *, state: Literal["awaiting_approval", "dispatched"],
               moment_id: str | None = None) -> OpenDispatch:
@@ -290,11 +302,13 @@ class Gate:
             await self.gate_kv.create(d.idempotency_key, _enc.encode(d))
 
     # -- dispatch -------------------------------------------------------------------
-    async def _dispatch(self, d: OpenDispatch, *, reply: bool, rev: int | None = None, stored: bool = False) -> ActResult:
+    async def _dispatch(self, d: OpenDispatch, *, reply: bool, rev: int | None = None, stored: bool = False,
+                        known: tuple[IdpEntry, int] | None = None) -> ActResult:
         """Record the dispatch (key + GATE_DISPATCHED), send it, and record what came back.
 
         ``stored``: the key is written already (with the permit); ``rev``: the key is taken
-        from ``awaiting_approval`` by compare-and-set (one gateway dispatches an approval)."""
+        from ``awaiting_approval`` by compare-and-set (one gateway dispatches an approval);
+        ``known``: the index entry as the permit stored it, and its revision."""
         if not stored:
             d.state, d.dispatched_at = "dispatched", time.time()
             if rev is None:
@@ -310,18 +324,31 @@ class Gate:
         # (_sweep_one). Meanwhile a report for this step is refused all the same (its action is
         # gated: transitions.py), and the sweep moves the entry on from the key, so nothing
         # reads ``permitted`` for a dispatched step.
+        request = d.request()
+        sent = _request_record(request)  # its builtins and digest, for GATE_DISPATCHED and the record
         resp, entry, _ = await asyncio.gather(
-            self._ask(self.subjects.exec(d.kind, d.action), _enc.encode(d.request()), d),
-            self._index_dispatched(d),
-            self._log_dispatch(d),
+            self._ask(self.subjects.exec(d.kind, d.action), _enc.encode(request), d),
+            self._index_dispatched(d, known),
+            self._log_dispatch(d, sent),
         )
         if resp is None or resp.status in ("running", "unknown"):
             return await self._timed_out(d, reply=reply)
-        return await self._finish(d, resp, entry=entry, early=reply)
+        return await self._finish(d, resp, entry=entry, early=reply, sent=sent)
 
-    async def _index_dispatched(self, d: OpenDispatch) -> tuple[IdpEntry, int] | None:
+    async def _index_dispatched(self, d: OpenDispatch, known: tuple[IdpEntry, int] | None = None
+                                ) -> tuple[IdpEntry, int] | None:
         """The index entry moved to ``dispatched`` (never backwards); the entry and its revision,
-        so that the tail's ``transitioned`` is one compare-and-set without a read."""
+        so that the tail's ``transitioned`` is one compare-and-set without a read.
+
+        ``known``: the entry as the permit's batch stored it, and that revision: the move is one
+        compare-and-set on it, with no read first; if anything wrote the entry since (a sweep on
+        another gateway), the compare-and-set fails and the entry is read and moved as before."""
+        if known is not None and known[0].status == "permitted":
+            e = msgspec.structs.replace(known[0], status="dispatched")
+            try:
+                return e, await self.state.put_idp(e, known[1])
+            except ConflictError:
+                pass
         for _ in range(20):
             got = await self.state.idp(d.so_id, d.idp_id)
             if got is None:
@@ -347,10 +374,11 @@ class Gate:
                 pass  # written meanwhile (another gateway's sweep): read and move it forward
         await self.state.advance_idp(d.so_id, d.idp_id, "transitioned", transition_seq=st_seq, verification_seq=v_seq)
 
-    async def _log_dispatch(self, d: OpenDispatch) -> None:
+    async def _log_dispatch(self, d: OpenDispatch, sent: tuple[Any, str] | None = None) -> None:
+        _req, req_digest = sent or _request_record(d.request())
         body = {"idp_id": d.idp_id, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
                 "principal": d.principal, "action": d.action, "executor": d.kind,
-                "idempotency_key": d.idempotency_key, "request_digest": json_digest(msgspec.to_builtins(d.request())),
+                "idempotency_key": d.idempotency_key, "request_digest": req_digest,
                 "idp_submitted_seq": d.submitted_seq, "moment_id": d.moment_id}
         await self.eventlog.append("GATE_DISPATCHED", body,
                                    msg_id=stable_id("GATE_DISPATCHED", d.so_id.lower(), d.idp_id.lower()),
@@ -394,20 +422,21 @@ class Gate:
 
     # -- the record of what the kernel observed -----------------------------------------
     async def _finish(self, d: OpenDispatch, resp: ExecResponse | None, *, entry: tuple[IdpEntry, int] | None = None,
-                      early: bool = False) -> ActDone | ActDispatched:
+                      early: bool = False, sent: tuple[Any, str] | None = None) -> ActDone | ActDispatched:
         """STATE_TRANSITIONED (gate_executed), the commitment check, the verdict; idempotent.
 
         ``resp`` None: the kernel gave up waiting (``follow_up_s``): recorded ``dispatched``.
         ``entry``: the index entry as the dispatch left it (saves reading it again). ``early``:
         the agent is waiting on ``act``: it is answered once STATE_TRANSITIONED is durable, and
-        the rest (the tail, :meth:`_gate_tail`) is written after the answer."""
+        the rest (the tail, :meth:`_gate_tail`) is written after the answer. ``sent``: the
+        request's builtins and digest, as the dispatch computed them."""
         if resp is None:
             status: str = "dispatched"
             response: Any = None
         else:
             status, response = observed(resp)
         resp_digest = json_digest(response) if response is not None else None
-        req = msgspec.to_builtins(d.request())
+        req, req_digest = sent or _request_record(d.request())
         known = entry if entry is not None else await self.state.idp(d.so_id, d.idp_id)
         if known is None:
             raise RuntimeError(f"no index entry for dispatched IDP {d.idp_id}")
@@ -417,7 +446,7 @@ class Gate:
             "principal": d.principal, "step_sequence": d.step_sequence,
             "executed_action": d.action, "executed_action_source": EXECUTED_ACTION_SOURCE,
             "idp_submitted_seq": d.submitted_seq, "executor": d.kind, "idempotency_key": d.idempotency_key,
-            "effect": {"type": d.action, "status": status, "request_digest": json_digest(req),
+            "effect": {"type": d.action, "status": status, "request_digest": req_digest,
                        "response_digest": resp_digest},
             "effect_attestation": ATTESTATION,
         }
@@ -499,7 +528,7 @@ class Gate:
             "requested_action": entry.requested_action, "executed_action": d.action,
             "executed_action_source": EXECUTED_ACTION_SOURCE, "kid": self.key.kid,
         }
-        record["kernel_signature"] = b64url(self.key.sign(rfc8785.dumps(record)))
+        record["kernel_signature"] = self.eventlog.sign_record(record)
         etype = "IDP_COMMITMENT_VERIFIED" if matched else "IDP_COMMITMENT_GAP"
         if entry.verification_seq is not None:
             vjob: Any = self._logged(entry.verification_seq)
@@ -527,8 +556,9 @@ class Gate:
             ), stable_id("action_result", d.so_id.lower(), d.idp_id.lower())))
         vev = (await asyncio.gather(*jobs))[0]
         await self._index_transitioned(d, known, st.seq, vev.seq)
-        with contextlib.suppress(KeyNotFoundError):
-            await self.gate_kv.delete(d.idempotency_key)
+        # == gate_kv.delete(key): the same delete marker (``KV-Operation: DEL``), through
+        # publish_acked (pgwcore.atomic) instead of the KV client's request path.
+        await publish_acked(self.nc, f"$KV.{BUCKET}.{d.idempotency_key}", b"", _DELETE, self.js._timeout)
 
     async def _logged(self, seq: int) -> Appended:
         return Appended(seq, await self.eventlog.get(seq), True)

@@ -469,7 +469,11 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                         traceparent=tp,
                     )
                 )
-            await asyncio.gather(*jobs)
+            stored = await asyncio.gather(*jobs)
+            if gate is not None:
+                # The index entry's revision: the gate moves it to ``dispatched`` by one
+                # compare-and-set on it, with no read (gate.py, _index_dispatched).
+                gate.entry_rev = stored[0]
             return Permit(
                 timestamp=now_rfc3339(), idp_id=idp.idp_id, session_id=idp.session_id,
                 step_sequence=idp.step_sequence, event_seq=sub.seq, warnings=warnings,
@@ -485,12 +489,14 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
     def _moment_id(self, trigger: str, idp: Idp) -> str:
         return stable_id("hem", trigger, idp.so_id.lower(), idp.idp_id.lower())
 
-    async def _put_entry(self, entry: IdpEntry) -> None:
+    async def _put_entry(self, entry: IdpEntry) -> int | None:
+        """The new index entry stored; its revision, or None if it was there already and moved forward."""
         try:
-            await self.state.put_idp(entry, 0)
+            return await self.state.put_idp(entry, 0)
         except ConflictError:
             # Rebuilt by another instance from the log meanwhile: move it forward.
             await self.state.advance_idp(entry.so_id, entry.idp_id, entry.status, moment_id=entry.moment_id)
+            return None
 
     async def _reserve_step(self, agent: str, idp: Idp, read: tuple[SessionEntry, int | None]) -> str | None:
         """Take ``idp.step_sequence`` for the session (spec 003 §5.2(f)); None if it is taken

@@ -15,12 +15,11 @@ import contextlib
 from typing import Any
 
 import msgspec
-import rfc8785
 import structlog
 from nats.errors import TimeoutError as NatsTimeout
 from prometheus_client import Counter
 
-from gateway.kernel.eventlog import Appended, EventLog
+from gateway.kernel.eventlog import Appended, EventLog, json_digest
 from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.state import IdpEntry, KernelState
 from pgwcore.logs import get_logger
@@ -28,9 +27,7 @@ from pgwcore.metrics import REGISTRY
 from subjects.errors import SubjectError
 from subjects.idp import (
     TransitionReport,
-    b64url,
     decode_idp,
-    json_digest,
 )
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import BindingMoment, Refusal, ReportedEffect, Verdict
@@ -252,7 +249,7 @@ class TransitionReports:
             "kid": self.key.kid,
         }
         # spec 003 §5.5.1: Ed25519 over the canonical serialization of all other fields.
-        record["kernel_signature"] = b64url(self.key.sign(rfc8785.dumps(record)))
+        record["kernel_signature"] = self.eventlog.sign_record(record)
         etype = "IDP_COMMITMENT_VERIFIED" if matched else "IDP_COMMITMENT_GAP"
         vbody: dict[str, Any] = {"record": record, "so_id": entry.so_id, "session_id": entry.session_id, "agent": agent,
                                  "executed_action_source": EXECUTED_ACTION_SOURCE}

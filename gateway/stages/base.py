@@ -97,6 +97,7 @@ class Ctx:
     # The body names no envelopeId for this envelope (an empty body, ``[]``, bytes that are not
     # JSON, an id-less envelope): its bytes alone cannot tell a new send from a retry (see envelope_key).
     anonymous: bool = False
+    _key: tuple[bool, str] | None = field(default=None, repr=False, compare=False)  # envelope_key, once
 
     @property
     def agent(self) -> str:
@@ -132,10 +133,16 @@ class Ctx:
         (a retry re-using it stays one envelope), else the stream sequence (one
         stored message, whatever its redeliveries).
         """
+        cached = self._key
+        if cached is not None and cached[0] == self.anonymous:
+            return cached[1]  # computed once per envelope (a sha256); again only if ``anonymous`` changed
         if self.anonymous:
             instance = f"id:{self.turn.msg_id}" if self.turn.msg_id else f"seq:{self.turn.stream_seq}"
-            return envelope_key(self.turn.agent, f"{self.turn.digest}\x00{instance}", self.index)
-        return envelope_key(self.turn.agent, self.turn.digest, self.index)
+            key = envelope_key(self.turn.agent, f"{self.turn.digest}\x00{instance}", self.index)
+        else:
+            key = envelope_key(self.turn.agent, self.turn.digest, self.index)
+        self._key = (self.anonymous, key)
+        return key
 
 
 

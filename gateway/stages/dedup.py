@@ -178,8 +178,9 @@ def replay_of(cached: Outcome, ctx: Ctx, *, replayed: bool) -> Outcome:
     return cached
 
 
-async def settle(ctx: Ctx, outcome: Outcome, msg_id: str, refused: bool) -> None:
-    """With the outcome's publish: cache an accepted one, release the claim on a refusal."""
+async def settle(ctx: Ctx, outcome: Outcome, msg_id: str, refused: bool, body: bytes | None = None) -> None:
+    """With the outcome's publish: cache an accepted one, release the claim on a refusal.
+    ``body``: the outcome's JSON text as published, when the caller has it."""
     claim = ctx.extra.get("dedup")
     if claim is None:
         return
@@ -194,7 +195,7 @@ async def settle(ctx: Ctx, outcome: Outcome, msg_id: str, refused: bool) -> None
         return
     rec = DedupRecord(
         ctx.env.type, _owner(ctx), time.time(), status="done",
-        outcome=msgspec.Raw(_enc.encode(outcome)), msg_id=msg_id, envelope_id=ctx.envelope_id, key=ctx.envelope_key,
+        outcome=msgspec.Raw(_enc.encode(outcome) if body is None else body), msg_id=msg_id, envelope_id=ctx.envelope_id, key=ctx.envelope_key,
     )
     try:
         await writer.update(key, _enc.encode(rec), last=rev)

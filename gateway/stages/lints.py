@@ -151,6 +151,9 @@ def _tradeoff(text: str) -> bool:
     return _TRADEOFF.search(text) is not None
 
 
+_SHORT_FINDING = 400  # characters: below this a finding is split whole rather than word by word
+
+
 def restates(finding: str, syn_words: set[str], syn_n: str) -> bool:
     """Whether ``finding`` restates the synopsis (spec 000 §6.2): the same words, or a Jaccard
     similarity of >= 0.75 over non-stop words with at least 3 of them.
@@ -162,16 +165,25 @@ def restates(finding: str, syn_words: set[str], syn_n: str) -> bool:
     if not syn_words:
         return False
     limit = len(syn_words) / 3
-    new: set[str] = set()
-    words: list[str] = []
-    for m in _WORD.finditer(finding.lower()):
-        w = m.group()
-        words.append(w)
-        if w not in syn_words and w not in _STOP and w not in new:
-            new.add(w)
-            if len(new) > limit:
-                return False
-    fw = set(words) - _STOP
+    if len(finding) <= _SHORT_FINDING:
+        # A short finding is split whole (one C call): the same answer, since the set of new
+        # words only grows as the loop below reads on, so it stops early exactly when the
+        # whole finding's new words are more than ``limit``.
+        words = _WORD.findall(finding.lower())
+        fw = set(words) - _STOP
+        if len(fw - syn_words) > limit:
+            return False
+    else:
+        new: set[str] = set()
+        words = []
+        for m in _WORD.finditer(finding.lower()):
+            w = m.group()
+            words.append(w)
+            if w not in syn_words and w not in _STOP and w not in new:
+                new.add(w)
+                if len(new) > limit:
+                    return False
+        fw = set(words) - _STOP
     if not fw:
         return False
     jaccard = len(fw & syn_words) / len(fw | syn_words)
@@ -197,11 +209,16 @@ def check(bm: Any) -> list[tuple[str, Detail]]:
     q = bm.question
     stem = q.stem
     lead = _find(_LEAD, _LEAD_LOWER, stem)
-    labels = [_norm(o.label) for o in q.options]
-    rec_label = labels[q.recommended_idx] if q.recommended_idx < len(labels) else ""
-    stem_n = _norm(stem)
-    others_named = any(label and label in stem_n for i, label in enumerate(labels) if i != q.recommended_idx)
-    embeds = len(rec_label) >= 12 and rec_label in stem_n and not others_named
+    # The stem embeds the recommendation when it names the recommended option (12 characters or
+    # more, normalised) and no other; each text is normalised only once the answer needs it.
+    idx = q.recommended_idx
+    rec_label = _norm(q.options[idx].label) if idx < len(q.options) else ""
+    embeds = False
+    if len(rec_label) >= 12:
+        stem_n = _norm(stem)
+        if rec_label in stem_n:
+            embeds = not any(label and label in stem_n
+                             for label in (_norm(o.label) for i, o in enumerate(q.options) if i != idx))
     if lead or embeds:
         why = f"it contains {lead!r}" if lead else "it names the recommended option and no other"
         out.append(("leading_stem", Detail(

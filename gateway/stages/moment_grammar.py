@@ -35,6 +35,12 @@ def _text(out: list[Detail], v: Any, path: str, rule: str, limit: int) -> None:
         out.append(Detail(message=f"{path} contains an invisible control ({hidden})", path=path, rule="hidden_characters"))
 
 
+def _plain(v: Any, limit: int) -> bool:
+    """``v`` is an ASCII string, not blank, within ``limit``: ``_text`` would find nothing in it
+    (its checks in that order), so the caller need not build the slot's path (the common case)."""
+    return isinstance(v, str) and len(v) <= limit and v.isascii() and not v.isspace() and v != ""
+
+
 def _text_list(out: list[Detail], v: Any, path: str, rule: str) -> None:
     if not isinstance(v, list):
         out.append(Detail(message=f"{path} must be an array of strings", path=path, rule=rule))
@@ -42,7 +48,8 @@ def _text_list(out: list[Detail], v: Any, path: str, rule: str) -> None:
     if len(v) > MAX_LIST_ITEMS:
         out.append(Detail(message=f"{path} has more than {MAX_LIST_ITEMS} entries", path=path, rule=rule))
     for i, s in enumerate(v[:MAX_LIST_ITEMS]):
-        _text(out, s, f"{path}[{i}]", rule, SLOT_MAX)
+        if not _plain(s, SLOT_MAX):
+            _text(out, s, f"{path}[{i}]", rule, SLOT_MAX)
 
 
 def check_binding_moment(bm: Any, path: str = "$.payload.binding_moment") -> list[Detail]:
@@ -56,13 +63,13 @@ def check_binding_moment(bm: Any, path: str = "$.payload.binding_moment") -> lis
     for m in bm:
         if m not in ALLOWED:  # spec 000 §5: "exactly the members specified"
             out.append(Detail(message=f"unknown member {str(m)[:64]!r} (spec 000 §5)", path=f"{path}.{m}", rule="unknown_member"))
-    if "synopsis" in bm:
+    if "synopsis" in bm and not _plain(bm["synopsis"], SLOT_MAX):
         _text(out, bm["synopsis"], f"{path}.synopsis", "synopsis", SLOT_MAX)  # §6.1
     if "findings" in bm:
         _text_list(out, bm["findings"], f"{path}.findings", "findings")  # §6.2
     if "recommendations" in bm:
         _text_list(out, bm["recommendations"], f"{path}.recommendations", "recommendations")  # §6.3
-    if "offer" in bm:
+    if "offer" in bm and not _plain(bm["offer"], SLOT_MAX):
         _text(out, bm["offer"], f"{path}.offer", "offer", SLOT_MAX)  # §6.4
     if "question" in bm:
         _check_question(out, bm["question"], f"{path}.question")
@@ -88,7 +95,7 @@ def _check_question(out: list[Detail], q: Any, path: str) -> None:
             out.append(Detail(message=f"unknown member {str(m)[:64]!r}", path=f"{path}.{m}", rule="unknown_member"))
     if "stem" not in q:
         out.append(Detail(message="REQUIRED member 'stem' is missing (spec 000 §6.5)", path=f"{path}.stem", rule="missing_member"))
-    else:
+    elif not _plain(q["stem"], SLOT_MAX):
         _text(out, q["stem"], f"{path}.stem", "stem", SLOT_MAX)
     options = q.get("options")
     n_options: int | None = None
@@ -104,6 +111,9 @@ def _check_question(out: list[Detail], q: Any, path: str) -> None:
                 path=f"{path}.options", rule="options_count",
             ))
         for i, opt in enumerate(options[:MAX_OPTIONS + 1]):
+            if (isinstance(opt, dict) and len(opt) == 2 and _plain(opt.get("label"), LABEL_MAX)
+                    and _plain(opt.get("reasoning"), REASONING_MAX)):
+                continue  # exactly label and reasoning, both plain: nothing below would be said
             op = f"{path}.options[{i}]"
             if not isinstance(opt, dict):
                 out.append(Detail(message=f"{op} must be an object with label and reasoning", path=op, rule="option_type"))

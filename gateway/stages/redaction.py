@@ -217,7 +217,11 @@ class Redactor:
         """
         if self._needles:
             return False
-        blob = msgspec.json.encode(obj)
+        return self._clean_json(msgspec.json.encode(obj))
+
+    @staticmethod
+    def _clean_json(blob: bytes) -> bool:
+        """``plainly_clean`` on the JSON text of the graph (with no configured secrets)."""
         # A control character must be dropped (visible()) and may hide a token
         # ("sec\\bret:"), so take the walk: JSON writes most as b"\\u00..", backspace and
         # form feed as b"\\b" / b"\\f", and DEL (0x7f) as itself. (b"\\" first: one
@@ -280,6 +284,17 @@ class Redactor:
     def clean(self, value: Any) -> bool:
         """True when ``value`` (a JSON graph) would come out of redaction unchanged."""
         return self.graph(value) == value
+
+    def scrub_json(self, obj: T) -> tuple[T, bytes]:
+        """``scrub_struct(obj)`` and its JSON text (what a publish of it sends): the text the
+        pre-check encodes is kept, so a clean Struct is encoded once, not once to check and
+        once to send (``msgspec.json.encode``, the same bytes as the publisher's encoder)."""
+        if not self._needles:
+            blob = msgspec.json.encode(obj)
+            if self._clean_json(blob):
+                return obj, blob
+        red = self.scrub_struct(obj)
+        return red, msgspec.json.encode(red)
 
     def scrub_struct(self, obj: T) -> T:
         """A redacted copy of a wire Struct (outcome, verdict, surface item); ``obj`` itself when clean."""

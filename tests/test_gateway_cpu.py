@@ -1,0 +1,108 @@
+"""The gateway's per-envelope helpers made cheaper keep their exact results (docs/performance.md,
+"Gateway CPU per envelope"): timestamps, the lints' and the grammar's fast paths, the redactor's
+encoded text, the envelope's key."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.stages import lints, moment_grammar
+from gateway.stages.base import Ctx, Turn
+from gateway.stages.redaction import Redactor
+from subjects.util import to_rfc3339
+from subjects.wire import EnvelopeOutcome
+
+
+def _reference_rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.floats(min_value=0, max_value=4_102_444_800) | st.integers(1_700_000_000, 1_900_000_000).flatmap(
+    lambda s: st.sampled_from([0.0, 0.0005, 0.0004995, 0.0005005, 0.9995, 0.9999995, 0.9999994, 0.9999996]).map(
+        lambda f: s + f)))
+def test_to_rfc3339_is_datetimes_isoformat(ts: float) -> None:
+    """Any timestamp, half-microsecond and carry cases included, gives the text datetime's isoformat gives."""
+    assert to_rfc3339(ts) == _reference_rfc3339(ts)
+
+
+@pytest.mark.parametrize("ts", [-1.5, -0.0004, 253402300799.9, 1e12])
+def test_to_rfc3339_outside_the_cached_range_is_datetimes(ts: float) -> None:
+    """Before 1970 and past year 9999 the text (or the error) is datetime's own."""
+    try:
+        want = _reference_rfc3339(ts)
+    except (ValueError, OverflowError, OSError) as e:
+        with pytest.raises(type(e)):
+            to_rfc3339(ts)
+        return
+    assert to_rfc3339(ts) == want
+
+
+def test_to_rfc3339_of_nan_fails_as_datetime_does() -> None:
+    """A NaN timestamp is refused with datetime's own error."""
+    with pytest.raises(ValueError):
+        to_rfc3339(math.nan)
+
+
+VOCAB = ["harbor", "ledger", "tax", "summary", "filing", "send", "the", "and", "of", "2025", "only", "Harbor's",
+         "full", "portal", "accounting", "letter", "covers", "annual"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(VOCAB), max_size=120).map(" ".join),
+       st.lists(st.sampled_from(VOCAB), min_size=1, max_size=12).map(" ".join))
+def test_restates_reads_short_and_long_findings_alike(finding: str, syn: str) -> None:
+    """A finding split whole (up to 400 characters) and one read word by word give the same answer."""
+    syn_all = lints._words(syn)
+    syn_words, syn_n = set(syn_all) - lints._STOP, " ".join(syn_all)
+    short = lints.restates(finding, syn_words, syn_n)
+    old = lints._SHORT_FINDING
+    try:
+        lints._SHORT_FINDING = -1  # every finding word by word
+        assert lints.restates(finding, syn_words, syn_n) == short
+    finally:
+        lints._SHORT_FINDING = old
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.text(max_size=30) | st.sampled_from(["", " ", "\x1c", "\t\n", "ok", "a" * 41]), st.integers(0, 40))
+def test_a_plain_slot_is_one_the_grammar_passes(value: str, limit: int) -> None:
+    """Whatever the grammar's fast path takes as plain, its full check finds nothing in."""
+    if moment_grammar._plain(value, limit):
+        out: list = []
+        moment_grammar._text(out, value, "$.x", "synopsis", limit)
+        assert out == []
+
+
+@pytest.mark.parametrize("secrets", [(), ("hunter2-very-secret",)])
+@pytest.mark.parametrize("reason", [None, "plain words", "a secret:abc123 token", "hunter2-very-secret leaked",
+                                    "bell\x07 and zero\u200bwidth"])
+def test_scrub_json_is_the_scrubbed_struct_as_published(secrets: tuple[str, ...], reason: str | None) -> None:
+    """scrub_json gives the Struct scrub_struct gives and exactly the bytes the publisher would encode for it."""
+    red = Redactor(secrets)
+    out = EnvelopeOutcome(agent="a1", ts="2026-11-28T00:00:00.000Z", status="invalid", envelope_id="e",
+                          code="envelope_invalid", reason=reason)
+    scrubbed, body = red.scrub_json(out)
+    assert scrubbed == red.scrub_struct(out)
+    assert body == msgspec.json.Encoder().encode(scrubbed)
+
+
+def test_the_envelope_key_is_computed_once_and_follows_anonymous() -> None:
+    """The cached key is the one a fresh computation gives, and a change of ``anonymous`` recomputes it."""
+    turn = Turn(agent="a1", subject="pgw.agent.a1.envelope", stream_seq=7, body=b"{}", msg_id="m1", traceparent=None)
+
+    def fresh(anonymous: bool) -> str:
+        c = Ctx(None, turn, 0, None, None)  # type: ignore[arg-type]
+        c.anonymous = anonymous
+        return c.envelope_key
+
+    ctx = Ctx(None, turn, 0, None, None)  # type: ignore[arg-type]
+    assert ctx.envelope_key == ctx.envelope_key == fresh(False)
+    ctx.anonymous = True
+    assert ctx.envelope_key == fresh(True) != fresh(False)
