@@ -38,20 +38,29 @@ async def test_every_service_serves_metrics_and_healthz(role: str, nats_server: 
     env = {**os.environ, "PGW_LOG_LEVEL": "WARNING"}
     cfg = tmp_path / "pgw.toml"  # a registrar with a TS runs its consumer (nothing is queued: no request is made)
     cfg.write_text('[registrar]\nts_url = "http://127.0.0.1:9"\n')
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli", "--server", nats_server.client_url, "--data-dir", str(tmp_path / "d"),
-        "--config", str(cfg), "--metrics-port", str(port), "--log-format", "json", role, cwd=str(REPO), env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )
+    # Its log goes to a file: a pipe nobody reads while NATS is gone fills with reconnect warnings
+    # and then blocks the service's own writes (and its event loop with them).
+    log = tmp_path / f"{role}.log"
+    with open(log, "wb") as err:  # noqa: ASYNC230 - process start-up, not a hot path
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cli", "--server", nats_server.client_url, "--data-dir", str(tmp_path / "d"),
+            "--config", str(cfg), "--metrics-port", str(port), "--log-format", "json", role, cwd=str(REPO), env=env,
+            stdout=asyncio.subprocess.DEVNULL, stderr=err,
+        )
     base = f"http://127.0.0.1:{port}"
+    last: list[tuple[int, bytes]] = [(0, b"")]  # the last answer seen: a timeout says what /healthz said
+
+    def said() -> str:
+        return f"(last /healthz: {last[0][0]} {last[0][1][:600]!r})"
+
     try:
         async def ready() -> dict | None:
             if proc.returncode is not None:
-                raise AssertionError(f"pgw {role} exited: {(await proc.stderr.read()).decode()[-2000:]}")
-            code, body = await asyncio.to_thread(_get, base + "/healthz")
+                raise AssertionError(f"pgw {role} exited: {log.read_text(errors='replace')[-2000:]}")
+            last[0] = code, body = await asyncio.to_thread(_get, base + "/healthz")
             return json.loads(body) if code == 200 else None
 
-        doc = await until(ready, timeout=60, interval=0.1, what=f"{role} /healthz 200")
+        doc = await until(ready, timeout=60, interval=0.1, what=lambda: f"{role} /healthz 200 {said()}")
         assert doc["status"] == "ok" and doc["checks"][f"{role}:connected"] == "ok", doc
         assert doc["checks"][f"{role}:consumer"] == "ok", doc  # its durable consumer is watched
         code, body = await asyncio.to_thread(_get, base + "/metrics")
@@ -61,16 +70,22 @@ async def test_every_service_serves_metrics_and_healthz(role: str, nats_server: 
         async def unhealthy() -> dict | None:
             # 503 can come first from the consumer check (its request times out) while the
             # client has not yet noticed the lost connection: wait for the connection check.
-            code, body = await asyncio.to_thread(_get, base + "/healthz")
+            last[0] = code, body = await asyncio.to_thread(_get, base + "/healthz")
             doc = json.loads(body) if code == 503 else None
             return doc if doc and doc["checks"].get(f"{role}:connected") != "ok" else None
 
-        doc = await until(unhealthy, timeout=30, interval=0.1, what=f"{role} /healthz 503")
+        doc = await until(unhealthy, timeout=30, interval=0.1, what=lambda: f"{role} /healthz 503 {said()}")
         assert doc["status"] == "unhealthy" and doc["checks"][f"{role}:connected"] != "ok", doc
     finally:
         if proc.returncode is None:
             proc.terminate()
-            await asyncio.wait_for(proc.wait(), 30)
+            try:
+                await asyncio.wait_for(proc.wait(), 30)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+                raise AssertionError(f"pgw {role} did not stop within 30 s of SIGTERM: "
+                                     f"{log.read_text(errors='replace')[-2000:]}") from None
 
 
 async def test_a_consumer_with_waiting_work_and_no_acks_is_stalled(nc) -> None:
