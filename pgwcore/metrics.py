@@ -122,10 +122,21 @@ def child(metric: Any, *values: str) -> Any:
     return metric.labels(*values)
 
 
+_SAFE: dict[str, str] = {}  # a string's label, once judged (the hot path labels the same few per envelope)
+_SAFE_KEPT = 4096
+
+
 def safe_label(value: object, *, default: str = "none") -> str:
     """A bounded label value: a short token as it is, anything else ``other``."""
     if value is None or value == "":
         return default
+    if type(value) is str:
+        label = _SAFE.get(value)
+        if label is None:
+            label = value if _LABEL_OK.match(value) else "other"
+            if len(_SAFE) < _SAFE_KEPT:
+                _SAFE[value] = label
+        return label
     s = str(value)
     return s if _LABEL_OK.match(s) else "other"
 

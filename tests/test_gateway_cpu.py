@@ -106,3 +106,14 @@ def test_the_envelope_key_is_computed_once_and_follows_anonymous() -> None:
     assert ctx.envelope_key == ctx.envelope_key == fresh(False)
     ctx.anonymous = True
     assert ctx.envelope_key == fresh(True) != fresh(False)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=70) | st.sampled_from(["envelope_invalid", "accepted", "a" * 64, "a" * 65, "x y", ""]))
+def test_a_remembered_metric_label_is_the_one_judged_afresh(value: str) -> None:
+    """safe_label gives a string's label from its memory exactly as it judged it the first time."""
+    from pgwcore import metrics
+
+    want = "none" if value == "" else (value if metrics._LABEL_OK.match(value) else "other")
+    assert metrics.safe_label(value) == want
+    assert metrics.safe_label(value) == want

@@ -116,3 +116,36 @@ def test_commitment_records_are_signed_as_the_kernel_key_signs_their_jcs(record:
     log = EventLog.__new__(EventLog)  # the signer alone: no connection needed
     log._sign_bytes = fast_signer(key)
     assert _outcome(log.sign_record, record) == _outcome(lambda r: b64url(key.sign(rfc8785.dumps(r))), record)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.floats(min_value=0.0, max_value=1.0) | st.sampled_from([-0.0, 0.0, 0.79995, 0.8, 1e-05, 5e-324, 1.0]))
+def test_remembered_cedar_decimals_are_the_computed_ones(x: float) -> None:
+    """cedar_decimal gives, first call and remembered, the truncated four-place text of the float's shortest form."""
+    from decimal import ROUND_FLOOR, Decimal
+
+    from gateway.kernel.policy import cedar_decimal
+
+    want = str(Decimal(repr(float(x))).quantize(Decimal("0.0001"), rounding=ROUND_FLOOR))
+    assert cedar_decimal(x) == want and cedar_decimal(x) == want
+
+
+def test_remembered_cedar_decimals_keep_negative_zero_apart() -> None:
+    """-0.0 and 0.0 are equal floats but have their own Cedar text, whichever is asked first."""
+    from gateway.kernel.policy import _decimal_of, cedar_decimal
+
+    _decimal_of.cache_clear()
+    assert (cedar_decimal(0.0), cedar_decimal(-0.0)) == ("0.0000", "-0.0000")
+    _decimal_of.cache_clear()
+    assert (cedar_decimal(-0.0), cedar_decimal(0.0)) == ("-0.0000", "0.0000")
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(text, st.sampled_from([(), ("Smith",), ("smith", "Jones")]))
+def test_remembered_pii_markers_are_the_markers(description: str, names: tuple[str, ...]) -> None:
+    """The kernel's remembered PII check gives pii_markers' kinds in order, on the first call and the next."""
+    from gateway.kernel.validation import _pii_kinds
+    from subjects.idp import pii_markers
+
+    for s in (description, f"call Mr Smith at +1 555 123 4567 or {description}@example.com"):
+        assert list(_pii_kinds(s, names)) == pii_markers(s, names) == list(_pii_kinds(s, names))

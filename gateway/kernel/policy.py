@@ -23,6 +23,7 @@ IDP has none; policies test it with ``context.idp has mission_ref``. Cedar
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -115,7 +116,15 @@ def cedar_decimal(x: float) -> str:
     is then decided exactly for ``>=`` and ``<``; ``>`` and ``<=`` err toward
     the lower value (docs/kernel.md, "Cedar policies").
     """
-    return str(Decimal(repr(float(x))).quantize(_FOUR_PLACES, rounding=ROUND_FLOOR))
+    return _decimal_of(repr(float(x)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _decimal_of(shortest: str) -> str:
+    """``cedar_decimal`` of the float whose ``repr`` is ``shortest``, remembered: declared
+    confidence levels repeat, and the Decimal quantize was a few microseconds per request.
+    Keyed on the text, so -0.0 and 0.0 (equal as floats) stay apart."""
+    return str(Decimal(shortest).quantize(_FOUR_PLACES, rounding=ROUND_FLOOR))
 
 
 def _decimal(x: float) -> dict[str, Any]:

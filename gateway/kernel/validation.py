@@ -9,6 +9,7 @@ they share.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import msgspec
@@ -57,6 +58,13 @@ def names_source(description: str, *ids: str) -> bool:
         if word in wanted or any(word.partition(sep)[2].strip(_WRAP) in wanted for sep in ("=", ":")):
             return True
     return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _pii_kinds(text: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """``pii_markers(text, names)`` (spec 003 §9), remembered: a pure function of its arguments, and
+    agents repeat their goal and reasoning descriptions from one step to the next."""
+    return tuple(pii_markers(text, names))
 
 
 class RefusalError(Exception):
@@ -134,7 +142,7 @@ class RequestValidation:
             ("$.declared_goal.description", idp.declared_goal.description if idp.declared_goal else ""),
             ("$.reasoning_basis.description", idp.reasoning_basis.description if idp.reasoning_basis else ""),
         ):
-            pii += [f"{kind}@{path}" for kind in pii_markers(text, tuple(self.cfg.pii_names))]
+            pii += [f"{kind}@{path}" for kind in _pii_kinds(text, tuple(self.cfg.pii_names))]
         if pii and self.cfg.pii == "reject":
             raise self._reject(
                 "IDP_MALFORMED", "goal and reasoning descriptions must not contain personal data (spec 003 §9)",
