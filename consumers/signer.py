@@ -229,7 +229,9 @@ class Signer(LedgerMixin, PullService):
         two batches are storing (their runs included), one building and one
         fetched ahead, which the consumer's ``max_ack_pending`` (4 batches) allows.
         """
-        batch = min(self.config.signer.batch, MAX_BATCH)
+        # A verdict yields at most two statements (its capsule and an outcome beside it, spec 004
+        # §3.3), and a batch's links and capsules each go in one atomic batch of at most MAX_BATCH.
+        batch = min(self.config.signer.batch, MAX_BATCH // 2)
         storing: set[asyncio.Task[None]] = set()
         ahead: asyncio.Future[list[Msg]] | None = None
         appending: asyncio.Task[list[_Job]] | None = None  # the newest ledger run (each waits for the one before)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -277,8 +278,6 @@ async def test_a_child_whose_parent_run_is_still_being_stored_waits_for_it(
         nc: Any, make_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A resolution fetched while its dispatch's ledger run is still being stored is built after that run, chained to
     the dispatch and never handed back for redelivery."""
-    import asyncio
-
     import consumers.signer_ledger as ledger_mod
 
     config = make_config(signer={"batch": 1})
@@ -314,3 +313,25 @@ async def test_a_child_whose_parent_run_is_still_being_stored_waits_for_it(
     items = {payload_of(d)["pgw"]["verdict_id"]: payload_of(d) for _, d, _ in await stream_items(js, "PGW_REGISTRATION")}
     assert items[resolution.verdict_id]["chain"]["parent_capsule_id"] == items[dispatch.verdict_id]["capsule_id"]
     assert check_ledger([m.data for m in await stored_msgs(js, LEDGER_STREAM)]).ok
+
+
+async def test_a_batch_of_transitions_with_outcomes_fits_the_atomic_batch_limit(nc: Any, make_config: Any) -> None:
+    """With signer.batch above half the server's atomic batch limit, verdicts that each yield a capsule and an
+    outcome statement are signed at the first delivery (a fetched batch's statements go in one atomic batch of at
+    most 1000; a batch over it was refused whole and handed back)."""
+    config = make_config(signer={"batch": 600})
+    js = nc.jetstream()
+    pub = Publisher(js, config.subjects)
+    n = 600
+    transitions = [Verdict(verdict_id=vid(f"tr-{i}"), ts="2026-03-01T12:00:00.000Z", agent="a", action_type="envelope",
+                           action_id=f"tr:{i}", verdict_class="executed", decision="accept", approver="policy",
+                           human_disposed=False,
+                           details={"match_result": "match", "requested_action": "Close", "executed_action": "Close"})
+                   for i in range(n)]
+    for i in range(0, n, 100):
+        await asyncio.gather(*(pub.verdict(v) for v in transitions[i:i + 100]))
+    async with Signer(config, nc) as signer:
+        await signer.wait_signed(2 * n, timeout=60)  # each: its capsule and its outcome
+        info = await js.consumer_info("PGW_VERDICTS", config.signer.durable)
+    assert (await js.stream_info("PGW_REGISTRATION")).state.messages == 2 * n
+    assert info.delivered.consumer_seq == n  # each verdict fetched once
