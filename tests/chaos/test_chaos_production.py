@@ -165,6 +165,9 @@ async def test_operator_mode_tls_r3_cluster_two_gateways_kill9(tmp_path: Path, s
             await alice_nc.close()
             await e2e_nc.close()
 
+    except Exception as e:  # a failure names what each service logged (a timeout alone says little)
+        e.add_note("services' logs:\n" + "\n".join(f"--- {p.role} {p.data_dir.name}\n{p.log_tail()}" for p in procs))
+        raise
     finally:
         for p in procs:
             await p.stop()
