@@ -47,7 +47,7 @@ default interval; ``PGW_BENCH_GATE_SYNC=always,default``):
 - where the added time goes: the same declaration for an action no
   executor serves, on ``agent.bench.idp`` (validation, session,
   ``IDP_SUBMITTED``, Cedar, the permit's records; no dispatch), at the same
-  rate for ``PGW_BENCH_GATE_IDP_S`` seconds (default 5; 0 leaves it out),
+  rate for ``PGW_BENCH_GATE_IDP_S`` seconds (default 3; 0 leaves it out),
   its p50 beside the gated call's: the difference is the gate's own
   dispatch records and the executor call;
 - the noise-robust figures of the 100/s windows: CPU of the gateway, the
@@ -92,7 +92,7 @@ KIND, ACTION, AGENT = "bench", "Echo", "bench"
 DECLARED = "EchoDeclared"  # the same declaration for an action no executor serves (the split row)
 POLICY = f'permit(principal, action in [Action::"{ACTION}", Action::"{DECLARED}"], resource);\n'
 # Seconds of the split window (the declaration alone, agent.{agent}.idp); 0 leaves it out.
-SPLIT_S = float(os.environ.get("PGW_BENCH_GATE_IDP_S", "5"))
+SPLIT_S = float(os.environ.get("PGW_BENCH_GATE_IDP_S", "3"))
 ARGS = {"path": "/notes/today.txt", "text": "Pick up the dry cleaning before six."}
 WARM = 50  # sequential calls of each kind before the first window
 READY = "bench.gate.executor.ready"
