@@ -245,7 +245,17 @@ class Signer(LedgerMixin, PullService):
                 if not msgs:
                     continue
                 ahead = asyncio.ensure_future(self._fetch(batch))
-                staged = await self._stage_batch(msgs, appending)
+                try:
+                    staged = await self._stage_batch(msgs, appending)
+                except Exception:
+                    # E.g. a redelivery's ledger lookup timing out while a node fails over: the loop
+                    # must outlive it (it ended here before, and the signer sat idle), and the batch
+                    # comes back. What it had already handed back or terminated refuses a second nak.
+                    log.exception("building a batch failed; its verdicts are left for redelivery", count=len(msgs))
+                    for m in msgs:
+                        with contextlib.suppress(Exception):
+                            await m.nak(delay=1.0)
+                    continue
                 appending = unstored = asyncio.create_task(self._append_staged(staged, appending),
                                                            name="pgw-signer-chain")
                 self._runs[appending] = staged.vids

@@ -174,8 +174,19 @@ class PullService:
     def spawn(self, loop: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Run ``loop`` as one of the service's loops: ``drain()`` waits for it."""
         task = asyncio.create_task(loop, name=name)
+        task.add_done_callback(self._loop_ended)
         self._tasks.append(task)
         return task
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """A loop that ends by an error while the service is not stopping leaves it registered and
+        connected but doing nothing: say so loudly (its own error goes with it)."""
+        if task.cancelled() or self.stopping.is_set():
+            return
+        err = task.exception()
+        if err is not None:
+            log.error("a service loop ended by an error; this service no longer takes work: restart it",
+                       service=self.name, loop=task.get_name(), error=repr(err), exc_info=err)
 
     async def fetch(self, fetch: Callable[[], Awaitable[list[Msg]]], log: FilteringBoundLogger,
                     *, what: str = "fetch") -> list[Msg] | None:

@@ -335,3 +335,31 @@ async def test_a_batch_of_transitions_with_outcomes_fits_the_atomic_batch_limit(
         info = await js.consumer_info("PGW_VERDICTS", config.signer.durable)
     assert (await js.stream_info("PGW_REGISTRATION")).state.messages == 2 * n
     assert info.delivered.consumer_seq == n  # each verdict fetched once
+
+
+async def test_a_failed_ledger_lookup_hands_the_batch_back_and_the_signer_goes_on(
+        nc: Any, make_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ledger lookup that times out while a batch is built (a node failing over) hands the batch back for
+    redelivery, and the signer goes on to sign every verdict once: its loop does not end on it."""
+    from nats.errors import TimeoutError as NatsTimeoutError
+
+    config = make_config(signer={"batch": 4})
+    js = nc.jetstream()
+    real_recall, failed = Signer._recall, asyncio.Event()
+
+    async def recall(self: Signer, jobs: Any) -> None:
+        if not failed.is_set():
+            failed.set()
+            raise NatsTimeoutError  # what a get_last_msg meets while the stream's leader is elected
+        await real_recall(self, jobs)
+
+    monkeypatch.setattr(Signer, "_recall", recall)
+    rows = design_rows("lookup-")[:3]
+    pub = Publisher(js, config.subjects)
+    for v in rows:
+        await pub.verdict(v)
+    async with Signer(config, nc) as signer:
+        await asyncio.wait_for(failed.wait(), 10)
+        await signer.wait_signed(len(rows), timeout=20)
+    items = await stream_items(js, "PGW_REGISTRATION")
+    assert Counter(payload_of(d)["pgw"]["verdict_id"] for _, d, _ in items) == {v.verdict_id: 1 for v in rows}

@@ -100,3 +100,26 @@ async def test_fetch_batch_answers_empty_on_timeout_and_none_once_stopping(nc) -
 
     assert await fetch_batch(broken, stopping, nc, log) is None
     await sub.unsubscribe()
+
+
+async def test_a_loop_that_ends_by_an_error_says_so(nc, make_config) -> None:
+    """A service loop that ends by an error while the service runs is logged as an error naming the service and the
+    loop (it leaves the service registered but taking no work), and a loop ended by drain() is not."""
+    import structlog
+
+    class Broken(Recorder):
+        async def _loop(self) -> None:
+            self.looping.set()
+            raise RuntimeError("lost on purpose")
+
+    with structlog.testing.capture_logs() as logs:
+        with pytest.raises(RuntimeError, match="lost on purpose"):  # drain() hands the loop's error on
+            async with Broken(make_config(), nc) as svc:
+                task = svc._tasks[0]
+                await asyncio.wait([task])
+                await asyncio.sleep(0)  # the done callback runs on the loop's next turn
+        async with Recorder(make_config(), nc):
+            pass
+    ended = [e for e in logs if "no longer takes work" in e["event"]]
+    assert len(ended) == 1 and ended[0]["service"] == "life-test" and ended[0]["loop"] == "life-test-loop", logs
+    assert "lost on purpose" in ended[0]["error"]
