@@ -211,7 +211,7 @@ class Registrar(PullService):
                 await self._queue_depth()
                 continue
             for i, msg in enumerate(msgs):
-                if self.stopping.is_set() or not await self.handle(msg):
+                if self.stopping.is_set() or not await self._handle_guarded(msg):
                     for rest in msgs[i + 1:]:  # back to the queue untouched: tried after the pause
                         await rest.nak()
                     break
@@ -275,6 +275,18 @@ class Registrar(PullService):
         # The TS says it holds the statement but serves no receipt for it yet: retried, never dead-lettered.
         raise RegistrationError(f"the TS answered {e.status} already registered but no receipt was found at "
                                 f"{', '.join(dict.fromkeys(urls))}", e.status, transient=True)
+
+    async def _handle_guarded(self, msg: Msg) -> bool:
+        """``handle``, with any failure it does not settle itself (e.g. the dead-letter publish timing out
+        while a node fails over) logged and the statement handed back: the loop must outlive it."""
+        try:
+            return await self.handle(msg)
+        except Exception:
+            log.exception("registering a statement failed; it is left for redelivery",
+                          capsule_id=(msg.headers or {}).get("Pgw-Capsule-Id"))
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=1.0)
+            return True
 
     async def handle(self, msg: Msg) -> bool:
         """Register one statement; False if the TS is unavailable (the caller pauses)."""

@@ -277,3 +277,26 @@ async def test_cli_verify_files_and_keys(tmp_path: Any, nc: Any, make_config: An
     # statements signed before the rotation still verify with the data folder's keys
     args = argparse.Namespace(paths=[str(d / "0.cose")], stream=[], key=[], ts_key=[], store=[], json=False)
     assert await cli.handle_verify(args, config) == 0
+
+
+async def test_a_failure_the_registrar_does_not_settle_hands_the_statement_back(
+        nc: Any, make_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A statement whose handling fails in a way the registrar does not settle itself (a bus write timing out during a
+    node's failover) is handed back and registered on its redelivery: the registrar's loop goes on."""
+    from nats.errors import TimeoutError as NatsTimeoutError
+
+    real, failed = Registrar._handle, []
+
+    async def handle(self: Registrar, msg: Any, hdrs: Any) -> bool:
+        if not failed:
+            failed.append(msg)
+            raise NatsTimeoutError
+        return await real(self, msg, hdrs)
+
+    monkeypatch.setattr(Registrar, "_handle", handle)
+    async with ScittTS() as ts:
+        config = _config(make_config, ts, ts_public_key=ts.public_hex)
+        await _signed(nc, config, design_rows()[:2])
+        async with Registrar(config, nc) as reg:
+            await wait_count(nc.jetstream(), "PGW_CAPSULES", 2)
+            assert reg.registered == 2 and len(failed) == 1
