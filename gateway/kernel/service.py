@@ -406,8 +406,9 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         # stream (one synced write after another) stores that one first.
         # The reservation runs in this request's own task and the other two beside it
         # (one task each, no gathering future: ``_round1``); the reservation is
-        # started first, so its write is still the first one sent, then the
-        # log's, then the report key's, as under ``gather``.
+        # started first, so its write is still the first one sent, and the other
+        # two follow in the order they did under ``gather`` (held by
+        # tests/test_kernel_log.py::test_a_permits_writes_leave_in_their_order).
         body = self._submitted_body(agent, raw["idp"], idp, m, resource, pii, receipt)
         submitted = asyncio.ensure_future(self.eventlog.append(
             "IDP_SUBMITTED", body, msg_id=stable_id("IDP_SUBMITTED", idp.so_id.lower(), idp.idp_id.lower()),
