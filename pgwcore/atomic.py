@@ -27,7 +27,7 @@ import nats.errors
 from nats.js.errors import APIError, NoStreamResponseError
 
 from pgwcore.logs import get_logger
-from pgwcore.pubbatch import publish_many
+from pgwcore.pubbatch import publish_many, publish_one
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -159,7 +159,8 @@ async def send_acked(nc: Client, subject: str, payload: bytes, headers: Mapping[
     raw.add_done_callback(done)
     out.add_done_callback(lambda f: f.cancelled() and not raw.done() and raw.cancel())
     try:
-        await nc.publish(subject, payload, reply=nc._resp_sub_prefix.decode() + token, headers=dict(headers))
+        # nc.publish's bytes and refusals at a fraction of its CPU (pgwcore.pubbatch)
+        await publish_one(nc, subject, payload, headers, nc._resp_sub_prefix.decode() + token)
     except BaseException:
         raw.cancel()
         raise

@@ -106,6 +106,23 @@ async def publish_many(nc: Client, items: Iterable[tuple[str, bytes, Mapping[str
     await _send(nc, cmds, len(cmds), size)
 
 
+async def publish_one(nc: Client, subject: str, payload: bytes, headers: Mapping[str, str] | None = None,
+                      reply: str = "") -> None:
+    """``await nc.publish(subject, payload, reply=reply, headers=headers)``: the same bytes and
+    the same refusals, at a fraction of its CPU (the kernel's durable writes, one per call)."""
+    if not nc.is_connected:  # reconnecting, draining, closed: nats-py's own limits and errors
+        await nc.publish(subject, payload, reply=reply, headers=dict(headers) if headers is not None else None)
+        return
+    if not nc._skip_subject_validation:
+        _validate_subject(subject)
+        if reply:
+            _validate_subject(reply)
+    n = len(payload)
+    if n > nc._max_payload:
+        raise errors.MaxPayloadError
+    await _send(nc, [pub_command(subject, payload, headers, reply)], 1, n)
+
+
 async def ack_all(nc: Client, msgs: Sequence[Msg]) -> None:
     """``await m.ack()`` for each of ``msgs``, in order, queued as one command.
 

@@ -381,3 +381,31 @@ async def test_signed_bytes_are_the_events_signing_bytes(setup: Any, nc: Any, tm
     data = log._sign(ev)
     assert log.key.public.verify(ev.signature, ev.signing_bytes()) is None
     assert data == ev.canonical_bytes()
+
+
+async def test_a_permits_writes_leave_in_their_order(setup: Any, nc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PERMIT's durable writes leave in the order they left before they ran in the request's own task: the session CAS
+    first (so the bucket stores the report key after it), then the report key and IDP_SUBMITTED, then the index entry, then
+    CEDAR_PERMIT_RECORDED."""
+    cfg, _issuer, so, token, jti = setup
+    async with running_gateway(cfg, nc) as gw:
+        kernel = kernel_of(gw)
+        sent: list[str] = []
+        real = kernel.nc._send_command
+
+        async def send(cmd: bytes, priority: bool = False) -> None:
+            for line in bytes(cmd).split(b"\r\n"):
+                if line.startswith((b"PUB ", b"HPUB ")):
+                    subject = line.split(b" ")[1].decode()
+                    if subject.startswith(("$KV.PGW_KERNEL.", "pgw.log.")):
+                        sent.append(subject.split(".")[2] if subject.startswith("$KV") else subject)
+            await real(cmd, priority)
+
+        monkeypatch.setattr(kernel.nc, "_send_command", send)
+        for step in (1, 2):  # the first step of a session, then one whose session is cached
+            sent.clear()
+            data = msgspec.json.encode({"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking")})
+            assert isinstance(await kernel.handle_request(AGENT, data), Permit)
+            # The report key and IDP_SUBMITTED run beside each other (their order is not fixed), after the session CAS.
+            assert sent[0] == "sess" and sorted(sent[1:3]) == ["pgw.log.IDP_SUBMITTED", "tr"], sent
+            assert sent[3:] == ["idp", "pgw.log.CEDAR_PERMIT_RECORDED"], sent

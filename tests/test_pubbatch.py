@@ -9,7 +9,7 @@ import nats.errors
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
-from pgwcore.pubbatch import ack_all, publish_many
+from pgwcore.pubbatch import ack_all, publish_many, publish_one
 
 HEADERS = [
     None,
@@ -77,3 +77,29 @@ async def test_published_run_and_its_acks_reach_the_server(nc: Any) -> None:
         await asyncio.sleep(0.02)  # the server applies the acks it was sent; no event to await for that
     assert ci.num_ack_pending == 0
     assert ci.ack_floor.stream_seq == 51
+
+
+async def test_publish_one_sends_the_bytes_nats_py_sends(nc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One message with a reply subject, with and without headers, is queued as exactly the bytes nats-py's publish queues."""
+    sent = _record(nc, monkeypatch)
+    for i, h in enumerate(HEADERS):
+        await nc.publish(f"pb.one.{i}", b"payload" * (i + 1), reply=f"_INBOX.x.{i}", headers=h)
+        theirs = sent.pop()
+        await publish_one(nc, f"pb.one.{i}", b"payload" * (i + 1), h, f"_INBOX.x.{i}")
+        assert sent.pop() == theirs
+    await nc.publish("pb.one.noreply", b"p")
+    theirs = sent.pop()
+    await publish_one(nc, "pb.one.noreply", b"p")
+    assert sent.pop() == theirs
+
+
+async def test_publish_one_refuses_what_nats_py_refuses(nc: Any) -> None:
+    """A subject or reply with whitespace, a header key that is no token and an oversized payload are refused."""
+    with pytest.raises(nats.errors.BadSubjectError):
+        await publish_one(nc, "pb.bad subject", b"x")
+    with pytest.raises(nats.errors.BadSubjectError):
+        await publish_one(nc, "pb.ok", b"x", None, "bad reply")
+    with pytest.raises(nats.errors.BadHeaderError):
+        await publish_one(nc, "pb.ok", b"x", {"Bad:Key": "v"}, "r")
+    with pytest.raises(nats.errors.MaxPayloadError):
+        await publish_one(nc, "pb.ok", b"x" * (nc.max_payload + 1), None, "r")

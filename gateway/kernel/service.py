@@ -109,6 +109,52 @@ class _RaceError(Exception):
     pass
 
 
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: the caller has already failed with another error
+
+
+async def _round1(reserve: Any, submitted: asyncio.Future[Any]) -> tuple[Any, Any]:
+    """``await gather(reserve, submitted, return_exceptions=True)`` with ``reserve`` run in
+    the caller's own task (one task and the gathering future fewer per request): each
+    result, or the exception it raised. Cancelling the caller cancels ``submitted``."""
+    try:
+        reserved: Any = await reserve
+    except asyncio.CancelledError:
+        submitted.cancel()
+        raise
+    except Exception as e:  # noqa: BLE001 - handed to _commit, as gather's return_exceptions does
+        reserved = e
+    try:
+        sub: Any = await submitted  # a cancellation, of either, is raised (_commit would raise it)
+    except Exception as e:  # noqa: BLE001 - as above
+        sub = e
+    return reserved, sub
+
+
+async def _all(jobs: list[Any]) -> list[Any]:
+    """``await gather(*jobs)`` with the first job run in the caller's own task, the others
+    beside it, started after it (so its write is sent first, as under gather): their
+    results in order. The first error is raised once the first job is done; the others
+    run to their end (their errors retrieved), as under gather. Cancelling the caller
+    cancels them all."""
+    rest = [asyncio.ensure_future(j) for j in jobs[1:]]
+    try:
+        first = await jobs[0]
+        out = [first]
+        for t in rest:
+            out.append(await t)
+        return out
+    except asyncio.CancelledError:
+        for t in rest:
+            t.cancel()
+        raise
+    except BaseException:
+        for t in rest:
+            t.add_done_callback(_retrieve)
+        raise
+
+
 def _uuid_from(*parts: str) -> str:
     return str(uuid.UUID(hex=stable_id(*parts), version=4))
 
@@ -358,27 +404,29 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         # creates of one key are settled by the create itself, so it need not
         # hold up Cedar; it is sent after the session write, so the bucket's
         # stream (one synced write after another) stores that one first.
+        # The reservation runs in this request's own task and the other two beside it
+        # (one task each, no gathering future: ``_round1``); the reservation is
+        # started first, so its write is still the first one sent, and the other
+        # two follow in the order they did under ``gather`` (held by
+        # tests/test_kernel_log.py::test_a_permits_writes_leave_in_their_order).
         body = self._submitted_body(agent, raw["idp"], idp, m, resource, pii, receipt)
-        round1 = asyncio.gather(
-            self._reserve_step(agent, idp, (sess, rev)),
-            self.eventlog.append(
-                "IDP_SUBMITTED", body, msg_id=stable_id("IDP_SUBMITTED", idp.so_id.lower(), idp.idp_id.lower()),
-                traceparent=tp,
-            ),
-            return_exceptions=True,
-        )
+        submitted = asyncio.ensure_future(self.eventlog.append(
+            "IDP_SUBMITTED", body, msg_id=stable_id("IDP_SUBMITTED", idp.so_id.lower(), idp.idp_id.lower()),
+            traceparent=tp,
+        ))
         tr = asyncio.ensure_future(self.state.put_tr(agent, idp.idp_id, idp.so_id))
         try:
+            round1 = await _round1(self._reserve_step(agent, idp, (sess, rev)), submitted)
             return await self._commit(agent, raw, idp, m, resource, pii, round1, tp, hem_available, gate)
         finally:
             await tr
 
     async def _commit(
         self, agent: str, raw: dict[str, Any], idp: Idp, m: Mandate, resource: dict[str, str],
-        pii: list[str], round1: asyncio.Future[list[Any]], tp: str | None, hem_available: bool,
+        pii: list[str], round1: tuple[Any, Any], tp: str | None, hem_available: bool,
         gate: GateCall | None = None,
     ) -> KernelResult:
-        reserved, sub = await round1
+        reserved, sub = round1
         for r in (sub, reserved):
             if isinstance(r, BaseException):
                 raise r
@@ -469,7 +517,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                         traceparent=tp,
                     )
                 )
-            stored = await asyncio.gather(*jobs)
+            stored = await _all(jobs)
             if gate is not None:
                 # The index entry's revision: the gate moves it to ``dispatched`` by one
                 # compare-and-set on it, with no read (gate.py, _index_dispatched).
