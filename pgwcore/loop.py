@@ -39,7 +39,8 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 U = TypeVar("U")
 
 
-def _retrieve(task: asyncio.Future[Any]) -> None:
+def retrieve(task: asyncio.Future[Any]) -> None:
+    """A done callback that marks a task's exception as retrieved (its caller failed with another)."""
     if not task.cancelled():
         task.exception()  # retrieved: the caller has already failed with the other one's error
 
@@ -60,6 +61,6 @@ async def together(first: Awaitable[T], second: Awaitable[U]) -> tuple[T, U]:
         task.cancel()
         raise
     except BaseException:
-        task.add_done_callback(_retrieve)
+        task.add_done_callback(retrieve)
         raise
     return await task, b

@@ -85,16 +85,16 @@ def test_the_event_logs_signer_makes_the_keys_own_signatures() -> None:
 @given(values)
 def test_the_kernels_json_digest_is_the_spec_digest(value: object) -> None:
     """The kernel's JSON-DIGEST (one walk, msgspec where exact) gives the digest of subjects.idp.json_digest, or fails as it does."""
-    from gateway.kernel.eventlog import json_digest as fast
     from subjects.idp import json_digest
+    from subjects.jcs import json_digest as fast
 
     assert _outcome(fast, value) == _outcome(json_digest, value)
 
 
 def test_the_kernels_json_digest_drops_absent_members_as_the_spec_digest() -> None:
     """Null, [] and {} members are left out bottom-up and array positions kept, as spec 004's JSON-DIGEST does."""
-    from gateway.kernel.eventlog import json_digest as fast
     from subjects.idp import json_digest
+    from subjects.jcs import json_digest as fast
 
     for v in ({"a": None, "b": {"c": []}, "d": [None, {}, {"e": None}], "f": 0.5, "g": "\u2028"},
               {"status": "ok", "result": {"written": 8, "name": "todo"}, "error": None}, [], {}, "x", 1e21):

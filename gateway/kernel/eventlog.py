@@ -101,14 +101,6 @@ def fast_signer(key: SigningKey) -> Callable[[bytes], bytes]:
     return sign
 
 
-def json_digest(value: Any) -> str:
-    """``subjects.idp.json_digest`` (spec 004 JSON-DIGEST: SHA-256 of the JCS of the value with
-    absent members dropped bottom-up), byte for byte, through ``subjects.jcs``: the same
-    normalization in its one walk and msgspec's encoder where that is exact, instead of a
-    second copy and ``rfc8785``'s Python serializer (the gate takes two or three per action)."""
-    return hashlib.sha256(jcs.encode(*jcs.walk(value, drop_absent=True))).hexdigest()
-
-
 class EventLog:
     """Append signed events to the chain; one writer lock per process, CAS across processes."""
 

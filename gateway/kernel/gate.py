@@ -60,12 +60,13 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 
-from gateway.kernel.eventlog import Appended, json_digest
+from gateway.kernel.eventlog import Appended
 from gateway.kernel.state import ConflictError, IdpEntry
 from pgwcore.atomic import publish_acked
 from pgwcore.logs import get_logger
 from pgwcore.metrics import LATENCY
 from pgwcore.streams import ensure_kv
+from subjects import jcs
 from subjects.errors import SubjectError
 from subjects.executor import decode_response
 from subjects.gate import (
@@ -158,7 +159,7 @@ def observed(resp: ExecResponse) -> tuple[Literal["confirmed", "failed"], Any]:
 def _request_record(request: ExecRequest) -> tuple[Any, str]:
     """The executor request as builtins (what the verdict carries) and its JSON-DIGEST (spec 004)."""
     req = msgspec.to_builtins(request)
-    return req, json_digest(req)
+    return req, jcs.json_digest(req)
 
 
 class Gate:
@@ -435,7 +436,7 @@ class Gate:
             response: Any = None
         else:
             status, response = observed(resp)
-        resp_digest = json_digest(response) if response is not None else None
+        resp_digest = jcs.json_digest(response) if response is not None else None
         req, req_digest = sent or _request_record(d.request())
         known = entry if entry is not None else await self.state.idp(d.so_id, d.idp_id)
         if known is None:

@@ -61,6 +61,7 @@ from gateway.kernel.transitions import EXECUTION_CONTEXT, TransitionReports
 from gateway.kernel.validation import RefusalError, RequestValidation
 from pgwcore.keys import load_or_create
 from pgwcore.logs import get_logger
+from pgwcore.loop import retrieve
 from pgwcore.metrics import LATENCY, REGISTRY
 from subjects.errors import SubjectError
 from subjects.idp import (
@@ -109,11 +110,6 @@ class _RaceError(Exception):
     pass
 
 
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()  # retrieved: the caller has already failed with another error
-
-
 async def _round1(reserve: Any, submitted: asyncio.Future[Any]) -> tuple[Any, Any]:
     """``await gather(reserve, submitted, return_exceptions=True)`` with ``reserve`` run in
     the caller's own task (one task and the gathering future fewer per request): each
@@ -151,7 +147,7 @@ async def _all(jobs: list[Any]) -> list[Any]:
         raise
     except BaseException:
         for t in rest:
-            t.add_done_callback(_retrieve)
+            t.add_done_callback(retrieve)
         raise
 
 

@@ -19,11 +19,12 @@ import structlog
 from nats.errors import TimeoutError as NatsTimeout
 from prometheus_client import Counter
 
-from gateway.kernel.eventlog import Appended, EventLog, json_digest
+from gateway.kernel.eventlog import Appended, EventLog
 from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.state import IdpEntry, KernelState
 from pgwcore.logs import get_logger
 from pgwcore.metrics import REGISTRY
+from subjects import jcs
 from subjects.errors import SubjectError
 from subjects.idp import (
     TransitionReport,
@@ -204,9 +205,9 @@ class TransitionReports:
             )
         if entry.status not in ("permitted", "hem_approved", "transitioned"):
             return await self._refuse_transition(agent, rep, f"the IDP was not permitted (status {entry.status})", msg_seq, tp)
-        report_digest = json_digest(msgspec.to_builtins(rep))
+        report_digest = jcs.json_digest(msgspec.to_builtins(rep))
         eff = rep.effect
-        resp_digest = json_digest(eff.response) if eff.response is not None else None
+        resp_digest = jcs.json_digest(eff.response) if eff.response is not None else None
         status, reported = recorded_status(eff.status, resp_digest)
         st_body = {
             "idp_id": entry.idp_id, "so_id": entry.so_id, "session_id": entry.session_id, "agent": agent,
@@ -215,7 +216,7 @@ class TransitionReports:
             "idp_submitted_seq": entry.submitted_seq,
             "effect": {"type": eff.type, "status": status, "external_ref": eff.external_ref,
                        "irreversibility_class": eff.irreversibility_class,
-                       "request_digest": json_digest(eff.request) if eff.request is not None else None,
+                       "request_digest": jcs.json_digest(eff.request) if eff.request is not None else None,
                        "response_digest": resp_digest},
             "effect_attestation": "runtime_claimed",
             "report_digest": report_digest,
