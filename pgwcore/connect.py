@@ -86,10 +86,31 @@ async def _silent(e: Exception) -> None:
 
 
 async def close_quietly(nc: Client, timeout: float = 10.0) -> None:
-    """Drain the connection; with the server gone there is nothing to drain: close, no traceback."""
+    """Drain the connection; with the server gone there is nothing to drain: close, no traceback,
+    and no reconnect loop left behind (:func:`end_reconnecting`)."""
     try:
         await asyncio.wait_for(nc.drain(), timeout)
     except Exception as e:  # noqa: BLE001 - ConnectionReconnectingError etc. when the server is gone
         log.info("connection closed without draining", reason=type(e).__name__)
         with contextlib.suppress(Exception):
             await nc.close()
+    await end_reconnecting(nc)
+
+
+async def end_reconnecting(nc: Client, *, attempts: int = 100) -> None:
+    """End nats-py's reconnect loop of a closed connection, which can outlive ``close()``.
+
+    ``close()`` cancels the loop once. On Python 3.11 ``asyncio.wait_for`` loses
+    a cancellation that lands as the awaited connect attempt fails (it raises the
+    attempt's own error instead), and nats-py's loop takes that error for one more
+    failed attempt and goes on reconnecting, for ever: then ``asyncio.run`` (which
+    also cancels once) never returns, and a service told to stop with its server
+    gone hangs (tests/test_connect.py reproduces it). So: cancel until it ends.
+    """
+    task: asyncio.Task[None] | None = getattr(nc, "_reconnection_task", None)  # nats-py 2.x
+    for _ in range(attempts):
+        if task is None or task.done():
+            return
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.05)
+    log.warning("the NATS client's reconnect loop did not end; it is left running", attempts=attempts)

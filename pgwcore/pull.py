@@ -25,6 +25,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
 from nats.js.errors import APIError
 
@@ -40,7 +41,8 @@ def _status(msg: Msg) -> str | None:
 
 async def fetch_ready(psub: Any, batch: int, timeout: float) -> list[Msg]:
     """Up to ``batch`` messages of the pull subscription ``psub``; ``nats.errors.TimeoutError``
-    (from nats-py's ``fetch``) when none came within ``timeout``.
+    when none came within ``timeout`` (always that one: nats-py's own ``fetch`` sometimes
+    raises the bare ``TimeoutError`` instead).
 
     Raises ``APIError`` for a status other than no messages / timeout /
     conflict / heartbeat, as nats-py's ``fetch`` does.
@@ -73,8 +75,13 @@ async def fetch_ready(psub: Any, batch: int, timeout: float) -> list[Msg]:
     except TimeoutError:
         if msgs:
             return msgs
-        raise
+        raise NatsTimeoutError from None
     if msgs:
         return msgs
     # Nothing ready: nats-py's fetch waits for new messages with a lingering request.
-    return await psub.fetch(batch, timeout=timeout)
+    try:
+        return await psub.fetch(batch, timeout=timeout)
+    except NatsTimeoutError:
+        raise
+    except TimeoutError:  # nats-py 2.16 raises the bare one when its probe's answer used up the time
+        raise NatsTimeoutError from None

@@ -57,6 +57,23 @@ async def test_fetch_ready_idle_waits_then_times_out_like_nats_py(nc) -> None:
     await sub.unsubscribe()
 
 
+async def test_every_timeout_is_nats_py_s_timeout_error(nc, monkeypatch) -> None:
+    """The probe's own deadline, and nats-py's fetch raising the bare TimeoutError (which it does
+    when its probe's answer takes the whole time: a loaded machine, CI stop 36), both come out as
+    ``nats.errors.TimeoutError``, what the docstring promises."""
+    _js, sub = await _setup(nc, 0)
+    with pytest.raises(nats.errors.TimeoutError):
+        await fetch_ready(sub, 16, timeout=1e-6)  # the probe's answer cannot come this fast
+
+    async def bare(*a: object, **k: object) -> None:  # nats-py's path, injected: it needs a loaded machine
+        raise TimeoutError
+
+    monkeypatch.setattr(sub, "fetch", bare)
+    with pytest.raises(nats.errors.TimeoutError):
+        await fetch_ready(sub, 16, timeout=0.3)
+    await sub.unsubscribe()
+
+
 async def test_unacked_messages_are_redelivered(nc) -> None:
     js = nc.jetstream()
     await js.add_stream(StreamConfig(name="PULLT", subjects=["pullt.>"]))
