@@ -271,12 +271,14 @@ def _anchor(heading: str) -> str:
 
 
 def test_the_performance_page_links_only_to_sections_that_exist() -> None:
-    """docs/performance.md's links into the run log (and its own) name headings that exist there."""
+    """The performance pages' links into each other (and docs/gate.md's into them) name headings that exist."""
     docs = Path(__file__).resolve().parent.parent / "docs"
     page = (docs / "performance.md").read_text()
-    links = re.findall(r"\]\(((?:performance-log\.md|performance\.md)?)#([^)]+)\)", page)
-    assert links, "performance.md links to no section of the run log"
-    for target, anchor in links:
-        text = (docs / (target or "performance.md")).read_text()
-        anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
-        assert anchor in anchors, (target, anchor)
+    assert re.search(r"\]\(performance-log\.md#", page), "performance.md links to no section of the run log"
+    for name in ("performance.md", "performance-changes.md", "performance-log.md", "gate.md"):
+        links = re.findall(r"\]\(((?:performance-log|performance-changes|performance)\.md)?#([^)]+)\)",
+                           (docs / name).read_text())
+        for target, anchor in links:
+            text = (docs / (target or name)).read_text()
+            anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
+            assert anchor in anchors, (name, target, anchor)

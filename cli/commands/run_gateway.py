@@ -13,7 +13,7 @@ from pgwcore.service import serve_alone
 # 700). A binding moment allocates a hundred or so (dicts, Structs, futures, tasks) that nearly
 # all die with its turn; at the default the collector ran every seven envelopes and promoted the
 # turns in flight to the older generations, about 5 % of the gateway's CPU at 1,000 envelopes/s
-# (docs/performance.md, "Gateway CPU"). Cycles are still collected, only in larger steps.
+# (docs/performance-changes.md, "Gateway CPU per envelope"). Cycles are still collected, only in larger steps.
 GC_YOUNG, GC_MIDDLE, GC_OLD = 20_000, 20, 20
 
 
