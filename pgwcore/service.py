@@ -68,16 +68,28 @@ class Service(Protocol):
 ServiceFactory = Callable[["Config", "Client"], Service]
 
 
+# Container allocations between two collections of the youngest generation (CPython's default:
+# 700), and the two older generations' steps (default 10, 10). A binding moment allocates a
+# hundred or so (dicts, Structs, futures, tasks) that nearly all die with its turn; at the default
+# the collector ran every seven envelopes and promoted the turns in flight to the older
+# generations, about 5 % of the gateway's CPU at 1,000 envelopes/s (docs/performance-changes.md,
+# "Gateway CPU per envelope"); a signer's batch or a kernel request is alike. Cycles are still
+# collected, only in larger steps.
+GC_THRESHOLDS = (20_000, 20, 20)
+
+
 def freeze_startup_heap() -> None:
     """Collect once, then move everything alive after start-up (modules, compiled patterns,
-    Cedar policies, clients) out of the cyclic collector's reach (``gc.freeze``).
+    Cedar policies, clients) out of the cyclic collector's reach (``gc.freeze``), and collect
+    what comes after in larger steps (:data:`GC_THRESHOLDS`).
 
     Issue 18: the gateway holds about 63,000 tracked objects after start-up; every collection
     of the oldest generation re-scanned all of them with the event loop stopped (a pause that
     lands on every envelope in flight, i.e. on p99). What is created afterwards is collected
-    as before."""
+    as before, every GC_THRESHOLDS[0] allocations instead of 700."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 async def run_services(services: list[Service], stop: asyncio.Event, *, on_started: Callable[[], None] | None = None) -> None:

@@ -123,3 +123,22 @@ async def test_a_loop_that_ends_by_an_error_says_so(nc, make_config) -> None:
     ended = [e for e in logs if "no longer takes work" in e["event"]]
     assert len(ended) == 1 and ended[0]["service"] == "life-test" and ended[0]["loop"] == "life-test-loop", logs
     assert "lost on purpose" in ended[0]["error"]
+
+
+async def test_every_service_process_collects_in_larger_steps_after_start(nc, make_config) -> None:
+    """run_services freezes the start-up heap and sets the collector's thresholds for any service, not just the gateway."""
+    import gc
+
+    from pgwcore.service import GC_THRESHOLDS, run_services
+
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)  # CPython's defaults
+    stop = asyncio.Event()
+    seen: list[tuple[int, int, int]] = []
+    try:
+        await run_services([Recorder(make_config(), nc)], stop,
+                           on_started=lambda: (seen.append(gc.get_threshold()), stop.set()))
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
+    assert seen == [GC_THRESHOLDS] and GC_THRESHOLDS[0] > 700

@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import gc
 
 from gateway.app import Gateway
 from pgwcore.config import Config
 from pgwcore.service import serve_alone
-
-# Container allocations between two collections of the youngest generation (CPython's default:
-# 700). A binding moment allocates a hundred or so (dicts, Structs, futures, tasks) that nearly
-# all die with its turn; at the default the collector ran every seven envelopes and promoted the
-# turns in flight to the older generations, about 5 % of the gateway's CPU at 1,000 envelopes/s
-# (docs/performance-changes.md, "Gateway CPU per envelope"). Cycles are still collected, only in larger steps.
-GC_YOUNG, GC_MIDDLE, GC_OLD = 20_000, 20, 20
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -23,5 +15,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 async def handle(args: argparse.Namespace, config: Config) -> int:
-    gc.set_threshold(GC_YOUNG, GC_MIDDLE, GC_OLD)
+    # The collector's thresholds are set for every service process (pgwcore.service.freeze_startup_heap).
     return await serve_alone(config, Gateway, "gateway", streams=False)  # the gateway makes its streams itself
