@@ -269,6 +269,17 @@ class KvWriter:
         )
 
 
+_DELETE_MARKER = {"KV-Operation": "DEL"}  # the header of nats' KeyValue.delete marker
+
+
+async def kv_delete(js: JetStreamContext, bucket: str, key: str) -> int:
+    """``kv.delete(key)`` of ``bucket``: the same delete marker (an empty value with
+    ``KV-Operation: DEL``; a read then raises ``KeyNotFoundError``, a watcher sees a delete),
+    through ``publish_acked`` instead of the KV client's request path. The marker's stream sequence."""
+    ack = await publish_acked(js._nc, f"$KV.{bucket}.{key}", b"", _DELETE_MARKER, js._timeout)
+    return ack.seq
+
+
 class Publisher:
     def __init__(self, js: JetStreamContext, subjects: Subjects, *, timeout: float | None = None) -> None:
         self.js = js

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import copy
 
-from nats.js.errors import KeyWrongLastSequenceError
+import pytest
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from pgwcore import metrics
-from pgwcore.publish import ATOMIC_MIN, MAX_INFLIGHT, KvWriter, Publisher
+from pgwcore.publish import ATOMIC_MIN, MAX_INFLIGHT, KvWriter, Publisher, kv_delete
 from pgwcore.streams import ensure_kv, ensure_streams, stream_plans
 from subjects.names import Subjects
 from subjects.util import now_rfc3339, stable_id
@@ -161,3 +162,22 @@ async def test_kv_writer_one_at_a_time_answers_as_nats_kv(nc):
     await kv.delete("a")
     r3 = await writer.create("a", b"3")
     assert (await kv.get("a")).value == b"3" and r3 == (await kv.get("a")).revision
+
+
+async def test_kv_delete_writes_the_marker_nats_kv_delete_writes(nc):
+    """kv_delete leaves what KeyValue.delete leaves: the same stored marker, a read that finds no key, a watcher's DEL."""
+    js = nc.jetstream()
+    kv = await js.create_key_value(bucket="PUBT_DEL", history=2)
+    await kv.put("ours", b"v")
+    await kv.put("theirs", b"v")
+    seq = await kv_delete(js, "PUBT_DEL", "ours")
+    await kv.delete("theirs")
+    ours = await js.get_msg("KV_PUBT_DEL", seq)
+    theirs = await js.get_msg("KV_PUBT_DEL", subject="$KV.PUBT_DEL.theirs", direct=False)
+    assert ours.subject == "$KV.PUBT_DEL.ours" and not ours.data and not theirs.data  # empty (nats-py: None)
+    assert ours.headers == theirs.headers == {"KV-Operation": "DEL"}
+    for key in ("ours", "theirs"):
+        with pytest.raises(KeyNotFoundError):
+            await kv.get(key)
+    entry = await (await kv.watch("ours", include_history=False)).updates(timeout=2)
+    assert entry is not None and entry.operation == "DEL"

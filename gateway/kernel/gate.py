@@ -62,9 +62,9 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysEr
 
 from gateway.kernel.eventlog import Appended
 from gateway.kernel.state import ConflictError, IdpEntry
-from pgwcore.atomic import publish_acked
 from pgwcore.logs import get_logger
 from pgwcore.metrics import LATENCY
+from pgwcore.publish import kv_delete
 from pgwcore.streams import ensure_kv
 from subjects import jcs
 from subjects.errors import SubjectError
@@ -96,7 +96,6 @@ ATTESTATION = "gate_executed"
 # transit the gate, so a policy may require it: forbid(...) unless { context.execution.gated };
 GATE_CONTEXT = {"gated": True, "executed_action_source": EXECUTED_ACTION_SOURCE}
 _enc = msgspec.json.Encoder()
-_DELETE = {"KV-Operation": "DEL"}  # the KV delete marker's header (nats.js.kv.KeyValue.delete)
 # The tail task _finish left running in this act's task (awaited by _serve_act after it answered).
 _TAIL: contextvars.ContextVar[asyncio.Task[None] | None] = contextvars.ContextVar("pgw_gate_tail", default=None)
 
@@ -557,9 +556,7 @@ class Gate:
             ), stable_id("action_result", d.so_id.lower(), d.idp_id.lower())))
         vev = (await asyncio.gather(*jobs))[0]
         await self._index_transitioned(d, known, st.seq, vev.seq)
-        # == gate_kv.delete(key): the same delete marker (``KV-Operation: DEL``), through
-        # publish_acked (pgwcore.atomic) instead of the KV client's request path.
-        await publish_acked(self.nc, f"$KV.{BUCKET}.{d.idempotency_key}", b"", _DELETE, self.js._timeout)
+        await kv_delete(self.js, BUCKET, d.idempotency_key)
 
     async def _logged(self, seq: int) -> Appended:
         return Appended(seq, await self.eventlog.get(seq), True)
