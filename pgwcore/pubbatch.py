@@ -81,6 +81,17 @@ async def _send(nc: Client, cmds: list[bytes], count: int, size: int) -> None:
         await nc._flush_pending()
 
 
+def _checked(nc: Client, subject: str, payload: bytes, headers: Mapping[str, str] | None, reply: str = "") -> bytes:
+    """The command of one message, after the checks ``nc.publish`` makes (subjects, max payload)."""
+    if not nc._skip_subject_validation:
+        _validate_subject(subject)
+        if reply:
+            _validate_subject(reply)
+    if len(payload) > nc._max_payload:
+        raise errors.MaxPayloadError
+    return pub_command(subject, payload, headers, reply)
+
+
 async def publish_many(nc: Client, items: Iterable[tuple[str, bytes, Mapping[str, str] | None]]) -> None:
     """Publish ``(subject, payload, headers)`` in order, no reply subjects: what ``nc.publish``
     of each would send, queued as one command."""
@@ -91,19 +102,8 @@ async def publish_many(nc: Client, items: Iterable[tuple[str, bytes, Mapping[str
         for subject, payload, headers in items:
             await nc.publish(subject, payload, headers=dict(headers) if headers is not None else None)
         return
-    skip = nc._skip_subject_validation
-    max_payload = nc._max_payload
-    cmds: list[bytes] = []
-    size = 0
-    for subject, payload, headers in items:
-        if not skip:
-            _validate_subject(subject)
-        n = len(payload)
-        if n > max_payload:
-            raise errors.MaxPayloadError
-        size += n
-        cmds.append(pub_command(subject, payload, headers))
-    await _send(nc, cmds, len(cmds), size)
+    cmds = [_checked(nc, subject, payload, headers) for subject, payload, headers in items]
+    await _send(nc, cmds, len(cmds), sum(len(payload) for _, payload, _ in items))
 
 
 async def publish_one(nc: Client, subject: str, payload: bytes, headers: Mapping[str, str] | None = None,
@@ -113,14 +113,7 @@ async def publish_one(nc: Client, subject: str, payload: bytes, headers: Mapping
     if not nc.is_connected:  # reconnecting, draining, closed: nats-py's own limits and errors
         await nc.publish(subject, payload, reply=reply, headers=dict(headers) if headers is not None else None)
         return
-    if not nc._skip_subject_validation:
-        _validate_subject(subject)
-        if reply:
-            _validate_subject(reply)
-    n = len(payload)
-    if n > nc._max_payload:
-        raise errors.MaxPayloadError
-    await _send(nc, [pub_command(subject, payload, headers, reply)], 1, n)
+    await _send(nc, [_checked(nc, subject, payload, headers, reply)], 1, len(payload))
 
 
 async def ack_all(nc: Client, msgs: Sequence[Msg]) -> None:
