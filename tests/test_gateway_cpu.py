@@ -155,7 +155,7 @@ def test_the_hatch_filter_lets_every_hatch_through() -> None:
 
 
 @settings(max_examples=3000, deadline=None)
-@given(WORDISH | st.text(max_size=60) | st.lists(st.sampled_from(VOCAB + ["-", "'", "a-b", "x'", "--", " "]),
+@given(WORDISH | st.text(max_size=60) | st.lists(st.sampled_from([*VOCAB, "-", "'", "a-b", "x'", "--", " "]),
                                                   max_size=20).map("".join))
 def test_words_split_in_c_are_the_word_regexs(text: str) -> None:
     """A text's words split by the byte table are exactly the word regex's over the lower-cased text."""
