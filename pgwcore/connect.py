@@ -9,6 +9,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client
 
+from pgwcore.headerparse import install as _fast_headers
 from pgwcore.logs import get_logger
 from pgwcore.tls import TlsFiles
 from subjects.errors import PgwError
@@ -68,7 +69,7 @@ async def connect(url: str, *, creds: str | None = None, name: str = "pgw", once
     probe_opts = {**opts, "allow_reconnect": False, "max_reconnect_attempts": 1, "error_cb": _silent}
     if once:
         try:
-            return await nats.connect(**probe_opts)
+            return _fast_headers(await nats.connect(**probe_opts))
         except Exception as e:  # noqa: BLE001 - reported with the URL and a hint
             raise ConnectError(url, f"{type(e).__name__}: {e}", auth=_is_auth_error(e)) from None
     try:
@@ -78,7 +79,7 @@ async def connect(url: str, *, creds: str | None = None, name: str = "pgw", once
             raise ConnectError(url, str(e), auth=True) from None
     else:
         await probe.close()
-    return await nats.connect(**opts)
+    return _fast_headers(await nats.connect(**opts))  # the same header dicts, cheaper (pgwcore.headerparse)
 
 
 async def _silent(e: Exception) -> None:

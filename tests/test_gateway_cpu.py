@@ -117,3 +117,46 @@ def test_a_remembered_metric_label_is_the_one_judged_afresh(value: str) -> None:
     want = "none" if value == "" else (value if metrics._LABEL_OK.match(value) else "other")
     assert metrics.safe_label(value) == want
     assert metrics.safe_label(value) == want
+
+
+def _hatch_reference(label: str) -> str | None:
+    m = lints._HATCH_LABEL.match(" ".join(label.split()))
+    if m is None:
+        return None
+    return "free_text" if m.group("answer") else "dialogue" if m.group("question") else None
+
+
+WORDISH = st.text(alphabet=st.sampled_from("aZ09-'_ .,!?()\t\n\x1c\xe9\u017f\u212a"), max_size=40)
+HATCH_PARTS = ["Something else", "anything else", "Other", "others", "None of these", "free-text answer", "Freeform",
+               "write in my own answer", "Type your own", "custom response", "write-in", "Let me type",
+               "I'll specify", "specify other", "other, please specify", "a different answer", "Reject the question",
+               "decline this framing", "this is the wrong question", "wrong question", "neither, let's discuss",
+               "let us talk about it further", "reopen the discussion", "I don't accept the question",
+               "do not accept the question", "not the right question", "ask me a different question",
+               "discuss it first", "Send the summary", "_other", "Otherwise fine", "Kelvin", "\u212aeep it",
+               "\u017fomething else"]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.sampled_from(["", " ", "-- ", "(", "\"", "I'd rather ", "please ", "i would like to  ", "_"]),
+       st.sampled_from(HATCH_PARTS) | WORDISH,
+       st.sampled_from(["", " (free text)", "!", ".", " [x]", " more", "?)"]))
+def test_the_hatch_lint_first_word_filter_answers_as_the_regex(pre: str, body: str, post: str) -> None:
+    """An option label's hatch, judged through the first-word filter, is the anchored regex's alone."""
+    label = pre + body + post
+    assert lints.hatch_of(label) == _hatch_reference(label)
+
+
+def test_the_hatch_filter_lets_every_hatch_through() -> None:
+    """Each kind of hatch label is still found (the filter's word list covers every alternative)."""
+    found = {lints.hatch_of(p) for p in HATCH_PARTS[:-6]}
+    assert found == {"free_text", "dialogue"}
+    assert all(lints.hatch_of(p) == _hatch_reference(p) for p in HATCH_PARTS)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(WORDISH | st.text(max_size=60) | st.lists(st.sampled_from([*VOCAB, "-", "'", "a-b", "x'", "--", " "]),
+                                                  max_size=20).map("".join))
+def test_words_split_in_c_are_the_word_regexs(text: str) -> None:
+    """A text's words split by the byte table are exactly the word regex's over the lower-cased text."""
+    assert lints._words(text) == lints._WORD.findall(text.lower())

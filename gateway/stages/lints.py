@@ -89,8 +89,21 @@ _HATCH_LABEL = re.compile(
 )
 
 
+# The words an ASCII label can begin with (after its leading non-word characters) when
+# _HATCH_LABEL finds a hatch in it: the first words of its optional lead-in ("i'd rather",
+# "please") and of every alternative of _HATCH_ANSWER and _HATCH_QUESTION, all of which begin
+# with a letter. A label that begins otherwise is no hatch, and costs no regex attempt.
+_HATCH_FIRST = ("some", "any", "other", "none", "free", "write", "type", "enter", "give", "supply", "provide",
+                "my", "your", "custom", "let", "i", "specify", "a", "different", "reject", "decline", "refuse",
+                "challenge", "question", "this", "the", "wrong", "neither", "reopen", "do", "not", "ask",
+                "discuss", "please")
+_ASCII_NON_WORD = "".join(c for c in map(chr, range(128)) if not (c.isalnum() or c == "_"))  # \W in ASCII
+
+
 def hatch_of(label: str) -> str | None:
     """``free_text`` or ``dialogue`` when ``label`` merely names that escape hatch (§6.6), else None."""
+    if label.isascii() and not label.lstrip(_ASCII_NON_WORD).lower().startswith(_HATCH_FIRST):
+        return None  # the regex's case folding is ASCII's on an ASCII label
     m = _HATCH_LABEL.match(" ".join(label.split()))
     if m is None:
         return None
@@ -121,8 +134,30 @@ def _find(pattern: re.Pattern[str], lower: re.Pattern[str], text: str) -> str | 
     return m.group(0) if m else None
 
 
+# Lower-cases ASCII and blanks every byte _WORD never matches: on ASCII text the words are then
+# the blank-separated runs, except where a run holds a hyphen or apostrophe (_WORD decides those).
+_WORD_BYTES = bytes.maketrans(
+    bytes(range(128)),
+    bytes(c + 32 if 65 <= c <= 90 else c if (97 <= c <= 122 or 48 <= c <= 57 or c in b"-'") else 32
+          for c in range(128)),
+)
+
+
 def _words(text: str) -> list[str]:
-    return _WORD.findall(text.lower())
+    """``_WORD.findall(text.lower())``; ASCII text without a hyphen or apostrophe is split in C
+    (a match never spans a byte _WORD cannot match, so the runs between them are matched alone)."""
+    if not text.isascii():
+        return _WORD.findall(text.lower())
+    runs = text.encode().translate(_WORD_BYTES).decode()
+    if "-" not in runs and "'" not in runs:
+        return runs.split()
+    out: list[str] = []
+    for run in runs.split():
+        if "-" in run or "'" in run:
+            out.extend(_WORD.findall(run))
+        else:
+            out.append(run)
+    return out
 
 
 def sentences(text: str) -> int:
@@ -169,7 +204,7 @@ def restates(finding: str, syn_words: set[str], syn_n: str) -> bool:
         # A short finding is split whole (one C call): the same answer, since the set of new
         # words only grows as the loop below reads on, so it stops early exactly when the
         # whole finding's new words are more than ``limit``.
-        words = _WORD.findall(finding.lower())
+        words = _words(finding)
         fw = set(words) - _STOP
         if len(fw - syn_words) > limit:
             return False
