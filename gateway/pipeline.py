@@ -182,8 +182,7 @@ class Pipeline:
             node_id=ctx.node_id,
         )
         red = ctx.state.redactor
-        verdict = red.scrub_struct(verdict)
-        pubs = [self.gw.publisher.verdict(verdict)]
+        pubs = [self.gw.publisher.verdict(verdict)]  # SR-1 scrubs it there (Publisher.scrub_verdict), once
         bound = self.gw.config.bound_principals(ctx.agent)
         # spec 000 §8.4: a notice goes only to a principal the agent may address.
         if r.notice is not None and ctx.principal and (bound is None or ctx.principal in bound):
