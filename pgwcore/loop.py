@@ -64,3 +64,43 @@ async def together(first: Awaitable[T], second: Awaitable[U]) -> tuple[T, U]:
         task.add_done_callback(retrieve)
         raise
     return await task, b
+
+
+async def gather_inline(first: Awaitable[Any], *rest: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
+    """``await asyncio.gather(first, *rest)`` with ``first`` run in the caller's own task.
+
+    One task and the gathering future fewer than gather (the kernel's rounds of
+    durable writes, docs/performance-changes.md): ``rest`` are wrapped in tasks
+    (a future is taken as it is), which start only once ``first`` suspends, so
+    a write ``first`` sends before its first suspension leaves first, as under
+    gather. The results come in the order given. Differences from gather:
+
+    * an error is raised once every awaitable before it in the list is done
+      (gather raises at once); the others keep running to their end, their
+      errors retrieved, as under gather;
+    * ``return_exceptions=True`` returns each ``Exception`` in its place, but a
+      cancellation is always raised (the caller's task cannot tell its own from
+      that of ``first``), and the awaitables still pending are then cancelled;
+    * cancelling the caller cancels them all, as it does under gather.
+    """
+    others = [asyncio.ensure_future(a) for a in rest]
+    out: list[Any] = []
+    try:
+        for aw in (first, *others):
+            try:
+                out.append(await aw)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if not return_exceptions:
+                    raise
+                out.append(e)
+    except asyncio.CancelledError:
+        for t in others:
+            t.cancel()  # a no-op on those already done
+        raise
+    except BaseException:
+        for t in others:
+            t.add_done_callback(retrieve)
+        raise
+    return out

@@ -61,7 +61,7 @@ from gateway.kernel.transitions import EXECUTION_CONTEXT, TransitionReports
 from gateway.kernel.validation import RefusalError, RequestValidation
 from pgwcore.keys import load_or_create
 from pgwcore.logs import get_logger
-from pgwcore.loop import retrieve
+from pgwcore.loop import gather_inline
 from pgwcore.metrics import LATENCY, REGISTRY
 from subjects.errors import SubjectError
 from subjects.idp import (
@@ -108,47 +108,6 @@ def _count_result(result: str, code: str) -> None:
 
 class _RaceError(Exception):
     pass
-
-
-async def _round1(reserve: Any, submitted: asyncio.Future[Any]) -> tuple[Any, Any]:
-    """``await gather(reserve, submitted, return_exceptions=True)`` with ``reserve`` run in
-    the caller's own task (one task and the gathering future fewer per request): each
-    result, or the exception it raised. Cancelling the caller cancels ``submitted``."""
-    try:
-        reserved: Any = await reserve
-    except asyncio.CancelledError:
-        submitted.cancel()
-        raise
-    except Exception as e:  # noqa: BLE001 - handed to _commit, as gather's return_exceptions does
-        reserved = e
-    try:
-        sub: Any = await submitted  # a cancellation, of either, is raised (_commit would raise it)
-    except Exception as e:  # noqa: BLE001 - as above
-        sub = e
-    return reserved, sub
-
-
-async def _all(jobs: list[Any]) -> list[Any]:
-    """``await gather(*jobs)`` with the first job run in the caller's own task, the others
-    beside it, started after it (so its write is sent first, as under gather): their
-    results in order. The first error is raised once the first job is done; the others
-    run to their end (their errors retrieved), as under gather. Cancelling the caller
-    cancels them all."""
-    rest = [asyncio.ensure_future(j) for j in jobs[1:]]
-    try:
-        first = await jobs[0]
-        out = [first]
-        for t in rest:
-            out.append(await t)
-        return out
-    except asyncio.CancelledError:
-        for t in rest:
-            t.cancel()
-        raise
-    except BaseException:
-        for t in rest:
-            t.add_done_callback(retrieve)
-        raise
 
 
 def _uuid_from(*parts: str) -> str:
@@ -401,7 +360,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         # hold up Cedar; it is sent after the session write, so the bucket's
         # stream (one synced write after another) stores that one first.
         # The reservation runs in this request's own task and the other two beside it
-        # (one task each, no gathering future: ``_round1``); the reservation is
+        # (one task each, no gathering future: ``pgwcore.loop.gather_inline``); the reservation is
         # started first, so its write is still the first one sent, and the other
         # two follow in the order they did under ``gather`` (held by
         # tests/test_kernel_log.py::test_a_permits_writes_leave_in_their_order).
@@ -412,14 +371,14 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         ))
         tr = asyncio.ensure_future(self.state.put_tr(agent, idp.idp_id, idp.so_id))
         try:
-            round1 = await _round1(self._reserve_step(agent, idp, (sess, rev)), submitted)
+            round1 = await gather_inline(self._reserve_step(agent, idp, (sess, rev)), submitted, return_exceptions=True)
             return await self._commit(agent, raw, idp, m, resource, pii, round1, tp, hem_available, gate)
         finally:
             await tr
 
     async def _commit(
         self, agent: str, raw: dict[str, Any], idp: Idp, m: Mandate, resource: dict[str, str],
-        pii: list[str], round1: tuple[Any, Any], tp: str | None, hem_available: bool,
+        pii: list[str], round1: list[Any], tp: str | None, hem_available: bool,
         gate: GateCall | None = None,
     ) -> KernelResult:
         reserved, sub = round1
@@ -513,7 +472,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                         traceparent=tp,
                     )
                 )
-            stored = await _all(jobs)
+            stored = await gather_inline(*jobs)
             if gate is not None:
                 # The index entry's revision: the gate moves it to ``dispatched`` by one
                 # compare-and-set on it, with no read (gate.py, _index_dispatched).
