@@ -701,3 +701,40 @@ async def test_a_stale_revision_for_the_dispatch_reads_the_entry_and_never_moves
     got = await k._index_dispatched(d, (permitted, 1))  # the revision the permit had, long gone
     assert got is not None and got[0].status == "transitioned" and got[1] == rev
     assert (await k.state.idp(genv.so, r.idp_id)) == (entry, rev)  # nothing written
+
+
+async def test_the_dispatch_uses_the_revision_the_index_entry_was_stored_at_whatever_the_rounds_order(
+        genv: GateEnv) -> None:
+    """The revision the dispatch moves the index entry on is the one the entry's own write returned, also when the
+    permit's round sends its writes in another order (here reversed, their results in that order too)."""
+    from gateway.kernel import service
+
+    k = kernel(genv)
+    real_round, real_put, real_dispatch = service.gather_inline, k.state.put_idp, k._dispatch
+    stored: list[int] = []
+    used: list[Any] = []
+
+    async def reversed_round(*aws: Any, **kw: Any) -> list[Any]:
+        if kw.get("return_exceptions"):  # the first round (step reservation, IDP_SUBMITTED): as it is
+            return await real_round(*aws, **kw)
+        return await real_round(*reversed(aws), **kw)  # the permit's round, edited into another order
+
+    async def put_idp(entry: Any, rev: int) -> int:
+        new = await real_put(entry, rev)
+        if entry.status == "permitted":
+            stored.append(new)
+        return new
+
+    async def dispatch(d: Any, **kw: Any) -> Any:
+        used.append(kw.get("known"))
+        return await real_dispatch(d, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(service, "gather_inline", reversed_round)
+        mp.setattr(k.state, "put_idp", put_idp)
+        mp.setattr(k, "_dispatch", dispatch)
+        r = await genv.act("WriteNote", {"name": "order", "text": "o"})
+    assert isinstance(r, ActDone) and r.status == "confirmed"
+    assert len(stored) == 1 and len(used) == 1 and used[0] is not None
+    assert used[0][1] == stored[0]
+    assert await until(lambda: _transitioned(k, genv.so, r.idp_id), timeout=10, what="the entry transitioned")

@@ -455,7 +455,11 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             # The permit is registered open (overdue.py) by its CEDAR_PERMIT_RECORDED
             # when that is logged, else by a PGW_KERNEL_OPEN key; either is stored
             # before the answer leaves.
-            jobs = [self._put_entry(entry)]
+            # With a gate, the entry's revision is kept on it by the write that stored it
+            # (``_put_entry``), whatever the place of that write in this round: the gate
+            # moves the entry to ``dispatched`` by one compare-and-set on it, with no read
+            # (gate.py, _index_dispatched).
+            jobs = [self._put_entry(entry, gate)]
             if not self.cfg.log_permits:  # else its log event registers it: opened() would do nothing
                 jobs.append(self.overdue.opened(entry))
             if gate is not None:
@@ -472,11 +476,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                         traceparent=tp,
                     )
                 )
-            stored = await gather_inline(*jobs)
-            if gate is not None:
-                # The index entry's revision: the gate moves it to ``dispatched`` by one
-                # compare-and-set on it, with no read (gate.py, _index_dispatched).
-                gate.entry_rev = stored[0]
+            await gather_inline(*jobs)
             return Permit(
                 timestamp=now_rfc3339(), idp_id=idp.idp_id, session_id=idp.session_id,
                 step_sequence=idp.step_sequence, event_seq=sub.seq, warnings=warnings,
@@ -492,14 +492,18 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
     def _moment_id(self, trigger: str, idp: Idp) -> str:
         return stable_id("hem", trigger, idp.so_id.lower(), idp.idp_id.lower())
 
-    async def _put_entry(self, entry: IdpEntry) -> int | None:
-        """The new index entry stored; its revision, or None if it was there already and moved forward."""
+    async def _put_entry(self, entry: IdpEntry, gate: GateCall | None = None) -> int | None:
+        """The new index entry stored; its revision, or None if it was there already and moved
+        forward. With ``gate``, that revision is also kept as ``gate.entry_rev``."""
         try:
-            return await self.state.put_idp(entry, 0)
+            rev: int | None = await self.state.put_idp(entry, 0)
         except ConflictError:
             # Rebuilt by another instance from the log meanwhile: move it forward.
             await self.state.advance_idp(entry.so_id, entry.idp_id, entry.status, moment_id=entry.moment_id)
-            return None
+            rev = None
+        if gate is not None:
+            gate.entry_rev = rev
+        return rev
 
     async def _reserve_step(self, agent: str, idp: Idp, read: tuple[SessionEntry, int | None]) -> str | None:
         """Take ``idp.step_sequence`` for the session (spec 003 §5.2(f)); None if it is taken
