@@ -82,7 +82,7 @@ def test_a_plain_slot_is_one_the_grammar_passes(value: str, limit: int) -> None:
 
 @pytest.mark.parametrize("secrets", [(), ("hunter2-very-secret",)])
 @pytest.mark.parametrize("reason", [None, "plain words", "a secret:abc123 token", "hunter2-very-secret leaked",
-                                    "bell\x07 and zero\u200bwidth"])
+                                    "bell\x07 and zero\u200bwidth", "café au lait, nothing secret"])
 def test_scrub_json_is_the_scrubbed_struct_as_published(secrets: tuple[str, ...], reason: str | None) -> None:
     """scrub_json gives the Struct scrub_struct gives and exactly the bytes the publisher would encode for it."""
     red = Redactor(secrets)
@@ -91,6 +91,29 @@ def test_scrub_json_is_the_scrubbed_struct_as_published(secrets: tuple[str, ...]
     scrubbed, body = red.scrub_json(out)
     assert scrubbed == red.scrub_struct(out)
     assert body == msgspec.json.Encoder().encode(scrubbed)
+
+
+@pytest.mark.parametrize(("reason", "encodes"), [("plain words", 1), ("café au lait, nothing secret", 1),
+                                                ("a secret:abc123 token", 2)])
+def test_scrub_json_encodes_once_per_text_it_returns_or_checks(monkeypatch: pytest.MonkeyPatch, reason: str,
+                                                               encodes: int) -> None:
+    """A clean Struct is encoded once; one the pre-check doubts but the walk leaves alone, once too; a
+    redacted one twice (the check, then the redacted copy), never a third time for a second pre-check."""
+    from gateway.stages import redaction
+
+    calls: list[object] = []
+    real = msgspec.json.encode
+
+    def counting(obj: object, *a: object, **k: object) -> bytes:
+        calls.append(obj)
+        return real(obj, *a, **k)
+
+    monkeypatch.setattr(redaction.msgspec.json, "encode", counting)
+    out = EnvelopeOutcome(agent="a1", ts="2026-11-28T00:00:00.000Z", status="invalid", envelope_id="e",
+                          code="envelope_invalid", reason=reason)
+    scrubbed, body = Redactor(()).scrub_json(out)
+    assert len(calls) == encodes
+    assert body == real(scrubbed) and (scrubbed is out) == (encodes == 1)
 
 
 def test_the_envelope_key_is_computed_once_and_follows_anonymous() -> None:

@@ -289,17 +289,24 @@ class Redactor:
         """``scrub_struct(obj)`` and its JSON text (what a publish of it sends): the text the
         pre-check encodes is kept, so a clean Struct is encoded once, not once to check and
         once to send (``msgspec.json.encode``, the same bytes as the publisher's encoder)."""
+        blob = None
         if not self._needles:
             blob = msgspec.json.encode(obj)
             if self._clean_json(blob):
                 return obj, blob
-        red = self.scrub_struct(obj)
+        red = self._walk(obj)  # the pre-check is done: not again
+        if red is obj and blob is not None:  # the walk found nothing: the text encoded above is it
+            return obj, blob
         return red, msgspec.json.encode(red)
 
     def scrub_struct(self, obj: T) -> T:
         """A redacted copy of a wire Struct (outcome, verdict, surface item); ``obj`` itself when clean."""
         if self.plainly_clean(obj):
             return obj
+        return self._walk(obj)
+
+    def _walk(self, obj: T) -> T:
+        """``scrub_struct`` without the pre-check: the full walk of the Struct's graph."""
         builtins = msgspec.to_builtins(obj)
         red = self.graph(builtins)
         if red is builtins or red == builtins:
