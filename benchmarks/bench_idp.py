@@ -4,7 +4,7 @@ Both run as their own process against the same embedded nats-server
 (JetStream ``sync_interval: always``) and are driven the same way: an
 open-loop driver fires requests at a fixed offered rate for
 ``PGW_BENCH_IDP_S`` seconds (default 5; the bare responder's steps
-``PGW_BENCH_IDP_BARE_S``, default 2) per step of a ladder
+``PGW_BENCH_IDP_BARE_S``, default 1) per step of a ladder
 (``PGW_BENCH_IDP_RATES``, default ``250,500,750,1000,1500,2000,3000``/s).
 A system's **ceiling** is the highest offered rate at which it kept up
 (achieved >= 95 % of offered, no failures) with p99 <= 10 ms; its ladder
@@ -84,7 +84,7 @@ RATES = [int(x) for x in os.environ.get("PGW_BENCH_IDP_RATES", "250,500,750,1000
 SECONDS = float(os.environ.get("PGW_BENCH_IDP_S", "5"))
 # The bare responder only shows what a reply costs at all (no target rests on its ceiling), and it
 # climbs the whole ladder: shorter steps keep make bench under five minutes.
-BARE_SECONDS = float(os.environ.get("PGW_BENCH_IDP_BARE_S", "2"))
+BARE_SECONDS = float(os.environ.get("PGW_BENCH_IDP_BARE_S", "1"))
 # Steps per session (default 1: every request a new session). With more, the
 # sessions are interleaved so that each recurs about SECONDS / STEPS apart at 250/s.
 STEPS = max(1, int(os.environ.get("PGW_BENCH_IDP_STEPS", "1")))
