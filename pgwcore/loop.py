@@ -52,18 +52,10 @@ async def together(first: Awaitable[T], second: Awaitable[U]) -> tuple[T, U]:
     flight together (the hot path's pairs of durable writes, docs/performance-log.md).
     An error of either is raised, once ``second`` is done (gather raises at
     once); if ``second`` fails, ``first`` keeps running to its end, as under
-    gather. Cancelling the caller cancels both.
+    gather. Cancelling the caller cancels both. (:func:`gather_inline` of the two.)
     """
-    task = asyncio.ensure_future(first)
-    try:
-        b = await second
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    except BaseException:
-        task.add_done_callback(retrieve)
-        raise
-    return await task, b
+    b, a = await gather_inline(second, first)
+    return a, b
 
 
 async def gather_inline(first: Awaitable[Any], *rest: Awaitable[Any], return_exceptions: bool = False) -> list[Any]:
