@@ -112,6 +112,12 @@ def _yes(ok: bool) -> str:
     return "yes" if ok else "no"
 
 
+def _x(r: float, limit: float) -> str:
+    """A ratio as ``1.23x``; with three decimals where two would print the limit itself (a 0.667x
+    that misses 0.67x must not read "0.67x ... no")."""
+    return f"{r:.3f}x" if f"{r:.2f}" == f"{limit:.2f}" and r != limit else f"{r:.2f}x"
+
+
 # -- the judges ----------------------------------------------------------------
 
 
@@ -122,7 +128,7 @@ def ratio_at_most(ratio_row: str, limit: float, unit: str, floor_label: str) -> 
         v, b, r = rows.get(ratio_row), rows.get(ratio_row, "baseline"), rows.ratio(ratio_row)
         if v is None or b is None or r is None:
             return _missing(ratio_row, floor_label)
-        return Judged(f"{r:.2f}x ({_n(v, unit)})", f"{floor_label} {_n(b, unit)}", _yes(r <= limit))
+        return Judged(f"{_x(r, limit)} ({_n(v, unit)})", f"{floor_label} {_n(b, unit)}", _yes(r <= limit))
 
     return judge
 
@@ -136,7 +142,7 @@ def rates_at_least(ours: str, floor: str, limit: float, unit: str, floor_label: 
             return _missing(ours, floor_label)
         if not f:
             return _missing(floor, floor_label)
-        return Judged(f"{v / f:.2f}x ({_n(v, unit)})", f"{floor_label} {_n(f, unit)}", _yes(v / f >= limit))
+        return Judged(f"{_x(v / f, limit)} ({_n(v, unit)})", f"{floor_label} {_n(f, unit)}", _yes(v / f >= limit))
 
     return judge
 
@@ -251,7 +257,7 @@ def p99_against_floor(limit: float = 2.0) -> Callable[[Rows], Judged]:
             return Judged(f"{len(got)} of the run's {max(w[1] for w in got)} windows printed", floor, NOT_MEASURED)
         if not f:
             return Judged(f"{_n(g, 'ms')} (worst of {len(got)})", floor, NOT_MEASURED)
-        return Judged(f"{g / f:.2f}x ({_n(g, 'ms')}, worst of {len(got)})", floor, _yes(g <= limit * f))
+        return Judged(f"{_x(g / f, limit)} ({_n(g, 'ms')}, worst of {len(got)})", floor, _yes(g <= limit * f))
 
     return judge
 
@@ -299,7 +305,7 @@ def idp_ceiling(limit: float = 0.9) -> Callable[[Rows], Judged]:
             return Judged("0 req/s (below the ladder)", floor + " (below the ladder)", NOT_MEASURED)
         if r is None:
             return _missing(IDP_RATIO, floor)
-        figure = f"{r:.2f}x" + (f" ({_n(k, 'req/s')})" if k is not None else "")
+        figure = _x(r, limit) + (f" ({_n(k, 'req/s')})" if k is not None else "")
         return Judged(figure, floor, _yes(r >= limit))
 
     return judge
@@ -331,7 +337,7 @@ def signer(limit: float = 0.7) -> Callable[[Rows], Judged]:
         r, v, b = _ratio_row(rows, name)
         if r is None:
             return _missing(name, "raw format-4 loop")
-        figure = f"{r:.2f}x" + (f" ({_n(v, 'capsules/s')})" if v is not None else "")
+        figure = _x(r, limit) + (f" ({_n(v, 'capsules/s')})" if v is not None else "")
         floor = "raw format-4 loop" + (f" {_n(b, 'capsules/s')}" if b is not None else "")
         return Judged(figure, floor, _yes(r >= limit))
 
@@ -402,7 +408,7 @@ def agents(rows: Rows) -> Judged:
     r, v, b = rows.ratio(AGENTS), rows.get(AGENTS), rows.get(AGENTS, "baseline")
     if r is None or v is None or b is None:
         return _missing(AGENTS, "one agent")
-    return Judged(f"{r:.2f}x ({_n(v, 'env/s')})", f"one agent {_n(b, 'env/s')}", _yes(r >= 0.8))
+    return Judged(f"{_x(r, 0.8)} ({_n(v, 'env/s')})", f"one agent {_n(b, 'env/s')}", _yes(r >= 0.8))
 
 
 def gate(name: str, limit_ms: float | None) -> Callable[[Rows], Judged]:

@@ -282,3 +282,18 @@ def test_the_performance_page_links_only_to_sections_that_exist() -> None:
             text = (docs / (target or name)).read_text()
             anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.M)}
             assert anchor in anchors, (name, target, anchor)
+
+
+def test_a_ratio_that_rounds_to_its_limit_shows_the_third_decimal() -> None:
+    """Where two decimals would print the limit itself the figure has three (0.667x: no, 0.671x: yes, against
+    0.67x; 1.499x against 1.5x); elsewhere two (run 19 printed "0.67x ... no")."""
+    judge = T.rates_at_least("ours", "floor", 0.67, "env/s", "contract floor")
+
+    def rows(v: float, f: float) -> T.Rows:
+        return T.Rows([row("ours", v, 1.0, "env/s"), row("floor", f, 1.0, "env/s")])
+
+    miss, hit, far = judge(rows(2255, 3380)), judge(rows(2268, 3380)), judge(rows(2400, 3380))
+    assert miss.figure.startswith("0.667x") and miss.met == "no"
+    assert hit.figure.startswith("0.671x") and hit.met == "yes"
+    assert far.figure.startswith("0.71x") and far.met == "yes"
+    assert T._x(1.499, 1.5) == "1.499x" and T._x(1.5, 1.5) == "1.50x" and T._x(2.25, 1.5) == "2.25x"
