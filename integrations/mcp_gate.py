@@ -319,10 +319,13 @@ class Upstreams:
         if self._notify is not None:
             await self._notify(types.ServerNotification(types.ToolListChangedNotification(method="notifications/tools/list_changed")))
 
-    async def changed(self) -> None:
-        """Wait for the next tools/list_changed of an upstream to have been followed."""
-        self._changed.clear()
-        await self._changed.wait()
+    async def changed(self, after: int) -> None:
+        """Wait until more than ``after`` tools/list_changed of the upstreams have been followed
+        (``after``: ``list_changes`` read when the caller starts waiting, so a change followed
+        before this coroutine first runs is not missed)."""
+        while self.list_changes <= after:
+            self._changed.clear()
+            await self._changed.wait()
 
     async def refresh(self, upstream: str) -> None:
         """List the upstream's tools (every page) and rebuild the table."""

@@ -12,7 +12,11 @@ class _SwallowingSub:
     """Fault injection the real server cannot do: a fetch that answers a cancel with TimeoutError, as
     nats-py's fetch does when the cancel and its wait_for timeout meet (the race seen as a hung close())."""
 
+    def __init__(self) -> None:
+        self.fetching = asyncio.Event()
+
     async def fetch(self, batch: int, timeout: float) -> list:
+        self.fetching.set()
         try:
             await asyncio.sleep(timeout)
         except asyncio.CancelledError:
@@ -26,8 +30,8 @@ class _SwallowingSub:
 async def test_close_ends_the_pump_when_its_cancel_is_swallowed(nc) -> None:
     """With a fetch that swallows the cancel, close() still returns (within a few fetch timeouts)."""
     agent = Agent(nc, "closer")
-    agent._sub = _SwallowingSub()
+    agent._sub = sub = _SwallowingSub()
     agent._pump = asyncio.create_task(agent._run_pump())
-    await asyncio.sleep(0)  # the pump is inside its fetch
+    await sub.fetching.wait()  # the pump is inside its fetch
     await asyncio.wait_for(agent.close(), 5)
     assert agent._pump is None

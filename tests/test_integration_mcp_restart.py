@@ -20,7 +20,7 @@ import pytest
 import tests.test_integration_mcp as mcp_tests
 from subjects.client import Surface
 from subjects.wire import BindingMomentItem, ClarificationAnswers, OptionChoice
-from tests.polling import until
+from tests.polling import consumer_drained, until
 from tests.test_integration_mcp import MOMENT, PRINCIPAL, Env, killable, moment_answer
 
 TRANSPORTS = ["stdio", "http"]
@@ -107,8 +107,14 @@ async def test_the_same_request_key_while_the_first_call_still_waits_is_the_same
     async with env.stdio() as session:
         first = asyncio.create_task(session.call_tool("ask_principal", args))
         [item] = await until(surface.pending, timeout=20, what="the moment on alice's surface")
+        inbound = (await env.js.stream_info("PGW_INBOUND")).state.messages
         second = asyncio.create_task(session.call_tool("ask_principal", args))
-        await asyncio.sleep(0.5)  # an absence to check: give the retry time to reach the gateway (it opens nothing to wait on)
+
+        async def retry_taken() -> bool:  # the retry's envelope stored and the gateway done with it
+            stored = (await env.js.stream_info("PGW_INBOUND")).state.messages > inbound
+            return stored and await consumer_drained(env.js, "PGW_INBOUND", "pgw-gateway")
+
+        await until(retry_taken, timeout=20, what="the retry's envelope taken by the gateway")
         assert await surface.pending() == [item]  # the retry opened nothing new
         assert isinstance(item, BindingMomentItem)
         assert (await surface.answer(item, "Tomorrow.")).status == "accepted"

@@ -112,8 +112,7 @@ async def test_tools_list_changed_of_an_upstream_is_followed(tmp_path: Path) -> 
     config = parse_gate_config({"name": "x", "upstreams": {"ch": {"command": sys.executable, "args": [str(CHANGING)]}}})
     async with Upstreams(config) as ups:
         assert "shout" not in ups.tools
-        changed = asyncio.ensure_future(ups.changed())
-        await asyncio.sleep(0)  # one turn of the loop: the waiter is registered before the change is made
+        changed = asyncio.ensure_future(ups.changed(after=ups.list_changes))
         await ups.call("add_tool", {"tool": "add_tool", "arguments": {"name": "shout"}})
         await asyncio.wait_for(changed, 20)
         assert "shout" in ups.tools and ups.list_changes == 1

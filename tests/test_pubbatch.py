@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import nats.errors
@@ -10,6 +9,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
 from pgwcore.pubbatch import ack_all, publish_many, publish_one
+from tests.polling import until
 
 HEADERS = [
     None,
@@ -70,11 +70,11 @@ async def test_published_run_and_its_acks_reach_the_server(nc: Any) -> None:
     await ack_all(nc, msgs)
     with pytest.raises(nats.errors.MsgAlreadyAckdError):
         await ack_all(nc, msgs[:1])  # as Msg.ack: a message is acked once
-    for _ in range(100):
+    async def applied() -> object:  # the server applies the acks it was sent; no event announces it
         ci = await psub.consumer_info()
-        if ci.num_ack_pending == 0:
-            break
-        await asyncio.sleep(0.02)  # the server applies the acks it was sent; no event to await for that
+        return ci if ci.num_ack_pending == 0 else None
+
+    ci = await until(applied, timeout=5, interval=0.02, what="the acks applied")
     assert ci.num_ack_pending == 0
     assert ci.ack_floor.stream_seq == 51
 
