@@ -35,7 +35,7 @@ from subjects.wire import EnvelopeOutcome, NoticeItem, Outcome, Verdict
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
-    from subjects.names import ParsedSubject, Subjects
+    from subjects.names import Subjects
 
 
 class PipelineHost(StateHost):
@@ -66,7 +66,6 @@ STAGES: list[Stage] = [
 ]
 
 DURABLE = "pgw-gateway"
-PARSED_SUBJECTS_KEPT = 4096  # distinct inbound subjects (agents) whose parse is kept; then the cache starts over
 
 
 class Pipeline:
@@ -231,9 +230,6 @@ class EnvelopeWorker:
         self._sub = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
-        # Each agent's subject, parsed once (ParsedSubject is frozen): a subject's parse costs as
-        # much as the rest of the message's bookkeeping here.
-        self._parsed: dict[str, ParsedSubject] = {}
 
     async def start(self) -> None:
         cfg = self.gw.config.gateway
@@ -288,18 +284,13 @@ class EnvelopeWorker:
     async def handle(self, msg: Msg) -> None:
         stream_seq, num_delivered = delivery(msg)
         structlog.contextvars.clear_contextvars()
-        parsed = self._parsed.get(msg.subject)
-        if parsed is None:
-            try:
-                parsed = self.gw.subjects.parse(msg.subject)
-            except SubjectError as e:
-                # Not even the agent id can be read: drop with a logged reason.
-                log.warning("dropped message on an invalid subject", subject=msg.subject[:200], reason=str(e))
-                await msg.term()
-                return
-            if len(self._parsed) >= PARSED_SUBJECTS_KEPT:
-                self._parsed.clear()
-            self._parsed[msg.subject] = parsed
+        try:
+            parsed = self.gw.subjects.parse(msg.subject)  # remembered per subject (Subjects.parse)
+        except SubjectError as e:
+            # Not even the agent id can be read: drop with a logged reason.
+            log.warning("dropped message on an invalid subject", subject=msg.subject[:200], reason=str(e))
+            await msg.term()
+            return
         headers = msg.headers or {}
         turn = Turn(
             agent=parsed.token or "",

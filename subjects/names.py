@@ -9,6 +9,7 @@ valid one, because two different names must never map to one subject.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -210,31 +211,41 @@ class Subjects:
 
     # -- parsing ------------------------------------------------------------
     def parse(self, subject: str) -> ParsedSubject:
-        """Split a concrete subject of this contract; raise SubjectError otherwise."""
-        head = self.prefix + "."
-        if not subject.startswith(head):
-            raise SubjectError(subject, "subject", f"does not start with prefix {self.prefix!r}")
-        parts = subject[len(head) :].split(".")
-        match parts:
-            case ["agent", token, ("envelope" | "idp" | "transition" | "outcome" | "moment" | "act") as ch]:
-                return ParsedSubject("agent", agent_token(token), ch)
-            case ["principal", token, ("surface" | "resolve" | "pending" | "presence") as ch]:
-                return ParsedSubject("principal", check_token(token, "principal token"), ch)
-            case ["principal", token, "push", verb] if verb in PUSH_VERBS:
-                return ParsedSubject("principal", check_token(token, "principal token"), f"push.{verb}")
-            case ["exec", kind, action]:
-                check_kind(kind)
-                if action != RESULT_ENDPOINT:
-                    check_action_token(action)
-                return ParsedSubject("exec", kind, action)
-            case ["notify", "deadletter"]:
-                return ParsedSubject("notify", None, "deadletter")
-            case ["verdict", cls] if cls in VERDICT_CLASSES:
-                return ParsedSubject("verdict", None, cls)
-            case ["capsule", ("register" | "registered") as ch]:
-                return ParsedSubject("capsule", None, ch)
-            case ["log", event] if LOG_EVENT_RE.match(event):
-                return ParsedSubject("log", None, event)
-            case ["capabilities"]:
-                return ParsedSubject("capabilities", None, None)
-        raise SubjectError(subject, "subject", "is not a subject of the bus contract")
+        """Split a concrete subject of this contract; raise SubjectError otherwise.
+
+        Remembered per prefix and subject (``ParsedSubject`` is frozen): the hot paths parse the
+        same few subjects, one per agent or principal, on every message, and a parse costs as
+        much as the rest of a message's bookkeeping in the gateway's envelope worker. A refused
+        subject is not remembered."""
+        return _parse(self.prefix, subject)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(prefix: str, subject: str) -> ParsedSubject:
+    head = prefix + "."
+    if not subject.startswith(head):
+        raise SubjectError(subject, "subject", f"does not start with prefix {prefix!r}")
+    parts = subject[len(head) :].split(".")
+    match parts:
+        case ["agent", token, ("envelope" | "idp" | "transition" | "outcome" | "moment" | "act") as ch]:
+            return ParsedSubject("agent", agent_token(token), ch)
+        case ["principal", token, ("surface" | "resolve" | "pending" | "presence") as ch]:
+            return ParsedSubject("principal", check_token(token, "principal token"), ch)
+        case ["principal", token, "push", verb] if verb in PUSH_VERBS:
+            return ParsedSubject("principal", check_token(token, "principal token"), f"push.{verb}")
+        case ["exec", kind, action]:
+            check_kind(kind)
+            if action != RESULT_ENDPOINT:
+                check_action_token(action)
+            return ParsedSubject("exec", kind, action)
+        case ["notify", "deadletter"]:
+            return ParsedSubject("notify", None, "deadletter")
+        case ["verdict", cls] if cls in VERDICT_CLASSES:
+            return ParsedSubject("verdict", None, cls)
+        case ["capsule", ("register" | "registered") as ch]:
+            return ParsedSubject("capsule", None, ch)
+        case ["log", event] if LOG_EVENT_RE.match(event):
+            return ParsedSubject("log", None, event)
+        case ["capabilities"]:
+            return ParsedSubject("capabilities", None, None)
+    raise SubjectError(subject, "subject", "is not a subject of the bus contract")

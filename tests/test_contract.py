@@ -60,6 +60,20 @@ def test_parse_refuses_foreign_subjects(subject):
         S.parse(subject)
 
 
+def test_parse_is_remembered_per_prefix_and_refusals_are_not():
+    """A subject parsed twice gives the same frozen result; another prefix parses afresh; a refused subject
+    is refused every time (the hot paths parse each agent's subject once, Subjects.parse)."""
+    first = S.parse("pgw.agent.memo.envelope")
+    assert S.parse("pgw.agent.memo.envelope") is first and Subjects().parse("pgw.agent.memo.envelope") is first
+    assert first.token == "memo" and first.channel == "envelope"
+    with pytest.raises(SubjectError):
+        Subjects("acme").parse("pgw.agent.memo.envelope")  # not remembered across prefixes
+    assert Subjects("acme").parse("acme.agent.memo.envelope") == first
+    for _ in range(2):
+        with pytest.raises(SubjectError):
+            S.parse("pgw.agent.memo.nope")
+
+
 def test_every_wire_type_has_a_json_schema():
     """`pgw schema` can print a schema for every registered wire type."""
     for name in all_types():
