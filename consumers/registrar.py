@@ -70,7 +70,7 @@ from consumers.ts_keys import (
 from consumers.verifier import payload_of
 from pgwcore import tracing
 from pgwcore.logs import get_logger
-from pgwcore.service import PullService
+from pgwcore.service import PullService, hand_back
 from pgwcore.streams import ensure_stream
 from subjects.util import now_rfc3339
 
@@ -284,8 +284,7 @@ class Registrar(PullService):
         except Exception:
             log.exception("registering a statement failed; it is left for redelivery",
                           capsule_id=(msg.headers or {}).get("Pgw-Capsule-Id"))
-            with contextlib.suppress(Exception):
-                await msg.nak(delay=1.0)
+            await hand_back([msg])
             return True
 
     async def handle(self, msg: Msg) -> bool:

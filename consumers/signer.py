@@ -83,7 +83,7 @@ from pgwcore.keys import MissingKeyError, SigningKey, load_or_create
 from pgwcore.logs import get_logger
 from pgwcore.pubbatch import ack_all
 from pgwcore.pull import fetch_ready
-from pgwcore.service import PullService, delivery
+from pgwcore.service import PullService, delivery, hand_back
 from subjects.errors import PgwError
 from subjects.wire import Verdict, verdict_decoder
 
@@ -252,9 +252,7 @@ class Signer(LedgerMixin, PullService):
                     # must outlive it (it ended here before, and the signer sat idle), and the batch
                     # comes back. What it had already handed back or terminated refuses a second nak.
                     log.exception("building a batch failed; its verdicts are left for redelivery", count=len(msgs))
-                    for m in msgs:
-                        with contextlib.suppress(Exception):
-                            await m.nak(delay=1.0)
+                    await hand_back(msgs)
                     continue
                 appending = unstored = asyncio.create_task(self._append_staged(staged, appending),
                                                            name="pgw-signer-chain")

@@ -13,7 +13,6 @@ be stored now is redelivered.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -22,7 +21,7 @@ from nats.js.errors import NotFoundError
 
 from consumers import checkpoint_statement as cps
 from pgwcore.logs import get_logger
-from pgwcore.service import fetch_batch, stop_pull_loop
+from pgwcore.service import fetch_batch, hand_back, stop_pull_loop
 from subjects.checkpoint import CHECKPOINT_STREAM as STREAM
 from subjects.checkpoint import Checkpoint, checkpoint_subject
 
@@ -89,8 +88,7 @@ class CheckpointSigner:
                                         headers={"Nats-Msg-Id": sid, "Pgw-Capsule-Id": sid})
         except Exception as e:  # noqa: BLE001 - stored later: the checkpoint is redelivered
             log.warning("checkpoint statement not stored; will retry", seq=cp.seq, error=repr(e))
-            with contextlib.suppress(Exception):
-                await m.nak(delay=1.0)
+            await hand_back([m])
             return
         await m.ack()
         self.signed += 1

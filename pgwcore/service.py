@@ -123,6 +123,16 @@ async def stop_pull_loop(stopping: asyncio.Event, tasks: Iterable[asyncio.Task[A
             await sub.unsubscribe()
 
 
+async def hand_back(msgs: Iterable[Msg], delay: float = 1.0) -> None:
+    """Nak each of ``msgs`` for redelivery after ``delay`` seconds: what a loop that must outlive a
+    failed message (or batch) does with it. One already settled (acked, handed back, terminated)
+    refuses a second settle; that refusal, or a connection gone meanwhile, is ignored: the
+    message comes back after ``ack_wait`` all the same."""
+    for m in msgs:
+        with contextlib.suppress(Exception):
+            await m.nak(delay=delay)
+
+
 async def fetch_batch(
     fetch: Callable[[], Awaitable[list[Msg]]], stopping: asyncio.Event, nc: Client, log: FilteringBoundLogger,
     *, what: str = "fetch",
