@@ -22,7 +22,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from gateway.stages import contract, dedup, kind, limits, payload, redaction, route, shape, trust
-from gateway.stages.base import Ctx, Refuse, Turn
+from gateway.stages.base import INBOUND_DURABLE, Ctx, Refuse, Turn
 from gateway.stages.state import StageStateCell, StateHost
 from pgwcore import tracing
 from pgwcore.logs import enabled, get_logger
@@ -65,7 +65,7 @@ STAGES: list[Stage] = [
     dedup.run,
 ]
 
-DURABLE = "pgw-gateway"
+DURABLE = INBOUND_DURABLE
 
 
 class Pipeline:

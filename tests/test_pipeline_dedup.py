@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from gateway.pipeline import DURABLE
 from gateway.stages import dedup
@@ -147,3 +148,33 @@ async def test_own_redelivery_after_a_lost_outcome_publishes_it_unflagged(nats_s
         assert failed and out.status == "accepted" and not out.replayed
         await rec.item(lambda i: isinstance(i, BindingMomentItem))
         assert await drained_counts(nc) == {"PGW_OUTBOUND": 1, "PGW_SURFACE": 1, "PGW_VERDICTS": 1}
+
+
+async def test_a_stale_claim_is_taken_over_only_once_its_owners_message_cannot_come_back(nc):
+    """Another envelope may take over a stale correlationId claim only when the owner's message is acked (or
+    terminated) or past its last delivery; while it can still be redelivered, finishing what it began, the
+    claim is left to it (else the correlationId would get a second moment beside a half-published first)."""
+    import types
+
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    from pgwcore.config import Config
+
+    js = nc.jetstream()
+    sub = await js.pull_subscribe("pgw.agent.*.envelope", durable=DURABLE, stream="PGW_INBOUND",
+                                  config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30))
+    seqs = [(await js.publish("pgw.agent.held.envelope", b"{}")).seq for _ in range(2)]
+    first, _second = await sub.fetch(2, timeout=5)
+    await first.ack_sync()
+    gateway = Config().gateway
+    ctx = types.SimpleNamespace(gw=types.SimpleNamespace(js=js, config=types.SimpleNamespace(gateway=gateway)))
+
+    def claim(owner: str, age: float) -> dedup.DedupRecord:
+        return dedup.DedupRecord("t", owner, time.time() - age)
+
+    stale = gateway.ack_wait_s + 1
+    assert await dedup._owner_may_return(ctx, claim(f"{seqs[1]}:0", stale))  # delivered, not acked
+    assert not await dedup._owner_may_return(ctx, claim(f"{seqs[0]}:0", stale))  # acked
+    past_last = gateway.ack_wait_s * gateway.max_deliver + 1
+    assert not await dedup._owner_may_return(ctx, claim(f"{seqs[1]}:0", past_last))
+    assert not await dedup._owner_may_return(ctx, claim("not-a-position", stale))

@@ -17,6 +17,9 @@ import msgspec
 
 from subjects.wire import AIEnvelope, Detail, Refusal
 
+# The gateway's durable consumer of envelopes on PGW_INBOUND (docs/contract.md §1, §4).
+INBOUND_DURABLE = "pgw-gateway"
+
 if TYPE_CHECKING:
     from gateway.moments import MomentDesk
     from pgwcore.config import Config

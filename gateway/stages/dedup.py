@@ -26,7 +26,9 @@ shared by every gateway instance:
   kind may correct it under the same correlationId;
 - while another instance holds C ``pending`` this one waits for it; the
   redelivery of the owner's own message (a crash mid-way) carries on, and its
-  deterministic message ids make the repeat harmless;
+  deterministic message ids make the repeat harmless; a claim gone stale is
+  taken over by another envelope only once its owner's message can no longer
+  come back (``_owner_may_return``);
 - a refusal after this stage (e.g. ``principal_not_bound``) releases the
   claim by turning it into a ``refused`` record, which the next emission of
   C claims straight away, so a corrected re-emission is processed afresh;
@@ -47,7 +49,7 @@ from typing import Any, Literal
 import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-from gateway.stages.base import Ctx, Refuse
+from gateway.stages.base import INBOUND_DURABLE, Ctx, Refuse
 from pgwcore.logs import get_logger
 from subjects.wire import Detail, EnvelopeOutcome, Outcome, SchemaOutcome
 
@@ -143,8 +145,8 @@ async def run(ctx: Ctx) -> None:
             log.info("replay answered from the dedup cache", envelope_id=ctx.envelope_id, agent=ctx.agent)
             return
         stale = time.time() - rec.created > stale_after
-        if rec.owner == mine or stale:
-            # Our own message redelivered after a crash, or an owner long gone: take over.
+        if rec.owner == mine or (stale and not await _owner_may_return(ctx, rec)):
+            # Our own message redelivered after a crash, or an owner gone for good: take over.
             if await _take_over(ctx, kv, key, mine, entry.revision):
                 return
             continue
@@ -152,6 +154,32 @@ async def run(ctx: Ctx) -> None:
             # Another instance is processing it right now; let the stream redeliver later.
             raise RuntimeError("correlationId is being processed by another gateway instance")
         await asyncio.sleep(0.05)
+
+
+async def _owner_may_return(ctx: Ctx, rec: DedupRecord) -> bool:
+    """Whether the message that owns the stale claim ``rec`` may still be delivered again.
+
+    A claim goes stale when its owner takes longer than the ack wait: most often it
+    crashed, and its message comes back to some instance, which finishes what it began
+    (its moment record, its verdict, maybe its item). Another envelope taking the claim
+    over meanwhile would open a second moment for the correlationId, its first one left
+    half-published (spec 002 "Replay determinism": one outcome per correlationId). So
+    it waits, unless the owner's message is done with: at or below the durable's ack
+    floor (acked, or terminated when dead-lettered), or past its last delivery (ack
+    wait x max_deliver after the claim). Cannot tell (the consumer unreadable): wait.
+    """
+    cfg = ctx.gw.config.gateway
+    if time.time() - rec.created > cfg.ack_wait_s * cfg.max_deliver:
+        return False
+    try:
+        seq = int(rec.owner.split(":", 1)[0])
+    except ValueError:
+        return False  # not a message's position: no owner to wait for
+    try:
+        info = await ctx.gw.js.consumer_info("PGW_INBOUND", INBOUND_DURABLE)
+    except Exception:  # noqa: BLE001 - unknown: waiting is the safe side
+        return True
+    return seq > (info.ack_floor.stream_seq or 0)
 
 
 def replay_of(cached: Outcome, ctx: Ctx, *, replayed: bool) -> Outcome:

@@ -15,8 +15,10 @@ none lost, none duplicated, nothing unexpected.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,8 @@ from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
 from pgwcore.streams import ensure_streams
-from tests.chaos.checker import check_streams
+from subjects.client import BINDING_MOMENT_KIND, envelope
+from tests.chaos.checker import _json, check_streams, read_stream
 from tests.chaos.harness import (
     Load,
     ServiceProc,
@@ -35,6 +38,7 @@ from tests.chaos.harness import (
     wait_drained,
     wait_services,
 )
+from tests.moments import good_moment
 from tests.polling import until
 
 pytestmark = [pytest.mark.chaos]
@@ -129,6 +133,94 @@ async def test_two_gateways_share_the_work_and_decide_once(tmp_path: Path, nats_
         await b.stop()
     print(f"\n[chaos two gateways] {report.summary()}")
     assert report.acked == n and report.ok, report.summary()
+
+
+REPLAY_PAIRS = env_int("PGW_CHAOS_REPLAY_PAIRS", 1500)
+
+
+async def _send_pairs(nc, agent: str, pairs: int, acked: dict[str, str]) -> None:
+    """For each i an envelope and, right after it, its re-emission (the same correlationId and type, a new
+    envelopeId), retried until the server acknowledges them; ``acked``: envelopeId -> correlationId."""
+    js = nc.jetstream(timeout=2.0)
+    sem = asyncio.Semaphore(64)
+
+    async def one(i: int, again: bool) -> None:
+        corr = f"corr-{i:06d}"
+        eid = f"{corr}-{'b' if again else 'a'}"
+        body = json.dumps(envelope(BINDING_MOMENT_KIND, {"principal": "alice", "binding_moment": good_moment()},
+                                   envelope_id=eid, correlation_id=corr)).encode()
+        deadline = time.monotonic() + 60
+        async with sem:
+            while True:
+                try:
+                    await js.publish(f"pgw.agent.{agent}.envelope", body, headers={"Nats-Msg-Id": f"{agent}:{eid}"})
+                    acked[eid] = corr
+                    return
+                except Exception:  # noqa: BLE001 - server busy: retry, as an agent does
+                    if time.monotonic() > deadline:
+                        return
+                    await asyncio.sleep(0.1)
+
+    async def pair(i: int) -> None:
+        await one(i, False)
+        await one(i, True)
+
+    await asyncio.gather(*(pair(i) for i in range(pairs)))
+
+
+async def test_gateway_kill9_amid_replays_decides_each_correlation_id_once(
+        tmp_path: Path, nats_server: EmbeddedServer, nc) -> None:
+    """Two gateways on one consumer, one killed -9 while envelopes and their re-emissions (the same
+    correlationId and type, a new envelopeId) are in flight: every acknowledged envelope gets one outcome;
+    each correlationId gets one moment, one surface item and one dispatch verdict, all its outcomes name that
+    moment, and all but one of them are flagged as replays (spec 002 "Replay determinism")."""
+    js = nc.jetstream()
+    agent = "replays"
+    cfg = chaos_config(tmp_path / "c.toml")
+    a = ServiceProc("gateway", nats_server.client_url, tmp_path / "a", cfg)
+    b = ServiceProc("gateway", nats_server.client_url, tmp_path / "b", cfg)
+    acked: dict[str, str] = {}
+    try:
+        await a.start()
+        await b.start()
+        await wait_services(nc, "pgw-gateway", 2, [a, b])
+        base = await _outcomes(js)
+        sending = asyncio.create_task(_send_pairs(nc, agent, REPLAY_PAIRS, acked))
+        await _wait_progress(js, base + REPLAY_PAIRS // 2, [a, b])
+        in_flight = (await js.consumer_info("PGW_INBOUND", "pgw-gateway")).num_ack_pending
+        a.kill9()
+        await a.wait_dead()
+        await sending
+        await a.start()
+        await wait_drained(js, timeout=120)
+    finally:
+        await a.stop()
+        await b.stop()
+    outcomes = [_json(m) for m in await read_stream(js, "PGW_OUTBOUND", f"pgw.agent.{agent}.outcome")]
+    items = [i for i in (_json(m) for m in await read_stream(js, "PGW_SURFACE")) if i.get("agent") == agent]
+    verdicts = [v for v in (_json(m) for m in await read_stream(js, "PGW_VERDICTS")) if v.get("agent") == agent]
+    by_envelope = Counter(o.get("envelope_id") for o in outcomes)
+    assert len(acked) == 2 * REPLAY_PAIRS
+    assert in_flight > 0, "the kill hit idle gateways"
+    assert {e: n for e, n in by_envelope.items() if n != 1} == {} and set(by_envelope) == set(acked)
+    assert all(o["status"] == "accepted" for o in outcomes), [o for o in outcomes if o["status"] != "accepted"][:3]
+    per_corr: dict[str, list[dict]] = {}
+    for o in outcomes:
+        per_corr.setdefault(o["correlation_id"], []).append(o)
+    moments = {c: {o["moment_id"] for o in os_} for c, os_ in per_corr.items()}
+    assert {c: m for c, m in moments.items() if len(m) != 1} == {}
+    assert {c: n for c, os_ in per_corr.items() if (n := sum(not o.get("replayed") for o in os_)) != 1} == {}
+    item_count = Counter(i.get("moment_id") for i in items)
+    dispatched = Counter(v.get("correlation_id") for v in verdicts if v.get("verdict_class") == "hitl_dispatched")
+    assert {c: item_count[next(iter(m))] for c, m in moments.items() if item_count[next(iter(m))] != 1} == {}
+    twice = [c for c in per_corr if dispatched[c] != 1]
+    if twice:
+        print("DUP", json.dumps([v for v in verdicts if v.get("correlation_id") == twice[0]]), json.dumps(per_corr[twice[0]]),
+              json.dumps([i for i in items if i.get("moment_id") in moments[twice[0]]]))
+    assert twice == []
+    print(f"\n[chaos replays] {REPLAY_PAIRS} correlationIds x 2 envelopes, one gateway of two killed -9: "
+          f"{len(outcomes)} outcomes, {sum(bool(o.get('replayed')) for o in outcomes)} replayed, "
+          f"{len(items)} items, {sum(dispatched.values())} dispatch verdicts; {in_flight} turns in flight at the kill")
 
 
 async def test_nats_server_restart_under_load(tmp_path: Path) -> None:
