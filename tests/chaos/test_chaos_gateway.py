@@ -140,14 +140,16 @@ REPLAY_PAIRS = env_int("PGW_CHAOS_REPLAY_PAIRS", 1500)
 
 async def _send_pairs(nc, agent: str, pairs: int, acked: dict[str, str]) -> None:
     """For each i an envelope and, right after it, its re-emission (the same correlationId and type, a new
-    envelopeId), retried until the server acknowledges them; ``acked``: envelopeId -> correlationId."""
+    envelopeId), retried until the server acknowledges them; ``acked``: envelopeId -> correlationId. For
+    one i in five the first is malformed (refused: the re-emission is the agent's correction)."""
     js = nc.jetstream(timeout=2.0)
     sem = asyncio.Semaphore(64)
 
     async def one(i: int, again: bool) -> None:
         corr = f"corr-{i:06d}"
         eid = f"{corr}-{'b' if again else 'a'}"
-        body = json.dumps(envelope(BINDING_MOMENT_KIND, {"principal": "alice", "binding_moment": good_moment()},
+        moment = {"synopsis": "x"} if i % 5 == 4 and not again else good_moment()
+        body = json.dumps(envelope(BINDING_MOMENT_KIND, {"principal": "alice", "binding_moment": moment},
                                    envelope_id=eid, correlation_id=corr)).encode()
         deadline = time.monotonic() + 60
         async with sem:
@@ -172,8 +174,9 @@ async def test_gateway_kill9_amid_replays_decides_each_correlation_id_once(
         tmp_path: Path, nats_server: EmbeddedServer, nc) -> None:
     """Two gateways on one consumer, one killed -9 while envelopes and their re-emissions (the same
     correlationId and type, a new envelopeId) are in flight: every acknowledged envelope gets one outcome;
-    each correlationId gets one moment, one surface item and one dispatch verdict, all its outcomes name that
-    moment, and all but one of them are flagged as replays (spec 002 "Replay determinism")."""
+    each correlationId gets one moment, one surface item and one dispatch verdict, all its accepted outcomes
+    name that moment, and all but one of them are flagged as replays (spec 002 "Replay determinism"); a
+    refused first emission binds nothing, and its correction is processed, not replayed."""
     js = nc.jetstream()
     agent = "replays"
     cfg = chaos_config(tmp_path / "c.toml")
@@ -203,24 +206,26 @@ async def test_gateway_kill9_amid_replays_decides_each_correlation_id_once(
     assert len(acked) == 2 * REPLAY_PAIRS
     assert in_flight > 0, "the kill hit idle gateways"
     assert {e: n for e, n in by_envelope.items() if n != 1} == {} and set(by_envelope) == set(acked)
-    assert all(o["status"] == "accepted" for o in outcomes), [o for o in outcomes if o["status"] != "accepted"][:3]
+    refused = {o["envelope_id"] for o in outcomes if o["status"] != "accepted"}
+    assert refused == {f"corr-{i:06d}-a" for i in range(REPLAY_PAIRS) if i % 5 == 4}
     per_corr: dict[str, list[dict]] = {}
     for o in outcomes:
-        per_corr.setdefault(o["correlation_id"], []).append(o)
+        if o["status"] == "accepted":
+            per_corr.setdefault(o["correlation_id"], []).append(o)
+    assert len(per_corr) == REPLAY_PAIRS
     moments = {c: {o["moment_id"] for o in os_} for c, os_ in per_corr.items()}
     assert {c: m for c, m in moments.items() if len(m) != 1} == {}
     assert {c: n for c, os_ in per_corr.items() if (n := sum(not o.get("replayed") for o in os_)) != 1} == {}
     item_count = Counter(i.get("moment_id") for i in items)
     dispatched = Counter(v.get("correlation_id") for v in verdicts if v.get("verdict_class") == "hitl_dispatched")
     assert {c: item_count[next(iter(m))] for c, m in moments.items() if item_count[next(iter(m))] != 1} == {}
-    twice = [c for c in per_corr if dispatched[c] != 1]
-    if twice:
-        print("DUP", json.dumps([v for v in verdicts if v.get("correlation_id") == twice[0]]), json.dumps(per_corr[twice[0]]),
-              json.dumps([i for i in items if i.get("moment_id") in moments[twice[0]]]))
-    assert twice == []
+    twice = {c: [v for v in verdicts if v.get("correlation_id") == c and v.get("verdict_class") == "hitl_dispatched"]
+             for c in per_corr if dispatched[c] != 1}
+    assert twice == {}, list(twice.items())[:1]
     print(f"\n[chaos replays] {REPLAY_PAIRS} correlationIds x 2 envelopes, one gateway of two killed -9: "
           f"{len(outcomes)} outcomes, {sum(bool(o.get('replayed')) for o in outcomes)} replayed, "
-          f"{len(items)} items, {sum(dispatched.values())} dispatch verdicts; {in_flight} turns in flight at the kill")
+          f"{len(items)} surface items ({sum(1 for i in items if not i.get('moment_id'))} refusal notices), "
+          f"{sum(dispatched.values())} dispatch verdicts; {in_flight} turns in flight at the kill")
 
 
 async def test_nats_server_restart_under_load(tmp_path: Path) -> None:
