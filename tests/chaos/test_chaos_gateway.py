@@ -4,7 +4,8 @@ The kill -9 rounds run at the issue's size in CI: 5 rounds, each killing the
 gateway while a load of 10,000 envelopes is in flight (about a minute). Scale
 with ``PGW_CHAOS_KILL_ENVELOPES`` (per kill round), ``PGW_CHAOS_ROUNDS`` and
 ``PGW_CHAOS_ENVELOPES`` (the base load of the two-gateway and server-restart
-tests, default 300), e.g. ``PGW_CHAOS_KILL_ENVELOPES=50000 PGW_CHAOS_ROUNDS=10 make chaos``.
+tests, default 300), ``PGW_CHAOS_REPLAY_PAIRS`` (correlationIds of the replay
+test, each sent twice, default 1,500), e.g. ``PGW_CHAOS_KILL_ENVELOPES=50000 PGW_CHAOS_ROUNDS=10 make chaos``.
 
 Every test reads the history back from the streams and runs the checker
 (``tests/chaos/checker.py``): each acknowledged envelope must be delivered
