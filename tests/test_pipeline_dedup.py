@@ -152,7 +152,8 @@ async def test_own_redelivery_after_a_lost_outcome_publishes_it_unflagged(nats_s
 
 async def test_a_stale_claim_is_taken_over_only_once_its_owners_message_cannot_come_back(nc):
     """Another envelope may take over a stale correlationId claim only when the owner's message is acked (or
-    terminated) or past its last delivery; while it can still be redelivered, finishing what it began, the
+    terminated) or the claim is older than twice the ack wait (the owner's redelivery would have renewed it);
+    while the owner's message can still be redelivered, finishing what it began, the
     claim is left to it (else the correlationId would get a second moment beside a half-published first)."""
     import types
 
@@ -175,6 +176,6 @@ async def test_a_stale_claim_is_taken_over_only_once_its_owners_message_cannot_c
     stale = gateway.ack_wait_s + 1
     assert await dedup._owner_may_return(ctx, claim(f"{seqs[1]}:0", stale))  # delivered, not acked
     assert not await dedup._owner_may_return(ctx, claim(f"{seqs[0]}:0", stale))  # acked
-    past_last = gateway.ack_wait_s * gateway.max_deliver + 1
+    past_last = 2 * gateway.ack_wait_s + 1
     assert not await dedup._owner_may_return(ctx, claim(f"{seqs[1]}:0", past_last))
     assert not await dedup._owner_may_return(ctx, claim("not-a-position", stale))

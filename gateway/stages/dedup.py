@@ -165,11 +165,14 @@ async def _owner_may_return(ctx: Ctx, rec: DedupRecord) -> bool:
     over meanwhile would open a second moment for the correlationId, its first one left
     half-published (spec 002 "Replay determinism": one outcome per correlationId). So
     it waits, unless the owner's message is done with: at or below the durable's ack
-    floor (acked, or terminated when dead-lettered), or past its last delivery (ack
-    wait x max_deliver after the claim). Cannot tell (the consumer unreadable): wait.
+    floor (acked, or terminated when dead-lettered); or the claim is older than twice
+    the ack wait, so the owner's redelivery, due one ack wait after the claim, had a
+    whole ack wait of its own to take it over (which writes a fresh claim) and did not.
+    The second test also ends the wait of an envelope whose own unacked message holds
+    the floor below the owner's. Cannot tell (the consumer unreadable): wait.
     """
     cfg = ctx.gw.config.gateway
-    if time.time() - rec.created > cfg.ack_wait_s * cfg.max_deliver:
+    if time.time() - rec.created > 2 * cfg.ack_wait_s:
         return False
     try:
         seq = int(rec.owner.split(":", 1)[0])
