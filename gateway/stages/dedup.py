@@ -27,8 +27,8 @@ shared by every gateway instance:
 - while another instance holds C ``pending`` this one waits for it; the
   redelivery of the owner's own message (a crash mid-way) carries on, and its
   deterministic message ids make the repeat harmless; a claim gone stale is
-  taken over by another envelope only once its owner's message can no longer
-  come back (``_owner_may_return``);
+  taken over by another envelope only once its owner's message is done with,
+  or its redelivery had its chance and did not renew it (``_owner_may_return``);
 - a refusal after this stage (e.g. ``principal_not_bound``) releases the
   claim by turning it into a ``refused`` record, which the next emission of
   C claims straight away, so a corrected re-emission is processed afresh;
