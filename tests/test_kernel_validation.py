@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from gateway.kernel.mandate import MandateError, MandateVerifier, issue_mandate
 from pgwcore.config import load_config
 from pgwcore.keys import kid_of
-from subjects.idp import EnrichedDeny, HemPending, Permit, Reject
+from subjects.idp import EnrichedDeny, HemPending, Permit, Reject, kernel_result_decoder
 from tests.kernel_support import (
     Issuer,
     idp,
@@ -400,3 +400,15 @@ async def test_traceparent_is_on_the_request_log_lines(env: Env) -> None:
     assert b"PERMIT" in msg.data
     summary = [e for e in logs if e["event"] == "idp"]
     assert len(summary) == 1 and summary[0]["traceparent"] == trace
+
+
+async def test_the_reply_carries_the_requests_headers_back(env: Env) -> None:
+    """The answer to a transition request is what ``Msg.respond`` sends: the result, with the request's headers back."""
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    rec = env.idp(1)
+    msg = await env.nc.request(f"pgw.agent.{AGENT}.idp", msgspec.json.encode({"mandate": env.token, "idp": rec}),
+                               timeout=10, headers={"traceparent": trace, "X-Other": "v"})
+    assert msg.headers == {"traceparent": trace, "X-Other": "v"}
+    assert isinstance(kernel_result_decoder.decode(msg.data), Permit)
+    msg = await env.nc.request(f"pgw.agent.{AGENT}.idp", b"[]", timeout=10)
+    assert msg.headers is None and kernel_result_decoder.decode(msg.data).error_code == "REQUEST_MALFORMED"

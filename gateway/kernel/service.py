@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -59,10 +60,12 @@ from gateway.kernel.state import (
 )
 from gateway.kernel.transitions import EXECUTION_CONTEXT, TransitionReports
 from gateway.kernel.validation import RefusalError, RequestValidation
+from pgwcore import logs
 from pgwcore.keys import load_or_create
 from pgwcore.logs import get_logger
 from pgwcore.loop import gather_inline
 from pgwcore.metrics import LATENCY, REGISTRY
+from pgwcore.pubbatch import publish_one
 from subjects.errors import SubjectError
 from subjects.idp import (
     REASONING_BASIS_TYPES,
@@ -245,16 +248,18 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             _IDP_LATENCY.observe(time.perf_counter() - t0)
             code = getattr(result, "error_code", None) or getattr(result, "deny_code", None) or "none"
             _count_result(type(result).__name__, code)
-            log.info(
-                "idp",
-                agent=agent,
-                result=type(result).__name__,
-                code=code,
-                idp_id=getattr(result, "idp_id", None),
-            )
+            if logs.enabled(logging.INFO):  # the summary line's fields are not built for a dropped line
+                log.info(
+                    "idp",
+                    agent=agent,
+                    result=type(result).__name__,
+                    code=code,
+                    idp_id=getattr(result, "idp_id", None),
+                )
             if msg.reply:
                 with contextlib.suppress(Exception):
-                    await msg.respond(msgspec.json.encode(result))
+                    # == msg.respond(...): the request's headers back, the same bytes (pgwcore.pubbatch)
+                    await publish_one(self.nc, msg.reply, msgspec.json.encode(result), msg.headers)
 
     async def handle_request(self, agent: str, data: bytes, *, traceparent: str | None = None) -> KernelResult:
         """One kernel.transition() call (spec 003 §5.1 step 4) -> its result."""
