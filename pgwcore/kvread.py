@@ -24,6 +24,7 @@ from nats.aio.client import Client
 from nats.js.errors import APIError
 
 from pgwcore.atomic import reply_token
+from pgwcore.pubbatch import publish_one
 
 ERR_NO_MESSAGE = 10037  # JSNoMessageFoundErr
 
@@ -172,16 +173,19 @@ class BatchReader:
     async def get_many(self, keys: list[str]) -> list[tuple[bytes, int] | None]:
         """(value, revision) or None for each key, in order."""
         token = reply_token()
-        fut: asyncio.Future[dict[str, tuple[bytes, int] | None]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[dict[str, tuple[bytes, int] | None]] = loop.create_future()
         self._pending[token] = _Batch(fut)
+        # The deadline is one timer on the future (as get_last's), not wait_for's extra future and callbacks.
+        timer = loop.call_later(self.timeout, _expire, fut)
         try:
-            await self.nc.publish(
-                self.subject, _enc.encode({"multi_last": [self.pre + k for k in keys], "batch": len(keys)}),
-                reply=f"{self._inbox}.{token}",
+            # nc.publish's bytes and refusals (pgwcore.pubbatch)
+            await publish_one(
+                self.nc, self.subject, _enc.encode({"multi_last": [self.pre + k for k in keys], "batch": len(keys)}),
+                None, f"{self._inbox}.{token}",
             )
-            found = await asyncio.wait_for(fut, self.timeout)
-        except TimeoutError:
-            raise nats.errors.TimeoutError from None
+            found = await fut
         finally:
+            timer.cancel()
             del self._pending[token]
         return [found.get(k) for k in keys]
