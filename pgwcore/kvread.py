@@ -24,6 +24,7 @@ from nats.aio.client import Client
 from nats.js.errors import APIError
 
 from pgwcore.atomic import reply_token
+from pgwcore.delivery import deliver_inline
 from pgwcore.pubbatch import publish_one
 
 ERR_NO_MESSAGE = 10037  # JSNoMessageFoundErr
@@ -142,7 +143,8 @@ class BatchReader:
 
     async def start(self) -> None:
         self._inbox = self.nc.new_inbox()
-        self._sub = await self.nc.subscribe(self._inbox + ".*", cb=self._on_msg)
+        self._sub = await self.nc.subscribe(self._inbox + ".*", cb=self._on_msg_cb)
+        deliver_inline(self._sub, self._on_msg)  # each reply handled as it is read (pgwcore.delivery)
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -152,7 +154,10 @@ class BatchReader:
                 await self._sub.unsubscribe()
             self._sub = None
 
-    async def _on_msg(self, msg: Any) -> None:
+    async def _on_msg_cb(self, msg: Any) -> None:  # the subscription's callback until deliver_inline replaces it
+        self._on_msg(msg)
+
+    def _on_msg(self, msg: Any) -> None:
         b = self._pending.get(msg.subject[len(self._inbox) + 1:])
         if b is None or b.fut.done():
             return

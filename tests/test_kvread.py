@@ -70,7 +70,7 @@ async def test_batch_reader_times_out_and_forgets_a_read_nobody_answers(nc: Any)
 
     answered = asyncio.Event()
 
-    async def deaf(_msg: Any) -> None:  # the answers are dropped, as if lost
+    def deaf(_msg: Any) -> None:  # the answers are dropped, as if lost
         answered.set()
 
     reader._on_msg = deaf  # type: ignore[method-assign]
