@@ -88,18 +88,8 @@ class Ack(msgspec.Struct):
 _ack_dec = msgspec.json.Decoder(Ack)
 
 
-def _answer(raw: asyncio.Future[Any], out: asyncio.Future[Ack]) -> None:
-    """The reply to a publish (or its timeout) -> the Ack, or the error js.publish would raise."""
-    if out.done():
-        return
-    if raw.cancelled():
-        out.cancel()
-        return
-    exc = raw.exception()
-    if exc is not None:
-        out.set_exception(exc)
-        return
-    msg = raw.result()
+def _answer(msg: Any, out: asyncio.Future[Ack]) -> None:
+    """The reply to a publish -> the Ack, or the error js.publish would raise."""
     if msg.headers and msg.headers.get("Status") == "503":
         out.set_exception(NoStreamResponseError())
         return
@@ -113,9 +103,36 @@ def _answer(raw: asyncio.Future[Any], out: asyncio.Future[Ack]) -> None:
     out.set_result(ack)
 
 
-def _expire(fut: asyncio.Future[Any]) -> None:
-    if not fut.done():
-        fut.set_exception(nats.errors.TimeoutError())
+class _AckWaiter:
+    """One PubAck awaited through nats' request inbox: it stands in ``nc._resp_map`` where
+    ``nc.request`` puts a future, and nats-py's inbox callback calls ``done()`` and
+    ``set_result(msg)`` on it as on that future. The reply is decoded into the caller's
+    future at once (no second future, no done-callbacks run by the loop); the timer, or
+    the reply, takes it out of the map. A caller that stops waiting (its future cancelled)
+    leaves it there until the timer."""
+
+    __slots__ = ("out", "resp_map", "timer", "token")
+
+    def __init__(self, out: asyncio.Future[Ack], resp_map: dict[str, Any], token: str) -> None:
+        self.out = out
+        self.resp_map = resp_map
+        self.token = token
+        self.timer: asyncio.TimerHandle | None = None
+
+    def done(self) -> bool:
+        return self.out.done()
+
+    def set_result(self, msg: Any) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.resp_map.pop(self.token, None)
+        if not self.out.done():
+            _answer(msg, self.out)
+
+    def expire(self) -> None:
+        self.resp_map.pop(self.token, None)
+        if not self.out.done():
+            self.out.set_exception(nats.errors.TimeoutError())
 
 
 _tokens = itertools.count(1)
@@ -138,31 +155,24 @@ async def send_acked(nc: Client, subject: str, payload: bytes, headers: Mapping[
 
     ``js.publish`` at about two thirds of its CPU (the gateway issues six of these per
     binding moment): the reply comes through nats' own request inbox (``_resp_map``,
-    as ``nc.request`` does), the deadline is one timer instead of ``wait_for``, the
-    PubAck is decoded by msgspec. Sending and awaiting are apart so that a writer can
+    as ``nc.request`` does, with an ``_AckWaiter`` in place of its future), the deadline
+    is one timer instead of ``wait_for``, the PubAck is decoded by msgspec. Sending and awaiting are apart so that a writer can
     order its sends under a lock and wait outside it (the kernel's event log).
     """
     if not nc._resp_sub_prefix:
         await nc._init_request_sub()
     token = reply_token()  # unique per connection, like nc.request's
     loop = asyncio.get_running_loop()
-    raw: asyncio.Future[Any] = loop.create_future()
     out: asyncio.Future[Ack] = loop.create_future()
-    nc._resp_map[token] = raw
-    timer = loop.call_later(timeout, _expire, raw)
-
-    def done(f: asyncio.Future[Any]) -> None:
-        timer.cancel()
-        nc._resp_map.pop(token, None)
-        _answer(f, out)
-
-    raw.add_done_callback(done)
-    out.add_done_callback(lambda f: f.cancelled() and not raw.done() and raw.cancel())
+    waiter = _AckWaiter(out, nc._resp_map, token)
+    nc._resp_map[token] = waiter
+    waiter.timer = loop.call_later(timeout, waiter.expire)
     try:
         # nc.publish's bytes and refusals at a fraction of its CPU (pgwcore.pubbatch)
         await publish_one(nc, subject, payload, headers, nc._resp_sub_prefix.decode() + token)
     except BaseException:
-        raw.cancel()
+        waiter.timer.cancel()
+        nc._resp_map.pop(token, None)
         raise
     return out
 

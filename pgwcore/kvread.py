@@ -24,6 +24,8 @@ from nats.aio.client import Client
 from nats.js.errors import APIError
 
 from pgwcore.atomic import reply_token
+from pgwcore.delivery import deliver_inline
+from pgwcore.pubbatch import publish_one
 
 ERR_NO_MESSAGE = 10037  # JSNoMessageFoundErr
 
@@ -141,7 +143,8 @@ class BatchReader:
 
     async def start(self) -> None:
         self._inbox = self.nc.new_inbox()
-        self._sub = await self.nc.subscribe(self._inbox + ".*", cb=self._on_msg)
+        self._sub = await self.nc.subscribe(self._inbox + ".*", cb=self._on_msg_cb)
+        deliver_inline(self._sub, self._on_msg)  # each reply handled as it is read (pgwcore.delivery)
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -151,7 +154,10 @@ class BatchReader:
                 await self._sub.unsubscribe()
             self._sub = None
 
-    async def _on_msg(self, msg: Any) -> None:
+    async def _on_msg_cb(self, msg: Any) -> None:  # the subscription's callback until deliver_inline replaces it
+        self._on_msg(msg)
+
+    def _on_msg(self, msg: Any) -> None:
         b = self._pending.get(msg.subject[len(self._inbox) + 1:])
         if b is None or b.fut.done():
             return
@@ -172,16 +178,19 @@ class BatchReader:
     async def get_many(self, keys: list[str]) -> list[tuple[bytes, int] | None]:
         """(value, revision) or None for each key, in order."""
         token = reply_token()
-        fut: asyncio.Future[dict[str, tuple[bytes, int] | None]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[dict[str, tuple[bytes, int] | None]] = loop.create_future()
         self._pending[token] = _Batch(fut)
+        # The deadline is one timer on the future (as get_last's), not wait_for's extra future and callbacks.
+        timer = loop.call_later(self.timeout, _expire, fut)
         try:
-            await self.nc.publish(
-                self.subject, _enc.encode({"multi_last": [self.pre + k for k in keys], "batch": len(keys)}),
-                reply=f"{self._inbox}.{token}",
+            # nc.publish's bytes and refusals (pgwcore.pubbatch)
+            await publish_one(
+                self.nc, self.subject, _enc.encode({"multi_last": [self.pre + k for k in keys], "batch": len(keys)}),
+                None, f"{self._inbox}.{token}",
             )
-            found = await asyncio.wait_for(fut, self.timeout)
-        except TimeoutError:
-            raise nats.errors.TimeoutError from None
+            found = await fut
         finally:
+            timer.cancel()
             del self._pending[token]
         return [found.get(k) for k in keys]

@@ -13,7 +13,9 @@ decides:
 - keys sort by UTF-16 code unit in JCS (RFC 8785 §3.2.3) and by code point
   in msgspec; the orders agree unless a key holds a character at or above
   U+D800, so a value with such a key goes wholly to ``rfc8785``;
-- floats are written by ``rfc8785`` (ES6 number form) and spliced in raw;
+- floats are written by ``rfc8785`` (ES6 number form) and spliced in raw,
+  except where msgspec's text of that float is already the ES6 form (0.9 is,
+  2.0 and 1e-06 are not), which :func:`dumps` checks once per value;
 - integers beyond 2**53, lone surrogates, non-str keys and any other type go
   wholly to ``rfc8785``, which refuses them or writes them as it does.
 
@@ -97,8 +99,62 @@ def encode(walked: Any, flags: int) -> bytes:
     return rfc8785.dumps(walked)
 
 
+_FLOAT_SAME: dict[float, bool] = {}  # float -> msgspec writes it as RFC 8785 does (0.9: yes; 2.0, 1e-06: no)
+
+
+def _float_same(f: float) -> bool:
+    """Whether msgspec's text of ``f`` is its ES6 form (RFC 8785 §3.2.2.3), remembered per value.
+
+    Only 0.0 and -0.0 are distinct floats that compare equal, and both answer no
+    (``0.0``, ``-0.0`` against ``0``); a NaN never equals a key, and is refused by
+    the reference anyway."""
+    same = _FLOAT_SAME.get(f)
+    if same is None:
+        try:
+            same = _SORTED.encode(f) == rfc8785.dumps(f)
+        except Exception:  # noqa: BLE001 - NaN, infinities: the reference path raises its own error
+            same = False
+        if len(_FLOAT_SAME) < 4096:
+            _FLOAT_SAME[f] = same
+    return same
+
+
+def _as_is(value: Any) -> bool:
+    """Whether msgspec's sorted encoder writes ``value`` itself as RFC 8785 does, no copy needed:
+    plain dicts with str keys below U+D800, lists and tuples, str, bool, None, integers within
+    +-(2**53 - 1) and floats whose msgspec text is their ES6 form. Anything else (a float such
+    as 2.0 or 1e-06, a big integer, another key or type) says no, and ``dumps`` copies as before."""
+    t = type(value)
+    if t is dict:
+        try:
+            keys = "".join(value)  # one pass over the keys in C; TypeError if one is not a str
+        except TypeError:
+            return False
+        if not (keys.isascii() or max(keys) < "\ud800"):
+            return False
+        members = value.values()
+    elif t is list or t is tuple:
+        members = value
+    else:
+        return (t is str or t is bool or value is None or (t is int and -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT)
+                or (t is float and _float_same(value)))
+    for v in members:
+        tv = type(v)
+        # The common members inline (a call per leaf would be most of the cost).
+        if tv is str or tv is bool or v is None or (tv is int and -_MAX_SAFE_INT <= v <= _MAX_SAFE_INT):
+            continue
+        if not _as_is(v):
+            return False
+    return True
+
+
 def dumps(value: Any) -> bytes:
     """``rfc8785.dumps(value)``, byte for byte."""
+    if _as_is(value):  # the common case: no float to rewrite, nothing only the reference may write
+        try:
+            return _SORTED.encode(value)
+        except UnicodeEncodeError:
+            pass  # a lone surrogate: the walk below hands it to rfc8785, which raises its own error
     flags = [0]
     walked = _walk(value, False, flags, True)  # floats already raw: one copy, not two
     if not flags[0] & NOT_PLAIN:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import nats.errors
@@ -96,4 +97,26 @@ async def test_publish_acked_answers_as_js_publish_does(nc: Any) -> None:
             await publish_acked(nc, "silent.x", b"", {}, 0.2)
     finally:
         await silent.unsubscribe()
+    assert not nc._resp_map
+
+
+async def test_send_acked_leaves_nothing_behind_after_an_answer_a_refusal_a_cancel(nc: Any) -> None:
+    """The futures of send_acked resolve with their own PubAcks in any order of awaiting; a write refused before it is
+    sent (a subject with a space) leaves no waiter in the request map; a future cancelled by its caller is not resolved
+    by the PubAck that comes after, and its waiter leaves the map when its timer passes."""
+    from pgwcore.atomic import send_acked
+
+    js = nc.jetstream()
+    await _stream(js, "AT10", atomic=False)
+    futs = [await send_acked(nc, "at10.a", str(i).encode(), {}, 5) for i in range(3)]
+    assert [(await f).seq for f in reversed(futs)] == [3, 2, 1]
+    assert not nc._resp_map
+    with pytest.raises(nats.errors.BadSubjectError):
+        await send_acked(nc, "at10 a", b"x", {}, 5)
+    assert not nc._resp_map
+    fut = await send_acked(nc, "at10.a", b"late", {}, 0.3)
+    fut.cancel()
+    assert (await publish_acked(nc, "at10.a", b"after", {}, 5)).seq == 5  # the cancelled one was stored (4) meanwhile
+    assert fut.cancelled() and len(nc._resp_map) == 1
+    await asyncio.sleep(0.4)  # past the cancelled waiter's own timer
     assert not nc._resp_map

@@ -83,3 +83,26 @@ def test_known_hazards_match_the_reference(value: object) -> None:
 def test_values_without_a_jcs_form_are_refused_as_before(value: object) -> None:
     with pytest.raises(capm.CapsuleError, match="§2 JSON-DIGEST"):
         capm.json_digest(value)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.lists(st.sampled_from([0.9, 2.0, -0.0, 0.0, 1e-06, 1e-07, 1e21, 5e-324, 0.1 + 0.2, -1.5, 1e16, 123456.789]),
+                max_size=6), values)
+def test_dumps_on_repeated_floats_equals_the_reference(floats: list[float], value: object) -> None:
+    """Floats msgspec writes as ES6 does (0.9) and those it writes otherwise (2.0, -0.0, 1e-06, 1e21), seen again and
+    again in any order (``dumps`` remembers which is which per value), give the reference's bytes, alone and nested."""
+    for v in (floats, {"f": floats, "v": value}, *floats):
+        assert _outcome(jcs.dumps, v) == _outcome(rfc8785.dumps, v)
+
+
+def test_a_log_event_of_strings_ints_and_an_es6_float_is_written_without_a_copy() -> None:
+    """The kernel's events (strings, small integers, a confidence like 0.9) take the no-copy path; a float msgspec
+    writes otherwise, a big integer or a key at or above U+D800 do not, and all give the reference's bytes."""
+    event = {"event_type": "IDP_SUBMITTED", "prev_seq": 12, "body": {"idp": {"confidence_level": 0.9, "step_sequence": 1,
+             "declared_goal": {"description": "Close the booking"}}, "pii_markers": [], "audit_accessible": True,
+             "mission_ref": None}}
+    assert jcs._as_is(event)
+    for other in ({"c": 2.0}, {"c": [1e-06]}, {"n": 2**53}, {"\U0001f600": 1}, {1: "a"}):
+        assert not jcs._as_is({**event, "x": other})
+        assert _outcome(jcs.dumps, {**event, "x": other}) == _outcome(rfc8785.dumps, {**event, "x": other})
+    assert jcs.dumps(event) == rfc8785.dumps(event)

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from gateway.kernel.mandate import MandateError, MandateVerifier, issue_mandate
 from pgwcore.config import load_config
 from pgwcore.keys import kid_of
-from subjects.idp import EnrichedDeny, HemPending, Permit, Reject
+from subjects.idp import EnrichedDeny, HemPending, Permit, Reject, kernel_result_decoder
 from tests.kernel_support import (
     Issuer,
     idp,
@@ -400,3 +400,39 @@ async def test_traceparent_is_on_the_request_log_lines(env: Env) -> None:
     assert b"PERMIT" in msg.data
     summary = [e for e in logs if e["event"] == "idp"]
     assert len(summary) == 1 and summary[0]["traceparent"] == trace
+
+
+async def test_the_reply_carries_the_requests_headers_back(env: Env) -> None:
+    """The answer to a transition request is what ``Msg.respond`` sends: the result, with the request's headers back."""
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    rec = env.idp(1)
+    msg = await env.nc.request(f"pgw.agent.{AGENT}.idp", msgspec.json.encode({"mandate": env.token, "idp": rec}),
+                               timeout=10, headers={"traceparent": trace, "X-Other": "v"})
+    assert msg.headers == {"traceparent": trace, "X-Other": "v"}
+    assert isinstance(kernel_result_decoder.decode(msg.data), Permit)
+    msg = await env.nc.request(f"pgw.agent.{AGENT}.idp", b"[]", timeout=10)
+    assert msg.headers is None and kernel_result_decoder.decode(msg.data).error_code == "REQUEST_MALFORMED"
+
+
+def test_a_mandate_that_passed_is_still_refused_when_revoked_or_not_yet_valid(issuer: Issuer, tmp_path: Path) -> None:
+    """A mandate accepted before is refused once its jti is revoked live, and one with an nbf is refused for a moment
+    before it (as the first check would); each accepted call gets its own copy of the claims."""
+    cfg = load_config(None, data_dir=str(tmp_path / "data"), kernel={"issuers": {issuer.kid: str(issuer.pem_path)}})
+    verifier = MandateVerifier(cfg.kernel)
+    token, jti = issuer.mandate(agent=AGENT, so_id=str(uuid.uuid4()), ttl_s=600)
+    first, second = verifier.verify(token, agent=AGENT), verifier.verify(token, agent=AGENT)
+    assert first == second and first.claims is not second.claims
+    verifier.live_revoked.add(jti)
+    with pytest.raises(MandateError) as revoked:
+        verifier.verify(token, agent=AGENT)
+    assert revoked.value.code == "MANDATE_REVOKED"
+    import jwt
+
+    now = int(time.time())
+    claims = {"jti": "nbf-1", "sub": AGENT, "so_id": str(uuid.uuid4()), "principal": "alice", "actions": ["CloseBooking"],
+              "iat": now - 10, "exp": now + 600, "nbf": now - 5}
+    token = jwt.encode(claims, issuer.key, algorithm="EdDSA", headers={"kid": issuer.kid})
+    assert verifier.verify(token, agent=AGENT).jti == "nbf-1"
+    with pytest.raises(MandateError) as early:  # accepted before, but asked about a moment before its nbf
+        verifier.verify(token, agent=AGENT, now=now - 5 - cfg.kernel.clock_skew_s - 1)
+    assert early.value.code == "MANDATE_INVALID" and "not yet valid" in early.value.reason

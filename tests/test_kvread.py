@@ -52,3 +52,38 @@ async def test_batch_reader_answers_as_get_last(nc: Any) -> None:
         assert await reader.get_many(["never", "gone"]) == [None, None]  # the server's 404: no results
     finally:
         await reader.close()
+
+
+async def test_batch_reader_times_out_and_forgets_a_read_nobody_answers(nc: Any) -> None:
+    """A batched read whose answer never comes fails with nats' TimeoutError after the reader's timeout, and a read
+    that is cancelled is cancelled; neither is left pending."""
+    import asyncio
+
+    import nats.errors
+
+    from pgwcore.kvread import BatchReader, enable_direct
+
+    js = nc.jetstream()
+    await ensure_kv(js, "PGW_T")
+    assert await enable_direct(js, "PGW_T")
+    reader = BatchReader(nc, js._prefix, "PGW_T", 0.3)
+
+    answered = asyncio.Event()
+
+    def deaf(_msg: Any) -> None:  # the answers are dropped, as if lost
+        answered.set()
+
+    reader._on_msg = deaf  # type: ignore[method-assign]
+    await reader.start()
+    try:
+        with pytest.raises(nats.errors.TimeoutError):
+            await reader.get_many(["a"])
+        answered.clear()
+        task = asyncio.ensure_future(reader.get_many(["a"]))
+        await answered.wait()  # sent, answered (and dropped): the read is waiting
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert reader._pending == {}
+    finally:
+        await reader.close()

@@ -15,6 +15,7 @@ The check order reports the strongest finding first: a bad signature
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,8 +78,10 @@ class MandateVerifier:
     An agent presents the same mandate on every step, so the outcome of the
     signature check is remembered per exact token string (bounded, oldest
     first out). That outcome depends only on the token bytes and the issuer
-    keys, which are fixed when the verifier is built; revocation, expiry,
-    ``nbf`` and every claim rule still run on each call.
+    keys, which are fixed when the verifier is built. The claim rules that
+    depend on nothing but the token, the agent and the configuration are
+    remembered per (token, agent) once they pass; revocation, expiry and
+    ``nbf`` still run on each call.
     """
 
     cache_size = 1024
@@ -95,6 +98,9 @@ class MandateVerifier:
         self.live_revoked: set[str] = set()  # gateway/kernel/revocation.py
         self.revoker_keys: dict[str, Any] = {kid: _load_key(kid, v) for kid, v in cfg.revokers.items()}
         self._verified: dict[str, tuple[str, dict[str, Any]]] = {}
+        # (token, agent) -> the Mandate a full check gave and the token's nbf: the next call
+        # re-runs only the revocation and time rules (verify).
+        self._passed: dict[tuple[str, str], tuple[Mandate, Any]] = {}
 
     def verify(self, token: object, *, agent: str, now: float | None = None) -> Mandate:
         if not isinstance(token, str) or not token:
@@ -106,8 +112,26 @@ class MandateVerifier:
                 del self._verified[next(iter(self._verified))]
             self._verified[token] = hit
         kid, signed = hit
+        passed = self._passed.get((token, agent))
+        if passed is not None:
+            m, nbf = passed
+            t = now if now is not None else time.time()
+            # The rules that depend on the moment or on the revocation lists, as _check_claims
+            # runs them; every other rule is a function of the token, the agent and the fixed
+            # configuration, and passed for this pair before. Any failure: the full check, so
+            # the refusal is the one it gives.
+            if (m.jti not in self.revoked and m.jti not in self.live_revoked
+                    and t <= signed["exp"] + self.cfg.clock_skew_s
+                    and not (isinstance(nbf, int | float) and (now or time.time()) + self.cfg.clock_skew_s < nbf)):
+                # A new Mandate with its own copy of the claims, as _check_claims gives.
+                return Mandate(jti=m.jti, sub=m.sub, so_id=m.so_id, principal=m.principal, actions=m.actions,
+                               exp=m.exp, mission_ref=m.mission_ref, issuer_kid=m.issuer_kid, claims=dict(signed))
         # A copy: the cached claims stay as the issuer signed them.
-        return self._check_claims(dict(signed), kid, agent=agent, now=now)
+        m = self._check_claims(dict(signed), kid, agent=agent, now=now)
+        if len(self._passed) >= self.cache_size:
+            del self._passed[next(iter(self._passed))]
+        self._passed[(token, agent)] = (m, signed.get("nbf"))
+        return m
 
     def _verify_signature(self, token: str) -> tuple[str, dict[str, Any]]:
         """(issuer kid, claims) of a token whose signature verifies; a MandateError otherwise."""
@@ -165,8 +189,6 @@ class MandateVerifier:
         exp = claims.get("exp")
         if not isinstance(exp, int | float) or isinstance(exp, bool):
             raise MandateError("MANDATE_INVALID", "the mandate exp must be a number")
-        import time
-
         if (now if now is not None else time.time()) > exp + self.cfg.clock_skew_s:
             raise MandateError("MANDATE_EXPIRED", "the mandate has expired")
         nbf = claims.get("nbf")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -59,10 +60,13 @@ from gateway.kernel.state import (
 )
 from gateway.kernel.transitions import EXECUTION_CONTEXT, TransitionReports
 from gateway.kernel.validation import RefusalError, RequestValidation
+from pgwcore import logs
+from pgwcore.delivery import deliver_inline
 from pgwcore.keys import load_or_create
 from pgwcore.logs import get_logger
 from pgwcore.loop import gather_inline
 from pgwcore.metrics import LATENCY, REGISTRY
+from pgwcore.pubbatch import publish_one
 from subjects.errors import SubjectError
 from subjects.idp import (
     REASONING_BASIS_TYPES,
@@ -165,6 +169,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             log.warning("no Cedar policies configured (kernel.policy_dir): every action is denied")
         self.desk.on_hem_decision(self._on_hem_decision)
         self._sub = await self.nc.subscribe(self.subjects.all_agents("idp"), queue=QUEUE, cb=self._on_idp)
+        deliver_inline(self._sub, self._spawn)  # each request's task started as it is read (pgwcore.delivery)
         await self._gate_start(QUEUE)  # agent.*.act and the sweep of open dispatches (gate.py)
         self._psub = await self.js.pull_subscribe(
             self.subjects.all_agents("transition"),
@@ -215,7 +220,10 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         await self.drain()
 
     # -- transition requests ----------------------------------------------------
-    async def _on_idp(self, msg: Msg) -> None:
+    async def _on_idp(self, msg: Msg) -> None:  # the subscription's callback until deliver_inline replaces it
+        self._spawn(msg)
+
+    def _spawn(self, msg: Msg) -> None:
         # One task per request so a slow fsync does not serialize every agent.
         task = asyncio.create_task(self._serve(msg))
         self._inflight.add(task)
@@ -245,16 +253,18 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             _IDP_LATENCY.observe(time.perf_counter() - t0)
             code = getattr(result, "error_code", None) or getattr(result, "deny_code", None) or "none"
             _count_result(type(result).__name__, code)
-            log.info(
-                "idp",
-                agent=agent,
-                result=type(result).__name__,
-                code=code,
-                idp_id=getattr(result, "idp_id", None),
-            )
+            if logs.enabled(logging.INFO):  # the summary line's fields are not built for a dropped line
+                log.info(
+                    "idp",
+                    agent=agent,
+                    result=type(result).__name__,
+                    code=code,
+                    idp_id=getattr(result, "idp_id", None),
+                )
             if msg.reply:
                 with contextlib.suppress(Exception):
-                    await msg.respond(msgspec.json.encode(result))
+                    # == msg.respond(...): the request's headers back, the same bytes (pgwcore.pubbatch)
+                    await publish_one(self.nc, msg.reply, msgspec.json.encode(result), msg.headers)
 
     async def handle_request(self, agent: str, data: bytes, *, traceparent: str | None = None) -> KernelResult:
         """One kernel.transition() call (spec 003 §5.1 step 4) -> its result."""

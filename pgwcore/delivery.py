@@ -1,0 +1,64 @@
+"""Messages handed over in nats-py's read loop, for subscriptions whose handling never waits.
+
+nats-py delivers a subscription's messages through an ``asyncio.Queue`` and a
+task per subscription (``Subscription._wait_for_msgs``), which awaits the
+callback: per message a queue put and get, a wakeup of that task, and a
+coroutine. Where the handling is only "find the waiter, resolve its future"
+or "start a task" (the kernel's batched reads, ``kvread.BatchReader``, and
+its transition requests, each handed to a task of its own), it is done here
+as the message is parsed: :func:`deliver_inline` puts a plain function in
+place of the queue. What is kept: the order of the messages, and the
+subscription's life (unsubscribe, drain, reconnect; ``pending_msgs`` is 0).
+What changes: a message can no longer pile up in the subscription (so no
+slow-consumer error), and the function runs inside the read loop, so it must
+not block or await. An error it raises is logged and the next message is
+handled as usual (nats-py hands a callback's error to ``error_cb``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from pgwcore.logs import get_logger
+
+log = get_logger("pgw.delivery")
+
+
+class _Inline:
+    """Stands in for a subscription's pending queue (the calls nats-py makes on it)."""
+
+    def __init__(self, sub: Any, handle: Callable[[Msg], None]) -> None:
+        self._sub = sub
+        self._handle = handle
+
+    def put_nowait(self, msg: Msg) -> None:
+        self._sub._pending_size -= len(msg.data)  # added by _process_msg just before
+        try:
+            self._handle(msg)
+        except Exception:
+            log.exception("handling a message failed", subject=msg.subject)
+
+    def qsize(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return True
+
+    def task_done(self) -> None:
+        return None
+
+    async def join(self) -> None:  # Subscription.drain waits for the queue: nothing is ever queued
+        return None
+
+
+def deliver_inline(sub: Any, handle: Callable[[Msg], None]) -> None:
+    """From now on, each message of ``sub`` (a ``nats.aio.subscription.Subscription`` made with a
+    callback) goes to ``handle(msg)`` as the read loop parses it, in order, instead of to the
+    callback through the subscription's queue and task (the module's docstring)."""
+    sub._pending_queue = _Inline(sub, handle)
+    task = sub._wait_for_msgs_task
+    if task is not None:
+        task.cancel()  # it waits on the old queue, which nothing is put on any more
