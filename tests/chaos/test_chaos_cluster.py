@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,57 @@ def cluster_nodes(root: Path, n: int = 3) -> list[EmbeddedServer]:
     return nodes
 
 
+async def start_cluster(root: Path, n: int = 3, *, configure: Callable[[EmbeddedServer], None] | None = None,
+                        attempts: int = 3) -> list[EmbeddedServer]:
+    """``cluster_nodes``, each configured by ``configure``, started. ``free_port`` hands out a port it no
+    longer holds, so another process (a parallel test worker) can bind it before its node does ("address
+    already in use"): then every node stops and the cluster starts again on new ports, in a directory of its
+    own, up to ``attempts`` times. Any other failure is raised at once."""
+    for attempt in range(attempts):
+        nodes = cluster_nodes(root if attempt == 0 else root / f"retry{attempt}", n)
+        for node in nodes:
+            if configure is not None:
+                configure(node)
+        starts = [asyncio.ensure_future(node.start(timeout=60)) for node in nodes]
+        done, waiting = await asyncio.wait(starts, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [e for t in done if (e := t.exception()) is not None]
+        if not failed:
+            return nodes
+        for t in waiting:  # the others would wait for routes to the node that failed
+            t.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        for node in nodes:
+            with contextlib.suppress(Exception):
+                await node.stop()
+        if attempt == attempts - 1 or not any("address already in use" in str(e) for e in failed):
+            raise failed[0]
+    raise AssertionError("unreachable")
+
+
+async def test_a_cluster_port_taken_before_its_node_binds_it_gets_new_ports(tmp_path: Path, monkeypatch) -> None:
+    """A route port that another process takes between free_port() and the node's start makes the
+    cluster start again on new ports instead of failing the test."""
+    import socket
+    import sys
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    ports = iter([taken])
+    real = free_port
+    monkeypatch.setattr(sys.modules[__name__], "free_port", lambda: next(ports, None) or real())
+    try:
+        nodes = await start_cluster(tmp_path)
+        try:
+            assert taken not in [n.port for n in nodes] and (tmp_path / "retry1").is_dir()
+        finally:
+            for node in nodes:
+                await node.stop()
+    finally:
+        squatter.close()
+
+
 async def _restart(node: EmbeddedServer) -> None:
     node._proc = None
     await node.start(timeout=60)
@@ -55,8 +107,7 @@ async def _restart(node: EmbeddedServer) -> None:
 async def test_r3_cluster_node_killed_under_load(tmp_path: Path) -> None:
     """A node of a three-node R3 cluster is killed -9 under load and restarted: the gateway keeps
     producing outcomes while it is down, and every acknowledged envelope is delivered once."""
-    nodes = cluster_nodes(tmp_path)
-    await asyncio.gather(*(n.start(timeout=60) for n in nodes))
+    nodes = await start_cluster(tmp_path)
     url = ",".join(f"nats://127.0.0.1:{n.port}" for n in nodes)
     nc = await connect(url, name="chaos-load")
     js = nc.jetstream(timeout=5)

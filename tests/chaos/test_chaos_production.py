@@ -13,6 +13,7 @@ import asyncio
 import random
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ from tests.chaos.harness import (
     wait_drained,
     wait_services,
 )
-from tests.chaos.test_chaos_cluster import _outcomes, _restart, _wait_outcomes, cluster_nodes
+from tests.chaos.test_chaos_cluster import _outcomes, _restart, _wait_outcomes, start_cluster
 from tests.gauntlet.bed import flushed
 from tests.kernel_support import Issuer, idp, policy_dir, request
 from tests.moments import good_moment
@@ -56,13 +57,14 @@ async def test_operator_mode_tls_r3_cluster_two_gateways_kill9(tmp_path: Path, s
     cfg = load_config(None, data_dir=str(tmp_path / "accounts-data"), agents={AGENT: {"principals": [PRINCIPAL]}, E2E: {"principals": [PRINCIPAL]}})
     op = Operator(tmp_path / "accounts")
     auth = op.provision("acme", cfg.prefix, parties(cfg))
-    nodes = cluster_nodes(tmp_path)
-    for n in nodes:  # every node: the same operator block and mutual TLS on the client port
+
+    def configure(n: Any) -> None:  # every node: the same operator block and mutual TLS on the client port
         n.authorization = auth.server_block
         n.tls_cert, n.tls_key, n.tls_ca = str(ca.server_cert), str(ca.server_key), str(ca.ca)
         n.health_client_cert, n.health_client_key = str(ca.client_cert), str(ca.client_key)
         n.health_creds = str(auth.service_creds)  # healthy = JetStream answers the tenant's account
-    await asyncio.gather(*(n.start(timeout=60) for n in nodes))
+
+    nodes = await start_cluster(tmp_path, configure=configure)
     url = ",".join(f"tls://127.0.0.1:{n.port}" for n in nodes)
     tls = ca.client_files()
     svc = await connect(url, creds=str(auth.service_creds), tls=tls, name="prod-check")
