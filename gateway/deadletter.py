@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
+from gateway.stages.base import INBOUND_DURABLE
 from pgwcore import metrics
 from pgwcore.logs import get_logger
 from pgwcore.streams import ensure_stream
@@ -48,7 +49,7 @@ log = get_logger("pgw.deadletter")
 
 STREAM = "PGW_DEADLETTER"
 SOURCE_STREAM = "PGW_INBOUND"
-DURABLE = "pgw-gateway"
+DURABLE = INBOUND_DURABLE
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _enc = msgspec.json.Encoder()
 

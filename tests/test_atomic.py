@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import nats.errors
@@ -19,6 +18,7 @@ from pgwcore.atomic import (
     publish_acked,
     publish_atomic,
 )
+from tests.polling import until
 
 
 async def _stream(js: Any, name: str, *, atomic: bool) -> None:
@@ -118,5 +118,7 @@ async def test_send_acked_leaves_nothing_behind_after_an_answer_a_refusal_a_canc
     fut.cancel()
     assert (await publish_acked(nc, "at10.a", b"after", {}, 5)).seq == 5  # the cancelled one was stored (4) meanwhile
     assert fut.cancelled() and len(nc._resp_map) == 1
-    await asyncio.sleep(0.4)  # past the cancelled waiter's own timer
-    assert not nc._resp_map
+    async def gone() -> bool:  # the cancelled waiter's own timer (0.3 s) takes it out
+        return not nc._resp_map
+
+    assert await until(gone, timeout=5, interval=0.02, what="the cancelled waiter leaving the request map")

@@ -29,6 +29,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -193,15 +194,18 @@ class Load:
     failures: int = 0
 
     async def send(self, n: int, tag: str, *, stop: asyncio.Event | None = None,
-                   retry_for: float = 60.0, rate: float | None = None) -> None:
-        """Send ``n`` envelopes; unacknowledged ones are retried (same msg id) up to ``retry_for`` s."""
+                   retry_for: float = 60.0, rate: float | None = None,
+                   make: Callable[[int, str], tuple[dict, str]] | None = None) -> None:
+        """Send ``n`` envelopes (``make(i, tag)``: envelope ``i`` and its kind, default
+        ``make_envelope``); unacknowledged ones are retried (same msg id) up to ``retry_for`` s."""
+        make = make or make_envelope
         js = self.nc.jetstream(timeout=2.0)
         subject = f"pgw.agent.{self.agent}.envelope"
         sem = asyncio.Semaphore(self.concurrency)
         t0 = time.monotonic()
 
         async def one(i: int) -> None:
-            env, kind = make_envelope(i, tag)
+            env, kind = make(i, tag)
             body = json.dumps(env).encode()
             msg_id = f"{self.agent}:{env['envelopeId']}"
             deadline = time.monotonic() + retry_for

@@ -16,7 +16,6 @@ none lost, none duplicated, nothing unexpected.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections import Counter
@@ -139,36 +138,16 @@ async def test_two_gateways_share_the_work_and_decide_once(tmp_path: Path, nats_
 REPLAY_PAIRS = env_int("PGW_CHAOS_REPLAY_PAIRS", 1500)
 
 
-async def _send_pairs(nc, agent: str, pairs: int, acked: dict[str, str]) -> None:
-    """For each i an envelope and, right after it, its re-emission (the same correlationId and type, a new
-    envelopeId), retried until the server acknowledges them; ``acked``: envelopeId -> correlationId. For
-    one i in five the first is malformed (refused: the re-emission is the agent's correction)."""
-    js = nc.jetstream(timeout=2.0)
-    sem = asyncio.Semaphore(64)
-
-    async def one(i: int, again: bool) -> None:
-        corr = f"corr-{i:06d}"
-        eid = f"{corr}-{'b' if again else 'a'}"
-        moment = {"synopsis": "x"} if i % 5 == 4 and not again else good_moment()
-        body = json.dumps(envelope(BINDING_MOMENT_KIND, {"principal": "alice", "binding_moment": moment},
-                                   envelope_id=eid, correlation_id=corr)).encode()
-        deadline = time.monotonic() + 60
-        async with sem:
-            while True:
-                try:
-                    await js.publish(f"pgw.agent.{agent}.envelope", body, headers={"Nats-Msg-Id": f"{agent}:{eid}"})
-                    acked[eid] = corr
-                    return
-                except Exception:  # noqa: BLE001 - server busy: retry, as an agent does
-                    if time.monotonic() > deadline:
-                        return
-                    await asyncio.sleep(0.1)
-
-    async def pair(i: int) -> None:
-        await one(i, False)
-        await one(i, True)
-
-    await asyncio.gather(*(pair(i) for i in range(pairs)))
+def _pair_envelope(j: int, tag: str) -> tuple[dict, str]:
+    """Envelopes 2i and 2i + 1: correlationId i and its re-emission (the same correlationId and type, a new
+    envelopeId). For one i in five the first is malformed (refused: the re-emission is the agent's correction)."""
+    i, again = divmod(j, 2)
+    corr = f"corr-{i:06d}"
+    bad = i % 5 == 4 and not again
+    moment = {"synopsis": "x"} if bad else good_moment()
+    env = envelope(BINDING_MOMENT_KIND, {"principal": "alice", "binding_moment": moment},
+                   envelope_id=f"{corr}-{'b' if again else 'a'}", correlation_id=corr)
+    return env, "refused" if bad else "moment"
 
 
 async def test_gateway_kill9_amid_replays_decides_each_correlation_id_once(
@@ -183,13 +162,13 @@ async def test_gateway_kill9_amid_replays_decides_each_correlation_id_once(
     cfg = chaos_config(tmp_path / "c.toml")
     a = ServiceProc("gateway", nats_server.client_url, tmp_path / "a", cfg)
     b = ServiceProc("gateway", nats_server.client_url, tmp_path / "b", cfg)
-    acked: dict[str, str] = {}
+    load = Load(nc, agent=agent)
     try:
         await a.start()
         await b.start()
         await wait_services(nc, "pgw-gateway", 2, [a, b])
         base = await _outcomes(js)
-        sending = asyncio.create_task(_send_pairs(nc, agent, REPLAY_PAIRS, acked))
+        sending = asyncio.create_task(load.send(2 * REPLAY_PAIRS, "replay", make=_pair_envelope))
         await _wait_progress(js, base + REPLAY_PAIRS // 2, [a, b])
         in_flight = (await js.consumer_info("PGW_INBOUND", "pgw-gateway")).num_ack_pending
         a.kill9()
@@ -204,9 +183,9 @@ async def test_gateway_kill9_amid_replays_decides_each_correlation_id_once(
     items = [i for i in (_json(m) for m in await read_stream(js, "PGW_SURFACE")) if i.get("agent") == agent]
     verdicts = [v for v in (_json(m) for m in await read_stream(js, "PGW_VERDICTS")) if v.get("agent") == agent]
     by_envelope = Counter(o.get("envelope_id") for o in outcomes)
-    assert len(acked) == 2 * REPLAY_PAIRS
+    assert len(load.acked) == 2 * REPLAY_PAIRS
     assert in_flight > 0, "the kill hit idle gateways"
-    assert {e: n for e, n in by_envelope.items() if n != 1} == {} and set(by_envelope) == set(acked)
+    assert {e: n for e, n in by_envelope.items() if n != 1} == {} and set(by_envelope) == set(load.acked)
     refused = {o["envelope_id"] for o in outcomes if o["status"] != "accepted"}
     assert refused == {f"corr-{i:06d}-a" for i in range(REPLAY_PAIRS) if i % 5 == 4}
     per_corr: dict[str, list[dict]] = {}
