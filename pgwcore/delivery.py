@@ -58,7 +58,21 @@ def deliver_inline(sub: Any, handle: Callable[[Msg], None]) -> None:
     """From now on, each message of ``sub`` (a ``nats.aio.subscription.Subscription`` made with a
     callback) goes to ``handle(msg)`` as the read loop parses it, in order, instead of to the
     callback through the subscription's queue and task (the module's docstring)."""
-    sub._pending_queue = _Inline(sub, handle)
+    old, sub._pending_queue = sub._pending_queue, _Inline(sub, handle)
     task = sub._wait_for_msgs_task
     if task is not None:
         task.cancel()  # it waits on the old queue, which nothing is put on any more
+    while not old.empty():  # anything read before the switch that the task has not taken: in order
+        sub._pending_queue.put_nowait(old.get_nowait())
+
+
+async def subscribe_inline(nc: Any, subject: str, handle: Callable[[Msg], None], *, queue: str = "") -> Any:
+    """``nc.subscribe(subject, queue=queue)`` whose messages go to ``handle`` as the read loop parses
+    them (:func:`deliver_inline`); what arrives before the switch reaches ``handle`` too."""
+
+    async def cb(msg: Msg) -> None:  # the subscription's task, until deliver_inline ends it
+        handle(msg)
+
+    sub = await nc.subscribe(subject, queue=queue, cb=cb)
+    deliver_inline(sub, handle)
+    return sub

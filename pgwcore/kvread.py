@@ -24,7 +24,7 @@ from nats.aio.client import Client
 from nats.js.errors import APIError
 
 from pgwcore.atomic import reply_token
-from pgwcore.delivery import deliver_inline
+from pgwcore.delivery import subscribe_inline
 from pgwcore.pubbatch import publish_one
 
 ERR_NO_MESSAGE = 10037  # JSNoMessageFoundErr
@@ -143,8 +143,8 @@ class BatchReader:
 
     async def start(self) -> None:
         self._inbox = self.nc.new_inbox()
-        self._sub = await self.nc.subscribe(self._inbox + ".*", cb=self._on_msg_cb)
-        deliver_inline(self._sub, self._on_msg)  # each reply handled as it is read (pgwcore.delivery)
+        # Each reply handled as it is read (pgwcore.delivery).
+        self._sub = await subscribe_inline(self.nc, self._inbox + ".*", self._on_msg)
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -153,9 +153,6 @@ class BatchReader:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
-
-    async def _on_msg_cb(self, msg: Any) -> None:  # the subscription's callback until deliver_inline replaces it
-        self._on_msg(msg)
 
     def _on_msg(self, msg: Any) -> None:
         b = self._pending.get(msg.subject[len(self._inbox) + 1:])

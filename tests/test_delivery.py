@@ -48,6 +48,49 @@ async def test_messages_are_handled_in_order_in_the_read_loop_and_never_pile_up(
         await nc.close()
 
 
+async def test_messages_queued_before_the_switch_reach_the_function_in_order(nc: Any) -> None:
+    """Messages the subscription had queued, but its task had not taken, when the function is put in place are
+    handed to it first, in order, then the later ones; subscribe_inline subscribes and switches in one call."""
+    from pgwcore.delivery import subscribe_inline
+
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(msg: Msg) -> None:  # holds the first message, so the next ones stay queued
+        entered.set()
+        await release.wait()
+
+    sub = await nc.subscribe("inline.q", cb=slow)
+    for i in range(3):
+        await nc.publish("inline.q", str(i).encode())
+    await nc.flush()
+    await entered.wait()
+
+    async def queued() -> bool:
+        return sub._pending_queue.qsize() == 2
+
+    await until(queued, timeout=5, what="two messages queued behind the held one")
+    handled: list[bytes] = []
+    deliver_inline(sub, lambda m: handled.append(m.data))
+    await nc.publish("inline.q", b"3")
+
+    async def three() -> bool:
+        return len(handled) >= 3
+
+    await until(three, timeout=5, what="the message sent after the switch")
+    assert handled == [b"1", b"2", b"3"]
+    await sub.unsubscribe()
+    got: list[bytes] = []
+    sub2 = await subscribe_inline(nc, "inline.r", lambda m: got.append(m.data))
+    await nc.publish("inline.r", b"x")
+
+    async def one() -> bool:
+        return bool(got)
+
+    await until(one, timeout=5, what="the message of the subscribe_inline subscription")
+    assert got == [b"x"]
+    await sub2.unsubscribe()
+
+
 async def test_an_error_of_the_function_is_logged_and_the_next_message_handled(nc: Any) -> None:
     """A function that raises on one message does not stop the delivery of the next ones."""
     seen: list[bytes] = []

@@ -61,7 +61,7 @@ from gateway.kernel.state import (
 from gateway.kernel.transitions import EXECUTION_CONTEXT, TransitionReports
 from gateway.kernel.validation import RefusalError, RequestValidation
 from pgwcore import logs
-from pgwcore.delivery import deliver_inline
+from pgwcore.delivery import subscribe_inline
 from pgwcore.keys import load_or_create
 from pgwcore.logs import get_logger
 from pgwcore.loop import gather_inline
@@ -168,8 +168,8 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         if not self.policy.files:
             log.warning("no Cedar policies configured (kernel.policy_dir): every action is denied")
         self.desk.on_hem_decision(self._on_hem_decision)
-        self._sub = await self.nc.subscribe(self.subjects.all_agents("idp"), queue=QUEUE, cb=self._on_idp)
-        deliver_inline(self._sub, self._spawn)  # each request's task started as it is read (pgwcore.delivery)
+        # Each request's task started as it is read (pgwcore.delivery).
+        self._sub = await subscribe_inline(self.nc, self.subjects.all_agents("idp"), self._spawn, queue=QUEUE)
         await self._gate_start(QUEUE)  # agent.*.act and the sweep of open dispatches (gate.py)
         self._psub = await self.js.pull_subscribe(
             self.subjects.all_agents("transition"),
@@ -220,9 +220,6 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         await self.drain()
 
     # -- transition requests ----------------------------------------------------
-    async def _on_idp(self, msg: Msg) -> None:  # the subscription's callback until deliver_inline replaces it
-        self._spawn(msg)
-
     def _spawn(self, msg: Msg) -> None:
         # One task per request so a slow fsync does not serialize every agent.
         task = asyncio.create_task(self._serve(msg))
