@@ -14,8 +14,12 @@ the same driver with the same envelope bytes:
   with no logic: what any gateway keeping these records pays, so gateway/floor
   is what the gateway's own code costs (throughput, CPU, messages, and
   ``PGW_BENCH_FLOOR_RUNS`` (1) latency windows at 500/s on both settings, and two
-  floors sharing the work against one); and the **minimal floor** (``floor-min``: a
-  claim and the contract's three streams), the least DESIGN's streams can cost.
+  floors sharing the work against one); the **minimal floor** (``floor-min``: a
+  claim and the contract's three streams), the least DESIGN's streams can cost;
+  and the contract floor **with the two watches** every instance keeps
+  (``floor-watch``: the squat watch's subscription and the moment-record watch,
+  no logic), reported beside the floor: what the gateway's received messages
+  cost before its own code runs.
 
 Every ratio is against a baseline measured in the same run. Throughput is
 counted until every input is **acked** (all it caused stored). CPU per
@@ -70,7 +74,7 @@ from pgwcore.streams import ensure_streams
 GW_CONN = "pgw-gateway"
 
 
-def _systems() -> tuple[System, System, System, System, System]:
+def _systems() -> tuple[System, System, System, System, System, System]:
     gw = System("gateway", "pgw.agent", f"pgw.principal.{PRINCIPAL}.surface", "PGW_INBOUND", "pgw-gateway",
                 done_subject="pgw.agent.*.outcome")
     rel = System("relay", "bench.agent", f"bench.out.{PRINCIPAL}", "BENCH_IN", relay_mod.durable("plain"))
@@ -79,7 +83,9 @@ def _systems() -> tuple[System, System, System, System, System]:
     floor = System("floor", "bench.flagent", f"bench.flsurface.{PRINCIPAL}", "BENCH_FL_IN", relay_mod.durable("floor"))
     fmin = System("floor-min", "bench.fmagent", f"bench.fmsurface.{PRINCIPAL}", "BENCH_FM_IN",
                   relay_mod.durable("floor-min"))
-    return gw, rel, rgc, floor, fmin
+    fwatch = System("floor-watch", "bench.fwagent", f"bench.fwsurface.{PRINCIPAL}", "BENCH_FW_IN",
+                    relay_mod.durable("floor-watch"))
+    return gw, rel, rgc, floor, fmin, fwatch
 
 
 class Bench:
@@ -89,16 +95,16 @@ class Bench:
         self.server = server
         self.root = root
         self.label = label
-        self.gw, self.relay, self.relay_gc, self.floor, self.floor_min = _systems()
+        self.gw, self.relay, self.relay_gc, self.floor, self.floor_min, self.floor_watch = _systems()
         self._variants = {self.relay.name: "plain", self.relay_gc.name: "group-commit", self.floor.name: "floor",
-                          self.floor_min.name: "floor-min"}
+                          self.floor_min.name: "floor-min", self.floor_watch.name: "floor-watch"}
 
     async def start(self, *, group_commit_relay: bool = True) -> None:
         self.nc = await connect(self.server.client_url, name="bench-driver")
         await ensure_streams(self.nc.jetstream(), Config().subjects)
         await relay_mod.ensure_relay_streams(self.nc)
         self.drv = Driver(self.nc)
-        relays = [self.relay, self.floor, self.floor_min] + ([self.relay_gc] if group_commit_relay else [])
+        relays = [self.relay, self.floor, self.floor_min, self.floor_watch] + ([self.relay_gc] if group_commit_relay else [])
         systems = [self.gw, *relays]
         for s in systems:
             await self.drv.watch(s)
@@ -113,7 +119,7 @@ class Bench:
             await self.drv.throughput(s, 200)
 
     async def close(self) -> None:
-        for s in (self.gw, self.relay, self.relay_gc, self.floor, self.floor_min):
+        for s in (self.gw, self.relay, self.relay_gc, self.floor, self.floor_min, self.floor_watch):
             for p in s.procs:
                 await stop(p)
         with contextlib.suppress(Exception):
@@ -168,10 +174,18 @@ def _cpu_rows(tag: str, g: dict, r: dict) -> list[dict]:
     ]
 
 
-def _floor_rows(tag: str, g: dict, f: dict, r: dict, fmin: dict) -> list[dict]:
+def _floor_rows(tag: str, g: dict, f: dict, r: dict, fmin: dict, fw: dict) -> list[dict]:
     """The contract floor (benchmarks/relay.py ``floor``) against the relay and the gateway against it;
-    the minimal floor (``floor-min``: a claim and the contract's three streams) against the relay."""
+    the minimal floor (``floor-min``: a claim and the contract's three streams) against the relay; the
+    contract floor with the two watches every instance keeps (``floor-watch``) against the floor, and
+    the gateway against it (reported: no target's floor)."""
     return [
+        row(f"{tag}contract floor with the two required watches (squat, moment records): CPU per envelope",
+            fw["cpu"], f["cpu"], "ms CPU (ratio = floor-watch/floor: what receiving the watches' messages costs)"),
+        row(f"{tag}gateway CPU per envelope vs the contract floor with its two watches", g["cpu"], fw["cpu"],
+            "ms CPU (ratio = gateway/floor-watch: the gateway's own code beyond every required message)"),
+        row(f"{tag}contract floor with the two watches: messages received per envelope", fw["received"],
+            f["received"], "msgs (floor-watch vs floor connection)", digits=2),
         row(f"{tag}minimal floor (claim + surface, verdict, outcome; no logic): CPU per envelope", fmin["cpu"],
             r["cpu"], "ms CPU (ratio = minimal floor/relay: the least DESIGN's streams can cost)"),
         row(f"{tag}minimal floor: envelopes/s until acked", fmin["rate"], r["rate"],
@@ -196,14 +210,14 @@ async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: f
         try:
             await b.start()
             gw, rel, rgc = b.gw, b.relay, b.relay_gc
-            t = await b.best_of([rel, rgc, b.floor, b.floor_min, gw], n // 2)
+            t = await b.best_of([rel, rgc, b.floor, b.floor_min, b.floor_watch, gw], n // 2)
             g, r = t["gateway"], t["relay"]
             rows.append(row("gateway: envelopes/s until acked (closed loop, 256 in flight)", g["rate"], r["rate"],
                             "env/s (ratio = gateway/relay, target >= 0.5)", digits=1))
             rows.append(row("gateway: the same, vs the relay with the gateway's group commit", g["rate"],
                             t["relay-gc"]["rate"], "env/s (ratio = gateway/relay-gc)", digits=1))
             rows += _cpu_rows("", g, r)
-            rows += _floor_rows("", g, t["floor"], r, t["floor-min"])
+            rows += _floor_rows("", g, t["floor"], r, t["floor-min"], t["floor-watch"])
             for kb in (16, 120):
                 k = max(100, n // (4 if kb == 16 else 10))
                 sz = await b.best_of([rel, b.floor, gw], k, rounds=1, kb=kb)
@@ -289,14 +303,15 @@ async def _on_default_interval(root: Path, n: int, lat_runs: int, rate_s: float)
         b = Bench(server, root / "default", "default sync")
         try:
             await b.start(group_commit_relay=False)
-            t = await b.best_of([b.relay, b.floor, b.floor_min, b.gw], n // 2)
+            t = await b.best_of([b.relay, b.floor, b.floor_min, b.floor_watch, b.gw], n // 2)
             latency = await _latency_rows(b, "default sync interval: ", lat_runs, rate_s)
         finally:
             await b.close()
     g, r = t["gateway"], t["relay"]
     return [row("gateway, server's default sync interval: envelopes/s until acked", g["rate"], r["rate"],
                 "env/s (ratio = gateway/relay, target >= 0.5)", digits=1),
-            *_cpu_rows("default sync interval: ", g, r), *_floor_rows("default sync interval: ", g, t["floor"], r, t["floor-min"]),
+            *_cpu_rows("default sync interval: ", g, r), *_floor_rows("default sync interval: ", g, t["floor"], r, t["floor-min"],
+                                                                          t["floor-watch"]),
             *latency]
 
 

@@ -200,8 +200,9 @@ async def wait_gateway(nc: Client, timeout: float = 30, count: int = 1) -> None:
 # -- what the server saw ------------------------------------------------------
 
 
-def connz(monitor_url: str) -> list[dict]:
-    with urllib.request.urlopen(f"{monitor_url.rstrip('/')}/connz?limit=1024", timeout=5) as r:
+def connz(monitor_url: str, *, subs: bool = False) -> list[dict]:
+    query = "limit=1024" + ("&subs=1" if subs else "")
+    with urllib.request.urlopen(f"{monitor_url.rstrip('/')}/connz?{query}", timeout=5) as r:
         return json.loads(r.read()).get("connections") or []
 
 

@@ -1,4 +1,4 @@
-"""The bare baseline relay, its own process: ``python -m benchmarks.relay URL [plain|group-commit|floor|floor-min]``.
+"""The bare baseline relay, its own process: ``python -m benchmarks.relay URL [plain|group-commit|floor|floor-min|floor-watch]``.
 
 The same durable pull consumer with explicit ack as the gateway's worker on a
 stream like ``PGW_INBOUND``, the same pipelined fetch loop (four batches of 64
@@ -28,6 +28,17 @@ restarts and instances, DESIGN §3.2 step 8), then together the surface item,
 the verdict and the outcome (the contract's own streams, DESIGN §2), then the
 ack. Not a design (no moment record for §4.2's answers, no settle to replay
 from): a lower bound for what storing fewer records could reach.
+
+``floor-watch``: the contract floor plus the two watches the contract asks of
+every gateway instance, with no logic in them: a plain subscription to every
+agent's envelope subject (``SquatWatch``, DESIGN §7: each instance sees every
+envelope published, no queue group), keeping each ``Nats-Msg-Id`` for
+``HOLD_S`` as the watch does in its common case; and the headers-only ordered
+consumer over the moment bucket (the moment desk's watch, gateway/moments.py,
+from which the agents' index is derived since issue 32, decision 2), keeping
+each key's ``Pgw-Moment-Agent`` and the sequence followed. Reported beside
+the contract floor (not a target's floor): what the gateway's received
+messages cost before its own code runs.
 """
 
 from __future__ import annotations
@@ -35,10 +46,13 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from nats.aio.client import Client
-from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 from nats.js.errors import KeyWrongLastSequenceError
 
 from pgwcore import loop as pgw_loop
@@ -46,6 +60,7 @@ from pgwcore.atomic import publish_acked
 from pgwcore.connect import connect
 from pgwcore.loop import together
 from pgwcore.publish import GroupCommit, KvWriter
+from pgwcore.service import delivery
 from pgwcore.streams import ensure_kv, ensure_stream
 
 PRINCIPAL = "alice"
@@ -55,8 +70,10 @@ RELAYS = {  # variant: (input stream, input subjects, output stream, output pref
     "group-commit": ("BENCH_GC_IN", "bench.gcagent.*.envelope", "BENCH_GC_OUT", "bench.gcout"),
     "floor": ("BENCH_FL_IN", "bench.flagent.*.envelope", "BENCH_FL_SURFACE", "bench.flsurface"),
     "floor-min": ("BENCH_FM_IN", "bench.fmagent.*.envelope", "BENCH_FM_SURFACE", "bench.fmsurface"),
+    "floor-watch": ("BENCH_FW_IN", "bench.fwagent.*.envelope", "BENCH_FW_SURFACE", "bench.fwsurface"),
 }
-FLOOR_TAGS = {"floor": "FL", "floor-min": "FM"}
+FLOOR_TAGS = {"floor": "FL", "floor-min": "FM", "floor-watch": "FW"}
+HOLD_S = 2.0  # gateway/security/squat.py's HOLD_S
 
 
 def floor_streams(variant: str) -> tuple[tuple[str, str], tuple[str, str]]:
@@ -68,7 +85,7 @@ def floor_streams(variant: str) -> tuple[tuple[str, str], tuple[str, str]]:
 def floor_buckets(variant: str) -> tuple[str, ...]:
     """The floor's KV buckets: claims, and for the full floor the moment records (no agent index: derived)."""
     t = FLOOR_TAGS[variant]
-    return (f"BENCH_{t}_CLAIMS",) + ((f"BENCH_{t}_MOMENTS",) if variant == "floor" else ())
+    return (f"BENCH_{t}_CLAIMS",) + ((f"BENCH_{t}_MOMENTS",) if variant != "floor-min" else ())
 
 
 FLOOR_STREAMS = floor_streams("floor")
@@ -142,6 +159,43 @@ async def floor_writes(nc: Client, variant: str = "floor") -> Callable[[object],
     return run
 
 
+async def contract_watches(nc: Client, variant: str) -> list[object]:
+    """``floor-watch``'s two subscriptions (module docstring): what each received message must cost
+    at least, the bookkeeping of the watches' common case and nothing else."""
+    js = nc.jetstream()
+    seen: OrderedDict[str, tuple[float, str, bytes, object]] = OrderedDict()
+    index: dict[str, str] = {}
+    followed = [0]
+
+    async def envelope_published(msg: Msg) -> None:
+        headers = msg.headers
+        mid = headers.get("Nats-Msg-Id") if headers else None
+        if not mid:
+            return
+        now = time.monotonic()
+        while seen and now - next(iter(seen.values()))[0] > HOLD_S:
+            seen.popitem(last=False)
+        if mid not in seen:
+            seen[mid] = (now, msg.subject, msg.data, headers)
+
+    bucket = floor_buckets(variant)[1]
+    prefix = f"$KV.{bucket}."
+
+    async def moment_written(msg: Msg) -> None:
+        headers = msg.headers or {}
+        agent = headers.get("Pgw-Moment-Agent")
+        if agent is not None:
+            index[msg.subject[len(prefix):]] = agent
+        followed[0] = max(followed[0], delivery(msg)[0])
+
+    return [
+        await nc.subscribe(RELAYS[variant][1], cb=envelope_published),
+        await js.subscribe(f"{prefix}>", stream=f"KV_{bucket}", cb=moment_written, ordered_consumer=True,
+                           deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=300.0,
+                           headers_only=True),
+    ]
+
+
 async def relay_main(url: str, variant: str = "plain") -> None:
     """Pull, publish-with-PubAck, ack: the bare minimum with the gateway's ack semantics."""
     sin, subj_in, sout, out = RELAYS[variant]
@@ -157,6 +211,7 @@ async def relay_main(url: str, variant: str = "plain") -> None:
         loop.add_signal_handler(sig, stop.set)
     gc = GroupCommit(js, sout) if variant == "group-commit" else None
     floor = await floor_writes(nc, variant) if variant in FLOOR_TAGS else None
+    watches = await contract_watches(nc, variant) if variant == "floor-watch" else []
     await nc.publish(f"bench.relay.ready.{variant}", b"")
 
     async def plain(subject: str, data: bytes, headers: dict[str, str]) -> object:
@@ -195,6 +250,8 @@ async def relay_main(url: str, variant: str = "plain") -> None:
             task.add_done_callback(inflight.discard)
     if inflight:
         await asyncio.gather(*inflight, return_exceptions=True)
+    for sub in watches:
+        await sub.unsubscribe()  # type: ignore[attr-defined]
     # Every ack is sent; flush them and close. (nats-py's drain() does not finish
     # with a pull subscription open: it waited its 30 s timeout at every stop,
     # past the harness's 15 s, and the relay was killed.)

@@ -174,10 +174,24 @@ def value_reported(name: str, unit: str) -> Callable[[Rows], Judged]:
     return judge
 
 
+def ratio_reported(ratio_row: str, unit: str, floor_label: str) -> Callable[[Rows], Judged]:
+    """A row whose value is ours, baseline a floor's: its ratio, reported (no threshold)."""
+
+    def judge(rows: Rows) -> Judged:
+        v, b, r = rows.get(ratio_row), rows.get(ratio_row, "baseline"), rows.ratio(ratio_row)
+        if v is None or b is None or r is None:
+            return _missing(ratio_row, floor_label)
+        return Judged(f"{r:.2f}x ({_n(v, unit)})", f"{floor_label} {_n(b, unit)}", REPORT)
+
+    return judge
+
+
 # The gateway's rows (bench_gateway.py): under sync_interval: always the tag is "",
 # on the server's default interval "default sync interval: ".
 DEFAULT = "default sync interval: "
 GW_CPU_VS_FLOOR = "gateway CPU per envelope vs the contract floor"
+# The same, against the contract floor with the two watches every instance keeps (relay.py floor-watch).
+GW_CPU_VS_WATCH_FLOOR = "gateway CPU per envelope vs the contract floor with its two watches"
 GW_RATE = {"": "gateway: envelopes/s until acked (closed loop, 256 in flight)",
            DEFAULT: "gateway, server's default sync interval: envelopes/s until acked"}
 FLOOR_RATE = "contract floor (the gateway's writes, no logic): envelopes/s until acked"
@@ -437,6 +451,10 @@ TARGETS: list[Target] = [
            ratio_at_most(GW_CPU_VS_FLOOR, 1.5, "ms", "contract floor")),
     Target("gateway CPU per envelope <= 1.5x contract floor (default sync)", "issue 32, decision 1",
            ratio_at_most(DEFAULT + GW_CPU_VS_FLOOR, 1.5, "ms", "contract floor")),
+    Target("gateway CPU / contract floor + its 2 watches (report; always)", "issue 32, decision 1",
+           ratio_reported(GW_CPU_VS_WATCH_FLOOR, "ms", "floor + watches")),
+    Target("gateway CPU / contract floor + its 2 watches (report; default sync)",
+           "issue 32, decision 1", ratio_reported(DEFAULT + GW_CPU_VS_WATCH_FLOOR, "ms", "floor + watches")),
     Target("gateway env/s until acked >= 0.67x contract floor (always)", "issue 32, decision 1",
            rates_at_least(GW_RATE[""], FLOOR_RATE, 0.67, "env/s", "contract floor")),
     Target("gateway env/s until acked >= 0.67x contract floor (default sync)", "issue 32, decision 1",

@@ -22,7 +22,7 @@ from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
 from benchmarks.bench_gateway import Bench, _instances, _latency_rows
-from benchmarks.harness import moment_of_kb
+from benchmarks.harness import connz, moment_of_kb
 from benchmarks.server_profile import decode, fetch_profile, free_port, report
 from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
@@ -67,6 +67,21 @@ async def test_the_harness_counts_until_acked_and_meters_messages(nats_server: E
         for name, per_input in streams.items():
             assert (await js.stream_info(name)).state.last_seq - before[name] == 30 * per_input, name
         assert fmin["sent"] >= 5.0  # four writes and an ack
+        # The floor with the two watches: the floor's writes, a plain subscription to every agent's
+        # envelope subject, and a consumer that followed every moment write.
+        streams = {"KV_BENCH_FW_CLAIMS": 2, "KV_BENCH_FW_MOMENTS": 1,
+                   "BENCH_FW_SURFACE": 1, "BENCH_FW_VERDICTS": 1, "BENCH_FW_OUTBOUND": 1}
+        before = {name: (await js.stream_info(name)).state.last_seq for name in streams}
+        fwatch = await b.run(b.floor_watch, 30)
+        for name, per_input in streams.items():
+            assert (await js.stream_info(name)).state.last_seq - before[name] == 30 * per_input, name
+        assert fwatch["sent"] >= 7.0
+        moments = await js.stream_info("KV_BENCH_FW_MOMENTS")
+        (watch,) = await js.consumers_info("KV_BENCH_FW_MOMENTS")
+        assert watch.config.headers_only and watch.delivered.stream_seq == moments.state.last_seq
+        (conn,) = [c for c in await asyncio.to_thread(connz, nats_server.monitor_url, subs=True)
+                   if c.get("name") == "bench-relay-floor-watch"]
+        assert "bench.fwagent.*.envelope" in conn["subscriptions_list"]
 
         consumers_before = (await b.drv.js.stream_info("PGW_OUTBOUND")).state.consumer_count
         for kb in (1, 16, 120):  # System.check raises on any refused envelope

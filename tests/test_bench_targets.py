@@ -66,6 +66,8 @@ def all_met() -> list[dict]:
         row(f"{D}contract floor (the gateway's writes, no logic): envelopes/s until acked", 2800, 8282, "env/s",
             digits=1),
         row(f"{D}gateway CPU per envelope vs the contract floor", 0.44, 0.320, "ms CPU"),
+        row(T.GW_CPU_VS_WATCH_FLOOR, 0.42, 0.35, "ms CPU"),
+        row(D + T.GW_CPU_VS_WATCH_FLOOR, 0.44, 0.37, "ms CPU"),
         row("messages sent to the server per envelope (writes, acks, fetches)", 6.03, 2.02, "msgs", digits=2),
         *_p99("", "gateway", [50.0, 60.0, 70.0, 75.0, 76.0]),
         *_p99("", "contract floor", [38.4]),
@@ -124,6 +126,8 @@ def test_figures_within_every_threshold_are_met() -> None:
     every thresholded target says yes; report-only ones say report; only the soak is not measured."""
     m = met(all_met())
     reported = {"2 gateway instances / 1, CPU per envelope (report)", "16, 120 KB moments: gateway / floor CPU (report)",
+                "gateway CPU / contract floor + its 2 watches (report; always)",
+                "gateway CPU / contract floor + its 2 watches (report; default sync)",
                 "gate: highest rate with p99 <= 20 ms (always)", "gate: highest rate with p99 <= 20 ms (default sync)"}
     unmeasured = {"soak: gateway RSS growth (report; --soak)", "2 gateway instances / 1, CPU per envelope (report)",
                   "16, 120 KB moments: gateway / floor CPU (report)"}
@@ -297,3 +301,17 @@ def test_a_ratio_that_rounds_to_its_limit_shows_the_third_decimal() -> None:
     assert hit.figure.startswith("0.671x") and hit.met == "yes"
     assert far.figure.startswith("0.71x") and far.met == "yes"
     assert T._x(1.499, 1.5) == "1.499x" and T._x(1.5, 1.5) == "1.50x" and T._x(2.25, 1.5) == "2.25x"
+
+
+def test_the_floor_with_its_watches_is_reported_beside_the_target_never_judged() -> None:
+    """The gateway against the contract floor with the two required watches is a report with its ratio
+    and the floor's figure, on each sync setting; without its row it is not measured."""
+    rows = [row(T.GW_CPU_VS_WATCH_FLOOR, 0.495, 0.330, "ms CPU"),
+            row(D + T.GW_CPU_VS_WATCH_FLOOR, 0.520, 0.300, "ms CPU")]
+    judged = {j["target"]: j for j in T.judge(rows)}
+    always = judged["gateway CPU / contract floor + its 2 watches (report; always)"]
+    assert always["met"] == "report" and always["figure"] == "1.50x (0.495 ms)" and "0.330 ms" in always["floor"]
+    default = judged["gateway CPU / contract floor + its 2 watches (report; default sync)"]
+    assert default["met"] == "report" and default["figure"] == "1.73x (0.520 ms)"
+    alone = {j["target"]: j["met"] for j in T.judge(rows[:1])}
+    assert alone["gateway CPU / contract floor + its 2 watches (report; default sync)"] == T.NOT_MEASURED
