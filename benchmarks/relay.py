@@ -55,6 +55,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 from nats.js.errors import KeyWrongLastSequenceError
 
+from gateway.security.squat import HOLD_S
 from pgwcore import loop as pgw_loop
 from pgwcore.atomic import publish_acked
 from pgwcore.connect import connect
@@ -73,7 +74,6 @@ RELAYS = {  # variant: (input stream, input subjects, output stream, output pref
     "floor-watch": ("BENCH_FW_IN", "bench.fwagent.*.envelope", "BENCH_FW_SURFACE", "bench.fwsurface"),
 }
 FLOOR_TAGS = {"floor": "FL", "floor-min": "FM", "floor-watch": "FW"}
-HOLD_S = 2.0  # gateway/security/squat.py's HOLD_S
 
 
 def floor_streams(variant: str) -> tuple[tuple[str, str], tuple[str, str]]:
@@ -83,7 +83,7 @@ def floor_streams(variant: str) -> tuple[tuple[str, str], tuple[str, str]]:
 
 
 def floor_buckets(variant: str) -> tuple[str, ...]:
-    """The floor's KV buckets: claims, and for the full floor the moment records (no agent index: derived)."""
+    """The floor's KV buckets: claims, and but for the minimal floor the moment records (no agent index: derived)."""
     t = FLOOR_TAGS[variant]
     return (f"BENCH_{t}_CLAIMS",) + ((f"BENCH_{t}_MOMENTS",) if variant != "floor-min" else ())
 
