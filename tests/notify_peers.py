@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import errno
 import ipaddress
-import socket
 import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from email import message_from_bytes
 from email.message import Message
@@ -40,6 +40,7 @@ from consumers.notify.webhook_verify import (
     WebhookSignatureError,
     verify,
 )
+from tests.ports import free_port
 
 SMTP_USER, SMTP_PASSWORD = "pgw-mailer", "correct horse battery staple"
 
@@ -94,10 +95,21 @@ class Relay:
     box: Mailbox
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _start_smtp(make: Callable[[int], Controller], tries: int = 3) -> Controller:
+    """``make(port)`` started on a port from ``free_port`` (aiosmtpd's Controller cannot listen on port 0:
+    it connects to the port it was given to check it serves). A port another process bound between the
+    choice and the start (aiosmtpd raises the bind's OSError, EADDRINUSE) is retried on a new one."""
+    for attempt in range(tries):
+        controller = make(free_port())
+        try:
+            controller.start()
+        except OSError as e:
+            controller.loop.close()  # its thread ended at the failed bind; the loop it made is left open
+            if e.errno != errno.EADDRINUSE or attempt == tries - 1:
+                raise
+            continue
+        return controller
+    raise AssertionError("unreachable")
 
 
 @contextlib.contextmanager
@@ -114,10 +126,10 @@ def smtp_server(folder: Path) -> Iterator[Relay]:
             box.logins.append(auth_data.login.decode())
         return AuthResult(success=ok, handled=False)
 
-    port = _free_port()
-    controller = Controller(box, hostname="127.0.0.1", port=port, tls_context=ctx, require_starttls=True,
-                            authenticator=authenticator, auth_required=True, auth_require_tls=True)
-    controller.start()
+    controller = _start_smtp(lambda port: Controller(
+        box, hostname="127.0.0.1", port=port, tls_context=ctx, require_starttls=True,
+        authenticator=authenticator, auth_required=True, auth_require_tls=True))
+    port = controller.port
     creds = write_secret(folder / "smtp.creds", f"{SMTP_USER}\n{SMTP_PASSWORD}\n")
     try:
         yield Relay("127.0.0.1", port, cert, creds, box)

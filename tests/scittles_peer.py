@@ -25,7 +25,6 @@ import hashlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("PGW_PEERS_CACHE", Path.home() / ".cache" / "pgw-peers"))
@@ -110,12 +111,6 @@ def ensure_venv(src: Path | None = None) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_in_peer(code: str, *, venv: Path | None = None, timeout: float = 120.0) -> str:
     """Run Python ``code`` with scittles' own modules importable (``src.*``); its stdout."""
     venv = venv or ensure_venv()
@@ -157,7 +152,7 @@ def start(data: Path, *, venv: Path | None = None, timeout: float = 60.0) -> Sci
     venv = venv or ensure_venv()
     data.mkdir(parents=True, exist_ok=True)
     for _ in range(3):  # the port is free when picked; retry if someone takes it before uvicorn binds
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "SCITT_HOST": "127.0.0.1", "SCITT_PORT": str(port), "SCITT_SERVICE_URL": url,
                "SCITT_SERVICE_ID": url, "SCITT_DB_PATH": str(data / "ts.db"),

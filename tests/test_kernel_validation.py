@@ -414,25 +414,68 @@ async def test_the_reply_carries_the_requests_headers_back(env: Env) -> None:
     assert msg.headers is None and kernel_result_decoder.decode(msg.data).error_code == "REQUEST_MALFORMED"
 
 
-def test_a_mandate_that_passed_is_still_refused_when_revoked_or_not_yet_valid(issuer: Issuer, tmp_path: Path) -> None:
-    """A mandate accepted before is refused once its jti is revoked live, and one with an nbf is refused for a moment
-    before it (as the first check would); each accepted call gets its own copy of the claims."""
-    cfg = load_config(None, data_dir=str(tmp_path / "data"), kernel={"issuers": {issuer.kid: str(issuer.pem_path)}})
-    verifier = MandateVerifier(cfg.kernel)
-    token, jti = issuer.mandate(agent=AGENT, so_id=str(uuid.uuid4()), ttl_s=600)
-    first, second = verifier.verify(token, agent=AGENT), verifier.verify(token, agent=AGENT)
-    assert first == second and first.claims is not second.claims
-    verifier.live_revoked.add(jti)
-    with pytest.raises(MandateError) as revoked:
-        verifier.verify(token, agent=AGENT)
-    assert revoked.value.code == "MANDATE_REVOKED"
+SKEW = 30.0  # kernel.clock_skew_s's default, set explicitly below
+T = int(time.time())  # the moment the mandates below are first verified (PyJWT checks iat and nbf against the clock)
+
+
+def _static_revoke(v: MandateVerifier, jti: str) -> None:
+    v.revoked = frozenset({jti})  # the static list (kernel.revoked_jtis) as if it had named the jti from the start
+
+
+# (case, the token's exp, its nbf, the moment of the compared call, what changes before it, the refusal or None)
+STANDING_CASES = [
+    ("static revoked jti", T + 600, None, T, _static_revoke, ("MANDATE_REVOKED", "the mandate has been revoked")),
+    ("live revoked jti", T + 600, None, T, lambda v, jti: v.live_revoked.add(jti), ("MANDATE_REVOKED", "the mandate has been revoked")),
+    ("expired beyond the skew", T + 600, None, T + 600 + SKEW + 1, None, ("MANDATE_EXPIRED", "the mandate has expired")),
+    ("expired within the skew", T + 600, None, T + 600 + SKEW, None, None),
+    ("a fractional exp, within the skew", T + 600.5, None, T + 600 + SKEW + 0.25, None, None),
+    ("nbf ahead beyond the skew", T + 600, T - 100, T - 100 - SKEW - 1, None, ("MANDATE_INVALID", "the mandate is not yet valid")),
+    ("nbf ahead within the skew", T + 600, T - 100, T - 100 - SKEW, None, None),
+]
+
+
+@pytest.mark.parametrize(("exp", "nbf", "at", "change", "refusal"), [c[1:] for c in STANDING_CASES],
+                         ids=[c[0] for c in STANDING_CASES])
+def test_a_mandate_that_passed_is_still_refused_when_revoked_or_not_yet_valid(
+        issuer: Issuer, tmp_path: Path, exp: float, nbf: float | None, at: float, change: Any,
+        refusal: tuple[str, str] | None) -> None:
+    """For each revocation and time rule, a mandate that passed before (its answer remembered) gets exactly the
+    answer of a full check of the same token, agent and moment: the same refusal (code and reason) or the same
+    mandate, each accepted call with its own copy of the claims."""
     import jwt
 
-    now = int(time.time())
-    claims = {"jti": "nbf-1", "sub": AGENT, "so_id": str(uuid.uuid4()), "principal": "alice", "actions": ["CloseBooking"],
-              "iat": now - 10, "exp": now + 600, "nbf": now - 5}
+    cfg = load_config(None, data_dir=str(tmp_path / "data"),
+                      kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "clock_skew_s": SKEW})
+    claims = {"jti": f"standing-{uuid.uuid4()}", "sub": AGENT, "so_id": str(uuid.uuid4()), "principal": "alice",
+              "actions": ["CloseBooking"], "iat": T - 200, "exp": exp, **({} if nbf is None else {"nbf": nbf})}
     token = jwt.encode(claims, issuer.key, algorithm="EdDSA", headers={"kid": issuer.kid})
-    assert verifier.verify(token, agent=AGENT).jti == "nbf-1"
-    with pytest.raises(MandateError) as early:  # accepted before, but asked about a moment before its nbf
-        verifier.verify(token, agent=AGENT, now=now - 5 - cfg.kernel.clock_skew_s - 1)
-    assert early.value.code == "MANDATE_INVALID" and "not yet valid" in early.value.reason
+    remembered, full = MandateVerifier(cfg.kernel), MandateVerifier(cfg.kernel)
+    first = remembered.verify(token, agent=AGENT, now=T)  # passes: the pair's answer is remembered
+    assert first.jti == claims["jti"] and (token, AGENT) in remembered._passed
+    for v in (remembered, full):
+        if change is not None:
+            change(v, claims["jti"])
+    full_checks: list[str] = []
+    check_claims = remembered._check_claims
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        full_checks.append("full")
+        return check_claims(*args, **kwargs)
+
+    remembered._check_claims = counted  # type: ignore[method-assign]
+
+    def answer(v: MandateVerifier) -> Any:
+        try:
+            return v.verify(token, agent=AGENT, now=at)
+        except MandateError as e:
+            return (e.code, e.reason)
+
+    assert (token, AGENT) not in full._passed
+    from_full, from_memory = answer(full), answer(remembered)
+    assert full_checks == []  # the second call's answer came from the remembered path, not a full check
+    assert from_memory == from_full
+    if refusal is None:
+        assert from_memory.jti == claims["jti"] and from_memory.claims == claims
+        assert from_memory.claims is not first.claims and from_memory.claims is not from_full.claims
+    else:
+        assert from_memory == refusal

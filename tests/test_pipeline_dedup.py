@@ -150,15 +150,14 @@ async def test_own_redelivery_after_a_lost_outcome_publishes_it_unflagged(nats_s
         assert await drained_counts(nc) == {"PGW_OUTBOUND": 1, "PGW_SURFACE": 1, "PGW_VERDICTS": 1}
 
 
-async def test_a_stale_claim_is_taken_over_only_once_its_owners_message_cannot_come_back(nc):
-    """Another envelope may take over a stale correlationId claim only when the owner's message is acked (or
-    terminated) or the claim is older than twice the ack wait (the owner's redelivery would have renewed it);
-    while the owner's message can still be redelivered, finishing what it began, the
-    claim is left to it (else the correlationId would get a second moment beside a half-published first)."""
+async def _stale_claim_rig(nc):
+    """The gateway's durable on PGW_INBOUND holding two messages (the first acked, the second delivered and
+    unacked), their stream positions, and a stage context whose state is the one a gateway builds."""
     import types
 
     from nats.js.api import AckPolicy, ConsumerConfig
 
+    from gateway.stages.state import StageStateCell
     from pgwcore.config import Config
 
     js = nc.jetstream()
@@ -167,15 +166,70 @@ async def test_a_stale_claim_is_taken_over_only_once_its_owners_message_cannot_c
     seqs = [(await js.publish("pgw.agent.held.envelope", b"{}")).seq for _ in range(2)]
     first, _second = await sub.fetch(2, timeout=5)
     await first.ack_sync()
-    gateway = Config().gateway
-    ctx = types.SimpleNamespace(gw=types.SimpleNamespace(js=js, config=types.SimpleNamespace(gateway=gateway)))
+    config = Config()
+    host = types.SimpleNamespace(js=js, config=config, kinds={}, desk=types.SimpleNamespace())
+    state = await StageStateCell(host).get()
+    return seqs, types.SimpleNamespace(gw=host, state=state), config.gateway
 
-    def claim(owner: str, age: float) -> dedup.DedupRecord:
-        return dedup.DedupRecord("t", owner, time.time() - age)
 
+def _claim(owner: str, age: float) -> dedup.DedupRecord:
+    return dedup.DedupRecord("t", owner, time.time() - age)
+
+
+async def test_a_stale_claim_is_taken_over_only_once_its_owners_message_cannot_come_back(nc):
+    """Another envelope may take over a stale correlationId claim only when the owner's message is acked (or
+    terminated) or the claim is older than twice the ack wait (the owner's redelivery would have renewed it);
+    while the owner's message can still be redelivered, finishing what it began, the
+    claim is left to it (else the correlationId would get a second moment beside a half-published first)."""
+    seqs, ctx, gateway = await _stale_claim_rig(nc)
     stale = gateway.ack_wait_s + 1
-    assert await dedup._owner_may_return(ctx, claim(f"{seqs[1]}:0", stale))  # delivered, not acked
-    assert not await dedup._owner_may_return(ctx, claim(f"{seqs[0]}:0", stale))  # acked
+    assert await dedup._owner_may_return(ctx, _claim(f"{seqs[1]}:0", stale))  # delivered, not acked
+    assert not await dedup._owner_may_return(ctx, _claim(f"{seqs[0]}:0", stale))  # acked
     past_last = 2 * gateway.ack_wait_s + 1
-    assert not await dedup._owner_may_return(ctx, claim(f"{seqs[1]}:0", past_last))
-    assert not await dedup._owner_may_return(ctx, claim("not-a-position", stale))
+    assert not await dedup._owner_may_return(ctx, _claim(f"{seqs[1]}:0", past_last))
+    assert not await dedup._owner_may_return(ctx, _claim("not-a-position", stale))
+
+
+async def test_envelopes_waiting_on_stale_claims_share_one_read_of_the_ack_floor(nc):
+    """Many envelopes of one gateway waiting on stale claims at once ask the server for the durable's ack floor
+    once between them, not once each, and every one still gets the rule's answer for its own claim."""
+    seqs, ctx, gateway = await _stale_claim_rig(nc)
+    js = ctx.gw.js
+    asked: list[tuple[str, str]] = []
+    real = js.consumer_info
+
+    async def consumer_info(stream, consumer, *args, **kwargs):
+        asked.append((stream, consumer))
+        return await real(stream, consumer, *args, **kwargs)
+
+    js.consumer_info = consumer_info
+    stale = gateway.ack_wait_s + 1
+    owners = [f"{seqs[i % 2]}:{i}" for i in range(16)]  # half unacked (may return), half acked
+    answers = await asyncio.gather(*(dedup._owner_may_return(ctx, _claim(o, stale)) for o in owners))
+    assert answers == [o.startswith(f"{seqs[1]}:") for o in owners]
+    assert asked == [("PGW_INBOUND", DURABLE)]
+
+
+async def test_a_failed_ack_floor_read_is_not_kept_and_a_kept_one_expires(nc):
+    """A failed read of the ack floor makes every envelope sharing it wait (as an unreadable consumer always
+    did) and is not remembered: the next poll asks the server again; a reading is reused only for its bound."""
+    seqs, ctx, gateway = await _stale_claim_rig(nc)
+    js = ctx.gw.js
+    asked: list[str] = []
+    real = js.consumer_info
+
+    async def consumer_info(stream, consumer, *args, **kwargs):
+        asked.append(consumer)
+        if len(asked) == 1:
+            raise TimeoutError("no answer from the server")
+        return await real(stream, consumer, *args, **kwargs)
+
+    js.consumer_info = consumer_info
+    acked = _claim(f"{seqs[0]}:0", gateway.ack_wait_s + 1)
+    assert await asyncio.gather(*(dedup._owner_may_return(ctx, acked) for _ in range(4))) == [True] * 4
+    assert len(asked) == 1  # the four shared the failed read
+    assert not await dedup._owner_may_return(ctx, acked)  # asked again, and the floor is past the owner
+    assert len(asked) == 2
+    floor = dedup.AckFloor(js, max_age=0.0)  # nothing is kept: every call asks
+    assert await floor.get() == await floor.get() == seqs[0]
+    assert len(asked) == 4

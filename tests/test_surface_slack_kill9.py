@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import copy
 import json
-import socket
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from subjects.wire import OptionChoice
 from tests.chaos.harness import ServiceProc
 from tests.moments import good_moment
 from tests.polling import until
+from tests.ports import free_port, held_port
 from tests.slack_standin import (
     BOT_TOKEN,
     SIGNING_SECRET,
@@ -40,10 +41,29 @@ MOMENTS = 24
 USER = "U0ALICE"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+async def start_listening(proc: ServiceProc, listen: Callable[[int], None], port: int | None = None,
+                          tries: int = 3) -> int:
+    """Start ``pgw surface-slack`` (``proc``) with its interactions port written into its config by ``listen``
+    (``port``, else one from ``free_port``) and wait until it says it listens; the port it listens on. When it
+    dies because another process bound the port between the choice and its bind ("address already in use"),
+    it is started again on a new port."""
+    for _ in range(tries):
+        port = port or free_port()
+        listen(port)
+        await proc.start()
+        said = f"interactions on http://127.0.0.1:{port}/"
+        await until(lambda said=said: _ready(said in _log(proc) or not proc.alive), timeout=60, interval=0.05,
+                    what=lambda said=said: f"pgw surface-slack saying {said!r}\n{proc.log_tail()}")
+        if said in _log(proc):
+            return port
+        if "address already in use" not in _log(proc).lower():
+            raise AssertionError(f"pgw surface-slack did not start:\n{proc.log_tail()}")
+        port = None
+    raise AssertionError(f"pgw surface-slack: no free port after {tries} tries")
+
+
+def _log(proc: ServiceProc) -> str:
+    return proc.log.read_text(errors="replace") if proc.log is not None and proc.log.exists() else ""
 
 
 def secret_file(path: Path, value: str) -> str:
@@ -56,29 +76,31 @@ async def test_kill9_mid_burst_every_moment_posted_once_every_answer_once(tmp_pa
     """Killed mid-burst and restarted, the Slack surface posts every moment exactly once (a post whose record was
     lost is found in the channel's history, not posted again), every answer given in Slack reaches the agent exactly
     once, and every answered moment's message ends without buttons."""
-    port = free_port()
     async with slack_standin() as slack, aiohttp.ClientSession() as http:
         slack.post_delay_s = 0.05
         cfg_file = tmp_path / "slack.toml"
-        cfg_file.write_text(toml({"slack": {
-            "enabled": True, "api_url": slack.url, "http_port": port,
-            "bot_token_file": secret_file(tmp_path / "bot", BOT_TOKEN),
-            "signing_secret_file": secret_file(tmp_path / "signing", SIGNING_SECRET),
-            "principals": {"alice": {"user": USER}}}}))
+
+        def listen(port: int) -> None:
+            cfg_file.write_text(toml({"slack": {
+                "enabled": True, "api_url": slack.url, "http_port": port,
+                "bot_token_file": secret_file(tmp_path / "bot", BOT_TOKEN),
+                "signing_secret_file": secret_file(tmp_path / "signing", SIGNING_SECRET),
+                "principals": {"alice": {"user": USER}}}}))
+
         proc = ServiceProc("surface-slack", nats_server.client_url, tmp_path / "slack-data", cfg_file)
         gw_nc = await connect(nats_server.client_url, name="gateway")
         agent = Agent(nc, "planner")
-        url = f"http://127.0.0.1:{port}/slack/interactions"
+        port = 0  # where the surface listens (start_listening)
 
         async def press(mid: str, seen: Any = None) -> int:
             [msg] = [seen] if seen is not None else slack.of(mid)
             body, headers = signed_interaction(button_press(msg, "pgw_option_1", USER))
-            async with http.post(url, data=body, headers=headers) as r:
+            async with http.post(f"http://127.0.0.1:{port}/slack/interactions", data=body, headers=headers) as r:
                 return r.status
 
         try:
             async with Gateway(make_config(), gw_nc):
-                await proc.start()
+                port = await start_listening(proc, listen)
                 mids = []
                 for _ in range(MOMENTS):
                     eid = await agent.send_moment("alice", good_moment(), expires_in_s=3600)
@@ -92,7 +114,7 @@ async def test_kill9_mid_burst_every_moment_posted_once_every_answer_once(tmp_pa
                 posted_at_kill = len(slack.posted())
                 assert posted_at_kill < MOMENTS, "the burst was over before the kill; nothing was tested"
 
-                await proc.start()
+                port = await start_listening(proc, listen, port)  # the same port, unless it was taken meanwhile
                 await until(lambda: _ready(all(slack.of(m) for m in mids)), timeout=90, interval=0.1,
                             what=lambda: f"every moment posted after the restart\n{proc.log_tail()}")
                 later = [m for m in mids if m not in early]
@@ -136,3 +158,29 @@ async def test_kill9_mid_burst_every_moment_posted_once_every_answer_once(tmp_pa
 
 async def _ready(value: bool) -> bool:
     return value
+
+
+async def test_the_slack_surface_starts_on_a_new_port_when_its_port_was_taken(tmp_path, nats_server, nc) -> None:
+    """When another process listens on the interactions port chosen for ``pgw surface-slack`` before the
+    surface binds it, the surface's start fails with "address already in use" and the test starts it again
+    on a new port, where it answers, instead of waiting out its timeout."""
+    async with slack_standin() as slack, aiohttp.ClientSession() as http:
+        cfg_file = tmp_path / "slack.toml"
+
+        def listen(port: int) -> None:
+            cfg_file.write_text(toml({"slack": {
+                "enabled": True, "api_url": slack.url, "http_port": port,
+                "bot_token_file": secret_file(tmp_path / "bot", BOT_TOKEN),
+                "signing_secret_file": secret_file(tmp_path / "signing", SIGNING_SECRET),
+                "principals": {"alice": {"user": USER}}}}))
+
+        proc = ServiceProc("surface-slack", nats_server.client_url, tmp_path / "slack-data", cfg_file)
+        try:
+            with held_port() as taken:
+                port = await start_listening(proc, listen, taken)
+            assert port != taken and proc.starts == 2
+            assert "address already in use" in (tmp_path / "slack-data" / "surface-slack-1.log").read_text().lower()
+            async with http.post(f"http://127.0.0.1:{port}/slack/interactions", data=b"") as r:
+                assert r.status == 401  # the surface answers there (an unsigned request is refused)
+        finally:
+            await proc.stop()

@@ -14,6 +14,7 @@ from pgwcore.connect import connect
 from subjects.client import Agent
 from subjects.wire import OptionChoice
 from tests.moments import good_moment
+from tests.ports import free_port
 from tests.slack_standin import (
     BOT_TOKEN,
     SIGNING_SECRET,
@@ -21,7 +22,6 @@ from tests.slack_standin import (
     signed_interaction,
     slack_standin,
 )
-from tests.test_surface_slack_kill9 import free_port
 from tests.test_up import PGW
 
 USER = "U0ALICE"

@@ -30,6 +30,7 @@ from subjects.names import TOKEN_RE
 
 ALGORITHMS = ["EdDSA", "ES256"]
 DEV_ISSUER_ROLE = "mandate_issuer"
+_NUMBER = (int, float)  # a tuple built once: ``int | float`` in isinstance builds a union on every call
 
 
 class MandateError(PgwError):
@@ -98,9 +99,9 @@ class MandateVerifier:
         self.live_revoked: set[str] = set()  # gateway/kernel/revocation.py
         self.revoker_keys: dict[str, Any] = {kid: _load_key(kid, v) for kid, v in cfg.revokers.items()}
         self._verified: dict[str, tuple[str, dict[str, Any]]] = {}
-        # (token, agent) -> the Mandate a full check gave and the token's nbf: the next call
-        # re-runs only the revocation and time rules (verify).
-        self._passed: dict[tuple[str, str], tuple[Mandate, Any]] = {}
+        # (token, agent) -> the Mandate a full check gave, the token's exp and nbf as signed: the
+        # next call re-runs only the revocation and time rules (verify, _check_standing).
+        self._passed: dict[tuple[str, str], tuple[Mandate, float, Any]] = {}
 
     def verify(self, token: object, *, agent: str, now: float | None = None) -> Mandate:
         if not isinstance(token, str) or not token:
@@ -114,23 +115,19 @@ class MandateVerifier:
         kid, signed = hit
         passed = self._passed.get((token, agent))
         if passed is not None:
-            m, nbf = passed
-            t = now if now is not None else time.time()
-            # The rules that depend on the moment or on the revocation lists, as _check_claims
-            # runs them; every other rule is a function of the token, the agent and the fixed
-            # configuration, and passed for this pair before. Any failure: the full check, so
-            # the refusal is the one it gives.
-            if (m.jti not in self.revoked and m.jti not in self.live_revoked
-                    and t <= signed["exp"] + self.cfg.clock_skew_s
-                    and not (isinstance(nbf, int | float) and (now or time.time()) + self.cfg.clock_skew_s < nbf)):
-                # A new Mandate with its own copy of the claims, as _check_claims gives.
-                return Mandate(jti=m.jti, sub=m.sub, so_id=m.so_id, principal=m.principal, actions=m.actions,
-                               exp=m.exp, mission_ref=m.mission_ref, issuer_kid=m.issuer_kid, claims=dict(signed))
+            # Every rule but those of _check_standing is a function of the token, the agent and
+            # the fixed configuration, and passed for this pair before: only those run again,
+            # and a refusal is the one the full check would give.
+            m, exp, nbf = passed
+            self._check_standing(m.jti, exp, nbf, now)
+            # A new Mandate with its own copy of the claims, as _check_claims gives.
+            return Mandate(jti=m.jti, sub=m.sub, so_id=m.so_id, principal=m.principal, actions=m.actions,
+                           exp=m.exp, mission_ref=m.mission_ref, issuer_kid=m.issuer_kid, claims=dict(signed))
         # A copy: the cached claims stay as the issuer signed them.
         m = self._check_claims(dict(signed), kid, agent=agent, now=now)
         if len(self._passed) >= self.cache_size:
             del self._passed[next(iter(self._passed))]
-        self._passed[(token, agent)] = (m, signed.get("nbf"))
+        self._passed[(token, agent)] = (m, signed["exp"], signed.get("nbf"))
         return m
 
     def _verify_signature(self, token: str) -> tuple[str, dict[str, Any]]:
@@ -179,21 +176,36 @@ class MandateVerifier:
         if want is not None and claims.get("iss") != want:
             raise MandateError("MANDATE_INVALID", "the mandate iss is not the name configured for its issuer key")
 
+    def _check_standing(self, jti: str, exp: Any, nbf: Any, now: float | None,
+                        claims: dict[str, Any] | None = None, kid: str = "") -> None:
+        """The rules whose answer changes after a mandate passed: revocation (spec 003 §6.2 and
+        §11 Table 2, ``MANDATE_REVOKED``; the static and the live list), expiry and not-before
+        (RFC 7519 §4.1.4 and §4.1.5, each with ``kernel.clock_skew_s`` of grace), in that order.
+
+        The one place these rules live: the full check (``_check_claims``) and the remembered
+        path of ``verify`` both call it, so they cannot drift apart. With ``claims`` (the full
+        check), the fixed rules that come between revocation and expiry in the check order
+        (``aud``, ``iss``, ``exp`` a number) run in their place; the remembered path passed them.
+        """
+        if jti in self.revoked or jti in self.live_revoked:
+            raise MandateError("MANDATE_REVOKED", "the mandate has been revoked")
+        if claims is not None:
+            self._check_aud_iss(claims, kid)
+            if not isinstance(exp, _NUMBER) or isinstance(exp, bool):
+                raise MandateError("MANDATE_INVALID", "the mandate exp must be a number")
+        t = now if now is not None else time.time()
+        if t > exp + self.cfg.clock_skew_s:
+            raise MandateError("MANDATE_EXPIRED", "the mandate has expired")
+        if isinstance(nbf, _NUMBER) and t + self.cfg.clock_skew_s < nbf:
+            raise MandateError("MANDATE_INVALID", "the mandate is not yet valid")
+
     def _check_claims(self, claims: dict[str, Any], kid: str, *, agent: str, now: float | None) -> Mandate:
         jti = claims.get("jti")
         if not isinstance(jti, str) or not jti:
             raise MandateError("MANDATE_INVALID", "the mandate jti must be a non-empty string")
-        if jti in self.revoked or jti in self.live_revoked:
-            raise MandateError("MANDATE_REVOKED", "the mandate has been revoked")
-        self._check_aud_iss(claims, kid)
         exp = claims.get("exp")
-        if not isinstance(exp, int | float) or isinstance(exp, bool):
-            raise MandateError("MANDATE_INVALID", "the mandate exp must be a number")
-        if (now if now is not None else time.time()) > exp + self.cfg.clock_skew_s:
-            raise MandateError("MANDATE_EXPIRED", "the mandate has expired")
-        nbf = claims.get("nbf")
-        if isinstance(nbf, int | float) and (now or time.time()) + self.cfg.clock_skew_s < nbf:
-            raise MandateError("MANDATE_INVALID", "the mandate is not yet valid")
+        # The standing rules, with the fixed ones that come between them in the check order.
+        self._check_standing(jti, exp, claims.get("nbf"), now, claims, kid)
         for name in ("so_id", "principal"):
             if not isinstance(claims.get(name), str) or not claims[name]:
                 raise MandateError("MANDATE_INVALID", f"the mandate lacks the {name!r} claim")

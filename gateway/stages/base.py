@@ -58,6 +58,7 @@ class StageState(Protocol):
     stats: Any  # gateway.stages.state.Stats
     vetoes: Any  # dualveto.VetoCache, or None
     writer: Any  # pgwcore.publish.KvWriter
+    ack_floor: Any  # gateway.stages.dedup.AckFloor
 
 
 @dataclass

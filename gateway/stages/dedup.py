@@ -29,6 +29,8 @@ shared by every gateway instance:
   deterministic message ids make the repeat harmless; a claim gone stale is
   taken over by another envelope only once its owner's message is done with,
   or its redelivery had its chance and did not renew it (``_owner_may_return``);
+  the waiters of one instance share one read of the durable's ack floor
+  (``AckFloor``: one request in flight, a reading reused for a poll interval);
 - a refusal after this stage (e.g. ``principal_not_bound``) releases the
   claim by turning it into a ``refused`` record, which the next emission of
   C claims straight away, so a corrected re-emission is processed afresh;
@@ -56,6 +58,7 @@ from subjects.wire import Detail, EnvelopeOutcome, Outcome, SchemaOutcome
 log = get_logger("pgw.dedup")
 BUCKET = "PGW_DEDUP"
 WAIT_S = 10.0
+POLL_S = 0.05  # how often an envelope waiting on another's claim reads it again
 
 
 class DedupRecord(msgspec.Struct, omit_defaults=True):
@@ -153,7 +156,7 @@ async def run(ctx: Ctx) -> None:
         if time.monotonic() > deadline:
             # Another instance is processing it right now; let the stream redeliver later.
             raise RuntimeError("correlationId is being processed by another gateway instance")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(POLL_S)
 
 
 async def _owner_may_return(ctx: Ctx, rec: DedupRecord) -> bool:
@@ -179,10 +182,57 @@ async def _owner_may_return(ctx: Ctx, rec: DedupRecord) -> bool:
     except ValueError:
         return False  # not a message's position: no owner to wait for
     try:
-        info = await ctx.gw.js.consumer_info("PGW_INBOUND", INBOUND_DURABLE)
+        floor = await ctx.state.ack_floor.get()
     except Exception:  # noqa: BLE001 - unknown: waiting is the safe side
         return True
-    return seq > (info.ack_floor.stream_seq or 0)
+    return seq > floor
+
+
+class AckFloor:
+    """The ack floor of the gateway's inbound durable, one read shared by this instance's waiters.
+
+    Every envelope waiting on a stale claim asks ``_owner_may_return`` once a poll;
+    they share one ``consumer_info`` request in flight, and a floor asked for less
+    than ``max_age`` ago (the poll interval) is reused rather than asked again. A
+    durable's ack floor only rises, so a reading a poll old can only make a waiter
+    wait one poll longer, never take a claim over sooner: the rule is unchanged. A
+    failed read is not remembered: each caller sharing it gets the error (and waits,
+    as before), and the next call asks again.
+    """
+
+    def __init__(self, js: Any, max_age: float = POLL_S) -> None:
+        self._js = js
+        self._max_age = max_age
+        self._floor = 0
+        self._asked_at = float("-inf")  # time.monotonic() when the remembered floor was asked for
+        self._reading: asyncio.Task[int] | None = None
+
+    async def get(self) -> int:
+        """The durable's ack floor (a stream sequence), as read at most ``max_age`` ago."""
+        if time.monotonic() - self._asked_at < self._max_age:
+            return self._floor
+        reading = self._reading
+        if reading is None:
+            reading = self._reading = asyncio.create_task(self._read(), name="dedup-ack-floor")
+            reading.add_done_callback(_seen)
+        # Shielded: a waiter cancelled (its gateway draining) does not cancel the others' read.
+        return await asyncio.shield(reading)
+
+    async def _read(self) -> int:
+        asked = time.monotonic()
+        try:
+            info = await self._js.consumer_info("PGW_INBOUND", INBOUND_DURABLE)
+        finally:
+            self._reading = None
+        floor = info.ack_floor.stream_seq or 0
+        self._floor, self._asked_at = floor, asked
+        return floor
+
+
+def _seen(task: asyncio.Task[int]) -> None:
+    """Retrieve a shared read's error, so one no caller awaited any more is not logged as lost."""
+    if not task.cancelled():
+        task.exception()
 
 
 def replay_of(cached: Outcome, ctx: Ctx, *, replayed: bool) -> Outcome:

@@ -13,7 +13,9 @@ imports it. What it holds:
   instance and surviving restarts;
 - the spec 000 §6.9/§12.2/§12.3 counters (also exported to Prometheus where
   ``pgwcore.metrics`` counts them), kept here so they are testable per gateway;
-- the desk hook that remembers a question-space veto (spec 000 §7.2).
+- the desk hook that remembers a question-space veto (spec 000 §7.2);
+- the inbound durable's ack floor, one read shared by dedup's stale-claim
+  waiters (``gateway.stages.dedup.AckFloor``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.stages.base import KindSpec, StageHost
+from gateway.stages.dedup import AckFloor
 from gateway.stages.dualveto import VetoCache, remember_resolution
 from gateway.stages.redaction import Redactor
 from pgwcore.logs import get_logger
@@ -76,6 +79,7 @@ class PipelineState:
     stats: Stats = field(default_factory=Stats)
     vetoes: Any = None  # dualveto.VetoCache, None when it could not start (then every check reads the bucket)
     writer: Any = None  # publish.KvWriter: the claim and settle writes, group-committed
+    ack_floor: Any = None  # dedup.AckFloor: the inbound durable's ack floor, one read for every stale-claim waiter
 
 
 def load_vendor_kinds(gw: StateHost) -> None:
@@ -135,7 +139,7 @@ class StageStateCell:
         load_vendor_kinds(gw)
         kv = await ensure_kv(gw.js, DEDUP_BUCKET, ttl=cfg.dedup_ttl_s, atomic=True)
         st = PipelineState(redactor=redactor, kv=kv, vetoes=await _veto_cache(gw, kv),
-                           writer=KvWriter(gw.js, kv, DEDUP_BUCKET))
+                           writer=KvWriter(gw.js, kv, DEDUP_BUCKET), ack_floor=AckFloor(gw.js))
         on_resolved = getattr(gw.desk, "on_resolved", None)
         if on_resolved is not None:
 

@@ -26,7 +26,6 @@ import json
 import os
 import random
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from nats.js import JetStreamContext
 from subjects.client import BINDING_MOMENT_KIND, envelope
 from tests.moments import good_moment
 from tests.polling import until
+from tests.ports import free_port  # noqa: F401 - re-exported: tests import it from here
 
 PGW = str(Path(sys.executable).parent / "pgw")
 
@@ -48,24 +48,6 @@ def env_int(name: str, default: int) -> int:
         return int(os.environ.get(name, default))
     except ValueError:
         return default
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on now. Drawn at random below Linux's ephemeral range
-    (32768-60999), where the kernel hands out port-0 listeners (every test's embedded nats-server)
-    and outgoing connections: one taken from there can be given to another process before its user
-    binds it. Port 0's answer only if none of 200 draws is free."""
-    for _ in range(200):
-        port = random.randint(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(eq=False)
