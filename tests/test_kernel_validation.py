@@ -415,7 +415,7 @@ async def test_the_reply_carries_the_requests_headers_back(env: Env) -> None:
 
 
 SKEW = 30.0  # kernel.clock_skew_s's default, set explicitly below
-T = int(time.time())  # the moment the mandates below are first verified (PyJWT checks iat and nbf against the clock)
+T = int(time.time())  # the moment the mandates below are first verified
 
 
 def _static_revoke(v: MandateVerifier, jti: str) -> None:
@@ -479,3 +479,40 @@ def test_a_mandate_that_passed_is_still_refused_when_revoked_or_not_yet_valid(
         assert from_memory.claims is not first.claims and from_memory.claims is not from_full.claims
     else:
         assert from_memory == refusal
+
+
+# (case, claims over the base ones, relative to the clock at the call, the refusal or None)
+CLOCK_CASES = [
+    ("nbf ahead within the skew", {"nbf": SKEW / 2}, None),
+    ("nbf ahead beyond the skew", {"nbf": 3 * SKEW}, ("MANDATE_INVALID", "the mandate is not yet valid")),
+    ("iat ahead within the skew", {"iat": SKEW / 2}, None),
+    ("iat ahead beyond the skew", {"iat": 3 * SKEW},
+     ("MANDATE_INVALID", "the mandate is not yet valid (issued in the future)")),
+    ("nbf not a number", {"nbf": "soon"}, ("MANDATE_INVALID", "the mandate nbf must be a number")),
+    ("iat not a number", {"iat": True}, ("MANDATE_INVALID", "the mandate iat must be a number")),
+]
+
+
+@pytest.mark.parametrize(("offsets", "refusal"), [c[1:] for c in CLOCK_CASES], ids=[c[0] for c in CLOCK_CASES])
+def test_nbf_and_iat_get_the_clock_skew_and_their_own_refusal(
+        issuer: Issuer, tmp_path: Path, offsets: dict[str, Any], refusal: tuple[str, str] | None) -> None:
+    """A mandate whose nbf or iat lies ahead of the verifier's clock by less than kernel.clock_skew_s is accepted,
+    one further ahead is refused as not yet valid (not as a bad signature), and a non-numeric nbf or iat is
+    refused by name; the remembered path gives the same answer a second time."""
+    import jwt
+
+    cfg = load_config(None, data_dir=str(tmp_path / "data"),
+                      kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "clock_skew_s": SKEW})
+    now = time.time()
+    claims: dict[str, Any] = {"jti": f"clock-{uuid.uuid4()}", "sub": AGENT, "so_id": str(uuid.uuid4()),
+                              "principal": "alice", "actions": ["CloseBooking"], "iat": int(now), "exp": int(now) + 600}
+    claims |= {k: now + v if isinstance(v, float) else v for k, v in offsets.items()}
+    token = jwt.encode(claims, issuer.key, algorithm="EdDSA", headers={"kid": issuer.kid})
+    v = MandateVerifier(cfg.kernel)
+    for _ in range(2):
+        if refusal is None:
+            assert v.verify(token, agent=AGENT).jti == claims["jti"]
+        else:
+            with pytest.raises(MandateError) as e:
+                v.verify(token, agent=AGENT)
+            assert (e.value.code, e.value.reason) == refusal

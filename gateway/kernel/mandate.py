@@ -99,9 +99,9 @@ class MandateVerifier:
         self.live_revoked: set[str] = set()  # gateway/kernel/revocation.py
         self.revoker_keys: dict[str, Any] = {kid: _load_key(kid, v) for kid, v in cfg.revokers.items()}
         self._verified: dict[str, tuple[str, dict[str, Any]]] = {}
-        # (token, agent) -> the Mandate a full check gave, the token's exp and nbf as signed: the
-        # next call re-runs only the revocation and time rules (verify, _check_standing).
-        self._passed: dict[tuple[str, str], tuple[Mandate, float, Any]] = {}
+        # (token, agent) -> the Mandate a full check gave, the token's exp, nbf and iat as signed:
+        # the next call re-runs only the revocation and time rules (verify, _check_standing).
+        self._passed: dict[tuple[str, str], tuple[Mandate, float, Any, Any]] = {}
 
     def verify(self, token: object, *, agent: str, now: float | None = None) -> Mandate:
         if not isinstance(token, str) or not token:
@@ -118,8 +118,8 @@ class MandateVerifier:
             # Every rule but those of _check_standing is a function of the token, the agent and
             # the fixed configuration, and passed for this pair before: only those run again,
             # and a refusal is the one the full check would give.
-            m, exp, nbf = passed
-            self._check_standing(m.jti, exp, nbf, now)
+            m, exp, nbf, iat = passed
+            self._check_standing(m.jti, exp, nbf, iat, now)
             # A new Mandate with its own copy of the claims, as _check_claims gives.
             return Mandate(jti=m.jti, sub=m.sub, so_id=m.so_id, principal=m.principal, actions=m.actions,
                            exp=m.exp, mission_ref=m.mission_ref, issuer_kid=m.issuer_kid, claims=dict(signed))
@@ -127,7 +127,7 @@ class MandateVerifier:
         m = self._check_claims(dict(signed), kid, agent=agent, now=now)
         if len(self._passed) >= self.cache_size:
             del self._passed[next(iter(self._passed))]
-        self._passed[(token, agent)] = (m, signed["exp"], signed.get("nbf"))
+        self._passed[(token, agent)] = (m, signed["exp"], signed.get("nbf"), signed.get("iat"))
         return m
 
     def _verify_signature(self, token: str) -> tuple[str, dict[str, Any]]:
@@ -148,11 +148,16 @@ class MandateVerifier:
         if (alg == "EdDSA") != isinstance(key, ed25519.Ed25519PublicKey):
             raise MandateError("MANDATE_INVALID", "the mandate algorithm does not match the issuer key")
         try:
+            # Signature and required claims only: every time rule (exp, nbf, iat) is
+            # _check_standing's, against the caller's clock and with kernel.clock_skew_s of
+            # grace. PyJWT's own nbf / iat checks use the wall clock with no grace, and their
+            # refusal would read as a bad signature.
             claims = jwt.decode(
                 token,
                 key,
                 algorithms=[alg],
-                options={"verify_exp": False, "verify_aud": False, "require": ["jti", "sub", "exp"]},
+                options={"verify_exp": False, "verify_aud": False, "verify_nbf": False, "verify_iat": False,
+                         "require": ["jti", "sub", "exp"]},
             )
         except jwt.MissingRequiredClaimError as e:
             raise MandateError("MANDATE_INVALID", f"the mandate lacks the {e.claim!r} claim") from None
@@ -176,11 +181,12 @@ class MandateVerifier:
         if want is not None and claims.get("iss") != want:
             raise MandateError("MANDATE_INVALID", "the mandate iss is not the name configured for its issuer key")
 
-    def _check_standing(self, jti: str, exp: Any, nbf: Any, now: float | None,
+    def _check_standing(self, jti: str, exp: Any, nbf: Any, iat: Any, now: float | None,
                         claims: dict[str, Any] | None = None, kid: str = "") -> None:
         """The rules whose answer changes after a mandate passed: revocation (spec 003 §6.2 and
-        §11 Table 2, ``MANDATE_REVOKED``; the static and the live list), expiry and not-before
-        (RFC 7519 §4.1.4 and §4.1.5, each with ``kernel.clock_skew_s`` of grace), in that order.
+        §11 Table 2, ``MANDATE_REVOKED``; the static and the live list), expiry, not-before and
+        issued-at (RFC 7519 §4.1.4-6: a token issued in the future is not valid yet either), each
+        with ``kernel.clock_skew_s`` of grace, in that order.
 
         The one place these rules live: the full check (``_check_claims``) and the remembered
         path of ``verify`` both call it, so they cannot drift apart. With ``claims`` (the full
@@ -191,13 +197,19 @@ class MandateVerifier:
             raise MandateError("MANDATE_REVOKED", "the mandate has been revoked")
         if claims is not None:
             self._check_aud_iss(claims, kid)
+            # RFC 7519 §2: exp, nbf and iat are NumericDates (JSON numbers).
             if not isinstance(exp, _NUMBER) or isinstance(exp, bool):
                 raise MandateError("MANDATE_INVALID", "the mandate exp must be a number")
+            for name, value in (("nbf", nbf), ("iat", iat)):
+                if value is not None and (not isinstance(value, _NUMBER) or isinstance(value, bool)):
+                    raise MandateError("MANDATE_INVALID", f"the mandate {name} must be a number")
         t = now if now is not None else time.time()
         if t > exp + self.cfg.clock_skew_s:
             raise MandateError("MANDATE_EXPIRED", "the mandate has expired")
-        if isinstance(nbf, _NUMBER) and t + self.cfg.clock_skew_s < nbf:
+        if nbf is not None and t + self.cfg.clock_skew_s < nbf:
             raise MandateError("MANDATE_INVALID", "the mandate is not yet valid")
+        if iat is not None and t + self.cfg.clock_skew_s < iat:
+            raise MandateError("MANDATE_INVALID", "the mandate is not yet valid (issued in the future)")
 
     def _check_claims(self, claims: dict[str, Any], kid: str, *, agent: str, now: float | None) -> Mandate:
         jti = claims.get("jti")
@@ -205,7 +217,7 @@ class MandateVerifier:
             raise MandateError("MANDATE_INVALID", "the mandate jti must be a non-empty string")
         exp = claims.get("exp")
         # The standing rules, with the fixed ones that come between them in the check order.
-        self._check_standing(jti, exp, claims.get("nbf"), now, claims, kid)
+        self._check_standing(jti, exp, claims.get("nbf"), claims.get("iat"), now, claims, kid)
         for name in ("so_id", "principal"):
             if not isinstance(claims.get(name), str) or not claims[name]:
                 raise MandateError("MANDATE_INVALID", f"the mandate lacks the {name!r} claim")
