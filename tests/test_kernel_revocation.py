@@ -130,3 +130,25 @@ def test_aud_and_iss_are_checked_against_configuration(tmp_path: Path, kernel: d
         with pytest.raises(MandateError) as e:
             v.verify(token, agent=AGENT)
         assert e.value.code == "MANDATE_INVALID"
+
+
+@pytest.mark.parametrize(("ahead_s", "ok"), [(0.0, True), (5.0, True), (-200.0, True), (400.0, False), (-400.0, False)])
+def test_a_revocation_from_a_signer_whose_clock_runs_ahead_is_taken(tmp_path: Path, ahead_s: float, ok: bool) -> None:
+    """A revocation whose iat is a few seconds ahead of the kernel's clock (a revoker's clock running fast) is
+    taken, as is one a few minutes old; one beyond kernel.clock_skew_s + 300 s either way is refused by its iat."""
+    import time
+    from types import SimpleNamespace
+
+    from gateway.kernel.revocation import RevocationError, Revocations, sign_revocation
+
+    issuer = Issuer(tmp_path / "issuer")
+    verifier = _verifier(tmp_path, issuer)
+    revocations = Revocations(SimpleNamespace(mandates=verifier, cfg=verifier.cfg))
+    token = sign_revocation(issuer.key, issuer.kid, "a-jti", now=time.time() + ahead_s)
+    if ok:
+        kid, claims = revocations._verify(token)
+        assert kid == issuer.kid and claims["revoke_jti"] == "a-jti"
+    else:
+        with pytest.raises(RevocationError) as e:
+            revocations._verify(token)
+        assert (e.value.code, e.value.reason) == ("REVOCATION_INVALID", "the revocation's iat is too old or in the future")

@@ -146,13 +146,16 @@ class Revocations:
         if alg not in ("EdDSA", "ES256") or (alg == "EdDSA") != isinstance(key, ed25519.Ed25519PublicKey):
             raise RevocationError("REVOCATION_INVALID", "the revocation algorithm does not match the signer's key")
         try:
-            claims = jwt.decode(token, key, algorithms=[alg], options={"verify_aud": False, "require": ["revoke_jti", "iat"]})
+            # iat is checked below, with kernel.clock_skew_s of grace both ways; PyJWT's own iat
+            # check has none, and refused a revoker whose clock ran a second ahead.
+            claims = jwt.decode(token, key, algorithms=[alg], leeway=self.kernel.cfg.clock_skew_s,
+                                options={"verify_aud": False, "verify_iat": False, "require": ["revoke_jti", "iat"]})
         except jwt.InvalidTokenError as e:
             raise RevocationError("REVOCATION_INVALID", f"the revocation does not verify: {e}") from None
         jti, iat = claims.get("revoke_jti"), claims.get("iat")
         if not isinstance(jti, str) or not jti or len(jti) > 256:
             raise RevocationError("REVOCATION_INVALID", "revoke_jti must be a non-empty string of at most 256 characters")
-        if not isinstance(iat, int | float) or abs(time.time() - iat) > MAX_AGE_S + self.kernel.cfg.clock_skew_s:
+        if not isinstance(iat, int | float) or isinstance(iat, bool) or abs(time.time() - iat) > MAX_AGE_S + self.kernel.cfg.clock_skew_s:
             raise RevocationError("REVOCATION_INVALID", "the revocation's iat is too old or in the future")
         return kid, claims
 
