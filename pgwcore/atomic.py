@@ -17,6 +17,7 @@ stream must have ``allow_atomic`` set (:func:`enable_atomic`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import secrets
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,7 @@ import msgspec
 import nats.errors
 from nats.js.errors import APIError, NoStreamResponseError
 
+from pgwcore.delivery import subscribe_inline
 from pgwcore.logs import get_logger
 from pgwcore.pubbatch import publish_many, publish_one
 
@@ -181,6 +183,76 @@ async def publish_acked(nc: Client, subject: str, payload: bytes, headers: Mappi
                         timeout: float) -> Ack:
     """One JetStream publish awaiting its PubAck (``send_acked``, then the wait)."""
     return await (await send_acked(nc, subject, payload, headers, timeout))
+
+
+class AckInbox:
+    """``send_acked`` with the PubAcks on an inbox of its own, each handed over in nats-py's read
+    loop (``pgwcore.delivery``): the waiter's future is resolved as the reply is parsed, with no
+    queue put and get and no wakeup of the request inbox's task per write. For one writer's hot
+    path (the kernel's five durable writes per PERMIT); the connection's request inbox, which every
+    other ``send_acked`` / ``nc.request`` of the process shares, is left as it is.
+
+    The same answers, errors and deadlines as ``send_acked`` (``_answer``; nats' ``TimeoutError``
+    after ``timeout``); the reply subject is ``{inbox}.{token}``, an inbox of the same form as the
+    request inbox's (``_INBOX.<nuid>``), made by ``nc.new_inbox()`` as ``kvread.BatchReader``'s
+    is. Before :meth:`start` and after :meth:`close`, :meth:`send` is ``send_acked`` itself.
+    """
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self._sub: Any = None
+        self._inbox = ""
+        self._cut = 0
+        self._waiters: dict[str, tuple[asyncio.Future[Ack], asyncio.TimerHandle]] = {}
+
+    async def start(self) -> None:
+        self._inbox = self.nc.new_inbox()
+        self._cut = len(self._inbox) + 1
+        self._sub = await subscribe_inline(self.nc, self._inbox + ".*", self._on_msg)
+
+    async def close(self) -> None:
+        """Unsubscribe; later sends go through ``send_acked``. A write still waiting meets its
+        deadline (call it once nothing of this writer is in flight)."""
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    def _on_msg(self, msg: Any) -> None:
+        w = self._waiters.pop(msg.subject[self._cut:], None)
+        if w is None:  # timed out meanwhile, or not ours
+            return
+        out, timer = w
+        timer.cancel()
+        if not out.done():  # its caller may have cancelled it
+            _answer(msg, out)
+
+    def _expire(self, token: str) -> None:
+        w = self._waiters.pop(token, None)
+        if w is not None and not w[0].done():
+            w[0].set_exception(nats.errors.TimeoutError())
+
+    async def send(self, subject: str, payload: bytes, headers: Mapping[str, str],
+                   timeout: float) -> asyncio.Future[Ack]:
+        """``send_acked(nc, subject, payload, headers, timeout)``, the PubAck on this inbox."""
+        if self._sub is None:
+            return await send_acked(self.nc, subject, payload, headers, timeout)
+        token = reply_token()
+        loop = asyncio.get_running_loop()
+        out: asyncio.Future[Ack] = loop.create_future()
+        timer = loop.call_later(timeout, self._expire, token)
+        self._waiters[token] = (out, timer)
+        try:
+            await publish_one(self.nc, subject, payload, headers, self._inbox + "." + token)
+        except BaseException:
+            timer.cancel()
+            self._waiters.pop(token, None)
+            raise
+        return out
+
+    async def publish(self, subject: str, payload: bytes, headers: Mapping[str, str], timeout: float) -> Ack:
+        """``publish_acked`` on this inbox: :meth:`send`, then the wait."""
+        return await (await self.send(subject, payload, headers, timeout))
 
 
 async def enable_atomic(js: JetStreamContext, stream: str) -> bool:
