@@ -29,7 +29,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 
 from pgwcore.delivery import subscribe_inline
 from pgwcore.logs import get_logger
-from pgwcore.pubbatch import publish_many, publish_one
+from pgwcore.pubbatch import publish_many, publish_one, publish_soon
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -243,7 +243,8 @@ class AckInbox:
         timer = loop.call_later(timeout, self._expire, token)
         self._waiters[token] = (out, timer)
         try:
-            await publish_one(self.nc, subject, payload, headers, self._inbox + "." + token)
+            # nc.publish's bytes and refusals, the write kicked by a loop callback (pgwcore.pubbatch)
+            await publish_soon(self.nc, subject, payload, headers, self._inbox + "." + token)
         except BaseException:
             timer.cancel()
             self._waiters.pop(token, None)

@@ -25,7 +25,7 @@ from nats.js.errors import APIError
 
 from pgwcore.atomic import reply_token
 from pgwcore.delivery import subscribe_inline
-from pgwcore.pubbatch import publish_one
+from pgwcore.pubbatch import publish_soon
 
 ERR_NO_MESSAGE = 10037  # JSNoMessageFoundErr
 
@@ -181,8 +181,8 @@ class BatchReader:
         # The deadline is one timer on the future (as get_last's), not wait_for's extra future and callbacks.
         timer = loop.call_later(self.timeout, _expire, fut)
         try:
-            # nc.publish's bytes and refusals (pgwcore.pubbatch)
-            await publish_one(
+            # nc.publish's bytes and refusals, the write kicked by a loop callback (pgwcore.pubbatch)
+            await publish_soon(
                 self.nc, self.subject, _enc.encode({"multi_last": [self.pre + k for k in keys], "batch": len(keys)}),
                 None, f"{self._inbox}.{token}",
             )

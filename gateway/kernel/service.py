@@ -66,7 +66,7 @@ from pgwcore.keys import load_or_create
 from pgwcore.logs import get_logger
 from pgwcore.loop import gather_inline
 from pgwcore.metrics import LATENCY, REGISTRY
-from pgwcore.pubbatch import publish_one
+from pgwcore.pubbatch import publish_soon
 from subjects.errors import SubjectError
 from subjects.idp import (
     REASONING_BASIS_TYPES,
@@ -264,7 +264,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             if msg.reply:
                 with contextlib.suppress(Exception):
                     # == msg.respond(...): the request's headers back, the same bytes (pgwcore.pubbatch)
-                    await publish_one(self.nc, msg.reply, msgspec.json.encode(result), msg.headers)
+                    await publish_soon(self.nc, msg.reply, msgspec.json.encode(result), msg.headers)
 
     async def handle_request(self, agent: str, data: bytes, *, traceparent: str | None = None) -> KernelResult:
         """One kernel.transition() call (spec 003 §5.1 step 4) -> its result."""
