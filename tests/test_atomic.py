@@ -165,3 +165,43 @@ async def test_ack_inbox_answers_as_send_acked_does_on_an_inbox_of_its_own(nats_
         assert nc._resp_sub_prefix is not None  # send_acked's request inbox, once closed
     finally:
         await nc.close()
+
+
+async def test_deadlines_expire_each_unanswered_waiter_once_never_before_its_own_deadline() -> None:
+    """Deadlines on one timer: waiters of three timeouts, a third of them answered before their deadline; each
+    unanswered one is expired exactly once and not before its own deadline, the answered never, nothing is kept."""
+    import asyncio
+    import random
+
+    from pgwcore.atomic import Deadlines
+
+    loop = asyncio.get_running_loop()
+    pending: dict[str, float] = {}
+    expired: dict[str, float] = {}
+    done = loop.create_future()
+    rnd = random.Random(7)
+    want: set[str] = set()
+
+    def expire(token: str) -> None:
+        assert token not in expired
+        expired[token] = loop.time()
+        pending.pop(token)
+        if set(expired) == want and not done.done():
+            done.set_result(None)
+
+    d = Deadlines(pending, expire)
+    for i in range(90):
+        token, timeout = str(i), rnd.choice([0.05, 0.15, 0.3])
+        pending[token] = loop.time() + timeout  # the deadline a timer of its own would have had
+        d.add(loop, token, timeout)
+        if i % 3 == 0:
+            del pending[token]  # answered
+        else:
+            want.add(token)
+        if i % 10 == 0:
+            await asyncio.sleep(0)
+    deadlines = dict(pending)
+    await asyncio.wait_for(done, 5)
+    assert set(expired) == want
+    assert all(expired[t] >= deadlines[t] for t in want)
+    assert d._timer is None and not any(d._queues.values())
