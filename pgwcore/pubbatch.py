@@ -127,7 +127,7 @@ def _write_soon(nc: Client) -> None:
     reconnected), a dead flusher, a transport that is not TCP, or one still holding unsent data
     (the socket is not keeping up: the flusher writes and waits for the drain, which is how
     nats-py holds back its publishers)."""
-    nc._pgw_write_soon = False
+    nc._pgw_write_soon = None
     if nc._pending_data_size <= 0:
         return  # the flusher, or a forced flush, wrote it meanwhile
     writer = getattr(nc._transport, "_io_writer", None)
@@ -160,9 +160,11 @@ async def publish_soon(nc: Client, subject: str, payload: bytes, headers: Mappin
     nc.stats["out_msgs"] += 1
     nc.stats["out_bytes"] += len(payload)
     await nc._send_command(cmd)  # over max_pending it flushes through the flusher and waits, as publish does
-    if not getattr(nc, "_pgw_write_soon", False):
-        nc._pgw_write_soon = True
-        asyncio.get_running_loop().call_soon(_write_soon, nc)
+    loop = asyncio.get_running_loop()
+    # One callback per turn: the loop it is armed on (a loop closed with it still pending does not hold it up).
+    if getattr(nc, "_pgw_write_soon", None) is not loop:
+        nc._pgw_write_soon = loop
+        loop.call_soon(_write_soon, nc)
 
 
 async def ack_all(nc: Client, msgs: Sequence[Msg]) -> None:
