@@ -17,17 +17,20 @@ stream must have ``allow_atomic`` set (:func:`enable_atomic`).
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import itertools
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import nats.errors
 from nats.js.errors import APIError, NoStreamResponseError
 
+from pgwcore.delivery import subscribe_inline
 from pgwcore.logs import get_logger
-from pgwcore.pubbatch import publish_many, publish_one
+from pgwcore.pubbatch import publish_many, publish_one, publish_soon
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -181,6 +184,132 @@ async def publish_acked(nc: Client, subject: str, payload: bytes, headers: Mappi
                         timeout: float) -> Ack:
     """One JetStream publish awaiting its PubAck (``send_acked``, then the wait)."""
     return await (await send_acked(nc, subject, payload, headers, timeout))
+
+
+class Deadlines:
+    """The deadlines of many waiters on one loop timer, instead of a timer each (uvloop makes,
+    starts and stops a libuv timer per ``call_later``; a writer's replies come long before).
+
+    ``pending`` maps each waiter's token to it; a token no longer in it has been answered (or
+    given up) and its deadline is forgotten. :meth:`add` notes a deadline ``timeout`` seconds
+    from now; once it has passed with the token still pending, ``expire(token)`` is called,
+    as a timer of its own would have been (the loop's clock; never before the deadline). The
+    deadlines of one timeout come in order, so each timeout keeps a queue, whose answered
+    front is dropped as new ones come: it holds about the waiters in flight."""
+
+    def __init__(self, pending: Mapping[str, Any], expire: Callable[[str], None]) -> None:
+        self._pending = pending
+        self._expire = expire
+        self._queues: dict[float, collections.deque[tuple[float, str]]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+
+    def add(self, loop: asyncio.AbstractEventLoop, token: str, timeout: float) -> None:
+        at = loop.time() + timeout
+        q = self._queues.get(timeout)
+        if q is None:
+            q = self._queues[timeout] = collections.deque()
+        pending = self._pending
+        while q and q[0][1] not in pending:
+            q.popleft()
+        q.append((at, token))
+        if self._timer is None or at < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_at(at, self._fire, loop)
+            self._timer_at = at
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        now = loop.time()
+        pending = self._pending
+        due: list[str] = []
+        nxt: float | None = None
+        for q in self._queues.values():
+            while q:
+                at, token = q[0]
+                if token not in pending:
+                    q.popleft()
+                elif at <= now:
+                    q.popleft()
+                    due.append(token)
+                else:
+                    nxt = at if nxt is None or at < nxt else nxt
+                    break
+        if nxt is not None:
+            self._timer = loop.call_at(nxt, self._fire, loop)
+            self._timer_at = nxt
+        for token in due:
+            self._expire(token)
+
+
+class AckInbox:
+    """``send_acked`` with the PubAcks on an inbox of its own, each handed over in nats-py's read
+    loop (``pgwcore.delivery``): the waiter's future is resolved as the reply is parsed, with no
+    queue put and get and no wakeup of the request inbox's task per write. For one writer's hot
+    path (the kernel's five durable writes per PERMIT); the connection's request inbox, which every
+    other ``send_acked`` / ``nc.request`` of the process shares, is left as it is.
+
+    The same answers, errors and deadlines as ``send_acked`` (``_answer``; nats' ``TimeoutError``
+    after ``timeout``, the deadlines kept by one timer, :class:`Deadlines`); the reply subject is
+    ``{inbox}.{token}``, an inbox of the same form as the request inbox's (``_INBOX.<nuid>``),
+    made by ``nc.new_inbox()`` as ``kvread.BatchReader``'s is. A caller that stops waiting (its
+    future cancelled) leaves its waiter until the reply or the deadline. Before :meth:`start`
+    and after :meth:`close`, :meth:`send` is ``send_acked`` itself.
+    """
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self._sub: Any = None
+        self._inbox = ""
+        self._cut = 0
+        self._waiters: dict[str, asyncio.Future[Ack]] = {}
+        self._deadlines = Deadlines(self._waiters, self._expire)
+
+    async def start(self) -> None:
+        self._inbox = self.nc.new_inbox()
+        self._cut = len(self._inbox) + 1
+        self._sub = await subscribe_inline(self.nc, self._inbox + ".*", self._on_msg)
+
+    async def close(self) -> None:
+        """Unsubscribe; later sends go through ``send_acked``. A write still waiting meets its
+        deadline (call it once nothing of this writer is in flight)."""
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    def _on_msg(self, msg: Any) -> None:
+        out = self._waiters.pop(msg.subject[self._cut:], None)
+        if out is not None and not out.done():  # None: timed out meanwhile, or not ours; done: cancelled
+            _answer(msg, out)
+
+    def _expire(self, token: str) -> None:
+        out = self._waiters.pop(token, None)
+        if out is not None and not out.done():
+            out.set_exception(nats.errors.TimeoutError())
+
+    async def send(self, subject: str, payload: bytes, headers: Mapping[str, str],
+                   timeout: float) -> asyncio.Future[Ack]:
+        """``send_acked(nc, subject, payload, headers, timeout)``, the PubAck on this inbox."""
+        if self._sub is None:
+            return await send_acked(self.nc, subject, payload, headers, timeout)
+        token = reply_token()
+        loop = asyncio.get_running_loop()
+        out: asyncio.Future[Ack] = loop.create_future()
+        self._waiters[token] = out
+        self._deadlines.add(loop, token, timeout)
+        try:
+            # nc.publish's bytes and refusals, the write kicked by a loop callback (pgwcore.pubbatch)
+            await publish_soon(self.nc, subject, payload, headers, self._inbox + "." + token)
+        except BaseException:
+            self._waiters.pop(token, None)  # its deadline is forgotten with it
+            raise
+        return out
+
+    async def publish(self, subject: str, payload: bytes, headers: Mapping[str, str], timeout: float) -> Ack:
+        """``publish_acked`` on this inbox: :meth:`send`, then the wait."""
+        return await (await self.send(subject, payload, headers, timeout))
 
 
 async def enable_atomic(js: JetStreamContext, stream: str) -> bool:

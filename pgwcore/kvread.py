@@ -23,9 +23,9 @@ import nats.errors
 from nats.aio.client import Client
 from nats.js.errors import APIError
 
-from pgwcore.atomic import reply_token
+from pgwcore.atomic import Deadlines, reply_token
 from pgwcore.delivery import subscribe_inline
-from pgwcore.pubbatch import publish_one
+from pgwcore.pubbatch import publish_soon
 
 ERR_NO_MESSAGE = 10037  # JSNoMessageFoundErr
 
@@ -140,6 +140,12 @@ class BatchReader:
         self._inbox = ""
         self._sub: Any = None
         self._pending: dict[str, _Batch] = {}
+        self._deadlines = Deadlines(self._pending, self._expire)
+
+    def _expire(self, token: str) -> None:
+        b = self._pending.get(token)
+        if b is not None:
+            _expire(b.fut)
 
     async def start(self) -> None:
         self._inbox = self.nc.new_inbox()
@@ -178,16 +184,16 @@ class BatchReader:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[dict[str, tuple[bytes, int] | None]] = loop.create_future()
         self._pending[token] = _Batch(fut)
-        # The deadline is one timer on the future (as get_last's), not wait_for's extra future and callbacks.
-        timer = loop.call_later(self.timeout, _expire, fut)
+        # The deadline on the future (no wait_for's extra future and callbacks), kept with the others
+        # by one loop timer (pgwcore.atomic.Deadlines).
+        self._deadlines.add(loop, token, self.timeout)
         try:
-            # nc.publish's bytes and refusals (pgwcore.pubbatch)
-            await publish_one(
+            # nc.publish's bytes and refusals, the write kicked by a loop callback (pgwcore.pubbatch)
+            await publish_soon(
                 self.nc, self.subject, _enc.encode({"multi_last": [self.pre + k for k in keys], "batch": len(keys)}),
                 None, f"{self._inbox}.{token}",
             )
             found = await fut
         finally:
-            timer.cancel()
-            del self._pending[token]
+            del self._pending[token]  # its deadline is forgotten with it
         return [found.get(k) for k in keys]

@@ -122,3 +122,86 @@ async def test_send_acked_leaves_nothing_behind_after_an_answer_a_refusal_a_canc
         return not nc._resp_map
 
     assert await until(gone, timeout=5, interval=0.02, what="the cancelled waiter leaving the request map")
+
+
+async def test_ack_inbox_answers_as_send_acked_does_on_an_inbox_of_its_own(nats_server: Any, nc: Any) -> None:
+    """AckInbox.send resolves each write with its own PubAck in any order of awaiting, the server's refusal as APIError,
+    no stream as NoStreamResponseError, no answer as nats' TimeoutError, all on its own inbox (the connection's request
+    inbox is never made) with no waiter left behind; a cancelled caller is not resolved by the PubAck after; before
+    start and after close it is send_acked through the request inbox."""
+    from pgwcore.atomic import AckInbox
+    from pgwcore.connect import connect
+
+    await _stream(nc.jetstream(), "AT11", atomic=False)
+    nc = await connect(nats_server.client_url)  # a connection of its own: no request made on it
+    try:
+        acks = AckInbox(nc)
+        await acks.start()
+        futs = [await acks.send("at11.a", str(i).encode(), {"Nats-Msg-Id": f"m{i}"}, 5) for i in range(3)]
+        assert [(await f).seq for f in reversed(futs)] == [3, 2, 1]
+        again = await acks.publish("at11.a", b"0", {"Nats-Msg-Id": "m0"}, 5)
+        assert (again.seq, again.duplicate) == (1, True)
+        with pytest.raises(APIError) as e:
+            await acks.publish("at11.c", b"3", {"Nats-Expected-Last-Subject-Sequence": "7"}, 5)
+        assert e.value.err_code == ERR_WRONG_LAST_SEQ
+        with pytest.raises(NoStreamResponseError):
+            await acks.publish("nostream.x", b"", {}, 5)
+        with pytest.raises(nats.errors.BadSubjectError):
+            await acks.send("at11 a", b"x", {}, 5)
+        silent = await nc.subscribe("silent.y")  # a listener that never answers: no 503, no ack
+        try:
+            with pytest.raises(nats.errors.TimeoutError):
+                await acks.publish("silent.y", b"", {}, 0.2)
+        finally:
+            await silent.unsubscribe()
+        fut = await acks.send("at11.a", b"late", {}, 5)
+        fut.cancel()
+        assert (await acks.publish("at11.a", b"after", {}, 5)).seq == 5  # the cancelled one was stored (4) meanwhile
+        assert fut.cancelled() and not acks._waiters
+        assert nc._resp_sub_prefix is None and not nc._resp_map  # nothing went through the request inbox
+        assert acks._sub._wait_for_msgs_task.done()  # handed over in the read loop (pgwcore.delivery)
+        await acks.close()
+        assert (await acks.publish("at11.a", b"closed", {}, 5)).seq == 6
+        assert nc._resp_sub_prefix is not None  # send_acked's request inbox, once closed
+    finally:
+        await nc.close()
+
+
+async def test_deadlines_expire_each_unanswered_waiter_once_never_before_its_own_deadline() -> None:
+    """Deadlines on one timer: waiters of three timeouts, a third of them answered before their deadline; each
+    unanswered one is expired exactly once and not before its own deadline, the answered never, nothing is kept."""
+    import asyncio
+    import random
+
+    from pgwcore.atomic import Deadlines
+
+    loop = asyncio.get_running_loop()
+    pending: dict[str, float] = {}
+    expired: dict[str, float] = {}
+    done = loop.create_future()
+    rnd = random.Random(7)
+    want: set[str] = set()
+
+    def expire(token: str) -> None:
+        assert token not in expired
+        expired[token] = loop.time()
+        pending.pop(token)
+        if set(expired) == want and not done.done():
+            done.set_result(None)
+
+    d = Deadlines(pending, expire)
+    for i in range(90):
+        token, timeout = str(i), rnd.choice([0.05, 0.15, 0.3])
+        pending[token] = loop.time() + timeout  # the deadline a timer of its own would have had
+        d.add(loop, token, timeout)
+        if i % 3 == 0:
+            del pending[token]  # answered
+        else:
+            want.add(token)
+        if i % 10 == 0:
+            await asyncio.sleep(0)
+    deadlines = dict(pending)
+    await asyncio.wait_for(done, 5)
+    assert set(expired) == want
+    assert all(expired[t] >= deadlines[t] for t in want)
+    assert d._timer is None and not any(d._queues.values())

@@ -169,8 +169,9 @@ async def test_inline_delivery_survives_a_reconnect(nats_server: Any) -> None:
 
 
 async def test_the_kernels_batched_reads_and_requests_are_handed_over_inline(make_config: Any, nc: Any, tmp_path: Any) -> None:
-    """The kernel's batched-read replies and its transition requests no longer go through a queue and a task of
-    their subscription: both hand their messages over in the read loop, and requests are answered as before."""
+    """The kernel's batched-read replies, its transition requests and the PubAcks of its writes (its own inbox, shared
+    by the log and the state) no longer go through a queue and a task of their subscription: all hand their messages
+    over in the read loop, and requests are answered as before, no write left waiting."""
     import uuid
 
     from gateway.kernel.service import KernelService
@@ -189,7 +190,8 @@ async def test_the_kernels_batched_reads_and_requests_are_handed_over_inline(mak
     token, jti = issuer.mandate(agent="a1", so_id=so)
     async with running_gateway(kernel_config(make_config, issuer, policy_dir(tmp_path)), nc) as gw:
         kernel = next(p for p in gw.parts if isinstance(p, KernelService))
-        for sub in (kernel._sub, kernel.state._batch._sub):
+        assert kernel.state.acks is kernel.eventlog.acks
+        for sub in (kernel._sub, kernel.state._batch._sub, kernel.eventlog.acks._sub):
             await asyncio.wait({sub._wait_for_msgs_task}, timeout=5)  # cancelled by deliver_inline
             assert sub._wait_for_msgs_task.done()
         results = await asyncio.gather(*(
@@ -197,3 +199,4 @@ async def test_the_kernels_batched_reads_and_requests_are_handed_over_inline(mak
                                                              session=f"s-{i}")}) for i in range(20)))
         assert all(isinstance(r, Permit) for r in results), results
         assert kernel._sub.pending_msgs == 0
+        assert not kernel.eventlog.acks._waiters

@@ -8,7 +8,7 @@ import nats.errors
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
-from pgwcore.pubbatch import ack_all, publish_many, publish_one
+from pgwcore.pubbatch import ack_all, publish_many, publish_one, publish_soon
 from tests.polling import until
 
 HEADERS = [
@@ -79,8 +79,10 @@ async def test_published_run_and_its_acks_reach_the_server(nc: Any) -> None:
     assert ci.ack_floor.stream_seq == 51
 
 
-async def test_publish_one_sends_the_bytes_nats_py_sends(nc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One message with a reply subject, with and without headers, is queued as exactly the bytes nats-py's publish queues."""
+@pytest.mark.parametrize("publish_one", [publish_one, publish_soon])
+async def test_publish_one_sends_the_bytes_nats_py_sends(nc: Any, monkeypatch: pytest.MonkeyPatch, publish_one: Any) -> None:
+    """One message with a reply subject, with and without headers, is queued as exactly the bytes nats-py's publish queues
+    (publish_one, and publish_soon, its variant written by a loop callback)."""
     sent = _record(nc, monkeypatch)
     for i, h in enumerate(HEADERS):
         await nc.publish(f"pb.one.{i}", b"payload" * (i + 1), reply=f"_INBOX.x.{i}", headers=h)
@@ -93,7 +95,8 @@ async def test_publish_one_sends_the_bytes_nats_py_sends(nc: Any, monkeypatch: p
     assert sent.pop() == theirs
 
 
-async def test_publish_one_refuses_what_nats_py_refuses(nc: Any) -> None:
+@pytest.mark.parametrize("publish_one", [publish_one, publish_soon])
+async def test_publish_one_refuses_what_nats_py_refuses(nc: Any, publish_one: Any) -> None:
     """A subject or reply with whitespace, a header key that is no token and an oversized payload are refused."""
     with pytest.raises(nats.errors.BadSubjectError):
         await publish_one(nc, "pb.bad subject", b"x")
@@ -103,3 +106,61 @@ async def test_publish_one_refuses_what_nats_py_refuses(nc: Any) -> None:
         await publish_one(nc, "pb.ok", b"x", {"Bad:Key": "v"}, "r")
     with pytest.raises(nats.errors.MaxPayloadError):
         await publish_one(nc, "pb.ok", b"x" * (nc.max_payload + 1), None, "r")
+
+
+def _writes(nc: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[bytes, Any]]:
+    """Each socket write of the connection: its bytes and the task that made it (None: a loop callback)."""
+    import asyncio
+
+    writes: list[tuple[bytes, Any]] = []
+    real = nc._transport.writelines
+
+    def writelines(payload: list[bytes]) -> None:
+        writes.append((b"".join(payload), asyncio.current_task()))
+        real(payload)
+
+    monkeypatch.setattr(nc._transport, "writelines", writelines)
+    return writes
+
+
+async def test_publish_soon_writes_what_one_turn_queued_at_once_in_order_without_the_flusher(
+    nc: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages queued by publish_soon in one turn, with a plain nc.publish between them, leave in one socket write, in
+    the order they were queued, made by a loop callback and not by nats-py's flusher task, and arrive in that order."""
+    got: list[bytes] = []
+
+    async def cb(m: Any) -> None:
+        got.append(m.data)
+
+    sub = await nc.subscribe("pb.soon.>", cb=cb)
+    await nc.flush()
+    writes = _writes(nc, monkeypatch)
+    await publish_soon(nc, "pb.soon.a", b"1", {"Nats-Msg-Id": "s1"}, "_INBOX.s.1")
+    await nc.publish("pb.soon.b", b"2")
+    await publish_soon(nc, "pb.soon.c", b"3")
+    await nc.flush()
+    first, task = writes[0]
+    assert task is None  # a loop callback's write, not the flusher task's
+    assert first.startswith(b"HPUB pb.soon.a _INBOX.s.1 ")
+    assert first.index(b"pb.soon.a") < first.index(b"PUB pb.soon.b") < first.index(b"PUB pb.soon.c")  # one write, in order
+
+    async def arrived() -> bool:
+        return len(got) == 3
+
+    await until(arrived, timeout=5, what="the three messages")
+    assert got == [b"1", b"2", b"3"]
+    await sub.unsubscribe()
+
+
+async def test_publish_soon_leaves_the_write_to_the_flusher_while_the_socket_holds_unsent_data(
+    nc: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the transport still holds unsent bytes (the socket is not keeping up), publish_soon does not write past
+    nats-py's flusher: the write is made by the flusher task, which waits for the drain as it does for nc.publish."""
+    writes = _writes(nc, monkeypatch)
+    monkeypatch.setattr(nc._transport._io_writer.transport, "get_write_buffer_size", lambda: 1)
+    await publish_soon(nc, "pb.soon.slow", b"x")
+    await nc.flush()
+    assert writes and all(task is nc._flusher_task for _, task in writes)
+    assert b"pb.soon.slow" in writes[0][0]

@@ -35,7 +35,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError
 
-from pgwcore.atomic import ERR_WRONG_LAST_SEQ, send_acked
+from pgwcore.atomic import ERR_WRONG_LAST_SEQ, AckInbox
 from pgwcore.keys import SigningKey
 from pgwcore.logs import get_logger
 from subjects import jcs
@@ -114,6 +114,9 @@ class EventLog:
         self._lock = asyncio.Lock()
         self._head: tuple[int, str] | None = None
         self.ack_timeout_s = 10.0
+        # The PubAcks' inbox: the connection's request inbox (send_acked) until its owner
+        # starts it (KernelService: one of the kernel's own, shared with its KernelState).
+        self.acks = AckInbox(nc)
 
     async def head(self) -> tuple[int, str]:
         """(last sequence, digest of the last event) as the server has it now."""
@@ -187,7 +190,7 @@ class EventLog:
                 if traceparent:
                     headers["traceparent"] = traceparent
                 # Sent now, in order on this connection; the ack is awaited outside the lock.
-                fut = await send_acked(self.nc, subject, data, headers, self.ack_timeout_s)
+                fut = await self.acks.send(subject, data, headers, self.ack_timeout_s)
                 # == ev.digest(), without canonicalizing twice
                 self._head = (prev_seq + 1, hashlib.sha256(data).hexdigest())
             try:

@@ -66,7 +66,7 @@ from pgwcore.keys import load_or_create
 from pgwcore.logs import get_logger
 from pgwcore.loop import gather_inline
 from pgwcore.metrics import LATENCY, REGISTRY
-from pgwcore.pubbatch import publish_one
+from pgwcore.pubbatch import publish_soon
 from subjects.errors import SubjectError
 from subjects.idp import (
     REASONING_BASIS_TYPES,
@@ -139,6 +139,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         self.policy = PolicyEngine(self.cfg.policy_dir)
         self.eventlog = EventLog(self.nc, self.subjects, self.key)
         self.state = KernelState(self.js)
+        self.state.acks = self.eventlog.acks  # one inbox of the kernel's own for both writers' PubAcks
         self.overdue = OverdueReports(self, self.cfg.report_deadline_s)
         self.revocations = Revocations(self)
         self.audit = AuditService(self)
@@ -159,6 +160,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         if not self.cfg.enabled:
             log.info("kernel disabled by configuration")
             return self
+        await self.eventlog.acks.start()  # the kernel's PubAcks handed over in the read loop (pgwcore.atomic)
         await self.state.open()
         await self.overdue.start()
         await self.revocations.start(QUEUE)
@@ -215,6 +217,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         await self.state.close()
         if self.cfg.enabled and not self.nc.is_closed:
             await self.checkpoints.close()  # the head at shutdown, anchored
+        await self.eventlog.acks.close()  # nothing of the kernel is in flight any more
 
     async def __aexit__(self, *exc: object) -> None:
         await self.drain()
@@ -261,7 +264,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             if msg.reply:
                 with contextlib.suppress(Exception):
                     # == msg.respond(...): the request's headers back, the same bytes (pgwcore.pubbatch)
-                    await publish_one(self.nc, msg.reply, msgspec.json.encode(result), msg.headers)
+                    await publish_soon(self.nc, msg.reply, msgspec.json.encode(result), msg.headers)
 
     async def handle_request(self, agent: str, data: bytes, *, traceparent: str | None = None) -> KernelResult:
         """One kernel.transition() call (spec 003 §5.1 step 4) -> its result."""

@@ -34,7 +34,7 @@ from msgspec import Struct, field
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 
-from pgwcore.atomic import ERR_WRONG_LAST_SEQ, publish_acked
+from pgwcore.atomic import ERR_WRONG_LAST_SEQ, AckInbox
 from pgwcore.kvread import BatchReader, enable_direct, get_last
 from pgwcore.logs import get_logger
 from pgwcore.streams import ensure_kv
@@ -196,6 +196,9 @@ class KernelState:
         self.kv: Any = None
         self._sessions: dict[str, tuple[SessionEntry, int]] = {}
         self._batch: BatchReader | None = None
+        # The PubAcks' inbox of the writes (``_write``): the connection's request inbox
+        # until the kernel hands it one of its own (pgwcore.atomic.AckInbox).
+        self.acks = AckInbox(js._nc)
 
     def _remember(self, s: SessionEntry, rev: int) -> None:
         key = session_key(s.agent, s.session_id)
@@ -289,12 +292,12 @@ class KernelState:
     # -- compare-and-set writes ----------------------------------------------
     async def _write(self, key: str, value: bytes, rev: int) -> int:
         """``kv.update(key, value, last=rev)`` (rev 0: the key must not exist) through
-        ``publish_acked`` (about two thirds of ``kv.update``'s client CPU): the same
+        ``publish_acked`` (about two thirds of ``kv.update``'s client CPU; through ``self.acks``): the same
         compare-and-set (``Nats-Expected-Last-Subject-Sequence``, checked by the server),
         the new revision, or ``KeyWrongLastSequenceError``."""
         try:
-            ack = await publish_acked(self.js._nc, f"$KV.{BUCKET}.{key}", value,
-                                      {"Nats-Expected-Last-Subject-Sequence": str(rev)}, self.js._timeout)
+            ack = await self.acks.publish(f"$KV.{BUCKET}.{key}", value,
+                                        {"Nats-Expected-Last-Subject-Sequence": str(rev)}, self.js._timeout)
         except APIError as e:
             if e.err_code != ERR_WRONG_LAST_SEQ:
                 raise
