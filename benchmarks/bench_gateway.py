@@ -15,7 +15,9 @@ the same driver with the same envelope bytes:
   is what the gateway's own code costs (throughput, CPU, messages, and
   ``PGW_BENCH_FLOOR_RUNS`` (1) latency windows at 500/s on both settings, and two
   floors sharing the work against one); the **minimal floor** (``floor-min``: a
-  claim and the contract's three streams), the least DESIGN's streams can cost;
+  claim and the contract's three streams), the least DESIGN's streams can cost,
+  measured only with ``PGW_BENCH_FLOOR_MIN=1`` (its figures are in the run log;
+  left out by default to keep ``make bench`` under five minutes);
   and the contract floor **with the two watches** every instance keeps
   (``floor-watch``: the squat watch's subscription and the moment-record watch,
   no logic), reported beside the floor: what the gateway's received messages
@@ -91,10 +93,12 @@ def _systems() -> tuple[System, System, System, System, System, System]:
 class Bench:
     """One server, its systems, and the measurements on it."""
 
-    def __init__(self, server: EmbeddedServer, root: Path, label: str) -> None:
+    def __init__(self, server: EmbeddedServer, root: Path, label: str, *, floor_min: bool | None = None) -> None:
         self.server = server
         self.root = root
         self.label = label
+        # The minimal floor only on request (PGW_BENCH_FLOOR_MIN=1; module docstring).
+        self.with_floor_min = env_int("PGW_BENCH_FLOOR_MIN", 0) > 0 if floor_min is None else floor_min
         self.gw, self.relay, self.relay_gc, self.floor, self.floor_min, self.floor_watch = _systems()
         self._variants = {self.relay.name: "plain", self.relay_gc.name: "group-commit", self.floor.name: "floor",
                           self.floor_min.name: "floor-min", self.floor_watch.name: "floor-watch"}
@@ -104,7 +108,7 @@ class Bench:
         await ensure_streams(self.nc.jetstream(), Config().subjects)
         await relay_mod.ensure_relay_streams(self.nc)
         self.drv = Driver(self.nc)
-        relays = [self.relay, self.floor, self.floor_min, self.floor_watch] + ([self.relay_gc] if group_commit_relay else [])
+        relays = [self.relay, self.floor, self.floor_watch, *self.floors_min()] + ([self.relay_gc] if group_commit_relay else [])
         systems = [self.gw, *relays]
         for s in systems:
             await self.drv.watch(s)
@@ -117,6 +121,10 @@ class Bench:
         progress(f"{self.label}: warm-up")
         for s in systems:
             await self.drv.throughput(s, 200)
+
+    def floors_min(self) -> list[System]:
+        """The minimal floor, if this bench measures it."""
+        return [self.floor_min] if self.with_floor_min else []
 
     async def close(self) -> None:
         for s in (self.gw, self.relay, self.relay_gc, self.floor, self.floor_min, self.floor_watch):
@@ -174,11 +182,11 @@ def _cpu_rows(tag: str, g: dict, r: dict) -> list[dict]:
     ]
 
 
-def _floor_rows(tag: str, g: dict, f: dict, r: dict, fmin: dict, fw: dict) -> list[dict]:
+def _floor_rows(tag: str, g: dict, f: dict, r: dict, fmin: dict | None, fw: dict) -> list[dict]:
     """The contract floor (benchmarks/relay.py ``floor``) against the relay and the gateway against it;
     the minimal floor (``floor-min``: a claim and the contract's three streams) against the relay; the
     contract floor with the two watches every instance keeps (``floor-watch``) against the floor, and
-    the gateway against it (reported: no target's floor)."""
+    the gateway against it (reported: no target's floor). ``fmin`` None: not measured, no rows."""
     return [
         row(f"{tag}contract floor with the two required watches (squat, moment records): CPU per envelope",
             fw["cpu"], f["cpu"], "ms CPU (ratio = floor-watch/floor: what receiving the watches' messages costs)"),
@@ -186,10 +194,11 @@ def _floor_rows(tag: str, g: dict, f: dict, r: dict, fmin: dict, fw: dict) -> li
             "ms CPU (ratio = gateway/floor-watch: the gateway's own code beyond every required message)"),
         row(f"{tag}contract floor with the two watches: messages received per envelope", fw["received"],
             f["received"], "msgs (floor-watch vs floor connection)", digits=2),
-        row(f"{tag}minimal floor (claim + surface, verdict, outcome; no logic): CPU per envelope", fmin["cpu"],
-            r["cpu"], "ms CPU (ratio = minimal floor/relay: the least DESIGN's streams can cost)"),
-        row(f"{tag}minimal floor: envelopes/s until acked", fmin["rate"], r["rate"],
-            "env/s (ratio = minimal floor/relay)", digits=1),
+        *([] if fmin is None else [
+            row(f"{tag}minimal floor (claim + surface, verdict, outcome; no logic): CPU per envelope", fmin["cpu"],
+                r["cpu"], "ms CPU (ratio = minimal floor/relay: the least DESIGN's streams can cost)"),
+            row(f"{tag}minimal floor: envelopes/s until acked", fmin["rate"], r["rate"],
+                "env/s (ratio = minimal floor/relay)", digits=1)]),
         row(f"{tag}contract floor (the gateway's writes, no logic): envelopes/s until acked", f["rate"], r["rate"],
             "env/s (ratio = floor/relay)", digits=1),
         row(f"{tag}contract floor: CPU per envelope (service process)", f["cpu"], r["cpu"],
@@ -210,14 +219,14 @@ async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: f
         try:
             await b.start()
             gw, rel, rgc = b.gw, b.relay, b.relay_gc
-            t = await b.best_of([rel, rgc, b.floor, b.floor_min, b.floor_watch, gw], n // 2)
+            t = await b.best_of([rel, rgc, b.floor, *b.floors_min(), b.floor_watch, gw], n // 2)
             g, r = t["gateway"], t["relay"]
             rows.append(row("gateway: envelopes/s until acked (closed loop, 256 in flight)", g["rate"], r["rate"],
                             "env/s (ratio = gateway/relay, target >= 0.5)", digits=1))
             rows.append(row("gateway: the same, vs the relay with the gateway's group commit", g["rate"],
                             t["relay-gc"]["rate"], "env/s (ratio = gateway/relay-gc)", digits=1))
             rows += _cpu_rows("", g, r)
-            rows += _floor_rows("", g, t["floor"], r, t["floor-min"], t["floor-watch"])
+            rows += _floor_rows("", g, t["floor"], r, t.get("floor-min"), t["floor-watch"])
             for kb in (16, 120):
                 k = max(100, n // (4 if kb == 16 else 10))
                 sz = await b.best_of([rel, b.floor, gw], k, rounds=1, kb=kb)
@@ -303,14 +312,14 @@ async def _on_default_interval(root: Path, n: int, lat_runs: int, rate_s: float)
         b = Bench(server, root / "default", "default sync")
         try:
             await b.start(group_commit_relay=False)
-            t = await b.best_of([b.relay, b.floor, b.floor_min, b.floor_watch, b.gw], n // 2)
+            t = await b.best_of([b.relay, b.floor, *b.floors_min(), b.floor_watch, b.gw], n // 2)
             latency = await _latency_rows(b, "default sync interval: ", lat_runs, rate_s)
         finally:
             await b.close()
     g, r = t["gateway"], t["relay"]
     return [row("gateway, server's default sync interval: envelopes/s until acked", g["rate"], r["rate"],
                 "env/s (ratio = gateway/relay, target >= 0.5)", digits=1),
-            *_cpu_rows("default sync interval: ", g, r), *_floor_rows("default sync interval: ", g, t["floor"], r, t["floor-min"],
+            *_cpu_rows("default sync interval: ", g, r), *_floor_rows("default sync interval: ", g, t["floor"], r, t.get("floor-min"),
                                                                           t["floor-watch"]),
             *latency]
 
@@ -329,7 +338,7 @@ async def _latency_rows(b: Bench, tag: str, lat_runs: int, rate_s: float) -> lis
     # The contract floor's windows (PGW_BENCH_FLOOR_RUNS, default 1) and the minimal floor's
     # (PGW_BENCH_FLOOR_MIN_RUNS, default 0: ten seconds each would take make bench past five minutes).
     for fs, what, runs in ((b.floor, "contract floor", env_int("PGW_BENCH_FLOOR_RUNS", 1)),
-                           (b.floor_min, "minimal floor", env_int("PGW_BENCH_FLOOR_MIN_RUNS", 0))):
+                           (b.floor_min, "minimal floor", env_int("PGW_BENCH_FLOOR_MIN_RUNS", 0) if b.with_floor_min else 0)):
         for i in range(runs):
             progress(f"{b.label}: {what} p99 at 500/s over {rate_s:g} s, run {i + 1}/{runs}")
             with b.meter(fs) as mf:

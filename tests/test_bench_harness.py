@@ -35,7 +35,7 @@ def test_moments_have_the_sizes_asked_for() -> None:
 
 
 async def test_the_harness_counts_until_acked_and_meters_messages(nats_server: EmbeddedServer, tmp_path: Path) -> None:
-    b = Bench(nats_server, tmp_path, "smoke")
+    b = Bench(nats_server, tmp_path, "smoke", floor_min=True)
     try:
         await b.start(group_commit_relay=False)
         relay = await b.run(b.relay, 30)
