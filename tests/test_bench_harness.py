@@ -22,7 +22,7 @@ from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
 from benchmarks.bench_gateway import Bench, _instances, _latency_rows
-from benchmarks.harness import connz, moment_of_kb
+from benchmarks.harness import System, connz, moment_of_kb
 from benchmarks.server_profile import decode, fetch_profile, free_port, report
 from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
@@ -49,32 +49,30 @@ async def test_the_harness_counts_until_acked_and_meters_messages(nats_server: E
         # settle, the moment record, the surface item, the verdict, the outcome; no agent index
         # entry any more (derived from the moment record's write, issue 32).
         js = b.drv.js
-        streams = {"KV_BENCH_FL_CLAIMS": 2, "KV_BENCH_FL_MOMENTS": 1,
-                   "BENCH_FL_SURFACE": 1, "BENCH_FL_VERDICTS": 1, "BENCH_FL_OUTBOUND": 1}
-        before = {name: (await js.stream_info(name)).state.last_seq for name in streams}
-        floor = await b.run(b.floor, 30)
-        for name, per_input in streams.items():
-            assert (await js.stream_info(name)).state.last_seq - before[name] == 30 * per_input, name
+
+        async def stores(system: System, per_input: dict[str, int], n: int = 30) -> dict:
+            """Run ``n`` inputs through ``system``; each stream named grew by its count per input."""
+            before = {name: (await js.stream_info(name)).state.last_seq for name in per_input}
+            got = await b.run(system, n)
+            for name, k in per_input.items():
+                assert (await js.stream_info(name)).state.last_seq - before[name] == n * k, name
+            return got
+
+        floor = await stores(b.floor, {"KV_BENCH_FL_CLAIMS": 2, "KV_BENCH_FL_MOMENTS": 1, "BENCH_FL_SURFACE": 1,
+                                       "BENCH_FL_VERDICTS": 1, "BENCH_FL_OUTBOUND": 1})
         assert floor["sent"] >= 7.0  # six writes and an ack
         with pytest.raises(NotFoundError):  # the index bucket is gone from the floor
             await js.stream_info("KV_BENCH_FL_INDEX")
         info = await js.consumer_info(b.floor.stream, b.floor.durable)
         assert info.num_ack_pending == 0 and info.num_pending == 0
         # The minimal floor: a claim and the contract's three streams, nothing else.
-        streams = {"KV_BENCH_FM_CLAIMS": 1, "BENCH_FM_SURFACE": 1, "BENCH_FM_VERDICTS": 1, "BENCH_FM_OUTBOUND": 1}
-        before = {name: (await js.stream_info(name)).state.last_seq for name in streams}
-        fmin = await b.run(b.floor_min, 30)
-        for name, per_input in streams.items():
-            assert (await js.stream_info(name)).state.last_seq - before[name] == 30 * per_input, name
+        fmin = await stores(b.floor_min, {"KV_BENCH_FM_CLAIMS": 1, "BENCH_FM_SURFACE": 1, "BENCH_FM_VERDICTS": 1,
+                                          "BENCH_FM_OUTBOUND": 1})
         assert fmin["sent"] >= 5.0  # four writes and an ack
         # The floor with the two watches: the floor's writes, a plain subscription to every agent's
         # envelope subject, and a consumer that followed every moment write.
-        streams = {"KV_BENCH_FW_CLAIMS": 2, "KV_BENCH_FW_MOMENTS": 1,
-                   "BENCH_FW_SURFACE": 1, "BENCH_FW_VERDICTS": 1, "BENCH_FW_OUTBOUND": 1}
-        before = {name: (await js.stream_info(name)).state.last_seq for name in streams}
-        fwatch = await b.run(b.floor_watch, 30)
-        for name, per_input in streams.items():
-            assert (await js.stream_info(name)).state.last_seq - before[name] == 30 * per_input, name
+        fwatch = await stores(b.floor_watch, {"KV_BENCH_FW_CLAIMS": 2, "KV_BENCH_FW_MOMENTS": 1, "BENCH_FW_SURFACE": 1,
+                                              "BENCH_FW_VERDICTS": 1, "BENCH_FW_OUTBOUND": 1})
         assert fwatch["sent"] >= 7.0
         moments = await js.stream_info("KV_BENCH_FW_MOMENTS")
         (watch,) = await js.consumers_info("KV_BENCH_FW_MOMENTS")

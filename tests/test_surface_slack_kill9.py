@@ -72,6 +72,19 @@ def secret_file(path: Path, value: str) -> str:
     return str(path)
 
 
+def slack_config(cfg_file: Path, tmp_path: Path, api_url: str) -> Callable[[int], None]:
+    """The function ``start_listening`` calls to write the surface's configuration for a port."""
+
+    def listen(port: int) -> None:
+        cfg_file.write_text(toml({"slack": {
+            "enabled": True, "api_url": api_url, "http_port": port,
+            "bot_token_file": secret_file(tmp_path / "bot", BOT_TOKEN),
+            "signing_secret_file": secret_file(tmp_path / "signing", SIGNING_SECRET),
+            "principals": {"alice": {"user": USER}}}}))
+
+    return listen
+
+
 async def test_kill9_mid_burst_every_moment_posted_once_every_answer_once(tmp_path, make_config, nats_server, nc) -> None:
     """Killed mid-burst and restarted, the Slack surface posts every moment exactly once (a post whose record was
     lost is found in the channel's history, not posted again), every answer given in Slack reaches the agent exactly
@@ -79,13 +92,7 @@ async def test_kill9_mid_burst_every_moment_posted_once_every_answer_once(tmp_pa
     async with slack_standin() as slack, aiohttp.ClientSession() as http:
         slack.post_delay_s = 0.05
         cfg_file = tmp_path / "slack.toml"
-
-        def listen(port: int) -> None:
-            cfg_file.write_text(toml({"slack": {
-                "enabled": True, "api_url": slack.url, "http_port": port,
-                "bot_token_file": secret_file(tmp_path / "bot", BOT_TOKEN),
-                "signing_secret_file": secret_file(tmp_path / "signing", SIGNING_SECRET),
-                "principals": {"alice": {"user": USER}}}}))
+        listen = slack_config(cfg_file, tmp_path, slack.url)
 
         proc = ServiceProc("surface-slack", nats_server.client_url, tmp_path / "slack-data", cfg_file)
         gw_nc = await connect(nats_server.client_url, name="gateway")
@@ -166,13 +173,7 @@ async def test_the_slack_surface_starts_on_a_new_port_when_its_port_was_taken(tm
     on a new port, where it answers, instead of waiting out its timeout."""
     async with slack_standin() as slack, aiohttp.ClientSession() as http:
         cfg_file = tmp_path / "slack.toml"
-
-        def listen(port: int) -> None:
-            cfg_file.write_text(toml({"slack": {
-                "enabled": True, "api_url": slack.url, "http_port": port,
-                "bot_token_file": secret_file(tmp_path / "bot", BOT_TOKEN),
-                "signing_secret_file": secret_file(tmp_path / "signing", SIGNING_SECRET),
-                "principals": {"alice": {"user": USER}}}}))
+        listen = slack_config(cfg_file, tmp_path, slack.url)
 
         proc = ServiceProc("surface-slack", nats_server.client_url, tmp_path / "slack-data", cfg_file)
         try:
