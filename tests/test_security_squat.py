@@ -135,9 +135,16 @@ async def test_own_retry_after_a_lost_puback_gets_one_outcome(tmp_path: Path, se
             x = uuid.uuid4().hex
             body = raw_envelope("p", x)
             first = await a.jetstream().publish(bed.config.subjects.envelope("a"), body, headers={"Nats-Msg-Id": f"a:{x}"})
-            await asyncio.sleep(0.4)  # past PGW_INBOUND's 100 ms window: the server stores it again
-            second = await a.jetstream().publish(bed.config.subjects.envelope("a"), body, headers={"Nats-Msg-Id": f"a:{x}"})
-            assert second.seq != first.seq and not second.duplicate, "the retry must reach the gateway for this test"
+
+            async def retry() -> Any:
+                """The retry, once PGW_INBOUND's 100 ms duplicate window has forgotten the id (the server stores
+                it again); until then the server drops it as a duplicate."""
+                ack = await a.jetstream().publish(bed.config.subjects.envelope("a"), body,
+                                                  headers={"Nats-Msg-Id": f"a:{x}"})
+                return None if ack.duplicate else ack
+
+            second = await until(retry, timeout=5, what="the retry stored past the duplicate window")
+            assert second.seq != first.seq, "the retry must reach the gateway for this test"
             outs = await outcomes_for(a, "a", x)
             assert [o.status for o in outs] == ["accepted"]
             await settled(bed, "a", 2)  # the first publish and the retry
