@@ -138,8 +138,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         # A bad policy file fails start-up here, with its name and line.
         self.policy = PolicyEngine(self.cfg.policy_dir)
         self.eventlog = EventLog(self.nc, self.subjects, self.key)
-        self.state = KernelState(self.js)
-        self.state.acks = self.eventlog.acks  # one inbox of the kernel's own for both writers' PubAcks
+        self.state = KernelState(self.js, self.eventlog.acks)  # one inbox of the kernel's own for both writers' PubAcks
         self.overdue = OverdueReports(self, self.cfg.report_deadline_s)
         self.revocations = Revocations(self)
         self.audit = AuditService(self)

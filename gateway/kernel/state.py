@@ -191,14 +191,14 @@ class KernelState:
     # every refusal is decided on a fresh read (``cached_session``).
     session_cache_size = 4096
 
-    def __init__(self, js: JetStreamContext) -> None:
+    def __init__(self, js: JetStreamContext, acks: AckInbox | None = None) -> None:
         self.js = js
         self.kv: Any = None
         self._sessions: dict[str, tuple[SessionEntry, int]] = {}
         self._batch: BatchReader | None = None
-        # The PubAcks' inbox of the writes (``_write``): the connection's request inbox
-        # until the kernel hands it one of its own (pgwcore.atomic.AckInbox).
-        self.acks = AckInbox(js._nc)
+        # The PubAcks' inbox of the writes (``_write``): the kernel's own (pgwcore.atomic.AckInbox,
+        # shared with its event log); without one, an unstarted inbox, i.e. the connection's request inbox.
+        self.acks = acks if acks is not None else AckInbox(js._nc)
 
     def _remember(self, s: SessionEntry, rev: int) -> None:
         key = session_key(s.agent, s.session_id)
