@@ -27,6 +27,7 @@ from tests.chaos.harness import (
     wait_services,
 )
 from tests.polling import until
+from tests.ports import held_port
 
 pytestmark = [pytest.mark.chaos]
 
@@ -78,25 +79,18 @@ async def start_cluster(root: Path, n: int = 3, *, configure: Callable[[Embedded
 async def test_a_cluster_port_taken_before_its_node_binds_it_gets_new_ports(tmp_path: Path, monkeypatch) -> None:
     """A route port that another process takes between free_port() and the node's start makes the
     cluster start again on new ports instead of failing the test."""
-    import socket
     import sys
 
-    squatter = socket.socket()
-    squatter.bind(("127.0.0.1", 0))
-    squatter.listen()
-    taken = squatter.getsockname()[1]
-    ports = iter([taken])
-    real = free_port
-    monkeypatch.setattr(sys.modules[__name__], "free_port", lambda: next(ports, None) or real())
-    try:
+    with held_port() as taken:
+        ports = iter([taken])
+        real = free_port
+        monkeypatch.setattr(sys.modules[__name__], "free_port", lambda: next(ports, None) or real())
         nodes = await start_cluster(tmp_path)
         try:
             assert taken not in [n.port for n in nodes] and (tmp_path / "retry1").is_dir()
         finally:
             for node in nodes:
                 await node.stop()
-    finally:
-        squatter.close()
 
 
 async def _restart(node: EmbeddedServer) -> None:
