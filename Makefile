@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # nats-server on port 0, so workers share nothing); TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: run test security chaos bench lint clean
+.PHONY: run test test-lowest security chaos bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,20 @@ test: $(STAMP)
 	-$(BIN)/python -m tests.mcp_peers
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
 
+# The suite on the lowest release of each runtime dependency pyproject.toml admits (.ci/lowest.py):
+# run it when a bound changes. Not part of `make test`, which gets the newest releases.
+LOWEST := .venv-lowest
+test-lowest:
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip packaging
+	$(LOWEST)/bin/python .ci/lowest.py > $(LOWEST)/constraints.txt
+	$(LOWEST)/bin/pip install --quiet -c $(LOWEST)/constraints.txt -e '.[test]'
+	$(LOWEST)/bin/pip list --format=freeze | grep -i -E "^($$(sed 's/[=;].*//' $(LOWEST)/constraints.txt | paste -sd'|'))=="
+	-sh tests/web/setup.sh
+	-sh tests/ops/setup.sh
+	-$(LOWEST)/bin/python -m tests.mcp_peers
+	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
+
 security: $(STAMP)
 	$(BIN)/python -m pytest -q -m security -p no:cacheprovider
 
@@ -42,4 +56,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) .pgw .pytest_cache
+	rm -rf $(VENV) $(LOWEST) .pgw .pytest_cache

@@ -214,7 +214,7 @@ def ref_cli(*args: str) -> dict[str, Any]:
 
 def pgw_verify_one(path: Path, tmp_path: Path) -> dict[str, Any]:
     """``pgw verify --json FILE`` (one statement or capsule file, so no store), as a user runs it."""
-    proc = subprocess.run([str(REPO / ".venv" / "bin" / "pgw"), "verify", "--json", str(path)],
+    proc = subprocess.run([str(Path(sys.executable).parent / "pgw"), "verify", "--json", str(path)],
                           capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("{")), None)
     assert line is not None, proc.stdout + proc.stderr

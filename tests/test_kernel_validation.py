@@ -10,7 +10,6 @@ from typing import Any
 
 import msgspec
 import pytest
-import structlog
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from gateway.kernel.mandate import MandateError, MandateVerifier, issue_mandate
@@ -28,6 +27,7 @@ from tests.kernel_support import (
     stored_verdicts,
     thin,
 )
+from tests.logcapture import capture_logs_with_context
 
 AGENT = "bot"
 
@@ -394,7 +394,7 @@ async def test_traceparent_is_on_the_request_log_lines(env: Env) -> None:
     rec = env.idp(1)
     body = {"mandate": env.token, "action": rec["requested_action"], "idp": rec}
     # merge_contextvars as configured in pgwcore.logs: the per-request context is bound there
-    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+    with capture_logs_with_context() as logs:
         msg = await env.nc.request(f"pgw.agent.{AGENT}.idp", msgspec.json.encode(body), timeout=10,
                                    headers={"traceparent": trace})
     assert b"PERMIT" in msg.data

@@ -6,7 +6,6 @@ import json
 
 import msgspec
 import pytest
-import structlog
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -17,6 +16,7 @@ from pgwcore import metrics
 from subjects.client import BINDING_MOMENT_KIND, envelope
 from subjects.wire import OptionChoice, ResolveRequest
 from tests.chaos.checker import read_stream
+from tests.logcapture import capture_logs_with_context
 from tests.moments import good_moment
 from tests.polling import until, until_drained
 
@@ -52,7 +52,7 @@ async def test_traceparent_is_on_the_log_lines_it_causes(nc, make_config) -> Non
     a resolve request's line carries the resolve request's own."""
     js = nc.jetstream()
     answer_trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+    with capture_logs_with_context() as logs:
         async with Gateway(make_config(), nc):
             expiring = _moment_env("t-expiring")
             expiring["payload"]["expires_in_s"] = 1

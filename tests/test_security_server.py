@@ -121,7 +121,9 @@ async def _handshake(url: str, origin: str | None) -> int:
     headers = {"Origin": origin} if origin else {}
     async with aiohttp.ClientSession() as http:
         try:
-            ws = await http.ws_connect(url, headers=headers, timeout=aiohttp.ClientWSTimeout(ws_close=WAIT))
+            # ClientWSTimeout from aiohttp 3.11; before it (pyproject admits 3.9.1) a float is the close timeout
+            timeout = aiohttp.ClientWSTimeout(ws_close=WAIT) if hasattr(aiohttp, "ClientWSTimeout") else WAIT
+            ws = await http.ws_connect(url, headers=headers, timeout=timeout)
         except aiohttp.WSServerHandshakeError as e:
             return e.status
         await ws.close()
