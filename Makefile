@@ -36,7 +36,7 @@ test-lowest:
 	$(LOWEST)/bin/python -m pip install --quiet --upgrade pip packaging
 	$(LOWEST)/bin/python .ci/lowest.py > $(LOWEST)/constraints.txt
 	$(LOWEST)/bin/pip install --quiet -c $(LOWEST)/constraints.txt -e '.[test]'
-	$(LOWEST)/bin/pip list --format=freeze | grep -i -E "^($$(sed 's/[=;].*//' $(LOWEST)/constraints.txt | paste -sd'|'))=="
+	$(LOWEST)/bin/pip list --format=freeze | grep -i -E "^($$(sed 's/[=;].*//; s/[-_]/[-_]/g' $(LOWEST)/constraints.txt | paste -sd'|'))=="
 	-sh tests/web/setup.sh
 	-sh tests/ops/setup.sh
 	-$(LOWEST)/bin/python -m tests.mcp_peers

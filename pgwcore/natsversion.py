@@ -19,6 +19,8 @@ checks that they agree).
 
 from __future__ import annotations
 
+import re
+
 SERIES = (2, 16)  # major, minor
 
 
@@ -27,12 +29,11 @@ class NatsVersionError(ImportError):
 
 
 def parse(version: str) -> tuple[int, int]:
-    """(major, minor) of a version string such as ``2.16.0`` or ``2.16.1rc1``."""
-    parts = version.split(".")
-    try:
-        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or "x")
-    except (IndexError, ValueError):
-        raise NatsVersionError(f"unreadable nats-py version {version!r}") from None
+    """(major, minor) of a version string such as ``2.16.0``, ``2.16.1rc1`` or ``2.17rc1``."""
+    got = re.match(r"(\d+)\.(\d+)", version)
+    if got is None:
+        raise NatsVersionError(f"unreadable nats-py version {version!r}")
+    return int(got[1]), int(got[2])
 
 
 def check(version: str | None = None) -> None:

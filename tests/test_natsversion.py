@@ -37,13 +37,13 @@ def test_the_installed_nats_py_is_of_the_series() -> None:
     assert __version__ in _nats_requirement().specifier
 
 
-@pytest.mark.parametrize("version", ["2.15.0", "2.9.1", "2.17.0", "3.0.0"])
+@pytest.mark.parametrize("version", ["2.15.0", "2.9.1", "2.17.0", "2.161.0", "2.1rc6", "3.0.0"])
 def test_another_series_is_refused_by_name(version: str) -> None:
     with pytest.raises(natsversion.NatsVersionError, match=rf"needs nats-py 2\.16\.x and found {version}"):
         natsversion.check(version)
 
 
-@pytest.mark.parametrize("version", ["2.16.0", "2.16.3", "2.16.1rc1"])
+@pytest.mark.parametrize("version", ["2.16.0", "2.16.3", "2.16.1rc1", "2.16rc1"])
 def test_a_release_of_the_series_passes(version: str) -> None:
     natsversion.check(version)
 
