@@ -10,6 +10,7 @@ and records what it observed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -85,6 +86,36 @@ async def _act_patched(genv: Any, action: str, arguments: dict[str, Any], *, rea
         if reached is not None:
             await asyncio.wait_for(reached.wait(), 10)
         return r
+
+
+class _Awaited(asyncio.Future):
+    """Stands for a tail still being written, and says when something waits for it (``asyncio.wait``
+    adds a done callback to what it waits for)."""
+
+    def __init__(self, found: asyncio.Event) -> None:
+        super().__init__()
+        self.found = found
+
+    def add_done_callback(self, fn: Any, *, context: Any = None) -> None:
+        self.found.set()
+        super().add_done_callback(fn, context=context)
+
+
+class _TailLookups(dict):
+    """The kernel's tails by session (``_gate_tails``, gateway/kernel/gate.py), handing out for a tail still
+    being written an :class:`_Awaited` that ends with it: ``found`` is set once an act waits for it."""
+
+    def __init__(self, found: asyncio.Event, tails: dict[Any, asyncio.Task[None]]) -> None:
+        super().__init__(tails)
+        self.found = found
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        tail = super().get(key, default)
+        if tail is None or tail.done():
+            return tail  # (the tail's own clean-up looks itself up once done: the task as stored)
+        awaited = _Awaited(self.found)
+        tail.add_done_callback(lambda _t: awaited.done() or awaited.set_result(None))
+        return awaited
 
 
 def kernel(env: Any) -> Any:
@@ -553,26 +584,31 @@ async def test_the_answer_comes_before_the_tail_and_the_sessions_next_step_waits
     session's next act is taken only after that record is in the log (spec 003 §5.1 (6), §5.5)."""
     k = kernel(genv)
     append = k.eventlog.append
+    waited_on = asyncio.Event()
 
-    async def slow_verification(event_type: str, body: Any, **kw: Any) -> Any:
+    async def held_verification(event_type: str, body: Any, **kw: Any) -> Any:
         if event_type == "IDP_COMMITMENT_VERIFIED":
-            await asyncio.sleep(0.5)  # a slow tail: the next step must not overtake it
+            # The tail is held until the session's next act waits for it (_TailLookups). An act that
+            # does not wait runs ahead of it, and the order asserted below fails.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waited_on.wait(), 10)
         return await append(event_type, body, **kw)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(k.eventlog, "append", slow_verification)
+        mp.setattr(k.eventlog, "append", held_verification)
+        mp.setattr(k, "_gate_tails", _TailLookups(waited_on, k._gate_tails))
         r1 = await genv.act("WriteNote", {"name": "one", "text": "1"})
         assert isinstance(r1, ActDone) and r1.status == "confirmed"
         assert await _events(genv.js, "STATE_TRANSITIONED", r1.idp_id)
         assert await _events(genv.js, "IDP_COMMITMENT_VERIFIED", r1.idp_id) == []  # answered first
         r2 = await genv.act("WriteNote", {"name": "two", "text": "2"})
         assert isinstance(r2, ActDone) and r2.status == "confirmed"
-    v1 = await until(lambda: _seq_of(genv.js, "IDP_COMMITMENT_VERIFIED", r1.idp_id), timeout=10, what="r1's record")
-    s2 = await until(lambda: _seq_of(genv.js, "IDP_SUBMITTED", r2.idp_id), timeout=10, what="r2's declaration")
-    assert v1 < s2, (v1, s2)
-    got = await until(lambda: k.state.idp(genv.so, r1.idp_id), timeout=10, what="r1's index entry")
-    assert got[0].status == "transitioned" and got[0].verification_seq == v1 and got[0].transition_seq == r1.event_seq
-    await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == r2.idp_id)
+        v1 = await until(lambda: _seq_of(genv.js, "IDP_COMMITMENT_VERIFIED", r1.idp_id), timeout=10, what="r1's record")
+        s2 = await until(lambda: _seq_of(genv.js, "IDP_SUBMITTED", r2.idp_id), timeout=10, what="r2's declaration")
+        assert v1 < s2, (v1, s2)
+        got = await until(lambda: k.state.idp(genv.so, r1.idp_id), timeout=10, what="r1's index entry")
+        assert got[0].status == "transitioned" and got[0].verification_seq == v1 and got[0].transition_seq == r1.event_seq
+        await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == r2.idp_id)
 
 
 async def test_a_crash_after_the_answer_leaves_the_tail_to_the_sweep(genv: GateEnv) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -16,21 +17,22 @@ PGW = str(Path(sys.executable).parent / "pgw")
 
 
 def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 30.0) -> tuple[str, re.Match]:
-    """Read the child's stdout until ``pattern`` matches (the banner is printed to stdout)."""
+    """Read the child's stdout until ``pattern`` matches (the banner is printed to stdout): each read
+    waits for output (``select``), and the child closing its stdout ends the wait."""
     buf = ""
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
-    os.set_blocking(proc.stdout.fileno(), False)
-    while time.monotonic() < deadline:
-        chunk = proc.stdout.read()
-        if chunk:
-            buf += chunk.decode(errors="replace")
-            m = re.search(pattern, buf)
-            if m:
-                return buf, m
-        elif proc.poll() is not None:
-            break
-        time.sleep(0.05)
+    fd = proc.stdout.fileno()
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([fd], [], [], left)[0]:
+            break  # the time is up
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break  # the child closed its stdout: it ended
+        buf += chunk.decode(errors="replace")
+        m = re.search(pattern, buf)
+        if m:
+            return buf, m
     raise AssertionError(f"pattern {pattern!r} not seen; output so far:\n{buf}")
 
 

@@ -37,6 +37,7 @@ from tests.test_capsule_signer import signer_keys, stream_items
 pytestmark = [pytest.mark.chaos]
 
 ACTIONS = env_int("PGW_CHAOS_GATE_ACTIONS", 500)  # the issue: "during 500 gated actions"
+IN_FLIGHT = 8  # actions the executor holds when the gateway is killed (of the 32 sent at a time)
 AGENT = "chaos"
 
 
@@ -64,13 +65,15 @@ async def test_gateway_kill9_during_gated_actions(tmp_path: Path, nats_server: E
     ids = [msgspec.json.decode(b)["idp"]["idp_id"] for b in bodies]
     answered: dict[int, Any] = {}
     errors: list[str] = []
+    killed = asyncio.Event()
 
     async with Executor(nc, "notes") as ex:
 
         @ex.action("WriteNote")
         async def write(args: dict[str, Any], req: Any) -> Any:
             runs[req.idempotency_key] += 1
-            await asyncio.sleep(0.01)  # the action's own work: keeps some in flight at the kill
+            if sum(runs.values()) > ACTIONS // 3:
+                await killed.wait()  # in flight at the kill: the gateway dies waiting for these answers
             return {"n": args["n"]}
 
         async def send(i: int, sem: asyncio.Semaphore) -> None:
@@ -97,14 +100,15 @@ async def test_gateway_kill9_during_gated_actions(tmp_path: Path, nats_server: E
             sem = asyncio.Semaphore(32)
             burst = asyncio.gather(*(send(i, sem) for i in range(ACTIONS)))
 
-            async def midway() -> bool:
-                return sum(runs.values()) >= ACTIONS // 3
+            async def midway() -> bool:  # a third run, and the next IN_FLIGHT waiting at the executor
+                return sum(runs.values()) >= ACTIONS // 3 + IN_FLIGHT
 
             await until(midway, timeout=120, interval=0.01,
                         what=lambda: f"a third of the actions run (answers: {list(answered.values())[:3]}; errors {errors[:3]}; "
                                      f"gateway log: {gw.log_tail()[-1500:]})")
             gw.kill9()
             await gw.wait_dead()
+            killed.set()
             killed_at = sum(runs.values())
             await burst
             await gw.start()
