@@ -13,6 +13,7 @@ import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 
 def lowest(pyproject: Path) -> list[str]:
@@ -23,7 +24,7 @@ def lowest(pyproject: Path) -> list[str]:
         if not floors:
             continue  # no lower bound (or a wildcard pin such as pycose==1.1.*): the resolver's choice
         marker = f"; {req.marker}" if req.marker else ""
-        out.append(f"{req.name}=={max(floors, key=lambda v: tuple(int(p) for p in v.split('.')))}{marker}")
+        out.append(f"{req.name}=={max(floors, key=Version)}{marker}")
     return out
 
 

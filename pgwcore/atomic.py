@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +27,7 @@ import msgspec
 import nats.errors
 from nats.js.errors import APIError, NoStreamResponseError
 
-from pgwcore.delivery import subscribe_inline
+from pgwcore.delivery import ReplyInbox
 from pgwcore.logs import get_logger
 from pgwcore.pubbatch import publish_many, publish_one, publish_soon
 
@@ -252,35 +251,28 @@ class AckInbox:
 
     The same answers, errors and deadlines as ``send_acked`` (``_answer``; nats' ``TimeoutError``
     after ``timeout``, the deadlines kept by one timer, :class:`Deadlines`); the reply subject is
-    ``{inbox}.{token}``, an inbox of the same form as the request inbox's (``_INBOX.<nuid>``),
-    made by ``nc.new_inbox()`` as ``kvread.BatchReader``'s is. A caller that stops waiting (its
+    ``{inbox}.{token}``, an inbox of the same form as the request inbox's (``_INBOX.<nuid>``;
+    :class:`pgwcore.delivery.ReplyInbox`, as ``kvread.BatchReader``'s). A caller that stops waiting (its
     future cancelled) leaves its waiter until the reply or the deadline. Before :meth:`start`
     and after :meth:`close`, :meth:`send` is ``send_acked`` itself.
     """
 
     def __init__(self, nc: Client) -> None:
         self.nc = nc
-        self._sub: Any = None
-        self._inbox = ""
-        self._cut = 0
+        self._replies = ReplyInbox(nc, self._on_reply)
         self._waiters: dict[str, asyncio.Future[Ack]] = {}
         self._deadlines = Deadlines(self._waiters, self._expire)
 
     async def start(self) -> None:
-        self._inbox = self.nc.new_inbox()
-        self._cut = len(self._inbox) + 1
-        self._sub = await subscribe_inline(self.nc, self._inbox + ".*", self._on_msg)
+        await self._replies.start()
 
     async def close(self) -> None:
         """Unsubscribe; later sends go through ``send_acked``. A write still waiting meets its
         deadline (call it once nothing of this writer is in flight)."""
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        await self._replies.close()
 
-    def _on_msg(self, msg: Any) -> None:
-        out = self._waiters.pop(msg.subject[self._cut:], None)
+    def _on_reply(self, token: str, msg: Any) -> None:
+        out = self._waiters.pop(token, None)
         if out is not None and not out.done():  # None: timed out meanwhile, or not ours; done: cancelled
             _answer(msg, out)
 
@@ -292,7 +284,7 @@ class AckInbox:
     async def send(self, subject: str, payload: bytes, headers: Mapping[str, str],
                    timeout: float) -> asyncio.Future[Ack]:
         """``send_acked(nc, subject, payload, headers, timeout)``, the PubAck on this inbox."""
-        if self._sub is None:
+        if not self._replies.started:
             return await send_acked(self.nc, subject, payload, headers, timeout)
         token = reply_token()
         loop = asyncio.get_running_loop()
@@ -301,7 +293,7 @@ class AckInbox:
         self._deadlines.add(loop, token, timeout)
         try:
             # nc.publish's bytes and refusals, the write kicked by a loop callback (pgwcore.pubbatch)
-            await publish_soon(self.nc, subject, payload, headers, self._inbox + "." + token)
+            await publish_soon(self.nc, subject, payload, headers, self._replies.prefix + token)
         except BaseException:
             self._waiters.pop(token, None)  # its deadline is forgotten with it
             raise

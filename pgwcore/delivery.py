@@ -17,6 +17,7 @@ handled as usual (nats-py hands a callback's error to ``error_cb``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -76,3 +77,32 @@ async def subscribe_inline(nc: Any, subject: str, handle: Callable[[Msg], None],
     sub = await nc.subscribe(subject, queue=queue, cb=cb)
     deliver_inline(sub, handle)
     return sub
+
+
+class ReplyInbox:
+    """An inbox of one writer's own on the connection (``{inbox}.{token}``, made by ``nc.new_inbox()``,
+    of the request inbox's form and permission), each reply handed to ``handle(token, msg)`` as the
+    read loop parses it (:func:`deliver_inline`). Shared by the kernel's PubAck inbox
+    (``pgwcore.atomic.AckInbox``) and its batched reads (``pgwcore.kvread.BatchReader``), which keep
+    their own waiters by token."""
+
+    def __init__(self, nc: Any, handle: Callable[[str, Msg], None]) -> None:
+        self.nc = nc
+        self._handle = handle
+        self.prefix = ""  # "{inbox}." once started: a reply subject is prefix + token
+        self.sub: Any = None
+
+    @property
+    def started(self) -> bool:
+        return self.sub is not None
+
+    async def start(self) -> None:
+        self.prefix = self.nc.new_inbox() + "."
+        cut, handle = len(self.prefix), self._handle
+        self.sub = await subscribe_inline(self.nc, self.prefix + "*", lambda msg: handle(msg.subject[cut:], msg))
+
+    async def close(self) -> None:
+        sub, self.sub = self.sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):  # closing anyway
+                await sub.unsubscribe()

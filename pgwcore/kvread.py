@@ -24,7 +24,7 @@ from nats.aio.client import Client
 from nats.js.errors import APIError
 
 from pgwcore.atomic import Deadlines, reply_token
-from pgwcore.delivery import subscribe_inline
+from pgwcore.delivery import ReplyInbox
 from pgwcore.pubbatch import publish_soon
 
 ERR_NO_MESSAGE = 10037  # JSNoMessageFoundErr
@@ -137,8 +137,7 @@ class BatchReader:
         self.subject = f"{api_prefix}.DIRECT.GET.KV_{bucket}"
         self.pre = f"$KV.{bucket}."
         self.timeout = timeout
-        self._inbox = ""
-        self._sub: Any = None
+        self._replies = ReplyInbox(nc, self._on_reply)  # each reply handled as it is read
         self._pending: dict[str, _Batch] = {}
         self._deadlines = Deadlines(self._pending, self._expire)
 
@@ -148,20 +147,13 @@ class BatchReader:
             _expire(b.fut)
 
     async def start(self) -> None:
-        self._inbox = self.nc.new_inbox()
-        # Each reply handled as it is read (pgwcore.delivery).
-        self._sub = await subscribe_inline(self.nc, self._inbox + ".*", self._on_msg)
+        await self._replies.start()
 
     async def close(self) -> None:
-        if self._sub is not None:
-            import contextlib
+        await self._replies.close()
 
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
-
-    def _on_msg(self, msg: Any) -> None:
-        b = self._pending.get(msg.subject[len(self._inbox) + 1:])
+    def _on_reply(self, token: str, msg: Any) -> None:
+        b = self._pending.get(token)
         if b is None or b.fut.done():
             return
         h = msg.headers or {}
@@ -191,7 +183,7 @@ class BatchReader:
             # nc.publish's bytes and refusals, the write kicked by a loop callback (pgwcore.pubbatch)
             await publish_soon(
                 self.nc, self.subject, _enc.encode({"multi_last": [self.pre + k for k in keys], "batch": len(keys)}),
-                None, f"{self._inbox}.{token}",
+                None, self._replies.prefix + token,
             )
             found = await fut
         finally:

@@ -159,7 +159,7 @@ async def test_ack_inbox_answers_as_send_acked_does_on_an_inbox_of_its_own(nats_
         assert (await acks.publish("at11.a", b"after", {}, 5)).seq == 5  # the cancelled one was stored (4) meanwhile
         assert fut.cancelled() and not acks._waiters
         assert nc._resp_sub_prefix is None and not nc._resp_map  # nothing went through the request inbox
-        assert acks._sub._wait_for_msgs_task.done()  # handed over in the read loop (pgwcore.delivery)
+        assert acks._replies.sub._wait_for_msgs_task.done()  # handed over in the read loop (pgwcore.delivery)
         await acks.close()
         assert (await acks.publish("at11.a", b"closed", {}, 5)).seq == 6
         assert nc._resp_sub_prefix is not None  # send_acked's request inbox, once closed

@@ -191,7 +191,7 @@ async def test_the_kernels_batched_reads_and_requests_are_handed_over_inline(mak
     async with running_gateway(kernel_config(make_config, issuer, policy_dir(tmp_path)), nc) as gw:
         kernel = next(p for p in gw.parts if isinstance(p, KernelService))
         assert kernel.state.acks is kernel.eventlog.acks
-        for sub in (kernel._sub, kernel.state._batch._sub, kernel.eventlog.acks._sub):
+        for sub in (kernel._sub, kernel.state._batch._replies.sub, kernel.eventlog.acks._replies.sub):
             await asyncio.wait({sub._wait_for_msgs_task}, timeout=5)  # cancelled by deliver_inline
             assert sub._wait_for_msgs_task.done()
         results = await asyncio.gather(*(

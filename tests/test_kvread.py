@@ -70,10 +70,10 @@ async def test_batch_reader_times_out_and_forgets_a_read_nobody_answers(nc: Any)
 
     answered = asyncio.Event()
 
-    def deaf(_msg: Any) -> None:  # the answers are dropped, as if lost
+    def deaf(_token: str, _msg: Any) -> None:  # the answers are dropped, as if lost
         answered.set()
 
-    reader._on_msg = deaf  # type: ignore[method-assign]
+    reader._replies._handle = deaf
     await reader.start()
     try:
         with pytest.raises(nats.errors.TimeoutError):
