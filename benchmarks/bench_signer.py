@@ -137,15 +137,10 @@ def _inprocess(verdicts: list[Verdict], key: SigningKey) -> float:
 
 
 def _cpu_of(pids: list[int]) -> float:
-    """CPU seconds (user + system) the processes ``pids`` have used so far; 0 where /proc is missing."""
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    """CPU seconds (user + system) the processes ``pids`` have used so far; 0 for one that is gone."""
+    from benchmarks.harness import cpu_s
+
+    return sum(cpu_s(pid) for pid in pids)
 
 
 async def _through_signer(verdicts: list[Verdict], tmp: Path, workers: int | str = "auto",

@@ -2,7 +2,7 @@
 
 Noise-robust figures first: on a shared machine wall-clock throughput moves
 with other tenants' load, but the CPU seconds a process spent per envelope
-(``/proc/<pid>/stat``) and the messages its connection exchanged with the
+(its CPU-time clock, ``cpu_s``) and the messages its connection exchanged with the
 server per envelope (the server's ``/connz``) do not.
 
 Throughput is counted when the inbound message is **acked** (everything it
@@ -13,6 +13,7 @@ floor has passed the last envelope's stream sequence.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
 import signal
@@ -87,8 +88,32 @@ def moment_of_kb(kb: int) -> dict:
 # -- processes ---------------------------------------------------------------
 
 
+def _process_clock(pid: int) -> int | None:
+    """The clock id of process ``pid``'s CPU time (clock_getcpuclockid(3)); None where libc has none."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        clock = ctypes.c_int()
+        if libc.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return clock.value
+
+
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
+    """User + system CPU seconds of process ``pid`` so far, to the nanosecond where the OS has it.
+
+    Read from the process's CPU-time clock (every thread, the exited ones included), not from
+    ``/proc/<pid>/stat``, which counts in clock ticks of 10 ms: on a round of 1,000 envelopes at
+    0.2 ms each, the two readings' truncation alone moved a CPU-per-envelope figure by up to
+    10 % (issue 32). ``/proc`` is the fallback; 0.0 for a process that is gone.
+    """
+    clock = _process_clock(pid)
+    if clock is not None:
+        try:
+            return time.clock_gettime_ns(clock) / 1e9
+        except OSError:
+            pass  # gone, or the clock unreadable: /proc says which
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()

@@ -7,13 +7,17 @@ the records it stands for; the sized moments
 pass the gateway's grammar at 1, 16 and 120 KB (else the bench would measure
 refusals); envelopes from new agents add no consumer to PGW_OUTBOUND; and the
 latency windows report percentiles and the CPU the machine and each process
-used meanwhile; and nats-server's own CPU profile decodes.
+used meanwhile; and nats-server's own CPU profile decodes. The CPU meter
+reads another process's CPU as that process reads its own, finer than the
+10 ms ticks of ``/proc/<pid>/stat``, exited threads included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import nats.errors
@@ -22,10 +26,38 @@ from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
 from benchmarks.bench_gateway import Bench, _instances, _latency_rows
-from benchmarks.harness import System, connz, moment_of_kb
+from benchmarks.harness import System, connz, cpu_s, moment_of_kb
 from benchmarks.server_profile import decode, fetch_profile, free_port, report
 from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
+
+# A child that burns CPU in a thread that then exits, then in its main thread up to an odd
+# amount (not a whole tick), prints its own CPU time and waits for its stdin to close.
+_BURNER = """
+import sys, threading, time
+t = threading.Thread(target=lambda: sum(range(3_000_000)))
+t.start(); t.join()
+while time.process_time() < 0.2037:
+    pass
+print(time.process_time_ns(), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_cpu_meter_reads_another_process_to_below_a_tick() -> None:
+    child = subprocess.Popen([sys.executable, "-c", _BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None
+        own = int(child.stdout.readline()) / 1e9
+        seen = cpu_s(child.pid)
+        # The child's own clock, read just before it blocked, and ours, read after: the same
+        # CPU time (its exited thread included) within the little it spent printing and blocking.
+        assert own <= seen < own + 0.005, (own, seen)
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait()
+    assert cpu_s(child.pid) == 0.0  # reaped: nothing to read
 
 
 def test_moments_have_the_sizes_asked_for() -> None:
