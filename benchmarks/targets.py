@@ -210,6 +210,8 @@ IDP_KERNEL = "idp ceiling: highest offered rate with p99 <= 10 ms (kernel vs bar
 IDP_FLOOR = "idp ceiling: the contract floor (the kernel's reads and writes, no logic) vs bare responder"
 IDP_KERNEL_CPU = r"idp kernel: CPU per request @ (?P<rate>\d+)/s \(vs bare responder\)"
 IDP_FLOOR_CPU = r"idp contract floor: CPU per request @ (?P<rate>\d+)/s \(vs bare responder\)"
+# The same at one fixed rate whenever the kernel and its floor both kept up with it (bench_idp.FIXED_RATE_ROW).
+IDP_KERNEL_CPU_FIXED = "idp kernel: CPU per request @ {rate}/s, p99 aside (vs the contract floor at the same rate)"
 # bench_signer.py
 SIGNER_RATIO = "signer: end to end / raw format-4 loop"
 SIGNER_VS_RAW4 = "signer: capsules/s end to end, vs a raw format-4 loop (two signatures, the signer's own JCS)"
@@ -342,6 +344,19 @@ def idp_kernel_cpu(limit_ms: float = 1.0) -> Callable[[Rows], Judged]:
     return judge
 
 
+def idp_kernel_cpu_fixed(rate: int = 500) -> Callable[[Rows], Judged]:
+    """The kernel's CPU per request at ``rate``, beside its contract floor's at the same rate (report)."""
+    name = IDP_KERNEL_CPU_FIXED.format(rate=rate)
+
+    def judge(rows: Rows) -> Judged:
+        v, b, r = rows.get(name), rows.get(name, "baseline"), rows.ratio(name)
+        if v is None or b is None or r is None:
+            return _missing(name, f"IDP contract floor at {rate}/s")
+        return Judged(f"{_n(v, 'ms')} ({r:.2f}x its floor)", f"IDP contract floor {_n(b, 'ms')} at {rate}/s", REPORT)
+
+    return judge
+
+
 def signer(limit: float = 0.7) -> Callable[[Rows], Judged]:
     """The signer end to end >= ``limit`` x the raw format-4 loop, from ``signer: end to end / raw
     format-4 loop`` when a module prints it, else from the end-to-end row against that loop."""
@@ -466,6 +481,8 @@ TARGETS: list[Target] = [
            p99_against_floor()),
     Target("IDP ceiling (p99 <= 10 ms) >= 0.9x IDP contract floor", "issue 32, decision 4", idp_ceiling()),
     Target("IDP kernel: gateway CPU per request <= 1.0 ms", "issue 32, decision 4", idp_kernel_cpu()),
+    Target("IDP kernel: gateway CPU per request at 500/s, p99 aside (report)", "issue 32, decision 4",
+           idp_kernel_cpu_fixed()),
     Target("signer end to end >= 0.7x raw format-4 loop", "issue 32, decision 5", signer()),
     Target("2 gateway instances / 1, CPU per envelope (report)", "issue 32, decision 6", instances),
     *_gate_targets(),
