@@ -227,7 +227,7 @@ def run() -> list[dict]:
          "value": round((cpu["signer"] + cpu["workers"]) * 1e6, 1), "baseline": round(raw4_cpu * 1e6, 1),
          "ratio": round((cpu["signer"] + cpu["workers"]) / raw4_cpu, 3),
          "unit": f"us CPU per capsule (signer process {cpu['signer'] * 1e6:.0f}, workers "
-                 f"{cpu['workers'] * 1e6:.0f}; workers read from /proc, 0 where it is missing)"},
+                 f"{cpu['workers'] * 1e6:.0f}; each worker from its CPU-time clock, 0 where one is gone)"},
         # The floor of the target row: a format-4 signer with nothing but draft -05's two signatures
         # ({#envelope}, {#registration}) and no NATS at all, on one core, reaches this ratio at most.
         row("raw format-4 loop (the draft's two signatures, no NATS) vs raw with the signer's own JCS",
