@@ -1,9 +1,11 @@
 """What every benchmark shares: processes, their CPU and messages, the driver, progress (issue 18).
 
 Noise-robust figures first: on a shared machine wall-clock throughput moves
-with other tenants' load, but the CPU seconds a process spent per envelope
-(its CPU-time clock, ``cpu_s``) and the messages its connection exchanged with the
-server per envelope (the server's ``/connz``) do not.
+with other tenants' load; the CPU seconds a process spent per envelope (its
+CPU-time clock, ``cpu_s``) move much less (contention for the physical cores
+still shows as more CPU time for the same work), and the messages its
+connection exchanged with the server per envelope (the server's ``/connz``)
+do not move at all.
 
 Throughput is counted when the inbound message is **acked** (everything it
 caused is stored): the driver publishes, then waits until the consumer's ack
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import json
 import os
 import signal
@@ -88,15 +91,23 @@ def moment_of_kb(kb: int) -> dict:
 # -- processes ---------------------------------------------------------------
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
 def _process_clock(pid: int) -> int | None:
     """The clock id of process ``pid``'s CPU time (clock_getcpuclockid(3)); None where libc has none."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        clock = ctypes.c_int()
-        if libc.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
-            return None
-    except (OSError, AttributeError):
+    libc = _libc()
+    getter = getattr(libc, "clock_getcpuclockid", None) if libc is not None else None
+    if getter is None:
         return None
+    clock = ctypes.c_int()
+    if getter(pid, ctypes.byref(clock)) != 0:
+        return None  # no such process (ESRCH), or not allowed
     return clock.value
 
 
