@@ -22,7 +22,9 @@ stops at the first rate it fails.
 - **contract floor** (``_floor_main``): a responder on ``bench.idpfloor`` that
   does only the kernel's reads and synced writes for a PERMIT of a new session,
   in the kernel's rounds and through its primitives (``BatchReader``,
-  ``publish_acked``): the batched read of the index entry, report key and
+  ``AckInbox``), each request handed over inline and served by a task of its
+  own as the kernel serves them (until 2026-11-28 the floor served one request
+  at a time): the batched read of the index entry, report key and
   session; then together the session compare-and-set, the ``IDP_SUBMITTED``
   append and the report key (spec 003 §5.2(f), §5.3); then together the index
   entry and the ``CEDAR_PERMIT_RECORDED`` append; then the reply. No
@@ -194,12 +196,14 @@ def _subject(name: str) -> str:
     return "bench.idpfloor" + (name.removeprefix("floor").lstrip("-") if name in FLOORS else f".{name}")
 
 
-async def _floor_main(url: str, name: str = "floor", shape: str | None = None) -> None:
+async def _floor_main(url: str, name: str = "floor", shape: str | None = None,
+                      stop: asyncio.Event | None = None) -> None:
     """One IDP floor (``FLOORS[name]``, or ``shape``), in its own process (module docstring)."""
     from nats.js.api import StorageType, StreamConfig
 
-    from pgwcore.atomic import enable_atomic, publish_acked
+    from pgwcore.atomic import AckInbox, enable_atomic, publish_acked
     from pgwcore.connect import connect
+    from pgwcore.delivery import subscribe_inline
     from pgwcore.kvread import BatchReader, enable_direct
     from pgwcore.publish import GroupCommit, KvWriter
     from pgwcore.streams import ensure_kv, ensure_stream
@@ -214,6 +218,8 @@ async def _floor_main(url: str, name: str = "floor", shape: str | None = None) -
                                          duplicate_window=3600.0))
     reader = BatchReader(nc, "$JS.API", FLOOR_BUCKET, 10.0)
     await reader.start()
+    acks = AckInbox(nc)  # the kernel's PubAck inbox (gateway.kernel.state, .eventlog)
+    await acks.start()
     kv_writer = log_gc = None
     if group:
         if not (await enable_atomic(js, f"KV_{FLOOR_BUCKET}") and await enable_atomic(js, FLOOR_LOG)):
@@ -222,10 +228,11 @@ async def _floor_main(url: str, name: str = "floor", shape: str | None = None) -
         log_gc = GroupCommit(js, FLOOR_LOG)
     kv = f"$KV.{FLOOR_BUCKET}."
     permit_event = b"p" * 420  # about the size of a signed CEDAR_PERMIT_RECORDED
-    stop_ev = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop_ev.set)
+    stop_ev = stop if stop is not None else asyncio.Event()  # given: run in a test's loop, no signals
+    if stop is None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop_ev.set)
 
     def key_of(what: str, idp_id: str, session: str) -> str:
         return f"sess.{session}" if what == "sess" else f"{what}.{idp_id}"
@@ -235,30 +242,48 @@ async def _floor_main(url: str, name: str = "floor", shape: str | None = None) -
             key, value = key_of(what, idp_id, session), what[0].encode() * _KV_WRITES[what]
             if kv_writer is not None:
                 return kv_writer.create(key, value)
-            return publish_acked(nc, kv + key, value, {"Nats-Expected-Last-Subject-Sequence": "0"}, 10.0)
+            return acks.publish(kv + key, value, {"Nats-Expected-Last-Subject-Sequence": "0"}, 10.0)
         event = _LOG_WRITES[what]
         subj, body = f"bench.idpf.log.{event}", data if what == "submitted" else permit_event
         headers = {"Nats-Msg-Id": f"{event}:{idp_id}"}
         if log_gc is not None:
             return log_gc.write(subj, body, headers, lambda: publish_acked(nc, subj, body, headers, 10.0),
                                 lambda seq: seq)
-        return publish_acked(nc, subj, body, headers, 10.0)
+        return acks.publish(subj, body, headers, 10.0)
+
+    # As the kernel serves (gateway.kernel.service): each request handed over as the read loop parses
+    # it and served by a task of its own, at most 256 at once. Until 2026-11-28 the floor awaited each
+    # request in its subscription's callback, one at a time, so its ceiling was a serial server's.
+    sem = asyncio.Semaphore(256)
+    inflight: set[asyncio.Task[None]] = set()
 
     async def serve(msg: Any) -> None:
-        idp = msgspec.json.decode(msg.data)["idp"]
-        idp_id, session = idp["idp_id"], idp["session_id"]
-        for kind, items in rounds:
-            if kind == "read":
-                await reader.get_many([key_of(k, idp_id, session) for k in items])
-            else:
-                await asyncio.gather(*(write(w, msg.data, idp_id, session) for w in items))
-        await msg.respond(b'{"result":"PERMIT"}')
+        async with sem:
+            idp = msgspec.json.decode(msg.data)["idp"]
+            idp_id, session = idp["idp_id"], idp["session_id"]
+            try:
+                for kind, items in rounds:
+                    if kind == "read":
+                        await reader.get_many([key_of(k, idp_id, session) for k in items])
+                    else:
+                        await asyncio.gather(*(write(w, msg.data, idp_id, session) for w in items))
+            except Exception:  # noqa: BLE001 - a refused create (a reused idp_id): no answer, as before
+                return
+            await msg.respond(b'{"result":"PERMIT"}')
 
-    await nc.subscribe(subject, cb=serve)
+    def spawn(msg: Any) -> None:
+        task = asyncio.create_task(serve(msg))
+        inflight.add(task)
+        task.add_done_callback(inflight.discard)
+
+    await subscribe_inline(nc, subject, spawn)
     await nc.flush()
     await nc.publish(f"{subject}.ready", b"")
     await stop_ev.wait()
+    if inflight:
+        await asyncio.wait(inflight, timeout=10)
     await reader.close()
+    await acks.close()
     await nc.drain()
 
 

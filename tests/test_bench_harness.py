@@ -250,6 +250,47 @@ async def test_the_idp_contract_floor_stores_what_a_permit_stores(nats_server: E
         await nc.close()
 
 
+async def test_the_idp_contract_floor_serves_requests_side_by_side(nats_server: EmbeddedServer,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the kernel does (a task per request): a request whose read is held does not hold the next one.
+    Until 2026-11-28 the floor served one request at a time, so its ceiling was a serial server's."""
+    from benchmarks import bench_idp
+    from pgwcore import kvread
+
+    held, release = asyncio.Event(), asyncio.Event()
+
+    class HeldFirst(kvread.BatchReader):
+        async def get_many(self, keys: list[str]) -> list:  # type: ignore[override]
+            if not held.is_set():
+                held.set()
+                await release.wait()
+            return await super().get_many(keys)
+
+    monkeypatch.setattr(kvread, "BatchReader", HeldFirst)
+    nc = await connect(nats_server.client_url, name="floor-side-by-side")
+    ready = await nc.subscribe("bench.idpfloor.ready", max_msgs=1)
+    stop = asyncio.Event()
+    floor = asyncio.create_task(bench_idp._floor_main(nats_server.client_url, stop=stop))
+    try:
+        await ready.next_msg(timeout=30)
+
+        def request(i: int) -> bytes:
+            return json.dumps({"idp": {"idp_id": f"side{i}", "session_id": f"side-s{i}"}}).encode()
+
+        first = asyncio.create_task(nc.request("bench.idpfloor", request(1), timeout=30))
+        await asyncio.wait_for(held.wait(), 10)
+        second = await nc.request("bench.idpfloor", request(2), timeout=10)  # a serial floor: times out
+        assert second.data == b'{"result":"PERMIT"}'
+        assert not first.done()
+        release.set()
+        assert (await first).data == b'{"result":"PERMIT"}'
+    finally:
+        release.set()
+        stop.set()  # the floor finishes what it serves, closes its inboxes and drains its connection
+        await asyncio.wait_for(floor, 30)
+        await nc.close()
+
+
 def test_idp_floor_shapes_parse_and_refuse_what_they_do_not_know() -> None:
     """The floors' notation: rounds, batched reads, writes together, group commit; a bad shape is refused
     with what is known."""
