@@ -22,11 +22,17 @@ $(STAMP): $(BIN)/python pyproject.toml
 run: $(STAMP)
 	$(BIN)/pgw up --open
 
-test: $(STAMP)
+# The peers the suite runs against (browser, ops tools, the MCP reference servers), then the suite,
+# with the Python of the environment $(1).
+define suite
 	-sh tests/web/setup.sh
 	-sh tests/ops/setup.sh
-	-$(BIN)/python -m tests.mcp_peers
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
+	-$(1)/python -m tests.mcp_peers
+	$(1)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
+endef
+
+test: $(STAMP)
+	$(call suite,$(BIN))
 
 # The suite on the lowest release of each runtime dependency pyproject.toml admits (.ci/lowest.py):
 # run it when a bound changes. Not part of `make test`, which gets the newest releases.
@@ -37,10 +43,7 @@ test-lowest:
 	$(LOWEST)/bin/python .ci/lowest.py > $(LOWEST)/constraints.txt
 	$(LOWEST)/bin/pip install --quiet -c $(LOWEST)/constraints.txt -e '.[test]'
 	$(LOWEST)/bin/pip list --format=freeze | grep -i -E "^($$(sed 's/[=;].*//; s/[-_]/[-_]/g' $(LOWEST)/constraints.txt | paste -sd'|'))=="
-	-sh tests/web/setup.sh
-	-sh tests/ops/setup.sh
-	-$(LOWEST)/bin/python -m tests.mcp_peers
-	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
+	$(call suite,$(LOWEST)/bin)
 
 security: $(STAMP)
 	$(BIN)/python -m pytest -q -m security -p no:cacheprovider

@@ -46,6 +46,7 @@ import msgspec
 import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from benchmarks.harness import cpu_s
 from consumers import capsule as capm
 from consumers import capsule_map, capsule_v4, profiles
 from consumers.signer import Signer, _Head, _Job, claims_for, sign_payload
@@ -140,8 +141,6 @@ def _inprocess(verdicts: list[Verdict], key: SigningKey) -> float:
 
 def _cpu_of(pids: list[int]) -> float:
     """CPU seconds (user + system) the processes ``pids`` have used so far; 0 for one that is gone."""
-    from benchmarks.harness import cpu_s
-
     return sum(cpu_s(pid) for pid in pids)
 
 
