@@ -32,12 +32,15 @@ def getenv(name: str) -> str:
 
 
 @app.tool()
-async def slow(seconds: float) -> str:
-    """Answer after SECONDS."""
+async def slow(release: str) -> str:
+    """Answer once a line is written to the named pipe RELEASE: the caller holds the call as long as it needs."""
     import asyncio
 
-    await asyncio.sleep(seconds)
-    return f"slept {seconds:g} s"
+    def wait() -> str:
+        with open(release) as pipe:  # a FIFO: blocks until the caller opens it to write
+            return pipe.readline().strip()
+
+    return f"released: {await asyncio.to_thread(wait)}"
 
 
 @app.prompt()

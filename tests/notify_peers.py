@@ -148,7 +148,10 @@ class Hook:
     status: list[int] = field(default_factory=list)  # scripted answers, then 200
     seen: dict[str, float] = field(default_factory=dict)
     replays: list[str] = field(default_factory=list)  # ids refused as already received (409)
-    delay_s: float = 0.0  # answer this late (keeps sends in flight, for the kill -9 test)
+    # Past this many POSTs, each waits for ``released`` before it is answered (keeps sends in flight, for the
+    # kill -9 test); None: every POST answered at once.
+    hold_after: int | None = None
+    released: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @contextlib.asynccontextmanager
@@ -162,8 +165,8 @@ async def webhook_receiver(folder: Path, secret: str = "whsec-test-0123456789abc
         headers = {SIGNATURE_HEADER: request.headers.get(SIGNATURE_HEADER, ""),
                    ID_HEADER: request.headers.get(ID_HEADER, "")}
         hook.raw.append((headers, body))
-        if hook.delay_s:
-            await asyncio.sleep(hook.delay_s)
+        if hook.hold_after is not None and len(hook.raw) > hook.hold_after:
+            await hook.released.wait()
         try:
             verify(hook.secret, headers[SIGNATURE_HEADER], body, notification_id=headers[ID_HEADER], seen=hook.seen)
         except WebhookReplay as e:
@@ -190,4 +193,5 @@ async def webhook_receiver(folder: Path, secret: str = "whsec-test-0123456789abc
     try:
         yield hook
     finally:
+        hook.released.set()  # a held POST ends before the server does
         await runner.cleanup()

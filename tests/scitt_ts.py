@@ -5,7 +5,7 @@ Interop is proved against the real peer, scittles (``tests/scittles_peer.py``,
 peer cannot be made to do on demand: answer 503 (``fail_first=N``: the first N
 POSTs; ``-1``: every POST, a TS that is down), refuse every statement with a
 permanent 400 (``reject``), publish a key of another kind (``published_jwks``), sign receipts with a key nobody trusts
-(``bad_receipts``), answer slowly (``delay_s`` before each POST is handled),
+(``bad_receipts``), answer late (each POST held until the ``hold`` event is set),
 come back on the same port after a stop (``port``), and take the asynchronous paths scittles never takes:
 ``accepted`` answers 202 + Location of an operation that turns into a 303 to
 the entry after ``polls_before_ready`` polls, ``see_other`` answers 303 +
@@ -46,7 +46,7 @@ class ScittTS:
     polls_before_ready: int = 1
     bad_receipts: bool = False
     reject: bool = False
-    delay_s: float = 0.0
+    hold: asyncio.Event | None = None  # set: POSTs are handled; unset: each waits for it
     published_jwks: dict | None = None  # what the configuration document publishes instead of its key
     port: int = 0
     key: Ed25519PrivateKey = field(default_factory=Ed25519PrivateKey.generate)
@@ -107,8 +107,8 @@ class ScittTS:
         if self.fail_first < 0 or self.fail_first >= self.posts:
             return web.Response(status=503, text="service unavailable (test)", headers={"Retry-After": "0"})
         body = await req.read()
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+        if self.hold is not None:
+            await self.hold.wait()  # a slow TS: the client gives up while the POST is still being handled
         if body in self.statements:
             return web.Response(status=409, text="already registered",
                                 headers={"Location": f"/entries/{self.statements.index(body)}"})

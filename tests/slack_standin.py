@@ -84,7 +84,10 @@ class SlackStandin:
     rate_limit: dict[str, int] = field(default_factory=dict)  # method -> how many 429s to answer next
     retry_after: int = 1
     down: bool = False
-    post_delay_s: float = 0.0  # each chat.postMessage takes this long (posts stay in flight)
+    # Past this many chat.postMessage calls, each waits for ``released`` before it is answered (posts stay
+    # in flight, for the kill -9 test); None: every post answered at once.
+    hold_posts_after: int | None = None
+    released: asyncio.Event = field(default_factory=asyncio.Event)
     socket_acks: list[dict[str, Any]] = field(default_factory=list)  # Socket Mode: what the app acknowledged
     sockets: list[web.WebSocketResponse] = field(default_factory=list)
     _seq: int = 0
@@ -132,8 +135,9 @@ class SlackStandin:
             if isinstance(args.get(k), str):
                 args[k] = json.loads(args[k])
         self.calls.append((method, args))
-        if method == "chat.postMessage" and self.post_delay_s:
-            await asyncio.sleep(self.post_delay_s)
+        if method == "chat.postMessage" and self.hold_posts_after is not None \
+                and self.count("chat.postMessage") > self.hold_posts_after:
+            await self.released.wait()
         try:
             return web.json_response(self.answer(method, args))
         finally:
@@ -205,6 +209,7 @@ async def slack_standin() -> AsyncIterator[SlackStandin]:
     try:
         yield s
     finally:
+        s.released.set()  # a held post ends before the server does
         for ws in s.sockets:
             await ws.close()
         await runner.cleanup()

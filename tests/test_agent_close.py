@@ -14,11 +14,12 @@ class _SwallowingSub:
 
     def __init__(self) -> None:
         self.fetching = asyncio.Event()
+        self.arrived = asyncio.Event()  # no message ever arrives: each fetch ends at its timeout
 
     async def fetch(self, batch: int, timeout: float) -> list:
         self.fetching.set()
         try:
-            await asyncio.sleep(timeout)
+            await asyncio.wait_for(self.arrived.wait(), timeout)
         except asyncio.CancelledError:
             raise TimeoutError from None
         raise TimeoutError

@@ -9,6 +9,7 @@ polling paths scittles never takes.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import json
 from typing import Any
@@ -154,7 +155,7 @@ async def test_slow_answer_times_out_then_409_finishes(nc: Any, make_config: Any
     """A TS slower than http_timeout_s: the POST times out (transient), the TS registers it anyway, and the
     retry's 409 + Location leads to the existing entry's receipt: anchored once, never dead-lettered."""
     rows = design_rows()[:1]
-    async with ScittTS(delay_s=1.0) as ts:
+    async with ScittTS(hold=asyncio.Event()) as ts:
         config = _config(make_config, ts, ts_public_key=ts.public_hex, http_timeout_s=0.3, max_failures=1)
         await _signed(nc, config, rows)
         js = nc.jetstream()
@@ -164,12 +165,13 @@ async def test_slow_answer_times_out_then_409_finishes(nc: Any, make_config: Any
                     return any(e["event"].startswith("registration failed (transient)") for e in logs)
 
                 await until(timed_out, timeout=20, what="a timed-out POST")
+                assert ts.hold is not None
+                ts.hold.set()  # the held handler finishes after the client gave up, as do all later POSTs
 
-                async def logged() -> bool:  # the slow handler finishes after the client gave up
+                async def logged() -> bool:
                     return len(ts.leaves) == 1
 
                 await until(logged, timeout=20, what="the TS logging the statement")
-                ts.delay_s = 0.0
                 await wait_count(js, "PGW_CAPSULES", 1)
                 assert (reg.already_registered, reg.dead_lettered) == (1, 0)
         assert len(ts.leaves) == 1  # in the TS's log once

@@ -383,13 +383,33 @@ async def test_a_call_that_outlasts_the_executor_timeout_waits_for_its_late_resu
     path.write_text(_toml({"name": "files", "mandate": gate_env.token,
                            "upstreams": {"ch": {"command": sys.executable, "args": [str(CHANGING)]}}}))
     messages: list[str] = []
+    dispatched = asyncio.Event()
+    release = gate_env.tmp / "release.fifo"
+    os.mkfifo(release)
 
     async def on_progress(p: float, total: float | None, message: str | None) -> None:
         messages.append(message or "")
+        if (message or "").startswith("dispatched, waiting for the result"):
+            dispatched.set()
+
+    def let_go() -> None:  # the tool answers once it reads a line (O_NONBLOCK: no error if it is not reading)
+        with contextlib.suppress(OSError):
+            fd = os.open(release, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, b"go\n")
+            os.close(fd)
 
     async with gate_env.session(path) as session:
-        result = await asyncio.wait_for(session.call_tool("slow", {"seconds": 2.5}, progress_callback=on_progress), 60)
-    assert not result.isError and result.content[0].text == "slept 2.5 s"  # type: ignore[union-attr]
+        call = asyncio.create_task(session.call_tool("slow", {"release": str(release)}, progress_callback=on_progress))
+        try:
+            # The tool holds the call past the kernel's 1 s executor timeout, until the gate says it waits on.
+            await asyncio.wait_for(dispatched.wait(), 60)
+            assert not call.done()
+            let_go()
+            result = await asyncio.wait_for(call, 60)
+        finally:
+            let_go()
+            call.cancel()
+    assert not result.isError and result.content[0].text == "released: go"  # type: ignore[union-attr]
     assert any(m.startswith("dispatched, waiting for the result") for m in messages), messages
     cap = await gate_env.capsule("slow")
     assert cap["effect"]["status"] == "confirmed" and cap["effect"]["response_digest"] == json_digest(result_json(result))

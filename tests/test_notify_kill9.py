@@ -34,6 +34,7 @@ from tests.test_notify_delivery import notifier_settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 MOMENTS = 30
+IN_FLIGHT = 4  # webhook sends held at the receiver when the notifier is killed (of its 8 at a time)
 
 
 def toml(doc: dict[str, Any], path: tuple[str, ...] = ()) -> str:
@@ -61,7 +62,7 @@ async def test_kill9_mid_burst_each_moment_once_per_channel(tmp_path: Path, make
     js = nc.jetstream()
     with smtp_server(tmp_path) as relay:
         async with webhook_receiver(tmp_path) as hook, push_service() as ps:
-            hook.delay_s = 0.2  # sends stay in flight long enough for the kill to catch some
+            hook.hold_after = MOMENTS // 4  # later webhook sends stay in flight until the kill
             settings = {**notifier_settings(relay, hook), "concurrency": 8}
             cfg_file = tmp_path / "notifier.toml"
             cfg_file.write_text(toml({"notifier": settings}))
@@ -86,12 +87,13 @@ async def test_kill9_mid_burst_each_moment_once_per_channel(tmp_path: Path, make
                     for _ in range(MOMENTS):
                         await agent.send_moment("alice", good_moment(), expires_in_s=3600)
 
-                    async def some_sent() -> bool:
-                        return len(hook.accepted) >= MOMENTS // 4
+                    async def some_sent() -> bool:  # a quarter answered, and the next IN_FLIGHT held
+                        return len(hook.accepted) >= MOMENTS // 4 and len(hook.raw) >= MOMENTS // 4 + IN_FLIGHT
 
-                    await until(some_sent, timeout=60, what="a quarter of the webhooks")
+                    await until(some_sent, timeout=60, what="a quarter of the webhooks, and more in flight")
                     proc.kill9()
                     await proc.wait_dead()
+                    hook.released.set()  # the held sends reach the receiver; their sender is gone
                     at_kill = await jobs_now(js)
                     in_flight = {k for k, j in at_kill.items() if j.status == "sending"}
                     sent_at_kill = sum(j.status == "sent" for j in at_kill.values())

@@ -10,19 +10,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 
 PGW = str(Path(sys.executable).parent / "pgw")
 
 
-def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 30.0) -> tuple[str, re.Match]:
-    """Read the child's stdout until ``pattern`` matches (the banner is printed to stdout): each read
-    waits for output (``select``), and the child closing its stdout ends the wait."""
+def read_until(proc: subprocess.Popen, pattern: str, timeout: float = 30.0, *,
+               stream: IO[bytes] | None = None) -> tuple[str, re.Match]:
+    """Read the child's stdout (or ``stream``, e.g. its stderr) until ``pattern`` matches (the banner is
+    printed to stdout): each read waits for output (``select``), and the child closing it ends the wait."""
     buf = ""
     deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
+    out = stream if stream is not None else proc.stdout
+    assert out is not None
+    fd = out.fileno()
     while (left := deadline - time.monotonic()) > 0:
         if not select.select([fd], [], [], left)[0]:
             break  # the time is up

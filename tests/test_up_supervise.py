@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -31,14 +30,12 @@ def _start(tmp_path: Path, extra: str = "") -> tuple[subprocess.Popen, Path, str
     return proc, data, m.group(1)
 
 
-def _wait_for_new_pid(data: Path, old: int, timeout: float = 30.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ports = [p for p in (data / "nats" / "run").glob("nats-server_*.ports") if str(old) not in p.name]
-        if ports:
-            return int(ports[-1].name.split("_")[1].split(".")[0])
-        time.sleep(0.1)
-    raise AssertionError("the embedded server was not restarted")
+def _wait_for_restart(proc: subprocess.Popen, data: Path, old: int) -> tuple[int, str]:
+    """Wait for `pgw up`'s log line that the server is back (stderr); (the new server's pid, stderr so far)."""
+    seen, _ = read_until(proc, r"embedded nats-server restarted", stream=proc.stderr)
+    ports = [p for p in (data / "nats" / "run").glob("nats-server_*.ports") if str(old) not in p.name]
+    assert ports, "restarted, but no ports file of the new server"
+    return int(ports[-1].name.split("_")[1].split(".")[0]), seen
 
 
 @pytest.mark.slow
@@ -48,14 +45,15 @@ def test_killed_server_is_restarted_on_the_same_url(tmp_path: Path) -> None:
     try:
         old = _server_pid(data)
         os.kill(old, signal.SIGKILL)
-        new = _wait_for_new_pid(data, old)
+        new, seen = _wait_for_restart(proc, data, old)
         assert new != old
         demo = subprocess.run([PGW, "demo", "--server", url], capture_output=True, text=True, timeout=90)
         assert demo.returncode == 0, demo.stdout + demo.stderr
         assert proc.poll() is None, "pgw up must still be running"
     finally:
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        _, rest = proc.communicate(timeout=60)
+    err = seen.encode() + rest
     assert proc.returncode == 0
     at = err.find(b"Traceback")
     assert at < 0, err.decode()[max(0, at - 1500):at + 2500]

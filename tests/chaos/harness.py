@@ -181,6 +181,7 @@ class Load:
         """Send ``n`` envelopes (``make(i, tag)``: envelope ``i`` and its kind, default
         ``make_envelope``); unacknowledged ones are retried (same msg id) up to ``retry_for`` s."""
         make = make or make_envelope
+        stop = stop if stop is not None else asyncio.Event()  # never set: retry until retry_for
         js = self.nc.jetstream(timeout=2.0)
         subject = f"pgw.agent.{self.agent}.envelope"
         sem = asyncio.Semaphore(self.concurrency)
@@ -200,9 +201,11 @@ class Load:
                         return
                     except Exception:  # noqa: BLE001 - server down / no responders: retry
                         self.failures += 1
-                        if time.monotonic() > deadline or (stop is not None and stop.is_set()):
+                        if time.monotonic() > deadline or stop.is_set():
                             return
-                        await asyncio.sleep(0.1 + random.random() * 0.2)
+                        # Back off 0.1-0.3 s (nothing announces the stream is back), or less if stopped meanwhile.
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), 0.1 + random.random() * 0.2)
 
         tasks = []
         for i in range(n):
