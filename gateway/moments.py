@@ -492,7 +492,7 @@ class MomentDesk:
         if state is None:  # written by something else than the desk: read it
             task = asyncio.create_task(self._follow(key))
             self._tasks.append(task)
-            task.add_done_callback(self._forget)
+            task.add_done_callback(self._task_done)
             return
         self._track(key, *state)
 
@@ -508,7 +508,7 @@ class MomentDesk:
             # Give the instance that wrote it a moment to finish, then re-drive.
             asyncio.get_running_loop().call_later(2.0, self._redrive_soon, key)
 
-    def _forget(self, task: asyncio.Task[None]) -> None:
+    def _task_done(self, task: asyncio.Task[None]) -> None:
         with contextlib.suppress(ValueError):
             self._tasks.remove(task)
 
@@ -531,7 +531,7 @@ class MomentDesk:
         if not self._closing:
             task = asyncio.create_task(self._redrive(key))
             self._tasks.append(task)
-            task.add_done_callback(self._forget)
+            task.add_done_callback(self._task_done)
 
     async def _redrive(self, key: str) -> None:
         principal, _, mid = key.partition(".")
@@ -574,7 +574,6 @@ class MomentDesk:
             return  # answered or expired by another instance first
         log.info("moment expired", moment_id=mid, agent=rec.agent, traceparent=rec.traceparent)
         await self._publish_final(rec, rev)
-
 
     async def _forget(self, key: str, rec: MomentRecord, rev: int) -> None:
         """Forget the principal's free text of ``rec`` once its time has come (spec 000 §13)."""

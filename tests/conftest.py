@@ -6,6 +6,8 @@ JetStream in a temporary folder, on ports picked by the server itself.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -68,6 +70,40 @@ async def gateway(nats_server: EmbeddedServer, make_config, nc):
     async with gw:
         yield gw
     await gw_nc.drain()
+
+
+@pytest.fixture(autouse=True)
+def loop_errors(request: pytest.FixtureRequest) -> None:
+    """Every coroutine test fails if a callback raised in its event loop ("Exception in callback"):
+    the loop only logs those, so a done callback that raises (as the moment desk's once did, its
+    name shadowed by a coroutine method) passed every test."""
+    if inspect.iscoroutinefunction(getattr(request.node, "obj", None)):
+        request.getfixturevalue("_loop_callback_errors")
+
+
+@pytest.fixture
+async def _loop_callback_errors() -> AsyncIterator[None]:
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    raised: list[str] = []
+
+    def handler(lp: asyncio.AbstractEventLoop, context: dict) -> None:
+        # Only what a callback raised while it ran: "Task exception was never retrieved" and the
+        # like come when an object is collected, possibly in a later test, so they are not counted.
+        if str(context.get("message", "")).startswith("Exception in callback"):
+            raised.append(f"{context['message']}: {context.get('exception')!r}")
+        if previous is not None:
+            previous(lp, context)
+        else:
+            lp.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+    try:
+        yield
+    finally:
+        if loop.get_exception_handler() is handler:
+            loop.set_exception_handler(previous)
+    assert not raised, f"callbacks raised in the test's event loop: {raised}"
 
 
 @pytest.fixture(autouse=True)
