@@ -409,3 +409,42 @@ async def test_a_permits_writes_leave_in_their_order(setup: Any, nc: Any, monkey
             # The report key and IDP_SUBMITTED run beside each other (their order is not fixed), after the session CAS.
             assert sent[0] == "sess" and sorted(sent[1:3]) == ["pgw.log.IDP_SUBMITTED", "tr"], sent
             assert sent[3:] == ["idp", "pgw.log.CEDAR_PERMIT_RECORDED"], sent
+
+
+async def test_an_ops_user_verifies_the_log_without_a_consumer(tmp_path: Path, capsys: Any) -> None:
+    """On a server enforcing per-party permissions (as `pgw up` starts it), `pgw log verify` with an ops user's
+    credentials walks the log and its checkpoints by message get: ops may read every stream but create no
+    consumer (DESIGN §7), and the walk by an ordered consumer timed out for them."""
+    from gateway.security import Party, embedded_auth
+    from pgwcore.config import load_config
+    from pgwcore.server import EmbeddedServer
+
+    issuer = Issuer(tmp_path / "issuer")
+    so = str(uuid.uuid4())
+    token, jti = issuer.mandate(agent=AGENT, so_id=so)
+    settings = {"data_dir": str(tmp_path / "data"), "agents": {AGENT: {"principals": ["alice"]}},
+                "security": {"ops": ["oncall"]},
+                "kernel": {"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))}}
+    auth = embedded_auth(load_config(None, **settings))
+    async with EmbeddedServer(tmp_path / "nats", port=-1, monitor_port=None, websocket_port=None,
+                              authorization=auth.server_block) as server:
+        cfg = load_config(None, nats_url=server.client_url, **settings)
+        gw_nc = await connect(server.client_url, creds=str(auth.service_creds), name="gateway")
+        agent_nc = await connect(server.client_url, creds=str(auth.creds_for(Party("agent", AGENT))), name="agent")
+        try:
+            async with running_gateway(cfg, gw_nc):
+                for step in (1, 2):
+                    body = {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking")}
+                    assert isinstance(await request(agent_nc, AGENT, body), Permit)
+        finally:
+            await agent_nc.close()
+            await gw_nc.drain()
+        ops = load_config(None, nats_url=server.client_url, creds=str(auth.creds_for(Party("ops", "oncall"))),
+                          **settings)
+        args = argparse.Namespace(stream="PGW_EVENTLOG", subject=None, pubkey=[])
+        assert await asyncio.wait_for(verify_command(args, ops), 30) == 0
+        out = capsys.readouterr().out
+        assert '"ok": true' in out and '"checked": 4' in out
+        sub_args = argparse.Namespace(stream="PGW_EVENTLOG", subject="pgw.log.IDP_SUBMITTED", pubkey=[])
+        assert await asyncio.wait_for(verify_command(sub_args, ops), 30) == 0
+        assert '"checked": 2' in capsys.readouterr().out

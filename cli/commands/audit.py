@@ -46,6 +46,26 @@ def _load_private(path: str) -> Any:
     return key
 
 
+async def _ask(nc: Any, config: Config, subject: str, body: bytes, timeout: float, who_may: str) -> Any:
+    """One request to the kernel; no answer is a clear error naming the two likely causes, not a traceback.
+
+    The server drops a publish these credentials may not make without telling the request, so a refused
+    permission and a gateway that is not running both end in the timeout."""
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+
+    try:
+        return await nc.request(subject, body, timeout=timeout)
+    except NoRespondersError:
+        raise SystemExit(f"pgw: no gateway answers on {subject} at {config.nats_url}: start `pgw up` "
+                         "(or `pgw gateway`) with the kernel") from None
+    except (NatsTimeout, TimeoutError):
+        raise SystemExit(f"pgw: no answer on {subject} within {timeout:g} s: no gateway is running at "
+                         f"{config.nats_url}, or these credentials may not send it: {who_may}") from None
+    finally:
+        await nc.drain()
+
+
 async def revoke_command(args: argparse.Namespace, config: Config) -> int:
     from gateway.kernel.mandate import DEV_ISSUER_ROLE
     from gateway.kernel.revocation import sign_revocation
@@ -68,10 +88,8 @@ async def revoke_command(args: argparse.Namespace, config: Config) -> int:
         priv, kid = dev.private, args.kid or dev.kid
     token = sign_revocation(priv, kid, args.jti, reason=args.reason)
     nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-mandate-revoke", once=True)
-    try:
-        msg = await nc.request(revoke_subject(config.subjects.prefix), msgspec.json.encode(RevokeRequest(token)), timeout=10)
-    finally:
-        await nc.drain()
+    msg = await _ask(nc, config, revoke_subject(config.subjects.prefix), msgspec.json.encode(RevokeRequest(token)), args.timeout,
+                     "ops users may send revocations (`[security] ops = [\"NAME\"]`, `--creds <data folder>/creds/ops-NAME.creds`)")
     reply = revoke_reply_decoder.decode(msg.data)
     print(json.dumps(msgspec.to_builtins(reply), indent=2))
     return 0 if reply.ok else 1
@@ -85,10 +103,8 @@ async def audit_command(args: argparse.Namespace, config: Config) -> int:
     else:
         req = AuditRequest(kind="idp", id=args.id, from_seq=args.from_seq)
     nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-audit", once=True)
-    try:
-        msg = await nc.request(audit_subject(config.subjects.prefix, args.auditor), msgspec.json.encode(req), timeout=args.timeout)
-    finally:
-        await nc.drain()
+    msg = await _ask(nc, config, audit_subject(config.subjects.prefix, args.auditor), msgspec.json.encode(req), args.timeout,
+                     f"only the auditor {args.auditor!r} may ask (`[security] auditors`, `--creds <data folder>/creds/audit-{args.auditor}.creds`)")
     reply = audit_reply_decoder.decode(msg.data)
     print(json.dumps(msgspec.to_builtins(reply), indent=2))
     return 0 if reply.ok else 1

@@ -73,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--reason", help="why (recorded in the event log)")
     r.add_argument("--key", help="private key PEM of a trusted issuer or revoker (default: the dev issuer key)")
     r.add_argument("--kid", help="the key's kid (default: derived from an Ed25519 key)")
+    r.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the kernel")
     r.set_defaults(handler=revoke_command)
 
 

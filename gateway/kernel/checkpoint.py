@@ -87,11 +87,11 @@ async def latest_published(js: JetStreamContext, prefix: str) -> Checkpoint | No
 
 async def all_published(js: JetStreamContext, prefix: str) -> list[Checkpoint]:
     """Every checkpoint in ``PGW_CHECKPOINTS``, oldest first (undecodable ones skipped)."""
-    from gateway.kernel.eventlog import _iter_stream
+    from gateway.kernel.eventlog import _iter_stored
 
     out = []
     with contextlib.suppress(NotFoundError):
-        async for _seq, _subj, data in _iter_stream(js, STREAM, checkpoint_subject(prefix)):
+        async for _seq, _subj, data in _iter_stored(js, STREAM, checkpoint_subject(prefix)):
             with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
                 out.append(_decoder.decode(data))
     return out

@@ -281,6 +281,47 @@ async def _iter_stream(js: JetStreamContext, stream: str, subject: str) -> Any:
         await sub.unsubscribe()
 
 
+GET_WINDOW = 64  # message gets in flight while walking a whole stream
+
+
+async def _iter_stored(js: JetStreamContext, stream: str, subject: str) -> Any:
+    """Yield (seq, subject, data) of every message on ``subject`` in stream order, by message get.
+
+    No consumer is created: ops credentials may read every stream but create no consumer
+    (DESIGN §7), and ``pgw log verify`` must work with them as ``pgw tail`` does. When the filter
+    takes every stored message (the whole log), gets of consecutive sequences go ``GET_WINDOW``
+    at a time, a sequence the server no longer holds being skipped (the walk reports the gap);
+    otherwise one get of the next message on the subject at a time."""
+    from nats.js.errors import NotFoundError
+
+    info = await js.stream_info(stream, subjects_filter=subject)
+    matched = sum((info.state.subjects or {}).values())
+    if not info.state.messages or not matched:
+        return
+    first, last = info.state.first_seq, info.state.last_seq
+    if matched < info.state.messages:
+        seq = first
+        while seq <= last:
+            try:
+                raw = await js.get_msg(stream, seq, subject=subject, next=True)
+            except NotFoundError:
+                return
+            if raw.seq is None or raw.seq > last:
+                return
+            yield raw.seq, raw.subject or "", raw.data or b""
+            seq = raw.seq + 1
+        return
+    for start in range(first, last + 1, GET_WINDOW):
+        got = await asyncio.gather(*(js.get_msg(stream, s) for s in range(start, min(start + GET_WINDOW, last + 1))),
+                                   return_exceptions=True)
+        for raw in got:
+            if isinstance(raw, NotFoundError):
+                continue
+            if isinstance(raw, BaseException):
+                raise raw
+            yield raw.seq, raw.subject or "", raw.data or b""
+
+
 async def verify_stream(
     js: JetStreamContext,
     subjects: Subjects,
@@ -299,7 +340,7 @@ async def verify_stream(
     result = VerifyResult(ok=True, checked=0, last_seq=0)
     # aclosing: a break returns mid-walk, and the walk's consumer must be gone before
     # the caller closes the connection (else "Task exception was never retrieved").
-    async with contextlib.aclosing(_iter_stream(js, stream, filt)) as walk:
+    async with contextlib.aclosing(_iter_stored(js, stream, filt)) as walk:
         return await _walk(walk, js, subjects, keys, stream, whole, result)
 
 
