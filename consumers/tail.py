@@ -34,10 +34,28 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from consumers.history import StoredMsg, read_stored
+from subjects.errors import PgwError
 
 REDACTED = "[REDACTED]"
 _SECRET_TOKEN = re.compile(r"secret:[^\s\"',;]*")
 _HEADERS_SHOWN = ("traceparent", "Nats-Msg-Id", "Pgw-Replay-Of")
+
+
+class TailError(PgwError):
+    """What to tail cannot be tailed: the subject is not one, or no stream holds its history."""
+
+
+def check_subject(subject: str) -> str:
+    """A subscribable NATS subject: dot-separated non-empty tokens without white space, ``*`` a
+    whole token, ``>`` only as the whole last one."""
+    tokens = subject.split(".")
+    bad = (not subject or any(c.isspace() for c in subject) or any(not tok for tok in tokens)
+           or any(("*" in tok and tok != "*") or (">" in tok and tok != ">") for tok in tokens)
+           or ">" in tokens[:-1])
+    if bad:
+        raise TailError(f"{subject!r} is not a NATS subject (tokens separated by dots, no spaces; "
+                        "* for one token, > for the rest), e.g. 'pgw.verdict.>'")
+    return subject
 
 
 def _fallback_redactor(secrets: Iterable[str]) -> Callable[[str], str]:
@@ -166,6 +184,7 @@ async def tail(
     ``since`` (from a time) or ``last`` (the last N messages of the stream
     matching the subject) before going live.
     """
+    check_subject(subject)
     redact = redact or string_redactor()
     stop = stop or asyncio.Event()
     shown = 0
@@ -176,7 +195,13 @@ async def tail(
 
     follower: asyncio.Task[None] | None = None
     if history or since or last:
-        stream = await nc.jetstream().find_stream_name_by_subject(subject)
+        from nats.js.errors import NotFoundError
+
+        try:
+            stream = await nc.jetstream().find_stream_name_by_subject(subject)
+        except NotFoundError:
+            raise TailError(f"no stream stores {subject!r}, so it has no history (`pgw streams` lists each "
+                            "stream's subjects); without --all, --since or --last it is watched live") from None
         poke = asyncio.Event()
 
         async def wake(_msg: Msg) -> None:

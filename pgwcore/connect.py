@@ -42,12 +42,15 @@ def _is_auth_error(e: BaseException) -> bool:
 
 
 async def connect(url: str, *, creds: str | None = None, name: str = "pgw", once: bool = False,
-                  tls: TlsFiles | None = None, **kw: Any) -> Client:
+                  tls: TlsFiles | None = None, wait_for_server: bool = True, **kw: Any) -> Client:
     """Connect with the service name set, and credentials and TLS (pgwcore/tls.py) if given.
 
     Services reconnect forever; ``once=True`` (one-shot commands) fails at
     once instead. Either way a refusal of our credentials is a ConnectError
-    at start, never an endless retry loop.
+    at start, never an endless retry loop. ``wait_for_server=False`` (a
+    long-running command a person starts, such as ``pgw tail``): a server
+    that is not there at start is a ConnectError too, and once connected the
+    connection reconnects like a service's.
     """
     opts: dict[str, Any] = {
         "servers": [u.strip() for u in url.split(",")],
@@ -77,6 +80,8 @@ async def connect(url: str, *, creds: str | None = None, name: str = "pgw", once
     except Exception as e:  # noqa: BLE001 - not up yet is fine for a service; refused is not
         if _is_auth_error(e):
             raise ConnectError(url, str(e), auth=True) from None
+        if not wait_for_server:
+            raise ConnectError(url, f"{type(e).__name__}: {e}", auth=False) from None
     else:
         await probe.close()
     return _fast_headers(await nats.connect(**opts))  # the same header dicts, cheaper (pgwcore.headerparse)

@@ -117,10 +117,13 @@ async def handle_keys(args: argparse.Namespace, config: Config) -> int:
 def _read_paths(paths: list[str]) -> list[tuple[str, bytes]]:
     out: list[tuple[str, bytes]] = []
     for p in map(Path, paths):
-        if p.is_dir():
-            out += [(str(f), f.read_bytes()) for f in sorted(p.rglob("*")) if f.is_file()]
-        else:
-            out.append((str(p), p.read_bytes()))
+        try:
+            if p.is_dir():
+                out += [(str(f), f.read_bytes()) for f in sorted(p.rglob("*")) if f.is_file()]
+            else:
+                out.append((str(p), p.read_bytes()))
+        except OSError as e:
+            raise SystemExit(f"pgw verify: cannot read {p}: {e.strerror or e}") from None
     return out
 
 
@@ -129,7 +132,10 @@ async def read_stream(config: Config, stream: str) -> list[tuple[str, bytes]]:
     nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-verify", once=True)
     try:
         js = nc.jetstream()
-        state = (await js.stream_info(stream)).state
+        try:
+            state = (await js.stream_info(stream)).state
+        except NotFoundError:
+            raise SystemExit(f"pgw verify: stream {stream!r} does not exist (`pgw streams` lists them)") from None
         out = []
         for seq in range(state.first_seq or 1, (state.last_seq or 0) + 1):
             try:
@@ -147,7 +153,10 @@ def _parse_key(spec: str, role: str) -> TrustedKey:
     if len(s) == 64 and all(c in "0123456789abcdefABCDEF" for c in s):
         pub = Ed25519PublicKey.from_public_bytes(bytes.fromhex(s))
     else:
-        loaded = serialization.load_pem_public_key(Path(s).read_bytes())
+        try:
+            loaded = serialization.load_pem_public_key(Path(s).read_bytes())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"pgw verify: key {s} is neither 64 hex digits nor a readable PEM public key: {e}") from None
         if not isinstance(loaded, Ed25519PublicKey):
             raise SystemExit(f"pgw verify: {s} is not an Ed25519 public key")
         pub = loaded

@@ -24,6 +24,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from nats.js.errors import NotFoundError
 
 from pgwcore.config import Config
 from pgwcore.connect import connect
@@ -83,7 +84,10 @@ def kernel_keys(config: Config, pem_files: list[str]) -> dict[str, Ed25519Public
     if pem_files:
         out = {}
         for f in pem_files:
-            key = serialization.load_pem_public_key(Path(f).read_bytes())
+            try:
+                key = serialization.load_pem_public_key(Path(f).read_bytes())
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"pgw: cannot read {f} as a PEM public key: {e}") from None
             if not isinstance(key, Ed25519PublicKey):
                 raise SystemExit(f"pgw: {f} is not an Ed25519 public key")
             out[kid_of(key)] = key
@@ -120,7 +124,10 @@ async def verify_command(args: argparse.Namespace, config: Config) -> int:
     nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-log-verify", once=True)
     try:
         js = nc.jetstream()
-        result = await verify_stream(js, config.subjects, keys, stream=args.stream, subject=args.subject)
+        try:
+            result = await verify_stream(js, config.subjects, keys, stream=args.stream, subject=args.subject)
+        except NotFoundError:
+            raise SystemExit(f"pgw log verify: stream {args.stream!r} does not exist (`pgw streams` lists them)") from None
         # The head the Transparency Service holds (a checkpoint statement with a verified receipt).
         outside = None
         try:

@@ -12,7 +12,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 from consumers.replay import GATEWAY, Replayer, ReplayError, ReplayRange, format_action
-from consumers.tail import string_redactor, tail
+from consumers.tail import check_subject, string_redactor, tail
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.service import stop_event
@@ -106,7 +106,9 @@ async def replay_command(args: argparse.Namespace, config: Config) -> int:
 
 
 async def tail_command(args: argparse.Namespace, config: Config) -> int:
-    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-tail")
+    check_subject(args.subject)  # before connecting: a typo is said at once
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-tail",
+                       wait_for_server=False)
     stop = stop_event()
     pipeline = getattr(config, "pipeline", None)
     redact = string_redactor(secrets_config=getattr(pipeline, "secrets", None))

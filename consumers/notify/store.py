@@ -232,6 +232,8 @@ async def dead_letters(js: JetStreamContext, limit: int = 100) -> list[DeadLette
         state = (await js.stream_info(DLQ_STREAM)).state
     except NotFoundError:
         return []
+    if not state.messages:
+        return []  # an empty stream reports first and last sequence 0, which no get accepts
     out: list[DeadLetter] = []
     dec = msgspec.json.Decoder(DeadLetter)
     for seq in range(max(state.first_seq, state.last_seq - limit + 1), state.last_seq + 1):

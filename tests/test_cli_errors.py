@@ -1,0 +1,62 @@
+"""A command given something wrong says what, in one line, and exits non-zero: never a traceback.
+
+Each case is what a person types by mistake: a path that is not there, a key file that is not a
+key, a stream or subject that does not exist, a server that is not running."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from nats.js.api import StreamConfig
+
+from consumers.notify.store import DLQ_STREAM
+
+PGW = str(Path(sys.executable).parent / "pgw")
+
+
+async def _pgw(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(PGW, "--log-format", "json", *args,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_each_mistake_is_one_clear_line(nats_server, nc, tmp_path: Path) -> None:
+    url = nats_server.client_url
+    data = str(tmp_path / "data")
+    not_a_key = tmp_path / "notes.txt"
+    not_a_key.write_text("not a key\n")
+    cases = {
+        "verify a file that is not there": (
+            ("verify", str(tmp_path / "missing.cose")), "cannot read", "missing.cose"),
+        "verify with a key file that is not there": (
+            ("verify", "--key", str(tmp_path / "k.pem"), str(not_a_key)), "neither 64 hex digits nor a readable PEM", "k.pem"),
+        "verify a stream that does not exist": (
+            ("--server", url, "--data-dir", data, "verify", "--stream", "NOPE"), "stream 'NOPE' does not exist", "pgw streams"),
+        "log verify a stream that does not exist": (
+            ("--server", url, "--data-dir", data, "log", "verify", "--stream", "NOPE"), "stream 'NOPE' does not exist", "pgw streams"),
+        "log verify with a key that is not a key": (
+            ("--server", url, "--data-dir", data, "log", "verify", "--pubkey", str(not_a_key)), "as a PEM public key", "notes.txt"),
+        "tail something that is not a subject": (
+            ("--server", url, "tail", "pgw verdict", "--count", "1"), "is not a NATS subject", "'pgw verdict'"),
+        "tail the history of a subject no stream stores": (
+            ("--server", url, "tail", "nostream.x", "--all", "--count", "1"), "no stream stores 'nostream.x'", "watched live"),
+        "tail with no server running": (
+            ("--server", "nats://127.0.0.1:1", "tail", "pgw.>", "--count", "1"), "cannot connect to nats://127.0.0.1:1", ""),
+    }
+    results = await asyncio.gather(*(_pgw(*args) for args, _, _ in cases.values()))
+    for (what, (_, said, also)), (rc, _out, err) in zip(cases.items(), results, strict=True):
+        assert rc != 0, what
+        assert "Traceback" not in err, (what, err)
+        assert said in err and also in err, (what, err)
+
+
+async def test_dead_letters_of_an_empty_stream_are_none(nats_server, nc) -> None:
+    """The dead-letter stream exists (the notifier made it) and is empty: `pgw notifications --dead`
+    lists none (an empty stream's first and last sequence are 0, which a message get refuses)."""
+    await nc.jetstream().add_stream(StreamConfig(name=DLQ_STREAM, subjects=["pgw.notify.deadletter"]))
+    rc, out, err = await _pgw("--server", nats_server.client_url, "notifications", "--dead")
+    assert rc == 0, err
+    assert "0 dead letter(s)" in out
