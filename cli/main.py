@@ -17,6 +17,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from nats.errors import TimeoutError as NatsTimeout
+
 from pgwcore import loop, tracing
 from pgwcore.config import Config, load_config
 from pgwcore.logs import configure_logging
@@ -123,6 +125,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except PgwError as e:
         print(f"pgw: {e}", file=sys.stderr)
+        return 1
+    except NatsTimeout:
+        # A request the server never answered. Most often the credentials may not make it: the
+        # server drops what a user may not publish and tells the requester nothing.
+        print("pgw: the server did not answer a request in time: these credentials may not be allowed "
+              "it (ops users read, the service credentials write; `pgw creds` lists the parties), or the "
+              "server is overloaded", file=sys.stderr)
         return 1
     finally:
         tracing.shutdown()

@@ -38,6 +38,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
+import nats.errors
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
@@ -100,6 +101,18 @@ class ReplayReport:
         return out
 
 
+async def stream_of(js: Any, rng: ReplayRange) -> str:
+    """The stream ``rng`` reads: the one named, else the one that stores its subject filter."""
+    if rng.stream is not None:
+        return rng.stream
+    if not rng.subject:
+        raise ReplayError("name a stream (--stream) or a subject filter (--subject)")
+    try:
+        return await js.find_stream_name_by_subject(rng.subject)
+    except NotFoundError:
+        raise ReplayError(f"no stream holds subject {rng.subject!r} (`pgw streams` lists each stream's subjects)") from None
+
+
 async def read_range(nc: Client, rng: ReplayRange) -> AsyncIterator[StoredMsg]:
     """Yield the messages of ``rng`` in stream order, without a consumer or any change.
 
@@ -107,14 +120,7 @@ async def read_range(nc: Client, rng: ReplayRange) -> AsyncIterator[StoredMsg]:
     create, pull from or ack no consumer (issue 19), can replay.
     """
     js = nc.jetstream()
-    stream = rng.stream
-    if stream is None:
-        if not rng.subject:
-            raise ReplayError("name a stream (--stream) or a subject filter (--subject)")
-        try:
-            stream = await js.find_stream_name_by_subject(rng.subject)
-        except NotFoundError:
-            raise ReplayError(f"no stream holds subject {rng.subject!r}") from None
+    stream = await stream_of(js, rng)
     try:
         info = await js.stream_info(stream)
     except NotFoundError:
@@ -190,9 +196,7 @@ class Replayer:
     async def replay(self, rng: ReplayRange, target: str, *, dry_run: bool = False,
                      fresh_msg_id: bool = False) -> ReplayReport:
         self._check_target(target)
-        stream = rng.stream or (
-            await self.js.find_stream_name_by_subject(rng.subject) if rng.subject else "?"
-        )
+        stream = await stream_of(self.js, rng)
         report = ReplayReport(stream=stream)
         self._core_target = False
         if target != GATEWAY:
@@ -246,7 +250,13 @@ class Replayer:
             await self.nc.flush()
             act.action = "published"
             return act
-        ack = await self.js.publish(subject, msg.data, headers=headers)
+        try:
+            ack = await self.js.publish(subject, msg.data, headers=headers)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            # The server drops a publish the credentials may not make, and says nothing to the publisher.
+            raise ReplayError(f"no acknowledgement for {subject!r} from its stream: these credentials may not "
+                              "publish it (a replay that publishes needs service credentials, e.g. "
+                              "<data folder>/creds/service-services.creds; ops credentials can --dry-run)") from None
         act.action = "duplicate" if ack.duplicate else "published"
         if ack.duplicate:
             act.reason = "dropped by the stream's duplicate window (same Nats-Msg-Id)"

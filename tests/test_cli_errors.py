@@ -45,6 +45,14 @@ async def test_each_mistake_is_one_clear_line(nats_server, nc, tmp_path: Path) -
             ("--server", url, "tail", "nostream.x", "--all", "--count", "1"), "no stream stores 'nostream.x'", "watched live"),
         "tail with no server running": (
             ("--server", "nats://127.0.0.1:1", "tail", "pgw.>", "--count", "1"), "cannot connect to nats://127.0.0.1:1", ""),
+        "replay a subject no stream stores": (
+            ("--server", url, "replay", "--subject", "no.such", "--dry-run"), "no stream holds subject 'no.such'", ""),
+        "a mandate for a governed object that is not a UUID v4": (
+            ("--data-dir", data, "mandate", "issue", "--agent", "bot", "--so-id", "booking-17", "--principal", "alice",
+             "--action", "CloseBooking"), "is not a UUID v4", "spec 003"),
+        "a mandate for an agent name no subject can carry": (
+            ("--data-dir", data, "mandate", "issue", "--agent", "bad agent", "--so-id", "0a4c661a-4172-40d7-9aab-b1073e9c1bcb",
+             "--principal", "alice", "--action", "CloseBooking"), "invalid agent token 'bad agent'", ""),
     }
     results = await asyncio.gather(*(_pgw(*args) for args, _, _ in cases.values()))
     for (what, (_, said, also)), (rc, _out, err) in zip(cases.items(), results, strict=True):
@@ -60,3 +68,35 @@ async def test_dead_letters_of_an_empty_stream_are_none(nats_server, nc) -> None
     rc, out, err = await _pgw("--server", nats_server.client_url, "notifications", "--dead")
     assert rc == 0, err
     assert "0 dead letter(s)" in out
+
+
+async def test_what_the_credentials_may_not_do_is_said(tmp_path: Path) -> None:
+    """On a server enforcing per-party permissions the server drops what a user may not publish and tells
+    nobody: an agent's `pgw streams`, and an ops user's replay that would publish, end with a line saying
+    so (they were nats TimeoutError tracebacks)."""
+    from gateway.security import Party, embedded_auth
+    from pgwcore.config import load_config
+    from pgwcore.connect import connect
+    from pgwcore.server import EmbeddedServer
+    from pgwcore.streams import ensure_streams
+
+    config = load_config(None, data_dir=str(tmp_path / "d"), agents={"a1": {"principals": ["p1"]}},
+                         security={"ops": ["oncall"]})
+    auth = embedded_auth(config)
+    async with EmbeddedServer(tmp_path / "nats", port=-1, monitor_port=None, websocket_port=None,
+                              authorization=auth.server_block) as server:
+        service = await connect(server.client_url, creds=str(auth.service_creds))
+        try:
+            await ensure_streams(service.jetstream(), config.subjects)
+            await service.jetstream().publish("pgw.agent.a1.envelope", b"{}", headers={"Nats-Msg-Id": "a1:x"})
+        finally:
+            await service.close()
+        url = server.client_url
+        agent, ops = (str(auth.creds_for(Party(*p))) for p in (("agent", "a1"), ("ops", "oncall")))
+        (rc1, _, err1), (rc2, _, err2) = await asyncio.gather(
+            _pgw("--server", url, "--creds", agent, "streams"),
+            _pgw("--server", url, "--creds", ops, "replay", "--stream", "PGW_INBOUND", "--from-seq", "1"))
+    assert rc1 == 1 and "Traceback" not in err1
+    assert "did not answer a request in time: these credentials may not be allowed it" in err1
+    assert rc2 != 0 and "Traceback" not in err2
+    assert "these credentials may not publish it" in err2 and "--dry-run" in err2

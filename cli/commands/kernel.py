@@ -163,9 +163,21 @@ async def verify_command(args: argparse.Namespace, config: Config) -> int:
 
 
 async def issue_command(args: argparse.Namespace, config: Config) -> int:
+    import msgspec
+
     from gateway.kernel.mandate import DEV_ISSUER_ROLE, issue_mandate
     from pgwcore.keys import load_or_create
+    from subjects.idp import UuidV4
+    from subjects.names import agent_token, principal_token
 
+    # A mandate the kernel would refuse whatever it is asked is refused here, where it can be mended.
+    agent_token(args.agent)
+    principal_token(args.principal)
+    try:
+        msgspec.convert(args.so_id, UuidV4)  # spec 003 §4.2: so_id is a UUID v4
+    except msgspec.ValidationError:
+        raise SystemExit(f"pgw mandate issue: --so-id {args.so_id!r} is not a UUID v4 (spec 003 §4.2), "
+                         "e.g. the output of `python -c 'import uuid; print(uuid.uuid4())'`") from None
     key = load_or_create(config.data_path, DEV_ISSUER_ROLE, keys_dir=config.keys_path)
     token = issue_mandate(
         key.private, key.kid, agent=args.agent, so_id=args.so_id, principal=args.principal,
