@@ -12,6 +12,7 @@ A handler is ``async def handler(args, config) -> int``.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -125,6 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except PgwError as e:
         print(f"pgw: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        # A port this command serves on is taken (another surface, notifier or `pgw up`).
+        print(f"pgw: {e.strerror or e}: another process (a second copy of this command?) listens there; "
+              "stop it or choose another port", file=sys.stderr)
         return 1
     except NatsTimeout:
         # A request the server never answered. Most often the credentials may not make it: the

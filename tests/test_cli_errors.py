@@ -100,3 +100,21 @@ async def test_what_the_credentials_may_not_do_is_said(tmp_path: Path) -> None:
     assert "did not answer a request in time: these credentials may not be allowed it" in err1
     assert rc2 != 0 and "Traceback" not in err2
     assert "these credentials may not publish it" in err2 and "--dry-run" in err2
+
+
+async def test_a_surface_on_a_taken_port_or_for_a_stranger_says_so(nats_server, tmp_path: Path) -> None:
+    """`pgw surface-web` on a port another process holds exits with one line (it was an OSError traceback);
+    for a principal `pgw up` made no credentials for, it first warns that the page will be refused."""
+    import socket
+
+    data = tmp_path / "data"
+    (data / "creds").mkdir(parents=True)  # as `pgw up` leaves it, with no file for ~zed
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        rc, _, err = await _pgw("--server", nats_server.client_url, "--data-dir", str(data),
+                                "surface-web", "--principal", "zed", "--port", port)
+    assert rc == 1 and "Traceback" not in err
+    assert "address already in use" in err and "another process" in err
+    assert "no credentials for ~zed" in err

@@ -120,6 +120,13 @@ async def run_surface_web(args: argparse.Namespace, config: Config) -> int:
 
     principal = principal_token(args.principal)
     creds = principal_creds(args, config, principal)
+    creds_dir = Path(config.security.creds_dir) if config.security.creds_dir else config.data_path / "creds"
+    if creds is None and creds_dir.is_dir():
+        # `pgw up` wrote credentials for its parties, and this principal is not one of them: the
+        # page would connect to its server without any and be refused.
+        print(f"pgw surface-web: no credentials for ~{principal} in {creds_dir}: it is not a principal of "
+              "this configuration ([agents.NAME] principals, [security] principals); the page can only reach "
+              "a server that asks for none", file=sys.stderr)
     if args.port is not None and args.port != config.surfaces.web_port and not (args.ws_url or config.surfaces.ws_url):
         # issue 19: `pgw up` allows browsers only from http://127.0.0.1:{surfaces.web_port}.
         print(f"pgw surface-web: --port {args.port} is not surfaces.web_port ({config.surfaces.web_port}); "
