@@ -63,6 +63,7 @@ def configure_logging(fmt: Literal["auto", "json", "console"] = "auto", level: s
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
     )
+    _route_stdlib_logging(renderer)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -78,6 +79,37 @@ def configure_logging(fmt: Literal["auto", "json", "console"] = "auto", level: s
         logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
+
+
+def _route_stdlib_logging(renderer: structlog.typing.Processor) -> None:
+    """Lines of the standard library's loggers (asyncio's "Exception in callback" and "Task
+    exception was never retrieved", nats-py's, aiohttp's) in the same format as ours: one JSON
+    object per line, with ``logger`` and the traceback in ``exception``, not raw text lines in the
+    middle of a JSON log. Warnings and above, as Python's last-resort handler wrote them."""
+    handler = logging.StreamHandler(_CurrentStderr())
+    handler.set_name(_STDLIB_HANDLER)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.stdlib.add_logger_name,
+            structlog.stdlib.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            connection_errors_in_one_line,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+    ))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == _STDLIB_HANDLER]:
+        root.removeHandler(old)  # configured again (a second command in one process)
+    root.addHandler(handler)
+    if root.level == logging.NOTSET or root.level > logging.WARNING:
+        root.setLevel(logging.WARNING)
+
+
+_STDLIB_HANDLER = "pgw-structlog"
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
