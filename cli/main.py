@@ -127,19 +127,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PgwError as e:
         print(f"pgw: {e}", file=sys.stderr)
         return 1
-    except OSError as e:
-        if e.errno != errno.EADDRINUSE:
-            raise
-        # A port this command serves on is taken (another surface, notifier or `pgw up`).
-        print(f"pgw: {e.strerror or e}: another process (a second copy of this command?) listens there; "
-              "stop it or choose another port", file=sys.stderr)
-        return 1
     except NatsTimeout:
         # A request the server never answered. Most often the credentials may not make it: the
         # server drops what a user may not publish and tells the requester nothing.
         print("pgw: the server did not answer a request in time: these credentials may not be allowed "
               "it (ops users read, the service credentials write; `pgw creds` lists the parties), or the "
               "server is overloaded", file=sys.stderr)
+        return 1
+    except OSError as e:  # after NatsTimeout: Python's TimeoutError is an OSError too
+        if e.errno != errno.EADDRINUSE:
+            raise
+        # A port this command serves on is taken (another surface, notifier or `pgw up`).
+        print(f"pgw: {e.strerror or e}: another process (a second copy of this command?) listens there; "
+              "stop it or choose another port", file=sys.stderr)
         return 1
     finally:
         tracing.shutdown()
