@@ -8,8 +8,8 @@ queue deletes it). NATS wildcards match whole tokens only, so a consumer-name
 prefix cannot be granted either. ``pgw tail`` and ``pgw replay`` therefore read
 history one message at a time with ``$JS.API.STREAM.MSG.GET`` and
 ``next_by_subj``: in stream order, acknowledging nothing, touching no consumer.
-It is one request per message, which is fine for an operator's view and a
-bounded replay.
+It is one request per message (``pgwcore.msgget``), which is fine for an
+operator's view and a bounded replay.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from nats.aio.client import Client
-from nats.js.errors import NotFoundError
+
+from pgwcore.msgget import stored_on
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,5 @@ async def read_stored(
     js = nc.jetstream()
     if to_seq is None:
         to_seq = (await js.stream_info(stream)).state.last_seq
-    filt = subject or ">"
-    seq = max(1, from_seq)
-    while seq <= to_seq:
-        try:
-            raw = await js.get_msg(stream, seq, subject=filt, next=True)
-        except NotFoundError:
-            return
-        if raw.seq is None or raw.seq > to_seq:
-            return
-        yield StoredMsg(stream, raw.seq, raw.subject or "", raw.data or b"", dict(raw.headers or {}), raw.time)
-        seq = raw.seq + 1
+    async for raw in stored_on(js, stream, subject or ">", from_seq, to_seq):
+        yield StoredMsg(stream, raw.seq or 0, raw.subject or "", raw.data or b"", dict(raw.headers or {}), raw.time)

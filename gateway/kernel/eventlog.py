@@ -38,6 +38,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 from pgwcore.atomic import ERR_WRONG_LAST_SEQ, AckInbox
 from pgwcore.keys import SigningKey
 from pgwcore.logs import get_logger
+from pgwcore.msgget import stored_on
 from subjects import jcs
 from subjects.errors import PgwError
 from subjects.idp import GENESIS_DIGEST, LogEvent, b64url, log_event_decoder
@@ -300,16 +301,8 @@ async def _iter_stored(js: JetStreamContext, stream: str, subject: str) -> Any:
         return
     first, last = info.state.first_seq, info.state.last_seq
     if matched < info.state.messages:
-        seq = first
-        while seq <= last:
-            try:
-                raw = await js.get_msg(stream, seq, subject=subject, next=True)
-            except NotFoundError:
-                return
-            if raw.seq is None or raw.seq > last:
-                return
+        async for raw in stored_on(js, stream, subject, first, last):
             yield raw.seq, raw.subject or "", raw.data or b""
-            seq = raw.seq + 1
         return
     for start in range(first, last + 1, GET_WINDOW):
         got = await asyncio.gather(*(js.get_msg(stream, s) for s in range(start, min(start + GET_WINDOW, last + 1))),

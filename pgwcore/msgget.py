@@ -1,0 +1,30 @@
+"""A stream's messages on a subject, read by message get: no consumer at all.
+
+The read path of ops credentials (DESIGN §7): they may read every stream but may
+not create, pull from or ack a consumer, since each of those changes state
+someone else relies on. ``$JS.API.STREAM.MSG.GET`` with ``next_by_subj`` reads
+in stream order and changes nothing; it is one request per message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from nats.js import JetStreamContext
+from nats.js.api import RawStreamMsg
+from nats.js.errors import NotFoundError
+
+
+async def stored_on(js: JetStreamContext, stream: str, subject: str, from_seq: int,
+                    to_seq: int) -> AsyncIterator[RawStreamMsg]:
+    """Yield the messages of ``stream`` on ``subject`` (wildcards allowed) in [from_seq, to_seq], in order."""
+    seq = max(1, from_seq)
+    while seq <= to_seq:
+        try:
+            raw = await js.get_msg(stream, seq, subject=subject, next=True)
+        except NotFoundError:
+            return
+        if raw.seq is None or raw.seq > to_seq:
+            return
+        yield raw
+        seq = raw.seq + 1
