@@ -156,6 +156,9 @@ class KernelConfig(_Section):
     # A PERMIT without its transition report this long after is closed by a timeout verdict
     # (gateway/kernel/overdue.py); 0 = never.
     report_deadline_s: Annotated[float, Meta(ge=0)] = 3600.0
+    # The gate's sweep of open dispatches (docs/gate.md) runs at start, then this often; None:
+    # half the shortest executor timeout, between 0.2 and 5 s; 0: at start only.
+    gate_sweep_s: Annotated[float, Meta(ge=0, le=3600)] | None = None
     # denied action -> candidate paths (each a list of actions); offered only when derivable.
     suggested_paths: dict[str, list[list[str]]] = field(default_factory=dict)
 

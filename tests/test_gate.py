@@ -144,10 +144,13 @@ class GateEnv:
 
 
 def gate_config(make_config: Any, issuer: Issuer, tmp_path: Path, **executor: Any) -> Any:
+    """The gate's sweep runs at start only (``gate_sweep_s = 0``): the tests drive it with ``gate_sweep()``, and a
+    background pass that held a key meanwhile made a driven pass skip it (a flaky ``== 1``, a step still
+    ``permitted``)."""
     notes = {"actions": ["WriteNote", "FailNote", "SlowNote"], "timeout_s": 1.0, **executor}
     return make_config(
         kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path, POLICY)),
-                "executors": {"notes": notes}},
+                "executors": {"notes": notes}, "gate_sweep_s": 0},
         agents={AGENT: {"principals": [PRINCIPAL]}},
         pipeline={"secrets": {"values": [SECRET]}},
     )
@@ -571,6 +574,7 @@ async def test_the_sweep_stops_even_when_its_cancel_is_swallowed(genv: GateEnv) 
         return 0
 
     k.gate_sweep = swallowing  # type: ignore[method-assign]
+    k.cfg = msgspec.structs.replace(k.cfg, gate_sweep_s=0.2)  # a loop that goes on (genv's sweeps once)
     loop_task = asyncio.create_task(k._gate_loop())
     await asyncio.wait_for(inside.wait(), 10)  # the loop is inside its sweep
     k._stopping = True

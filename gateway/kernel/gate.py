@@ -629,7 +629,9 @@ class Gate:
 
     # -- the sweep: crash recovery and late results ------------------------------------------
     async def _gate_loop(self) -> None:
-        every = min(5.0, max(0.2, min(ex.timeout_s for ex in self.cfg.executors.values()) / 2))
+        every = self.cfg.gate_sweep_s
+        if every is None:
+            every = min(5.0, max(0.2, min(ex.timeout_s for ex in self.cfg.executors.values()) / 2))
         # Not `while True`: drain() sets _stopping before it cancels this task, and on Python 3.11 a
         # cancel that meets a request's own timeout is turned into TimeoutError by asyncio.wait_for
         # (caught below as a failed sweep): the loop would go on and drain() would wait for ever.
@@ -640,6 +642,8 @@ class Gate:
                 raise
             except Exception:
                 log.exception("the gate sweep failed")
+            if not every:
+                return  # at start only (kernel.gate_sweep_s = 0)
             await asyncio.sleep(every)
 
     async def gate_sweep(self, now: float | None = None) -> int:
