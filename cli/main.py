@@ -59,6 +59,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(value: str) -> str:
+    if value.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a log level ({', '.join(LOG_LEVELS)})")
+    return value.upper()
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a TCP port (0-65535)")
+    return port
+
+
 def add_global_options(parser: argparse.ArgumentParser, default: object) -> None:
     """The options every subcommand shares; ``default`` SUPPRESS keeps the top-level value."""
 
@@ -70,11 +89,12 @@ def add_global_options(parser: argparse.ArgumentParser, default: object) -> None
     parser.add_argument("--config", "-c", default=d(None), help="TOML configuration file (default: $PGW_CONFIG)")
     parser.add_argument("--data-dir", default=d(None), help="data folder (default: $PGW_DATA_DIR or .pgw)")
     parser.add_argument("--log-format", default=d(None), choices=["auto", "json", "console"], help="log output format")
-    parser.add_argument("--log-level", default=d(os.environ.get("PGW_LOG_LEVEL", "INFO")))
+    parser.add_argument("--log-level", type=_log_level, default=d(os.environ.get("PGW_LOG_LEVEL", "INFO")),
+                        help=f"{', '.join(LOG_LEVELS)} (default: $PGW_LOG_LEVEL or INFO)")
     parser.add_argument("--tls-ca", default=d(None), help="CA bundle of the NATS server's certificate (default: $NATS_CA or tls.ca)")
     parser.add_argument("--tls-cert", default=d(None), help="client certificate for a server that verifies clients ($NATS_CERT)")
     parser.add_argument("--tls-key", default=d(None), help="the client certificate's key ($NATS_KEY)")
-    parser.add_argument("--metrics-port", type=int, default=d(None),
+    parser.add_argument("--metrics-port", type=_port, default=d(None),
                         help="serve Prometheus metrics on this port (default: $PGW_METRICS_PORT or ops.metrics_port)")
 
 
@@ -99,11 +119,16 @@ def config_from_args(args: argparse.Namespace) -> Config:
                 {**msgspec.to_builtins(config.tls), **tls}, type(config.tls)))
         except msgspec.ValidationError as e:
             raise ConfigError("tls", str(e)) from e
-    metrics_port = getattr(args, "metrics_port", None) or os.environ.get("PGW_METRICS_PORT")
+    metrics_port = getattr(args, "metrics_port", None)
+    if metrics_port is None and os.environ.get("PGW_METRICS_PORT"):
+        try:
+            metrics_port = _port(os.environ["PGW_METRICS_PORT"])
+        except argparse.ArgumentTypeError as e:
+            raise ConfigError("PGW_METRICS_PORT", str(e)) from None
     if metrics_port:  # nested section: replaced field by field, keeping the file's other ops keys
         import msgspec
 
-        config = msgspec.structs.replace(config, ops=msgspec.structs.replace(config.ops, metrics_port=int(metrics_port)))
+        config = msgspec.structs.replace(config, ops=msgspec.structs.replace(config.ops, metrics_port=metrics_port))
     return config
 
 

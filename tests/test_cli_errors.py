@@ -118,3 +118,28 @@ async def test_a_surface_on_a_taken_port_or_for_a_stranger_says_so(nats_server, 
     assert rc == 1 and "Traceback" not in err
     assert "address already in use" in err and "another process" in err
     assert "no credentials for ~zed" in err
+
+
+async def test_a_bad_log_level_or_metrics_port_is_said_before_anything_runs(tmp_path: Path) -> None:
+    """From the command line or the environment: a usage error naming the setting (a KeyError or ValueError
+    traceback before)."""
+    import os
+
+    async def pgw_env(env: dict[str, str], *args: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(PGW, *args, env={**os.environ, **env},
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode or 0, err.decode()
+
+    cases = [
+        ({}, ("--log-level", "loud", "schema"), "'loud' is not a log level"),
+        ({"PGW_LOG_LEVEL": "loud"}, ("schema",), "'loud' is not a log level"),
+        ({}, ("--metrics-port", "99999", "schema"), "'99999' is not a TCP port"),
+        ({"PGW_METRICS_PORT": "abc"}, ("schema",), "PGW_METRICS_PORT: 'abc' is not a TCP port"),
+    ]
+    results = await asyncio.gather(*(pgw_env(env, *args) for env, args, _ in cases))
+    for (_, args, said), (rc, err) in zip(cases, results, strict=True):
+        assert rc == 2 and "Traceback" not in err, (args, err)
+        assert said in err, (args, err)
+    rc, err = await pgw_env({"PGW_LOG_LEVEL": "warning"}, "--data-dir", str(tmp_path), "schema", "Verdict")
+    assert rc == 0, err
