@@ -275,6 +275,16 @@ class RegistrarConfig(_Section):
     http_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     poll_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
 
+    def __post_init__(self) -> None:
+        if self.ts_url:
+            from urllib.parse import urlsplit
+
+            u = urlsplit(self.ts_url)
+            if u.scheme not in ("http", "https") or not u.hostname:
+                # Else every registration fails as if the TS were down, and the registrar retries for ever.
+                raise ConfigError("registrar.ts_url", f"{self.ts_url!r} is not an http:// or https:// URL of the "
+                                                      "Transparency Service (e.g. https://ts.example)")
+
 
 class ContractConfig(_Section):
     """spec 002 "Envelope Contract" for one agent: the kinds it may emit besides the universals."""

@@ -264,3 +264,15 @@ def test_readme_ts_configuration_loads() -> None:
     reg = tomllib.loads(block)["registrar"]
     config = load_config(None, registrar=reg)
     assert config.registrar.ts_url == "https://ts.example" and config.registrar.ts_public_key == "ts-key.pem"
+
+
+def test_a_ts_url_that_is_not_one_is_refused_at_start() -> None:
+    """A registrar.ts_url that is no http(s) URL is a configuration error naming it; before, every
+    registration failed as if the Transparency Service were down, and the registrar retried for ever."""
+    from pgwcore.config import load_config
+    from subjects.errors import ConfigError
+
+    for bad in ("not a url", "ts.example", "ftp://ts.example", "https://"):
+        with pytest.raises(ConfigError, match=r"registrar\.ts_url"):
+            load_config(None, registrar={"ts_url": bad})
+    assert load_config(None, registrar={"ts_url": "http://127.0.0.1:8080/"}).registrar.ts_url
