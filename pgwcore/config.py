@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct, field
 
-from pgwcore.notifier_config import NotifierConfig
+from pgwcore.notifier_config import NotifierConfig, check_http_url
 from pgwcore.slack_config import SlackConfig
 from pgwcore.tls import TlsFiles
 from subjects.errors import ConfigError
@@ -276,14 +276,8 @@ class RegistrarConfig(_Section):
     poll_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
 
     def __post_init__(self) -> None:
-        if self.ts_url:
-            from urllib.parse import urlsplit
-
-            u = urlsplit(self.ts_url)
-            if u.scheme not in ("http", "https") or not u.hostname:
-                # Else every registration fails as if the TS were down, and the registrar retries for ever.
-                raise ConfigError("registrar.ts_url", f"{self.ts_url!r} is not an http:// or https:// URL of the "
-                                                      "Transparency Service (e.g. https://ts.example)")
+        if self.ts_url:  # else every registration fails as if the TS were down, and is retried for ever
+            check_http_url(self.ts_url, "registrar.ts_url")
 
 
 class ContractConfig(_Section):
