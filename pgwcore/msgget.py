@@ -1,4 +1,4 @@
-"""A stream's messages on a subject, read by message get: no consumer at all.
+"""A stream's messages, read by message get: no consumer at all.
 
 The read path of ops credentials (DESIGN §7): they may read every stream but may
 not create, pull from or ack a consumer, since each of those changes state
@@ -8,6 +8,7 @@ in stream order and changes nothing; it is one request per message.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from nats.js import JetStreamContext
@@ -28,3 +29,22 @@ async def stored_on(js: JetStreamContext, stream: str, subject: str, from_seq: i
             return
         yield raw
         seq = raw.seq + 1
+
+
+WINDOW = 64  # gets in flight while reading a range of sequences
+
+
+async def stored_range(js: JetStreamContext, stream: str, first: int, last: int) -> AsyncIterator[RawStreamMsg]:
+    """Yield the messages of ``stream`` at sequences [first, last], in order, ``WINDOW`` gets at a time.
+
+    A sequence the stream no longer holds is skipped (a caller that must know compares sequences);
+    sequence 0, which an empty stream reports as its first and last, is never asked for."""
+    for start in range(max(1, first), last + 1, WINDOW):
+        got = await asyncio.gather(*(js.get_msg(stream, s) for s in range(start, min(start + WINDOW, last + 1))),
+                                   return_exceptions=True)
+        for raw in got:
+            if isinstance(raw, NotFoundError):
+                continue
+            if isinstance(raw, BaseException):
+                raise raw
+            yield raw

@@ -6,21 +6,51 @@ key, a stream or subject that does not exist, a server that is not running."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 from nats.js.api import StreamConfig
 
 from consumers.notify.store import DLQ_STREAM
+from gateway.security import EmbeddedAuth, Party, embedded_auth
+from pgwcore.config import load_config
+from pgwcore.connect import connect
+from pgwcore.server import EmbeddedServer
+from pgwcore.streams import ensure_streams
 
 PGW = str(Path(sys.executable).parent / "pgw")
 
 
-async def _pgw(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(PGW, "--log-format", "json", *args,
+async def _pgw(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(PGW, "--log-format", "json", *args, env={**os.environ, **(env or {})},
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     return proc.returncode or 0, out.decode(), err.decode()
+
+
+@pytest.fixture
+async def secured(tmp_path: Path) -> AsyncIterator[tuple[str, EmbeddedAuth]]:
+    """A server enforcing per-party permissions, as `pgw up` starts it (agent a1 -> p1, ops user oncall),
+    its streams made and one envelope stored; (its URL, the parties' credentials)."""
+    config = load_config(None, data_dir=str(tmp_path / "d"), agents={"a1": {"principals": ["p1"]}},
+                         security={"ops": ["oncall"]})
+    auth = embedded_auth(config)
+    async with EmbeddedServer(tmp_path / "nats", port=-1, monitor_port=None, websocket_port=None,
+                              authorization=auth.server_block) as server:
+        service = await connect(server.client_url, creds=str(auth.service_creds))
+        try:
+            await ensure_streams(service.jetstream(), config.subjects)
+            await service.jetstream().publish("pgw.agent.a1.envelope", b"{}", headers={"Nats-Msg-Id": "a1:x"})
+        finally:
+            await service.close()
+        yield server.client_url, auth
+
+
+def _creds(auth: EmbeddedAuth, role: str, name: str) -> str:
+    return str(auth.creds_for(Party(role, name)))
 
 
 async def test_each_mistake_is_one_clear_line(nats_server, nc, tmp_path: Path) -> None:
@@ -70,36 +100,43 @@ async def test_dead_letters_of_an_empty_stream_are_none(nats_server, nc) -> None
     assert "0 dead letter(s)" in out
 
 
-async def test_what_the_credentials_may_not_do_is_said(tmp_path: Path) -> None:
+async def test_what_the_credentials_may_not_do_is_said(secured: tuple[str, EmbeddedAuth]) -> None:
     """On a server enforcing per-party permissions the server drops what a user may not publish and tells
     nobody: an agent's `pgw streams`, and an ops user's replay that would publish, end with a line saying
     so (they were nats TimeoutError tracebacks)."""
-    from gateway.security import Party, embedded_auth
-    from pgwcore.config import load_config
-    from pgwcore.connect import connect
-    from pgwcore.server import EmbeddedServer
-    from pgwcore.streams import ensure_streams
-
-    config = load_config(None, data_dir=str(tmp_path / "d"), agents={"a1": {"principals": ["p1"]}},
-                         security={"ops": ["oncall"]})
-    auth = embedded_auth(config)
-    async with EmbeddedServer(tmp_path / "nats", port=-1, monitor_port=None, websocket_port=None,
-                              authorization=auth.server_block) as server:
-        service = await connect(server.client_url, creds=str(auth.service_creds))
-        try:
-            await ensure_streams(service.jetstream(), config.subjects)
-            await service.jetstream().publish("pgw.agent.a1.envelope", b"{}", headers={"Nats-Msg-Id": "a1:x"})
-        finally:
-            await service.close()
-        url = server.client_url
-        agent, ops = (str(auth.creds_for(Party(*p))) for p in (("agent", "a1"), ("ops", "oncall")))
-        (rc1, _, err1), (rc2, _, err2) = await asyncio.gather(
-            _pgw("--server", url, "--creds", agent, "streams"),
-            _pgw("--server", url, "--creds", ops, "replay", "--stream", "PGW_INBOUND", "--from-seq", "1"))
+    url, auth = secured
+    agent, ops = _creds(auth, "agent", "a1"), _creds(auth, "ops", "oncall")
+    (rc1, _, err1), (rc2, _, err2) = await asyncio.gather(
+        _pgw("--server", url, "--creds", agent, "streams"),
+        _pgw("--server", url, "--creds", ops, "replay", "--stream", "PGW_INBOUND", "--from-seq", "1"))
     assert rc1 == 1 and "Traceback" not in err1
     assert "did not answer a request in time: these credentials may not be allowed it" in err1
     assert rc2 != 0 and "Traceback" not in err2
     assert "these credentials may not publish it" in err2 and "--dry-run" in err2
+
+
+async def test_a_revocation_with_no_gateway_running_says_so(nats_server, tmp_path: Path) -> None:
+    """`pgw mandate revoke` with nobody to answer: a clear error and exit 1, never a traceback."""
+    rc, _, err = await _pgw("--server", nats_server.client_url, "--data-dir", str(tmp_path / "d"),
+                            "mandate", "revoke", "jti-1", "--reason", "test")
+    assert rc == 1
+    assert "no gateway answers on pgw.kernel.revoke" in err and "pgw up" in err
+    assert "Traceback" not in err
+
+
+async def test_a_kernel_request_these_credentials_may_not_send_names_who_may(
+        secured: tuple[str, EmbeddedAuth], tmp_path: Path) -> None:
+    """An agent's credentials cannot publish `kernel.revoke` or another auditor's audit subject: the server
+    drops the publish, the request times out, and the error says who may send it."""
+    url, auth = secured
+    common = ("--server", url, "--data-dir", str(tmp_path / "d"), "--creds", _creds(auth, "agent", "a1"))
+    (rc1, _, err1), (rc2, _, err2) = await asyncio.gather(
+        _pgw(*common, "mandate", "revoke", "jti-1", "--timeout", "1"),
+        _pgw(*common, "audit", "session", "s-1", "--agent", "a1", "--auditor", "carol", "--timeout", "1"))
+    assert rc1 == 1 and "Traceback" not in err1
+    assert "no answer on pgw.kernel.revoke within 1 s" in err1 and "ops users may send revocations" in err1
+    assert rc2 == 1 and "Traceback" not in err2
+    assert "no answer on pgw.kernel.audit.carol within 1 s" in err2 and "audit-carol.creds" in err2
 
 
 async def test_a_surface_on_a_taken_port_or_for_a_stranger_says_so(nats_server, tmp_path: Path) -> None:
@@ -123,23 +160,15 @@ async def test_a_surface_on_a_taken_port_or_for_a_stranger_says_so(nats_server, 
 async def test_a_bad_log_level_or_metrics_port_is_said_before_anything_runs(tmp_path: Path) -> None:
     """From the command line or the environment: a usage error naming the setting (a KeyError or ValueError
     traceback before)."""
-    import os
-
-    async def pgw_env(env: dict[str, str], *args: str) -> tuple[int, str]:
-        proc = await asyncio.create_subprocess_exec(PGW, *args, env={**os.environ, **env},
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        _, err = await asyncio.wait_for(proc.communicate(), 60)
-        return proc.returncode or 0, err.decode()
-
     cases = [
         ({}, ("--log-level", "loud", "schema"), "'loud' is not a log level"),
         ({"PGW_LOG_LEVEL": "loud"}, ("schema",), "'loud' is not a log level"),
         ({}, ("--metrics-port", "99999", "schema"), "'99999' is not a TCP port"),
         ({"PGW_METRICS_PORT": "abc"}, ("schema",), "PGW_METRICS_PORT: 'abc' is not a TCP port"),
     ]
-    results = await asyncio.gather(*(pgw_env(env, *args) for env, args, _ in cases))
-    for (_, args, said), (rc, err) in zip(cases, results, strict=True):
+    results = await asyncio.gather(*(_pgw(*args, env=env) for env, args, _ in cases))
+    for (_, args, said), (rc, _, err) in zip(cases, results, strict=True):
         assert rc == 2 and "Traceback" not in err, (args, err)
         assert said in err, (args, err)
-    rc, err = await pgw_env({"PGW_LOG_LEVEL": "warning"}, "--data-dir", str(tmp_path), "schema", "Verdict")
+    rc, _, err = await _pgw("--data-dir", str(tmp_path), "schema", "Verdict", env={"PGW_LOG_LEVEL": "warning"})
     assert rc == 0, err

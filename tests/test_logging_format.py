@@ -36,9 +36,10 @@ def test_a_callback_that_raises_is_one_json_line_with_its_traceback(capsys, root
     async def main() -> None:
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(None)  # the loop's default handler, as in a service
+        after = asyncio.Event()
         loop.call_soon(raises)
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        loop.call_soon(after.set)  # callbacks run in order: set once the raising one has run
+        await after.wait()
 
     asyncio.run(main())
     (line,) = _lines(capsys.readouterr().err)

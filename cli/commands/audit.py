@@ -46,20 +46,21 @@ def _load_private(path: str) -> Any:
     return key
 
 
-async def _ask(nc: Any, config: Config, subject: str, body: bytes, timeout: float, who_may: str) -> Any:
-    """One request to the kernel; no answer is a clear error naming the two likely causes, not a traceback.
+async def _ask(config: Config, name: str, subject: str, body: bytes, timeout: float, who_may: str) -> Any:
+    """One request to the kernel on a connection of its own; no answer is a clear error naming the two likely
+    causes, not a traceback.
 
     The server drops a publish these credentials may not make without telling the request, so a refused
     permission and a gateway that is not running both end in the timeout."""
     from nats.errors import NoRespondersError
-    from nats.errors import TimeoutError as NatsTimeout
 
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name=name, once=True)
     try:
         return await nc.request(subject, body, timeout=timeout)
     except NoRespondersError:
         raise SystemExit(f"pgw: no gateway answers on {subject} at {config.nats_url}: start `pgw up` "
                          "(or `pgw gateway`) with the kernel") from None
-    except (NatsTimeout, TimeoutError):
+    except TimeoutError:  # nats' own TimeoutError is one
         raise SystemExit(f"pgw: no answer on {subject} within {timeout:g} s: no gateway is running at "
                          f"{config.nats_url}, or these credentials may not send it: {who_may}") from None
     finally:
@@ -87,8 +88,7 @@ async def revoke_command(args: argparse.Namespace, config: Config) -> int:
         dev = load_or_create(config.data_path, DEV_ISSUER_ROLE, keys_dir=config.keys_path)
         priv, kid = dev.private, args.kid or dev.kid
     token = sign_revocation(priv, kid, args.jti, reason=args.reason)
-    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-mandate-revoke", once=True)
-    msg = await _ask(nc, config, revoke_subject(config.subjects.prefix), msgspec.json.encode(RevokeRequest(token)), args.timeout,
+    msg = await _ask(config, "pgw-mandate-revoke", revoke_subject(config.subjects.prefix), msgspec.json.encode(RevokeRequest(token)), args.timeout,
                      "ops users may send revocations (`[security] ops = [\"NAME\"]`, `--creds <data folder>/creds/ops-NAME.creds`)")
     reply = revoke_reply_decoder.decode(msg.data)
     print(json.dumps(msgspec.to_builtins(reply), indent=2))
@@ -102,8 +102,7 @@ async def audit_command(args: argparse.Namespace, config: Config) -> int:
         req = AuditRequest(kind="session", id=args.id, agent=args.agent, from_seq=args.from_seq)
     else:
         req = AuditRequest(kind="idp", id=args.id, from_seq=args.from_seq)
-    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-audit", once=True)
-    msg = await _ask(nc, config, audit_subject(config.subjects.prefix, args.auditor), msgspec.json.encode(req), args.timeout,
+    msg = await _ask(config, "pgw-audit", audit_subject(config.subjects.prefix, args.auditor), msgspec.json.encode(req), args.timeout,
                      f"only the auditor {args.auditor!r} may ask (`[security] auditors`, `--creds <data folder>/creds/audit-{args.auditor}.creds`)")
     reply = audit_reply_decoder.decode(msg.data)
     print(json.dumps(msgspec.to_builtins(reply), indent=2))

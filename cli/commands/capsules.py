@@ -27,6 +27,7 @@ from consumers.verifier import Result, Store, open_items, payload_of, verify_man
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.keys import kid_of, public_keys, rotate
+from pgwcore.msgget import stored_range
 from pgwcore.service import serve_alone
 from subjects.errors import PgwError
 
@@ -136,14 +137,8 @@ async def read_stream(config: Config, stream: str) -> list[tuple[str, bytes]]:
             state = (await js.stream_info(stream)).state
         except NotFoundError:
             raise SystemExit(f"pgw verify: stream {stream!r} does not exist (`pgw streams` lists them)") from None
-        out = []
-        for seq in range(state.first_seq or 1, (state.last_seq or 0) + 1):
-            try:
-                m = await js.get_msg(stream, seq)
-            except NotFoundError:
-                continue
-            out.append((f"{stream}#{seq}", m.data or b""))
-        return out
+        return [(f"{stream}#{m.seq}", m.data or b"")
+                async for m in stored_range(js, stream, state.first_seq, state.last_seq)]
     finally:
         await nc.close()
 

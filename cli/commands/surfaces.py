@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import signal
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgwcore.service import run_services, stop_event
@@ -67,11 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def principal_creds(args: argparse.Namespace, config: Config, principal: str) -> str | None:
     """The credentials to use: explicit, else the file ``pgw creds`` wrote for this principal."""
+    from gateway.security import Party, party_creds
+
     if config.creds:  # --creds (before or after the subcommand) or $NATS_CREDS
         return config.creds
-    creds_dir = Path(config.security.creds_dir) if config.security.creds_dir else config.data_path / "creds"
-    candidate = creds_dir / f"principal-{principal}.creds"
-    return str(candidate) if candidate.exists() else None
+    return party_creds(config, Party("principal", principal))
 
 
 def ws_url_of(args: argparse.Namespace, config: Config) -> str:
@@ -120,11 +119,13 @@ async def run_surface_web(args: argparse.Namespace, config: Config) -> int:
 
     principal = principal_token(args.principal)
     creds = principal_creds(args, config, principal)
-    creds_dir = Path(config.security.creds_dir) if config.security.creds_dir else config.data_path / "creds"
-    if creds is None and creds_dir.is_dir():
+    from gateway.security import creds_dir as creds_folder
+
+    folder = creds_folder(config)
+    if creds is None and folder.is_dir():
         # `pgw up` wrote credentials for its parties, and this principal is not one of them: the
         # page would connect to its server without any and be refused.
-        print(f"pgw surface-web: no credentials for ~{principal} in {creds_dir}: it is not a principal of "
+        print(f"pgw surface-web: no credentials for ~{principal} in {folder}: it is not a principal of "
               "this configuration ([agents.NAME] principals, [security] principals); the page can only reach "
               "a server that asks for none", file=sys.stderr)
     if args.port is not None and args.port != config.surfaces.web_port and not (args.ws_url or config.surfaces.ws_url):

@@ -25,6 +25,7 @@ from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
+from pgwcore.msgget import stored_range
 from pgwcore.streams import ensure_kv, ensure_stream
 from subjects.names import Subjects
 
@@ -232,15 +233,6 @@ async def dead_letters(js: JetStreamContext, limit: int = 100) -> list[DeadLette
         state = (await js.stream_info(DLQ_STREAM)).state
     except NotFoundError:
         return []
-    if not state.messages:
-        return []  # an empty stream reports first and last sequence 0, which no get accepts
-    out: list[DeadLetter] = []
     dec = msgspec.json.Decoder(DeadLetter)
-    for seq in range(max(state.first_seq, state.last_seq - limit + 1), state.last_seq + 1):
-        try:
-            msg = await js.get_msg(DLQ_STREAM, seq)
-        except NotFoundError:
-            continue
-        if msg.data:
-            out.append(dec.decode(msg.data))
-    return out
+    first = max(state.first_seq, state.last_seq - limit + 1)
+    return [dec.decode(m.data) async for m in stored_range(js, DLQ_STREAM, first, state.last_seq) if m.data]

@@ -38,7 +38,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 from pgwcore.atomic import ERR_WRONG_LAST_SEQ, AckInbox
 from pgwcore.keys import SigningKey
 from pgwcore.logs import get_logger
-from pgwcore.msgget import stored_on
+from pgwcore.msgget import stored_on, stored_range
 from subjects import jcs
 from subjects.errors import PgwError
 from subjects.idp import GENESIS_DIGEST, LogEvent, b64url, log_event_decoder
@@ -282,37 +282,23 @@ async def _iter_stream(js: JetStreamContext, stream: str, subject: str) -> Any:
         await sub.unsubscribe()
 
 
-GET_WINDOW = 64  # message gets in flight while walking a whole stream
-
-
 async def _iter_stored(js: JetStreamContext, stream: str, subject: str) -> Any:
     """Yield (seq, subject, data) of every message on ``subject`` in stream order, by message get.
 
     No consumer is created: ops credentials may read every stream but create no consumer
     (DESIGN §7), and ``pgw log verify`` must work with them as ``pgw tail`` does. When the filter
-    takes every stored message (the whole log), gets of consecutive sequences go ``GET_WINDOW``
-    at a time, a sequence the server no longer holds being skipped (the walk reports the gap);
+    takes every stored message (the whole log), consecutive sequences are read a window at a
+    time, a sequence the server no longer holds being skipped (the walk reports the gap);
     otherwise one get of the next message on the subject at a time."""
-    from nats.js.errors import NotFoundError
-
     info = await js.stream_info(stream, subjects_filter=subject)
     matched = sum((info.state.subjects or {}).values())
     if not info.state.messages or not matched:
         return
     first, last = info.state.first_seq, info.state.last_seq
-    if matched < info.state.messages:
-        async for raw in stored_on(js, stream, subject, first, last):
-            yield raw.seq, raw.subject or "", raw.data or b""
-        return
-    for start in range(first, last + 1, GET_WINDOW):
-        got = await asyncio.gather(*(js.get_msg(stream, s) for s in range(start, min(start + GET_WINDOW, last + 1))),
-                                   return_exceptions=True)
-        for raw in got:
-            if isinstance(raw, NotFoundError):
-                continue
-            if isinstance(raw, BaseException):
-                raise raw
-            yield raw.seq, raw.subject or "", raw.data or b""
+    walk = stored_on(js, stream, subject, first, last) if matched < info.state.messages else \
+        stored_range(js, stream, first, last)
+    async for raw in walk:
+        yield raw.seq, raw.subject or "", raw.data or b""
 
 
 async def verify_stream(
