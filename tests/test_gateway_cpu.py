@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.security.seen import seen
 from gateway.stages import lints, moment_grammar
 from gateway.stages.base import Ctx, Turn
 from gateway.stages.redaction import Redactor
@@ -143,7 +144,7 @@ def test_a_remembered_metric_label_is_the_one_judged_afresh(value: str) -> None:
 
 
 def _hatch_reference(label: str) -> str | None:
-    m = lints._HATCH_LABEL.match(" ".join(label.split()))
+    m = lints._HATCH_LABEL.match(seen(label))
     if m is None:
         return None
     return "free_text" if m.group("answer") else "dialogue" if m.group("question") else None

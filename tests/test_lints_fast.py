@@ -12,6 +12,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.security.seen import seen
 from gateway.stages import lints
 
 VOCAB = ["harbor", "ledger", "tax", "summary", "filing", "send", "the", "and", "of", "2025", "Weigh", "consider",
@@ -59,11 +60,12 @@ def test_known_answers() -> None:
 @settings(max_examples=400, deadline=None)
 @given(texts)
 def test_tradeoff_matches_the_regex(r: str) -> None:
-    assert lints._tradeoff(r) == (lints._TRADEOFF.search(r) is not None)
+    assert lints._tradeoff(seen(r)) == (lints._TRADEOFF_SEEN.search(seen(r)) is not None)
 
 
 def test_tradeoff_known_answers() -> None:
-    assert lints._tradeoff("Weigh the trade-offs before sending.")
-    assert lints._tradeoff("BALANCE all risks")
-    assert not lints._tradeoff("Send the 2025 tax summary PDF through the client portal. " * 40)
-    assert lints._tradeoff("Conſider the options")  # long s: a case-insensitive regex match, not ASCII
+    assert lints._tradeoff(seen("Weigh the trade-offs before sending."))
+    assert lints._tradeoff(seen("BALANCE all risks"))
+    assert not lints._tradeoff(seen("Send the 2025 tax summary PDF through the client portal. " * 40))
+    assert lints._tradeoff(seen("Соnsider the options"))  # Cyrillic С and о read as C and o
+    assert not lints._tradeoff(seen("Conſider the options"))  # UTS #39: the long s is drawn, and read, as f

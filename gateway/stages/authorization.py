@@ -77,6 +77,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from gateway.security.seen import seen, seen_cased, seen_pattern
+from gateway.security.text import visible
 from subjects.wire import Detail
 
 # ---------------------------------------------------------------------------
@@ -231,10 +233,11 @@ _DIRECTIVE = re.compile(
 
 
 def has_marker(text: str, markers: list[str]) -> str | None:
-    """The first forbidden marker ``text`` carries, matched as whole words, case-insensitive."""
-    t = unicodedata.normalize("NFKC", text).casefold()
+    """The first forbidden marker ``text`` carries, matched as whole words in the seen form of
+    both (gateway/security/seen.py): "vеrіfied" with Cyrillic е and і reads "verified"."""
+    t = seen(text)
     for m in markers:
-        m2 = unicodedata.normalize("NFKC", m).casefold().strip()
+        m2 = seen(m)
         if m2 and re.search(r"(?<!\w)" + re.escape(m2) + r"(?!\w)", t):
             return m
     return None
@@ -284,24 +287,30 @@ def visible_strings(env: AuthorizationEnvelope) -> list[tuple[str, str]]:
 # Control-plane vocabulary a principal-facing refusal text must not carry
 # (spec 001 RefusalReason: "MUST NOT leak control-plane details that enable
 # probing"; user_message: "no oracle/threshold details").
-_CONTROL_WORDS = re.compile(
+_CONTROL_WORDS = re.compile(seen_pattern(
     r"\b(?:oracles?|thresholds?|workflows?|provenance|enforcement[_ ]mode|authoritative[_ ]intent"
-    r"|non[_ -]authoritative|audit[_ ]ids?|cedar|gateway|pipeline|policy rules?|tiers?)\b",
-    re.IGNORECASE,
-)
-_CONTROL_CASED = re.compile(r"\b(?:INLINE|ASYNC|NON_AUTHORITATIVE_ONLY|BLOCKED|UNRESOLVABLE|POLICY_VIOLATION|EMERGENCY_ESCALATION)\b")
-_IDENTIFIER = re.compile(r"\b[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+\b")  # snake_case: config keys, rule codes
+    r"|non[_ -]authoritative|audit[_ ]ids?|cedar|gateway|pipeline|policy rules?|tiers?)\b"))
+_CONTROL_CASED = re.compile(r"\b(?:" + "|".join(re.escape(seen(w).upper()) for w in (
+    "INLINE", "ASYNC", "NON_AUTHORITATIVE_ONLY", "BLOCKED", "UNRESOLVABLE", "POLICY_VIOLATION",
+    "EMERGENCY_ESCALATION")) + r")\b")
+_IDENTIFIER = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")  # snake_case: config keys, rule codes
 _COMPARISON = re.compile(r"\d\s*(?:[<>]=?|[≤≥])\s*[-+]?\.?\d")  # "5.9 > 5.5"
 
 
 def control_plane_detail(text: str, names: Sequence[str] = ()) -> str | None:
-    """What in ``text`` is control-plane detail (a word, identifier, comparison or configured name), or None."""
-    t = unicodedata.normalize("NFKC", text)
-    for rx in (_CONTROL_WORDS, _CONTROL_CASED, _IDENTIFIER, _COMPARISON):
-        m = rx.search(t)
+    """What in ``text`` is control-plane detail (a word, identifier, comparison or configured name), or None.
+
+    Words, identifiers and names are judged on the seen form (gateway/security/seen.py), the
+    cased codes on the seen form with case kept, comparisons on the text as rendered (NFKC,
+    invisible characters removed: the fold reads the digit 1 as the letter i).
+    """
+    t = seen(text)
+    for rx, form in ((_CONTROL_WORDS, t), (_CONTROL_CASED, seen_cased(text)), (_IDENTIFIER, t),
+                     (_COMPARISON, visible(unicodedata.normalize("NFKC", text)))):
+        m = rx.search(form)
         if m:
             return m.group(0)
-    return has_marker(t, [n for n in names if len(n) >= 3])
+    return has_marker(text, [n for n in names if len(n) >= 3])
 
 
 def scrub_measurements(text: str) -> str:

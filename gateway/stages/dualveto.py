@@ -6,8 +6,11 @@ remembered in ``PGW_DEDUP`` under ``veto.{agent}.{principal}``. Two rules
 then apply to a later moment N from that agent to that principal:
 
 1. **Repeat** (``broken_handshake``): N repeats M's stem or M's option set
-   ("it SHALL NOT respond by re-emitting the same question"). Compared after
-   normalisation (NFKC, case-folded, punctuation and extra whitespace removed).
+   ("it SHALL NOT respond by re-emitting the same question"). Compared in
+   their seen form (gateway/security/seen.py: compatibility forms, invisible
+   characters, UTS #39 look-alikes and case folded), punctuation removed: a
+   stem re-emitted with Cyrillic or full-width letters, zero-width characters
+   or soft hyphens reads the same to the principal, so it is the same stem.
 2. **Same decision, objection not incorporated** (``objection_not_incorporated``):
    N is on the same decision as M, which has not been acknowledged yet, and N
    either closes the dialogue hatch or carries no acknowledgement of the
@@ -41,13 +44,13 @@ start) every check reads the bucket.
 from __future__ import annotations
 
 import re
-import unicodedata
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
+from gateway.security.seen import seen
 from gateway.stages.base import Ctx, Refuse
 from pgwcore.logs import get_logger
 from subjects.wire import BindingMoment, BindingMomentItem, Detail, DialogueVeto
@@ -77,8 +80,8 @@ _enc = msgspec.json.Encoder()
 
 
 def norm(text: str) -> str:
-    t = unicodedata.normalize("NFKC", text).casefold()
-    return _WS.sub(" ", _PUNCT.sub(" ", t)).strip()
+    """The seen form of ``text`` without punctuation: what the principal read, as compared here."""
+    return _WS.sub(" ", _PUNCT.sub(" ", seen(text))).strip()
 
 
 def option_set(bm: BindingMoment) -> list[str]:
@@ -104,7 +107,8 @@ def same_decision(v: Veto, bm: BindingMoment, opts: list[str], threshold: float)
     """Whether ``bm`` is on the decision vetoed in ``v`` (module docstring, rule 2)."""
     if v.decision_class and _decision_class(bm) == v.decision_class:
         return True
-    return _jaccard(v.words, stem_words(bm)) >= threshold or _jaccard(v.options, opts) >= threshold
+    return (_jaccard([norm(w) for w in v.words], stem_words(bm)) >= threshold
+            or _jaccard([norm(o) for o in v.options], opts) >= threshold)
 
 
 def _incorporates(v: Veto, bm: BindingMoment) -> list[str]:
@@ -180,7 +184,10 @@ class VetoCache:
 
 def _repeats(vetoes: list[Veto], stem: str, opts: list[str]) -> tuple[Veto, str] | None:
     for v in vetoes:
-        what = "stem" if v.stem == stem else "option set" if v.options == opts else None
+        # norm() again: a veto recorded under the earlier fold (NFKC and case only) compares as
+        # it is compared now; norm() of a normed text is the normed text.
+        what = ("stem" if norm(v.stem) == stem
+                else "option set" if sorted({norm(o) for o in v.options}) == opts else None)
         if what:
             return v, what
     return None

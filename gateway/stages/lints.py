@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from gateway.security.seen import seen, seen_pattern
 from subjects.wire import Detail
 
 P = "$.payload.binding_moment"
@@ -81,30 +82,37 @@ _HATCH_QUESTION = (
     r"|reopen (?:the )?(?:deliberation|discussion|question)|(?:i )?(?:don'?t|do not) accept the question"
     r"|not the right question|ask (?:me )?(?:a )?(?:different|another) question|discuss (?:it|this) first"
 )
+# Compiled for the seen form of a label (gateway/security/seen.py: look-alikes, invisible
+# characters and case folded), which is what the principal reads and so what is judged.
 _HATCH_LABEL = re.compile(
-    r"^\W*(?:(?:i(?:'d| would) (?:rather|like to)|i want to|please)\s+)?"
-    r"(?P<answer>" + _HATCH_ANSWER + r")?(?P<question>" + _HATCH_QUESTION + r")?"
-    r"(?:\s*[(\[][^)\]]{0,40}[)\]])?\W*$",
-    re.IGNORECASE,
+    seen_pattern(r"^\W*(?:(?:i(?:'d| would) (?:rather|like to)|i want to|please)\s+)?"
+                 r"(?P<answer>" + _HATCH_ANSWER + r")?(?P<question>" + _HATCH_QUESTION + r")?"
+                 r"(?:\s*[(\[][^)\]]{0,40}[)\]])?\W*$"),
 )
 
 
-# The words an ASCII label can begin with (after its leading non-word characters) when
+# The words a seen label can begin with (after its leading non-word characters) when
 # _HATCH_LABEL finds a hatch in it: the first words of its optional lead-in ("i'd rather",
 # "please") and of every alternative of _HATCH_ANSWER and _HATCH_QUESTION, all of which begin
 # with a letter. A label that begins otherwise is no hatch, and costs no regex attempt.
-_HATCH_FIRST = ("some", "any", "other", "none", "free", "write", "type", "enter", "give", "supply", "provide",
-                "my", "your", "custom", "let", "i", "specify", "a", "different", "reject", "decline", "refuse",
-                "challenge", "question", "this", "the", "wrong", "neither", "reopen", "do", "not", "ask",
-                "discuss", "please")
+_HATCH_FIRST = tuple(seen(w) for w in (
+    "some", "any", "other", "none", "free", "write", "type", "enter", "give", "supply", "provide",
+    "my", "your", "custom", "let", "i", "specify", "a", "different", "reject", "decline", "refuse",
+    "challenge", "question", "this", "the", "wrong", "neither", "reopen", "do", "not", "ask",
+    "discuss", "please"))
 _ASCII_NON_WORD = "".join(c for c in map(chr, range(128)) if not (c.isalnum() or c == "_"))  # \W in ASCII
 
 
 def hatch_of(label: str) -> str | None:
-    """``free_text`` or ``dialogue`` when ``label`` merely names that escape hatch (§6.6), else None."""
-    if label.isascii() and not label.lstrip(_ASCII_NON_WORD).lower().startswith(_HATCH_FIRST):
-        return None  # the regex's case folding is ASCII's on an ASCII label
-    m = _HATCH_LABEL.match(" ".join(label.split()))
+    """``free_text`` or ``dialogue`` when ``label`` merely names that escape hatch (§6.6), else None.
+
+    Judged on the label's seen form: "Something\u200b else", "Ѕomething else" (Cyrillic Ѕ)
+    and "Some\u00adthing else" all read "Something else" on the surface.
+    """
+    s = seen(label)
+    if s.isascii() and not s.lstrip(_ASCII_NON_WORD).startswith(_HATCH_FIRST):
+        return None
+    m = _HATCH_LABEL.match(s)
     if m is None:
         return None
     if m.group("answer"):
@@ -112,24 +120,23 @@ def hatch_of(label: str) -> str | None:
     return "dialogue" if m.group("question") else None
 
 
-_STOP = frozenset(
-    ["a", "an", "the", "and", "or", "but", "of", "to", "in", "on", "at", "for", "with", "by", "from", "as", "is", "are", "was", "were", "be", "been", "being", "it", "its", "this", "that", "these", "those", "your", "you", "we", "our", "i", "my", "their", "they", "them", "he", "she", "his", "her", "not", "no", "all", "any", "only", "just", "than", "then", "so", "do", "does", "did", "have", "has", "had", "will", "would", "should", "can", "could", "may", "might", "must"]
-)
+# Stop words as they read in a seen form ("them" is "thern" there, "all" is "aii").
+_STOP = frozenset(seen(w) for w in
+    ["a", "an", "the", "and", "or", "but", "of", "to", "in", "on", "at", "for", "with", "by", "from", "as", "is", "are", "was", "were", "be", "been", "being", "it", "its", "this", "that", "these", "those", "your", "you", "we", "our", "i", "my", "their", "they", "them", "he", "she", "his", "her", "not", "no", "all", "any", "only", "just", "than", "then", "so", "do", "does", "did", "have", "has", "had", "will", "would", "should", "can", "could", "may", "might", "must"])
 _WORD = re.compile(r"[a-z0-9]+(?:[-'][a-z0-9]+)*")
 
 
-# The same patterns without IGNORECASE, for lower-cased all-ASCII text: there
-# they match exactly what the case-insensitive ones match in the original
-# (lower() keeps every position), at about a third of the cost.
-_HEDGE_LOWER = re.compile(_HEDGE.pattern)
-_LEAD_LOWER = re.compile(_LEAD.pattern)
+# The same patterns folded for seen forms (gateway/security/seen.py): every lint judges the
+# text the principal reads, with look-alikes, invisible characters and case folded.
+_HEDGE_LOWER = re.compile(seen_pattern(_HEDGE.pattern))
+_LEAD_LOWER = re.compile(seen_pattern(_LEAD.pattern))
+_CONSIDERATION_SEEN = re.compile(seen_pattern(_CONSIDERATION.pattern))
+_TRADEOFF_SEEN = re.compile(seen_pattern(_TRADEOFF.pattern))
+_TRADEOFF_VERBS = tuple(seen(v) for v in ("weigh", "consider", "balance"))
 
 
-def _find(pattern: re.Pattern[str], lower: re.Pattern[str], text: str) -> str | None:
-    """The first match of case-insensitive ``pattern`` in ``text``, as written there."""
-    if text.isascii():
-        m = lower.search(text.lower())
-        return text[m.start():m.end()] if m else None
+def _find(pattern: re.Pattern[str], text: str) -> str | None:
+    """The first match of a seen-form ``pattern`` in the seen form ``text``, as it reads there."""
     m = pattern.search(text)
     return m.group(0) if m else None
 
@@ -176,14 +183,12 @@ def _norm(text: str) -> str:
 
 
 def _tradeoff(text: str) -> bool:
-    """``_TRADEOFF.search(text)``; on ASCII text the regex runs only if one of its verbs occurs
-    (lower-cased, a case-insensitive match needs the verb's letters), so a long recommendation
-    costs a substring scan, not a regex attempt at every position (issue 18)."""
-    if text.isascii():
-        low = text.lower()
-        if "weigh" not in low and "consider" not in low and "balance" not in low:  # _TRADEOFF's verbs
-            return False
-    return _TRADEOFF.search(text) is not None
+    """Whether the seen form ``text`` weighs trade-offs (``_TRADEOFF``); on ASCII text the regex
+    runs only if one of its verbs occurs, so a long recommendation costs a substring scan, not a
+    regex attempt at every position (issue 18)."""
+    if text.isascii() and not any(v in text for v in _TRADEOFF_VERBS):
+        return False
+    return _TRADEOFF_SEEN.search(text) is not None
 
 
 _SHORT_FINDING = 400  # characters: below this a finding is split whole rather than word by word
@@ -226,34 +231,41 @@ def restates(finding: str, syn_words: set[str], syn_n: str) -> bool:
 
 
 def check(bm: Any) -> list[tuple[str, Detail]]:
-    """Every lint finding of a grammatically valid moment as (lint name, detail)."""
+    """Every lint finding of a grammatically valid moment as (lint name, detail).
+
+    Each lint but the sentence count judges the seen form of its slot (gateway/security/seen.py),
+    the text the principal reads: a hedge, a leading word or a hatch written with look-alike
+    letters, invisible characters or another case is the same hedge, word or hatch. The sentence
+    count reads the slot as written, since it needs the capitals that begin a sentence.
+    """
     out: list[tuple[str, Detail]] = []
-    syn: str = bm.synopsis
-    n = sentences(syn)
+    raw_syn: str = bm.synopsis
+    syn = seen(raw_syn)
+    n = sentences(raw_syn)
     if n > 1:
         out.append(("synopsis_one_sentence", Detail(
             message=f"the synopsis holds {n} sentences; spec 000 §6.1 asks for a single answer-first sentence",
             path=f"{P}.synopsis", rule="synopsis_one_sentence")))
-    hedge = _find(_HEDGE, _HEDGE_LOWER, syn)
-    if hedge or syn.rstrip().endswith("?"):
+    hedge = _find(_HEDGE_LOWER, syn)
+    if hedge or syn.endswith("?"):
         what = f"{hedge!r}" if hedge else "a question"
         out.append(("synopsis_hedge", Detail(
             message=f"the synopsis hedges ({what}); spec 000 §6.1 requires it to commit to a position, "
                     "or the agent should not emit a binding moment yet (§7.1)",
             path=f"{P}.synopsis", rule="synopsis_hedge")))
     q = bm.question
-    stem = q.stem
-    lead = _find(_LEAD, _LEAD_LOWER, stem)
+    stem = seen(q.stem)
+    lead = _find(_LEAD_LOWER, stem)
     # The stem embeds the recommendation when it names the recommended option (12 characters or
     # more, normalised) and no other; each text is normalised only once the answer needs it.
     idx = q.recommended_idx
-    rec_label = _norm(q.options[idx].label) if idx < len(q.options) else ""
+    rec_label = _norm(seen(q.options[idx].label)) if idx < len(q.options) else ""
     embeds = False
     if len(rec_label) >= 12:
         stem_n = _norm(stem)
         if rec_label in stem_n:
             embeds = not any(label and label in stem_n
-                             for label in (_norm(o.label) for i, o in enumerate(q.options) if i != idx))
+                             for label in (_norm(seen(o.label)) for i, o in enumerate(q.options) if i != idx))
     if lead or embeds:
         why = f"it contains {lead!r}" if lead else "it names the recommended option and no other"
         out.append(("leading_stem", Detail(
@@ -264,7 +276,7 @@ def check(bm: Any) -> list[tuple[str, Detail]]:
     syn_words = set(syn_all) - _STOP
     syn_n = " ".join(syn_all)
     for i, f in enumerate(bm.findings):
-        if restates(f, syn_words, syn_n):
+        if restates(seen(f), syn_words, syn_n):
             out.append(("findings_restate_synopsis", Detail(
                 message=f"finding {i} restates the synopsis; spec 000 §6.2: each finding adds an observation",
                 path=f"{P}.findings[{i}]", rule="findings_restate_synopsis")))
@@ -276,7 +288,8 @@ def check(bm: Any) -> list[tuple[str, Detail]]:
                         f"options are the substantive answers, the hatches are slot 8 (question.hatches.{hatch})",
                 path=f"{P}.question.options[{i}].label", rule="option_is_hatch")))
     for i, r in enumerate(bm.recommendations):
-        if _CONSIDERATION.search(r) or _tradeoff(r):
+        sr = seen(r)
+        if _CONSIDERATION_SEEN.search(sr) or _tradeoff(sr):
             out.append(("recommendation_not_action", Detail(
                 message=f"recommendation {i} names a consideration, not an action; spec 000 §6.3 asks "
                         "for a concrete move that would change state",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.security.text import hidden_controls
+from gateway.security.seen import seen
+from gateway.security.text import hidden_controls, may_hide
 from subjects.constraints import MAX_LIST_ITEMS, MAX_OPTIONS, MIN_OPTIONS
 from subjects.wire import Detail
 
@@ -25,8 +26,11 @@ def _is_int(v: Any) -> bool:
 
 
 def _text(out: list[Detail], v: Any, path: str, rule: str, limit: int) -> None:
-    if not isinstance(v, str) or not v.strip():
-        out.append(Detail(message=f"{path} must be a non-empty string", path=path, rule=rule))
+    # Non-empty as the principal reads it (spec 000 §6): a slot of spaces and invisible
+    # characters (" \u200b") renders blank, so its seen form is judged, not its length.
+    if not isinstance(v, str) or not seen(v):
+        out.append(Detail(message=f"{path} must be a non-empty string (it shows nothing once invisible "
+                                  "characters are removed)", path=path, rule=rule))
     elif len(v) > limit:
         out.append(Detail(message=f"{path} is longer than {limit} characters", path=path, rule="string_too_long"))
     # issue 7: spoofing. Bidi controls and tag characters are not ASCII, so an
@@ -36,9 +40,11 @@ def _text(out: list[Detail], v: Any, path: str, rule: str, limit: int) -> None:
 
 
 def _plain(v: Any, limit: int) -> bool:
-    """``v`` is an ASCII string, not blank, within ``limit``: ``_text`` would find nothing in it
-    (its checks in that order), so the caller need not build the slot's path (the common case)."""
-    return isinstance(v, str) and len(v) <= limit and v.isascii() and not v.isspace() and v != ""
+    """``v`` is an ASCII string without control characters, not blank, within ``limit``: ``_text``
+    would find nothing in it (its checks in that order), so the caller need not build the slot's
+    path (the common case)."""
+    return (isinstance(v, str) and len(v) <= limit and v.isascii() and not v.isspace() and v != ""
+            and not may_hide(v))
 
 
 def _text_list(out: list[Detail], v: Any, path: str, rule: str) -> None:

@@ -1,0 +1,85 @@
+"""The seen form of a text: what a person reading the surface takes it to be.
+
+Every rule that judges text judges this form, never the characters as the
+agent typed them: the dual veto (spec 000 §7.2), the hatch-as-option,
+hedge and leading-stem lints (§6.1, §6.5, §6.6), the non-empty slot rule
+(§6), the forbidden markers and the control-plane screen (spec 001 Binding
+Rules, RefusalReason), and the redactor's needles (spec 002 SR-1). One fold,
+so a disguise that one rule sees through no other rule misses:
+
+- compatibility forms are folded (NFKC/NFKD: full-width, mathematical,
+  ligatures), combining marks dropped;
+- invisible characters are dropped: zero-width spaces and joiners, soft
+  hyphen, word joiner, bidi controls and marks, variation selectors, tag
+  characters, fillers, every format (Cf) and control (Cc) character;
+- each character is folded to its Unicode UTS #39 skeleton prototype and
+  case folded, exactly as SR-1 folds it (``gateway/security/confusables.py``):
+  Cyrillic, Greek, Armenian, Cherokee ... look-alikes of a Latin letter read
+  as that letter. The fold is a skeleton, not English: ``l``, ``I`` and ``1``
+  are one letter (``i``), ``m`` reads as ``rn`` and ``0`` as ``o``, so a rule's
+  own words are folded the same way (:func:`seen_pattern`) before they are
+  compared;
+- runs of whitespace are one space, none at either end.
+
+What the surface renders is what was judged: SR-1 renders a slot without
+its invisible characters (``gateway.security.text.visible``), and the seen
+form of that rendering is the seen form of the text as sent (this module
+drops every character ``visible`` drops, and more), so a rule that refuses
+a rendering refuses every disguise of it. The form is computed once per
+string (a bounded cache: one envelope's slots are judged by several rules).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from gateway.security.skeleton import fast_skeleton
+
+
+@functools.lru_cache(maxsize=8192)
+def seen(text: str) -> str:
+    """The seen form of ``text`` (module docstring); idempotent: ``seen(seen(t)) == seen(t)``."""
+    return " ".join(fast_skeleton(text, keep_space=True).split())
+
+
+@functools.lru_cache(maxsize=2048)
+def seen_cased(text: str) -> str:
+    """The seen form with each letter's case kept (a letter written as a capital is a capital).
+
+    For the few rules whose words are case-sensitive (spec 001's control-plane codes such as
+    ``BLOCKED`` are control-plane detail where the word "blocked" is not): the same fold as
+    :func:`seen`, then upper-cased where the source character was a capital.
+    """
+    out: list[str] = []
+    for ch in text:
+        f = seen(ch) if not ch.isspace() else " "
+        out.append(f.upper() if ch.isupper() else f)
+    return " ".join("".join(out).split())
+
+
+def seen_pattern(source: str) -> str:
+    """A regular expression written for plain lower-case English, folded to match seen forms.
+
+    Only the letters of the pattern's literal text are folded (``l`` becomes ``i``,
+    ``m`` becomes ``rn``, capitals their small letter); an escape (``\\b``, ``\\s``,
+    ``\\W``), a group's name and a quantifier's digits are kept as written.
+    """
+    out: list[str] = []
+    i, n = 0, len(source)
+    while i < n:
+        c = source[i]
+        if c == "\\" and i + 1 < n:
+            out.append(source[i:i + 2])
+            i += 2
+            continue
+        if source.startswith("(?P<", i):
+            end = source.index(">", i)
+            out.append(source[i:end + 1])
+            i = end + 1
+            continue
+        out.append(seen(c) if c.isascii() and c.isalpha() else c)
+        i += 1
+    return "".join(out)
+
+
+__all__ = ["seen", "seen_cased", "seen_pattern"]
