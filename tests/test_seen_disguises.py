@@ -1,0 +1,178 @@
+"""Every text rule judges the seen form: each disguise of a refused text is refused through the bus.
+
+The disguises come from one generator (tests/disguises.py): look-alike letters
+of several scripts, zero-width and format characters, soft hyphens,
+full-width, combining marks, case, spacing and mixtures. For each rule, each
+example it refuses is sent in every disguise by the agent ``planner`` on
+``pgw.agent.planner.envelope`` (a JetStream publish, as an agent's client
+does), all through one gateway, and each outcome is read back from the bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+
+from gateway.security.seen import seen
+from gateway.security.text import visible
+from gateway.stages import authorization as authz
+from subjects.client import Surface
+from subjects.wire import AuthorizationItem, BindingMomentItem, DialogueVeto
+from tests.disguises import DISGUISES, disguises
+from tests.moments import good_moment
+from tests.pipeline_helpers import Recorder, env, moment_env, running_gateway
+
+HATCH_LABELS = ["Something else (free text)", "Reject the question", "None of these", "Let's discuss it first"]
+HEDGED = ["It depends on what Harbor needs for the 2025 filing.", "Maybe share only the 2025 summary with Harbor."]
+LEADING = ["Shouldn't we send only the 2025 tax summary to Harbor?", "Obviously the summary is enough, which do we send?"]
+WORKFLOWS = {"chat": {"authoritative_intent": "non_authoritative", "enforcement_mode": "NON_AUTHORITATIVE_ONLY"}}
+
+
+async def _all(rec: Recorder, bodies: list[dict[str, Any]]) -> list[Any]:
+    """Send every body as its own turn at once, then read each outcome back."""
+    for b in bodies:
+        await rec.send("planner", b)
+    return await asyncio.gather(*(rec.outcome(b["envelopeId"], timeout=60) for b in bodies))
+
+
+def test_every_disguise_reads_as_the_text_it_disguises() -> None:
+    """The generator's disguises change the characters, never the seen form (so each rule must refuse them)."""
+    for text in [*HATCH_LABELS, *HEDGED, *LEADING, "verified", "The oracle threshold was not met."]:
+        made = disguises(text)
+        assert len(made) >= len(DISGUISES) - 2, text
+        for name, d in made:
+            assert seen(d) == seen(text), (name, d)
+            assert seen(visible(d)) == seen(d), (name, d)  # what the surface renders reads the same
+
+
+async def test_a_disguised_hatch_or_blank_option_is_refused(nats_server, tmp_path, nc) -> None:
+    """An option label naming a hatch, in any disguise, and a label of spaces and invisible characters are refused
+    (spec 000 §6.6) and no binding moment reaches the principal."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        bodies = []
+        for label in HATCH_LABELS:
+            for _name, d in [("plain", label), *disguises(label)]:
+                m = good_moment()
+                m["question"]["options"][2]["label"] = d
+                bodies.append(moment_env("alice", m))
+        blanks = [" \u200b", "\u00ad", "\u2060\ufeff", " \u200b\u200c ", "\u034f"]
+        for d in blanks:
+            m = good_moment()
+            m["question"]["options"][2]["label"] = d
+            bodies.append(moment_env("alice", m))
+        outs = await _all(rec, bodies)
+        for body, out in zip(bodies, outs, strict=True):
+            label = body["payload"]["binding_moment"]["question"]["options"][2]["label"]
+            rules = {d.rule for d in out.details or []}
+            want = "option_label" if label in blanks else "option_is_hatch"
+            assert out.code == "envelope_invalid" and want in rules, (label, out.code, rules)
+        assert not [i for i in rec.items if isinstance(i, BindingMomentItem)]
+
+
+async def test_a_disguised_hedge_or_leading_stem_is_refused(nats_server, tmp_path, nc) -> None:
+    """A hedged synopsis (spec 000 §6.1) and a leading stem (§6.5), in any disguise, are refused."""
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        bodies, want = [], []
+        for text in HEDGED:
+            for _name, d in [("plain", text), *disguises(text)]:
+                m = good_moment()
+                m["synopsis"] = d
+                bodies.append(moment_env("alice", m))
+                want.append("synopsis_hedge")
+        for text in LEADING:
+            for _name, d in [("plain", text), *disguises(text)]:
+                bodies.append(moment_env("alice", good_moment(stem=d)))
+                want.append("leading_stem")
+        outs = await _all(rec, bodies)
+        for body, rule, out in zip(bodies, want, outs, strict=True):
+            rules = {d.rule for d in out.details or []}
+            assert out.code == "envelope_invalid" and rule in rules, (body["payload"]["binding_moment"], rules)
+        assert not [i for i in rec.items if isinstance(i, BindingMomentItem)]
+
+
+async def test_a_disguised_repeat_of_a_vetoed_question_is_refused(nats_server, tmp_path, nc) -> None:
+    """After alice's dialogue veto, the same stem or the same option labels in any disguise are broken_handshake
+    (spec 000 §7.2), even from a moment that acknowledges the objection and keeps the dialogue hatch open."""
+    async with running_gateway(nats_server, str(tmp_path / "d")) as gw, Recorder(nc) as rec:
+        first = await rec.roundtrip("planner", moment_env("alice", good_moment()))
+        reply = await Surface(nc, "alice").resolve(first.moment_id, DialogueVeto(objection="Why share anything?"))
+        assert reply.status == "accepted"
+        st = await gw.stage_state.get()
+        await rec.until(lambda: st.stats.dialogue_hatch[("planner", "consent")] == 1)
+        await rec.until(lambda: st.vetoes is None or st.vetoes.get("veto.planner.alice"))
+        base = good_moment()
+        ack = f"Your objection to moment {first.moment_id}: this asks it again."
+        bodies = []
+        for name in DISGUISES:
+            f = DISGUISES[name]
+            same_stem = copy.deepcopy(base)
+            same_stem["question"]["stem"] = f(base["question"]["stem"])
+            same_stem["question"]["options"] = [{"label": "Keep Harbor", "reasoning": "Continuity."},
+                                                {"label": "Switch firms", "reasoning": "Fresh start."}]
+            same_stem["findings"].append(ack)
+            same_stem["meta"] = {"decision_class": "retention"}
+            same_opts = copy.deepcopy(base)
+            same_opts["question"]["stem"] = "What should Harbor get from us now?"
+            for o in same_opts["question"]["options"]:
+                o["label"] = f(o["label"])
+            same_opts["findings"].append(ack)
+            same_opts["meta"] = {"decision_class": "retention"}
+            bodies += [moment_env("alice", same_stem), moment_env("alice", same_opts)]
+        outs = await _all(rec, bodies)
+        for body, out in zip(bodies, outs, strict=True):
+            assert (out.status, out.code) == ("gated", "broken_handshake"), (body["payload"]["binding_moment"]["question"],
+                                                                              out.code, out.reason)
+        assert [i.moment_id for i in rec.items if isinstance(i, BindingMomentItem)] == [first.moment_id]
+
+
+def _auth(envelope: dict[str, Any]) -> dict[str, Any]:
+    return env("vendor.pgw.authorization", {"workflow_id": "chat", "principal": "alice", "envelope": envelope})
+
+
+def _narrative(text: str) -> dict[str, Any]:
+    return {"kind": "narrative", "text": text, "policy": {"grammar_mode": "hedged", "forbidden_markers": [],
+                                                           "max_specificity": "contextualized",
+                                                           "scrub_measurements": False}}
+
+
+def _refusal(message: str) -> dict[str, Any]:
+    return {"kind": "refusal", "reason": {"code": "UNRESOLVABLE", "user_message": message, "audit_id": "a-1"}}
+
+
+@pytest.mark.parametrize("marker", ["verified", "approved", "certified", "clinically proven"])
+async def test_a_disguised_forbidden_marker_is_refused(nats_server, tmp_path, nc, marker) -> None:
+    """A soft-authority marker in any disguise, in a narrative or an agent refusal's user_message, is refused as
+    forbidden_marker (spec 001 Binding Rules) and nothing reaches the principal."""
+    async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"workflows": WORKFLOWS}), \
+            Recorder(nc) as rec:
+        bodies = []
+        for _name, d in [("plain", marker), *disguises(marker)]:
+            bodies.append(_auth(_narrative(f"The result may be {d} by the lab.")))
+            bodies.append(_auth(_refusal(f"This is {d}, please wait.")))
+        outs = await _all(rec, bodies)
+        for body, out in zip(bodies, outs, strict=True):
+            assert out.code == "forbidden_marker", (body["payload"]["envelope"], out.code, out.reason)
+        # The principal is told of each refusal (spec 001's refusal variant), in the gateway's words only.
+        await rec.until(lambda: len([i for i in rec.items if isinstance(i, AuthorizationItem)]) == len(bodies), 30)
+        for item in rec.items:
+            assert item.envelope["kind"] == "refusal" and seen(marker) not in seen(str(item.envelope)), item.envelope
+
+
+async def test_disguised_control_plane_detail_is_withheld(nats_server, tmp_path, nc) -> None:
+    """An agent refusal whose user_message names a control-plane word, in any disguise, reaches the principal
+    with the gateway's own message instead (spec 001 RefusalReason)."""
+    leaky = ["The oracle did not answer in time.", "Your reading crossed the threshold.", "The lab workflow is busy."]
+    async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"workflows": WORKFLOWS}), \
+            Recorder(nc) as rec:
+        bodies = [_auth(_refusal(d)) for text in leaky for _n, d in [("plain", text), *disguises(text)]]
+        outs = await _all(rec, bodies)
+        for body, out in zip(bodies, outs, strict=True):
+            rules = {w.rule for w in out.warnings}
+            assert out.status == "accepted" and "control_plane_detail_withheld" in rules, body["payload"]["envelope"]
+        await rec.until(lambda: len([i for i in rec.items if isinstance(i, AuthorizationItem)]) == len(bodies), 30)
+        for item in rec.items:
+            if isinstance(item, AuthorizationItem):
+                assert item.envelope["reason"]["user_message"] == authz.USER_MESSAGES["UNRESOLVABLE"]
