@@ -102,10 +102,10 @@ async def env(make_config: Any, nc: Any, tmp_path: Path) -> AsyncIterator[Env]:
         yield Env(nc, gw, issuer, watch)
 
 
-async def _moment(surface: Surface, idp_id: str) -> BindingMomentItem:
+async def _moment(surface: Surface, idp_id: str, seen: set[str] = frozenset()) -> BindingMomentItem:
     async def first() -> BindingMomentItem:
         async for item in surface.items():
-            if isinstance(item, BindingMomentItem) and item.envelope_id == idp_id:
+            if isinstance(item, BindingMomentItem) and item.envelope_id == idp_id and item.moment_id not in seen:
                 return item
         raise AssertionError("surface closed")
 
@@ -333,15 +333,16 @@ async def test_an_escalation_that_cannot_be_logged_leaves_the_session_as_it_was(
 
 
 async def _gaps(env: Env, steps: int) -> list[BindingMomentItem]:
-    """``steps`` permitted steps, then a report of each naming another action: the HEM moments the gaps opened, in order."""
-    recs = [env.idp(step) for step in range(1, steps + 1)]
-    for rec in recs:
-        assert isinstance(await env.send(rec), Permit)
-    items = []
-    for rec in recs:
-        await env.report(rec["idp_id"], "DeleteEverything")
+    """``steps`` escalations queued in one session, in order: a permitted step reported naming another action (a
+    commitment gap), then reported again differently (a second report). A report of another permit while the first
+    escalation is pending is refused, not a second gap (spec 003 §4.4; tests/test_kernel_holds.py)."""
+    rec = env.idp(1)
+    assert isinstance(await env.send(rec), Permit)
+    items: list[BindingMomentItem] = []
+    for i in range(steps):
+        await env.report(rec["idp_id"], f"DeleteEverything{i or ''}")
         # The moment is dispatched after the escalation is stored (log, session and hold).
-        items.append(await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"]))
+        items.append(await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"], {m.moment_id for m in items}))
     return items
 
 
@@ -379,7 +380,7 @@ async def test_a_second_gap_does_not_erase_the_answer_to_the_first(env: Env) -> 
     assert (await surface.resolve(second.moment_id, OptionChoice(index=0))).status == "accepted"
     approved = await env.watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["moment_id"] == second.moment_id)
     assert approved["body"]["decision"] == "approve"
-    r = await env.send(env.idp(3, "ReadBooking"))
+    r = await env.send(env.idp(2, "ReadBooking"))
     assert isinstance(r, Reject) and r.error_code == "SESSION_TERMINATED", r
 
 
@@ -389,11 +390,11 @@ async def test_the_session_is_held_until_every_queued_escalation_is_answered(env
     surface = Surface(env.nc, PRINCIPAL)
     assert (await surface.resolve(second.moment_id, OptionChoice(index=0))).status == "accepted"
     await env.watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["moment_id"] == second.moment_id)
-    r = await env.send(env.idp(3, "ReadBooking"))
+    r = await env.send(env.idp(2, "ReadBooking"))
     assert isinstance(r, EnrichedDeny) and r.deny_code == "HEM_PENDING", r
     assert (await surface.resolve(first.moment_id, OptionChoice(index=0))).status == "accepted"
     await env.watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["moment_id"] == first.moment_id)
-    assert isinstance(await env.send(env.idp(3, "ReadBooking")), Permit)
+    assert isinstance(await env.send(env.idp(2, "ReadBooking")), Permit)
 
 
 async def test_a_second_report_past_the_duplicate_window_is_a_critical_finding(env: Env) -> None:

@@ -60,10 +60,13 @@ class AuditError(Exception):
 
 
 def _idp_of(body: dict[str, Any]) -> str | None:
+    """The IDP an event names, lower-cased: the kernel keys IDPs case-insensitively
+    (``gateway.kernel.state.idp_key``), so a report naming it in capitals is the same IDP here."""
     if isinstance(body.get("idp_id"), str):
-        return body["idp_id"]
+        return body["idp_id"].lower()
     rec = body.get("record")
-    return rec.get("idp_id") if isinstance(rec, dict) else None
+    i = rec.get("idp_id") if isinstance(rec, dict) else None
+    return i.lower() if isinstance(i, str) else None
 
 
 def _restricts(entry: dict[str, Any]) -> bool:
@@ -228,7 +231,8 @@ class AuditService:
                 "anchored_seq": anchor.seq if anchor else None, "anchored_at": anchor.ts if anchor else None}
 
     async def _idp(self, auditor: str, idp_id: str, from_seq: int = 0) -> AuditReply:
-        events = await self._events(lambda ev: _idp_of(ev.body) == idp_id)
+        want = idp_id.lower()  # as the kernel matches it (_idp_of)
+        events = await self._events(lambda ev: _idp_of(ev.body) == want)
         restricted = any(_restricts(e) for e in events)
         seq = await self._log_query(auditor, {"kind": "idp", "id": idp_id, "events_returned": 0 if restricted else len(events),
                                               "restricted_idp_ids": [idp_id] if restricted else []})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from typing import Any
 
 import msgspec
@@ -55,6 +56,25 @@ COMMITMENT_GAPS = Counter(
     ["agent"],
     registry=REGISTRY,
 )
+
+HELD_REPORTS = Counter(
+    "pgw_idp_reports_while_held_total",
+    "Transition reports of an earlier permit while the session or its governed object is held (HEM pending, "
+    "terminated): CRITICAL findings (spec 003 §4.4, §5.5.2)",
+    ["agent", "held_by"],
+    registry=REGISTRY,
+)
+
+
+def canonical_id(value: str) -> str:
+    """An IDP id as the kernel keys it: a UUID in its lower-case hyphenated form (spec 003 §4.2
+    gives UUIDs, whose hex digits are case-insensitive), anything else as written. Applied once
+    where a report enters, so its events, the audit walk and ``restrictions`` name one id."""
+    if len(value) == 36 and value.count("-") == 4:
+        with contextlib.suppress(ValueError):
+            return str(uuid.UUID(value))
+    return value
+
 
 # Spec 004 §5.4.2: "failed" (ran, returned a clean failure, state known) is an effect status of an
 # executed action, never the reason-class errored (ran and threw, state unknown).
@@ -121,6 +141,8 @@ class TransitionReports:
     _stopping: bool
     _busy: bool
     gated: Any
+    _session: Any  # KernelService._session: the session, its decided escalations settled
+    _hold: Any  # KernelService._hold: the hold of the agent's governed object
 
     # -- transition reports (spec 003 §5.5) -------------------------------------------
     async def _transition_loop(self) -> None:
@@ -169,6 +191,7 @@ class TransitionReports:
             rep = msgspec.json.decode(data, type=TransitionReport)
         except Exception as e:  # noqa: BLE001 - any malformed report is refused and logged
             return await self._refuse_transition(agent, None, f"malformed report: {str(e)[:200]}", msg_seq, tp)
+        rep = msgspec.structs.replace(rep, idp_id=canonical_id(rep.idp_id))
         so_id = await self.state.so_of(agent, rep.idp_id)
         got = await self.state.idp(so_id, rep.idp_id) if so_id else None
         if got is None:
@@ -232,6 +255,17 @@ class TransitionReports:
                 return await self._reported_twice(agent, rep, entry, first, report_digest, msg_seq, tp)
             st = first  # the same report again (a redelivery): finish it, append nothing twice
         else:
+            held = await self._held(agent, entry)
+            if held is not None:
+                # spec 003 §4.4, §5.5.2: nothing continues while a REQUIRED escalation is pending or
+                # after a human ended the work, a permit taken before the hold included.
+                code, why = held
+                HELD_REPORTS.labels(agent=agent, held_by=code).inc()
+                return await self._refuse_transition(
+                    agent, rep, why, msg_seq, tp, code=code,
+                    alert={"severity": "CRITICAL", "alert_trigger": "TRANSITION_WHILE_HELD", "held_by": code},
+                    extra={"so_id": entry.so_id, "session_id": entry.session_id},
+                )
             st_id = stable_id("STATE_TRANSITIONED", entry.so_id.lower(), entry.idp_id.lower())
             st = await self.eventlog.append("STATE_TRANSITIONED", st_body, msg_id=st_id, traceparent=tp)
             if st.duplicate and st.event.body.get("report_digest") != report_digest:
@@ -276,6 +310,22 @@ class TransitionReports:
                                  mandate_id=entry.mandate_id, verification=record, tp=tp)
         await self._transition_verdict(agent, entry, rep, resp_digest, record, tp)
         return "verified" if matched else "gap"
+
+    async def _held(self, agent: str, entry: IdpEntry) -> tuple[str, str] | None:
+        """(code, reason) when the step's session or governed object is held, else None.
+
+        Judged on the session and the hold of the agent's governed object (spec 003 §4.4:
+        HEM_PENDING holds every IDP of the agent for the object; §5.5.2: a gap or a second
+        report is not continued past until a human resolves it, and a Deny ends the mandate),
+        not on the IDP entry alone: a permit taken before the hold does not outlive it.
+        """
+        sess, _ = await self._session(agent, entry.session_id)
+        hold = await self._hold(agent, entry.so_id, await self.state.hold(agent, entry.so_id))
+        if sess.state == "TERMINATED" or (entry.mandate_id is not None and entry.mandate_id in hold.terminated):
+            return "SESSION_TERMINATED", "the session was terminated by the principal; no earlier permit may be reported"
+        if sess.state == "HEM_PENDING" or hold.pending:
+            return "HEM_PENDING", "an escalation to the principal is pending; no earlier permit may be reported until it is resolved"
+        return None
 
     async def _gate_transitioned(self, entry: IdpEntry) -> bool:
         """The step's STATE_TRANSITIONED was written by the gate (kernel_dispatched)."""
@@ -370,11 +420,13 @@ class TransitionReports:
             body["alert"] = alert  # a finding: the audit record lists it under alerts
         await self.eventlog.append("TRANSITION_REFUSED", body, msg_id=key, traceparent=tp)
         (log.critical if alert else log.warning)("transition refused", agent=agent, reason=why, idp_id=body["idp_id"], code=code)
+        # spec 004 §8.1: the verdict (and so the denied capsule) names the kind of check, never the
+        # agent's executed action: that stays in the signed TRANSITION_REFUSED event for the auditor.
         await self.publisher.verdict(
             Verdict(
                 verdict_id=stable_id("idp-transition-refused", key), verdict_class="denied", decision="reject",
                 approver="policy", human_disposed=False, ts=now_rfc3339(), agent=agent,
-                action_type=(rep.executed_action if rep else "idp.transition"), action_id=(rep.idp_id if rep else key),
+                action_type="idp.transition", action_id=(rep.idp_id if rep else key),
                 idp_id=rep.idp_id if rep else None, traceparent=tp,
                 reason=Refusal(code=code, reason=why),
             )

@@ -1,0 +1,84 @@
+"""A transition report is judged against its session and the holds on it (spec 003 §4.4, §5.5.2), and ids as the
+kernel keys them (§4.2); a refused report's verdict carries no executed action in clear (spec 004 §8.1)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from subjects.client import Surface
+from subjects.idp import Permit
+from subjects.kernelops import AuditReply
+from subjects.wire import OptionChoice
+from tests.kernel_support import Issuer, policy_dir, read_log, running_gateway, stored_verdicts
+from tests.test_kernel_hem import AGENT, PRINCIPAL, Env, LogWatch, _moment
+
+
+@pytest.fixture
+async def env(make_config: Any, nc: Any, tmp_path: Path) -> AsyncIterator[Env]:
+    """A gateway with the kernel; agent bot is bound to principal alice."""
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = make_config(
+        kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))},
+        agents={AGENT: {"principals": [PRINCIPAL]}},
+    )
+    watch = LogWatch()
+    await watch.start(nc)
+    async with running_gateway(cfg, nc) as gw:
+        yield Env(nc, gw, issuer, watch)
+
+
+async def test_a_permit_taken_before_a_gap_is_refused_while_held_and_after_deny(env: Env) -> None:
+    """Permits for steps 2 and 3 are taken, step 1's report is a commitment gap: step 2's report during the pending
+    escalation and step 3's after the principal's Deny are each TRANSITION_REFUSED with a CRITICAL alert, with no
+    STATE_TRANSITIONED or verification, and a denied verdict that names no executed action."""
+    recs = [env.idp(i) for i in (1, 2, 3)]
+    for r in recs:
+        assert isinstance(await env.send(r), Permit)
+    await env.report(recs[0]["idp_id"], "CloseBooking ")
+    await env.watch.wait("IDP_COMMITMENT_GAP")
+    item = await _moment(Surface(env.nc, PRINCIPAL), recs[0]["idp_id"])
+
+    await env.report(recs[1]["idp_id"], "CloseBooking")
+    held = await env.watch.wait("TRANSITION_REFUSED", lambda e: e["body"]["idp_id"] == recs[1]["idp_id"])
+    assert held["body"]["code"] == "HEM_PENDING"
+    assert held["body"]["alert"] == {"severity": "CRITICAL", "alert_trigger": "TRANSITION_WHILE_HELD", "held_by": "HEM_PENDING"}
+
+    assert (await Surface(env.nc, PRINCIPAL).resolve(item.moment_id, OptionChoice(index=1))).status == "accepted"
+    await env.watch.wait("HEM_RESOLVED")
+    await env.report(recs[2]["idp_id"], "CloseBooking")
+    ended = await env.watch.wait("TRANSITION_REFUSED", lambda e: e["body"]["idp_id"] == recs[2]["idp_id"])
+    assert ended["body"]["code"] == "SESSION_TERMINATED"
+
+    transitioned = {ev.body["idp_id"] for _, ev in await read_log(env.js, "STATE_TRANSITIONED")}
+    assert transitioned == {recs[0]["idp_id"]}
+    assert await read_log(env.js, "IDP_COMMITMENT_VERIFIED") == []
+    for r in recs[1:]:
+        await env.watch.wait("verdict:denied", lambda v, r=r: v.get("idp_id") == r["idp_id"])
+    denied = await stored_verdicts(env.js, "denied", lambda v: v.idp_id in {recs[1]["idp_id"], recs[2]["idp_id"]})
+    assert len(denied) == 2
+    for v in denied:
+        assert v.action_type == "idp.transition" and "CloseBooking" not in msgspec.json.encode(v).decode()
+
+
+async def test_a_report_naming_the_idp_in_capitals_is_the_same_idp_everywhere(env: Env) -> None:
+    """A second, different report naming the IDP in capitals is a second report of that IDP: its TRANSITION_REFUSED
+    names the id as the kernel keys it, and an audit query in capitals answers that IDP's events, the refusal included."""
+    rec = env.idp(1)
+    assert isinstance(await env.send(rec), Permit)
+    await env.report(rec["idp_id"], "CloseBooking")
+    await env.watch.wait("IDP_COMMITMENT_VERIFIED")
+    await env.report(rec["idp_id"].upper(), "ReadBooking")
+    twice = await env.watch.wait("TRANSITION_REFUSED")
+    assert twice["body"]["idp_id"] == rec["idp_id"]
+    assert twice["body"]["alert"]["alert_trigger"] == "TRANSITION_REPORTED_TWICE"
+    msg = await env.nc.request("pgw.kernel.audit.auditor", msgspec.json.encode({"kind": "idp", "id": rec["idp_id"].upper()}),
+                               timeout=10)
+    reply = msgspec.json.decode(msg.data, type=AuditReply)
+    assert reply.ok, reply.refusal
+    types = [e["event"]["event_type"] for e in reply.record["events"]]
+    assert "STATE_TRANSITIONED" in types and "TRANSITION_REFUSED" in types
