@@ -37,6 +37,7 @@ from gateway.stages.state import StageStateCell
 from pgwcore.config import Config
 from pgwcore.logs import get_logger
 from pgwcore.publish import Publisher
+from pgwcore.respond import Responder, release_requests_connection, requests_connection
 from pgwcore.streams import ensure_streams
 from subjects.client import ensure_agent_consumer
 from subjects.errors import SubjectError
@@ -71,6 +72,11 @@ class Gateway:
         self.config = config
         self.nc = nc
         self.js = nc.jetstream()
+        # Every request the gateway answers goes through this one path (docs/security.md "Replies").
+        self.responder = Responder(config.prefix, "gateway")
+        # The connection requests are taken on (pgwcore/respond.py): the process's answering
+        # connection on a server with per-party credentials, else ``nc``. Set on entering.
+        self.rnc: Client = nc
         self.subjects = config.subjects
         self.publisher = Publisher(self.js, self.subjects)
         self.desk = MomentDesk(self.js, self.subjects, self.publisher,
@@ -94,6 +100,7 @@ class Gateway:
 
     async def __aenter__(self) -> Gateway:
         await ensure_streams(self.js, self.subjects, duplicate_window_s=self.config.gateway.duplicate_window_s)
+        self.rnc = await requests_connection(self.nc)
         await self.desk.start()
         for agent in self.config.agents:
             await ensure_agent_consumer(self.js, agent, prefix=self.subjects.prefix)
@@ -108,17 +115,19 @@ class Gateway:
                 part = getattr(importlib.import_module(module), attr)(self)
                 await self._stack.enter_async_context(part)
                 self.parts.append(part)
-            self._subs.append(await self.nc.subscribe(self.subjects.all_principals("resolve"), queue=QUEUE, cb=self._on_resolve))
-            self._subs.append(await self.nc.subscribe(self.subjects.all_principals("pending"), queue=QUEUE, cb=self._on_pending))
-            self._subs.append(await self.nc.subscribe(self.subjects.all_agents("moment"), queue=QUEUE, cb=self._on_moment))
+            self._subs.append(await self.rnc.subscribe(self.subjects.all_principals("resolve"), queue=QUEUE, cb=self._on_resolve))
+            self._subs.append(await self.rnc.subscribe(self.subjects.all_principals("pending"), queue=QUEUE, cb=self._on_pending))
+            self._subs.append(await self.rnc.subscribe(self.subjects.all_agents("moment"), queue=QUEUE, cb=self._on_moment))
             await self.worker.start()
             await self.nc.flush()
+            await self.rnc.flush()
         except BaseException:
             # A part that fails at start (e.g. a bad configuration) must not leave
             # the parts started before it running (their tasks would outlive us).
             await self.drain()
             await self._stack.aclose()
             await self.desk.close()
+            await self._release_requests()
             raise
         return self
 
@@ -142,12 +151,18 @@ class Gateway:
         await self.drain()
         await self._stack.aclose()
         await self.desk.close()
+        await self._release_requests()
+
+    async def _release_requests(self) -> None:
+        rnc, self.rnc = self.rnc, self.nc
+        await release_requests_connection(self.nc, rnc)
 
     # -- principal.{p}.resolve -------------------------------------------
     async def _on_resolve(self, msg: Msg) -> None:
+        if not self.responder.admits(msg):
+            return
         reply = await self.handle_resolve(msg.subject, msg.data, (msg.headers or {}).get("traceparent"))
-        if msg.reply:
-            await msg.respond(_enc.encode(reply))
+        await self.responder.answer(msg, _enc.encode(reply))
 
     async def handle_resolve(self, subject: str, data: bytes, traceparent: str | None = None) -> ResolveReply:
         structlog.contextvars.clear_contextvars()
@@ -179,20 +194,22 @@ class Gateway:
 
     # -- principal.{p}.pending -------------------------------------------
     async def _on_pending(self, msg: Msg) -> None:
+        if not self.responder.admits(msg):
+            return
         try:
             principal = self.subjects.parse(msg.subject).token or ""
             items = await self.desk.pending(principal)
         except Exception:
             log.exception("pending lookup failed", subject=msg.subject[:200])
             items = []
-        if msg.reply:
-            await msg.respond(_enc.encode(PendingReply(items=items)))
+        await self.responder.answer(msg, _enc.encode(PendingReply(items=items)))
 
     # -- agent.{a}.moment --------------------------------------------------
     async def _on_moment(self, msg: Msg) -> None:
+        if not self.responder.admits(msg):
+            return
         reply = await self.handle_moment_query(msg.subject, msg.data)
-        if msg.reply:
-            await msg.respond(_enc.encode(reply))
+        await self.responder.answer(msg, _enc.encode(reply))
 
     async def handle_moment_query(self, subject: str, data: bytes) -> MomentState:
         """The state of one of the agent's moments, and the outcome that closed it (subjects/momentquery.py);

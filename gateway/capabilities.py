@@ -111,7 +111,7 @@ class CapabilitiesPart:
     async def __aenter__(self) -> CapabilitiesPart:
         await self.gw.stage_state.get()
         self._body = _enc.encode(document(self.gw))
-        self._sub = await self.gw.nc.subscribe(self.gw.subjects.capabilities, queue=QUEUE, cb=self._on_request)
+        self._sub = await self.gw.rnc.subscribe(self.gw.subjects.capabilities, queue=QUEUE, cb=self._on_request)
         if not self.gw.config.agents:
             log.warning(
                 "OPEN MODE: single-surface delivery is NOT restricted - any agent may address any "
@@ -120,8 +120,8 @@ class CapabilitiesPart:
         return self
 
     async def _on_request(self, msg: Msg) -> None:
-        if msg.reply:
-            await msg.respond(self._body or _enc.encode(document(self.gw)))
+        if self.gw.responder.admits(msg):
+            await self.gw.responder.answer(msg, self._body or _enc.encode(document(self.gw)))
 
     async def drain(self) -> None:
         sub, self._sub = self._sub, None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import nats
@@ -35,6 +37,25 @@ class ConnectError(PgwError):
             else ""
         )
         super().__init__(f"cannot connect to {url}: {why}{hint}")
+
+
+@dataclass(frozen=True)
+class ConnectArgs:
+    """How a connection was made (URL, credentials file, TLS, name): what a second connection of
+    the same process to the same server needs (``pgwcore.respond``'s answering connection)."""
+
+    url: str
+    creds: str | None
+    tls: TlsFiles | None
+    name: str
+
+
+_ARGS: weakref.WeakKeyDictionary[Client, ConnectArgs] = weakref.WeakKeyDictionary()
+
+
+def connect_args(nc: Client) -> ConnectArgs | None:
+    """The arguments ``nc`` was made with by :func:`connect` (None for one made otherwise)."""
+    return _ARGS.get(nc)
 
 
 def _is_auth_error(e: BaseException) -> bool:
@@ -70,11 +91,14 @@ async def connect(url: str, *, creds: str | None = None, name: str = "pgw", once
         opts["tls"] = tls.client_context()
     opts.update(kw)
     probe_opts = {**opts, "allow_reconnect": False, "max_reconnect_attempts": 1, "error_cb": _silent}
+    args = ConnectArgs(url, creds, tls, name)
     if once:
         try:
-            return _fast_headers(await nats.connect(**probe_opts))
+            nc = _fast_headers(await nats.connect(**probe_opts))
         except Exception as e:  # noqa: BLE001 - reported with the URL and a hint
             raise ConnectError(url, f"{type(e).__name__}: {e}", auth=_is_auth_error(e)) from None
+        _ARGS[nc] = args
+        return nc
     try:
         probe = await nats.connect(**probe_opts)
     except Exception as e:  # noqa: BLE001 - not up yet is fine for a service; refused is not
@@ -84,7 +108,9 @@ async def connect(url: str, *, creds: str | None = None, name: str = "pgw", once
             raise ConnectError(url, f"{type(e).__name__}: {e}", auth=False) from None
     else:
         await probe.close()
-    return _fast_headers(await nats.connect(**opts))  # the same header dicts, cheaper (pgwcore.headerparse)
+    nc = _fast_headers(await nats.connect(**opts))  # the same header dicts, cheaper (pgwcore.headerparse)
+    _ARGS[nc] = args
+    return nc
 
 
 async def _silent(e: Exception) -> None:

@@ -22,17 +22,20 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import nkeys
 
 from subjects.errors import PgwError
 from subjects.names import check_token
+from subjects.replies import ROLES as REPLY_ROLES
 
 # "slack": the Slack surface of one principal (name = the principal; docs/surfaces.md).
 # "executor": executor:{kind}, the service that carries out one kind of gated action (docs/gate.md).
-Role = Literal["agent", "principal", "service", "ops", "audit", "slack", "executor"]
-ROLES: tuple[Role, ...] = ("agent", "principal", "service", "ops", "audit", "slack", "executor")
+# "responder": responder:{service}, the connection a service takes requests on and answers them from
+# (name = the service's; pgwcore/respond.py, docs/security.md "Replies").
+Role = Literal["agent", "principal", "service", "ops", "audit", "slack", "executor", "responder"]
+ROLES = cast("tuple[Role, ...]", REPLY_ROLES)  # one list: the reply rule names the same roles (subjects/replies.py)
 SERVICE_NAMES = ("gateway", "signer", "registrar", "notifier", "services")
 
 _SEED_BEGIN = "-----BEGIN USER NKEY SEED-----"

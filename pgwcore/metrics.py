@@ -111,6 +111,14 @@ DEAD_LETTERS = Counter(
     registry=REGISTRY,
 )
 
+REPLIES_REFUSED = Counter(
+    "pgw_replies_refused_total",
+    "Requests left unanswered because their reply subject is no inbox of the party that may send them "
+    "(docs/security.md \"Replies\"), by service and request kind",
+    ["service", "request"],
+    registry=REGISTRY,
+)
+
 _LABEL_OK = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 

@@ -25,6 +25,12 @@ from nats.micro.service import EndpointStats, Service, ServiceConfig
 
 from pgwcore import metrics
 from pgwcore.logs import get_logger
+from pgwcore.respond import (
+    GuardedService,
+    Responder,
+    release_requests_connection,
+    requests_connection,
+)
 
 log = get_logger("pgw.micro")
 
@@ -69,6 +75,8 @@ class MicroRegistration:
         self.prefix = prefix
         self._extra_stats = stats
         self._service: Service | None = None
+        self.responder = Responder(prefix, role)  # docs/security.md "Replies"
+        self._conn: Client | None = None  # the answering connection (pgwcore/respond.py), while registered
         self._config = ServiceConfig(
             name=service_name(role),
             version=VERSION,
@@ -92,7 +100,8 @@ class MicroRegistration:
 
     async def start(self) -> MicroRegistration:
         if self._service is None:
-            self._service = Service(self.nc, self._config)
+            self._conn = await requests_connection(self.nc)
+            self._service = GuardedService(self._conn, self._config, self.responder)
             await self._service.start()
             # A status endpoint gives `nats micro info` something to show and
             # `nats req pgw.ops.<role>.status ''` a liveness probe per role.
@@ -106,13 +115,16 @@ class MicroRegistration:
         return self
 
     async def _status(self, req: Request) -> None:
-        body = {"service": self._config.name, "id": self.id, "counters": _counters()}
-        await req.respond(json.dumps(body).encode())
+        if self.responder.admits(req._msg):
+            body = {"service": self._config.name, "id": self.id, "counters": _counters()}
+            await self.responder.answer(req._msg, json.dumps(body).encode())
 
     async def drain(self) -> None:
         service, self._service = self._service, None
-        if service is not None and not self.nc.is_closed:
+        conn, self._conn = self._conn, None
+        if service is not None and conn is not None and not conn.is_closed:
             await service.stop()
+        await release_requests_connection(self.nc, conn)
 
     async def __aenter__(self) -> MicroRegistration:
         return await self.start()

@@ -45,6 +45,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
+import structlog
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.micro import Request
@@ -64,6 +65,9 @@ from subjects.gate import (
     result_query_decoder,
 )
 from subjects.names import Subjects
+from subjects.replies import GuardedService, ReplyGate, describe
+
+_log = structlog.get_logger("pgw.executor")
 
 Handler = Callable[..., Awaitable[Any]]
 
@@ -106,6 +110,7 @@ class Executor:
         self._service: Service | None = None
         self._local: dict[str, asyncio.Future[bytes]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._gate = ReplyGate(self.subjects.prefix, self._refused)  # answers the gateway only
 
     # -- registration ----------------------------------------------------------
     def action(self, name: str) -> Callable[[Handler], Handler]:
@@ -129,13 +134,14 @@ class Executor:
                     KeyValueConfig(bucket=self.bucket, history=1, storage=StorageType.FILE, replicas=self.replicas)
                 )
             self.kv = await js.key_value(self.bucket)
-        self._service = Service(
+        self._service = GuardedService(
             self.nc,
             ServiceConfig(
                 name=exec_service_name(self.kind), version=self.version,
                 description=f"Principal Gateway executor of kind {self.kind}",
                 metadata={"prefix": self.subjects.prefix, "kind": self.kind},
             ),
+            self._gate,
         )
         await self._service.start()
         # One endpoint, exec.{kind}.*: every action of the kind and the _result query. (Two
@@ -147,7 +153,17 @@ class Executor:
         await self.nc.flush()
         return self
 
+    def _refused(self, msg: Any, who: Any) -> None:
+        _log.warning("request not answered: its reply subject is no inbox of the gateway", kind=self.kind,
+                     request=msg.subject[:200], reply=(msg.reply or "")[:200], party=describe(who))
+
+    async def _answer(self, req: Request, payload: bytes) -> None:
+        # The reply rule (subjects/replies.py): only to the gateway's inbox, no request header copied.
+        await self._gate.answer(req._msg, payload)
+
     async def _on_request(self, req: Request) -> None:
+        if not self._gate.admits(req._msg):  # before the action runs: no claim, no call
+            return
         # A subscription's callbacks run one after another: each request gets a task of its own,
         # so a slow action holds up neither the others nor the _result query.
         task = asyncio.get_running_loop().create_task(self._serve(req))
@@ -162,7 +178,7 @@ class Executor:
             await self._on_action(name, req)
         else:
             # Refused, not run: this instance serves no such action.
-            await req.respond(_enc.encode(ExecResponse(status="error", error=ExecError(
+            await self._answer(req, _enc.encode(ExecResponse(status="error", error=ExecError(
                 code="UNKNOWN_ACTION", message=f"executor {self.kind} serves no action {name[:128]}"))))
 
     async def drain(self) -> None:
@@ -182,9 +198,9 @@ class Executor:
         try:
             q = result_query_decoder.decode(req.data)
         except msgspec.ValidationError as e:
-            await req.respond(_enc.encode(ExecResponse(status="error", error=ExecError(code="REQUEST_MALFORMED", message=str(e)[:500]))))
+            await self._answer(req, _enc.encode(ExecResponse(status="error", error=ExecError(code="REQUEST_MALFORMED", message=str(e)[:500]))))
             return
-        await req.respond(await self.lookup(q.idempotency_key))
+        await self._answer(req, await self.lookup(q.idempotency_key))
 
     async def lookup(self, key: str) -> bytes:
         """The stored answer for ``key``: a result, ``running`` or ``unknown``."""
@@ -198,14 +214,14 @@ class Executor:
         try:
             er = exec_request_decoder.decode(req.data)
         except msgspec.ValidationError as e:
-            await req.respond(_enc.encode(ExecResponse(status="error", error=ExecError(code="REQUEST_MALFORMED", message=str(e)[:500]))))
+            await self._answer(req, _enc.encode(ExecResponse(status="error", error=ExecError(code="REQUEST_MALFORMED", message=str(e)[:500]))))
             return
         header = (req.headers or {}).get(IDEMPOTENCY_HEADER)
         if er.action != name or (header is not None and header != er.idempotency_key):
-            await req.respond(_enc.encode(ExecResponse(status="error", error=ExecError(
+            await self._answer(req, _enc.encode(ExecResponse(status="error", error=ExecError(
                 code="REQUEST_MALFORMED", message="action or idempotency key differs between subject, header and body"))))
             return
-        await req.respond(await self.run(name, er))
+        await self._answer(req, await self.run(name, er))
 
     async def run(self, name: str, er: ExecRequest) -> bytes:
         """Run ``er`` at most once for its key; the answer (stored, or just made)."""

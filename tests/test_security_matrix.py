@@ -143,10 +143,14 @@ async def bed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
             bed.moment_replies.append(msg.reply)
             await msg.respond(b'{"status": "unknown"}')
 
-        await service.nc.subscribe(config.subjects.all_principals("pending"), cb=pending_responder)
-        await service.nc.subscribe(config.subjects.all_agents("moment"), cb=moment_responder)
-        await service.nc.subscribe(config.subjects.capabilities, cb=caps_responder)
-        await flushed(service.nc)
+        # Requests are taken on the services' answering connection (responder:services), which
+        # the service connection is not allowed to be (docs/security.md "Replies").
+        answering = await open_conn(server, auth.creds_for(Party("responder", "services")), Party("responder", "services"))
+        conns["responder:services"] = answering
+        await answering.nc.subscribe(config.subjects.all_principals("pending"), cb=pending_responder)
+        await answering.nc.subscribe(config.subjects.all_agents("moment"), cb=moment_responder)
+        await answering.nc.subscribe(config.subjects.capabilities, cb=caps_responder)
+        await flushed(answering.nc)
         yield bed
     finally:
         for c in [*conns.values()]:
@@ -471,8 +475,10 @@ async def test_principal_presence_and_push_are_its_own(bed: Bed, security_table)
     async def push_responder(msg) -> None:  # stands in for the notifier
         await msg.respond(b'{"ok": true}')
 
-    push = await bed.service.nc.subscribe(f"{pre}.principal.*.push.*", cb=push_responder)
+    answering = bed.conns["responder:services"]  # requests are taken on the answering connection
+    push = await answering.nc.subscribe(f"{pre}.principal.*.push.*", cb=push_responder)
     await flushed(bed.service.nc)
+    await flushed(answering.nc)
     try:
         await p.nc.publish(f"{pre}.principal.p3.presence", b'{"instance": "i", "surface": "web", "ttl_s": 30}')
         assert b'"ttl_s": 30' in (await obs.next_msg(timeout=WAIT)).data
@@ -486,15 +492,25 @@ async def test_principal_presence_and_push_are_its_own(bed: Bed, security_table)
 
 
 async def test_notifier_identity_hears_push_and_presence_only(bed: Bed, security_table) -> None:
-    """service:notifier subscribes to every principal's push and presence, and may neither forge a surface item nor answer a moment."""
+    """service:notifier hears every principal's presence and its responder takes their push requests;
+    neither may forge a surface item nor answer a moment, and the responder may publish on no contract subject."""
     party = Party("service", "notifier")
     conn = await open_conn(bed.server, bed.creds_dir / party.filename, party)
+    rparty = Party("responder", "notifier")
+    rconn = await open_conn(bed.server, bed.creds_dir / rparty.filename, rparty)
     pre = bed.config.prefix
     try:
         pres = await conn.nc.subscribe(f"{pre}.principal.*.presence")
-        push = await conn.nc.subscribe(f"{pre}.principal.*.push.*", queue="pgw-notifier")
+        push = await rconn.nc.subscribe(f"{pre}.principal.*.push.*", queue="pgw-notifier")
         await flushed(conn.nc)
-        assert conn.errors.empty(), "the notifier may subscribe to presence and push"
+        await flushed(rconn.nc)
+        assert conn.errors.empty() and rconn.errors.empty(), "the notifier may hear presence; its responder push requests"
+        # The service connection takes no request; the answering one writes nothing of the contract's.
+        await conn.nc.subscribe(f"{pre}.principal.*.push.*", queue="pgw-notifier")
+        await conn.violation(f"{pre}.principal.*.push.*")
+        for subject in (f"{pre}.principal.p1.surface", f"{pre}.verdict.blocked", "$KV.PGW_PUSH_SUBS.p1.x"):
+            await rconn.nc.publish(subject, b'{"forged": true}')
+            await rconn.violation(subject)
         await bed.conns["principal:p1"].nc.publish(f"{pre}.principal.p1.presence", b"{}")
         await settle(bed.conns["principal:p1"])
         assert (await pres.next_msg(timeout=WAIT)).subject == f"{pre}.principal.p1.presence"
@@ -508,6 +524,7 @@ async def test_notifier_identity_hears_push_and_presence_only(bed: Bed, security
         await conn.violation(f"{pre}.principal.p1.resolve")
     finally:
         await conn.nc.close()
+        await rconn.nc.close()
     security_table.record(bed.table, "notifier: push+presence only", "service:notifier", "principal:p1", "allowed/refused", "allowed/refused", True)
 
 

@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from consumers.notify.store import PushSubscription, Store, subscription_id
 from consumers.notify.vapid import VapidKey, b64url_decode
 from pgwcore.logs import get_logger
+from pgwcore.respond import Responder, release_requests_connection, requests_connection
 from subjects.names import check_token
 
 if TYPE_CHECKING:
@@ -134,6 +135,8 @@ class Responders:
                  presence: Presence) -> None:
         self.nc = nc
         self.prefix = prefix
+        self.responder = Responder(prefix, "notifier")  # docs/security.md "Replies"
+        self._rnc: Client | None = None
         self.cfg = cfg
         self.store = store
         self.vapid = vapid
@@ -143,8 +146,9 @@ class Responders:
 
     async def start(self) -> None:
         p = self.prefix
+        self._rnc = await requests_connection(self.nc)  # push.* are requests: the answering connection
         self._subs = [
-            await self.nc.subscribe(f"{p}.principal.*.push.*", queue=QUEUE, cb=self._on_push),
+            await self._rnc.subscribe(f"{p}.principal.*.push.*", queue=QUEUE, cb=self._on_push),
             await self.nc.subscribe(f"{p}.principal.*.presence", cb=self._on_presence),
         ]
 
@@ -155,15 +159,18 @@ class Responders:
                 await s.unsubscribe()
             except Exception:
                 log.debug("unsubscribe failed", exc_info=True)
+        rnc, self._rnc = self._rnc, None
+        await release_requests_connection(self.nc, rnc)
 
     def _principal(self, subject: str) -> str:
         return check_token(subject.split(".")[self._depth + 1], "principal token")
 
     async def _reply(self, msg: Msg, body: dict[str, Any]) -> None:
-        if msg.reply:
-            await msg.respond(_enc.encode(body))
+        await self.responder.answer(msg, _enc.encode(body))
 
     async def _on_push(self, msg: Msg) -> None:
+        if not self.responder.admits(msg):
+            return
         verb = msg.subject.rsplit(".", 1)[-1]
         try:
             principal = self._principal(msg.subject)

@@ -97,7 +97,7 @@ class AuditService:
 
     async def start(self, queue: str) -> None:
         self.page_bytes = max(self.kernel.nc.max_payload // 2, 4096)
-        self._sub = await self.kernel.nc.subscribe(f"{self.prefix}.kernel.audit.*", queue=queue, cb=self._on_request)
+        self._sub = await self.kernel.gw.rnc.subscribe(f"{self.prefix}.kernel.audit.*", queue=queue, cb=self._on_request)
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -105,6 +105,8 @@ class AuditService:
                 await self._sub.unsubscribe()
 
     async def _on_request(self, msg: Any) -> None:
+        if not self.kernel.responder.admits(msg):
+            return
         auditor = msg.subject.rsplit(".", 1)[-1]
         try:
             reply = await self.query(auditor, msg.data)
@@ -113,9 +115,7 @@ class AuditService:
         except Exception:
             log.exception("audit query failed", auditor=auditor)
             reply = AuditReply(ok=False, refusal=Refusal(code="KERNEL_UNAVAILABLE", reason="the audit query could not be answered"))
-        if msg.reply:
-            with contextlib.suppress(Exception):
-                await msg.respond(msgspec.json.encode(reply))
+        await self.kernel.responder.answer(msg, msgspec.json.encode(reply))
 
     async def _events(self, match: Any) -> list[dict[str, Any]]:
         out = []

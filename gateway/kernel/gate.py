@@ -190,7 +190,7 @@ class Gate:
         self._gate_busy = set()
         self._gate_tails = {}
         self.gate_kv = await ensure_kv(self.js, BUCKET)
-        self._gate_sub = await self.nc.subscribe(self.subjects.all_agents("act"), queue=queue, cb=self._on_act)
+        self._gate_sub = await self.gw.rnc.subscribe(self.subjects.all_agents("act"), queue=queue, cb=self._on_act)
         if self.cfg.executors:
             self._gate_task = asyncio.create_task(self._gate_loop(), name="kernel-gate-sweep")
 
@@ -211,6 +211,8 @@ class Gate:
 
     # -- agent.{agent}.act ----------------------------------------------------------
     async def _on_act(self, msg: Msg) -> None:
+        if not self.responder.admits(msg):  # the reply rule, before any work (docs/security.md "Replies")
+            return
         task = asyncio.create_task(self._serve_act(msg))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
@@ -233,9 +235,7 @@ class Gate:
                                 reason="the kernel could not complete this request; see the event log for what it recorded")
             LATENCY.labels(stage="act").observe(time.perf_counter() - t0)
             log.info("act", agent=agent, result=type(result).__name__, idp_id=getattr(result, "idp_id", None))
-            if msg.reply:
-                with contextlib.suppress(Exception):
-                    await msg.respond(_enc.encode(result))
+            await self.responder.answer(msg, _enc.encode(result))
         # The tail written after the answer (_finish): this task, which drain() waits for, ends with it.
         tail = _TAIL.get()
         if tail is not None:

@@ -129,9 +129,7 @@ class Revocations:
         except Exception:
             log.exception("revocation failed")
             reply = RevokeReply(ok=False, refusal=Refusal(code="KERNEL_UNAVAILABLE", reason="the revocation was not recorded"))
-        if msg.reply:
-            with contextlib.suppress(Exception):
-                await msg.respond(msgspec.json.encode(reply))
+        await self.kernel.responder.answer(msg, msgspec.json.encode(reply))
 
     def _verify(self, token: str) -> tuple[str, dict[str, Any]]:
         keys = {**self.verifier.keys, **self.verifier.revoker_keys}
@@ -174,3 +172,5 @@ class Revocations:
         self.verifier.live_revoked.add(jti)
         log.info("mandate revocation recorded", jti=jti, revoked_by=kid, event_seq=ev.seq, duplicate=ev.duplicate)
         return RevokeReply(ok=True, jti=jti, event_seq=ev.seq, already=ev.duplicate)
+        if not self.kernel.responder.admits(msg):
+            return

@@ -129,6 +129,8 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         self.cfg = gateway.config.kernel
         self.nc = gateway.nc
         self.js = gateway.js
+        # The kernel's answers: the gateway's reply rule, each written by the hot path's publish_soon.
+        self.responder = Responder(gateway.config.prefix, "gateway", soon=True)
         self.subjects = gateway.subjects
         self.publisher = gateway.publisher
         self.desk = gateway.desk
@@ -170,7 +172,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             log.warning("no Cedar policies configured (kernel.policy_dir): every action is denied")
         self.desk.on_hem_decision(self._on_hem_decision)
         # Each request's task started as it is read (pgwcore.delivery).
-        self._sub = await subscribe_inline(self.nc, self.subjects.all_agents("idp"), self._spawn, queue=QUEUE)
+        self._sub = await subscribe_inline(self.gw.rnc, self.subjects.all_agents("idp"), self._spawn, queue=QUEUE)
         await self._gate_start(QUEUE)  # agent.*.act and the sweep of open dispatches (gate.py)
         self._psub = await self.js.pull_subscribe(
             self.subjects.all_agents("transition"),
@@ -227,6 +229,8 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         task = asyncio.create_task(self._serve(msg))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
+        if not self.responder.admits(msg):  # the reply rule, before any work (docs/security.md "Replies")
+            return
 
     async def _serve(self, msg: Msg) -> None:
         async with self._sem:
@@ -260,10 +264,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                     code=code,
                     idp_id=getattr(result, "idp_id", None),
                 )
-            if msg.reply:
-                with contextlib.suppress(Exception):
-                    # == msg.respond(...): the request's headers back, the same bytes (pgwcore.pubbatch)
-                    await publish_soon(self.nc, msg.reply, msgspec.json.encode(result), msg.headers)
+            await self.responder.answer(msg, msgspec.json.encode(result))
 
     async def handle_request(self, agent: str, data: bytes, *, traceparent: str | None = None) -> KernelResult:
         """One kernel.transition() call (spec 003 §5.1 step 4) -> its result."""

@@ -84,6 +84,7 @@ def parties(config: Config) -> list[Party]:
         agents = [DEMO_AGENT]
         principals[DEMO_PRINCIPAL] = None
     out = [Party("service", s) for s in SERVICE_NAMES]
+    out += [Party("responder", s) for s in SERVICE_NAMES]  # each service's answering connection
     out += [Party("agent", a) for a in agents]
     out += [Party("principal", p) for p in sorted(principals)]
     out += [Party("ops", o) for o in sorted(dict.fromkeys(config.security.ops))]

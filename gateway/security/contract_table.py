@@ -40,6 +40,7 @@ NAMED_LISTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("JS_BYPASS_DENY", permissions.JS_BYPASS_DENY),
     ("OPS_WRITE_DENY", permissions.OPS_WRITE_DENY),
     ("OPS_JS_READS", permissions.OPS_JS_READS),
+    ("REPLY_DENY", permissions.reply_deny("pgw")),
 )
 
 
@@ -61,8 +62,8 @@ def parties() -> list[tuple[str, str, Permissions]]:
     """(role, party as written in credentials, permissions) for every role and service."""
     out: list[tuple[str, str, Permissions]] = []
     for role, build in ROLE_BUILDERS.items():
-        if role == "service":
-            out += [(role, f"service:{n}", build("pgw", n)) for n in service_names()]
+        if role in ("service", "responder"):  # one row per service: each has its own lists
+            out += [(role, f"{role}:{n}", build("pgw", n)) for n in service_names()]
         else:
             sample = _SAMPLES.get(role, "NAMEx9")
             out.append((role, f"{role}:{_SHOWN.get(sample, '{name}')}", build("pgw", sample)))

@@ -9,8 +9,13 @@ the gateway created for them. A deny always wins over an allow in
 nats-server, so the deny list never names a subject the allow list needs.
 
 Services are trusted infrastructure: they manage streams, consumers and KV
-buckets (``$JS.API.>``) and answer requests (``allow_responses``), but each
-publishes only the contract subjects it produces.
+buckets (``$JS.API.>``), but each publishes only the contract subjects it
+produces. They take no request on that connection: each service answers
+requests on a second one, as ``responder:{service}``, which may publish on
+no contract subject, stream, bucket or API and has no ``allow_responses``
+(nats-server grants a reply subject under ``allow_responses`` even where
+the deny list names it), so a request whose reply subject names a stream
+cannot make a service write it (docs/security.md "Replies").
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pgwcore.identity import Party
+from pgwcore.identity import SERVICE_NAMES, Party
 from pgwcore.slack_config import SLACK_BUCKET, slack_durable
 from subjects.client import outcome_durable
 from subjects.names import principal_token
@@ -170,15 +175,64 @@ def slack_permissions(prefix: str, principal: str) -> Permissions:
     )
 
 
-def service_permissions(prefix: str, name: str) -> Permissions:
-    """The gateway, signer, registrar and notifier; ``services`` is all of them in one process."""
-    own = Party("service", name)
-    common = Permissions(
-        pub_allow=_SERVICE_COMMON_PUB,
-        # $SRV.> and ops.{name}.status: nats.micro registration (pgwcore/micro.py, issue 8).
-        sub_allow=(f"{own.inbox_prefix}.>", "$SRV.>", f"{prefix}.ops.{name}.status"),
-        allow_responses=True,
+def _requests(prefix: str, name: str) -> tuple[str, ...]:
+    """The request subjects service ``name`` answers (docs/contract.md §2), besides the services
+    API (``$SRV.>``, ``ops.{name}.status``): taken on its ``responder`` connection only."""
+    p = prefix
+    match name:
+        case "gateway":
+            return (
+                f"{p}.agent.*.idp",
+                f"{p}.agent.*.act",  # gated actions (gateway/kernel/gate.py)
+                f"{p}.agent.*.moment",  # the agents' moment queries (gateway/app.py)
+                f"{p}.principal.*.resolve",
+                f"{p}.principal.*.pending",
+                f"{p}.capabilities",
+                f"{p}.kernel.>",  # mandate revocation and audit queries (gateway/kernel/)
+            )
+        case "notifier":
+            return (f"{p}.principal.*.push.*",)  # every principal's Web Push requests
+        case "signer" | "registrar":
+            return ()
+        case "services":
+            return tuple(dict.fromkeys(s for n in ("gateway", "signer", "registrar", "notifier") for s in _requests(p, n)))
+    raise ValueError(f"unknown service {name!r}")
+
+
+def reply_deny(prefix: str) -> tuple[str, ...]:
+    """What an answering connection may never publish: every contract subject (all streams'
+    subjects, ``exec.>``, ``log.>``), the JetStream, KV, object store, system and services APIs,
+    and the services' own inboxes (a forged answer to a service's pending request)."""
+    return (
+        f"{prefix}.>", "$JS.>", "$KV.>", "$O.>", "$SYS.>", "$SRV.>",
+        *(f"{Party(role, n).inbox_prefix}.>" for role in ("service", "responder") for n in SERVICE_NAMES),
     )
+
+
+def responder_permissions(prefix: str, name: str) -> Permissions:
+    """The connection service ``name`` takes requests on and answers from (pgwcore/respond.py).
+
+    It subscribes to the service's request subjects and the services API, and publishes only
+    answers: any subject but :func:`reply_deny`'s. NATS wildcards match whole tokens, so the
+    server cannot confine an answer to the *asker's* ``_INBOX_{role}_{name}``: that is the
+    reply rule's work (subjects/replies.py); the server's part is that no answer reaches a
+    stream, a bucket or an API. No ``allow_responses``: nats-server would let it publish on any
+    reply subject it receives, the denied ones included.
+    """
+    own = Party("responder", name)
+    return Permissions(
+        pub_allow=(">",),
+        pub_deny=reply_deny(prefix),
+        sub_allow=(*_requests(prefix, name), "$SRV.>", f"{prefix}.ops.{name}.status", f"{own.inbox_prefix}.>"),
+    )
+
+
+def service_permissions(prefix: str, name: str) -> Permissions:
+    """The gateway, signer, registrar and notifier; ``services`` is all of them in one process.
+
+    The service's writes and reads; its requests (and the services API) are its responder's."""
+    own = Party("service", name)
+    common = Permissions(pub_allow=_SERVICE_COMMON_PUB, sub_allow=(f"{own.inbox_prefix}.>",))
     p = prefix
     match name:
         case "gateway":
@@ -196,13 +250,6 @@ def service_permissions(prefix: str, name: str) -> Permissions:
                 sub_allow=(
                     "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>",  # ditto: crashed-worker path
                     f"{p}.agent.*.envelope",  # core watch for squatted msg ids (security/squat.py)
-                    f"{p}.agent.*.idp",
-                    f"{p}.agent.*.act",  # gated actions (gateway/kernel/gate.py)
-                    f"{p}.agent.*.moment",  # the agents' moment queries (gateway/app.py)
-                    f"{p}.principal.*.resolve",
-                    f"{p}.principal.*.pending",
-                    f"{p}.capabilities",
-                    f"{p}.kernel.>",  # mandate revocation and audit queries (gateway/kernel/)
                 ),
             )
         case "signer":
@@ -211,11 +258,11 @@ def service_permissions(prefix: str, name: str) -> Permissions:
         case "registrar":
             mine = Permissions(pub_allow=(f"{p}.capsule.registered", f"{p}.capsule.deadletter"))
         case "notifier":
-            # Issue 17: reads PGW_SURFACE through its own durable ($JS.API above), answers every
-            # principal's push.* requests, hears every presence, dead-letters what it gives up on.
+            # Reads PGW_SURFACE through its own durable ($JS.API above), hears every presence,
+            # dead-letters what it gives up on (docs/notifications.md); its responder answers push.*.
             mine = Permissions(
                 pub_allow=(f"{p}.notify.deadletter",),
-                sub_allow=(f"{p}.principal.*.push.*", f"{p}.principal.*.presence"),
+                sub_allow=(f"{p}.principal.*.presence",),
             )
         case "services":
             mine = Permissions()
@@ -344,6 +391,7 @@ ROLE_BUILDERS: dict[str, RoleBuilder] = {
     "audit": audit_permissions,
     "slack": slack_permissions,
     "executor": executor_permissions,
+    "responder": responder_permissions,
 }
 
 
