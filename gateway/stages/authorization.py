@@ -234,7 +234,7 @@ _DIRECTIVE = re.compile(
 
 def has_marker(text: str, markers: list[str]) -> str | None:
     """The first forbidden marker ``text`` carries, matched as whole words in the seen form of
-    both (gateway/security/seen.py): "vеrіfied" with Cyrillic е and і reads "verified"."""
+    both (gateway/security/seen.py): "v\u0435r\u0456fied" (Cyrillic ie and i) reads "verified"."""
     t = seen(text)
     for m in markers:
         m2 = seen(m)

@@ -106,7 +106,7 @@ _ASCII_NON_WORD = "".join(c for c in map(chr, range(128)) if not (c.isalnum() or
 def hatch_of(label: str) -> str | None:
     """``free_text`` or ``dialogue`` when ``label`` merely names that escape hatch (§6.6), else None.
 
-    Judged on the label's seen form: "Something\u200b else", "Ѕomething else" (Cyrillic Ѕ)
+    Judged on the label's seen form: "Something\u200b else", "\u0405omething else" (Cyrillic Dze)
     and "Some\u00adthing else" all read "Something else" on the surface.
     """
     s = seen(label)
