@@ -101,7 +101,8 @@ async def test_audit_role_may_only_ask_the_kernel_under_its_own_name(tmp_path: P
     await server.start()
     conns = []
     try:
-        service = await open_conn(server, auth.service_creds, Party("service", "services"))
+        # The services take requests on their answering connection (docs/security.md "Replies").
+        service = await open_conn(server, auth.creds_for(Party("responder", "services")), Party("responder", "services"))
         auditor = await open_conn(server, auth.creds_for(carol), carol)
         agent = await open_conn(server, auth.creds_for(Party("agent", "a1")), Party("agent", "a1"))
         conns = [service, auditor, agent]
