@@ -497,8 +497,68 @@ async def test_in_chromium_the_mail_renders_and_the_form_button_answers(
             assert mid in await bed.pending_ids(), "opening the pages answered nothing"
             await page.fill("textarea#text", "Only the summary, and tell them why.")
             await page.get_by_role("button", name="Send this answer").click()
-            await page.locator("h2.accepted").wait_for(timeout=10_000)
+            await page.locator("h1.accepted").wait_for(timeout=10_000)
         finally:
             await b.close()
         res = await bed.agent.resolution_for(mid, timeout=10)
         assert res.resolution == FreeTextAnswer(text="Only the summary, and tell them why.")
+
+
+async def test_every_email_page_passes_axe_reflows_and_names_the_principals_zone(
+        tmp_path, make_config, nats_server, nc, monkeypatch) -> None:
+    """axe-core (WCAG 2.0-2.2 A/AA, best practice) finds nothing on the mail and on every page its links open (option, own words, reject, clarification, refused, empty answer, sent), light and dark, at phone and desktop size; none is wider than 320 CSS px allows; each has one main landmark and one h1; deadlines are in the principal's zone, named."""
+    import sys
+
+    from subjects.client import envelope
+
+    sys.path.insert(0, str(Path(__file__).parent / "web"))
+    from a11y_kit import DESKTOP, NARROW, PHONE, assert_no_violations, axe_ready, overflow_x
+    from surface_kit import CHROMIUM, CHROMIUM_ARGS, browser_ready
+
+    reason = browser_ready() or axe_ready()
+    if reason is not None:
+        pytest.skip(reason)
+    from playwright.async_api import async_playwright
+
+    async with running(tmp_path, make_config, nats_server, nc, monkeypatch, timezone="Europe/Paris") as bed:
+        await bed.moment()
+        mail = await bed.mail()
+        text, htm = parts(mail)
+        links = answer_links(mail)
+        env = envelope("clarification.request", {"questions": [{"id": "year", "question": "Which year should I file?"}]})
+        out = await bed.agent.outcome_for(await bed.agent.send(env, principal="alice"), timeout=10)
+        assert out.status == "accepted", (out.code, out.reason)
+        clarify = answer_links(await bed.mail(2))["answers"]
+        pages = {"mail": htm}
+        for name, url in (("option", links["o0"]), ("own words", links["free_text"]), ("reject", links["dialogue"]),
+                          ("clarification", clarify), ("refused", links["o0"].split("?")[0])):
+            pages[name] = (await get(url))[1]
+        status, pages["empty answer"] = await post(links["free_text"], {"text": " "})
+        assert status == 400
+        status, pages["sent"] = await post(links["o1"])
+        assert status == 200 and "Answer sent" in pages["sent"]
+
+        for where in (text, htm, pages["option"]):
+            assert "(Europe/Paris)" in where, "deadlines in the principal's zone, named"
+            assert not re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d", where), "no raw RFC 3339 time"
+        async with async_playwright() as pw:
+            b = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                for viewport, scheme in ((PHONE, "light"), (DESKTOP, "light"), (PHONE, "dark"), (NARROW, "light")):
+                    ctx = await b.new_context(viewport=viewport, color_scheme=scheme, bypass_csp=True)
+                    page = await ctx.new_page()
+                    for name, content in pages.items():
+                        await page.set_content(content)
+                        state = f"{name} at {viewport['width']} px, {scheme}"
+                        assert await page.locator("main").count() == 1, state
+                        assert await page.locator("h1").count() == 1, state
+                        assert await overflow_x(page) <= 0, f"{state}: wider than the screen (WCAG 1.4.10)"
+                        if viewport is not NARROW:
+                            await assert_no_violations(page, state)
+                    if viewport is NARROW:  # the text box itself fits, not only the page
+                        await page.set_content(pages["own words"])
+                        box = await page.locator("textarea").bounding_box()
+                        assert box is not None and box["x"] + box["width"] <= NARROW["width"]
+                    await ctx.close()
+            finally:
+                await b.close()

@@ -301,7 +301,7 @@ async def test_surface_web_command_serves_the_page_with_its_settings(nats_server
             async with s.get(url.replace("/?t=", "/config.json?t=")) as r:
                 cfg = await r.json()
         assert cfg == {"principal": "alice", "prefix": "pgw", "ws_url": nats_server.websocket_url, "auth": None,
-                       "notify_synopsis": False}
+                       "notify_synopsis": False, "time_zone": None}
     finally:
         proc.terminate()
         assert await asyncio.wait_for(proc.wait(), WAIT) == 0

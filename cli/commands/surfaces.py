@@ -113,6 +113,13 @@ async def run_surface(args: argparse.Namespace, config: Config) -> int:
             await nc.drain()
 
 
+def page_time_zone(config: Config, principal: str) -> str | None:
+    """The zone the page shows times in: the principal's ``[notifier.principals.P] timezone``, or None
+    (the browser's) when it is left at its default, "UTC" (write "Etc/UTC" to have UTC on the page)."""
+    listed = config.notifier.principals.get(principal)
+    return listed.timezone if listed is not None and listed.timezone != "UTC" else None
+
+
 async def run_surface_web(args: argparse.Namespace, config: Config) -> int:
     from consumers.surfaces.feed import browser_auth
     from consumers.surfaces.web import WebSurfaceServer, stored_token
@@ -143,6 +150,7 @@ async def run_surface_web(args: argparse.Namespace, config: Config) -> int:
         token=stored_token(config.data_path / "surface-web" / f"{principal}.token", renew=args.new_token),
         # The page's own notifications follow the notifier's opt-in (docs/notifications.md).
         notify_synopsis=config.notifier.for_principal(principal).show_synopsis,
+        time_zone=page_time_zone(config, principal),
     )
 
     def announce() -> None:

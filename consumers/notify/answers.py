@@ -28,6 +28,11 @@ surface), with one link per option and one per open hatch.
   002 SR-1) is mailed or shown; the page reads the moment again from
   ``principal.P.pending`` (the gateway's record), so a moment answered
   elsewhere shows as such.
+- **Every principal can answer** (WCAG 2.2 AA, docs/surfaces.md
+  "Accessibility"): each page has a main landmark and one h1, reflows at
+  320 CSS px (text boxes take the width they are given), follows the
+  system's dark scheme, and says every deadline in P's time zone
+  (``[notifier.principals.P] timezone``), the zone named.
 """
 
 from __future__ import annotations
@@ -41,8 +46,10 @@ import os
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
 
 import msgspec
 from aiohttp import web
@@ -217,10 +224,23 @@ _CSS = {
     "badge": "display:inline-block;background:#dafbe1;color:#116329;border:1px solid #4ac26b;border-radius:10px;"
              "font-size:12px;padding:1px 8px;margin-left:6px",
     "reason": "color:#424a53;margin:4px 0 8px",
-    "link": "display:inline-block;border:1px solid #0f1b33;color:#0f1b33;border-radius:6px;padding:6px 12px;"
-            "text-decoration:none",
+    "link": "display:inline-block;border:1px solid #0f1b33;color:#0f1b33;background:#ffffff;border-radius:6px;"
+            "padding:6px 12px;text-decoration:none;font:inherit",
     "hatch": "margin:10px 0",
     "foot": "color:#57606a;font-size:12px;margin-top:20px",
+    "h1": "font-size:20px;margin:0 0 12px",
+    "box": "display:block;width:100%;max-width:100%;box-sizing:border-box;font:inherit;margin-top:4px",
+    "pre": "white-space:pre-wrap;overflow-wrap:anywhere",
+}
+# The pages' dark scheme (prefers-color-scheme), matched on the very inline style it overrides, so
+# the two cannot drift; mail clients drop <style>, the mail stays light. Every pair keeps 4.5:1.
+_DARK = {
+    "body": "background:#0d1117;color:#e6edf3",
+    "card": "background:#161b22;border-color:#3d444d",
+    "meta": "color:#9da7b3", "h": "color:#9da7b3", "foot": "color:#9da7b3", "reason": "color:#c9d1d9",
+    "option": "border-color:#3d444d",
+    "badge": "background:#12361f;color:#7ee2a8;border-color:#2f8f56",
+    "link": "background:#161b22;color:#9ecbff;border-color:#9ecbff",
 }
 
 
@@ -232,15 +252,15 @@ def _st(name: str) -> str:
     return f' style="{_CSS[name]}"'
 
 
-def plan_html(plan: Plan, links: dict[str, str] | None = None) -> str:
-    """The moment as an HTML fragment (inline styles: mail clients drop style sheets)."""
+def plan_html(plan: Plan, links: dict[str, str] | None = None, zone: ZoneInfo | None = None) -> str:
+    """The moment as an HTML fragment (inline styles: mail clients drop style sheets); times in ``zone``."""
     out: list[str] = []
     if plan.untrusted:
         out.append(f'<p class="untrusted"{_st("untrusted")}>UNTRUSTED: built from untrusted content; '
                    "check it before you act on it.</p>")
     meta = f"From agent {_e(plan.agent)}"
     if getattr(plan, "expires_at", None):
-        meta += f" · answer before {_e(plan.expires_at)}"  # type: ignore[attr-defined]
+        meta += f" · answer before {_e(when(plan.expires_at, zone))}"  # type: ignore[attr-defined]
     out.append(f'<p class="meta"{_st("meta")}>{meta}</p>')
     links = links or {}
     match plan:
@@ -250,11 +270,11 @@ def plan_html(plan: Plan, links: dict[str, str] | None = None) -> str:
             if plan.calibration_note:
                 out.append(f"<p{_st('meta')}>Note: {_e(plan.calibration_note)}</p>")
             # spec 000 §9.1: all four briefing slots, each under its own heading.
-            out.append(f'<h3{_st("h")}>Synopsis</h3><p class="synopsis">{_e(plan.synopsis)}</p>')
+            out.append(f'<h2{_st("h")}>Synopsis</h2><p class="synopsis">{_e(plan.synopsis)}</p>')
             for title, items in (("Findings", plan.findings), ("Recommendations", plan.recommendations)):
                 body = "".join(f"<li>{_e(x)}</li>" for x in items) or "<li>(none)</li>"
-                out.append(f'<h3{_st("h")}>{title}</h3><ul class="{title.lower()}">{body}</ul>')
-            out.append(f'<h3{_st("h")}>Offer</h3><p class="offer">{_e(plan.offer)}</p>')
+                out.append(f'<h2{_st("h")}>{title}</h2><ul class="{title.lower()}">{body}</ul>')
+            out.append(f'<h2{_st("h")}>Offer</h2><p class="offer">{_e(plan.offer)}</p>')
             out.append(f'<p class="stem"{_st("stem")}>{_e(plan.stem)}</p>')
             for opt in plan.options:
                 # §9.1: the recommendation is marked, never pre-selected: every link looks the same.
@@ -285,19 +305,24 @@ def plan_html(plan: Plan, links: dict[str, str] | None = None) -> str:
         case NoticePlan():
             out.append(f'<p class="notice"{_st("notice")}>NOTICE: not a decision</p><p>{_e(plan.diagnostic)}</p>')
             if plan.conventional is not None:
-                out.append(f"<p>What the agent sent:</p><pre>{_e(plan.conventional)}</pre>")
+                out.append(f'<p>What the agent sent:</p><pre{_st("pre")}>{_e(plan.conventional)}</pre>')
         case WithdrawPlan():
             out.append(f"<p>This moment was withdrawn ({_e(plan.reason)}).</p>")
     return "\n".join(out)
 
 
-def plan_text(plan: Plan, links: dict[str, str] | None = None) -> str:
-    """The plain-text part: the terminal's rendering (consumers/surfaces/text.py) and the links."""
+def plan_text(plan: Plan, links: dict[str, str] | None = None, zone: ZoneInfo | None = None) -> str:
+    """The plain-text part: the terminal's rendering (consumers/surfaces/text.py) and the links; times in ``zone``."""
     from consumers.surfaces.text import HATCH_KEYS, render_plan
 
     # The terminal binds the hatches to keys; in a mail each is a link below instead.
     keys = {f"  [{k}] " for k in HATCH_KEYS.values()}
     lines = [f"  • {ln[6:]}" if ln[:6] in keys else ln for ln in render_plan(plan, width=76, color=False)]
+    # The terminal shows raw UTC times; the mail says them in the principal's zone.
+    if expires := getattr(plan, "expires_at", None):
+        lines = [ln.replace(f"Answer before {expires}", f"Answer before {when(expires, zone)}") for ln in lines]
+    if plan.created_at:
+        lines = [ln.replace(plan.created_at, when(plan.created_at, zone)) for ln in lines]
     links = links or {}
     if links:
         lines += ["", "Answer (each link opens a confirmation page; nothing is answered until you confirm):"]
@@ -305,17 +330,47 @@ def plan_text(plan: Plan, links: dict[str, str] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def when(ts: str | float, zone: ZoneInfo | None = None) -> str:
+    """A deadline in the principal's zone, the zone named: "2026-11-22 21:00 CET (Europe/Paris)".
+
+    ``ts``: an RFC 3339 time (a moment's expires_at) or seconds since the epoch; text that is
+    neither is shown as it is.
+    """
+    try:
+        at = (datetime.fromtimestamp(ts, UTC) if isinstance(ts, int | float)
+              else datetime.fromisoformat(ts.replace("Z", "+00:00")))
+    except (ValueError, OverflowError, OSError):
+        return str(ts)
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    zone = zone or ZoneInfo("UTC")
+    local = at.astimezone(zone)
+    name = local.tzname() or ""
+    return f"{local:%Y-%m-%d %H:%M} {name}" + (f" ({zone.key})" if zone.key not in (name, "UTC", "Etc/UTC") else "")
+
+
+_DARK_CSS = "@media (prefers-color-scheme: dark){" + "".join(
+    f'[style="{_CSS[name]}"]{{' + ";".join(f"{d} !important" for d in decl.split(";")) + "}"
+    for name, decl in _DARK.items()) + "}"
+
+
 def page(title: str, body: str) -> str:
+    """A whole page: one main landmark; the body's opening <h2> (if any) is the page's <h1>."""
+    if body.startswith("<h2"):
+        end = body.index("</h2>")
+        body = f'<h1{_st("h1")}' + body[3:end] + "</h1>" + body[end + 5:]
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="robots" content="noindex">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{_e(title)}</title></head>'
-            f'<body{_st("body")}><div class="card"{_st("card")}>{body}</div></body></html>')
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<meta name="color-scheme" content="light dark"><title>{_e(title)}</title>'
+            f"<style>{_DARK_CSS}</style></head>"
+            f'<body{_st("body")}><main class="card"{_st("card")}>{body}</main></body></html>')
 
 
-def mail_html(plan: Plan, links: dict[str, str], expires: str) -> str:
+def mail_html(plan: Plan, links: dict[str, str], expires: str, zone: ZoneInfo | None = None) -> str:
     foot = (f'<p class="foot"{_st("foot")}>Each link opens a confirmation page; nothing is answered until you '
             f"press the button there. The links work once, until {_e(expires)}. Anyone who has this e-mail can "
             "answer: do not forward it.</p>")
-    return page("A decision waits", plan_html(plan, links) + foot)
+    return page("A decision waits", f"<h2>A decision waits for you</h2>{plan_html(plan, links, zone)}{foot}")
 
 
 # -- the confirmation pages ------------------------------------------------------
@@ -359,13 +414,12 @@ class AnswerLinks:
         mid = getattr(plan, "moment_id", "")
         links = {c: self.url(principal, mid, c, self.tokens.mint(Claims(principal, mid, c, int(exp), nonce)))
                  for c in answer_choices(plan)}
-        from datetime import UTC, datetime
-
-        until = datetime.fromtimestamp(exp, UTC).strftime("%Y-%m-%d %H:%M UTC")
-        text = plan_text(plan, links)
+        zone = self.cfg.for_principal(principal).zone
+        until = when(exp, zone)
+        text = plan_text(plan, links, zone)
         if links:
             text += f"\nThe links work once, until {until}. Anyone who has this e-mail can answer: do not forward it.\n"
-        return AnswerMail(text, mail_html(plan, links, until), links)
+        return AnswerMail(text, mail_html(plan, links, until, zone), links)
 
     def url(self, principal: str, moment_id: str, choice: str, token: str) -> str:
         return f"{self.base_url}/answer/{principal}/{moment_id}/{choice}?t={token}"
@@ -474,16 +528,16 @@ class AnswerLinks:
     def _form(self, plan: Plan, claims: Claims) -> str:
         fields = ""
         if claims.c == "free_text":
-            fields = ('<p><label for="text">Your answer</label><br><textarea id="text" name="text" rows="5" '
-                      f'cols="60" maxlength="{MAX_TEXT}" required></textarea></p>')
+            fields = ('<p><label for="text">Your answer</label><textarea id="text" name="text" rows="5" '
+                      f'cols="60" maxlength="{MAX_TEXT}" required{_st("box")}></textarea></p>')
         elif claims.c == "dialogue":
-            fields = ('<p><label for="objection">What is wrong with the question? (optional)</label><br>'
-                      f'<textarea id="objection" name="objection" rows="4" cols="60" maxlength="{MAX_TEXT}">'
-                      "</textarea></p>")
+            fields = ('<p><label for="objection">What is wrong with the question? (optional)</label>'
+                      f'<textarea id="objection" name="objection" rows="4" cols="60" maxlength="{MAX_TEXT}"'
+                      f'{_st("box")}></textarea></p>')
         elif claims.c == "answers" and isinstance(plan, ClarificationPlan):
             fields = "".join(
-                f'<p><label for="q{i}">{_e(q.question)}</label><br><textarea id="q{i}" name="q:{_e(q.id)}" rows="3" '
-                f'cols="60" maxlength="{MAX_TEXT}" required></textarea></p>' for i, q in enumerate(plan.questions))
+                f'<p><label for="q{i}">{_e(q.question)}</label><textarea id="q{i}" name="q:{_e(q.id)}" rows="3" '
+                f'cols="60" maxlength="{MAX_TEXT}" required{_st("box")}></textarea></p>' for i, q in enumerate(plan.questions))
         return (f'<h2>Your answer: <span class="chosen">{_e(choice_text(plan, claims.c))}</span></h2>'
                 # No action: the form posts to this very URL, also behind a proxy that adds a path prefix.
                 f'<form method="post">{fields}'
@@ -500,7 +554,7 @@ class AnswerLinks:
         except Exception:
             log.exception("answer page failed")
             return self._refusal(UNREACHABLE)
-        body = self._form(plan, claims) + "<hr>" + plan_html(plan)
+        body = self._form(plan, claims) + "<hr>" + plan_html(plan, zone=self.cfg.for_principal(claims.p).zone)
         return web.Response(text=page("Confirm your answer", body), content_type="text/html")
 
     def _resolution(self, plan: Plan, claims: Claims, form: Any) -> Resolution:

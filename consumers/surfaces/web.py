@@ -16,6 +16,11 @@ manifest at ``/manifest.webmanifest`` and a service worker at ``/sw.js``
 (root scope: it may control every page of this origin). The installed app
 starts at ``/`` without the token; the page keeps the token it was first
 opened with in localStorage (docs/surfaces.md, "Installing the app").
+
+The page shows times (a moment's deadline) in ``time_zone``, the principal's
+IANA zone when one is configured (``[notifier.principals.P] timezone``), else
+in the browser's own zone; either way the zone is named (docs/surfaces.md
+"Accessibility").
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ import secrets
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from aiohttp import web
 
+from pgwcore.config import ConfigError
 from pgwcore.logs import get_logger
 from subjects.names import principal_token
 
@@ -100,6 +107,7 @@ class WebSurfaceServer:
         static_dir: Path = STATIC_DIR,
         token: str | None = None,
         notify_synopsis: bool = False,
+        time_zone: str | None = None,
     ) -> None:
         self.principal = principal_token(principal)
         self.ws_url = ws_url
@@ -113,6 +121,13 @@ class WebSurfaceServer:
         self.token = token or secrets.token_urlsafe(18)
         # Desktop notifications show the synopsis only when the principal opted in (issue 17).
         self.notify_synopsis = notify_synopsis
+        # None: the page shows times in the browser's zone.
+        if time_zone is not None:
+            try:
+                ZoneInfo(time_zone)
+            except (ZoneInfoNotFoundError, ValueError) as e:
+                raise ConfigError("time_zone", f"{time_zone!r} is not an IANA time zone (e.g. \"Europe/Paris\")") from e
+        self.time_zone = time_zone
         self._runner: web.AppRunner | None = None
 
     @property
@@ -181,7 +196,7 @@ class WebSurfaceServer:
             return web.json_response({"error": "open the URL that `pgw surface-web` printed"}, status=403)
         return web.json_response(
             {"principal": self.principal, "prefix": self.prefix, "ws_url": self.ws_url, "auth": self.auth,
-             "notify_synopsis": self.notify_synopsis}
+             "notify_synopsis": self.notify_synopsis, "time_zone": self.time_zone}
         )
 
     async def start(self) -> WebSurfaceServer:

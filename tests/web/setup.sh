@@ -1,14 +1,26 @@
 #!/bin/sh
-# Install what the browser-surface tests (tests/test_surface_web.py) need:
+# Install what the browser-surface tests (tests/test_surface_*.py) need:
 # Debian's chromium, driven by Playwright for Python (the `playwright` package
 # of the project's `test` extra; never `playwright install`, which downloads
-# its own browser build). Idempotent: does nothing when chromium is there.
+# its own browser build), and axe-core, pinned in tests/web/package.json (its
+# lock file fixes the exact tarball), which the accessibility tests inject into
+# the page. Idempotent: does nothing when both are there.
 #
 #   sh tests/web/setup.sh          # from the Makefile `test` target, or by hand
 #
-# Exit 0: $PGW_CHROMIUM (default /usr/bin/chromium) is ready. Exit 1: it is
-# missing and this script cannot install it (not root, or no apt-get).
+# Exit 0: $PGW_CHROMIUM (default /usr/bin/chromium) and axe-core are ready.
+# Exit 1: one is missing and this script cannot install it (not root or no
+# apt-get for chromium; no npm for axe-core).
 set -eu
+HERE="$(cd "$(dirname "$0")" && pwd)"
+if [ ! -f "$HERE/node_modules/axe-core/axe.min.js" ]; then
+    if ! command -v npm >/dev/null 2>&1; then
+        echo "tests/web/setup.sh: axe-core is missing and there is no npm to install it (apt-get install -y npm)" >&2
+        exit 1
+    fi
+    echo "tests/web/setup.sh: installing axe-core with npm ci" >&2
+    (cd "$HERE" && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error)
+fi
 CHROMIUM="${PGW_CHROMIUM:-/usr/bin/chromium}"
 if [ -x "$CHROMIUM" ]; then
     exit 0

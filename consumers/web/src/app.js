@@ -6,6 +6,13 @@
 // answers on principal.{P}.resolve and shows the gateway's reply. Every item
 // goes through planItem (plan.js) first; only plans are rendered, and only
 // with textContent, never as HTML.
+//
+// Accessibility (WCAG 2.2 AA, docs/surfaces.md "Accessibility"): focus is
+// never left to fall to the page (an answer moves it to the card's reply line,
+// a card that goes hands it to the next card's heading, a closed panel gives
+// it back to its button); what changes without the principal's doing is told
+// in a live region (a new moment in #announce, the count in #count, a moment
+// gone elsewhere in the Activity log); deadlines name their time zone.
 
 import {
   credsAuthenticator,
@@ -46,7 +53,12 @@ const state = {
   inFlight: new Set(), // moments this tab is answering: their reply is shown before the card goes
   loaded: false, // the first pending list is in: later new cards may notify (notify.js)
   reach: null, // notifications, push subscription, presence (notify.js)
+  timeZone: undefined, // the principal's configured IANA zone; undefined: the browser's
+  title: document.title,
 };
+
+// How long an answered card stays, its confirmation showing (a test holds it longer to check it).
+const answeredHoldMs = () => (Number.isFinite(window.pgwAnsweredHoldMs) ? window.pgwAnsweredHoldMs : 2500);
 
 const $list = () => document.getElementById("items");
 const $empty = () => document.getElementById("empty");
@@ -58,17 +70,27 @@ function setConn(status, text) {
   el.querySelector(".conn-text").textContent = text;
 }
 
+// The Activity list is a log (role=log, polite): each entry is read out as it is added.
+// Appended, not prepended: a log's new entries go at its end.
 function logActivity(text, kind = "info") {
   const li = h("li", { class: `activity-${kind}` }, h("time", { text: new Date().toLocaleTimeString() }), " ", text);
-  $activity().prepend(li);
-  document.getElementById("activity-section").hidden = false;
+  $activity().append(li);
+  document.getElementById("activity-section").classList.remove("is-empty");
+}
+
+// A polite status message with no visible place of its own (WCAG 4.1.3).
+function announce(text) {
+  document.getElementById("announce").textContent = text;
 }
 
 function updateEmpty() {
   const n = state.cards.size;
   $empty().hidden = n > 0;
   document.getElementById("count").textContent = n === 1 ? "1 item waiting" : `${n} items waiting`;
+  document.title = n > 0 ? `(${n}) ${state.title}` : state.title;
 }
+
+const KIND_WORD = { decision: "decision", clarification: "question", authorization: "authorization", notice: "notice" };
 
 function keyOf(item) {
   if (!item || typeof item !== "object") return null;
@@ -114,13 +136,27 @@ function accept(item) {
   state.cards.set(key, { plan, el });
   $list().append(el);
   updateEmpty();
-  if (state.loaded) state.reach?.arrived(plan);
+  if (state.loaded) {
+    const what = plan.synopsis || plan.title || "";
+    announce(`New ${KIND_WORD[plan.plan] || "item"} from agent ${plan.agent}${what ? `: ${what}` : "."}`);
+    state.reach?.arrived(plan);
+  }
+}
+
+// A card that holds the focus hands it on before it goes (WCAG 2.4.3): to the
+// next card's heading, else the previous one's, else the list's heading.
+function handFocusOn(el) {
+  if (!el.contains(document.activeElement)) return;
+  const next = el.nextElementSibling || el.previousElementSibling;
+  const target = next?.querySelector(".synopsis") || document.getElementById("list-title");
+  target.focus();
 }
 
 function removeCard(key) {
   const card = state.cards.get(key);
   if (!card) return;
   state.cards.delete(key);
+  handFocusOn(card.el);
   card.el.remove();
   updateEmpty();
 }
@@ -135,7 +171,7 @@ function cardHeader(plan, label) {
     { class: "card-head" },
     h("span", { class: "kind", text: label }),
     h("span", { class: "agent" }, "from agent ", h("strong", { text: plan.agent })),
-    plan.created_at ? h("time", { class: "when", datetime: plan.created_at, text: fmtTime(plan.created_at) }) : null,
+    plan.created_at ? h("time", { class: "when", datetime: plan.created_at, text: fmtTime(plan.created_at, state.timeZone) }) : null,
   );
 }
 
@@ -149,8 +185,14 @@ function untrustedBanner(plan) {
   );
 }
 
+// The reply line: a polite status, and where focus goes once the principal answers.
 function replyBox() {
-  return h("div", { class: "reply", role: "status", "aria-live": "polite" });
+  return h("div", { class: "reply", role: "status", "aria-live": "polite", tabindex: "-1" });
+}
+
+function expiryChip(plan) {
+  if (!plan.expires_at) return null;
+  return h("span", { class: "chip chip-expiry" }, "Answer by ", h("time", { datetime: plan.expires_at, text: fmtTime(plan.expires_at, state.timeZone) }));
 }
 
 function showReply(card, ok, text) {
@@ -161,8 +203,10 @@ function showReply(card, ok, text) {
 
 async function resolve(key, resolution, card, what) {
   const buttons = card.querySelectorAll("button, input, textarea");
-  buttons.forEach((b) => (b.disabled = true));
   showReply(card, true, "Sending your answer…");
+  // Focus first, then disable: a disabled control that held the focus drops it to the page.
+  card.querySelector(".reply").focus();
+  buttons.forEach((b) => (b.disabled = true));
   state.inFlight.add(key);
   let reply;
   try {
@@ -182,7 +226,7 @@ async function resolve(key, resolution, card, what) {
     card.classList.add("answered");
     showReply(card, true, `Accepted: ${what}. The agent has your answer.`);
     logActivity(`You answered “${state.cards.get(key)?.plan.synopsis || "a question"}”: ${what}.`, "ok");
-    setTimeout(() => removeCard(key), 2500);
+    setTimeout(() => removeCard(key), answeredHoldMs());
   } else {
     const text = REFUSALS[reply.code] || reply.reason || "Refused.";
     showReply(card, false, `Not accepted — ${text}${reply.code ? ` (${reply.code})` : ""}`);
@@ -207,13 +251,14 @@ function renderDecision(plan, key) {
     { class: "meta" },
     plan.hem ? h("span", { class: "chip chip-hem", text: "Approval before action" }) : null,
     plan.decision_class ? h("span", { class: "chip", text: plan.decision_class }) : null,
-    plan.expires_at ? h("span", { class: "chip chip-expiry", text: `Answer by ${fmtTime(plan.expires_at)}` }) : null,
+    expiryChip(plan),
   );
+  // Plain sections, not named regions: one landmark per card would repeat on every card.
   const briefing = h(
     "section",
-    { class: "briefing", "aria-label": "Briefing" },
+    { class: "briefing" },
     plan.calibration_note ? h("p", { class: "calibration" }, h("strong", { text: "Note from the agent: " }), plan.calibration_note) : null,
-    h("h2", { class: "synopsis", id: `syn-${key}`, text: plan.synopsis }),
+    h("h2", { class: "synopsis", id: `syn-${key}`, tabindex: "-1", text: plan.synopsis }),
     h(
       "div",
       { class: "brief-cols" },
@@ -260,26 +305,56 @@ function renderDecision(plan, key) {
   // Every hatch marked true is its own affordance (spec 000 §9.1, §12.3).
   const hatchRow = h("div", { class: "hatches", role: "group", "aria-label": "Escape hatches" });
   const panels = h("div", { class: "hatch-panels" });
+  const toggles = []; // [button, panel] of each hatch: one panel open at a time
+  const setOpen = (btn, panel, open) => {
+    panel.hidden = !open;
+    btn.setAttribute("aria-expanded", String(open));
+  };
   for (const hatch of plan.hatches) {
     const panelId = `hatch-${hatch.kind}-${key}`;
+    const free = hatch.kind === "free_text";
+    const err = h("p", { class: "field-error", id: `${panelId}-err`, role: "alert" });
     const ta = h("textarea", {
       id: `${panelId}-text`,
       rows: "3",
       maxlength: "4000",
-      placeholder: hatch.kind === "free_text" ? "Your answer, in your own words" : "Optional: what is wrong with the question?",
+      "aria-describedby": err.id,
+      "aria-required": free ? "true" : null,
+      placeholder: free ? "Your answer, in your own words" : "Optional: what is wrong with the question?",
     });
-    const send = h("button", { type: "submit", class: "btn btn-primary", text: hatch.kind === "free_text" ? "Send my answer" : "Send: reject the question" });
+    const invalid = (text) => {
+      err.textContent = text;
+      if (text) ta.setAttribute("aria-invalid", "true");
+      else ta.removeAttribute("aria-invalid");
+    };
+    ta.addEventListener("input", () => {
+      if (ta.value.trim()) invalid("");
+    });
+    const send = h("button", { type: "submit", class: "btn btn-primary", text: free ? "Send my answer" : "Send: reject the question" });
+    let btn;
+    const close = () => {
+      setOpen(btn, panel, false);
+      btn.focus(); // back to the button that opened it (WCAG 2.4.3)
+    };
     const panel = h(
       "form",
       {
         class: `hatch-panel hatch-${hatch.kind}`,
         id: panelId,
         hidden: true,
+        onkeydown: (ev) => {
+          if (ev.key === "Escape") {
+            ev.preventDefault();
+            close();
+          }
+        },
         onsubmit: (ev) => {
           ev.preventDefault();
           const text = ta.value.trim();
-          if (hatch.kind === "free_text") {
+          if (free) {
             if (!text) {
+              // WCAG 3.3.1: the error is named in words, tied to the box, and read out.
+              invalid("Write your answer before you send it: the box is empty.");
               ta.focus();
               return;
             }
@@ -289,27 +364,26 @@ function renderDecision(plan, key) {
           }
         },
       },
-      h("label", { for: `${panelId}-text`, text: hatch.kind === "free_text" ? hatch.hint : "Reject the question and reopen deliberation with the agent." }),
+      h("label", { for: ta.id, text: free ? hatch.hint : "Reject the question and reopen deliberation with the agent." }),
       ta,
-      h(
-        "div",
-        { class: "actions" },
-        send,
-        h("button", { type: "button", class: "btn btn-quiet", text: "Cancel", onclick: () => (panel.hidden = true) }),
-      ),
+      err,
+      h("div", { class: "actions" }, send, h("button", { type: "button", class: "btn btn-quiet", text: "Cancel", onclick: close })),
     );
-    const btn = h("button", {
+    btn = h("button", {
       type: "button",
       class: `btn btn-hatch hatch-${hatch.kind}`,
       "aria-controls": panelId,
+      "aria-expanded": "false",
       title: hatch.hint,
       onclick: () => {
-        for (const p of panels.children) if (p !== panel) p.hidden = true;
-        panel.hidden = !panel.hidden;
-        if (!panel.hidden) ta.focus();
+        const open = panel.hidden;
+        for (const [b, p] of toggles) if (p !== panel) setOpen(b, p, false);
+        setOpen(btn, panel, open);
+        if (open) ta.focus();
       },
       text: hatch.label,
     });
+    toggles.push([btn, panel]);
     hatchRow.append(btn);
     panels.append(panel);
   }
@@ -319,7 +393,7 @@ function renderDecision(plan, key) {
     untrustedBanner(plan),
     meta.childElementCount ? meta : null,
     briefing,
-    h("section", { class: "binding", "aria-label": "Decision" }, form, plan.hatches.length ? h("div", { class: "hatch-block" }, h("span", { class: "hatch-intro", text: "None of these fits?" }), hatchRow) : null, panels),
+    h("section", { class: "binding" }, form, plan.hatches.length ? h("div", { class: "hatch-block" }, h("span", { class: "hatch-intro", text: "None of these fits?" }), hatchRow) : null, panels),
     replyBox(),
   );
   return card;
@@ -349,8 +423,8 @@ function renderClarification(plan, key) {
     card,
     cardHeader(plan, "Question"),
     untrustedBanner(plan),
-    plan.expires_at ? h("div", { class: "meta" }, h("span", { class: "chip chip-expiry", text: `Answer by ${fmtTime(plan.expires_at)}` })) : null,
-    h("h2", { class: "synopsis", text: plan.questions.length > 1 ? "The agent asks you some questions" : "The agent asks you a question" }),
+    plan.expires_at ? h("div", { class: "meta" }, expiryChip(plan)) : null,
+    h("h2", { class: "synopsis", tabindex: "-1", text: plan.questions.length > 1 ? "The agent asks you some questions" : "The agent asks you a question" }),
     form,
     replyBox(),
   );
@@ -368,7 +442,7 @@ function renderAuthorization(plan, key) {
     card,
     cardHeader(plan, blocked ? "BLOCKED" : "Authorization"),
     untrustedBanner(plan),
-    h("h2", { class: "synopsis", text: blocked ? "BLOCKED: this authorization envelope is not shown" : plan.title }),
+    h("h2", { class: "synopsis", tabindex: "-1", text: blocked ? "BLOCKED: this authorization envelope is not shown" : plan.title }),
     h("p", { class: "muted", text: `Workflow ${plan.workflow_id} · variant ${plan.variant}` }),
     h("dl", { class: "fields" }, plan.fields.map((f) => [h("dt", { text: f.label }), h("dd", { text: f.value })])),
     dismissButton(key),
@@ -382,7 +456,7 @@ function renderNotice(plan, key) {
     card,
     cardHeader(plan, "Notice"),
     untrustedBanner(plan),
-    h("h2", { class: "synopsis", text: "Not a decision: shown as a notice" }),
+    h("h2", { class: "synopsis", tabindex: "-1", text: "Not a decision: shown as a notice" }),
     h("p", { class: "diagnostic", text: plan.diagnostic }),
     plan.conventional !== null ? h("div", {}, h("h3", { text: "What the agent sent" }), h("pre", { class: "conventional", text: plan.conventional })) : null,
     dismissButton(key),
@@ -443,11 +517,24 @@ async function loadPending({ reconcile = false } = {}) {
   for (const item of items) accept(item);
 }
 
+// The principal's configured zone if this browser knows it, else the browser's own.
+function validZone(zone) {
+  if (typeof zone !== "string" || !zone) return undefined;
+  try {
+    new Intl.DateTimeFormat(undefined, { timeZone: zone });
+    return zone;
+  } catch {
+    return undefined;
+  }
+}
+
 async function main() {
   const registration = registerServiceWorker(); // first, so the shell is cached even if NATS is down
   const cfg = await loadConfig();
   document.getElementById("principal").textContent = `~${cfg.principal}`;
-  document.title = `~${cfg.principal} · Principal Gateway`;
+  state.title = `~${cfg.principal} · Principal Gateway`;
+  document.title = state.title;
+  state.timeZone = validZone(cfg.time_zone);
   const p = `${cfg.prefix}.principal.${cfg.principal}`;
   state.subjects = { surface: `${p}.surface`, resolve: `${p}.resolve`, pending: `${p}.pending` };
   setConn("connecting", "Connecting…");

@@ -21,9 +21,14 @@ export function h(tag, attrs = {}, ...children) {
   return put(el, ...children);
 }
 
-export function fmtTime(ts) {
+// A moment in time, in `timeZone` (an IANA name; undefined: the browser's), the
+// zone named ("21:00 GMT+1"): a deadline read on a phone abroad must say which
+// clock it means (docs/surfaces.md "Accessibility").
+export function fmtTime(ts, timeZone = undefined) {
   if (!ts) return "";
   const d = new Date(ts);
   if (Number.isNaN(d.getTime())) return ts;
-  return d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+  return d.toLocaleString(undefined, {
+    day: "numeric", month: "short", year: "numeric", hour: "2-digit", minute: "2-digit", timeZoneName: "short", timeZone,
+  });
 }
