@@ -181,9 +181,11 @@ async def test_keys_and_seeds_are_never_logged(tmp_path: Path, capsys: pytest.Ca
 def test_open_mode_gets_only_the_demo_parties(tmp_path: Path) -> None:
     """With no [agents] the block has the services plus `pgw demo`'s pair, and nothing else unless configured."""
     open_mode = {p.label for p in embedded_auth(load_config(None, data_dir=str(tmp_path / "a"))).parties}
-    assert {x for x in open_mode if not x.startswith("service:")} == {"agent:demo-agent", "principal:alice"}
+    # Each service is two users: its own and its answering connection (docs/security.md "Replies").
+    services = ("service:", "responder:")
+    assert {x for x in open_mode if not x.startswith(services)} == {"agent:demo-agent", "principal:alice"}
     closed = embedded_auth(load_config(None, data_dir=str(tmp_path / "b"), security={"demo": False})).parties
-    assert all(p.role == "service" for p in closed)
+    assert all(p.role in ("service", "responder") for p in closed)
 
 
 def test_missing_keys_refused_when_create_is_false(tmp_path: Path) -> None:
