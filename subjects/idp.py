@@ -313,6 +313,7 @@ EVENT_TYPES = (
     "MANDATE_REVOKED",  # live revocation (gateway/kernel/revocation.py)
     "AUDIT_QUERY",  # an Audit Principal's query and what it was shown (gateway/kernel/audit.py)
     "GATE_DISPATCHED",  # the kernel sent a gated action to its executor (gateway/kernel/gate.py)
+    "LOG_RECORD_QUARANTINED",  # an operator marked a record as not the kernel's own (gateway/kernel/eventlog.py)
 )
 
 GENESIS_DIGEST = "0" * 64

@@ -152,3 +152,94 @@ def test_a_revocation_from_a_signer_whose_clock_runs_ahead_is_taken(tmp_path: Pa
         with pytest.raises(RevocationError) as e:
             revocations._verify(token)
         assert (e.value.code, e.value.reason) == ("REVOCATION_INVALID", "the revocation's iat is too old or in the future")
+
+
+def _bucket_markers() -> dict[str, dict[str, str]]:
+    """What one publish on a PGW_REVOKED key can do to it: a delete, a purge, a purge that rolls up the whole bucket."""
+    return {
+        "KV-Operation: DEL": {"KV-Operation": "DEL"},
+        "KV-Operation: PURGE, Nats-Rollup: sub": {"KV-Operation": "PURGE", "Nats-Rollup": "sub"},
+        "KV-Operation: PURGE, Nats-Rollup: all": {"KV-Operation": "PURGE", "Nats-Rollup": "all"},
+    }
+
+
+async def test_a_revocation_purged_from_the_bucket_stays_revoked(make_config: Any, nc: Any, tmp_path: Path) -> None:
+    """A revoked mandate stays MANDATE_REVOKED when one publish deletes or purges its PGW_REVOKED key (KV-Operation DEL,
+    PURGE with Nats-Rollup sub, PURGE with Nats-Rollup all), while the kernel runs and after a restart: the kernel's
+    signed MANDATE_REVOKED event in the log is the authority; each loss is a security warning and the key is written back."""
+    import msgspec
+    from nats.js.errors import KeyNotFoundError
+    from structlog.testing import capture_logs
+
+    from gateway.kernel.revocation import revocation_key, sign_revocation
+
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = kernel_config(make_config, issuer, policy_dir(tmp_path), checkpoint_interval_s=0)
+    so = str(uuid.uuid4())
+    token, jti = issuer.mandate(agent=AGENT, so_id=so)
+    js = nc.jetstream()
+    key = revocation_key(jti)
+
+    async def refused() -> bool:
+        r = await request(nc, AGENT, {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")})
+        return isinstance(r, EnrichedDeny) and r.deny_code == "MANDATE_REVOKED"
+
+    async def bucket_holds_it() -> bool:
+        kv = await js.key_value("PGW_REVOKED")
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:
+            return False
+        return bool(entry.value) and msgspec.json.decode(entry.value)["jti"] == jti
+
+    def warned(logs: list[Any]) -> list[Any]:
+        return [e for e in logs if e.get("alert_trigger") == "REVOCATION_BUCKET_TAMPERED" and e.get("jti") == jti]
+
+    async with running_gateway(cfg, nc) as gw:
+        kernel = next(p for p in gw.parts if isinstance(p, KernelService))
+        token_r = sign_revocation(issuer.key, issuer.kid, jti, reason="agent compromised")
+        assert (await kernel.revocations.revoke(msgspec.json.encode({"token": token_r}))).ok
+        assert await refused()
+        with capture_logs() as logs:
+            await js.publish(f"$KV.PGW_REVOKED.{key}", b"", headers=_bucket_markers()["KV-Operation: PURGE, Nats-Rollup: sub"])
+            await until(bucket_holds_it, timeout=10, what="the revocation written back while the kernel runs")
+        assert warned(logs) and await refused()
+    for what, headers in _bucket_markers().items():
+        await js.publish(f"$KV.PGW_REVOKED.{key}", b"", headers=headers)
+        assert not await bucket_holds_it(), what
+        with capture_logs() as logs:
+            async with running_gateway(cfg, nc):
+                assert await refused(), what
+                await until(bucket_holds_it, timeout=10, what=f"the revocation written back after {what}")
+        assert warned(logs), what
+
+
+async def test_a_foreign_record_holding_a_revocations_msg_id_does_not_block_it(make_config: Any, nc: Any, tmp_path: Path) -> None:
+    """A record published first with the Nats-Msg-Id the kernel will give a mandate's MANDATE_REVOKED event (the id is
+    predictable) does not stand for the revocation: the kernel logs its own event after it, and the mandate is revoked."""
+    import msgspec
+
+    from gateway.kernel.revocation import EVENT, sign_revocation
+    from subjects.util import stable_id
+
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = kernel_config(make_config, issuer, policy_dir(tmp_path), checkpoint_interval_s=0)
+    so = str(uuid.uuid4())
+    token, jti = issuer.mandate(agent=AGENT, so_id=so)
+    js = nc.jetstream()
+    async with running_gateway(cfg, nc) as gw:
+        kernel = next(p for p in gw.parts if isinstance(p, KernelService))
+        squat = await js.publish(f"pgw.log.{EVENT}", b"{}", headers={"Nats-Msg-Id": stable_id(EVENT, jti)})
+        reply = await kernel.revocations.revoke(msgspec.json.encode({"token": sign_revocation(issuer.key, issuer.kid, jti)}))
+        assert reply.ok and not reply.already and reply.event_seq is not None and reply.event_seq > squat.seq, reply
+        r = await request(nc, AGENT, {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")})
+        assert isinstance(r, EnrichedDeny) and r.deny_code == "MANDATE_REVOKED"
+        again = await kernel.revocations.revoke(msgspec.json.encode({"token": sign_revocation(issuer.key, issuer.kid, jti)}))
+        assert again.ok and again.already and again.event_seq == reply.event_seq  # still logged once
+    from gateway.kernel.eventlog import walk_log
+    from pgwcore.keys import public_keys
+
+    keys = {k.kid: k.public for k in public_keys(cfg.data_path, "kernel")}
+    stored = [(r.seq, r.problem is None, r.event.body["jti"] if r.problem is None else None)
+              async for r in walk_log(js, cfg.subjects, keys, subject=f"pgw.log.{EVENT}")]
+    assert stored == [(squat.seq, False, None), (reply.event_seq, True, jti)]

@@ -6,7 +6,14 @@ keys of the data folder (active and retired), or those given with
 ``--pubkey``, and the hash chain (spec 003 §8.2); then it checks the log
 against its latest anchored head (``gateway.kernel.checkpoint``), so a
 truncated, rolled-back or forked log is reported too. It prints one JSON
-result and exits 0 when the log is intact, 1 at the first break.
+result on stdout, one line per problem on stderr (its stream sequence and what
+is wrong: a record that does not decode, is signed by no kernel key, or does
+not chain), and exits 0 when the log is intact, 1 otherwise.
+
+``pgw log quarantine SEQ --reason TEXT`` records, with the kernel's key of the
+data folder, that the record at SEQ is not the kernel's own: a signed, chained
+``LOG_RECORD_QUARANTINED`` event naming SEQ and the SHA-256 of its bytes
+(``gateway.kernel.eventlog``). It refuses a record that is the kernel's own.
 
 ``pgw mandate issue`` signs a mandate JWT (EdDSA) with the dev issuer key of
 the data folder (``keys/mandate_issuer``, created on first use); the kernel
@@ -51,6 +58,15 @@ def register(sub: argparse._SubParsersAction) -> None:
              "(as for pgw verify; default: the pinned and configured keys)",
     )
     v.set_defaults(handler=verify_command)
+    q = lsub.add_parser(
+        "quarantine",
+        help="record that the log's record at SEQ is not the kernel's own (signed with the kernel key; "
+             "pgw log verify then lists it as quarantined)",
+    )
+    q.add_argument("seq", type=int, help="the stream sequence pgw log verify reported")
+    q.add_argument("--reason", required=True, help="what you found and did (kept in the log)")
+    q.add_argument("--stream", default="PGW_EVENTLOG", help="the event log's stream (default PGW_EVENTLOG)")
+    q.set_defaults(handler=quarantine_command)
 
     m = sub.add_parser("mandate", help="dev/demo mandate JWTs for the IDP kernel")
     msub = m.add_subparsers(dest="mandate_command", metavar="ACTION")
@@ -149,6 +165,9 @@ async def verify_command(args: argparse.Namespace, config: Config) -> int:
     if broken is not None and (result.first_break is None or (broken["seq"] or 0) < result.first_break["seq"]):
         result.ok = False
         result.first_break = broken
+    if broken is not None:
+        result.problems.insert(0, {"seq": broken["seq"], "event_type": broken["event_type"], "subject": None,
+                                   "problem": broken["problem"]})
     out: dict[str, Any] = result.to_dict()
     out["anchor"] = anchor
     if notes:
@@ -159,7 +178,66 @@ async def verify_command(args: argparse.Namespace, config: Config) -> int:
     if not keys:
         out["warning"] = "no kernel public keys found; every event will fail signature verification"
     print(json.dumps(out, indent=2))
+    for p in result.problems:  # one line each, for a person (the JSON above is for tools)
+        where = f"seq {p['seq']}" if p["seq"] is not None else "the log"
+        on = f" on {p['subject']}" if p.get("subject") else ""
+        print(f"pgw log verify: {where}{on}: {p['problem']}", file=sys.stderr)
+    for q in result.quarantined:
+        print(f"pgw log verify: seq {q['seq']}: quarantined by seq {q['quarantined_by']} ({q['problem']})",
+              file=sys.stderr)
+    if not result.ok:
+        print(f"pgw log verify: {args.stream} does not verify; a record that is not the kernel's own is recorded "
+              "as such with `pgw log quarantine SEQ --reason TEXT` (docs/operations.md)", file=sys.stderr)
     return 0 if result.ok else 1
+
+
+async def quarantine_command(args: argparse.Namespace, config: Config) -> int:
+    from gateway.kernel.eventlog import QUARANTINED, EventLog, check_record, quarantined, record_digest
+    from pgwcore.keys import MissingKeyError, load_or_create
+    from subjects.util import stable_id
+
+    try:
+        key = load_or_create(config.data_path, "kernel", create=False, keys_dir=config.keys_path)
+    except MissingKeyError:
+        raise SystemExit(f"pgw log quarantine: no kernel signing key in {config.keys_path or config.data_path}: "
+                         "run it where the gateway's data folder is (--data-dir)") from None
+    keys = kernel_keys(config, [])
+    nc = await connect(config.nats_url, creds=config.creds, tls=config.tls.files(), name="pgw-log-quarantine", once=True)
+    try:
+        js = nc.jetstream()
+        try:
+            raw = await js.get_msg(args.stream, args.seq)
+        except NotFoundError:
+            raise SystemExit(f"pgw log quarantine: {args.stream} holds no record at {args.seq}") from None
+        prev: tuple[int, str] | None = None
+        if args.seq == 1:
+            from subjects.idp import GENESIS_DIGEST
+
+            prev = (0, GENESIS_DIGEST)
+        else:
+            try:
+                before = await js.get_msg(args.stream, args.seq - 1)
+                prev = (args.seq - 1, record_digest(before.data or b""))
+            except NotFoundError:
+                prev = None
+        rec = check_record(args.seq, raw.subject or "", raw.data or b"", keys, config.subjects, prev)
+        if rec.problem is None:
+            raise SystemExit(f"pgw log quarantine: the record at {args.seq} is the kernel's own "
+                             f"{rec.event.event_type if rec.event else ''} event; nothing to quarantine")
+        done = (await quarantined(js, config.subjects, keys, stream=args.stream)).get(args.seq)
+        if done is not None and done.sha256 == rec.digest:
+            print(json.dumps({"ok": True, "seq": args.seq, "quarantined_by": done.by_seq, "already": True}, indent=2))
+            return 0
+        log = EventLog(nc, config.subjects, key, stream=args.stream, keys=keys)
+        log.said(args.seq)  # this command is the report; the append must not alarm about it again
+        body = {"seq": args.seq, "subject": rec.subject, "sha256": rec.digest, "size": len(rec.data),
+                "problem": rec.problem, "reason": args.reason}
+        ev = await log.append(QUARANTINED, body, msg_id=stable_id(QUARANTINED, args.stream, str(args.seq), rec.digest))
+    finally:
+        await nc.drain()
+    print(json.dumps({"ok": True, "seq": args.seq, "quarantined_by": ev.seq, "already": ev.duplicate,
+                      "problem": rec.problem}, indent=2))
+    return 0
 
 
 async def issue_command(args: argparse.Namespace, config: Config) -> int:

@@ -38,12 +38,13 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from prometheus_client import Counter
 
+from gateway.kernel.eventlog import record_digest
 from pgwcore.keys import SigningKey
 from pgwcore.logs import get_logger
 from pgwcore.metrics import REGISTRY
 from subjects.checkpoint import CHECKPOINT_STREAM as STREAM
 from subjects.checkpoint import Checkpoint, checkpoint_subject
-from subjects.idp import b64url, log_event_decoder
+from subjects.idp import b64url
 
 log = get_logger("pgw.kernel.checkpoint")
 
@@ -166,9 +167,11 @@ class Checkpointer:
         """True if the log no longer holds the anchored event at its sequence."""
         try:
             raw = await self.js.get_msg(self.eventlog.stream, anchored.seq)
-            return log_event_decoder.decode(raw.data).digest() != anchored.digest
         except NotFoundError:
             return True
+        # The stored bytes' digest (eventlog.record_digest), so a foreign record at the
+        # anchored sequence is compared, not a decoding error that stops anchoring for good.
+        return record_digest(raw.data or b"") != anchored.digest
 
     async def anchor(self) -> Checkpoint | None:
         """Sign and publish the current head if it moved; None if nothing was written."""
@@ -293,9 +296,9 @@ async def check_anchor(
             return False
         try:
             raw = await js.get_msg(stream, c.seq)
-            return log_event_decoder.decode(raw.data).digest() == c.digest
         except Exception:  # noqa: BLE001 - an unreadable anchored event is not held
             return False
+        return record_digest(raw.data or b"") == c.digest
 
     anchors = [c for _src, c in good]
     if await holds(latest):

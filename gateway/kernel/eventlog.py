@@ -14,9 +14,28 @@ re-signs. Appends also carry a deterministic ``Nats-Msg-Id``, so a
 redelivered input yields the event once (the duplicate's PubAck points at
 the original).
 
-``verify_stream`` walks the stream (or one subject) and reports the first
-break: an undecodable entry, a bad or unknown-key signature, a wrong
-``prev_seq`` or ``prev_digest``, an event whose subject does not match its type.
+The log holds only the kernel's own records (spec 003 §8.2: kernel-signed, and
+no one else writes to it). Yet the stream stores whatever a publisher with
+rights on ``log.>`` sends, so every reader goes through one walk
+(``walk_log``) that classifies each stored record (``check_record``): the
+kernel's own (decodes, on the subject of its type, signed by a kernel key,
+chained to the record before it), or *foreign*, with what is wrong. A
+foreign record is never applied, never trusted as a revocation, and never
+stops the kernel: the chain's link is the SHA-256 of the stored bytes of the
+record before (for a kernel event that is its ``digest()``), so the kernel's
+next event chains over a foreign record's bytes, the stream stays one chain
+with no gap, and the foreign record stays pinned where it is. It is
+reported at CRITICAL with its stream sequence (``report_foreign``) and
+counted in ``pgw_eventlog_foreign_records_total``. An operator who has
+looked at it records it as quarantined (``pgw log quarantine SEQ``): a
+kernel-signed ``LOG_RECORD_QUARANTINED`` event naming its sequence and the
+SHA-256 of its bytes, appended to the same chain. ``verify_stream`` then
+reports it as quarantined, not as a break.
+
+``verify_stream`` walks the stream (or one subject) and reports every
+problem with its sequence: an undecodable record, a bad or unknown-key
+signature, a wrong ``prev_seq`` or ``prev_digest``, an event whose subject
+does not match its type, a missing sequence.
 """
 
 from __future__ import annotations
@@ -24,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,11 +52,13 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, NoStreamResponseError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
+from prometheus_client import Counter
 
 from pgwcore.atomic import ERR_WRONG_LAST_SEQ, AckInbox
 from pgwcore.keys import SigningKey
 from pgwcore.logs import get_logger
+from pgwcore.metrics import REGISTRY
 from pgwcore.msgget import stored_on, stored_range
 from subjects import jcs
 from subjects.errors import PgwError
@@ -48,6 +69,17 @@ from subjects.util import now_rfc3339
 log = get_logger("pgw.kernel.eventlog")
 
 STREAM = "PGW_EVENTLOG"
+QUARANTINED = "LOG_RECORD_QUARANTINED"
+# How far back from the head one read looks for more foreign records (a flood is
+# reported by its newest records and by pgw log verify, never walked whole on the append path).
+HEAD_LOOKBACK = 64
+
+FOREIGN_RECORDS = Counter(
+    "pgw_eventlog_foreign_records_total",
+    "Records of the event log that are not the kernel's own (undecodable, unsigned or unchained), "
+    "met by this process and not quarantined; each is also logged at CRITICAL with its sequence",
+    registry=REGISTRY,
+)
 
 
 class EventLogError(PgwError):
@@ -105,13 +137,19 @@ def fast_signer(key: SigningKey) -> Callable[[bytes], bytes]:
 class EventLog:
     """Append signed events to the chain; one writer lock per process, CAS across processes."""
 
-    def __init__(self, nc: Client, subjects: Subjects, key: SigningKey, *, stream: str = STREAM) -> None:
+    def __init__(self, nc: Client, subjects: Subjects, key: SigningKey, *, stream: str = STREAM,
+                 keys: Mapping[str, Ed25519PublicKey] | None = None) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.subjects = subjects
         self.key = key
+        # The kernel public keys whose records are the kernel's own (active and retired); the signing key's always.
+        self.keys: dict[str, Ed25519PublicKey] = {**(keys or {}), key.kid: key.public}
         self._sign_bytes = fast_signer(key)
         self.stream = stream
+        self._reported: set[int] = set()  # foreign sequences already logged by this process
+        # The foreign records an operator quarantined (``load_quarantine``): reported, not alarmed.
+        self.quarantine: dict[int, Quarantine] = {}
         self._lock = asyncio.Lock()
         self._head: tuple[int, str] | None = None
         self.ack_timeout_s = 10.0
@@ -120,13 +158,70 @@ class EventLog:
         self.acks = AckInbox(nc)
 
     async def head(self) -> tuple[int, str]:
-        """(last sequence, digest of the last event) as the server has it now."""
+        """(last sequence, digest of the record stored there) as the server has it now.
+
+        The digest is the SHA-256 of the stored bytes, whoever wrote them, so a foreign
+        record at the head never stops the log: the next event chains over it. A foreign
+        head is reported, and so are the foreign records just before it."""
         info = await self.js.stream_info(self.stream)
         last = info.state.last_seq or 0
         if last == 0:
             return 0, GENESIS_DIGEST
         raw = await self.js.get_msg(self.stream, last)
-        return last, log_event_decoder.decode(raw.data).digest()
+        data = raw.data or b""
+        # Decoding and signature only (no read of the record before it): this runs on every
+        # re-read of the head, after each append another instance got in first. The link is
+        # checked by the rebuild's walk and by pgw log verify.
+        if last not in self._reported and check_record(last, raw.subject or "", data, self.keys,
+                                                       self.subjects, None).problem is not None:
+            await self._report_head(last, raw.subject or "", data, info.state.first_seq or 1)
+        return last, record_digest(data)
+
+    async def _report_head(self, seq: int, subject: str, data: bytes, first: int) -> None:
+        """Report the foreign head, then walk back over the foreign records just before it."""
+        for _ in range(HEAD_LOOKBACK):
+            prev: tuple[int, str] | None = (0, GENESIS_DIGEST) if seq == 1 else None
+            before: Any = None
+            if seq > first:
+                with contextlib.suppress(NotFoundError):
+                    before = await self.js.get_msg(self.stream, seq - 1)
+                    prev = (seq - 1, record_digest(before.data or b""))
+            rec = check_record(seq, subject, data, self.keys, self.subjects, prev)
+            if rec.problem is None or seq in self._reported:
+                return
+            self.report_foreign(rec, "the head of the log")
+            if before is None:
+                return
+            seq, subject, data = seq - 1, before.subject or "", before.data or b""
+
+    async def load_quarantine(self) -> dict[int, Quarantine]:
+        """Read the quarantined records (``quarantined``); at start, before the log is walked."""
+        self.quarantine = await quarantined(self.js, self.subjects, self.keys, stream=self.stream)
+        return self.quarantine
+
+    def said(self, seq: int) -> None:
+        """Take the record at ``seq`` as reported already: the caller has said what it is."""
+        self._reported.add(seq)
+
+    def report_foreign(self, rec: LogRecord, where: str) -> None:
+        """Log a foreign record once per process: CRITICAL and counted, unless an operator quarantined it."""
+        if rec.seq in self._reported:
+            return
+        if len(self._reported) > 100_000:  # bounded: a flood is counted, not remembered for ever
+            self._reported.clear()
+        self._reported.add(rec.seq)
+        q = self.quarantine.get(rec.seq)
+        if q is not None and q.sha256 == rec.digest:
+            log.info("event log record is not the kernel's own; quarantined, so not applied", seq=rec.seq,
+                     subject=rec.subject, problem=rec.problem, quarantined_by=q.by_seq, found_in=where)
+            return
+        FOREIGN_RECORDS.inc()
+        log.critical(
+            "event log record is not the kernel's own: it is not applied or trusted; the log goes on over it. "
+            f"Inspect it, then record it as quarantined: pgw log quarantine {rec.seq} --reason ...",
+            seq=rec.seq, subject=rec.subject, problem=rec.problem, found_in=where, stream=self.stream,
+            alert_trigger="EVENTLOG_FOREIGN_RECORD",
+        )
 
     def sign_record(self, record: Mapping[str, Any]) -> str:
         """The kernel's signature over the JCS of ``record`` (a commitment record, spec 003 §5.5),
@@ -171,13 +266,14 @@ class EventLog:
         """
         subject = self.subjects.log(event_type)
         plain = msgspec.to_builtins(dict(body))
+        event_id = event_id or msg_id  # the msg_id may change below (a foreign record took it); the id does not
         for _attempt in range(50):
             async with self._lock:
                 if self._head is None:
                     self._head = await self.head()
                 prev_seq, prev_digest = self._head
                 ev = LogEvent(
-                    event_id=event_id or msg_id,
+                    event_id=event_id,
                     event_type=event_type,
                     ts=now_rfc3339(),
                     prev_seq=prev_seq,
@@ -211,7 +307,14 @@ class EventLog:
                 # Nothing was stored: the optimistic head is wrong.
                 await self._reset(prev_seq + 1)
                 raw = await self.js.get_msg(self.stream, ack.seq)
-                return Appended(ack.seq, log_event_decoder.decode(raw.data), True)
+                original = self._own_original(ack.seq, raw.subject or "", raw.data or b"", event_type)
+                if original is not None:
+                    return Appended(ack.seq, original, True)
+                # A foreign record took this event's Nats-Msg-Id first (it is predictable):
+                # the event is written under one derived from that record's sequence, which a
+                # redelivered input derives the same way, so it is still written once.
+                msg_id = f"{msg_id}.after-{ack.seq}"
+                continue
             if ack.seq != prev_seq + 1:  # pragma: no cover - the server enforces this
                 await self._reset(prev_seq + 1)
                 raise EventLogError(f"{event_type} stored at {ack.seq}, expected {prev_seq + 1}")
@@ -224,9 +327,160 @@ class EventLog:
             if self._head is not None and self._head[0] >= failed_seq:
                 self._head = None
 
+    def _own_original(self, seq: int, subject: str, data: bytes, event_type: str) -> LogEvent | None:
+        """The event stored at ``seq`` under a duplicate's Nats-Msg-Id, if it is the kernel's own
+        event of ``event_type``; else None, the record reported as foreign. Its chain link was
+        checked when it was appended, so only decoding, subject and signature are checked here."""
+        rec = check_record(seq, subject, data, self.keys, self.subjects, None)
+        if rec.problem is None and rec.event is not None and rec.event.event_type == event_type:
+            return rec.event
+        if rec.problem is None:
+            rec = LogRecord(seq, subject, data, rec.digest, rec.event,
+                            f"holds the Nats-Msg-Id of a {event_type} event but is a {rec.event and rec.event.event_type}")
+        self.report_foreign(rec, f"a {event_type} append")
+        return None
+
     async def get(self, seq: int) -> LogEvent:
         raw = await self.js.get_msg(self.stream, seq)
         return log_event_decoder.decode(raw.data)
+
+
+# ---------------------------------------------------------------------------
+# Reading the log: one walk, each record classified (the kernel's own or foreign)
+# ---------------------------------------------------------------------------
+
+
+def record_digest(data: bytes) -> str:
+    """The chain link of a stored record: SHA-256 of its bytes (of a kernel event, == ``digest()``)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One stored record of the log; ``problem`` is None when it is the kernel's own event."""
+
+    seq: int
+    subject: str
+    data: bytes
+    digest: str
+    event: LogEvent | None  # decoded, when it decodes (even if foreign)
+    problem: str | None
+
+
+def check_signature(ev: LogEvent, keys: Mapping[str, Ed25519PublicKey]) -> str | None:
+    """None if ``ev`` is signed by a known key, else what is wrong."""
+    key = keys.get(ev.kid)
+    if key is None:
+        return f"signed with unknown kid {ev.kid!r}"
+    try:
+        key.verify(ev.signature, ev.signing_bytes())
+    except (InvalidSignature, ValueError):
+        return "bad signature"
+    return None
+
+
+def check_record(
+    seq: int, subject: str, data: bytes, keys: Mapping[str, Ed25519PublicKey], subjects: Subjects,
+    prev: tuple[int, str] | None,
+) -> LogRecord:
+    """Classify one stored record: the kernel's own event, or foreign and why.
+
+    ``prev`` is (sequence, digest) of the record stored before it; None when it
+    cannot be known (the link is then not checked)."""
+    digest = record_digest(data)
+    try:
+        ev = log_event_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        return LogRecord(seq, subject, data, digest, None, f"undecodable: not a kernel event ({e})")
+
+    def foreign(problem: str) -> LogRecord:
+        return LogRecord(seq, subject, data, digest, ev, problem)
+
+    try:
+        if subject != subjects.log(ev.event_type):
+            return foreign(f"event type {ev.event_type!r} published on {subject!r}")
+    except ValueError:
+        return foreign(f"invalid event type {ev.event_type!r}")
+    bad = check_signature(ev, keys)
+    if bad:
+        return foreign(bad)
+    if prev is not None:
+        if ev.prev_seq != prev[0]:
+            return foreign(f"prev_seq is {ev.prev_seq}, expected {prev[0]}")
+        if ev.prev_digest != prev[1]:
+            return foreign("prev_digest does not match the digest of the previous record")
+    return LogRecord(seq, subject, data, digest, ev, None)
+
+
+async def walk_log(
+    js: JetStreamContext, subjects: Subjects, keys: Mapping[str, Ed25519PublicKey], *,
+    stream: str = STREAM, subject: str | None = None, from_seq: int = 1, to_seq: int | None = None,
+) -> AsyncIterator[LogRecord]:
+    """Every stored record of the log (or of one subject) in [from_seq, to_seq], classified.
+
+    By message get, no consumer (``_iter_stored``), so ops credentials serve. Over the
+    whole log each record's link is checked against the record read before it; a
+    sequence the server no longer holds is yielded as a record with no data whose
+    problem says so, and the next record's link is then not checked. On one subject
+    each record's predecessor is read by its sequence."""
+    whole = subject is None
+    filt = subject or f"{subjects.prefix}.log.>"
+    prev: tuple[int, str] | None = None
+    if whole:
+        prev = (0, GENESIS_DIGEST)
+        if from_seq > 1:
+            try:
+                raw = await js.get_msg(stream, from_seq - 1)
+                prev = (from_seq - 1, record_digest(raw.data or b""))
+            except NotFoundError:
+                prev = None
+    async with contextlib.aclosing(_iter_stored(js, stream, filt, from_seq, to_seq)) as walk:
+        async for seq, subj, data in walk:
+            if whole:
+                expect = prev[0] + 1 if prev is not None else from_seq
+                if prev is not None and seq != expect:
+                    yield LogRecord(expect, "", b"", "", None,
+                                    f"missing: sequence {expect} is not in the stream (next present: {seq})")
+                    prev = None
+            else:
+                prev = (0, GENESIS_DIGEST) if seq == 1 else None
+                if seq > 1:
+                    try:
+                        raw = await js.get_msg(stream, seq - 1)
+                        prev = (seq - 1, record_digest(raw.data or b""))
+                    except Exception as e:  # noqa: BLE001 - reported as the record's problem, never raised
+                        yield LogRecord(seq, subj, data, record_digest(data), None,
+                                        f"predecessor {seq - 1} unreadable: {e}")
+                        continue
+            rec = check_record(seq, subj, data, keys, subjects, prev)
+            prev = (seq, rec.digest)
+            yield rec
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """A ``LOG_RECORD_QUARANTINED`` event: the kernel's signed record that ``seq`` is foreign."""
+
+    seq: int  # the foreign record
+    sha256: str  # of its stored bytes
+    by_seq: int  # the quarantine event
+    problem: str
+    reason: str | None
+
+
+async def quarantined(
+    js: JetStreamContext, subjects: Subjects, keys: Mapping[str, Ed25519PublicKey], *, stream: str = STREAM,
+) -> dict[int, Quarantine]:
+    """The foreign records the kernel's own ``LOG_RECORD_QUARANTINED`` events name, by sequence."""
+    out: dict[int, Quarantine] = {}
+    async for rec in walk_log(js, subjects, keys, stream=stream, subject=subjects.log(QUARANTINED)):
+        if rec.problem is None and rec.event is not None:
+            b = rec.event.body
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                q = Quarantine(seq=int(b["seq"]), sha256=str(b["sha256"]), by_seq=rec.seq,
+                               problem=str(b.get("problem") or ""), reason=b.get("reason"))
+                out.setdefault(q.seq, q)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -241,6 +495,8 @@ class VerifyResult:
     last_seq: int
     first_break: dict[str, Any] | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    quarantined: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -248,20 +504,10 @@ class VerifyResult:
             "checked": self.checked,
             "last_seq": self.last_seq,
             "first_break": self.first_break,
+            "problems": self.problems,
+            "quarantined": self.quarantined,
             "counts": self.counts,
         }
-
-
-def check_signature(ev: LogEvent, keys: Mapping[str, Ed25519PublicKey]) -> str | None:
-    """None if ``ev`` is signed by a known key, else what is wrong."""
-    key = keys.get(ev.kid)
-    if key is None:
-        return f"signed with unknown kid {ev.kid!r}"
-    try:
-        key.verify(ev.signature, ev.signing_bytes())
-    except (InvalidSignature, ValueError):
-        return "bad signature"
-    return None
 
 
 async def _iter_stream(js: JetStreamContext, stream: str, subject: str) -> Any:
@@ -282,7 +528,8 @@ async def _iter_stream(js: JetStreamContext, stream: str, subject: str) -> Any:
         await sub.unsubscribe()
 
 
-async def _iter_stored(js: JetStreamContext, stream: str, subject: str) -> Any:
+async def _iter_stored(js: JetStreamContext, stream: str, subject: str, from_seq: int = 1,
+                       to_seq: int | None = None) -> Any:
     """Yield (seq, subject, data) of every message on ``subject`` in stream order, by message get.
 
     No consumer is created: ops credentials may read every stream but create no consumer
@@ -294,11 +541,16 @@ async def _iter_stored(js: JetStreamContext, stream: str, subject: str) -> Any:
     matched = sum((info.state.subjects or {}).values())
     if not info.state.messages or not matched:
         return
-    first, last = info.state.first_seq, info.state.last_seq
+    first, last = max(info.state.first_seq, from_seq), min(info.state.last_seq, to_seq or info.state.last_seq)
+    if first > last:
+        return
     walk = stored_on(js, stream, subject, first, last) if matched < info.state.messages else \
         stored_range(js, stream, first, last)
     async for raw in walk:
         yield raw.seq, raw.subject or "", raw.data or b""
+
+
+MAX_PROBLEMS = 1000  # listed one by one; past this only counted
 
 
 async def verify_stream(
@@ -309,67 +561,38 @@ async def verify_stream(
     stream: str = STREAM,
     subject: str | None = None,
 ) -> VerifyResult:
-    """Walk ``stream`` (or only ``subject``) and report the first break of chain or signature.
+    """Walk ``stream`` (or only ``subject``) and report every problem of chain or signature.
 
-    With a subject filter, each event's predecessor is fetched by its
-    ``prev_seq`` so the chain link is still checked.
+    A foreign record that a kernel-signed ``LOG_RECORD_QUARANTINED`` event names,
+    with the same SHA-256, is listed as quarantined, not as a problem. With a subject
+    filter, each event's predecessor is read by its ``prev_seq`` so the link is still checked.
     """
-    whole = subject is None
-    filt = subject or f"{subjects.prefix}.log.>"
     result = VerifyResult(ok=True, checked=0, last_seq=0)
-    # aclosing: a break returns mid-walk, and the walk's consumer must be gone before
-    # the caller closes the connection (else "Task exception was never retrieved").
-    async with contextlib.aclosing(_iter_stored(js, stream, filt)) as walk:
-        return await _walk(walk, js, subjects, keys, stream, whole, result)
-
-
-async def _walk(
-    walk: Any, js: JetStreamContext, subjects: Subjects, keys: Mapping[str, Ed25519PublicKey],
-    stream: str, whole: bool, result: VerifyResult,
-) -> VerifyResult:
-    prev: tuple[int, str] | None = (0, GENESIS_DIGEST) if whole else None
-
-    def brk(seq: int, problem: str, event_type: str | None = None) -> VerifyResult:
+    quarantine = await quarantined(js, subjects, keys, stream=stream)
+    extra = 0
+    async for rec in walk_log(js, subjects, keys, stream=stream, subject=subject):
+        result.last_seq = max(result.last_seq, rec.seq)
+        if rec.problem is None and rec.event is not None:
+            result.counts[rec.event.event_type] = result.counts.get(rec.event.event_type, 0) + 1
+            result.checked += 1
+            continue
+        q = quarantine.get(rec.seq)
+        if q is not None and q.sha256 == rec.digest:
+            result.quarantined.append({"seq": rec.seq, "subject": rec.subject, "problem": rec.problem,
+                                       "quarantined_by": q.by_seq, "reason": q.reason})
+            continue
+        problem = {"seq": rec.seq, "event_type": rec.event.event_type if rec.event else None,
+                   "subject": rec.subject or None, "problem": rec.problem}
+        if q is not None:
+            problem["problem"] = f"{rec.problem}; the quarantine at {q.by_seq} names other bytes"
         result.ok = False
-        result.first_break = {"seq": seq, "event_type": event_type, "problem": problem}
-        return result
-
-    async for seq, subj, data in walk:
-        if whole and prev is not None and seq != prev[0] + 1:
-            # A sequence the server no longer returns (lost or cut from its store): the
-            # break is that sequence, not the next event whose link then fails.
-            return brk(prev[0] + 1, f"missing: sequence {prev[0] + 1} is not in the stream (next present: {seq})")
-        result.last_seq = seq
-        try:
-            ev = log_event_decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            return brk(seq, f"undecodable event: {e}")
-        result.counts[ev.event_type] = result.counts.get(ev.event_type, 0) + 1
-        try:
-            if subj != subjects.log(ev.event_type):
-                return brk(seq, f"event type {ev.event_type!r} published on {subj!r}", ev.event_type)
-        except ValueError:
-            return brk(seq, f"invalid event type {ev.event_type!r}", ev.event_type)
-        bad = check_signature(ev, keys)
-        if bad:
-            return brk(seq, bad, ev.event_type)
-        if whole:
-            assert prev is not None
-            expect_seq, expect_digest = prev
+        if result.first_break is None:
+            result.first_break = {k: problem[k] for k in ("seq", "event_type", "problem")}
+        if len(result.problems) < MAX_PROBLEMS:
+            result.problems.append(problem)
         else:
-            expect_seq = seq - 1
-            if expect_seq == 0:
-                expect_digest = GENESIS_DIGEST
-            else:
-                try:
-                    raw = await js.get_msg(stream, expect_seq)
-                    expect_digest = log_event_decoder.decode(raw.data).digest()
-                except Exception as e:  # noqa: BLE001 - reported as a break, never raised
-                    return brk(seq, f"predecessor {expect_seq} unreadable: {e}", ev.event_type)
-        if ev.prev_seq != expect_seq:
-            return brk(seq, f"prev_seq is {ev.prev_seq}, expected {expect_seq}", ev.event_type)
-        if ev.prev_digest != expect_digest:
-            return brk(seq, "prev_digest does not match the digest of the previous event", ev.event_type)
-        prev = (seq, ev.digest())
-        result.checked += 1
+            extra += 1
+    if extra:
+        result.problems.append({"seq": None, "event_type": None, "subject": None,
+                                "problem": f"{extra} more problem(s) not listed"})
     return result

@@ -18,6 +18,20 @@ jti (its digest; the value holds the jti, who revoked it, when and why).
 * Every kernel watches the bucket (a KV watch is pushed by the server, well
   under a second) and adds each jti to its verifier's live set; the verifier
   answers ``MANDATE_REVOKED`` for it from then on (gateway/kernel/mandate.py).
+
+The bucket is the fast path between instances; the signed, hash-chained event
+log is the authority (spec 003 §8.2: only the kernel writes it, and signs
+what it writes). A KV bucket is state a single publish can change: a
+message with ``KV-Operation: PURGE`` (with or without ``Nats-Rollup``) on a
+key, or a plain delete, removes a revocation from it. So at start each kernel
+reads the kernel's own ``MANDATE_REVOKED`` events through the log's one walk
+(``eventlog.walk_log``; a foreign record on that subject is reported and not
+trusted) and holds every one of those jtis revoked whatever the bucket says.
+A revocation the log holds and the bucket does not (absent, deleted, purged,
+overwritten), at start or while watching, is logged as a security warning and
+written back, so instances and tools that read the bucket see it again. No
+bucket change ever takes a jti out of the live set; a revocation only in the
+bucket is still honoured (refusing is the safe side).
 """
 
 from __future__ import annotations
@@ -30,7 +44,10 @@ from typing import Any
 import jwt
 import msgspec
 from cryptography.hazmat.primitives.asymmetric import ed25519
+from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.kv import KV_DEL, KV_PURGE
 
+from gateway.kernel.eventlog import walk_log
 from pgwcore.logs import get_logger
 from pgwcore.streams import ensure_kv
 from subjects.kernelops import RevokeReply, revoke_request_decoder, revoke_subject
@@ -80,15 +97,46 @@ class Revocations:
         self._watcher: Any = None
         self._task: asyncio.Task[None] | None = None
         self._sub: Any = None
+        # bucket key -> the revocation the kernel holds (the log's, its own, or the bucket's)
+        self._known: dict[str, Revoked] = {}
+        self._in_bucket: set[str] = set()  # known keys the bucket was last seen to hold
 
     async def start(self, queue: str) -> None:
         self.kv = await ensure_kv(self.kernel.js, BUCKET)
+        for rec in (await self.logged()).values():
+            self._hold(rec)
         self._watcher = await self.kv.watchall()
         ready = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._watch(ready), name="kernel-revocations")
         # Every revocation already in the bucket is applied before the kernel takes a request.
         await asyncio.wait_for(ready, 30)
-        self._sub = await self.kernel.nc.subscribe(revoke_subject(self.kernel.subjects.prefix), queue=queue, cb=self._on_request)
+        for key, rec in list(self._known.items()):
+            if key not in self._in_bucket:  # not even a marker: gone with a rollup, or never written
+                await self._restore(key, rec, None, "absent")
+        self._sub = await self.kernel.gw.rnc.subscribe(revoke_subject(self.kernel.subjects.prefix), queue=queue, cb=self._on_request)
+
+    async def logged(self) -> dict[str, Revoked]:
+        """Every revocation the kernel's own ``MANDATE_REVOKED`` events hold, by jti (the first event of each)."""
+        el = self.kernel.eventlog
+        out: dict[str, Revoked] = {}
+        async for rec in walk_log(el.js, el.subjects, el.keys, stream=el.stream, subject=el.subjects.log(EVENT)):
+            if rec.problem is not None or rec.event is None:
+                el.report_foreign(rec, "the revocations of the event log")
+                continue
+            b = rec.event.body
+            jti = b.get("jti")
+            if isinstance(jti, str) and jti and jti not in out:
+                reason = b.get("reason")
+                out[jti] = Revoked(jti=jti, revoked_by=str(b.get("revoked_by") or ""), ts=rec.event.ts,
+                                   reason=reason if isinstance(reason, str) else None, event_seq=rec.seq)
+        log.info("revocations read from the event log", revoked=len(out))
+        return out
+
+    def _hold(self, rec: Revoked) -> None:
+        self._known.setdefault(revocation_key(rec.jti), rec)
+        if rec.jti not in self.verifier.live_revoked:
+            self.verifier.live_revoked.add(rec.jti)
+            log.info("mandate revoked", jti=rec.jti, revoked_by=rec.revoked_by)
 
     async def _watch(self, ready: asyncio.Future[None]) -> None:
         async for entry in self._watcher:
@@ -96,18 +144,51 @@ class Revocations:
                 if not ready.done():
                     ready.set_result(None)
                 continue
-            if not entry.value:
-                continue
+            try:
+                await self._seen(entry)
+            except Exception:  # the watch must go on: one entry is logged, not the end of revocations
+                log.exception("could not handle a revocation bucket entry", key=entry.key)
+        if not ready.done():
+            ready.set_result(None)
+
+    async def _seen(self, entry: Any) -> None:
+        key = entry.key
+        rec: Revoked | None = None
+        if entry.value and entry.operation not in (KV_DEL, KV_PURGE):
             try:
                 rec = msgspec.json.decode(entry.value, type=Revoked)
             except (msgspec.DecodeError, msgspec.ValidationError):
-                log.error("unreadable revocation entry", key=entry.key)
-                continue
-            if rec.jti not in self.verifier.live_revoked:
-                self.verifier.live_revoked.add(rec.jti)
-                log.info("mandate revoked", jti=rec.jti, revoked_by=rec.revoked_by)
-        if not ready.done():
-            ready.set_result(None)
+                log.error("unreadable revocation entry", key=key)
+        if rec is not None and revocation_key(rec.jti) == key:
+            self._hold(rec)
+            self._in_bucket.add(key)
+            return
+        if rec is not None:  # a jti stored under another jti's key: revoked all the same (the safe side)
+            self._hold(rec)
+        held = self._known.get(key)
+        if held is None:
+            return
+        self._in_bucket.add(key)
+        what = entry.operation if entry.operation in (KV_DEL, KV_PURGE) else "overwritten"
+        await self._restore(key, held, entry.revision, what)
+
+    async def _restore(self, key: str, rec: Revoked, revision: int | None, what: str) -> None:
+        """Write back a revocation the bucket lost; the mandate stayed revoked all along."""
+        log.warning(
+            "security: the revocation bucket lost a revocation the event log holds; the mandate stays revoked "
+            "and the key is written back", jti=rec.jti, key=key, bucket=what, event_seq=rec.event_seq,
+            alert_trigger="REVOCATION_BUCKET_TAMPERED",
+        )
+        data = msgspec.json.encode(rec)
+        try:
+            if revision is None:
+                await self.kv.put(key, data)
+            else:  # only over what was seen: of several kernels watching, one writes it back
+                await self.kv.update(key, data, last=revision)
+        except KeyWrongLastSequenceError:
+            pass
+        except Exception:
+            log.exception("could not write a revocation back to the bucket; it is still honoured here", jti=rec.jti)
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -122,6 +203,8 @@ class Revocations:
                 await self._task
 
     async def _on_request(self, msg: Any) -> None:
+        if not self.kernel.responder.admits(msg):
+            return
         try:
             reply = await self.revoke(msg.data)
         except RevocationError as e:
@@ -168,9 +251,7 @@ class Revocations:
         body = {"jti": jti, "revoked_by": kid, "reason": reason, "token": req.token}
         ev = await self.kernel.eventlog.append(EVENT, body, msg_id=stable_id(EVENT, jti))
         rec = Revoked(jti=jti, revoked_by=kid, ts=now_rfc3339(), reason=reason, event_seq=ev.seq)
+        self._hold(rec)
         await self.kv.put(revocation_key(jti), msgspec.json.encode(rec))
-        self.verifier.live_revoked.add(jti)
         log.info("mandate revocation recorded", jti=jti, revoked_by=kid, event_seq=ev.seq, duplicate=ev.duplicate)
         return RevokeReply(ok=True, jti=jti, event_seq=ev.seq, already=ev.duplicate)
-        if not self.kernel.responder.admits(msg):
-            return

@@ -43,7 +43,7 @@ from prometheus_client import Counter
 from gateway.kernel.audit import AuditService
 from gateway.kernel.checkpoint import Checkpointer
 from gateway.kernel.denials import Denials
-from gateway.kernel.eventlog import STREAM, EventLog
+from gateway.kernel.eventlog import EventLog
 from gateway.kernel.gate import GATE_CONTEXT, Gate, GateCall
 from gateway.kernel.mandate import Mandate, MandateVerifier
 from gateway.kernel.overdue import OverdueReports
@@ -62,11 +62,11 @@ from gateway.kernel.transitions import EXECUTION_CONTEXT, TransitionReports
 from gateway.kernel.validation import RefusalError, RequestValidation
 from pgwcore import logs
 from pgwcore.delivery import subscribe_inline
-from pgwcore.keys import load_or_create
+from pgwcore.keys import load_or_create, public_keys
 from pgwcore.logs import get_logger
 from pgwcore.loop import gather_inline
 from pgwcore.metrics import LATENCY, REGISTRY
-from pgwcore.pubbatch import publish_soon
+from pgwcore.respond import Responder
 from subjects.errors import SubjectError
 from subjects.idp import (
     REASONING_BASIS_TYPES,
@@ -139,7 +139,9 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         self.mandates = MandateVerifier(self.cfg, self.config.data_path, keys_dir=self.config.keys_path)
         # A bad policy file fails start-up here, with its name and line.
         self.policy = PolicyEngine(self.cfg.policy_dir)
-        self.eventlog = EventLog(self.nc, self.subjects, self.key)
+        # Records signed by any kernel key of the data folder (active and retired) are the kernel's own.
+        kernel_keys = {k.kid: k.public for k in public_keys(self.config.data_path, "kernel", keys_dir=self.config.keys_path)}
+        self.eventlog = EventLog(self.nc, self.subjects, self.key, keys=kernel_keys)
         self.state = KernelState(self.js, self.eventlog.acks)  # one inbox of the kernel's own for both writers' PubAcks
         self.overdue = OverdueReports(self, self.cfg.report_deadline_s)
         self.revocations = Revocations(self)
@@ -163,10 +165,12 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             return self
         await self.eventlog.acks.start()  # the kernel's PubAcks handed over in the read loop (pgwcore.atomic)
         await self.state.open()
+        # The foreign records an operator has quarantined (eventlog.py), before anything walks the log.
+        await self.eventlog.load_quarantine()
         await self.overdue.start()
-        await self.revocations.start(QUEUE)
+        await self.revocations.start(QUEUE)  # the revocations of the log, then the bucket (revocation.py)
         await self.audit.start(QUEUE)
-        await self.state.rebuild(self.js, STREAM)
+        await self.state.rebuild(self.eventlog)
         self.overdue.log_ready = True  # the index now knows every permit the log closed
         if not self.policy.files:
             log.warning("no Cedar policies configured (kernel.policy_dir): every action is denied")
@@ -225,12 +229,12 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
 
     # -- transition requests ----------------------------------------------------
     def _spawn(self, msg: Msg) -> None:
+        if not self.responder.admits(msg):  # the reply rule, before any work (docs/security.md "Replies")
+            return
         # One task per request so a slow fsync does not serialize every agent.
         task = asyncio.create_task(self._serve(msg))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
-        if not self.responder.admits(msg):  # the reply rule, before any work (docs/security.md "Replies")
-            return
 
     async def _serve(self, msg: Msg) -> None:
         async with self._sem:

@@ -7,8 +7,9 @@ entry, ``update(last=rev)`` otherwise), so two instances cannot both advance
 one session's step_sequence or both record one idp_id.
 
 The event log is the ground truth (spec 003 §8.4: the index is "rebuilt from
-the Event Log on kernel restart"): at start ``rebuild`` replays every log
-event after the bucket's ``_checkpoint`` and applies it idempotently (status
+the Event Log on kernel restart"): at start ``rebuild`` replays every event of
+the kernel's own (``eventlog.walk_log``: signed and chained; a foreign record is
+never applied) after the bucket's ``_checkpoint`` and applies it idempotently (status
 only moves forward, ``last_step`` is a max, mismatch counts are sets), so a
 bucket that lags the log - a crash between the log append and the KV write -
 or a bucket that was lost entirely is brought back to what the log says.
@@ -34,12 +35,12 @@ from msgspec import Struct, field
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 
+from gateway.kernel.eventlog import EventLog, walk_log
 from pgwcore.atomic import ERR_WRONG_LAST_SEQ, AckInbox
 from pgwcore.kvread import BatchReader, enable_direct, get_last
 from pgwcore.logs import get_logger
 from pgwcore.streams import ensure_kv
 from subjects.errors import PgwError
-from subjects.idp import log_event_decoder
 from subjects.util import stable_id
 
 log = get_logger("pgw.kernel.state")
@@ -447,39 +448,33 @@ class KernelState:
         raise ConflictError(idp_key(so_id, idp_id))
 
     # -- rebuild from the log (spec 003 §8.4) -----------------------------------
-    async def rebuild(self, js: JetStreamContext, stream: str) -> int:
-        """Apply every log event after the checkpoint; return how many were applied."""
+    async def rebuild(self, eventlog: EventLog) -> int:
+        """Apply every event of the kernel's own after the checkpoint; return how many were applied.
+
+        The walk is the log's one reader (``eventlog.walk_log``): a record that is not the
+        kernel's own (undecodable, not signed by a kernel key, not chained) is never applied
+        (spec 003 §8.2: only the kernel writes the log), and is reported with its sequence."""
         got = await self._get("_checkpoint")
         start = int(got[0]) if got else 0
-        info = await js.stream_info(stream)
+        info = await eventlog.js.stream_info(eventlog.stream)
         last = info.state.last_seq or 0
         if last <= start:
             return 0
-        from nats.js.api import ConsumerConfig, DeliverPolicy
-
-        sub = await js.subscribe(
-            f"{info.config.subjects[0] if info.config.subjects else '>'}",
-            stream=stream,
-            ordered_consumer=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start + 1),
-        )
-        applied = 0
-        try:
-            while True:
-                msg = await sub.next_msg(timeout=10)
-                seq = msg.metadata.sequence.stream
-                try:
-                    ev = log_event_decoder.decode(msg.data)
-                    await self.apply(ev.event_type, ev.body, seq)
-                    applied += 1
-                except Exception:
-                    log.exception("could not apply log event during rebuild", seq=seq)
-                if seq >= last:
-                    break
-        finally:
-            await sub.unsubscribe()
+        applied = foreign = 0
+        async for rec in walk_log(eventlog.js, eventlog.subjects, eventlog.keys, stream=eventlog.stream,
+                                  from_seq=start + 1, to_seq=last):
+            if rec.problem is not None or rec.event is None:
+                foreign += 1
+                eventlog.report_foreign(rec, "the rebuild of the kernel state")
+                continue
+            try:
+                await self.apply(rec.event.event_type, rec.event.body, rec.seq)
+                applied += 1
+            except Exception:
+                log.exception("could not apply log event during rebuild", seq=rec.seq)
         await self.kv.put("_checkpoint", str(last).encode())
-        log.info("kernel state rebuilt from the event log", applied=applied, from_seq=start + 1, to_seq=last)
+        log.info("kernel state rebuilt from the event log", applied=applied, not_the_kernels=foreign,
+                 from_seq=start + 1, to_seq=last)
         return applied
 
     async def apply(self, event_type: str, body: dict[str, Any], seq: int) -> None:
