@@ -154,7 +154,7 @@ class Executor:
         return self
 
     def _refused(self, msg: Any, who: Any) -> None:
-        _log.warning("request not answered: its reply subject is no inbox of the gateway", kind=self.kind,
+        _log.warning("request not answered: its reply subject is no inbox of the party that may send it", kind=self.kind,
                      request=msg.subject[:200], reply=(msg.reply or "")[:200], party=describe(who))
 
     async def _answer(self, req: Request, payload: bytes) -> None:
