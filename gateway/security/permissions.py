@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pgwcore.identity import SERVICE_NAMES, Party
+from pgwcore.identity import Party
 from pgwcore.slack_config import SLACK_BUCKET, slack_durable
 from subjects.client import outcome_durable
 from subjects.names import principal_token
@@ -201,12 +201,10 @@ def _requests(prefix: str, name: str) -> tuple[str, ...]:
 
 def reply_deny(prefix: str) -> tuple[str, ...]:
     """What an answering connection may never publish: every contract subject (all streams'
-    subjects, ``exec.>``, ``log.>``), the JetStream, KV, object store, system and services APIs,
-    and the services' own inboxes (a forged answer to a service's pending request)."""
-    return (
-        f"{prefix}.>", "$JS.>", "$KV.>", "$O.>", "$SYS.>", "$SRV.>",
-        *(f"{Party(role, n).inbox_prefix}.>" for role in ("service", "responder") for n in SERVICE_NAMES),
-    )
+    subjects, ``exec.>``, ``log.>``) and the JetStream, KV, object store, system and services
+    APIs. Inboxes stay open to it, the services' own included (a service's probe of another
+    through the services API is answered there)."""
+    return (f"{prefix}.>", "$JS.>", "$KV.>", "$O.>", "$SYS.>", "$SRV.>")
 
 
 def responder_permissions(prefix: str, name: str) -> Permissions:
