@@ -402,13 +402,14 @@ async def test_traceparent_is_on_the_request_log_lines(env: Env) -> None:
     assert len(summary) == 1 and summary[0]["traceparent"] == trace
 
 
-async def test_the_reply_carries_the_requests_headers_back(env: Env) -> None:
-    """The answer to a transition request is what ``Msg.respond`` sends: the result, with the request's headers back."""
+async def test_the_reply_carries_none_of_the_requests_headers(env: Env) -> None:
+    """The answer to a transition request is the result alone: no header of the request's comes back
+    (docs/contract.md §6 "Replies": an echoed Nats-Rollup or KV-Operation is obeyed where it lands)."""
     trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     rec = env.idp(1)
     msg = await env.nc.request(f"pgw.agent.{AGENT}.idp", msgspec.json.encode({"mandate": env.token, "idp": rec}),
-                               timeout=10, headers={"traceparent": trace, "X-Other": "v"})
-    assert msg.headers == {"traceparent": trace, "X-Other": "v"}
+                               timeout=10, headers={"traceparent": trace, "Nats-Rollup": "all", "KV-Operation": "PURGE"})
+    assert msg.headers is None
     assert isinstance(kernel_result_decoder.decode(msg.data), Permit)
     msg = await env.nc.request(f"pgw.agent.{AGENT}.idp", b"[]", timeout=10)
     assert msg.headers is None and kernel_result_decoder.decode(msg.data).error_code == "REQUEST_MALFORMED"
