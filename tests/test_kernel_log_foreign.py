@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from structlog.testing import capture_logs
 
@@ -52,11 +53,13 @@ async def test_foreign_records_are_reported_verified_and_quarantined(make_config
     js = nc.jetstream()
     url, data_dir = nats_server.client_url, str(cfg.data_path)
     steps = iter(range(1, 100))
+    permits: list[str] = []
 
     async def permitted() -> bool:
         body = {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=next(steps), action="CloseBooking")}
         r = await request(nc, AGENT, body)
         assert isinstance(r, Permit), r
+        permits.append(r.idp_id)
         return True
 
     counted = FOREIGN_RECORDS._value.get()
@@ -80,6 +83,11 @@ async def test_foreign_records_are_reported_verified_and_quarantined(make_config
             assert jti not in kernel.mandates.live_revoked
             assert await permitted()
             assert (await kernel.checkpoints.anchor()) is not None
+            # An audit query walks the same log: the session record holds the kernel's events, not the foreign ones.
+            reply = await kernel.audit.query("carol", json.dumps({"kind": "idp", "id": permits[0]}).encode())
+            assert reply.ok, reply
+            seqs = {e["seq"] for e in json.loads(msgspec.json.encode(reply))["record"]["events"]}
+            assert seqs and not seqs & {junk.seq, forged.seq, head.seq}, seqs
     alarms = _alarms(logs)
     assert {e["seq"] for e in alarms} == {junk.seq, forged.seq, head.seq}, alarms
     assert FOREIGN_RECORDS._value.get() - counted == len(alarms)

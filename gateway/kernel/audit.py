@@ -36,9 +36,8 @@ from typing import Any
 import msgspec
 
 from gateway.kernel.checkpoint import read_anchor_file
-from gateway.kernel.eventlog import STREAM, _iter_stream
+from gateway.kernel.eventlog import STREAM, walk_log
 from pgwcore.logs import get_logger
-from subjects.idp import log_event_decoder
 from subjects.kernelops import AuditReply, audit_request_decoder
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import Refusal
@@ -118,13 +117,19 @@ class AuditService:
         await self.kernel.responder.answer(msg, msgspec.json.encode(reply))
 
     async def _events(self, match: Any) -> list[dict[str, Any]]:
+        # The log's one walk (eventlog.walk_log): a record the kernel did not write (it does not
+        # decode, is not signed by a kernel key or does not chain) is reported, never shown as an event.
         out = []
-        async with contextlib.aclosing(_iter_stream(self.kernel.js, STREAM, f"{self.prefix}.log.>")) as walk:
-            async for seq, _subj, data in walk:
-                ev = log_event_decoder.decode(data)
+        el = self.kernel.eventlog
+        async with contextlib.aclosing(walk_log(el.js, el.subjects, el.keys, stream=el.stream)) as walk:
+            async for rec in walk:
+                if rec.problem is not None or rec.event is None:
+                    el.report_foreign(rec, "an audit query")
+                    continue
+                ev = rec.event
                 if ev.event_type == EVENT or not match(ev):
                     continue
-                out.append({"seq": seq, "digest": ev.digest(), "event": msgspec.to_builtins(ev)})
+                out.append({"seq": rec.seq, "digest": ev.digest(), "event": msgspec.to_builtins(ev)})
         return out
 
     async def _log_query(self, auditor: str, body: dict[str, Any]) -> int:
