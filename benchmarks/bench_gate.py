@@ -55,7 +55,7 @@ default interval; ``PGW_BENCH_GATE_SYNC=always,default``):
   sent per gated call.
 
 Run alone: ``.venv/bin/python -m benchmarks.bench_gate`` (about 85 s with the
-defaults on 2 cores). docs/performance-changes.md, "The gated path (bench_gate)".
+defaults on 2 cores). benchmarks/performance-changes.md, "The gated path (bench_gate)".
 """
 
 from __future__ import annotations

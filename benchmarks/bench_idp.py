@@ -54,7 +54,7 @@ together, optionally through the gateway's group commit);
 ``python -m benchmarks.bench_idp shapes SHAPE [SHAPE ...]`` runs any shapes
 side by side on one server and prints each one's p99 at every rate of the
 ladder, ``PGW_BENCH_IDP_ROUNDS`` times (default 2): which records, in which
-rounds, a given rate can afford (docs/performance-log.md, Run 12).
+rounds, a given rate can afford (benchmarks/performance-log.md, Run 12).
 
 Rows: each ceiling, and the kernel's against the contract floor's (``idp: ceiling /
 contract floor``); p50/p99 at every step; the gateway's and the server's CPU

@@ -25,7 +25,7 @@ process (signer.workers = 0)" runs the same signer without it, and the CPU
 row adds the signer's process and its workers' CPU per capsule (less moved by
 a shared machine's load than capsules/s, not immune: on one quiet host the
 workers' CPU for the same signatures read 88 to 120 us per capsule in runs
-31-33, docs/performance-log.md). The decision on the
+31-33, benchmarks/performance-log.md). The decision on the
 target (>= 0.7 of the raw format-4 loop) is the row "end to end, vs a raw
 format-4 loop".
 """

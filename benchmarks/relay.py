@@ -20,7 +20,7 @@ decision 2): the gateway derives the index from the moment record's write
 (its ``Pgw-Moment-Agent`` header, gateway/moment_list.py), so the floor stores
 one record fewer per moment than before. What the gateway spends beyond this floor is
 its own code; what the floor spends beyond the plain relay is what is stored
-(docs/performance-log.md, "Run 6: the contract floors").
+(benchmarks/performance-log.md, "Run 6: the contract floors").
 
 ``floor-min``: the least any gateway keeping DESIGN's streams could store for
 one binding moment: one durable claim (the dedup that must hold across

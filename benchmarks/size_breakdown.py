@@ -1,6 +1,6 @@
 """Where the gateway's CPU per envelope grows with the moment's size, step by step, in process:
 ``python -m benchmarks.size_breakdown`` (issue 18, "grows with moment size no faster than the
-parse and the writes require"; docs/performance-log.md).
+parse and the writes require"; benchmarks/performance-log.md).
 
 Each step of the binding-moment path whose cost depends on the moment's bytes, called the way the
 pipeline calls it, on the bench's moments of 1, 16 and 120 KB (``benchmarks.harness.moment_of_kb``),

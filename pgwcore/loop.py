@@ -2,7 +2,7 @@
 
 uvloop (libuv) does the socket and scheduling work of nats-py's many small
 requests in C; the services spend a large share of their time there (see
-docs/performance-log.md). ``PGW_LOOP=asyncio`` forces the standard loop, e.g. to
+benchmarks/performance-log.md). ``PGW_LOOP=asyncio`` forces the standard loop, e.g. to
 compare the two or to rule uvloop out when chasing a bug.
 """
 
@@ -49,7 +49,7 @@ async def together(first: Awaitable[T], second: Awaitable[U]) -> tuple[T, U]:
     """``asyncio.gather(first, second)`` with one task instead of two and no gathering future.
 
     ``second`` runs in the caller's own task, ``first`` beside it; both are in
-    flight together (the hot path's pairs of durable writes, docs/performance-log.md).
+    flight together (the hot path's pairs of durable writes, benchmarks/performance-log.md).
     An error of either is raised, once ``second`` is done (gather raises at
     once); if ``second`` fails, ``first`` keeps running to its end, as under
     gather. Cancelling the caller cancels both. (:func:`gather_inline` of the two.)
@@ -62,7 +62,7 @@ async def gather_inline(first: Awaitable[Any], *rest: Awaitable[Any], return_exc
     """``await asyncio.gather(first, *rest)`` with ``first`` run in the caller's own task.
 
     One task and the gathering future fewer than gather (the kernel's rounds of
-    durable writes, docs/performance-changes.md): ``rest`` are wrapped in tasks
+    durable writes, benchmarks/performance-changes.md): ``rest`` are wrapped in tasks
     (a future is taken as it is), which start only once ``first`` suspends, so
     a write ``first`` sends before its first suspension leaves first, as under
     gather. The results come in the order given. Differences from gather:

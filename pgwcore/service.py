@@ -72,7 +72,7 @@ ServiceFactory = Callable[["Config", "Client"], Service]
 # 700), and the two older generations' steps (default 10, 10). A binding moment allocates a
 # hundred or so (dicts, Structs, futures, tasks) that nearly all die with its turn; at the default
 # the collector ran every seven envelopes and promoted the turns in flight to the older
-# generations, about 5 % of the gateway's CPU at 1,000 envelopes/s (docs/performance-changes.md,
+# generations, about 5 % of the gateway's CPU at 1,000 envelopes/s (benchmarks/performance-changes.md,
 # "Gateway CPU per envelope"); a signer's batch or a kernel request is alike. Cycles are still
 # collected, only in larger steps.
 GC_THRESHOLDS = (20_000, 20, 20)

@@ -1,4 +1,4 @@
-"""The gateway's per-envelope helpers made cheaper keep their exact results (docs/performance-changes.md,
+"""The gateway's per-envelope helpers made cheaper keep their exact results (benchmarks/performance-changes.md,
 "Gateway CPU per envelope"): timestamps, the lints' and the grammar's fast paths, the redactor's
 encoded text, the envelope's key."""
 
