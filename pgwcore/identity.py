@@ -117,7 +117,7 @@ def public_of(seed: str) -> str:
 def render_creds(party: Party, seed: str) -> str:
     return "\n".join(
         [
-            f"# Principal Gateway NATS credentials for {party.role} {party.name!r} (DESIGN §7).",
+            f"# Principal Gateway NATS credentials for {party.role} {party.name!r} (docs/security.md).",
             "# Secret: keep it mode 0600. nats CLI: nats --nkey THIS_FILE --inbox-prefix PREFIX",
             f"# pgw-party: {party.role} {party.name}",
             f"# inbox-prefix: {party.inbox_prefix}",
