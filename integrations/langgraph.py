@@ -30,7 +30,7 @@ from weakref import WeakKeyDictionary
 from langgraph.config import get_config
 from langgraph.runtime import get_runtime
 
-from integrations.approval import Decision, approval_moment, decision_of, stable_id
+from subjects.approval import Decision, approval_moment, decision_of, stable_id
 from subjects.client import Agent
 from subjects.errors import RefusedError
 from subjects.wire import BindingMoment, ResolutionOutcome

@@ -3,7 +3,7 @@
     approvals = PrincipalApprovals(pgw_agent, "alice")
     result = await approvals.run(agent, "pay the invoice")          # Runner.run until no interruption
 
-Each pending ``ToolApprovalItem`` becomes a binding moment (integrations/approval.py):
+Each pending ``ToolApprovalItem`` becomes a binding moment (subjects/approval.py):
 options ``Approve`` / ``Reject``, the tool's name in the synopsis and stem, one
 finding per argument, hatches open (spec 000 §6.8). The principal's answer
 resumes the run through ``RunState.approve`` / ``RunState.reject``:
@@ -26,15 +26,13 @@ from typing import Any, Literal
 from agents import Agent as SdkAgent
 from agents import Runner, RunResult, RunState, ToolApprovalItem
 
-from integrations.approval import (
+from subjects.approval import (
     Decision,
     approval_moment,
     argument_findings,
-    decision_of,
     stable_id,
 )
 from subjects.client import Agent
-from subjects.errors import RefusedError
 from subjects.wire import BindingMoment
 
 
@@ -85,16 +83,8 @@ class PrincipalApprovals:
     async def decide(self, item: ToolApprovalItem) -> Decision:
         """Ask the principal about one tool call; wait for the answer (an expiry is ``Decision("expired")``)."""
         cid = "oa-" + stable_id("openai-agents", self.run_key, self.principal, call_id_of(item))
-        try:
-            res = await self.agent.ask(
-                self.principal, self.moment_for(item), timeout=self.timeout,
-                correlation_id=cid, expires_in_s=self.expires_in_s,
-            )
-        except RefusedError as e:
-            if e.code == "expired":
-                return decision_of(None)
-            raise
-        return decision_of(res)
+        return await self.agent.decide(self.principal, self.moment_for(item), timeout=self.timeout,
+                                       correlation_id=cid, expires_in_s=self.expires_in_s)
 
     async def apply(self, state: RunState[Any], interruptions: list[ToolApprovalItem]) -> None:
         """Decide each pending call and record it on ``state`` (approve, or reject with the principal's words)."""

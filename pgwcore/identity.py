@@ -10,7 +10,8 @@ The credentials file is a *decorated nkey seed*: the seed between the usual
 ``BEGIN USER NKEY SEED`` markers plus ``#`` header lines naming the party and
 its inbox prefix. ``nats --nkey FILE`` reads it as is (the Go nkeys parser
 picks the ``SU...`` line), and ``pgwcore.connect.connect`` reads the inbox
-prefix from the header. Files are created 0600 in a 0700 folder and their
+prefix from the header. Its patterns live in ``subjects/creds.py``, where an
+agent's own client reads the file too. Files are created 0600 in a 0700 folder and their
 content is never logged.
 """
 
@@ -26,7 +27,8 @@ from typing import Literal, cast
 
 import nkeys
 
-from subjects.errors import PgwError
+from subjects.creds import HEADER_RE, SEED_RE
+from subjects.errors import CredentialsError
 from subjects.names import check_token
 from subjects.replies import ROLES as REPLY_ROLES
 
@@ -40,17 +42,6 @@ SERVICE_NAMES = ("gateway", "signer", "registrar", "notifier", "services")
 
 _SEED_BEGIN = "-----BEGIN USER NKEY SEED-----"
 _SEED_END = "------END USER NKEY SEED------"
-_SEED_RE = re.compile(r"^\s*(SU[A-Z2-7]{50,})\s*$", re.MULTILINE)
-_HEADER_RE = re.compile(r"^#\s*(pgw-party|inbox-prefix|public-nkey):\s*(\S+(?:\s\S+)?)\s*$", re.MULTILINE)
-
-
-class CredentialsError(PgwError):
-    """A credentials file is missing, unreadable, malformed or not private."""
-
-    def __init__(self, path: Path | str, why: str) -> None:
-        self.path = Path(path)
-        self.why = why
-        super().__init__(f"credentials file {path}: {why}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +143,7 @@ def read_creds(path: str | os.PathLike[str]) -> Credentials:
         raise CredentialsError(p, f"cannot read ({e.strerror})") from e
     if mode & 0o077:
         raise CredentialsError(p, f"has mode {mode:o}; it must be 0600 (chmod 600 {p})")
-    m = _SEED_RE.search(text)
+    m = SEED_RE.search(text)
     if not m:
         raise CredentialsError(p, "holds no user nkey seed (SU...)")
     seed = m.group(1)
@@ -160,7 +151,7 @@ def read_creds(path: str | os.PathLike[str]) -> Credentials:
         public = public_of(seed)
     except Exception as e:
         raise CredentialsError(p, "the nkey seed is invalid") from e
-    headers = {k: v for k, v in _HEADER_RE.findall(text)}
+    headers = {k: v for k, v in HEADER_RE.findall(text)}
     party: Party | None = None
     if "pgw-party" in headers:
         role, _, name = headers["pgw-party"].partition(" ")
@@ -240,7 +231,7 @@ def jwt_creds_inbox_prefix(text: str) -> str | None:
     when neither says: the connection then uses nats-py's shared ``_INBOX``, which
     the generated permissions do not grant.
     """
-    headers = {k: v for k, v in _HEADER_RE.findall(text)}
+    headers = {k: v for k, v in HEADER_RE.findall(text)}
     if "inbox-prefix" in headers:
         return headers["inbox-prefix"]
     m = _JWT_RE.search(text)

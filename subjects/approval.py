@@ -1,8 +1,11 @@
-"""A framework's yes/no approval as a spec 000 binding moment, and the principal's answer as a decision.
+"""A yes/no approval as a spec 000 binding moment, and the principal's answer as a decision.
 
-Frameworks ask "may I?" and expect yes or no; spec 000 asks for 2-4 options
+Agents ask "may I?" and expect yes or no; spec 000 asks for 2-4 options
 (§6.6), exactly one recommended (§6.7) and both hatches open by default
-(§6.8). The mapping (docs/integrations.md):
+(§6.8). One mapping for every agent: the plain client's ``Agent.approve``
+(subjects/client.py) and the framework integrations (integrations/) build
+their moments here and read the answers here (docs/integrations.md "How a
+yes/no approval maps to spec 000"):
 
 - the question has two options, ``Approve`` (index 0) and ``Reject`` (index 1),
   each with its one-line reasoning; the agent's lean is ``recommended_idx``;
@@ -10,7 +13,7 @@ Frameworks ask "may I?" and expect yes or no; spec 000 asks for 2-4 options
   a dialogue veto (question-space: "wrong question") are neither yes nor no.
   They come back as ``Decision(kind="free_text" | "dialogue")`` with the text,
   and ``approved`` is False: only option 0 is a consent (an expiry is never one,
-  DESIGN §6). Each framework hands the text back to the agent its own way.
+  DESIGN §6). Each caller hands the text back to the agent its own way.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
 principal's items and answers them. An agent or surface author needs nothing
 but this module and a NATS connection.
 
-    agent = Agent(nc, "planner")
-    res = await agent.ask("alice", moment)         # -> ResolutionOutcome
+    agent = await Agent.connect("planner", creds=".pgw/creds/agent-planner.creds")
+    decision = await agent.approve("alice", "send the Q3 invoice")   # -> Decision
+    res = await agent.ask("alice", moment, timeout=600)              # -> ResolutionOutcome
 
     surface = Surface(nc, "alice")
     async for item in surface.items():             # pending first, then live
@@ -17,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import math
+import os
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from nats.aio.client import Client
@@ -29,6 +32,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from subjects.approval import Decision, approval_moment, decision_of
+from subjects.creds import connect_options
 from subjects.errors import RefusedError
 from subjects.momentquery import (
     ListWhich,
@@ -65,6 +70,10 @@ _enc = msgspec.json.Encoder()
 OUTBOUND_STREAM = "PGW_OUTBOUND"
 PRINCIPAL_HEADER = "Pgw-Principal"  # names a clarification's principal (issue 15; docs/pipeline.md)
 BINDING_MOMENT_KIND = "vendor.pgw.binding_moment"
+DEFAULT_URL = "nats://127.0.0.1:4222"  # where `pgw up` serves
+# How long past its expiry an ask waits for the gateway's word on it (the moment_expired
+# outcome) before it gives up with TimeoutError: the gateway's clock ends a question, not ours.
+EXPIRY_GRACE_S = 10.0
 
 
 def outcome_durable(agent: str) -> str:
@@ -144,6 +153,27 @@ class Agent:
         self._finals: dict[str, None] = {}  # moments whose final outcome a wait has had
         self.request_timeout = request_timeout  # the moment query's
         self.recheck_every = recheck_every  # seconds between moment queries while a wait goes on
+        self._owns_connection = False  # made by connect(): close() closes it too
+
+    @classmethod
+    async def connect(
+        cls, agent: str, *, creds: str | os.PathLike[str] | None = None, url: str | None = None, **kw: Any
+    ) -> Agent:
+        """Agent ``agent`` on a NATS connection of its own, which :meth:`close` closes.
+
+        ``url``: default ``$NATS_URL``, else ``nats://127.0.0.1:4222``. ``creds``: the agent's
+        credentials file as ``pgw up`` and ``pgw creds`` write it (``{data}/creds/agent-NAME.creds``),
+        or a JWT ``.creds`` file; the connection replies on the agent's own inbox
+        (subjects/creds.py). A file of another party is refused before connecting.
+        Other keywords go to ``Agent(...)``.
+        """
+        import nats
+
+        opts = connect_options(creds, "agent", agent_token(agent)) if creds is not None else {}
+        nc = await nats.connect(url or os.environ.get("NATS_URL") or DEFAULT_URL, name=f"agent-{agent}", **opts)
+        self = cls(nc, agent, **kw)
+        self._owns_connection = True
+        return self
 
     async def send(self, body: dict[str, Any] | list[dict[str, Any]], *, principal: str | None = None) -> str:
         """Publish one envelope (or a turn: a list of them); return the (first) envelope id.
@@ -186,21 +216,78 @@ class Agent:
             payload["conventional"] = conventional
         return await self.send(envelope(BINDING_MOMENT_KIND, payload, **env_kw))
 
-    async def ask(self, principal: str, moment: BindingMoment | dict[str, Any], *, timeout: float | None = None, **kw: Any) -> ResolutionOutcome:
+    async def ask(
+        self,
+        principal: str,
+        moment: BindingMoment | dict[str, Any],
+        *,
+        timeout: float | None = None,
+        expires_in_s: int | None = None,
+        **kw: Any,
+    ) -> ResolutionOutcome:
         """Send a binding moment and wait for the principal's resolution.
+
+        ``timeout`` (seconds) is how long the principal has to answer: it is the moment's
+        expiry (``expires_in_s``, rounded up to whole seconds), so a question nobody
+        answers in time is withdrawn from every surface of the principal (a
+        ``withdrawn`` item, reason ``expired``), and the call raises RefusedError
+        ``expired``. The wait ends with the gateway's word on the expiry, or
+        ``EXPIRY_GRACE_S`` after it at the latest (TimeoutError). An explicit
+        ``expires_in_s`` sets the expiry instead, and ``timeout`` is then only this
+        call's wait. Neither: the moment stays open until answered, and the call waits.
 
         Raises RefusedError if the gateway refuses the moment or it expires.
         """
+        if timeout is not None and expires_in_s is None:
+            expires_in_s = max(1, math.ceil(timeout))
+            timeout = expires_in_s + EXPIRY_GRACE_S
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         await self._ensure_pump()
         eid = kw.get("envelope_id") or uuid.uuid4().hex
         kw["envelope_id"] = eid
         accepted = self._expect(lambda o: isinstance(o, EnvelopeOutcome) and o.envelope_id == eid)
-        await self.send_moment(principal, moment, **kw)
-        out = await asyncio.wait_for(accepted, timeout)
+        await self.send_moment(principal, moment, expires_in_s=expires_in_s, **kw)
+        out = await asyncio.wait_for(accepted, _left(deadline))
         assert isinstance(out, EnvelopeOutcome)
         if out.status != "accepted" or not out.moment_id:
             raise RefusedError(out.code or out.status, out.reason or "refused")
-        return await self.resolution_for(out.moment_id, principal=principal, timeout=timeout)
+        return await self.resolution_for(out.moment_id, principal=principal, timeout=_left(deadline))
+
+    async def approve(
+        self,
+        principal: str,
+        action: str,
+        findings: list[str] | None = None,
+        *,
+        recommend: Literal["approve", "reject"] = "approve",
+        timeout: float | None = None,
+        **kw: Any,
+    ) -> Decision:
+        """Ask ``principal`` yes or no: may the agent do ``action`` ("send the Q3 invoice to ACME")?
+
+        The moment is spec 000's two-option case (subjects/approval.py): ``Approve`` /
+        ``Reject``, ``findings`` as its facts, the agent's lean ``recommend``, both hatches
+        open. The answer is a :class:`Decision` of the same kinds as every other way to
+        ask: ``approve``, ``reject``, ``free_text`` (the principal's own words, in
+        ``text``), ``dialogue`` (the question itself rejected, the objection in
+        ``text``), or ``expired`` once ``timeout`` seconds pass unanswered (the moment is
+        then withdrawn from her surfaces). Only ``approve`` is a consent
+        (``decision.approved``). Other keywords go to :meth:`ask`; RefusedError if the
+        gateway refuses the question.
+        """
+        moment = approval_moment(action, list(findings or []), recommend=recommend)
+        return await self.decide(principal, moment, timeout=timeout, **kw)
+
+    async def decide(self, principal: str, moment: BindingMoment, **kw: Any) -> Decision:
+        """:meth:`ask` with a yes/no moment of subjects/approval.py (a framework's own wording of
+        one): the answer as a :class:`Decision`, an expiry as ``Decision("expired")``."""
+        try:
+            res = await self.ask(principal, moment, **kw)
+        except RefusedError as e:
+            if e.code == "expired":
+                return decision_of(None)
+            raise
+        return decision_of(res)
 
     async def final_outcome(self, moment_id: str, *, principal: str | None = None, timeout: float | None = None) -> Outcome:
         """The outcome that closes ``moment_id``: the principal's resolution, or its expiry.
@@ -412,6 +499,13 @@ class Agent:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
+        if self._owns_connection and not self.nc.is_closed:
+            await self.nc.drain()
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds until ``deadline`` (a loop time), None for no deadline; never below zero."""
+    return None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
 
 
 PRESENCE_TTL_S = 30  # docs/notifications.md: sent on open, every ttl_s/3 s, ttl_s 0 on close
@@ -570,6 +664,7 @@ __all__ = [
     "Agent",
     "BindingMomentItem",
     "ClarificationItem",
+    "Decision",
     "Presence",
     "Surface",
     "ensure_agent_consumer",

@@ -6,6 +6,9 @@ so callers never parse exception strings (STYLE.md "Errors").
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 
 class PgwError(Exception):
     """Root of every error raised by Principal Gateway."""
@@ -37,6 +40,15 @@ class ConfigError(PgwError):
         self.field = field
         self.why = why
         super().__init__(f"configuration error at {field}: {why}")
+
+
+class CredentialsError(PgwError):
+    """A credentials file is missing, unreadable, malformed, not private, or another party's."""
+
+    def __init__(self, path: str | os.PathLike[str], why: str) -> None:
+        self.path = Path(path)
+        self.why = why
+        super().__init__(f"credentials file {path}: {why}")
 
 
 class RefusedError(PgwError):

@@ -1,11 +1,11 @@
-"""integrations/approval.py (issue 16): a framework's yes/no approval as a spec 000 moment, and back."""
+"""subjects/approval.py: a yes/no approval as a spec 000 moment, and back (the plain client and every framework integration)."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from integrations.approval import (
+from subjects.approval import (
     Decision,
     approval_moment,
     argument_findings,
