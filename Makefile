@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# `make run` installs what running needs (the services, `pgw`, the MCP server and gate of the quick
+# start); `make test` adds the test tools and every integration's library on top.
+RUN_STAMP := $(VENV)/.installed-run
 # `make test` runs the suite in this many pytest-xdist workers (each test starts its own
 # nats-server on port 0, so workers share nothing); TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
@@ -15,11 +18,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+$(RUN_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e '.[mcp]'
+	@touch $(RUN_STAMP)
+
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
-	@touch $(STAMP)
+	@touch $(STAMP) $(RUN_STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/pgw up --open
 
 # The peers the suite runs against (browser, ops tools, the MCP reference servers), then the suite,
