@@ -106,6 +106,21 @@ class MomentDesk:
         self.kv: Any = None
         self._writer: Any = None
         # The agents' index of their moments (gateway.moment_list), derived from the writes the watcher follows.
+
+
+def _record(value: bytes, key: str) -> MomentRecord | None:
+    """The desk's record stored under ``key``, or None for bytes the desk did not write.
+
+    A bucket's keys are subjects: a write the desk did not make can land there (the server's own
+    publish acknowledgement, sent to whatever reply subject a publisher names: docs/security.md
+    "Replies"). Such a value is not a moment: it is skipped and logged, and never fails a
+    principal's pending list or an agent's query for the moments around it."""
+    try:
+        return _dec.decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        log.warning("a PGW_MOMENTS value is not a moment record; skipped", key=key[:200], size=len(value))
+        return None
+_res_dec = msgspec.json.Decoder(Resolution)
         self.agents = AgentIndex()
         self._followed = 0  # the stream sequence of the last write of the bucket the watcher has handled
         self._catching_up: list[tuple[int, asyncio.Future[None]]] = []
@@ -304,7 +319,42 @@ class MomentDesk:
             return None
         if entry.value is None:
             return None
-        return _dec.decode(entry.value), entry.revision
+        rec = _record(entry.value, entry.key)
+        if rec is None:
+            return None
+        if hydrate:
+            await self._hydrate(rec)
+        return rec, entry.revision
+
+    # -- the principal's free text, held apart (the module docstring) --------------
+    async def _hydrate(self, rec: MomentRecord) -> None:
+        """Put the held text back into ``rec.resolution``; gone (forgotten, aged out) leaves the markers."""
+        if rec.text_seq is None or rec.forgotten:
+            return
+        try:
+            msg = await self.js.get_msg(TEXT_STREAM, rec.text_seq)
+            rec.resolution = _res_dec.decode(msg.data or b"")
+        except (APIError, msgspec.DecodeError, msgspec.ValidationError):
+            log.warning("held answer text unreadable; the record's digests stand for it", moment_id=rec.moment_id)
+
+    async def _hold(self, principal: str, moment_id: str, resolution: Resolution) -> int:
+        """Store ``resolution`` (it holds free text) apart; its stream sequence."""
+        subject = f"$KV.{TEXT_BUCKET}.{moment_key(principal, moment_id)}.{secrets.token_hex(8)}"
+        ack = await self.js.publish(subject, _enc.encode(resolution), stream=TEXT_STREAM)
+        return ack.seq
+
+    async def _erase(self, seq: int) -> None:
+        """Delete held text ``seq`` with erase (STREAM.MSG.DELETE without no_erase overwrites the bytes)."""
+        try:
+            await self.js.delete_msg(TEXT_STREAM, seq)
+        except APIError as e:  # gone already (an earlier pass, another instance): nothing to erase
+            log.debug("held answer text already gone", seq=seq, error=str(e))
+
+    def _stored(self, rec: MomentRecord) -> bytes:
+        """What the bucket keeps of ``rec``: the keyed digests in place of text held apart, never the text."""
+        if rec.text_seq is not None and not rec.forgotten and rec.resolution is not None:
+            rec = msgspec.structs.replace(rec, resolution=forget_text(rec.resolution, self.digests))
+        return _enc.encode(rec)
 
     async def find(self, agent: str, moment_id: str, principal: str | None = None) -> MomentRecord | None:
         """``agent``'s moment ``moment_id`` (the moment query, subjects/momentquery.py), else None.
@@ -320,10 +370,10 @@ class MomentDesk:
             keys = [moment_key(principal, moment_id)]
         for key in keys:
             value = await self._value(key)
-            if value:
-                rec = _dec.decode(value)
-                if rec.agent == agent and rec.moment_id == moment_id:
-                    return rec
+            rec = _record(value, key) if value else None
+            if rec is not None and rec.agent == agent and rec.moment_id == moment_id:
+                await self._hydrate(rec)
+                return rec
         return None
 
     async def pending(self, principal: str) -> list[SurfaceItem]:
@@ -341,8 +391,8 @@ class MomentDesk:
         values = await asyncio.gather(*(self._value(k) for k in keys))
         records = [
             rec
-            for rec in (_dec.decode(v) for v in values if v)
-            if rec.status == "pending" and not (rec.expires_at and rec.expires_at <= now)
+            for rec in (_record(v, k) for k, v in zip(keys, values, strict=True) if v)
+            if rec is not None and rec.status == "pending" and not (rec.expires_at and rec.expires_at <= now)
         ]
         records.sort(key=lambda r: r.created_at)
         return [r.item for r in records]

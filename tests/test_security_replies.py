@@ -444,3 +444,48 @@ def _refused(bed: Bed) -> float:
     if bed.refused_metric is None:
         return 0.0
     return sum(s.value for fam in bed.refused_metric.collect() for s in fam.samples if s.name.endswith("_total"))
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_publish_acknowledgement_aimed_at_a_store_breaks_no_reader(bed: Bed, security_table) -> None:
+    """What the reply rule cannot stop (docs/security.md "Replies", "What the server still does"): an agent's
+    JetStream publish on its own envelope subject with a reply subject that a stream or bucket captures makes the
+    server store its acknowledgement there. Such a record is the server's fixed `{"stream", "seq"}` body; every
+    reader skips it: alice still sees her pending moment, the agent still lists its moments, the gateway answers."""
+    a1 = await bed.conn(Party("agent", AGENT))
+    agent = Agent(a1, AGENT, prefix=PREFIX)
+    surface = Surface(await bed.conn(Party("principal", PRINCIPAL)), PRINCIPAL, prefix=PREFIX)
+    await agent.send_moment(PRINCIPAL, good_moment())
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while not (before := await surface.pending()):
+        assert asyncio.get_running_loop().time() < deadline, "alice's moment never became pending"
+        await asyncio.sleep(0.05)  # a poll of the pending list
+    targets = [f"$KV.PGW_MOMENTS.{PRINCIPAL}.zzz", f"$KV.PGW_MOMENTS.{PRINCIPAL}.{uuid_hex()}",
+               f"$KV.PGW_MOMENTS.{OTHER_PRINCIPAL}.zzz", f"{PREFIX}.verdict.blocked"]
+    for reply in targets:
+        await a1.publish(f"{PREFIX}.agent.{AGENT}.envelope", b"{}", reply=reply)
+    await flushed(a1)
+    ops = await bed.conn(Party("ops", OPS))
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while True:  # the residual: the server stores its acknowledgement (a poll: it is written after the envelope)
+        stored = await ops.request("$JS.API.STREAM.MSG.GET.KV_PGW_MOMENTS",
+                                   msgspec.json.encode({"last_by_subj": targets[0]}), timeout=WAIT)
+        if b'"message"' in stored.data:
+            break
+        assert asyncio.get_running_loop().time() < deadline, stored.data
+        await asyncio.sleep(0.05)
+    after = await surface.pending()
+    assert [i.moment_id for i in after] == [i.moment_id for i in before], (before, after)
+    listed = await agent.list_moments("open")
+    assert listed.status != "refused" and any(m.moment_id == before[0].moment_id for m in listed.moments or []), listed
+    reply = await surface.choose(after[0], 0)
+    assert reply.status == "accepted", reply
+    security_table.record(TABLE if bed.mode == "pgw up" else f"{TABLE} (operator mode)",
+                          "publish acknowledgement aimed at a bucket", f"agent:{AGENT}", f"principal:{PRINCIPAL}",
+                          "readers skip it", "pending, list and answer unaffected", True)
+
+
+def uuid_hex() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
