@@ -77,6 +77,13 @@ async def publish_atomic(nc: Client, items: Sequence[BatchItem], *, timeout: flo
     raise AssertionError("unreachable: items is not empty")
 
 
+class NotAnAckError(Exception):
+    """A reply to a publish that names no stream and sequence: not the server's acknowledgement."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(f"the reply to a publish is no acknowledgement: {bytes(data[:120])!r}")
+
+
 class Ack(msgspec.Struct):
     """A PubAck (or the API error instead): what the writers here need of it."""
 
@@ -99,6 +106,10 @@ def _answer(msg: Any, out: asyncio.Future[Ack]) -> None:
         ack = _ack_dec.decode(msg.data)
         if ack.error is not None:
             APIError.from_error(ack.error)  # raises the matching subclass
+        if not ack.stream or ack.seq <= 0:
+            # Not the server's acknowledgement: a reply inbox is a subject others can publish on
+            # (an answer aimed at it, docs/security.md "Replies"). The write is not taken as done.
+            raise NotAnAckError(msg.data)
     except Exception as e:  # noqa: BLE001 - handed to the waiter
         out.set_exception(e)
         return

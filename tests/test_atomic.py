@@ -205,3 +205,23 @@ async def test_deadlines_expire_each_unanswered_waiter_once_never_before_its_own
     assert set(expired) == want
     assert all(expired[t] >= deadlines[t] for t in want)
     assert d._timer is None and not any(d._queues.values())
+
+
+async def test_a_reply_that_is_no_acknowledgement_is_not_taken_for_one() -> None:
+    """A publish's reply inbox is a subject others can answer on (docs/security.md "Replies": a read-only party saw
+    the services' reply subjects and aimed the capability document at them first). A reply naming no stream and
+    sequence fails the write instead of completing it; the server's own acknowledgement still completes it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from pgwcore.atomic import NotAnAckError, _answer
+
+    loop = asyncio.get_running_loop()
+    for forged in (b'{"supportedEnvelopes": ["binding_moment"], "limits": {}}', b"{}", b'{"stream": "", "seq": 0}'):
+        out = loop.create_future()
+        _answer(SimpleNamespace(headers=None, data=forged), out)
+        with pytest.raises(NotAnAckError):
+            out.result()
+    out = loop.create_future()
+    _answer(SimpleNamespace(headers=None, data=b'{"stream": "PGW_VERDICTS", "seq": 7}'), out)
+    assert out.result().seq == 7

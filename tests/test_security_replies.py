@@ -432,6 +432,9 @@ async def test_no_hostile_reply_subject_or_header_changes_anything(bed: Bed, sec
     assert {p.role for p, *_ in attempts} == {"agent", "principal", "ops", "audit"}  # the executor may send no request
     for rec in recs[:50]:  # the security line names the request, the reply subject and who may ask
         assert rec["level"] == "warning" and rec["request"] and rec["reply"] and rec["party"], rec
+    if bed.log is not None:  # every service's endpoints were allowed to start (ops.{service}.status included)
+        violations = [ln for ln in bed.log.read_text(errors="replace").splitlines() if "permissions violation" in ln]
+        assert not violations, violations[:5]
 
     # alice's moment is intact: she sees it and her answer is taken.
     surface = Surface(await bed.conn(Party("principal", PRINCIPAL)), PRINCIPAL, prefix=PREFIX)

@@ -218,10 +218,13 @@ def responder_permissions(prefix: str, name: str) -> Permissions:
     reply subject it receives, the denied ones included.
     """
     own = Party("responder", name)
+    # Each service registers its own status endpoint; `services` runs all four in one process.
+    names = ("gateway", "signer", "registrar", "notifier") if name == "services" else (name,)
     return Permissions(
         pub_allow=(">",),
         pub_deny=reply_deny(prefix),
-        sub_allow=(*_requests(prefix, name), "$SRV.>", f"{prefix}.ops.{name}.status", f"{own.inbox_prefix}.>"),
+        sub_allow=(*_requests(prefix, name), "$SRV.>", *(f"{prefix}.ops.{n}.status" for n in dict.fromkeys((*names, name))),
+                   f"{own.inbox_prefix}.>"),
     )
 
 
