@@ -33,6 +33,15 @@ statements signed; runs are still appended one after the other, in fetch
 order (see :meth:`Signer._run`). A batch's ledger links, its capsules and its
 acks are each handed to the connection as one write (:mod:`pgwcore.pubbatch`).
 
+Key rotation (``pgw keys --rotate signer``, docs/capsules.md "Keys"): the signer reads
+its role's ``active`` file every ``key_check_s`` seconds and, when it names another kid,
+loads that key by its kid and signs with it from the next statement on; a signing pool
+is replaced by one holding the new key while the old one finishes what it was given.
+The STATS reply of the services API carries the kid it signs with (``signing_kid``), so
+the command can tell which running signers took the key. A redelivered verdict signed
+before the rotation is re-signed from its ledger entry with the new key: the same
+payload and capsule_id (the ``Nats-Msg-Id`` dedup still holds), another signature.
+
 Residual: if the signer dies after publishing a capsule but before acking the
 verdict, and the verdict is redelivered only after ``PGW_REGISTRATION``'s
 duplicate window (``gateway.duplicate_window_s``) has passed, the repeat
@@ -49,7 +58,7 @@ import secrets
 import time
 from datetime import UTC
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 from nats.errors import Error as NatsError
@@ -79,7 +88,7 @@ from pgwcore.atomic import (
     MAX_BATCH,
     publish_atomic,
 )
-from pgwcore.keys import MissingKeyError, SigningKey, load_or_create
+from pgwcore.keys import MissingKeyError, SigningKey, load_kid, load_or_create
 from pgwcore.logs import get_logger
 from pgwcore.pubbatch import ack_all
 from pgwcore.pull import fetch_ready
@@ -132,6 +141,7 @@ class Signer(LedgerMixin, PullService):
     """The signer service; its life cycle (start, idempotent ``drain()``, close) is ``PullService``'s."""
 
     name = "signer"
+    key_check_s: ClassVar[float] = 1.0  # how often the active key file is read (a rotation, above)
 
     def __init__(self, config: Config, nc: Client) -> None:
         super().__init__(config, nc)
@@ -173,6 +183,7 @@ class Signer(LedgerMixin, PullService):
         )
         await self._fit_durable(sc.batch * 4)
         self.spawn(self._run(), name="pgw-signer")
+        self.spawn(self._follow_key(), name="pgw-signer-key")
         # The event log's anchored heads, on to the Transparency Service (issue 20).
         self.checkpoints = CheckpointSigner(self)
         await self.checkpoints.start()
@@ -198,6 +209,51 @@ class Signer(LedgerMixin, PullService):
                         durable=durable, max_ack_pending=have, wanted=want, error=e.description)
         else:
             log.info("signer durable widened", durable=durable, max_ack_pending=want)
+
+    def ops_stats(self) -> dict[str, Any]:
+        """STATS data of the services API: the kid this instance signs with (`pgw keys --rotate signer`)."""
+        return {"signing_kid": self.key.kid} if self.key is not None else {}
+
+    async def _follow_key(self) -> None:
+        """Take a rotated key without a restart (the module docstring, "Key rotation").
+
+        A key that cannot be loaded is logged once (per kid) and the signer goes on
+        signing with the key it has: every capsule stays signed by a trusted key.
+        """
+        active = self.config.keys_path / "signer" / "active"
+        failed: str | None = None
+        while not self.stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.key_check_s)
+            if self.stopping.is_set():
+                return
+            try:
+                kid = (await asyncio.to_thread(active.read_text)).strip()
+            except OSError:
+                continue  # being replaced (rotate writes it atomically), or the folder moved: next time
+            if not kid or self.key is None or kid in (self.key.kid, failed):
+                continue
+            try:
+                await self._take_key(kid)
+                failed = None
+            except Exception as e:  # noqa: BLE001 - logged; the current key keeps signing
+                failed = kid
+                log.error("the signer could not take the new active key; it keeps signing with its key",
+                          kid=kid, signing_kid=self.key.kid, error=str(e))
+
+    async def _take_key(self, kid: str) -> None:
+        key = await asyncio.to_thread(load_kid, self.config.data_path, "signer", kid, keys_dir=self.config.keys_path)
+        old, retired = self.pool, self.key
+        if old is not None and old.active:
+            pool = SigningPool(key, self.config.data_path, self.config.keys_path, old.workers)
+            await pool.start()  # SigningPoolError if the workers cannot sign as ``kid``: the old key stays
+            self.pool = pool
+            self.spawn(old.close(finish=True), name="pgw-signer-retired-pool")
+        elif old is not None:
+            old.key = key  # a pool given up on signs in process, with its own key
+        self.key = key
+        log.info("signer key changed: new statements are signed with the rotated key",
+                 kid=key.kid, retired_kid=retired.kid if retired else None)
 
     async def stop_inputs(self) -> None:
         """The checkpoint input stops first; then ``drain()`` lets the batch in hand finish."""

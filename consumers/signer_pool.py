@@ -225,8 +225,9 @@ class SigningPool:
             log.error("the signing pool could not be restarted; the signer signs in process from now on",
                       error=str(e))
 
-    async def close(self) -> None:
-        """Stop the workers (idempotent)."""
+    async def close(self, *, finish: bool = False) -> None:
+        """Stop the workers (idempotent); ``finish``: once they have signed what they were given
+        (a pool replaced by one holding a rotated key, consumers/signer.py), else at once."""
         pool, self._pool = self._pool, None
         if pool is not None:
-            await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
+            await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=not finish)

@@ -133,13 +133,15 @@ class MicroRegistration:
         await self.drain()
 
 
-async def register(nc: Client, role: str, config: Any) -> MicroRegistration | None:
-    """One-line registration for a service's ``__aenter__`` (honours ``ops.micro``)."""
+async def register(nc: Client, role: str, config: Any, *,
+                   stats: Callable[[], dict[str, Any]] | None = None) -> MicroRegistration | None:
+    """One-line registration for a service's ``__aenter__`` (honours ``ops.micro``); ``stats``: the
+    service's own data in STATS (the signer's ``signing_kid``)."""
     ops = getattr(config, "ops", None)
     if ops is not None and not ops.micro:
         return None
     try:
-        return await MicroRegistration(nc, role, config.prefix).start()
+        return await MicroRegistration(nc, role, config.prefix, stats=stats).start()
     except Exception:
         log.exception("services API registration failed; continuing without it", service=role)
         return None

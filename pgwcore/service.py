@@ -193,6 +193,10 @@ class PullService:
     async def close(self) -> None:
         """Release what the service holds once its loops have ended (nothing by default)."""
 
+    def ops_stats(self) -> dict[str, Any]:
+        """The service's own data in the services API's STATS reply (none by default)."""
+        return {}
+
     def spawn(self, loop: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """Run ``loop`` as one of the service's loops: ``drain()`` waits for it."""
         task = asyncio.create_task(loop, name=name)
@@ -216,7 +220,7 @@ class PullService:
         return await fetch_batch(fetch, self.stopping, self.nc, log, what=what)
 
     async def __aenter__(self) -> Self:
-        self._micro = await micro.register(self.nc, self.name, self.config)  # nats micro ls (issue 8)
+        self._micro = await micro.register(self.nc, self.name, self.config, stats=self.ops_stats)  # nats micro ls
         try:
             await self.start()
             self._serve_ops()
