@@ -14,11 +14,13 @@ from typing import Any
 import pytest
 
 from consumers.cose import decode_sign1
+from consumers.registrar import DLQ_STREAM, Registrar
 from consumers.signer import Signer
 from consumers.verifier import payload_of
 from pgwcore.config import Config
 from pgwcore.publish import Publisher
 from tests.polling import until
+from tests.scitt_ts import ScittTS
 from tests.stored import stored_msgs
 from tests.test_capsule_model import design_rows, verdict
 
@@ -88,6 +90,47 @@ async def test_show_export_and_verify_one_capsule(nc: Any, make_config: Any, tmp
     rc, out, err = await pgw(config, "verify", str(file))
     assert rc == 0, out + err
     assert out.startswith("OK  ") and cid in out
+
+
+async def test_show_says_registered_with_its_receipt_or_refused_with_the_reason(
+        nc: Any, make_config: Any, tmp_path: Path) -> None:
+    """A capsule a Transparency Service registered: `show` says yes, with the assurance anchored (its receipt verifies
+    under the pinned TS key), and `export` keeps the receipt, which `pgw verify FILE` checks. One the TS refused for
+    good (dead-lettered): `show` says no, with the TS's reason."""
+    js = nc.jetstream()
+    async with ScittTS(mode="see_other") as ts:
+        config = make_config(registrar={"ts_url": ts.url, "ts_public_key": ts.public_hex, "backoff_base_s": 0.05})
+        (first,) = await signed(nc, config, [verdict("reg1", "denied")])
+        async with Registrar(config, nc):
+            await until(lambda: _count(js, "PGW_CAPSULES", 1), timeout=30, what="the capsule registered")
+    toml = tmp_path / "pgw.toml"
+    toml.write_text(f'[registrar]\nts_public_key = "{ts.public_hex}"\n')
+    rc, out, err = await pgw(config, "capsules", "show", first["capsule_id"], toml=toml)
+    assert rc == 0, err
+    facts = dict(line.split(None, 1) for line in out.splitlines() if line and not line.startswith(" "))
+    assert facts["registered"].startswith("yes: PGW_CAPSULES#1, a Transparent Statement")
+    assert "attestation anchored" in facts["assurance"]
+    file = tmp_path / "registered.cose"
+    rc, out, err = await pgw(config, "capsules", "export", first["capsule_id"][:12], str(file), toml=toml)
+    assert rc == 0 and len(decode_sign1(file.read_bytes()).receipts()) == 1, err
+    rc, out, err = await pgw(config, "verify", str(file), toml=toml)
+    assert rc == 0 and "attestation=anchored" in out, out + err
+
+    async with ScittTS(reject=True) as refusing:
+        config = make_config(registrar={"ts_url": refusing.url, "ts_public_key": refusing.public_hex,
+                                        "max_failures": 1, "backoff_base_s": 0.05})
+        payloads = await signed(nc, config, [verdict("reg2", "blocked")])
+        async with Registrar(config, nc):
+            await until(lambda: _count(js, DLQ_STREAM, 1), timeout=30, what="the capsule dead-lettered")
+    refused = next(p for p in payloads if p["capsule_id"] != first["capsule_id"])
+    rc, out, err = await pgw(config, "capsules", "show", refused["capsule_id"])
+    assert rc == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("registered"))
+    assert f"no: refused for good ({DLQ_STREAM}#1)" in line and "400" in line
+
+
+async def _count(js: Any, stream: str, n: int) -> bool:
+    return (await js.stream_info(stream)).state.messages >= n
 
 
 async def test_an_unknown_or_ambiguous_id_is_one_line(nc: Any, make_config: Any) -> None:
