@@ -298,9 +298,9 @@ async def test_kill9_mid_batch_format4_every_verdict_exactly_one_capsule(nc: Any
     assert rc == 0 and f"{n} link(s)" in out, out[-2000:]
 
 
-def test_readme_tells_how_to_pick_format_2(tmp_path: Path) -> None:
-    """The README's TOML for format "2" loads and selects it; without it the default is format "4"."""
-    text = (REPO / "README.md").read_text().split('### Capsule format: "4" by default, "2" on request', 1)[1]
+def test_the_docs_tell_how_to_pick_format_2(tmp_path: Path) -> None:
+    """docs/capsules.md's TOML for format "2" loads and selects it; without it the default is format "4"."""
+    text = (REPO / "docs" / "capsules.md").read_text().split('## Profiles: format "2" or "4"', 1)[1]
     block = re.search(r"```toml\n(.*?)```", text, re.S).group(1)
     toml = tmp_path / "pgw.toml"
     toml.write_text(block)

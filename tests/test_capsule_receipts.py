@@ -252,15 +252,15 @@ def test_pinned_file_round_trip_and_legacy_hex(tmp_path: Path) -> None:
     assert isinstance(old, TsKey) and old.alg == EDDSA
 
 
-def test_readme_ts_configuration_loads() -> None:
-    """The README's Transparency Service block is a valid configuration with those values."""
+def test_the_documented_ts_configuration_loads() -> None:
+    """docs/capsules.md's Transparency Service block is a valid configuration with those values."""
     import re
     import tomllib
 
     from pgwcore.config import load_config
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = re.search(r"Configuring the Transparency Service.*?```toml\n(.*?)```", readme, re.S).group(1)
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "capsules.md").read_text()
+    block = re.search(r"### Configuring the Transparency Service.*?```toml\n(.*?)```", doc, re.S).group(1)
     reg = tomllib.loads(block)["registrar"]
     config = load_config(None, registrar=reg)
     assert config.registrar.ts_url == "https://ts.example" and config.registrar.ts_public_key == "ts-key.pem"

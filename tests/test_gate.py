@@ -1,7 +1,7 @@
 """Governed actions transit the gate (spec 003 §5.1, §8.7; spec 004 §5.2; docs/gate.md).
 
 A real gateway with the IDP kernel, a real executor built with the SDK of
-``subjects/executor.py`` (the README's worked example), Cedar and Ed25519,
+``subjects/executor.py`` (the worked example of docs/gate.md), Cedar and Ed25519,
 against a real nats-server: the agent submits the transition and the
 arguments on ``agent.{agent}.act``; the kernel dispatches the action itself
 and records what it observed.
@@ -38,7 +38,7 @@ from tests.test_kernel_hem import LogWatch, _moment
 
 AGENT, PRINCIPAL = "bot", "alice"
 SECRET = "sk-live-4f9a1c77e2"  # a configured secret (pipeline.secrets): SR-1 keeps it off the surface
-README = Path(__file__).resolve().parent.parent / "README.md"
+GATE_DOC = Path(__file__).resolve().parent.parent / "docs" / "gate.md"
 ACTIONS = ["WriteNote", "FailNote", "SlowNote", "ReadBooking", "CloseBooking"]
 POLICY = """
 permit(principal, action == Action::"WriteNote", resource);
@@ -50,7 +50,7 @@ permit(principal, action == Action::"CloseBooking", resource);
 
 
 class NotesExecutor:
-    """The example executor (README "Executors"): writes notes, fails on FailNote, hangs on SlowNote."""
+    """The example executor (docs/gate.md, "An executor and an agent, in Python"): writes notes, fails on FailNote, hangs on SlowNote."""
 
     def __init__(self, nc: Any) -> None:
         self.notes: dict[str, str] = {}
@@ -488,12 +488,11 @@ def test_only_the_kernels_marker_grades_up() -> None:
     assert capsule_from_verdict(v2, operator="acme", salt=SALT, chained=False).to_dict()["effect"]["effect_attestation"] == "gate_executed"
 
 
-async def test_readme_executor_example_runs(make_config: Any, nc: Any, tmp_path: Path) -> None:
-    """The README's executor example, run against a real gateway, returns what the README says."""
+async def test_documented_executor_example_runs(make_config: Any, nc: Any, tmp_path: Path) -> None:
+    """docs/gate.md's executor example, run against a real gateway, returns what the page says."""
     import re
 
-    readme = README.read_text()
-    section = readme.split("### Executors: actions that transit the gate", 1)[1]
+    section = GATE_DOC.read_text().split("## An executor and an agent, in Python", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     issuer = Issuer(tmp_path / "issuer")
     cfg = make_config(kernel={"issuers": {issuer.kid: str(issuer.pem_path)},
@@ -502,7 +501,7 @@ async def test_readme_executor_example_runs(make_config: Any, nc: Any, tmp_path:
     so = str(uuid.uuid4())
     token, jti = issuer.mandate(agent="bot", so_id=so, principal=PRINCIPAL, actions=["WriteNote"])
     ns: dict[str, Any] = {}
-    exec(compile(code, "README.md", "exec"), ns)
+    exec(compile(code, "docs/gate.md", "exec"), ns)
     async with running_gateway(cfg, nc):
         got = await ns["main"](nc, token, so, jti)
     assert got == ("ActDone", "confirmed", {"written": 8}, {"todo": "buy milk"})

@@ -432,15 +432,16 @@ def test_pgw_mcp_help() -> None:
     assert bad.returncode == 2 and "--progress-every" in bad.stderr and "between 0.05 and 3600" in bad.stderr
 
 
-async def test_the_readmes_mcp_example_runs(gateway: Any, nc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's "Agents from MCP hosts" block, spawning `pgw mcp` over stdio, returns the resolution it says."""
-    from tests.test_readme import python_block
+async def test_the_documented_mcp_example_runs(gateway: Any, nc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/integrations.md's "The MCP server from Python" block, spawning `pgw mcp` over stdio with docs/bus.md's
+    MOMENT, returns the resolution it says."""
+    from tests.test_readme import DOCS, python_block
 
     monkeypatch.setenv("PATH", f"{Path(PGW).parent}:{os.environ.get('PATH', '')}")  # the block runs plain `pgw`
     ns: dict[str, Any] = {}
-    exec(compile(python_block("## Agents from MCP hosts"), "README.md", "exec"), ns)
+    exec(compile(python_block("## The MCP server from Python", DOCS / "integrations.md"), "docs/integrations.md", "exec"), ns)
     readme_moment: dict[str, Any] = {}
-    exec(compile(python_block("### Agents and surfaces in Python"), "README.md", "exec"), readme_moment)
+    exec(compile(python_block("## Agents and surfaces in Python"), "docs/bus.md", "exec"), readme_moment)
     url = gateway.config.nats_url
     answering = asyncio.create_task(_answer_first_moment(nc))
     body = await asyncio.wait_for(ns["ask_alice"](url, readme_moment["MOMENT"]), 30)

@@ -196,16 +196,17 @@ def test_the_resource_comes_from_the_configured_argument() -> None:
     assert resource_of(msgspec.structs.replace(t, resource=None), {}) is None
 
 
-async def test_the_readme_quick_start_config_is_the_tested_gate_file(tmp_path: Path) -> None:
-    """The README's host configuration runs `pgw mcp-gate` on deploy/mcp-gate.toml (the file tests/test_mcp_gate.py runs),
-    and its kernel section lists exactly the Cedar actions that file's rules give the real filesystem server's tools."""
+async def test_the_documented_host_config_is_the_tested_gate_file(tmp_path: Path) -> None:
+    """docs/gate.md's host configuration for the example gate file runs `pgw mcp-gate` on deploy/mcp-gate.toml (the file
+    tests/test_mcp_gate.py runs), and its kernel section lists exactly the Cedar actions that file's rules give the real
+    filesystem server's tools."""
     import json
     import re
     import tomllib
 
     repo = REPO
-    text = (repo / "README.md").read_text()
-    section = text[text.index("### Tools behind the gate (MCP)"):]
+    text = (repo / "docs" / "gate.md").read_text()
+    section = text[text.index("## The example gate file in an MCP host"):]
     host = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))  # type: ignore[union-attr]
     assert host["mcpServers"]["files"] == {"command": "pgw", "args": ["mcp-gate", "--agent", "planner", "--gate", "deploy/mcp-gate.toml"]}
     kernel = tomllib.loads(re.search(r"```toml\n(.*?)```", section, re.S).group(1))["kernel"]  # type: ignore[union-attr]

@@ -1,4 +1,4 @@
-"""The README's LangGraph and OpenAI Agents SDK examples (issue 16) run against a real gateway, a principal answering."""
+"""docs/integrations.md's worked LangGraph and OpenAI Agents SDK examples run against a real gateway, a principal answering."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from subjects.client import Surface
 from subjects.wire import BindingMomentItem, OptionChoice
-from tests.test_readme import python_block
+from tests.test_readme import DOCS, python_block
 
 pytest.importorskip("langgraph.checkpoint.sqlite")
 pytest.importorskip("agents")
@@ -25,14 +25,14 @@ async def approve_first(nc) -> str:
 
 def example(heading: str) -> dict:
     ns: dict = {}
-    exec(compile(python_block(heading), "README.md", "exec"), ns)
+    exec(compile(python_block(heading, DOCS / "integrations.md"), "docs/integrations.md", "exec"), ns)
     return ns
 
 
 async def test_the_langgraph_example_runs(gateway, nc, tmp_path):
     """The LangGraph example's node asks alice; her approval comes back as the node's decision."""
     answering = asyncio.create_task(approve_first(nc))
-    assert await asyncio.wait_for(example("### LangGraph")["main"](nc, str(tmp_path / "g.sqlite")), 60) == "approve"
+    assert await asyncio.wait_for(example("### A LangGraph node that asks alice")["main"](nc, str(tmp_path / "g.sqlite")), 60) == "approve"
     assert await answering == "accepted"
 
 
@@ -45,6 +45,6 @@ async def test_the_openai_agents_example_runs(gateway, nc):
     set_tracing_disabled(True)
     answering = asyncio.create_task(approve_first(nc))
     model = ScriptedModel("pay_invoice", {"invoice": "NW-311", "amount_eur": 120})
-    out = await asyncio.wait_for(example("### OpenAI Agents SDK")["main"](nc, model), 60)
+    out = await asyncio.wait_for(example("### An Agents SDK tool that waits for alice")["main"](nc, model), 60)
     assert out == "tool said: paid NW-311"
     assert await answering == "accepted"

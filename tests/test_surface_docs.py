@@ -1,8 +1,4 @@
-"""The "Writing your own surface" example runs as written (STYLE.md: README examples are tests).
-
-The example is read from README.md when it carries the section, else from
-docs/surfaces.md, so the copy users read is the copy that is tested.
-"""
+"""The "Writing your own surface" example of docs/surfaces.md runs as written (STYLE.md: examples are tests)."""
 
 from __future__ import annotations
 
@@ -27,8 +23,8 @@ WAIT = 20.0
 
 
 def surface_example() -> tuple[Path, str]:
-    """The first python block of the section, from README.md if it has the section, else docs/surfaces.md."""
-    for path in (REPO / "README.md", REPO / "docs" / "surfaces.md"):
+    """The first python block of the section in docs/surfaces.md."""
+    for path in (REPO / "docs" / "surfaces.md",):
         if not path.exists():
             continue
         text = path.read_text()
@@ -38,7 +34,7 @@ def surface_example() -> tuple[Path, str]:
         m = re.search(r"```python\n(.*?)```", section, re.S)
         assert m, f"{path}: the section has no python example"
         return path, m.group(1)
-    raise AssertionError("neither README.md nor docs/surfaces.md has the 'Writing your own surface' section")
+    raise AssertionError("docs/surfaces.md has no 'Writing your own surface' section")
 
 
 @pytest.fixture
