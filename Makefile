@@ -27,7 +27,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	@touch $(STAMP) $(RUN_STAMP)
 
 run: $(RUN_STAMP)
-	$(BIN)/pgw up --open
+	$(BIN)/pgw up --quickstart
 
 # The peers the suite runs against (browser, ops tools, the MCP reference servers), then the suite,
 # with the Python of the environment $(1).

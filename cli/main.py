@@ -1,8 +1,10 @@
 """``pgw``: one command-line entry point with subcommands.
 
-Global options: ``--server`` (or ``NATS_URL``), ``--creds``, ``--config`` (or
-``PGW_CONFIG``), ``--data-dir`` (or ``PGW_DATA_DIR``), ``--log-format``.
-Environment overrides are read here only, at the edge.
+Global options: ``--server`` (or ``NATS_URL``), ``--creds`` (or ``NATS_CREDS``),
+``--as ROLE:NAME``, ``--config`` (or ``PGW_CONFIG``), ``--data-dir`` (or
+``PGW_DATA_DIR``), ``--log-format``. Environment overrides are read here only, at
+the edge. Each command's credentials are chosen here too (``cli.creds``), so a
+refused or mismatched file is said in one line the same way for every command.
 
 Each subcommand lives in a module under ``cli/commands`` (or a consumer)
 exposing ``register(subparsers)``; the module list is ``COMMAND_MODULES``.
@@ -12,16 +14,20 @@ A handler is ``async def handler(args, config) -> int``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
 from nats.errors import TimeoutError as NatsTimeout
 
+from cli.creds import Chosen, CredsError, choose, need_for, refusal, timeout_hint, with_creds
 from pgwcore import loop, tracing
-from pgwcore.config import Config, load_config
+from pgwcore.config import DEFAULT_DATA_DIR, Config, default_data_dir, load_config
+from pgwcore.connect import ConnectError
 from pgwcore.logs import configure_logging
 from subjects.errors import ConfigError, PgwError
 
@@ -85,9 +91,15 @@ def add_global_options(parser: argparse.ArgumentParser, default: object) -> None
         return default if default is argparse.SUPPRESS else value
 
     parser.add_argument("--server", "-s", default=d(None), help="NATS URL (default: $NATS_URL or the config's nats_url)")
-    parser.add_argument("--creds", default=d(None), help="NATS credentials file (default: $NATS_CREDS)")
+    parser.add_argument("--creds", default=d(None),
+                        help="NATS credentials file (default: $NATS_CREDS, else the file of the party the command "
+                             "needs in the credentials folder; docs/operations.md \"Credentials\")")
+    parser.add_argument("--as", dest="as_party", metavar="ROLE:NAME", default=d(None),
+                        help="connect with this party's credentials from the credentials folder (e.g. ops:ops, agent:planner)")
     parser.add_argument("--config", "-c", default=d(None), help="TOML configuration file (default: $PGW_CONFIG)")
-    parser.add_argument("--data-dir", default=d(None), help="data folder (default: $PGW_DATA_DIR or .pgw)")
+    parser.add_argument("--data-dir", default=d(None),
+                        help="data folder (default: $PGW_DATA_DIR, else the config's data_dir, relative to the config "
+                             "file, else .pgw here or beside the environment pgw runs from)")
     parser.add_argument("--log-format", default=d(None), choices=["auto", "json", "console"], help="log output format")
     parser.add_argument("--log-level", type=_log_level, default=d(os.environ.get("PGW_LOG_LEVEL", "INFO")),
                         help=f"{', '.join(LOG_LEVELS)} (default: $PGW_LOG_LEVEL or INFO)")
@@ -108,6 +120,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
         "log_format": args.log_format,
     }
     config = load_config(path, **overrides)
+    if not overrides["data_dir"] and config.data_dir == DEFAULT_DATA_DIR:  # named nowhere (load_config makes a file's absolute)
+        import msgspec
+
+        config = msgspec.structs.replace(config, data_dir=default_data_dir())
     tls = {k: v for k, v in (("ca", getattr(args, "tls_ca", None) or os.environ.get("NATS_CA")),
                              ("cert", getattr(args, "tls_cert", None) or os.environ.get("NATS_CERT")),
                              ("key", getattr(args, "tls_key", None) or os.environ.get("NATS_KEY"))) if v}
@@ -138,28 +154,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
+    chosen: Chosen | None = None
     try:
         config = config_from_args(args)
+        need = need_for(args)
+        if need is not None:
+            chosen = choose(args, config, need)
+            config = with_creds(config, chosen)
+        elif getattr(args, "as_party", None):
+            print(f"pgw {args.command}: --as does not apply (it chooses its own credentials, or connects to "
+                  "no server)", file=sys.stderr)
+            return 2
+    except CredsError as e:  # it names its command itself
+        print(e, file=sys.stderr)
+        return 2
     except PgwError as e:
         print(f"pgw: {e}", file=sys.stderr)
         return 2
+    if chosen is not None and chosen.note:
+        print(chosen.note, file=sys.stderr, flush=True)
     configure_logging(config.log_format, args.log_level)
     try:
         tracing.configure(f"pgw-{args.command}")  # the standard OTEL_* variables; off unless they ask
-        return loop.run(args.handler(args, config))
+        code = loop.run(args.handler(args, config))
+        sys.stdout.flush()  # inside the try: a reader that went away is a closed pipe, below
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _closed_pipe()
+    except ConnectError as e:
+        print(refusal(chosen, e.url, e.why) if e.auth and chosen is not None else f"pgw: {e}", file=sys.stderr)
+        return 1
+    except CredsError as e:  # pgw demo's pair
+        print(e, file=sys.stderr)
+        return 1
     except PgwError as e:
         print(f"pgw: {e}", file=sys.stderr)
         return 1
-    except NatsTimeout:
+    except (NatsTimeout, TimeoutError):  # nats' own, and a client's wait (subjects/client.py)
         # A request the server never answered. Most often the credentials may not make it: the
         # server drops what a user may not publish and tells the requester nothing.
-        print("pgw: the server did not answer a request in time: these credentials may not be allowed "
-              "it (ops users read, the service credentials write; `pgw creds` lists the parties), or the "
-              "server is overloaded", file=sys.stderr)
+        print(f"pgw: the server did not answer a request in time: these credentials may not be allowed it "
+              f"(it spoke as {timeout_hint(chosen)}; ops users read, the services write; `pgw creds` lists the "
+              "parties, --as ROLE:NAME chooses one), or the server is overloaded", file=sys.stderr)
         return 1
-    except OSError as e:  # after NatsTimeout: Python's TimeoutError is an OSError too
+    except OSError as e:  # after the timeouts: Python's TimeoutError is an OSError too
+        if e.errno == errno.EPIPE:
+            return _closed_pipe()
         if e.errno != errno.EADDRINUSE:
             raise
         # A port this command serves on is taken (another surface, notifier or `pgw up`).
@@ -168,6 +210,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         tracing.shutdown()
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (``pgw schema | head``): end quietly, as a command killed by
+    SIGPIPE would, without a traceback. SIGPIPE itself stays ignored, as Python sets it: a NATS
+    connection whose peer vanished must be an error, not the end of a service. stdout is pointed at
+    /dev/null so that the interpreter's own flush at exit finds nothing to complain about."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import msgspec
@@ -133,9 +133,12 @@ def render_message(msg: Msg | StoredMsg, redact: Callable[[str], str]) -> TailLi
         except UnicodeDecodeError:
             body = None
             note = f"binary, {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:16]}"
+    # A stored message is stamped with the time its stream stored it (history read later must not
+    # look recent); a live one with the time it arrived.
+    when = msg.time if isinstance(msg, StoredMsg) and msg.time is not None else datetime.now(UTC)
     return TailLine(
         subject=msg.subject,
-        received=datetime.now().astimezone().isoformat(timespec="milliseconds"),
+        received=when.astimezone().isoformat(timespec="milliseconds"),
         headers=headers,
         body=body,
         seq=seq,

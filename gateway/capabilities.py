@@ -29,14 +29,12 @@ import msgspec
 
 from gateway.stages.kind import UNIVERSAL_KINDS
 from gateway.stages.route import PRINCIPAL_HEADER
-from pgwcore.logs import get_logger
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
     from gateway.app import Gateway
 
-log = get_logger("pgw.capabilities")
 QUEUE = "pgw-gateway"
 
 
@@ -112,11 +110,6 @@ class CapabilitiesPart:
         await self.gw.stage_state.get()
         self._body = _enc.encode(document(self.gw))
         self._sub = await self.gw.rnc.subscribe(self.gw.subjects.capabilities, queue=QUEUE, cb=self._on_request)
-        if not self.gw.config.agents:
-            log.warning(
-                "OPEN MODE: single-surface delivery is NOT restricted - any agent may address any "
-                "principal (spec 000 §8.4). Bind agents with [agents.NAME] principals = [...]."
-            )
         return self
 
     async def _on_request(self, msg: Msg) -> None:

@@ -9,6 +9,7 @@ edge (``cli.main``).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,6 +23,9 @@ from subjects.errors import ConfigError
 from subjects.names import Subjects, check_token, principal_token
 
 DEFAULT_DATA_DIR = ".pgw"
+# The folders a configuration file names for pgw's own state are relative to that file, not to
+# the folder a command happens to start in: an MCP host starts `pgw` wherever it likes.
+_FILE_RELATIVE = (("data_dir",), ("security", "creds_dir"), ("keys", "dir"))
 
 
 class _Section(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -468,11 +472,16 @@ class Config(_Section):
         return [principal_token(p) for p in cfg.principals] if cfg else []
 
 
-def open_mode_message(config: Config) -> tuple[bool, str] | None:
-    """``pgw up``'s word on open mode (spec 000 §8.4): (refuse?, what to print), or None when agents are bound.
+OPEN_MODE_LINE = ("OPEN MODE: no [agents.NAME] principals = [...] bindings are configured, so any agent may address "
+                  "any principal (spec 000 §8.4); for development only")
 
-    With no ``[agents]`` bindings any agent may address any principal: refused unless
-    ``open = true`` (development only), and said loudly either way.
+
+def open_mode_message(config: Config) -> tuple[bool, str] | None:
+    """The word on open mode (spec 000 §8.4): (refuse?, what to say), or None when agents are bound.
+
+    With no ``[agents]`` bindings any agent may address any principal: ``pgw up`` refuses
+    unless ``open = true`` (development only) and prints the refusal; allowed, the gateway
+    says :data:`OPEN_MODE_LINE` once, in its log, wherever it runs.
     """
     if config.agents:
         return None
@@ -480,9 +489,22 @@ def open_mode_message(config: Config) -> tuple[bool, str] | None:
         return True, (
             "pgw: refusing to start in OPEN MODE: no [agents.NAME] principals = [...] bindings are configured, so "
             "any agent could address any principal (spec 000 §8.4 single-surface delivery). Bind your agents, or, "
-            "for development only, set `open = true` in the config (or run `pgw up --open`)."
+            "for development only, set `open = true` in the config (or run `pgw up --open`); "
+            "`pgw up --quickstart` binds the quick start's agents."
         )
-    return False, "\n*** OPEN MODE (open = true): any agent may address any principal (spec 000 §8.4). Development only. ***\n"
+    return False, OPEN_MODE_LINE
+
+
+def default_data_dir() -> str:
+    """The data folder when nothing names it (no ``--data-dir``, ``$PGW_DATA_DIR`` or ``data_dir`` in a file):
+    ``.pgw`` in the current folder when there is one; else the ``.pgw`` beside the Python environment
+    ``pgw`` runs from (the checkout where ``make run`` made both), when it exists; else ``.pgw`` here,
+    where ``pgw up`` makes it. The second case lets a program that starts ``.venv/bin/pgw`` in another
+    folder (an MCP host) find the checkout's credentials without being told."""
+    if Path(DEFAULT_DATA_DIR).is_dir():
+        return DEFAULT_DATA_DIR
+    beside = Path(sys.prefix).parent / DEFAULT_DATA_DIR
+    return str(beside) if sys.prefix != sys.base_prefix and beside.is_dir() else DEFAULT_DATA_DIR
 
 
 def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Config:
@@ -496,6 +518,7 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Config
             raise ConfigError(str(p), "file not found") from e
         except msgspec.DecodeError as e:
             raise ConfigError(str(p), f"not valid TOML: {e}") from e
+        _relative_to(raw, p.resolve().parent)
     for k, v in overrides.items():
         if v is not None:
             raw[k] = v
@@ -507,6 +530,17 @@ def load_config(path: str | os.PathLike[str] | None, **overrides: Any) -> Config
         msg = str(e)
         where = msg.rsplit("at `", 1)[-1].rstrip("`") if "at `" in msg else "$"
         raise ConfigError(where, msg) from e
+
+
+def _relative_to(raw: dict[str, Any], base: Path) -> None:
+    """Make the state folders a file names (``_FILE_RELATIVE``) relative to the file's folder."""
+    for keys in _FILE_RELATIVE:
+        section = raw
+        for k in keys[:-1]:
+            section = section.get(k) if isinstance(section.get(k), dict) else {}
+        value = section.get(keys[-1])
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            section[keys[-1]] = str(base / value)
 
 
 def _check_workflows(raw: dict[str, Any]) -> None:

@@ -29,10 +29,14 @@ class ConnectError(PgwError):
 
     def __init__(self, url: str, why: str, *, auth: bool) -> None:
         self.url = url
+        self.why = why
         self.auth = auth
+        # Not a file name: which party's file serves depends on who connects (a command's role, a
+        # service's name); the command line names it (cli/creds.py).
         hint = (
-            "; the server requires credentials: pass --creds FILE "
-            "(`pgw up` writes them to <data folder>/creds/, e.g. service-services.creds)"
+            "; the server requires credentials: pass this party's own file with --creds FILE (each party has "
+            "one, {role}-{name}.creds, in the credentials folder `pgw up` and `pgw creds` write; `pgw creds` "
+            "lists them)"
             if auth
             else ""
         )

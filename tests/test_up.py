@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -53,8 +54,11 @@ def test_up_starts_serves_and_stops_cleanly(tmp_path):
     try:
         _, m = read_until(proc, r"NATS\s+(nats://127\.0\.0\.1:\d+)")
         url = m.group(1)
-        demo = subprocess.run([PGW, "demo", "--server", url], capture_output=True, text=True, timeout=60, env=env)
+        # The demo's pair from up's data folder; it ran against up's server, not a throw-away one of its own.
+        demo = subprocess.run([PGW, "--data-dir", str(data), "demo", "--server", url], capture_output=True, text=True,
+                              timeout=60, env=env)
         assert demo.returncode == 0, demo.stdout + demo.stderr
+        assert f"connected to {url}" in demo.stdout and "embedded" not in demo.stdout
         assert "<- resolution on" in demo.stdout and "recommended" in demo.stdout
 
         second = subprocess.run(
@@ -78,7 +82,10 @@ def test_up_starts_serves_and_stops_cleanly(tmp_path):
 
 def test_up_refuses_open_mode_unless_asked(tmp_path):
     """`pgw up` with no agent bindings exits 2 with a loud OPEN MODE refusal naming `open = true` (spec 000 §8.4),
-    before starting any server; `open = true` in the config lets it start."""
+    before starting any server; `open = true` in the config lets it start, and OPEN MODE is then said once, in one
+    wording (it was said three times: by `pgw up`, the gateway and its capabilities part)."""
+    from pgwcore.config import OPEN_MODE_LINE
+
     cfg = tmp_path / "pgw.toml"
     cfg.write_text("[server]\nport = -1\nmonitor_port = -1\nwebsocket_port = -1\n")
     data = tmp_path / "data"
@@ -89,13 +96,32 @@ def test_up_refuses_open_mode_unless_asked(tmp_path):
     assert "OPEN MODE" in refused.stderr and "open = true" in refused.stderr
     assert not (data / "nats").exists(), "no server may start in refused open mode"
     cfg.write_text("open = true\n" + cfg.read_text())
-    proc = subprocess.Popen([PGW, "--config", str(cfg), "--data-dir", str(data), "--log-format", "json", "up"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    with (tmp_path / "up.err").open("wb") as err:
+        proc = subprocess.Popen([PGW, "--config", str(cfg), "--data-dir", str(data), "--log-format", "json", "up"],
+                                stdout=subprocess.PIPE, stderr=err, env=env)
     try:
-        read_until(proc, r"NATS\s+nats://127\.0\.0\.1:\d+")
+        out, _ = read_until(proc, r"Ctrl-C drains")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    said = out + (tmp_path / "up.err").read_text()
+    assert said.count("OPEN MODE") == 1, said
+    logged = [json.loads(line) for line in said.splitlines() if line.startswith("{")]
+    assert [e for e in logged if e.get("event") == OPEN_MODE_LINE and e.get("level") == "warning"], said
+
+
+def test_quickstart_is_bound_not_open(tmp_path):
+    """`pgw up --quickstart` (what `make run` runs) needs no `open = true`: it binds the quick start's agents to
+    ~alice, so nothing is said about OPEN MODE; a configuration's own bindings and ops users are kept as they are."""
+    from cli.commands.up import quickstart
+    from pgwcore.config import load_config
+
+    bound = quickstart(load_config(None, data_dir=str(tmp_path)))
+    assert {a: c.principals for a, c in bound.agents.items()} == {"planner": ["alice"], "demo-agent": ["alice"]}
+    assert bound.security.ops == ["ops"]
+    own = quickstart(load_config(None, data_dir=str(tmp_path), agents={"bot": {"principals": ["bob"]}},
+                                 security={"ops": ["oncall"]}))
+    assert list(own.agents) == ["bot"] and own.security.ops == ["oncall"]

@@ -47,8 +47,10 @@ def test_killed_server_is_restarted_on_the_same_url(tmp_path: Path) -> None:
         os.kill(old, signal.SIGKILL)
         new, seen = _wait_for_restart(proc, data, old)
         assert new != old
-        demo = subprocess.run([PGW, "demo", "--server", url], capture_output=True, text=True, timeout=90)
+        demo = subprocess.run([PGW, "--data-dir", str(data), "demo", "--server", url], capture_output=True, text=True,
+                              timeout=90)
         assert demo.returncode == 0, demo.stdout + demo.stderr
+        assert f"connected to {url}" in demo.stdout, demo.stdout  # the restarted server, not one of the demo's own
         assert proc.poll() is None, "pgw up must still be running"
     finally:
         proc.send_signal(signal.SIGINT)

@@ -7,7 +7,8 @@ or a configured revoker's private key), and sends it to
 
 ``pgw audit session ID --agent A`` / ``pgw audit idp ID`` ask the kernel for
 the Session Audit Record or one IDP's record (gateway/kernel/audit.py); they
-run with the credentials of an audit principal (``pgw creds audit NAME``).
+run with the credentials of an audit principal, ``audit-{NAME}.creds`` for
+``--auditor NAME`` (cli/creds.py).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ async def revoke_command(args: argparse.Namespace, config: Config) -> int:
         priv, kid = dev.private, args.kid or dev.kid
     token = sign_revocation(priv, kid, args.jti, reason=args.reason)
     msg = await _ask(config, "pgw-mandate-revoke", revoke_subject(config.subjects.prefix), msgspec.json.encode(RevokeRequest(token)), args.timeout,
-                     "ops users may send revocations (`[security] ops = [\"NAME\"]`, `--creds <data folder>/creds/ops-NAME.creds`)")
+                     "ops users may send revocations (`[security] ops = [\"NAME\"]`, then `--as ops:NAME`)")
     reply = revoke_reply_decoder.decode(msg.data)
     print(json.dumps(msgspec.to_builtins(reply), indent=2))
     return 0 if reply.ok else 1
@@ -103,7 +104,7 @@ async def audit_command(args: argparse.Namespace, config: Config) -> int:
     else:
         req = AuditRequest(kind="idp", id=args.id, from_seq=args.from_seq)
     msg = await _ask(config, "pgw-audit", audit_subject(config.subjects.prefix, args.auditor), msgspec.json.encode(req), args.timeout,
-                     f"only the auditor {args.auditor!r} may ask (`[security] auditors`, `--creds <data folder>/creds/audit-{args.auditor}.creds`)")
+                     f"only the auditor {args.auditor!r} may ask (`[security] auditors`, audit-{args.auditor}.creds)")
     reply = audit_reply_decoder.decode(msg.data)
     print(json.dumps(msgspec.to_builtins(reply), indent=2))
     return 0 if reply.ok else 1

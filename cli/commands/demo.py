@@ -1,7 +1,12 @@
 """``pgw demo``: one binding moment end to end, every hop printed.
 
-Against a running ``pgw up`` (``--server``), or, when none answers, against
-its own embedded server and gateway in a temporary folder.
+Against a running ``pgw up`` (``--server``), as its own pair of parties: the
+agent ``--agent`` (``demo-agent``) with ``--creds`` or its file in the
+credentials folder, and the principal ``--principal`` (``alice``) with hers
+(cli/creds.py). Only when nothing listens at the URL does it run against its
+own embedded server and gateway in a temporary folder, and it says so; a
+server that refuses the pair's credentials, or anything else that fails, is
+said in one line and the demo exits 1 (a throw-away server would hide it).
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ import contextlib
 import tempfile
 import textwrap
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import msgspec
 
+from cli.creds import CredsError, Need, mismatch, refusal
+from gateway.security import Party, creds_dir, creds_party
 from pgwcore.config import Config
-from pgwcore.connect import connect
+from pgwcore.connect import ConnectError, connect
 from pgwcore.server import EmbeddedServer
 from pgwcore.streams import ensure_streams
 from subjects.client import Agent, Surface
@@ -71,8 +79,40 @@ def render(item: BindingMomentItem, width: int = 78) -> str:
     return "\n".join(lines)
 
 
-async def _silent(e: Exception) -> None:
-    """No server is a normal case for the demo: it starts its own."""
+async def nothing_listens(url: str) -> bool:
+    """True when no process accepts a TCP connection at the first server of ``url``: the one case in
+    which the demo runs its own server (a server that is there but refuses is an error to show)."""
+    first = urlsplit(url.split(",", maxsplit=1)[0].strip())
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(first.hostname or "127.0.0.1", first.port or 4222), 3)
+    except (OSError, TimeoutError):
+        return True
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return False
+
+
+async def _settle(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` if it still runs and take its outcome: its own error (the reader of stdout
+    gone) is then not logged as "never retrieved" after the command has ended on it."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def pair_creds(args: argparse.Namespace, config: Config) -> tuple[Need, Need, str | None, str | None]:
+    """The demo's two parties and their files: the agent's (``--creds`` or its own), the principal's."""
+    folder = creds_dir(config).resolve()
+    agent, principal = Party("agent", args.agent), Party("principal", args.principal)
+    need_a = Need(f"pgw demo --agent {agent.name}", (agent,), f"agent {agent.name}'s ({agent.filename})",
+                  exact=agent, choose="--creds FILE (the agent's)")
+    need_p = Need(f"pgw demo --principal {principal.name}", (principal,), f"~{principal.name}'s ({principal.filename})",
+                  exact=principal, choose="--principal NAME")
+    acreds = config.creds or (str(folder / agent.filename) if (folder / agent.filename).exists() else None)
+    if config.creds and (party := creds_party(config.creds)) is not None and party != agent:
+        raise CredsError(mismatch(need_a, config.creds, party, folder))
+    pcreds = str(folder / principal.filename) if (folder / principal.filename).exists() else None
+    return need_a, need_p, acreds, pcreds
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -86,22 +126,31 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 async def handle(args: argparse.Namespace, config: Config) -> int:
     async with contextlib.AsyncExitStack() as stack:
         nc = snc = None  # snc: the surface's own connection on a server enforcing per-party creds
+        url = config.nats_url
         if not args.embedded:
-            from gateway.security import (  # issue 7: `pgw up` is secure by default
-                Party,
-                party_creds,
-            )
+            from cli.creds import Chosen
 
-            acreds = pcreds = None
-            if not config.creds:
-                acreds = party_creds(config, Party("agent", args.agent))
-                pcreds = party_creds(config, Party("principal", args.principal))
-            with contextlib.suppress(Exception):
-                opts = {"max_reconnect_attempts": 1, "allow_reconnect": False, "connect_timeout": 2, "error_cb": _silent}
-                nc = await asyncio.wait_for(
-                    connect(config.nats_url, creds=acreds or config.creds, tls=config.tls.files(), name="pgw-demo", **opts), timeout=3)
-                if acreds and pcreds:
-                    snc = await asyncio.wait_for(connect(config.nats_url, creds=pcreds, tls=config.tls.files(), name="pgw-demo-surface", **opts), timeout=3)
+            need_a, need_p, acreds, pcreds = pair_creds(args, config)
+            folder = creds_dir(config).resolve()
+            try:
+                nc = await connect(url, creds=acreds, tls=config.tls.files(), name="pgw-demo", once=True, connect_timeout=3)
+            except ConnectError as e:
+                if e.auth:
+                    raise CredsError(refusal(Chosen(need_a, acreds, creds_party(acreds) if acreds else None, folder), url, e.why)) from None
+                if not await nothing_listens(url):
+                    raise  # something is there and the connection failed all the same: said as it is
+            if nc is not None:
+                stack.push_async_callback(nc.drain)
+                if acreds and not pcreds:
+                    raise CredsError(f"pgw demo: no credentials for ~{args.principal} in {folder} "
+                                     f"({Party('principal', args.principal).filename}); the surface cannot read her moments")
+                if pcreds:
+                    try:
+                        snc = await connect(url, creds=pcreds, tls=config.tls.files(), name="pgw-demo-surface", once=True, connect_timeout=3)
+                    except ConnectError as e:
+                        if not e.auth:
+                            raise
+                        raise CredsError(refusal(Chosen(need_p, pcreds, Party("principal", args.principal), folder), url, e.why)) from None
                     stack.push_async_callback(snc.drain)
         if nc is None:
             from gateway.app import Gateway
@@ -110,16 +159,17 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
             server = await stack.enter_async_context(
                 EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=None)
             )
-            print(f"[demo] no server at {config.nats_url}; started an embedded one at {server.client_url}")
+            reason = "" if args.embedded else f"nothing listens at {url}; "
+            print(f"[demo] {reason}started an embedded server at {server.client_url} (it goes when the demo ends)")
             nc = await connect(server.client_url, name="pgw-demo")
+            stack.push_async_callback(nc.drain)
             await ensure_streams(nc.jetstream(), config.subjects)
             cfg = msgspec.structs.replace(config, nats_url=server.client_url, data_dir=str(tmp / "data"))
             gw_nc = await connect(server.client_url, name="pgw-demo-gateway")
             stack.push_async_callback(gw_nc.drain)
             await stack.enter_async_context(Gateway(cfg, gw_nc))
         else:
-            print(f"[demo] connected to {config.nats_url}")
-        stack.push_async_callback(nc.drain)
+            print(f"[demo] connected to {url}" + (f" as agent {args.agent} and ~{args.principal}" if acreds else ""))
         prefix = config.subjects.prefix
         agent = Agent(nc, args.agent, prefix=prefix)
         stack.push_async_callback(agent.close)
@@ -139,6 +189,7 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
                 return
 
         surface_task = asyncio.create_task(run_surface())
+        stack.push_async_callback(_settle, surface_task)
         await asyncio.sleep(0)  # let the surface subscribe before the moment is sent
         print(f"[agent {args.agent}] -> binding moment for ~{args.principal} on {config.subjects.envelope(args.agent)}")
         try:

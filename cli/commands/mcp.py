@@ -1,10 +1,12 @@
 """``pgw mcp --agent NAME``: one agent's MCP server (integrations/mcp.py, docs/integrations.md).
 
 An MCP host (Claude Desktop, an IDE, an agent framework) spawns it over stdio,
-or connects over streamable HTTP (``--transport http``). It speaks the bus with
-the agent's credentials: ``--creds FILE`` (global option), else
-``{creds_dir}/agent-{NAME}.creds`` when ``pgw creds`` made one, else none.
-Needs the optional extra: ``pip install 'principal-gateway[mcp]'``.
+or connects over streamable HTTP (``--transport http``), in any folder. It speaks
+the bus with the agent's credentials, chosen by cli/creds.py: ``--creds FILE``,
+``--as agent:NAME``, else ``agent-{NAME}.creds`` in the credentials folder of the
+data folder (``--data-dir``, ``$PGW_DATA_DIR``, the configuration's); another
+agent's file is refused in one line. Needs the optional extra:
+``pip install 'principal-gateway[mcp]'``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import contextlib
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from subjects.names import agent_token
@@ -54,12 +55,10 @@ def _positive_seconds(text: str) -> float:
 
 
 def agent_creds(config: Config, agent: str) -> str | None:
-    """Explicit credentials, else the file ``pgw creds`` wrote for this agent."""
-    if config.creds:
-        return config.creds
-    creds_dir = Path(config.security.creds_dir) if config.security.creds_dir else config.data_path / "creds"
-    candidate = creds_dir / f"agent-{agent}.creds"
-    return str(candidate) if candidate.exists() else None
+    """The credentials cli/creds.py chose (``config.creds``), else the file ``pgw creds`` wrote for this agent."""
+    from gateway.security import Party, party_creds
+
+    return config.creds or party_creds(config, Party("agent", agent))
 
 
 async def serve_transport(server: Any, args: argparse.Namespace, what: str,

@@ -5,6 +5,7 @@
     pgw creds --out DIR            write credentials and the block into DIR instead
     pgw creds --rotate agent:NAME  replace one party's nkey (restart/reload the server after)
     pgw creds --show principal:P   print one party's credentials file path and inbox prefix
+    pgw creds --quickstart         also the parties `pgw up --quickstart` (`make run`) binds
 
 Seeds are never printed; the files are 0600 in a 0700 folder.
 """
@@ -27,12 +28,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--rotate", metavar="ROLE:NAME", action="append", default=[],
                    help="replace this party's nkey (repeatable); the old key stops working once the server reloads")
     p.add_argument("--show", metavar="ROLE:NAME", help="print where this party's credentials are and its inbox prefix")
+    p.add_argument("--quickstart", action="store_true",
+                   help="the parties of `pgw up --quickstart` (what `make run` runs) where the configuration names none")
     p.set_defaults(handler=handle)
 
 
 async def handle(args: argparse.Namespace, config: Config) -> int:
     if args.out:
         config = msgspec.structs.replace(config, security=msgspec.structs.replace(config.security, creds_dir=args.out))
+    if args.quickstart:
+        from cli.commands.up import quickstart
+
+        config = quickstart(config)
     try:
         rotate = [Party.parse(r) for r in args.rotate]
         show = Party.parse(args.show) if args.show else None
@@ -65,6 +72,12 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
     for party in auth.parties:
         pub = read_creds(auth.creds_for(party)).public_nkey
         print(f"{party.label:<28} {party.inbox_prefix:<36} {pub}")
+    others = sorted(f.name for f in auth.party_creds_dir.glob("*.creds")
+                    if f.name not in {p.filename for p in auth.parties})
+    if others:
+        # A `pgw up --quickstart` binds parties no configuration file names; the block just written lacks them.
+        print(f"\nalso in the folder, not parties of this configuration: {', '.join(others)}"
+              + ("" if args.quickstart else " (`pgw creds --quickstart` counts the quick start's)"))
     for party in rotate:
         print(f"\nrotated {party.label}: reload the server (`nats-server --signal reload` or restart `pgw up`)")
     return 0

@@ -13,11 +13,14 @@ import argparse
 import asyncio
 import contextlib
 import importlib
+import json
 import sys
+from pathlib import Path
 
 import msgspec
 
-from pgwcore.config import Config, open_mode_message
+from gateway.security import DEMO_AGENT, DEMO_PRINCIPAL
+from pgwcore.config import AgentConfig, Config, default_data_dir, open_mode_message
 from pgwcore.connect import close_quietly, connect
 from pgwcore.logs import get_logger
 from pgwcore.server import EmbeddedServer
@@ -38,6 +41,21 @@ UP_SERVICES: dict[str, str] = {
 }
 
 
+# `pgw up --quickstart` (what `make run` runs): the parties of the README's quick start, bound for real
+# rather than open mode (spec 000 §8.4): agent planner and `pgw demo`'s agent both address ~alice, and
+# the ops user `ops` reads the streams for the ops commands. It fills in only what the configuration
+# leaves empty, so a configuration's own bindings and ops users always win.
+QUICKSTART_AGENTS: dict[str, tuple[str, ...]] = {"planner": ("alice",), DEMO_AGENT: (DEMO_PRINCIPAL,)}
+QUICKSTART_OPS: tuple[str, ...] = ("ops",)
+
+
+def quickstart(config: Config) -> Config:
+    """``config`` with the quick start's bindings and ops user where it has none of its own."""
+    agents = config.agents or {a: AgentConfig(principals=list(ps)) for a, ps in QUICKSTART_AGENTS.items()}
+    security = config.security if config.security.ops else msgspec.structs.replace(config.security, ops=list(QUICKSTART_OPS))
+    return msgspec.structs.replace(config, agents=agents, security=security)
+
+
 def load_factory(name: str) -> ServiceFactory:
     module, _, attr = UP_SERVICES[name].partition(":")
     return getattr(importlib.import_module(module), attr)
@@ -50,31 +68,53 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="serve TLS with client certificates, from a local development CA in {data_dir}/tls "
                         "(also [server] tls = true)")
     p.add_argument("--open", action="store_true", help="allow open mode (no [agents] bindings; development only)")
+    p.add_argument("--quickstart", action="store_true",
+                   help="what `make run` runs: bind agents planner and demo-agent to ~alice and make the ops user "
+                        "ops, unless the configuration binds agents or names ops users itself; writes their credentials")
     p.set_defaults(handler=handle)
 
 
-def banner(config: Config, server: EmbeddedServer, names: list[str]) -> str:
+def pgw_command() -> str:
+    """This ``pgw``'s absolute path, for commands printed to run elsewhere (``pgw`` may not be on PATH)."""
+    beside = Path(sys.executable).parent / "pgw"
+    return str(beside) if beside.exists() else "pgw"
+
+
+def banner(config: Config, server: EmbeddedServer, names: list[str], creds_folder: Path | None = None) -> str:
     t = config.tls
     tls = f" --tls-ca {t.ca} --tls-cert {t.cert} --tls-key {t.key}" if server.tls_cert else ""
-    return "\n".join(
-        [
-            "",
-            "Principal Gateway is up.",
-            f"  NATS          {server.client_url}" + ("  (TLS, client certificates required)" if tls else ""),
-            *([f"  TLS           development CA {t.ca}; a client pair {t.cert}"] if tls else []),
-            f"  monitoring    {server.monitor_url or '(off; [server] monitor_port to turn on)'}",
-            f"  websocket     {server.websocket_url or '(off)'}",
-            f"  data folder   {config.data_path.resolve()}",
-            f"  services      {', '.join(names)}",
-            "",
-            "Try, in another terminal:",
-            f"  .venv/bin/pgw demo --server {server.client_url}{tls}",
-            f"  .venv/bin/pgw streams --server {server.client_url}{tls}" + (f" --creds {config.creds}" if config.creds else ""),
-            "",
-            "Ctrl-C drains in-flight work and stops everything.",
-            "",
-        ]
-    )
+    data = config.data_path.resolve()
+    # A command finds the data folder (and the credentials in it) by itself when it is the default one.
+    where = "" if Path(default_data_dir()).resolve() == data else f" --data-dir {data}"
+    pgw = pgw_command()
+    lines = [
+        "",
+        "Principal Gateway is up.",
+        f"  NATS          {server.client_url}" + ("  (TLS, client certificates required)" if tls else ""),
+        *([f"  TLS           development CA {t.ca}; a client pair {t.cert}"] if tls else []),
+        f"  monitoring    {server.monitor_url or '(off; [server] monitor_port to turn on)'}",
+        f"  websocket     {server.websocket_url or '(off)'}",
+        f"  data folder   {data}",
+        f"  services      {', '.join(names)}",
+    ]
+    if creds_folder is not None:
+        bound = ", ".join(f"{a} -> {', '.join('~' + p for p in c.principals)}" for a, c in sorted(config.agents.items()))
+        lines.append(f"  credentials   {creds_folder.resolve()} (each pgw command takes the file its role needs)")
+        if bound:
+            lines.append(f"  agents        {bound}")
+        if config.security.ops:
+            lines.append(f"  ops users     {', '.join(config.security.ops)}")
+    lines += [
+        "",
+        "Try, in another terminal:",
+        f"  {pgw} demo --server {server.client_url}{where}{tls}",
+        f"  {pgw} streams --server {server.client_url}{where}{tls}",
+    ]
+    if "planner" in config.agents:
+        host = {"command": pgw, "args": ["mcp", "--agent", "planner"],
+                "env": {"PGW_DATA_DIR": str(data), "NATS_URL": server.client_url}}
+        lines += ["", "An MCP host speaks for agent planner with:", "  " + json.dumps({"mcpServers": {"pgw": host}})]
+    return "\n".join([*lines, "", "Ctrl-C drains in-flight work and stops everything.", ""])
 
 
 def browser_origins(config: Config) -> tuple[str, ...]:
@@ -104,14 +144,16 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
             return 2
     if getattr(args, "open", False):
         config = msgspec.structs.replace(config, open=True)
-    if "gateway" in names and (open_mode := open_mode_message(config)) is not None:  # spec 000 §8.4
+    if getattr(args, "quickstart", False):
+        config = quickstart(config)
+    if "gateway" in names and (open_mode := open_mode_message(config)) is not None and open_mode[0]:
+        # spec 000 §8.4: refused before anything starts. Allowed, the gateway says so once in its log.
         print(open_mode[1], file=sys.stderr, flush=True)
-        if open_mode[0]:
-            return 2
+        return 2
     s = config.server
     auth = None
     if config.security.enabled and not config.creds:
-        # DESIGN §7, issue 7: secure by default - every party needs its own credentials.
+        # Secure by default (docs/security.md §1): every party needs its own credentials.
         from gateway.security import embedded_auth
 
         auth = embedded_auth(config)
@@ -149,7 +191,7 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
             services = [load_factory(n)(config, nc) for n in names]
             stop = stop_event()
             supervisor = asyncio.create_task(supervise(server, stop, s.restart_limit))
-            await run_services(services, stop, on_started=lambda: print(banner(config, server, names), flush=True))
+            await run_services(services, stop, on_started=lambda: print(banner(config, server, names, auth and auth.party_creds_dir), flush=True))
         finally:
             await close_quietly(nc)
     finally:

@@ -11,6 +11,7 @@ user per party. The same block works for a deployed server (``include`` it).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +28,7 @@ from pgwcore.identity import (
     Credentials,
     CredentialsError,
     Party,
+    jwt_creds_inbox_prefix,
     load_or_create_creds,
     read_creds,
     rotate_creds,
@@ -47,6 +49,7 @@ __all__ = [
     "agent_durable",
     "authorization_block",
     "creds_dir",
+    "creds_party",
     "embedded_auth",
     "parties",
     "party_creds",
@@ -64,6 +67,29 @@ def party_creds(config: Config, party: Party) -> str | None:
     """The party's credentials file under the configuration's creds folder, if it exists."""
     path = creds_dir(config) / party.filename
     return str(path) if path.exists() else None
+
+
+def creds_party(path: str | os.PathLike[str]) -> Party | None:
+    """The party a credentials file belongs to: its ``pgw-party`` header (pgw's nkey files), or for a JWT
+    ``.creds`` file the party its inbox prefix or user name names (``pgw accounts``, nsc); None when the
+    file does not say, or cannot be read (connecting reports that)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return None
+    if "BEGIN NATS USER JWT" in text:
+        prefix = jwt_creds_inbox_prefix(text) or ""
+        role, sep, name = prefix.removeprefix("_INBOX_").partition("_")
+        if not (prefix.startswith("_INBOX_") and sep):
+            return None
+        try:
+            return Party(role, name)  # type: ignore[arg-type]
+        except ValueError:
+            return None
+    try:
+        return read_creds(path).party
+    except CredentialsError:
+        return None
 
 
 def creds_dir(config: Config) -> Path:
