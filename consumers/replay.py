@@ -255,8 +255,8 @@ class Replayer:
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
             # The server drops a publish the credentials may not make, and says nothing to the publisher.
             raise ReplayError(f"no acknowledgement for {subject!r} from its stream: these credentials may not "
-                              "publish it (a replay that publishes needs service credentials, e.g. "
-                              "<data folder>/creds/service-services.creds; ops credentials can --dry-run)") from None
+                              "publish it (a replay that publishes needs the gateway's: `pgw --as service:gateway "
+                              "replay ...`; ops credentials can --dry-run)") from None
         act.action = "duplicate" if ack.duplicate else "published"
         if ack.duplicate:
             act.reason = "dropped by the stream's duplicate window (same Nats-Msg-Id)"

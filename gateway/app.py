@@ -34,7 +34,7 @@ from gateway.moments import MomentDesk
 from gateway.pipeline import EnvelopeWorker
 from gateway.stages.kind import BUILTIN_KINDS, KindSpec
 from gateway.stages.state import StageStateCell
-from pgwcore.config import Config
+from pgwcore.config import OPEN_MODE_LINE, Config
 from pgwcore.logs import get_logger
 from pgwcore.publish import Publisher
 from pgwcore.respond import Responder, release_requests_connection, requests_connection
@@ -105,10 +105,7 @@ class Gateway:
         for agent in self.config.agents:
             await ensure_agent_consumer(self.js, agent, prefix=self.subjects.prefix)
         if not self.config.agents:
-            log.warning(
-                "OPEN MODE: no agent-principal bindings are configured, so any agent may address "
-                "any principal (spec 000 §8.4). Configure [agents.NAME] principals = [...] to restrict."
-            )
+            log.warning(OPEN_MODE_LINE)  # the one place it is said (pgwcore/config.py)
         try:
             for spec in GATEWAY_PARTS:
                 module, _, attr = spec.partition(":")
