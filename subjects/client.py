@@ -34,7 +34,7 @@ from nats.js.errors import NotFoundError
 
 from subjects.approval import Decision, approval_moment, decision_of
 from subjects.creds import connect_options
-from subjects.errors import RefusedError
+from subjects.errors import NoConnectionError, RefusedError
 from subjects.momentquery import (
     ListWhich,
     MomentQuery,
@@ -165,13 +165,29 @@ class Agent:
         credentials file as ``pgw up`` and ``pgw creds`` write it (``{data}/creds/agent-NAME.creds``),
         or a JWT ``.creds`` file; the connection replies on the agent's own inbox
         (subjects/creds.py). A file of another party is refused before connecting.
-        Other keywords go to ``Agent(...)``.
+        Other keywords go to ``Agent(...)``. No server, or credentials the server refuses:
+        NoConnectionError at once, saying which (never a retry loop); once connected, the
+        connection reconnects by itself.
         """
         import nats
 
-        opts = connect_options(creds, "agent", agent_token(agent)) if creds is not None else {}
-        nc = await nats.connect(url or os.environ.get("NATS_URL") or DEFAULT_URL, name=f"agent-{agent}", **opts)
-        self = cls(nc, agent, **kw)
+        url = url or os.environ.get("NATS_URL") or DEFAULT_URL
+        opts: dict[str, Any] = {"name": f"agent-{agent}", "error_cb": _connection_error}
+        if creds is not None:
+            opts.update(connect_options(creds, "agent", agent_token(agent)))
+        try:  # one attempt first: nats-py would retry a refusal for minutes, printing each
+            probe = await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=1, **opts)
+        except Exception as e:  # noqa: BLE001 - said in one line, with what to do
+            auth = "authorization" in str(e).lower()
+            why = f"{type(e).__name__}: {e}"
+            if auth:
+                why += (f"; the server wants agent {agent}'s own credentials: Agent.connect({agent!r}, "
+                        f"creds='.pgw/creds/agent-{agent}.creds')" if creds is None else
+                        f"; the server does not take {creds} (is agent {agent} configured, and the server "
+                        "restarted since its credentials were made?)")
+            raise NoConnectionError(url, why, auth=auth) from None
+        await probe.close()
+        self = cls(await nats.connect(url, **opts), agent, **kw)
         self._owns_connection = True
         return self
 
@@ -501,6 +517,11 @@ class Agent:
             self._sub = None
         if self._owns_connection and not self.nc.is_closed:
             await self.nc.drain()
+
+
+async def _connection_error(e: Exception) -> None:
+    """A connection of ``Agent.connect`` losing its server: it reconnects, quietly (nats-py would print
+    a traceback for each attempt); what the agent is waiting for fails or times out on its own."""
 
 
 def _left(deadline: float | None) -> float | None:

@@ -51,6 +51,16 @@ class CredentialsError(PgwError):
         super().__init__(f"credentials file {path}: {why}")
 
 
+class NoConnectionError(PgwError):
+    """A client of the bus could not connect: no server at the URL, or it refused the credentials."""
+
+    def __init__(self, url: str, why: str, *, auth: bool) -> None:
+        self.url = url
+        self.why = why
+        self.auth = auth
+        super().__init__(f"cannot connect to {url}: {why}")
+
+
 class RefusedError(PgwError):
     """A request-reply answer said no (resolution refused, kernel rejected...)."""
 

@@ -23,7 +23,7 @@ from pgwcore.config import load_config
 from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
 from subjects.client import Agent, Surface
-from subjects.errors import CredentialsError, RefusedError
+from subjects.errors import CredentialsError, NoConnectionError, RefusedError
 from subjects.util import parse_rfc3339
 from subjects.wire import (
     BindingMomentItem,
@@ -194,3 +194,15 @@ async def test_the_ten_line_example_runs_as_written(secured_up: tuple[str, Path,
     item = await answering
     assert item.binding_moment.question.stem.startswith("Should the agent ")
     assert out.decode().split() == ["approve"]
+
+
+async def test_a_refusal_or_no_server_is_one_error_at_once(secured_up: tuple[str, Path, Any]) -> None:
+    """Agent.connect without credentials on a server that wants them, or with no server at the URL, raises
+    NoConnectionError at once saying which (and which file would serve), instead of retrying for minutes."""
+    url, _, _ = secured_up
+    with pytest.raises(NoConnectionError) as refused:
+        await asyncio.wait_for(Agent.connect("planner", url=url), 10)
+    assert refused.value.auth and "creds='.pgw/creds/agent-planner.creds'" in str(refused.value)
+    with pytest.raises(NoConnectionError) as absent:
+        await asyncio.wait_for(Agent.connect("planner", url="nats://127.0.0.1:1"), 10)
+    assert not absent.value.auth
