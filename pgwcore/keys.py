@@ -1,4 +1,4 @@
-"""Ed25519 signing keys kept as files in the data folder (DESIGN §7).
+"""Ed25519 signing keys kept as files in the data folder (DESIGN §7), and the digest key.
 
 Each key role (``kernel``, ``signer``) has one active key and any number of
 retired ones. Private keys are PEM files created with mode 0600 and never
@@ -8,11 +8,20 @@ signed before the rotation stay verifiable.
 
 Layout: ``{data}/keys/{role}/{kid}.pem`` and ``{data}/keys/{role}/active``
 (the active kid).
+
+The digest key (role ``digest``, :class:`DigestKey`) is a secret HMAC-SHA256
+key, not a signing key: every digest the contract keeps of a principal's text
+or of a secret is keyed with it, so a dictionary of guesses does not reverse
+it (spec 000 §13: the digest stands for the text; docs/security.md "Data at
+rest"). Layout: ``{keys}/digest/{kid}.key`` (32 random bytes as hex, 0600)
+and ``{keys}/digest/active``; ``pgw keys --rotate digest`` makes a new active
+key and keeps the old ones, so every earlier digest stays checkable.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +36,7 @@ class KeyFileError(PgwError):
     """A key file is missing, unreadable, or has unsafe permissions."""
 
 
-NOT_ED25519 = frozenset({"vapid"})  # key folders under {data}/keys that hold another kind of key
+NOT_ED25519 = frozenset({"vapid", "digest"})  # key folders under {data}/keys that hold another kind of key
 
 
 def kid_of(public: Ed25519PublicKey) -> str:
@@ -140,8 +149,10 @@ def load_kid(data_dir: Path, role: str, kid: str, *, keys_dir: Path | None = Non
     return key
 
 
-def rotate(data_dir: Path, role: str, *, keys_dir: Path | None = None) -> SigningKey:
-    """Make a new active key for ``role``; the previous keys stay for verification."""
+def rotate(data_dir: Path, role: str, *, keys_dir: Path | None = None) -> SigningKey | DigestKey:
+    """Make a new active key for ``role``; the previous keys stay for verification (digests: for checking)."""
+    if role == DIGEST_ROLE:
+        return _write_digest_key(_role_dir(data_dir, role, keys_dir))
     return _write_new(_role_dir(data_dir, role, keys_dir))
 
 
@@ -161,3 +172,101 @@ def public_keys(data_dir: Path, role: str | None = None, *, keys_dir: Path | Non
             k = _read(pem, r)
             out.append(PublicKeyInfo(r, k.kid, k.public, k.kid == active))
     return out
+
+
+# -- the digest key (HMAC-SHA256) ------------------------------------------------
+
+DIGEST_ROLE = "digest"
+DIGEST_SCHEME = "hmac-sha256"
+# The MAC covers this label too: a digest of no other kind (a token, a signature) is ever equal to one.
+_DIGEST_DOMAIN = b"pgw-text-digest/v1\n"
+
+
+def _digest_kid(key: bytes) -> str:
+    return hashlib.sha256(b"pgw-digest-kid\n" + key).hexdigest()[:16]
+
+
+class DigestKey:
+    """The per-deployment key of every digest of a principal's text or of a secret the contract keeps.
+
+    A plain sha256 of a short answer ("yes", "pay it tomorrow") is reversed by
+    hashing guesses; an HMAC under a key kept with the signing keys is checked
+    by its holder (``matches``) and by nobody else. A digest names its key
+    (``hmac-sha256:{kid}:{hex}``), so a rotation (``pgw keys --rotate digest``)
+    keeps every earlier digest checkable with the retired key, and a bare sha256
+    written before keyed digests existed is still recognised.
+    """
+
+    def __init__(self, active: str, keys: dict[str, bytes]) -> None:
+        if active not in keys:
+            raise KeyFileError(f"the active digest key {active} has no key file")
+        self.kid = active
+        self._keys = dict(keys)
+
+    @classmethod
+    def ephemeral(cls) -> DigestKey:
+        """A key of this process alone (a moment desk built without the deployment's key): once the
+        process ends, nobody can check its digests."""
+        key = os.urandom(32)
+        return cls(_digest_kid(key), {_digest_kid(key): key})
+
+    def digest(self, text: str) -> str:
+        """``hmac-sha256:{kid}:{hex}`` of ``text`` under the active key."""
+        return f"{DIGEST_SCHEME}:{self.kid}:{self._hex(self._keys[self.kid], text)}"
+
+    def matches(self, text: str, digest: str) -> bool:
+        """Whether ``digest`` (keyed under any key of this deployment, or a legacy bare sha256) is of ``text``."""
+        scheme, _, rest = digest.partition(":")
+        if scheme == DIGEST_SCHEME:
+            kid, _, mac = rest.partition(":")
+            key = self._keys.get(kid)
+            return key is not None and hmac.compare_digest(mac, self._hex(key, text))
+        legacy = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        return hmac.compare_digest(digest.removeprefix("sha256 "), legacy)
+
+    @staticmethod
+    def _hex(key: bytes, text: str) -> str:
+        return hmac.new(key, _DIGEST_DOMAIN + text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+    def __repr__(self) -> str:  # never print key material
+        return f"DigestKey(kid={self.kid!r}, keys={len(self._keys)})"
+
+
+def _write_digest_key(d: Path) -> DigestKey:
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    key = os.urandom(32)
+    kid = _digest_kid(key)
+    fd = os.open(d / f"{kid}.key", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key.hex() + "\n")
+    tmp = d / "active.tmp"
+    tmp.write_text(kid)
+    tmp.replace(d / "active")
+    return _read_digest_keys(d)
+
+
+def _read_digest_keys(d: Path) -> DigestKey:
+    keys: dict[str, bytes] = {}
+    for path in sorted(d.glob("*.key")):
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise KeyFileError(f"key file {path} has mode {mode:o}; it must be 0600 (chmod 600 {path})")
+        try:
+            key = bytes.fromhex(path.read_text().strip())
+        except ValueError as e:
+            raise KeyFileError(f"key file {path} does not hold a hex key") from e
+        if len(key) < 32 or _digest_kid(key) != path.stem:
+            raise KeyFileError(f"key file {path} does not hold the 32-byte digest key {path.stem}")
+        keys[path.stem] = key
+    return DigestKey((d / "active").read_text().strip(), keys)
+
+
+def load_or_create_digest_key(data_dir: Path, *, create: bool = True, keys_dir: Path | None = None) -> DigestKey:
+    """The digest keys (active and retired) of ``{keys}/digest``, the first made (0600) when ``create``."""
+    d = _role_dir(data_dir, DIGEST_ROLE, keys_dir)
+    if not (d / "active").exists():
+        if not create:
+            raise MissingKeyError("the digest key", d / "active")
+        return _write_digest_key(d)
+    return _read_digest_keys(d)

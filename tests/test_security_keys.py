@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import os
 import re
 import stat
@@ -259,3 +260,35 @@ def test_keys_dir_moves_every_key_out_of_the_data_folder(tmp_path: Path) -> None
     from pgwcore.config import load_config
 
     assert load_config(cfg).keys_path == keys_dir
+
+
+def test_the_digest_key_is_kept_and_rotated_with_the_keys(tmp_path) -> None:
+    """The digest key is made 0600 under keys/digest; a digest names its kid and is no plain sha256; after `pgw
+    keys --rotate digest` every earlier digest still checks, a wrong guess or another deployment's key does not, a
+    legacy bare sha256 still reads, and a key file readable by others is refused."""
+    from pgwcore.keys import (
+        KeyFileError,
+        MissingKeyError,
+        load_or_create_digest_key,
+        public_keys,
+        rotate,
+    )
+
+    first = load_or_create_digest_key(tmp_path)
+    old = first.digest("yes")
+    assert old.startswith(f"hmac-sha256:{first.kid}:") and hashlib.sha256(b"yes").hexdigest() not in old
+    files = list((tmp_path / "keys" / "digest").glob("*.key"))
+    assert [f.stat().st_mode & 0o777 for f in files] == [0o600]
+    assert rotate(tmp_path, "digest").kid != first.kid
+    now = load_or_create_digest_key(tmp_path, create=False)
+    assert now.kid != first.kid and now.digest("yes") != old
+    assert now.matches("yes", old) and not now.matches("no", old)
+    assert now.matches("yes", hashlib.sha256(b"yes").hexdigest())  # a record forgotten before keyed digests
+    assert not load_or_create_digest_key(tmp_path / "elsewhere").matches("yes", old)
+    assert public_keys(tmp_path) == []  # a secret key: `pgw keys` lists no public key for it
+    assert repr(now) == f"DigestKey(kid={now.kid!r}, keys=2)"  # never the key material
+    with pytest.raises(MissingKeyError):
+        load_or_create_digest_key(tmp_path / "none", create=False)
+    files[0].chmod(0o644)
+    with pytest.raises(KeyFileError):
+        load_or_create_digest_key(tmp_path)
