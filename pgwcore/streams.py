@@ -39,6 +39,12 @@ DAY = 86400.0
 # (``gateway.stages.base.envelope_key``), and its outcome and verdict carry
 # ids derived from that key on streams only the services write to.
 INBOUND_DUPLICATE_WINDOW_S = 0.1
+# A processed turn that held a secret leaves PGW_INBOUND; its redacted form is kept in this bucket,
+# key ``{agent}.{stream seq}`` (gateway/pipeline.py), and ``pgw replay`` re-drives it in the turn's
+# place (consumers/replay.py). The copy carries the turn's Nats-Msg-Id under this header: a KV write
+# must not carry its own (the bucket's stream would deduplicate on it).
+INBOUND_REDACTED_BUCKET = "PGW_INBOUND_REDACTED"
+INBOUND_MSG_ID_HEADER = "Pgw-Inbound-Msg-Id"
 
 
 class StreamConflict(PgwError):
