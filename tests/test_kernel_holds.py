@@ -82,3 +82,29 @@ async def test_a_report_naming_the_idp_in_capitals_is_the_same_idp_everywhere(en
     assert reply.ok, reply.refusal
     types = [e["event"]["event_type"] for e in reply.record["events"]]
     assert "STATE_TRANSITIONED" in types and "TRANSITION_REFUSED" in types
+
+
+async def test_an_idp_submitted_in_capitals_is_one_id_in_kernel_log_and_audit(env: Env) -> None:
+    """An IDP whose UUID idp_id is sent in capitals (audit_accessible false) is canonicalised where it enters (spec
+    003 §4.2): the permit, IDP_SUBMITTED, the report's STATE_TRANSITIONED and the Session Audit Record's events and
+    restrictions all name it in lower case, the IDP as sent is kept in IDP_SUBMITTED.idp, and the same id resent in
+    lower case is IDP_DUPLICATE."""
+    rec = env.idp(1, audit_accessible=False)
+    rec["idp_id"] = rec["idp_id"].upper()
+    canonical = rec["idp_id"].lower()
+    permit = await env.send(rec)
+    assert isinstance(permit, Permit) and permit.idp_id == canonical
+    submitted = await env.watch.wait("IDP_SUBMITTED")
+    assert submitted["body"]["idp_id"] == canonical and submitted["body"]["idp"]["idp_id"] == rec["idp_id"]
+    await env.report(rec["idp_id"], "CloseBooking")
+    transitioned = await env.watch.wait("STATE_TRANSITIONED")
+    assert transitioned["body"]["idp_id"] == canonical
+    again = await env.send({**env.idp(2), "idp_id": canonical})
+    assert getattr(again, "error_code", None) == "IDP_DUPLICATE"
+    msg = await env.nc.request("pgw.kernel.audit.auditor",
+                               msgspec.json.encode({"kind": "session", "id": rec["session_id"], "agent": AGENT}), timeout=10)
+    reply = msgspec.json.decode(msg.data, type=AuditReply)
+    assert reply.ok, reply.refusal
+    named = {e["event"]["body"].get("idp_id") for e in reply.record["events"]} - {None}
+    assert named == {canonical}, named
+    assert [r["idp_id"] for r in reply.record["restrictions"]] == [canonical]

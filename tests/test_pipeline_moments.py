@@ -16,6 +16,7 @@ from subjects.client import Surface
 from subjects.wire import (
     BindingMoment,
     BindingMomentItem,
+    ClarificationItem,
     DialogueVeto,
     MomentExpired,
     NoticeItem,
@@ -23,7 +24,7 @@ from subjects.wire import (
     WithdrawnItem,
 )
 from tests.moments import GOOD_MOMENT, good_moment
-from tests.pipeline_helpers import Recorder, moment_env, running_gateway
+from tests.pipeline_helpers import Recorder, env, moment_env, running_gateway
 from tests.polling import until
 
 
@@ -386,11 +387,13 @@ async def test_calibration_note_rate(nats_server, tmp_path, nc):
 
 
 async def test_untrusted_propagates_to_item_outcome_verdict(nats_server, tmp_path, nc):
-    """meta.contentTrust untrusted marks the surface item, the outcome and the verdict untrusted."""
+    """meta.contentTrust untrusted marks the surface item, the outcome and the verdict untrusted: a clarification's,
+    a malformed moment's refusal and an untrusted moment's refusal (no untrusted moment is delivered, spec 002)."""
     async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
-        out = await rec.roundtrip("planner", moment_env("alice", good_moment(), content_trust="untrusted"))
+        ask = env("clarification.request", {"questions": [{"id": "q", "question": "Which year?"}]}, content_trust="untrusted")
+        out = await rec.roundtrip("planner", ask, headers={"Pgw-Principal": "alice"})
         assert out.untrusted
-        item = await rec.item(lambda i: isinstance(i, BindingMomentItem))
+        item = await rec.item(lambda i: isinstance(i, ClarificationItem))
         assert item.untrusted
         v = await rec.verdict(lambda v: v.verdict_class == "hitl_dispatched")
         assert v.untrusted
@@ -398,6 +401,11 @@ async def test_untrusted_propagates_to_item_outcome_verdict(nats_server, tmp_pat
         assert bad.untrusted
         rv = await rec.verdict(lambda v: v.envelope_id == bad.envelope_id)
         assert rv.untrusted
+        gated = await rec.roundtrip("planner", moment_env("alice", good_moment(), content_trust="untrusted"))
+        assert (gated.code, gated.untrusted) == ("untrusted_content_blocks_approval", True)
+        gv = await rec.verdict(lambda v: v.envelope_id == gated.envelope_id)
+        assert gv.untrusted and gv.verdict_class == "denied"
+        assert not [i for i in rec.items if isinstance(i, BindingMomentItem)]
 
 
 async def test_untrusted_moment_cannot_approve(nats_server, tmp_path, nc):

@@ -3,6 +3,7 @@ nodeId on what an envelope causes, a replay's trust tag, the official schemas' s
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 
@@ -28,9 +29,9 @@ def clar(**kw):
 # -- rounds belong to one exchange (spec 002 "Capability handshake integration") ---------------
 
 
-async def test_clarification_rounds_restart_with_a_new_run(nats_server, tmp_path, rec):
-    """clarificationRounds counts the clarifications of one run's node (runId:nodeId of the recommended
-    correlationId): the third of run-1 is cap.breached, the first of run-2 on the same node is accepted."""
+async def test_a_new_run_of_a_node_gets_no_new_clarification_rounds(nats_server, tmp_path, rec):
+    """clarificationRounds is a hard cap per node (spec 002): past it in run-1 of node-a, the first clarification of
+    run-2 on node-a to the same principal is cap.breached too; the same node asking another principal is not."""
     async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"clarification_rounds": 2}):
         got = []
         for turn in range(3):
@@ -38,15 +39,31 @@ async def test_clarification_rounds_restart_with_a_new_run(nats_server, tmp_path
             got.append((o.status, o.cap_kind))
         assert got == [("accepted", None), ("accepted", None), ("breached", "clarification")]
         fresh = await rec.roundtrip("planner", clar(correlation_id="run-2:node-a:0:k", node_id="node-a"), headers=ALICE)
-        assert fresh.status == "accepted"
+        assert (fresh.status, fresh.cap_kind) == ("breached", "clarification")
+        bob = await rec.roundtrip("planner", clar(correlation_id="run-2:node-a:1:k", node_id="node-a"),
+                                  headers={"Pgw-Principal": "bob"})
+        assert bob.status == "accepted"
 
 
-async def test_clarifications_with_fresh_correlation_ids_never_run_out(nats_server, tmp_path, rec):
-    """An agent that sends no nodeId and a new correlationId per clarification (the MCP clarify tool)
-    is not cut off after clarificationRounds clarifications in its lifetime."""
+async def test_no_choice_of_run_id_or_node_id_escapes_the_clarification_cap(nats_server, tmp_path, rec, monkeypatch):
+    """With clarificationRounds 3, five clarifications to alice with no nodeId and a fresh correlationId each, or
+    with one nodeId and a new runId each, get three accepted and two cap.breached; a new nodeId each runs out at
+    four nodes' worth; the allowance comes back once the window has passed."""
+    from gateway.stages import limits
+
+    monkeypatch.setattr(limits, "CLARIFICATION_WINDOW_S", 3.0, raising=False)
     async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"clarification_rounds": 3}):
-        statuses = [(await rec.roundtrip("planner", clar(), headers=ALICE)).status for _ in range(5)]
-        assert statuses == ["accepted"] * 5
+        async def five(kw_of) -> list[str]:
+            return [(await rec.roundtrip("planner", clar(**kw_of(i)), headers=ALICE)).status for i in range(5)]
+
+        capped = ["accepted"] * 3 + ["breached"] * 2
+        assert await five(lambda i: {}) == capped
+        assert await five(lambda i: {"correlation_id": f"run-{i}:node-a:0:k", "node_id": "node-a"}) == capped
+        spread = [(await rec.roundtrip("planner", clar(correlation_id=f"r:n{i}:0:k", node_id=f"n{i}"),
+                                       headers=ALICE)).status for i in range(8)]
+        assert spread == ["accepted"] * 6 + ["breached"] * 2  # 3 + 3 + 6 = 12 = 4 x clarificationRounds
+        await asyncio.sleep(4.5)
+        assert (await rec.roundtrip("planner", clar(), headers=ALICE)).status == "accepted"
 
 
 async def test_a_refused_clarification_uses_no_round(nats_server, tmp_path, rec):

@@ -176,3 +176,32 @@ async def test_disguised_control_plane_detail_is_withheld(nats_server, tmp_path,
         for item in rec.items:
             if isinstance(item, AuthorizationItem):
                 assert item.envelope["reason"]["user_message"] == authz.USER_MESSAGES["UNRESOLVABLE"]
+
+
+async def test_disguised_threshold_detail_is_withheld(nats_server, tmp_path, nc) -> None:
+    """An agent refusal whose user_message gives the reading a check took or the line it draws ("The lab reading of
+    5.9 exceeds the cutoff of 5.5 set for this check."), in any disguise, reaches the principal with the gateway's own
+    message and none of its numbers, while a message with a number and no line ("Call 911 now.") is shown as written
+    (spec 001 RefusalReason: "no oracle/threshold details")."""
+    leaky = ["The lab reading of 5.9 exceeds the cutoff of 5.5 set for this check.",
+             "Your result is above 7, so this cannot go ahead.",
+             "The value you gave is outside the allowed range."]
+    async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"workflows": WORKFLOWS}), \
+            Recorder(nc) as rec:
+        bodies = [_auth(_refusal(d)) for text in leaky for _n, d in [("plain", text), *disguises(text)]]
+        clean = _auth(_refusal("Call 911 now."))
+        outs = await _all(rec, [*bodies, clean])
+        for body, out in zip(bodies, outs, strict=False):
+            rules = {w.rule for w in out.warnings}
+            assert out.status == "accepted" and "control_plane_detail_withheld" in rules, body["payload"]["envelope"]
+        assert "control_plane_detail_withheld" not in {w.rule for w in outs[-1].warnings}
+        await rec.until(lambda: len([i for i in rec.items if isinstance(i, AuthorizationItem)]) == len(bodies) + 1, 30)
+        for item in rec.items:
+            if not isinstance(item, AuthorizationItem):
+                continue
+            shown = item.envelope["reason"]["user_message"]
+            if item.envelope_id == clean["envelopeId"]:
+                assert shown == "Call 911 now."
+                continue
+            assert shown == authz.USER_MESSAGES["UNRESOLVABLE"]
+            assert not any(n in seen(str(item.envelope)) for n in ("5.9", "5.5", " 7,")), item.envelope

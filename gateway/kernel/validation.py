@@ -18,6 +18,7 @@ from gateway.kernel.mandate import Mandate, MandateError
 from gateway.kernel.policy import entity_uid
 from gateway.kernel.received import commit_received
 from gateway.kernel.state import KernelState, SessionEntry
+from gateway.kernel.transitions import canonical_id
 from pgwcore.logs import get_logger
 from subjects import jcs
 from subjects.idp import (
@@ -114,6 +115,10 @@ class RequestValidation:
                 "IDP_MALFORMED", "the IDP does not conform to spec 003 §4", idp_id=raw_id,
                 details=[Detail(message=msg[:500], path=path)],
             ) from None
+        # spec 003 §4.2: the idp_id is a UUID, whose hex digits are case-insensitive. Canonicalised once,
+        # here where it enters (as a transition report's is): the index, every event, the audit walk and
+        # the Session Audit Record's restrictions name one id. IDP_SUBMITTED.idp keeps the IDP as sent.
+        idp = msgspec.structs.replace(idp, idp_id=canonical_id(idp.idp_id))
         try:
             # Only open members can hold numbers JCS cannot serialize; the rest are typed.
             # The log's serializer: it fails exactly where rfc8785 does.

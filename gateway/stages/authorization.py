@@ -295,21 +295,52 @@ _CONTROL_CASED = re.compile(r"\b(?:" + "|".join(re.escape(seen(w).upper()) for w
     "EMERGENCY_ESCALATION")) + r")\b")
 _IDENTIFIER = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")  # snake_case: config keys, rule codes
 _COMPARISON = re.compile(r"\d\s*(?:[<>]=?|[≤≥])\s*[-+]?\.?\d")  # "5.9 > 5.5"
+# "no oracle/threshold details": words that name where a check draws its line, or what it read
+# against it ("The lab reading of 5.9 exceeds the cutoff of 5.5"). With them, the message tells
+# the asker which way to move a value to get past the check, number or not.
+_THRESHOLD_WORDS = re.compile(seen_pattern(
+    r"\b(?:cut ?-?offs?|limits?|exceed\w*|surpass\w*|maxim\w*|minim\w*|max|min|ceilings?|ranges?"
+    r"|readings?|scores?|levels?|measured|measurements?)\b"))
+# A number beside a comparing word ("above 7", "not within 120") is the line itself. The words are
+# judged on the seen form, the numbers on the text as rendered (any script's digits, full-width,
+# superscript, circled: NFKC folds them to digits) and on the seen form (a letter that reads as a
+# digit, "\u01bc"); spelled numbers count too ("above five").
+_COMPARING_WORDS = re.compile(seen_pattern(
+    r"\b(?:above|below|over|under|within|beyond|outside|between|than|at (?:least|most)|up to)\b"))
+_SPELLED = re.compile(seen_pattern(
+    r"\b(?:zero|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen"
+    r"|seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundreds?|thousands?"
+    r"|millions?|billions?|percent|dozens?)\b"))
+_SEEN_DIGIT = re.compile(r"[2-9]")  # the seen form reads 0 and 1 as the letters o and i
+
+
+def _number(rendered: str, t: str) -> str | None:
+    """A number in the text: a digit of any script as rendered, a digit the seen form reads, a spelled one."""
+    m = re.search(r"\d", rendered) or _SEEN_DIGIT.search(t) or _SPELLED.search(t)
+    return m.group(0) if m else None
 
 
 def control_plane_detail(text: str, names: Sequence[str] = ()) -> str | None:
     """What in ``text`` is control-plane detail (a word, identifier, comparison or configured name), or None.
 
-    Words, identifiers and names are judged on the seen form (gateway/security/seen.py), the
-    cased codes on the seen form with case kept, comparisons on the text as rendered (NFKC,
-    invisible characters removed: the fold reads the digit 1 as the letter i).
+    Control-plane words (oracle, workflow, tier ...), threshold words (cutoff, limit, exceeds,
+    reading ...), identifiers and names are judged on the seen form (gateway/security/seen.py),
+    the cased codes on the seen form with case kept; comparisons ("5.9 > 5.5") and measurements
+    (a number with a unit) on the text as rendered (NFKC, invisible characters removed: the fold
+    reads the digit 1 as the letter i); a comparing word and a number anywhere in the text
+    ("above 7") on both. A number alone ("call 911") is not detail.
     """
     t = seen(text)
-    for rx, form in ((_CONTROL_WORDS, t), (_CONTROL_CASED, seen_cased(text)), (_IDENTIFIER, t),
-                     (_COMPARISON, visible(unicodedata.normalize("NFKC", text)))):
+    rendered = visible(unicodedata.normalize("NFKC", text))
+    for rx, form in ((_CONTROL_WORDS, t), (_THRESHOLD_WORDS, t), (_CONTROL_CASED, seen_cased(text)), (_IDENTIFIER, t),
+                     (_COMPARISON, rendered), (MEASUREMENT, rendered)):
         m = rx.search(form)
         if m:
             return m.group(0)
+    cmp = _COMPARING_WORDS.search(t)
+    num = _number(rendered, t) if cmp else None
+    if cmp and num:
+        return f"{cmp.group(0)} … {num}"
     return has_marker(text, [n for n in names if len(n) >= 3])
 
 

@@ -29,6 +29,23 @@ integration", DESIGN §3.2 step 5).
   envelope refused after it was counted (no principal, a correlation
   conflict, ...) is taken back out: only rounds that reached their handler
   use up the allowance.
+- ``clarificationRounds`` is a *hard* cap (spec 002: "Hard cap on total
+  clarification.request envelopes per node"), and on this bus the run and the
+  node are the agent's word: a new runId or nodeId per clarification would
+  make every one the first of its exchange. So two more counts bind each
+  clarification, keyed by what the agent cannot choose away: the principal it
+  is put to. Within the last ``CLARIFICATION_WINDOW_S`` seconds, one agent may
+  put at most ``clarificationRounds`` clarifications to one principal per
+  node (the envelope's ``nodeId``; none named, the agent is one node), any
+  run (``clarnode.{agent}.{hash(principal, node)}``), and at most
+  ``PRINCIPAL_ROUNDS_FACTOR`` times that over all its nodes
+  (``clarpr.{agent}.{hash(principal)}``), so a fresh nodeId per question runs
+  out too. Members are ``{hash(correlationId)}@{unix seconds}``; entries older
+  than the window are dropped as the set is written. Past either cap the
+  envelope is ``cap.breached`` (``clarification``) and counts nowhere. The
+  principal is the one the route stage will address
+  (``route.addressed_principal``); one it then refuses is taken back like any
+  other refusal after this stage.
 
 The counters live in JetStream KV, shared by every gateway instance.
 """
@@ -36,6 +53,7 @@ The counters live in JetStream KV, shared by every gateway instance.
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -43,6 +61,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from gateway.stages.base import Ctx, Refuse
 from gateway.stages.kind import CLARIFICATION, SCHEMA_REQUEST
+from gateway.stages.route import addressed_principal
 from pgwcore.logs import get_logger
 from subjects.wire import Detail
 
@@ -59,6 +78,11 @@ ROUND_CODES = frozenset({
 _dec = msgspec.json.Decoder(list[str])
 _enc = msgspec.json.Encoder()
 _MAX_SET = 1024
+# The window of the hard clarification caps (module docstring): an hour, the time a person takes to
+# answer a few questions and the agent to act on them; an agent that asks more than clarificationRounds
+# times per node in an hour is looping, not clarifying. Constants until they are settings.
+CLARIFICATION_WINDOW_S = 3600.0
+PRINCIPAL_ROUNDS_FACTOR = 4  # all of an agent's nodes together: four nodes' worth for one principal
 
 
 def _h(value: str) -> str:
@@ -80,7 +104,15 @@ def round_key(family: str, agent: str, correlation_id: str, node_id: str | None)
     return f"{family}.{agent}.{_h(chain_of(correlation_id, node_id))}"
 
 
-COUNTED = "round_counted"  # ctx.extra: (key, member) this envelope added to a rounds set
+def clar_node_key(agent: str, principal: str, node_id: str | None) -> str:
+    return f"clarnode.{agent}.{_h(principal + chr(0) + (node_id or '-'))}"
+
+
+def clar_principal_key(agent: str, principal: str) -> str:
+    return f"clarpr.{agent}.{_h(principal)}"
+
+
+COUNTED = "round_counted"  # ctx.extra: the [(key, member)] this envelope added to rounds sets
 
 
 async def _get_set(kv: Any, key: str) -> tuple[list[str], int | None]:
@@ -114,24 +146,55 @@ async def _add(kv: Any, key: str, member: str) -> tuple[int, bool]:
     raise RuntimeError(f"could not update counter {key}")  # nak: the message is redelivered
 
 
-async def uncount(ctx: Ctx) -> None:
-    """Take back the round this envelope counted (it was refused after the limits stage)."""
-    counted = ctx.extra.pop(COUNTED, None)
-    if counted is None:
-        return
-    key, member = counted
-    kv = ctx.state.kv
+def _stamped(entry: str) -> tuple[str, float]:
+    """A windowed set's entry ``member@seconds`` as (member, seconds)."""
+    member, _, at = entry.rpartition("@")
+    try:
+        return member, float(at)
+    except ValueError:
+        return entry, 0.0
+
+
+async def _add_windowed(kv: Any, key: str, member: str, now: float, window: float) -> tuple[int, bool]:
+    """Add ``member`` stamped ``now`` to the windowed set at ``key`` (CAS), dropping entries older than
+    ``window``: the entries left, and whether this call added it (a member already there is not re-stamped)."""
     for _ in range(20):
         members, rev = await _get_set(kv, key)
-        if member not in members or rev is None:
+        live = [e for e in members if _stamped(e)[1] > now - window]
+        if any(_stamped(e)[0] == member for e in live):
+            return len(live), False
+        live = [*live, f"{member}@{now:.0f}"][-_MAX_SET:]
+        try:
+            if rev is None:
+                await kv.create(key, _enc.encode(live))
+            else:
+                await kv.update(key, _enc.encode(live), last=rev)
+            return len(live), True
+        except KeyWrongLastSequenceError:
+            continue
+    raise RuntimeError(f"could not update counter {key}")  # nak: the message is redelivered
+
+
+async def _take_back(kv: Any, key: str, member: str) -> None:
+    """Remove ``member`` (plain, or stamped ``member@seconds``) from the set at ``key``."""
+    for _ in range(20):
+        members, rev = await _get_set(kv, key)
+        kept = [e for e in members if e != member and _stamped(e)[0] != member]
+        if len(kept) == len(members) or rev is None:
             return
         try:
-            await kv.update(key, _enc.encode([m for m in members if m != member]), last=rev)
+            await kv.update(key, _enc.encode(kept), last=rev)
             return
         except KeyWrongLastSequenceError:
             continue
     # Left counted: the allowance errs on the safe side; the message is not failed for it.
     log.warning("could not take back a counted round", key=key)
+
+
+async def uncount(ctx: Ctx) -> None:
+    """Take back the rounds this envelope counted (it was refused after the limits stage, or breached a cap)."""
+    for key, member in ctx.extra.pop(COUNTED, []):
+        await _take_back(ctx.state.kv, key, member)
 
 
 def breached(kind: str, message: str, limit: int, details: list[Detail] | None = None) -> Refuse:
@@ -166,12 +229,13 @@ async def run(ctx: Ctx) -> None:
         key = round_key("schemareq" if schema else "clar", ctx.agent, ctx.correlation_id, ctx.env.nodeId)
         # A hash, never the raw correlationId: this runs before redaction (SR-1).
         member = _h(ctx.correlation_id)
+        counted: list[tuple[str, str]] = ctx.extra.setdefault(COUNTED, [])
         n, added = await _add(st.kv, key, member)
+        if added:
+            counted.append((key, member))
         cap = cfg.schema_rounds if schema else cfg.clarification_rounds
         if n > cap:
-            if added:  # a breached emission is not a round
-                ctx.extra[COUNTED] = (key, member)
-                await uncount(ctx)
+            await uncount(ctx)  # a breached emission is not a round
             what = "schema requests" if schema else "clarification requests"
             raise breached(
                 "schema" if schema else "clarification",
@@ -179,8 +243,36 @@ async def run(ctx: Ctx) -> None:
                 f"{'schemaRounds' if schema else 'clarificationRounds'} is {cap}",
                 cap,
             )
+        if not schema:
+            await _hard_caps(ctx, member, counted)
+
+
+async def _hard_caps(ctx: Ctx, member: str, counted: list[tuple[str, str]]) -> None:
+    """The clarification caps no runId or nodeId escapes (module docstring): per principal and node, and
+    per principal over every node, within ``CLARIFICATION_WINDOW_S``."""
+    assert ctx.env is not None
+    cfg = ctx.gw.config.pipeline
+    principal = addressed_principal(ctx) or ""
+    node = ctx.env.nodeId
+    now = time.time()
+    for key, cap, where in (
+        (clar_node_key(ctx.agent, principal, node), cfg.clarification_rounds,
+         # Not the nodeId itself: this stage runs before redaction (SR-1).
+         "for this node" if node else "without a nodeId (the agent is one node)"),
+        (clar_principal_key(ctx.agent, principal), cfg.clarification_rounds * PRINCIPAL_ROUNDS_FACTOR,
+         "over all of this agent's nodes"),
+    ):
+        n, added = await _add_windowed(ctx.state.kv, key, member, now, CLARIFICATION_WINDOW_S)
         if added:
-            ctx.extra[COUNTED] = (key, member)
+            counted.append((key, member))
+        if n > cap:
+            await uncount(ctx)  # a breached emission is not a round
+            raise breached(
+                "clarification",
+                f"{n} clarification requests to this principal {where} within {CLARIFICATION_WINDOW_S:.0f} s, "
+                f"whatever the run; the cap is {cap}",
+                cap,
+            )
 
 
 ROUNDS_DEFERRED = "rounds_deferred"  # ctx.extra: the correlationId whose schemaRounds check dedup owes

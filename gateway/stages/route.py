@@ -3,7 +3,8 @@
 A handler returns the envelope's outcome; the pipeline publishes it, and the
 handler's own messages (surface item, verdict) are published before that.
 
-- ``vendor.pgw.binding_moment``: single-surface check (spec 000 §8.4), dual
+- ``vendor.pgw.binding_moment``: single-surface check (spec 000 §8.4), no
+  untrusted content (spec 002 "Trust boundary", :func:`untrusted_moment`), dual
   veto (§7.2), hatch suppression recorded (§12.3), dispatched to the desk;
 - ``clarification.request``: lifted to a clarification item on the
   principal's surface; the answers come back like a resolution;
@@ -80,6 +81,20 @@ def check_bound(ctx: Ctx, principal: str) -> None:
 
 
 
+def addressed_principal(ctx: Ctx) -> str | None:
+    """The principal :func:`resolve_principal` will find for a universal kind, without judging it
+    (no warning, no refusal; None when it will refuse): for the limits stage, which runs first and
+    counts clarifications per principal (gateway/stages/limits.py)."""
+    assert ctx.env is not None and ctx.env.meta is not None
+    if ctx.turn.principal is not None:
+        return ctx.turn.principal
+    legacy = ctx.env.meta.pgw.get("principal") if isinstance(ctx.env.meta.pgw, dict) else None
+    if isinstance(legacy, str):
+        return legacy
+    bound = ctx.gw.config.bound_principals(ctx.agent) or []
+    return bound[0] if len(bound) == 1 else None
+
+
 def resolve_principal(ctx: Ctx, explicit: Any = None, path: str = "$.meta.pgw.principal") -> str:
     """The addressed principal (issue 15 point 1).
 
@@ -125,10 +140,36 @@ def resolve_principal(ctx: Ctx, explicit: Any = None, path: str = "$.meta.pgw.pr
     return principal
 
 
+def untrusted_moment() -> Refuse:
+    """An untrusted binding moment is not delivered (spec 002 "Trust boundary"; docs/pipeline.md
+    "Untrusted content").
+
+    Spec 002: "Hosts MUST NOT advance HITL approval gates ... on the basis of an envelope whose
+    meta.contentTrust = 'untrusted'", and a surface built from untrusted content is blocked
+    from advancing an approval (its A2UI rule 5), even though a person submits it. Every
+    binding moment is such a gate: its options are courses of action and the principal's
+    choice binds the agent to one (spec 000 §1, "a binding moment is consensual"), whatever
+    its labels say, so no reading of the labels could tell a safe one apart. The moment is
+    refused before anything reaches the principal; untrusted content may still ask in the
+    principal's own words (``clarification.request``) or inform (a narrative), neither of
+    which is an approval.
+    """
+    return Refuse(
+        "untrusted_content_blocks_approval",
+        "a binding moment built from untrusted content cannot ask the principal to approve or choose an action; "
+        "ask in their own words with clarification.request, or send the moment once trusted content carries it",
+        details=[Detail(message="meta.contentTrust is untrusted", path="$.meta.contentTrust", rule="trust_boundary")],
+        status="gated",
+        verdict_class="denied",
+    )
+
+
 async def binding_moment(ctx: Ctx) -> Outcome:
     p: BindingMomentPayload = ctx.payload
     assert ctx.principal is not None and ctx.envelope_id and ctx.correlation_id
     check_bound(ctx, ctx.principal)
+    if ctx.untrusted:
+        raise untrusted_moment()
     st = ctx.state
     await dualveto.check(ctx, st, ctx.principal, p.binding_moment)
     bm = p.binding_moment
