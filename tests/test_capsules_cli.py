@@ -237,3 +237,12 @@ async def test_a_signer_that_cannot_see_the_new_key_is_named(nc: Any, running_si
     rc, out, err = await pgw(config, "keys", "--rotate", "signer")
     assert rc == 1, out + err
     assert instance in err and old in err and "restart" in err
+
+
+async def test_rotating_the_kernel_key_says_the_gateways_must_restart(make_config: Any) -> None:
+    """The gateway's kernel reads its key once, at start: `pgw keys --rotate kernel` says running gateways keep the
+    retired key until they restart, rather than only naming the new active kid."""
+    rc, out, err = await pgw(make_config(), "keys", "--rotate", "kernel", "--role", "kernel")
+    assert rc == 0, err
+    new = out.split("new active kid ", 1)[1].split()[0]
+    assert f"until they restart (pgw up, pgw gateway); each started from now on signs with {new}" in out

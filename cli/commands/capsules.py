@@ -131,6 +131,9 @@ async def handle_keys(args: argparse.Namespace, config: Config) -> int:
         print(f"rotated {args.rotate}: new active kid {k.kid} (the retired keys stay trusted for verification)")
         if args.rotate == "signer":
             status, signers = await reach_signers(config, k.kid)
+        elif args.rotate == "kernel":  # the gateway's kernel reads its key once, at start
+            signers = [f"running gateways keep signing the kernel's event log with the retired key until they "
+                       f"restart (pgw up, pgw gateway); each started from now on signs with {k.kid}"]
     keys = public_keys(config.data_path, args.role, keys_dir=config.keys_path) if args.role != "vapid" else []
     vapid = vapid_key_path(config.data_path, config.keys_path) if args.role in (None, "vapid") else None
     if not keys and not (vapid and vapid.exists()):
