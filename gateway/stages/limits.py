@@ -83,6 +83,7 @@ _MAX_SET = 1024
 # times per node in an hour is looping, not clarifying. Constants until they are settings.
 CLARIFICATION_WINDOW_S = 3600.0
 PRINCIPAL_ROUNDS_FACTOR = 4  # all of an agent's nodes together: four nodes' worth for one principal
+_clock = time.time  # the windows' clock (a test moves it past a window instead of waiting one out)
 
 
 def _h(value: str) -> str:
@@ -254,7 +255,7 @@ async def _hard_caps(ctx: Ctx, member: str, counted: list[tuple[str, str]]) -> N
     cfg = ctx.gw.config.pipeline
     principal = addressed_principal(ctx) or ""
     node = ctx.env.nodeId
-    now = time.time()
+    now = _clock()
     for key, cap, where in (
         (clar_node_key(ctx.agent, principal, node), cfg.clarification_rounds,
          # Not the nodeId itself: this stage runs before redaction (SR-1).
