@@ -390,7 +390,8 @@ async def test_hem_rejection_does_not_run(genv: GateEnv) -> None:
 
 async def test_hem_moment_shows_the_arguments_redacted_and_bounded(genv: GateEnv) -> None:
     """The principal's moment for a gated action lists each argument the executor will get as a finding, with a
-    configured secret redacted, long values clipped and past twelve arguments a count, within spec 000's grammar."""
+    configured secret redacted, a long value previewed with its length said and past twelve arguments a count (every
+    value attached whole), within spec 000's grammar."""
     from gateway.stages.moment_grammar import SLOT_MAX, check_binding_moment
     from subjects.constraints import MAX_LIST_ITEMS
 
@@ -402,8 +403,9 @@ async def test_hem_moment_shows_the_arguments_redacted_and_bounded(genv: GateEnv
     assert 'Argument name: "plan"' in findings
     assert 'Argument text: "use key [REDACTED] today"' in findings
     assert not any(SECRET in f for f in findings)
-    assert any(f.startswith('Argument k00: "xxx') and len(f) < 700 for f in findings)
-    assert "11 more arguments are not shown here; the kernel's dispatch record keeps them all." in findings
+    assert any(f.startswith('Argument k00 (3,000 characters; the first 300 here, the whole value attached to this card): "xxx')
+               and len(f) < 500 for f in findings)
+    assert "11 more arguments are attached to this card in full." in findings
     assert len(findings) <= MAX_LIST_ITEMS and all(len(f) <= SLOT_MAX for f in findings)
     moment = (await _moment(Surface(genv.nc, PRINCIPAL), rec["idp_id"])).binding_moment
     assert check_binding_moment(msgspec.to_builtins(moment)) == []

@@ -230,8 +230,8 @@ async def test_configured_names_are_personal_data(env: Env) -> None:
 
 
 def test_the_gap_moment_carries_the_verification_record() -> None:
-    """The HEM moment for an IDP_COMMITMENT_GAP shows every field of the verification record, match_result first
-    (spec 003 §5.5.2(b)), not a one-line summary."""
+    """The HEM moment for an IDP_COMMITMENT_GAP says in words what was declared and what ran, surfaces match_result,
+    and carries every field of the verification record (spec 003 §5.5.2(b)), labelled for auditors."""
     rec = decode_idp(idp(so_id=str(uuid.uuid4()), mandate_id="j-1", step=1, action="CloseBooking"))
     record = {"idp_id": rec.idp_id, "state_transition_id": "st-41", "state_transition_seq": 41,
               "verified_at": "2026-11-27T18:00:00Z", "match_result": "IDP_COMMITMENT_GAP", "requested_action": "CloseBooking",
@@ -240,6 +240,7 @@ def test_the_gap_moment_carries_the_verification_record() -> None:
     bm = hem_moment(agent=AGENT, idp=rec, trigger="IDP_COMMITMENT_GAP", verification=record)
     text = "\n".join(bm.findings)
     assert "match_result IDP_COMMITMENT_GAP" in text
+    assert bm.findings[0].startswith("Why you are asked: agent bot said it would do CloseBooking but did RefundBooking")
     for k, v in record.items():
         assert k in text and str(v) in text, k
 

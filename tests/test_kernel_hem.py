@@ -121,10 +121,13 @@ async def test_hem_approve_round_trip(env: Env) -> None:
     item = await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"])
     bm = item.binding_moment
     assert item.hem and item.moment_id == r.moment_id
-    assert bm.synopsis.startswith("Deny ProcessPayment") and bm.recommendations  # spec 000 §6.1, §6.3
+    # spec 000 §6.1, §6.3: answer-first, as the gateway's policy's recommendation; what is asked, in words
+    assert bm.synopsis.startswith("The gateway's policy recommends Deny: agent bot asks to do ProcessPayment")
+    assert bm.recommendations
     assert any(rec["declared_goal"]["description"] in f for f in bm.findings)
-    assert any("INFERENCE" in f and "invoice looks due" in f for f in bm.findings)
-    assert any("0.62" in f for f in bm.findings)
+    assert "The agent's reasoning: \"The invoice looks due today\"" in bm.findings  # its type is for auditors
+    assert not any("INFERENCE" in f for f in bm.findings)
+    assert "The agent says it is 62% confident in this step." in bm.findings
     assert [o.label for o in bm.question.options] == ["Approve", "Deny"]
     assert all(o.reasoning for o in bm.question.options)
     assert bm.question.hatches.free_text and bm.question.hatches.dialogue
@@ -422,7 +425,7 @@ async def test_a_second_report_past_the_duplicate_window_is_a_critical_finding(e
     esc = await env.watch.wait("HEM_ESCALATED", lambda ev: ev["body"]["trigger"] == "TRANSITION_REPORTED_TWICE")
     assert esc["body"]["executed_action"] == "DeleteEverything"
     item = await _moment(Surface(env.nc, PRINCIPAL), rec["idp_id"])
-    assert "DeleteEverything" in item.binding_moment.synopsis
+    assert "DeleteEverything" in item.binding_moment.findings[0]  # what happened, first (the synopsis commits)
     transitioned = await read_log(env.js, "STATE_TRANSITIONED")
     assert len(transitioned) == 1
     verified = await read_log(env.js, "IDP_COMMITMENT_VERIFIED") + await read_log(env.js, "IDP_COMMITMENT_GAP")

@@ -137,9 +137,12 @@ def _header(text: str) -> dict[str, Any]:
 def decision_blocks(plan: DecisionPlan, principal: str, *, live: bool = True) -> Blocks:
     """The whole moment; with ``live`` the option and hatch buttons, else none."""
     ref = {"p": principal, "m": plan.moment_id}
-    out: Blocks = [_header(f"A decision waits: agent {plan.agent}"), *_untrusted(plan)]
+    gateway = plan.recommended_by == "gateway"
+    head = f"Approval waits: agent {plan.agent} asks to act" if gateway else f"A decision waits: agent {plan.agent}"
+    out: Blocks = [_header(head), *_untrusted(plan)]
     out += sections(f"Synopsis\n{plan.synopsis}")
     out += sections(f"Findings\n{bullets(plan.findings)}")
+    at = len(out)  # where a gateway-made moment's arguments in full go (below)
     out += sections(f"Recommendations\n{bullets(plan.recommendations)}")
     out += sections(f"Offer\n{plan.offer}")
     out.append({"type": "divider"})
@@ -148,8 +151,9 @@ def decision_blocks(plan: DecisionPlan, principal: str, *, live: bool = True) ->
         acc = button(f"Choose {o.index + 1}", f"option_{o.index}", {**ref, "k": "option", "i": o.index}) if live else None
         out += sections(f"{o.index + 1}. {o.label}\n{o.reasoning}", acc)
         if o.recommended:
+            who = "the gateway's policy" if gateway else "the agent"
             out.append({"type": "context", "elements": [mrkdwn(
-                f":star: *Recommended by the agent* (option {o.index + 1}; not chosen for you)")]})
+                f":star: *Recommended by {who}* (option {o.index + 1}; not chosen for you)")]})
     if live and plan.hatches:
         out.append({"type": "actions", "block_id": "pgw_hatches", "elements": [
             button("Answer in my words" if h.kind == "free_text" else "The question is wrong", h.kind,
@@ -158,9 +162,20 @@ def decision_blocks(plan: DecisionPlan, principal: str, *, live: bool = True) ->
     meta = f"moment `{plan.moment_id}`"
     if plan.expires_at:
         meta += f" · expires {escape(plan.expires_at)}"
-    if plan.decision_class:
+    if plan.decision_class and not gateway:  # a gateway-made moment's class (idp.hem) is for the record
         meta += f" · class {escape(plan.decision_class)}"
     out.append({"type": "context", "elements": [mrkdwn(meta)]})
+    if plan.attachments:
+        # Never silently clipped: the arguments in full when the message holds them, else said so.
+        whole: Blocks = []
+        for a in plan.attachments:
+            whole += sections(f"Argument {a.name} in full ({a.chars:,} characters)\n{a.text}")
+        if len(out) + len(whole) > MAX_BLOCKS:
+            chars = sum(a.chars for a in plan.attachments)
+            whole = [{"type": "context", "elements": [mrkdwn(
+                f":warning: *The arguments in full ({chars:,} characters) do not fit in a Slack message*: "
+                "read them in the web app or `pgw surface` before you answer.")]}]
+        out[at:at] = whole
     return out
 
 

@@ -69,6 +69,14 @@ class HatchView(Struct, frozen=True):
     hint: str
 
 
+class AttachmentView(Struct, frozen=True):
+    """One argument of a gated action, whole, as the gateway's card attaches it (shown on request)."""
+
+    name: str
+    text: str
+    chars: int
+
+
 class QuestionView(Struct, frozen=True):
     id: str
     question: str
@@ -99,6 +107,12 @@ class DecisionPlan(PlanBase, tag="decision"):
     hatches: list[HatchView]
     decision_class: str | None = None
     calibration_note: str | None = None
+    # Who recommends the recommended option: the agent that wrote the moment, or, on a moment the
+    # gateway made itself (``hem``: an approval before a gated action, a gap), the gateway's policy.
+    recommended_by: Literal["agent", "gateway"] = "agent"
+    # A gateway-made moment's arguments, whole (its conventional payload, gateway/kernel/hem.py
+    # ``attachment``): a surface shows them on request, so a long value is never silently clipped.
+    attachments: list[AttachmentView] = []
 
 
 class ClarificationPlan(PlanBase, tag="clarification"):
@@ -268,7 +282,19 @@ def _decision(item: BindingMomentItem, base: dict[str, Any]) -> Plan:
         hatches=hatches,
         decision_class=bm.meta.decision_class if bm.meta else None,
         calibration_note=bm.meta.calibration_note if bm.meta else None,
+        recommended_by="gateway" if item.hem else "agent",
+        attachments=_attachments(item.conventional) if item.hem else [],
     )
+
+
+def _attachments(conventional: Any) -> list[AttachmentView]:
+    """The arguments a gateway-made moment attaches whole (``{"arguments": [{"name", "text"}]}``); none if malformed."""
+    args = conventional.get("arguments") if isinstance(conventional, dict) else None
+    if not isinstance(args, list):
+        return []
+    out = [AttachmentView(a["name"], a["text"], len(a["text"])) for a in args
+           if isinstance(a, dict) and isinstance(a.get("name"), str) and isinstance(a.get("text"), str)]
+    return out if len(out) == len(args) else []
 
 
 def _blocked(item: AuthorizationItem, base: dict[str, Any], variant: str, why: str) -> AuthorizationPlan:
@@ -374,6 +400,7 @@ def plan_to_builtins(plan: Plan) -> dict[str, Any]:
 
 
 __all__ = [
+    "AttachmentView",
     "AuthorizationPlan",
     "ClarificationPlan",
     "DecisionPlan",

@@ -35,7 +35,7 @@ from consumers.surfaces.model import (
     plan_item,
     plan_to_builtins,
 )
-from consumers.surfaces.text import HATCH_KEYS, Style, render_plan
+from consumers.surfaces.text import HATCH_KEYS, WHOLE_KEY, Style, render_plan
 from subjects.wire import (
     ClarificationAnswers,
     DialogueVeto,
@@ -233,6 +233,7 @@ class TerminalSurface:
         self.board: dict[str, Plan] = {}
         self.current = 0
         self.selected: dict[str, int | None] = {}
+        self.whole: set[str] = set()  # moments whose arguments are shown in full
         self.scroll = 0
         self.prompt: Prompt | None = None
         self.status = "Connecting…"
@@ -278,7 +279,7 @@ class TerminalSurface:
             help_ = "q quit"
         else:
             key, plan = cur
-            body = render_plan(plan, width=width, color=st.color, selected=self.selected.get(key))
+            body = render_plan(plan, width=width, color=st.color, selected=self.selected.get(key), whole=key in self.whole)
             help_ = self.help_line(plan)
         bottom: list[str] = [""]
         if self.prompt:
@@ -300,6 +301,8 @@ class TerminalSurface:
         if isinstance(plan, DecisionPlan):
             parts = ["↑/↓ choose", "Enter answer"]
             parts += [f"{HATCH_KEYS[h.kind]} {h.label.lower()}" for h in plan.hatches]
+            if plan.attachments:
+                parts.append(f"{WHOLE_KEY} arguments in full")
             return " · ".join([*parts, "q quit"])
         if isinstance(plan, ClarificationPlan):
             return "Enter answer the questions · q quit"
@@ -347,6 +350,8 @@ class TerminalSurface:
                     self.status = "Choose an option with ↑/↓ (or its number) first."
                 else:
                     await self.send(mkey, OptionChoice(index=sel), f"option {sel + 1}: {plan.options[sel].label}")
+            elif key == "char:" + WHOLE_KEY and plan.attachments:
+                self.whole ^= {mkey}
             elif key == "char:" + HATCH_KEYS["free_text"]:
                 if any(h.kind == "free_text" for h in plan.hatches):
                     self.prompt = Prompt("free_text", "Your answer in your own words:", mkey)

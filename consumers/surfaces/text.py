@@ -21,6 +21,8 @@ from consumers.surfaces.model import (
 )
 
 HATCH_KEYS = {"free_text": "f", "dialogue": "d"}
+WHOLE_KEY = "w"  # shows a gateway-made moment's arguments in full (and hides them again)
+RECOMMENDER = {"agent": "the agent", "gateway": "the gateway's policy"}
 
 _SGR = {
     "bold": "1",
@@ -71,13 +73,14 @@ def header_line(plan: Plan, st: Style) -> list[str]:
     return out
 
 
-def render_decision(plan: DecisionPlan, st: Style, width: int, selected: int | None) -> list[str]:
+def render_decision(plan: DecisionPlan, st: Style, width: int, selected: int | None, whole: bool = False) -> list[str]:
     out = header_line(plan, st)
     if plan.hem:
-        out.append(st("The agent asks your approval before it acts.", "yellow"))
+        out.append(st(f"The gateway asks your approval before agent {plan.agent} acts.", "yellow"))
     if plan.expires_at:
         out.append(st(f"Answer before {plan.expires_at}", "yellow"))
-    if plan.decision_class:
+    if plan.decision_class and plan.recommended_by == "agent":
+        # A gateway-made moment's class (idp.hem) is for the record, not for the principal.
         out.append(st(f"decision class: {plan.decision_class}", "dim"))
     out.append("")
     if plan.calibration_note:
@@ -87,6 +90,15 @@ def render_decision(plan: DecisionPlan, st: Style, width: int, selected: int | N
     out.append("")
     out.append(st("Findings", "cyan"))
     out += [ln for f in plan.findings for ln in _wrap(f, width, "    ", "  • ")] or ["  (none)"]
+    if plan.attachments:
+        chars = sum(a.chars for a in plan.attachments)
+        if whole:
+            out.append(st(f"Arguments in full ({chars:,} characters; [{WHOLE_KEY}] hides them)", "cyan"))
+            for a in plan.attachments:
+                out.append(st(f"  {a.name} ({a.chars:,} characters):", "bold"))
+                out += _wrap(a.text, width, "    ", "    ")
+        else:
+            out.append(st(f"  [{WHOLE_KEY}] show the arguments in full ({chars:,} characters)", "dim"))
     out.append(st("Recommendations", "cyan"))
     out += [ln for r in plan.recommendations for ln in _wrap(r, width, "    ", "  • ")] or ["  (none)"]
     out += [st(ln, "dim") for ln in _wrap(plan.offer, width)]
@@ -94,7 +106,7 @@ def render_decision(plan: DecisionPlan, st: Style, width: int, selected: int | N
     out += [st(ln, "bold") for ln in _wrap(plan.stem, width)]
     for opt in plan.options:
         cursor = "›" if selected == opt.index else " "
-        mark = st(" ★ recommended", "green", "bold") if opt.recommended else ""
+        mark = st(f" ★ recommended by {RECOMMENDER[plan.recommended_by]}", "green", "bold") if opt.recommended else ""
         label = f"{cursor} {opt.index + 1}. {opt.label}"
         label = st(label, "rev") if selected == opt.index else st(label, "bold" if opt.recommended else "")
         out.append(label + mark)
@@ -137,12 +149,13 @@ def render_notice(plan: NoticePlan, st: Style, width: int) -> list[str]:
     return out
 
 
-def render_plan(plan: Plan, *, width: int = 80, color: bool = False, selected: int | None = None) -> list[str]:
-    """The lines a terminal shows for ``plan``."""
+def render_plan(plan: Plan, *, width: int = 80, color: bool = False, selected: int | None = None,
+                whole: bool = False) -> list[str]:
+    """The lines a terminal shows for ``plan``; ``whole``: a gateway-made moment's arguments in full."""
     st = Style(color)
     match plan:
         case DecisionPlan():
-            return render_decision(plan, st, width, selected)
+            return render_decision(plan, st, width, selected, whole)
         case ClarificationPlan():
             return render_clarification(plan, st, width)
         case AuthorizationPlan():

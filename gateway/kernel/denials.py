@@ -17,9 +17,10 @@ from typing import Any
 import msgspec
 
 from gateway.kernel.eventlog import EventLog
-from gateway.kernel.hem import hem_moment
+from gateway.kernel.hem import attachment, hem_moment
 from gateway.kernel.mandate import Mandate
 from gateway.kernel.state import HemHold, KernelState, SessionEntry
+from gateway.security.text import marked
 from pgwcore.logs import get_logger
 from subjects.idp import (
     EnrichedDeny,
@@ -150,16 +151,19 @@ class Denials:
         if arguments is not None:
             # SR-1 (spec 002 "Redaction"): the principal's surface never shows a configured secret,
             # whatever the agent put in the arguments; the executor still gets them as sent.
-            arguments = (await self.gw.stage_state.get()).redactor.graph(arguments)
+            # Characters she could not see are marked where they stand, not dropped (docs/gate.md).
+            arguments = (await self.gw.stage_state.get()).redactor.graph(arguments, show=marked)
         moment = hem_moment(agent=agent, idp=idp, trigger=trigger, cedar=cedar, verification=verification,
                             arguments=arguments)
+        # The arguments whole, as the card shows them on request (docs/gate.md "What the principal sees").
+        attached = attachment(arguments) if arguments is not None else None
         if retell is not None:
             moment = retell(moment)
         await self.desk.dispatch(
             agent=agent, principal=principal, binding_moment=moment, envelope_id=idp.idp_id,
             correlation_id=idp.session_id, expires_in_s=self.cfg.hem_expires_in_s, traceparent=tp,
             hem=HemContext(idp.idp_id, idp.session_id, idp.requested_action,
-                           permits=trigger == "HEM_URGENCY_REQUIRED"), moment_id=moment_id,
+                           permits=trigger == "HEM_URGENCY_REQUIRED"), moment_id=moment_id, conventional=attached,
         )
         log.info("hem escalated", agent=agent, idp_id=idp.idp_id, trigger=trigger, moment_id=moment_id,
                  session_state=sess.state)

@@ -96,6 +96,19 @@ ATTESTATION = "gate_executed"
 # transit the gate, so a policy may require it: forbid(...) unless { context.execution.gated };
 GATE_CONTEXT = {"gated": True, "executed_action_source": EXECUTED_ACTION_SOURCE}
 _enc = msgspec.json.Encoder()
+# Why a HEM step did not run, by the principal's answer (gateway.moment_record.hem_decision_of), in the
+# ``action_result`` the agent gets. Her own words are not copied here: they travel in the moment's
+# ``hem_decision`` outcome (``text``), which is forgotten on schedule (spec 000 §13); the MCP gate hands
+# them to the model with this refusal (docs/gate.md "What the principal sees").
+NOT_RUN = {
+    "deny": "the principal denied this call: nothing ran",
+    "free_text": "the principal answered in her own words instead of approving: nothing ran; "
+                 "her words are the text of this moment's hem_decision outcome",
+    "dialogue": "the principal rejected the question as asked: nothing ran; "
+                "her objection, if she wrote one, is the text of this moment's hem_decision outcome",
+    "expired": "nobody answered before the approval expired: nothing ran (an expiry is never a consent)",
+    "unknown": "the principal did not approve: nothing ran",
+}
 # The tail task _finish left running in this act's task (awaited by _serve_act after it answered).
 _TAIL: contextvars.ContextVar[asyncio.Task[None] | None] = contextvars.ContextVar("pgw_gate_tail", default=None)
 
@@ -609,7 +622,7 @@ class Gate:
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
             return
-        await self._not_run(d, f"the principal's answer was {decision}: the action was not run")
+        await self._not_run(d, NOT_RUN.get(decision, NOT_RUN["deny"]))
 
     async def _approved(self, d: OpenDispatch, rev: int) -> None:
         try:
@@ -689,7 +702,7 @@ class Gate:
                         await self._dispatch(d, reply=False, rev=e.revision)
                     return True
                 if got is not None and got[0].status == "hem_denied":
-                    await self._not_run(d, "the principal did not approve: the action was not run")
+                    await self._not_run(d, NOT_RUN["unknown"])
                     return True
                 return False
             if (d.dispatched_at or 0) + ex.timeout_s > now:

@@ -1,15 +1,34 @@
 """The human-escalation binding moment the gateway builds itself (DESIGN §5.3).
 
 Spec 000 §5 eight slots, under the same grammar and lints as an agent's
-moment (``_disciplined``; a test runs them over every trigger): the synopsis
-commits to the gateway's position in one answer-first sentence (§6.1: deny
-the action, or end the session); the findings carry the declared action and
-goal, the reasoning basis and confidence (and, for a commitment gap, the
-verification record with ``match_result: IDP_COMMITMENT_GAP``, spec 003
-§5.5.2(b)); the recommendations are concrete moves (§6.3); options are
-approve (index 0) and deny (index 1), both with reasoning; both hatches open.
-The gateway has no stake in the answer, so the recommended option is the
-conservative one, deny.
+moment (``_disciplined``; a test runs them over every trigger). The card
+tells the principal the truth about who asks what (docs/gate.md "What the
+principal sees"):
+
+- who recommends: the gateway's policy, not the agent (the agent wants the
+  action). The gateway has no stake in the answer, so the recommended option
+  is the conservative one, deny, and the synopsis commits to it answer-first
+  (§6.1) as the policy's recommendation, never as a decision already taken;
+- what the agent asks to do, in plain words: the tool or action and the
+  argument that matters, a path first, in the stem (§6.5, no UUID of the
+  governed object);
+- why she is asked: the rule that escalated it (the policy does not allow it
+  on its own, or the agent asked, or the kernel saw a gap), in words, first
+  among the findings;
+- no protocol jargon for her: the trigger codes, reasoning-basis types, ids
+  and the signed verification record stay in the kernel's ``HEM_ESCALATED``
+  event for auditors; the one exception is the ``match_result`` a commitment
+  gap must surface to the resolving principal (spec 003 §5.5.2(b));
+- the arguments the executor will be sent, each as a finding (a path first):
+  secrets the gateway's detector finds redacted besides the configured ones
+  (``gateway.security.secret_scan``; the caller applies SR-1 first), every
+  character she could not see marked ``⟦U+XXXX⟧`` where it stands
+  (``gateway.security.text.marked``), a long value previewed with its length
+  said and attached whole to the card (:func:`attachment`, the surface
+  item's conventional payload), so nothing she approves is silently clipped.
+
+Options are approve (index 0) and deny (index 1), both with reasoning; both
+hatches open.
 """
 
 from __future__ import annotations
@@ -18,14 +37,21 @@ from typing import Any
 
 import msgspec
 
+from gateway.security.secret_scan import redact_graph
+from gateway.security.text import marked
 from subjects.constraints import MAX_LIST_ITEMS
 from subjects.idp import Idp
 from subjects.wire import BindingMoment, Hatches, MomentMeta, MomentOption, Question
 
+# Why she is asked, per trigger (the cedar outcome refines HEM_URGENCY_REQUIRED, see _why).
+WHY = "Why you are asked: "
 _TRIGGER_TEXT = {
-    "HEM_URGENCY_REQUIRED": "the agent declared that it requires human judgment (hem_urgency REQUIRED)",
-    "MISSION_REF_MISMATCH_THRESHOLD": "the agent's declarations repeatedly named the wrong mission",
-    "IDP_COMMITMENT_GAP": "the agent executed an action other than the one it declared",
+    "MISSION_REF_MISMATCH_THRESHOLD": "agent {agent}'s requests repeatedly named a task that its permission does not cover, "
+                                      "so the gateway stopped the session until you decide.",
+    "IDP_COMMITMENT_GAP": "agent {agent} said it would do {declared} but did {executed}, "
+                          "so the gateway stopped the session until you decide.",
+    "TRANSITION_REPORTED_TWICE": "agent {agent} reported doing two different things for one step it declared, "
+                                 "so the gateway stopped the session until you decide.",
 }
 
 
@@ -35,10 +61,14 @@ def _clip(text: str, n: int = 400) -> str:
 
 
 # The findings that show a gated action's arguments (docs/gate.md "What the principal sees"): at most
-# this many, each at most ARG_CHARS characters, so with the other findings the moment stays within the
-# grammar of spec 000 (at most MAX_LIST_ITEMS findings of at most 2,000 characters each).
+# this many, each previewing at most ARG_CHARS characters (its length said, the whole value attached),
+# so with the other findings the moment stays within the grammar of spec 000 (at most MAX_LIST_ITEMS
+# findings of at most 2,000 characters each).
 MAX_ARG_FINDINGS = 12
-ARG_CHARS = 600
+ARG_CHARS = 300
+# Arguments that name what the action touches, shown first and quoted in the question.
+PATH_KEYS = ("path", "file_path", "filepath", "file", "filename", "source", "destination", "target", "dir",
+             "directory", "folder", "uri", "url", "repo_path")
 
 
 def _json(value: Any) -> str:
@@ -48,35 +78,110 @@ def _json(value: Any) -> str:
         return repr(value)
 
 
-def argument_findings(arguments: dict[str, Any]) -> list[str]:
+class Shown:
+    """A gated action's arguments as the principal reads them: secrets redacted, invisibles marked, a path first."""
+
+    def __init__(self, arguments: dict[str, Any]) -> None:
+        self.kinds: list[str] = []
+        args = redact_graph(arguments, self.kinds)
+        tool = args.get("tool")
+        if isinstance(tool, str) and isinstance(args.get("arguments"), dict) and set(args) == {"tool", "arguments"}:
+            self.tool: str | None = marked(tool)
+            args = args["arguments"]
+        else:
+            self.tool = None
+        self.hidden = False
+        items: list[tuple[str, str]] = []
+        for k, v in args.items():
+            text = v if isinstance(v, str) else _json(v)
+            shown = marked(text)
+            self.hidden = self.hidden or shown != text
+            items.append((marked(str(k)), shown if not isinstance(v, str) else _json(shown)))
+        self.raw_text = {marked(str(k)): marked(v if isinstance(v, str) else _json(v)) for k, v in args.items()}
+        # Marked here or already by SR-1's rendering (the kernel redacts with show=marked first).
+        self.hidden = self.hidden or any("⟦U+" in k + v for k, v in self.raw_text.items())
+        first = [i for i in items if i[0].lower() in PATH_KEYS]
+        self.items = first + [i for i in items if i not in first]
+        self.path = next((self.raw_text[k] for k, _ in first if k in self.raw_text), None)
+
+
+def argument_findings(arguments: dict[str, Any], shown: Shown | None = None) -> list[str]:
     """What a gated action will be sent to its executor with, as findings the principal reads.
 
     The arguments of an MCP tool call through ``pgw mcp-gate`` have the shape
     ``{"tool": NAME, "arguments": {...}}`` (the gate's own executor reads it): the
-    tool is named, then each of its arguments. Any other action's arguments are
-    listed one per finding. Each value is its JSON, clipped to ``ARG_CHARS``; past
-    ``MAX_ARG_FINDINGS`` the rest are counted, not shown. The caller redacts first
-    (the gateway's SR-1 redactor): nothing here reads a secret.
+    tool is named, then each of its arguments, a path first. Any other action's
+    arguments are listed one per finding. Each value is its JSON; one longer than
+    ``ARG_CHARS`` is previewed with its length said, and past ``MAX_ARG_FINDINGS``
+    the rest are counted: every value is attached whole (:func:`attachment`). The
+    caller applies SR-1 first; secrets the detector finds are redacted here.
     """
+    s = shown or Shown(arguments)
     out: list[str] = []
-    args = arguments
-    tool = arguments.get("tool")
-    if isinstance(tool, str) and isinstance(arguments.get("arguments"), dict) and set(arguments) == {"tool", "arguments"}:
-        out.append(f"Tool to call: {_clip(tool, 200)}.")
-        args = arguments["arguments"]
+    if s.tool is not None:
+        out.append(f"Tool to call: {_clip(s.tool, 200)}.")
         what = "Tool argument"
     else:
         what = "Argument"
-    if not args:
+    if not s.items:
         out.append("The action is called with no arguments." if what == "Argument" else "The tool is called with no arguments.")
         return out
-    items = list(args.items())
     room = MAX_ARG_FINDINGS - len(out)
-    shown = items if len(items) <= room else items[: room - 1]
-    out += [f"{what} {_clip(str(k), 100)}: {_clip(_json(v), ARG_CHARS)}" for k, v in shown]
-    if len(shown) < len(items):
-        out.append(f"{len(items) - len(shown)} more arguments are not shown here; the kernel's dispatch record keeps them all.")
+    shown_items = s.items if len(s.items) <= room else s.items[: room - 1]
+    for k, v in shown_items:
+        name = _clip(k, 100)
+        if len(v) <= ARG_CHARS:
+            out.append(f"{what} {name}: {v}")
+        else:
+            out.append(f"{what} {name} ({len(s.raw_text.get(k, v)):,} characters; the first {ARG_CHARS} here, "
+                       f"the whole value attached to this card): {v[:ARG_CHARS]}…")
+    if len(shown_items) < len(s.items):
+        out.append(f"{len(s.items) - len(shown_items)} more arguments are attached to this card in full.")
+    if s.kinds:
+        out.append(f"Shown as [REDACTED]: what looks like a secret ({', '.join(s.kinds[:4])}); "
+                   "the tool still receives it as the agent sent it.")
+    if s.hidden:
+        out.append("Characters you could not see are shown as ⟦U+…⟧ where they stand; they will be sent as they are.")
     return out
+
+
+def attachment(arguments: dict[str, Any], shown: Shown | None = None) -> dict[str, Any]:
+    """The whole arguments as the card shows them on request (the surface item's ``conventional``).
+
+    ``{"arguments": [{"name", "text", "chars"}], "tool"?}``: each value as text (a string as it
+    is, anything else its JSON), redacted and marked as in the findings, never clipped.
+    """
+    s = shown or Shown(arguments)
+    out: dict[str, Any] = {"arguments": [{"name": k, "text": s.raw_text[k], "chars": len(s.raw_text[k])}
+                                         for k, _ in s.items if k in s.raw_text]}
+    if s.tool is not None:
+        out["tool"] = s.tool
+    return out
+
+
+def _ask(action: str, shown: Shown | None) -> str:
+    """What the agent asks to do, in plain words: the tool (or action) and the path it touches."""
+    act = marked(_clip(action, 100))
+    if shown is None:
+        return f"do {act}"
+    verb = f"run {_clip(shown.tool, 100)}" if shown.tool is not None else f"do {act}"
+    if shown.path is not None:
+        return f"{verb} on \"{_clip(shown.path, 160)}\""
+    return verb
+
+
+def _why(trigger: str, agent: str, action: str, cedar: str | None, verification: dict[str, Any] | None) -> str:
+    act = marked(_clip(action, 100))
+    if trigger == "HEM_URGENCY_REQUIRED":
+        if cedar == "DENY":
+            return (f"{WHY}the gateway's policy does not allow {act} for agent {agent} on its own, "
+                    "so the request asks for your approval instead of being refused.")
+        if cedar == "PERMIT":
+            return f"{WHY}the gateway's policy would allow {act}, but agent {agent} asked for your decision before it acts."
+        return f"{WHY}agent {agent} asked for your decision before it acts."
+    executed = marked(_clip(str((verification or {}).get("executed_action", "another action")), 100))
+    text = _TRIGGER_TEXT.get(trigger, "the gateway's kernel stopped the session until you decide.")
+    return WHY + text.format(agent=agent, declared=act, executed=executed)
 
 
 def hem_moment(
@@ -90,65 +195,59 @@ def hem_moment(
     arguments: dict[str, Any] | None = None,
 ) -> BindingMoment:
     action = idp.requested_action
-    goal = idp.declared_goal.description if idp.declared_goal else "no goal declared (IDP_THIN)"
-    # spec 000 §6.1: the synopsis commits to the gateway's position (answer-first), it does not restate
-    # the request; the request itself is in the stem and the findings. The position is the
-    # recommended option (slot 7): deny, the conservative one, since the gateway has no stake.
-    if trigger == "HEM_URGENCY_REQUIRED":
-        position = "the agent asked for a human decision, and the gateway approves nothing on your behalf"
-        stem = f"Should agent {agent} perform {_clip(action, 100)} on object {idp.so_id}?"
+    shown = Shown(arguments) if arguments is not None else None
+    gated = trigger == "HEM_URGENCY_REQUIRED"
+    # spec 000 §6.1: the synopsis commits to the recommended option (slot 7), deny, as the gateway's
+    # policy's recommendation (the agent wants the action); the request itself is in the stem.
+    if gated:
+        ask = _ask(action, shown)
+        stem = f"Should agent {agent} {ask}?"
+        synopsis = _clip(f"The gateway's policy recommends Deny: agent {agent} asks to {ask}, "
+                         "and nothing runs unless you approve.")
     else:
-        position = {
-            "IDP_COMMITMENT_GAP": "the agent executed a different action than the one it declared",
-            "MISSION_REF_MISMATCH_THRESHOLD": "the agent's declarations repeatedly named a mission its mandate does not cover",
-        }.get(trigger, "the kernel escalated it and the gateway approves nothing on your behalf")
-        stem = f"Should agent {agent} be allowed to continue session {_clip(idp.session_id, 64)}?"
-    if trigger == "HEM_URGENCY_REQUIRED":
-        verb, subject = "Deny", f"{_clip(action, 100)} for agent {agent}"
-    else:
-        verb, subject = "End", f"session {_clip(idp.session_id, 64)} of agent {agent}"
-    synopsis = _clip(f"{verb} {subject}: {position}.")
-    findings = [f"Escalated because {_TRIGGER_TEXT.get(trigger, trigger)}."]
-    findings.append(f"Declared action {_clip(action, 200)}, to pursue: \"{_clip(goal, 300)}\".")
-    if trigger == "MISSION_REF_MISMATCH_THRESHOLD":
-        findings.append("The mission named in the declarations is not one the agent's mandate names.")
+        stem = f"Should agent {agent} be allowed to continue this session?"
+        synopsis = _clip("The gateway's policy recommends Deny, which ends this session: "
+                         "the agent must start again under a correct declaration.")
+    findings = [_why(trigger, agent, action, cedar, verification)]
+    if trigger == "IDP_COMMITMENT_GAP" and verification:
+        # spec 003 §5.5.2(b): match_result IDP_COMMITMENT_GAP "clearly surfaced to the resolving
+        # principal"; the whole signed record is in HEM_ESCALATED (``verification``) for auditors.
+        findings.append(f"The kernel's signed check of this step says match_result "
+                        f"{_clip(str(verification.get('match_result')), 40)}: what was declared and what ran differ.")
+    goal = idp.declared_goal.description if idp.declared_goal else None
+    findings.append(f"The agent's stated goal: \"{marked(_clip(goal, 300))}\"." if goal
+                    else "The agent stated no goal for this step.")
     if idp.reasoning_basis is not None:
-        findings.append(
-            f"Reasoning basis {idp.reasoning_basis.type}: {_clip(idp.reasoning_basis.description, 600)}"
-        )
-    else:
-        findings.append("Reasoning basis: UNSPECIFIED (thin profile).")
-    conf = f"{idp.confidence_level:.2f}" if idp.confidence_level is not None else "not stated (0.5 recorded)"
-    findings.append(f"Declared confidence: {conf}.")
+        findings.append(f"The agent's reasoning: \"{marked(_clip(idp.reasoning_basis.description, 600))}\"")
+    if idp.confidence_level is not None:
+        findings.append(f"The agent says it is {round(idp.confidence_level * 100)}% confident in this step.")
     if arguments is not None:
-        findings += argument_findings(arguments)
-    if cedar:
-        findings.append(f"Policy evaluation alone would {'permit' if cedar == 'PERMIT' else 'deny'} this action.")
+        findings += argument_findings(arguments, shown)
+    if verification:
+        # spec 003 §5.5.2(b): the Escalation Request includes the verification record itself; every field
+        # as signed, in one finding labelled for auditors, last (the plain account is first).
+        findings.append(f"For auditors, the kernel's signed verification record: {_clip(_json(verification), 1800)}")
     if previous_deny:
         findings.append(f"This follows a denial of the same action in this session ({previous_deny}).")
-    if verification:
-        # spec 003 §5.5.2(b): the Escalation Request includes the verification record itself,
-        # match_result first; every field, as signed.
-        findings.append(f"Commitment verification record: match_result {verification.get('match_result')}.")
-        findings += [f"Verification record {k}: {_clip(str(v), 200)}" for k, v in verification.items() if k != "match_result"]
     # spec 000 §6.2 / the grammar: at most MAX_LIST_ITEMS findings (argument_findings keeps within it).
     findings = findings[:MAX_LIST_ITEMS]
-    if trigger == "HEM_URGENCY_REQUIRED":
-        approve_reason = "The declared goal and reasoning justify this action this once."
-        deny_reason = "The action does not run; the agent keeps its session and can choose another action."
-        offer = "Ask for detail on any finding; approving permits exactly this declared step once."
+    if gated:
+        approve_reason = "It runs once, exactly with the arguments shown."
+        deny_reason = "Nothing runs; the agent is told you said no and keeps its session."
+        offer = "Ask for detail on any finding; approving runs exactly this call once, with the arguments shown."
         # spec 000 §6.3: concrete moves, each one that would change state if taken.
         recommendations = [
-            "Deny the declared action; the agent keeps its session and can propose another step.",
-            "Approve it only if the declared goal is one you set and the action is the step it needs.",
+            "Deny it unless you set this goal yourself and every argument is what you expect.",
+            "Approve only after reading the arguments in full.",
+            "Answer in your own words to say what should change; the agent gets your words and nothing runs.",
         ]
     else:
-        approve_reason = "You have checked the divergence and accept it; the session continues."
-        deny_reason = "The divergence is not acceptable; the session ends and the agent must start again."
+        approve_reason = "You have checked what the agent did and accept it; the session continues."
+        deny_reason = "The session ends and the agent must start again."
         offer = "Ask for detail on any finding; approving lets the session continue, denying ends it."
         recommendations = [
             "Deny: end the session, so that the agent must start again under a correct declaration.",
-            "Approve only after you have checked the divergence in the findings and accept it.",
+            "Approve only after you have checked what it did and accept it.",
         ]
     moment = BindingMoment(
         synopsis=synopsis,
@@ -164,9 +263,11 @@ def hem_moment(
             recommended_idx=1,
             hatches=Hatches(free_text=True, dialogue=True),
         ),
+        # For the record and a surface's choice of style (spec 000 §6.9); surfaces do not show it
+        # to the principal on a gateway-made moment (docs/surfaces.md).
         meta=MomentMeta(decision_class="idp.hem"),
     )
-    return _disciplined(moment, agent, "Deny this escalated request" if verb == "Deny" else "End this session")
+    return _disciplined(moment, agent, "The gateway's policy recommends Deny" if gated else "The gateway's policy recommends ending this session")
 
 
 def _disciplined(moment: BindingMoment, agent: str, plain_position: str) -> BindingMoment:

@@ -21,6 +21,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from prometheus_client import Counter
 
 from gateway.kernel.eventlog import Appended, EventLog
+from gateway.kernel.hem import WHY
 from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.state import IdpEntry, KernelState
 from pgwcore.logs import get_logger
@@ -115,14 +116,13 @@ def recorded_status(reported: str, response_digest: str | None) -> tuple[str, st
 def _second_report_moment(
     moment: BindingMoment, agent: str, session_id: str, declared: str, first: Any, second: str
 ) -> BindingMoment:
-    """The HEM moment of a second report: what happened, in the moment ``hem_moment`` built."""
-    synopsis = (f"Agent {agent} declared {declared[:100]} once, reported executing {str(first)[:100]}, "
-                f"then reported executing {second[:100]} for the same declared step.")
-    because = "Escalated because the agent reported a second transition for one declared step (no declaration covers it)."
-    findings = [because, *(f for f in moment.findings if not f.startswith("Escalated because"))]
-    stem = f"Should agent {agent} be allowed to continue session {session_id[:64]}?"
-    question = msgspec.structs.replace(moment.question, stem=stem)
-    return msgspec.structs.replace(moment, synopsis=synopsis, findings=findings, question=question)
+    """The HEM moment of a second report: what happened, first among the findings of the moment
+    ``hem_moment`` built (its synopsis and question, which name no session id, stand)."""
+    because = (f"{WHY}agent {agent} declared {declared[:100]} once, reported doing {str(first)[:100]}, then reported "
+               f"doing {second[:100]} for the same step (no declaration covers it), so the gateway stopped the session "
+               "until you decide.")
+    findings = [because, *(f for f in moment.findings if not f.startswith(WHY))]
+    return msgspec.structs.replace(moment, findings=findings)
 
 
 class TransitionReports:

@@ -102,3 +102,28 @@ def visible(text: str) -> str:
             continue
         out.append(ch)
     return "".join(out)
+
+
+def _unseen(ch: str) -> bool:
+    """A character a reader cannot see, or cannot tell from a plain space, where it stands."""
+    c = ord(ch)
+    if ch in "\t\n\r" or ch == " ":
+        return False
+    cat = unicodedata.category(ch)
+    return (cat in ("Cf", "Cc", "Zl", "Zp", "Zs", "Co", "Cn") or c in _FILLERS or _TAG_FIRST <= c <= _TAG_LAST
+            or 0xFE00 <= c <= 0xFE0F or 0xE0100 <= c <= 0xE01EF)
+
+
+def marked(text: str) -> str:
+    """``text`` with every character a reader could not see written as ``⟦U+XXXX⟧`` where it stands.
+
+    For data a principal approves as it will be used (a gated action's arguments, docs/gate.md
+    "What the principal sees"), where :func:`visible` would drop what it cannot show: here nothing
+    is dropped, so what she reads is what will run. Marked: every format (Cf: bidi controls and
+    marks, zero-width spaces and joiners, soft hyphen, word joiner), control (Cc, but tab and line
+    breaks), separator other than the plain space (no-break and other look-alike spaces), filler,
+    variation selector, tag, private-use and unassigned character.
+    """
+    if text.isascii() and not _ASCII_CONTROLS.search(text):
+        return text
+    return "".join(f"⟦U+{ord(ch):04X}⟧" if _unseen(ch) else ch for ch in text)

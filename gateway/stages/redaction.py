@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -114,8 +114,8 @@ class Redactor:
         """One string on its own (log fields, reasons, ids)."""
         return self._leaves([text])[0]
 
-    def _leaves(self, texts: list[str]) -> list[str]:
-        """Redact a sequence of strings rendered adjacently (document order)."""
+    def _leaves(self, texts: list[str], show: Callable[[str], str] = visible) -> list[str]:
+        """Redact a sequence of strings rendered adjacently (document order); ``show`` renders each after."""
         joined = "\n".join(texts)
         spans: list[list[tuple[int, int]]] = [[] for _ in texts]
         for tags in (False, True) if not joined.isascii() and TAGS.search(joined) else (False,):
@@ -125,7 +125,7 @@ class Redactor:
                 spans[li].extend(self._encoded_spans(t))
         if not may_hide(joined):
             return [apply_spans(t, s) for t, s in zip(texts, spans, strict=True)]
-        return [visible(apply_spans(t, s)) for t, s in zip(texts, spans, strict=True)]
+        return [show(apply_spans(t, s)) for t, s in zip(texts, spans, strict=True)]
 
     def _scan(self, texts: list[str], joined: str, spans: list[list[tuple[int, int]]], tags: bool) -> None:
         """Add the spans of ``secret:`` tokens and configured secrets, tags read as ``tags`` says."""
@@ -230,8 +230,12 @@ class Redactor:
             return False
         return b"\\" not in blob or (b"\\u00" not in blob and b"\\b" not in blob and b"\\f" not in blob)
 
-    def graph(self, value: Any) -> Any:
-        """A copy of a JSON graph with every string leaf and key redacted (``value`` itself if none changed)."""
+    def graph(self, value: Any, show: Callable[[str], str] = visible) -> Any:
+        """A copy of a JSON graph with every string leaf and key redacted (``value`` itself if none changed).
+
+        ``show``: how a leaf is rendered once redacted; by default without its invisible characters
+        (``visible``), for data a principal approves as it will run with them marked instead
+        (``gateway.security.text.marked``, docs/gate.md "What the principal sees")."""
         leaves: list[str] = []
         is_key: list[bool] = []
 
@@ -255,9 +259,9 @@ class Redactor:
             return value
         # Keys and values in document order, then the values alone: a renderer
         # may show an object's values side by side without their keys.
-        done = self._leaves(leaves)
+        done = self._leaves(leaves, show)
         vals = [i for i, k in enumerate(is_key) if not k]
-        for i, t in zip(vals, self._leaves([done[i] for i in vals]), strict=True):
+        for i, t in zip(vals, self._leaves([done[i] for i in vals], show), strict=True):
             done[i] = t
         if all(d is leaf for d, leaf in zip(done, leaves, strict=True)):
             return value  # nothing redacted: no copy

@@ -240,6 +240,24 @@ async function resolve(key, resolution, card, what) {
   }
 }
 
+// Who recommends: the agent that wrote the moment, or on a gateway-made one the gateway's policy.
+const RECOMMENDER = { agent: "Recommended by the agent", gateway: "Recommended by the gateway's policy" };
+
+// A gateway-made moment's arguments, whole, on request: never silently clipped (docs/gate.md).
+function wholeArguments(plan) {
+  if (!plan.attachments.length) return null;
+  const chars = plan.attachments.reduce((n, a) => n + a.chars, 0);
+  return h(
+    "details",
+    { class: "whole-args" },
+    h("summary", { text: `Show the arguments in full (${chars.toLocaleString("en")} characters)` }),
+    h("dl", {}, plan.attachments.map((a) => [
+      h("dt", { text: `${a.name} (${a.chars.toLocaleString("en")} characters)` }),
+      h("dd", {}, h("pre", { class: "whole-text", text: a.text })),
+    ])),
+  );
+}
+
 function renderDecision(plan, key) {
   const card = h("article", {
     class: `card card-decision${plan.untrusted ? " is-untrusted" : ""}`,
@@ -250,7 +268,8 @@ function renderDecision(plan, key) {
     "div",
     { class: "meta" },
     plan.hem ? h("span", { class: "chip chip-hem", text: "Approval before action" }) : null,
-    plan.decision_class ? h("span", { class: "chip", text: plan.decision_class }) : null,
+    // A gateway-made moment's class (idp.hem) is for the record, not for the principal.
+    plan.decision_class && plan.recommended_by === "agent" ? h("span", { class: "chip", text: plan.decision_class }) : null,
     expiryChip(plan),
   );
   // Plain sections, not named regions: one landmark per card would repeat on every card.
@@ -262,7 +281,7 @@ function renderDecision(plan, key) {
     h(
       "div",
       { class: "brief-cols" },
-      h("div", {}, h("h3", { text: "Findings" }), h("ul", { class: "findings" }, plan.findings.map((f) => h("li", { text: f })))),
+      h("div", {}, h("h3", { text: "Findings" }), h("ul", { class: "findings" }, plan.findings.map((f) => h("li", { text: f }))), wholeArguments(plan)),
       h("div", {}, h("h3", { text: "Recommendations" }), h("ul", { class: "recommendations" }, plan.recommendations.map((r) => h("li", { text: r })))),
     ),
     h("p", { class: "offer", text: plan.offer }),
@@ -284,7 +303,7 @@ function renderDecision(plan, key) {
       h(
         "span",
         { class: "option-body" },
-        h("span", { class: "option-label" }, h("span", { text: o.label }), o.recommended ? h("span", { class: "badge-rec", text: "Recommended by the agent" }) : null),
+        h("span", { class: "option-label" }, h("span", { text: o.label }), o.recommended ? h("span", { class: "badge-rec", text: RECOMMENDER[plan.recommended_by] }) : null),
         h("span", { class: "option-reasoning", text: o.reasoning }),
       ),
     );

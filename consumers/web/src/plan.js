@@ -155,7 +155,20 @@ function decision(item, b) {
     hatches,
     decision_class: meta.decision_class,
     calibration_note: meta.calibration_note,
+    // Who recommends: the agent that wrote the moment, or on a gateway-made one (hem) the gateway's policy.
+    recommended_by: item.hem === true ? "gateway" : "agent",
+    // A gateway-made moment's arguments, whole (gateway/kernel/hem.py attachment), shown on request.
+    attachments: item.hem === true ? attachments(item.conventional) : [],
   };
+}
+
+function attachments(conventional) {
+  const args = isObj(conventional) ? conventional.arguments : undefined;
+  if (!Array.isArray(args)) return [];
+  const out = args
+    .filter((a) => isObj(a) && isStr(a.name) && isStr(a.text))
+    .map((a) => ({ name: a.name, text: a.text, chars: [...a.text].length }));
+  return out.length === args.length ? out : [];
 }
 
 function clarification(item, b) {
