@@ -275,10 +275,10 @@ async def test_clarification_link_opens_a_form_per_question(tmp_path, make_confi
 
 async def test_the_mail_shows_the_whole_moment_under_the_invariants(
         tmp_path, make_config, nats_server, nc, monkeypatch) -> None:
-    """Both parts carry the four briefing slots, every option with its reasoning, the recommendation marked but every option link alike, and the untrusted mark."""
+    """Both parts carry the four briefing slots, every option with its reasoning, the recommendation marked but every option link alike, and no untrusted mark on trusted content."""
     async with running(tmp_path, make_config, nats_server, nc, monkeypatch) as bed:
         m = good_moment(recommended_idx=2)
-        await bed.moment(m, content_trust="untrusted")
+        await bed.moment(m)
         mail = await bed.mail()
         text, htm = parts(mail)
         for part in (" ".join(text.split()), htm):  # the text part is wrapped at 76 columns
@@ -286,7 +286,7 @@ async def test_the_mail_shows_the_whole_moment_under_the_invariants(
                 assert slot in part or slot.replace("'", "&#x27;") in part, slot
             for o in m["question"]["options"]:
                 assert o["label"] in part and o["reasoning"] in part
-            assert "UNTRUSTED" in part
+            assert "UNTRUSTED" not in part
             assert part.count("★ recommended") == 1
         assert re.search(r"Send nothing yet</b> <span class=\"recommended\"", htm), "the mark is on option 3"
         styles = set(re.findall(r'<a class="answer" href="[^"]+" style="([^"]+)"', htm))
@@ -342,6 +342,14 @@ def test_a_malformed_moment_is_mailed_as_a_notice_without_links(tmp_path, monkey
     assert out.links == {}
     for part in (out.text, out.html):
         assert "NOTICE" in part and "recommended_idx 7" in part and "Choose option" not in part
+
+
+def test_an_untrusted_item_carries_the_mark(tmp_path, monkeypatch) -> None:
+    """An item marked untrusted is mailed with the UNTRUSTED mark in both parts (the gateway delivers no untrusted
+    binding moment, spec 002 "Trust boundary"; a surface still marks any item that says it is untrusted)."""
+    out = _mail_of({**_item(), "untrusted": True}, tmp_path, monkeypatch)
+    for part in (out.text, out.html):
+        assert "UNTRUSTED" in part
 
 
 def test_a_closed_hatch_gets_no_link(tmp_path, monkeypatch) -> None:
