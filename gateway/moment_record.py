@@ -190,7 +190,9 @@ def closing_outcome(rec: MomentRecord) -> ResolutionOutcome | MomentExpired | He
         return HemDecision(
             **common, idp_id=rec.hem.idp_id, session_id=rec.hem.session_id,
             decision=hem_decision_of(res),  # type: ignore[arg-type]
-            text=res.text if isinstance(res, FreeTextAnswer) else None,
+            # The principal's own words, an answer or an objection, reach the agent (the MCP gate hands them
+            # to the model with the refusal, docs/gate.md); forgotten with this outcome (spec 000 §13).
+            text=res.text if isinstance(res, FreeTextAnswer) else res.objection if isinstance(res, DialogueVeto) else None,
         )
     if res is None:
         # DESIGN §6: a timeout is a refusal, never a consent.

@@ -801,9 +801,11 @@ class Gate:
 
     async def _await_result(self, idp_id: str, what: str, progress: Progress) -> types.CallToolResult:
         """Wait (with progress) for the ``action_result`` outcome of ``idp_id``, at most ``wait_s``."""
-        from subjects.wire import ActionResult
+        from subjects.wire import ActionResult, HemDecision
 
         fut = self.agent._expect(lambda o: isinstance(o, ActionResult) and o.idp_id == idp_id)
+        # The principal's own words (an answer or an objection) come in the moment's hem_decision outcome.
+        said = self.agent._expect(lambda o: isinstance(o, HemDecision) and o.idp_id == idp_id)
         start = time.monotonic()
         await progress(0.0, what)
         while True:
@@ -811,6 +813,7 @@ class Gate:
             left = self.config.wait_s - elapsed
             if left <= 0:
                 fut.cancel()
+                said.cancel()
                 return tool_error({"status": "timeout", "idp_id": idp_id,
                                    "reason": f"no result within {self.config.wait_s:g} s; the action may still run"})
             done, _ = await asyncio.wait({fut}, timeout=min(self.config.progress_every, left))
@@ -820,9 +823,17 @@ class Gate:
         out = fut.result()
         assert isinstance(out, ActionResult)
         if out.status == "confirmed":
+            said.cancel()
             return types.CallToolResult.model_validate(out.response)
-        return tool_error({"status": out.status, "idp_id": idp_id, "reason": out.reason, "error": out.response,
-                           "moment_id": out.moment_id})
+        body = {"status": out.status, "idp_id": idp_id, "reason": out.reason, "error": out.response, "moment_id": out.moment_id}
+        if out.status == "not_run" and out.moment_id is not None:
+            # Her words go to the model with the refusal, as the OpenAI Agents SDK's rejection message does.
+            with contextlib.suppress(TimeoutError):
+                decided = await asyncio.wait_for(asyncio.shield(said), 5.0)
+                if isinstance(decided, HemDecision) and decided.text:
+                    body["principal_answer"] = decided.text
+        said.cancel()
+        return tool_error(body)
 
 
 async def serve_stdio(server: Server[Any, Any]) -> None:

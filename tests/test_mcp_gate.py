@@ -191,7 +191,7 @@ async def test_a_write_waits_for_the_principal_and_runs_only_after_approval(gate
         assert not target.exists()  # nothing ran while alice thinks
         # What alice sees (the README's quick start quotes it): the action, the model's stated goal, Approve / Deny.
         moment = item.binding_moment
-        assert "WriteFile" in moment.synopsis  # the synopsis commits to a position (spec 000 §6.1)
+        assert "write_file" in moment.synopsis  # the synopsis commits to a position (spec 000 §6.1)
         assert any("Save the draft" in f for f in moment.findings)  # the model's stated goal, as a finding
         # The tool and its arguments, as the upstream will get them (the intent is not one of them).
         assert "Tool to call: write_file." in moment.findings
