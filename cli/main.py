@@ -177,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         tracing.configure(f"pgw-{args.command}")  # the standard OTEL_* variables; off unless they ask
         code = loop.run(args.handler(args, config))
-        sys.stdout.flush()  # inside the try: a reader that went away is a closed pipe, below
+        if not sys.stdout.closed:  # an MCP server's stdio transport closes it on its way out
+            sys.stdout.flush()  # inside the try: a reader that went away is a closed pipe, below
         return code
     except KeyboardInterrupt:
         return 130

@@ -116,6 +116,9 @@ def test_mcp_for_an_agent_the_credentials_are_not_is_one_line(quickstart: Up) ->
     r = quickstart.run("--server", quickstart.url, "mcp", "--agent", "nobody", env=env)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.count("\n") == 1 and "agent-nobody.creds" in r.stderr, r.stderr
+    # planner's own, found by $PGW_DATA_DIR: it serves until the host closes its stdin, then ends cleanly.
+    r = quickstart.run("--server", quickstart.url, "mcp", "--agent", "planner", env=env)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
 
 
 def test_demo_runs_against_it_and_tail_shows_each_messages_own_time(quickstart: Up) -> None:
