@@ -91,6 +91,20 @@ MOMENT_TTL_S = 30 * 86400.0
 
 
 _dec = msgspec.json.Decoder(MomentRecord)
+
+
+def _record(value: bytes, key: str) -> MomentRecord | None:
+    """The desk's record stored under ``key``, or None for bytes the desk did not write.
+
+    A bucket's keys are subjects: a write the desk did not make can land there (the server's own
+    publish acknowledgement, sent to whatever reply subject a publisher names: docs/security.md
+    "Replies"). Such a value is not a moment: it is skipped and logged, and never fails a
+    principal's pending list or an agent's query for the moments around it."""
+    try:
+        return _dec.decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        log.warning("a PGW_MOMENTS value is not a moment record; skipped", key=key[:200], size=len(value))
+        return None
 _enc = msgspec.json.Encoder()
 
 
@@ -106,21 +120,6 @@ class MomentDesk:
         self.kv: Any = None
         self._writer: Any = None
         # The agents' index of their moments (gateway.moment_list), derived from the writes the watcher follows.
-
-
-def _record(value: bytes, key: str) -> MomentRecord | None:
-    """The desk's record stored under ``key``, or None for bytes the desk did not write.
-
-    A bucket's keys are subjects: a write the desk did not make can land there (the server's own
-    publish acknowledgement, sent to whatever reply subject a publisher names: docs/security.md
-    "Replies"). Such a value is not a moment: it is skipped and logged, and never fails a
-    principal's pending list or an agent's query for the moments around it."""
-    try:
-        return _dec.decode(value)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        log.warning("a PGW_MOMENTS value is not a moment record; skipped", key=key[:200], size=len(value))
-        return None
-_res_dec = msgspec.json.Decoder(Resolution)
         self.agents = AgentIndex()
         self._followed = 0  # the stream sequence of the last write of the bucket the watcher has handled
         self._catching_up: list[tuple[int, asyncio.Future[None]]] = []
@@ -320,41 +319,7 @@ _res_dec = msgspec.json.Decoder(Resolution)
         if entry.value is None:
             return None
         rec = _record(entry.value, entry.key)
-        if rec is None:
-            return None
-        if hydrate:
-            await self._hydrate(rec)
-        return rec, entry.revision
-
-    # -- the principal's free text, held apart (the module docstring) --------------
-    async def _hydrate(self, rec: MomentRecord) -> None:
-        """Put the held text back into ``rec.resolution``; gone (forgotten, aged out) leaves the markers."""
-        if rec.text_seq is None or rec.forgotten:
-            return
-        try:
-            msg = await self.js.get_msg(TEXT_STREAM, rec.text_seq)
-            rec.resolution = _res_dec.decode(msg.data or b"")
-        except (APIError, msgspec.DecodeError, msgspec.ValidationError):
-            log.warning("held answer text unreadable; the record's digests stand for it", moment_id=rec.moment_id)
-
-    async def _hold(self, principal: str, moment_id: str, resolution: Resolution) -> int:
-        """Store ``resolution`` (it holds free text) apart; its stream sequence."""
-        subject = f"$KV.{TEXT_BUCKET}.{moment_key(principal, moment_id)}.{secrets.token_hex(8)}"
-        ack = await self.js.publish(subject, _enc.encode(resolution), stream=TEXT_STREAM)
-        return ack.seq
-
-    async def _erase(self, seq: int) -> None:
-        """Delete held text ``seq`` with erase (STREAM.MSG.DELETE without no_erase overwrites the bytes)."""
-        try:
-            await self.js.delete_msg(TEXT_STREAM, seq)
-        except APIError as e:  # gone already (an earlier pass, another instance): nothing to erase
-            log.debug("held answer text already gone", seq=seq, error=str(e))
-
-    def _stored(self, rec: MomentRecord) -> bytes:
-        """What the bucket keeps of ``rec``: the keyed digests in place of text held apart, never the text."""
-        if rec.text_seq is not None and not rec.forgotten and rec.resolution is not None:
-            rec = msgspec.structs.replace(rec, resolution=forget_text(rec.resolution, self.digests))
-        return _enc.encode(rec)
+        return (rec, entry.revision) if rec is not None else None
 
     async def find(self, agent: str, moment_id: str, principal: str | None = None) -> MomentRecord | None:
         """``agent``'s moment ``moment_id`` (the moment query, subjects/momentquery.py), else None.
@@ -372,7 +337,6 @@ _res_dec = msgspec.json.Decoder(Resolution)
             value = await self._value(key)
             rec = _record(value, key) if value else None
             if rec is not None and rec.agent == agent and rec.moment_id == moment_id:
-                await self._hydrate(rec)
                 return rec
         return None
 
