@@ -198,13 +198,7 @@ async def tail(
 
     follower: asyncio.Task[None] | None = None
     if history or since or last:
-        from nats.js.errors import NotFoundError
-
-        try:
-            stream = await nc.jetstream().find_stream_name_by_subject(subject)
-        except NotFoundError:
-            raise TailError(f"no stream stores {subject!r}, so it has no history (`pgw streams` lists each "
-                            "stream's subjects); without --all, --since or --last it is watched live") from None
+        stream = await _stream_of(nc, subject)
         poke = asyncio.Event()
 
         async def wake(_msg: Msg) -> None:
@@ -251,6 +245,25 @@ async def tail(
 
 
 _NO_END = 2**63 - 1
+
+
+async def _stream_of(nc: Client, subject: str) -> str:
+    """The one stream that stores ``subject``'s history. A subject several streams store (``pgw.>``)
+    has no one history in stream order: it is refused with their names, since following one of them
+    would show nothing of the others and wait on it for ever."""
+    js = nc.jetstream()
+    # The request nats-py's find_stream_name_by_subject makes, which keeps only the first name.
+    resp = await js._api_request(f"{js._prefix}.STREAM.NAMES", msgspec.json.encode({"subject": subject}),
+                                 timeout=js._timeout)
+    names = sorted(resp.get("streams") or [])
+    if not names:
+        raise TailError(f"no stream stores {subject!r}, so it has no history (`pgw streams` lists each "
+                        "stream's subjects); without --all, --since or --last it is watched live")
+    if len(names) > 1:
+        raise TailError(f"{subject!r} is stored by {len(names)} streams ({', '.join(names)}): its history is read "
+                        "from one stream; name a subject of one (`pgw streams` lists them, e.g. 'pgw.verdict.>'), "
+                        "or watch it live without --all, --since or --last")
+    return names[0]
 
 
 async def _queue_history(

@@ -73,6 +73,8 @@ async def test_each_mistake_is_one_clear_line(nats_server, nc, tmp_path: Path) -
             ("--server", url, "tail", "pgw verdict", "--count", "1"), "is not a NATS subject", "'pgw verdict'"),
         "tail the history of a subject no stream stores": (
             ("--server", url, "tail", "nostream.x", "--all", "--count", "1"), "no stream stores 'nostream.x'", "watched live"),
+        "tail the history of a subject several streams store": (
+            ("--server", url, "tail", "pgw.>", "--all", "--count", "1"), "'pgw.>' is stored by", "PGW_VERDICTS"),
         "tail with no server running": (
             ("--server", "nats://127.0.0.1:1", "tail", "pgw.>", "--count", "1"), "cannot connect to nats://127.0.0.1:1", ""),
         "replay a subject no stream stores": (
