@@ -23,6 +23,14 @@
 The upstreams' commands, environment and HTTP headers (their credentials)
 live only in the gate's configuration; the host sees tool names and schemas.
 
+What a host meets (docs/gate.md "What a host meets"): ``initialize`` is answered
+at once; the bus is reached in the background, and until it is every call is the
+tool error ``kernel_unavailable`` saying why; an upstream that exits is started
+again (at most ``restart_limit`` times in a row) and its tools listed again; a
+refusal is a tool error in text content only, never ``structuredContent``, which
+is the upstream's and must satisfy its ``outputSchema`` (MCP 2025-06-18, Tools,
+"Output Schema"); stdin's end ends the gate.
+
 Resources and prompts: an upstream's prompts are passed through (a prompt is
 text for the model and changes nothing); its resources are refused
 (``resources = false``, the default) because a resource read is a read the
@@ -34,9 +42,13 @@ the upstreams are forwarded to the host.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import io
 import json
+import os
 import re
+import sys
 import time
 import tomllib
 import uuid
@@ -44,8 +56,9 @@ import weakref
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TextIO
 
+import anyio
 import msgspec
 from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
@@ -144,6 +157,8 @@ class GateConfig(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=
     # principal deciding, an executor that timed out), in seconds.
     wait_s: Annotated[float, Meta(gt=0, le=30 * 86400)] = 3600.0
     progress_every: Annotated[float, Meta(ge=0.05, le=3600)] = 2.0
+    # An upstream that exits is started again at most this many times in a row (Upstreams).
+    restart_limit: Annotated[int, Meta(ge=0, le=100)] = 5
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -232,24 +247,57 @@ def _default_action(name: str) -> str:
 Notify = Callable[[types.ServerNotification], Awaitable[None]]
 
 
+class UpstreamError(Exception):
+    """An upstream could not be started (``--check``, or ``Upstreams(strict=True)``); the message says which and why."""
+
+
+# How long an upstream may take to answer ``initialize`` (an ``npx -y`` fetching its package on first use).
+UPSTREAM_START_S = 120.0
+# An upstream that served this long before it exited counts as healthy: its restart budget starts again.
+UPSTREAM_HEALTHY_S = 60.0
+PROBLEM_TOOL = "gate_problem"
+# How long entering waits for the upstreams' first start before the gate serves what is up.
+UPSTREAM_FIRST_WAIT_S = 20.0
+# How long a dispatched call waits for an upstream being started again before it is refused unrun.
+UPSTREAM_WAIT_S = 15.0
+
+
 class Upstreams:
     """Client sessions to every upstream, held open for the gate's life; the tool table built from their lists.
 
     An async context manager: entering starts (or connects to) every upstream and
     lists its tools; leaving closes the sessions and ends the stdio processes.
+    Each upstream is run by a task of its own, which owns its transport and session
+    (anyio's scopes are left in the task that entered them). An upstream that exits
+    (or whose HTTP session ends) is started again after a pause that doubles from
+    0.5 s, at most ``restart_limit`` times in a row (an upstream that served
+    ``UPSTREAM_HEALTHY_S`` before it exited starts a new row); when it is back its
+    tools are listed again and the host is told (``tools/list_changed``). While it
+    is down, ``down[name]`` says why (with the last lines of its stderr), which is
+    what a call of its tools, and the ``gate_problem`` tool, tell the host.
+
+    ``strict``: entering raises ``UpstreamError`` when an upstream does not start
+    (``pgw mcp-gate --check``); otherwise the gate serves what started and says
+    what did not.
     """
 
-    def __init__(self, config: GateConfig, *, notify: Notify | None = None) -> None:
+    def __init__(self, config: GateConfig, *, notify: Notify | None = None, strict: bool = False) -> None:
         self.config = config
         self.sessions: dict[str, ClientSession] = {}
         self.capabilities: dict[str, types.ServerCapabilities] = {}
         self.tools: dict[str, GatedTool] = {}
+        self.down: dict[str, str] = {}  # upstream -> why it is not serving now
+        self.restarts: dict[str, int] = dict.fromkeys(config.upstreams, 0)  # starts after the first, per upstream
+        self.strict = strict
         self._by_upstream: dict[str, list[types.Tool]] = {}
         self._notify = notify
-        self._stack = AsyncExitStack()
         self._changed = asyncio.Event()
+        self._up: dict[str, asyncio.Event] = {name: asyncio.Event() for name in config.upstreams}
+        self._first: dict[str, asyncio.Future[None]] = {}
+        self._runners: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Future[None]] = set()
         self.list_changes = 0  # how many tools/list_changed of the upstreams were followed
+        self._entered = False
 
     @property
     def namespaced(self) -> bool:
@@ -259,37 +307,138 @@ class Upstreams:
         return f"{upstream}{NAMESPACE_SEP}{tool}" if self.namespaced else tool
 
     async def __aenter__(self) -> Upstreams:
-        try:
-            for name, up in self.config.upstreams.items():
-                self.sessions[name] = await self._open(name, up)
-            for name in self.sessions:
-                await self.refresh(name)
-        except BaseException:
-            await self._stack.aclose()
-            raise
+        loop = asyncio.get_running_loop()
+        for name, up in self.config.upstreams.items():
+            self._first[name] = loop.create_future()
+            self._runners[name] = asyncio.create_task(self._run(name, up), name=f"upstream-{name}")
+        # The host's initialize waits for the upstreams' first start, but not long: one still starting (an
+        # `npx -y` fetching its package) is served when it is up, and the host told (tools/list_changed).
+        await asyncio.wait(self._first.values(), timeout=None if self.strict else UPSTREAM_FIRST_WAIT_S)
+        self._entered = True
+        if self.strict and self.down:
+            await self.__aexit__()
+            raise UpstreamError("; ".join(self.down.values()))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
+        runners = list(self._runners.values())
+        for task in runners:
+            task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        if runners:
+            await asyncio.wait(runners, timeout=15)
 
-    async def _open(self, name: str, up: Upstream) -> ClientSession:
-        if up.command is not None:
-            params = StdioServerParameters(command=up.command, args=list(up.args), env=dict(up.env) or None, cwd=up.cwd)
-            read, write = await self._stack.enter_async_context(stdio_client(params))
-        else:
-            import httpx
-            from mcp.client.streamable_http import streamable_http_client
+    async def session(self, upstream: str, wait: float = 0.0) -> ClientSession | None:
+        """The upstream's session; waiting up to ``wait`` s for one being restarted."""
+        task = self._runners.get(upstream)
+        if upstream not in self.sessions and wait > 0 and task is not None and not task.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._up[upstream].wait(), wait)
+        return self.sessions.get(upstream)
 
-            http = await self._stack.enter_async_context(httpx.AsyncClient(headers=dict(up.headers), timeout=httpx.Timeout(30, read=300)))
-            read, write, _ = await self._stack.enter_async_context(streamable_http_client(up.url or "", http_client=http))
+    async def _run(self, name: str, up: Upstream) -> None:
+        """Run one upstream for the gate's life: start it, serve until it ends, start it again (with a limit)."""
+        failures = 0
+        limit = self.config.restart_limit
+        while True:
+            tail: collections.deque[str] = collections.deque(maxlen=8)
+            began = time.monotonic()
+            try:
+                why = await self._serve_once(name, up, tail)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - said to the host (tool errors, gate_problem) and on stderr
+                why = _why(e)
+            finally:
+                self.sessions.pop(name, None)
+                self._up[name].clear()
+            said = f"upstream {name} {why}" + (f" (its stderr: {' | '.join(tail)[-600:]})" if tail else "")
+            if time.monotonic() - began >= UPSTREAM_HEALTHY_S:
+                failures = 0
+            failures += 1
+            if failures > limit:
+                self.down[name] = f"{said}; stopped {failures} times in a row, not started again (limit {limit}): " \
+                    "mend it and restart the gate"
+            else:
+                self.down[name] = f"{said}; starting it again ({failures} of {limit})"
+            if not self.strict:  # strict: the caller says it, once
+                print(f"pgw mcp-gate: {self.down[name]}", file=sys.stderr, flush=True)
+            first = self._first[name]
+            if not first.done():
+                first.set_result(None)
+            if self.strict or failures > limit:
+                await self._announce()
+                return
+            await asyncio.sleep(min(30.0, 0.5 * 2 ** (failures - 1)))
 
-        async def on_message(message: Any, upstream: str = name) -> None:
-            await self._on_message(upstream, message)
+    async def _serve_once(self, name: str, up: Upstream, tail: collections.deque[str]) -> str:
+        """Start the upstream, list its tools, and serve until its stream ends; what ended it."""
+        async with AsyncExitStack() as stack:
+            if up.command is not None:
+                errlog = await _stderr_pipe(stack, name, tail, forward=not self.strict)
+                params = StdioServerParameters(command=up.command, args=list(up.args), env=dict(up.env) or None, cwd=up.cwd)
+                try:
+                    read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
+                finally:
+                    errlog.close()  # the child holds its own copy: the pipe ends when the child does
+            else:
+                import httpx
+                from mcp.client.streamable_http import streamable_http_client
 
-        session = await self._stack.enter_async_context(ClientSession(read, write, message_handler=on_message))
-        init = await session.initialize()
-        self.capabilities[name] = init.capabilities
-        return session
+                http = await stack.enter_async_context(httpx.AsyncClient(headers=dict(up.headers), timeout=httpx.Timeout(30, read=300)))
+                read, write, _ = await stack.enter_async_context(streamable_http_client(up.url or "", http_client=http))
+            # The session reads through a relay, so the gate sees the upstream's stream end (an exit).
+            ended = asyncio.Event()
+            relay_send, relay_read = anyio.create_memory_object_stream[Any](0)
+
+            async def relay() -> None:
+                try:
+                    async with relay_send:
+                        async for message in read:
+                            await relay_send.send(message)
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    pass
+                finally:
+                    ended.set()
+
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            tg.start_soon(relay)
+
+            async def on_message(message: Any, upstream: str = name) -> None:
+                await self._on_message(upstream, message)
+
+            session = await stack.enter_async_context(ClientSession(relay_read, write, message_handler=on_message))
+            try:
+                with anyio.fail_after(UPSTREAM_START_S):
+                    init = await session.initialize()
+            except McpError as e:
+                return f"did not start: {e.error.message}"
+            except TimeoutError:
+                return f"did not answer initialize within {UPSTREAM_START_S:g} s"
+            self.capabilities[name] = init.capabilities
+            self.sessions[name] = session
+            await self.refresh(name)
+            self.down.pop(name, None)
+            self._up[name].set()
+            first = self._first[name]
+            if first.done():
+                self.restarts[name] += 1
+                await self._announce()  # its tools are back
+            else:
+                first.set_result(None)
+                if self._entered:
+                    await self._announce()  # up after the gate began serving
+            await ended.wait()
+            tg.cancel_scope.cancel()
+            return "exited" if up.command is not None else "closed its session"
+
+    async def _announce(self) -> None:
+        self.list_changes += 1
+        self._changed.set()
+        if self._notify is not None:
+            await self._notify(types.ServerNotification(types.ToolListChangedNotification(method="notifications/tools/list_changed")))
+
 
     async def _on_message(self, upstream: str, message: Any) -> None:
         if not isinstance(message, types.ServerNotification):
@@ -313,11 +462,10 @@ class Upstreams:
             await self._notify(message)
 
     async def _follow(self, upstream: str) -> None:
+        if upstream not in self.sessions:
+            return  # gone meanwhile: listed again when it is back
         await self.refresh(upstream)
-        self.list_changes += 1
-        self._changed.set()
-        if self._notify is not None:
-            await self._notify(types.ServerNotification(types.ToolListChangedNotification(method="notifications/tools/list_changed")))
+        await self._announce()
 
     async def changed(self, after: int) -> None:
         """Wait until more than ``after`` tools/list_changed of the upstreams have been followed
@@ -364,11 +512,15 @@ class Upstreams:
         return out
 
     def host_tools(self) -> list[types.Tool]:
-        """The tools as the host lists them: the upstream's definition, renamed, with the optional ``intent``."""
-        return [
+        """The tools as the host lists them: the upstream's definition, renamed, with the optional ``intent``;
+        and, while an upstream is down, the ``gate_problem`` tool that says why (what a host shows its user)."""
+        tools = [
             t.tool.model_copy(update={"name": t.name, "inputSchema": with_intent(t.tool.inputSchema)})
             for t in self.tools.values()
         ]
+        if self.down:
+            tools.append(problem_tool("; ".join(self.down.values())))
+        return tools
 
     # the executor half ------------------------------------------------------
     async def call(self, action: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -386,10 +538,21 @@ class Upstreams:
             raise ExecutionRefused("action_mismatch", f"tool {tool_name!r} is governed as {gated.action!r}, not {action!r}")
         if not isinstance(tool_args, dict):
             raise ExecutionRefused("invalid_arguments", "arguments must be an object")
+        session = await self.session(gated.upstream, wait=UPSTREAM_WAIT_S)
+        if session is None:
+            raise ExecutionRefused("upstream_unavailable",
+                                   f"{self.down.get(gated.upstream, f'upstream {gated.upstream} is not running')}; the tool did not run")
         try:
-            result = await self.sessions[gated.upstream].call_tool(gated.tool.name, tool_args)
+            result = await session.call_tool(gated.tool.name, tool_args)
         except McpError as e:
+            if gated.upstream not in self.sessions or e.error.message == "Connection closed":
+                # It ran, or not: the upstream went away before it answered.
+                raise ExecutionRefused("upstream_exited", f"upstream {gated.upstream} exited during the call "
+                                       "(it may have acted before it did); it is being started again") from None
             raise ExecutionRefused("upstream_error", e.error.message) from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise ExecutionRefused("upstream_exited", f"upstream {gated.upstream} went away before the call "
+                                   "reached it; it is being started again") from None
         return result_json(result)
 
     # passthrough -------------------------------------------------------------
@@ -446,6 +609,46 @@ RESOURCES_REFUSED = (
     "resources are not passed through this gate: a resource read is not governed by the kernel "
     "(set resources = true for an upstream to allow its ungoverned reads)"
 )
+
+
+async def _stderr_pipe(stack: AsyncExitStack, name: str, tail: collections.deque[str], *, forward: bool) -> TextIO:
+    """A pipe for an upstream's stderr: each line goes on to the gate's stderr (which hosts log), and the
+    last few are kept for the message that says why the upstream stopped."""
+    rfd, wfd = os.pipe()
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(rfd, "rb", 0))
+
+    async def pump() -> None:
+        while line := await reader.readline():
+            text = line.decode(errors="replace").rstrip()
+            if text:
+                tail.append(text[:300])
+                if forward:
+                    print(f"[{name}] {text}", file=sys.stderr, flush=True)
+
+    task = asyncio.create_task(pump())
+
+    async def close() -> None:
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(task, 2)  # the last lines of a child that just exited
+        transport.close()
+
+    stack.push_async_callback(close)
+    return os.fdopen(wfd, "w")
+
+
+def _why(e: BaseException) -> str:
+    """What stopped an upstream, in one line (the innermost error of an exception group)."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    if isinstance(e, McpError):
+        return f"failed: {e.error.message}"
+    if isinstance(e, FileNotFoundError):
+        return f"could not be started: {e.strerror}: {e.filename}"
+    if isinstance(e, OSError):
+        return f"could not be started: {e.strerror or e}"
+    return f"failed: {type(e).__name__}: {e}"[:500]
 
 
 class ExecutionRefused(Exception):
@@ -510,6 +713,8 @@ class IdpBuilder:
         claims = mandate_claims(mandate)
         self.mandate = mandate
         self.so_id, self.jti = claims["so_id"], claims["jti"]
+        exp = claims.get("exp")
+        self.expires: float | None = float(exp) if isinstance(exp, int | float) and not isinstance(exp, bool) else None
         self.session_id = session_id or str(uuid.uuid4())
         self._last = 0
 
@@ -547,10 +752,46 @@ STEP_RETRIES = 32
 
 
 def tool_error(body: dict[str, Any]) -> types.CallToolResult:
+    """A refusal or failure of the gate as the host gets it: the body as JSON text, ``isError``, and no
+    ``structuredContent``. A tool's advertised ``outputSchema`` describes the upstream's results, not the
+    gate's refusals: structured content MUST conform to it (MCP 2025-06-18, Server Features, Tools,
+    "Output Schema"), and a client that validates it (the TypeScript SDK's, the Inspector's) would reject
+    the refusal instead of showing it; tool execution errors are reported in the result with ``isError``
+    ("Error Handling")."""
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=json.dumps(body, ensure_ascii=False))],
-        structuredContent=body, isError=True,
+        content=[types.TextContent(type="text", text=json.dumps(body, ensure_ascii=False))], isError=True,
     )
+
+
+def problem_tool(problem: str) -> types.Tool:
+    """The one tool a gate that cannot serve its tools lists: its description (and any call) says why, so the
+    host shows the user the gate's own words instead of a closed connection."""
+    return types.Tool(
+        name=PROBLEM_TOOL,
+        description=f"This MCP gate cannot serve its tools: {problem[:1500]}. Calling this tool returns the same.",
+        inputSchema={"type": "object", "properties": {}},
+    )
+
+
+def problem_server(problem: str) -> Server[Any, Any]:
+    """The MCP server of a gate whose configuration is wrong (``pgw mcp-gate`` could not read its file, the
+    mandate): it answers ``initialize``, lists the ``gate_problem`` tool, and every call is a tool error that
+    says what is wrong, until the host stops it (stdin closed)."""
+    server: Server[Any, Any] = Server(SERVER_NAME, instructions=f"This gate is misconfigured: {problem}")
+
+    @server.list_tools()
+    async def list_tools() -> list[types.Tool]:
+        return [problem_tool(problem)]
+
+    @server.call_tool(validate_input=False)
+    async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        return tool_error({"status": "unavailable", "code": "gate_misconfigured", "reason": problem})
+
+    return server
+
+
+class ArgumentsTooLarge(Exception):
+    """A call whose request could not travel on the bus; nothing was sent."""
 
 
 def resource_of(gated: GatedTool, arguments: dict[str, Any]) -> str | None:
@@ -602,6 +843,9 @@ def build_server(upstreams: Upstreams, call: Callable[[GatedTool, dict[str, Any]
 
         gated = upstreams.tools.get(name)
         if gated is None:
+            if upstreams.down:  # the gate_problem tool, or a tool of an upstream that never started
+                return tool_error({"status": "unavailable", "code": "upstream_unavailable",
+                                   "reason": "; ".join(upstreams.down.values())})
             return tool_error({"status": "invalid", "code": "unknown_tool", "reason": f"no tool {name!r} behind this gate"})
         args = dict(arguments or {})
         intent = args.pop(INTENT_ARG, None) if INTENT_ARG not in (gated.tool.inputSchema.get("properties") or {}) else None
@@ -659,52 +903,110 @@ def _forwarder(hosts: weakref.WeakSet[Any]) -> Notify:
 # ---------------------------------------------------------------------------
 
 
+Bus = tuple[Any, Any]  # the agent's connection, and the executor's (None: the agent's)
+# Between two attempts to reach the bus: doubling from 1 s up to this.
+BUS_RETRY_MAX_S = 30.0
+# How long a call made as the gate starts waits for the first attempt to reach the bus.
+FIRST_CONNECT_WAIT_S = 15.0
+
+
 class Gate:
     """Both halves of the MCP gate for one agent; an async context manager.
 
-    Entering opens the upstream sessions, starts the executor ``mcp-{name}``
-    (``subjects.executor``: results kept by idempotency key, so a re-dispatch
-    of one call never runs the upstream tool twice) with one action per Cedar
-    action of the tool table, and the agent's outcome reader. ``nc`` speaks
-    for the agent; ``exec_nc`` (default ``nc``) for the executor.
+    Entering opens the upstream sessions and starts reaching the bus in the
+    background (``connect``, again and again until it succeeds), so a host's
+    ``initialize`` is answered at once; once connected it starts the executor
+    ``mcp-{name}`` (``subjects.executor``: results kept by idempotency key, so
+    a re-dispatch of one call never runs the upstream tool twice) with one
+    action per Cedar action of the tool table, and the agent's outcome reader.
+    Until then every call is the tool error ``kernel_unavailable`` saying why
+    (nothing runs: an action runs only when the kernel dispatches it).
+    ``connect`` returns the agent's connection and the executor's (``None``:
+    the agent's).
     """
 
-    def __init__(self, config: GateConfig, nc: Any, agent: str, *, prefix: str = "pgw", exec_nc: Any = None,
-                 base: Path | None = None, request_timeout: float = 30.0) -> None:
-        from subjects.client import Agent
-        from subjects.names import Subjects
+    def __init__(self, config: GateConfig, agent: str, *, connect: Callable[[], Awaitable[Bus]], prefix: str = "pgw",
+                 base: Path | None = None, request_timeout: float = 30.0, where: str = "the bus") -> None:
+        from subjects.names import Subjects, agent_token
 
         self.config = config
         self.builder = IdpBuilder(config.mandate_token(base), config.session_id)
-        self.agent = Agent(nc, agent, prefix=prefix)
-        self.nc, self.exec_nc = nc, exec_nc or nc
-        self.subject = Subjects(prefix).act(self.agent.agent)
+        self.agent_name = agent_token(agent)
+        self.agent: Any = None
+        self.nc: Any = None
+        self.exec_nc: Any = None
+        self.subject = Subjects(prefix).act(self.agent_name)
         self.prefix = prefix
         self.request_timeout = request_timeout
         self.upstreams = Upstreams(config)
         self.executor: Any = None
+        self.bus_problem: str | None = f"connecting to {where}"
+        self.connected = asyncio.Event()
+        self._tried = asyncio.Event()  # the first attempt to reach the bus (and start the executor) is over
+        self._connect = connect
+        self._where = where
+        self._bus_task: asyncio.Task[None] | None = None
         self._stack = AsyncExitStack()
 
     async def __aenter__(self) -> Gate:
-        from subjects.executor import Executor
-
         try:
             await self._stack.enter_async_context(self.upstreams)
-            self.executor = Executor(self.exec_nc, self.config.kind, prefix=self.prefix)
-            self._register()
-            await self._stack.enter_async_context(self.executor)
-            self._stack.push_async_callback(self.agent.close)
-            await self.agent._ensure_pump()  # outcomes that arrive before a wait are kept for it
         except BaseException:
             await self._stack.aclose()
             raise
+        self._bus_task = asyncio.create_task(self._reach_bus(), name="gate-bus")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._bus_task is not None and not self._bus_task.done():
+            self._bus_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._bus_task
         await self._stack.aclose()
+
+    async def _reach_bus(self) -> None:
+        """Connect (retrying), then start the executor and the outcome reader."""
+        from subjects.client import Agent
+        from subjects.executor import Executor
+
+        pause = 1.0
+        while True:
+            try:
+                nc, exec_nc = await self._connect()
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - said to the host in every call until it mends
+                self.bus_problem = f"cannot reach the gateway's bus at {self._where}: {e}"
+                print(f"pgw mcp-gate: {self.bus_problem}; trying again in {pause:g} s", file=sys.stderr, flush=True)
+                self._tried.set()
+            await asyncio.sleep(pause)
+            pause = min(BUS_RETRY_MAX_S, pause * 2)
+        for c in {id(nc): nc, id(exec_nc): exec_nc}.values():
+            if c is not None:
+                self._stack.push_async_callback(_close_quietly, c)
+        self.nc, self.exec_nc = nc, exec_nc or nc
+        self.agent = Agent(nc, self.agent_name, prefix=self.prefix)
+        self.executor = Executor(self.exec_nc, self.config.kind, prefix=self.prefix)
+        self._register()
+        try:
+            await self._stack.enter_async_context(self.executor)
+            self._stack.push_async_callback(self.agent.close)
+            await self.agent._ensure_pump()  # outcomes that arrive before a wait are kept for it
+        except Exception as e:  # noqa: BLE001 - e.g. credentials that may not serve the executor
+            self.bus_problem = f"connected to {self._where}, but the gate's executor {self.config.kind} could not start: " \
+                f"{type(e).__name__}: {e}"
+            print(f"pgw mcp-gate: {self.bus_problem}", file=sys.stderr, flush=True)
+            self._tried.set()
+            return
+        self.bus_problem = None
+        self.connected.set()
+        self._tried.set()
 
     def _register(self) -> None:
         """One executor action per Cedar action (again after a list change: new actions are added)."""
+        if self.executor is None:
+            return
         for action in self.upstreams.actions():
             if action not in self.executor.handlers:
                 self.executor.action(action)(self._handler(action))
@@ -746,6 +1048,12 @@ class Gate:
         from subjects.gate import ActDispatched, ActDone
         from subjects.idp import EnrichedDeny, HemPending, Reject
 
+        if not self._tried.is_set():  # a call as the gate starts waits for its first attempt to reach the bus
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._tried.wait(), FIRST_CONNECT_WAIT_S)
+        refused = self._unready(gated)
+        if refused is not None:
+            return refused
         try:
             result = await self._act(gated, args, intent, hem_required=False)
             if isinstance(result, EnrichedDeny) and result.hem_available and gated.escalate:
@@ -753,6 +1061,8 @@ class Gate:
                 # hem_urgency REQUIRED; this tool's rule says its denials go to the principal.
                 await progress(0.0, f"{gated.action} needs the principal's approval; asking")
                 result = await self._act(gated, args, intent, hem_required=True)
+        except ArgumentsTooLarge as e:
+            return tool_error({"status": "invalid", "code": "arguments_too_large", "reason": str(e)})
         except (NatsError, TimeoutError) as e:
             # Nothing ran: an action runs only when the kernel dispatches it.
             return tool_error({"status": "unavailable", "code": "kernel_unavailable",
@@ -762,7 +1072,7 @@ class Gate:
                                "reason": f"the gateway's answer is not an act result: {e}"})
         match result:
             case ActDone(status="confirmed"):
-                return types.CallToolResult.model_validate(result.response)
+                return await self._confirmed(result.idp_id, result.response)
             case ActDone():
                 return tool_error({"status": "failed", "idp_id": result.idp_id, "error": result.response,
                                    "response_digest": result.response_digest})
@@ -775,6 +1085,43 @@ class Gate:
             case ActDispatched():
                 return await self._await_result(result.idp_id, f"dispatched, waiting for the result ({result.reason})", progress)
         return tool_error({"status": "failed", "reason": "unexpected kernel answer"})  # pragma: no cover
+
+    def _unready(self, gated: GatedTool) -> types.CallToolResult | None:
+        """A tool error when the call cannot be submitted now (no bus, its upstream down, the mandate
+        expired): said before anything is sent, so nothing is declared and nothing runs."""
+        if self.bus_problem is not None or self.nc is None or not self.nc.is_connected:
+            why = self.bus_problem or f"the connection to {self._where} is down; reconnecting"
+            return tool_error({"status": "unavailable", "code": "kernel_unavailable",
+                               "reason": f"{why}; nothing ran (the gate keeps trying)"})
+        if gated.upstream in self.upstreams.down:
+            return tool_error({"status": "unavailable", "code": "upstream_unavailable",
+                               "reason": f"{self.upstreams.down[gated.upstream]}; nothing ran"})
+        exp = self.builder.expires
+        if exp is not None and exp <= time.time():
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exp))
+            return tool_error({"status": "unavailable", "code": "mandate_expired",
+                               "reason": f"the agent's mandate expired at {when}; nothing ran. Issue a new one "
+                               "(`pgw mcp-gate init` again, or `pgw mandate issue`) and restart the gate"})
+        return None
+
+    async def _confirmed(self, idp_id: str, response: Any) -> types.CallToolResult:
+        """The upstream's result as the host gets it: the response, or the result the executor kept
+        because it did not fit in one message of the bus (``subjects.executor``, "Large results"), read
+        back and checked against the digest the kernel recorded with the reference."""
+        from subjects.executor import LargeResultError, is_large_result
+
+        if is_large_result(response):
+            try:
+                response = await self.executor.read_large(response)
+            except LargeResultError as e:
+                return tool_error({"status": "failed", "code": "large_result_unreadable", "idp_id": idp_id,
+                                   "reason": f"the tool ran; its result is kept by the executor but could not be read "
+                                   f"back: {e}"})
+        try:
+            return types.CallToolResult.model_validate(response)
+        except ValueError as e:
+            return tool_error({"status": "failed", "code": "not_a_tool_result", "idp_id": idp_id,
+                               "reason": f"the tool ran; its recorded result is not an MCP tool result: {e}"[:2000]})
 
     async def _act(self, gated: GatedTool, args: dict[str, Any], intent: dict[str, Any] | None, *, hem_required: bool) -> Any:
         """Submit the call; a step overtaken by a concurrent call of this gate is declared again.
@@ -793,7 +1140,15 @@ class Gate:
                 idp=self.builder.idp(gated.action, intent, hem_required=hem_required),
                 arguments={"tool": gated.name, "arguments": args}, resource=resource_of(gated, args),
             )
-            msg = await self.nc.request(self.subject, msgspec.json.encode(request), timeout=self.request_timeout)
+            data = msgspec.json.encode(request)
+            # The kernel keeps the arguments in records of its own (the open dispatch, the executor's
+            # request), each one message of the bus: a call that cannot fit is said so, before anything.
+            limit = self.nc.max_payload // 2
+            if len(data) > limit:
+                raise ArgumentsTooLarge(f"the call's arguments take {len(data)} bytes; the bus carries the kernel's "
+                                        f"records of a call in messages of at most {self.nc.max_payload} bytes "
+                                        f"(max_payload), so a call may take at most {limit}; nothing ran")
+            msg = await self.nc.request(self.subject, data, timeout=self.request_timeout)
             result = act_result_decoder.decode(msg.data)
             if not (isinstance(result, Reject) and result.error_code == "IDP_STEP_SEQUENCE"):
                 return result
@@ -824,7 +1179,7 @@ class Gate:
         assert isinstance(out, ActionResult)
         if out.status == "confirmed":
             said.cancel()
-            return types.CallToolResult.model_validate(out.response)
+            return await self._confirmed(idp_id, out.response)
         body = {"status": out.status, "idp_id": idp_id, "reason": out.reason, "error": out.response, "moment_id": out.moment_id}
         if out.status == "not_run" and out.moment_id is not None:
             # Her words go to the model with the refusal, as the OpenAI Agents SDK's rejection message does.
@@ -842,5 +1197,31 @@ async def serve_stdio(server: Server[Any, Any]) -> None:
     from mcp.server.stdio import stdio_server
 
     options = server.create_initialization_options(NotificationOptions(tools_changed=True, prompts_changed=True))
-    async with stdio_server() as (read, write):
-        await server.run(read, write, options)
+    # Streams of their own over copies of fds 0 and 1: the SDK's wrappers would close the process's own
+    # stdin and stdout when collected, and pgw flushes stdout after the command.
+    stdin = anyio.wrap_file(io.TextIOWrapper(os.fdopen(os.dup(0), "rb"), encoding="utf-8", errors="replace"))
+    stdout = anyio.wrap_file(io.TextIOWrapper(os.fdopen(os.dup(1), "wb"), encoding="utf-8"))
+    async with stdio_server(stdin, stdout) as (read, write):
+        # The host reads the gate through a relay, so that stdin's end (the host closed it, or went away)
+        # ends the gate at once: the server alone would first wait for the calls in flight, a call
+        # waiting for the principal up to wait_s, with nobody left to answer.
+        relay_send, relay_read = anyio.create_memory_object_stream[Any](0)
+        async with anyio.create_task_group() as tg:
+
+            async def relay() -> None:
+                with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    async with relay_send:
+                        async for message in read:
+                            await relay_send.send(message)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(relay)
+            await server.run(relay_read, write, options)
+            tg.cancel_scope.cancel()
+
+
+async def _close_quietly(nc: Any) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(nc.drain(), 10)
+    with contextlib.suppress(Exception):
+        await nc.close()

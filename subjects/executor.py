@@ -30,6 +30,18 @@ What it guarantees (docs/gate.md, "Crash safety"):
 * A handler that raises ``ActionError`` is a clean failure (``error``, the
   kernel records ``failed``); any other exception is stored as the error
   ``EXECUTOR_EXCEPTION`` (the executor cannot say more about what happened).
+* **Large results.** The kernel carries a result in messages of the bus (its
+  ``DONE`` reply, the verdict, the ``action_result`` outcome), each at most the
+  server's ``max_payload``. A result whose answer is larger than
+  ``inline_limit`` (default a quarter of ``max_payload``, leaving the kernel
+  room for its own fields) is not lost after the action ran: the answer is kept
+  in the executor's own bucket in parts (``{key}.part.{n}``, written before the
+  key's answer, so a crash between leaves ``running`` as before), and the
+  kernel is answered with a reference ``{"pgw_large_result": {"digest", "size",
+  "sha256", "parts", "bucket", "key"}}``: ``digest`` is the JSON-DIGEST of the
+  result itself (spec 004 §5.2), so the capsule's ``response_digest``, which is
+  over the reference, binds the result by its digest. :meth:`Executor.read_large`
+  reads it back and checks both digests (the MCP gate does, for its host).
 
 The service registers with the NATS services API as ``pgw-exec-{kind}``, so
 ``nats micro ls`` shows it. This module imports ``subjects`` only, like an
@@ -40,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -64,6 +77,7 @@ from subjects.gate import (
     exec_service_name,
     result_query_decoder,
 )
+from subjects.jcs import json_digest
 from subjects.names import Subjects
 from subjects.replies import GuardedService, ReplyGate, describe
 
@@ -96,7 +110,8 @@ class Executor:
     """
 
     def __init__(
-        self, nc: Any, kind: str, *, prefix: str = "pgw", version: str = "0.1.0", replicas: int = 1
+        self, nc: Any, kind: str, *, prefix: str = "pgw", version: str = "0.1.0", replicas: int = 1,
+        inline_limit: int | None = None,
     ) -> None:
         self.nc = nc
         self.kind = check_kind(kind)
@@ -111,6 +126,7 @@ class Executor:
         self._local: dict[str, asyncio.Future[bytes]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._gate = ReplyGate(self.subjects.prefix, self._refused)  # answers the gateway only
+        self.inline_limit = inline_limit  # None: a quarter of the server's max_payload, read at start
 
     # -- registration ----------------------------------------------------------
     def action(self, name: str) -> Callable[[Handler], Handler]:
@@ -125,6 +141,8 @@ class Executor:
 
     # -- life cycle --------------------------------------------------------------
     async def __aenter__(self) -> Executor:
+        if self.inline_limit is None:
+            self.inline_limit = max(1024, int(self.nc.max_payload) // 4)
         js = self.nc.jetstream()
         try:
             self.kv = await js.key_value(self.bucket)
@@ -237,7 +255,7 @@ class Executor:
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._local[key] = fut
         try:
-            answer = await self._call(name, er)
+            answer = await self._fit(key, await self._call(name, er))
             # The result under the key; a crash before this leaves "running" (docs/gate.md).
             await self.kv.put(key, answer)
             fut.set_result(answer)
@@ -261,6 +279,62 @@ class Executor:
         except Exception as e:  # noqa: BLE001 - the executor cannot say more; the kernel records failed
             return _enc.encode(ExecResponse(status="error", error=ExecError(code="EXECUTOR_EXCEPTION", message=type(e).__name__)))
         return _enc.encode(ExecResponse(status="ok", result=out))
+
+
+    # -- large results -------------------------------------------------------------
+    async def _fit(self, key: str, answer: bytes) -> bytes:
+        """``answer``, or, past ``inline_limit``, the reference to it kept in parts (module docstring)."""
+        limit = self.inline_limit or len(answer)
+        if len(answer) <= limit:
+            return answer
+        resp = _resp_dec.decode(answer)
+        if resp.status != "ok":  # an error is clipped to 2,000 characters; not this case, kept whole anyway
+            resp = ExecResponse(status="error", error=ExecError(code="RESULT_TOO_LARGE", message="error too large"))
+            return _enc.encode(resp)
+        parts = [answer[i:i + limit] for i in range(0, len(answer), limit)]
+        for n, part in enumerate(parts):
+            await self.kv.put(f"{key}.part.{n}", part)
+        ref = {LARGE_RESULT: {
+            "digest": json_digest(resp.result if resp.result is not None else {}), "size": len(answer),
+            "sha256": hashlib.sha256(answer).hexdigest(), "parts": len(parts), "bucket": self.bucket, "key": key,
+        }}
+        _log.info("result kept in parts: larger than one answer may be", kind=self.kind, size=len(answer),
+                  parts=len(parts), limit=limit)
+        return _enc.encode(ExecResponse(status="ok", result=ref))
+
+    async def read_large(self, ref: Any) -> Any:
+        """The result a reference made by this executor kind points to, checked against both its digests."""
+        if not is_large_result(ref):
+            raise LargeResultError("not a large-result reference")
+        info = ref[LARGE_RESULT]
+        if info.get("bucket") != self.bucket:
+            raise LargeResultError(f"kept in bucket {info.get('bucket')!r}, not this executor's {self.bucket}")
+        chunks = []
+        try:
+            for n in range(int(info["parts"])):
+                chunks.append(bytes((await self.kv.get(f"{info['key']}.part.{n}")).value or b""))
+        except (KeyNotFoundError, KeyError, TypeError, ValueError) as e:
+            raise LargeResultError(f"a part is missing ({type(e).__name__})") from None
+        data = b"".join(chunks)
+        if hashlib.sha256(data).hexdigest() != info.get("sha256"):
+            raise LargeResultError("the parts do not match the reference's sha256")
+        resp = _resp_dec.decode(data)
+        result = resp.result if resp.result is not None else {}
+        if json_digest(result) != info.get("digest"):
+            raise LargeResultError("the result does not match the reference's digest")
+        return resp.result
+
+
+LARGE_RESULT = "pgw_large_result"
+
+
+class LargeResultError(Exception):
+    """A large result could not be read back, or did not match its reference."""
+
+
+def is_large_result(value: Any) -> bool:
+    """Whether an executor's result is the reference to a result kept in parts (module docstring)."""
+    return isinstance(value, dict) and len(value) == 1 and isinstance(value.get(LARGE_RESULT), dict)
 
 
 def decode_response(data: bytes) -> ExecResponse:

@@ -117,6 +117,13 @@ async def git(repo: Path, *args: str) -> str:
     return out.decode().strip()
 
 
+def said(result: types.CallToolResult) -> dict[str, Any]:
+    """The body of a gate's tool error: the JSON of its one text content (no structuredContent, which is the
+    upstream's, conforming to its outputSchema: MCP 2025-06-18, Tools, "Output Schema")."""
+    assert result.isError and result.structuredContent is None, result
+    return msgspec.json.decode(result.content[0].text)  # type: ignore[union-attr]
+
+
 def _toml(raw: dict[str, Any]) -> str:
     """A small TOML writer for the gate file (tables of scalars, lists and inline tables)."""
     def val(v: Any) -> str:
@@ -205,7 +212,7 @@ async def test_a_write_waits_for_the_principal_and_runs_only_after_approval(gate
     if answer == 0:
         assert not result.isError and target.read_text() == "hello"
     else:
-        assert result.isError and result.structuredContent["status"] == "not_run" and not target.exists()
+        assert result.isError and said(result)["status"] == "not_run" and not target.exists()
 
 
 @pytest.mark.parametrize("gate_env", [{"hem_expires_in_s": 2}], ids=["hem-2s"], indirect=True)
@@ -214,7 +221,7 @@ async def test_a_write_the_principal_lets_expire_does_not_run(gate_env: GateEnv)
     target = gate_env.files / "late.txt"
     async with gate_env.session(gate_env.gate_file()) as session:
         result = await asyncio.wait_for(session.call_tool("write_file", {"path": str(target), "content": "x"}), 60)
-    assert result.isError and result.structuredContent["status"] == "not_run"
+    assert result.isError and said(result)["status"] == "not_run"
     assert not target.exists()
 
 
@@ -227,7 +234,7 @@ async def test_a_delete_is_denied_and_the_file_stays(gate_env: GateEnv) -> None:
         result = await asyncio.wait_for(session.call_tool(
             "move_file", {"source": str(src), "destination": str(gate_env.files / "gone.txt")}), 30)
     assert result.isError
-    body = result.structuredContent
+    body = said(result)
     assert body["status"] == "denied" and body["deny_code"] == "POLICY_DENY"
     assert isinstance(body["available_actions"], list) and isinstance(body["hem_available"], bool)
     assert src.read_text() == "keep me" and not (gate_env.files / "gone.txt").exists()
@@ -250,7 +257,7 @@ async def test_the_git_server_behind_the_same_gate_is_namespaced_and_governed(ga
         status = await asyncio.wait_for(session.call_tool("git__git_status", {"repo_path": str(repo)}), 30)
         commit = await asyncio.wait_for(session.call_tool("git__git_commit", {"repo_path": str(repo), "message": "x"}), 30)
     assert not status.isError and "a.txt" in status.content[0].text  # type: ignore[union-attr]
-    assert commit.isError and commit.structuredContent["status"] == "denied"
+    assert commit.isError and said(commit)["status"] == "denied"
     assert await git(repo, "rev-list", "--all") == ""  # no commit was made
 
 
@@ -284,8 +291,8 @@ async def test_a_read_the_server_fails_is_recorded_failed_and_the_host_gets_its_
     error, the kernel records failed (no confirmed capsule), and the host gets a tool error with the server's words."""
     async with gate_env.session(gate_env.gate_file()) as session:
         result = await asyncio.wait_for(session.call_tool("read_text_file", {"path": "/etc/hostname"}), 30)
-    assert result.isError and result.structuredContent["status"] == "failed"
-    error = result.structuredContent["error"]
+    assert result.isError and said(result)["status"] == "failed"
+    error = said(result)["error"]
     assert error["code"] == "tool_error" and "denied" in error["message"].lower()
     cap = await gate_env.capsule("ReadFile")
     assert cap["effect"]["status"] == "failed" and cap["effect"]["effect_attestation"] == "gate_executed"
@@ -301,7 +308,9 @@ async def test_an_act_that_names_a_write_tool_under_a_read_action_does_not_write
     claims = mandate_claims(gate_env.token)
     idp = {"idp_id": str(uuid.uuid4()), "session_id": "direct", "so_id": claims["so_id"], "mandate_id": claims["jti"],
            "step_sequence": 1, "requested_action": "ReadFile", "timestamp": now_rfc3339(), "profile": "IDP_THIN"}
-    async with gate_env.session(gate_env.gate_file()):  # the gate (and so its executor) is running
+    async with gate_env.session(gate_env.gate_file()) as session:
+        # The gate reaches the bus after answering initialize: one call through it shows its executor is serving.
+        assert not (await asyncio.wait_for(session.call_tool("list_allowed_directories", {}), 30)).isError
         req = ActRequest(mandate=gate_env.token, action="ReadFile", idp=idp,
                          arguments={"tool": "write_file", "arguments": {"path": str(target), "content": "x"}})
         msg = await gate_env.nc.request(f"pgw.agent.{AGENT}.act", msgspec.json.encode(req), timeout=30)
@@ -352,7 +361,7 @@ async def test_the_gate_works_within_the_agents_and_the_executors_own_permission
     finally:
         await server.stop()
     assert not read.isError and read.content[0].text == "kept"  # type: ignore[union-attr]
-    assert moved.isError and moved.structuredContent["status"] == "denied"
+    assert moved.isError and said(moved)["status"] == "denied"
     assert (env.files / "keep.txt").read_text() == "kept"
 
 
@@ -458,4 +467,4 @@ async def test_concurrent_calls_of_one_host_all_run(gate_env: GateEnv) -> None:
     async with gate_env.session(gate_env.gate_file()) as session:
         results = await asyncio.wait_for(asyncio.gather(*(
             session.call_tool("read_text_file", {"path": str(gate_env.files / f"{i}.txt")}) for i in range(6))), 60)
-    assert [r.content[0].text for r in results] == [f"file {i}" for i in range(6)], [r.structuredContent for r in results]  # type: ignore[union-attr]
+    assert [r.content[0].text for r in results] == [f"file {i}" for i in range(6)], [r.content for r in results]  # type: ignore[union-attr]

@@ -267,13 +267,14 @@ async def test_a_streamable_http_upstream_gets_the_credentials_only_the_gate_hol
         await proc.wait()
 
 
-async def test_without_a_gateway_a_call_is_a_clear_tool_error_and_nothing_runs(nc: Any, tmp_path: Path) -> None:
+async def test_without_a_gateway_a_call_is_a_clear_tool_error_and_nothing_runs(nc: Any, nats_server: Any, tmp_path: Path) -> None:
     """A gate whose bus has no gateway answering agent.{agent}.act returns the tool error kernel_unavailable (never the
     upstream's result, never an exception string), and the write it was asked for does not happen."""
     import base64
     import uuid
 
     from integrations.mcp_gate import Gate
+    from pgwcore.connect import connect
 
     claims = {"so_id": str(uuid.uuid4()), "jti": "m-1"}
     token = "e30." + base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=") + ".sig"
@@ -285,9 +286,14 @@ async def test_without_a_gateway_a_call_is_a_clear_tool_error_and_nothing_runs(n
     async def progress(_elapsed: float, message: str) -> None:
         notes.append(message)
 
-    async with Gate(config, nc, "planner", request_timeout=2.0) as gate:
+    async def bus() -> tuple[Any, Any]:  # the gate's own connection (it closes it)
+        return await connect(nats_server.client_url, name="gate"), None
+
+    async with Gate(config, "planner", connect=bus, request_timeout=2.0) as gate:
+        await asyncio.wait_for(gate.connected.wait(), 30)
         result = await gate.call(gate.upstreams.tools["write_file"], {"path": str(files / "x.txt"), "content": "x"}, None, progress)
-    assert result.isError and result.structuredContent["code"] == "kernel_unavailable"  # type: ignore[index]
+    assert result.isError and result.structuredContent is None
+    assert json.loads(result.content[0].text)["code"] == "kernel_unavailable"  # type: ignore[union-attr]
     assert not (files / "x.txt").exists()
 
 
@@ -300,3 +306,72 @@ async def test_a_stdio_upstream_gets_the_environment_only_the_gate_holds() -> No
         out = await ups.call("getenv", {"tool": "getenv", "arguments": {"name": "TRACKER_TOKEN"}})
         shown = json.dumps([t.model_dump(mode="json") for t in ups.host_tools()])
     assert out["content"][0]["text"] == "tok-123" and "tok-123" not in shown
+
+
+MORTAL = '''
+import os
+from mcp.server.fastmcp import FastMCP
+
+app = FastMCP("mortal")
+
+
+@app.tool()
+def pid() -> int:
+    """This server's process id."""
+    return os.getpid()
+
+
+@app.tool()
+def echo(text: str) -> str:
+    """The text, back."""
+    return f"echo: {text}"
+
+
+app.run()
+'''
+
+
+async def test_an_upstream_that_exits_is_started_again_and_its_tools_come_back(tmp_path: Path) -> None:
+    """An upstream killed under the gate is started again: its tools are listed again (the host is told), a
+    call runs on the new process; while it was down a call was refused as upstream_unavailable, not run."""
+    import os
+    import signal
+
+    from tests.polling import until
+
+    script = tmp_path / "mortal.py"
+    script.write_text(MORTAL)
+    config = parse_gate_config({"name": "x", "upstreams": {"m": {"command": sys.executable, "args": [str(script)]}}})
+    async with Upstreams(config) as ups:
+        first = int((await ups.call("pid", {"tool": "pid", "arguments": {}}))["content"][0]["text"])
+        changes = ups.list_changes
+        os.kill(first, signal.SIGKILL)
+        await until(lambda: _true("m" in ups.down), timeout=20, what="the gate seeing its upstream gone")
+        await until(lambda: _true(ups.restarts["m"] == 1 and "m" not in ups.down), timeout=30, what="the restart")
+        assert ups.list_changes > changes and {"pid", "echo"} <= set(ups.tools)
+        second = int((await ups.call("pid", {"tool": "pid", "arguments": {}}))["content"][0]["text"])
+        assert second != first
+        assert (await ups.call("echo", {"tool": "echo", "arguments": {"text": "hi"}}))["content"][0]["text"] == "echo: hi"
+
+
+async def test_an_upstream_that_keeps_exiting_is_started_again_only_up_to_the_limit(tmp_path: Path) -> None:
+    """An upstream that exits as soon as it starts is started again restart_limit times, then left down; the
+    gate then lists gate_problem saying so (with the upstream's last stderr line), and a call of it is refused
+    unrun."""
+    script = tmp_path / "dies.py"
+    script.write_text("import sys\nprint('no licence key', file=sys.stderr)\nsys.exit(3)\n")
+    config = parse_gate_config({"name": "x", "restart_limit": 2,
+                                "upstreams": {"d": {"command": sys.executable, "args": [str(script)]}}})
+    async with Upstreams(config) as ups:
+        await asyncio.wait_for(ups._runners["d"], 30)
+        why = ups.down["d"]
+        assert "not started again (limit 2)" in why and "no licence key" in why
+        (problem,) = ups.host_tools()
+        assert problem.name == "gate_problem" and "no licence key" in (problem.description or "")
+        with pytest.raises(ExecutionRefused) as e:
+            await ups.call("t", {"tool": "t", "arguments": {}})
+        assert e.value.code == "unknown_tool"
+
+
+async def _true(value: bool) -> bool:
+    return value
