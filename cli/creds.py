@@ -92,6 +92,8 @@ def need_for(args: argparse.Namespace) -> Need | None:
             return Need("pgw log quarantine", (gateway, SERVICES), f"the gateway's ({gateway.filename})")
         case "log":
             return _ops("pgw log verify")
+        case "keys" if getattr(args, "rotate", None):
+            return _ops("pgw keys --rotate")  # asks the running signers which key they sign with ($SRV.STATS)
         case "mandate" if getattr(args, "mandate_command", None) == "revoke":
             return _ops("pgw mandate revoke")
         case "audit" if getattr(args, "audit_command", None):

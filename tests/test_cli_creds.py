@@ -199,7 +199,7 @@ def test_each_command_takes_the_file_its_role_needs(tmp_path: Path) -> None:
     ops = Party("ops", "ops")
     for argv in (["streams"], ["tail", "pgw.>"], ["replay", "--subject", "x", "--dry-run"], ["capsules"],
                  ["notifications"], ["verify", "--stream", "PGW_CAPSULES"], ["log", "verify"],
-                 ["mandate", "revoke", "jti-1"]):
+                 ["mandate", "revoke", "jti-1"], ["keys", "--rotate", "signer"], ["capsules", "list"]):
         assert chosen(*argv) == ops, argv
     assert chosen("mcp", "--agent", "planner") == Party("agent", "planner")
     assert chosen("surface", "--principal", "~alice") == Party("principal", "alice")
