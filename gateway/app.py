@@ -35,6 +35,7 @@ from gateway.pipeline import EnvelopeWorker
 from gateway.stages.kind import BUILTIN_KINDS, KindSpec
 from gateway.stages.state import StageStateCell
 from pgwcore.config import OPEN_MODE_LINE, Config
+from pgwcore.keys import load_or_create_digest_key
 from pgwcore.logs import get_logger
 from pgwcore.publish import Publisher
 from pgwcore.respond import Responder, release_requests_connection, requests_connection
@@ -79,8 +80,11 @@ class Gateway:
         self.rnc: Client = nc
         self.subjects = config.subjects
         self.publisher = Publisher(self.js, self.subjects)
+        # Every digest of a principal's text is keyed with the deployment's digest key (pgwcore/keys.py).
         self.desk = MomentDesk(self.js, self.subjects, self.publisher,
-                               answer_text_keep_s=config.gateway.answer_text_keep_s)
+                               answer_text_keep_s=config.gateway.answer_text_keep_s,
+                               digests=load_or_create_digest_key(config.data_path, create=config.keys.create,
+                                                                 keys_dir=config.keys_path))
         self.kinds: dict[str, KindSpec] = dict(BUILTIN_KINDS)
         self.stage_state = StageStateCell(self)  # what the stages share, passed to them as ctx.state
         self.publisher.scrub_verdict = self._scrub_verdict  # SR-1 over the kernel's and the desk's verdicts too

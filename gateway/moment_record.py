@@ -8,10 +8,9 @@ resolution can meet, and the pure functions over a record. The desk
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -28,6 +27,9 @@ from subjects.wire import (
     SurfaceItem,
     Verdict,
 )
+
+if TYPE_CHECKING:
+    from pgwcore.keys import DigestKey
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,10 @@ class MomentRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     traceparent: str | None = None
     node_id: str | None = None  # the envelope's nodeId (spec 002 "Run event log integration")
     forgotten: bool = False  # the principal's free text was replaced by its digest (spec 000 §13)
+    # Where the principal's free text is held apart, erasable (the stream sequence of its message in
+    # ``PGW_ANSWER_TEXT``, gateway.moments): the record itself then only ever holds the keyed digests,
+    # because a KV bucket's superseded revisions cannot be erased (docs/security.md "Data at rest").
+    text_seq: int | None = None
 
 
 HemCallback = Callable[[MomentRecord, str, Resolution | None], Awaitable[None]]
@@ -139,18 +145,22 @@ def has_text(res: Resolution | None) -> bool:
             or isinstance(res, ClarificationAnswers))
 
 
-def _forgotten(text: str) -> str:
-    return f"[forgotten (spec 000 §13); sha256 {hashlib.sha256(text.encode()).hexdigest()}]"
+def forget_text(res: Resolution, digests: DigestKey) -> Resolution:
+    """``res`` with each free text replaced by a marker holding its keyed digest (the verdict's ``text_digest``).
 
+    ``[forgotten (spec 000 §13); hmac-sha256:{kid}:{hex}]``: the deployment's digest key
+    (pgwcore.keys.DigestKey) checks a guess, nobody else can; a record forgotten before keyed
+    digests keeps its ``sha256 {hex}`` marker and still reads."""
 
-def forget_text(res: Resolution) -> Resolution:
-    """``res`` with each free text replaced by a marker holding its sha256 (the verdict's ``text_digest``)."""
+    def marker(text: str) -> str:
+        return f"[forgotten (spec 000 §13); {digests.digest(text)}]"
+
     if isinstance(res, FreeTextAnswer):
-        return FreeTextAnswer(text=_forgotten(res.text))
+        return FreeTextAnswer(text=marker(res.text))
     if isinstance(res, DialogueVeto) and res.objection:
-        return DialogueVeto(objection=_forgotten(res.objection))
+        return DialogueVeto(objection=marker(res.objection))
     if isinstance(res, ClarificationAnswers):
-        return ClarificationAnswers(answers={k: _forgotten(v) for k, v in res.answers.items()})
+        return ClarificationAnswers(answers={k: marker(v) for k, v in res.answers.items()})
     return res
 
 

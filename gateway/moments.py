@@ -10,10 +10,21 @@ A principal's free text (a free_text answer, a dialogue objection,
 clarification answers) is kept in full only ``answer_text_keep_s`` after its
 outcome is published (spec 000 §13: not persisted "beyond what the
 audit-signal significance predicate requires"; the verdict, and so the
-capsule, only ever holds its digest). Then the instance that follows the
-record deletes the outcome message from ``PGW_OUTBOUND`` and rewrites the
-record with each text replaced by ``[forgotten (spec 000 §13); sha256 …]``
-(``moment_record.forget_text``); the moment query answers that from then on.
+capsule, only ever holds its keyed digest, pgwcore.keys.DigestKey). Forgotten
+means gone from the disk too (docs/security.md "Data at rest"): a KV bucket's
+stream refuses message deletes, and a superseded revision or a purged key
+leaves its bytes in the block file, so the text is never written to
+``PGW_MOMENTS``. It is held apart in the stream ``KV_PGW_ANSWER_TEXT`` (one
+message per answer, ``{principal}.{moment_id}.{nonce}``, deletes allowed),
+the record holds its stream sequence (``text_seq``) and, in the text's place,
+``[forgotten (spec 000 §13); hmac-sha256:…]``; a read of the record puts the
+text back while it is held. When the window has passed, the instance that
+follows the record deletes the outcome message from ``PGW_OUTBOUND`` and the
+held text with erase (STREAM.MSG.DELETE overwrites the bytes), then marks the
+record ``forgotten``; the moment query answers the markers from then on. A
+crash in between leaves the record due, and the next pass erases again (gone
+already is fine). An answer that loses the race for the record has its held
+text erased at once.
 
 A terminal transition is written first with ``published = False``, then its
 messages (outcome, verdict, withdrawn item) are published with deterministic
@@ -26,16 +37,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import heapq
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.api import DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 
 from gateway.moment_list import INDEX_BUCKET, AgentIndex
 from gateway.moment_record import (
@@ -57,11 +68,12 @@ from gateway.moment_record import (
     parse_state,
     state_header,
 )
+from pgwcore.keys import DigestKey
 from pgwcore.logs import get_logger
 from pgwcore.loop import together
 from pgwcore.publish import KvWriter, Publisher
 from pgwcore.service import delivery
-from pgwcore.streams import ensure_kv
+from pgwcore.streams import ensure_kv, ensure_stream
 from subjects.names import Subjects
 from subjects.util import now_rfc3339, stable_id, to_rfc3339
 from subjects.wire import (
@@ -88,6 +100,9 @@ log = get_logger("pgw.moments")
 BUCKET = "PGW_MOMENTS"
 _PRE = f"$KV.{BUCKET}."  # the bucket's subjects, as KvWriter writes them
 MOMENT_TTL_S = 30 * 86400.0
+# The principal's free text, held apart until it is forgotten (the module docstring).
+TEXT_BUCKET = "PGW_ANSWER_TEXT"
+TEXT_STREAM = f"KV_{TEXT_BUCKET}"
 
 
 _dec = msgspec.json.Decoder(MomentRecord)
@@ -105,16 +120,29 @@ def _record(value: bytes, key: str) -> MomentRecord | None:
     except (msgspec.DecodeError, msgspec.ValidationError):
         log.warning("a PGW_MOMENTS value is not a moment record; skipped", key=key[:200], size=len(value))
         return None
+_res_dec = msgspec.json.Decoder(Resolution)
 _enc = msgspec.json.Encoder()
+
+
+def text_stream_config() -> StreamConfig:
+    """``KV_PGW_ANSWER_TEXT``: laid out as a KV bucket (so ``$KV.`` writes reach it), but message
+    deletes allowed, which a bucket made by the KV API refuses and cannot be changed to allow."""
+    return StreamConfig(
+        name=TEXT_STREAM, subjects=["$KV.PGW_ANSWER_TEXT.>"], storage=StorageType.FILE,
+        retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD, max_msgs_per_subject=1,
+        max_age=MOMENT_TTL_S, allow_direct=True, deny_delete=False, deny_purge=False,
+    )
 
 
 class MomentDesk:
     """Dispatch, resolve and expire moments; shared state in KV."""
 
     def __init__(self, js: JetStreamContext, subjects: Subjects, publisher: Publisher,
-                 answer_text_keep_s: float = 3600.0) -> None:
+                 answer_text_keep_s: float = 3600.0, digests: DigestKey | None = None) -> None:
         self.js = js
         self.answer_text_keep_s = answer_text_keep_s
+        # The deployment's digest key (pgwcore.keys); without one, a key of this process alone.
+        self.digests = digests or DigestKey.ephemeral()
         self.subjects = subjects
         self.publisher = publisher
         self.kv: Any = None
@@ -134,6 +162,7 @@ class MomentDesk:
     # -- life cycle -------------------------------------------------------
     async def start(self) -> None:
         self.kv = await ensure_kv(self.js, BUCKET, ttl=MOMENT_TTL_S, atomic=True)
+        await ensure_stream(self.js, text_stream_config())
         self._writer = KvWriter(self.js, self.kv, BUCKET)  # dispatch's creates, group-committed
         # The index the previous version wrote per moment: still read for its entries, no longer written.
         await ensure_kv(self.js, INDEX_BUCKET, ttl=MOMENT_TTL_S, atomic=True)
@@ -311,7 +340,8 @@ class MomentDesk:
                 fut.set_result(None)
 
     # -- queries ----------------------------------------------------------
-    async def get(self, principal: str, moment_id: str) -> tuple[MomentRecord, int] | None:
+    async def get(self, principal: str, moment_id: str, *, hydrate: bool = True) -> tuple[MomentRecord, int] | None:
+        """The record and its revision; ``hydrate``: with the held free text put back in its place."""
         try:
             entry = await self.kv.get(moment_key(principal, moment_id))
         except KeyNotFoundError:
@@ -319,7 +349,41 @@ class MomentDesk:
         if entry.value is None:
             return None
         rec = _record(entry.value, entry.key)
-        return (rec, entry.revision) if rec is not None else None
+        if rec is None:
+            return None
+        if hydrate:
+            await self._hydrate(rec)
+        return rec, entry.revision
+
+    # -- the principal's free text, held apart (the module docstring) --------------
+    async def _hydrate(self, rec: MomentRecord) -> None:
+        """Put the held text back into ``rec.resolution``; gone (forgotten, aged out) leaves the markers."""
+        if rec.text_seq is None or rec.forgotten:
+            return
+        try:
+            msg = await self.js.get_msg(TEXT_STREAM, rec.text_seq)
+            rec.resolution = _res_dec.decode(msg.data or b"")
+        except (APIError, msgspec.DecodeError, msgspec.ValidationError):
+            log.warning("held answer text unreadable; the record's digests stand for it", moment_id=rec.moment_id)
+
+    async def _hold(self, principal: str, moment_id: str, resolution: Resolution) -> int:
+        """Store ``resolution`` (it holds free text) apart; its stream sequence."""
+        subject = f"$KV.{TEXT_BUCKET}.{moment_key(principal, moment_id)}.{secrets.token_hex(8)}"
+        ack = await self.js.publish(subject, _enc.encode(resolution), stream=TEXT_STREAM)
+        return ack.seq
+
+    async def _erase(self, seq: int) -> None:
+        """Delete held text ``seq`` with erase (STREAM.MSG.DELETE without no_erase overwrites the bytes)."""
+        try:
+            await self.js.delete_msg(TEXT_STREAM, seq)
+        except APIError as e:  # gone already (an earlier pass, another instance): nothing to erase
+            log.debug("held answer text already gone", seq=seq, error=str(e))
+
+    def _stored(self, rec: MomentRecord) -> bytes:
+        """What the bucket keeps of ``rec``: the keyed digests in place of text held apart, never the text."""
+        if rec.text_seq is not None and not rec.forgotten and rec.resolution is not None:
+            rec = msgspec.structs.replace(rec, resolution=forget_text(rec.resolution, self.digests))
+        return _enc.encode(rec)
 
     async def find(self, agent: str, moment_id: str, principal: str | None = None) -> MomentRecord | None:
         """``agent``'s moment ``moment_id`` (the moment query, subjects/momentquery.py), else None.
@@ -337,6 +401,7 @@ class MomentDesk:
             value = await self._value(key)
             rec = _record(value, key) if value else None
             if rec is not None and rec.agent == agent and rec.moment_id == moment_id:
+                await self._hydrate(rec)
                 return rec
         return None
 
@@ -383,17 +448,22 @@ class MomentDesk:
             if rec.status == "expired" or (rec.expires_at and rec.expires_at <= time.time()):
                 raise Refused("expired", "this moment expired before it was answered")
             self._check(rec, resolution)
+            held = await self._hold(principal, moment_id, resolution) if has_text(resolution) else None
             rec.status = "resolved"
             rec.resolution = resolution
+            rec.text_seq = held
             rec.resolved_at = time.time()
             rec.published = False
             try:
-                rev = await self._writer.update(moment_key(principal, moment_id), _enc.encode(rec), rev,
+                rev = await self._writer.update(moment_key(principal, moment_id), self._stored(rec), rev,
                                                 self._header(rec))
             except KeyWrongLastSequenceError:
+                if held is not None:
+                    await self._erase(held)  # this answer lost: its text is kept nowhere
                 continue  # someone else changed it; re-read and decide again
             await self._publish_final(rec, rev)
-            return ResolveReply(status="accepted", moment_id=moment_id)
+            # The answer as recorded (SR-1 redacted by the caller): what a surface may echo.
+            return ResolveReply(status="accepted", moment_id=moment_id, resolution=resolution)
         raise Refused("conflict", "the moment changed concurrently; try again")
 
     def _check(self, rec: MomentRecord, resolution: Resolution) -> None:
@@ -450,7 +520,7 @@ class MomentDesk:
                 option_index=res.index if isinstance(res, OptionChoice) else None,
                 # spec 000 §13: free-form answers are not persisted beyond need;
                 # the verdict (and so the public capsule) keeps only a digest.
-                text_digest=hashlib.sha256(text.encode()).hexdigest() if text else None,
+                text_digest=self.digests.digest(text) if text else None,
             )
             withdrawn_reason: Literal["resolved", "expired"] = "resolved"
         else:
@@ -483,7 +553,7 @@ class MomentDesk:
                     log.exception("on_resolved hook failed", moment_id=mid)
         rec.published = True
         with contextlib.suppress(KeyWrongLastSequenceError):
-            await self._writer.update(moment_key(rec.principal, mid), _enc.encode(rec), rev, self._header(rec))
+            await self._writer.update(moment_key(rec.principal, mid), self._stored(rec), rev, self._header(rec))
 
     # -- expiry and re-drive ------------------------------------------------
     async def _on_record(self, msg: Msg) -> None:
@@ -575,7 +645,7 @@ class MomentDesk:
             return
         rec, rev = found
         if rec.status == "resolved":
-            await self._forget(key, rec, rev)
+            await self._forget(key, rec)
             return
         if rec.status != "pending" or not rec.expires_at or rec.expires_at > time.time():
             return
@@ -583,22 +653,30 @@ class MomentDesk:
         rec.resolved_at = rec.expires_at
         rec.published = False
         try:
-            rev = await self._writer.update(key, _enc.encode(rec), rev, self._header(rec))
+            rev = await self._writer.update(key, self._stored(rec), rev, self._header(rec))
         except KeyWrongLastSequenceError:
             return  # answered or expired by another instance first
         log.info("moment expired", moment_id=mid, agent=rec.agent, traceparent=rec.traceparent)
         await self._publish_final(rec, rev)
 
-    async def _forget(self, key: str, rec: MomentRecord, rev: int) -> None:
+    async def _forget(self, key: str, rec: MomentRecord) -> None:
         """Forget the principal's free text of ``rec`` once its time has come (spec 000 §13)."""
         forget_at = self._forget_at(rec)
         if forget_at is None or forget_at > time.time():
             return
         await self._delete_outcome(rec)
-        rec.resolution = forget_text(rec.resolution)  # type: ignore[arg-type]
-        rec.forgotten = True
+        principal, _, mid = key.partition(".")
+        found = await self.get(principal, mid, hydrate=False)  # the record as stored: its markers
+        if found is None or found[0].forgotten:
+            return
+        stored, rev = found
+        if stored.text_seq is not None:
+            await self._erase(stored.text_seq)  # first: a crash after it leaves the record due, and erased again
+        else:  # written before the text was held apart: its revisions in the block file are the limit
+            stored.resolution = forget_text(stored.resolution, self.digests)  # type: ignore[arg-type]
+        stored.forgotten = True
         with contextlib.suppress(KeyWrongLastSequenceError):  # another instance did it first
-            await self._writer.update(key, _enc.encode(rec), rev, self._header(rec))
+            await self._writer.update(key, self._stored(stored), rev, self._header(stored))
             log.info("principal's free text forgotten", moment_id=rec.moment_id, agent=rec.agent)
 
     async def _delete_outcome(self, rec: MomentRecord) -> None:

@@ -339,6 +339,9 @@ class ResolveReply(Struct, omit_defaults=True):
     moment_id: str | None = None
     code: str | None = None
     reason: str | None = None
+    # Accepted: the answer as the gateway recorded it, after SR-1 redaction (what the agent gets);
+    # a surface that echoes the answer echoes this, never the words as typed (docs/surfaces.md).
+    resolution: Resolution | None = None
 
 
 class PendingReply(Struct):

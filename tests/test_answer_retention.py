@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
+from pgwcore.keys import load_or_create_digest_key
 from subjects.client import Agent, Surface
 from subjects.wire import ClarificationAnswers, DialogueVeto, FreeTextAnswer, ResolutionOutcome
 from tests.moments import good_moment
@@ -40,7 +41,7 @@ async def everything_stored(nc) -> bytes:
 async def test_free_text_is_forgotten_everywhere_after_the_window(nats_server, tmp_path, nc):
     """The agent receives the free-text answer, the objection and the clarification answer in full; after
     answer_text_keep_s no stream or bucket holds any of them, the moment query returns the digest marker,
-    and the verdicts hold the sha256 digest only."""
+    and the verdicts hold the keyed digest only."""
     async with running_gateway(nats_server, str(tmp_path / "d"), gateway={"answer_text_keep_s": 1.0}):
         agent = Agent(nc, "planner")
         surface = Surface(nc, "alice")
@@ -71,10 +72,13 @@ async def test_free_text_is_forgotten_everywhere_after_the_window(nats_server, t
             later = await agent.moment_state(o1.moment_id, principal="alice")
             final = later.outcome
             assert isinstance(final, ResolutionOutcome)
-            digest = hashlib.sha256(SECRET_ANSWER.encode()).hexdigest()
-            assert final.resolution == FreeTextAnswer(text=f"[forgotten (spec 000 §13); sha256 {digest}]")
+            digests = load_or_create_digest_key(tmp_path / "d", create=False)
+            digest = digests.digest(SECRET_ANSWER)
+            assert final.resolution == FreeTextAnswer(text=f"[forgotten (spec 000 §13); {digest}]")
             blob = await everything_stored(nc)
-            assert digest.encode() in blob  # the verdict's text_digest: what the audit needs
+            assert digest.encode() in blob  # the verdict's keyed text_digest: what the audit needs
+            # A dictionary of guesses does not reverse it: no plain sha256 of any text is kept.
+            assert not any(hashlib.sha256(s).hexdigest().encode() in blob for s in secrets)
         finally:
             await agent.close()
             await surface.close()
