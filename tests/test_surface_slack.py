@@ -503,9 +503,9 @@ async def test_an_answer_in_slack_says_so_even_when_the_gateways_withdrawal_clos
         msg = await b.posted(mid)
         original = b.surface._close_quietly
 
-        async def late(lane: Any, ident: str, status: str, detail: str) -> None:
+        async def late(lane: Any, ident: str, status: str, detail: str, shown: str | None = None) -> None:
             await closed(b, ident)  # the withdrawn item has closed the message already
-            await original(lane, ident, status, detail)
+            await original(lane, ident, status, detail, shown)
 
         b.surface._close_quietly = late
         r = await b.send(button_press(msg, "pgw_option_1", USER))
@@ -514,3 +514,60 @@ async def test_an_answer_in_slack_says_so_even_when_the_gateways_withdrawal_clos
         done = await closed(b, mid)
         assert "Answered in Slack" in texts(done) and "another surface" not in texts(done)
         assert good_moment()["question"]["options"][1]["label"] in texts(done)
+
+
+async def test_a_press_naming_another_moment_or_a_malformed_value_answers_nothing(nats_server, tmp_path, nc) -> None:
+    """A signed press on moment A's message whose value names alice's open moment B answers nothing (B still
+    waits); a value naming moment ``*`` or ``>``, or one that is no moment reference, is HTTP 400, never 500."""
+    async with bed(nats_server, tmp_path, nc) as b:
+        a, other = await b.moment(), await b.moment()
+        msg_a = await b.posted(a)
+        await b.posted(other)
+        press = button_press(msg_a, "pgw_option_0", USER)
+        value = json.loads(press["actions"][0]["value"])
+        forged = copy.deepcopy(press)
+        forged["actions"][0]["value"] = json.dumps({**value, "m": other})
+        assert (await b.send(forged)).status == 200  # Slack's request is answered; the answer is refused
+        await b.slack.wait(lambda: [e for e in b.slack.ephemerals if "does not belong" in e.get("text", "")])
+        pending = [getattr(i, "moment_id", "") for i in await Surface(nc, "alice", presence=False).pending()]
+        assert other in pending and a in pending
+        for bad in ({**value, "m": "*"}, {**value, "m": ">"}, {**value, "m": "alice.*"}, {**value, "p": "*"},
+                    {**value, "k": "nope"}, {**value, "i": "0"}, [value], "x", 7):
+            broken = copy.deepcopy(press)
+            broken["actions"][0]["value"] = json.dumps(bad)
+            assert (await b.send(broken)).status == 400, bad
+        broken = copy.deepcopy(press)
+        broken["actions"][0]["value"] = "{not json"
+        assert (await b.send(broken)).status == 400
+        broken["actions"] = ["pgw_option_0"]
+        assert (await b.send(broken)).status == 400
+        assert (await b.send(press)).status == 200  # the press on its own message still answers
+        assert (await b.agent.resolution_for(a, timeout=10)).resolution == OptionChoice(index=0)
+
+
+async def test_slack_shows_and_keeps_only_the_redacted_answer(nats_server, tmp_path, nc) -> None:
+    """An answer in the principal's words holding a configured secret is echoed in Slack in the redacted form the
+    agent got, and the surface's record in PGW_SLACK keeps the kind of answer, never the words."""
+    secret = "NYX-deploy-Key-4471-Quartz"
+    async with slack_standin() as s, running_gateway(nats_server, str(tmp_path / "gw"),
+                                                     pipeline={"secrets": {"values": [secret]}}):
+        config = load_config(None, data_dir=str(tmp_path / "slack"), nats_url=nats_server.client_url,
+                             slack=slack_settings(s))
+        agent = Agent(nc, "planner")
+        async with SlackSurface(config, environ=ENV) as surface, aiohttp.ClientSession() as http:
+            b = Bed(s, surface, http, agent, nc)
+            try:
+                mid = await b.moment()
+                await b.send(button_press(await b.posted(mid), "pgw_free_text", USER))
+                [opened] = await s.wait(lambda: s.views)
+                words = f"Use the key {secret} only for the staging push"
+                assert (await b.send(view_submission(opened["view"], USER, {"answer": words}))).status == 200
+                res = await agent.resolution_for(mid, timeout=10)
+                assert secret not in res.resolution.text and res.resolution.text.startswith("Use the key")
+                done = await s.wait(lambda: next((m for m in s.of(mid) if "the staging push" in texts(m)), None))
+                assert f"In my words: {res.resolution.text}" in texts(done) and secret not in texts(done)
+                entry = await nc.jetstream().get_msg("KV_PGW_SLACK", subject=f"$KV.PGW_SLACK.alice.{mid}")
+                assert b"staging push" not in entry.data and secret.encode() not in entry.data
+                assert b"Answered in my own words." in entry.data
+            finally:
+                await agent.close()

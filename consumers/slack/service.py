@@ -32,6 +32,18 @@ and a log line); the answer goes to ``principal.P.resolve`` like any other
 surface's (first answer wins, the others get ``withdrawn``). Every message of
 a moment is then updated in place and loses its buttons, as it is when the
 moment is answered elsewhere, expires or is withdrawn.
+
+- A button's value and a modal's metadata are ours (``{"p", "m", "k"[, "i"]}``);
+  any other shape, or a moment id that is not one (``*``, ``>``), is refused
+  with HTTP 400 before anything is read. A press counts only on the message it
+  was pressed on: the record of the moment its value names must list that
+  message (or, while still ``posting``, the message's metadata must name it).
+- The principal's own words (a free text, an objection) are shown only in the
+  form the gateway recorded, after SR-1 redaction (``ResolveReply.resolution``,
+  what the agent gets), and never stored: the record's ``detail`` says which
+  kind of answer it was, the words go to Slack's message update alone
+  (spec 000 §13; docs/security.md "Data at rest"). A message re-synced from
+  the record after a restart shows the kind without the words.
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -78,7 +91,7 @@ from pgwcore.connect import close_quietly, connect
 from pgwcore.logs import get_logger
 from pgwcore.metrics import acquire_server
 from pgwcore.slack_config import SLACK_BUCKET, SURFACE_STREAM, ensure_slack_state, slack_durable
-from subjects.errors import PgwError
+from subjects.errors import PgwError, SubjectError
 from subjects.names import principal_token
 from subjects.wire import (
     ClarificationAnswers,
@@ -107,6 +120,42 @@ METADATA_EVENT = "pgw_moment"  # message metadata: how a restart finds what it p
 
 class SlackConfigError(PgwError):
     """A Slack secret is missing or unreadable."""
+
+
+class BadInteraction(PgwError):
+    """A signed interaction whose shape, value or metadata is not one this surface made (HTTP 400)."""
+
+
+_KINDS = ("option", "free_text", "dialogue", "answers")
+_MOMENT_ID = re.compile(r"[0-9a-f]{16,64}")  # subjects.constraints.HexId
+
+
+def _obj(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadInteraction(f"{what} is not an object")
+    return value
+
+
+def parse_ref(text: Any) -> dict[str, Any]:
+    """A button value or modal metadata as this surface writes it (``blocks.py``); anything else is refused."""
+    if not isinstance(text, str):
+        raise BadInteraction("no value")
+    try:
+        ref = json.loads(text)
+    except (ValueError, RecursionError):
+        raise BadInteraction("the value is not JSON") from None
+    ref = _obj(ref, "the value")
+    p, m, k, i = ref.get("p"), ref.get("m"), ref.get("k"), ref.get("i", 0)
+    try:
+        ok_p = isinstance(p, str) and principal_token(p) == p
+    except SubjectError:
+        ok_p = False
+    if not ok_p or not isinstance(m, str) or not _MOMENT_ID.fullmatch(m) or k not in _KINDS \
+            or type(i) is not int or not 0 <= i < 16:
+        raise BadInteraction("the value is not a moment reference of this surface")
+    return ref
 
 
 def read_secret(file: str, env: str, what: str, environ: dict[str, str] | os._Environ[str]) -> str:
@@ -142,7 +191,7 @@ class Record(msgspec.Struct, omit_defaults=True):
     channel: str = ""
     messages: list[Posted] = msgspec.field(default_factory=list)
     status: str = ""  # closed: our status line (mrkdwn, no agent text)
-    detail: str = ""  # closed: the answer, as plain text
+    detail: str = ""  # closed: the answer as plain text: an option's label, never the principal's own words
     synced: bool = False  # closed: every message shows it
 
 
@@ -340,8 +389,11 @@ class Lane:
                  untrusted=plan.untrusted)
 
     # -- closing -----------------------------------------------------------------
-    async def close(self, ident: str, status: str, detail: str) -> None:
-        """Mark the item closed (first status wins) and update its messages in place."""
+    async def close(self, ident: str, status: str, detail: str, shown: str | None = None) -> None:
+        """Mark the item closed (first status wins) and update its messages in place.
+
+        ``shown``: what the messages say in ``detail``'s place this once (the principal's words as
+        the gateway recorded them), never written to the record."""
         for _ in range(10):
             got = await self.record(ident)
             if got is None:
@@ -352,7 +404,7 @@ class Lane:
                 continue
             rec, rev = got
             if rec.state == "closed":
-                if rec.synced:
+                if rec.synced and shown is None:
                     return
                 break
             if rec.state == "posting" and not rec.messages:
@@ -364,20 +416,22 @@ class Lane:
             rec.state, rec.status, rec.detail, rec.synced = "closed", status, detail, False
             if await self.write(ident, rec, rev) is not None:
                 break
-        await self.sync(ident)
+        await self.sync(ident, shown)
 
-    async def sync(self, ident: str) -> None:
+    async def sync(self, ident: str, shown: str | None = None) -> None:
         got = await self.record(ident)
-        if got is None or got[0].state != "closed" or got[0].synced:
+        if got is None or got[0].state != "closed" or (got[0].synced and shown is None):
             return
         rec, rev = got
         plan = plan_item(rec.item.encode()) if rec.item else None
+        detail = rec.detail if shown is None else shown
         for m in rec.messages:
-            text, blocks = kit.closed(plan, self.principal, rec.status, rec.detail) if plan else (rec.status, [])
+            text, blocks = kit.closed(plan, self.principal, rec.status, detail) if plan else (rec.status, [])
             kit.check_blocks(blocks)
             await self.s.call("chat_update", channel=m.channel, ts=m.ts, text=text, blocks=blocks)
-        rec.synced = True
-        await self.write(ident, rec, rev)
+        if not rec.synced:
+            rec.synced = True
+            await self.write(ident, rec, rev)
         log.info("slack message closed", principal=self.principal, moment_id=ident, messages=len(rec.messages))
 
     # -- answering ---------------------------------------------------------------
@@ -566,41 +620,51 @@ class SlackSurface:
             return web.json_response({"code": r.code, "reason": r.reason}, status=401)
         try:
             payload = json.loads(parse_qs(body.decode())["payload"][0])
-        except (KeyError, IndexError, ValueError, UnicodeDecodeError):
+        except (KeyError, IndexError, ValueError, UnicodeDecodeError, RecursionError):
             return web.json_response({"code": "bad_request", "reason": "no interaction payload"}, status=400)
-        out = await self.handle(payload)
+        try:
+            out = await self.handle(payload)
+        except BadInteraction as e:
+            log.warning("slack interaction refused: malformed", reason=str(e), peer=request.remote)
+            return web.json_response({"code": "bad_request", "reason": str(e)}, status=400)
         return web.json_response(out) if out else web.Response(status=200)
 
     async def _on_socket(self, client: Any, req: Any) -> None:
         from slack_sdk.socket_mode.response import SocketModeResponse
 
-        out = await self.handle(req.payload) if req.type == "interactive" else None
+        try:
+            out = await self.handle(req.payload) if req.type == "interactive" else None
+        except BadInteraction as e:
+            log.warning("slack interaction refused: malformed", reason=str(e))
+            out = None
         await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id, payload=out))
 
     async def handle(self, payload: dict[str, Any]) -> dict[str, Any] | None:
         """One interaction (HTTP or Socket Mode, already authenticated as Slack's)."""
+        payload = _obj(payload, "the payload")
         kind = payload.get("type")
-        user = (payload.get("user") or {}).get("id", "")
+        user = str(_obj(payload.get("user"), "user").get("id", ""))
         if kind == "block_actions":
             actions = payload.get("actions") or []
-            if not actions or not str(actions[0].get("action_id", "")).startswith(kit.ACTION_PREFIX):
+            if not isinstance(actions, list) or not actions:
                 return None
-            try:
-                ref = json.loads(actions[0].get("value") or "{}")
-            except ValueError:
+            action = _obj(actions[0], "the action")
+            if not str(action.get("action_id", "")).startswith(kit.ACTION_PREFIX):
                 return None
-            channel = (payload.get("container") or {}).get("channel_id") or (payload.get("channel") or {}).get("id", "")
+            ref = parse_ref(action.get("value"))
+            container = _obj(payload.get("container"), "container")
+            message = _obj(payload.get("message"), "message")
+            channel = str(container.get("channel_id") or _obj(payload.get("channel"), "channel").get("id", ""))
+            pressed = (channel, str(container.get("message_ts") or message.get("ts") or ""),
+                       _obj(_obj(message.get("metadata"), "metadata").get("event_payload"), "metadata").get("id"))
             lane = await self._admit(user, ref, channel)
             if lane is None:
                 return None
-            await self._on_action(lane, user, ref, payload.get("trigger_id", ""), channel)
+            await self._on_action(lane, user, ref, str(payload.get("trigger_id", "")), pressed)
             return None
         if kind == "view_submission":
-            view = payload.get("view") or {}
-            try:
-                ref = json.loads(view.get("private_metadata") or "{}")
-            except ValueError:
-                return None
+            view = _obj(payload.get("view"), "view")
+            ref = parse_ref(view.get("private_metadata"))
             lane = await self._admit(user, ref, "")
             if lane is None:
                 return {"response_action": "errors", "errors": {_first_input(view): "You are not this principal."}}
@@ -622,12 +686,22 @@ class SlackSurface:
             return None
         return lane
 
-    async def _on_action(self, lane: Lane, user: str, ref: dict[str, Any], trigger: str, channel: str) -> None:
+    async def _on_action(self, lane: Lane, user: str, ref: dict[str, Any], trigger: str,
+                         pressed: tuple[str, str, Any]) -> None:
         ident, k = str(ref.get("m", "")), ref.get("k")
+        channel, ts, meta_id = pressed
         got = await lane.record(ident)
         # "posting": a press can arrive before the post's record says "open"; the moment is answerable.
         if got is None or got[0].state == "closed" or not got[0].item:
             await self._tell(channel, user, "This decision is no longer open; nothing was recorded.")
+            return
+        rec = got[0]
+        on_it = Posted(channel, ts) in rec.messages if rec.messages else meta_id == ident
+        if not on_it:
+            # A value naming another moment than the message it is on answers nothing (module docstring).
+            log.warning("slack press refused: the button is not on this moment's message", slack_user=user,
+                        moment_id=ident, channel=channel, message_ts=ts)
+            await self._tell(channel, user, "This button does not belong to that decision; nothing was recorded.")
             return
         plan = plan_item(got[0].item.encode())
         if k == "option" and isinstance(plan, DecisionPlan):
@@ -636,7 +710,7 @@ class SlackSurface:
                 return
             shown = f"Option {idx + 1}: {plan.options[idx].label}"
             reply = await lane.resolve(ident, OptionChoice(index=idx), (_answered_by(user), shown))
-            await self._after(lane, ident, user, channel, reply, shown)
+            await self._after(lane, ident, user, channel, reply, shown, None)
         elif k in ("free_text", "dialogue") and isinstance(plan, DecisionPlan):
             if k not in {h.kind for h in plan.hatches}:
                 return
@@ -659,40 +733,42 @@ class SlackSurface:
         if got is None:
             return {"response_action": "errors", "errors": {_first_input(view): "Not a decision of yours."}}
         plan = plan_item(got[0].item.encode())
+        # ``kept``: what the record may say of the answer (its kind, never the principal's words).
         resolution: Resolution
         if k == "free_text":
             if not text("answer"):
                 return {"response_action": "errors", "errors": {"answer": "Write your answer."}}
-            resolution, shown = FreeTextAnswer(text=text("answer")), f"In my words: {text('answer')}"
+            resolution, kept = FreeTextAnswer(text=text("answer")), "Answered in my own words."
         elif k == "dialogue":
             obj = text("objection") or None
             resolution = DialogueVeto(objection=obj)
-            shown = "The question is wrong" + (f": {obj}" if obj else ".")
+            kept = "The question is wrong" + (" (with an objection)." if obj else ".")
         elif k == "answers" and isinstance(plan, ClarificationPlan):
             answers = {q.id: text(f"q{n}") for n, q in enumerate(plan.questions)}
-            resolution, shown = ClarificationAnswers(answers=answers), "Answered the questions."
+            resolution, kept = ClarificationAnswers(answers=answers), "Answered the questions."
         else:
             return None
-        reply = await lane.resolve(ident, resolution, (_answered_by(user), shown))
+        reply = await lane.resolve(ident, resolution, (_answered_by(user), kept))
         if reply.status != "accepted":
             return {"response_action": "errors",
                     "errors": {_first_input(view): f"Not recorded: {reply.reason or reply.code}"[:150]}}
-        await self._after(lane, ident, user, "", reply, shown)
+        await self._after(lane, ident, user, "", reply, kept, _echo(reply.resolution))
         return None
 
-    async def _after(self, lane: Lane, ident: str, user: str, channel: str, reply: ResolveReply, shown: str) -> None:
+    async def _after(self, lane: Lane, ident: str, user: str, channel: str, reply: ResolveReply, kept: str,
+                     shown: str | None) -> None:
         if reply.status == "accepted":
             log.info("answered in slack", principal=lane.principal, moment_id=ident, slack_user=user)
             # The update runs apart: the gateway already has the answer; Slack wants our reply in 3 s.
-            task = asyncio.create_task(self._close_quietly(lane, ident, _answered_by(user), shown))
+            task = asyncio.create_task(self._close_quietly(lane, ident, _answered_by(user), kept, shown))
             self._updates.add(task)
             task.add_done_callback(self._updates.discard)
         else:
             await self._tell(channel, user, f"Not recorded: {reply.reason or reply.code} ({reply.code}).")
 
-    async def _close_quietly(self, lane: Lane, ident: str, status: str, detail: str) -> None:
+    async def _close_quietly(self, lane: Lane, ident: str, status: str, detail: str, shown: str | None) -> None:
         try:
-            await lane.close(ident, status, detail)
+            await lane.close(ident, status, detail, shown)
         except Exception as e:  # noqa: BLE001 - the withdrawn item retries the update
             log.warning("slack update after an answer failed; the withdrawn item retries it",
                         moment_id=ident, error=str(e)[:200])
@@ -703,6 +779,16 @@ class SlackSurface:
         if channel:
             with contextlib.suppress(SlackDown):
                 await self.call("chat_postEphemeral", channel=channel, user=user, text=text)
+
+
+def _echo(res: Resolution | None) -> str | None:
+    """The principal's words as the gateway recorded them (SR-1 redacted), for the message alone; None: none."""
+    match res:
+        case FreeTextAnswer(text=t):
+            return f"In my words: {t}"
+        case DialogueVeto(objection=o) if o:
+            return f"The question is wrong: {o}"
+    return None
 
 
 def _slack_id(user: str) -> str:
