@@ -24,6 +24,13 @@ each message is re-driven to one target:
   downstream subjects (surface, outcome, verdict, capsule, log) is refused:
   that would forge the gateway's output.
 
+A processed turn that held a secret is no longer in ``PGW_INBOUND`` as
+sent (gateway/pipeline.py; docs/security.md "Data at rest"): a range of
+``PGW_INBOUND`` reads its redacted form from ``PGW_INBOUND_REDACTED`` at the
+turn's own sequence, subject and ``Nats-Msg-Id``. Re-driven, it is answered
+from the dedup record of its correlationId like the turn itself; run as new,
+it is the redacted turn the gateway processed, never the secret.
+
 ``dry_run=True`` reads the range and reports, per message, what would be sent
 where, and for the gateway target whether the PGW_DEDUP cache already holds an
 outcome for the envelope's correlationId (so the replay would be answered from
@@ -43,6 +50,7 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from consumers.history import StoredMsg, read_stored
+from pgwcore.streams import INBOUND_MSG_ID_HEADER, INBOUND_REDACTED_BUCKET
 from subjects.errors import PgwError, SubjectError
 from subjects.names import Subjects
 
@@ -113,11 +121,49 @@ async def stream_of(js: Any, rng: ReplayRange) -> str:
         raise ReplayError(f"no stream holds subject {rng.subject!r} (`pgw streams` lists each stream's subjects)") from None
 
 
-async def read_range(nc: Client, rng: ReplayRange) -> AsyncIterator[StoredMsg]:
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: ``*`` one token, ``>`` one or more at the end."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, t in enumerate(want):
+        if t == ">":
+            return len(have) > i
+        if i >= len(have) or t not in ("*", have[i]):
+            return False
+    return len(want) == len(have)
+
+
+async def redacted_turns(nc: Client, rng: ReplayRange, prefix: str) -> list[StoredMsg]:
+    """The redacted forms of processed turns of ``PGW_INBOUND`` in ``rng``, as the turns were stored."""
+    js = nc.jetstream()
+    stream, pre = f"KV_{INBOUND_REDACTED_BUCKET}", f"$KV.{INBOUND_REDACTED_BUCKET}."
+    try:
+        info = await js.stream_info(stream)
+    except NotFoundError:
+        return []
+    if not info.state.messages:
+        return []
+    out: list[StoredMsg] = []
+    async for m in read_stored(nc, stream, from_seq=info.state.first_seq or 1, to_seq=info.state.last_seq):
+        agent, _, seq = m.subject[len(pre):].rpartition(".")
+        subject = f"{prefix}.agent.{agent}.envelope"
+        if not seq.isdigit() or (rng.subject and not subject_matches(rng.subject, subject)):
+            continue
+        n = int(seq)
+        if (rng.from_seq and n < rng.from_seq) or (rng.to_seq and n > rng.to_seq):
+            continue
+        headers = {k: v for k, v in m.headers.items() if k != INBOUND_MSG_ID_HEADER and not k.startswith("Nats-")}
+        if m.headers.get(INBOUND_MSG_ID_HEADER):
+            headers["Nats-Msg-Id"] = m.headers[INBOUND_MSG_ID_HEADER]
+        out.append(StoredMsg("PGW_INBOUND", n, subject, m.data, headers, m.time))
+    return out
+
+
+async def read_range(nc: Client, rng: ReplayRange, *, prefix: str = "pgw") -> AsyncIterator[StoredMsg]:
     """Yield the messages of ``rng`` in stream order, without a consumer or any change.
 
     Read by message get (consumers/history.py), so ops credentials, which may
-    create, pull from or ack no consumer (issue 19), can replay.
+    create, pull from or ack no consumer (issue 19), can replay. A range of
+    ``PGW_INBOUND`` yields a processed turn that held a secret in its redacted form.
     """
     js = nc.jetstream()
     stream = await stream_of(js, rng)
@@ -127,12 +173,14 @@ async def read_range(nc: Client, rng: ReplayRange) -> AsyncIterator[StoredMsg]:
         raise ReplayError(f"stream {stream!r} does not exist") from None
     last_seq = info.state.last_seq
     to_seq = min(rng.to_seq, last_seq) if rng.to_seq else last_seq
-    if info.state.messages == 0:
+    copies = await redacted_turns(nc, rng, prefix) if stream == "PGW_INBOUND" else []
+    if info.state.messages == 0 and not copies:
         return
     since = rng.since.astimezone() if rng.since else None
     until = rng.until.astimezone() if rng.until else None
     yielded = 0
-    async for m in read_stored(nc, stream, rng.subject, from_seq=rng.from_seq or 1, to_seq=to_seq):
+    async for m in _merged(read_stored(nc, stream, rng.subject, from_seq=rng.from_seq or 1, to_seq=to_seq)
+                           if info.state.messages else None, sorted(copies, key=lambda c: c.seq)):
         if since and m.time and m.time < since:
             continue
         if until and m.time and m.time > until:
@@ -141,6 +189,19 @@ async def read_range(nc: Client, rng: ReplayRange) -> AsyncIterator[StoredMsg]:
         yielded += 1
         if rng.limit and yielded >= rng.limit:
             return
+
+
+async def _merged(stored: AsyncIterator[StoredMsg] | None, copies: list[StoredMsg]) -> AsyncIterator[StoredMsg]:
+    """The stored messages and the redacted copies (sorted) in one sequence order, streamed."""
+    i = 0
+    if stored is not None:
+        async for m in stored:
+            while i < len(copies) and copies[i].seq < m.seq:
+                yield copies[i]
+                i += 1
+            yield m
+    for c in copies[i:]:
+        yield c
 
 
 def _envelope_ids(data: bytes) -> list[tuple[str | None, str | None, str | None]]:
@@ -204,7 +265,7 @@ class Replayer:
                 await self.js.find_stream_name_by_subject(target)
             except NotFoundError:
                 self._core_target = True  # not stored by any stream: a core publish
-        async for msg in read_range(self.nc, rng):
+        async for msg in read_range(self.nc, rng, prefix=self.subjects.prefix):
             action = await self._one(msg, stream, target, dry_run=dry_run, fresh_msg_id=fresh_msg_id)
             report.actions.append(action)
         return report

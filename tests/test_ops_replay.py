@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from nats.js.api import StreamConfig
 
-from consumers.replay import REPLAY_HEADER, Replayer, ReplayError, ReplayRange
+from consumers.replay import REPLAY_HEADER, Replayer, ReplayError, ReplayRange, read_range
 from subjects.names import Subjects
 
 S = Subjects("pgw")
@@ -155,3 +155,49 @@ async def test_unknown_stream_is_a_clear_error(nc) -> None:
     """A missing stream is a ReplayError naming it, not a traceback."""
     with pytest.raises(ReplayError, match="NOPE"):
         await Replayer(nc, S).replay(ReplayRange(stream="NOPE"), "ops.x")
+
+
+async def test_a_processed_turn_that_held_a_secret_leaves_inbound_and_replays_redacted(nats_server, tmp_path, nc) -> None:
+    """With a secret configured, a processed turn that held it (or a secret: token) is gone from PGW_INBOUND and
+    kept redacted in PGW_INBOUND_REDACTED at its own sequence, while a clean turn stays as sent; a replay of the
+    range yields all three in order at their own sequences and Nats-Msg-Ids, no secret in any, and re-driven to the
+    gateway the copy is published once and adds no verdict."""
+    from pgwcore.streams import INBOUND_REDACTED_BUCKET
+    from subjects.client import Agent
+    from tests.pipeline_helpers import running_gateway
+    from tests.polling import until
+
+    secret = "NYX-inbound-Key-7719-Quartz"
+    js = nc.jetstream()
+    async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"secrets": {"values": [secret]}}):
+        agent = Agent(nc, "bot")
+        try:
+            bodies = [json.loads(_env(i)) for i in (1, 2, 3)]
+            bodies[0]["payload"]["message"] = f"the key is {secret}"
+            bodies[2]["payload"]["message"] = "the token is secret:Plover-tick-2204"
+            for b in bodies:
+                await agent.send(b)
+                await agent.outcome_for(b["envelopeId"], timeout=10)
+
+            async def settled() -> bool:
+                return (await js.stream_info("PGW_INBOUND")).state.messages == 1
+
+            await until(settled, timeout=10, what="the turns that held a secret erased from PGW_INBOUND")
+            kept = await js.get_msg("PGW_INBOUND", 2)
+            assert json.loads(kept.data)["envelopeId"] == "e2"  # the clean turn, as sent
+            copies = await js.stream_info(f"KV_{INBOUND_REDACTED_BUCKET}")
+            assert copies.state.messages == 2
+            report = await Replayer(nc, S).replay(ReplayRange(stream="PGW_INBOUND"), "gateway", dry_run=True)
+            assert [(a.seq, a.subject, a.msg_id) for a in report.actions] == [
+                (n, S.envelope("bot"), f"bot:e{n}") for n in (1, 2, 3)]
+            read = [m async for m in read_range(nc, ReplayRange(stream="PGW_INBOUND"))]
+            assert all(secret.encode() not in m.data and b"Plover-tick" not in m.data for m in read)
+            assert b"the key is [REDACTED" in read[0].data
+            verdicts = (await js.stream_info("PGW_VERDICTS")).state.messages
+            again = await Replayer(nc, S).replay(ReplayRange(stream="PGW_INBOUND", to_seq=1), "gateway",
+                                                 fresh_msg_id=True)
+            assert again.counts() == {"published": 1}
+            await asyncio.sleep(1.0)
+            assert (await js.stream_info("PGW_VERDICTS")).state.messages == verdicts
+        finally:
+            await agent.close()
