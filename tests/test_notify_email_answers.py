@@ -25,7 +25,14 @@ import msgspec
 import nats.errors as nats_errors
 import pytest
 
-from consumers.notify.answers import USED_BUCKET, AnswerKeyError, Claims, Tokens, load_answer_key
+from consumers.notify.answers import (
+    USED_BUCKET,
+    AnswerKeyError,
+    Claims,
+    TokenRefused,
+    Tokens,
+    load_answer_key,
+)
 from consumers.notify.service import Notifier
 from consumers.surfaces.model import plan_item
 from gateway.app import Gateway
@@ -570,3 +577,25 @@ async def test_every_email_page_passes_axe_reflows_and_names_the_principals_zone
                     await ctx.close()
             finally:
                 await b.close()
+
+
+def test_an_answer_link_mac_verifies_only_in_its_canonical_spelling() -> None:
+    """A token whose MAC is spelled otherwise for the same 32 bytes (a last character differing in its unused
+    bits, padding, standard-base64 twins of - and _, a stray character the decoder skips) is refused as forged."""
+    tokens = Tokens(KEY.encode())
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    for n in range(500):
+        token = tokens.mint(Claims(p="alice", m="0" * 32, c="o0", x=int(time.time()) + 600, n=f"n{n}"))
+        body, mac = token.split(".")
+        if "-" in mac and "_" in mac:
+            break
+    else:
+        raise AssertionError("no MAC spelled with both - and _")
+    assert tokens.verify(token).p == "alice"
+    last = alphabet.index(mac[-1])
+    spellings = [mac[:-1] + alphabet[last ^ bits] for bits in (1, 2, 3)]  # 43 chars carry 258 bits: 2 unused
+    spellings += [mac + "=", mac.replace("-", "+"), mac.replace("_", "/"), mac + "!", " " + mac]
+    for other in spellings:
+        with pytest.raises(TokenRefused) as refused:
+            tokens.verify(f"{body}.{other}")
+        assert refused.value.code == "forged", other
