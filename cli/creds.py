@@ -23,12 +23,13 @@ line names the file that would serve and where it was looked for (:func:`refusal
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
-from gateway.security import Party, creds_dir, creds_party
+from gateway.security import BLOCK_FILE, Party, creds_dir, creds_party
 from pgwcore.config import Config
 from subjects.errors import PgwError
 from subjects.names import agent_token, principal_token
@@ -116,15 +117,27 @@ def need_for(args: argparse.Namespace) -> Need | None:
 
 def ops_users(config: Config, folder: Path) -> list[Party]:
     """The ops users: the configuration's in its order, then any other ops user's file in the
-    folder (``pgw up --quickstart`` makes ``ops`` with no configuration naming it)."""
+    folder (``pgw up --quickstart`` makes ``ops`` with no configuration naming it) that the folder's
+    server block still lets in: a file an earlier run left behind would only be refused."""
     named = [Party("ops", o) for o in config.security.ops]
     found: list[Party] = []
     if folder.is_dir():
+        users = block_users(folder)
         for f in sorted(folder.glob("ops-*.creds")):
             party = creds_party(f)
-            if party is not None and party.role == "ops":
+            if party is not None and party.role == "ops" and (users is None or party.label in users):
                 found.append(party)
     return list(dict.fromkeys(named + found))
+
+
+def block_users(folder: Path) -> set[str] | None:
+    """The parties (``role:name``) of the server block ``pgw up`` / ``pgw creds`` last wrote into the
+    folder (gateway/security ``authorization_block``), or None when there is none (operator mode)."""
+    try:
+        text = (folder / BLOCK_FILE).read_text()
+    except OSError:
+        return None
+    return set(re.findall(r"^\s*# (\S+:\S+) \(inbox ", text, re.MULTILINE))
 
 
 def choose(args: argparse.Namespace, config: Config, need: Need) -> Chosen:

@@ -179,11 +179,12 @@ def test_each_command_takes_the_file_its_role_needs(tmp_path: Path) -> None:
     """In a folder holding every party's file, the ops commands take the ops user's (never the services' own),
     `pgw mcp` and `pgw surface` the agent's and principal's they name, a service its own, `pgw log quarantine`
     the gateway's; `--as` takes the party it names. With no ops user's file the ops commands fall back to the
-    services' own and say so."""
+    services' own and say so (an ops user's file the folder's server block no longer lists is passed over)."""
     from cli.creds import SERVICES, choose, need_for
     from cli.main import build_parser
     from gateway.security import Party, embedded_auth
     from pgwcore.config import load_config
+    from pgwcore.identity import load_or_create_creds
 
     config = load_config(None, data_dir=str(tmp_path), agents={"planner": {"principals": ["alice"]}},
                          security={"ops": ["ops"], "auditors": ["carol"]})
@@ -210,6 +211,7 @@ def test_each_command_takes_the_file_its_role_needs(tmp_path: Path) -> None:
     assert chosen("--as", "agent:planner", "streams") == Party("agent", "planner")
     assert need_for(parser.parse_args(["verify", "capsule.cose"])) is None  # a file: no server
     (tmp_path / "creds" / "ops-ops.creds").unlink()
+    load_or_create_creds(tmp_path / "creds", Party("ops", "left"))  # an earlier run's, not in the server block
     args = parser.parse_args(["streams"])
     fallback = choose(args, config, need_for(args))  # type: ignore[arg-type]
     assert fallback.party == SERVICES and fallback.note and "service-services.creds" in fallback.note
