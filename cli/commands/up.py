@@ -5,6 +5,11 @@ under the data folder, loopback only), waits until it is healthy, creates the
 streams idempotently, runs every service of ``UP_SERVICES``, prints where to
 connect and what to try, and on Ctrl-C drains in-flight work and stops
 everything, the server last.
+
+Each party gets its own credentials file (docs/security.md §1); every ``pgw``
+command then finds the one its role needs (cli/creds.py). ``--quickstart`` (what
+``make run`` runs) binds the quick start's parties (``QUICKSTART_AGENTS``,
+``QUICKSTART_OPS``) where the configuration names none.
 """
 
 from __future__ import annotations
