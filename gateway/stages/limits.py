@@ -129,13 +129,23 @@ async def add_to_set(kv: Any, key: str, member: str) -> int:
     return (await _add(kv, key, member))[0]
 
 
-async def _add(kv: Any, key: str, member: str) -> tuple[int, bool]:
-    """Add ``member`` to the set at ``key`` (CAS): the set's size, and whether this call added it."""
+async def _add(kv: Any, key: str, member: str, window: tuple[float, float] | None = None) -> tuple[int, bool]:
+    """Add ``member`` to the set at ``key`` (CAS): the set's size, and whether this call added it.
+
+    With ``window`` ``(now, seconds)`` the set is windowed: the entry is stamped
+    ``member@now``, entries older than the window are dropped, and a member already
+    there is not stamped again.
+    """
     for _ in range(20):
         members, rev = await _get_set(kv, key)
-        if member in members:
+        entry = member
+        if window is not None:
+            now, span = window
+            members = [e for e in members if _stamped(e)[1] > now - span]
+            entry = f"{member}@{now:.0f}"
+        if any(e == member or _stamped(e)[0] == member for e in members):
             return len(members), False
-        members = [*members, member][-_MAX_SET:]
+        members = [*members, entry][-_MAX_SET:]
         try:
             if rev is None:
                 await kv.create(key, _enc.encode(members))
@@ -149,31 +159,11 @@ async def _add(kv: Any, key: str, member: str) -> tuple[int, bool]:
 
 def _stamped(entry: str) -> tuple[str, float]:
     """A windowed set's entry ``member@seconds`` as (member, seconds)."""
-    member, _, at = entry.rpartition("@")
+    member, at_sign, at = entry.rpartition("@")
     try:
-        return member, float(at)
+        return (member, float(at)) if at_sign else (entry, 0.0)
     except ValueError:
         return entry, 0.0
-
-
-async def _add_windowed(kv: Any, key: str, member: str, now: float, window: float) -> tuple[int, bool]:
-    """Add ``member`` stamped ``now`` to the windowed set at ``key`` (CAS), dropping entries older than
-    ``window``: the entries left, and whether this call added it (a member already there is not re-stamped)."""
-    for _ in range(20):
-        members, rev = await _get_set(kv, key)
-        live = [e for e in members if _stamped(e)[1] > now - window]
-        if any(_stamped(e)[0] == member for e in live):
-            return len(live), False
-        live = [*live, f"{member}@{now:.0f}"][-_MAX_SET:]
-        try:
-            if rev is None:
-                await kv.create(key, _enc.encode(live))
-            else:
-                await kv.update(key, _enc.encode(live), last=rev)
-            return len(live), True
-        except KeyWrongLastSequenceError:
-            continue
-    raise RuntimeError(f"could not update counter {key}")  # nak: the message is redelivered
 
 
 async def _take_back(kv: Any, key: str, member: str) -> None:
@@ -263,7 +253,7 @@ async def _hard_caps(ctx: Ctx, member: str, counted: list[tuple[str, str]]) -> N
         (clar_principal_key(ctx.agent, principal), cfg.clarification_rounds * PRINCIPAL_ROUNDS_FACTOR,
          "over all of this agent's nodes"),
     ):
-        n, added = await _add_windowed(ctx.state.kv, key, member, now, CLARIFICATION_WINDOW_S)
+        n, added = await _add(ctx.state.kv, key, member, window=(now, CLARIFICATION_WINDOW_S))
         if added:
             counted.append((key, member))
         if n > cap:
