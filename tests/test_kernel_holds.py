@@ -3,6 +3,7 @@ kernel keys them (§4.2); a refused report's verdict carries no executed action 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from subjects.client import Surface
 from subjects.idp import Permit
 from subjects.kernelops import AuditReply
-from subjects.wire import OptionChoice
+from subjects.wire import NoticeItem, OptionChoice
 from tests.kernel_support import Issuer, policy_dir, read_log, running_gateway, stored_verdicts
 from tests.test_kernel_hem import AGENT, PRINCIPAL, Env, LogWatch, _moment
 
@@ -63,6 +64,46 @@ async def test_a_permit_taken_before_a_gap_is_refused_while_held_and_after_deny(
     assert len(denied) == 2
     for v in denied:
         assert v.action_type == "idp.transition" and "CloseBooking" not in msgspec.json.encode(v).decode()
+
+
+async def test_the_principal_is_told_of_a_report_refused_while_held(env: Env) -> None:
+    """A report of an earlier permit while a commitment gap's escalation is pending reaches alice as a moment of its
+    own whose first finding says what was reported (the same report again adds none), and one after her Deny
+    reaches her as a notice saying it was refused and nothing is asked (spec 003 §4.4, §5.5.2)."""
+    recs = [env.idp(i) for i in (1, 2, 3)]
+    for r in recs:
+        assert isinstance(await env.send(r), Permit)
+    surface = Surface(env.nc, PRINCIPAL)
+    await env.report(recs[0]["idp_id"], "CloseBooking ")
+    gap = await _moment(surface, recs[0]["idp_id"])
+
+    for _ in range(2):
+        await env.report(recs[1]["idp_id"], "CloseBooking")
+    told = await _moment(surface, recs[1]["idp_id"])
+    assert told.moment_id != gap.moment_id
+    first = told.binding_moment.findings[0]
+    assert "while this session was stopped for your decision" in first and "reported doing CloseBooking" in first
+    assert "refused the report" in first
+    refused = [ev for _, ev in await read_log(env.js, "TRANSITION_REFUSED") if ev.body["idp_id"] == recs[1]["idp_id"]]
+    while len(refused) < 2:
+        await env.watch.wait("TRANSITION_REFUSED", lambda e: e["body"]["idp_id"] == recs[1]["idp_id"])
+        refused = [ev for _, ev in await read_log(env.js, "TRANSITION_REFUSED") if ev.body["idp_id"] == recs[1]["idp_id"]]
+    pending = [i for i in await surface.pending() if getattr(i, "envelope_id", None) == recs[1]["idp_id"]]
+    assert [i.moment_id for i in pending] == [told.moment_id]
+
+    assert (await surface.resolve(gap.moment_id, OptionChoice(index=1))).status == "accepted"
+    await env.watch.wait("HEM_RESOLVED")
+    await env.report(recs[2]["idp_id"], "CloseBooking")
+
+    async def notice() -> NoticeItem:
+        async for item in surface.items():
+            if isinstance(item, NoticeItem) and item.envelope_id == recs[2]["idp_id"]:
+                return item
+        raise AssertionError("surface closed")
+
+    said = await asyncio.wait_for(notice(), 10)
+    assert said.diagnostic.startswith("After you ended this session, agent ") and "CloseBooking" in said.diagnostic
+    assert "Nothing is asked of you." in said.diagnostic
 
 
 async def test_a_report_naming_the_idp_in_capitals_is_the_same_idp_everywhere(env: Env) -> None:

@@ -270,6 +270,25 @@ def hem_moment(
     return _disciplined(moment, agent, "The gateway's policy recommends Deny" if gated else "The gateway's policy recommends ending this session")
 
 
+def held_report_moment(moment: BindingMoment, agent: str, executed: str) -> BindingMoment:
+    """The moment of a transition report the kernel refused while the session waits on you (spec 003
+    §4.4, §5.5.2): what happened, first among the findings of the moment ``hem_moment`` built (its
+    synopsis and question, ending the session or letting it continue, stand)."""
+    because = (f"{WHY}while this session was stopped for your decision, agent {agent} reported doing "
+               f"{marked(_clip(executed, 100))} under a permission it took before; the gateway refused the report "
+               "(it is not recorded as done) and keeps the session stopped until you decide.")
+    findings = [because, *(f for f in moment.findings if not f.startswith(WHY))]
+    return msgspec.structs.replace(moment, findings=findings)
+
+
+def held_report_notice(agent: str, executed: str) -> str:
+    """What the principal is told of a report the kernel refused after she ended the session (spec 003
+    §5.5.2): nothing is left to decide, so it is a notice, not a moment."""
+    return (f"After you ended this session, agent {agent} reported doing {marked(_clip(executed, 100))} under a "
+            "permission it took before. The gateway refused the report (it is not recorded as done) and the "
+            "session stays ended. Nothing is asked of you.")
+
+
 def _disciplined(moment: BindingMoment, agent: str, plain_position: str) -> BindingMoment:
     """``moment`` held to the same grammar and lints as an agent's (spec 000 §6, §7.1).
 

@@ -21,7 +21,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from prometheus_client import Counter
 
 from gateway.kernel.eventlog import Appended, EventLog
-from gateway.kernel.hem import WHY
+from gateway.kernel.hem import WHY, held_report_moment, held_report_notice
 from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.state import IdpEntry, KernelState
 from pgwcore.logs import get_logger
@@ -33,7 +33,7 @@ from subjects.idp import (
     decode_idp,
 )
 from subjects.util import now_rfc3339, stable_id
-from subjects.wire import BindingMoment, Refusal, ReportedEffect, Verdict
+from subjects.wire import BindingMoment, NoticeItem, Refusal, ReportedEffect, Verdict
 
 log = get_logger("pgw.kernel")
 
@@ -261,11 +261,13 @@ class TransitionReports:
                 # after a human ended the work, a permit taken before the hold included.
                 code, why = held
                 HELD_REPORTS.labels(agent=agent, held_by=code).inc()
-                return await self._refuse_transition(
+                refused = await self._refuse_transition(
                     agent, rep, why, msg_seq, tp, code=code,
                     alert={"severity": "CRITICAL", "alert_trigger": "TRANSITION_WHILE_HELD", "held_by": code},
                     extra={"so_id": entry.so_id, "session_id": entry.session_id},
                 )
+                await self._tell_held(agent, rep, entry, code, tp)
+                return refused
             st_id = stable_id("STATE_TRANSITIONED", entry.so_id.lower(), entry.idp_id.lower())
             st = await self.eventlog.append("STATE_TRANSITIONED", st_body, msg_id=st_id, traceparent=tp)
             if st.duplicate and st.event.body.get("report_digest") != report_digest:
@@ -326,6 +328,34 @@ class TransitionReports:
         if sess.state == "HEM_PENDING" or hold.pending:
             return "HEM_PENDING", "an escalation to the principal is pending; no earlier permit may be reported until it is resolved"
         return None
+
+    async def _tell_held(self, agent: str, rep: TransitionReport, entry: IdpEntry, code: str, tp: str | None) -> None:
+        """The principal learns of a report refused while held (spec 003 §4.4, §5.5.2).
+
+        While an escalation is pending she is still deciding, so the report is an escalation of its
+        own, queued behind the pending one: a moment that says what was reported (``hem.held_report_moment``);
+        the session continues only once she has approved both. After she ended the session there is
+        nothing left to decide: a notice says what was reported. One per declared step (its id names
+        the IDP, not the report), so an agent re-wording its report does not flood her.
+        """
+        so, idp_id = entry.so_id.lower(), entry.idp_id.lower()
+        if code == "HEM_PENDING" and entry.mandate_id is not None:
+            idp = decode_idp((await self.eventlog.get(entry.submitted_seq)).body["idp"])
+            await self._escalate(
+                agent=agent, principal=entry.principal, idp=idp, trigger="TRANSITION_WHILE_HELD",
+                mandate_id=entry.mandate_id, tp=tp,
+                retell=lambda moment: held_report_moment(moment, agent, rep.executed_action),
+                moment_id=stable_id("hem", "TRANSITION_WHILE_HELD", so, idp_id),
+                extra={"executed_action": rep.executed_action, "held_by": code},
+            )
+            return
+        item_id = stable_id("held-report-notice", so, idp_id)[:32]
+        await self.publisher.surface(
+            NoticeItem(agent=agent, principal=entry.principal, created_at=now_rfc3339(), traceparent=tp,
+                       item_id=item_id, envelope_id=entry.idp_id,
+                       diagnostic=held_report_notice(agent, rep.executed_action)),
+            f"notice:{item_id}",
+        )
 
     async def _gate_transitioned(self, entry: IdpEntry) -> bool:
         """The step's STATE_TRANSITIONED was written by the gate (kernel_dispatched)."""
