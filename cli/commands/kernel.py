@@ -192,7 +192,13 @@ async def verify_command(args: argparse.Namespace, config: Config) -> int:
 
 
 async def quarantine_command(args: argparse.Namespace, config: Config) -> int:
-    from gateway.kernel.eventlog import QUARANTINED, EventLog, check_record, quarantined, record_digest
+    from gateway.kernel.eventlog import (
+        QUARANTINED,
+        EventLog,
+        check_record,
+        quarantined,
+        record_digest,
+    )
     from pgwcore.keys import MissingKeyError, load_or_create
     from subjects.util import stable_id
 
