@@ -571,3 +571,26 @@ async def test_slack_shows_and_keeps_only_the_redacted_answer(nats_server, tmp_p
                 assert b"Answered in my own words." in entry.data
             finally:
                 await agent.close()
+
+
+async def test_a_press_before_the_posts_record_is_checked_against_the_channel_history(nats_server, tmp_path, nc) -> None:
+    """A press that arrives while the moment's record still says ``posting`` (no message recorded yet) is taken
+    when the channel's history shows the pressed message as that moment's post, and refused when its value names
+    another moment."""
+    async with bed(nats_server, tmp_path, nc) as b:
+        a, other = await b.moment(), await b.moment()
+        msg_a = await b.posted(a)
+        await b.posted(other)
+        kv = await nc.jetstream().key_value("PGW_SLACK")
+        for ident in (a, other):  # as if killed between chat.postMessage and the record's update
+            rec = json.loads((await kv.get(f"alice.{ident}")).value)
+            rec.update(state="posting", channel="", messages=[])
+            await kv.put(f"alice.{ident}", json.dumps(rec).encode())
+        press = button_press(msg_a, "pgw_option_0", USER)
+        forged = copy.deepcopy(press)
+        forged["actions"][0]["value"] = json.dumps({**json.loads(press["actions"][0]["value"]), "m": other})
+        assert (await b.send(forged)).status == 200
+        await b.slack.wait(lambda: [e for e in b.slack.ephemerals if "does not belong" in e.get("text", "")])
+        assert other in [getattr(i, "moment_id", "") for i in await Surface(nc, "alice", presence=False).pending()]
+        assert (await b.send(press)).status == 200
+        assert (await b.agent.resolution_for(a, timeout=10)).resolution == OptionChoice(index=0)

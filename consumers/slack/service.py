@@ -37,7 +37,8 @@ moment is answered elsewhere, expires or is withdrawn.
   any other shape, or a moment id that is not one (``*``, ``>``), is refused
   with HTTP 400 before anything is read. A press counts only on the message it
   was pressed on: the record of the moment its value names must list that
-  message (or, while still ``posting``, the message's metadata must name it).
+  message (or, while still ``posting``, the message's metadata must name it,
+  or the channel's history must show it as the moment's post).
 - The principal's own words (a free text, an objection) are shown only in the
   form the gateway recorded, after SR-1 redaction (``ResolveReply.resolution``,
   what the agent gets), and never stored: the record's ``detail`` says which
@@ -697,6 +698,11 @@ class SlackSurface:
             return
         rec = got[0]
         on_it = Posted(channel, ts) in rec.messages if rec.messages else meta_id == ident
+        if not on_it and not rec.messages and channel and ts:
+            # Still "posting": the post's record is not written yet; the channel's history says which
+            # message carries this moment (its metadata), as after a restart.
+            with contextlib.suppress(SlackDown):
+                on_it = await self.find_posted(channel, ident, rec.at) == ts
         if not on_it:
             # A value naming another moment than the message it is on answers nothing (module docstring).
             log.warning("slack press refused: the button is not on this moment's message", slack_user=user,
