@@ -208,6 +208,11 @@ def capsule_from_verdict_checked(
         pgw.update(kernel_facts.pgw_members(facts))
     if "effect_confirmed_without_response" in notes and v.effect is not None:
         pgw["effect_status_reported"] = v.effect.status
+    scope = v.details.get("approval_scope")
+    if isinstance(scope, dict) and isinstance(scope.get("scope_id"), str):
+        # The principal's standing approval that permitted (or is) this action (gateway/kernel/scopes.py):
+        # its opaque id and kind only; the folder and the tool are hers, kept in the kernel's signed log.
+        pgw["approval_scope"] = {"scope_id": scope["scope_id"], "kind": scope.get("kind")}
     chain = Chain(parent_capsule_id) if parent_capsule_id else None
     action_id = v.action_id or f"verdict:{v.verdict_id}"
     return build_capsule_checked(

@@ -170,7 +170,9 @@ def moment_key(principal: str, moment_id: str) -> str:
 
 def hem_decision_of(resolution: Resolution | None) -> str:
     match resolution:
-        case OptionChoice(index=0):
+        # 0 Approve; 2 and 3 approve as well and also allow it standing (a gated step's moment,
+        # gateway/kernel/scopes.py); 1 Deny. Every other HEM moment has two options only.
+        case OptionChoice(index=0 | 2 | 3):
             return "approve"
         case OptionChoice():
             return "deny"

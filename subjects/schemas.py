@@ -45,7 +45,7 @@ WIRE_TYPES: dict[str, Any] = {
 }
 
 # Modules that contribute more wire types (each exposes WIRE_TYPES: dict[str, type]).
-EXTRA_MODULES = ["subjects.idp", "subjects.kernelops", "subjects.momentquery", "subjects.gate"]
+EXTRA_MODULES = ["subjects.idp", "subjects.kernelops", "subjects.momentquery", "subjects.gate", "subjects.approvals"]
 
 
 def all_types() -> dict[str, Any]:

@@ -205,7 +205,9 @@ async def test_a_write_waits_for_the_principal_and_runs_only_after_approval(gate
         assert f"Tool argument path: {msgspec.json.encode(str(target)).decode()}" in moment.findings
         assert 'Tool argument content: "hello"' in moment.findings
         assert not any(f.startswith("Tool argument intent") for f in moment.findings)
-        assert [o.label for o in moment.question.options] == ["Approve", "Deny"]
+        # Approve / Deny, and the two standing approvals a write to a clean path is offered (docs/gate.md).
+        assert [o.label for o in moment.question.options] == ["Approve", "Deny", "Allow for this session",
+                                                             "Allow for an hour"]
         _item, reply = await asyncio.wait_for(gate_env.principal(answer), 30)
         assert reply.status == "accepted"
         result = await asyncio.wait_for(call, 30)

@@ -175,16 +175,20 @@ class Denials:
         if hem is None:
             return
         try:
-            await self._apply_hem(record.agent, hem.session_id, hem.idp_id, record.moment_id, decision)
+            await self._apply_hem(record.agent, hem.session_id, hem.idp_id, record.moment_id, decision,
+                                  option=_option(resolution))
         except Exception:
             log.exception("could not apply HEM decision", moment_id=record.moment_id)
 
     async def _apply_hem(
         self, agent: str, session_id: str, idp_id: str, moment_id: str, decision: str, held: HemHold | None = None,
+        option: int | None = None,
     ) -> SessionEntry:
         """Log and act on a human's answer to one moment of the session's queue (spec 003
         §5.5.2): every answer, whichever moment it is and however many are queued. ``held``:
-        the moment as the object's hold has it, for one its session does not list."""
+        the moment as the object's hold has it, for one its session does not list; ``option``:
+        the option index she chose (2 and 3 of a gated step also grant a standing approval,
+        gateway/kernel/scopes.py)."""
         sess, _ = await self.state.session(agent, session_id)
         held = next((h for h in sess.hem_queue if h.moment_id == moment_id), held)
         if held is None:
@@ -195,6 +199,8 @@ class Denials:
                                 "principal": held.principal}
         if held.so_id:
             body["scope"] = {"so_id": held.so_id, "mandate_id": held.mandate_id}
+        if option is not None:
+            body["option_index"] = option
         await self.eventlog.append("HEM_RESOLVED", body, msg_id=stable_id("HEM_RESOLVED", moment_id))
         settled = await self.state.resolve_hem(body)
         if decision == "approve" and so_id and held.trigger == "HEM_URGENCY_REQUIRED":
@@ -203,7 +209,7 @@ class Denials:
                 await self.overdue.opened(got[0], moment_id=moment_id)  # a human's permit awaits its report too
         if so_id and held.trigger == "HEM_URGENCY_REQUIRED":
             # A gated step (gateway/kernel/gate.py) runs now, or never.
-            await self._gate_after_hem(so_id, idp_id, decision)  # type: ignore[attr-defined]
+            await self._gate_after_hem(so_id, idp_id, decision, option)  # type: ignore[attr-defined]
         return settled
 
     async def _settle_decided(self, agent: str, holds: list[HemHold]) -> bool:
@@ -217,7 +223,8 @@ class Denials:
             if found and found[0].status in ("resolved", "expired"):
                 rec = found[0]
                 decision = hem_decision_of(rec.resolution) if rec.status == "resolved" else "expired"
-                await self._apply_hem(agent, h.session_id, h.idp_id, h.moment_id, decision, held=h)
+                await self._apply_hem(agent, h.session_id, h.idp_id, h.moment_id, decision, held=h,
+                                      option=_option(rec.resolution) if rec.status == "resolved" else None)
                 applied = True
         return applied
 
@@ -247,3 +254,9 @@ class Denials:
             )
         )
 
+
+def _option(resolution: Any) -> int | None:
+    """The option index of an answer that chose one (None for free text, a veto or an expiry)."""
+    from subjects.wire import OptionChoice
+
+    return resolution.index if isinstance(resolution, OptionChoice) else None

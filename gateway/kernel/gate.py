@@ -61,6 +61,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 
 from gateway.kernel.eventlog import Appended
+from gateway.kernel.scopes import ApprovalScope, ScopeOffer, scope_detail
 from gateway.kernel.state import ConflictError, IdpEntry
 from pgwcore.logs import get_logger
 from pgwcore.metrics import LATENCY
@@ -124,6 +125,10 @@ class GateCall:
         self.entry_rev: int | None = None
         self.d: OpenDispatch | None = None
         self.traceparent: str | None = None
+        # Standing approvals (gateway/kernel/scopes.py): what its approval moment offers to allow
+        # standing, or the standing approval that permits it without asking.
+        self.scope_offer: ScopeOffer | None = None
+        self.scope: ApprovalScope | None = None
 
 
 class OpenDispatch(Struct, kw_only=True, omit_defaults=True):
@@ -146,6 +151,10 @@ class OpenDispatch(Struct, kw_only=True, omit_defaults=True):
     dispatched_seq: int | None = None
     timed_out: bool = False
     traceparent: str | None = None
+    # gateway/kernel/scopes.py: the standing approval its moment offers (awaiting_approval), or the
+    # one that permitted it without asking (``scope_id``, ``kind``, ``grant_seq``, ``moment_id``, ...).
+    scope_offer: ScopeOffer | None = None
+    scope: dict[str, Any] | None = None
 
     def request(self) -> ExecRequest:
         return ExecRequest(idempotency_key=self.idempotency_key, action=self.action, arguments=self.arguments,
@@ -186,6 +195,7 @@ class Gate:
     overdue: Any
     publisher: Any
     key: Any
+    scopes: Any
     _inflight: set[asyncio.Task[Any]]
     _sem: asyncio.Semaphore
     _stopping: bool
@@ -298,7 +308,8 @@ class Gate:
             action=entry.requested_action, arguments=gate.arguments, idp_id=entry.idp_id, so_id=entry.so_id,
             agent=entry.agent, principal=entry.principal, session_id=entry.session_id,
             step_sequence=entry.step_sequence, submitted_seq=entry.submitted_seq, moment_id=moment_id,
-            traceparent=gate.traceparent,
+            traceparent=gate.traceparent, scope_offer=gate.scope_offer if state == "awaiting_approval" else None,
+            scope=scope_detail(gate.scope) if gate.scope is not None else None,
         )
 
     async def _gate_open(self, entry: IdpEntry, gate: GateCall) -> None:
@@ -421,14 +432,14 @@ class Gate:
         vid = stable_id("gate-timeout", d.so_id.lower(), d.idp_id.lower())
         await self.publisher.verdict(Verdict(
             verdict_id=vid, verdict_class="timeout", decision="accept",
-            approver="human" if d.moment_id else "policy", human_disposed=bool(d.moment_id),
+            approver="human" if d.moment_id or d.scope else "policy", human_disposed=bool(d.moment_id),
             ts=now_rfc3339(), agent=d.agent, principal=d.principal, action_type=d.action, action_id=d.idp_id,
             idp_id=d.idp_id, moment_id=d.moment_id,
             supersedes=stable_id("dispatch", d.moment_id) if d.moment_id else None,
             reason=Refusal(code="EXECUTOR_TIMEOUT", reason=why), traceparent=d.traceparent,
             effect=ReportedEffect(type=d.action, status="dispatched", request=msgspec.to_builtins(d.request())),
             details={"effect_attestation": ATTESTATION, "executed_action_source": EXECUTED_ACTION_SOURCE,
-                     "executor": d.kind},
+                     "executor": d.kind, **({"approval_scope": d.scope} if d.scope else {})},
         ))
         log.warning("executor timeout", executor=d.kind, idp_id=d.idp_id, replied=reply)
         return ActDispatched(timestamp=now_rfc3339(), idp_id=d.idp_id, reason=why, verdict_id=vid)
@@ -552,8 +563,8 @@ class Gate:
                                         traceparent=d.traceparent)
         # The open permit has a key only for a HEM approval or with log_permits off (as for a report,
         # transitions.py); else its CEDAR_PERMIT_RECORDED registered it and the index closes it.
-        jobs: list[Any] = [vjob, self.overdue.closed(d.so_id, d.idp_id,
-                                                     keyed=d.moment_id is not None or not self.cfg.log_permits)]
+        keyed = d.moment_id is not None or d.scope is not None or not self.cfg.log_permits
+        jobs: list[Any] = [vjob, self.overdue.closed(d.so_id, d.idp_id, keyed=keyed)]
         if status != "dispatched":
             # The verdict carries only match_result of the record, which is the same in any
             # record of this step (the comparison is deterministic, §5.5.3).
@@ -594,9 +605,13 @@ class Gate:
         }
         if resp_digest:
             details["response_digest"] = resp_digest
+        if d.scope is not None:
+            # Permitted by her standing approval (gateway/kernel/scopes.py): a human's decision, made in
+            # advance; nobody looked at this call, so not human-disposed (spec 004 §5.4).
+            details["approval_scope"] = d.scope
         await self.publisher.verdict(Verdict(
             verdict_id=vid, verdict_class="executed", decision="accept",
-            approver="human" if human else "policy", human_disposed=human,
+            approver="human" if human or d.scope is not None else "policy", human_disposed=human,
             ts=now_rfc3339(), agent=d.agent, principal=d.principal, action_type=entry.requested_action,
             action_id=d.idp_id, idp_id=d.idp_id, moment_id=d.moment_id, supersedes=supersedes,
             traceparent=d.traceparent,
@@ -605,8 +620,11 @@ class Gate:
         ))
 
     # -- HEM answers (spec 003 §4.4) ---------------------------------------------------
-    async def _gate_after_hem(self, so_id: str, idp_id: str, decision: str) -> None:
-        """A human answered a gated step's escalation: dispatch it on approval, else it never runs."""
+    async def _gate_after_hem(self, so_id: str, idp_id: str, decision: str, option: int | None = None) -> None:
+        """A human answered a gated step's escalation: dispatch it on approval, else it never runs.
+
+        ``option``: the index she chose; 2 or 3 also grant the standing approval its moment offered
+        (gateway/kernel/scopes.py), logged before the step is dispatched."""
         key = idempotency_key(so_id, idp_id)
         try:
             e = await self.gate_kv.get(key)
@@ -618,6 +636,13 @@ class Gate:
         if d.state != "awaiting_approval":
             return
         if decision == "approve":
+            if option is not None and d.scope_offer is not None:
+                try:
+                    await self.scopes.grant(d, option, d.traceparent)
+                except Exception:
+                    # The asked call still runs (she approved it); the standing approval is lost, so the
+                    # next call asks her again: the safe side.
+                    log.exception("granting a standing approval failed", idp_id=d.idp_id, moment_id=d.moment_id)
             task = asyncio.create_task(self._approved(d, e.revision))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)

@@ -50,6 +50,7 @@ from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.policy import PolicyEngine, idp_context
 from gateway.kernel.received import commit_received, commit_refused
 from gateway.kernel.revocation import Revocations
+from gateway.kernel.scopes import Scopes, offer_for, with_options
 from gateway.kernel.state import (
     ConflictError,
     HoldEntry,
@@ -145,6 +146,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         self.state = KernelState(self.js, self.eventlog.acks)  # one inbox of the kernel's own for both writers' PubAcks
         self.overdue = OverdueReports(self, self.cfg.report_deadline_s)
         self.revocations = Revocations(self)
+        self.scopes = Scopes(self)  # standing approvals (scopes.py)
         self.audit = AuditService(self)
         self.checkpoints = Checkpointer(
             self.eventlog, self.key, self.subjects.prefix, self.config.data_path, self.cfg.checkpoint_interval_s
@@ -170,6 +172,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         await self.overdue.start()
         await self.revocations.start(QUEUE)  # the revocations of the log, then the bucket (revocation.py)
         await self.audit.start(QUEUE)
+        await self.scopes.start(QUEUE)  # kernel.approvals.{principal}: list and revoke
         await self.state.rebuild(self.eventlog)
         self.overdue.log_ready = True  # the index now knows every permit the log closed
         if not self.policy.files:
@@ -207,6 +210,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         await self._gate_drain()
         await self.revocations.close()
         await self.audit.close()
+        await self.scopes.close()
         if self._loop_task is not None:
             if not self._busy:
                 # Idle in fetch(): nothing in flight, so stop waiting for new reports.
@@ -449,12 +453,19 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             entry.status = "hem_pending"
             entry.moment_id = self._moment_id("HEM_URGENCY_REQUIRED", idp)
             await self._put_entry(entry)
+            offer = None
             if gate is not None:
-                # The arguments are stored before the principal can answer (gate.py).
+                # Besides Approve and Deny, a standing approval where one could ever apply: an action of
+                # the mandate, a call that names a clean path (scopes.py).
+                offer = gate.scope_offer = offer_for(action=action, executor=gate.kind, arguments=gate.arguments,
+                                                     mandate=m) if in_scope else None
+                # The arguments (and the offer) are stored before the principal can answer (gate.py).
                 await self._gate_hold(entry, gate, entry.moment_id)
             moment_id, _seq = await self._escalate(
                 agent=agent, principal=m.principal, idp=idp, trigger="HEM_URGENCY_REQUIRED", mandate_id=m.jti,
                 cedar="PERMIT" if allowed else "DENY", tp=tp, arguments=gate.arguments if gate is not None else None,
+                retell=(lambda moment: with_options(moment, offer, agent)) if offer is not None else None,
+                extra={"approval_scope_offered": msgspec.to_builtins(offer)} if offer is not None else None,
             )
             return HemPending(
                 timestamp=now_rfc3339(), idp_id=idp.idp_id, session_id=idp.session_id,
@@ -464,6 +475,14 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             # The agent asked for a human and none can be asked: fail closed, with a
             # code of its own (policy may well permit; the missing human is the reason).
             allowed, deny_code, hem_available = False, "HEM_UNAVAILABLE", False
+        if not allowed and in_scope and gate is not None and hem_available and self.cfg.hem_enabled:
+            # Cedar denied a gated call the agent did not itself ask a human about (REQUIRED returned
+            # above): her standing approval answers it as she chose to, without asking (scopes.py).
+            scope = await self.scopes.covering(agent=agent, mandate=m, idp=idp, executor=gate.kind,
+                                               arguments=gate.arguments)
+            if scope is not None:
+                gate.scope = scope
+                allowed = True
         if allowed:
             entry.status = "permitted"
             # The permit is registered open (overdue.py) by its CEDAR_PERMIT_RECORDED
@@ -474,13 +493,18 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             # moves the entry to ``dispatched`` by one compare-and-set on it, with no read
             # (gate.py, _index_dispatched).
             jobs = [self._put_entry(entry, gate)]
-            if not self.cfg.log_permits:  # else its log event registers it: opened() would do nothing
+            scoped = gate is not None and gate.scope is not None
+            if not self.cfg.log_permits or scoped:  # else its log event registers it: opened() would do nothing
                 jobs.append(self.overdue.opened(entry))
+            if scoped:
+                assert gate is not None and gate.scope is not None
+                # Not a Cedar permit: the log says which standing approval answered Cedar's DENY.
+                jobs.append(self.scopes.applied(gate.scope, entry, "DENY", tp))
             if gate is not None:
                 # The open dispatch, with its arguments, is stored with the permit: a crash from
                 # here on leaves it to the gate sweep, which finishes it (gateway/kernel/gate.py).
                 jobs.append(self._gate_open(entry, gate))
-            if self.cfg.log_permits:
+            if self.cfg.log_permits and not scoped:
                 jobs.append(
                     self.eventlog.append(
                         "CEDAR_PERMIT_RECORDED",

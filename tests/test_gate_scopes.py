@@ -1,0 +1,295 @@
+"""Standing approvals of gated actions (docs/gate.md "Standing approvals"; gateway/kernel/scopes.py).
+
+A real gateway with the IDP kernel, Cedar and Ed25519 against a real nats-server, and a real
+executor serving MCP-shaped calls (``{"tool", "arguments"}``, as ``pgw mcp-gate`` sends them).
+Cedar denies every write, so each call goes as the MCP gate sends it: submitted, refused
+``POLICY_DENY`` with ``hem_available``, resubmitted ``hem_urgency: REQUIRED`` and answered by the
+principal on her surface; a call inside a standing approval runs on its first submission.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from consumers.capsule_map import capsule_from_verdict
+from gateway.kernel import scopes as scopes_mod
+from gateway.kernel.eventlog import check_signature, verify_stream
+from subjects import replies
+from subjects.approvals import ApprovalsRequest, approvals_reply_decoder, approvals_subject
+from subjects.client import Surface
+from subjects.executor import Executor
+from subjects.gate import ActDone, act_result_decoder
+from subjects.idp import EnrichedDeny, HemPending
+from tests.kernel_support import Issuer, idp, policy_dir, read_log, running_gateway, stored_verdicts
+from tests.polling import until
+from tests.test_kernel_hem import _moment
+
+PRINCIPAL, AGENT, OTHER = "alice", "bot", "bot2"
+POLICY = 'permit(principal, action == Action::"ReadBooking", resource);\n'  # every WriteFile is denied
+ALLOW, DENY, SESSION, HOUR = 0, 1, 2, 3
+
+
+@pytest.fixture
+def approvals_asker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernel.approvals.{principal}`` is sent by principal ``{principal}`` only: the one case of the reply
+    rule (``subjects.replies.askers``) this subject needs, added here until subjects/replies.py has it."""
+    base = replies.askers
+
+    def askers(prefix: str, subject: str) -> tuple[replies.Asker, ...]:
+        t = subject[len(prefix) + 1:].split(".") if subject.startswith(prefix + ".") else []
+        if len(t) == 3 and t[:2] == ["kernel", "approvals"]:
+            return (replies.Asker("principal", t[2]),)
+        return base(prefix, subject)
+
+    monkeypatch.setattr(replies, "askers", askers)
+
+
+class Files:
+    """An MCP-shaped executor: ``WriteFile`` with ``{"tool", "arguments": {"path", "content"}}``."""
+
+    def __init__(self, nc: Any) -> None:
+        self.files: dict[str, str] = {}
+        self.calls = 0
+        self.ex = Executor(nc, "files")
+
+        @self.ex.action("WriteFile")
+        async def write(args: dict[str, Any]) -> Any:
+            self.calls += 1
+            inner = args["arguments"]
+            self.files[inner["path"]] = inner["content"]
+            return {"content": [{"type": "text", "text": f"wrote {inner['path']}"}]}
+
+
+class Env:
+    def __init__(self, nc: Any, gw: Any, issuer: Issuer, files: Files) -> None:
+        self.nc, self.gw, self.files = nc, gw, files
+        self.js = nc.jetstream()
+        self.so = str(uuid.uuid4())
+        self.mandates = {a: issuer.mandate(agent=a, so_id=self.so, principal=PRINCIPAL, actions=["WriteFile", "ReadBooking"])
+                         for a in (AGENT, OTHER)}
+        self.step = 0
+        self.surface = Surface(nc, PRINCIPAL)
+        self.moments = 0  # moments the principal was asked to answer
+
+    async def act(self, agent: str, args: dict[str, Any], session: str, **over: Any) -> tuple[dict[str, Any], Any]:
+        token, jti = self.mandates[agent]
+        self.step += 1
+        rec = idp(so_id=self.so, mandate_id=jti, step=self.step, action="WriteFile", session=session, **over)
+        body = {"mandate": token, "action": "WriteFile", "idp": rec, "arguments": args}
+        msg = await self.nc.request(f"pgw.agent.{agent}.act", msgspec.json.encode(body), timeout=15)
+        return rec, act_result_decoder.decode(msg.data)
+
+    async def call(self, path: str, *, answer: int | None = ALLOW, tool: str = "write_file", agent: str = AGENT,
+                   session: str = "s-1") -> tuple[str, str]:
+        """One tool call as pgw mcp-gate makes it: ("ran" | "asked", its idp_id). Asked, the principal answers
+        ``answer`` and the call has run (or not) before this returns; ``answer`` None leaves the moment open."""
+        args = {"tool": tool, "arguments": {"path": path, "content": f"v{self.step}"}}
+        rec, r = await self.act(agent, args, session)
+        if isinstance(r, ActDone):
+            assert r.status == "confirmed"
+            return "ran", rec["idp_id"]
+        assert isinstance(r, EnrichedDeny) and r.deny_code == "POLICY_DENY" and r.hem_available, r
+        rec, r = await self.act(agent, args, session, hem_urgency="REQUIRED")
+        assert isinstance(r, HemPending), r
+        self.moments += 1
+        item = await _moment(self.surface, rec["idp_id"])
+        if answer is not None:
+            before = self.files.calls
+            assert (await self.surface.choose(item, answer)).status == "accepted"
+            if answer != DENY:
+                async def ran() -> bool:
+                    return self.files.calls > before
+
+                await until(ran, timeout=10, what="the approved call")
+        return "asked", rec["idp_id"]
+
+    async def approvals(self, req: ApprovalsRequest, principal: str = PRINCIPAL) -> Any:
+        msg = await self.nc.request(approvals_subject("pgw", principal), msgspec.json.encode(req), timeout=10)
+        return approvals_reply_decoder.decode(msg.data)
+
+
+@pytest.fixture
+async def env(make_config: Any, nc: Any, tmp_path: Path) -> AsyncIterator[Env]:
+    """A gateway whose kernel dispatches WriteFile to the files executor; Cedar denies every WriteFile."""
+    issuer = Issuer(tmp_path / "issuer")
+    files = Files(nc)
+    cfg = make_config(
+        kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path, POLICY)),
+                "executors": {"files": {"actions": ["WriteFile"], "timeout_s": 2.0}}, "gate_sweep_s": 0},
+        agents={AGENT: {"principals": [PRINCIPAL]}, OTHER: {"principals": [PRINCIPAL]}},
+    )
+    async with files.ex, running_gateway(cfg, nc) as gw:
+        yield Env(nc, gw, issuer, files)
+
+
+def kernel(env: Env) -> Any:
+    from gateway.kernel.service import KernelService
+
+    return next(p for p in env.gw.parts if isinstance(p, KernelService))
+
+
+async def _event(env: Env, event_type: str, **match: Any) -> Any:
+    async def found() -> Any:
+        return next((ev for _seq, ev in await read_log(env.js, event_type)
+                     if all(ev.body.get(k) == v for k, v in match.items())), None)
+
+    return await until(found, timeout=10, what=f"{event_type} {match}")
+
+
+async def test_the_moment_offers_both_standing_approvals_within_the_grammar(env: Env) -> None:
+    """A gated write that names a clean path is offered Approve, Deny, "Allow for this session" and "Allow for an
+    hour" (Deny still recommended), naming the tool and the folder, and the moment passes spec 000's grammar and lints."""
+    from gateway.stages import lints
+    from gateway.stages.moment_grammar import check_binding_moment
+
+    await env.call("/srv/notes/a.md", answer=None)
+    item = await _moment(env.surface, (await read_log(env.js, "HEM_ESCALATED"))[-1][1].body["idp_id"])
+    q = item.binding_moment.question
+    assert [o.label for o in q.options] == ["Approve", "Deny", "Allow for this session", "Allow for an hour"]
+    assert q.recommended_idx == DENY
+    assert 'write_file by agent bot on files directly in "/srv/notes"' in q.options[SESSION].reasoning
+    assert check_binding_moment(msgspec.to_builtins(item.binding_moment)) == []
+    assert lints.check(item.binding_moment) == []
+    offered = (await read_log(env.js, "HEM_ESCALATED"))[-1][1].body["approval_scope_offered"]
+    assert offered["folder"] == "/srv/notes" and offered["tool"] == "write_file"
+
+
+async def test_a_path_not_in_normal_form_is_offered_no_standing_approval(env: Env) -> None:
+    """A call whose path climbs out (``..``) gets only Approve and Deny: nothing would bound a standing approval."""
+    await env.call("/srv/notes/../etc/passwd", answer=None)
+    item = await _moment(env.surface, (await read_log(env.js, "HEM_ESCALATED"))[-1][1].body["idp_id"])
+    assert [o.label for o in item.binding_moment.question.options] == ["Approve", "Deny"]
+
+
+async def test_session_scope_covers_the_folder_in_this_session_only(env: Env) -> None:
+    """"Allow for this session" runs the asked call, then later writes by the same tool to files directly in that
+    folder, in that session, run without a moment; a subfolder, another folder, another tool, another agent or
+    another session still asks."""
+    assert (await env.call("/srv/notes/a.md", answer=SESSION))[0] == "asked"
+    assert env.files.files["/srv/notes/a.md"]
+    for name in ("b.md", "c.md", "a.md"):
+        assert (await env.call(f"/srv/notes/{name}"))[0] == "ran"
+    assert (await env.call("/srv/notes/deep/d.md"))[0] == "asked"  # a subfolder
+    assert (await env.call("/srv/other/e.md"))[0] == "asked"  # another folder
+    assert (await env.call("/srv/notes/f.md", tool="edit_file"))[0] == "asked"  # another tool
+    assert (await env.call("/srv/notes/g.md", agent=OTHER))[0] == "asked"  # another agent
+    assert (await env.call("/srv/notes/h.md", session="s-2"))[0] == "asked"  # another session
+    assert env.moments == 6
+
+
+async def test_hour_scope_covers_other_sessions_and_expires(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """"Allow for an hour" covers the agent's other sessions on the object too, until the hour is over:
+    past it the same write asks again."""
+    assert (await env.call("/srv/notes/a.md", answer=HOUR))[0] == "asked"
+    assert (await env.call("/srv/notes/b.md", session="s-9"))[0] == "ran"
+    later = time.time() + scopes_mod.HOUR_S + 1
+
+    class Later:
+        @staticmethod
+        def time() -> float:
+            return later
+
+    monkeypatch.setattr(scopes_mod, "time", Later)
+    assert (await env.call("/srv/notes/b.md", session="s-9", answer=DENY))[0] == "asked"
+
+
+async def test_hem_required_always_asks(env: Env) -> None:
+    """An agent that itself asks for a human (hem_urgency REQUIRED) is asked about even inside a standing approval
+    (spec 003 §4.4: the kernel MUST enter HEM_PENDING for it)."""
+    await env.call("/srv/notes/a.md", answer=SESSION)
+    _rec, r = await env.act(AGENT, {"tool": "write_file", "arguments": {"path": "/srv/notes/b.md", "content": "x"}},
+                            "s-1", hem_urgency="REQUIRED")
+    assert isinstance(r, HemPending)
+
+
+async def test_grant_and_use_are_signed_log_events_and_capsuled(env: Env) -> None:
+    """The grant is APPROVAL_SCOPE_GRANTED (after HEM_RESOLVED with the option, signed, in the chain) with a
+    ``resolved`` verdict of its own; a covered call is APPROVAL_SCOPE_APPLIED (after its IDP_SUBMITTED, naming the
+    grant and Cedar's DENY, no CEDAR_PERMIT_RECORDED) and its executed capsule names the scope."""
+    _, asked = await env.call("/srv/notes/a.md", answer=SESSION)
+    granted = await _event(env, "APPROVAL_SCOPE_GRANTED", idp_id=asked)
+    keys = kernel(env).eventlog.keys
+    assert check_signature(granted, keys) is None
+    scope = granted.body["scope"]
+    assert (scope["kind"], scope["agent"], scope["principal"], scope["folder"], scope["tool"], scope["session_id"]) == (
+        "session", AGENT, PRINCIPAL, "/srv/notes", "write_file", "s-1")
+    assert scope["expires_at"] - scope["granted_at"] <= scopes_mod.SESSION_MAX_S
+    resolved = await _event(env, "HEM_RESOLVED", idp_id=asked)
+    assert resolved.body["decision"] == "approve" and resolved.body["option_index"] == SESSION
+    grant_v = (await stored_verdicts(env.js, "resolved", lambda v: v.action_id == granted.body["scope_id"]))[0]
+    assert grant_v.approver == "human" and grant_v.human_disposed and grant_v.option_index == SESSION
+    assert grant_v.action_type == "idp.approval_scope" and grant_v.decision == "accept"
+
+    status, used = await env.call("/srv/notes/b.md")
+    assert status == "ran"
+    applied = await _event(env, "APPROVAL_SCOPE_APPLIED", idp_id=used)
+    assert check_signature(applied, keys) is None
+    assert applied.body["scope_id"] == granted.body["scope_id"] and applied.body["cedar"] == "DENY"
+    seqs = {et: [s for s, ev in await read_log(env.js, et) if ev.body.get("idp_id") == used]
+            for et in ("IDP_SUBMITTED", "APPROVAL_SCOPE_APPLIED", "GATE_DISPATCHED", "CEDAR_PERMIT_RECORDED")}
+    assert seqs["IDP_SUBMITTED"][0] < seqs["APPROVAL_SCOPE_APPLIED"][0] < seqs["GATE_DISPATCHED"][0]
+    assert seqs["CEDAR_PERMIT_RECORDED"] == []
+    assert (await verify_stream(env.js, kernel(env).subjects, keys)).ok
+
+    v = (await stored_verdicts(env.js, "executed", lambda v: v.idp_id == used))[0]
+    assert v.details["approval_scope"]["scope_id"] == granted.body["scope_id"]
+    assert v.approver == "human" and not v.human_disposed and v.moment_id is None
+    capsule = capsule_from_verdict(v, operator="op", salt="s" * 32)
+    pgw = msgspec.to_builtins(capsule)["pgw"]
+    assert pgw["approval_scope"] == {"scope_id": granted.body["scope_id"], "kind": "session"}
+    assert "/srv/notes" not in msgspec.json.encode(capsule).decode()  # the folder is hers: never in clear
+
+
+async def test_she_lists_and_revokes_her_own_and_a_revoked_scope_asks_again(env: Env, approvals_asker: None) -> None:
+    """kernel.approvals.alice lists alice's live standing approvals; revoking one logs APPROVAL_SCOPE_REVOKED
+    (signed) and a ``resolved`` reject verdict superseding the grant's; the next write asks again. Another
+    principal's subject shows none of hers and cannot revoke it."""
+    await env.call("/srv/notes/a.md", answer=HOUR)
+    mine = await env.approvals(ApprovalsRequest(op="list"))
+    assert mine.ok and len(mine.approvals) == 1
+    a = mine.approvals[0]
+    assert (a.kind, a.agent, a.folder, a.tool, a.action) == ("hour", AGENT, "/srv/notes", "write_file", "WriteFile")
+
+    bob = await env.approvals(ApprovalsRequest(op="list"), principal="bob")
+    assert bob.ok and bob.approvals == []
+    refused = await env.approvals(ApprovalsRequest(op="revoke", scope_id=a.scope_id), principal="bob")
+    assert not refused.ok and refused.refusal.code == "scope_not_found"
+    assert (await env.call("/srv/notes/b.md"))[0] == "ran"
+
+    done = await env.approvals(ApprovalsRequest(op="revoke", scope_id=a.scope_id))
+    assert done.ok and done.revoked.scope_id == a.scope_id
+    ev = await _event(env, "APPROVAL_SCOPE_REVOKED", scope_id=a.scope_id)
+    assert check_signature(ev, kernel(env).eventlog.keys) is None and ev.body["revoked_by"] == "principal"
+    v = (await stored_verdicts(env.js, "resolved", lambda v: v.action_id == a.scope_id and v.decision == "reject"))[0]
+    assert v.supersedes == scopes_mod.grant_verdict_id(a.scope_id) and v.approver == "human"
+    assert (await env.approvals(ApprovalsRequest(op="list"))).approvals == []
+    again = await env.approvals(ApprovalsRequest(op="revoke", scope_id=a.scope_id))
+    assert not again.ok and again.refusal.code == "scope_not_found"
+    assert (await env.call("/srv/notes/c.md", answer=DENY))[0] == "asked"
+
+
+async def test_the_approvals_subject_is_not_answered_without_its_reply_rule(env: Env) -> None:
+    """Until the reply rule names the subject's asker, the kernel answers nobody on it (subjects/replies.py)."""
+    with pytest.raises((asyncio.TimeoutError, TimeoutError)):
+        await env.nc.request(approvals_subject("pgw", PRINCIPAL), b'{"op":"list"}', timeout=1)
+
+
+async def test_fifty_edits_in_one_folder_ask_once(env: Env) -> None:
+    """The measure of docs/gate.md "Standing approvals": a scripted session of 50 writes to files of one folder
+    asks the principal 50 times when she answers Approve, and once when she answers "Allow for this session"."""
+    for i in range(50):
+        await env.call(f"/srv/before/note-{i % 7}.md", answer=ALLOW)
+    before = env.moments
+    env.moments = 0
+    for i in range(50):
+        await env.call(f"/srv/after/note-{i % 7}.md", answer=SESSION, session="s-after")
+    assert (before, env.moments) == (50, 1)
+    assert sum(p.startswith("/srv/after/") for p in env.files.files) == 7 and env.files.calls == 100
