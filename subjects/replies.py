@@ -11,7 +11,8 @@ module first:
 - **Who asked.** A request subject names the party that may publish it (docs/contract.md §2,
   §8): ``agent.{a}.idp`` / ``.act`` / ``.moment`` only agent ``a``; ``principal.{p}.resolve``
   / ``.pending`` principal ``p`` or its Slack surface; ``principal.{p}.push.*`` principal
-  ``p``; ``kernel.audit.{n}`` auditor ``n``; ``kernel.revoke`` an ops user; ``exec.>`` the
+  ``p``; ``kernel.audit.{n}`` auditor ``n``; ``kernel.approvals.{p}`` principal ``p``;
+  ``kernel.revoke`` an ops user; ``exec.>`` the
   gateway; ``capabilities``, ``ops.{service}.status`` and the services API (``$SRV.>``) any
   party. :func:`askers` gives that list.
 - **Where that party may hear.** Each party has one reply prefix, ``_INBOX_{role}_{name}``
@@ -96,6 +97,8 @@ def askers(prefix: str, subject: str) -> tuple[Asker, ...]:
             return (Asker("ops", ANY),)
         case ["kernel", "audit", auditor]:
             return (Asker("audit", auditor),)
+        case ["kernel", "approvals", principal]:
+            return (Asker("principal", principal),)
         case ["exec", _kind, _action]:
             return tuple(Asker("service", n) for n in _GATEWAY_NAMES)
     return NOBODY
@@ -160,6 +163,8 @@ def request_kind(prefix: str, subject: str) -> str:
             return "revoke"
         case ["kernel", "audit", _]:
             return "audit"
+        case ["kernel", "approvals", _]:
+            return "approvals"
         case ["ops", _, "status"]:
             return "status"
         case ["exec", _, _]:

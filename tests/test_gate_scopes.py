@@ -22,7 +22,6 @@ import pytest
 from consumers.capsule_map import capsule_from_verdict
 from gateway.kernel import scopes as scopes_mod
 from gateway.kernel.eventlog import check_signature, verify_stream
-from subjects import replies
 from subjects.approvals import ApprovalsRequest, approvals_reply_decoder, approvals_subject
 from subjects.client import Surface
 from subjects.executor import Executor
@@ -35,21 +34,6 @@ from tests.test_kernel_hem import _moment
 PRINCIPAL, AGENT, OTHER = "alice", "bot", "bot2"
 POLICY = 'permit(principal, action == Action::"ReadBooking", resource);\n'  # every WriteFile is denied
 ALLOW, DENY, SESSION, HOUR = 0, 1, 2, 3
-
-
-@pytest.fixture
-def approvals_asker(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``kernel.approvals.{principal}`` is sent by principal ``{principal}`` only: the one case of the reply
-    rule (``subjects.replies.askers``) this subject needs, added here until subjects/replies.py has it."""
-    base = replies.askers
-
-    def askers(prefix: str, subject: str) -> tuple[replies.Asker, ...]:
-        t = subject[len(prefix) + 1:].split(".") if subject.startswith(prefix + ".") else []
-        if len(t) == 3 and t[:2] == ["kernel", "approvals"]:
-            return (replies.Asker("principal", t[2]),)
-        return base(prefix, subject)
-
-    monkeypatch.setattr(replies, "askers", askers)
 
 
 class Files:
@@ -248,7 +232,7 @@ async def test_grant_and_use_are_signed_log_events_and_capsuled(env: Env) -> Non
     assert "/srv/notes" not in msgspec.json.encode(capsule).decode()  # the folder is hers: never in clear
 
 
-async def test_she_lists_and_revokes_her_own_and_a_revoked_scope_asks_again(env: Env, approvals_asker: None) -> None:
+async def test_she_lists_and_revokes_her_own_and_a_revoked_scope_asks_again(env: Env) -> None:
     """kernel.approvals.alice lists alice's live standing approvals; revoking one logs APPROVAL_SCOPE_REVOKED
     (signed) and a ``resolved`` reject verdict superseding the grant's; the next write asks again. Another
     principal's subject shows none of hers and cannot revoke it."""
@@ -276,10 +260,16 @@ async def test_she_lists_and_revokes_her_own_and_a_revoked_scope_asks_again(env:
     assert (await env.call("/srv/notes/c.md", answer=DENY))[0] == "asked"
 
 
-async def test_the_approvals_subject_is_not_answered_without_its_reply_rule(env: Env) -> None:
-    """Until the reply rule names the subject's asker, the kernel answers nobody on it (subjects/replies.py)."""
-    with pytest.raises((asyncio.TimeoutError, TimeoutError)):
-        await env.nc.request(approvals_subject("pgw", PRINCIPAL), b'{"op":"list"}', timeout=1)
+async def test_the_approvals_subject_is_answered_to_its_principal_only(env: Env) -> None:
+    """The reply rule (docs/contract.md §6): kernel.approvals.alice is answered on an inbox of alice's (here, on a
+    server without per-party credentials, nats' shared one), never on another principal's inbox or a stream."""
+    other = await env.nc.subscribe("_INBOX_principal_bob.x")
+    await env.nc.publish(approvals_subject("pgw", PRINCIPAL), b'{"op":"list"}', reply="_INBOX_principal_bob.x")
+    await env.nc.publish(approvals_subject("pgw", PRINCIPAL), b'{"op":"list"}', reply=f"pgw.principal.{PRINCIPAL}.surface")
+    answered = await env.nc.request(approvals_subject("pgw", PRINCIPAL), b'{"op":"list"}', timeout=10)
+    assert answered.data  # her own request is answered, after the two above were read
+    # An answer to bob's inbox would have been sent first, on the same connection, and be queued by now.
+    assert other.pending_msgs == 0
 
 
 async def test_fifty_edits_in_one_folder_ask_once(env: Env) -> None:

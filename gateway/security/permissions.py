@@ -139,6 +139,7 @@ def principal_permissions(prefix: str, principal: str) -> Permissions:
             f"{base}.push.subscribe",
             f"{base}.push.unsubscribe",
             f"{prefix}.capabilities",
+            f"{prefix}.kernel.approvals.{principal}",  # request: her standing approvals (docs/gate.md)
             *_pull_only(SURFACE_STREAM, principal_durable(principal)),
         ),
         # A surface must not forge items into its own surface stream.
