@@ -9,7 +9,6 @@ principal on her surface; a call inside a standing approval runs on its first su
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
