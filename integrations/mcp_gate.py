@@ -293,6 +293,7 @@ class Upstreams:
         self._notify = notify
         self._changed = asyncio.Event()
         self._up: dict[str, asyncio.Event] = {name: asyncio.Event() for name in config.upstreams}
+        self._ended: dict[str, asyncio.Event] = {}  # set when the upstream's current session's stream ends
         self._first: dict[str, asyncio.Future[None]] = {}
         self._runners: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Future[None]] = set()
@@ -357,7 +358,9 @@ class Upstreams:
             if time.monotonic() - began >= UPSTREAM_HEALTHY_S:
                 failures = 0
             failures += 1
-            if failures > limit:
+            if self.strict:
+                self.down[name] = said
+            elif failures > limit:
                 self.down[name] = f"{said}; stopped {failures} times in a row, not started again (limit {limit}): " \
                     "mend it and restart the gate"
             else:
@@ -389,7 +392,7 @@ class Upstreams:
                 http = await stack.enter_async_context(httpx.AsyncClient(headers=dict(up.headers), timeout=httpx.Timeout(30, read=300)))
                 read, write, _ = await stack.enter_async_context(streamable_http_client(up.url or "", http_client=http))
             # The session reads through a relay, so the gate sees the upstream's stream end (an exit).
-            ended = asyncio.Event()
+            ended = self._ended[name] = asyncio.Event()
             relay_send, relay_read = anyio.create_memory_object_stream[Any](0)
 
             async def relay() -> None:
@@ -413,6 +416,9 @@ class Upstreams:
                 with anyio.fail_after(UPSTREAM_START_S):
                     init = await session.initialize()
             except McpError as e:
+                if e.error.message == "Connection closed":
+                    return "exited before it answered initialize" if up.command is not None else \
+                        "closed its session before it answered initialize"
                 return f"did not start: {e.error.message}"
             except TimeoutError:
                 return f"did not answer initialize within {UPSTREAM_START_S:g} s"
@@ -542,8 +548,22 @@ class Upstreams:
         if session is None:
             raise ExecutionRefused("upstream_unavailable",
                                    f"{self.down.get(gated.upstream, f'upstream {gated.upstream} is not running')}; the tool did not run")
+        ended = self._ended.get(gated.upstream)
+        call = asyncio.ensure_future(session.call_tool(gated.tool.name, tool_args))
+        # Raced with the upstream's end: the session is closed as the upstream goes, and a request it
+        # never answered would otherwise wait for ever.
+        gone = asyncio.ensure_future(ended.wait()) if ended is not None else None
         try:
-            result = await session.call_tool(gated.tool.name, tool_args)
+            await asyncio.wait({call, gone} - {None}, return_when=asyncio.FIRST_COMPLETED)  # type: ignore[arg-type]
+        finally:
+            if gone is not None:
+                gone.cancel()
+        if not call.done():
+            call.cancel()
+            raise ExecutionRefused("upstream_exited", f"upstream {gated.upstream} exited during the call "
+                                   "(it may have acted before it did); it is being started again")
+        try:
+            result = call.result()
         except McpError as e:
             if gated.upstream not in self.sessions or e.error.message == "Connection closed":
                 # It ran, or not: the upstream went away before it answered.

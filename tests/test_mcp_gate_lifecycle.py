@@ -2,7 +2,7 @@
 "What a host meets"): `pgw mcp-gate` as a subprocess, spoken to over its stdin and stdout (raw JSON-RPC where the
 test is about the pipe itself, the real `mcp` client otherwise), with the reference filesystem server upstream.
 
-No gateway runs here: these are the states before one is reached (a bus that is not there, a file that is wrong).
+Most run with no gateway: the states before one is reached (a bus that is not there, a file that is wrong).
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from mcp.client.stdio import stdio_client
 
 from tests.kernel_support import Issuer
 from tests.mcp_peers import filesystem_upstream
-from tests.test_mcp_gate import AGENT, PGW, REPO, _toml
+from tests.test_mcp_gate import AGENT, PGW, REPO, GateEnv, _toml, gate_env
+
+__all__ = ["gate_env"]
 
 
 def dead_url() -> str:
@@ -50,7 +52,8 @@ class Pipe:
         self.proc = proc
         self.next_id = 0
 
-    async def send(self, method: str, params: dict[str, Any] | None = None, *, notify: bool = False) -> Any:
+    async def send(self, method: str, params: dict[str, Any] | None = None, *, notify: bool = False,
+                   wait: bool = True) -> Any:
         msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params or {}}
         if not notify:
             self.next_id += 1
@@ -58,7 +61,7 @@ class Pipe:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write((json.dumps(msg) + "\n").encode())
         await self.proc.stdin.drain()
-        if notify:
+        if notify or not wait:
             return None
         while True:
             line = await self.proc.stdout.readline()
@@ -135,3 +138,27 @@ async def test_check_of_the_example_file_on_a_missing_folder_is_one_line(tmp_pat
     assert proc.returncode == 2 and out == b""
     assert len(lines) == 1 and lines[0].startswith("pgw mcp-gate --check: upstream fs") and str(missing) in lines[0], lines
 
+
+
+async def test_stdin_closed_while_a_call_waits_for_the_principal_ends_the_gate(gate_env: GateEnv) -> None:
+    """A host that goes away while a write waits for alice (its stdin closed) does not leave the gate behind: it
+    exits at once, not when the call's wait_s (an hour) is over; nothing was written."""
+    target = gate_env.files / "pending.txt"
+    proc = await asyncio.create_subprocess_exec(
+        PGW, "mcp-gate", "--agent", AGENT, "--gate", str(gate_env.gate_file()), "--server", gate_env.url,
+        "--data-dir", str(gate_env.data_dir), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    try:
+        pipe = Pipe(proc)
+        await asyncio.wait_for(pipe.send("initialize", {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}), 60)
+        await pipe.send("notifications/initialized", notify=True)
+        await pipe.send("tools/call", {"name": "write_file", "arguments": {"path": str(target), "content": "x"}}, wait=False)
+        await asyncio.wait_for(gate_env.principal(None), 60)  # alice has the moment: the call waits
+        assert proc.stdin is not None
+        proc.stdin.close()
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert not target.exists()

@@ -327,6 +327,12 @@ def echo(text: str) -> str:
     return f"echo: {text}"
 
 
+@app.tool()
+def die() -> str:
+    """Exit at once, before answering."""
+    os._exit(1)
+
+
 app.run()
 '''
 
@@ -371,6 +377,24 @@ async def test_an_upstream_that_keeps_exiting_is_started_again_only_up_to_the_li
         with pytest.raises(ExecutionRefused) as e:
             await ups.call("t", {"tool": "t", "arguments": {}})
         assert e.value.code == "unknown_tool"
+
+
+async def test_a_call_its_upstream_dies_in_is_upstream_exited_and_later_calls_upstream_unavailable(tmp_path: Path) -> None:
+    """The executor half's words for an upstream that went away (the kernel records them as the failure): a call the
+    upstream exits during is upstream_exited (it may have acted), and with no restart left a later call is
+    upstream_unavailable with the reason, not run; neither is an EXECUTOR_EXCEPTION."""
+    script = tmp_path / "mortal.py"
+    script.write_text(MORTAL)
+    config = parse_gate_config({"name": "x", "restart_limit": 0,
+                                "upstreams": {"m": {"command": sys.executable, "args": [str(script)]}}})
+    async with Upstreams(config) as ups:
+        with pytest.raises(ExecutionRefused) as e:
+            await ups.call("die", {"tool": "die", "arguments": {}})
+        assert e.value.code == "upstream_exited"
+        await asyncio.wait_for(ups._runners["m"], 30)
+        with pytest.raises(ExecutionRefused) as e:
+            await ups.call("echo", {"tool": "echo", "arguments": {"text": "hi"}})
+        assert e.value.code == "upstream_unavailable" and "upstream m exited" in e.value.message
 
 
 async def _true(value: bool) -> bool:
