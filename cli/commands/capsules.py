@@ -349,13 +349,13 @@ async def handle_verify(args: argparse.Namespace, config: Config) -> int:
     else:  # the set is the store
         results = verify_many(items, keys=keys, ts_keys=ts_keys, any_kid=explicit, kernel_keys=kk)
     for r in results:
-        print(_enc.encode(r).decode() if args.json else format_result(r, verbose=args.verbose))
+        print(_enc.encode(r).decode() if args.json else format_result(r, verbose=getattr(args, "verbose", False)))
     bad = sum(not r.ok for r in results)
     if not results and not args.paths:  # streams only, all of them empty: nothing is wrong
         print(f"0 capsules: nothing to verify ({', '.join(args.stream)} {'is' if len(args.stream) == 1 else 'are'} "
               "empty)", file=sys.stderr if args.json else sys.stdout)
     elif not args.json:
-        hidden = sum(len(r.findings) - len(_shown(r.findings, args.verbose)) for r in results)
+        hidden = sum(len(r.findings) - len(_shown(r.findings, getattr(args, "verbose", False))) for r in results)
         notes = f"; {hidden} note(s) on unregistered values (your own action names) not shown: --verbose shows them" \
             if hidden else ""
         print(f"{len(results)} statement(s): {len(results) - bad} ok, {bad} failed{notes}")
