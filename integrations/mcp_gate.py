@@ -738,6 +738,14 @@ class IdpBuilder:
         self.session_id = session_id or str(uuid.uuid4())
         self._last = 0
 
+    def renew(self, mandate: str) -> None:
+        """Take a renewed mandate (the same session and steps go on)."""
+        claims = mandate_claims(mandate)
+        exp = claims.get("exp")
+        self.mandate = mandate
+        self.so_id, self.jti = claims["so_id"], claims["jti"]
+        self.expires = float(exp) if isinstance(exp, int | float) and not isinstance(exp, bool) else None
+
     def step(self) -> int:
         self._last = max(self._last + 1, time.time_ns() // 1000)
         return self._last
@@ -950,6 +958,7 @@ class Gate:
         from subjects.names import Subjects, agent_token
 
         self.config = config
+        self._base = base
         self.builder = IdpBuilder(config.mandate_token(base), config.session_id)
         self.agent_name = agent_token(agent)
         self.agent: Any = None
@@ -1107,8 +1116,19 @@ class Gate:
         return tool_error({"status": "failed", "reason": "unexpected kernel answer"})  # pragma: no cover
 
     def _unready(self, gated: GatedTool) -> types.CallToolResult | None:
-        """A tool error when the call cannot be submitted now (no bus, its upstream down, the mandate
-        expired): said before anything is sent, so nothing is declared and nothing runs."""
+        """A tool error when the call cannot be submitted now (the mandate expired, no bus, its upstream
+        down): said before anything is sent, so nothing is declared and nothing runs."""
+        exp = self.builder.expires
+        if exp is not None and exp <= time.time() and self.config.mandate_file is not None:
+            # A mandate renewed in its file (`pgw mcp-gate init` again) is taken without a restart.
+            with contextlib.suppress(GateConfigError):
+                self.builder.renew(self.config.mandate_token(self._base))
+            exp = self.builder.expires
+        if exp is not None and exp <= time.time():
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exp))
+            return tool_error({"status": "unavailable", "code": "mandate_expired",
+                               "reason": f"the agent's mandate expired at {when}; nothing ran. Issue a new one "
+                               "(`pgw mcp-gate init` again, or `pgw mandate issue` into the gate's mandate_file, which is read again)"})
         if self.bus_problem is not None or self.nc is None or not self.nc.is_connected:
             why = self.bus_problem or f"the connection to {self._where} is down; reconnecting"
             return tool_error({"status": "unavailable", "code": "kernel_unavailable",
@@ -1116,12 +1136,6 @@ class Gate:
         if gated.upstream in self.upstreams.down:
             return tool_error({"status": "unavailable", "code": "upstream_unavailable",
                                "reason": f"{self.upstreams.down[gated.upstream]}; nothing ran"})
-        exp = self.builder.expires
-        if exp is not None and exp <= time.time():
-            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exp))
-            return tool_error({"status": "unavailable", "code": "mandate_expired",
-                               "reason": f"the agent's mandate expired at {when}; nothing ran. Issue a new one "
-                               "(`pgw mcp-gate init` again, or `pgw mandate issue`) and restart the gate"})
         return None
 
     async def _confirmed(self, idp_id: str, response: Any) -> types.CallToolResult:

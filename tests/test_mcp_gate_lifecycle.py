@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import socket
+import time
 import tomllib
 import uuid
 from pathlib import Path
@@ -162,3 +163,57 @@ async def test_stdin_closed_while_a_call_waits_for_the_principal_ends_the_gate(g
             proc.kill()
             await proc.wait()
     assert not target.exists()
+
+
+async def test_an_expired_mandate_is_said_in_each_call_and_a_renewed_file_is_taken_without_a_restart(tmp_path: Path) -> None:
+    """A gate whose mandate file holds an expired mandate says so in each call (mandate_expired, when, how to renew),
+    before anything is sent; once the file holds a renewed one the next call goes on with it (here to the bus, which
+    is down: kernel_unavailable), with no restart of the gate."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    issuer = Issuer(tmp_path / "issuer")
+    so = str(uuid.uuid4())
+    expired, _ = issuer.mandate(agent=AGENT, so_id=so, actions=["ReadFile"], now=time.time() - 7200, ttl_s=3600)
+    mandate = tmp_path / "planner.mandate"
+    mandate.write_text(expired)
+    raw = tomllib.loads(gate_file(tmp_path, folder).read_text())
+    raw.pop("mandate")
+    raw["mandate_file"] = str(mandate)
+    path = tmp_path / "expiring.toml"
+    path.write_text(_toml(raw))
+    params = StdioServerParameters(command=PGW, args=["mcp-gate", "--agent", AGENT, "--gate", str(path), "--server",
+                                                      dead_url(), "--data-dir", str(tmp_path / "data")], env=dict(os.environ))
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await asyncio.wait_for(session.initialize(), 60)
+        args = {"path": str(folder / "a.txt")}
+        first = json.loads((await asyncio.wait_for(session.call_tool("read_text_file", args), 30)).content[0].text)  # type: ignore[union-attr]
+        assert first["code"] == "mandate_expired" and "expired at" in first["reason"] and "mandate_file" in first["reason"]
+        mandate.write_text(issuer.mandate(agent=AGENT, so_id=so, actions=["ReadFile"])[0])
+        second = json.loads((await asyncio.wait_for(session.call_tool("read_text_file", args), 30)).content[0].text)  # type: ignore[union-attr]
+        assert second["code"] == "kernel_unavailable"
+
+
+async def test_credentials_the_server_refuses_reach_the_host_as_kernel_unavailable_naming_them(tmp_path: Path) -> None:
+    """On a server enforcing per-party credentials, a gate with no credentials for its agent answers the host and
+    each call is kernel_unavailable saying the server refused the agent's credentials and which file would serve."""
+    from gateway.security import embedded_auth
+    from pgwcore.config import load_config
+    from pgwcore.server import EmbeddedServer
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    auth = embedded_auth(load_config(None, data_dir=str(tmp_path / "server-data"), agents={AGENT: {"principals": ["alice"]}}))
+    server = EmbeddedServer(tmp_path / "nats", port=-1, monitor_port=-1, websocket_port=-1, authorization=auth.server_block)
+    await server.start()
+    try:
+        params = StdioServerParameters(command=PGW, env=dict(os.environ), args=[
+            "mcp-gate", "--agent", AGENT, "--gate", str(gate_file(tmp_path, folder)), "--server", server.client_url,
+            "--data-dir", str(tmp_path / "empty-data")])
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await asyncio.wait_for(session.initialize(), 60)
+            result = await asyncio.wait_for(session.call_tool("read_text_file", {"path": str(folder / "a.txt")}), 30)
+    finally:
+        await server.stop()
+    body = json.loads(result.content[0].text)  # type: ignore[union-attr]
+    assert body["code"] == "kernel_unavailable" and "refused the agent's credentials" in body["reason"]
+    assert "agent-planner.creds" in body["reason"]
