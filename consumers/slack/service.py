@@ -247,6 +247,11 @@ class Lane:
         # gateway's ``withdrawn`` (resolved) can come before our own close after the answer, and
         # the first close wins: it must say "Answered in Slack", not "on another surface".
         self.answering: dict[str, tuple[str, str]] = {}
+        # Their words as the gateway recorded them, for the message alone (never the record), and one
+        # message update at a time: a close after the answer and the withdrawn's close may overlap, and
+        # the update sent last must be the one with the words.
+        self.shown: dict[str, str] = {}
+        self._syncing = asyncio.Lock()
 
     # -- set up ------------------------------------------------------------------
     async def open(self) -> None:
@@ -420,12 +425,16 @@ class Lane:
         await self.sync(ident, shown)
 
     async def sync(self, ident: str, shown: str | None = None) -> None:
+        async with self._syncing:
+            await self._sync(ident, shown)
+
+    async def _sync(self, ident: str, shown: str | None) -> None:
         got = await self.record(ident)
         if got is None or got[0].state != "closed" or (got[0].synced and shown is None):
             return
         rec, rev = got
         plan = plan_item(rec.item.encode()) if rec.item else None
-        detail = rec.detail if shown is None else shown
+        detail = shown or self.shown.get(ident) or rec.detail
         for m in rec.messages:
             text, blocks = kit.closed(plan, self.principal, rec.status, detail) if plan else (rec.status, [])
             kit.check_blocks(blocks)
@@ -765,6 +774,8 @@ class SlackSurface:
                      shown: str | None) -> None:
         if reply.status == "accepted":
             log.info("answered in slack", principal=lane.principal, moment_id=ident, slack_user=user)
+            if shown is not None:
+                lane.shown[ident] = shown
             # The update runs apart: the gateway already has the answer; Slack wants our reply in 3 s.
             task = asyncio.create_task(self._close_quietly(lane, ident, _answered_by(user), kept, shown))
             self._updates.add(task)
@@ -780,6 +791,7 @@ class SlackSurface:
                         moment_id=ident, error=str(e)[:200])
             return
         lane.answering.pop(ident, None)  # closed as answered here; a later withdrawn changes nothing
+        lane.shown.pop(ident, None)
 
     async def _tell(self, channel: str, user: str, text: str) -> None:
         if channel:
