@@ -2,8 +2,9 @@
 
 A configured secret, a ``secret:`` token and a distinct free text per entry are
 planted through every entry a principal and an agent have here: the envelope's
-fields (a binding moment and a clarification request), answers on the bus as
-the web and terminal surfaces send them (a free text, a dialogue objection,
+fields (binding moments, a clarification request, a binding moment asked
+through ``pgw mcp``'s ``ask_principal`` tool), answers on the bus as the web
+and terminal surfaces send them (a free text, a dialogue objection,
 clarification answers), a free text in a Slack modal and a free text on an
 e-mail answer page. After ``gateway.answer_text_keep_s`` the services stop,
 the server is shut down cleanly and started again, and every byte under the
@@ -15,15 +16,20 @@ docs/contract.md names (the verdict's ``text_digest``, the forgotten record).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
+import os
+import sys
 from email import policy
 from email.parser import BytesParser
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import get_default_environment, stdio_client
 
 from consumers.notify.service import Notifier
 from consumers.slack.service import SlackSurface
@@ -55,7 +61,9 @@ BUS_OBJECTION = "Harbor lost my passport copy so ask about them first"
 BUS_CLARIFICATION = "The account that ends with the lighthouse number"
 SLACK_FREE = "Tell Ingrid the boat keys are under the blue crate"
 MAIL_FREE = "Move the dentist to Thursday after the school run"
-WORDS = (BUS_FREE, BUS_OBJECTION, BUS_CLARIFICATION, SLACK_FREE, MAIL_FREE)
+MCP_FREE = "Buy the blue kettle but only from the corner shop"
+WORDS = (BUS_FREE, BUS_OBJECTION, BUS_CLARIFICATION, SLACK_FREE, MAIL_FREE, MCP_FREE)
+PGW = str(Path(sys.executable).parent / "pgw")
 USER = "U0ALICE"
 MAIL_KEY = "answer-link-test-key-0123456789abcdefghij"
 DIGEST_DOMAIN = b"pgw-text-digest/v1\n"  # docs/contract.md: hmac-sha256:{kid}:{hex} over this label and the text
@@ -75,6 +83,36 @@ def keyed(key_dir: Path, text: str) -> str:
     return f"hmac-sha256:{kid}:" + hmac.new(key, DIGEST_DOMAIN + text.encode(), hashlib.sha256).hexdigest()
 
 
+async def ask_through_mcp(url: str, tmp_path: Path, web: Surface) -> tuple[str, str]:
+    """``pgw mcp --agent helper`` (a subprocess, its log in the test's folder) asks alice a moment holding the
+    secret and the token; she answers it on the bus in her words with the secret; (moment id, what the tool
+    returned to the model)."""
+    env = {**get_default_environment(), **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}}
+    params = StdioServerParameters(command=PGW, env=env, args=[
+        "mcp", "--agent", "helper", "--server", url, "--data-dir", str(tmp_path / "mcp-data"), "--progress-every", "0.3"])
+    m = good_moment()
+    m["synopsis"] = f"Rotate the deploy key {SECRET} before Harbor uses it (mcp)."
+    m["findings"][0] = f"The token {TOKEN} was pasted in a ticket."
+    with (tmp_path / "mcp.log").open("w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            asking = asyncio.create_task(session.call_tool("ask_principal", {"principal": "alice", "binding_moment": m}))
+
+            async def asked() -> str | None:
+                for item in await web.pending():
+                    if "(mcp)" in getattr(getattr(item, "binding_moment", None), "synopsis", ""):
+                        return item.moment_id  # type: ignore[union-attr]
+                return None
+
+            await until(asked, timeout=20, what="the moment asked through pgw mcp")
+            mid = await asked()
+            assert mid is not None
+            assert (await web.resolve(mid, FreeTextAnswer(text=f"{MCP_FREE} {SECRET}"))).status == "accepted"
+            result = await asyncio.wait_for(asking, 30)
+    assert not result.isError and result.structuredContent is not None
+    return mid, result.structuredContent["text"]
+
+
 async def test_secrets_and_free_text_are_gone_from_every_byte_after_the_window(
         tmp_path, nats_server, make_config, monkeypatch) -> None:
     """A configured secret, a secret: token and five free texts planted through envelopes, bus, Slack and e-mail
@@ -87,7 +125,7 @@ async def test_secrets_and_free_text_are_gone_from_every_byte_after_the_window(
             config = make_config(
                 pipeline={"secrets": {"values": [SECRET]}},
                 gateway={"answer_text_keep_s": 1.0},
-                agents={"planner": {"principals": ["alice"]}},
+                agents={"planner": {"principals": ["alice"]}, "helper": {"principals": ["alice"]}},
                 notifier={"presence_grace_s": 0, "answer_port": 0,
                           "smtp": {"host": relay.host, "port": relay.port,
                                    "credentials_file": str(relay.credentials_file),
@@ -121,6 +159,7 @@ async def test_secrets_and_free_text_are_gone_from_every_byte_after_the_window(
                     assert out.status == "accepted", (out.code, out.reason)
                     m_bus, m_obj, m_slack, m_mail = moments
                     m_clar = out.moment_id
+                    m_mcp, mcp_text = await ask_through_mcp(nats_server.client_url, tmp_path, web)
                     # -- the principal's answers: the bus (web, terminal), Slack, e-mail
                     assert (await web.resolve(m_bus, FreeTextAnswer(text=f"{BUS_FREE} {SECRET} {TOKEN}"))).status == "accepted"
                     assert (await web.resolve(m_obj, DialogueVeto(objection=f"{BUS_OBJECTION} {TOKEN}"))).status == "accepted"
@@ -161,9 +200,9 @@ async def test_secrets_and_free_text_are_gone_from_every_byte_after_the_window(
                     texts = {
                         m_bus: got[m_bus].resolution.text, m_obj: got[m_obj].resolution.objection,
                         m_clar: got[m_clar].resolution.answers["acct"], m_slack: got[m_slack].resolution.text,
-                        m_mail: got[m_mail].resolution.text,
+                        m_mail: got[m_mail].resolution.text, m_mcp: mcp_text,
                     }
-                    for m, words in zip(texts, (BUS_FREE, BUS_OBJECTION, BUS_CLARIFICATION, SLACK_FREE, MAIL_FREE), strict=True):
+                    for m, words in zip(texts, WORDS, strict=True):
                         assert texts[m].startswith(words) and SECRET not in texts[m] and TOKEN_BODY not in texts[m]
                     # Slack shows the redacted form the agent got, never the words as typed.
                     closed = await slack.wait(lambda: next(
