@@ -376,7 +376,7 @@ def _init_gate(args: argparse.Namespace, config: Config) -> int:
     kernel = raw.setdefault("kernel", {})
     if not kernel.get("trust_dev_issuer"):
         kernel["trust_dev_issuer"] = True
-        added.append("kernel.trust_dev_issuer = true (the mandate below is signed by this data folder's dev issuer)")
+        added.append("kernel.trust_dev_issuer = true (the agent's mandate is signed by this data folder's dev issuer)")
     if kernel.get("policy_dir"):
         print(f"pgw mcp-gate init: note: kernel.policy_dir stays {kernel['policy_dir']}: it must permit ReadFile and "
               f"not WriteFile (see {policies / 'files.cedar'})", file=sys.stderr)
