@@ -67,6 +67,7 @@ from mcp.shared.exceptions import McpError
 from msgspec import Meta, Struct
 from nats.errors import Error as NatsError
 
+from subjects.idp import canonical_id
 from subjects.util import now_rfc3339
 
 SERVER_NAME = "principal-gateway-mcp-gate"
@@ -1192,9 +1193,10 @@ class Gate:
         """Wait (with progress) for the ``action_result`` outcome of ``idp_id``, at most ``wait_s``."""
         from subjects.wire import ActionResult, HemDecision
 
-        fut = self.agent._expect(lambda o: isinstance(o, ActionResult) and o.idp_id == idp_id)
+        want = canonical_id(idp_id)  # the kernel names results by the id's one form (spec 003 §4.2)
+        fut = self.agent._expect(lambda o: isinstance(o, ActionResult) and canonical_id(o.idp_id) == want)
         # The principal's own words (an answer or an objection) come in the moment's hem_decision outcome.
-        said = self.agent._expect(lambda o: isinstance(o, HemDecision) and o.idp_id == idp_id)
+        said = self.agent._expect(lambda o: isinstance(o, HemDecision) and canonical_id(o.idp_id) == want)
         start = time.monotonic()
         await progress(0.0, what)
         while True:

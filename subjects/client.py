@@ -35,6 +35,7 @@ from nats.js.errors import NotFoundError
 from subjects.approval import Decision, approval_moment, decision_of
 from subjects.creds import connect_options
 from subjects.errors import NoConnectionError, RefusedError
+from subjects.idp import canonical_id
 from subjects.momentquery import (
     ListWhich,
     MomentQuery,
@@ -428,7 +429,7 @@ class Agent:
 
         await self._ensure_pump()
         return await asyncio.wait_for(
-            self._expect(lambda o: isinstance(o, ActionResult) and o.idp_id == idp_id), timeout
+            self._expect(lambda o: isinstance(o, ActionResult) and canonical_id(o.idp_id) == canonical_id(idp_id)), timeout
         )
 
     async def outcomes(self) -> AsyncIterator[Outcome]:

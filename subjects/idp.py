@@ -21,9 +21,11 @@ JSON Schemas come from the same Structs (``idp_json_schemas()``).
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import re
+import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -450,3 +452,13 @@ WIRE_TYPES: dict[str, Any] = {
     "KernelResult": KernelResult,
     "LogEvent": LogEvent,
 }
+
+
+def canonical_id(value: str) -> str:
+    """An IDP id as the kernel keys it: a UUID in its lower-case hyphenated form (spec 003 §4.2
+    gives UUIDs, whose hex digits are case-insensitive), anything else as written. Applied once
+    where an IDP or a report enters the kernel, and by a client matching the results it gets back, so its events, the audit walk and ``restrictions`` name one id."""
+    if len(value) == 36 and value.count("-") == 4:
+        with contextlib.suppress(ValueError):
+            return str(uuid.UUID(value))
+    return value

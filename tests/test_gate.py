@@ -331,7 +331,8 @@ async def test_late_result_after_timeout_is_recorded_and_reaches_the_agent(genv:
 
         executed = (await until(swept, timeout=15, what="the late result recorded"))[0]
         assert executed.supersedes == r.verdict_id and executed.effect.status == "confirmed"
-        out = await agent.action_result(r.idp_id, timeout=10)
+        # Asked for by the id in another spelling (spec 003 §4.2: a UUID's hex digits are case-insensitive).
+        out = await agent.action_result(r.idp_id.upper(), timeout=10)
         assert out.status == "confirmed" and out.response == {"late": True}
         assert out.response_digest == json_digest({"late": True})
     finally:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from typing import Any
 
 import msgspec
@@ -30,6 +29,7 @@ from subjects import jcs
 from subjects.errors import SubjectError
 from subjects.idp import (
     TransitionReport,
+    canonical_id,
     decode_idp,
 )
 from subjects.util import now_rfc3339, stable_id
@@ -65,16 +65,6 @@ HELD_REPORTS = Counter(
     ["agent", "held_by"],
     registry=REGISTRY,
 )
-
-
-def canonical_id(value: str) -> str:
-    """An IDP id as the kernel keys it: a UUID in its lower-case hyphenated form (spec 003 §4.2
-    gives UUIDs, whose hex digits are case-insensitive), anything else as written. Applied once
-    where a report enters, so its events, the audit walk and ``restrictions`` name one id."""
-    if len(value) == 36 and value.count("-") == 4:
-        with contextlib.suppress(ValueError):
-            return str(uuid.UUID(value))
-    return value
 
 
 # Spec 004 §5.4.2: "failed" (ran, returned a clean failure, state known) is an effect status of an

@@ -18,7 +18,6 @@ from gateway.kernel.mandate import Mandate, MandateError
 from gateway.kernel.policy import entity_uid
 from gateway.kernel.received import commit_received
 from gateway.kernel.state import KernelState, SessionEntry
-from gateway.kernel.transitions import canonical_id
 from pgwcore.logs import get_logger
 from subjects import jcs
 from subjects.idp import (
@@ -27,6 +26,7 @@ from subjects.idp import (
     IdpThin,
     KernelResult,
     Reject,
+    canonical_id,
     decode_idp,
     pii_markers,
 )
