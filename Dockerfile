@@ -2,7 +2,7 @@
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY cli ./cli
+COPY pgwcli ./pgwcli
 COPY gateway ./gateway
 COPY consumers ./consumers
 COPY subjects ./subjects

@@ -40,7 +40,7 @@ async def _profile(n: int, out: Path) -> None:
             profiler = (["-m", "cProfile", "-o", str(out)] if os.environ.get("PGW_PROFILER") == "cprofile"
                         else ["-m", "pyinstrument", "-r", "pstats", "-o", str(out)])
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, *profiler, "-m", "cli", "--server", server.client_url, "--data-dir", str(root / "gw"),
+                sys.executable, *profiler, "-m", "pgwcli", "--server", server.client_url, "--data-dir", str(root / "gw"),
                 "--log-level", "WARNING", "--log-format", "json", "gateway",
                 stdout=log, stderr=log, start_new_session=True)
             log.close()

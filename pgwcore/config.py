@@ -3,7 +3,7 @@
 The types are frozen msgspec Structs decoded with ``forbid_unknown_fields`` so
 that a typo'd key fails start-up instead of being silently ignored
 (STYLE.md "Configuration"). Environment overrides are applied only at the CLI
-edge (``cli.main``).
+edge (``pgwcli.main``).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ class ConnectError(PgwError):
         self.why = why
         self.auth = auth
         # Not a file name: which party's file serves depends on who connects (a command's role, a
-        # service's name); the command line names it (cli/creds.py).
+        # service's name); the command line names it (pgwcli/creds.py).
         hint = (
             "; the server requires credentials: pass this party's own file with --creds FILE (each party has "
             "one, {role}-{name}.creds, in the credentials folder `pgw up` and `pgw creds` write; `pgw creds` "

@@ -17,7 +17,7 @@ The parts every service wrote for itself live here once:
   signer``, ``pgw registrar``, ``pgw notifier``): connect, streams, run, drain.
 
 The platform names no service: the list ``pgw up`` runs (``UP_SERVICES``, name ->
-factory ``(config, nc) -> Service``) is the command line's, in ``cli/commands/up.py``.
+factory ``(config, nc) -> Service``) is the command line's, in ``pgwcli/commands/up.py``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The graph is built with ``ast`` over ``subjects/``, the shared platform package
 ``pgwcore/``, ``gateway/``, ``consumers/``, ``integrations/`` and the command line
-``cli/``. Every ``import`` and ``from ... import`` statement counts wherever it
+``pgwcli/``. Every ``import`` and ``from ... import`` statement counts wherever it
 stands: at module level, inside a function (a lazy import is still a dependency,
 it only moves the failure to run time) and under ``if TYPE_CHECKING:`` (the type
 checker follows it). An import of a name from a package counts as an import of
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PLATFORM = "pgwcore"
-CLI = "cli"
+CLI = "pgwcli"
 PACKAGES = ("subjects", PLATFORM, "gateway", "consumers", "integrations", CLI)
 
 # package -> the packages it may import, from the ground up (STYLE.md "The shape of the house").
@@ -164,11 +164,11 @@ def test_a_step_up_is_a_violation():
     """An import of consumers/ from gateway/, of the command line from a consumer, and of gateway/ from the platform are each reported; imports down the layers and inside a package are not."""
     graph = {
         "gateway.app": {"pgwcore.service", "subjects.wire", "gateway.pipeline", "consumers.signer"},
-        "consumers.signer": {"pgwcore.keys", "cli.main"},
+        "consumers.signer": {"pgwcore.keys", "pgwcli.main"},
         "pgwcore.streams": {"gateway.app"},
-        "cli.main": {"gateway.app", "consumers.signer", "integrations.mcp"},
+        "pgwcli.main": {"gateway.app", "consumers.signer", "integrations.mcp"},
     }
-    assert violations(graph) == ["consumers.signer -> cli.main", "gateway.app -> consumers.signer", "pgwcore.streams -> gateway.app"]
+    assert violations(graph) == ["consumers.signer -> pgwcli.main", "gateway.app -> consumers.signer", "pgwcore.streams -> gateway.app"]
 
 
 def test_each_package_imports_only_the_layers_below_it():
@@ -179,16 +179,16 @@ def test_each_package_imports_only_the_layers_below_it():
 
 
 def test_no_service_imports_the_command_line():
-    """Nothing outside cli/ imports it: the services run without the command line (a lazy import counts too)."""
+    """Nothing outside pgwcli/ imports it: the services run without the command line (a lazy import counts too)."""
     graph = import_graph()
     assert sorted(f"{m} -> {t}" for m, targets in graph.items() if m.split(".")[0] != CLI
                   for t in targets if t.split(".")[0] == CLI) == []
 
 
 def test_the_command_line_is_its_own_package():
-    """`pgw` and its subcommands live in cli/ at the top, and gateway/ holds the gateway service only."""
+    """`pgw` and its subcommands live in pgwcli/ at the top, and gateway/ holds the gateway service only."""
     graph = import_graph()
-    assert {"cli.main", "cli.commands.up"} <= set(graph)
+    assert {"pgwcli.main", "pgwcli.commands.up"} <= set(graph)
     assert [m for m in graph if m == "gateway.cli" or m.startswith("gateway.commands")] == []
 
 

@@ -263,7 +263,7 @@ def test_format4_envelope_profile_is_exact() -> None:
 
 async def _pgw_verify(config: Any, *args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli.commands.capsules", "--server", config.nats_url, "--data-dir", config.data_dir,
+        sys.executable, "-m", "pgwcli.commands.capsules", "--server", config.nats_url, "--data-dir", config.data_dir,
         "verify", *args, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 120)

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed448 import Ed448PrivateKey
 
-from cli.commands import capsules as cli
+from pgwcli.commands import capsules as cli
 from consumers import capsule as capm
 from consumers.cose import sig_structure
 from consumers.signer import claims_for

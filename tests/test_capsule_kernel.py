@@ -17,7 +17,7 @@ import cbor2
 import msgspec
 import pytest
 
-from cli.commands import capsules as cli
+from pgwcli.commands import capsules as cli
 from consumers import capsule_kernel as kernel_facts
 from consumers import capsule_v4
 from consumers.capsule import (

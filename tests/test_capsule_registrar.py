@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import structlog
 
-from cli.commands import capsules as cli
+from pgwcli.commands import capsules as cli
 from consumers import capsule_v4
 from consumers.cose import TrustedKey, decode_sign1, statement_leaf
 from consumers.registrar import DLQ_STREAM, Registrar

@@ -28,7 +28,7 @@ import structlog
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from cli.commands import capsules as cli
+from pgwcli.commands import capsules as cli
 from consumers.cose import decode_sign1, inclusion_path, leaf_hash, merkle_root, root_from_path
 from consumers.receipts import statement_leaf
 from consumers.registrar import DLQ_STREAM, Registrar

@@ -150,7 +150,7 @@ async def test_resolution_waits_for_its_dispatch_past_the_warning(nc: Any, make_
 def _spawn_signer(config: Config, toml: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
-        [sys.executable, "-m", "cli.commands.capsules", "--config", str(toml), "--server", config.nats_url,
+        [sys.executable, "-m", "pgwcli.commands.capsules", "--config", str(toml), "--server", config.nats_url,
          "--data-dir", config.data_dir, "--log-format", "json", "--log-level", "WARNING", "signer"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL,
         stderr=(toml.parent / "signer.log").open("ab"),  # a file: a full pipe would stall the child

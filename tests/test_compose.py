@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.main import build_parser
+from pgwcli.main import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def test_services_and_nats_url_wiring():
 
 
 def test_the_image_holds_every_package_pgw_installs():
-    """The Dockerfile copies each top-level package pyproject.toml installs (the command line's cli/ included), so `pgw` in the image imports."""
+    """The Dockerfile copies each top-level package pyproject.toml installs (the command line's pgwcli/ included), so `pgw` in the image imports."""
     import tomllib
 
     include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]

@@ -30,7 +30,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from cli.main import build_parser
+from pgwcli.main import build_parser
 from gateway.security.accounts import Operator, OperatorAuth
 from gateway.security.permissions import Permissions
 from pgwcore.config import load_config

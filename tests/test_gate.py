@@ -270,7 +270,7 @@ async def test_pgw_verify_shows_the_grade(genv: GateEnv, capsys: Any) -> None:
     """`pgw verify` prints effect=confirmed effect_attestation=gate_executed for a gated action's capsule."""
     import argparse
 
-    from cli.commands import capsules as cli
+    from pgwcli.commands import capsules as cli
 
     r = await genv.act("WriteNote", {"name": "v", "text": "x"})
     assert isinstance(r, ActDone)

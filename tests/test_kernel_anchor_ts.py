@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from cli.commands import capsules as cli
+from pgwcli.commands import capsules as cli
 from consumers.cose import decode_sign1
 from consumers.registrar import Registrar
 from consumers.signer import Signer

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cli.commands.kernel import verify_command
+from pgwcli.commands.kernel import verify_command
 from gateway.kernel.eventlog import EventLog, verify_stream, with_signature
 from gateway.kernel.service import KernelService
 from pgwcore.connect import connect

@@ -1,4 +1,4 @@
-"""`pgw mcp-gate init FOLDER`: a gate set up by one command (cli/commands/mcp_gate.py, docs/gate.md "Set-up in
+"""`pgw mcp-gate init FOLDER`: a gate set up by one command (pgwcli/commands/mcp_gate.py, docs/gate.md "Set-up in
 one command"). The command runs as a user runs it; the gateway is started from the configuration it wrote, and
 the gate from the host JSON it printed, spoken to by the real `mcp` client."""
 

@@ -1,4 +1,4 @@
-"""The MCP gate's life as a host lives with it (integrations/mcp_gate.py, cli/commands/mcp_gate.py, docs/gate.md
+"""The MCP gate's life as a host lives with it (integrations/mcp_gate.py, pgwcli/commands/mcp_gate.py, docs/gate.md
 "What a host meets"): `pgw mcp-gate` as a subprocess, spoken to over its stdin and stdout (raw JSON-RPC where the
 test is about the pipe itself, the real `mcp` client otherwise), with the reference filesystem server upstream.
 

@@ -224,7 +224,7 @@ async def test_the_documented_host_config_is_the_tested_gate_file(tmp_path: Path
     gate_file.write_text(re.sub(r"(?ms)^\[upstreams\.fs\]\n.*?(?=^#)", lambda _m: upstream,
                                 (repo / "deploy" / "mcp-gate.toml").read_text()))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli", "mcp-gate", "--agent", "planner", "--gate", str(gate_file), "--check",
+        sys.executable, "-m", "pgwcli", "mcp-gate", "--agent", "planner", "--gate", str(gate_file), "--check",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=str(repo))
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0

@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("benchmarks", "cli", "consumers", "gateway", "integrations", "pgwcore", "subjects", "tests")
+PACKAGES = ("benchmarks", "consumers", "gateway", "integrations", "pgwcli", "pgwcore", "subjects", "tests")
 ON_PURPOSE = (".setter", ".deleter", "overload", ".register")
 
 

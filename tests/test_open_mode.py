@@ -19,7 +19,7 @@ def test_open_mode_is_refused_unless_open_is_set_and_said_loudly_either_way(tmp_
 
 async def test_pgw_up_handler_refuses_open_mode_before_starting_anything(tmp_path, capsys) -> None:
     """`pgw up`'s handler, in process, returns 2 with the refusal on stderr and creates no server folder."""
-    from cli.commands.up import handle
+    from pgwcli.commands.up import handle
 
     config = load_config(None, data_dir=str(tmp_path / "data"))
     assert await handle(argparse.Namespace(only=None, open=False), config) == 2

@@ -43,7 +43,7 @@ async def test_every_service_serves_metrics_and_healthz(role: str, nats_server: 
     log = tmp_path / f"{role}.log"
     with open(log, "wb") as err:  # noqa: ASYNC230 - process start-up, not a hot path
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "cli", "--server", nats_server.client_url, "--data-dir", str(tmp_path / "d"),
+            sys.executable, "-m", "pgwcli", "--server", nats_server.client_url, "--data-dir", str(tmp_path / "d"),
             "--config", str(cfg), "--metrics-port", str(port), "--log-format", "json", role, cwd=str(REPO), env=env,
             stdout=asyncio.subprocess.DEVNULL, stderr=err,
         )

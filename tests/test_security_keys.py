@@ -14,7 +14,7 @@ import pytest
 import structlog
 from cryptography.hazmat.primitives import serialization
 
-from cli.main import build_parser, config_from_args
+from pgwcli.main import build_parser, config_from_args
 from gateway.security import CredentialsError, Party, embedded_auth, read_creds, rotate_creds
 from pgwcore import keys
 from pgwcore.config import load_config
@@ -235,7 +235,7 @@ def test_pgw_keys_lists_every_role_including_vapid(tmp_path: Path) -> None:
     load_or_create(tmp_path, "kernel")
     load_or_create(tmp_path, "signer")
     vapid = load_or_create_vapid_key(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "cli", "--data-dir", str(tmp_path), "keys"],
+    out = subprocess.run([sys.executable, "-m", "pgwcli", "--data-dir", str(tmp_path), "keys"],
                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode == 0, out.stderr
     assert "role: kernel" in out.stdout and "role: signer" in out.stdout
@@ -251,7 +251,7 @@ def test_keys_dir_moves_every_key_out_of_the_data_folder(tmp_path: Path) -> None
     cfg = tmp_path / "pgw.toml"
     cfg.write_text(f'[keys]\ndir = "{keys_dir}"\n')
     repo = Path(__file__).resolve().parent.parent
-    base = [sys.executable, "-m", "cli", "--config", str(cfg), "--data-dir", str(tmp_path / "data"), "keys"]
+    base = [sys.executable, "-m", "pgwcli", "--config", str(cfg), "--data-dir", str(tmp_path / "data"), "keys"]
     made = subprocess.run([*base, "--rotate", "signer"], capture_output=True, text=True, timeout=60, cwd=repo)
     assert made.returncode == 0, made.stderr
     listed = subprocess.run(base, capture_output=True, text=True, timeout=60, cwd=repo)

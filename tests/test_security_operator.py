@@ -158,7 +158,7 @@ async def test_new_user_needs_no_server_reload(operator_system: dict[str, Any], 
     out = tmp_path / "newbot.creds"
     env = dict(os.environ, PGW_DATA_DIR=str(operator_system["tmp"] / "data"))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli", "accounts", "--tenant", "acme", "--dir", str(root),
+        sys.executable, "-m", "pgwcli", "accounts", "--tenant", "acme", "--dir", str(root),
         "--user", "agent:newbot", "--out", str(out), cwd=str(REPO), env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )

@@ -237,7 +237,7 @@ async def pgw_up_bed(tmp: Path) -> AsyncIterator[Bed]:
 @contextlib.asynccontextmanager
 async def operator_bed(tmp: Path) -> AsyncIterator[Bed]:
     """The same services in this process, on a server in operator mode (one JWT user per party)."""
-    from cli.commands.up import UP_SERVICES, load_factory
+    from pgwcli.commands.up import UP_SERVICES, load_factory
     from gateway.security.accounts import operator_auth
     from pgwcore.metrics import REPLIES_REFUSED
     from pgwcore.server import EmbeddedServer

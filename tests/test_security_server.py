@@ -20,7 +20,7 @@ import nats
 import pytest
 import pytest_asyncio
 
-from cli.commands.up import browser_origins
+from pgwcli.commands.up import browser_origins
 from gateway.security import Party, embedded_auth
 from pgwcore.config import load_config
 from pgwcore.connect import connect

@@ -70,7 +70,7 @@ async def test_pgw_commands_take_tls_flags_and_nats_cli_variables(mtls_server, t
     import sys
 
     server, ca = mtls_server
-    base = [sys.executable, "-m", "cli", "--server", server.client_url, "--data-dir", str(tmp_path / "d")]
+    base = [sys.executable, "-m", "pgwcli", "--server", server.client_url, "--data-dir", str(tmp_path / "d")]
 
     async def run(args: list[str], env: dict[str, str]) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(*base, *args, "streams", cwd=str(REPO), env=env,

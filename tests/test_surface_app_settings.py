@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from cli.commands.up import browser_origins
+from pgwcli.commands.up import browser_origins
 from consumers.surfaces.web import stored_token
 from pgwcore.config import load_config
 from pgwcore.server import EmbeddedServer

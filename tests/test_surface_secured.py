@@ -87,7 +87,7 @@ async def test_terminal_surface_with_alice_creds_reads_and_answers(secured: dict
     creds = secured["auth"].creds_for(Party("principal", "alice"))
     env = dict(os.environ, PGW_DATA_DIR=str(secured["tmp"] / "other"))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli", "--server", secured["server"].client_url, "--creds", str(creds),
+        sys.executable, "-m", "pgwcli", "--server", secured["server"].client_url, "--creds", str(creds),
         "surface", "--principal", "alice", "--json", cwd=str(REPO), env=env,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
@@ -107,7 +107,7 @@ async def test_terminal_surface_with_bobs_creds_cannot_read_alice(secured: dict[
     await send(secured["agent"])
     creds = secured["auth"].creds_for(Party("principal", "bob"))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli", "--server", secured["server"].client_url, "--creds", str(creds),
+        sys.executable, "-m", "pgwcli", "--server", secured["server"].client_url, "--creds", str(creds),
         "surface", "--principal", "alice", "--json", cwd=str(REPO),
         env=dict(os.environ, PGW_DATA_DIR=str(secured["tmp"] / "other")),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

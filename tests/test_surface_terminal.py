@@ -60,7 +60,7 @@ def pgw_env(tmp_path: Path) -> dict[str, str]:
 
 
 def pgw_argv(server: EmbeddedServer, *args: str) -> list[str]:
-    return ["-m", "cli", "--server", server.client_url, "surface", "--principal", "alice", *args]
+    return ["-m", "pgwcli", "--server", server.client_url, "surface", "--principal", "alice", *args]
 
 
 # ---------------------------------------------------------------------------

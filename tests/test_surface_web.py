@@ -286,7 +286,7 @@ async def test_surface_web_command_serves_the_page_with_its_settings(nats_server
     import aiohttp
 
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli", "--server", nats_server.client_url, "surface-web",
+        sys.executable, "-m", "pgwcli", "--server", nats_server.client_url, "surface-web",
         "--principal", "~alice", "--port", "0", "--ws-url", nats_server.websocket_url,
         cwd=str(REPO), env=dict(os.environ, PGW_DATA_DIR=str(tmp_path / "d")),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

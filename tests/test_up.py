@@ -116,7 +116,7 @@ def test_up_refuses_open_mode_unless_asked(tmp_path):
 def test_quickstart_is_bound_not_open(tmp_path):
     """`pgw up --quickstart` (what `make run` runs) needs no `open = true`: it binds the quick start's agents to
     ~alice, so nothing is said about OPEN MODE; a configuration's own bindings and ops users are kept as they are."""
-    from cli.commands.up import quickstart
+    from pgwcli.commands.up import quickstart
     from pgwcore.config import load_config
 
     bound = quickstart(load_config(None, data_dir=str(tmp_path)))

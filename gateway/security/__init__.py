@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 BLOCK_FILE = "authorization.conf"
-DEMO_AGENT, DEMO_PRINCIPAL = "demo-agent", "alice"  # cli/commands/demo.py defaults
+DEMO_AGENT, DEMO_PRINCIPAL = "demo-agent", "alice"  # pgwcli/commands/demo.py defaults
 
 
 def party_creds(config: Config, party: Party) -> str | None:
