@@ -1,8 +1,8 @@
-"""``python -m cli ...``: the same as ``pgw ...``."""
+"""``python -m pgwcli ...``: the same as ``pgw ...``."""
 
 import sys
 
-from cli.main import main
+from pgwcli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,10 +3,10 @@
 Global options: ``--server`` (or ``NATS_URL``), ``--creds`` (or ``NATS_CREDS``),
 ``--as ROLE:NAME``, ``--config`` (or ``PGW_CONFIG``), ``--data-dir`` (or
 ``PGW_DATA_DIR``), ``--log-format``. Environment overrides are read here only, at
-the edge. Each command's credentials are chosen here too (``cli.creds``), so a
+the edge. Each command's credentials are chosen here too (``pgwcli.creds``), so a
 refused or mismatched file is said in one line the same way for every command.
 
-Each subcommand lives in a module under ``cli/commands`` (or a consumer)
+Each subcommand lives in a module under ``pgwcli/commands`` (or a consumer)
 exposing ``register(subparsers)``; the module list is ``COMMAND_MODULES``.
 A handler is ``async def handler(args, config) -> int``.
 """
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from nats.errors import TimeoutError as NatsTimeout
 
-from cli.creds import Chosen, CredsError, choose, need_for, refusal, timeout_hint, with_creds
+from pgwcli.creds import Chosen, CredsError, choose, need_for, refusal, timeout_hint, with_creds
 from pgwcore import loop, tracing
 from pgwcore.config import DEFAULT_DATA_DIR, Config, default_data_dir, load_config
 from pgwcore.connect import ConnectError
@@ -32,21 +32,21 @@ from pgwcore.logs import configure_logging
 from subjects.errors import ConfigError, PgwError
 
 COMMAND_MODULES: list[str] = [
-    "cli.commands.up",
-    "cli.commands.run_gateway",
-    "cli.commands.demo",
-    "cli.commands.schema",
-    "cli.commands.streams",
-    "cli.commands.ops",
-    "cli.commands.surfaces",
-    "cli.commands.capsules",
-    "cli.commands.notify",
-    "cli.commands.kernel",
-    "cli.commands.audit",
-    "cli.commands.security",
-    "cli.commands.accounts",
-    "cli.commands.mcp",
-    "cli.commands.mcp_gate",
+    "pgwcli.commands.up",
+    "pgwcli.commands.run_gateway",
+    "pgwcli.commands.demo",
+    "pgwcli.commands.schema",
+    "pgwcli.commands.streams",
+    "pgwcli.commands.ops",
+    "pgwcli.commands.surfaces",
+    "pgwcli.commands.capsules",
+    "pgwcli.commands.notify",
+    "pgwcli.commands.kernel",
+    "pgwcli.commands.audit",
+    "pgwcli.commands.security",
+    "pgwcli.commands.accounts",
+    "pgwcli.commands.mcp",
+    "pgwcli.commands.mcp_gate",
 ]
 
 

@@ -8,7 +8,7 @@ or a configured revoker's private key), and sends it to
 ``pgw audit session ID --agent A`` / ``pgw audit idp ID`` ask the kernel for
 the Session Audit Record or one IDP's record (gateway/kernel/audit.py); they
 run with the credentials of an audit principal, ``audit-{NAME}.creds`` for
-``--auditor NAME`` (cli/creds.py).
+``--auditor NAME`` (pgwcli/creds.py).
 """
 
 from __future__ import annotations

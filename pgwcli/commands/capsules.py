@@ -1,7 +1,7 @@
 """Capsule commands (spec 004): ``pgw signer``, ``pgw registrar``, ``pgw verify``,
 ``pgw keys`` and ``pgw capsules`` (``status``, ``list``, ``show``, ``export``, ``open-items``).
 
-Also runnable without the full CLI: ``python -m cli.commands.capsules ...``
+Also runnable without the full CLI: ``python -m pgwcli.commands.capsules ...``
 takes the same global options and only these subcommands.
 """
 
@@ -623,8 +623,8 @@ async def handle_list(args: argparse.Namespace, config: Config) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m cli.commands.capsules``: the same as ``pgw`` (kept for scripts that use it)."""
-    from cli.main import main as cli_main
+    """``python -m pgwcli.commands.capsules``: the same as ``pgw`` (kept for scripts that use it)."""
+    from pgwcli.main import main as cli_main
 
     return cli_main(argv)
 

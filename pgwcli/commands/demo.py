@@ -3,7 +3,7 @@
 Against a running ``pgw up`` (``--server``), as its own pair of parties: the
 agent ``--agent`` (``demo-agent``) with ``--creds`` or its file in the
 credentials folder, and the principal ``--principal`` (``alice``) with hers
-(cli/creds.py). Only when nothing listens at the URL does it run against its
+(pgwcli/creds.py). Only when nothing listens at the URL does it run against its
 own embedded server and gateway in a temporary folder, and it says so; a
 server that refuses the pair's credentials, or anything else that fails, is
 said in one line and the demo exits 1 (a throw-away server would hide it).
@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from cli.creds import CredsError, Need, mismatch, refusal
+from pgwcli.creds import CredsError, Need, mismatch, refusal
 from gateway.security import Party, creds_dir, creds_party
 from pgwcore.config import Config
 from pgwcore.connect import ConnectError, connect
@@ -128,7 +128,7 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
         nc = snc = None  # snc: the surface's own connection on a server enforcing per-party creds
         url = config.nats_url
         if not args.embedded:
-            from cli.creds import Chosen
+            from pgwcli.creds import Chosen
 
             need_a, need_p, acreds, pcreds = pair_creds(args, config)
             folder = creds_dir(config).resolve()

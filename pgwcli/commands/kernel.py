@@ -83,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.set_defaults(handler=issue_command)
     p = msub.add_parser("pubkey", help="print the dev issuer's kid and public key PEM")
     p.set_defaults(handler=pubkey_command)
-    from cli.commands.audit import revoke_command
+    from pgwcli.commands.audit import revoke_command
 
     r = msub.add_parser("revoke", help="revoke a mandate on every gateway now (signed; recorded in the event log)")
     r.add_argument("jti", help="the mandate's jti")
@@ -112,7 +112,7 @@ def kernel_keys(config: Config, pem_files: list[str]) -> dict[str, Ed25519Public
 
 
 async def verify_command(args: argparse.Namespace, config: Config) -> int:
-    from cli.commands.capsules import trusted_ts_keys
+    from pgwcli.commands.capsules import trusted_ts_keys
     from consumers.checkpoint_statement import CAPSULES_STREAM, kept_statement, latest_anchored
     from gateway.kernel.checkpoint import check_anchor
     from gateway.kernel.eventlog import verify_stream

@@ -2,7 +2,7 @@
 
 An MCP host (Claude Desktop, an IDE, an agent framework) spawns it over stdio,
 or connects over streamable HTTP (``--transport http``), in any folder. It speaks
-the bus with the agent's credentials, chosen by cli/creds.py: ``--creds FILE``,
+the bus with the agent's credentials, chosen by pgwcli/creds.py: ``--creds FILE``,
 ``--as agent:NAME``, else ``agent-{NAME}.creds`` in the credentials folder of the
 data folder (``--data-dir``, ``$PGW_DATA_DIR``, the configuration's); another
 agent's file is refused in one line. Needs the optional extra:
@@ -55,7 +55,7 @@ def _positive_seconds(text: str) -> float:
 
 
 def agent_creds(config: Config, agent: str) -> str | None:
-    """The credentials cli/creds.py chose (``config.creds``), else the file ``pgw creds`` wrote for this agent."""
+    """The credentials pgwcli/creds.py chose (``config.creds``), else the file ``pgw creds`` wrote for this agent."""
     from gateway.security import Party, party_creds
 
     return config.creds or party_creds(config, Party("agent", agent))

@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cli.commands.mcp import _positive_seconds, agent_creds, serve_transport
+from pgwcli.commands.mcp import _positive_seconds, agent_creds, serve_transport
 from subjects.names import agent_token
 
 if TYPE_CHECKING:
@@ -86,10 +86,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     i.add_argument("--out", help="the folder for the gate's files (default: {data_dir}/gates/NAME)")
     i.add_argument("--upstream-command",
                    help=f"the filesystem server's command, the folder appended (default: npx -y {FILESYSTEM_SERVER})")
-    # Its own command name: it connects to no server, so it takes no agent's credentials (cli/creds.py).
+    # Its own command name: it connects to no server, so it takes no agent's credentials (pgwcli/creds.py).
     i.set_defaults(command="mcp-gate-init")
     # The global options are accepted after `init` too (`pgw mcp-gate init FOLDER --data-dir D`).
-    from cli.main import add_global_options
+    from pgwcli.main import add_global_options
 
     add_global_options(i, argparse.SUPPRESS)
 
@@ -310,7 +310,7 @@ def _pgw_command() -> list[str]:
     beside = Path(sys.executable).parent / "pgw"
     if beside.exists():
         return [str(beside)]
-    return [sys.executable, "-m", "cli.main"]
+    return [sys.executable, "-m", "pgwcli.main"]
 
 
 async def init_gate(args: argparse.Namespace, config: Config) -> int:

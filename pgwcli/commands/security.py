@@ -37,7 +37,7 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
     if args.out:
         config = msgspec.structs.replace(config, security=msgspec.structs.replace(config.security, creds_dir=args.out))
     if args.quickstart:
-        from cli.commands.up import quickstart
+        from pgwcli.commands.up import quickstart
 
         config = quickstart(config)
     try:

@@ -7,7 +7,7 @@ connect and what to try, and on Ctrl-C drains in-flight work and stops
 everything, the server last.
 
 Each party gets its own credentials file (docs/security.md §1); every ``pgw``
-command then finds the one its role needs (cli/creds.py). ``--quickstart`` (what
+command then finds the one its role needs (pgwcli/creds.py). ``--quickstart`` (what
 ``make run`` runs) binds the quick start's parties (``QUICKSTART_AGENTS``,
 ``QUICKSTART_OPS``) where the configuration names none.
 """
