@@ -11,6 +11,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from consumers import capsule_v4
+from consumers.capsule_map import capsule_from_verdict
 from subjects.client import Surface
 from subjects.idp import Permit
 from subjects.kernelops import AuditReply
@@ -64,6 +66,11 @@ async def test_a_permit_taken_before_a_gap_is_refused_while_held_and_after_deny(
     assert len(denied) == 2
     for v in denied:
         assert v.action_type == "idp.transition" and "CloseBooking" not in msgspec.json.encode(v).decode()
+        # and the capsules the signer makes of them, in both formats (spec 004 §8.1: only digests of what was checked)
+        for capsule in (capsule_from_verdict(v, operator="op", salt="s" * 32),
+                        capsule_v4.from_verdict(v, operator="op", salt="s" * 32)):
+            text = msgspec.json.encode(capsule).decode()
+            assert "CloseBooking" not in text and "idp.transition" in text, text[:500]
 
 
 async def test_the_principal_is_told_of_a_report_refused_while_held(env: Env) -> None:
