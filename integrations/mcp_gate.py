@@ -792,25 +792,26 @@ def tool_error(body: dict[str, Any]) -> types.CallToolResult:
     )
 
 
-def problem_tool(problem: str) -> types.Tool:
-    """The one tool a gate that cannot serve its tools lists: its description (and any call) says why, so the
-    host shows the user the gate's own words instead of a closed connection."""
+def problem_tool(problem: str, what: str = "MCP gate") -> types.Tool:
+    """The one tool a gate (or ``pgw mcp``) that cannot serve its tools lists: its description (and any call)
+    says why, so the host shows the user the server's own words instead of a closed connection."""
     return types.Tool(
         name=PROBLEM_TOOL,
-        description=f"This MCP gate cannot serve its tools: {problem[:1500]}. Calling this tool returns the same.",
+        description=f"This {what} cannot serve its tools: {problem[:1500]}. Calling this tool returns the same.",
         inputSchema={"type": "object", "properties": {}},
     )
 
 
-def problem_server(problem: str) -> Server[Any, Any]:
+def problem_server(problem: str, what: str = "MCP gate") -> Server[Any, Any]:
     """The MCP server of a gate whose configuration is wrong (``pgw mcp-gate`` could not read its file, the
-    mandate): it answers ``initialize``, lists the ``gate_problem`` tool, and every call is a tool error that
-    says what is wrong, until the host stops it (stdin closed)."""
-    server: Server[Any, Any] = Server(SERVER_NAME, instructions=f"This gate is misconfigured: {problem}")
+    mandate, its credentials; ``pgw mcp`` its credentials, ``what`` names it): it answers ``initialize``, lists
+    the ``gate_problem`` tool, and every call is a tool error that says what is wrong, until the host stops it
+    (stdin closed)."""
+    server: Server[Any, Any] = Server(SERVER_NAME, instructions=f"This {what} is misconfigured: {problem}")
 
     @server.list_tools()
     async def list_tools() -> list[types.Tool]:
-        return [problem_tool(problem)]
+        return [problem_tool(problem, what)]
 
     @server.call_tool(validate_input=False)
     async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:

@@ -102,10 +102,12 @@ def need_for(args: argparse.Namespace) -> Need | None:
             return Need("pgw audit", (auditor,), f"the auditor {auditor.name}'s ({auditor.filename}; "
                         "`[security] auditors`)", exact=auditor)
         case "mcp" | "mcp-gate":
+            if not args.agent:  # said to the host as a tool error (pgwcli/commands/mcp.py serve_problem)
+                raise CredsError(f"pgw {command}: give --agent NAME, the agent it speaks for")
             agent = Party("agent", agent_token(args.agent))
             return Need(f"pgw {command} --agent {agent.name}", (agent,),
                         f"agent {agent.name}'s ({agent.filename}; `[agents.{agent.name}]` binds it)", exact=agent)
-        case "surface" | "surface-web":
+        case "surface" | "surface-web" | "approvals":
             p = Party("principal", principal_token(args.principal))
             return Need(f"pgw {command} --principal {p.name}", (p,),
                         f"~{p.name}'s ({p.filename}; a principal of an `[agents.NAME]` binding)", exact=p)

@@ -39,6 +39,7 @@ COMMAND_MODULES: list[str] = [
     "pgwcli.commands.streams",
     "pgwcli.commands.ops",
     "pgwcli.commands.surfaces",
+    "pgwcli.commands.approvals",
     "pgwcli.commands.capsules",
     "pgwcli.commands.notify",
     "pgwcli.commands.kernel",
@@ -173,11 +174,9 @@ def _main(argv: Sequence[str] | None) -> int:
                   "no server)", file=sys.stderr)
             return 2
     except CredsError as e:  # it names its command itself
-        print(e, file=sys.stderr)
-        return 2
+        return _cannot_start(args, str(e))
     except PgwError as e:
-        print(f"pgw: {e}", file=sys.stderr)
-        return 2
+        return _cannot_start(args, f"pgw: {e}")
     if chosen is not None and chosen.note:
         print(chosen.note, file=sys.stderr, flush=True)
     configure_logging(config.log_format, args.log_level)
@@ -218,6 +217,20 @@ def _main(argv: Sequence[str] | None) -> int:
         return 1
     finally:
         tracing.shutdown()
+
+
+def _cannot_start(args: argparse.Namespace, line: str) -> int:
+    """A command whose configuration or credentials cannot serve it says why in one line and exits 2. An MCP
+    server (``pgw mcp``, ``pgw mcp-gate``: ``serve_problem``) serves that line as a tool error instead, since
+    its host would show an exit only as "Connection closed"."""
+    serve = getattr(args, "serve_problem", None)
+    if serve is None:
+        print(line, file=sys.stderr)
+        return 2
+    try:
+        return loop.run(serve(args, line))
+    except KeyboardInterrupt:
+        return 130
 
 
 def _closed_pipe() -> int:

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
@@ -217,3 +218,46 @@ async def test_credentials_the_server_refuses_reach_the_host_as_kernel_unavailab
     body = json.loads(result.content[0].text)  # type: ignore[union-attr]
     assert body["code"] == "kernel_unavailable" and "refused the agent's credentials" in body["reason"]
     assert "agent-planner.creds" in body["reason"]
+
+
+@pytest.mark.parametrize("case", ["gate without --agent", "gate with another agent's --creds", "mcp with another agent's --creds"])
+async def test_a_gate_or_mcp_server_that_cannot_choose_its_credentials_answers_every_call_with_the_reason(
+        tmp_path: Path, case: str) -> None:
+    """Before the gate's own code runs, the command line chooses the agent's credentials: a run without --agent,
+    or with another agent's --creds file, answers initialize, lists only gate_problem, and every call is a tool
+    error giving the one-line reason (no "Connection closed"); run with nothing on stdin it ends with exit 2."""
+    from gateway.security import Party, embedded_auth
+    from pgwcore.config import load_config
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    other = embedded_auth(load_config(None, data_dir=str(tmp_path / "server-data"), agents={"other": {"principals": ["alice"]}}))
+    common = ["--server", dead_url(), "--data-dir", str(tmp_path / "data")]
+    gate = ["--gate", str(gate_file(tmp_path, folder))]
+    creds = ["--creds", str(other.creds_for(Party("agent", "other")))]
+    args, reason = {
+        "gate without --agent": (["mcp-gate", *gate, *common], "give --agent NAME"),
+        "gate with another agent's --creds": (["mcp-gate", "--agent", AGENT, *gate, *creds, *common],
+                                              "agent:other's credentials, not agent:planner's"),
+        "mcp with another agent's --creds": (["mcp", "--agent", AGENT, *creds, *common],
+                                             "agent:other's credentials, not agent:planner's"),
+    }[case]
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as errlog:
+        params = StdioServerParameters(command=PGW, args=args, env=dict(os.environ))
+        async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+            await asyncio.wait_for(session.initialize(), 30)
+            (tool,) = (await session.list_tools()).tools
+            assert tool.name == "gate_problem" and reason in (tool.description or "")
+            for name in ("gate_problem", "read_text_file", "ask_principal"):
+                result = await asyncio.wait_for(session.call_tool(name, {}), 30)
+                assert result.isError and result.structuredContent is None
+                body = json.loads(result.content[0].text)  # type: ignore[union-attr]
+                assert body["code"] == "gate_misconfigured" and reason in body["reason"], body
+    err = log.read_text()
+    assert reason in err.splitlines()[0] and "Traceback" not in err, err  # then the SDK's own notes on each call
+    # Run by hand, with nothing on its stdin, it says the same line and exits 2.
+    proc = await asyncio.create_subprocess_exec(PGW, *args, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err2 = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2 and out == b"" and reason in err2.decode(), err2

@@ -34,14 +34,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "declare_intent and report_transition (the IDP kernel), await_moment. "
         "Needs the extra: pip install 'principal-gateway[mcp]'.",
     )
-    p.add_argument("--agent", "-a", required=True, help="the agent this server speaks for")
+    # Not required by argparse: a host's JSON without it gets the gate_problem tool saying so (serve_problem).
+    p.add_argument("--agent", "-a", help="the agent this server speaks for (required)")
     p.add_argument("--transport", choices=["stdio", "http"], default="stdio",
                    help="stdio (an MCP host spawns this command; default) or streamable HTTP")
     p.add_argument("--host", default="127.0.0.1", help="with --transport http: address to listen on")
     p.add_argument("--port", type=int, default=8000, help="with --transport http: port (default 8000); the path is /mcp")
     p.add_argument("--progress-every", type=_positive_seconds, default=2.0,
                    help="seconds between progress notifications while waiting for the principal")
-    p.set_defaults(handler=run_mcp)
+    p.set_defaults(handler=run_mcp, serve_problem=serve_problem)
 
 
 def _positive_seconds(text: str) -> float:
@@ -77,6 +78,28 @@ async def serve_transport(server: Any, args: argparse.Namespace, what: str,
     with contextlib.suppress(asyncio.CancelledError):
         await serving
     return 0
+
+
+async def serve_problem(args: argparse.Namespace, line: str) -> int:
+    """What ``pgw mcp`` and ``pgw mcp-gate`` do when they cannot start (no ``--agent``, another agent's
+    credentials, a gate file that cannot be read, a configuration that does not load): ``line`` on stderr,
+    which hosts log, and an MCP server whose ``gate_problem`` tool and every call say it, until the host
+    closes stdin; then exit 2. A host shows the user a tool error; an exit it shows only as "Connection
+    closed". ``pgw mcp-gate --check``, run by a person, only says the line and exits 2."""
+    if getattr(args, "check", False):
+        print(line, file=sys.stderr)
+        return 2
+    try:
+        from integrations.mcp import serve_http, serve_stdio
+        from integrations.mcp_gate import problem_server
+    except ImportError as e:
+        print(f"{line}\npgw {args.command}: the MCP SDK is missing ({e}); install it with pip install "
+              "'principal-gateway[mcp]'", file=sys.stderr)
+        return 2
+    what = "MCP gate" if args.command == "mcp-gate" else "MCP server"
+    print(f"{line}; serving only the gate_problem tool that says so", file=sys.stderr, flush=True)
+    await serve_transport(problem_server(line, what), args, f"{what} (misconfigured)", serve_stdio, serve_http)
+    return 2
 
 
 async def run_mcp(args: argparse.Namespace, config: Config) -> int:

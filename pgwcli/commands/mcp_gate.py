@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pgwcli.commands.mcp import _positive_seconds, agent_creds, serve_transport
+from pgwcli.commands.mcp import _positive_seconds, agent_creds, serve_problem, serve_transport
 from subjects.names import agent_token
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="seconds between progress notifications while a call waits (default: the file's, 2)")
     p.add_argument("--check", action="store_true",
                    help="start the upstreams, print the tools and the kernel's executor configuration, and exit")
-    p.set_defaults(handler=run_mcp_gate, gate_command=None)
+    p.set_defaults(handler=run_mcp_gate, gate_command=None, serve_problem=serve_problem)
     gsub = p.add_subparsers(dest="gate_command", metavar="ACTION")
     i = gsub.add_parser(
         "init", help="set up a gate for a folder: gate file, mandate, gateway settings, credentials, the host's JSON",
@@ -87,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     i.add_argument("--upstream-command",
                    help=f"the filesystem server's command, the folder appended (default: npx -y {FILESYSTEM_SERVER})")
     # Its own command name: it connects to no server, so it takes no agent's credentials (pgwcli/creds.py).
-    i.set_defaults(command="mcp-gate-init")
+    i.set_defaults(command="mcp-gate-init", serve_problem=None)  # run by a person: a problem is one line
     # The global options are accepted after `init` too (`pgw mcp-gate init FOLDER --data-dir D`).
     from pgwcli.main import add_global_options
 
@@ -114,9 +114,8 @@ def _executor_creds(config: Config, kind: str) -> str | None:
 async def run_mcp_gate(args: argparse.Namespace, config: Config) -> int:
     if args.gate_command == "init":
         return await init_gate(args, config)
-    if not args.agent or not args.gate_config:
-        print("pgw mcp-gate: give --agent NAME and --gate FILE (or set one up: pgw mcp-gate init FOLDER)", file=sys.stderr)
-        return 2
+    if not args.gate_config:  # --agent was asked for before the credentials were chosen (pgwcli/creds.py)
+        return await serve_problem(args, "pgw mcp-gate: give --gate FILE (or set one up: pgw mcp-gate init FOLDER)")
     try:
         from integrations.mcp import serve_http
         from integrations.mcp_gate import (
@@ -126,7 +125,6 @@ async def run_mcp_gate(args: argparse.Namespace, config: Config) -> int:
             Upstreams,
             load_gate_config,
             mandate_claims,
-            problem_server,
             serve_stdio,
         )
     except ImportError as e:
@@ -178,9 +176,7 @@ async def run_mcp_gate(args: argparse.Namespace, config: Config) -> int:
     problem = problem or mandate_problem
     if problem is not None or gate_config is None:
         # Said to the host as a tool error (and here, on stderr, which hosts log), never a closed connection.
-        print(f"pgw mcp-gate: {problem}; serving only the gate_problem tool that says so", file=sys.stderr, flush=True)
-        return await serve_transport(problem_server(problem or "no gate file"), args, "MCP gate (misconfigured)",
-                                     serve_stdio, serve_http)
+        return await serve_problem(args, f"pgw mcp-gate: {problem or 'no gate file'}")
     kind = gate_config.kind
     creds = agent_creds(config, agent)
     executor_creds = args.executor_creds or _executor_creds(config, kind)
@@ -211,8 +207,7 @@ async def run_mcp_gate(args: argparse.Namespace, config: Config) -> int:
     try:
         gate = Gate(gate_config, agent, connect=connect_bus, prefix=config.prefix, base=base, where=config.nats_url)
     except GateConfigError as e:
-        return await serve_transport(problem_server(f"{args.gate_config}: {e}"), args, "MCP gate (misconfigured)",
-                                     serve_stdio, serve_http)
+        return await serve_problem(args, f"pgw mcp-gate: {args.gate_config}: {e}")
     async with gate:
         return await serve_transport(gate.server(), args, f"MCP gate for agent {agent}", serve_stdio, serve_http)
 
