@@ -10,6 +10,7 @@ test holds each.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -326,3 +327,30 @@ def test_a_time_zone_that_is_not_iana_fails_at_start() -> None:
 
     with pytest.raises(ConfigError, match="Mars/Olympus"):
         WebSurfaceServer(principal="alice", ws_url="ws://127.0.0.1:1", port=0, time_zone="Mars/Olympus")
+
+
+async def test_the_page_says_connecting_until_the_first_pending_list_answers(
+        nats_server: EmbeddedServer, browser: Any) -> None:
+    """Until the first pending request is answered the page says it is connecting, never "Nothing is waiting for
+    you", and axe finds nothing; once the (empty) list is in, it says nothing is waiting and counts 0 items."""
+    nc = await connect(nats_server.client_url, name="test-slow-gateway")
+    asked: asyncio.Queue[Any] = asyncio.Queue()
+    await nc.subscribe("pgw.principal.alice.pending", cb=asked.put)  # a gateway that answers when told to
+    await nc.flush()
+    try:
+        async with WebSurfaceServer(principal="alice", ws_url=nats_server.websocket_url, port=0) as web:
+            ctx = await browser.new_context(viewport=DESKTOP, bypass_csp=True, locale="en-GB")
+            page = await ctx.new_page()
+            await page.goto(web.url)
+            request = await asyncio.wait_for(asked.get(), WAIT)
+            assert "Connecting" in await page.locator("#empty").inner_text()
+            assert "Nothing is waiting" not in await page.locator("main").inner_text()
+            assert await page.get_attribute("#conn", "data-status") == "connecting"
+            await assert_no_violations(page, "connecting")
+            await request.respond(b'{"items": []}')
+            await page.wait_for_selector("body[data-ready=true]", timeout=MS)
+            assert "Nothing is waiting for you" in await page.locator("#empty").inner_text()
+            assert await page.locator("#count").inner_text() == "0 items waiting"
+            await assert_no_violations(page, "connected, nothing waiting")
+    finally:
+        await nc.drain()

@@ -83,10 +83,19 @@ function announce(text) {
   document.getElementById("announce").textContent = text;
 }
 
+// Until the first pending list has answered the page does not know: it says it is connecting
+// (index.html), never that nothing is waiting.
+const NOTHING_WAITING = "Nothing is waiting for you. New questions from your agents appear here as they arrive.";
+
 function updateEmpty() {
   const n = state.cards.size;
-  $empty().hidden = n > 0;
-  document.getElementById("count").textContent = n === 1 ? "1 item waiting" : `${n} items waiting`;
+  const empty = $empty();
+  empty.hidden = n > 0;
+  if (state.loaded && empty.dataset.state !== "loaded") {
+    empty.dataset.state = "loaded";
+    empty.textContent = NOTHING_WAITING;
+  }
+  if (state.loaded || n > 0) document.getElementById("count").textContent = n === 1 ? "1 item waiting" : `${n} items waiting`;
   document.title = n > 0 ? `(${n}) ${state.title}` : state.title;
 }
 
@@ -585,6 +594,7 @@ async function main() {
   ready = true;
   queue.splice(0).forEach(accept);
   state.loaded = true;
+  updateEmpty();
   state.reach = new Reach({ nc: state.nc, prefix: cfg.prefix, principal: cfg.principal, synopsis: cfg.notify_synopsis === true, registration });
   state.reach.start();
   window.pgwReach = state.reach; // for the bus-leg test of the push subscription (tests/test_surface_push.py)
@@ -604,6 +614,7 @@ async function main() {
 
 main().catch((e) => {
   setConn("offline", "Not connected");
+  if (!state.loaded) $empty().hidden = true; // it said "connecting"; the banner below says why not
   const box = document.getElementById("fatal");
   box.hidden = false;
   box.textContent = `Could not connect to the gateway: ${e.message}`;
