@@ -33,6 +33,12 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from subjects.approval import Decision, approval_moment, decision_of
+from subjects.approvals import (
+    ApprovalsReply,
+    ApprovalsRequest,
+    approvals_reply_decoder,
+    approvals_subject,
+)
 from subjects.creds import connect_options
 from subjects.errors import NoConnectionError, RefusedError
 from subjects.idp import canonical_id
@@ -680,6 +686,13 @@ class Surface:
 
     async def reject_question(self, item: BindingMomentItem, objection: str | None = None) -> ResolveReply:
         return await self.resolve(item.moment_id, DialogueVeto(objection=objection))
+
+    async def approvals(self, revoke: str | None = None) -> ApprovalsReply:
+        """Her live standing approvals (docs/gate.md "Standing approvals"), or ``revoke`` the one of that scope_id."""
+        req = ApprovalsRequest(op="revoke", scope_id=revoke) if revoke else ApprovalsRequest(op="list")
+        msg = await self.nc.request(approvals_subject(self.subjects.prefix, self.principal), _enc.encode(req),
+                                    timeout=self.timeout)
+        return approvals_reply_decoder.decode(msg.data)
 
 
 __all__ = [

@@ -30,10 +30,17 @@ from nats.errors import TimeoutError as NatsTimeout
 from pgwcore.identity import creds_connect_options, read_creds
 from pgwcore.logs import get_logger
 from pgwcore.tls import TlsFiles
+from subjects.approvals import (
+    ApprovalsReply,
+    ApprovalsRequest,
+    approvals_reply_decoder,
+    approvals_subject,
+)
 from subjects.errors import PgwError
 from subjects.names import Subjects, principal_token
 from subjects.util import now_rfc3339, parse_rfc3339
 from subjects.wire import (
+    Refusal,
     Resolution,
     ResolveReply,
     ResolveRequest,
@@ -297,6 +304,16 @@ class SurfaceFeed:
                 self.watch.on_reconnect.remove(resync)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def approvals(self, revoke: str | None = None) -> ApprovalsReply:
+        """Her standing approvals, or ``revoke`` one (docs/gate.md "Standing approvals"); a refusal if none answers."""
+        req = ApprovalsRequest(op="revoke", scope_id=revoke) if revoke else ApprovalsRequest(op="list")
+        try:
+            msg = await self._guard(self.nc.request(approvals_subject(self.subjects.prefix, self.principal),
+                                                    msgspec.json.encode(req), timeout=self.timeout))
+            return approvals_reply_decoder.decode(msg.data)
+        except (NoRespondersError, NatsTimeout):
+            return ApprovalsReply(ok=False, refusal=Refusal(code="timeout", reason="the gateway did not answer"))
 
     async def resolve(self, moment_id: str, resolution: Resolution) -> ResolveReply:
         """Send the principal's answer; return the gateway's reply (accepted or why refused)."""

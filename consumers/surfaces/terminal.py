@@ -2,7 +2,8 @@
 
 Interactive mode is a full-screen arrow-key picker (spec 000 §9.2): ↑/↓ (or
 1-4) pick an option, ``f`` opens the answer-space hatch, ``d`` the
-question-space hatch, Enter answers, ←/→ switch between pending items. The
+question-space hatch, Enter answers, ←/→ switch between pending items, ``s``
+lists her standing approvals (``r`` revokes the chosen one). The
 gateway's reply (accepted, or why refused) is shown on the status line.
 
 ``--json`` mode is for scripts: one JSON object per line on stdout
@@ -22,7 +23,7 @@ import termios
 import threading
 import tty
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import msgspec
 
@@ -35,7 +36,16 @@ from consumers.surfaces.model import (
     plan_item,
     plan_to_builtins,
 )
-from consumers.surfaces.text import HATCH_KEYS, WHOLE_KEY, Style, render_plan
+from consumers.surfaces.text import (
+    HATCH_KEYS,
+    STANDING_HELP,
+    STANDING_KEY,
+    WHOLE_KEY,
+    Style,
+    describe_standing,
+    render_plan,
+    render_standing,
+)
 from subjects.wire import (
     ClarificationAnswers,
     DialogueVeto,
@@ -47,6 +57,9 @@ from subjects.wire import (
 )
 
 # Refusal codes of the resolution service, in words a principal understands.
+if TYPE_CHECKING:
+    from subjects.approvals import StandingApproval
+
 REFUSAL_TEXT = {
     "already_resolved": "already answered (on another device or surface)",
     "expired": "this moment expired before your answer arrived",
@@ -234,6 +247,8 @@ class TerminalSurface:
         self.current = 0
         self.selected: dict[str, int | None] = {}
         self.whole: set[str] = set()  # moments whose arguments are shown in full
+        self.standing: list[StandingApproval] | None = None  # her standing approvals while that view is open
+        self.standing_sel = 0
         self.scroll = 0
         self.prompt: Prompt | None = None
         self.status = "Connecting…"
@@ -274,9 +289,11 @@ class TerminalSurface:
         count = f" {len(keys)} pending" + (f" · item {self.current + 1}/{len(keys)} (←/→)" if len(keys) > 1 else "")
         top = [head + st(count, "dim"), ""]
         cur = self.current_plan()
-        if cur is None:
+        if self.standing is not None:
+            body, help_ = render_standing(self.standing, self.standing_sel, st, width), STANDING_HELP
+        elif cur is None:
             body = [st("Nothing is waiting for you. New moments appear here as agents send them.", "dim")]
-            help_ = "q quit"
+            help_ = f"{STANDING_KEY} standing approvals · q quit"
         else:
             key, plan = cur
             body = render_plan(plan, width=width, color=st.color, selected=self.selected.get(key), whole=key in self.whole)
@@ -303,10 +320,10 @@ class TerminalSurface:
             parts += [f"{HATCH_KEYS[h.kind]} {h.label.lower()}" for h in plan.hatches]
             if plan.attachments:
                 parts.append(f"{WHOLE_KEY} arguments in full")
-            return " · ".join([*parts, "q quit"])
+            return " · ".join([*parts, f"{STANDING_KEY} standing approvals", "q quit"])
         if isinstance(plan, ClarificationPlan):
-            return "Enter answer the questions · q quit"
-        return "x dismiss · q quit"
+            return f"Enter answer the questions · {STANDING_KEY} standing approvals · q quit"
+        return f"x dismiss · {STANDING_KEY} standing approvals · q quit"
 
     def draw(self) -> None:
         self.out.write(self.frame())
@@ -320,6 +337,9 @@ class TerminalSurface:
         cur = self.current_plan()
         if key in ("quit", "char:q"):
             self.quit.set()
+            return
+        if key == "char:" + STANDING_KEY or self.standing is not None:
+            await self.handle_standing(key)
             return
         if key in ("left", "right"):
             n = len(self.board)
@@ -369,6 +389,26 @@ class TerminalSurface:
         elif key == "char:x":
             self.board.pop(mkey, None)
             self.status = "Dismissed."
+
+    async def handle_standing(self, key: str) -> None:
+        """Her standing approvals (docs/gate.md): ``s`` opens the list (asked afresh) and closes it, ↑/↓ choose,
+        ``r`` revokes the chosen one; Esc closes it too."""
+        if key in ("esc", "char:" + STANDING_KEY) and self.standing is not None:
+            self.standing = None
+            return
+        if key == "char:" + STANDING_KEY or (key == "char:r" and self.standing):
+            revoke = self.standing[self.standing_sel].scope_id if key == "char:r" and self.standing else None
+            reply = await self.feed.approvals(revoke=revoke)
+            if revoke is not None:
+                self.status = (f"Revoked: {describe_standing(reply.revoked)}. The next such call asks you again."
+                               if reply.ok and reply.revoked else f"Not revoked: {reply.refusal.reason if reply.refusal else '?'}")
+                reply = await self.feed.approvals()
+            if not reply.ok:
+                self.status = f"The standing approvals could not be read: {reply.refusal.reason if reply.refusal else '?'}"
+            self.standing = list(reply.approvals or [])
+            self.standing_sel = max(0, min(self.standing_sel, len(self.standing) - 1))
+        elif self.standing and key in ("up", "down"):
+            self.standing_sel = (self.standing_sel + (1 if key == "down" else -1)) % len(self.standing)
 
     async def handle_prompt(self, key: str) -> None:
         p = self.prompt

@@ -10,6 +10,7 @@ they survive a monochrome terminal, a screen reader and a log file.
 from __future__ import annotations
 
 import textwrap
+from typing import TYPE_CHECKING
 
 from consumers.surfaces.model import (
     AuthorizationPlan,
@@ -20,9 +21,15 @@ from consumers.surfaces.model import (
     WithdrawPlan,
 )
 
+if TYPE_CHECKING:
+    from subjects.approvals import StandingApproval
+
 HATCH_KEYS = {"free_text": "f", "dialogue": "d"}
 WHOLE_KEY = "w"  # shows a gateway-made moment's arguments in full (and hides them again)
 RECOMMENDER = {"agent": "the agent", "gateway": "the gateway's policy"}
+STANDING_KEY = "s"  # her standing approvals: list them, revoke one (docs/gate.md "Standing approvals")
+STANDING_HELP = "↑/↓ choose · r revoke · s or Esc back · q quit"
+STANDING_KIND = {"session": "Allow for this session", "hour": "Allow for an hour"}
 
 _SGR = {
     "bold": "1",
@@ -165,3 +172,23 @@ def render_plan(plan: Plan, *, width: int = 80, color: bool = False, selected: i
         case WithdrawPlan():
             return [st(f"Moment {plan.moment_id[:12]}… withdrawn ({plan.reason})", "dim")]
     return [repr(plan)]
+
+
+def describe_standing(a: StandingApproval) -> str:
+    """One standing approval in her words: what runs without asking, by whom, where, until when."""
+    where = "in this session only" if a.kind == "session" else "in any session"
+    return (f"{STANDING_KIND[a.kind]}: {a.tool or a.action} by agent {a.agent} on files directly in "
+            f"\"{a.folder}\", {where}, until {a.expires_at}")
+
+
+def render_standing(approvals: list[StandingApproval], selected: int, st: Style, width: int) -> list[str]:
+    """The terminal's standing-approvals view: each one numbered, the chosen one marked for ``r``."""
+    out = [st("Standing approvals", "cyan", "bold"),
+           st("Calls these cover run without asking you; revoke one and the next such call asks again.", "dim"), ""]
+    if not approvals:
+        return [*out, st("You have no standing approvals.", "dim")]
+    for i, a in enumerate(approvals):
+        line = _wrap(describe_standing(a), width - 2, "      ", f"{'›' if i == selected else ' '} {i + 1}. ")
+        out += [st(line[0], "rev") if i == selected else line[0], *line[1:]]
+        out.append(st(f"      id {a.scope_id} · granted {a.granted_at}", "dim"))
+    return out
