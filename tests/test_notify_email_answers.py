@@ -76,7 +76,7 @@ class Bed:
 
 @contextlib.asynccontextmanager
 async def running(tmp_path: Path, make_config, nats_server, nc, monkeypatch, *, pipeline: dict[str, Any] | None = None,
-                  **alice: Any) -> AsyncIterator[Bed]:
+                  kernel: dict[str, Any] | None = None, **alice: Any) -> AsyncIterator[Bed]:
     monkeypatch.setenv("PGW_ANSWER_KEY", KEY)
     with smtp_server(tmp_path) as relay:
         mail = {"web_push": False, "answer_by_email": True}
@@ -91,6 +91,8 @@ async def running(tmp_path: Path, make_config, nats_server, nc, monkeypatch, *, 
                                      "agents": {"planner": {"principals": ["alice", "bob"]}}}
         if pipeline:
             overrides["pipeline"] = pipeline
+        if kernel:
+            overrides["kernel"] = kernel
         config = make_config(**overrides)
         gw_nc = await connect(nats_server.client_url, name="gateway")
         n_nc = await connect(nats_server.client_url, name="notifier")
@@ -320,6 +322,66 @@ async def test_the_mail_never_carries_a_redacted_secret(tmp_path, make_config, n
         assert "Rotate the deploy key" in text and "Harbor Accounting" in htm
         jobs = [j for k in await bed.notifier.store.job_keys() if (j := await bed.notifier.store.get_job(k))]
         assert all(secret not in (j[0].surface_item or "") for j in jobs)
+
+
+async def test_a_gateway_made_moment_says_who_recommends_and_shows_the_arguments_whole(
+        tmp_path, make_config, nats_server, nc, monkeypatch) -> None:
+    """The approval moment of a gated write (the kernel's, through the bus) is mailed saying the gateway asks and its
+    policy recommends Deny (never the agent), with its four answers; a 5,000-character argument is previewed in the
+    mail and shown whole on the page its link opens (a GET that answers nothing, a POST refused) and on every
+    confirmation page; answering Allow for this session from the mail grants a standing approval."""
+    from subjects.approvals import ApprovalsRequest, approvals_reply_decoder, approvals_subject
+    from subjects.gate import act_result_decoder
+    from subjects.idp import HemPending
+    from tests.kernel_support import Issuer, idp, policy_dir
+    from tests.test_gate_scopes import POLICY, Files
+
+    issuer = Issuer(tmp_path / "issuer")
+    files = Files(nc)
+    kernel = {"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path, POLICY)),
+              "executors": {"files": {"actions": ["WriteFile"], "timeout_s": 2.0}}, "gate_sweep_s": 0}
+    path = "/home/alice/notes/long.txt"
+    content = "".join(f"line {i:04d} of the long draft\n" for i in range(180)) + "THE LAST LINE"
+    async with files.ex, running(tmp_path, make_config, nats_server, nc, monkeypatch, kernel=kernel) as bed:
+        so = "6f1c2a9e-3b7d-4e5f-8a90-1b2c3d4e5f60"
+        token, jti = issuer.mandate(agent="planner", so_id=so, principal="alice", actions=["WriteFile"])
+        rec = idp(so_id=so, mandate_id=jti, step=1, action="WriteFile", hem_urgency="REQUIRED")
+        body = {"mandate": token, "action": "WriteFile", "idp": rec,
+                "arguments": {"tool": "write_file", "arguments": {"path": path, "content": content}}}
+        reply = await nc.request("pgw.agent.planner.act", msgspec.json.encode(body), timeout=15)
+        assert isinstance(act_result_decoder.decode(reply.data), HemPending)
+        mail = await bed.mail()
+        text, htm = parts(mail)
+        for part in (" ".join(text.split()), htm):
+            assert "The gateway asks your approval before agent planner acts." in part
+            assert "asks your approval before it acts" not in part and "recommended by the agent" not in part
+            assert part.count("★ recommended by the gateway&#x27;s policy" if part is htm
+                              else "★ recommended by the gateway's policy") == 1
+            assert "idp.hem" not in part and "THE LAST LINE" not in part, "the mail previews; the page shows whole"
+        assert re.search(r"Deny</b> <span class=\"recommended\"", htm), "the mark is on Deny"
+        links = answer_links(mail)
+        assert sorted(links) == ["arguments", "dialogue", "free_text", "o0", "o1", "o2", "o3"]
+        chars = f"{len(content) + len(path):,} characters"
+        assert f"Show the arguments in full ({chars})</a>" in htm
+        assert f"Show the arguments in full ({chars}): {links['arguments']}" in text
+        assert "[w]" not in text, "no terminal key in a mail"
+        status, page = await get(links["arguments"])
+        assert status == 200 and "THE LAST LINE" in page and "line 0179 of the long draft" in page
+        assert "<form" not in page, "the arguments page answers nothing"
+        status, page = await post(links["arguments"])
+        assert status == 409 and 'data-code="not_answerable"' in page
+        status, page = await get(links["o2"])
+        assert status == 200 and "Option 3: Allow for this session" in page and "THE LAST LINE" in page
+        status, page = await post(links["o2"])
+        assert status == 200 and "Answer sent" in page
+
+        async def granted() -> list[Any]:
+            msg = await nc.request(approvals_subject("pgw", "alice"), msgspec.json.encode(ApprovalsRequest(op="list")),
+                                   timeout=10)
+            return approvals_reply_decoder.decode(msg.data).approvals or []
+
+        (standing,) = await until(granted, timeout=10, what="the standing approval granted from the mail")
+        assert (standing.kind, standing.folder, standing.tool) == ("session", "/home/alice/notes", "write_file")
 
 
 # -- units: the rendering of plans the gateway never sends whole -----------------------

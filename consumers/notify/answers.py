@@ -11,7 +11,8 @@ surface), with one link per option and one per open hatch.
   moment and the chosen answer; only the page's POST answers.
 - **Links carry a token**: ``base64url(claims) "." base64url(HMAC-SHA256)``,
   the claims binding the principal, the moment, the answer (``o0``..``o3``,
-  ``free_text``, ``dialogue``, ``answers``), the expiry and a per-mail nonce.
+  ``free_text``, ``dialogue``, ``answers``; or ``arguments``, which only
+  shows), the expiry and a per-mail nonce.
   The key is a file (0600) or ``$PGW_ANSWER_KEY``, never the TOML. A forged,
   expired, used or foreign token (another principal's or another moment's,
   pasted into this URL) gets a page saying which, and answers nothing.
@@ -24,6 +25,13 @@ surface), with one link per option and one per open hatch.
   connection made with P's own credentials when ``pgw creds`` wrote them
   (``{creds_dir}/principal-P.creds``), so the server lets it answer only P's
   moments; on an open development server the notifier's own connection.
+- **A gateway-made moment tells who recommends and shows what would run**
+  (docs/surfaces.md renderer invariants 8 and 9): its recommendation is
+  marked as the gateway's policy's, never the agent's; its attached
+  arguments (the plan's ``attachments``, docs/gate.md "What the principal
+  sees") are never clipped: the mail links to a page showing them whole
+  (``arguments``, a GET that answers nothing), and every confirmation page
+  shows them whole above the button that answers.
 - Only what the gateway put on P's surface subject (already redacted, spec
   002 SR-1) is mailed or shown; the page reads the moment again from
   ``principal.P.pending`` (the gateway's record), so a moment answered
@@ -63,6 +71,7 @@ from consumers.surfaces.model import (
     WithdrawPlan,
     plan_item,
 )
+from consumers.surfaces.text import RECOMMENDER
 from pgwcore.logs import get_logger
 from pgwcore.streams import ensure_kv
 from subjects.client import Surface
@@ -87,6 +96,7 @@ USED_TTL_S = 31 * 86400.0  # longer than any token lives (notifier.answer_link_t
 KEY_ENV = "PGW_ANSWER_KEY"
 _DOMAIN = b"pgw-answer-link/v1\n"  # the MAC covers this label too: a token of no other kind verifies
 CHOICES = ("o0", "o1", "o2", "o3", "free_text", "dialogue", "answers")
+WHOLE = "arguments"  # the link to a gateway-made moment's arguments in full: it shows, never answers
 MAX_TEXT = 4000
 
 
@@ -132,7 +142,7 @@ def load_answer_key(config: Config) -> bytes:
 class Claims(msgspec.Struct, forbid_unknown_fields=True):
     p: str  # principal
     m: str  # moment id
-    c: str  # the answer: o0..o3, free_text, dialogue, answers
+    c: str  # the answer: o0..o3, free_text, dialogue, answers; or WHOLE (shows the arguments, answers nothing)
     x: int  # expires, seconds since the epoch
     n: str  # nonce of the mail
 
@@ -201,6 +211,11 @@ def choice_text(plan: Plan, choice: str) -> str:
     return "Answer the questions"
 
 
+def arguments_chars(plan: Plan) -> int:
+    """How many characters a gateway-made moment's attached arguments hold (0: none attached)."""
+    return sum(a.chars for a in plan.attachments) if isinstance(plan, DecisionPlan) else 0
+
+
 def answer_choices(plan: Plan) -> list[str]:
     """One link per option and per open hatch (spec 000 §9.1); one for a clarification; none for anything else."""
     if isinstance(plan, DecisionPlan):
@@ -231,6 +246,7 @@ _CSS = {
     "h1": "font-size:20px;margin:0 0 12px",
     "box": "display:block;width:100%;max-width:100%;box-sizing:border-box;font:inherit;margin-top:4px",
     "pre": "white-space:pre-wrap;overflow-wrap:anywhere",
+    "dd": "margin:4px 0 12px",
 }
 # The pages' dark scheme (prefers-color-scheme), matched on the very inline style it overrides, so
 # the two cannot drift; mail clients drop <style>, the mail stays light. Every pair keeps 4.5:1.
@@ -252,8 +268,24 @@ def _st(name: str) -> str:
     return f' style="{_CSS[name]}"'
 
 
-def plan_html(plan: Plan, links: dict[str, str] | None = None, zone: ZoneInfo | None = None) -> str:
-    """The moment as an HTML fragment (inline styles: mail clients drop style sheets); times in ``zone``."""
+def arguments_html(plan: DecisionPlan, links: dict[str, str], whole: bool) -> str:
+    """A gateway-made moment's attached arguments: in full (``whole``), else the link to them, else where to read them."""
+    chars = arguments_chars(plan)
+    if whole:
+        out = [f'<h2 class="arguments"{_st("h")}>Arguments in full ({chars:,} characters)</h2><dl class="whole">']
+        out += [f"<dt><b>{_e(a.name)}</b> ({a.chars:,} characters)</dt><dd{_st('dd')}><pre{_st('pre')}>{_e(a.text)}</pre></dd>"
+                for a in plan.attachments]
+        return "".join(out) + "</dl>"
+    if WHOLE in links:
+        return (f'<p class="arguments"><a class="whole" href="{_e(links[WHOLE])}"{_st("link")}>Show the arguments '
+                f"in full ({chars:,} characters)</a></p>")
+    return f'<p class="arguments"{_st("meta")}>Each answer link opens a page with the arguments in full.</p>'
+
+
+def plan_html(plan: Plan, links: dict[str, str] | None = None, zone: ZoneInfo | None = None, *,
+              whole: bool = False) -> str:
+    """The moment as an HTML fragment (inline styles: mail clients drop style sheets); times in ``zone``;
+    ``whole``: a gateway-made moment's attached arguments in full (a page), else a link to them (the mail)."""
     out: list[str] = []
     if plan.untrusted:
         out.append(f'<p class="untrusted"{_st("untrusted")}>UNTRUSTED: built from untrusted content; '
@@ -265,8 +297,8 @@ def plan_html(plan: Plan, links: dict[str, str] | None = None, zone: ZoneInfo | 
     links = links or {}
     match plan:
         case DecisionPlan():
-            if plan.hem:
-                out.append(f"<p{_st('meta')}>The agent asks your approval before it acts.</p>")
+            if plan.hem:  # a moment the gateway made: the gateway asks, not the agent
+                out.append(f"<p{_st('meta')}>The gateway asks your approval before agent {_e(plan.agent)} acts.</p>")
             if plan.calibration_note:
                 out.append(f"<p{_st('meta')}>Note: {_e(plan.calibration_note)}</p>")
             # spec 000 §9.1: all four briefing slots, each under its own heading.
@@ -274,11 +306,14 @@ def plan_html(plan: Plan, links: dict[str, str] | None = None, zone: ZoneInfo | 
             for title, items in (("Findings", plan.findings), ("Recommendations", plan.recommendations)):
                 body = "".join(f"<li>{_e(x)}</li>" for x in items) or "<li>(none)</li>"
                 out.append(f'<h2{_st("h")}>{title}</h2><ul class="{title.lower()}">{body}</ul>')
+                if title == "Findings" and plan.attachments:
+                    out.append(arguments_html(plan, links, whole))
             out.append(f'<h2{_st("h")}>Offer</h2><p class="offer">{_e(plan.offer)}</p>')
             out.append(f'<p class="stem"{_st("stem")}>{_e(plan.stem)}</p>')
             for opt in plan.options:
                 # §9.1: the recommendation is marked, never pre-selected: every link looks the same.
-                badge = f' <span class="recommended"{_st("badge")}>★ recommended</span>' if opt.recommended else ""
+                badge = (f' <span class="recommended"{_st("badge")}>★ recommended by '
+                         f"{_e(RECOMMENDER[plan.recommended_by])}</span>" if opt.recommended else "")
                 link = links.get(f"o{opt.index}")
                 a = f'<a class="answer" href="{_e(link)}"{_st("link")}>Choose option {opt.index + 1}</a>' if link else ""
                 out.append(f'<div class="option"{_st("option")}><b>{opt.index + 1}. {_e(opt.label)}</b>{badge}'
@@ -313,20 +348,26 @@ def plan_html(plan: Plan, links: dict[str, str] | None = None, zone: ZoneInfo | 
 
 def plan_text(plan: Plan, links: dict[str, str] | None = None, zone: ZoneInfo | None = None) -> str:
     """The plain-text part: the terminal's rendering (consumers/surfaces/text.py) and the links; times in ``zone``."""
-    from consumers.surfaces.text import HATCH_KEYS, render_plan
+    from consumers.surfaces.text import HATCH_KEYS, WHOLE_KEY, render_plan
 
     # The terminal binds the hatches to keys; in a mail each is a link below instead.
     keys = {f"  [{k}] " for k in HATCH_KEYS.values()}
     lines = [f"  • {ln[6:]}" if ln[:6] in keys else ln for ln in render_plan(plan, width=76, color=False)]
+    links = links or {}
+    # The terminal shows the arguments in full on a key; the mail links to a page that shows them.
+    whole = f"  [{WHOLE_KEY}] show the arguments in full"
+    where = (f"  Show the arguments in full ({arguments_chars(plan):,} characters): {links[WHOLE]}" if WHOLE in links
+             else "  Each answer link opens a page with the arguments in full.")
+    lines = [where if ln.startswith(whole) else ln for ln in lines]
     # The terminal shows raw UTC times; the mail says them in the principal's zone.
     if expires := getattr(plan, "expires_at", None):
         lines = [ln.replace(f"Answer before {expires}", f"Answer before {when(expires, zone)}") for ln in lines]
     if plan.created_at:
         lines = [ln.replace(plan.created_at, when(plan.created_at, zone)) for ln in lines]
-    links = links or {}
-    if links:
+    answers = {c: url for c, url in links.items() if c != WHOLE}
+    if answers:
         lines += ["", "Answer (each link opens a confirmation page; nothing is answered until you confirm):"]
-        lines += [f"  {choice_text(plan, c)}: {url}" for c, url in links.items()]
+        lines += [f"  {choice_text(plan, c)}: {url}" for c, url in answers.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -412,8 +453,9 @@ class AnswerLinks:
             exp = min(exp, moment_expires)
         nonce = secrets.token_hex(12)
         mid = getattr(plan, "moment_id", "")
+        choices = answer_choices(plan) + ([WHOLE] if arguments_chars(plan) else [])
         links = {c: self.url(principal, mid, c, self.tokens.mint(Claims(principal, mid, c, int(exp), nonce)))
-                 for c in answer_choices(plan)}
+                 for c in choices}
         zone = self.cfg.for_principal(principal).zone
         until = when(exp, zone)
         text = plan_text(plan, links, zone)
@@ -477,7 +519,7 @@ class AnswerLinks:
             raise TokenRefused("foreign", 403, "This answer link belongs to another principal, moment or answer. "
                                "Nothing was answered.")
         pc = self.cfg.principals.get(claims.p)
-        if pc is None or not pc.answer_by_email or claims.c not in CHOICES:
+        if pc is None or not pc.answer_by_email or claims.c not in (*CHOICES, WHOLE):
             raise TokenRefused("not_enabled", 403, "Answering by e-mail is not turned on for this principal. "
                                "Nothing was answered.")
         if await self._is_used(claims):
@@ -519,7 +561,7 @@ class AnswerLinks:
         for item in await surface.pending():
             if getattr(item, "moment_id", None) == claims.m:
                 plan = plan_item(item)
-                if answer_choices(plan) and claims.c in answer_choices(plan):
+                if claims.c in answer_choices(plan) or (claims.c == WHOLE and arguments_chars(plan)):
                     return plan
                 raise TokenRefused("not_answerable", 409, "This moment cannot be answered with this link.")
         raise TokenRefused("gone", 410, "This decision no longer waits: it was answered (here or on another "
@@ -554,7 +596,14 @@ class AnswerLinks:
         except Exception:
             log.exception("answer page failed")
             return self._refusal(UNREACHABLE)
-        body = self._form(plan, claims) + "<hr>" + plan_html(plan, zone=self.cfg.for_principal(claims.p).zone)
+        zone = self.cfg.for_principal(claims.p).zone
+        if claims.c == WHOLE:
+            body = ("<h2>The arguments in full</h2><p>The tool receives them exactly as sent; what looks like a secret "
+                    "is shown as [REDACTED] here. To answer, use a link in the e-mail.</p><hr>"
+                    + plan_html(plan, zone=zone, whole=True))
+            return web.Response(text=page("The arguments in full", body), content_type="text/html")
+        # The page shows the arguments in full above nothing but the moment: she answers what will run.
+        body = self._form(plan, claims) + "<hr>" + plan_html(plan, zone=zone, whole=True)
         return web.Response(text=page("Confirm your answer", body), content_type="text/html")
 
     def _resolution(self, plan: Plan, claims: Claims, form: Any) -> Resolution:
@@ -582,6 +631,9 @@ class AnswerLinks:
 
         try:
             claims = await self._check(request)
+            if claims.c == WHOLE:
+                raise TokenRefused("not_answerable", 409, "This link shows the arguments; it answers nothing. "
+                                   "Nothing was answered.")
             plan = await self._moment(claims)
             resolution = self._resolution(plan, claims, await request.post())
             try:
