@@ -27,8 +27,11 @@ principal sees"):
   said and attached whole to the card (:func:`attachment`, the surface
   item's conventional payload), so nothing she approves is silently clipped.
 
-Options are approve (index 0) and deny (index 1), both with reasoning; both
-hatches open.
+Options are Approve (index 0) and Deny (index 1), both with reasoning; both
+hatches open. On the approval moment of a gated call whose asked path is a
+clean path the kernel adds two more after them (``scopes.with_options``):
+Allow for this session (2) and Allow for an hour (3), the standing approvals
+of docs/gate.md, which the principal lists and revokes on her surfaces.
 """
 
 from __future__ import annotations
