@@ -24,12 +24,14 @@ each message is re-driven to one target:
   downstream subjects (surface, outcome, verdict, capsule, log) is refused:
   that would forge the gateway's output.
 
-A processed turn that held a secret is no longer in ``PGW_INBOUND`` as
-sent (gateway/pipeline.py; docs/security.md "Data at rest"): a range of
-``PGW_INBOUND`` reads its redacted form from ``PGW_INBOUND_REDACTED`` at the
-turn's own sequence, subject and ``Nats-Msg-Id``. Re-driven, it is answered
-from the dedup record of its correlationId like the turn itself; run as new,
-it is the redacted turn the gateway processed, never the secret.
+A message that held a secret is no longer in ``PGW_INBOUND`` as sent once
+the gateway is done with it (a turn answered or dead-lettered, a transition
+report recorded: gateway/at_rest.py; docs/security.md "Data at rest"): a
+range of ``PGW_INBOUND`` reads its redacted form from ``PGW_INBOUND_REDACTED``
+at the message's own sequence, subject and ``Nats-Msg-Id``. Re-driven, an
+answered turn is answered from the dedup record of its correlationId like the
+turn itself; run as new (a dead-lettered turn, a record expired), it is the
+redacted message, never the secret.
 
 ``dry_run=True`` reads the range and reports, per message, what would be sent
 where, and for the gateway target whether the PGW_DEDUP cache already holds an
@@ -50,7 +52,7 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from consumers.history import StoredMsg, read_stored
-from pgwcore.streams import INBOUND_MSG_ID_HEADER, INBOUND_REDACTED_BUCKET
+from pgwcore.streams import INBOUND_MSG_ID_HEADER, INBOUND_REDACTED_BUCKET, INBOUND_SUBJECT_HEADER
 from subjects.errors import PgwError, SubjectError
 from subjects.names import Subjects
 
@@ -133,7 +135,7 @@ def subject_matches(pattern: str, subject: str) -> bool:
 
 
 async def redacted_turns(nc: Client, rng: ReplayRange, prefix: str) -> list[StoredMsg]:
-    """The redacted forms of processed turns of ``PGW_INBOUND`` in ``rng``, as the turns were stored."""
+    """The redacted forms of settled messages of ``PGW_INBOUND`` in ``rng``, as the messages were stored."""
     js = nc.jetstream()
     stream, pre = f"KV_{INBOUND_REDACTED_BUCKET}", f"$KV.{INBOUND_REDACTED_BUCKET}."
     try:
@@ -145,13 +147,18 @@ async def redacted_turns(nc: Client, rng: ReplayRange, prefix: str) -> list[Stor
     out: list[StoredMsg] = []
     async for m in read_stored(nc, stream, from_seq=info.state.first_seq or 1, to_seq=info.state.last_seq):
         agent, _, seq = m.subject[len(pre):].rpartition(".")
-        subject = f"{prefix}.agent.{agent}.envelope"
+        # The message's own subject, one of the agent's two inputs (a copy without it is an envelope's).
+        inputs = (f"{prefix}.agent.{agent}.envelope", f"{prefix}.agent.{agent}.transition")
+        subject = m.headers.get(INBOUND_SUBJECT_HEADER, inputs[0])
+        if subject not in inputs:
+            continue
         if not seq.isdigit() or (rng.subject and not subject_matches(rng.subject, subject)):
             continue
         n = int(seq)
         if (rng.from_seq and n < rng.from_seq) or (rng.to_seq and n > rng.to_seq):
             continue
-        headers = {k: v for k, v in m.headers.items() if k != INBOUND_MSG_ID_HEADER and not k.startswith("Nats-")}
+        headers = {k: v for k, v in m.headers.items()
+                   if k not in (INBOUND_MSG_ID_HEADER, INBOUND_SUBJECT_HEADER) and not k.startswith("Nats-")}
         if m.headers.get(INBOUND_MSG_ID_HEADER):
             headers["Nats-Msg-Id"] = m.headers[INBOUND_MSG_ID_HEADER]
         out.append(StoredMsg("PGW_INBOUND", n, subject, m.data, headers, m.time))

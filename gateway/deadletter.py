@@ -15,11 +15,18 @@ A dead letter is three messages, each with a deterministic ``Nats-Msg-Id`` so
 that both paths together, or a crash half-way, still yield each exactly once:
 
 - the record on ``{prefix}.deadletter.PGW_INBOUND`` in stream ``PGW_DEADLETTER``
-  (stream sequence, subject, agent, deliveries, reason; never the body, which
-  is unredacted and stays in PGW_INBOUND at that sequence for ``pgw replay``);
+  (stream sequence, subject, agent, deliveries, reason, the ids redacted;
+  never the body, which stays in PGW_INBOUND at that sequence for ``pgw replay``);
 - an ``engine_failure`` verdict (DESIGN §6: "the gateway could not evaluate"),
   so a capsule;
 - an ``envelope_outcome`` with code ``engine_failure`` to the agent.
+
+Then the turn is settled like an answered one (gateway/at_rest.py; spec 002
+SR-1, docs/security.md "Data at rest"): one that held a secret leaves
+``PGW_INBOUND`` with erase, its redacted form kept in ``PGW_INBOUND_REDACTED``
+at its sequence, which is what ``pgw replay`` re-drives. A crash between the
+record and the erase leaves the turn as sent until the advisory (or a redelivery)
+records it again, which settles it.
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
-from gateway.stages.base import INBOUND_DURABLE
+from gateway.at_rest import ensure_copies, settle_raw
+from gateway.stages.base import INBOUND_DURABLE, Turn
 from pgwcore import metrics
 from pgwcore.logs import get_logger
 from pgwcore.streams import ensure_stream
@@ -43,7 +51,6 @@ if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
     from gateway.app import Gateway
-    from gateway.stages.base import Turn
 
 log = get_logger("pgw.deadletter")
 
@@ -108,6 +115,7 @@ class DeadLetters:
         if not self._enabled:
             return self
         await self._ensure_stream()
+        await ensure_copies(self.gw.js)
         self.gw.failure_hooks.append(self.on_failure)
         advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{SOURCE_STREAM}.{DURABLE}"
         self._sub = await self.gw.nc.subscribe(advisory, queue="pgw-gateway", cb=self._on_advisory)
@@ -151,8 +159,14 @@ class DeadLetters:
             traceparent=turn.traceparent,
             reason=f"processing failed on each of {turn.num_delivered} deliveries (max_deliver)",
         )
-        await msg.term()
+        await self._settle(turn)
+        with contextlib.suppress(Exception):  # erased already: nothing left to redeliver
+            await msg.term()
         return True
+
+    async def _settle(self, turn: Turn) -> None:
+        """The dead letter is recorded: a turn that held a secret leaves PGW_INBOUND (gateway/at_rest.py)."""
+        await settle_raw(self.gw.js, (await self.gw.stage_state.get()).redactor, turn)
 
     async def _on_advisory(self, msg: Msg) -> None:
         try:
@@ -171,17 +185,22 @@ class DeadLetters:
         agent = None
         with contextlib.suppress(Exception):
             agent = self.gw.subjects.parse(subject).token
+        body = (raw.data or b"") if raw is not None else b""
         try:
             await self.record(
                 stream_seq=seq,
                 subject=subject,
                 agent=agent,
                 deliveries=deliveries,
-                body=(raw.data or b"") if raw is not None else b"",
+                body=body,
                 msg_id=headers.get("Nats-Msg-Id"),
                 traceparent=headers.get("traceparent"),
                 reason=f"not acknowledged after {deliveries} deliveries (worker crash or ack_wait exceeded)",
             )
+            if raw is not None and agent:
+                await self._settle(Turn(agent=agent, subject=subject, stream_seq=seq, body=body,
+                                        msg_id=headers.get("Nats-Msg-Id"), traceparent=headers.get("traceparent"),
+                                        num_delivered=deliveries, principal=headers.get("Pgw-Principal")))
         except Exception:
             log.exception("dead-letter recording failed", stream_seq=seq)
 
@@ -198,7 +217,11 @@ class DeadLetters:
         traceparent: str | None,
         reason: str,
     ) -> DeadLetter:
-        envelope_id, correlation_id = _ids(body)
+        # SR-1: the record and the outcome are not scrubbed on the way out (the verdict is), so the ids a
+        # poison turn carries are redacted here; a redacted id is still the agent's to match.
+        red = (await self.gw.stage_state.get()).redactor
+        envelope_id, correlation_id = (red.text(i) if i else None for i in _ids(body))
+        msg_id = red.text(msg_id) if msg_id else None
         seq = str(stream_seq)
         verdict_id = stable_id("engine_failure", SOURCE_STREAM, seq)
         ts = now_rfc3339()

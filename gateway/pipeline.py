@@ -9,12 +9,12 @@ redelivers and the result is the same, once.
 
 A processed turn that held a secret does not stay in ``PGW_INBOUND`` as sent
 (spec 002 SR-1; docs/security.md "Data at rest"): its redacted form is kept in
-the bucket ``PGW_INBOUND_REDACTED`` (key ``{agent}.{stream seq}``, the
-stream's 7 days; what ``pgw replay`` re-drives in its place), then the raw
-message is deleted with erase, then acked. A crash in between redelivers the
-turn, which is answered from its dedup record and settled again. A turn that
-redaction leaves unchanged stays as sent; one the pipeline never finishes
-(dead-lettered) stays as sent for ``pgw replay``.
+the bucket ``PGW_INBOUND_REDACTED`` (what ``pgw replay`` re-drives in its
+place), then the raw message is deleted with erase, then acked
+(gateway/at_rest.py, which settles a dead-lettered turn and a transition
+report the same way). A crash in between redelivers the turn, which is
+answered from its dedup record and settled again. A turn that redaction leaves
+unchanged stays as sent.
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import structlog
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import APIError
 
+from gateway.at_rest import ensure_copies, settle_raw
 from gateway.stages import contract, dedup, kind, limits, payload, redaction, route, shape, trust
 from gateway.stages.base import INBOUND_DURABLE, Ctx, Refuse, Turn
 from gateway.stages.state import StageStateCell, StateHost
@@ -39,7 +38,6 @@ from pgwcore import tracing
 from pgwcore.logs import enabled, get_logger
 from pgwcore.loop import together
 from pgwcore.service import delivery
-from pgwcore.streams import DAY, INBOUND_MSG_ID_HEADER, INBOUND_REDACTED_BUCKET, ensure_kv
 from subjects.errors import SubjectError
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import EnvelopeOutcome, NoticeItem, Outcome, Verdict
@@ -78,20 +76,6 @@ STAGES: list[Stage] = [
 ]
 
 DURABLE = INBOUND_DURABLE
-INBOUND_STREAM = "PGW_INBOUND"
-REDACTED_TTL_S = 7 * DAY  # PGW_INBOUND's own max_age: a copy lives no longer than the turn would have
-
-
-def redacted_turn(red: Any, body: bytes) -> bytes | None:
-    """The turn ``body`` with every secret redacted, or None when redaction changes nothing in it."""
-    try:
-        value = msgspec.json.decode(body)
-    except (msgspec.DecodeError, RecursionError):
-        text = body.decode("utf-8", "replace")
-        out = red.text(text)
-        return None if out == text else out.encode()
-    graph = red.graph(value)
-    return None if graph == value else msgspec.json.encode(graph)
 
 
 class Pipeline:
@@ -259,7 +243,7 @@ class EnvelopeWorker:
 
     async def start(self) -> None:
         cfg = self.gw.config.gateway
-        await ensure_kv(self.gw.js, INBOUND_REDACTED_BUCKET, ttl=REDACTED_TTL_S)
+        await ensure_copies(self.gw.js)
         self._sub = await self.gw.js.pull_subscribe(
             self.gw.subjects.all_agents("envelope"),
             durable=DURABLE,
@@ -344,7 +328,7 @@ class EnvelopeWorker:
                 await msg.nak(delay=1.0)
             return
         try:
-            await self._settle_raw(turn)
+            await settle_raw(self.gw.js, (await self.gw.stage_state.get()).redactor, turn)
         except Exception:  # the turn is answered; the next delivery (answered from dedup) settles it again
             log.exception("redacted copy or erase of a processed turn failed; redelivered", delivered=turn.num_delivered)
             with contextlib.suppress(Exception):
@@ -354,27 +338,6 @@ class EnvelopeWorker:
             await msg.ack()
         for hook in self.gw.timing_hooks:
             hook("turn", time.perf_counter() - t0)
-
-    async def _settle_raw(self, turn: Turn) -> None:
-        """A processed turn that held a secret: keep its redacted form, erase it as sent (module docstring)."""
-        red = (await self.gw.stage_state.get()).redactor
-        try:
-            redacted = redacted_turn(red, turn.body)
-        except RecursionError:  # deeper than redaction walks: the shape stage refused it, kept whole as text
-            text = turn.body.decode("utf-8", "replace")
-            redacted = red.text(text).encode() if red.text(text) != text else None
-        if redacted is None:
-            return
-        # The turn's msg id and principal redacted like the body; traceparent as sent.
-        headers = {INBOUND_MSG_ID_HEADER: red.text(turn.msg_id or ""), "Pgw-Principal": red.text(turn.principal or ""),
-                   "traceparent": turn.traceparent or ""}
-        await self.gw.js.publish(f"$KV.{INBOUND_REDACTED_BUCKET}.{turn.agent}.{turn.stream_seq}", redacted,
-                                 headers={k: v for k, v in headers.items() if v})
-        try:
-            # STREAM.MSG.DELETE without no_erase: the server overwrites the message's bytes.
-            await self.gw.js.delete_msg(INBOUND_STREAM, turn.stream_seq)
-        except APIError as e:  # gone already: a redelivery of a turn settled before
-            log.debug("processed turn already erased", seq=turn.stream_seq, error=str(e))
 
     async def drain(self) -> None:
         """Stop fetching; let the in-flight batch finish. Idempotent."""

@@ -39,12 +39,15 @@ DAY = 86400.0
 # (``gateway.stages.base.envelope_key``), and its outcome and verdict carry
 # ids derived from that key on streams only the services write to.
 INBOUND_DUPLICATE_WINDOW_S = 0.1
-# A processed turn that held a secret leaves PGW_INBOUND; its redacted form is kept in this bucket,
-# key ``{agent}.{stream seq}`` (gateway/pipeline.py), and ``pgw replay`` re-drives it in the turn's
-# place (consumers/replay.py). The copy carries the turn's Nats-Msg-Id under this header: a KV write
-# must not carry its own (the bucket's stream would deduplicate on it).
+# A message of PGW_INBOUND that held a secret leaves it once the gateway is done with it (a turn
+# answered or dead-lettered, a transition report recorded); its redacted form is kept in this bucket,
+# key ``{agent}.{stream seq}`` (gateway/at_rest.py), and ``pgw replay`` re-drives it in the message's
+# place (consumers/replay.py). The copy carries the message's Nats-Msg-Id under this header (a KV write
+# must not carry its own: the bucket's stream would deduplicate on it) and its subject under the next
+# (``agent.{agent}.envelope`` or ``.transition``; a copy without it is an envelope's).
 INBOUND_REDACTED_BUCKET = "PGW_INBOUND_REDACTED"
 INBOUND_MSG_ID_HEADER = "Pgw-Inbound-Msg-Id"
+INBOUND_SUBJECT_HEADER = "Pgw-Inbound-Subject"
 
 
 class StreamConflict(PgwError):

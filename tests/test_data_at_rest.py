@@ -12,6 +12,8 @@ test's folder (the server's store, every service's data folder) and every log
 line is searched: no secret anywhere, no free text anywhere, no plain sha256
 of an answer anywhere; each answer is kept only as the keyed digest
 docs/contract.md names (the verdict's ``text_digest``, the forgotten record).
+A second test does the same for what ``PGW_INBOUND`` keeps past the pipeline:
+a dead-lettered turn and a transition report (gateway/at_rest.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import hmac
 import json
 import os
 import sys
+import uuid
 from email import policy
 from email.parser import BytesParser
 from pathlib import Path
@@ -239,3 +242,105 @@ async def test_secrets_and_free_text_are_gone_from_every_byte_after_the_window(
         streams = {h.split("/streams/")[1].split("/")[0] for h in hits if "/streams/" in h}
         assert len(streams) == len(hits) and streams <= {"PGW_VERDICTS", "KV_PGW_MOMENTS"}, (text, hits)
         assert "KV_PGW_MOMENTS" in streams and ("PGW_VERDICTS" in streams) == (m != m_clar), (text, hits)
+
+
+async def test_a_dead_lettered_turn_and_a_transition_report_leave_no_secret_in_inbound(
+        tmp_path, nats_server, make_config) -> None:
+    """A poison turn holding a configured secret, dead-lettered after max_deliver, and a transition report holding the
+    secret and a secret: token in its effect, once the dead letter and the report are recorded, are in no file under
+    the server's store after a clean shutdown and a restart; pgw replay re-drives the dead letter's redacted copy."""
+    from consumers.replay import Replayer, ReplayRange
+    from pgwcore.streams import INBOUND_REDACTED_BUCKET
+    from subjects.idp import Permit
+    from tests.kernel_support import Issuer, idp, policy_dir, read_log, request
+
+    issuer = Issuer(tmp_path / "issuer")
+    config = make_config(pipeline={"secrets": {"values": [SECRET]}}, gateway={"max_deliver": 2},
+                         kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))})
+    poison = {"type": "error", "envelopeId": "poison", "correlationId": "poison-c",
+              "payload": {"code": "x", "message": f"the vault key is {SECRET}"},
+              "meta": {"source": "ai-generation", "ts": "2026-01-01T00:00:00Z"}}
+
+    async def fail_poison(ctx: Any) -> None:
+        if isinstance(ctx.raw, dict) and ctx.raw.get("envelopeId") == "poison":
+            raise RuntimeError("injected fault")
+
+    gw_nc = await connect(nats_server.client_url, name="gateway")
+    nc = await connect(nats_server.client_url, name="test")
+    js = nc.jetstream()
+    with capture_logs_with_context() as logs:
+        try:
+            async with Gateway(config, gw_nc) as gw:
+                # -- a poison turn: dead-lettered after max_deliver deliveries
+                gw.worker.pipeline.stages.insert(0, fail_poison)
+                ack = await js.publish("pgw.agent.bot.envelope", json.dumps(poison).encode(),
+                                       headers={"Nats-Msg-Id": "bot:poison"})
+
+                async def dead_lettered() -> bool:
+                    return (await js.stream_info("PGW_DEADLETTER")).state.messages == 1
+
+                await until(dead_lettered, timeout=15, what="the poison turn dead-lettered")
+                # -- a transition report with the secret and the token in its effect
+                so = str(uuid.uuid4())
+                token, jti = issuer.mandate(agent="bot", so_id=so)
+                rec = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")
+                assert isinstance(await request(nc, "bot", {"mandate": token, "idp": rec}), Permit)
+                report = {"idp_id": rec["idp_id"], "executed_action": "CloseBooking",
+                          "effect": {"type": "booking.close", "status": "confirmed",
+                                     "request": {"api_key": SECRET}, "response": {"note": f"rotated {TOKEN}"}}}
+                tack = await js.publish("pgw.agent.bot.transition", json.dumps(report).encode(),
+                                        headers={"Nats-Msg-Id": f"bot:{rec['idp_id']}"})
+
+                async def settled() -> bool:  # both recorded, so both erased from PGW_INBOUND
+                    return (await js.stream_info("PGW_INBOUND")).state.messages == 0
+
+                await until(settled, timeout=15, what="the dead letter and the report erased from PGW_INBOUND")
+                # The kernel recorded the report (its request and response as digests in its log).
+                [(_, st)] = await read_log(js, "STATE_TRANSITIONED")
+                assert st.body["idp_id"] == rec["idp_id"] and st.body["effect"]["request_digest"]
+                copies = await js.stream_info(f"KV_{INBOUND_REDACTED_BUCKET}")
+                assert copies.state.messages == 2
+                # -- pgw replay of the range: both at their own sequence and subject, redacted
+                replayer = Replayer(nc, gw.subjects)
+                dry = await replayer.replay(ReplayRange(stream="PGW_INBOUND"), "gateway", dry_run=True)
+                assert [(a.seq, a.subject, a.msg_id) for a in dry.actions] == [
+                    (ack.seq, "pgw.agent.bot.envelope", "bot:poison"),
+                    (tack.seq, "pgw.agent.bot.transition", f"bot:{rec['idp_id']}")]
+                # The fault is fixed; the dead letter is re-driven from its redacted copy and answered.
+                gw.worker.pipeline.stages.remove(fail_poison)
+                again = await replayer.replay(ReplayRange(stream="PGW_INBOUND", from_seq=ack.seq, to_seq=ack.seq),
+                                              "gateway")
+                assert again.counts() == {"published": 1}
+
+                async def answered() -> list[Any] | None:
+                    outs = [json.loads(m.data) for m in await read_stored_all(js, "PGW_OUTBOUND")]
+                    done = [o for o in outs if o.get("envelope_id") == "poison" and o.get("status") == "accepted"]
+                    return done or None
+
+                await until(answered, timeout=15, what="the replayed dead letter answered")
+        finally:
+            await nc.drain()
+            await gw_nc.drain()
+    await nats_server.stop()  # a clean shutdown, then the store read again at a start, and shut down again
+    await nats_server.start()
+    await nats_server.stop()
+    files = every_file(tmp_path)
+    logged = json.dumps([dict(e) for e in logs], default=str).encode()
+    found = {}
+    for needle in (SECRET, TOKEN_BODY):
+        hits = where(files, needle.encode(), tmp_path) + (["logs"] if needle.encode() in logged else [])
+        if hits:
+            found[needle] = hits
+    assert not found, f"found at rest: {found}"
+
+
+async def read_stored_all(js: Any, stream: str) -> list[Any]:
+    """Every message of ``stream``, by message get."""
+    info = await js.stream_info(stream)
+    out = []
+    for seq in range(info.state.first_seq or 1, info.state.last_seq + 1):
+        try:
+            out.append(await js.get_msg(stream, seq))
+        except Exception:  # noqa: BLE001 - deleted
+            continue
+    return out

@@ -40,6 +40,7 @@ import structlog
 from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import Counter
 
+from gateway.at_rest import ensure_copies
 from gateway.kernel.audit import AuditService
 from gateway.kernel.checkpoint import Checkpointer
 from gateway.kernel.denials import Denials
@@ -181,6 +182,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         # Each request's task started as it is read (pgwcore.delivery).
         self._sub = await subscribe_inline(self.gw.rnc, self.subjects.all_agents("idp"), self._spawn, queue=QUEUE)
         await self._gate_start(QUEUE)  # agent.*.act and the sweep of open dispatches (gate.py)
+        await ensure_copies(self.js)  # where a recorded report that held a secret is kept redacted (transitions.py)
         self._psub = await self.js.pull_subscribe(
             self.subjects.all_agents("transition"),
             durable=DURABLE,

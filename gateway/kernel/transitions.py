@@ -6,6 +6,17 @@ Split from ``gateway.kernel.service`` (issue 18): the durable pull consumer
 ``IDP_COMMITMENT_GAP``, and a verdict; a second, different report of one
 IDP is a critical finding, never a second ``STATE_TRANSITIONED``). The methods run on
 :class:`gateway.kernel.service.KernelService`, whose state they share.
+
+Once the kernel has recorded a report (its events and verdict, whatever it
+made of it), a report that held a secret leaves ``PGW_INBOUND`` with erase and
+its redacted form is kept in ``PGW_INBOUND_REDACTED``, then it is acked
+(gateway/at_rest.py; spec 002 SR-1, docs/security.md "Data at rest"). What the
+kernel keeps of it: ``executed_action`` and the effect's type, status,
+``external_ref`` and ``irreversibility_class`` in its signed events as
+reported (spec 003 §5.5), the effect's request and response only as digests;
+the verdict's copy of the effect is SR-1 redacted (``Publisher.verdict``). A
+crash between the record and the ack redelivers the report, which records
+nothing twice and is settled again.
 """
 
 from __future__ import annotations
@@ -19,10 +30,12 @@ import structlog
 from nats.errors import TimeoutError as NatsTimeout
 from prometheus_client import Counter
 
+from gateway.at_rest import settle_raw
 from gateway.kernel.eventlog import Appended, EventLog
 from gateway.kernel.hem import WHY, held_report_moment, held_report_notice
 from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.state import IdpEntry, KernelState
+from gateway.stages.base import Turn
 from pgwcore.logs import get_logger
 from pgwcore.metrics import REGISTRY
 from subjects import jcs
@@ -119,6 +132,8 @@ class TransitionReports:
     """The transition-report methods of :class:`gateway.kernel.service.KernelService` (state lives on the service)."""
 
     nc: Any
+    gw: Any
+    js: Any
     config: Any
     cfg: Any
     subjects: Any
@@ -163,10 +178,18 @@ class TransitionReports:
             structlog.contextvars.clear_contextvars()
             try:
                 agent = self.subjects.parse(msg.subject).token or ""
-                tp = (msg.headers or {}).get("traceparent")
+                headers = msg.headers or {}
+                tp = headers.get("traceparent")
                 structlog.contextvars.bind_contextvars(agent=agent, traceparent=tp)
-                await self.handle_transition(agent, msg.data, msg.metadata.sequence.stream, traceparent=tp)
-                await msg.ack()
+                seq = msg.metadata.sequence.stream
+                await self.handle_transition(agent, msg.data, seq, traceparent=tp)
+                # Recorded: a report that held a secret leaves PGW_INBOUND (module docstring).
+                report = Turn(agent=agent, subject=msg.subject, stream_seq=seq, body=msg.data,
+                              msg_id=headers.get("Nats-Msg-Id"), traceparent=tp,
+                              principal=headers.get("Pgw-Principal"))
+                await settle_raw(self.js, (await self.gw.stage_state.get()).redactor, report)
+                with contextlib.suppress(Exception):  # erased already: nothing left to redeliver
+                    await msg.ack()
             except SubjectError:
                 await msg.term()
             except Exception:

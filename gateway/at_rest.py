@@ -1,0 +1,94 @@
+"""A message of ``PGW_INBOUND`` that held a secret, once the gateway is done with it (spec 002 SR-1).
+
+``PGW_INBOUND`` keeps what agents send for 7 days, readable by ops
+credentials; a secret in it would stay readable at rest (docs/security.md
+"Data at rest"). So once the gateway has recorded what a message caused, the
+message is settled here, the same way whoever read it:
+
+- a turn the pipeline answered (outcome, verdict and dedup record stored;
+  gateway/pipeline.py);
+- a turn given up after ``gateway.max_deliver`` deliveries, once its dead
+  letter is recorded (gateway/deadletter.py, either way in);
+- a transition report, once the kernel has recorded it (its events and
+  verdict; gateway/kernel/transitions.py).
+
+Settling: when redaction changes nothing in the message, it stays as sent.
+Otherwise its redacted form is kept in the bucket ``PGW_INBOUND_REDACTED``
+(key ``{agent}.{stream seq}``, the stream's 7 days), with the message's
+``Nats-Msg-Id`` (redacted) in ``Pgw-Inbound-Msg-Id`` and its subject in
+``Pgw-Inbound-Subject``: what ``pgw replay`` re-drives in its place
+(consumers/replay.py). Then the message is deleted with erase
+(``STREAM.MSG.DELETE`` without ``no_erase`` overwrites its bytes; a limit, a
+purge or an ack would leave them in the block file). The copy is written
+before the erase, so a crash in between leaves both, and the caller's next
+delivery (or advisory) settles it again: both writes are idempotent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from nats.js.errors import APIError
+
+from pgwcore.logs import get_logger
+from pgwcore.streams import (
+    DAY,
+    INBOUND_MSG_ID_HEADER,
+    INBOUND_REDACTED_BUCKET,
+    INBOUND_SUBJECT_HEADER,
+    ensure_kv,
+)
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+
+    from gateway.stages.base import Turn
+
+log = get_logger("pgw.at_rest")
+
+INBOUND_STREAM = "PGW_INBOUND"
+REDACTED_TTL_S = 7 * DAY  # PGW_INBOUND's own max_age: a copy lives no longer than the message would have
+
+
+async def ensure_copies(js: JetStreamContext) -> None:
+    """The bucket of redacted copies, made by whichever part of the gateway starts first."""
+    await ensure_kv(js, INBOUND_REDACTED_BUCKET, ttl=REDACTED_TTL_S)
+
+
+def redacted_turn(red: Any, body: bytes) -> bytes | None:
+    """The message ``body`` with every secret redacted, or None when redaction changes nothing in it."""
+    try:
+        value = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        text = body.decode("utf-8", "replace")
+        out = red.text(text)
+        return None if out == text else out.encode()
+    try:
+        graph = red.graph(value)
+    except RecursionError:  # deeper than redaction walks (the shape stage refuses it): judged whole, as text
+        text = body.decode("utf-8", "replace")
+        out = red.text(text)
+        return None if out == text else out.encode()
+    return None if graph == value else msgspec.json.encode(graph)
+
+
+async def settle_raw(js: JetStreamContext, red: Any, turn: Turn) -> bool:
+    """Keep the redacted form of ``turn`` and erase it as sent, if it held a secret (module docstring).
+
+    True when the message was erased (or was gone already), False when it stays as sent.
+    """
+    redacted = redacted_turn(red, turn.body)
+    if redacted is None:
+        return False
+    # The message's id and principal redacted like the body; traceparent and subject as sent.
+    headers = {INBOUND_MSG_ID_HEADER: red.text(turn.msg_id or ""), "Pgw-Principal": red.text(turn.principal or ""),
+               "traceparent": turn.traceparent or "", INBOUND_SUBJECT_HEADER: turn.subject}
+    await js.publish(f"$KV.{INBOUND_REDACTED_BUCKET}.{turn.agent}.{turn.stream_seq}", redacted,
+                     headers={k: v for k, v in headers.items() if v})
+    try:
+        # STREAM.MSG.DELETE without no_erase: the server overwrites the message's bytes.
+        await js.delete_msg(INBOUND_STREAM, turn.stream_seq)
+    except APIError as e:  # gone already: a redelivery of a message settled before
+        log.debug("inbound message already erased", seq=turn.stream_seq, error=str(e))
+    return True
