@@ -158,3 +158,18 @@ def test_terminal_key_parser_reads_arrows_hatch_keys_and_text() -> None:
     """Arrow escape sequences, Enter, Backspace and typed UTF-8 text are told apart."""
     assert parse_keys(b"\x1b[A\x1b[Bf\r") == ["up", "down", "char:f", "enter"]
     assert parse_keys("é\x7f\x1b".encode()) == ["char:é", "backspace", "esc"]
+
+
+def test_the_demo_shows_the_moment_with_the_answer_keys_of_every_surface() -> None:
+    """`pgw demo` prints its moment as the terminal surface draws it: options numbered from 1, the recommended one
+    marked, `[f]` answer in my own words, `[d]` reject the question (not its old `[0]`, `[w]`, `[x]`)."""
+    from pgwcli.commands.demo import DEMO_MOMENT, render
+    from subjects.wire import BindingMomentItem
+
+    item = msgspec.convert(surface_kit._base("binding_moment", moment_id="d1" * 16, envelope_id="env-d",
+                                             correlation_id="c-d", binding_moment=DEMO_MOMENT), BindingMomentItem)
+    text = render(item)
+    assert "1. Renew annually at 12 seats ★ recommended by the agent" in text
+    assert "3. Let it lapse" in text
+    assert "[f] Answer in my own words" in text and "[d] Reject the question" in text
+    assert not any(old in text for old in ("[0]", "[w]", "[x]"))

@@ -142,7 +142,7 @@ async def test_option_press_answers_the_agent_and_closes_the_message(nats_server
 
 
 async def test_free_text_modal_answers_in_my_words(nats_server, tmp_path, nc) -> None:
-    """"Answer in my words" opens a modal; its submission reaches the agent as a free_text resolution."""
+    """"Answer in my own words" opens a modal; its submission reaches the agent as a free_text resolution."""
     async with bed(nats_server, tmp_path, nc) as b:
         mid = await b.moment()
         msg = await b.posted(mid)
@@ -157,7 +157,7 @@ async def test_free_text_modal_answers_in_my_words(nats_server, tmp_path, nc) ->
 
 
 async def test_question_is_wrong_modal_with_optional_objection(nats_server, tmp_path, nc) -> None:
-    """"The question is wrong" opens a modal whose objection is optional; sent empty, the agent gets a dialogue
+    """"Reject the question" opens a modal whose objection is optional; sent empty, the agent gets a dialogue
     resolution without one."""
     async with bed(nats_server, tmp_path, nc) as b:
         mid = await b.moment()

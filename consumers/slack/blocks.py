@@ -156,8 +156,7 @@ def decision_blocks(plan: DecisionPlan, principal: str, *, live: bool = True) ->
                 f":star: *Recommended by {who}* (option {o.index + 1}; not chosen for you)")]})
     if live and plan.hatches:
         out.append({"type": "actions", "block_id": "pgw_hatches", "elements": [
-            button("Answer in my words" if h.kind == "free_text" else "The question is wrong", h.kind,
-                   {**ref, "k": h.kind})
+            button(h.label, h.kind, {**ref, "k": h.kind})  # the words of every surface (docs/surfaces.md)
             for h in plan.hatches]})
     meta = f"moment `{plan.moment_id}`"
     if plan.expires_at:
@@ -269,7 +268,7 @@ def closed(plan: Plan, principal: str, status: str, detail: str = "") -> tuple[s
 
 
 def free_text_modal(principal: str, moment_id: str, stem: str) -> dict[str, Any]:
-    return _modal("Answer in my words", "pgw_free_text", {"p": principal, "m": moment_id, "k": "free_text"}, [
+    return _modal("Answer in my own words", "pgw_free_text", {"p": principal, "m": moment_id, "k": "free_text"}, [
         *sections(f"Question\n{stem}"),
         {"type": "input", "block_id": "answer", "label": plain("Your answer"),
          "element": {"type": "plain_text_input", "action_id": "text", "multiline": True,
@@ -278,7 +277,7 @@ def free_text_modal(principal: str, moment_id: str, stem: str) -> dict[str, Any]
 
 
 def dialogue_modal(principal: str, moment_id: str, stem: str) -> dict[str, Any]:
-    return _modal("The question is wrong", "pgw_dialogue", {"p": principal, "m": moment_id, "k": "dialogue"}, [
+    return _modal("Reject the question", "pgw_dialogue", {"p": principal, "m": moment_id, "k": "dialogue"}, [
         *sections(f"Question\n{stem}"),
         {"type": "input", "block_id": "objection", "optional": True, "label": plain("Why? (optional)"),
          "element": {"type": "plain_text_input", "action_id": "text", "multiline": True,

@@ -757,7 +757,7 @@ class SlackSurface:
         elif k == "dialogue":
             obj = text("objection") or None
             resolution = DialogueVeto(objection=obj)
-            kept = "The question is wrong" + (" (with an objection)." if obj else ".")
+            kept = "You rejected the question" + (" (with an objection)." if obj else ".")
         elif k == "answers" and isinstance(plan, ClarificationPlan):
             answers = {q.id: text(f"q{n}") for n, q in enumerate(plan.questions)}
             resolution, kept = ClarificationAnswers(answers=answers), "Answered the questions."
@@ -805,7 +805,7 @@ def _echo(res: Resolution | None) -> str | None:
         case FreeTextAnswer(text=t):
             return f"In my words: {t}"
         case DialogueVeto(objection=o) if o:
-            return f"The question is wrong: {o}"
+            return f"You rejected the question: {o}"
     return None
 
 

@@ -7,6 +7,10 @@ credentials folder, and the principal ``--principal`` (``alice``) with hers
 own embedded server and gateway in a temporary folder, and it says so; a
 server that refuses the pair's credentials, or anything else that fails, is
 said in one line and the demo exits 1 (a throw-away server would hide it).
+
+The moment is printed as the terminal surface draws it (consumers/surfaces/text.py), with
+the keys every surface uses: options by number from 1, ``[f]`` answer in my own words,
+``[d]`` reject the question (docs/surfaces.md "One set of answer keys").
 """
 
 from __future__ import annotations
@@ -15,14 +19,15 @@ import argparse
 import asyncio
 import contextlib
 import tempfile
-import textwrap
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import msgspec
 
-from pgwcli.creds import CredsError, Need, mismatch, refusal
+from consumers.surfaces.model import plan_item
+from consumers.surfaces.text import render_plan
 from gateway.security import Party, creds_dir, creds_party
+from pgwcli.creds import CredsError, Need, mismatch, refusal
 from pgwcore.config import Config
 from pgwcore.connect import ConnectError, connect
 from pgwcore.server import EmbeddedServer
@@ -57,26 +62,9 @@ DEMO_MOMENT = {
 
 
 def render(item: BindingMomentItem, width: int = 78) -> str:
-    """Plain-text rendering that keeps spec 000 §9.1's invariants."""
-    bm = item.binding_moment
-    q = bm.question
-    wrap = lambda s, ind="    ": textwrap.fill(s, width, initial_indent=ind, subsequent_indent=ind)  # noqa: E731
-    lines = [f"  From agent {item.agent}" + ("   [UNTRUSTED CONTENT]" if item.untrusted else "")]
-    lines += ["", "  SYNOPSIS", wrap(bm.synopsis), "", "  FINDINGS"]
-    bullet = lambda s: textwrap.fill(s, width, initial_indent="    - ", subsequent_indent="      ")  # noqa: E731
-    lines += [bullet(f) for f in bm.findings]
-    lines += ["", "  RECOMMENDATIONS"] + [bullet(r) for r in bm.recommendations]
-    lines += ["", "  " + bm.offer, "", "  QUESTION", wrap(q.stem), ""]
-    for i, opt in enumerate(q.options):
-        mark = "*" if i == q.recommended_idx else " "
-        tag = "  (recommended)" if i == q.recommended_idx else ""
-        lines.append(f"   {mark} [{i}] {opt.label}{tag}")
-        lines.append(wrap(opt.reasoning, "         "))
-    if q.hatches.free_text:
-        lines.append("     [w] Answer in my own words")
-    if q.hatches.dialogue:
-        lines.append("     [x] Reject the question")
-    return "\n".join(lines)
+    """The moment as the terminal surface shows it (spec 000 §9.1's invariants kept by the shared render
+    model), so the demo teaches the keys of every surface; no colour, since it may go to a file."""
+    return "\n".join(("  " + line).rstrip() for line in render_plan(plan_item(item), width=width - 2))
 
 
 async def nothing_listens(url: str) -> bool:
@@ -183,7 +171,8 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
                 print(render(item))
                 choice = item.binding_moment.question.recommended_idx
                 label = item.binding_moment.question.options[choice].label
-                print(f"\n[surface {args.principal}] -> resolve: option {choice} ({label!r}) on {config.subjects.resolve(args.principal)}")
+                print(f"\n[surface {args.principal}] -> resolve: option {choice + 1}. {label!r} (its index {choice} "
+                      f"on the wire) on {config.subjects.resolve(args.principal)}")
                 reply = await surface.resolve(item.moment_id, OptionChoice(index=choice))
                 print(f"[gateway] -> surface reply: {reply.status}" + (f" ({reply.code}: {reply.reason})" if reply.code else ""))
                 return
