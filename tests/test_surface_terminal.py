@@ -146,6 +146,33 @@ async def test_terminal_removes_a_moment_answered_on_another_device(
         await nc.drain()
 
 
+async def test_terminal_says_connecting_until_the_first_pending_list_answers(
+    nats_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """Until the first pending request is answered the terminal says it is connecting, never "Nothing is waiting
+    for you"; once the (empty) list is in, it says nothing is waiting."""
+    nc = await connect(nats_server.client_url, name="test-slow-gateway")
+    asked: asyncio.Queue[Any] = asyncio.Queue()
+    await nc.subscribe("pgw.principal.alice.pending", cb=asked.put)  # a gateway that answers when told to
+    await nc.flush()
+    child = pexpect.spawn(
+        sys.executable, pgw_argv(nats_server), cwd=str(REPO), env=pgw_env(tmp_path),
+        dimensions=(60, 140), encoding="utf-8", timeout=WAIT,
+    )
+    try:
+        request = await asyncio.wait_for(asked.get(), WAIT)
+        await asyncio.to_thread(child.expect, "Connecting to the gateway")
+        assert "Nothing is waiting" not in child.before
+        await request.respond(b'{"items": []}')
+        await asyncio.to_thread(child.expect, "Nothing is waiting for you")
+        assert "Connecting to the gateway" not in child.before.rsplit("\x1b[2J", 1)[-1]  # the frame drawn last
+        child.send("q")
+        await asyncio.to_thread(child.expect, pexpect.EOF)
+    finally:
+        child.close(force=True)
+        await nc.drain()
+
+
 # ---------------------------------------------------------------------------
 # --json mode: late connection, several devices
 # ---------------------------------------------------------------------------

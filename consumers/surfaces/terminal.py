@@ -252,6 +252,7 @@ class TerminalSurface:
         self.scroll = 0
         self.prompt: Prompt | None = None
         self.status = "Connecting…"
+        self.loaded = False  # the first pending list has answered: until then "connecting", never "nothing waiting"
         self.busy = False
         self.quit = asyncio.Event()
         self._keys: asyncio.Queue[bytes] = asyncio.Queue()
@@ -292,7 +293,8 @@ class TerminalSurface:
         if self.standing is not None:
             body, help_ = render_standing(self.standing, self.standing_sel, st, width), STANDING_HELP
         elif cur is None:
-            body = [st("Nothing is waiting for you. New moments appear here as agents send them.", "dim")]
+            body = [st("Nothing is waiting for you. New moments appear here as agents send them." if self.loaded
+                       else "Connecting to the gateway to see what is waiting for you…", "dim")]
             help_ = f"{STANDING_KEY} standing approvals · q quit"
         else:
             key, plan = cur
@@ -484,7 +486,7 @@ class TerminalSurface:
 
         async def pump() -> None:
             try:
-                async for raw in self.feed.items():
+                async for raw in self.feed.items(on_snapshot=lambda: events.put_nowait(("loaded", None))):
                     events.put_nowait(("item", raw))
             except Exception as e:  # noqa: BLE001 - shown to the principal, then we stop
                 events.put_nowait(("error", str(e)))
@@ -504,6 +506,9 @@ class TerminalSurface:
                 kind, value = await events.get()
                 if kind == "item":
                     self.apply(value)
+                elif kind == "loaded":
+                    self.loaded = True
+                    self.status = "" if self.status == "Connecting…" else self.status
                 elif kind == "key":
                     await self.handle(value)
                 else:
