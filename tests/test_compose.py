@@ -55,7 +55,7 @@ def test_the_image_holds_every_package_pgw_installs():
     include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     packages = {p.rstrip("*") for p in include}
     copied = set(re.findall(r"^COPY (\w+) \./\1$", (ROOT / "Dockerfile").read_text(), re.M))
-    assert "cli" in packages and packages <= copied, f"not copied into the image: {sorted(packages - copied)}"
+    assert "pgwcli" in packages and packages <= copied, f"not copied into the image: {sorted(packages - copied)}"
 
 
 def test_docker_compose_config_accepts_it():
