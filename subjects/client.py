@@ -27,6 +27,7 @@ from typing import Any, Literal
 import msgspec
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -618,9 +619,23 @@ class Surface:
         if self.presence is not None:
             await self.presence.stop()
 
+    async def _request(self, subject: str, body: bytes) -> Any:
+        """A request to the gateway, asked again while nobody is there to take it (the server says so at
+        once: a gateway starting, or its answering connection reconnecting after a server restart), up
+        to ``timeout`` in all; a request somebody took is never sent twice."""
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            try:
+                return await self.nc.request(subject, body, timeout=max(left, 0.1))
+            except NoRespondersError:
+                if left <= 0.2:
+                    raise
+                await asyncio.sleep(0.1)  # nobody subscribed yet: no event to await but the gateway's return
+
     async def pending(self) -> list[SurfaceItem]:
         """Items still awaiting this principal (also those sent while it was offline)."""
-        msg = await self.nc.request(self.subjects.pending(self.principal), b"{}", timeout=self.timeout)
+        msg = await self._request(self.subjects.pending(self.principal), b"{}")
         return list(pending_reply_decoder.decode(msg.data).items)
 
     async def items(self) -> AsyncIterator[SurfaceItem]:
@@ -675,7 +690,7 @@ class Surface:
     async def resolve(self, moment_id: str, resolution: Resolution) -> ResolveReply:
         """Answer a moment; the reply says accepted, or why refused."""
         body = _enc.encode(ResolveRequest(moment_id=moment_id, resolution=resolution))
-        msg = await self.nc.request(self.subjects.resolve(self.principal), body, timeout=self.timeout)
+        msg = await self._request(self.subjects.resolve(self.principal), body)
         return resolve_reply_decoder.decode(msg.data)
 
     async def choose(self, item: BindingMomentItem, index: int) -> ResolveReply:
