@@ -30,9 +30,9 @@ import pytest
 import yaml
 from cryptography import x509
 
-from pgwcli.main import build_parser
 from gateway.security.accounts import Operator, OperatorAuth
 from gateway.security.permissions import Permissions
+from pgwcli.main import build_parser
 from pgwcore.config import load_config
 from pgwcore.connect import connect
 from pgwcore.identity import Party
@@ -149,6 +149,8 @@ async def servers(specs: list[tuple[str, Path, int, int]]) -> AsyncIterator[list
                     nats_server_binary(), "-c", str(conf), stdout=f, stderr=subprocess.STDOUT,
                     env={**os.environ, "SERVER_NAME": name})
             started.append(Server(name, client, monitor, log, proc))
+        for srv in started:
+            await _listening(srv)
         yield started
     finally:
         for s in started:
@@ -156,6 +158,26 @@ async def servers(specs: list[tuple[str, Path, int, int]]) -> AsyncIterator[list
                 s.proc.terminate()
         for s in started:
             await s.proc.wait()
+
+
+class PortTaken(Exception):
+    """A server could not listen: another process took a port ``free_port`` gave (see tests/ports.py)."""
+
+
+async def _listening(srv: Server, timeout: float = 20.0) -> None:
+    """Wait until ``srv`` logs that it is ready (and, with a cluster block, that it listens for routes);
+    PortTaken when it ended on a port someone else holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        text = srv.text()
+        if "[FTL]" in text or srv.proc.returncode is not None:
+            if "address already in use" in text:
+                raise PortTaken(srv.name)
+            raise RuntimeError(f"{srv.name} did not start:\n{text[-2000:]}")
+        if "Server is ready" in text and ("Cluster name is" not in text or "Listening for route connections" in text):
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"{srv.name} not ready:\n{text[-2000:]}"
+        await asyncio.sleep(0.05)  # a poll of the server's log: its readiness has no other signal
 
 
 def rogue_config(*, name: str, client: int, monitor: int, route: int, tls: str, operator_block: str,
@@ -194,22 +216,28 @@ async def test_a_client_certificate_is_not_a_route_credential(tmp_path: Path) ->
     tls_files = TlsFiles(str(secrets / "tls" / "ca.pem"), str(secrets / "clients" / "gateway.pem"),
                          str(secrets / "clients" / "gateway-key.pem"))
     agent_cert, agent_key = secrets / "clients" / f"{AGENT}.pem", secrets / "clients" / f"{AGENT}-key.pem"
-    rogue_ports = [(free_port(), free_port(), free_port()) for _ in range(2)]
-    rogues = []
-    # insecure: the rogue does not check the node's certificate; what refuses it is the node's TLS (which asks for
-    # a certificate from the route CA) or the node's route authorization.
-    for name, (client, monitor, route), tls in (
-        ("rogue-client-cert", rogue_ports[0],
-         f'tls {{ cert_file: "{agent_cert}", key_file: "{agent_key}", ca_file: "{secrets / "tls" / "ca.pem"}", '
-         "insecure: true }"),
-        ("rogue-no-password", rogue_ports[1],
-         f'tls {{ cert_file: "{secrets / "tls" / "route.pem"}", key_file: "{secrets / "tls" / "route-key.pem"}", '
-         f'ca_file: "{secrets / "tls" / "route-ca.pem"}" }}'),
-    ):
-        conf = tmp_path / f"{name}.conf"
-        conf.write_text(rogue_config(name=name, client=client, monitor=monitor, route=route, tls=tls,
-                                     operator_block=auth.server_block, account=auth.account_public, peers=[r for _, _, r in ports]))
-        rogues.append((name, conf, client, monitor))
+    def rogue_specs() -> tuple[list[tuple[int, int, int]], list[tuple[str, Path, int, int]]]:
+        """The two rogues on fresh ports (drawn again when a port was taken meanwhile)."""
+        rogue_ports = [(free_port(), free_port(), free_port()) for _ in range(2)]
+        rogues = []
+        # insecure: the rogue does not check the node's certificate; what refuses it is the node's TLS (which asks
+        # for a certificate from the route CA) or the node's route authorization.
+        for name, (client, monitor, route), tls in (
+            ("rogue-client-cert", rogue_ports[0],
+             f'tls {{ cert_file: "{agent_cert}", key_file: "{agent_key}", ca_file: "{secrets / "tls" / "ca.pem"}", '
+             "insecure: true }"),
+            ("rogue-no-password", rogue_ports[1],
+             f'tls {{ cert_file: "{secrets / "tls" / "route.pem"}", key_file: "{secrets / "tls" / "route-key.pem"}", '
+             f'ca_file: "{secrets / "tls" / "route-ca.pem"}" }}'),
+        ):
+            conf = tmp_path / f"{name}.conf"
+            conf.write_text(rogue_config(name=name, client=client, monitor=monitor, route=route, tls=tls,
+                                         operator_block=auth.server_block, account=auth.account_public,
+                                         peers=[r for _, _, r in ports]))
+            rogues.append((name, conf, client, monitor))
+        return rogue_ports, rogues
+
+    rogue_ports, rogues = rogue_specs()
 
     async with servers(nodes) as cluster:
         names = {s.name for s in cluster}
@@ -241,7 +269,15 @@ async def test_a_client_certificate_is_not_a_route_credential(tmp_path: Path) ->
 
             await until(carried, timeout=30, what=f"a message from node 3 to node 1 over {url}")
 
-            async with servers(rogues) as (by_cert, by_cert_only):
+            async with contextlib.AsyncExitStack() as rogue_stack:
+                for _attempt in range(3):  # a port free_port gave may be taken by then (tests/ports.py)
+                    try:
+                        by_cert, by_cert_only = await rogue_stack.enter_async_context(servers(rogues))
+                        break
+                    except PortTaken:
+                        rogue_ports, rogues = rogue_specs()
+                else:
+                    pytest.fail("the rogues found no free ports in three draws")
                 route_ports = {r for _, _, r in ports} | {r for _, _, r in rogue_ports}
 
                 def refused(s: Server) -> bool:
