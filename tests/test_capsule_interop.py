@@ -11,11 +11,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed448 import Ed448PrivateKey
 
-from pgwcli.commands import capsules as cli
 from consumers import capsule as capm
 from consumers.cose import sig_structure
 from consumers.signer import claims_for
 from consumers.verifier import verify_statement
+from pgwcli.commands import capsules as cli
 from pgwcore.config import load_config
 from tests.test_capsule_cose import signing_key, trusted
 from tests.test_capsule_model import design_rows, make

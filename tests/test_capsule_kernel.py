@@ -17,7 +17,6 @@ import cbor2
 import msgspec
 import pytest
 
-from pgwcli.commands import capsules as cli
 from consumers import capsule_kernel as kernel_facts
 from consumers import capsule_v4
 from consumers.capsule import (
@@ -26,6 +25,7 @@ from consumers.capsule import (
 from consumers.capsule_map import capsule_from_verdict
 from consumers.signer import Signer, load_or_create_salt, salt_path
 from consumers.verifier import payload_of, verify_many
+from pgwcli.commands import capsules as cli
 from subjects.idp import Permit
 from tests import refverifier
 from tests import test_kernel_hem as hem

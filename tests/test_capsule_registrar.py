@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import structlog
 
-from pgwcli.commands import capsules as cli
 from consumers import capsule_v4
 from consumers.cose import TrustedKey, decode_sign1, statement_leaf
 from consumers.registrar import DLQ_STREAM, Registrar
@@ -25,6 +24,7 @@ from consumers.registrar_status import progress
 from consumers.signer import Signer
 from consumers.ts_keys import pinned_ts_keys_path
 from consumers.verifier import payload_of, verify_many
+from pgwcli.commands import capsules as cli
 from pgwcore.config import Config
 from pgwcore.metrics import REGISTRY
 from pgwcore.publish import Publisher

@@ -28,13 +28,13 @@ import structlog
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from pgwcli.commands import capsules as cli
 from consumers.cose import decode_sign1, inclusion_path, leaf_hash, merkle_root, root_from_path
 from consumers.receipts import statement_leaf
 from consumers.registrar import DLQ_STREAM, Registrar
 from consumers.signer import Signer
 from consumers.ts_keys import keys_from_jwks, pinned_ts_keys_path, read_pinned_ts_keys
 from consumers.verifier import payload_of, verify_many
+from pgwcli.commands import capsules as cli
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.metrics import REGISTRY

@@ -180,9 +180,9 @@ def test_each_command_takes_the_file_its_role_needs(tmp_path: Path) -> None:
     `pgw mcp` and `pgw surface` the agent's and principal's they name, a service its own, `pgw log quarantine`
     the gateway's; `--as` takes the party it names. With no ops user's file the ops commands fall back to the
     services' own and say so (an ops user's file the folder's server block no longer lists is passed over)."""
+    from gateway.security import Party, embedded_auth
     from pgwcli.creds import SERVICES, choose, need_for
     from pgwcli.main import build_parser
-    from gateway.security import Party, embedded_auth
     from pgwcore.config import load_config
     from pgwcore.identity import load_or_create_creds
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import msgspec
 
-from pgwcli.commands import capsules as cli
 from consumers.cose import decode_sign1
 from consumers.registrar import Registrar
 from consumers.signer import Signer
 from gateway.kernel.checkpoint import read_anchor_file
+from pgwcli.commands import capsules as cli
 from pgwcore.connect import connect
 from tests.filestore import truncate_last
 from tests.polling import until

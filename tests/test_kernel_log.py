@@ -15,9 +15,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pgwcli.commands.kernel import verify_command
 from gateway.kernel.eventlog import EventLog, verify_stream, with_signature
 from gateway.kernel.service import KernelService
+from pgwcli.commands.kernel import verify_command
 from pgwcore.connect import connect
 from pgwcore.keys import SigningKey, kid_of, load_or_create, public_keys
 from subjects.idp import EnrichedDeny, LogEvent, Permit, Reject, b64url

@@ -67,5 +67,5 @@ def test_tradeoff_known_answers() -> None:
     assert lints._tradeoff(seen("Weigh the trade-offs before sending."))
     assert lints._tradeoff(seen("BALANCE all risks"))
     assert not lints._tradeoff(seen("Send the 2025 tax summary PDF through the client portal. " * 40))
-    assert lints._tradeoff(seen("Соnsider the options"))  # Cyrillic С and о read as C and o
+    assert lints._tradeoff(seen("Соnsider the options"))  # Cyrillic U+0421 and U+043E read as C and o
     assert not lints._tradeoff(seen("Conſider the options"))  # UTS #39: the long s is drawn, and read, as f

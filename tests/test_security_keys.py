@@ -14,8 +14,8 @@ import pytest
 import structlog
 from cryptography.hazmat.primitives import serialization
 
-from pgwcli.main import build_parser, config_from_args
 from gateway.security import CredentialsError, Party, embedded_auth, read_creds, rotate_creds
+from pgwcli.main import build_parser, config_from_args
 from pgwcore import keys
 from pgwcore.config import load_config
 from pgwcore.connect import connect

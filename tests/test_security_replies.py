@@ -219,7 +219,8 @@ async def pgw_up_bed(tmp: Path) -> AsyncIterator[Bed]:
     env = {**os.environ, "PGW_LOG_LEVEL": "WARNING"}
     log = tmp / "pgw-up.log"
     with log.open("wb") as err:
-        proc = subprocess.Popen([PGW, "--config", str(cfg), "--data-dir", str(data), "--log-format", "json", "up"],
+        # A plain Popen: tests.test_up.read_until reads its stdout with select, as test_up does (it returns at once).
+        proc = subprocess.Popen([PGW, "--config", str(cfg), "--data-dir", str(data), "--log-format", "json", "up"],  # noqa: ASYNC220
                                 stdout=subprocess.PIPE, stderr=err, env=env)
     try:
         _, m = read_until(proc, r"NATS\s+(nats://127\.0\.0\.1:\d+)", timeout=90)
@@ -237,8 +238,8 @@ async def pgw_up_bed(tmp: Path) -> AsyncIterator[Bed]:
 @contextlib.asynccontextmanager
 async def operator_bed(tmp: Path) -> AsyncIterator[Bed]:
     """The same services in this process, on a server in operator mode (one JWT user per party)."""
-    from pgwcli.commands.up import UP_SERVICES, load_factory
     from gateway.security.accounts import operator_auth
+    from pgwcli.commands.up import UP_SERVICES, load_factory
     from pgwcore.metrics import REPLIES_REFUSED
     from pgwcore.server import EmbeddedServer
     from pgwcore.service import run_services

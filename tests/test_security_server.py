@@ -20,8 +20,8 @@ import nats
 import pytest
 import pytest_asyncio
 
-from pgwcli.commands.up import browser_origins
 from gateway.security import Party, embedded_auth
+from pgwcli.commands.up import browser_origins
 from pgwcore.config import load_config
 from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer

@@ -16,8 +16,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from pgwcli.commands.up import browser_origins
 from consumers.surfaces.web import stored_token
+from pgwcli.commands.up import browser_origins
 from pgwcore.config import load_config
 from pgwcore.server import EmbeddedServer
 from subjects.errors import ConfigError

@@ -112,10 +112,10 @@ def kernel_keys(config: Config, pem_files: list[str]) -> dict[str, Ed25519Public
 
 
 async def verify_command(args: argparse.Namespace, config: Config) -> int:
-    from pgwcli.commands.capsules import trusted_ts_keys
     from consumers.checkpoint_statement import CAPSULES_STREAM, kept_statement, latest_anchored
     from gateway.kernel.checkpoint import check_anchor
     from gateway.kernel.eventlog import verify_stream
+    from pgwcli.commands.capsules import trusted_ts_keys
 
     keys = kernel_keys(config, args.pubkey)
     ts_keys = trusted_ts_keys(config, getattr(args, "ts_key", []))
