@@ -3,7 +3,8 @@
 // Connects straight to NATS over the server's WebSocket listener with the
 // principal's own credentials (@nats-io/nats-core wsconnect), subscribes to
 // principal.{P}.surface, asks principal.{P}.pending for what is still waiting,
-// answers on principal.{P}.resolve and shows the gateway's reply. Every item
+// answers on principal.{P}.resolve and shows the gateway's reply; lists and
+// revokes her standing approvals on kernel.approvals.{P}. Every item
 // goes through planItem (plan.js) first; only plans are rendered, and only
 // with textContent, never as HTML.
 //
@@ -506,6 +507,93 @@ function renderPlan(plan, key) {
 }
 
 // ---------------------------------------------------------------------------
+// Standing approvals (docs/gate.md "Standing approvals"): her live ones, asked
+// of the kernel on kernel.approvals.{P} each time the disclosure opens, each
+// with a Revoke button; after a revoke the list is asked again and a polite
+// status says what happened (WCAG 4.1.3).
+// ---------------------------------------------------------------------------
+
+const STANDING_KIND = { session: "Allow for this session", hour: "Allow for an hour" };
+
+// In her words, as the terminal and `pgw approvals` say it (consumers/surfaces/text.py describe_standing).
+function describeStanding(a) {
+  const where = a.kind === "session" ? "in this session only" : "in any session";
+  return `${STANDING_KIND[a.kind] || a.kind}: ${a.tool || a.action} by agent ${a.agent} on files directly in “${a.folder}”, ${where}, until ${fmtTime(a.expires_at, state.timeZone)}`;
+}
+
+async function askApprovals(body) {
+  try {
+    const msg = await state.nc.request(state.subjects.approvals, enc.encode(JSON.stringify(body)), { timeout: 10000 });
+    return JSON.parse(dec.decode(msg.data));
+  } catch (e) {
+    return { ok: false, refusal: { code: "unreachable", reason: `the gateway did not answer (${e.message})` } };
+  }
+}
+
+function standingStatus(text) {
+  document.getElementById("standing-status").textContent = text;
+}
+
+async function loadStanding() {
+  const box = document.getElementById("standing-list");
+  box.setAttribute("aria-busy", "true");
+  const reply = await askApprovals({ op: "list" });
+  box.removeAttribute("aria-busy");
+  if (!reply.ok) {
+    box.replaceChildren(h("p", { class: "field-error", text: `Your standing approvals could not be read: ${reply.refusal?.reason || "?"}` }));
+    return;
+  }
+  const approvals = reply.approvals || [];
+  if (!approvals.length) {
+    box.replaceChildren(h("p", { class: "standing-empty", text: "You have no standing approvals." }));
+    return;
+  }
+  box.replaceChildren(h("ul", { class: "standing-list" }, approvals.map((a) => {
+    const id = `standing-${a.scope_id}`;
+    const revoke = h("button", {
+      type: "button",
+      class: "btn btn-hatch",
+      "aria-describedby": id,
+      text: "Revoke",
+      onclick: () => revokeStanding(a, revoke),
+    });
+    return h(
+      "li",
+      { class: "standing-item", "data-scope-id": a.scope_id },
+      h("p", { id }, describeStanding(a), h("br"), h("span", { class: "muted", text: `Granted ${fmtTime(a.granted_at, state.timeZone)} · id ${a.scope_id}` })),
+      revoke,
+    );
+  })));
+}
+
+async function revokeStanding(a, button) {
+  // Its button goes with the reloaded list: the focus goes back to the disclosure's button first (WCAG 2.4.3).
+  document.getElementById("standing-toggle").focus();
+  button.disabled = true;
+  const reply = await askApprovals({ op: "revoke", scope_id: a.scope_id });
+  standingStatus(reply.ok
+    ? `Revoked: ${describeStanding(reply.revoked || a)}. The next such call asks you again.`
+    : `Not revoked: ${reply.refusal?.reason || "?"}${reply.refusal?.code ? ` (${reply.refusal.code})` : ""}`);
+  await loadStanding();
+}
+
+function wireStanding() {
+  const toggle = document.getElementById("standing-toggle");
+  const panel = document.getElementById("standing-panel");
+  toggle.addEventListener("click", () => {
+    const open = panel.hidden;
+    panel.hidden = !open;
+    toggle.setAttribute("aria-expanded", String(open));
+    if (!open) return;
+    if (!state.nc) {
+      document.getElementById("standing-list").replaceChildren(h("p", { class: "standing-empty", text: "Not connected to the gateway yet." }));
+      return;
+    }
+    loadStanding();
+  });
+}
+
+// ---------------------------------------------------------------------------
 // NATS
 // ---------------------------------------------------------------------------
 
@@ -564,7 +652,13 @@ async function main() {
   document.title = state.title;
   state.timeZone = validZone(cfg.time_zone);
   const p = `${cfg.prefix}.principal.${cfg.principal}`;
-  state.subjects = { surface: `${p}.surface`, resolve: `${p}.resolve`, pending: `${p}.pending` };
+  state.subjects = {
+    surface: `${p}.surface`,
+    resolve: `${p}.resolve`,
+    pending: `${p}.pending`,
+    approvals: `${cfg.prefix}.kernel.approvals.${cfg.principal}`,
+  };
+  wireStanding();
   setConn("connecting", "Connecting…");
   state.nc = await wsconnect({
     servers: cfg.ws_url.split(",").map((u) => u.trim()),
