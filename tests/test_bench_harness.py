@@ -19,6 +19,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import nats.errors
 import pytest
@@ -65,6 +66,16 @@ def test_moments_have_the_sizes_asked_for() -> None:
         size = len(json.dumps(moment_of_kb(kb)))
         assert kb * 1024 * 0.9 <= size <= kb * 1024 * 1.1, (kb, size)
 
+
+
+async def floor_keys(js: Any) -> set[str]:
+    """The IDP floor bucket's keys from the server's per-subject index (nats-py's ``kv.keys()`` watcher can say
+    "no keys" under load before it hands over what it holds; gateway/moments.py reads its keys the same way)."""
+    from benchmarks.bench_idp import FLOOR_BUCKET
+
+    pre = f"$KV.{FLOOR_BUCKET}."
+    index = await js.stream_info(f"KV_{FLOOR_BUCKET}", subjects_filter=f"{pre}>")
+    return {s[len(pre):] for s in (index.state.subjects or {})}
 
 async def test_the_harness_counts_until_acked_and_meters_messages(nats_server: EmbeddedServer, tmp_path: Path) -> None:
     b = Bench(nats_server, tmp_path, "smoke", floor_min=True)
@@ -199,7 +210,7 @@ async def test_the_idp_contract_floor_stores_what_a_permit_stores(nats_server: E
     index entry and two log events before it answers, and refuses to take one idp_id twice; the
     log-index floor writes the session, IDP_SUBMITTED and CEDAR_PERMIT_RECORDED; the minimal floor
     the session and IDP_SUBMITTED only."""
-    from benchmarks.bench_idp import FLOOR_BUCKET, FLOOR_LOG
+    from benchmarks.bench_idp import FLOOR_LOG
     from benchmarks.harness import start_ready, stop
 
     nc = await connect(nats_server.client_url, name="floor-test")
@@ -219,8 +230,7 @@ async def test_the_idp_contract_floor_stores_what_a_permit_stores(nats_server: E
         for i in range(5):
             msg = await nc.request("bench.idpfloor", request(f"i{i}", f"s{i}"), timeout=10)
             assert msg.data == b'{"result":"PERMIT"}'
-        kv = await js.key_value(FLOOR_BUCKET)
-        keys = set(await kv.keys())
+        keys = await floor_keys(js)
         for i in range(5):
             assert {f"sess.s{i}", f"tr.i{i}", f"idp.i{i}"} <= keys
         log = await js.stream_info(FLOOR_LOG, subjects_filter="bench.idpf.log.*")
@@ -231,11 +241,11 @@ async def test_the_idp_contract_floor_stores_what_a_permit_stores(nats_server: E
 
         async def one_request(subject: str, idp_id: str, session: str) -> tuple[set[str], dict[str, int]]:
             """One PERMIT from ``subject``'s floor: the keys it added, and the log's counts after it."""
-            keys_before = set(await kv.keys())
+            keys_before = await floor_keys(js)
             msg = await nc.request(subject, request(idp_id, session), timeout=10)
             assert msg.data == b'{"result":"PERMIT"}'
             log = await js.stream_info(FLOOR_LOG, subjects_filter="bench.idpf.log.*")
-            return set(await kv.keys()) - keys_before, log.state.subjects
+            return await floor_keys(js) - keys_before, log.state.subjects
 
         # The minimal floor stores the session and IDP_SUBMITTED only.
         assert await one_request("bench.idpfloormin", "m0", "sm0") == (
@@ -322,11 +332,7 @@ async def test_an_idp_floor_shape_through_group_commit_stores_its_writes(nats_se
                                                                               "session_id": f"gs{i}"}}).encode(),
                                    timeout=10)
             assert msg.data == b'{"result":"PERMIT"}'
-        # The keys from the server's per-subject index (nats-py's kv.keys() watcher can say "no keys" under load
-        # before it hands over what it holds; gateway/moments.py reads pending moments the same way).
-        pre = f"$KV.{FLOOR_BUCKET}."
-        index = await js.stream_info(f"KV_{FLOOR_BUCKET}", subjects_filter=f"{pre}>")
-        assert {s[len(pre):] for s in (index.state.subjects or {})} == {f"{k}{i}" for i in range(3) for k in ("sess.gs", "open.g")}
+        assert await floor_keys(js) == {f"{k}{i}" for i in range(3) for k in ("sess.gs", "open.g")}
         log = await js.stream_info(FLOOR_LOG, subjects_filter="bench.idpf.log.*")
         assert log.state.subjects == {"bench.idpf.log.IDP_SUBMITTED": 3, "bench.idpf.log.CEDAR_PERMIT_RECORDED": 3}
         assert (await js.stream_info(f"KV_{FLOOR_BUCKET}")).config.allow_atomic
