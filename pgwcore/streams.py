@@ -155,7 +155,7 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> StreamInf
     differs: ``ERR_STREAM_NAME_IN_USE``); any other refusal is raised. A JetStream
     API timeout is asked again for ``START_RETRY_S``.
     """
-    return await _retrying(lambda: _ensure_stream_once(js, config), f"stream {config.name}", START_RETRY_S)
+    return await retrying(lambda: _ensure_stream_once(js, config), f"stream {config.name}", START_RETRY_S)
 
 
 async def _ensure_stream_once(js: JetStreamContext, config: StreamConfig) -> StreamInfo | None:
@@ -237,11 +237,11 @@ async def ensure_kv(
     as an additive update. A JetStream API timeout (or "no responders" while
     the cluster elects) is retried for ``retry_for`` seconds, then raised.
     """
-    return await _retrying(lambda: _ensure_kv_once(js, name, replicas=replicas, ttl=ttl, atomic=atomic),
+    return await retrying(lambda: _ensure_kv_once(js, name, replicas=replicas, ttl=ttl, atomic=atomic),
                            f"bucket {name}", retry_for)
 
 
-async def _retrying(make: Any, what: str, retry_for: float) -> Any:
+async def retrying(make: Any, what: str, retry_for: float) -> Any:
     """``await make()``, asked again on a JetStream API timeout or no-responders for ``retry_for`` s."""
     from nats.errors import NoRespondersError
     from nats.errors import TimeoutError as NatsTimeoutError

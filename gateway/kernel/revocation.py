@@ -49,7 +49,7 @@ from nats.js.kv import KV_DEL, KV_PURGE
 
 from gateway.kernel.eventlog import walk_log
 from pgwcore.logs import get_logger
-from pgwcore.streams import ensure_kv
+from pgwcore.streams import ensure_kv, retrying
 from subjects.kernelops import RevokeReply, revoke_request_decoder, revoke_subject
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import Refusal
@@ -103,7 +103,9 @@ class Revocations:
 
     async def start(self, queue: str) -> None:
         self.kv = await ensure_kv(self.kernel.js, BUCKET)
-        for rec in (await self.logged()).values():
+        # Read like a stream being opened: asked again while JetStream does not answer (a cluster electing
+        # its leaders after a node's restart), not a failed start.
+        for rec in (await retrying(self.logged, "the revocations in the event log", 60.0)).values():
             self._hold(rec)
         self._watcher = await self.kv.watchall()
         ready = asyncio.get_running_loop().create_future()
