@@ -93,3 +93,9 @@ def test_every_link_of_the_readme_and_the_pages_it_leads_to_exists():
             elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
                 broken.append(f"{page.name}: {target} (no heading)")
     assert broken == []
+
+
+def test_the_readme_shows_the_two_set_up_commands():
+    """`make run` starts everything and `make test` passes the suite: the README shows both, each in a block of its own."""
+    blocks = [b.strip() for b in re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)]
+    assert blocks[0] == "make run" and "make test" in blocks
