@@ -197,7 +197,13 @@ async def test_a_processed_turn_that_held_a_secret_leaves_inbound_and_replays_re
             again = await Replayer(nc, S).replay(ReplayRange(stream="PGW_INBOUND", to_seq=1), "gateway",
                                                  fresh_msg_id=True)
             assert again.counts() == {"published": 1}
-            await asyncio.sleep(1.0)
+            last = (await js.stream_info("PGW_INBOUND")).state.last_seq
+
+            async def taken() -> bool:  # the gateway has taken and acked the replayed turn
+                ci = await js.consumer_info("PGW_INBOUND", "pgw-gateway")
+                return ci.ack_floor.stream_seq >= last and ci.num_ack_pending == 0
+
+            await until(taken, timeout=10, what="the replayed turn acked by the gateway")
             assert (await js.stream_info("PGW_VERDICTS")).state.messages == verdicts
         finally:
             await agent.close()

@@ -42,6 +42,7 @@ from subjects.client import Agent, Surface
 from subjects.executor import Executor
 from tests.gauntlet.bed import flushed
 from tests.moments import good_moment
+from tests.polling import until
 
 pytestmark = [pytest.mark.security]
 
@@ -299,13 +300,11 @@ async def store_state(js: Any) -> dict[str, tuple[int, int]]:
 
 async def quiet(js: Any) -> None:
     """Wait until the signer has taken every verdict (its durable has nothing pending or unacked)."""
-    deadline = asyncio.get_running_loop().time() + WAIT
-    while True:
+    async def drained() -> bool:
         ci = await js.consumer_info("PGW_VERDICTS", "pgw-signer")
-        if ci.num_pending == 0 and ci.num_ack_pending == 0:
-            return
-        assert asyncio.get_running_loop().time() < deadline, f"the signer did not take its verdicts: {ci}"
-        await asyncio.sleep(0.05)  # a poll of the consumer's state: no event says "acked"
+        return ci.num_pending == 0 and ci.num_ack_pending == 0
+
+    await until(drained, timeout=WAIT, what="the signer taking its verdicts")
 
 
 async def own_request(bed: Bed, party: Party, subject: str) -> bytes:
@@ -354,13 +353,10 @@ async def test_no_hostile_reply_subject_or_header_changes_anything(bed: Bed, sec
         # alice has a pending moment, opened by a1: the target of the $KV.PGW_MOMENTS reply.
         agent = Agent(await bed.conn(Party("agent", AGENT)), AGENT, prefix=PREFIX)
         surface = Surface(await bed.conn(Party("principal", PRINCIPAL)), PRINCIPAL, prefix=PREFIX)
-        await agent.send_moment(PRINCIPAL, good_moment())
-        deadline = asyncio.get_running_loop().time() + WAIT
+        # The moment's record is stored before the agent's outcome (docs/contract.md §7): once that is here,
+        # alice's pending list holds it.
+        await agent.outcome_for(await agent.send_moment(PRINCIPAL, good_moment()), timeout=WAIT)
         items = await surface.pending()
-        while not items:
-            assert asyncio.get_running_loop().time() < deadline, "alice's moment never became pending"
-            await asyncio.sleep(0.05)  # a poll of the pending list: the moment's writes end with its outcome
-            items = await surface.pending()
         moment_id = items[0].moment_id
 
         executor = Executor(await bed.conn(Party("executor", KIND)), KIND, prefix=PREFIX)
@@ -400,11 +396,12 @@ async def test_no_hostile_reply_subject_or_header_changes_anything(bed: Bed, sec
                 await flushed(c)
             # Every attempt reaches its service and is refused there: wait for the last refusal.
             expected = refusals_expected(attempts)
-            deadline = asyncio.get_running_loop().time() + 60
+            async def all_refused() -> bool:  # the services' log (or metric) names every refusal
+                return (await refusals_seen(bed, seen_before))[0] >= expected
+
+            with contextlib.suppress(TimeoutError):  # short of it is reported below, with what changed
+                await until(all_refused, timeout=60, interval=0.1, what="every refusal logged")
             count, recs = await refusals_seen(bed, seen_before)
-            while count < expected and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.1)  # a poll of the services' log (or metric): no event says "refused"
-                count, recs = await refusals_seen(bed, seen_before)
             await flushed(ops)
             await quiet(sjs)
             after = await store_state(sjs)
@@ -459,25 +456,20 @@ async def test_a_publish_acknowledgement_aimed_at_a_store_breaks_no_reader(bed: 
     a1 = await bed.conn(Party("agent", AGENT))
     agent = Agent(a1, AGENT, prefix=PREFIX)
     surface = Surface(await bed.conn(Party("principal", PRINCIPAL)), PRINCIPAL, prefix=PREFIX)
-    await agent.send_moment(PRINCIPAL, good_moment())
-    deadline = asyncio.get_running_loop().time() + WAIT
-    while not (before := await surface.pending()):
-        assert asyncio.get_running_loop().time() < deadline, "alice's moment never became pending"
-        await asyncio.sleep(0.05)  # a poll of the pending list
+    await agent.outcome_for(await agent.send_moment(PRINCIPAL, good_moment()), timeout=WAIT)
+    before = await surface.pending()
     targets = [f"$KV.PGW_MOMENTS.{PRINCIPAL}.zzz", f"$KV.PGW_MOMENTS.{PRINCIPAL}.{uuid_hex()}",
                f"$KV.PGW_MOMENTS.{OTHER_PRINCIPAL}.zzz", f"{PREFIX}.verdict.blocked"]
     for reply in targets:
         await a1.publish(f"{PREFIX}.agent.{AGENT}.envelope", b"{}", reply=reply)
     await flushed(a1)
     ops = await bed.conn(Party("ops", OPS))
-    deadline = asyncio.get_running_loop().time() + WAIT
-    while True:  # the residual: the server stores its acknowledgement (a poll: it is written after the envelope)
-        stored = await ops.request("$JS.API.STREAM.MSG.GET.KV_PGW_MOMENTS",
-                                   msgspec.json.encode({"last_by_subj": targets[0]}), timeout=WAIT)
-        if b'"message"' in stored.data:
-            break
-        assert asyncio.get_running_loop().time() < deadline, stored.data
-        await asyncio.sleep(0.05)
+    async def stored() -> bool:  # the residual: the server stores its acknowledgement, after the envelope
+        got = await ops.request("$JS.API.STREAM.MSG.GET.KV_PGW_MOMENTS",
+                                msgspec.json.encode({"last_by_subj": targets[0]}), timeout=WAIT)
+        return b'"message"' in got.data
+
+    await until(stored, timeout=WAIT, what="the acknowledgement stored under alice's key")
     after = await surface.pending()
     assert [i.moment_id for i in after] == [i.moment_id for i in before], (before, after)
     listed = await agent.list_moments("open")
