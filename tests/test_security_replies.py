@@ -353,10 +353,8 @@ async def test_no_hostile_reply_subject_or_header_changes_anything(bed: Bed, sec
         # alice has a pending moment, opened by a1: the target of the $KV.PGW_MOMENTS reply.
         agent = Agent(await bed.conn(Party("agent", AGENT)), AGENT, prefix=PREFIX)
         surface = Surface(await bed.conn(Party("principal", PRINCIPAL)), PRINCIPAL, prefix=PREFIX)
-        # The moment's record is stored before the agent's outcome (docs/contract.md §7): once that is here,
-        # alice's pending list holds it.
-        await agent.outcome_for(await agent.send_moment(PRINCIPAL, good_moment()), timeout=WAIT)
-        items = await surface.pending()
+        await agent.send_moment(PRINCIPAL, good_moment())
+        items = await until(surface.pending, timeout=WAIT, what="alice's moment pending")
         moment_id = items[0].moment_id
 
         executor = Executor(await bed.conn(Party("executor", KIND)), KIND, prefix=PREFIX)
@@ -456,8 +454,9 @@ async def test_a_publish_acknowledgement_aimed_at_a_store_breaks_no_reader(bed: 
     a1 = await bed.conn(Party("agent", AGENT))
     agent = Agent(a1, AGENT, prefix=PREFIX)
     surface = Surface(await bed.conn(Party("principal", PRINCIPAL)), PRINCIPAL, prefix=PREFIX)
-    await agent.outcome_for(await agent.send_moment(PRINCIPAL, good_moment()), timeout=WAIT)
-    before = await surface.pending()
+    await agent.send_moment(PRINCIPAL, good_moment())
+    # (Not the agent's outcome: the first test's agent, on the same durable, may take it.)
+    before = await until(surface.pending, timeout=WAIT, what="alice's moment pending")
     targets = [f"$KV.PGW_MOMENTS.{PRINCIPAL}.zzz", f"$KV.PGW_MOMENTS.{PRINCIPAL}.{uuid_hex()}",
                f"$KV.PGW_MOMENTS.{OTHER_PRINCIPAL}.zzz", f"{PREFIX}.verdict.blocked"]
     for reply in targets:
