@@ -11,6 +11,12 @@ two ways, and both end here, once:
   emits ``$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.PGW_INBOUND.pgw-gateway``
   and the listener (queue group, so one gateway instance acts) records it.
 
+A transition report the kernel cannot record (durable ``pgw-kernel``, the same
+``max_deliver``) ends here the same two ways: the kernel's last delivery
+(``on_report_failure``) or the advisory of ``pgw-kernel``. Its dead letter is the
+record (``consumer`` ``pgw-kernel``, the report's ``idp_id`` redacted) and the
+``engine_failure`` verdict; a report has no outcome, so none is sent.
+
 A dead letter is three messages, each with a deterministic ``Nats-Msg-Id`` so
 that both paths together, or a crash half-way, still yield each exactly once:
 
@@ -57,6 +63,7 @@ log = get_logger("pgw.deadletter")
 STREAM = "PGW_DEADLETTER"
 SOURCE_STREAM = "PGW_INBOUND"
 DURABLE = INBOUND_DURABLE
+KERNEL_DURABLE = "pgw-kernel"  # gateway/kernel/service.py's durable for transition reports
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _enc = msgspec.json.Encoder()
 
@@ -75,6 +82,7 @@ class DeadLetter(msgspec.Struct, kw_only=True, omit_defaults=True):
     msg_id: str | None = None
     envelope_id: str | None = None
     correlation_id: str | None = None
+    idp_id: str | None = None  # a transition report's (consumer pgw-kernel)
     traceparent: str | None = None
     verdict_id: str | None = None
 
@@ -83,21 +91,21 @@ def deadletter_subject(prefix: str, stream: str = SOURCE_STREAM) -> str:
     return f"{prefix}.deadletter.{stream}"
 
 
-def _ids(body: bytes) -> tuple[str | None, str | None]:
-    """The first envelope's envelopeId and correlationId, if they are plain ids; never raises."""
+def _ids(body: bytes, keys: tuple[str, ...] = ("envelopeId", "correlationId")) -> tuple[str | None, ...]:
+    """The first envelope's ``keys`` (a report's ``idp_id``), each if it is a plain id; never raises."""
     try:
         value = json.loads(body)
     except Exception:  # noqa: BLE001 - a poison body may be anything
-        return None, None
+        return (None,) * len(keys)
     if isinstance(value, list):
         value = value[0] if value else None
     if not isinstance(value, dict):
-        return None, None
+        return (None,) * len(keys)
     out = []
-    for k in ("envelopeId", "correlationId"):
+    for k in keys:
         v = value.get(k)
         out.append(v if isinstance(v, str) and _SAFE_ID.match(v) else None)
-    return out[0], out[1]
+    return tuple(out)
 
 
 class DeadLetters:
@@ -107,7 +115,7 @@ class DeadLetters:
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
-        self._sub: Any = None
+        self._subs: list[Any] = []
         self._enabled = gw.config.ops.dead_letter
         self.prefix = gw.subjects.prefix
 
@@ -117,8 +125,10 @@ class DeadLetters:
         await self._ensure_stream()
         await ensure_copies(self.gw.js)
         self.gw.failure_hooks.append(self.on_failure)
-        advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{SOURCE_STREAM}.{DURABLE}"
-        self._sub = await self.gw.nc.subscribe(advisory, queue="pgw-gateway", cb=self._on_advisory)
+        self.gw.dead_letters = self  # the kernel's reports (gateway/kernel/transitions.py)
+        advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{SOURCE_STREAM}"
+        self._subs = [await self.gw.nc.subscribe(f"{advisory}.{durable}", queue="pgw-gateway", cb=self._on_advisory)
+                      for durable in (DURABLE, KERNEL_DURABLE)]
         return self
 
     async def _ensure_stream(self) -> None:
@@ -134,8 +144,8 @@ class DeadLetters:
         ))
 
     async def drain(self) -> None:
-        sub, self._sub = self._sub, None
-        if sub is not None:
+        subs, self._subs = self._subs, []
+        for sub in subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         with contextlib.suppress(ValueError):
@@ -164,6 +174,22 @@ class DeadLetters:
             await msg.term()
         return True
 
+    async def on_report_failure(self, report: Turn, msg: Msg) -> bool:
+        """The kernel's failure hook for a transition report: on the last allowed delivery, dead-letter
+        it, settle it (a report that held a secret leaves PGW_INBOUND) and terminate it."""
+        if report.num_delivered < self.gw.config.gateway.max_deliver:
+            return False
+        await self.record(
+            stream_seq=report.stream_seq, subject=report.subject, agent=report.agent,
+            deliveries=report.num_delivered, body=report.body, msg_id=report.msg_id,
+            traceparent=report.traceparent, consumer=KERNEL_DURABLE,
+            reason=f"the kernel could not record this report on each of {report.num_delivered} deliveries (max_deliver)",
+        )
+        await self._settle(report)
+        with contextlib.suppress(Exception):
+            await msg.term()
+        return True
+
     async def _settle(self, turn: Turn) -> None:
         """The dead letter is recorded: a turn that held a secret leaves PGW_INBOUND (gateway/at_rest.py)."""
         await settle_raw(self.gw.js, (await self.gw.stage_state.get()).redactor, turn)
@@ -173,6 +199,7 @@ class DeadLetters:
             adv = json.loads(msg.data)
             seq = int(adv["stream_seq"])
             deliveries = int(adv.get("deliveries") or 0)
+            consumer = KERNEL_DURABLE if adv.get("consumer") == KERNEL_DURABLE else DURABLE
         except Exception:  # noqa: BLE001
             log.warning("unreadable max-deliveries advisory", data=msg.data[:200])
             return
@@ -196,6 +223,7 @@ class DeadLetters:
                 msg_id=headers.get("Nats-Msg-Id"),
                 traceparent=headers.get("traceparent"),
                 reason=f"not acknowledged after {deliveries} deliveries (worker crash or ack_wait exceeded)",
+                consumer=consumer,
             )
             if raw is not None and agent:
                 await self._settle(Turn(agent=agent, subject=subject, stream_seq=seq, body=body,
@@ -216,19 +244,22 @@ class DeadLetters:
         msg_id: str | None,
         traceparent: str | None,
         reason: str,
+        consumer: str = DURABLE,
     ) -> DeadLetter:
         # SR-1: the record and the outcome are not scrubbed on the way out (the verdict is), so the ids a
         # poison turn carries are redacted here; a redacted id is still the agent's to match.
         red = (await self.gw.stage_state.get()).redactor
-        envelope_id, correlation_id = (red.text(i) if i else None for i in _ids(body))
+        report = consumer == KERNEL_DURABLE
+        envelope_id, correlation_id = (None, None) if report else (red.text(i) if i else None for i in _ids(body))
+        idp_id = next((red.text(i) for i in _ids(body, ("idp_id",)) if i), None) if report else None
         msg_id = red.text(msg_id) if msg_id else None
         seq = str(stream_seq)
         verdict_id = stable_id("engine_failure", SOURCE_STREAM, seq)
         ts = now_rfc3339()
         dl = DeadLetter(
-            stream=SOURCE_STREAM, consumer=DURABLE, stream_seq=stream_seq, subject=subject,
+            stream=SOURCE_STREAM, consumer=consumer, stream_seq=stream_seq, subject=subject,
             deliveries=deliveries, reason=reason, ts=ts, agent=agent, msg_id=msg_id,
-            envelope_id=envelope_id, correlation_id=correlation_id, traceparent=traceparent,
+            envelope_id=envelope_id, correlation_id=correlation_id, idp_id=idp_id, traceparent=traceparent,
             verdict_id=verdict_id if agent else None,
         )
         headers = {"Nats-Msg-Id": f"deadletter:{SOURCE_STREAM}:{seq}"}
@@ -242,10 +273,12 @@ class DeadLetters:
             await self.gw.publisher.verdict(Verdict(
                 verdict_id=verdict_id, verdict_class="engine_failure", decision="reject",
                 approver="policy", human_disposed=False, ts=ts, agent=agent,
-                action_type="pgw.envelope", action_id=envelope_id or f"seq-{seq}",
+                action_type="idp.transition" if report else "pgw.envelope",
+                action_id=(idp_id if report else envelope_id) or f"seq-{seq}", idp_id=idp_id,
                 envelope_id=envelope_id, correlation_id=correlation_id, reason=refusal,
                 traceparent=traceparent, details={"stream": SOURCE_STREAM, "stream_seq": stream_seq},
             ))
+        if agent and not report:  # a transition report has no outcome
             await self.gw.publisher.outcome(
                 EnvelopeOutcome(
                     agent=agent, ts=ts, traceparent=traceparent, status="invalid",

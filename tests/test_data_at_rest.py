@@ -344,3 +344,122 @@ async def read_stored_all(js: Any, stream: str) -> list[Any]:
         except Exception:  # noqa: BLE001 - deleted
             continue
     return out
+
+
+async def test_the_kernel_log_keeps_no_secret_an_agent_sends(tmp_path, nats_server, make_config) -> None:
+    """The kernel's signed log is never deleted, so no secret an agent sends may enter it (spec 002 SR-1,
+    spec 003 §5.3; docs/security.md "Data at rest"). Sent on the bus as an agent sends them:
+
+    - IDPs holding the configured secret (plainly, and disguised with a zero-width space and full-width
+      letters), a ``secret:`` token, a secret in a metadata key or in the resource: each is refused
+      (REJECT naming where, never what) and nothing of it is committed;
+    - a report of a permitted step whose ``executed_action`` holds the token and whose ``external_ref``
+      holds the secret: recorded with both redacted, and judged on what was sent (a commitment gap);
+    - a report the kernel fails to record on every delivery (a fault injected in the kernel: no bus
+      input makes a correct kernel fail each time): dead-lettered after ``max_deliver`` and erased.
+
+    After a clean shutdown and a restart neither the secret nor the token is in any file under the
+    server's store or in any log line.
+    """
+    from gateway.kernel.service import KernelService
+    from subjects.idp import Permit, Reject
+    from tests.kernel_support import Issuer, idp, policy_dir, read_log, read_verdicts, request
+
+    issuer = Issuer(tmp_path / "issuer")
+    config = make_config(pipeline={"secrets": {"values": [SECRET]}}, gateway={"max_deliver": 2},
+                         kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))})
+    so = str(uuid.uuid4())
+    token, jti = issuer.mandate(agent="bot", so_id=so)
+    zw = SECRET[:6] + "\u200b" + SECRET[6:]  # a zero-width space inside
+    wide = "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in SECRET)  # full-width letters
+
+    def goal(text: str) -> dict[str, Any]:
+        return {"goal_id": str(uuid.uuid4()), "description": text}
+
+    refused = {
+        "$.declared_goal.description": {"declared_goal": goal(f"Close it with {SECRET}")},
+        "$.reasoning_basis.description": {"reasoning_basis": {"type": "RULE_BASED", "description": f"use {TOKEN}"}},
+        "$.metadata.[REDACTED]": {"metadata": {zw: "the key as a key"}},
+        "$.declared_goal.description ": {"declared_goal": goal(f"Close it with {wide}")},
+    }
+    gw_nc = await connect(nats_server.client_url, name="gateway")
+    nc = await connect(nats_server.client_url, name="test")
+    js = nc.jetstream()
+    step = 0
+    with capture_logs_with_context() as logs:
+        try:
+            async with Gateway(config, gw_nc) as gw:
+                ids = []
+                for path, over in refused.items():
+                    step += 1
+                    rec = idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking", **over)
+                    ids.append(rec["idp_id"])
+                    res = await request(nc, "bot", {"mandate": token, "idp": rec})
+                    assert isinstance(res, Reject) and res.error_code == "IDP_MALFORMED", res
+                    assert [d.path for d in res.details] == [path.strip()] and {d.rule for d in res.details} == {"secret"}
+                step += 1
+                rec = idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking")
+                res = await request(nc, "bot", {"mandate": token, "idp": rec, "resource": f'Booking::"{SECRET}"'})
+                assert isinstance(res, Reject) and res.error_code == "REQUEST_MALFORMED", res
+                assert [d.path for d in res.details] == ["resource"]
+                ids.append(rec["idp_id"])
+                # -- a permitted step, then its report with the token in the action and the secret in the ref
+                step += 1
+                gap = idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking")
+                assert isinstance(await request(nc, "bot", {"mandate": token, "idp": gap}), Permit)
+                report = {"idp_id": gap["idp_id"], "executed_action": f"CloseBooking {TOKEN}",
+                          "effect": {"type": "booking.close", "status": "confirmed", "external_ref": f"ref {SECRET}"}}
+                await js.publish("pgw.agent.bot.transition", json.dumps(report).encode(),
+                                 headers={"Nats-Msg-Id": f"bot:{gap['idp_id']}"})
+                # -- a permitted step whose report the kernel fails to record on every delivery
+                kernel = next(p for p in gw.parts if isinstance(p, KernelService))
+                step += 1
+                lost = idp(so_id=so, mandate_id=jti, step=step, action="ReadBooking", session="s-2")
+                assert isinstance(await request(nc, "bot", {"mandate": token, "idp": lost}), Permit)
+                handle = kernel.handle_transition
+
+                async def failing(agent: str, data: bytes, msg_seq: int, **kw: Any) -> str:
+                    if lost["idp_id"].encode() in data:
+                        raise RuntimeError("injected fault")
+                    return await handle(agent, data, msg_seq, **kw)
+
+                kernel.handle_transition = failing  # type: ignore[method-assign]
+                lost_report = {"idp_id": lost["idp_id"], "executed_action": "ReadBooking",
+                               "effect": {"type": "booking.read", "status": "confirmed", "external_ref": SECRET}}
+                lack = await js.publish("pgw.agent.bot.transition", json.dumps(lost_report).encode(),
+                                        headers={"Nats-Msg-Id": f"bot:{lost['idp_id']}"})
+
+                async def settled() -> bool:  # the gap recorded and the lost report dead-lettered: both erased
+                    return (await js.stream_info("PGW_INBOUND")).state.messages == 0 and \
+                        (await js.stream_info("PGW_DEADLETTER")).state.messages == 1
+
+                await until(settled, timeout=20, what="both reports settled and erased from PGW_INBOUND")
+                events = await read_log(js)
+                assert not [e for _, e in events if e.body.get("idp_id") in ids], "a refused IDP was committed"
+                [(_, st)] = [(s, e) for s, e in events if e.event_type == "STATE_TRANSITIONED"]
+                assert st.body["executed_action"] == "CloseBooking [REDACTED]"
+                assert st.body["effect"]["external_ref"] == "ref [REDACTED]"
+                [(_, ver)] = [(s, e) for s, e in events if e.event_type == "IDP_COMMITMENT_GAP"]
+                assert ver.body["record"]["executed_action"] == "CloseBooking [REDACTED]"
+                dl = json.loads((await js.get_msg("PGW_DEADLETTER", 1)).data)
+                assert (dl["consumer"], dl["idp_id"], dl["stream_seq"]) == ("pgw-kernel", lost["idp_id"], lack.seq)
+
+                async def failed() -> list[Any] | None:
+                    return [v for v in await read_verdicts(js, "engine_failure") if v.idp_id == lost["idp_id"]] or None
+
+                [v] = await until(failed, timeout=10, what="the lost report's engine_failure verdict")
+                assert v.action_type == "idp.transition"
+        finally:
+            await nc.drain()
+            await gw_nc.drain()
+    await nats_server.stop()  # a clean shutdown, then the store read again at a start, and shut down again
+    await nats_server.start()
+    await nats_server.stop()
+    files = every_file(tmp_path)
+    logged = json.dumps([dict(e) for e in logs], default=str).encode()
+    found = {}
+    for needle in (SECRET, TOKEN_BODY):
+        hits = where(files, needle.encode(), tmp_path) + (["logs"] if needle.encode() in logged else [])
+        if hits:
+            found[needle] = hits
+    assert not found, f"found at rest: {found}"

@@ -13,10 +13,13 @@ its redacted form is kept in ``PGW_INBOUND_REDACTED``, then it is acked
 (gateway/at_rest.py; spec 002 SR-1, docs/security.md "Data at rest"). What the
 kernel keeps of it: ``executed_action`` and the effect's type, status,
 ``external_ref`` and ``irreversibility_class`` in its signed events as
-reported (spec 003 §5.5), the effect's request and response only as digests;
+reported (spec 003 §5.5) with their secrets redacted (the match is judged on
+the report as sent), the effect's request and response only as digests;
 the verdict's copy of the effect is SR-1 redacted (``Publisher.verdict``). A
 crash between the record and the ack redelivers the report, which records
-nothing twice and is settled again.
+nothing twice and is settled again. A report the kernel fails to record on
+each of ``gateway.max_deliver`` deliveries is dead-lettered
+(``gateway.deadletter``), so it too leaves ``PGW_INBOUND``.
 """
 
 from __future__ import annotations
@@ -83,6 +86,11 @@ HELD_REPORTS = Counter(
 # Spec 004 §5.4.2: "failed" (ran, returned a clean failure, state known) is an effect status of an
 # executed action, never the reason-class errored (ran and threw, state unknown).
 _ERRORED = {"error", "errored", "failure"}
+
+
+def _as_sent(text: str) -> str:
+    """How a redacted leaf of a report is kept: as sent, its secrets aside (no character dropped or marked)."""
+    return text
 
 
 def _closes(entry: IdpEntry) -> str | None:
@@ -193,9 +201,29 @@ class TransitionReports:
             except SubjectError:
                 await msg.term()
             except Exception:
+                if await self._dead_letter(msg):
+                    continue
                 log.exception("transition report failed; will be redelivered", subject=msg.subject)
                 with contextlib.suppress(Exception):
                     await msg.nak(delay=1)
+
+    async def _dead_letter(self, msg: Any) -> bool:
+        """On a report's last allowed delivery: its dead letter (gateway/deadletter.py), so it does not stay
+        in PGW_INBOUND as sent for the stream's 7 days; True when it was recorded and terminated."""
+        dead = getattr(self.gw, "dead_letters", None)
+        if dead is None:  # ops.dead_letter off: the report stays, as a turn does
+            return False
+        try:
+            md = msg.metadata
+            headers = msg.headers or {}
+            report = Turn(agent=self.subjects.parse(msg.subject).token or "", subject=msg.subject,
+                          stream_seq=md.sequence.stream, body=msg.data, msg_id=headers.get("Nats-Msg-Id"),
+                          traceparent=headers.get("traceparent"), num_delivered=md.num_delivered,
+                          principal=headers.get("Pgw-Principal"))
+            return bool(await dead.on_report_failure(report, msg))
+        except Exception:  # the advisory records it once max_deliver is reached
+            log.exception("dead-lettering a transition report failed", subject=msg.subject)
+            return False
 
     async def handle_transition(self, agent: str, data: bytes, msg_seq: int, *, traceparent: str | None = None) -> str:
         """Process one report; return what happened (``verified``, ``gap`` or ``refused:...``)."""
@@ -204,13 +232,18 @@ class TransitionReports:
             rep = msgspec.json.decode(data, type=TransitionReport)
         except Exception as e:  # noqa: BLE001 - any malformed report is refused and logged
             return await self._refuse_transition(agent, None, f"malformed report: {str(e)[:200]}", msg_seq, tp)
-        rep = msgspec.structs.replace(rep, idp_id=canonical_id(rep.idp_id))
+        raw = msgspec.structs.replace(rep, idp_id=canonical_id(rep.idp_id))
+        # spec 002 SR-1: the kernel's signed events are never deleted, so what it keeps and says of a
+        # report (its events, refusals, findings, log lines, what the principal is told) is the report
+        # with its secrets redacted, ``rep`` from here on; the report as sent (``raw``) is only compared
+        # (the gate rule, §5.5.3's string-exact match) and digested (docs/security.md "Data at rest").
+        rep = await self._kept(raw)
         so_id = await self.state.so_of(agent, rep.idp_id)
         got = await self.state.idp(so_id, rep.idp_id) if so_id else None
         if got is None:
             # spec 003 §5.3: no STATE_TRANSITIONED without a preceding IDP_SUBMITTED. A gated action
             # claimed with no declaration at all is the §8.7 finding below as well.
-            if self.gated(rep.executed_action):
+            if self.gated(raw.executed_action):
                 return await self._refuse_transition(
                     agent, rep, f"no IDP_SUBMITTED for this step, and {rep.executed_action} must transit a kernel gate",
                     msg_seq, tp, code="GATE_REQUIRED",
@@ -229,7 +262,8 @@ class TransitionReports:
                 msg_seq, tp, code="GATE_REQUIRED",
                 alert={"severity": "CRITICAL", "alert_trigger": "GATE_REQUIRED", "actions": [entry.requested_action]},
             )
-        gated = [a for a in dict.fromkeys((entry.requested_action, rep.executed_action)) if self.gated(a)]
+        gated = [a for a in dict.fromkeys((entry.requested_action, raw.executed_action)) if self.gated(a)]
+        gated = [rep.executed_action if a == raw.executed_action else a for a in gated]  # named as kept
         if gated:
             # spec 003 §8.7: a gated action reported on the agent-report path did not
             # transit a gate, so its comparison would rest on the agent's word: refused,
@@ -241,9 +275,9 @@ class TransitionReports:
             )
         if entry.status not in ("permitted", "hem_approved", "transitioned"):
             return await self._refuse_transition(agent, rep, f"the IDP was not permitted (status {entry.status})", msg_seq, tp)
-        report_digest = jcs.json_digest(msgspec.to_builtins(rep))
+        report_digest = jcs.json_digest(msgspec.to_builtins(raw))
         eff = rep.effect
-        resp_digest = jcs.json_digest(eff.response) if eff.response is not None else None
+        resp_digest = jcs.json_digest(raw.effect.response) if raw.effect.response is not None else None
         status, reported = recorded_status(eff.status, resp_digest)
         st_body = {
             "idp_id": entry.idp_id, "so_id": entry.so_id, "session_id": entry.session_id, "agent": agent,
@@ -252,7 +286,7 @@ class TransitionReports:
             "idp_submitted_seq": entry.submitted_seq,
             "effect": {"type": eff.type, "status": status, "external_ref": eff.external_ref,
                        "irreversibility_class": eff.irreversibility_class,
-                       "request_digest": jcs.json_digest(eff.request) if eff.request is not None else None,
+                       "request_digest": jcs.json_digest(raw.effect.request) if raw.effect.request is not None else None,
                        "response_digest": resp_digest},
             "effect_attestation": "runtime_claimed",
             "report_digest": report_digest,
@@ -286,7 +320,7 @@ class TransitionReports:
             if st.duplicate and st.event.body.get("report_digest") != report_digest:
                 # Another report of this IDP was logged first (a concurrent one).
                 return await self._reported_twice(agent, rep, entry, st, report_digest, msg_seq, tp)
-        matched = rep.executed_action == entry.requested_action  # spec 003 §5.5.3: string-exact
+        matched = raw.executed_action == entry.requested_action  # spec 003 §5.5.3: string-exact, as sent
         record: dict[str, Any] = {
             "idp_id": entry.idp_id,
             "state_transition_id": st.event.event_id,
@@ -325,6 +359,15 @@ class TransitionReports:
                                  mandate_id=entry.mandate_id, verification=record, tp=tp)
         await self._transition_verdict(agent, entry, rep, resp_digest, record, tp)
         return "verified" if matched else "gap"
+
+    async def _kept(self, raw: TransitionReport) -> TransitionReport:
+        """``raw`` with every secret redacted (SR-1), everything else as sent; ``raw`` itself when clean."""
+        red = (await self.gw.stage_state.get()).redactor
+        if red.plainly_clean(raw):
+            return raw
+        builtins = msgspec.to_builtins(raw)
+        kept = red.graph(builtins, show=_as_sent)
+        return raw if kept is builtins else msgspec.convert(kept, TransitionReport)
 
     async def _held(self, agent: str, entry: IdpEntry) -> tuple[str, str] | None:
         """(code, reason) when the step's session or governed object is held, else None.

@@ -77,6 +77,7 @@ class RequestValidation:
     """The request-validation methods of :class:`gateway.kernel.service.KernelService` (state lives on the service)."""
 
     cfg: Any
+    gw: Any  # the Gateway: its stage state holds the redactor (SR-1)
     state: KernelState
     mandates: Any
 
@@ -152,6 +153,24 @@ class RequestValidation:
             raise self._reject(
                 "IDP_MALFORMED", "goal and reasoning descriptions must not contain personal data (spec 003 §9)",
                 idp_id=idp.idp_id, details=[Detail(message=f"{p.split('@')[0]} marker", path=p.split("@")[1], rule="pii") for p in pii],
+            )
+        # spec 003 §5.3: IDP_SUBMITTED holds "the full IDP object as submitted", signed (§8.2) in a log
+        # that is never deleted, so a secret in an IDP would stay readable at rest for good (spec 002
+        # SR-1; docs/security.md "Data at rest"). As personal data (§9), it is refused before anything is
+        # committed: the agent restates the step without it. The resource is recorded beside the IDP.
+        red = (await self.gw.stage_state.get()).redactor
+        held = red.holding(idp_raw)
+        if held:
+            raise self._reject(
+                "IDP_MALFORMED",
+                "the IDP holds a secret (a configured secret or a secret: token); the event log keeps an IDP as "
+                "submitted and for good, so restate it without the secret (spec 002 SR-1, spec 003 §5.3)",
+                idp_id=idp.idp_id, details=[Detail(message="holds a secret", path=p, rule="secret") for p in held],
+            )
+        if isinstance(res_raw, str) and red.holding(res_raw):
+            raise self._reject(
+                "REQUEST_MALFORMED", "the resource holds a secret; the event log keeps it with the IDP (spec 002 SR-1)",
+                idp_id=idp.idp_id, details=[Detail(message="holds a secret", path="resource", rule="secret")],
             )
         # §4.3: an INSTRUCTION basis MUST name the instruction's source by
         # mandate_id or session_id, so the instruction stays traceable.

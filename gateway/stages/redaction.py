@@ -285,6 +285,62 @@ class Redactor:
 
         return rebuild(value)
 
+    def holding(self, value: Any) -> list[str]:
+        """The JSON paths of the leaves of ``value`` that hold a secret: those :meth:`graph` would
+        redact, keys (``$.a.<key>``) and values (``$.a.b[0]``), in document order; ``[]`` when none.
+
+        Judged as :meth:`graph` judges (a secret split across adjacent leaves marks each of them);
+        nothing is rendered, so a leaf that only holds invisible characters is not named.
+        """
+        if self.plainly_clean(value):
+            return []
+        # Each leaf in document order with the path to it: parts ("i", index) of an array, ("k", the
+        # key's own leaf index) of an object; a key is named in a path as redacted, never as sent.
+        paths: list[tuple[tuple[str, int], ...]] = []
+        leaves: list[str] = []
+        is_key: list[bool] = []
+
+        def walk(x: Any, path: tuple[tuple[str, int], ...]) -> None:
+            if isinstance(x, str):
+                paths.append(path)
+                leaves.append(x)
+                is_key.append(False)
+            elif isinstance(x, dict):
+                for k, child in x.items():
+                    if isinstance(k, str):
+                        paths.append(path)
+                        leaves.append(k)
+                        is_key.append(True)
+                        walk(child, (*path, ("k", len(leaves) - 1)))
+                    else:
+                        walk(child, path)
+            elif isinstance(x, list):
+                for i, c in enumerate(x):
+                    walk(c, (*path, ("i", i)))
+
+        try:
+            walk(value, ())
+        except RecursionError:  # deeper than redaction walks: judged whole, as text
+            blob = msgspec.json.encode(value).decode()
+            return ["$"] if self.text(blob) != blob else []
+        if not leaves:
+            return []
+
+        def same(t: str) -> str:
+            return t
+
+        done = self._leaves(leaves, same)
+        hit = [d is not leaf for d, leaf in zip(done, leaves, strict=True)]
+        vals = [i for i, k in enumerate(is_key) if not k]
+        for i, t in zip(vals, self._leaves([leaves[i] for i in vals], same), strict=True):
+            hit[i] = hit[i] or t is not leaves[i]
+
+        def named(i: int) -> str:
+            parts = paths[i] + ((("k", i),) if is_key[i] else ())
+            return "$" + "".join(f"[{n}]" if kind == "i" else f".{done[n]}" for kind, n in parts)
+
+        return list(dict.fromkeys(named(i) for i, h in enumerate(hit) if h))
+
     def clean(self, value: Any) -> bool:
         """True when ``value`` (a JSON graph) would come out of redaction unchanged."""
         return self.graph(value) == value
