@@ -144,6 +144,36 @@ async def test_unacknowledged_message_is_dead_lettered_from_the_advisory(nc, mak
     assert v["verdict_class"] == "engine_failure" and v["envelope_id"] == "crasher"
 
 
+async def test_unacknowledged_transition_report_is_dead_lettered_from_the_advisory(nc, make_config) -> None:
+    """A transition report the kernel never acknowledges (it dies on each delivery) is dead-lettered from the
+    server's MAX_DELIVERIES advisory of ``pgw-kernel``: one record naming the consumer and the report's idp_id,
+    one engine_failure verdict, no outcome (a report has none)."""
+    js = nc.jetstream()
+    gw = Gateway(make_config(), nc)  # not entered: no kernel; the crashing kernel is simulated below
+    async with DeadLetters(gw):
+        report = {"idp_id": "8c6f0c1e-9b4e-4d55-9e57-0d1c4ad1b6a1", "executed_action": "CloseBooking",
+                  "effect": {"type": "booking.close", "status": "confirmed"}}
+        await js.publish("pgw.agent.bot.transition", json.dumps(report).encode(),
+                         headers={"Nats-Msg-Id": "bot:report", "traceparent": TRACE})
+        psub = await js.pull_subscribe(
+            "pgw.agent.*.transition", durable="pgw-kernel", stream="PGW_INBOUND",
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=0.3, max_deliver=2,
+                                  filter_subject="pgw.agent.*.transition"))
+        for _ in range(2):  # delivered twice, never acked
+            (_m,) = await psub.fetch(1, timeout=5)
+        with pytest.raises(NatsTimeout):
+            await psub.fetch(1, timeout=1.5)
+        dl = await until(lambda: read_stream(js, "PGW_DEADLETTER"), timeout=10)
+        await until(lambda: read_stream(js, "PGW_VERDICTS"), timeout=10)
+        await psub.unsubscribe()
+    rec = json.loads(dl[0].data)
+    assert (rec["consumer"], rec["idp_id"], rec["deliveries"]) == ("pgw-kernel", report["idp_id"], 2)
+    assert "not acknowledged" in rec["reason"] and rec["agent"] == "bot"
+    (v,) = [json.loads(x.data) for x in await read_stream(js, "PGW_VERDICTS")]
+    assert (v["verdict_class"], v["action_type"], v["idp_id"]) == ("engine_failure", "idp.transition", report["idp_id"])
+    assert not await read_stream(js, "PGW_OUTBOUND")
+
+
 async def test_dead_letter_recording_is_idempotent(nc, make_config) -> None:
     """Recording the same dead letter twice (hook and advisory) leaves one record, verdict, outcome."""
     js = nc.jetstream()
