@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import get_default_environment, stdio_client
+from nats.js.errors import NoKeysError
 
 from consumers.notify.service import Notifier
 from consumers.slack.service import SlackSurface
@@ -463,3 +464,74 @@ async def test_the_kernel_log_keeps_no_secret_an_agent_sends(tmp_path, nats_serv
         if hits:
             found[needle] = hits
     assert not found, f"found at rest: {found}"
+
+
+async def test_a_gated_actions_secret_arguments_are_erased_once_it_is_done(tmp_path, nats_server, make_config) -> None:
+    """Arguments of a gated action that hold a configured secret reach the executor as sent, but the kernel's
+    open-dispatch record (``PGW_KERNEL_GATE``, a KV bucket that cannot erase) only ever holds them redacted;
+    as sent they wait in an erasable stream and are erased once the step is done: run at once, approved by the
+    principal (read back by sequence for the dispatch), or rejected by her. After a clean shutdown and a
+    restart the secret is in no file under the server's store and no log line (gateway/kernel/gate_args.py)."""
+    from subjects.client import Agent
+    from subjects.gate import ActDone, idempotency_key
+    from subjects.idp import HemPending
+    from subjects.wire import ActionResult, OptionChoice
+    from tests.kernel_support import Issuer, running_gateway
+    from tests.test_gate import AGENT, PRINCIPAL, GateEnv, NotesExecutor, gate_config
+    from tests.test_gate import SECRET as GATE_SECRET
+    from tests.test_kernel_hem import LogWatch, _moment
+
+    nc = await connect(nats_server.client_url, name="test")
+    issuer = Issuer(tmp_path / "issuer")
+    watch = LogWatch()
+    await watch.start(nc)
+    notes = NotesExecutor(nc)
+    with capture_logs_with_context() as logs:
+        try:
+            async with notes.ex, running_gateway(gate_config(make_config, issuer, tmp_path), nc) as gw:
+                env = GateEnv(nc, gw, issuer, watch, notes)
+                kv = await env.js.key_value("PGW_KERNEL_GATE")
+                # -- permitted: runs at once with the secret, as sent
+                r = await env.act("WriteNote", {"name": "now", "text": f"the key {GATE_SECRET}"})
+                assert isinstance(r, ActDone) and notes.notes["now"] == f"the key {GATE_SECRET}"
+                agent = Agent(nc, AGENT)
+                try:
+                    for name, choice in (("asked", 0), ("refused", 1)):
+                        rec = env.idp("WriteNote", hem_urgency="REQUIRED")
+                        held = await env.act("WriteNote", {"name": name, "text": f"{name} {GATE_SECRET}"}, rec)
+                        assert isinstance(held, HemPending)
+                        stored = json.loads((await kv.get(idempotency_key(env.so, rec["idp_id"]))).value)
+                        assert GATE_SECRET not in json.dumps(stored) and stored["arguments_seq"] > 0
+                        assert stored["arguments"]["text"] == f"{name} [REDACTED]"
+                        item = await _moment(Surface(nc, PRINCIPAL), rec["idp_id"])
+                        await Surface(nc, PRINCIPAL).resolve(item.moment_id, OptionChoice(index=choice))
+
+                        async def result(idp_id: str = rec["idp_id"]) -> ActionResult:
+                            async for o in agent.outcomes():
+                                if isinstance(o, ActionResult) and o.idp_id == idp_id:
+                                    return o
+                            raise AssertionError("outcomes ended")
+
+                        out = await asyncio.wait_for(result(), 15)
+                        assert out.status == ("confirmed" if choice == 0 else "not_run"), out
+                finally:
+                    await agent.close()
+                # approved: read back by its sequence and sent as sent; refused: never sent
+                assert notes.notes == {"now": f"the key {GATE_SECRET}", "asked": f"asked {GATE_SECRET}"}
+
+                async def closed() -> bool:  # every open dispatch finished, so its arguments erased
+                    try:
+                        return not await kv.keys()
+                    except NoKeysError:
+                        return True
+
+                await until(closed, timeout=15, what="every open dispatch closed")
+        finally:
+            await nc.drain()
+    await nats_server.stop()
+    await nats_server.start()
+    await nats_server.stop()
+    files = every_file(tmp_path)
+    logged = json.dumps([dict(e) for e in logs], default=str).encode()
+    hits = where(files, GATE_SECRET.encode(), tmp_path) + (["logs"] if GATE_SECRET.encode() in logged else [])
+    assert not hits, f"found at rest: {hits}"

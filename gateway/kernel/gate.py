@@ -60,6 +60,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 
+from gateway.kernel import gate_args
 from gateway.kernel.eventlog import Appended
 from gateway.kernel.scopes import ApprovalScope, ScopeOffer, scope_detail
 from gateway.kernel.state import ConflictError, IdpEntry
@@ -155,6 +156,9 @@ class OpenDispatch(Struct, kw_only=True, omit_defaults=True):
     # one that permitted it without asking (``scope_id``, ``kind``, ``grant_seq``, ``moment_id``, ...).
     scope_offer: ScopeOffer | None = None
     scope: dict[str, Any] | None = None
+    # gateway/kernel/gate_args.py: arguments that hold a secret are stored apart (erasable), and this
+    # record holds them redacted; the sequence of the message holding them as sent.
+    arguments_seq: int | None = None
 
     def request(self) -> ExecRequest:
         return ExecRequest(idempotency_key=self.idempotency_key, action=self.action, arguments=self.arguments,
@@ -186,6 +190,7 @@ def _request_record(request: ExecRequest) -> tuple[Any, str]:
 class Gate:
     """The gate methods of :class:`gateway.kernel.service.KernelService` (state lives on the service)."""
 
+    gw: Any
     nc: Any
     js: Any
     cfg: Any
@@ -317,13 +322,28 @@ class Gate:
         d = self._open(entry, gate, state="dispatched")
         d.dispatched_at = time.time()
         gate.d = d
-        await self.gate_kv.put(d.idempotency_key, _enc.encode(d))
+        await self.gate_kv.put(d.idempotency_key, await self._od_bytes(d))
+
+    async def _od_bytes(self, d: OpenDispatch) -> bytes:
+        """``d`` as ``PGW_KERNEL_GATE`` holds it: arguments that hold a secret apart (gate_args.py)."""
+        return await gate_args.stored(self.js, (await self.gw.stage_state.get()).redactor, d)
+
+    async def _read_open(self, value: bytes) -> OpenDispatch | None:
+        """An open dispatch read back, with its arguments as sent; None (logged) when they are gone."""
+        d = _od_dec.decode(value)
+        try:
+            return await gate_args.restored(self.js, d)
+        except gate_args.ArgumentsGone as e:
+            # Never dispatched with its redacted arguments: left for the operator (docs/gate.md).
+            log.error("an open dispatch's arguments are gone; it is not dispatched", idp_id=d.idp_id,
+                      key=d.idempotency_key, error=str(e))
+            return None
 
     async def _gate_hold(self, entry: IdpEntry, gate: GateCall, moment_id: str) -> None:
         """A HEM step of the gate: its arguments are stored before the principal is asked."""
         d = self._open(entry, gate, state="awaiting_approval", moment_id=moment_id)
         with contextlib.suppress(KeyWrongLastSequenceError):
-            await self.gate_kv.create(d.idempotency_key, _enc.encode(d))
+            await self.gate_kv.create(d.idempotency_key, await self._od_bytes(d))
 
     # -- dispatch -------------------------------------------------------------------
     async def _dispatch(self, d: OpenDispatch, *, reply: bool, rev: int | None = None, stored: bool = False,
@@ -336,9 +356,9 @@ class Gate:
         if not stored:
             d.state, d.dispatched_at = "dispatched", time.time()
             if rev is None:
-                await self.gate_kv.put(d.idempotency_key, _enc.encode(d))
+                await self.gate_kv.put(d.idempotency_key, await self._od_bytes(d))
             else:
-                await self.gate_kv.update(d.idempotency_key, _enc.encode(d), last=rev)
+                await self.gate_kv.update(d.idempotency_key, await self._od_bytes(d), last=rev)
         # The open dispatch (the key, state ``dispatched``) is the record a crash is recovered
         # from, and it is stored before this point. GATE_DISPATCHED and the index entry
         # ``dispatched`` are written while the executor works, and both are stored before
@@ -428,7 +448,7 @@ class Gate:
                "(dispatched_unconfirmed); its result follows as an action_result outcome")
         d.timed_out = True
         with contextlib.suppress(KeyNotFoundError):
-            await self.gate_kv.put(d.idempotency_key, _enc.encode(d))
+            await self.gate_kv.put(d.idempotency_key, await self._od_bytes(d))
         vid = stable_id("gate-timeout", d.so_id.lower(), d.idp_id.lower())
         await self.publisher.verdict(Verdict(
             verdict_id=vid, verdict_class="timeout", decision="accept",
@@ -581,6 +601,7 @@ class Gate:
         vev = (await asyncio.gather(*jobs))[0]
         await self._index_transitioned(d, known, st.seq, vev.seq)
         await kv_delete(self.js, BUCKET, d.idempotency_key)
+        await gate_args.erase(self.js, d)
 
     async def _logged(self, seq: int) -> Appended:
         return Appended(seq, await self.eventlog.get(seq), True)
@@ -632,8 +653,8 @@ class Gate:
             return
         if not e.value:
             return
-        d = _od_dec.decode(e.value)
-        if d.state != "awaiting_approval":
+        d = await self._read_open(e.value)
+        if d is None or d.state != "awaiting_approval":
             return
         if decision == "approve":
             if option is not None and d.scope_offer is not None:
@@ -664,6 +685,7 @@ class Gate:
         ), stable_id("action_result", d.so_id.lower(), d.idp_id.lower()))
         with contextlib.suppress(KeyNotFoundError):
             await self.gate_kv.delete(d.idempotency_key)
+        await gate_args.erase(self.js, d)
 
     # -- the sweep: crash recovery and late results ------------------------------------------
     async def _gate_loop(self) -> None:
@@ -713,7 +735,9 @@ class Gate:
                 return False
             if not e.value:
                 return False
-            d = _od_dec.decode(e.value)
+            d = await self._read_open(e.value)
+            if d is None:
+                return False
             got = await self.state.idp(d.so_id, d.idp_id)
             if d.state == "dispatched" and got is not None and got[0].status in ("permitted", "hem_approved"):
                 # A crash between the request and its index entry (_dispatch): the step was sent.
