@@ -87,6 +87,23 @@ def keyed(key_dir: Path, text: str) -> str:
     return f"hmac-sha256:{kid}:" + hmac.new(key, DIGEST_DOMAIN + text.encode(), hashlib.sha256).hexdigest()
 
 
+async def gone_after_restart(nats_server: Any, root: Path, logs: Any, needles: Any) -> dict[Path, bytes]:
+    """Shut the server down cleanly, start it (it reads its store again) and shut it down again; then no
+    needle is in any file under ``root`` or in any captured log line. The files, for further checks."""
+    await nats_server.stop()
+    await nats_server.start()
+    await nats_server.stop()
+    files = every_file(root)
+    logged = json.dumps([dict(e) for e in logs], default=str).encode()
+    found = {}
+    for needle in needles:
+        hits = where(files, needle.encode(), root) + (["logs"] if needle.encode() in logged else [])
+        if hits:
+            found[needle] = hits
+    assert not found, f"found at rest: {found}"
+    return files
+
+
 async def ask_through_mcp(url: str, tmp_path: Path, web: Surface) -> tuple[str, str]:
     """``pgw mcp --agent helper`` (a subprocess, its log in the test's folder) asks alice a moment holding the
     secret and the token; she answers it on the bus in her words with the secret; (moment id, what the tool
@@ -224,17 +241,8 @@ async def test_secrets_and_free_text_are_gone_from_every_byte_after_the_window(
                 await web.close()
                 for c in (nc, n_nc, gw_nc):
                     await c.drain()
-    await nats_server.stop()  # a clean shutdown, then the store read again at a start, and shut down again
-    await nats_server.start()
-    await nats_server.stop()
-    files = every_file(tmp_path)
-    logged = json.dumps([dict(e) for e in logs], default=str).encode()
-    found = {}
-    for needle in (SECRET, TOKEN_BODY, *WORDS, *(hashlib.sha256(t.encode()).hexdigest() for t in texts.values())):
-        hits = where(files, needle.encode(), tmp_path) + (["logs"] if needle.encode() in logged else [])
-        if hits:
-            found[needle] = hits
-    assert not found, f"found at rest: {found}"
+    needles = (SECRET, TOKEN_BODY, *WORDS, *(hashlib.sha256(t.encode()).hexdigest() for t in texts.values()))
+    files = await gone_after_restart(nats_server, tmp_path, logs, needles)
     # Each answer is kept as its keyed digest, and only where docs/contract.md says: the forgotten record
     # (PGW_MOMENTS) and, for a free text or an objection, the verdict's text_digest (PGW_VERDICTS).
     key_dir = tmp_path / "data" / "keys" / "digest"
@@ -322,17 +330,7 @@ async def test_a_dead_lettered_turn_and_a_transition_report_leave_no_secret_in_i
         finally:
             await nc.drain()
             await gw_nc.drain()
-    await nats_server.stop()  # a clean shutdown, then the store read again at a start, and shut down again
-    await nats_server.start()
-    await nats_server.stop()
-    files = every_file(tmp_path)
-    logged = json.dumps([dict(e) for e in logs], default=str).encode()
-    found = {}
-    for needle in (SECRET, TOKEN_BODY):
-        hits = where(files, needle.encode(), tmp_path) + (["logs"] if needle.encode() in logged else [])
-        if hits:
-            found[needle] = hits
-    assert not found, f"found at rest: {found}"
+    await gone_after_restart(nats_server, tmp_path, logs, (SECRET, TOKEN_BODY))
 
 
 async def read_stored_all(js: Any, stream: str) -> list[Any]:
@@ -453,17 +451,7 @@ async def test_the_kernel_log_keeps_no_secret_an_agent_sends(tmp_path, nats_serv
         finally:
             await nc.drain()
             await gw_nc.drain()
-    await nats_server.stop()  # a clean shutdown, then the store read again at a start, and shut down again
-    await nats_server.start()
-    await nats_server.stop()
-    files = every_file(tmp_path)
-    logged = json.dumps([dict(e) for e in logs], default=str).encode()
-    found = {}
-    for needle in (SECRET, TOKEN_BODY):
-        hits = where(files, needle.encode(), tmp_path) + (["logs"] if needle.encode() in logged else [])
-        if hits:
-            found[needle] = hits
-    assert not found, f"found at rest: {found}"
+    await gone_after_restart(nats_server, tmp_path, logs, (SECRET, TOKEN_BODY))
 
 
 async def test_a_gated_actions_secret_arguments_are_erased_once_it_is_done(tmp_path, nats_server, make_config) -> None:
@@ -528,10 +516,4 @@ async def test_a_gated_actions_secret_arguments_are_erased_once_it_is_done(tmp_p
                 await until(closed, timeout=15, what="every open dispatch closed")
         finally:
             await nc.drain()
-    await nats_server.stop()
-    await nats_server.start()
-    await nats_server.stop()
-    files = every_file(tmp_path)
-    logged = json.dumps([dict(e) for e in logs], default=str).encode()
-    hits = where(files, GATE_SECRET.encode(), tmp_path) + (["logs"] if GATE_SECRET.encode() in logged else [])
-    assert not hits, f"found at rest: {hits}"
+    await gone_after_restart(nats_server, tmp_path, logs, (GATE_SECRET,))

@@ -117,6 +117,25 @@ async def _len_at_least(js, stream: str, n: int) -> bool:
     return (await js.stream_info(stream)).state.messages >= n
 
 
+async def _never_acked(js, subject: str, durable: str) -> list:
+    """The one message on ``subject`` delivered twice on ``durable`` (max_deliver 2) and never acked, as by a
+    worker that dies mid-message; the dead letters once the server gave up on it (its MAX_DELIVERIES advisory),
+    with the verdict stored."""
+    psub = await js.pull_subscribe(
+        subject, durable=durable, stream="PGW_INBOUND",
+        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=0.3, max_deliver=2, filter_subject=subject))
+    for _ in range(2):
+        (_m,) = await psub.fetch(1, timeout=5)
+    # The restarted worker asks again; the server gives up on the message (max_deliver)
+    # and emits the MAX_DELIVERIES advisory instead of a third delivery.
+    with pytest.raises(NatsTimeout):
+        await psub.fetch(1, timeout=1.5)
+    dl = await until(lambda: read_stream(js, "PGW_DEADLETTER"), timeout=10)
+    await until(lambda: read_stream(js, "PGW_VERDICTS"), timeout=10)
+    await psub.unsubscribe()
+    return dl
+
+
 async def test_unacknowledged_message_is_dead_lettered_from_the_advisory(nc, make_config) -> None:
     """A message never acknowledged (worker crashes each time) is dead-lettered from the
     server's MAX_DELIVERIES advisory: one record, one engine_failure verdict."""
@@ -125,18 +144,7 @@ async def test_unacknowledged_message_is_dead_lettered_from_the_advisory(nc, mak
     gw = Gateway(config, nc)  # not entered: no worker; the crashing 'worker' is simulated below
     async with DeadLetters(gw):
         await _send(js, "bot", _moment_env("crasher"), headers={"traceparent": TRACE})
-        psub = await js.pull_subscribe(
-            "pgw.agent.*.envelope", durable="pgw-gateway", stream="PGW_INBOUND",
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=0.3, max_deliver=2))
-        for _ in range(2):  # delivered twice, never acked: a worker that dies mid-turn
-            (_m,) = await psub.fetch(1, timeout=5)
-        # The restarted worker asks again; the server gives up on the message (max_deliver)
-        # and emits the MAX_DELIVERIES advisory instead of a third delivery.
-        with pytest.raises(NatsTimeout):
-            await psub.fetch(1, timeout=1.5)
-        dl = await until(lambda: read_stream(js, "PGW_DEADLETTER"), timeout=10)
-        await until(lambda: read_stream(js, "PGW_VERDICTS"), timeout=10)
-        await psub.unsubscribe()
+        dl = await _never_acked(js, "pgw.agent.*.envelope", "pgw-gateway")
     rec = json.loads(dl[0].data)
     assert rec["stream_seq"] == 1 and rec["deliveries"] == 2 and "not acknowledged" in rec["reason"]
     assert rec["traceparent"] == TRACE and rec["agent"] == "bot"
@@ -155,17 +163,7 @@ async def test_unacknowledged_transition_report_is_dead_lettered_from_the_adviso
                   "effect": {"type": "booking.close", "status": "confirmed"}}
         await js.publish("pgw.agent.bot.transition", json.dumps(report).encode(),
                          headers={"Nats-Msg-Id": "bot:report", "traceparent": TRACE})
-        psub = await js.pull_subscribe(
-            "pgw.agent.*.transition", durable="pgw-kernel", stream="PGW_INBOUND",
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=0.3, max_deliver=2,
-                                  filter_subject="pgw.agent.*.transition"))
-        for _ in range(2):  # delivered twice, never acked
-            (_m,) = await psub.fetch(1, timeout=5)
-        with pytest.raises(NatsTimeout):
-            await psub.fetch(1, timeout=1.5)
-        dl = await until(lambda: read_stream(js, "PGW_DEADLETTER"), timeout=10)
-        await until(lambda: read_stream(js, "PGW_VERDICTS"), timeout=10)
-        await psub.unsubscribe()
+        dl = await _never_acked(js, "pgw.agent.*.transition", "pgw-kernel")
     rec = json.loads(dl[0].data)
     assert (rec["consumer"], rec["idp_id"], rec["deliveries"]) == ("pgw-kernel", report["idp_id"], 2)
     assert "not acknowledged" in rec["reason"] and rec["agent"] == "bot"
