@@ -34,6 +34,7 @@ from gateway.moments import MomentDesk
 from gateway.pipeline import EnvelopeWorker
 from gateway.stages.kind import BUILTIN_KINDS, KindSpec
 from gateway.stages.state import StageStateCell
+from pgwcore import tracing
 from pgwcore.config import OPEN_MODE_LINE, Config
 from pgwcore.keys import load_or_create_digest_key
 from pgwcore.logs import get_logger
@@ -158,11 +159,19 @@ class Gateway:
         rnc, self.rnc = self.rnc, self.nc
         await release_requests_connection(self.nc, rnc)
 
+    async def traceparent(self, headers: Any) -> str | None:
+        """The W3C ``traceparent`` of an inbound message's ``headers``, if well-formed and free of secrets
+        (``pgwcore.tracing.accepted``); what every entry point carries on, logs and stores."""
+        value = (headers or {}).get("traceparent")
+        if value is None:
+            return None
+        return tracing.accepted(value, (await self.stage_state.get()).redactor)
+
     # -- principal.{p}.resolve -------------------------------------------
     async def _on_resolve(self, msg: Msg) -> None:
         if not self.responder.admits(msg):
             return
-        reply = await self.handle_resolve(msg.subject, msg.data, (msg.headers or {}).get("traceparent"))
+        reply = await self.handle_resolve(msg.subject, msg.data, await self.traceparent(msg.headers))
         await self.responder.answer(msg, _enc.encode(reply))
 
     async def handle_resolve(self, subject: str, data: bytes, traceparent: str | None = None) -> ResolveReply:

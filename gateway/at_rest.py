@@ -12,8 +12,11 @@ message is settled here, the same way whoever read it:
 - a transition report, once the kernel has recorded it (its events and
   verdict; gateway/kernel/transitions.py).
 
-Settling: when redaction changes nothing in the message, it stays as sent.
-Otherwise its redacted form is kept in the bucket ``PGW_INBOUND_REDACTED``
+Settling: when the message holds no secret, it stays as sent. It holds one
+when redaction changes its body as parsed, or its bytes hold one a parse does
+not show (a JSON member given twice: the parser keeps the last, the bytes keep
+both), or a header holds one (its name or value: ``Nats-Msg-Id``,
+``Pgw-Principal``, any other). Then its redacted form is kept in the bucket ``PGW_INBOUND_REDACTED``
 (key ``{agent}.{stream seq}``, the stream's 7 days), with the message's
 ``Nats-Msg-Id`` (redacted) in ``Pgw-Inbound-Msg-Id`` and its subject in
 ``Pgw-Inbound-Subject``: what ``pgw replay`` re-drives in its place
@@ -73,6 +76,15 @@ def redacted_turn(red: Any, body: bytes) -> bytes | None:
     return None if graph == value else msgspec.json.encode(graph)
 
 
+def _as_read(body: bytes) -> bytes:
+    """``body`` as the gateway parsed it (a member given twice kept once, as msgspec keeps it), or as sent
+    when it is not JSON."""
+    try:
+        return msgspec.json.encode(msgspec.json.decode(body))
+    except (msgspec.DecodeError, RecursionError):
+        return body
+
+
 async def settle_raw(js: JetStreamContext, red: Any, turn: Turn) -> bool:
     """Keep the redacted form of ``turn`` and erase it as sent, if it held a secret (module docstring).
 
@@ -80,7 +92,11 @@ async def settle_raw(js: JetStreamContext, red: Any, turn: Turn) -> bool:
     """
     redacted = redacted_turn(red, turn.body)
     if redacted is None:
-        return False
+        headers = dict(turn.headers or {})
+        if not red.bytes_hold_secret(turn.body) and not (headers and red.holding(headers)):
+            return False
+        # The body as the gateway read it (one value per member), or as sent when that held nothing.
+        redacted = _as_read(turn.body)
     # The message's id and principal redacted like the body; traceparent and subject as sent.
     headers = {INBOUND_MSG_ID_HEADER: red.text(turn.msg_id or ""), "Pgw-Principal": red.text(turn.principal or ""),
                "traceparent": turn.traceparent or "", INBOUND_SUBJECT_HEADER: turn.subject}

@@ -213,6 +213,7 @@ class DeadLetters:
         with contextlib.suppress(Exception):
             agent = self.gw.subjects.parse(subject).token
         body = (raw.data or b"") if raw is not None else b""
+        tp = await self.gw.traceparent(headers)
         try:
             await self.record(
                 stream_seq=seq,
@@ -221,13 +222,13 @@ class DeadLetters:
                 deliveries=deliveries,
                 body=body,
                 msg_id=headers.get("Nats-Msg-Id"),
-                traceparent=headers.get("traceparent"),
+                traceparent=tp,
                 reason=f"not acknowledged after {deliveries} deliveries (worker crash or ack_wait exceeded)",
                 consumer=consumer,
             )
             if raw is not None and agent:
                 await self._settle(Turn(agent=agent, subject=subject, stream_seq=seq, body=body,
-                                        msg_id=headers.get("Nats-Msg-Id"), traceparent=headers.get("traceparent"),
+                                        msg_id=headers.get("Nats-Msg-Id"), traceparent=tp, headers=headers,
                                         num_delivered=deliveries, principal=headers.get("Pgw-Principal")))
         except Exception:
             log.exception("dead-letter recording failed", stream_seq=seq)

@@ -303,15 +303,17 @@ class EnvelopeWorker:
             await msg.term()
             return
         headers = msg.headers or {}
+        tp = await self.gw.traceparent(headers) if "traceparent" in headers else None
         turn = Turn(
             agent=parsed.token or "",
             subject=msg.subject,
             stream_seq=stream_seq,
             body=msg.data,
             msg_id=headers.get("Nats-Msg-Id"),
-            traceparent=headers.get("traceparent"),
+            traceparent=tp,
             num_delivered=num_delivered,
             principal=headers.get("Pgw-Principal"),
+            headers=headers,
         )
         structlog.contextvars.bind_contextvars(agent=turn.agent, seq=turn.stream_seq, traceparent=turn.traceparent)
         t0 = time.perf_counter()

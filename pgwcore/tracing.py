@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -36,6 +37,22 @@ class _State:
 
 
 _state = _State()
+
+
+# W3C Trace Context §3.2: version "00", a 16-byte trace-id and an 8-byte parent-id (lowercase hex,
+# neither all zeros) and the flags. A value of another form is not carried on (§3.2.2: "the vendor
+# MUST ... restart the trace"), so text an agent puts in the header never reaches a log or a store.
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def accepted(value: str | None, redactor: Any = None) -> str | None:
+    """``value`` when it is a well-formed W3C ``traceparent`` holding no secret (``redactor.holding``:
+    a configured secret may have the shape of a trace id), else None: the message starts no trace."""
+    if value is None or not _TRACEPARENT.fullmatch(value):
+        return None
+    if redactor is not None and redactor.holding(value):
+        return None
+    return value
 
 
 def wanted(env: Mapping[str, str] | None = None) -> bool:

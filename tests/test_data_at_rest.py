@@ -19,6 +19,7 @@ a dead-lettered turn and a transition report (gateway/at_rest.py).
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import json
@@ -517,3 +518,87 @@ async def test_a_gated_actions_secret_arguments_are_erased_once_it_is_done(tmp_p
         finally:
             await nc.drain()
     await gone_after_restart(nats_server, tmp_path, logs, (GATE_SECRET,))
+
+
+async def test_headers_duplicate_members_nested_encodings_and_revocations_keep_no_secret(
+        tmp_path, nats_server, make_config) -> None:
+    """What a hostile agent (and an operator's slip) can put beside a body, found by an attack from the docs:
+    a ``traceparent`` that is not W3C or whose trace id is a configured secret (on an envelope, an IDP request,
+    a report and a principal's answer), a secret in any other header or in the ``Nats-Msg-Id``, a JSON member
+    given twice (the parsed value clean, the bytes not), base64 of base64 and hex of base64 of the secret in an
+    IDP, and a mandate revocation whose reason holds the secret. Each is refused, dropped or erased; after a
+    clean shutdown and a restart no secret is in any file under the server's store or in any log line."""
+    from gateway.kernel.revocation import sign_revocation
+    from subjects.idp import Permit, Reject
+    from subjects.kernelops import revoke_subject
+    from tests.kernel_support import Issuer, idp, policy_dir, request
+
+    hexsecret = "a1b2c3d4e5f60718293a4b5c6d7e8f90"  # a configured secret shaped like a trace id
+    issuer = Issuer(tmp_path / "issuer")
+    config = make_config(pipeline={"secrets": {"values": [SECRET, hexsecret]}},
+                         kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))})
+    bad_tp = f"00-{SECRET}-x-01"
+    hex_tp = f"00-{hexsecret}-00f067aa0ba902b7-01"
+    b64 = base64.b64encode
+    gw_nc = await connect(nats_server.client_url, name="gateway")
+    nc = await connect(nats_server.client_url, name="test")
+    js = nc.jetstream()
+    with capture_logs_with_context() as logs:
+        try:
+            async with Gateway(config, gw_nc):
+                sent = 0
+                for i, (headers, body) in enumerate((
+                    ({"traceparent": bad_tp}, None),
+                    ({"traceparent": hex_tp}, None),
+                    ({"X-Leak": SECRET}, None),
+                    ({f"X-{SECRET}": "1"}, None),
+                    ({"Pgw-Principal": TOKEN}, None),
+                    ({}, "msgid"),
+                    ({}, "duplicate"),
+                )):
+                    eid = f"hdr-{i}"
+                    env = envelope("ai.generation", {"text": "nothing to see"}, envelope_id=eid)
+                    raw = json.dumps(env).encode()
+                    msg_id = f"bot:{eid}"
+                    if body == "msgid":
+                        msg_id = f"bot:{eid}:{TOKEN}"
+                    if body == "duplicate":  # nodeId twice: a parser keeps the last, the bytes keep both
+                        raw = raw[:-1] + f', "nodeId": "{SECRET}", "nodeId": "node-clean"}}'.encode()
+                    await js.publish("pgw.agent.bot.envelope", raw, headers={"Nats-Msg-Id": msg_id, **headers})
+                    sent += 1
+                # -- the kernel: IDP requests with a hostile traceparent (permitted) and nested encodings (refused)
+                so = str(uuid.uuid4())
+                token, jti = issuer.mandate(agent="bot", so_id=so)
+                rec = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")
+                msg = await nc.request("pgw.agent.bot.idp", json.dumps({"mandate": token, "idp": rec}).encode(),
+                                       headers={"traceparent": hex_tp}, timeout=10)
+                assert b'"PERMIT"' in msg.data
+                for step, meta in enumerate((b64(b64(SECRET.encode())).decode(), b64(SECRET.encode()).hex()), start=2):
+                    nested = idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking", metadata={"note": meta})
+                    res = await request(nc, "bot", {"mandate": token, "idp": nested})
+                    assert isinstance(res, Reject) and [d.rule for d in res.details] == ["secret"], res
+                report = {"idp_id": rec["idp_id"], "executed_action": "CloseBooking",
+                          "effect": {"type": "booking.close", "status": "confirmed"}}
+                await js.publish("pgw.agent.bot.transition", json.dumps(report).encode(),
+                                 headers={"Nats-Msg-Id": f"bot:{rec['idp_id']}", "traceparent": bad_tp, "X-Leak": SECRET})
+                sent += 1
+                # -- a principal's answer to no moment, with a hostile traceparent (refused, and logged)
+                await nc.request("pgw.principal.alice.resolve", b'{"moment_id": "nope", "resolution": {"kind": "deny"}}',
+                                 headers={"traceparent": bad_tp}, timeout=10)
+                # -- a revocation whose reason holds the secret: refused, nothing logged
+                rev = sign_revocation(issuer.key, issuer.kid, jti, reason=f"leaked {SECRET}")
+                reply = json.loads((await nc.request(revoke_subject("pgw"), json.dumps({"token": rev}).encode(),
+                                                     timeout=10)).data)
+                assert reply["ok"] is False and reply["refusal"]["code"] == "REVOCATION_INVALID", reply
+                assert isinstance(await request(nc, "bot", {"mandate": token, "idp": idp(
+                    so_id=so, mandate_id=jti, step=9, action="CloseBooking")}), Permit)  # not revoked
+
+                async def settled() -> bool:  # every message held a secret: each erased once recorded
+                    info = await js.stream_info("PGW_INBOUND")
+                    return info.state.messages == 0 and info.state.last_seq == sent
+
+                await until(settled, timeout=20, what="every hostile message erased from PGW_INBOUND")
+        finally:
+            await nc.drain()
+            await gw_nc.drain()
+    await gone_after_restart(nats_server, tmp_path, logs, (SECRET, TOKEN_BODY, hexsecret))

@@ -199,7 +199,8 @@ class Responders:
                     raise Invalid("push_subscription_limit", f"{len(have)} subscriptions already "
                                   f"(notifier.push_max_per_principal); unsubscribe an old device first")
                 sid = await self.store.put_subscription(principal, sub)
-                log.info("push subscription stored", principal=principal, id=sid, device=sub.device,
+                # Not the device label: the principal's own words, kept only in her subscription.
+                log.info("push subscription stored", principal=principal, id=sid,
                          push_host=urlsplit(sub.endpoint).hostname)
                 return {"ok": True, "id": sid}
             case "unsubscribe":

@@ -253,7 +253,7 @@ class Gate:
                 agent = self.subjects.parse(msg.subject).token or ""
             except SubjectError:
                 return
-            tp = (msg.headers or {}).get("traceparent")
+            tp = await self.gw.traceparent(msg.headers)
             structlog.contextvars.bind_contextvars(agent=agent, traceparent=tp)
             try:
                 result = await self.handle_act(agent, msg.data, traceparent=tp)

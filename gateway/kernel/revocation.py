@@ -251,6 +251,11 @@ class Revocations:
         jti = claims["revoke_jti"]
         reason = claims.get("reason") if isinstance(claims.get("reason"), str) else None
         body = {"jti": jti, "revoked_by": kid, "reason": reason, "token": req.token}
+        # spec 002 SR-1: MANDATE_REVOKED is kept for good (the log denies delete), the bucket and the start's
+        # log line name the jti: a secret in the jti or the reason (or so in the signed token) is refused.
+        if (await self.kernel.gw.stage_state.get()).redactor.holding(body):
+            raise RevocationError("REVOCATION_INVALID", "the revocation's jti or reason holds a secret (a configured "
+                                  "secret or a secret: token); the log keeps it for good: sign it again without it")
         ev = await self.kernel.eventlog.append(EVENT, body, msg_id=stable_id(EVENT, jti))
         rec = Revoked(jti=jti, revoked_by=kid, ts=now_rfc3339(), reason=reason, event_seq=ev.seq)
         self._hold(rec)

@@ -425,7 +425,7 @@ class Scopes:
                     reply = ApprovalsReply(ok=False, refusal=Refusal(code="REQUEST_MALFORMED",
                                                                      reason="revoke names the scope_id to revoke"))
                 else:
-                    reply = await self.revoke(principal, req.scope_id, (msg.headers or {}).get("traceparent"))
+                    reply = await self.revoke(principal, req.scope_id, await self.kernel.gw.traceparent(msg.headers))
             else:
                 reply = ApprovalsReply(ok=True, approvals=[x.view() for x in await self.mine(principal)])
         except (msgspec.ValidationError, msgspec.DecodeError) as e:

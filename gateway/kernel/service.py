@@ -250,7 +250,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                 agent = self.subjects.parse(msg.subject).token or ""
             except SubjectError:
                 return
-            tp = (msg.headers or {}).get("traceparent")
+            tp = await self.gw.traceparent(msg.headers)
             structlog.contextvars.bind_contextvars(agent=agent, traceparent=tp)  # every log line of this request
             try:
                 result = await self.handle_request(agent, msg.data, traceparent=tp)

@@ -187,14 +187,14 @@ class TransitionReports:
             try:
                 agent = self.subjects.parse(msg.subject).token or ""
                 headers = msg.headers or {}
-                tp = headers.get("traceparent")
+                tp = await self.gw.traceparent(headers)
                 structlog.contextvars.bind_contextvars(agent=agent, traceparent=tp)
                 seq = msg.metadata.sequence.stream
                 await self.handle_transition(agent, msg.data, seq, traceparent=tp)
                 # Recorded: a report that held a secret leaves PGW_INBOUND (module docstring).
                 report = Turn(agent=agent, subject=msg.subject, stream_seq=seq, body=msg.data,
                               msg_id=headers.get("Nats-Msg-Id"), traceparent=tp,
-                              principal=headers.get("Pgw-Principal"))
+                              principal=headers.get("Pgw-Principal"), headers=headers)
                 await settle_raw(self.js, (await self.gw.stage_state.get()).redactor, report)
                 with contextlib.suppress(Exception):  # erased already: nothing left to redeliver
                     await msg.ack()
@@ -218,8 +218,8 @@ class TransitionReports:
             headers = msg.headers or {}
             report = Turn(agent=self.subjects.parse(msg.subject).token or "", subject=msg.subject,
                           stream_seq=md.sequence.stream, body=msg.data, msg_id=headers.get("Nats-Msg-Id"),
-                          traceparent=headers.get("traceparent"), num_delivered=md.num_delivered,
-                          principal=headers.get("Pgw-Principal"))
+                          traceparent=await self.gw.traceparent(headers), num_delivered=md.num_delivered,
+                          principal=headers.get("Pgw-Principal"), headers=headers)
             return bool(await dead.on_report_failure(report, msg))
         except Exception:  # the advisory records it once max_deliver is reached
             log.exception("dead-lettering a transition report failed", subject=msg.subject)

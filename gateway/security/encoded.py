@@ -94,9 +94,18 @@ def encoded_marks(secret: str) -> set[str]:
     these (or a ``%``, or non-ASCII text that may display as one), which keeps
     the decoding off the hot path of text that carries none.
     """
-    out: set[str] = set()
     raw = secret.encode()
-    for b in {raw, quote(secret, safe="").encode()}:
+    pct = "".join(f"%{c:02X}" for c in raw)  # every byte percent-encoded, as some encoders write it
+    first = _marks({raw, quote(secret, safe="").encode(), pct.encode(), pct.lower().encode()})
+    # Nested once (decodings' depth 2): a mark is a run every first encoding holds, so its own
+    # encodings are runs every second encoding (base64 of base64, hex of base64, ...) holds.
+    return first | _marks({m.encode() for m in first})
+
+
+def _marks(sources: set[bytes]) -> set[str]:
+    """The runs determined by each of ``sources`` in its hex and, at each alignment, its base64 and base64url."""
+    out: set[str] = set()
+    for b in sources:
         out.update((b.hex(), b.hex().upper()))
         for off in range(3):
             enc = base64.b64encode(b"\0" * off + b).decode()

@@ -21,6 +21,8 @@ from subjects.wire import AIEnvelope, Detail, Refusal
 INBOUND_DURABLE = "pgw-gateway"
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from gateway.moments import MomentDesk
     from pgwcore.config import Config
     from pgwcore.publish import Publisher
@@ -73,6 +75,7 @@ class Turn:
     traceparent: str | None
     num_delivered: int = 1
     principal: str | None = None  # the Pgw-Principal header (gateway.stages.route.resolve_principal)
+    headers: Mapping[str, str] | None = None  # every header as sent (gateway/at_rest.py judges them too)
 
     @cached_property
     def digest(self) -> str:

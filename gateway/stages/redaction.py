@@ -42,6 +42,7 @@ a value) must not carry a secret downstream either.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -340,6 +341,18 @@ class Redactor:
             return "$" + "".join(f"[{n}]" if kind == "i" else f".{done[n]}" for kind, n in parts)
 
         return list(dict.fromkeys(named(i) for i, h in enumerate(hit) if h))
+
+    def bytes_hold_secret(self, body: bytes) -> bool:
+        """Whether the bytes of a message hold a secret anywhere, also where a parse would not show it: a
+        JSON member given twice (a parser keeps one of them, the bytes keep both), or text that is not JSON."""
+        if not self._needles and self._clean_json(body):
+            return False
+        if b"\\" in body:  # escapes: read every member's string as a parser would, duplicates kept
+            try:
+                return bool(self.holding(json.loads(body, object_pairs_hook=lambda pairs: [list(p) for p in pairs])))
+            except (ValueError, RecursionError):
+                pass
+        return bool(self.holding(body.decode("utf-8", "replace")))
 
     def clean(self, value: Any) -> bool:
         """True when ``value`` (a JSON graph) would come out of redaction unchanged."""
