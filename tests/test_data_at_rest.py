@@ -525,8 +525,9 @@ async def test_headers_duplicate_members_nested_encodings_and_revocations_keep_n
     """What a hostile agent (and an operator's slip) can put beside a body, found by an attack from the docs:
     a ``traceparent`` that is not W3C or whose trace id is a configured secret (on an envelope, an IDP request,
     a report and a principal's answer), a secret in any other header or in the ``Nats-Msg-Id``, a JSON member
-    given twice (the parsed value clean, the bytes not), base64 of base64 and hex of base64 of the secret in an
-    IDP, and a mandate revocation whose reason holds the secret. Each is refused, dropped or erased; after a
+    given twice (the parsed value clean, the bytes not), a secret of digits sent as a number, base64 of base64,
+    hex of base64 and white-space-broken base64 and hex of the secret in an IDP, and mandate revocations whose
+    reason holds the secret (plainly, as a spaced hex dump). Each is refused, dropped or erased; after a
     clean shutdown and a restart no secret is in any file under the server's store or in any log line."""
     from gateway.kernel.revocation import sign_revocation
     from subjects.idp import Permit, Reject
@@ -534,8 +535,9 @@ async def test_headers_duplicate_members_nested_encodings_and_revocations_keep_n
     from tests.kernel_support import Issuer, idp, policy_dir, request
 
     hexsecret = "a1b2c3d4e5f60718293a4b5c6d7e8f90"  # a configured secret shaped like a trace id
+    digits = "904417358261"  # a configured secret of digits, sent as a JSON number
     issuer = Issuer(tmp_path / "issuer")
-    config = make_config(pipeline={"secrets": {"values": [SECRET, hexsecret]}},
+    config = make_config(pipeline={"secrets": {"values": [SECRET, hexsecret, digits]}},
                          kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))})
     bad_tp = f"00-{SECRET}-x-01"
     hex_tp = f"00-{hexsecret}-00f067aa0ba902b7-01"
@@ -555,6 +557,7 @@ async def test_headers_duplicate_members_nested_encodings_and_revocations_keep_n
                     ({"Pgw-Principal": TOKEN}, None),
                     ({}, "msgid"),
                     ({}, "duplicate"),
+                    ({}, "number"),
                 )):
                     eid = f"hdr-{i}"
                     env = envelope("ai.generation", {"text": "nothing to see"}, envelope_id=eid)
@@ -564,6 +567,8 @@ async def test_headers_duplicate_members_nested_encodings_and_revocations_keep_n
                         msg_id = f"bot:{eid}:{TOKEN}"
                     if body == "duplicate":  # nodeId twice: a parser keeps the last, the bytes keep both
                         raw = raw[:-1] + f', "nodeId": "{SECRET}", "nodeId": "node-clean"}}'.encode()
+                    if body == "number":
+                        raw = json.dumps({**env, "meta": {**env["meta"], "acme": {"acct": int(digits)}}}).encode()
                     await js.publish("pgw.agent.bot.envelope", raw, headers={"Nats-Msg-Id": msg_id, **headers})
                     sent += 1
                 # -- the kernel: IDP requests with a hostile traceparent (permitted) and nested encodings (refused)
@@ -573,7 +578,10 @@ async def test_headers_duplicate_members_nested_encodings_and_revocations_keep_n
                 msg = await nc.request("pgw.agent.bot.idp", json.dumps({"mandate": token, "idp": rec}).encode(),
                                        headers={"traceparent": hex_tp}, timeout=10)
                 assert b'"PERMIT"' in msg.data
-                for step, meta in enumerate((b64(b64(SECRET.encode())).decode(), b64(SECRET.encode()).hex()), start=2):
+                once = b64(SECRET.encode()).decode()
+                for step, meta in enumerate((b64(once.encode()).decode(), once.encode().hex(), int(digits),
+                                             f"{once[:8]} {once[8:]}", " ".join(f"{c:02x}" for c in SECRET.encode())),
+                                            start=2):
                     nested = idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking", metadata={"note": meta})
                     res = await request(nc, "bot", {"mandate": token, "idp": nested})
                     assert isinstance(res, Reject) and [d.rule for d in res.details] == ["secret"], res
@@ -586,10 +594,11 @@ async def test_headers_duplicate_members_nested_encodings_and_revocations_keep_n
                 await nc.request("pgw.principal.alice.resolve", b'{"moment_id": "nope", "resolution": {"kind": "deny"}}',
                                  headers={"traceparent": bad_tp}, timeout=10)
                 # -- a revocation whose reason holds the secret: refused, nothing logged
-                rev = sign_revocation(issuer.key, issuer.kid, jti, reason=f"leaked {SECRET}")
-                reply = json.loads((await nc.request(revoke_subject("pgw"), json.dumps({"token": rev}).encode(),
-                                                     timeout=10)).data)
-                assert reply["ok"] is False and reply["refusal"]["code"] == "REVOCATION_INVALID", reply
+                for reason in (f"leaked {SECRET}", " ".join(f"{c:02x}" for c in SECRET.encode())):
+                    rev = sign_revocation(issuer.key, issuer.kid, jti, reason=reason)
+                    reply = json.loads((await nc.request(revoke_subject("pgw"), json.dumps({"token": rev}).encode(),
+                                                         timeout=10)).data)
+                    assert reply["ok"] is False and reply["refusal"]["code"] == "REVOCATION_INVALID", reply
                 assert isinstance(await request(nc, "bot", {"mandate": token, "idp": idp(
                     so_id=so, mandate_id=jti, step=9, action="CloseBooking")}), Permit)  # not revoked
 
@@ -601,4 +610,6 @@ async def test_headers_duplicate_members_nested_encodings_and_revocations_keep_n
         finally:
             await nc.drain()
             await gw_nc.drain()
-    await gone_after_restart(nats_server, tmp_path, logs, (SECRET, TOKEN_BODY, hexsecret))
+    spaced = base64.b64encode(SECRET.encode()).decode()
+    await gone_after_restart(nats_server, tmp_path, logs,
+                             (SECRET, TOKEN_BODY, hexsecret, digits, spaced[8:], SECRET.encode().hex()[:24]))

@@ -367,7 +367,12 @@ class TransitionReports:
             return raw
         builtins = msgspec.to_builtins(raw)
         kept = red.graph(builtins, show=_as_sent)
-        return raw if kept is builtins else msgspec.convert(kept, TransitionReport)
+        if kept is builtins:
+            return raw
+        try:
+            return msgspec.convert(kept, TransitionReport)
+        except msgspec.ValidationError:  # a typed number that reads as a secret of digits stays a number
+            return msgspec.convert(red.graph(builtins, show=_as_sent, numbers=False), TransitionReport)
 
     async def _held(self, agent: str, entry: IdpEntry) -> tuple[str, str] | None:
         """(code, reason) when the step's session or governed object is held, else None.

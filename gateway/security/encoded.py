@@ -62,8 +62,11 @@ def _once(text: str) -> Iterator[tuple[int, int, str]]:
         for dec in _b64(m.group()):
             yield m.start(), m.end(), dec
     for m in _HEX.finditer(text):
+        end = m.end()
+        while end > m.start() and text[end - 1] in ": \t\n\r\f\v":
+            end -= 1  # a separator after the last pair belongs to the text around the run
         for dec in _hex(m.group(1)):
-            yield m.start(), m.end(), dec
+            yield m.start(), end, dec
     if "%" in text:
         for m in _PCT.finditer(text):
             dec = unquote_plus(m.group())

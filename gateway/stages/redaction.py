@@ -44,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -74,6 +75,17 @@ from subjects.wire import Detail
 log = get_logger("pgw.redaction")
 
 T = TypeVar("T")
+
+_WS_TEXT = " \t\n\r\f\v"
+_WS = re.compile(r"[ \t\n\r\f\v]")
+_ENC_TOKEN = re.compile(r"[A-Za-z0-9+/_=%:-]+")  # a piece of a base64, hex or URL-encoded run
+_MAX_TOKENS = 32  # pieces of one run broken by white space (a 76-column wrap of a long secret's base64 fits)
+
+
+def _number(x: float) -> str:
+    """A JSON number's text, as a leaf to judge (``msgspec`` writes it as it is sent)."""
+    return msgspec.json.encode(x).decode()
+
 
 class Redactor:
     """Scrubs configured secrets and ``secret:`` tokens out of strings and graphs."""
@@ -121,7 +133,8 @@ class Redactor:
         spans: list[list[tuple[int, int]]] = [[] for _ in texts]
         for tags in (False, True) if not joined.isascii() and TAGS.search(joined) else (False,):
             self._scan(texts, joined, spans, tags)
-        if self._needles and (not joined.isascii() or "%" in joined or any(m in joined for m in self._marks)):
+        if self._needles and (not joined.isascii() or "%" in joined or any(m in joined for m in self._marks)
+                              or (_WS.search(joined) and any(m in _WS.sub("", joined) for m in self._marks))):
             for li, t in enumerate(texts):
                 spans[li].extend(self._encoded_spans(t))
         if not may_hide(joined):
@@ -197,12 +210,33 @@ class Redactor:
         full-width or zero-width-laced base64 run decodes as what it displays.
         """
         out = [(s, e) for s, e, dec in decodings(text) if self._holds_secret(dec)]
+        if _WS.search(text):
+            out += self._spaced_spans(text)
         if not text.isascii():
             for tags in (False, True) if TAGS.search(text) else (False,):
                 view, where = display_view(text, tags)
                 if view != text and may_hold_encoding(view):
                     out += [(where[s], where[e - 1] + 1) for s, e, dec in decodings(view) if self._holds_secret(dec)]
         return out
+
+    def _spaced_spans(self, text: str) -> list[tuple[int, int]]:
+        """Runs broken by white space ("RW5jS2l3 aVNl...", a hex dump "45 6e 63", a wrapped line): the
+        shortest window of adjacent tokens, joined without the white space between them, that decodes to
+        text holding a secret; its span from the first token to the last."""
+        toks = [(m.start(), m.end()) for m in _ENC_TOKEN.finditer(text)]
+        found: list[tuple[int, int]] = []
+        for i in range(len(toks)):
+            joined = ""
+            for j in range(i, min(len(toks), i + _MAX_TOKENS)):
+                if j > i and text[toks[j - 1][1]:toks[j][0]].strip(_WS_TEXT):
+                    break  # something other than white space between: the run ends
+                joined += text[toks[j][0]:toks[j][1]]
+                if any(m in joined for m in self._marks) and any(
+                        self._holds_secret(dec) for _s, _e, dec in decodings(joined)):
+                    found.append((toks[i][0], toks[j][1]))
+                    break
+        # Only the windows that hold no smaller one: a word the run was written against is not taken in.
+        return [w for w in found if not any(o != w and w[0] <= o[0] and o[1] <= w[1] for o in found)]
 
     # -- graphs ----------------------------------------------------------
     def plainly_clean(self, obj: Any) -> bool:
@@ -231,7 +265,7 @@ class Redactor:
             return False
         return b"\\" not in blob or (b"\\u00" not in blob and b"\\b" not in blob and b"\\f" not in blob)
 
-    def graph(self, value: Any, show: Callable[[str], str] = visible) -> Any:
+    def graph(self, value: Any, show: Callable[[str], str] = visible, *, numbers: bool = True) -> Any:
         """A copy of a JSON graph with every string leaf and key redacted (``value`` itself if none changed).
 
         ``show``: how a leaf is rendered once redacted; by default without its invisible characters
@@ -247,6 +281,9 @@ class Redactor:
                 if isinstance(x, str):
                     leaves.append(x)
                     is_key.append(key)
+                elif numbers and isinstance(x, int | float) and not isinstance(x, bool):
+                    leaves.append(_number(x))  # a secret of digits sent as a number (its JSON text)
+                    is_key.append(False)
                 elif isinstance(x, dict):
                     items = list(x.items())
                     for k, child in reversed(items):
@@ -266,15 +303,18 @@ class Redactor:
             done[i] = t
         if all(d is leaf for d, leaf in zip(done, leaves, strict=True)):
             return value  # nothing redacted: no copy
-        red = iter(done)
+        red = iter(zip(done, leaves, strict=True))
 
         def rebuild(x: Any) -> Any:
             if isinstance(x, str):
-                return next(red)
+                return next(red)[0]
+            if numbers and isinstance(x, int | float) and not isinstance(x, bool):
+                d, leaf = next(red)
+                return x if d is leaf else d  # a number that held a secret becomes its redacted text
             if isinstance(x, dict):
                 out: dict[Any, Any] = {}
                 for k, child in x.items():
-                    nk = next(red) if isinstance(k, str) else k
+                    nk = next(red)[0] if isinstance(k, str) else k
                     nv = rebuild(child)
                     while nk in out:  # two keys redacted to the same text
                         nk = f"{nk}~"
@@ -305,6 +345,10 @@ class Redactor:
             if isinstance(x, str):
                 paths.append(path)
                 leaves.append(x)
+                is_key.append(False)
+            elif isinstance(x, int | float) and not isinstance(x, bool):
+                paths.append(path)
+                leaves.append(_number(x))
                 is_key.append(False)
             elif isinstance(x, dict):
                 for k, child in x.items():
@@ -384,7 +428,12 @@ class Redactor:
         red = self.graph(builtins)
         if red is builtins or red == builtins:
             return obj
-        return msgspec.convert(red, type(obj))
+        try:
+            return msgspec.convert(red, type(obj))
+        except msgspec.ValidationError:
+            # A typed number field (a sequence, a count) that reads as a secret of digits stays a number:
+            # the Struct's own numbers are the gateway's, not a sender's text.
+            return msgspec.convert(self.graph(builtins, numbers=False), type(obj))
 
 
 async def run(ctx: Ctx) -> None:
