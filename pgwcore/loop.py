@@ -28,12 +28,31 @@ def loop_name() -> str:
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)`` on the loop :func:`loop_name` names."""
+    """``asyncio.run(main)`` on the loop :func:`loop_name` names, with :func:`quiet_teardown` as its handler."""
     if loop_name() == "uvloop":
         import uvloop
 
-        return uvloop.run(main)
-    return asyncio.run(main)
+        return uvloop.run(_quietly(main))
+    return asyncio.run(_quietly(main))
+
+
+async def _quietly(main: Coroutine[Any, Any, T]) -> T:
+    asyncio.get_running_loop().set_exception_handler(quiet_teardown)
+    return await main
+
+
+# What a connection the server closed leaves behind: nats-py's transport futures fail with these when the
+# server drops the socket (a refused login, a server that went away) and nobody is left to await them.
+_TEARDOWN = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+
+
+def quiet_teardown(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's exception handler: a "never retrieved" connection reset is the client's own teardown after
+    the command has said what happened (a refused login's one line, ``pgw streams`` with no credentials,
+    found under load), not an error of its own; everything else goes to the default handler."""
+    if isinstance(context.get("exception"), _TEARDOWN) and "never retrieved" in str(context.get("message", "")):
+        return
+    loop.default_exception_handler(context)
 
 
 U = TypeVar("U")
