@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = get_logger("pgw.atomic")
 
 ERR_WRONG_LAST_SEQ = 10071  # JSStreamWrongLastSequenceErr
+ERR_WRONG_LAST_MSG_ID = 10070  # JSStreamWrongLastMsgIDErr
 ERR_ATOMIC_DISABLED = 10174  # the stream does not allow atomic publish
 ERR_BATCH_DUPLICATE_MSG_ID = 10201  # a Nats-Msg-Id in the batch was already stored
 MAX_BATCH = 1000  # the server's per-batch message limit (ADR-50)

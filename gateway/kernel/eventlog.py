@@ -55,7 +55,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from prometheus_client import Counter
 
-from pgwcore.atomic import ERR_WRONG_LAST_SEQ, AckInbox
+from pgwcore.atomic import ERR_WRONG_LAST_MSG_ID, ERR_WRONG_LAST_SEQ, AckInbox
 from pgwcore.keys import SigningKey
 from pgwcore.logs import get_logger
 from pgwcore.metrics import REGISTRY
@@ -152,6 +152,8 @@ class EventLog:
         self.quarantine: dict[int, Quarantine] = {}
         self._lock = asyncio.Lock()
         self._head: tuple[int, str] | None = None
+        # The Nats-Msg-Id of this process's own append the head was computed from (None: read from the server).
+        self._head_msg_id: str | None = None
         self.ack_timeout_s = 10.0
         # The PubAcks' inbox: the connection's request inbox (send_acked) until its owner
         # starts it (KernelService: one of the kernel's own, shared with its KernelState).
@@ -270,8 +272,9 @@ class EventLog:
         for _attempt in range(50):
             async with self._lock:
                 if self._head is None:
-                    self._head = await self.head()
+                    self._head, self._head_msg_id = await self.head(), None
                 prev_seq, prev_digest = self._head
+                chained_on = self._head_msg_id
                 ev = LogEvent(
                     event_id=event_id,
                     event_type=event_type,
@@ -284,17 +287,23 @@ class EventLog:
                 data = self._sign(ev, plain=True)
                 headers = {"Nats-Msg-Id": msg_id, "Nats-Expected-Last-Sequence": str(prev_seq),
                            "Nats-Expected-Stream": self.stream}
+                if chained_on is not None:
+                    # Chained onto this process's own append, perhaps not stored yet: another instance's
+                    # record may take that sequence and the append be refused, and then the last sequence
+                    # alone would let this one in, chained to a record that was never stored (spec 003
+                    # §8.2: the chain must not break). The last Nats-Msg-Id must be that append's too.
+                    headers["Nats-Expected-Last-Msg-Id"] = chained_on
                 if traceparent:
                     headers["traceparent"] = traceparent
                 # Sent now, in order on this connection; the ack is awaited outside the lock.
                 fut = await self.acks.send(subject, data, headers, self.ack_timeout_s)
                 # == ev.digest(), without canonicalizing twice
-                self._head = (prev_seq + 1, hashlib.sha256(data).hexdigest())
+                self._head, self._head_msg_id = (prev_seq + 1, hashlib.sha256(data).hexdigest()), msg_id
             try:
                 ack = await fut
             except APIError as e:
                 await self._reset(prev_seq + 1)
-                if e.err_code == ERR_WRONG_LAST_SEQ:
+                if e.err_code in (ERR_WRONG_LAST_SEQ, ERR_WRONG_LAST_MSG_ID):
                     continue
                 raise LogAppendError(e.err_code, e.description or "") from None
             except NoStreamResponseError:
@@ -325,7 +334,7 @@ class EventLog:
         """Forget the optimistic head if it still builds on the failed append."""
         async with self._lock:
             if self._head is not None and self._head[0] >= failed_seq:
-                self._head = None
+                self._head, self._head_msg_id = None, None
 
     def _own_original(self, seq: int, subject: str, data: bytes, event_type: str) -> LogEvent | None:
         """The event stored at ``seq`` under a duplicate's Nats-Msg-Id, if it is the kernel's own
