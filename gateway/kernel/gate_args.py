@@ -21,7 +21,7 @@ never dispatched with its redacted arguments: it is left for the operator.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from nats.js.errors import APIError, NotFoundError
@@ -29,10 +29,8 @@ from nats.js.errors import APIError, NotFoundError
 from gateway.moments import TEXT_STREAM
 from pgwcore.logs import get_logger
 
-if TYPE_CHECKING:
-    from gateway.kernel.gate import OpenDispatch
-
 log = get_logger("pgw.kernel.gate")
+# ``d`` below is a ``gateway.kernel.gate.OpenDispatch`` (not imported: gate.py imports this module).
 
 SUBJECT = "$KV.PGW_ANSWER_TEXT.gate.{key}"
 _enc = msgspec.json.Encoder()
@@ -42,7 +40,7 @@ class ArgumentsGone(Exception):
     """The arguments an open dispatch names by ``arguments_seq`` are not in the stream any more."""
 
 
-async def stored(js: Any, red: Any, d: OpenDispatch) -> bytes:
+async def stored(js: Any, red: Any, d: Any) -> bytes:
     """The bytes of ``d`` for ``PGW_KERNEL_GATE``: as it is when its arguments hold no secret; else with
     them redacted and ``arguments_seq`` naming the message that holds them as sent (written first, once)."""
     if d.arguments_seq is None:
@@ -54,7 +52,7 @@ async def stored(js: Any, red: Any, d: OpenDispatch) -> bytes:
     return _enc.encode(msgspec.structs.replace(d, arguments=red.graph(d.arguments)))
 
 
-async def restored(js: Any, d: OpenDispatch) -> OpenDispatch:
+async def restored(js: Any, d: Any) -> Any:
     """``d`` as read from the bucket, with its arguments as sent (raises :class:`ArgumentsGone`)."""
     if d.arguments_seq is None:
         return d
@@ -68,7 +66,7 @@ async def restored(js: Any, d: OpenDispatch) -> OpenDispatch:
     return d
 
 
-async def erase(js: Any, d: OpenDispatch) -> None:
+async def erase(js: Any, d: Any) -> None:
     """Delete, with erase, the message holding ``d``'s arguments (its record is deleted already)."""
     if d.arguments_seq is None:
         return
