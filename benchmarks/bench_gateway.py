@@ -171,7 +171,7 @@ RELAY_WINDOW_S = float(os.environ.get("PGW_BENCH_RELAY_S", "5"))
 # CPU at the rate users run (issue 48, target 4): the gateway and the contract floor each at a steady
 # STEADY_RATE/s, open loop, for PGW_BENCH_STEADY_S seconds (0 leaves it out), under ``always``.
 STEADY_RATE = float(os.environ.get("PGW_BENCH_STEADY_RATE", "150"))
-STEADY_S = float(os.environ.get("PGW_BENCH_STEADY_S", "5"))
+STEADY_S = float(os.environ.get("PGW_BENCH_STEADY_S", "3"))
 STEADY_ROW = "gateway CPU per envelope at a steady {rate:g}/s vs the contract floor at the same rate"
 
 

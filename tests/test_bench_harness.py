@@ -384,7 +384,6 @@ def test_bench_gate_reports_its_rows_beside_the_direct_call_and_the_gate_floor(m
         "gate: added p99 at 100/s vs the declaration's own p99 (default sync)",
         "gate: ceiling p99<=20ms (default sync)",
         "gate: ceiling p99<=20ms vs the gate floor's (default sync)",
-        "gate: ceiling p99<=20ms vs the declaration's (default sync)",
         "gate: one agent, steps/s of one session in sequence (default sync)",
         "gate: gateway CPU per gated call at 100/s (default sync)",
         "gate: gateway CPU per gated call vs the gate floor's at 100/s (default sync)",

@@ -313,8 +313,11 @@ def test_the_gate_is_judged_against_its_floor_and_reported_against_the_declarati
         "gate: messages sent per gated call (report; always)"]
     assert msgs["met"] == "report" and msgs["figure"] == "15.10" and "16.1" in msgs["floor"] and "15.00" in msgs["floor"]
     decl = judged([row("gate: ceiling p99<=20ms vs the declaration's (always)", 300.0, 500.0, "calls/s")])[
-        "gate: ceiling / the declaration's, same ladder (report; always)"]
-    assert decl["met"] == "report" and decl["figure"].startswith("0.60x")
+        "gate: ceiling / the IDP kernel's (report; always)"]
+    assert decl["met"] == "report" and decl["figure"].startswith("0.60x") and "same ladder" in decl["floor"]
+    kern = judged([row("gate: ceiling p99<=20ms (default sync)", 400.0, None, "calls/s"),
+                   row(T.IDP_KERNEL, 500.0, 3000.0, "req/s")])["gate: ceiling / the IDP kernel's (report; default sync)"]
+    assert kern["met"] == "report" and kern["figure"].startswith("0.80x") and "bench_idp" in kern["floor"]
 
 
 def test_cpu_at_a_steady_rate_is_judged_against_the_floor_at_that_rate() -> None:

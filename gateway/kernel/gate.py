@@ -10,10 +10,10 @@ kind (``exec.{kind}.{action}``, which only the gateway's identity may
 publish on). What is written when:
 
 1. ``PGW_KERNEL_GATE`` key ``{idempotency_key}`` (``OpenDispatch``: the
-   arguments, the executor, the state) with the permit: the record a crash
-   is recovered from; ``GATE_DISPATCHED`` in the event log (request digest,
-   executor, key) and the index entry ``dispatched``, written while the
-   executor works and stored before its answer is recorded;
+   arguments, the executor, the state) with the permit, and the index entry
+   stored ``dispatched`` in the same round: the record a crash is recovered
+   from; ``GATE_DISPATCHED`` in the event log (request digest, executor, key),
+   written while the executor works and stored before its answer is recorded;
    for a HEM step the key is written ``awaiting_approval`` before the
    principal is asked, and becomes ``dispatched`` on the approval;
 2. the executor's answer, within ``kernel.executors.{kind}.timeout_s``:
@@ -21,13 +21,15 @@ publish on). What is written when:
    dispatched, ``executed_action_source: kernel_dispatched``,
    ``effect_attestation: gate_executed`` and the effect status
    (``confirmed`` bound to the JSON-DIGEST of the response the kernel
-   received, or ``failed``); once it is stored, the ``ActDone`` answer.
-   Then, after the answer (the tail): ``IDP_COMMITMENT_VERIFIED`` (declared
-   vs dispatched, computed by the kernel alone: §8.7), the ``executed``
-   verdict (so the capsule) and the open permit's close, together; the
-   index entry ``transitioned``; the key deleted, last. The session's next
-   act on this gateway waits for the tail; a gap (never on this path: the
-   kernel dispatches the declared action) keeps the tail before the answer;
+   received, or ``failed``), and with it, in the same round,
+   ``IDP_COMMITMENT_VERIFIED`` (declared vs dispatched, computed by the
+   kernel alone: §8.7; spec 003 §5.3, §5.5); once both are stored, the
+   ``ActDone`` answer. Then, after the answer (the tail): the ``executed``
+   verdict (so the capsule), the open permit's close and the index entry
+   ``transitioned``, together; the key deleted, last. Nothing of the tail is
+   read by the session's next step, which does not wait for it; a gap (never
+   on this path: the kernel dispatches the declared action) keeps the tail
+   before the answer;
 3. no answer in time: a ``timeout`` verdict (spec 004 §5.4.2: a timeout
    after dispatch, ``dispatched_unconfirmed``), the ``ActDispatched``
    answer; the key stays, and the sweep below finishes it.
