@@ -236,6 +236,17 @@ class Redactor:
         ``show``: how a leaf is rendered once redacted; by default without its invisible characters
         (``visible``), for data a principal approves as it will run with them marked instead
         (``gateway.security.text.marked``, docs/gate.md "What the principal sees")."""
+        if not self._needles:
+            # The pre-check of ``plainly_clean``, exact in this direction: such a graph has nothing to
+            # redact or drop, whatever ``show`` is, so it comes back as it went in, with no walk. Where
+            # a caller has not checked first (a turn's raw body, settled at rest once answered:
+            # gateway/at_rest.py), the walk cost about as much as the rest of the stages together.
+            try:
+                blob = msgspec.json.encode(value)
+            except Exception:  # noqa: BLE001 - not JSON-encodable as it is (a key type, a depth): the walk decides
+                blob = None
+            if blob is not None and self._clean_json(blob):
+                return value
         leaves: list[str] = []
         is_key: list[bool] = []
 
