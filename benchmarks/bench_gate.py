@@ -103,7 +103,7 @@ DIRECT_LADDER = os.environ.get("PGW_BENCH_GATE_DIRECT", "") not in ("", "0")
 # report reads bench_idp's kernel ceiling instead (PGW_BENCH_GATE_DECL=1 adds it, on both settings).
 DECL_LADDER = os.environ.get("PGW_BENCH_GATE_DECL", "") not in ("", "0")
 # One agent: steps of one session, one after the other, gated and through the gate floor.
-SEQ_N = int(os.environ.get("PGW_BENCH_GATE_SEQ", "200"))
+SEQ_N = int(os.environ.get("PGW_BENCH_GATE_SEQ", "150"))
 ARGS = {"path": "/notes/today.txt", "text": "Pick up the dry cleaning before six."}
 WARM = 50  # sequential calls of each kind before the first window
 READY = "bench.gate.executor.ready"

@@ -101,7 +101,7 @@ FIXED_RATE_ROW = "idp kernel: CPU per request @ {rate}/s, p99 aside (vs the cont
 # CPU at the rate users run (issue 48, target 4): the kernel and its contract floor each at a steady
 # STEADY_RATE/s for PGW_BENCH_IDP_STEADY_S seconds (0 leaves it out).
 STEADY_RATE = int(os.environ.get("PGW_BENCH_IDP_STEADY_RATE", "50"))
-STEADY_S = float(os.environ.get("PGW_BENCH_IDP_STEADY_S", "4"))
+STEADY_S = float(os.environ.get("PGW_BENCH_IDP_STEADY_S", "3"))
 STEADY_ROW = "idp kernel: CPU per request at a steady {rate}/s vs the contract floor at the same rate"
 POLICY = 'permit(principal, action == Action::"CloseBooking", resource)\n' \
          'when { context.idp.confidence_level.greaterThanOrEqual(decimal("0.8")) };\n'

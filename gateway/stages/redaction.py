@@ -230,13 +230,14 @@ class Redactor:
             return False
         return b"\\" not in blob or (b"\\u00" not in blob and b"\\b" not in blob and b"\\f" not in blob)
 
-    def graph(self, value: Any, show: Callable[[str], str] = visible) -> Any:
+    def graph(self, value: Any, show: Callable[[str], str] = visible, *, checked: bool = False) -> Any:
         """A copy of a JSON graph with every string leaf and key redacted (``value`` itself if none changed).
 
         ``show``: how a leaf is rendered once redacted; by default without its invisible characters
         (``visible``), for data a principal approves as it will run with them marked instead
-        (``gateway.security.text.marked``, docs/gate.md "What the principal sees")."""
-        if not self._needles:
+        (``gateway.security.text.marked``, docs/gate.md "What the principal sees"). ``checked``: the
+        caller ran ``plainly_clean`` on it already (and it said no), so the pre-check is not run again."""
+        if not self._needles and not checked:
             # The pre-check of ``plainly_clean``, exact in this direction: such a graph has nothing to
             # redact or drop, whatever ``show`` is, so it comes back as it went in, with no walk. Where
             # a caller has not checked first (a turn's raw body, settled at rest once answered:
@@ -323,7 +324,7 @@ class Redactor:
     def _walk(self, obj: T) -> T:
         """``scrub_struct`` without the pre-check: the full walk of the Struct's graph."""
         builtins = msgspec.to_builtins(obj)
-        red = self.graph(builtins)
+        red = self.graph(builtins, checked=True)
         if red is builtins or red == builtins:
             return obj
         return msgspec.convert(red, type(obj))
@@ -337,7 +338,7 @@ async def run(ctx: Ctx) -> None:
     if r.plainly_clean(env):
         return
     raw = msgspec.to_builtins(env)
-    red = r.graph(raw)
+    red = r.graph(raw, checked=True)
     if red is raw or red == raw:
         return
     ctx.extra["redacted"] = True
