@@ -26,10 +26,12 @@ from pgwcore.keys import load_or_create, public_keys
 from tests.kernel_support import Issuer, kernel_config, policy_dir
 
 
-@pytest.mark.xfail(strict=True, reason="pipelined appends of two instances can break the chain (module docstring)")
+# Not strict: the break needs the other instance's append to land between two of this one's, which a
+# loaded host does not always schedule (it broke in 3 of 3 runs alone, not in one full-suite run).
+@pytest.mark.xfail(strict=False, reason="pipelined appends of two instances can break the chain (module docstring)")
 async def test_two_pipelining_writers_keep_one_chain(make_config: Any, tmp_path: Path, nc: Any,
                                                       nats_server: Any) -> None:
-    """Two instances, each appending eight events at once, twenty times: the chain verifies whole."""
+    """Two instances, each appending eight events at once, forty times: the chain verifies whole."""
     cfg = kernel_config(make_config, Issuer(tmp_path / "issuer"), policy_dir(tmp_path))
     key = load_or_create(cfg.data_path, "kernel")
     nc2 = await connect(nats_server.client_url)
@@ -37,7 +39,7 @@ async def test_two_pipelining_writers_keep_one_chain(make_config: Any, tmp_path:
         a, b = EventLog(nc, cfg.subjects, key), EventLog(nc2, cfg.subjects, key)
 
         async def burst(log: EventLog, name: str) -> None:
-            for r in range(20):
+            for r in range(40):
                 await asyncio.gather(*(log.append("CEDAR_PERMIT_RECORDED", {"writer": name, "r": r, "i": i},
                                                   msg_id=f"{name}-{r}-{i}") for i in range(8)))
 
@@ -46,4 +48,4 @@ async def test_two_pipelining_writers_keep_one_chain(make_config: Any, tmp_path:
         res = await verify_stream(nc.jetstream(), cfg.subjects, keys)
     finally:
         await nc2.close()
-    assert res.ok and res.checked == 320, res.first_break
+    assert res.ok and res.checked == 640, res.first_break
