@@ -168,6 +168,35 @@ class Bench:
 
 
 RELAY_WINDOW_S = float(os.environ.get("PGW_BENCH_RELAY_S", "5"))
+# CPU at the rate users run (issue 48, target 4): the gateway and the contract floor each at a steady
+# STEADY_RATE/s, open loop, for PGW_BENCH_STEADY_S seconds (0 leaves it out), under ``always``.
+STEADY_RATE = float(os.environ.get("PGW_BENCH_STEADY_RATE", "150"))
+STEADY_S = float(os.environ.get("PGW_BENCH_STEADY_S", "3"))
+STEADY_ROW = "gateway CPU per envelope at a steady {rate:g}/s vs the contract floor at the same rate"
+
+
+async def _steady_rows(b: Bench, tag: str) -> list[dict]:
+    """CPU per envelope of the gateway and of the contract floor, each alone at a steady ``STEADY_RATE``/s
+    (open loop, publish -> surface), from each process's CPU-time clock: what a gateway costs at the
+    rates users run, where nothing is shared between envelopes (socket writes, wake-ups, fetches)."""
+    if STEADY_S <= 0:
+        return []
+    n = max(10, int(STEADY_RATE * STEADY_S))
+    cpu: dict[str, float] = {}
+    server: dict[str, float] = {}
+    for s in (b.floor, b.gw):
+        progress(f"{b.label}: {s.name} at a steady {STEADY_RATE:g}/s for {STEADY_S:g} s")
+        with b.meter(s) as m:
+            await b.drv.latency(s, STEADY_RATE, STEADY_S, label=f"{b.label}: {s.name} steady")
+        cpu[s.name] = sum(v for k, v in m.cpu.items() if k.startswith(s.name)) * 1000 / n
+        server[s.name] = m.cpu["server"] * 1000 / n
+    return [
+        row(tag + STEADY_ROW.format(rate=STEADY_RATE), cpu["gateway"], cpu["floor"],
+            f"ms CPU (ratio = gateway/floor, each alone at {STEADY_RATE:g}/s for {STEADY_S:g} s; target <= 2)"),
+        row(f"{tag}nats-server CPU per envelope at a steady {STEADY_RATE:g}/s, gateway vs contract floor",
+            server["gateway"], server["floor"], "ms CPU (gateway run vs floor run)"),
+    ]
+
 
 def _cpu_rows(tag: str, g: dict, r: dict) -> list[dict]:
     return [
@@ -227,6 +256,7 @@ async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: f
                             t["relay-gc"]["rate"], "env/s (ratio = gateway/relay-gc)", digits=1))
             rows += _cpu_rows("", g, r)
             rows += _floor_rows("", g, t["floor"], r, t.get("floor-min"), t["floor-watch"])
+            rows += await _steady_rows(b, "")
             for kb in (16, 120):
                 k = max(100, n // (4 if kb == 16 else 10))
                 sz = await b.best_of([rel, b.floor, gw], k, rounds=1, kb=kb)

@@ -98,6 +98,11 @@ P99_MAX_MS = 10.0
 # kept up with it (issue 32, decision 4: reported beside the judged figure at the ceiling).
 FIXED_RATE = 500
 FIXED_RATE_ROW = "idp kernel: CPU per request @ {rate}/s, p99 aside (vs the contract floor at the same rate)"
+# CPU at the rate users run (issue 48, target 4): the kernel and its contract floor each at a steady
+# STEADY_RATE/s for PGW_BENCH_IDP_STEADY_S seconds (0 leaves it out).
+STEADY_RATE = int(os.environ.get("PGW_BENCH_IDP_STEADY_RATE", "50"))
+STEADY_S = float(os.environ.get("PGW_BENCH_IDP_STEADY_S", "3"))
+STEADY_ROW = "idp kernel: CPU per request at a steady {rate}/s vs the contract floor at the same rate"
 POLICY = 'permit(principal, action == Action::"CloseBooking", resource)\n' \
          'when { context.idp.confidence_level.greaterThanOrEqual(decimal("0.8")) };\n'
 
@@ -433,6 +438,18 @@ async def _main() -> list[dict]:
             extra_results[variant] = await _ladder(extra[variant][0], floor_of(variant),
                                                    meter_of(proc.pid, f"bench-idp-{variant}"))
         k_ceiling, k_rows, k_at, k_kept = await _ladder("kernel", kernel, meter_of(gw.pid, "pgw-gateway"))
+        steady: dict[str, float] = {}
+        if STEADY_S > 0:
+            from benchmarks.harness import progress
+
+            n_steady = max(10, int(STEADY_RATE * STEADY_S))
+            for name, send, pid, conn in (("floor", floor, floor_proc.pid, "bench-idp-floor"),
+                                          ("kernel", kernel, gw.pid, "pgw-gateway")):
+                progress(f"idp {name}: a steady {STEADY_RATE}/s for {STEADY_S:g} s")
+                with meter_of(pid, conn)() as m:
+                    _lat, _el, fail = await _drive(send, n_steady, STEADY_RATE)
+                if not fail:
+                    steady[name] = m.cpu["service"] * 1000 / n_steady
     finally:
         await stop(gw)
         await stop(echo_proc)
@@ -458,6 +475,9 @@ async def _main() -> list[dict]:
         rows.append(row(FIXED_RATE_ROW.format(rate=FIXED_RATE), k_kept[FIXED_RATE]["service"],
                         f_kept[FIXED_RATE]["service"],
                         "ms CPU (both kept up with the offered rate; their p99 not required)"))
+    if "kernel" in steady and "floor" in steady:
+        rows.append(row(STEADY_ROW.format(rate=STEADY_RATE), steady["kernel"], steady["floor"],
+                        f"ms CPU (each alone at {STEADY_RATE}/s for {STEADY_S:g} s; target ratio <= 2)"))
     extra_rows: list[dict] = []
     for variant, (ceiling, ladder_rows, at, _) in extra_results.items():
         name, stores, what = extra[variant]

@@ -363,10 +363,10 @@ def test_size_breakdown_times_each_step_on_a_valid_moment() -> None:
     assert lints.check(msgspec.convert(raw["payload"], BindingMomentPayload).binding_moment) == []
 
 
-def test_bench_gate_reports_its_rows_beside_the_direct_call(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_gate_reports_its_rows_beside_the_direct_call_and_the_gate_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     """benchmarks.bench_gate at a tiny window on one sync setting: every gated call was confirmed (else it raises),
-    and it reports the added latency, the ceiling and the per-call costs under the row names the target table
-    reads, each with the direct call's figure as its baseline."""
+    and it reports the added latency, the ceilings (against the gate floor and the declaration), one agent's steps
+    and the per-call costs under the row names the target table reads, each with its baseline."""
     from benchmarks import bench_gate
 
     monkeypatch.setattr(bench_gate, "WINDOW_S", 0.3)
@@ -375,20 +375,43 @@ def test_bench_gate_reports_its_rows_beside_the_direct_call(monkeypatch: pytest.
     monkeypatch.setattr(bench_gate, "SYNCS", ["default"])
     monkeypatch.setattr(bench_gate, "WARM", 3)
     monkeypatch.setattr(bench_gate, "SPLIT_S", 0.2)
+    monkeypatch.setattr(bench_gate, "SEQ_N", 5)
     rows = {r["name"]: r for r in bench_gate.run()}
     assert list(rows) == [
         "gate: added latency p50 at 100/s (default sync)",
         "gate: added latency p99 at 100/s (default sync)",
         "gate: the declaration alone (agent.{agent}.idp PERMIT), p50 at 100/s (default sync)",
+        "gate: added p99 at 100/s vs the declaration's own p99 (default sync)",
         "gate: ceiling p99<=20ms (default sync)",
+        "gate: ceiling p99<=20ms vs the gate floor's (default sync)",
+        "gate: one agent, steps/s of one session in sequence (default sync)",
         "gate: gateway CPU per gated call at 100/s (default sync)",
+        "gate: gateway CPU per gated call vs the gate floor's at 100/s (default sync)",
         "gate: executor CPU per call at 100/s, gated vs direct (default sync)",
         "gate: nats-server CPU per call at 100/s, gated vs direct (default sync)",
         "gate: messages the gateway sent per gated call (default sync)",
+        "gate: messages per gated call vs the gate floor's (default sync)",
     ]
-    assert all(r["baseline"] is not None for r in rows.values()), rows
+    assert all(r["baseline"] is not None for name, r in rows.items() if name != "gate: ceiling p99<=20ms (default sync)"), rows
     assert rows["gate: added latency p50 at 100/s (default sync)"]["baseline"] > 0  # the direct call's own p50
     assert rows["gate: ceiling p99<=20ms (default sync)"]["value"] in (0, 100)
     # The gated call sends the kernel's writes and the executor request; the direct one only the executor's.
     assert rows["gate: messages the gateway sent per gated call (default sync)"]["value"] > \
         rows["gate: messages the gateway sent per gated call (default sync)"]["baseline"]
+    # The gate floor sends one message per record of its shape, the batched read, the executor call and the answer.
+    floor_msgs = rows["gate: messages per gated call vs the gate floor's (default sync)"]["baseline"]
+    shape = bench_gate.parse_gate_shape(bench_gate.GATE_SHAPES["floor"])
+    assert abs(floor_msgs - sum(1 if kind != "write" else len(items) for kind, items in shape)) < 0.2, floor_msgs
+
+
+def test_the_gate_floor_shapes_parse() -> None:
+    """The gate floor's notation: rounds of writes, one batched read, exactly one reply; a bad shape is refused."""
+    from benchmarks.bench_gate import GATE_SHAPES, parse_gate_shape
+
+    floor = parse_gate_shape(GATE_SHAPES["floor"])
+    assert floor[0] == ("read", ["idp", "tr", "sess"]) and ("reply", []) in floor
+    assert ("write", ["st", "verified"]) in floor and floor[-1] == ("write", ["del"])
+    parse_gate_shape(GATE_SHAPES["before"])
+    for bad in ("sess+submitted", "read:idp / reply / reply", "sess+bogus / reply", "read:gate / reply"):
+        with pytest.raises(ValueError):
+            parse_gate_shape(bad)

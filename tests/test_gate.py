@@ -10,7 +10,6 @@ and records what it observed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -31,7 +30,15 @@ from subjects.gate import ActDispatched, ActDone, act_result_decoder, idempotenc
 from subjects.idp import EnrichedDeny, HemPending, Permit, Reject, json_digest
 from subjects.wire import ActionResult, OptionChoice
 from tests import refverifier
-from tests.kernel_support import Issuer, idp, policy_dir, read_log, running_gateway, stored_verdicts
+from tests.kernel_support import (
+    Issuer,
+    idp,
+    policy_dir,
+    read_log,
+    read_verdicts,
+    running_gateway,
+    stored_verdicts,
+)
 from tests.polling import until
 from tests.test_capsule_signer import signer_keys, stream_items
 from tests.test_kernel_hem import LogWatch, _moment
@@ -86,36 +93,6 @@ async def _act_patched(genv: Any, action: str, arguments: dict[str, Any], *, rea
         if reached is not None:
             await asyncio.wait_for(reached.wait(), 10)
         return r
-
-
-class _Awaited(asyncio.Future):
-    """Stands for a tail still being written, and says when something waits for it (``asyncio.wait``
-    adds a done callback to what it waits for)."""
-
-    def __init__(self, found: asyncio.Event) -> None:
-        super().__init__()
-        self.found = found
-
-    def add_done_callback(self, fn: Any, *, context: Any = None) -> None:
-        self.found.set()
-        super().add_done_callback(fn, context=context)
-
-
-class _TailLookups(dict):
-    """The kernel's tails by session (``_gate_tails``, gateway/kernel/gate.py), handing out for a tail still
-    being written an :class:`_Awaited` that ends with it: ``found`` is set once an act waits for it."""
-
-    def __init__(self, found: asyncio.Event, tails: dict[Any, asyncio.Task[None]]) -> None:
-        super().__init__(tails)
-        self.found = found
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        tail = super().get(key, default)
-        if tail is None or tail.done():
-            return tail  # (the tail's own clean-up looks itself up once done: the task as stored)
-        awaited = _Awaited(self.found)
-        tail.add_done_callback(lambda _t: awaited.done() or awaited.set_result(None))
-        return awaited
 
 
 def kernel(env: Any) -> Any:
@@ -585,36 +562,44 @@ async def test_the_sweep_stops_even_when_its_cancel_is_swallowed(genv: GateEnv) 
     assert loop_task.done()
 
 
-async def test_the_answer_comes_before_the_tail_and_the_sessions_next_step_waits_for_it(genv: GateEnv) -> None:
-    """The agent is answered once STATE_TRANSITIONED is durable, before the commitment record; the same
-    session's next act is taken only after that record is in the log (spec 003 §5.1 (6), §5.5)."""
+async def test_the_answer_follows_the_commitment_record_and_the_sessions_next_step_does_not_wait_for_the_tail(
+        genv: GateEnv) -> None:
+    """The agent is answered once STATE_TRANSITIONED and its commitment record are durable (both sent in one
+    round, the record chained right after the event), before the tail (verdict, index entry, key delete);
+    the same session's next act is taken while the tail is still held, and the log already shows the
+    previous step's commitment record before the next declaration (spec 003 §5.1 (6), §5.3, §5.5)."""
     k = kernel(genv)
-    append = k.eventlog.append
-    waited_on = asyncio.Event()
+    held = asyncio.Event()
+    verdict = k._gate_verdict
 
-    async def held_verification(event_type: str, body: Any, **kw: Any) -> Any:
-        if event_type == "IDP_COMMITMENT_VERIFIED":
-            # The tail is held until the session's next act waits for it (_TailLookups). An act that
-            # does not wait runs ahead of it, and the order asserted below fails.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waited_on.wait(), 10)
-        return await append(event_type, body, **kw)
+    async def held_verdict(*a: Any, **kw: Any) -> Any:
+        # Fault injection: the tail's verdict is held until the session's next step is answered.
+        await asyncio.wait_for(held.wait(), 10)
+        return await verdict(*a, **kw)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(k.eventlog, "append", held_verification)
-        mp.setattr(k, "_gate_tails", _TailLookups(waited_on, k._gate_tails))
+        mp.setattr(k, "_gate_verdict", held_verdict)
         r1 = await genv.act("WriteNote", {"name": "one", "text": "1"})
         assert isinstance(r1, ActDone) and r1.status == "confirmed"
-        assert await _events(genv.js, "STATE_TRANSITIONED", r1.idp_id)
-        assert await _events(genv.js, "IDP_COMMITMENT_VERIFIED", r1.idp_id) == []  # answered first
-        r2 = await genv.act("WriteNote", {"name": "two", "text": "2"})
+        (st1, _), = await _events(genv.js, "STATE_TRANSITIONED", r1.idp_id)
+        (v1, ver), = await _events(genv.js, "IDP_COMMITMENT_VERIFIED", r1.idp_id)  # stored before the answer
+        assert st1 == r1.event_seq and v1 == st1 + 1
+        assert ver.body["record"]["state_transition_seq"] == st1 and ver.body["record"]["match_result"] == "MATCHED"
+        assert (await k.gate_kv.get(idempotency_key(genv.so, r1.idp_id))).value  # the tail is held: the key stands
+        r2 = await genv.act("WriteNote", {"name": "two", "text": "2"})  # not held up by r1's tail
         assert isinstance(r2, ActDone) and r2.status == "confirmed"
-        v1 = await until(lambda: _seq_of(genv.js, "IDP_COMMITMENT_VERIFIED", r1.idp_id), timeout=10, what="r1's record")
-        s2 = await until(lambda: _seq_of(genv.js, "IDP_SUBMITTED", r2.idp_id), timeout=10, what="r2's declaration")
-        assert v1 < s2, (v1, s2)
-        got = await until(lambda: k.state.idp(genv.so, r1.idp_id), timeout=10, what="r1's index entry")
-        assert got[0].status == "transitioned" and got[0].verification_seq == v1 and got[0].transition_seq == r1.event_seq
-        await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == r2.idp_id)
+        assert [v for v in await read_verdicts(genv.js, "executed") if v.idp_id == r1.idp_id] == []
+        s2 = await _seq_of(genv.js, "IDP_SUBMITTED", r2.idp_id)
+        assert s2 is not None and v1 < s2, (v1, s2)
+        held.set()
+        await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == r1.idp_id)
+
+        async def finished() -> Any:
+            got = await k.state.idp(genv.so, r1.idp_id)
+            return got if got is not None and got[0].status == "transitioned" else None
+
+        got = await until(finished, timeout=10, what="r1's index entry transitioned")
+        assert got[0].verification_seq == v1 and got[0].transition_seq == r1.event_seq
 
 
 async def test_a_crash_after_the_answer_leaves_the_tail_to_the_sweep(genv: GateEnv) -> None:
@@ -632,7 +617,8 @@ async def test_a_crash_after_the_answer_leaves_the_tail_to_the_sweep(genv: GateE
     assert isinstance(r, ActDone) and r.status == "confirmed"
     key = idempotency_key(genv.so, r.idp_id)
     assert (await k.gate_kv.get(key)).value  # the open dispatch stands
-    assert await _events(genv.js, "IDP_COMMITMENT_VERIFIED", r.idp_id) == []
+    assert len(await _events(genv.js, "IDP_COMMITMENT_VERIFIED", r.idp_id)) == 1  # stored before the answer
+    assert [v for v in await read_verdicts(genv.js, "executed") if v.idp_id == r.idp_id] == []
     assert await k.gate_sweep(now=time.time() + 5) == 1
     assert await k.gate_sweep(now=time.time() + 5) == 0  # finished: the key is gone
     assert len(await _events(genv.js, "STATE_TRANSITIONED", r.idp_id)) == 1
@@ -646,24 +632,24 @@ async def test_a_crash_after_the_answer_leaves_the_tail_to_the_sweep(genv: GateE
 
 
 async def test_a_crash_before_the_index_entry_is_moved_on_by_the_sweep(genv: GateEnv) -> None:
-    """A gateway that dies after sending the request and before the index entry says ``dispatched``
-    (it is written while the executor works): the sweep's next pass moves the entry on at once, and
-    records the step once after the executor's timeout."""
+    """A gated permit's index entry is stored ``dispatched`` by the permit's own round, with the open
+    dispatch. An entry that still says ``permitted`` beside an open dispatch (an index rebuilt from the
+    log after a crash between CEDAR_PERMIT_RECORDED and GATE_DISPATCHED, or written before this round
+    stored it so) is moved on by the sweep's next pass at once, and the step is recorded once after
+    the executor's timeout."""
     k = kernel(genv)
 
     tail_gone = asyncio.Event()
 
-    async def lost(*_a: Any, **_k: Any) -> None:
-        return None  # neither the index entry nor the tail is written: the process is gone
-
     async def tail_lost(*_a: Any, **_k: Any) -> None:
         tail_gone.set()
 
-    r = await _act_patched(genv, "WriteNote", {"name": "early", "text": "y"}, reached=tail_gone,
-                           _index_dispatched=lost, _gate_tail=tail_lost)
+    r = await _act_patched(genv, "WriteNote", {"name": "early", "text": "y"}, reached=tail_gone, _gate_tail=tail_lost)
     assert isinstance(r, ActDone) and r.status == "confirmed"
     got = await k.state.idp(genv.so, r.idp_id)
-    assert got is not None and got[0].status == "permitted"
+    assert got is not None and got[0].status == "dispatched"  # stored so with the permit
+    # The index as a rebuild from the log leaves it when the bucket lagged: the permit only.
+    await k.state.put_idp(msgspec.structs.replace(got[0], status="permitted"), got[1])
     assert await k.gate_sweep() == 0  # within the executor's timeout: not finished yet, but...
     got = await k.state.idp(genv.so, r.idp_id)
     assert got is not None and got[0].status == "dispatched"  # ...no longer a permit waiting for a report
@@ -671,6 +657,7 @@ async def test_a_crash_before_the_index_entry_is_moved_on_by_the_sweep(genv: Gat
     got = await k.state.idp(genv.so, r.idp_id)
     assert got is not None and got[0].status == "transitioned" and got[0].transition_seq == r.event_seq
     assert len(await _events(genv.js, "STATE_TRANSITIONED", r.idp_id)) == 1
+    assert len(await _events(genv.js, "IDP_COMMITMENT_VERIFIED", r.idp_id)) == 1
     assert len(await stored_verdicts(genv.js, "executed", lambda v: v.idp_id == r.idp_id)) == 1
     assert genv.notes.calls == [idempotency_key(genv.so, r.idp_id)]
 
@@ -763,7 +750,7 @@ async def test_the_dispatch_uses_the_revision_the_index_entry_was_stored_at_what
 
     async def put_idp(entry: Any, rev: int) -> int:
         new = await real_put(entry, rev)
-        if entry.status == "permitted":
+        if rev == 0:  # the permit's own write of the entry (a gated one stores it ``dispatched`` at once)
             stored.append(new)
         return new
 

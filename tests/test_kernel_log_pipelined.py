@@ -17,29 +17,42 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gateway.kernel.eventlog import EventLog, verify_stream
 from pgwcore.connect import connect
 from pgwcore.keys import load_or_create, public_keys
 from tests.kernel_support import Issuer, kernel_config, policy_dir
 
 
+@pytest.mark.parametrize("chained", [False, True], ids=["append", "append_chained"])
 async def test_two_pipelining_writers_keep_one_chain(make_config: Any, tmp_path: Path, nc: Any,
-                                                      nats_server: Any) -> None:
-    """Two instances, each appending eight events at once, twenty times: the chain verifies whole."""
+                                                      nats_server: Any, chained: bool) -> None:
+    """Two instances, each appending eight events at once, twenty times (with ``chained``, half of them as
+    the gate's pairs, ``append_chained``): the chain verifies whole and holds every event once."""
     cfg = kernel_config(make_config, Issuer(tmp_path / "issuer"), policy_dir(tmp_path))
     key = load_or_create(cfg.data_path, "kernel")
     nc2 = await connect(nats_server.client_url)
     try:
         a, b = EventLog(nc, cfg.subjects, key), EventLog(nc2, cfg.subjects, key)
 
+        async def one(log: EventLog, name: str, r: int, i: int) -> None:
+            body = {"writer": name, "r": r, "i": i}
+            if chained and i % 2:
+                await log.append_chained("CEDAR_PERMIT_RECORDED", body,
+                                         lambda seq, _ev: ("CEDAR_PERMIT_RECORDED", {**body, "after": seq},
+                                                           f"{name}-{r}-{i}-then"),
+                                         msg_id=f"{name}-{r}-{i}")
+            else:
+                await log.append("CEDAR_PERMIT_RECORDED", body, msg_id=f"{name}-{r}-{i}")
+
         async def burst(log: EventLog, name: str) -> None:
             for r in range(20):
-                await asyncio.gather(*(log.append("CEDAR_PERMIT_RECORDED", {"writer": name, "r": r, "i": i},
-                                                  msg_id=f"{name}-{r}-{i}") for i in range(8)))
+                await asyncio.gather(*(one(log, name, r, i) for i in range(8)))
 
         await asyncio.gather(burst(a, "a"), burst(b, "b"))
         keys = {k.kid: k.public for k in public_keys(cfg.data_path, "kernel")}
         res = await verify_stream(nc.jetstream(), cfg.subjects, keys)
     finally:
         await nc2.close()
-    assert res.ok and res.checked == 320, res.first_break
+    assert res.ok and res.checked == (480 if chained else 320), res.first_break

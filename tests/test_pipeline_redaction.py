@@ -231,3 +231,23 @@ async def test_no_secret_in_any_downstream_byte(nats_server, tmp_path, nc, monke
     skel = skeleton(text, keep_space=False)[0]
     for s in (SECRET, ENV_SECRET, FILE_SECRET):
         assert skeleton(s, keep_space=False)[0] not in skel, s
+
+
+def test_a_plainly_clean_graph_comes_back_itself_without_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 48: ``Redactor.graph`` on a graph the pre-check proves clean (no configured secrets, ASCII, no
+    ``secret:``, no escaped control character) returns it itself and never walks it; anything else is walked
+    as before (a token is redacted, a control character dropped)."""
+    from gateway.stages.redaction import Redactor
+
+    red = Redactor([])
+    clean = {"synopsis": "Share only the 2025 summary.\tThen stop.", "items": ["a", {"b": "c\nd"}], "n": 3}
+
+    def walked(*_a: object, **_k: object) -> None:
+        raise AssertionError("walked a graph the pre-check proves clean")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(Redactor, "_leaves", walked)
+        assert red.graph(clean) is clean
+    assert red.graph({"a": "key secret:abcdefghijklmnop"}) != {"a": "key secret:abcdefghijklmnop"}
+    assert red.graph({"a": "bell\x07here"}) == {"a": "bellhere"}
+    assert red.graph({"a": "caf\u00e9 secret:abcdefghijklmnop"})["a"].startswith("caf\u00e9 ")

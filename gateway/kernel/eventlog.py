@@ -330,6 +330,81 @@ class EventLog:
             return Appended(ack.seq, ev, False)
         raise EventLogError(f"could not append {event_type}: the chain head kept moving")
 
+    async def append_chained(
+        self,
+        event_type: str,
+        body: Mapping[str, Any],
+        then: Callable[[int, LogEvent], tuple[str, Mapping[str, Any], str]],
+        *,
+        msg_id: str,
+        traceparent: str | None = None,
+    ) -> tuple[Appended, Appended]:
+        """Two events in one round: ``event_type`` and the event ``then(its sequence, it)`` names
+        (``(event_type, body, msg_id)``), a record that must cite the first one's sequence.
+
+        Both are sent back to back under the lock, the second chained onto the first at the
+        sequence the server must give it, and their PubAcks awaited together: one round trip
+        and the server's two writes back to back instead of two rounds (the gate's
+        ``STATE_TRANSITIONED`` and its ``IDP_COMMITMENT_VERIFIED``, spec 003 §5.3, §5.5). The
+        same results and errors as two ``append`` calls one after the other: when the first is
+        refused for a moved head both are signed again; when it is a duplicate (its original is
+        returned), or the second is not stored, the second goes through ``append``, built on
+        the first as stored."""
+        subject = self.subjects.log(event_type)
+        plain = msgspec.to_builtins(dict(body))
+        for _attempt in range(50):
+            async with self._lock:
+                if self._head is None:
+                    self._head, self._head_msg_id = await self.head(), None
+                prev_seq, prev_digest = self._head
+                ev = LogEvent(event_id=msg_id, event_type=event_type, ts=now_rfc3339(), prev_seq=prev_seq,
+                              prev_digest=prev_digest, kid=self.key.kid, body=plain)
+                data = self._sign(ev, plain=True)
+                headers = {"Nats-Msg-Id": msg_id, "Nats-Expected-Last-Sequence": str(prev_seq),
+                           "Nats-Expected-Stream": self.stream}
+                if self._head_msg_id is not None:  # chained onto this process's own append (``append``)
+                    headers["Nats-Expected-Last-Msg-Id"] = self._head_msg_id
+                if traceparent:
+                    headers["traceparent"] = traceparent
+                fut = await self.acks.send(subject, data, headers, self.ack_timeout_s)
+                digest = hashlib.sha256(data).hexdigest()
+                self._head = (prev_seq + 1, digest)
+                type2, body2, msg_id2 = then(prev_seq + 1, ev)
+                plain2 = msgspec.to_builtins(dict(body2))
+                ev2 = LogEvent(event_id=msg_id2, event_type=type2, ts=now_rfc3339(), prev_seq=prev_seq + 1,
+                               prev_digest=digest, kid=self.key.kid, body=plain2)
+                data2 = self._sign(ev2, plain=True)
+                headers2 = {"Nats-Msg-Id": msg_id2, "Nats-Expected-Last-Sequence": str(prev_seq + 1),
+                            "Nats-Expected-Stream": self.stream, "Nats-Expected-Last-Msg-Id": msg_id}
+                if traceparent:
+                    headers2["traceparent"] = traceparent
+                fut2 = await self.acks.send(self.subjects.log(type2), data2, headers2, self.ack_timeout_s)
+                self._head, self._head_msg_id = (prev_seq + 2, hashlib.sha256(data2).hexdigest()), msg_id2
+            got, got2 = await asyncio.gather(fut, fut2, return_exceptions=True)
+            if isinstance(got, BaseException):
+                await self._reset(prev_seq + 1)
+                if isinstance(got, APIError) and got.err_code in (ERR_WRONG_LAST_SEQ, ERR_WRONG_LAST_MSG_ID):
+                    continue
+                if isinstance(got, APIError):
+                    raise LogAppendError(got.err_code, got.description or "") from None
+                if isinstance(got, NoStreamResponseError):
+                    raise LogAppendError(None, f"no stream answered (is {self.stream} created?)") from None
+                raise got
+            if got.duplicate or got.seq != prev_seq + 1:
+                # Nothing of the first was stored (the second, chained to it, is refused): the
+                # first as ``append`` finds it, then the second built on it.
+                await self._reset(prev_seq + 1)
+                first = await self.append(event_type, body, msg_id=msg_id, traceparent=traceparent)
+                type2, body2, msg_id2 = then(first.seq, first.event)
+                return first, await self.append(type2, body2, msg_id=msg_id2, traceparent=traceparent)
+            first = Appended(got.seq, ev, False)
+            if isinstance(got2, BaseException) or got2.duplicate or got2.seq != prev_seq + 2:
+                # The first is stored; the second was not (or was there already): ``append`` decides.
+                await self._reset(prev_seq + 2)
+                return first, await self.append(type2, body2, msg_id=msg_id2, traceparent=traceparent)
+            return first, Appended(got2.seq, ev2, False)
+        raise EventLogError(f"could not append {event_type}: the chain head kept moving")
+
     async def _reset(self, failed_seq: int) -> None:
         """Forget the optimistic head if it still builds on the failed append."""
         async with self._lock:

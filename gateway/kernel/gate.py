@@ -10,10 +10,10 @@ kind (``exec.{kind}.{action}``, which only the gateway's identity may
 publish on). What is written when:
 
 1. ``PGW_KERNEL_GATE`` key ``{idempotency_key}`` (``OpenDispatch``: the
-   arguments, the executor, the state) with the permit: the record a crash
-   is recovered from; ``GATE_DISPATCHED`` in the event log (request digest,
-   executor, key) and the index entry ``dispatched``, written while the
-   executor works and stored before its answer is recorded;
+   arguments, the executor, the state) with the permit, and the index entry
+   stored ``dispatched`` in the same round: the record a crash is recovered
+   from; ``GATE_DISPATCHED`` in the event log (request digest, executor, key),
+   written while the executor works and stored before its answer is recorded;
    for a HEM step the key is written ``awaiting_approval`` before the
    principal is asked, and becomes ``dispatched`` on the approval;
 2. the executor's answer, within ``kernel.executors.{kind}.timeout_s``:
@@ -21,13 +21,15 @@ publish on). What is written when:
    dispatched, ``executed_action_source: kernel_dispatched``,
    ``effect_attestation: gate_executed`` and the effect status
    (``confirmed`` bound to the JSON-DIGEST of the response the kernel
-   received, or ``failed``); once it is stored, the ``ActDone`` answer.
-   Then, after the answer (the tail): ``IDP_COMMITMENT_VERIFIED`` (declared
-   vs dispatched, computed by the kernel alone: §8.7), the ``executed``
-   verdict (so the capsule) and the open permit's close, together; the
-   index entry ``transitioned``; the key deleted, last. The session's next
-   act on this gateway waits for the tail; a gap (never on this path: the
-   kernel dispatches the declared action) keeps the tail before the answer;
+   received, or ``failed``), and with it, in the same round,
+   ``IDP_COMMITMENT_VERIFIED`` (declared vs dispatched, computed by the
+   kernel alone: §8.7; spec 003 §5.3, §5.5); once both are stored, the
+   ``ActDone`` answer. Then, after the answer (the tail): the ``executed``
+   verdict (so the capsule), the open permit's close and the index entry
+   ``transitioned``, together; the key deleted, last. Nothing of the tail is
+   read by the session's next step, which does not wait for it; a gap (never
+   on this path: the kernel dispatches the declared action) keeps the tail
+   before the answer;
 3. no answer in time: a ``timeout`` verdict (spec 004 §5.4.2: a timeout
    after dispatch, ``dispatched_unconfirmed``), the ``ActDispatched``
    answer; the key stays, and the sweep below finishes it.
@@ -66,7 +68,6 @@ from gateway.kernel.scopes import ApprovalScope, ScopeOffer, scope_detail
 from gateway.kernel.state import ConflictError, IdpEntry
 from pgwcore.logs import get_logger
 from pgwcore.metrics import LATENCY
-from pgwcore.publish import kv_delete
 from pgwcore.streams import ensure_kv
 from subjects import jcs
 from subjects.errors import SubjectError
@@ -98,6 +99,7 @@ ATTESTATION = "gate_executed"
 # transit the gate, so a policy may require it: forbid(...) unless { context.execution.gated };
 GATE_CONTEXT = {"gated": True, "executed_action_source": EXECUTED_ACTION_SOURCE}
 _enc = msgspec.json.Encoder()
+_DELETE_MARKER = {"KV-Operation": "DEL"}  # the header of nats' KeyValue.delete marker (pgwcore.publish.kv_delete)
 # Why a HEM step did not run, by the principal's answer (gateway.moment_record.hem_decision_of), in the
 # ``action_result`` the agent gets. Her own words are not copied here: they travel in the moment's
 # ``hem_decision`` outcome (``text``), which is forgotten on schedule (spec 000 §13); the MCP gate hands
@@ -209,14 +211,10 @@ class Gate:
     _gate_sub: Any = None
     _gate_task: asyncio.Task[None] | None = None
     _gate_busy: set[str]
-    # The tail of each session's last gated step still being written, by (agent, session_id):
-    # the session's next act waits for it (see _finish).
-    _gate_tails: dict[tuple[str, str], asyncio.Task[None]]
 
     # -- life cycle -------------------------------------------------------------
     async def _gate_start(self, queue: str) -> None:
         self._gate_busy = set()
-        self._gate_tails = {}
         self.gate_kv = await ensure_kv(self.js, BUCKET)
         self._gate_sub = await self.gw.rnc.subscribe(self.subjects.all_agents("act"), queue=queue, cb=self._on_act)
         if self.cfg.executors:
@@ -285,13 +283,9 @@ class Gate:
         if kind is None:
             return Reject(timestamp=now_rfc3339(), error_code="REQUEST_MALFORMED",
                           reason=f"no executor serves {req.action[:128]} here: declare it on agent.{{agent}}.idp and report it")
-        # spec 003 §5.1 (6) "processes result before next ACT", §5.5.2: the previous step's
-        # commitment record is in the log before this session's next step is looked at (the
-        # reply to the previous step did not wait for it: _finish).
-        sid = req.idp.get("session_id") if isinstance(req.idp, dict) else None
-        prev = self._gate_tails.get((agent, str(sid))) if sid is not None else None
-        if prev is not None:
-            await asyncio.wait({prev})
+        # spec 003 §5.1 (6) "processes result before next ACT", §5.5: the previous step's
+        # commitment record was stored before its answer (_finish), so this session's next
+        # step waits for nothing of the previous one's tail.
         raw: dict[str, Any] = {"mandate": req.mandate, "action": req.action, "idp": req.idp}
         if req.resource is not None:
             raw["resource"] = req.resource
@@ -322,7 +316,10 @@ class Gate:
         d = self._open(entry, gate, state="dispatched")
         d.dispatched_at = time.time()
         gate.d = d
-        await self.gate_kv.put(d.idempotency_key, await self._od_bytes(d))
+        # kv.put through the kernel's own PubAck inbox, as the permit's other writes of this round
+        # (pgwcore.atomic.AckInbox): the same stored value, no request future of the KV client.
+        await self.state.acks.publish(f"$KV.{BUCKET}.{d.idempotency_key}", await self._od_bytes(d), {},
+                                      self.js._timeout)
 
     async def _od_bytes(self, d: OpenDispatch) -> bytes:
         """``d`` as ``PGW_KERNEL_GATE`` holds it: arguments that hold a secret apart (gate_args.py)."""
@@ -386,7 +383,11 @@ class Gate:
 
         ``known``: the entry as the permit's batch stored it, and that revision: the move is one
         compare-and-set on it, with no read first; if anything wrote the entry since (a sweep on
-        another gateway), the compare-and-set fails and the entry is read and moved as before."""
+        another gateway), the compare-and-set fails and the entry is read and moved as before.
+        A gated permit's entry is stored ``dispatched`` by the permit's own round (service.py),
+        with the open dispatch: then there is nothing to write here."""
+        if known is not None and known[0].status == "dispatched":
+            return known
         if known is not None and known[0].status == "permitted":
             e = msgspec.structs.replace(known[0], status="dispatched")
             try:
@@ -494,15 +495,25 @@ class Gate:
                        "response_digest": resp_digest},
             "effect_attestation": ATTESTATION,
         }
+        # spec 003 §5.5, §8.7: declared vs the action the kernel itself dispatched.
+        matched = d.action == entry.requested_action
         # One STATE_TRANSITIONED per IDP (spec 003 §5.3): a second finish (a sweep on another
         # gateway, a restart) finds the first (in the index, or as the duplicate its Nats-Msg-Id
         # makes it) and writes nothing new.
+        ver: Appended | None = None
         if entry.status == "transitioned" and entry.transition_seq is not None:
             st = Appended(entry.transition_seq, await self.eventlog.get(entry.transition_seq), True)
         else:
-            st = await self.eventlog.append("STATE_TRANSITIONED", st_body,
-                                            msg_id=stable_id("STATE_TRANSITIONED", d.so_id.lower(), d.idp_id.lower()),
-                                            traceparent=d.traceparent)
+            # spec 003 §5.3: "Following every STATE_TRANSITIONED event, the kernel MUST generate an
+            # IDP_COMMITMENT_VERIFIED or IDP_COMMITMENT_GAP event" (§5.5): the record cites the
+            # event's sequence, which the chain fixes before the server answers, so both are sent
+            # in one round (EventLog.append_chained) and both are stored before the answer: the
+            # log shows the commitment record before any next step of the session (§5.1 (6)),
+            # on whichever gateway it arrives, and the answer waits one synced round, not two.
+            st, ver = await self.eventlog.append_chained(
+                "STATE_TRANSITIONED", st_body,
+                lambda seq, ev: self._verification(d, entry, seq, ev.event_id, matched),
+                msg_id=stable_id("STATE_TRANSITIONED", d.so_id.lower(), d.idp_id.lower()), traceparent=d.traceparent)
         first = st.event.body
         if first.get("effect", {}).get("status") != status or first.get("effect", {}).get("response_digest") != resp_digest:
             # What the log recorded first stands (e.g. a give-up raced a late result).
@@ -510,19 +521,15 @@ class Gate:
             resp_digest = first.get("effect", {}).get("response_digest")
             if resp_digest is None:
                 response = None
-        # spec 003 §5.5, §8.7: declared vs the action the kernel itself dispatched.
-        matched = d.action == entry.requested_action
         vid = stable_id("idp-transition", d.so_id.lower(), d.idp_id.lower())
-        tail = self._gate_tail(d, known, st, status, req, response, resp_digest, vid, matched)
+        tail = self._gate_tail(d, known, st, ver, status, req, response, resp_digest, vid, matched)
         if early and matched and status != "dispatched":
-            # The agent is answered now: STATE_TRANSITIONED is durable, and everything after it has a
-            # deterministic id (Nats-Msg-Id / key) and is rewritten by the sweep from the open
-            # dispatch's key, which is deleted last, if this process dies before the tail is done.
-            # Nothing of the tail is read before the session's next step: a MATCHED record does not
-            # change the session (only IDP_COMMITMENT_GAP does, spec 003 §5.5.2, and a gap keeps the
-            # whole tail before the answer, below); still, so that the log shows the commitment
-            # record (§5.5) before the next step the agent takes after this result (§5.1 (6)),
-            # this session's next act on this gateway waits for the tail (handle_act).
+            # The agent is answered now: STATE_TRANSITIONED and its commitment record are durable,
+            # and everything after them has a deterministic id (Nats-Msg-Id / key) and is
+            # rewritten by the sweep from the open dispatch's key, which is deleted last, if this
+            # process dies before the tail is done. Nothing of the tail is read by the session's
+            # next step (a MATCHED record does not change the session; only IDP_COMMITMENT_GAP
+            # does, spec 003 §5.5.2, and a gap keeps the whole tail before the answer, below).
             self._spawn_tail(d, tail)
         else:
             await tail
@@ -533,8 +540,23 @@ class Gate:
         return ActDone(timestamp=now_rfc3339(), idp_id=d.idp_id, status=status,  # type: ignore[arg-type]
                        response=response, response_digest=resp_digest, event_seq=st.seq, verdict_id=vid)
 
+    def _verification(self, d: OpenDispatch, entry: IdpEntry, st_seq: int, st_id: str,
+                      matched: bool) -> tuple[str, dict[str, Any], str]:
+        """The commitment record of the step's STATE_TRANSITIONED at ``st_seq`` (spec 003 §5.5),
+        kernel-signed: (event type, body, Nats-Msg-Id)."""
+        record: dict[str, Any] = {
+            "idp_id": d.idp_id, "state_transition_id": st_id, "state_transition_seq": st_seq,
+            "verified_at": now_rfc3339(), "match_result": "MATCHED" if matched else "IDP_COMMITMENT_GAP",
+            "requested_action": entry.requested_action, "executed_action": d.action,
+            "executed_action_source": EXECUTED_ACTION_SOURCE, "kid": self.key.kid,
+        }
+        record["kernel_signature"] = self.eventlog.sign_record(record)
+        etype = "IDP_COMMITMENT_VERIFIED" if matched else "IDP_COMMITMENT_GAP"
+        vbody = {"record": record, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
+                 "executed_action_source": EXECUTED_ACTION_SOURCE}
+        return etype, vbody, stable_id(etype, d.so_id.lower(), d.idp_id.lower())
+
     def _spawn_tail(self, d: OpenDispatch, tail: Any) -> None:
-        skey = (d.agent, d.session_id)
         busy = d.idempotency_key
 
         async def run() -> None:
@@ -547,48 +569,36 @@ class Gate:
 
         self._gate_busy.add(busy)  # this process's sweep leaves the key alone meanwhile
         task = asyncio.create_task(run(), name=f"gate-tail-{d.idp_id}")
-        self._gate_tails[skey] = task
         _TAIL.set(task)
         self._inflight.add(task)  # drain() waits for it
-
-        def done(t: asyncio.Task[None]) -> None:
-            self._inflight.discard(t)
-            if self._gate_tails.get(skey) is t:
-                del self._gate_tails[skey]
-
-        task.add_done_callback(done)
+        task.add_done_callback(self._inflight.discard)
 
     async def _gate_tail(
-        self, d: OpenDispatch, known: tuple[IdpEntry, int], st: Appended, status: str, req: Any, response: Any,
-        resp_digest: str | None, vid: str, matched: bool,
+        self, d: OpenDispatch, known: tuple[IdpEntry, int], st: Appended, ver: Appended | None, status: str,
+        req: Any, response: Any, resp_digest: str | None, vid: str, matched: bool,
     ) -> None:
-        """What follows STATE_TRANSITIONED, in order: the commitment record, the verdict, the
-        outcome and the open-permit close (independent, sent together), the index entry, then the
-        key's delete (last: while the key stands, the sweep finishes whatever is missing)."""
+        """What follows STATE_TRANSITIONED and its commitment record, in order: the verdict, the
+        outcome, the open-permit close and the index entry ``transitioned`` (independent, sent
+        together), then the key's delete (last: while the key stands, the sweep finishes whatever
+        is missing). ``ver``: the commitment record, when _finish stored it with the event; else
+        (a finish that found STATE_TRANSITIONED logged already) it is found or written first."""
         entry = known[0]
-        record: dict[str, Any] = {
-            "idp_id": d.idp_id, "state_transition_id": st.event.event_id, "state_transition_seq": st.seq,
-            "verified_at": now_rfc3339(), "match_result": "MATCHED" if matched else "IDP_COMMITMENT_GAP",
-            "requested_action": entry.requested_action, "executed_action": d.action,
-            "executed_action_source": EXECUTED_ACTION_SOURCE, "kid": self.key.kid,
-        }
-        record["kernel_signature"] = self.eventlog.sign_record(record)
-        etype = "IDP_COMMITMENT_VERIFIED" if matched else "IDP_COMMITMENT_GAP"
-        if entry.verification_seq is not None:
-            vjob: Any = self._logged(entry.verification_seq)
-        else:
-            vbody = {"record": record, "so_id": d.so_id, "session_id": d.session_id, "agent": d.agent,
-                     "executed_action_source": EXECUTED_ACTION_SOURCE}
-            vjob = self.eventlog.append(etype, vbody, msg_id=stable_id(etype, d.so_id.lower(), d.idp_id.lower()),
-                                        traceparent=d.traceparent)
+        if ver is None:
+            if entry.verification_seq is not None:
+                ver = await self._logged(entry.verification_seq)
+            else:
+                etype, vbody, vmsg = self._verification(d, entry, st.seq, st.event.event_id, matched)
+                ver = await self.eventlog.append(etype, vbody, msg_id=vmsg, traceparent=d.traceparent)
         # The open permit has a key only for a HEM approval or with log_permits off (as for a report,
         # transitions.py); else its CEDAR_PERMIT_RECORDED registered it and the index closes it.
         keyed = d.moment_id is not None or d.scope is not None or not self.cfg.log_permits
-        jobs: list[Any] = [vjob, self.overdue.closed(d.so_id, d.idp_id, keyed=keyed)]
+        jobs: list[Any] = [self._index_transitioned(d, known, st.seq, ver.seq),
+                           self.overdue.closed(d.so_id, d.idp_id, keyed=keyed)]
         if status != "dispatched":
             # The verdict carries only match_result of the record, which is the same in any
             # record of this step (the comparison is deterministic, §5.5.3).
-            jobs.append(self._gate_verdict(d, entry, status, req, response, resp_digest, record, vid))
+            jobs.append(self._gate_verdict(d, entry, status, req, response, resp_digest,
+                                           "MATCHED" if matched else "IDP_COMMITMENT_GAP", vid))
         if d.timed_out or d.moment_id or status == "dispatched":
             # The agent's act reply did not carry this: it comes on its outcome stream.
             jobs.append(self.publisher.outcome(ActionResult(
@@ -598,17 +608,17 @@ class Gate:
                 verdict_id=vid if status != "dispatched" else stable_id("gate-timeout", d.so_id.lower(), d.idp_id.lower()),
                 traceparent=d.traceparent,
             ), stable_id("action_result", d.so_id.lower(), d.idp_id.lower())))
-        vev = (await asyncio.gather(*jobs))[0]
-        await self._index_transitioned(d, known, st.seq, vev.seq)
-        await kv_delete(self.js, BUCKET, d.idempotency_key)
-        await gate_args.erase(self.js, d)
+        await asyncio.gather(*jobs)
+        # The key's delete marker (what kv.delete writes), through the kernel's PubAck inbox.
+        await self.state.acks.publish(f"$KV.{BUCKET}.{d.idempotency_key}", b"", _DELETE_MARKER, self.js._timeout)
+        await gate_args.erase(self.js, d)  # after the key: a crash between leaves the message, never a key without it
 
     async def _logged(self, seq: int) -> Appended:
         return Appended(seq, await self.eventlog.get(seq), True)
 
     async def _gate_verdict(
         self, d: OpenDispatch, entry: IdpEntry, status: str, req: Any, response: Any, resp_digest: str | None,
-        record: dict[str, Any], vid: str,
+        match_result: str, vid: str,
     ) -> None:
         human = d.moment_id is not None
         if d.timed_out:
@@ -620,7 +630,7 @@ class Gate:
         else:
             supersedes = None
         details: dict[str, Any] = {
-            "effect_attestation": ATTESTATION, "match_result": record["match_result"],
+            "effect_attestation": ATTESTATION, "match_result": match_result,
             "executed_action": d.action, "requested_action": entry.requested_action,
             "executed_action_source": EXECUTED_ACTION_SOURCE, "executor": d.kind,
         }

@@ -486,7 +486,11 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                 gate.scope = scope
                 allowed = True
         if allowed:
-            entry.status = "permitted"
+            # A gated step's entry is stored ``dispatched`` at once: its open dispatch (the record
+            # the gate's sweep recovers from, gate.py) is stored in this same round, and nothing
+            # else may act on it meanwhile (a report of it is refused either way): one
+            # compare-and-set less per gated call than ``permitted`` then ``dispatched``.
+            entry.status = "permitted" if gate is None else "dispatched"
             # The permit is registered open (overdue.py) by its CEDAR_PERMIT_RECORDED
             # when that is logged, else by a PGW_KERNEL_OPEN key; either is stored
             # before the answer leaves.
