@@ -76,7 +76,7 @@ from typing import Any
 
 import msgspec
 
-from benchmarks.harness import pct
+from benchmarks.harness import pct, serve_each
 from pgwcore import loop as pgw_loop
 
 WINDOW_S = float(os.environ.get("PGW_BENCH_GATE_S", "10"))
@@ -110,6 +110,18 @@ READY = "bench.gate.executor.ready"
 EXECUTOR_CONN = "bench-gate-executor"
 
 
+async def _timed(send: Any, lat: list[float]) -> bool:
+    """One call: its latency in ms appended to ``lat`` when it succeeded; whether it did."""
+    t0 = time.perf_counter()
+    try:
+        ok = await send()
+    except Exception:  # noqa: BLE001 - counted, the run goes on
+        ok = False
+    if ok:
+        lat.append((time.perf_counter() - t0) * 1000)
+    return bool(ok)
+
+
 async def _drive(send: Any, n: int, rate: float) -> tuple[list[float], float, int]:
     """Fire ``n`` calls at ``rate``/s open loop; (latencies in ms, elapsed s, failures)."""
     lat: list[float] = []
@@ -117,15 +129,7 @@ async def _drive(send: Any, n: int, rate: float) -> tuple[list[float], float, in
 
     async def one() -> None:
         nonlocal failures
-        t0 = time.perf_counter()
-        try:
-            ok = await send()
-        except Exception:  # noqa: BLE001 - counted, the run goes on
-            ok = False
-        if ok:
-            lat.append((time.perf_counter() - t0) * 1000)
-        else:
-            failures += 1
+        failures += not await _timed(send, lat)
 
     start = time.perf_counter()
     tasks = []
@@ -224,7 +228,6 @@ async def _floor_main(url: str, shape: str = "floor") -> None:
 
     from pgwcore.atomic import AckInbox
     from pgwcore.connect import connect
-    from pgwcore.delivery import subscribe_inline
     from pgwcore.kvread import BatchReader, enable_direct
     from pgwcore.streams import ensure_kv, ensure_stream
     from subjects.gate import IDEMPOTENCY_HEADER, ExecRequest
@@ -283,7 +286,6 @@ async def _floor_main(url: str, shape: str = "floor") -> None:
             await log(what.upper(), pad[what], idp_id)
 
     sem = asyncio.Semaphore(256)
-    inflight: set[asyncio.Task[None]] = set()
 
     async def serve(msg: Any) -> None:
         async with sem:
@@ -305,17 +307,7 @@ async def _floor_main(url: str, shape: str = "floor") -> None:
                     raise
                 return
 
-    def spawn(msg: Any) -> None:
-        task = asyncio.create_task(serve(msg))
-        inflight.add(task)
-        task.add_done_callback(inflight.discard)
-
-    await subscribe_inline(nc, FLOOR_SUBJECT, spawn)
-    await nc.flush()
-    await nc.publish(FLOOR_READY, b"")
-    await stop_ev.wait()
-    if inflight:
-        await asyncio.wait(inflight, timeout=10)
+    await serve_each(nc, FLOOR_SUBJECT, serve, FLOOR_READY, stop_ev)
     await reader.close()
     await acks.close()
     await nc.drain()
@@ -328,15 +320,7 @@ async def _in_sequence(send: Any, n: int) -> tuple[list[float], float, int]:
     failures = 0
     start = time.perf_counter()
     for _ in range(n):
-        t0 = time.perf_counter()
-        try:
-            ok = await send()
-        except Exception:  # noqa: BLE001 - counted, the run goes on
-            ok = False
-        if ok:
-            lat.append((time.perf_counter() - t0) * 1000)
-        else:
-            failures += 1
+        failures += not await _timed(send, lat)
     return lat, time.perf_counter() - start, failures
 
 

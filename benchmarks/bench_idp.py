@@ -82,7 +82,7 @@ from typing import Any
 
 import msgspec
 
-from benchmarks.harness import pct
+from benchmarks.harness import pct, serve_each
 from pgwcore import loop as pgw_loop
 
 RATES = [int(x) for x in os.environ.get("PGW_BENCH_IDP_RATES", "250,500,750,1000,1500,2000,3000").split(",") if x]
@@ -208,7 +208,6 @@ async def _floor_main(url: str, name: str = "floor", shape: str | None = None,
 
     from pgwcore.atomic import AckInbox, enable_atomic, publish_acked
     from pgwcore.connect import connect
-    from pgwcore.delivery import subscribe_inline
     from pgwcore.kvread import BatchReader, enable_direct
     from pgwcore.publish import GroupCommit, KvWriter
     from pgwcore.streams import ensure_kv, ensure_stream
@@ -260,7 +259,6 @@ async def _floor_main(url: str, name: str = "floor", shape: str | None = None,
     # it and served by a task of its own, at most 256 at once. Until 2026-11-28 the floor awaited each
     # request in its subscription's callback, one at a time, so its ceiling was a serial server's.
     sem = asyncio.Semaphore(256)
-    inflight: set[asyncio.Task[None]] = set()
 
     async def serve(msg: Any) -> None:
         async with sem:
@@ -276,17 +274,7 @@ async def _floor_main(url: str, name: str = "floor", shape: str | None = None,
                 return
             await msg.respond(b'{"result":"PERMIT"}')
 
-    def spawn(msg: Any) -> None:
-        task = asyncio.create_task(serve(msg))
-        inflight.add(task)
-        task.add_done_callback(inflight.discard)
-
-    await subscribe_inline(nc, subject, spawn)
-    await nc.flush()
-    await nc.publish(f"{subject}.ready", b"")
-    await stop_ev.wait()
-    if inflight:
-        await asyncio.wait(inflight, timeout=10)
+    await serve_each(nc, subject, serve, f"{subject}.ready", stop_ev)
     await reader.close()
     await acks.close()
     await nc.drain()

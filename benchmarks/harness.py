@@ -27,6 +27,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nats.aio.client import Client
 
@@ -455,3 +456,23 @@ def row(name: str, value: float, baseline: float | None, unit: str, *, digits: i
     return {"name": name, "value": round(value, digits), "baseline": None if baseline is None else round(baseline, digits),
             "ratio": ratio, "unit": unit}
 
+
+async def serve_each(nc: Any, subject: str, serve: Any, ready: str, stop: asyncio.Event) -> None:
+    """Serve each request on ``subject`` in a task of its own, handed over as the read loop parses it (as the
+    kernel serves, gateway.kernel.service); say ``ready``; once ``stop`` is set, wait (10 s at most) for those
+    still in flight. The floors of bench_idp and bench_gate."""
+    from pgwcore.delivery import subscribe_inline
+
+    inflight: set[asyncio.Task[None]] = set()
+
+    def spawn(msg: Any) -> None:
+        task = asyncio.create_task(serve(msg))
+        inflight.add(task)
+        task.add_done_callback(inflight.discard)
+
+    await subscribe_inline(nc, subject, spawn)
+    await nc.flush()
+    await nc.publish(ready, b"")
+    await stop.wait()
+    if inflight:
+        await asyncio.wait(inflight, timeout=10)
