@@ -166,18 +166,17 @@ class PortTaken(Exception):
 
 async def _listening(srv: Server, timeout: float = 20.0) -> None:
     """Wait until ``srv`` logs that it is ready (and, with a cluster block, that it listens for routes);
-    PortTaken when it ended on a port someone else holds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
+    PortTaken when it ended on a port someone else holds. The server's log is its only readiness signal."""
+
+    async def ready() -> bool:
         text = srv.text()
         if "[FTL]" in text or srv.proc.returncode is not None:
             if "address already in use" in text:
                 raise PortTaken(srv.name)
             raise RuntimeError(f"{srv.name} did not start:\n{text[-2000:]}")
-        if "Server is ready" in text and ("Cluster name is" not in text or "Listening for route connections" in text):
-            return
-        assert asyncio.get_running_loop().time() < deadline, f"{srv.name} not ready:\n{text[-2000:]}"
-        await asyncio.sleep(0.05)  # a poll of the server's log: its readiness has no other signal
+        return "Server is ready" in text and ("Cluster name is" not in text or "Listening for route connections" in text)
+
+    await until(ready, timeout=timeout, what=lambda: f"{srv.name} ready:\n{srv.text()[-2000:]}")
 
 
 def rogue_config(*, name: str, client: int, monitor: int, route: int, tls: str, operator_block: str,
