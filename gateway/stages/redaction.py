@@ -133,8 +133,10 @@ class Redactor:
         spans: list[list[tuple[int, int]]] = [[] for _ in texts]
         for tags in (False, True) if not joined.isascii() and TAGS.search(joined) else (False,):
             self._scan(texts, joined, spans, tags)
-        if self._needles and (not joined.isascii() or "%" in joined or any(m in joined for m in self._marks)
-                              or (_WS.search(joined) and any(m in _WS.sub("", joined) for m in self._marks))):
+        # A mark holds no white space, so one in the text is in it with its white space taken out too:
+        # one search covers a run as written and one broken by white space.
+        if self._needles and (not joined.isascii() or "%" in joined
+                              or any(m in _WS.sub("", joined) for m in self._marks)):
             for li, t in enumerate(texts):
                 spans[li].extend(self._encoded_spans(t))
         if not may_hide(joined):
