@@ -269,14 +269,14 @@ class KvWriter:
         )
 
 
-_DELETE_MARKER = {"KV-Operation": "DEL"}  # the header of nats' KeyValue.delete marker
+DELETE_MARKER = {"KV-Operation": "DEL"}  # the header of nats' KeyValue.delete marker
 
 
 async def kv_delete(js: JetStreamContext, bucket: str, key: str) -> int:
     """``kv.delete(key)`` of ``bucket``: the same delete marker (an empty value with
     ``KV-Operation: DEL``; a read then raises ``KeyNotFoundError``, a watcher sees a delete),
     through ``publish_acked`` instead of the KV client's request path. The marker's stream sequence."""
-    ack = await publish_acked(js._nc, f"$KV.{bucket}.{key}", b"", _DELETE_MARKER, js._timeout)
+    ack = await publish_acked(js._nc, f"$KV.{bucket}.{key}", b"", DELETE_MARKER, js._timeout)
     return ack.seq
 
 
@@ -329,4 +329,4 @@ class Publisher:
             metrics.count_verdict(verdict.verdict_class)
 
 
-__all__ = ["GroupCommit", "KvWriter", "Publisher"]
+__all__ = ["DELETE_MARKER", "GroupCommit", "KvWriter", "Publisher"]

@@ -68,6 +68,7 @@ from gateway.kernel.scopes import ApprovalScope, ScopeOffer, scope_detail
 from gateway.kernel.state import ConflictError, IdpEntry
 from pgwcore.logs import get_logger
 from pgwcore.metrics import LATENCY
+from pgwcore.publish import DELETE_MARKER
 from pgwcore.streams import ensure_kv
 from subjects import jcs
 from subjects.errors import SubjectError
@@ -99,7 +100,6 @@ ATTESTATION = "gate_executed"
 # transit the gate, so a policy may require it: forbid(...) unless { context.execution.gated };
 GATE_CONTEXT = {"gated": True, "executed_action_source": EXECUTED_ACTION_SOURCE}
 _enc = msgspec.json.Encoder()
-_DELETE_MARKER = {"KV-Operation": "DEL"}  # the header of nats' KeyValue.delete marker (pgwcore.publish.kv_delete)
 # Why a HEM step did not run, by the principal's answer (gateway.moment_record.hem_decision_of), in the
 # ``action_result`` the agent gets. Her own words are not copied here: they travel in the moment's
 # ``hem_decision`` outcome (``text``), which is forgotten on schedule (spec 000 §13); the MCP gate hands
@@ -610,7 +610,7 @@ class Gate:
             ), stable_id("action_result", d.so_id.lower(), d.idp_id.lower())))
         await asyncio.gather(*jobs)
         # The key's delete marker (what kv.delete writes), through the kernel's PubAck inbox.
-        await self.state.acks.publish(f"$KV.{BUCKET}.{d.idempotency_key}", b"", _DELETE_MARKER, self.js._timeout)
+        await self.state.acks.publish(f"$KV.{BUCKET}.{d.idempotency_key}", b"", DELETE_MARKER, self.js._timeout)
         await gate_args.erase(self.js, d)  # after the key: a crash between leaves the message, never a key without it
 
     async def _logged(self, seq: int) -> Appended:
