@@ -69,6 +69,7 @@ from gateway.moment_record import (
     state_header,
 )
 from pgwcore.keys import DigestKey
+from pgwcore.kvread import kv_keys
 from pgwcore.logs import get_logger
 from pgwcore.loop import together
 from pgwcore.publish import KvWriter, Publisher
@@ -408,15 +409,12 @@ class MomentDesk:
     async def pending(self, principal: str) -> list[SurfaceItem]:
         """Items still awaiting ``principal``, oldest first.
 
-        The keys come from the server's per-subject index of the bucket's
-        stream, not from a KV watcher: nats-py's watcher can signal "initial
-        values done" before a value already in the client's buffer is handed
-        over, which made a late surface miss a pending moment under load.
+        The keys come from the server's per-subject index (``kv_keys``), not
+        from a KV watcher, which made a late surface miss a pending moment
+        under load.
         """
         now = time.time()
-        pre = f"$KV.{BUCKET}."
-        info = await self.js.stream_info(f"KV_{BUCKET}", subjects_filter=f"{pre}{principal}.*")
-        keys = [subject[len(pre):] for subject in (info.state.subjects or {})]
+        keys = await kv_keys(self.js, BUCKET, f"{principal}.*")
         values = await asyncio.gather(*(self._value(k) for k in keys))
         records = [
             rec

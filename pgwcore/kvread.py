@@ -92,6 +92,24 @@ async def get_last(nc: Client, api_prefix: str, bucket: str, key: str, timeout: 
     return value, m.seq
 
 
+async def kv_keys(js: Any, bucket: str, pattern: str = ">") -> list[str]:
+    """The keys of bucket ``bucket`` matching ``pattern`` that have an entry (a delete marker counts: the
+    caller's read finds it gone), from the server's per-subject index of the bucket's stream; none when
+    the bucket is absent.
+
+    Not a KV watcher (nats-py's ``watch``/``keys``): it can signal "initial values done" before a value
+    already delivered reaches the client, so a listing read that way misses a key now and then under load.
+    """
+    from nats.js.errors import NotFoundError
+
+    pre = f"$KV.{bucket}."
+    try:
+        info = await js.stream_info(f"KV_{bucket}", subjects_filter=pre + pattern)
+    except NotFoundError:
+        return []
+    return [subject[len(pre):] for subject in info.state.subjects or {}]
+
+
 async def enable_direct(js: Any, bucket: str) -> bool:
     """Make sure ``KV_{bucket}`` answers direct gets (``allow_direct``, an additive update); False if
     not, and False for a replicated bucket, whose followers may answer a direct get (see ``BatchReader``)."""

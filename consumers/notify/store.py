@@ -25,6 +25,7 @@ from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
+from pgwcore.kvread import kv_keys
 from pgwcore.msgget import stored_range
 from pgwcore.streams import ensure_kv, ensure_stream
 from subjects.names import Subjects
@@ -118,13 +119,8 @@ class Store:
         return self
 
     async def _keys(self, bucket: str, prefix: str) -> list[str]:
-        """Live keys under ``prefix`` from the server's per-subject index (no watcher; see gateway/moments.py)."""
-        pre = f"$KV.{bucket}."
-        try:
-            info = await self.js.stream_info(f"KV_{bucket}", subjects_filter=f"{pre}{prefix}>")
-        except NotFoundError:
-            return []
-        return [s[len(pre):] for s in (info.state.subjects or {})]
+        """Keys under ``prefix`` from the server's per-subject index (``pgwcore.kvread.kv_keys``)."""
+        return await kv_keys(self.js, bucket, f"{prefix}>")
 
     # -- push subscriptions ---------------------------------------------------
     async def put_subscription(self, principal: str, sub: PushSubscription) -> str:

@@ -69,8 +69,10 @@ import msgspec
 from msgspec import Struct
 
 from gateway.kernel.hem import PATH_KEYS, _clip
+from gateway.kernel.state import BUCKET as STATE_BUCKET
 from gateway.kernel.state import ConflictError
 from gateway.security.text import marked
+from pgwcore.kvread import kv_keys
 from pgwcore.logs import get_logger
 from subjects.approvals import (
     ApprovalsReply,
@@ -374,17 +376,9 @@ class Scopes:
 
     # -- list and revoke (kernel.approvals.{principal}) ------------------------------------
     async def mine(self, principal: str) -> list[ApprovalScope]:
-        """Her live standing approvals, soonest to expire first (her keys only: a watch filtered by subject)."""
-        watcher = await self.kernel.state.kv.watch(f"scopes.{principal_token(principal)}.*", ignore_deletes=True,
-                                                   meta_only=True)
-        keys: list[str] = []
-        try:
-            async for entry in watcher:
-                if entry is None:  # the end of what is stored now
-                    break
-                keys.append(entry.key)
-        finally:
-            await watcher.stop()
+        """Her live standing approvals, soonest to expire first (her keys only, from the server's
+        per-subject index: ``kv_keys``, not a watcher, which missed a just-granted one now and then)."""
+        keys = await kv_keys(self.kernel.js, STATE_BUCKET, f"scopes.{principal_token(principal)}.*")
         now = time.time()
         out: list[ApprovalScope] = []
         for key in keys:
