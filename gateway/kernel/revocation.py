@@ -100,6 +100,7 @@ class Revocations:
         # bucket key -> the revocation the kernel holds (the log's, its own, or the bucket's)
         self._known: dict[str, Revoked] = {}
         self._in_bucket: set[str] = set()  # known keys the bucket was last seen to hold
+        self._upto = 0  # the bucket's last sequence when the watch began (0: it held nothing)
 
     async def start(self, queue: str) -> None:
         self.kv = await ensure_kv(self.kernel.js, BUCKET)
@@ -107,6 +108,10 @@ class Revocations:
         # its leaders after a node's restart), not a failed start.
         for rec in (await retrying(self.logged, "the revocations in the event log", 60.0)).values():
             self._hold(rec)
+        # nats-py's watcher may signal "initial values done" before an entry already delivered reaches it,
+        # so the kernel is ready when the bucket's last entry as it stood before the watch has been seen.
+        info = await self.kernel.js.stream_info(f"KV_{BUCKET}")
+        self._upto = info.state.last_seq if info.state.messages else 0
         self._watcher = await self.kv.watchall()
         ready = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._watch(ready), name="kernel-revocations")
@@ -142,14 +147,16 @@ class Revocations:
 
     async def _watch(self, ready: asyncio.Future[None]) -> None:
         async for entry in self._watcher:
-            if entry is None:  # the initial values are all delivered
-                if not ready.done():
+            if entry is None:  # "initial values done": trusted only for a bucket that held nothing
+                if not ready.done() and not self._upto:
                     ready.set_result(None)
                 continue
             try:
                 await self._seen(entry)
             except Exception:  # the watch must go on: one entry is logged, not the end of revocations
                 log.exception("could not handle a revocation bucket entry", key=entry.key)
+            if not ready.done() and entry.revision >= self._upto:
+                ready.set_result(None)
         if not ready.done():
             ready.set_result(None)
 
