@@ -110,6 +110,33 @@ async def kv_keys(js: Any, bucket: str, pattern: str = ">") -> list[str]:
     return [subject[len(pre):] for subject in info.state.subjects or {}]
 
 
+async def live_keys(js: Any, kv: Any, bucket: str, pattern: str = ">", timeout: float = 10.0) -> list[str]:
+    """The keys of ``kv`` (bucket ``bucket``) matching ``pattern`` whose last entry is a value, not a
+    delete or purge marker, in stream order.
+
+    A KV watcher's last entries, each with the count still to come (``delta``): the listing ends at
+    the entry with none to come, never at nats-py's "initial values done" marker (see :func:`kv_keys`),
+    and a bucket with no key at all is told by the server's subject index before any watch.
+    """
+    if not await kv_keys(js, bucket, pattern):
+        return []
+    watcher = await kv.watch(pattern, meta_only=True)
+    live: dict[str, None] = {}
+    try:
+        while True:
+            entry = await watcher.updates(timeout)
+            if entry is None:  # nats-py's marker: not trusted
+                continue
+            if entry.operation in ("DEL", "PURGE"):
+                live.pop(entry.key, None)
+            else:
+                live[entry.key] = None
+            if entry.delta == 0:
+                return list(live)
+    finally:
+        await watcher.stop()
+
+
 async def enable_direct(js: Any, bucket: str) -> bool:
     """Make sure ``KV_{bucket}`` answers direct gets (``allow_direct``, an additive update); False if
     not, and False for a replicated bucket, whose followers may answer a direct get (see ``BatchReader``)."""

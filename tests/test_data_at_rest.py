@@ -34,12 +34,12 @@ from typing import Any
 import aiohttp
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import get_default_environment, stdio_client
-from nats.js.errors import NoKeysError
 
 from consumers.notify.service import Notifier
 from consumers.slack.service import SlackSurface
 from gateway.app import Gateway
 from pgwcore.connect import connect
+from pgwcore.kvread import live_keys
 from subjects.client import Agent, Surface, envelope
 from subjects.wire import ClarificationAnswers, DialogueVeto, FreeTextAnswer
 from tests.logcapture import capture_logs_with_context
@@ -509,10 +509,7 @@ async def test_a_gated_actions_secret_arguments_are_erased_once_it_is_done(tmp_p
                 assert notes.notes == {"now": f"the key {GATE_SECRET}", "asked": f"asked {GATE_SECRET}"}
 
                 async def closed() -> bool:  # every open dispatch finished, so its arguments erased
-                    try:
-                        return not await kv.keys()
-                    except NoKeysError:
-                        return True
+                    return not await live_keys(env.js, kv, "PGW_KERNEL_GATE")
 
                 await until(closed, timeout=15, what="every open dispatch closed")
         finally:

@@ -8,7 +8,9 @@ from typing import Any
 
 from consumers.signer import Signer
 from consumers.verifier import payload_of, verify_many
+from gateway.kernel.overdue import BUCKET as OPEN_BUCKET
 from gateway.kernel.service import KernelService
+from pgwcore.kvread import live_keys
 from subjects.idp import Permit
 from subjects.util import stable_id
 from tests.kernel_support import (
@@ -112,10 +114,7 @@ async def test_a_hem_approval_without_report_is_closed_too(env: Env) -> None:
     await env.watch.wait("HEM_RESOLVED", lambda ev: ev["body"]["idp_id"] == rec["idp_id"])
 
     async def opened() -> bool:
-        try:
-            return bool(await kernel.overdue.kv.keys())
-        except Exception:  # noqa: BLE001 - NoKeysError until the approval registered it
-            return False
+        return bool(await live_keys(env.js, kernel.overdue.kv, OPEN_BUCKET))
 
     from tests.polling import until
 
@@ -133,7 +132,6 @@ async def test_a_hem_approval_without_report_is_closed_too(env: Env) -> None:
 async def test_a_logged_permit_is_registered_by_its_log_event_and_closed_once(make_config: Any, nc: Any, tmp_path: Path) -> None:
     """A Cedar PERMIT writes no PGW_KERNEL_OPEN key (its CEDAR_PERMIT_RECORDED registers it, issue 18); the sweep
     closes it from the log once, also when the log is read again from the start, and the rebuild knows it is closed."""
-    from nats.js.errors import NoKeysError
 
     from gateway.kernel.overdue import POSITION_KEY
 
@@ -146,11 +144,7 @@ async def test_a_logged_permit_is_registered_by_its_log_event_and_closed_once(ma
     async with running_gateway(cfg, nc) as gw:
         kernel = next(p for p in gw.parts if isinstance(p, KernelService))
         assert isinstance(await request(nc, AGENT, {"mandate": token, "idp": silent}), Permit)
-        try:
-            keys = await kernel.overdue.kv.keys()
-        except NoKeysError:
-            keys = []
-        assert keys == []
+        assert await live_keys(js, kernel.overdue.kv, OPEN_BUCKET) == []
         assert await kernel.overdue.sweep() == 0  # not due within the hour
         assert await kernel.overdue.sweep(now=1e12) == 1
         entry, _ = await kernel.state.idp(so, silent["idp_id"])  # type: ignore[misc]

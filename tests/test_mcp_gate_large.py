@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from integrations.mcp_gate import result_json
+from pgwcore.kvread import live_keys
 from pgwcore.server import EmbeddedServer
 from subjects.executor import LARGE_RESULT, decode_response
 from subjects.gate import exec_bucket
@@ -50,7 +51,7 @@ async def test_a_result_past_max_payload_reaches_the_host_whole_and_the_capsule_
     assert cap["effect"]["status"] == "confirmed"
     kv = await gate_env.js.key_value(exec_bucket("mcp-files"))
     refs = []
-    for key in await kv.keys():
+    for key in await live_keys(gate_env.js, kv, exec_bucket("mcp-files")):
         if ".part." not in key:
             resp = decode_response((await kv.get(key)).value)
             if isinstance(resp.result, dict) and LARGE_RESULT in resp.result:

@@ -60,12 +60,13 @@ import structlog
 from msgspec import Struct, field
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from gateway.kernel import gate_args
 from gateway.kernel.eventlog import Appended
 from gateway.kernel.scopes import ApprovalScope, ScopeOffer, scope_detail
 from gateway.kernel.state import ConflictError, IdpEntry
+from pgwcore.kvread import live_keys
 from pgwcore.logs import get_logger
 from pgwcore.metrics import LATENCY
 from pgwcore.publish import DELETE_MARKER
@@ -719,10 +720,7 @@ class Gate:
     async def gate_sweep(self, now: float | None = None) -> int:
         """Finish every open dispatch older than its executor's timeout; how many were finished."""
         now = time.time() if now is None else now
-        try:
-            keys = await self.gate_kv.keys()
-        except NoKeysError:
-            return 0
+        keys = await live_keys(self.js, self.gate_kv, BUCKET)
         done = 0
         jobs = []
         for key in keys:

@@ -52,9 +52,10 @@ from typing import Any
 
 import msgspec
 from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from pgwcore.atomic import publish_acked
+from pgwcore.kvread import live_keys
 from pgwcore.logs import get_logger
 from pgwcore.streams import ensure_kv
 from subjects.idp import log_event_decoder
@@ -163,11 +164,7 @@ class OverdueReports:
         """Close every permit past its deadline; how many were closed."""
         now = time.time() if now is None else now
         closed = await self._sweep_log(now) if self.log_ready else 0
-        try:
-            keys = await self.kv.keys()
-        except NoKeysError:
-            return closed
-        for key in keys:
+        for key in await live_keys(self.kernel.js, self.kv, BUCKET):
             try:
                 e = await self.kv.get(key)
             except KeyNotFoundError:
