@@ -39,6 +39,17 @@ class KeyFileError(PgwError):
 NOT_ED25519 = frozenset({"vapid", "digest"})  # key folders under {data}/keys that hold another kind of key
 
 
+def read_ed25519_public(path: str | Path) -> Ed25519PublicKey:
+    """The Ed25519 public key in PEM file ``path``; KeyFileError naming the file and what is wrong."""
+    try:
+        loaded = serialization.load_pem_public_key(Path(path).expanduser().read_bytes())
+    except (OSError, ValueError) as e:
+        raise KeyFileError(f"{path} is not a readable PEM public key: {e}") from None
+    if not isinstance(loaded, Ed25519PublicKey):
+        raise KeyFileError(f"{path} is not an Ed25519 public key ({type(loaded).__name__})")
+    return loaded
+
+
 def kid_of(public: Ed25519PublicKey) -> str:
     raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]

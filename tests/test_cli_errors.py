@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from nats.js.api import StreamConfig
 
 from consumers.notify.store import DLQ_STREAM
@@ -58,17 +60,26 @@ async def test_each_mistake_is_one_clear_line(nats_server, nc, tmp_path: Path) -
     data = str(tmp_path / "data")
     not_a_key = tmp_path / "notes.txt"
     not_a_key.write_text("not a key\n")
+    ec_key = tmp_path / "p256.pem"  # a real PEM public key, but P-256: the capsule and log keys are Ed25519
+    ec_key.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     cases = {
         "verify a file that is not there": (
             ("verify", str(tmp_path / "missing.cose")), "cannot read", "missing.cose"),
         "verify with a key file that is not there": (
-            ("verify", "--key", str(tmp_path / "k.pem"), str(not_a_key)), "neither 64 hex digits nor a readable PEM", "k.pem"),
+            ("verify", "--key", str(tmp_path / "k.pem"), str(not_a_key)), "not a readable PEM public key", "k.pem"),
+        "verify with a key of another kind": (
+            ("verify", "--key", str(ec_key), str(not_a_key)), "is not an Ed25519 public key", "p256.pem"),
         "verify a stream that does not exist": (
             ("--server", url, "--data-dir", data, "verify", "--stream", "NOPE"), "stream 'NOPE' does not exist", "pgw streams"),
         "log verify a stream that does not exist": (
             ("--server", url, "--data-dir", data, "log", "verify", "--stream", "NOPE"), "stream 'NOPE' does not exist", "pgw streams"),
         "log verify with a key that is not a key": (
-            ("--server", url, "--data-dir", data, "log", "verify", "--pubkey", str(not_a_key)), "as a PEM public key", "notes.txt"),
+            ("--server", url, "--data-dir", data, "log", "verify", "--pubkey", str(not_a_key)), "not a readable PEM public key",
+            "notes.txt"),
+        "log verify with a key of another kind": (
+            ("--server", url, "--data-dir", data, "log", "verify", "--pubkey", str(ec_key)), "is not an Ed25519 public key",
+            "p256.pem"),
         "tail something that is not a subject": (
             ("--server", url, "tail", "pgw verdict", "--count", "1"), "is not a NATS subject", "'pgw verdict'"),
         "tail the history of a subject no stream stores": (

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.js.errors import NotFoundError
 
@@ -38,7 +37,7 @@ from consumers.verifier import (
 )
 from pgwcore.config import Config
 from pgwcore.connect import connect
-from pgwcore.keys import kid_of, public_keys, rotate
+from pgwcore.keys import KeyFileError, kid_of, public_keys, read_ed25519_public, rotate
 from pgwcore.micro import service_name
 from pgwcore.msgget import stored_range
 from pgwcore.service import serve_alone
@@ -251,12 +250,9 @@ def _parse_key(spec: str, role: str) -> TrustedKey:
         pub = Ed25519PublicKey.from_public_bytes(bytes.fromhex(s))
     else:
         try:
-            loaded = serialization.load_pem_public_key(Path(s).read_bytes())
-        except (OSError, ValueError) as e:
-            raise SystemExit(f"pgw verify: key {s} is neither 64 hex digits nor a readable PEM public key: {e}") from None
-        if not isinstance(loaded, Ed25519PublicKey):
-            raise SystemExit(f"pgw verify: {s} is not an Ed25519 public key")
-        pub = loaded
+            pub = read_ed25519_public(s)
+        except KeyFileError as e:
+            raise SystemExit(f"pgw verify: key {s} is not 64 hex digits, and {e}") from None
     return TrustedKey(kid_of(pub), pub, role=role)
 
 

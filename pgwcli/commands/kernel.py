@@ -95,17 +95,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def kernel_keys(config: Config, pem_files: list[str]) -> dict[str, Ed25519PublicKey]:
-    from pgwcore.keys import kid_of, public_keys
+    from pgwcore.keys import KeyFileError, kid_of, public_keys, read_ed25519_public
 
     if pem_files:
         out = {}
         for f in pem_files:
             try:
-                key = serialization.load_pem_public_key(Path(f).read_bytes())
-            except (OSError, ValueError) as e:
-                raise SystemExit(f"pgw: cannot read {f} as a PEM public key: {e}") from None
-            if not isinstance(key, Ed25519PublicKey):
-                raise SystemExit(f"pgw: {f} is not an Ed25519 public key")
+                key = read_ed25519_public(f)
+            except KeyFileError as e:
+                raise SystemExit(f"pgw: {e}") from None
             out[kid_of(key)] = key
         return out
     return {k.kid: k.public for k in public_keys(config.data_path, "kernel", keys_dir=config.keys_path)}
