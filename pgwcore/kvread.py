@@ -116,9 +116,13 @@ async def live_keys(js: Any, kv: Any, bucket: str, pattern: str = ">", timeout: 
 
     A KV watcher's last entries, each with the count still to come (``delta``): the listing ends at
     the entry with none to come, never at nats-py's "initial values done" marker (see :func:`kv_keys`),
-    and a bucket with no key at all is told by the server's subject index before any watch.
+    and a bucket with no key at all is told by the server before any watch (its message count for the
+    whole bucket, which the sweeps list every few seconds; its subject index for a pattern).
     """
-    if not await kv_keys(js, bucket, pattern):
+    if pattern == ">":  # the whole bucket: its message count says it, without listing every subject
+        if not (await js.stream_info(f"KV_{bucket}")).state.messages:
+            return []
+    elif not await kv_keys(js, bucket, pattern):
         return []
     watcher = await kv.watch(pattern, meta_only=True)
     live: dict[str, None] = {}
