@@ -10,6 +10,9 @@ with one timer (as ``pgwcore.atomic.send_acked`` does) and decodes it with
 msgspec. Same answers: the value and revision of the key's last entry, or
 None when the key has none or its last entry is a delete or purge marker
 (``KV-Operation``), which ``kv.get`` reports as ``KeyNotFoundError``.
+
+Also the listings of a bucket's keys (:func:`kv_keys`, :func:`live_keys`), which
+never end at nats-py's "initial values done" marker.
 """
 
 from __future__ import annotations
