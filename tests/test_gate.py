@@ -24,6 +24,7 @@ from consumers.capsule_map import capsule_from_verdict
 from consumers.signer import Signer
 from consumers.verifier import payload_of, verify_many
 from gateway.kernel.gate import _od_dec
+from pgwcore.kvread import MARKER_KEEP_S, kv_keys
 from subjects.client import Agent, Surface
 from subjects.executor import ActionError, Executor
 from subjects.gate import ActDispatched, ActDone, act_result_decoder, idempotency_key
@@ -213,6 +214,11 @@ async def test_permitted_action_runs_once_at_the_executor_and_is_gate_executed(g
     assert v.verdict_id == r.verdict_id and v.details["effect_attestation"] == "gate_executed"
     # the open dispatch is closed: nothing left for the sweep
     assert await kernel(genv).gate_sweep() == 0
+    # its key's delete marker stays a while, then a sweep removes it for good (every sweep would read it again)
+    key = idempotency_key(genv.so, r.idp_id)
+    assert await kv_keys(genv.js, "PGW_KERNEL_GATE", key) == [key]
+    await kernel(genv).gate_sweep(now=time.time() + MARKER_KEEP_S + 1)
+    assert await kv_keys(genv.js, "PGW_KERNEL_GATE", key) == []
     # the executor is a services-API service: `nats micro ls` lists pgw-exec-notes
     ping = msgspec.json.decode((await genv.nc.request("$SRV.PING.pgw-exec-notes", b"", timeout=5)).data)
     assert ping["name"] == "pgw-exec-notes" and ping["metadata"]["kind"] == "notes"

@@ -10,7 +10,7 @@ from consumers.signer import Signer
 from consumers.verifier import payload_of, verify_many
 from gateway.kernel.overdue import BUCKET as OPEN_BUCKET
 from gateway.kernel.service import KernelService
-from pgwcore.kvread import live_keys
+from pgwcore.kvread import kv_keys, live_keys
 from subjects.idp import Permit
 from subjects.util import stable_id
 from tests.kernel_support import (
@@ -120,7 +120,11 @@ async def test_a_hem_approval_without_report_is_closed_too(env: Env) -> None:
 
     await until(opened, timeout=10, what="the approved permit registered as open")
     assert await kernel.overdue.sweep() == 0  # not yet due
+    [key] = await live_keys(env.js, kernel.overdue.kv, OPEN_BUCKET)
     assert await kernel.overdue.sweep(now=1e12) == 1
+    assert await kv_keys(env.js, OPEN_BUCKET, key) == [key]  # closed: its delete marker
+    assert await kernel.overdue.sweep(now=1e12) == 0  # ... which the next sweep removes for good
+    assert await kv_keys(env.js, OPEN_BUCKET, key) == []
     [v] = await stored_verdicts(env.js, "timeout")
     assert v.idp_id == rec["idp_id"] and v.moment_id == pending.moment_id
     # the human's approval is the decision it closes; it supersedes the dispatch, the approval having no

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from nats.js.errors import KeyNotFoundError
 
-from pgwcore.kvread import get_last, kv_keys, live_keys
+from pgwcore.kvread import get_last, kv_keys, listing, live_keys, purge_markers
 from pgwcore.streams import ensure_kv
 
 
@@ -112,3 +112,31 @@ async def test_key_listings_see_every_key_just_written_and_live_keys_skip_marker
         await kv.put(f"c.k{i}", b"v")
         assert f"c.k{i}" in await kv_keys(js, "PGW_KEYS_T", "c.*")
         assert len(await live_keys(js, kv, "PGW_KEYS_T", "c.*")) == i + 1
+
+
+async def test_old_markers_are_purged_and_a_value_written_after_the_listing_stays(nc: Any) -> None:
+    """listing names each key whose last entry is a delete or purge marker, with the marker's sequence and time;
+    purge_markers removes those stored before the cut-off (a key's subject up to its marker), oldest first and no
+    more than asked, and a value written to a marked key after the listing stays."""
+    js = nc.jetstream()
+    kv = await ensure_kv(js, "PGW_MARKS_T")
+    await kv.put("live", b"v")
+    for k in ("d1", "d2", "d3"):
+        await kv.put(k, b"x")
+        await kv.delete(k)
+    await kv.put("p1", b"x")
+    await kv.purge("p1")
+    live, markers = await listing(js, kv, "PGW_MARKS_T")
+    assert live == ["live"] and sorted(m.key for m in markers) == ["d1", "d2", "d3", "p1"]
+    info = await js.stream_info("KV_PGW_MARKS_T")
+    assert all(0 < m.seq <= info.state.last_seq and m.at > 0 for m in markers)
+    assert await purge_markers(js, "PGW_MARKS_T", markers, older_than=min(m.at for m in markers)) == 0  # none older
+    rev = await kv.create("d2", b"back")  # written after the listing, over d2's marker
+    far = max(m.at for m in markers) + 1
+    assert await purge_markers(js, "PGW_MARKS_T", markers, older_than=far, most=2) == 2  # the two oldest: d1, d2
+    assert sorted(await kv_keys(js, "PGW_MARKS_T")) == ["d2", "d3", "live", "p1"]
+    assert (await kv.get("d2")).revision == rev  # d2's new value stayed
+    assert await purge_markers(js, "PGW_MARKS_T", markers, older_than=far) == 4  # d2's purge again takes nothing
+    assert sorted(await kv_keys(js, "PGW_MARKS_T")) == ["d2", "live"]
+    live, markers = await listing(js, kv, "PGW_MARKS_T")
+    assert sorted(live) == ["d2", "live"] and markers == []

@@ -66,7 +66,7 @@ from gateway.kernel import gate_args
 from gateway.kernel.eventlog import Appended
 from gateway.kernel.scopes import ApprovalScope, ScopeOffer, scope_detail
 from gateway.kernel.state import ConflictError, IdpEntry
-from pgwcore.kvread import live_keys
+from pgwcore.kvread import MARKER_KEEP_S, listing, purge_markers
 from pgwcore.logs import get_logger
 from pgwcore.metrics import LATENCY
 from pgwcore.publish import DELETE_MARKER
@@ -720,7 +720,7 @@ class Gate:
     async def gate_sweep(self, now: float | None = None) -> int:
         """Finish every open dispatch older than its executor's timeout; how many were finished."""
         now = time.time() if now is None else now
-        keys = await live_keys(self.js, self.gate_kv, BUCKET)
+        keys, markers = await listing(self.js, self.gate_kv, BUCKET)
         done = 0
         jobs = []
         for key in keys:
@@ -732,6 +732,10 @@ class Gate:
                 log.error("finishing an open dispatch failed", error=repr(r))
             elif r:
                 done += 1
+        try:  # the finished dispatches' delete markers, which every sweep would read again
+            await purge_markers(self.js, BUCKET, markers, older_than=now - MARKER_KEEP_S)
+        except Exception as e:  # noqa: BLE001 - tried again at the next sweep
+            log.warning("removing finished dispatches' delete markers failed", error=repr(e))
         return done
 
     async def _sweep_one(self, key: str, now: float) -> bool:

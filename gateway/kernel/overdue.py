@@ -55,7 +55,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from pgwcore.atomic import publish_acked
-from pgwcore.kvread import live_keys
+from pgwcore.kvread import MARKER_KEEP_S, listing, purge_markers
 from pgwcore.logs import get_logger
 from pgwcore.streams import ensure_kv
 from subjects.idp import log_event_decoder
@@ -164,7 +164,8 @@ class OverdueReports:
         """Close every permit past its deadline; how many were closed."""
         now = time.time() if now is None else now
         closed = await self._sweep_log(now) if self.log_ready else 0
-        for key in await live_keys(self.kernel.js, self.kv, BUCKET):
+        keys, markers = await listing(self.kernel.js, self.kv, BUCKET)
+        for key in keys:
             try:
                 e = await self.kv.get(key)
             except KeyNotFoundError:
@@ -180,6 +181,10 @@ class OverdueReports:
                 closed += 1
             with contextlib.suppress(KeyNotFoundError):
                 await self.kv.delete(key)
+        try:  # the closed permits' delete markers, which every sweep would read again
+            await purge_markers(self.kernel.js, BUCKET, markers, older_than=now - MARKER_KEEP_S)
+        except Exception as e:  # noqa: BLE001 - tried again at the next sweep
+            log.warning("removing closed permits' delete markers failed", error=repr(e))
         return closed
 
     async def _sweep_log(self, now: float) -> int:
