@@ -34,6 +34,15 @@ from tests.test_capsule_model import design_rows
 from tests.test_capsule_signer import signer_keys, stream_items, wait_count
 
 
+async def counted(reg: Any, n: int) -> None:
+    """Wait until the registrar has counted ``n`` statements: its counters move after the statement's
+    publish and its ack, so the stream can hold it a moment before they do."""
+    async def done() -> bool:
+        return reg.registered >= n
+
+    await until(done, timeout=30, what=f"the registrar counting {n} statements")
+
+
 def _config(make_config: Any, ts: ScittTS | None, **registrar: object) -> Config:
     reg: dict[str, object] = {"backoff_base_s": 0.05, "backoff_max_s": 0.2, "poll_timeout_s": 5.0}
     if ts is not None:
@@ -61,6 +70,7 @@ async def test_registration_anchors_with_verified_receipts(nc: Any, make_config:
         js = nc.jetstream()
         async with Registrar(config, nc) as reg:
             await wait_count(js, "PGW_CAPSULES", len(rows))
+            await counted(reg, len(rows))
             assert reg.registered == len(rows)
         assert len(ts.leaves) == len(rows)  # the TS log really holds each statement once
         # draft -05 {#registration}, {#privacy}: the TS holds the capsule's identifier, not the capsule
@@ -173,6 +183,7 @@ async def test_slow_answer_times_out_then_409_finishes(nc: Any, make_config: Any
 
                 await until(logged, timeout=20, what="the TS logging the statement")
                 await wait_count(js, "PGW_CAPSULES", 1)
+                await counted(reg, 1)
                 assert (reg.already_registered, reg.dead_lettered) == (1, 0)
         assert len(ts.leaves) == 1  # in the TS's log once
         assert any("TimeoutError" in e.get("error", "") for e in logs)
@@ -301,4 +312,5 @@ async def test_a_failure_the_registrar_does_not_settle_hands_the_statement_back(
         await _signed(nc, config, design_rows()[:2])
         async with Registrar(config, nc) as reg:
             await wait_count(nc.jetstream(), "PGW_CAPSULES", 2)
+            await counted(reg, 2)
             assert reg.registered == 2 and len(failed) == 1

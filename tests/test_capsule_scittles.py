@@ -42,6 +42,7 @@ from pgwcore.publish import Publisher
 from subjects.names import VERDICT_CLASSES
 from tests.scittles_peer import Scittles, run_in_peer
 from tests.test_capsule_model import design_rows
+from tests.test_capsule_registrar import counted
 from tests.test_capsule_signer import signer_keys, stream_items, wait_count
 
 PGW = str(Path(sys.executable).parent / "pgw")
@@ -87,6 +88,7 @@ async def test_keys_from_jwks_uri_pinned_and_anchored(scittles: Scittles, nc: An
     js = nc.jetstream()
     async with Registrar(config, nc) as reg:
         await wait_count(js, "PGW_CAPSULES", len(rows))
+        await counted(reg, len(rows))
         assert reg.registered == len(rows) and reg.already_registered == 0
     assert _ts_entries(scittles) == before + len(rows)  # each statement in the TS's log once
     pinned = json.loads(pinned_ts_keys_path(config.data_path).read_text())
@@ -131,6 +133,7 @@ async def test_already_registered_after_a_crash_is_finished(scittles: Scittles, 
     with structlog.testing.capture_logs() as logs:
         async with Registrar(config, nc) as reg:
             await wait_count(js, "PGW_CAPSULES", len(rows))
+            await counted(reg, len(rows))
             assert reg.already_registered == 2 and reg.dead_lettered == 0
     assert _ts_entries(scittles) == before + 2
     assert (await js.stream_info(DLQ_STREAM)).state.messages == 0
