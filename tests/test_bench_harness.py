@@ -147,7 +147,10 @@ async def test_the_harness_counts_until_acked_and_meters_messages(nats_server: E
         floor_p50 = named("t: contract floor: p50 publish->surface @ 500/s, run 1/1")
         assert 0 < floor_p50["value"] <= floor_p99["value"] and floor_p99["baseline"] == p99["baseline"]
         busy = rows["t: machine CPU busy during the latency windows (all processes)"]
-        assert 0 < busy["value"] <= 100 and 0 < busy["baseline"] <= 100
+        # The machine's share comes from /proc/stat's 10 ms ticks: over a 0.1 s window of light work every tick
+        # may land on an idle moment (a fresh clone's run read 0 for the relay's window), so 0 is a reading.
+        # The processes' own CPU, below, comes from their CPU-time clocks and must show the work.
+        assert 0 <= busy["value"] <= 100 and 0 <= busy["baseline"] <= 100
         # Each process's share is its own CPU over the window: the gateway and the relay did work.
         assert rows["t: service process CPU during the latency windows"]["value"] > 0
         assert rows["t: service process CPU during the latency windows"]["baseline"] > 0
