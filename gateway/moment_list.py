@@ -35,8 +35,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nats.js.errors import NotFoundError
-
+from pgwcore.kvread import kv_keys
 from subjects.momentquery import DEFAULT_LIST_LIMIT, ListWhich, MomentSummary
 from subjects.util import to_rfc3339
 from subjects.wire import BindingMomentItem, ClarificationItem
@@ -57,7 +56,6 @@ class _Desk(Protocol):
     async def caught_up(self) -> bool: ...
 
 INDEX_BUCKET = "PGW_AGENT_MOMENTS"  # the index as the previous version wrote it: read, no longer written
-_PRE = f"$KV.{INDEX_BUCKET}."
 SCAN_LIMIT = 512  # moment records one list query reads at most
 _BATCH = 32  # records read concurrently
 SYNOPSIS_CHARS = 200
@@ -107,13 +105,9 @@ class AgentIndex:
 
 async def _legacy_keys(js: Any, agent: str, principal: str | None) -> list[tuple[str, str, str]]:
     """The agent's keys in the old index bucket (written by the previous version); none when it is absent."""
-    try:
-        info = await js.stream_info(f"KV_{INDEX_BUCKET}", subjects_filter=f"{_PRE}{agent}.*.*.*")
-    except NotFoundError:
-        return []
     keys = []
-    for subject in info.state.subjects or {}:
-        parts = subject[len(_PRE):].split(".")
+    for key in await kv_keys(js, INDEX_BUCKET, f"{agent}.*.*.*"):
+        parts = key.split(".")
         if len(parts) == 4 and parts[0] == agent and (principal is None or parts[2] == principal):
             keys.append((parts[1], parts[2], parts[3]))
     return keys

@@ -52,6 +52,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from gateway.security.seen import seen
 from gateway.stages.base import Ctx, Refuse
+from pgwcore.kvread import kv_keys
 from pgwcore.logs import get_logger
 from subjects.wire import BindingMoment, BindingMomentItem, Detail, DialogueVeto
 
@@ -135,6 +136,7 @@ class VetoCache:
     def __init__(self, kv: Any, bucket: str) -> None:
         self.kv = kv
         self.ready = False
+        self._bucket = bucket
         self._pre = f"$KV.{bucket}."
         self._stream = f"KV_{bucket}"
         self._entries: dict[str, tuple[int, list[Veto] | None]] = {}  # key -> (revision, vetoes; None if deleted)
@@ -143,14 +145,12 @@ class VetoCache:
     async def start(self, js: Any) -> None:
         # Follow first, then load: a record written in between arrives by the
         # consumer; the explicit load does not depend on a watcher's
-        # "initial values done" marker (see MomentDesk.pending).
+        # "initial values done" marker (pgwcore.kvread.kv_keys).
         self._sub = await js.subscribe(
             f"{self._pre}veto.>", stream=self._stream, cb=self._on_msg, ordered_consumer=True,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=300.0,
         )
-        info = await js.stream_info(self._stream, subjects_filter=f"{self._pre}veto.>")
-        for subject in info.state.subjects or {}:
-            key = subject[len(self._pre):]
+        for key in await kv_keys(js, self._bucket, "veto.>"):
             try:
                 entry = await self.kv.get(key)
             except KeyNotFoundError:
