@@ -522,7 +522,8 @@ async def test_headers_duplicate_members_nested_encodings_and_revocations_keep_n
     """What a hostile agent (and an operator's slip) can put beside a body, found by an attack from the docs:
     a ``traceparent`` that is not W3C or whose trace id is a configured secret (on an envelope, an IDP request,
     a report and a principal's answer), a secret in any other header or in the ``Nats-Msg-Id``, a JSON member
-    given twice (the parsed value clean, the bytes not), a secret of digits sent as a number, base64 of base64,
+    given twice (the parsed value clean, the bytes not; also with the secret: token disguised by an escaped
+    full-width letter), a secret of digits sent as a number, base64 of base64,
     hex of base64 and white-space-broken base64 and hex of the secret in an IDP, and mandate revocations whose
     reason holds the secret (plainly, as a spaced hex dump). Each is refused, dropped or erased; after a
     clean shutdown and a restart no secret is in any file under the server's store or in any log line."""
@@ -554,6 +555,7 @@ async def test_headers_duplicate_members_nested_encodings_and_revocations_keep_n
                     ({"Pgw-Principal": TOKEN}, None),
                     ({}, "msgid"),
                     ({}, "duplicate"),
+                    ({}, "disguised duplicate"),
                     ({}, "number"),
                 )):
                     eid = f"hdr-{i}"
@@ -564,6 +566,8 @@ async def test_headers_duplicate_members_nested_encodings_and_revocations_keep_n
                         msg_id = f"bot:{eid}:{TOKEN}"
                     if body == "duplicate":  # nodeId twice: a parser keeps the last, the bytes keep both
                         raw = raw[:-1] + f', "nodeId": "{SECRET}", "nodeId": "node-clean"}}'.encode()
+                    if body == "disguised duplicate":  # the same, the token's "s" a full-width letter as an escape
+                        raw = raw[:-1] + f', "nodeId": "\\uff53ecret:{TOKEN_BODY}", "nodeId": "node-clean"}}'.encode()
                     if body == "number":
                         raw = json.dumps({**env, "meta": {**env["meta"], "acme": {"acct": int(digits)}}}).encode()
                     await js.publish("pgw.agent.bot.envelope", raw, headers={"Nats-Msg-Id": msg_id, **headers})

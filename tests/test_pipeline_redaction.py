@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import unicodedata
 
+import msgspec
 import pytest
 import structlog
 from hypothesis import HealthCheck, given, settings
@@ -251,3 +252,15 @@ def test_a_plainly_clean_graph_comes_back_itself_without_the_walk(monkeypatch: p
     assert red.graph({"a": "key secret:abcdefghijklmnop"}) != {"a": "key secret:abcdefghijklmnop"}
     assert red.graph({"a": "bell\x07here"}) == {"a": "bellhere"}
     assert red.graph({"a": "caf\u00e9 secret:abcdefghijklmnop"})["a"].startswith("caf\u00e9 ")
+
+
+def test_the_bytes_of_a_member_given_twice_are_read_through_their_escapes() -> None:
+    """With no configured secret, a message's bytes are judged as read: a secret: token whose "s" is an escaped
+    full-width letter, in a member given twice (the parser keeps the clean one), is found in the bytes; the same
+    message without it, and one escaping only a plain accented letter, hold none."""
+    red = Redactor()
+    disguised = b'{"nodeId": "\\uff53ecret:Marigold-hunter-5531", "nodeId": "node-clean"}'
+    assert red.holding(msgspec.json.decode(disguised)) == []  # the parsed value is clean
+    assert red.bytes_hold_secret(disguised)
+    assert not red.bytes_hold_secret(b'{"nodeId": "node-a", "nodeId": "node-clean"}')
+    assert not red.bytes_hold_secret(b'{"nodeId": "caf\\u00e9", "nodeId": "node-clean"}')
