@@ -614,3 +614,31 @@ async def test_headers_duplicate_members_nested_encodings_and_revocations_keep_n
     spaced = base64.b64encode(SECRET.encode()).decode()
     await gone_after_restart(nats_server, tmp_path, logs,
                              (SECRET, TOKEN_BODY, hexsecret, digits, spaced[8:], SECRET.encode().hex()[:24]))
+
+
+async def test_a_disguised_token_in_a_member_given_twice_is_erased_with_no_configured_secret(
+        tmp_path, nats_server, make_config) -> None:
+    """A gateway with no configured secret (the default): an agent's envelope whose first ``nodeId`` holds a secret:
+    token with its "s" an escaped full-width letter, and whose second ``nodeId`` is clean (the parser keeps that one),
+    is erased from PGW_INBOUND once answered; after a clean shutdown and a restart the token is in no file or log."""
+    config = make_config()
+    gw_nc = await connect(nats_server.client_url, name="gateway")
+    nc = await connect(nats_server.client_url, name="test")
+    js = nc.jetstream()
+    with capture_logs_with_context() as logs:
+        try:
+            async with Gateway(config, gw_nc):
+                env = envelope("ai.generation", {"text": "nothing to see"}, envelope_id="disguised-twice")
+                raw = json.dumps(env).encode()[:-1]
+                raw += f', "nodeId": "\\uff53ecret:{TOKEN_BODY}", "nodeId": "node-clean"}}'.encode()
+                await js.publish("pgw.agent.bot.envelope", raw, headers={"Nats-Msg-Id": "bot:disguised-twice"})
+
+                async def erased() -> bool:
+                    info = await js.stream_info("PGW_INBOUND")
+                    return info.state.messages == 0 and info.state.last_seq == 1
+
+                await until(erased, timeout=20, what="the envelope erased from PGW_INBOUND")
+        finally:
+            await nc.drain()
+            await gw_nc.drain()
+    await gone_after_restart(nats_server, tmp_path, logs, (TOKEN_BODY,))
