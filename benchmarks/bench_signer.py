@@ -56,6 +56,7 @@ from pgwcore.connect import connect
 from pgwcore.keys import SigningKey, kid_of
 from pgwcore.publish import Publisher
 from pgwcore.server import EmbeddedServer
+from pgwcore.service import freeze_startup_heap
 from pgwcore.streams import ensure_streams
 from subjects import jcs
 from subjects.util import stable_id
@@ -158,6 +159,9 @@ async def _through_signer(verdicts: list[Verdict], tmp: Path, workers: int | str
             pub = Publisher(js, config.subjects)
             await asyncio.gather(*(pub.verdict(v) for v in verdicts))
             async with Signer(config, nc) as signer:
+                # As every service process once it has started (pgwcore.service.run_services): the
+                # start-up heap frozen, the collector's larger steps.
+                freeze_startup_heap()
                 # From the moment the signer is up (key, salt, streams, consumer: one-off costs) to
                 # the last capsule stored: the steady-state rate.
                 pids = signer.pool.worker_pids() if signer.pool is not None else []
@@ -185,6 +189,9 @@ def run() -> list[dict]:
     payloads = []
     for v in verdicts:  # as the signer emits them: the ledger linkage stays in PGW_SIGNER_LEDGER
         payloads.append(capsule_map.capsule_from_verdict(v, operator="bench", salt=SALT).to_dict())
+    # Every loop below runs with the collector as every service process sets it once started
+    # (pgwcore.service.freeze_startup_heap; the signers freeze their own start-up again).
+    freeze_startup_heap()
     ref = _raw_baseline(payloads, priv, key.kid)
     fast_jcs = msgspec.json.Encoder(order="sorted").encode
     fast = _raw_baseline(payloads, priv, key.kid, fast_jcs)
