@@ -280,12 +280,17 @@ def _payload_bytes(body: dict[str, Any], flags: int) -> bytes:
         raise CapsuleError("§2 JSON-DIGEST", f"capsule has no JCS form: {e}") from e
 
 
+_UTC_OFFSET = parse_rfc3339("2000-01-01T00:00:00Z").utcoffset()
+# The form utc_z writes (and the gateway stamps every verdict with): ASCII digits only, milliseconds, "Z".
+_UTC_Z_MS = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z")
+
+
 def _check_timestamp(ts: str) -> None:
     try:
         dt = parse_rfc3339(ts)
     except ValueError as e:
         raise CapsuleError("§5.1 timestamp", str(e)) from e
-    if not ts.endswith("Z") or dt.utcoffset() != parse_rfc3339("2000-01-01T00:00:00Z").utcoffset():
+    if not ts.endswith("Z") or dt.utcoffset() != _UTC_OFFSET:
         raise CapsuleError("§5.1 timestamp", "timestamp must be RFC 3339 UTC with a 'Z' suffix")
 
 
@@ -333,7 +338,7 @@ def build_capsule_checked(
         if not isinstance(v, str) or not v:
             raise CapsuleError(f"§5.1 {name}", "REQUIRED non-empty string")
     _check_timestamp(timestamp)
-    derived = effect_mode_of(msgspec.to_builtins(effect) if effect else None)
+    derived = effect_mode_of({"status": effect.status} if effect else None)  # the status is all it reads
     if effect_mode is None:
         effect_mode = derived
     # §5.3: never record a mode that was not achieved.
@@ -387,6 +392,9 @@ def build_capsule_checked(
 
 def utc_z(ts: str) -> str:
     """The verdict time as RFC 3339 UTC 'Z' (deterministic: from the verdict, not the clock)."""
+    if type(ts) is str and _UTC_Z_MS.fullmatch(ts):
+        parse_rfc3339(ts)  # a real date and time (ValueError as below); already in the form written here
+        return ts
     dt = parse_rfc3339(ts).astimezone(UTC)
     return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 

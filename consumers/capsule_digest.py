@@ -56,7 +56,10 @@ def digest_of_walked(walked: Any, flags: int) -> str:
 
 def json_digest(value: Any) -> str:
     """JSON-DIGEST (§2). Raises CapsuleError if the value has no JCS form."""
-    return digest_of_walked(*jcs.walk(value, drop_absent=True))
+    try:
+        return hashlib.sha256(jcs.normalized_bytes(value)).hexdigest()
+    except (rfc8785.CanonicalizationError, TypeError, ValueError) as e:
+        raise CapsuleError("§2 JSON-DIGEST", f"value has no JCS form: {e}") from e
 
 
 def find_floats(value: Any, path: str = "$") -> list[str]:

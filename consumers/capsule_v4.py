@@ -84,6 +84,7 @@ CAPSULE_LABEL = "agent-action-capsule"
 ENVELOPE_LABEL = "agent-action-capsule-envelope"
 # Local-only members of a reference ledger line, never in a capsule_id preimage (reference canonical.py).
 LOCAL_ONLY = ("signature", "key_id")
+_NOT_PREIMAGE = ("capsule_id", "ledger", *LOCAL_ONLY)  # what seal() leaves out of a body before it derives the id
 MAX_SAFE_INT = 2**53 - 1
 
 
@@ -126,23 +127,24 @@ def compute_capsule_id(capsule: Mapping[str, Any]) -> str:
     return _walked_id(identity_preimage(capsule))[0]
 
 
-def _walked_id(pre: Mapping[str, Any], flags: int | None = None) -> tuple[str, dict[str, Any], int]:
+def _walked_id(pre: Mapping[str, Any]) -> tuple[str, dict[str, Any], int]:
     """(capsule_id, the walked copy of ``pre``, its jcs flags): one walk of the preimage.
 
     The walk's flags say whether ``pre`` holds a float or an integer beyond
     +-(2^53-1) at all ({#conventions}); only then is it walked again for the
-    paths to report. ``flags`` given: ``pre`` is already a plain copy from
-    :func:`subjects.jcs.walk` (plus str members) and these are its flags.
+    paths to report.
     """
-    if flags is None:
-        walked, flags = jcs.walk(pre)  # plain JCS: walk without drop_absent
-    else:
-        walked = dict(pre)
+    walked, flags = jcs.walk(pre)  # plain JCS: walk without drop_absent
+    _refuse_unsafe(pre, flags)
+    return hashlib.sha256(_encode(walked, flags)).hexdigest(), walked, flags
+
+
+def _refuse_unsafe(value: Mapping[str, Any], flags: int) -> None:
+    """{#conventions}: CapsuleError naming every float and unsafe integer, where the walk's flags say there is one."""
     if flags:
-        bad = _unsafe(pre)
+        bad = _unsafe(value)
         if bad:
             raise capm.CapsuleError("{#conventions} floats/unsafe integers", f"not allowed at {', '.join(bad)}")
-    return hashlib.sha256(_encode(walked, flags)).hexdigest(), walked, flags
 
 
 def _jcs(value: Any) -> bytes:
@@ -166,14 +168,53 @@ def seal(body: Mapping[str, Any], walked_flags: int | None = None) -> Built4:
     :func:`subjects.jcs.walk` with those flags (the checked body of the shared
     mapping, whose absent members are already left out).
     """
-    out = {k: v for k, v in body.items() if k not in ("capsule_id", "ledger", *LOCAL_ONLY)}
+    out = dict(body)  # a copy in C, then the few members that are not in the preimage left out
+    for k in _NOT_PREIMAGE:
+        out.pop(k, None)
     out["spec_version"] = SPEC_VERSION
     out["format_version"] = FORMAT
     out["canonicalization_id"] = CANONICALIZATION_ID
-    cid, walked, flags = _walked_id(out, walked_flags)
+    if walked_flags is None:
+        walked, flags = jcs.walk(out)  # plain JCS: walk without drop_absent
+    else:  # ``out`` is itself a plain copy: no second one (the members added are strings)
+        walked, flags = out, walked_flags
+    _refuse_unsafe(out, flags)
+    cid, payload = _identified(walked, flags)
     out["capsule_id"] = cid
+    return Built4(out, cid, payload)
+
+
+_ID_MARK = "0" * 64  # where the capsule_id goes, until it is known
+_ID_MEMBER = b'"capsule_id":"' + _ID_MARK.encode() + b'"'
+
+
+def _identified(walked: dict[str, Any], flags: int) -> tuple[str, bytes]:
+    """(capsule_id, payload bytes) of a walked preimage, from one JCS encode.
+
+    The preimage is encoded with a ``capsule_id`` member holding a mark of
+    the id's length. JCS writes an object's members in key order with no
+    whitespace, so the preimage's bytes are those bytes without that member
+    (and one comma), and the payload's are the same bytes with the id written
+    over the mark. Where the mark's member is found more than once (a nested
+    ``capsule_id`` of 64 zeros), both are encoded as they are.
+    """
+    walked["capsule_id"] = _ID_MARK
+    full = _encode(walked, flags)
+    i = full.find(_ID_MEMBER)
+    if i > 0 and full.find(_ID_MEMBER, i + 1) < 0:
+        j = i + len(_ID_MEMBER)
+        if full[j] == 0x2C:  # ","
+            pre = full[:i] + full[j + 1:]
+        elif full[i - 1] == 0x2C:
+            pre = full[: i - 1] + full[j:]
+        else:  # the only member
+            pre = full[:i] + full[j:]
+        cid = hashlib.sha256(pre).hexdigest()
+        return cid, b"".join((full[: i + 14], cid.encode(), full[j - 1:]))
+    del walked["capsule_id"]
+    cid = hashlib.sha256(_encode(walked, flags)).hexdigest()
     walked["capsule_id"] = cid
-    return Built4(out, cid, _encode(walked, flags))
+    return cid, _encode(walked, flags)
 
 
 def from_verdict(

@@ -375,3 +375,24 @@ def test_format4_verification_never_throws_on_damaged_statements(edits: list[tup
     r = verify_statement(blob, keys={"k1": TrustedKey("k1", _FUZZ_KEY.public_key())})
     assert isinstance(r.ok, bool)
     assert not any(f.code == "verifier_internal_error" for f in r.findings), r.findings
+
+
+@pytest.mark.parametrize("body", [
+    {"a": {"capsule_id": "0" * 64}, "pgw": {"capsule_id": "0" * 64}},  # the mark's member nested too: encoded twice
+    {"action_id": "a", "chain": {"parent_capsule_id": "1" * 64, "relation": "supersedes"}, "z": [None, "0" * 64]},
+    {"z\U0001f600": "key above U+D800 (the reference's sort)", "a": {"capsule_id": "x"}},
+    {},
+])
+def test_one_encode_gives_the_id_and_payload_of_two(body: dict[str, Any]) -> None:
+    """seal() encodes the preimage once, with a mark where capsule_id goes ({#identity}): the id is SHA-256 of
+    the plain JCS of the preimage and the payload the JCS of the preimage with the id, as two encodes give."""
+    import hashlib
+
+    import rfc8785
+
+    built = v4.seal(body)
+    pre = {**{k: v for k, v in body.items() if k != "capsule_id"}, "spec_version": v4.SPEC_VERSION,
+           "format_version": v4.FORMAT, "canonicalization_id": v4.CANONICALIZATION_ID}
+    assert built.capsule_id == hashlib.sha256(rfc8785.dumps(pre)).hexdigest()
+    assert built.payload == rfc8785.dumps({**pre, "capsule_id": built.capsule_id})
+    assert built.body == {**pre, "capsule_id": built.capsule_id}

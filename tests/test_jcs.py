@@ -106,3 +106,41 @@ def test_a_log_event_of_strings_ints_and_an_es6_float_is_written_without_a_copy(
         assert not jcs._as_is({**event, "x": other})
         assert _outcome(jcs.dumps, {**event, "x": other}) == _outcome(rfc8785.dumps, {**event, "x": other})
     assert jcs.dumps(event) == rfc8785.dumps(event)
+
+
+# Values with no absent member anywhere (no null, [] or {} in an object), the shape json_digest writes without a copy.
+present_scalars = st.booleans() | ints | text | st.floats(allow_nan=False, allow_infinity=False)
+present_values = st.recursive(
+    present_scalars,
+    lambda inner: st.lists(inner | st.none(), min_size=1, max_size=5) | st.dictionaries(text, inner, min_size=1,
+                                                                                     max_size=6),
+    max_leaves=30,
+)
+
+
+def _reference_digest(value: object) -> str:
+    import hashlib
+
+    return hashlib.sha256(rfc8785.dumps(capm.normalize(value))).hexdigest()
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(values | present_values)
+def test_json_digest_equals_the_reference_with_and_without_the_copy(value: object) -> None:
+    """JSON-DIGEST (spec 004 §2) is the reference's on any value: the walked copy where a member is absent or a
+    value must be rewritten, msgspec on the value itself where nothing is (``subjects.jcs.normalized_bytes``)."""
+    expected = _outcome(_reference_digest, value)
+    assert _outcome(jcs.json_digest, value) == expected
+    got = _outcome(capm.json_digest, value)
+    assert got == expected or (got is capm.CapsuleError and isinstance(expected, type))
+
+
+def test_the_copy_is_skipped_only_where_nothing_is_dropped_or_rewritten() -> None:
+    plain = {"salt": "00" * 32, "value": {"code": "x", "reason": "y", "n": [1, None, [], {}], "ok": True}}
+    assert jcs._present_as_is(plain)
+    for absent in (None, [], {}, (), {"k": None}, [{"k": []}]):
+        assert not jcs._present_as_is({**plain, "x": absent})
+        assert jcs.json_digest({**plain, "x": absent}) == _reference_digest({**plain, "x": absent})
+    for other in (2.0, 1e-06, 2**53, {"\U0001f600": 1}, {1: "a"}):
+        assert not jcs._present_as_is({**plain, "x": other})
+    assert jcs.json_digest(plain) == _reference_digest(plain)
