@@ -336,3 +336,20 @@ def test_ledger_entry_hash_is_the_json_digest_of_the_link(position: int, capsule
             capm.ledger_entry_hash(position, capsule_id, chain, prev_hash)
         return
     assert capm.ledger_entry_hash(position, capsule_id, chain, prev_hash) == want
+
+
+@pytest.mark.parametrize(("ts", "expected"), [
+    ("2026-03-01T12:00:00.000Z", "2026-03-01T12:00:00.000Z"),  # already the form written: checked, kept
+    ("2026-03-01T14:00:00.123+02:00", "2026-03-01T12:00:00.123Z"),
+    ("2026-03-01T12:00:00Z", "2026-03-01T12:00:00.000Z"),
+    ("2026-03-01T12:00:00.123456Z", "2026-03-01T12:00:00.123Z"),
+])
+def test_the_verdict_time_is_written_in_utc_with_milliseconds(ts: str, expected: str) -> None:
+    assert capm.utc_z(ts) == expected
+
+
+@pytest.mark.parametrize("ts", ["2026-02-30T12:00:00.000Z", "2026-03-01T24:00:00.000Z", "2026-03-01T12:00:00.000",
+                                "\u0662026-03-01T12:00:00.000Z"])
+def test_a_verdict_time_that_is_no_date_is_refused_even_in_the_written_form(ts: str) -> None:
+    with pytest.raises(ValueError):
+        capm.utc_z(ts)
