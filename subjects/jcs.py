@@ -119,11 +119,14 @@ def _float_same(f: float) -> bool:
     return same
 
 
-def _as_is(value: Any) -> bool:
+def _as_is(value: Any, present: bool = False) -> bool:
     """Whether msgspec's sorted encoder writes ``value`` itself as RFC 8785 does, no copy needed:
     plain dicts with str keys below U+D800, lists and tuples, str, bool, None, integers within
     +-(2**53 - 1) and floats whose msgspec text is their ES6 form. Anything else (a float such
-    as 2.0 or 1e-06, a big integer, another key or type) says no, and ``dumps`` copies as before."""
+    as 2.0 or 1e-06, a big integer, another key or type) says no, and ``dumps`` copies as before.
+
+    ``present``: also no object member anywhere is null, [] or {}, so the drop_absent walk
+    (:func:`normalized_bytes`) would return an equal copy."""
     t = type(value)
     if t is dict:
         try:
@@ -133,17 +136,25 @@ def _as_is(value: Any) -> bool:
         if not (keys.isascii() or max(keys) < "\ud800"):
             return False
         members = value.values()
+        refuse_absent = present
     elif t is list or t is tuple:
         members = value
+        refuse_absent = False  # array elements stay in place, null and empty ones too
     else:
         return (t is str or t is bool or value is None or (t is int and -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT)
                 or (t is float and _float_same(value)))
     for v in members:
         tv = type(v)
         # The common members inline (a call per leaf would be most of the cost).
-        if tv is str or tv is bool or v is None or (tv is int and -_MAX_SAFE_INT <= v <= _MAX_SAFE_INT):
+        if tv is str or tv is bool or (tv is int and -_MAX_SAFE_INT <= v <= _MAX_SAFE_INT):
             continue
-        if not _as_is(v):
+        if v is None:
+            if refuse_absent:
+                return False
+            continue
+        if refuse_absent and (tv is dict or tv is list or tv is tuple) and not v:
+            return False
+        if not _as_is(v, present):
             return False
     return True
 
@@ -170,7 +181,7 @@ def json_digest(value: Any) -> str:
     dropped bottom-up) in one walk, msgspec's encoder where that is exact: byte for byte
     ``subjects.idp.json_digest``'s ``rfc8785`` form, which stays as the reference.
 
-    A value with no absent member anywhere and nothing to rewrite (:func:`_present_as_is`,
+    A value with no absent member anywhere and nothing to rewrite (:func:`_as_is`,
     the common small request or reason) is encoded as it is, with no copy."""
     return hashlib.sha256(normalized_bytes(value)).hexdigest()
 
@@ -179,42 +190,12 @@ def normalized_bytes(value: Any) -> bytes:
     """JCS of ``value`` with absent members (null, [] and {} object members, bottom-up) dropped:
     ``encode(*walk(value, drop_absent=True))``, without the copy where nothing would be dropped
     or rewritten. Raises what :func:`encode` raises for a value JCS refuses."""
-    if _present_as_is(value):
+    if _as_is(value, present=True):
         try:
             return _SORTED.encode(value)
         except UnicodeEncodeError:
             pass  # a lone surrogate: the walk below hands it to rfc8785, which raises its own error
     return encode(*walk(value, drop_absent=True))
-
-
-def _present_as_is(value: Any) -> bool:
-    """:func:`_as_is`, and no object member anywhere is null, [] or {}: the drop_absent walk
-    would return an equal copy with no flag that changes the bytes, so msgspec may encode it."""
-    t = type(value)
-    if t is dict:
-        try:
-            keys = "".join(value)  # one pass over the keys in C; TypeError if one is not a str
-        except TypeError:
-            return False
-        if not (keys.isascii() or max(keys) < "\ud800"):
-            return False
-        for v in value.values():
-            tv = type(v)
-            if tv is str or tv is bool or (tv is int and -_MAX_SAFE_INT <= v <= _MAX_SAFE_INT):
-                continue
-            if v is None or ((tv is dict or tv is list or tv is tuple) and not v) or not _present_as_is(v):
-                return False
-        return True
-    if t is list or t is tuple:
-        for v in value:
-            tv = type(v)
-            if tv is str or tv is bool or v is None or (tv is int and -_MAX_SAFE_INT <= v <= _MAX_SAFE_INT):
-                continue
-            if not _present_as_is(v):
-                return False
-        return True
-    return (t is str or t is bool or value is None or (t is int and -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT)
-            or (t is float and _float_same(value)))
 
 
 def _floats_raw(value: Any) -> Any:
