@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
 import os
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from email import policy
 from email.parser import BytesParser
 from pathlib import Path
@@ -134,6 +136,19 @@ async def ask_through_mcp(url: str, tmp_path: Path, web: Surface) -> tuple[str, 
     assert not result.isError and result.structuredContent is not None
     return mid, result.structuredContent["text"]
 
+
+
+@contextlib.asynccontextmanager
+async def gateway_and_client(nats_server: Any, config: Any) -> AsyncIterator[tuple[Gateway, Any]]:
+    """A gateway on its own connection and the test's connection (what an agent sends), both drained after."""
+    gw_nc = await connect(nats_server.client_url, name="gateway")
+    nc = await connect(nats_server.client_url, name="test")
+    try:
+        async with Gateway(config, gw_nc) as gw:
+            yield gw, nc
+    finally:
+        await nc.drain()
+        await gw_nc.drain()
 
 async def test_secrets_and_free_text_are_gone_from_every_byte_after_the_window(
         tmp_path, nats_server, make_config, monkeypatch) -> None:
@@ -275,62 +290,56 @@ async def test_a_dead_lettered_turn_and_a_transition_report_leave_no_secret_in_i
         if isinstance(ctx.raw, dict) and ctx.raw.get("envelopeId") == "poison":
             raise RuntimeError("injected fault")
 
-    gw_nc = await connect(nats_server.client_url, name="gateway")
-    nc = await connect(nats_server.client_url, name="test")
-    js = nc.jetstream()
     with capture_logs_with_context() as logs:
-        try:
-            async with Gateway(config, gw_nc) as gw:
-                # -- a poison turn: dead-lettered after max_deliver deliveries
-                gw.worker.pipeline.stages.insert(0, fail_poison)
-                ack = await js.publish("pgw.agent.bot.envelope", json.dumps(poison).encode(),
-                                       headers={"Nats-Msg-Id": "bot:poison"})
+        async with gateway_and_client(nats_server, config) as (gw, nc):
+            js = nc.jetstream()
+            # -- a poison turn: dead-lettered after max_deliver deliveries
+            gw.worker.pipeline.stages.insert(0, fail_poison)
+            ack = await js.publish("pgw.agent.bot.envelope", json.dumps(poison).encode(),
+                                   headers={"Nats-Msg-Id": "bot:poison"})
 
-                async def dead_lettered() -> bool:
-                    return (await js.stream_info("PGW_DEADLETTER")).state.messages == 1
+            async def dead_lettered() -> bool:
+                return (await js.stream_info("PGW_DEADLETTER")).state.messages == 1
 
-                await until(dead_lettered, timeout=15, what="the poison turn dead-lettered")
-                # -- a transition report with the secret and the token in its effect
-                so = str(uuid.uuid4())
-                token, jti = issuer.mandate(agent="bot", so_id=so)
-                rec = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")
-                assert isinstance(await request(nc, "bot", {"mandate": token, "idp": rec}), Permit)
-                report = {"idp_id": rec["idp_id"], "executed_action": "CloseBooking",
-                          "effect": {"type": "booking.close", "status": "confirmed",
-                                     "request": {"api_key": SECRET}, "response": {"note": f"rotated {TOKEN}"}}}
-                tack = await js.publish("pgw.agent.bot.transition", json.dumps(report).encode(),
-                                        headers={"Nats-Msg-Id": f"bot:{rec['idp_id']}"})
+            await until(dead_lettered, timeout=15, what="the poison turn dead-lettered")
+            # -- a transition report with the secret and the token in its effect
+            so = str(uuid.uuid4())
+            token, jti = issuer.mandate(agent="bot", so_id=so)
+            rec = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")
+            assert isinstance(await request(nc, "bot", {"mandate": token, "idp": rec}), Permit)
+            report = {"idp_id": rec["idp_id"], "executed_action": "CloseBooking",
+                      "effect": {"type": "booking.close", "status": "confirmed",
+                                 "request": {"api_key": SECRET}, "response": {"note": f"rotated {TOKEN}"}}}
+            tack = await js.publish("pgw.agent.bot.transition", json.dumps(report).encode(),
+                                    headers={"Nats-Msg-Id": f"bot:{rec['idp_id']}"})
 
-                async def settled() -> bool:  # both recorded, so both erased from PGW_INBOUND
-                    return (await js.stream_info("PGW_INBOUND")).state.messages == 0
+            async def settled() -> bool:  # both recorded, so both erased from PGW_INBOUND
+                return (await js.stream_info("PGW_INBOUND")).state.messages == 0
 
-                await until(settled, timeout=15, what="the dead letter and the report erased from PGW_INBOUND")
-                # The kernel recorded the report (its request and response as digests in its log).
-                [(_, st)] = await read_log(js, "STATE_TRANSITIONED")
-                assert st.body["idp_id"] == rec["idp_id"] and st.body["effect"]["request_digest"]
-                copies = await js.stream_info(f"KV_{INBOUND_REDACTED_BUCKET}")
-                assert copies.state.messages == 2
-                # -- pgw replay of the range: both at their own sequence and subject, redacted
-                replayer = Replayer(nc, gw.subjects)
-                dry = await replayer.replay(ReplayRange(stream="PGW_INBOUND"), "gateway", dry_run=True)
-                assert [(a.seq, a.subject, a.msg_id) for a in dry.actions] == [
-                    (ack.seq, "pgw.agent.bot.envelope", "bot:poison"),
-                    (tack.seq, "pgw.agent.bot.transition", f"bot:{rec['idp_id']}")]
-                # The fault is fixed; the dead letter is re-driven from its redacted copy and answered.
-                gw.worker.pipeline.stages.remove(fail_poison)
-                again = await replayer.replay(ReplayRange(stream="PGW_INBOUND", from_seq=ack.seq, to_seq=ack.seq),
-                                              "gateway")
-                assert again.counts() == {"published": 1}
+            await until(settled, timeout=15, what="the dead letter and the report erased from PGW_INBOUND")
+            # The kernel recorded the report (its request and response as digests in its log).
+            [(_, st)] = await read_log(js, "STATE_TRANSITIONED")
+            assert st.body["idp_id"] == rec["idp_id"] and st.body["effect"]["request_digest"]
+            copies = await js.stream_info(f"KV_{INBOUND_REDACTED_BUCKET}")
+            assert copies.state.messages == 2
+            # -- pgw replay of the range: both at their own sequence and subject, redacted
+            replayer = Replayer(nc, gw.subjects)
+            dry = await replayer.replay(ReplayRange(stream="PGW_INBOUND"), "gateway", dry_run=True)
+            assert [(a.seq, a.subject, a.msg_id) for a in dry.actions] == [
+                (ack.seq, "pgw.agent.bot.envelope", "bot:poison"),
+                (tack.seq, "pgw.agent.bot.transition", f"bot:{rec['idp_id']}")]
+            # The fault is fixed; the dead letter is re-driven from its redacted copy and answered.
+            gw.worker.pipeline.stages.remove(fail_poison)
+            again = await replayer.replay(ReplayRange(stream="PGW_INBOUND", from_seq=ack.seq, to_seq=ack.seq),
+                                          "gateway")
+            assert again.counts() == {"published": 1}
 
-                async def answered() -> list[Any] | None:
-                    outs = [json.loads(m.data) for m in await read_stored_all(js, "PGW_OUTBOUND")]
-                    done = [o for o in outs if o.get("envelope_id") == "poison" and o.get("status") == "accepted"]
-                    return done or None
+            async def answered() -> list[Any] | None:
+                outs = [json.loads(m.data) for m in await read_stored_all(js, "PGW_OUTBOUND")]
+                done = [o for o in outs if o.get("envelope_id") == "poison" and o.get("status") == "accepted"]
+                return done or None
 
-                await until(answered, timeout=15, what="the replayed dead letter answered")
-        finally:
-            await nc.drain()
-            await gw_nc.drain()
+            await until(answered, timeout=15, what="the replayed dead letter answered")
     await gone_after_restart(nats_server, tmp_path, logs, (SECRET, TOKEN_BODY))
 
 
@@ -382,76 +391,70 @@ async def test_the_kernel_log_keeps_no_secret_an_agent_sends(tmp_path, nats_serv
         "$.metadata.[REDACTED]": {"metadata": {zw: "the key as a key"}},
         "$.declared_goal.description ": {"declared_goal": goal(f"Close it with {wide}")},
     }
-    gw_nc = await connect(nats_server.client_url, name="gateway")
-    nc = await connect(nats_server.client_url, name="test")
-    js = nc.jetstream()
     step = 0
     with capture_logs_with_context() as logs:
-        try:
-            async with Gateway(config, gw_nc) as gw:
-                ids = []
-                for path, over in refused.items():
-                    step += 1
-                    rec = idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking", **over)
-                    ids.append(rec["idp_id"])
-                    res = await request(nc, "bot", {"mandate": token, "idp": rec})
-                    assert isinstance(res, Reject) and res.error_code == "IDP_MALFORMED", res
-                    assert [d.path for d in res.details] == [path.strip()] and {d.rule for d in res.details} == {"secret"}
+        async with gateway_and_client(nats_server, config) as (gw, nc):
+            js = nc.jetstream()
+            ids = []
+            for path, over in refused.items():
                 step += 1
-                rec = idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking")
-                res = await request(nc, "bot", {"mandate": token, "idp": rec, "resource": f'Booking::"{SECRET}"'})
-                assert isinstance(res, Reject) and res.error_code == "REQUEST_MALFORMED", res
-                assert [d.path for d in res.details] == ["resource"]
+                rec = idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking", **over)
                 ids.append(rec["idp_id"])
-                # -- a permitted step, then its report with the token in the action and the secret in the ref
-                step += 1
-                gap = idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking")
-                assert isinstance(await request(nc, "bot", {"mandate": token, "idp": gap}), Permit)
-                report = {"idp_id": gap["idp_id"], "executed_action": f"CloseBooking {TOKEN}",
-                          "effect": {"type": "booking.close", "status": "confirmed", "external_ref": f"ref {SECRET}"}}
-                await js.publish("pgw.agent.bot.transition", json.dumps(report).encode(),
-                                 headers={"Nats-Msg-Id": f"bot:{gap['idp_id']}"})
-                # -- a permitted step whose report the kernel fails to record on every delivery
-                kernel = next(p for p in gw.parts if isinstance(p, KernelService))
-                step += 1
-                lost = idp(so_id=so, mandate_id=jti, step=step, action="ReadBooking", session="s-2")
-                assert isinstance(await request(nc, "bot", {"mandate": token, "idp": lost}), Permit)
-                handle = kernel.handle_transition
+                res = await request(nc, "bot", {"mandate": token, "idp": rec})
+                assert isinstance(res, Reject) and res.error_code == "IDP_MALFORMED", res
+                assert [d.path for d in res.details] == [path.strip()] and {d.rule for d in res.details} == {"secret"}
+            step += 1
+            rec = idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking")
+            res = await request(nc, "bot", {"mandate": token, "idp": rec, "resource": f'Booking::"{SECRET}"'})
+            assert isinstance(res, Reject) and res.error_code == "REQUEST_MALFORMED", res
+            assert [d.path for d in res.details] == ["resource"]
+            ids.append(rec["idp_id"])
+            # -- a permitted step, then its report with the token in the action and the secret in the ref
+            step += 1
+            gap = idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking")
+            assert isinstance(await request(nc, "bot", {"mandate": token, "idp": gap}), Permit)
+            report = {"idp_id": gap["idp_id"], "executed_action": f"CloseBooking {TOKEN}",
+                      "effect": {"type": "booking.close", "status": "confirmed", "external_ref": f"ref {SECRET}"}}
+            await js.publish("pgw.agent.bot.transition", json.dumps(report).encode(),
+                             headers={"Nats-Msg-Id": f"bot:{gap['idp_id']}"})
+            # -- a permitted step whose report the kernel fails to record on every delivery
+            kernel = next(p for p in gw.parts if isinstance(p, KernelService))
+            step += 1
+            lost = idp(so_id=so, mandate_id=jti, step=step, action="ReadBooking", session="s-2")
+            assert isinstance(await request(nc, "bot", {"mandate": token, "idp": lost}), Permit)
+            handle = kernel.handle_transition
 
-                async def failing(agent: str, data: bytes, msg_seq: int, **kw: Any) -> str:
-                    if lost["idp_id"].encode() in data:
-                        raise RuntimeError("injected fault")
-                    return await handle(agent, data, msg_seq, **kw)
+            async def failing(agent: str, data: bytes, msg_seq: int, **kw: Any) -> str:
+                if lost["idp_id"].encode() in data:
+                    raise RuntimeError("injected fault")
+                return await handle(agent, data, msg_seq, **kw)
 
-                kernel.handle_transition = failing  # type: ignore[method-assign]
-                lost_report = {"idp_id": lost["idp_id"], "executed_action": "ReadBooking",
-                               "effect": {"type": "booking.read", "status": "confirmed", "external_ref": SECRET}}
-                lack = await js.publish("pgw.agent.bot.transition", json.dumps(lost_report).encode(),
-                                        headers={"Nats-Msg-Id": f"bot:{lost['idp_id']}"})
+            kernel.handle_transition = failing  # type: ignore[method-assign]
+            lost_report = {"idp_id": lost["idp_id"], "executed_action": "ReadBooking",
+                           "effect": {"type": "booking.read", "status": "confirmed", "external_ref": SECRET}}
+            lack = await js.publish("pgw.agent.bot.transition", json.dumps(lost_report).encode(),
+                                    headers={"Nats-Msg-Id": f"bot:{lost['idp_id']}"})
 
-                async def settled() -> bool:  # the gap recorded and the lost report dead-lettered: both erased
-                    return (await js.stream_info("PGW_INBOUND")).state.messages == 0 and \
-                        (await js.stream_info("PGW_DEADLETTER")).state.messages == 1
+            async def settled() -> bool:  # the gap recorded and the lost report dead-lettered: both erased
+                return (await js.stream_info("PGW_INBOUND")).state.messages == 0 and \
+                    (await js.stream_info("PGW_DEADLETTER")).state.messages == 1
 
-                await until(settled, timeout=20, what="both reports settled and erased from PGW_INBOUND")
-                events = await read_log(js)
-                assert not [e for _, e in events if e.body.get("idp_id") in ids], "a refused IDP was committed"
-                [(_, st)] = [(s, e) for s, e in events if e.event_type == "STATE_TRANSITIONED"]
-                assert st.body["executed_action"] == "CloseBooking [REDACTED]"
-                assert st.body["effect"]["external_ref"] == "ref [REDACTED]"
-                [(_, ver)] = [(s, e) for s, e in events if e.event_type == "IDP_COMMITMENT_GAP"]
-                assert ver.body["record"]["executed_action"] == "CloseBooking [REDACTED]"
-                dl = json.loads((await js.get_msg("PGW_DEADLETTER", 1)).data)
-                assert (dl["consumer"], dl["idp_id"], dl["stream_seq"]) == ("pgw-kernel", lost["idp_id"], lack.seq)
+            await until(settled, timeout=20, what="both reports settled and erased from PGW_INBOUND")
+            events = await read_log(js)
+            assert not [e for _, e in events if e.body.get("idp_id") in ids], "a refused IDP was committed"
+            [(_, st)] = [(s, e) for s, e in events if e.event_type == "STATE_TRANSITIONED"]
+            assert st.body["executed_action"] == "CloseBooking [REDACTED]"
+            assert st.body["effect"]["external_ref"] == "ref [REDACTED]"
+            [(_, ver)] = [(s, e) for s, e in events if e.event_type == "IDP_COMMITMENT_GAP"]
+            assert ver.body["record"]["executed_action"] == "CloseBooking [REDACTED]"
+            dl = json.loads((await js.get_msg("PGW_DEADLETTER", 1)).data)
+            assert (dl["consumer"], dl["idp_id"], dl["stream_seq"]) == ("pgw-kernel", lost["idp_id"], lack.seq)
 
-                async def failed() -> list[Any] | None:
-                    return [v for v in await read_verdicts(js, "engine_failure") if v.idp_id == lost["idp_id"]] or None
+            async def failed() -> list[Any] | None:
+                return [v for v in await read_verdicts(js, "engine_failure") if v.idp_id == lost["idp_id"]] or None
 
-                [v] = await until(failed, timeout=10, what="the lost report's engine_failure verdict")
-                assert v.action_type == "idp.transition"
-        finally:
-            await nc.drain()
-            await gw_nc.drain()
+            [v] = await until(failed, timeout=10, what="the lost report's engine_failure verdict")
+            assert v.action_type == "idp.transition"
     await gone_after_restart(nats_server, tmp_path, logs, (SECRET, TOKEN_BODY))
 
 
@@ -540,77 +543,71 @@ async def test_headers_duplicate_members_nested_encodings_and_revocations_keep_n
     bad_tp = f"00-{SECRET}-x-01"
     hex_tp = f"00-{hexsecret}-00f067aa0ba902b7-01"
     b64 = base64.b64encode
-    gw_nc = await connect(nats_server.client_url, name="gateway")
-    nc = await connect(nats_server.client_url, name="test")
-    js = nc.jetstream()
     with capture_logs_with_context() as logs:
-        try:
-            async with Gateway(config, gw_nc):
-                sent = 0
-                for i, (headers, body) in enumerate((
-                    ({"traceparent": bad_tp}, None),
-                    ({"traceparent": hex_tp}, None),
-                    ({"X-Leak": SECRET}, None),
-                    ({f"X-{SECRET}": "1"}, None),
-                    ({"Pgw-Principal": TOKEN}, None),
-                    ({}, "msgid"),
-                    ({}, "duplicate"),
-                    ({}, "disguised duplicate"),
-                    ({}, "number"),
-                )):
-                    eid = f"hdr-{i}"
-                    env = envelope("ai.generation", {"text": "nothing to see"}, envelope_id=eid)
-                    raw = json.dumps(env).encode()
-                    msg_id = f"bot:{eid}"
-                    if body == "msgid":
-                        msg_id = f"bot:{eid}:{TOKEN}"
-                    if body == "duplicate":  # nodeId twice: a parser keeps the last, the bytes keep both
-                        raw = raw[:-1] + f', "nodeId": "{SECRET}", "nodeId": "node-clean"}}'.encode()
-                    if body == "disguised duplicate":  # the same, the token's "s" a full-width letter as an escape
-                        raw = raw[:-1] + f', "nodeId": "\\uff53ecret:{TOKEN_BODY}", "nodeId": "node-clean"}}'.encode()
-                    if body == "number":
-                        raw = json.dumps({**env, "meta": {**env["meta"], "acme": {"acct": int(digits)}}}).encode()
-                    await js.publish("pgw.agent.bot.envelope", raw, headers={"Nats-Msg-Id": msg_id, **headers})
-                    sent += 1
-                # -- the kernel: IDP requests with a hostile traceparent (permitted) and nested encodings (refused)
-                so = str(uuid.uuid4())
-                token, jti = issuer.mandate(agent="bot", so_id=so)
-                rec = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")
-                msg = await nc.request("pgw.agent.bot.idp", json.dumps({"mandate": token, "idp": rec}).encode(),
-                                       headers={"traceparent": hex_tp}, timeout=10)
-                assert b'"PERMIT"' in msg.data
-                once = b64(SECRET.encode()).decode()
-                for step, meta in enumerate((b64(once.encode()).decode(), once.encode().hex(), int(digits),
-                                             f"{once[:8]} {once[8:]}", " ".join(f"{c:02x}" for c in SECRET.encode())),
-                                            start=2):
-                    nested = idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking", metadata={"note": meta})
-                    res = await request(nc, "bot", {"mandate": token, "idp": nested})
-                    assert isinstance(res, Reject) and [d.rule for d in res.details] == ["secret"], res
-                report = {"idp_id": rec["idp_id"], "executed_action": "CloseBooking",
-                          "effect": {"type": "booking.close", "status": "confirmed"}}
-                await js.publish("pgw.agent.bot.transition", json.dumps(report).encode(),
-                                 headers={"Nats-Msg-Id": f"bot:{rec['idp_id']}", "traceparent": bad_tp, "X-Leak": SECRET})
+        async with gateway_and_client(nats_server, config) as (_, nc):
+            js = nc.jetstream()
+            sent = 0
+            for i, (headers, body) in enumerate((
+                ({"traceparent": bad_tp}, None),
+                ({"traceparent": hex_tp}, None),
+                ({"X-Leak": SECRET}, None),
+                ({f"X-{SECRET}": "1"}, None),
+                ({"Pgw-Principal": TOKEN}, None),
+                ({}, "msgid"),
+                ({}, "duplicate"),
+                ({}, "disguised duplicate"),
+                ({}, "number"),
+            )):
+                eid = f"hdr-{i}"
+                env = envelope("ai.generation", {"text": "nothing to see"}, envelope_id=eid)
+                raw = json.dumps(env).encode()
+                msg_id = f"bot:{eid}"
+                if body == "msgid":
+                    msg_id = f"bot:{eid}:{TOKEN}"
+                if body == "duplicate":  # nodeId twice: a parser keeps the last, the bytes keep both
+                    raw = raw[:-1] + f', "nodeId": "{SECRET}", "nodeId": "node-clean"}}'.encode()
+                if body == "disguised duplicate":  # the same, the token's "s" a full-width letter as an escape
+                    raw = raw[:-1] + f', "nodeId": "\\uff53ecret:{TOKEN_BODY}", "nodeId": "node-clean"}}'.encode()
+                if body == "number":
+                    raw = json.dumps({**env, "meta": {**env["meta"], "acme": {"acct": int(digits)}}}).encode()
+                await js.publish("pgw.agent.bot.envelope", raw, headers={"Nats-Msg-Id": msg_id, **headers})
                 sent += 1
-                # -- a principal's answer to no moment, with a hostile traceparent (refused, and logged)
-                await nc.request("pgw.principal.alice.resolve", b'{"moment_id": "nope", "resolution": {"kind": "deny"}}',
-                                 headers={"traceparent": bad_tp}, timeout=10)
-                # -- a revocation whose reason holds the secret: refused, nothing logged
-                for reason in (f"leaked {SECRET}", " ".join(f"{c:02x}" for c in SECRET.encode())):
-                    rev = sign_revocation(issuer.key, issuer.kid, jti, reason=reason)
-                    reply = json.loads((await nc.request(revoke_subject("pgw"), json.dumps({"token": rev}).encode(),
-                                                         timeout=10)).data)
-                    assert reply["ok"] is False and reply["refusal"]["code"] == "REVOCATION_INVALID", reply
-                assert isinstance(await request(nc, "bot", {"mandate": token, "idp": idp(
-                    so_id=so, mandate_id=jti, step=9, action="CloseBooking")}), Permit)  # not revoked
+            # -- the kernel: IDP requests with a hostile traceparent (permitted) and nested encodings (refused)
+            so = str(uuid.uuid4())
+            token, jti = issuer.mandate(agent="bot", so_id=so)
+            rec = idp(so_id=so, mandate_id=jti, step=1, action="CloseBooking")
+            msg = await nc.request("pgw.agent.bot.idp", json.dumps({"mandate": token, "idp": rec}).encode(),
+                                   headers={"traceparent": hex_tp}, timeout=10)
+            assert b'"PERMIT"' in msg.data
+            once = b64(SECRET.encode()).decode()
+            for step, meta in enumerate((b64(once.encode()).decode(), once.encode().hex(), int(digits),
+                                         f"{once[:8]} {once[8:]}", " ".join(f"{c:02x}" for c in SECRET.encode())),
+                                        start=2):
+                nested = idp(so_id=so, mandate_id=jti, step=step, action="CloseBooking", metadata={"note": meta})
+                res = await request(nc, "bot", {"mandate": token, "idp": nested})
+                assert isinstance(res, Reject) and [d.rule for d in res.details] == ["secret"], res
+            report = {"idp_id": rec["idp_id"], "executed_action": "CloseBooking",
+                      "effect": {"type": "booking.close", "status": "confirmed"}}
+            await js.publish("pgw.agent.bot.transition", json.dumps(report).encode(),
+                             headers={"Nats-Msg-Id": f"bot:{rec['idp_id']}", "traceparent": bad_tp, "X-Leak": SECRET})
+            sent += 1
+            # -- a principal's answer to no moment, with a hostile traceparent (refused, and logged)
+            await nc.request("pgw.principal.alice.resolve", b'{"moment_id": "nope", "resolution": {"kind": "deny"}}',
+                             headers={"traceparent": bad_tp}, timeout=10)
+            # -- a revocation whose reason holds the secret: refused, nothing logged
+            for reason in (f"leaked {SECRET}", " ".join(f"{c:02x}" for c in SECRET.encode())):
+                rev = sign_revocation(issuer.key, issuer.kid, jti, reason=reason)
+                reply = json.loads((await nc.request(revoke_subject("pgw"), json.dumps({"token": rev}).encode(),
+                                                     timeout=10)).data)
+                assert reply["ok"] is False and reply["refusal"]["code"] == "REVOCATION_INVALID", reply
+            assert isinstance(await request(nc, "bot", {"mandate": token, "idp": idp(
+                so_id=so, mandate_id=jti, step=9, action="CloseBooking")}), Permit)  # not revoked
 
-                async def settled() -> bool:  # every message held a secret: each erased once recorded
-                    info = await js.stream_info("PGW_INBOUND")
-                    return info.state.messages == 0 and info.state.last_seq == sent
+            async def settled() -> bool:  # every message held a secret: each erased once recorded
+                info = await js.stream_info("PGW_INBOUND")
+                return info.state.messages == 0 and info.state.last_seq == sent
 
-                await until(settled, timeout=20, what="every hostile message erased from PGW_INBOUND")
-        finally:
-            await nc.drain()
-            await gw_nc.drain()
+            await until(settled, timeout=20, what="every hostile message erased from PGW_INBOUND")
     spaced = base64.b64encode(SECRET.encode()).decode()
     await gone_after_restart(nats_server, tmp_path, logs,
                              (SECRET, TOKEN_BODY, hexsecret, digits, spaced[8:], SECRET.encode().hex()[:24]))
@@ -622,23 +619,17 @@ async def test_a_disguised_token_in_a_member_given_twice_is_erased_with_no_confi
     token with its "s" an escaped full-width letter, and whose second ``nodeId`` is clean (the parser keeps that one),
     is erased from PGW_INBOUND once answered; after a clean shutdown and a restart the token is in no file or log."""
     config = make_config()
-    gw_nc = await connect(nats_server.client_url, name="gateway")
-    nc = await connect(nats_server.client_url, name="test")
-    js = nc.jetstream()
     with capture_logs_with_context() as logs:
-        try:
-            async with Gateway(config, gw_nc):
-                env = envelope("ai.generation", {"text": "nothing to see"}, envelope_id="disguised-twice")
-                raw = json.dumps(env).encode()[:-1]
-                raw += f', "nodeId": "\\uff53ecret:{TOKEN_BODY}", "nodeId": "node-clean"}}'.encode()
-                await js.publish("pgw.agent.bot.envelope", raw, headers={"Nats-Msg-Id": "bot:disguised-twice"})
+        async with gateway_and_client(nats_server, config) as (_, nc):
+            js = nc.jetstream()
+            env = envelope("ai.generation", {"text": "nothing to see"}, envelope_id="disguised-twice")
+            raw = json.dumps(env).encode()[:-1]
+            raw += f', "nodeId": "\\uff53ecret:{TOKEN_BODY}", "nodeId": "node-clean"}}'.encode()
+            await js.publish("pgw.agent.bot.envelope", raw, headers={"Nats-Msg-Id": "bot:disguised-twice"})
 
-                async def erased() -> bool:
-                    info = await js.stream_info("PGW_INBOUND")
-                    return info.state.messages == 0 and info.state.last_seq == 1
+            async def erased() -> bool:
+                info = await js.stream_info("PGW_INBOUND")
+                return info.state.messages == 0 and info.state.last_seq == 1
 
-                await until(erased, timeout=20, what="the envelope erased from PGW_INBOUND")
-        finally:
-            await nc.drain()
-            await gw_nc.drain()
+            await until(erased, timeout=20, what="the envelope erased from PGW_INBOUND")
     await gone_after_restart(nats_server, tmp_path, logs, (TOKEN_BODY,))
