@@ -123,20 +123,14 @@ def identity_preimage(capsule: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def compute_capsule_id(capsule: Mapping[str, Any]) -> str:
-    """{#identity} format 4: HEX(SHA-256(plain JCS(preimage))); CapsuleError if it has no JCS form."""
-    return _walked_id(identity_preimage(capsule))[0]
+    """{#identity} format 4: HEX(SHA-256(plain JCS(preimage))); CapsuleError if it has no JCS form.
 
-
-def _walked_id(pre: Mapping[str, Any]) -> tuple[str, dict[str, Any], int]:
-    """(capsule_id, the walked copy of ``pre``, its jcs flags): one walk of the preimage.
-
-    The walk's flags say whether ``pre`` holds a float or an integer beyond
-    +-(2^53-1) at all ({#conventions}); only then is it walked again for the
-    paths to report.
-    """
+    The walk's flags say whether the preimage holds a float or an integer beyond +-(2^53-1) at all
+    ({#conventions}); only then is it walked again for the paths to report."""
+    pre = identity_preimage(capsule)
     walked, flags = jcs.walk(pre)  # plain JCS: walk without drop_absent
     _refuse_unsafe(pre, flags)
-    return hashlib.sha256(_encode(walked, flags)).hexdigest(), walked, flags
+    return hashlib.sha256(_encode(walked, flags)).hexdigest()
 
 
 def _refuse_unsafe(value: Mapping[str, Any], flags: int) -> None:

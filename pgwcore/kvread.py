@@ -29,7 +29,10 @@ from nats.js.errors import APIError
 
 from pgwcore.atomic import Deadlines, reply_token
 from pgwcore.delivery import ReplyInbox
+from pgwcore.logs import get_logger
 from pgwcore.pubbatch import publish_soon
+
+log = get_logger("pgw.kvread")
 
 ERR_NO_MESSAGE = 10037  # JSNoMessageFoundErr
 
@@ -186,6 +189,15 @@ async def purge_markers(js: Any, bucket: str, markers: list[Marker], *, older_th
         await asyncio.gather(*(js.purge_stream(stream, seq=m.seq + 1, subject=f"$KV.{bucket}.{m.key}")
                                for m in old[i:i + PURGE_AT_ONCE]))
     return len(old)
+
+
+async def sweep_markers(js: Any, bucket: str, markers: list[Marker], now: float) -> None:
+    """:func:`purge_markers` of the markers older than :data:`MARKER_KEEP_S`, as a sweep calls it: a failure
+    is logged and the markers are tried again at the next sweep."""
+    try:
+        await purge_markers(js, bucket, markers, older_than=now - MARKER_KEEP_S)
+    except Exception as e:  # noqa: BLE001 - tried again at the next sweep
+        log.warning("removing finished keys' delete markers failed", bucket=bucket, error=repr(e))
 
 
 async def enable_direct(js: Any, bucket: str) -> bool:

@@ -66,7 +66,7 @@ from gateway.kernel import gate_args
 from gateway.kernel.eventlog import Appended
 from gateway.kernel.scopes import ApprovalScope, ScopeOffer, scope_detail
 from gateway.kernel.state import ConflictError, IdpEntry
-from pgwcore.kvread import MARKER_KEEP_S, listing, purge_markers
+from pgwcore.kvread import listing, sweep_markers
 from pgwcore.logs import get_logger
 from pgwcore.metrics import LATENCY
 from pgwcore.publish import DELETE_MARKER
@@ -732,10 +732,7 @@ class Gate:
                 log.error("finishing an open dispatch failed", error=repr(r))
             elif r:
                 done += 1
-        try:  # the finished dispatches' delete markers, which every sweep would read again
-            await purge_markers(self.js, BUCKET, markers, older_than=now - MARKER_KEEP_S)
-        except Exception as e:  # noqa: BLE001 - tried again at the next sweep
-            log.warning("removing finished dispatches' delete markers failed", error=repr(e))
+        await sweep_markers(self.js, BUCKET, markers, now)  # the finished dispatches' markers, read by every sweep
         return done
 
     async def _sweep_one(self, key: str, now: float) -> bool:

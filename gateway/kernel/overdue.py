@@ -55,7 +55,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from pgwcore.atomic import publish_acked
-from pgwcore.kvread import MARKER_KEEP_S, listing, purge_markers
+from pgwcore.kvread import listing, sweep_markers
 from pgwcore.logs import get_logger
 from pgwcore.streams import ensure_kv
 from subjects.idp import log_event_decoder
@@ -181,10 +181,7 @@ class OverdueReports:
                 closed += 1
             with contextlib.suppress(KeyNotFoundError):
                 await self.kv.delete(key)
-        try:  # the closed permits' delete markers, which every sweep would read again
-            await purge_markers(self.kernel.js, BUCKET, markers, older_than=now - MARKER_KEEP_S)
-        except Exception as e:  # noqa: BLE001 - tried again at the next sweep
-            log.warning("removing closed permits' delete markers failed", error=repr(e))
+        await sweep_markers(self.kernel.js, BUCKET, markers, now)  # the closed permits' markers, read by every sweep
         return closed
 
     async def _sweep_log(self, now: float) -> int:
