@@ -248,7 +248,11 @@ class SignerConfig(_Section):
     authority: str = "urn:pgw:gateway-policy"  # §5.4 opaque authority reference of policy dispositions
     tenant_salt_file: str | None = None  # §13 per-tenant salt; default {data_dir}/signer/tenant_salt (0600)
     durable: str = "pgw-signer"
-    batch: Annotated[int, Meta(ge=1, le=1000)] = 256  # verdicts per fetch = per atomic batch (server max 1000)
+    # verdicts per fetch = per atomic batch; the signer takes at most 500 (a verdict may yield two
+    # statements, and the server's atomic batch holds 1000 messages). 500: every atomic batch of a
+    # file stream is staged in a file store of its own at the server, made and removed per batch,
+    # so fewer, larger batches cost the server less per capsule (benchmarks/performance-changes.md).
+    batch: Annotated[int, Meta(ge=1, le=1000)] = 500
     ack_wait_s: Annotated[float, Meta(gt=0)] = 30.0
     ledger_duplicate_window_s: Annotated[float, Meta(gt=0)] = 86400.0
     # deliveries after which a verdict still waiting for its supersedes parent is logged as a
