@@ -24,6 +24,16 @@ in process (``tests/test_signer_pool.py``). The chain (ledger position, prev
 hash, §5.3 ``chained``) is still built in the event loop, in order, before
 anything is signed; no worker sees or decides an order.
 
+The hand-off: ``ProcessPoolExecutor`` passes a batch out and its statements
+back through two helper threads of the signer's process (its queue feeder and
+its manager), and each needs the GIL while the event loop holds it, building
+the next batch. Under CPython's default switch interval (5 ms) a thread that
+asks for the GIL waits up to that long per hop, so a batch signed in about
+20 ms came back after 40 or more. While a pool runs, the process's switch
+interval is at most ``SWITCH_INTERVAL_S`` (1 ms; restored when the pool is
+closed): 5-10 % more capsules a second in alternated runs
+(benchmarks/performance-changes.md, "The hand-off to the workers").
+
 A worker that dies (killed, out of memory), or hangs (no answer for
 ``HUNG_AFTER_S``: it is killed), breaks the pool: the batch in
 hand is signed in process instead (the same bytes), the error is logged and a
@@ -41,6 +51,7 @@ import asyncio
 import multiprocessing
 import os
 import select
+import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -59,6 +70,8 @@ MAX_RESTARTS = 5  # pool breaks after which the signer signs in process for the 
 # A batch a worker has not answered in this long is taken as hung (stopped, deadlocked, swapping):
 # its workers are killed and it is handled as a death. A batch of 256 signs in well under a second.
 HUNG_AFTER_S = 30.0
+# The longest the event loop holds the GIL while a hand-off thread waits for it (see the docstring).
+SWITCH_INTERVAL_S = 0.001
 
 # -- in the worker ---------------------------------------------------------------------------------
 
@@ -105,6 +118,28 @@ def _sign_chunk(payloads: list[bytes]) -> list[bytes]:
 # -- in the signer ---------------------------------------------------------------------------------
 
 
+# The pools running in this process (a rotation starts the new one before the old one is closed)
+# and the switch interval the first of them found.
+_switch_users = 0
+_switch_before: float | None = None
+
+
+def _lower_switch_interval() -> None:
+    global _switch_users, _switch_before  # noqa: PLW0603 - one interpreter-wide setting, counted
+    if _switch_users == 0 and sys.getswitchinterval() > SWITCH_INTERVAL_S:
+        _switch_before = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+    _switch_users += 1
+
+
+def _restore_switch_interval() -> None:
+    global _switch_users, _switch_before  # noqa: PLW0603
+    _switch_users -= 1
+    if _switch_users == 0 and _switch_before is not None:
+        sys.setswitchinterval(_switch_before)
+        _switch_before = None
+
+
 class SigningPoolError(PgwError):
     """The signing workers could not start with the signer's key."""
 
@@ -147,6 +182,7 @@ class SigningPool:
         self.restarts = 0  # pools broken and replaced (tests, logs)
         self.hung_after_s = HUNG_AFTER_S
         self.given_up = False
+        self._holds_switch = False  # this pool counts among the users of the lowered switch interval
 
     @property
     def active(self) -> bool:
@@ -162,6 +198,9 @@ class SigningPool:
     async def start(self) -> None:
         """Start the workers and check that one signs as the signer's kid; SigningPoolError if not."""
         self._pool = await self._new_pool()
+        if not self._holds_switch:
+            self._holds_switch = True
+            _lower_switch_interval()
 
     async def _new_pool(self) -> ProcessPoolExecutor:
         pool = ProcessPoolExecutor(self.workers, mp_context=_context(), initializer=_init,
@@ -215,6 +254,7 @@ class SigningPool:
         self.restarts += 1
         if self.restarts > MAX_RESTARTS:
             self.given_up = True
+            self._release_switch()
             log.error("signing workers keep dying; the signer signs in process from now on",
                       restarts=self.restarts)
             return
@@ -222,6 +262,7 @@ class SigningPool:
             self._pool = await self._new_pool()
         except SigningPoolError as e:
             self.given_up = True
+            self._release_switch()
             log.error("the signing pool could not be restarted; the signer signs in process from now on",
                       error=str(e))
 
@@ -231,3 +272,9 @@ class SigningPool:
         pool, self._pool = self._pool, None
         if pool is not None:
             await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=not finish)
+        self._release_switch()
+
+    def _release_switch(self) -> None:
+        if self._holds_switch:
+            self._holds_switch = False
+            _restore_switch_interval()

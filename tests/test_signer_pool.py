@@ -19,7 +19,7 @@ from consumers import profiles
 from consumers.ledger_check import check_ledger
 from consumers.signer import LEDGER_STREAM, Signer, _Head, _Job, sign_payload
 from consumers.signer_ledger import _entry_decoder
-from consumers.signer_pool import SigningPool, SigningPoolError, resolve_workers
+from consumers.signer_pool import SWITCH_INTERVAL_S, SigningPool, SigningPoolError, resolve_workers
 from consumers.verifier import payload_of, verify_many
 from pgwcore.keys import SigningKey, load_or_create
 from pgwcore.publish import Publisher
@@ -82,6 +82,26 @@ async def test_pool_statements_are_byte_identical_to_in_process(tmp_path: Path) 
     finally:
         await pool.close()
     assert pool.worker_pids() == []
+
+
+async def test_the_switch_interval_is_lowered_while_a_pool_runs_and_restored_after(tmp_path: Path) -> None:
+    """The hand-off threads get the GIL within 1 ms while a pool runs; a key rotation's overlap (the new
+    pool started before the old one is closed) keeps it so; the interval found is back once both close."""
+    key = load_or_create(tmp_path, "signer")
+    before = sys.getswitchinterval()
+    assert before > SWITCH_INTERVAL_S  # CPython's default, 5 ms
+    old, new = SigningPool(key, tmp_path, None, workers=1), SigningPool(key, tmp_path, None, workers=1)
+    try:
+        await old.start()
+        assert sys.getswitchinterval() == SWITCH_INTERVAL_S
+        await new.start()
+        await old.close(finish=True)
+        await old.close()  # idempotent: not counted twice
+        assert sys.getswitchinterval() == SWITCH_INTERVAL_S
+    finally:
+        await old.close()
+        await new.close()
+    assert sys.getswitchinterval() == before
 
 
 async def test_a_killed_worker_is_replaced_and_its_batch_signed_the_same(tmp_path: Path) -> None:
