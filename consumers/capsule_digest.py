@@ -44,7 +44,7 @@ def normalize(value: Any) -> Any:
 
 def canonical_bytes(value: Any) -> bytes:
     """RFC 8785 (JCS) serialization of ``normalize(value)`` (one walk, see :mod:`subjects.jcs`)."""
-    return jcs.encode(*jcs.walk(value, drop_absent=True))
+    return jcs.normalized_bytes(value)
 
 
 def digest_of_walked(walked: Any, flags: int) -> str:
@@ -57,7 +57,7 @@ def digest_of_walked(walked: Any, flags: int) -> str:
 def json_digest(value: Any) -> str:
     """JSON-DIGEST (§2). Raises CapsuleError if the value has no JCS form."""
     try:
-        return hashlib.sha256(jcs.normalized_bytes(value)).hexdigest()
+        return jcs.json_digest(value)
     except (rfc8785.CanonicalizationError, TypeError, ValueError) as e:
         raise CapsuleError("§2 JSON-DIGEST", f"value has no JCS form: {e}") from e
 

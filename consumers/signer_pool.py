@@ -68,7 +68,7 @@ log = get_logger("pgw.signer")
 
 MAX_RESTARTS = 5  # pool breaks after which the signer signs in process for the rest of its life
 # A batch a worker has not answered in this long is taken as hung (stopped, deadlocked, swapping):
-# its workers are killed and it is handled as a death. A batch of 256 signs in well under a second.
+# its workers are killed and it is handled as a death. A batch (500 verdicts) signs in well under a second.
 HUNG_AFTER_S = 30.0
 # The longest the event loop holds the GIL while a hand-off thread waits for it (see the docstring).
 SWITCH_INTERVAL_S = 0.001

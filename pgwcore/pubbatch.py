@@ -4,7 +4,7 @@ nats-py's ``Client.publish`` validates the subject, checks every header key
 against a regular expression and builds the header block byte by byte, then
 queues the command and kicks its flusher: per call, for every message. The
 signer writes three messages per capsule (its ledger link, the capsule, the
-verdict's ack), so for a batch of 256 that was a sizeable share of its event
+verdict's ack), so for a batch of 256 (its size then) that was a sizeable share of its event
 loop. :func:`publish_many` and :func:`ack_all` write *the same protocol
 bytes* ``Client.publish`` writes (``tests/test_pubbatch.py`` holds them to
 it) for a whole run of messages and queue them as one command: one kick of

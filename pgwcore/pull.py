@@ -2,7 +2,7 @@
 
 nats-py's ``PullSubscription.fetch(n)`` waits for each of the ``n`` messages
 with ``Subscription.next_msg``, which makes a uuid, a task and an
-``asyncio.wait_for`` per message: for the signer's batches of 256 that was
+``asyncio.wait_for`` per message: for the signer's batches (256 verdicts then) that was
 most of what a fetched verdict cost it (issue 18's profile). :func:`fetch_ready`
 sends the same ``no_wait`` pull request nats-py sends first and reads the
 replies straight off the subscription's queue under one deadline for the
