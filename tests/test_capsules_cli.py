@@ -21,7 +21,7 @@ from pgwcore.config import Config
 from pgwcore.publish import Publisher
 from tests.polling import until
 from tests.scitt_ts import ScittTS
-from tests.stored import stored_msgs
+from tests.stored import arrived, stored_msgs
 from tests.test_capsule_model import design_rows, verdict
 
 PGW = str(Path(sys.executable).parent / "pgw")
@@ -102,7 +102,7 @@ async def test_show_says_registered_with_its_receipt_or_refused_with_the_reason(
         config = make_config(registrar={"ts_url": ts.url, "ts_public_key": ts.public_hex, "backoff_base_s": 0.05})
         (first,) = await signed(nc, config, [verdict("reg1", "denied")])
         async with Registrar(config, nc):
-            await until(lambda: _count(js, "PGW_CAPSULES", 1), timeout=30, what="the capsule registered")
+            await arrived(js, "PGW_CAPSULES", timeout=30)
     toml = tmp_path / "pgw.toml"
     toml.write_text(f'[registrar]\nts_public_key = "{ts.public_hex}"\n')
     rc, out, err = await pgw(config, "capsules", "show", first["capsule_id"], toml=toml)
@@ -121,16 +121,12 @@ async def test_show_says_registered_with_its_receipt_or_refused_with_the_reason(
                                         "max_failures": 1, "backoff_base_s": 0.05})
         payloads = await signed(nc, config, [verdict("reg2", "blocked")])
         async with Registrar(config, nc):
-            await until(lambda: _count(js, DLQ_STREAM, 1), timeout=30, what="the capsule dead-lettered")
+            await arrived(js, DLQ_STREAM, timeout=30)
     refused = next(p for p in payloads if p["capsule_id"] != first["capsule_id"])
     rc, out, err = await pgw(config, "capsules", "show", refused["capsule_id"])
     assert rc == 0, err
     line = next(x for x in out.splitlines() if x.startswith("registered"))
     assert f"no: refused for good ({DLQ_STREAM}#1)" in line and "400" in line
-
-
-async def _count(js: Any, stream: str, n: int) -> bool:
-    return (await js.stream_info(stream)).state.messages >= n
 
 
 async def test_an_unknown_or_ambiguous_id_is_one_line(nc: Any, make_config: Any) -> None:

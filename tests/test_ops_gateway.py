@@ -19,6 +19,7 @@ from tests.chaos.checker import read_stream
 from tests.logcapture import capture_logs_with_context
 from tests.moments import good_moment
 from tests.polling import until, until_drained
+from tests.stored import arrived
 
 TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -39,9 +40,9 @@ async def test_traceparent_reaches_every_message_the_envelope_causes(nc, make_co
     js = nc.jetstream()
     async with Gateway(make_config(), nc):
         await _send(js, "tracer", _moment_env("t1"), headers={"traceparent": TRACE})
-        verdicts = await until(lambda: read_stream(js, "PGW_VERDICTS"), timeout=10)
-        outs = await until(lambda: read_stream(js, "PGW_OUTBOUND", "pgw.agent.tracer.outcome"), timeout=10)
-        items = await until(lambda: read_stream(js, "PGW_SURFACE"), timeout=10)
+        verdicts = await arrived(js, "PGW_VERDICTS", timeout=10)
+        outs = await arrived(js, "PGW_OUTBOUND", subject="pgw.agent.tracer.outcome", timeout=10)
+        items = await arrived(js, "PGW_SURFACE", timeout=10)
     for m in (*verdicts, *outs, *items):
         assert m.headers.get("traceparent") == TRACE, m.subject
         assert json.loads(m.data)["traceparent"] == TRACE
@@ -58,7 +59,7 @@ async def test_traceparent_is_on_the_log_lines_it_causes(nc, make_config) -> Non
             expiring["payload"]["expires_in_s"] = 1
             await _send(js, "tracer", expiring, headers={"traceparent": TRACE})
             await _send(js, "tracer", _moment_env("t-answered"), headers={"traceparent": TRACE})
-            items = await until(lambda: _items_of(js, 2), timeout=10)
+            items = await arrived(js, "PGW_SURFACE", 2, timeout=10)
             answered = next(json.loads(m.data) for m in items if b"t-answered" in m.data)
             body = msgspec.json.encode(ResolveRequest(moment_id=answered["moment_id"], resolution=OptionChoice(index=0)))
             await nc.request("pgw.principal.alice.resolve", body, timeout=10, headers={"traceparent": answer_trace})
@@ -67,11 +68,6 @@ async def test_traceparent_is_on_the_log_lines_it_causes(nc, make_config) -> Non
     assert len(envelope_lines) == 2 and all(e["traceparent"] == TRACE for e in envelope_lines)
     assert [e["traceparent"] for e in logs if e["event"] == "moment expired"] == [TRACE]
     assert [e["traceparent"] for e in logs if e["event"] == "resolution"] == [answer_trace]
-
-
-async def _items_of(js, n: int):
-    items = await read_stream(js, "PGW_SURFACE")
-    return items if len(items) >= n else None
 
 
 async def _logged(logs: list, event: str) -> bool:
@@ -95,9 +91,9 @@ async def test_poison_message_is_dead_lettered_not_redelivered_forever(nc, make_
         gw.worker.pipeline.stages.insert(0, poison_stage)
         await _send(js, "bot", _moment_env("poison"))
         await _send(js, "bot", _moment_env("healthy"))
-        dl = await until(lambda: read_stream(js, "PGW_DEADLETTER"), timeout=10)
-        outs = await until(lambda: read_stream(js, "PGW_OUTBOUND", "pgw.agent.bot.outcome"), timeout=10, interval=0.1)
-        await until(lambda: _len_at_least(js, "PGW_OUTBOUND", 2), timeout=10)
+        dl = await arrived(js, "PGW_DEADLETTER", timeout=10)
+        outs = await arrived(js, "PGW_OUTBOUND", subject="pgw.agent.bot.outcome", timeout=10)
+        await arrived(js, "PGW_OUTBOUND", 2, timeout=10)
         info = await js.consumer_info("PGW_INBOUND", "pgw-gateway")
     record = json.loads(dl[0].data)
     assert len(dl) == 1
@@ -113,10 +109,6 @@ async def test_poison_message_is_dead_lettered_not_redelivered_forever(nc, make_
     assert info.num_ack_pending == 0 and info.num_pending == 0
 
 
-async def _len_at_least(js, stream: str, n: int) -> bool:
-    return (await js.stream_info(stream)).state.messages >= n
-
-
 async def _never_acked(js, subject: str, durable: str) -> list:
     """The one message on ``subject`` delivered twice on ``durable`` (max_deliver 2) and never acked, as by a
     worker that dies mid-message; the dead letters once the server gave up on it (its MAX_DELIVERIES advisory),
@@ -130,8 +122,8 @@ async def _never_acked(js, subject: str, durable: str) -> list:
     # and emits the MAX_DELIVERIES advisory instead of a third delivery.
     with pytest.raises(NatsTimeout):
         await psub.fetch(1, timeout=1.5)
-    dl = await until(lambda: read_stream(js, "PGW_DEADLETTER"), timeout=10)
-    await until(lambda: read_stream(js, "PGW_VERDICTS"), timeout=10)
+    dl = await arrived(js, "PGW_DEADLETTER", timeout=10)
+    await arrived(js, "PGW_VERDICTS", timeout=10)
     await psub.unsubscribe()
     return dl
 
@@ -193,7 +185,7 @@ async def test_gateway_counts_envelopes_moments_and_latency(nc, make_config) -> 
     lat = metrics.REGISTRY.get_sample_value("pgw_latency_seconds_count", {"stage": "turn"}) or 0
     async with Gateway(make_config(), nc):
         await _send(js, "counter", _moment_env("m1"))
-        await until(lambda: read_stream(js, "PGW_OUTBOUND", "pgw.agent.counter.outcome"), timeout=10)
+        await arrived(js, "PGW_OUTBOUND", subject="pgw.agent.counter.outcome", timeout=10)
         await until(lambda: _metric_above("pgw_latency_seconds_count", {"stage": "turn"}, lat), timeout=10)
     assert metrics.REGISTRY.get_sample_value("pgw_envelopes_total", {"outcome": "accepted", "code": "none"}) == acc + 1
     assert metrics.REGISTRY.get_sample_value("pgw_binding_moments_total", {"agent": "counter"}) == mom + 1
@@ -211,7 +203,7 @@ async def test_dialogue_resolutions_feed_the_dialogue_hatch_rate(nc, make_config
     r0 = metrics.REGISTRY.get_sample_value("pgw_resolutions_total", labels) or 0
     async with Gateway(make_config(), nc):
         await _send(js, "veto", _moment_env("v1", principal="carol"))
-        outs = await until(lambda: read_stream(js, "PGW_OUTBOUND", "pgw.agent.veto.outcome"), timeout=10)
+        outs = await arrived(js, "PGW_OUTBOUND", subject="pgw.agent.veto.outcome", timeout=10)
         moment_id = json.loads(outs[0].data)["moment_id"]
         reply = await Surface(nc, "carol").resolve(moment_id, DialogueVeto(objection="wrong question"))
         assert reply.status == "accepted"
@@ -231,7 +223,7 @@ async def test_replay_through_the_gateway_publishes_no_new_items_or_verdicts(nc,
     async with Gateway(make_config(), nc):
         for i in range(3):
             await _send(js, "rp", _moment_env(f"r{i}"))
-        await until(lambda: _len_at_least(js, "PGW_OUTBOUND", 3), timeout=10)
+        await arrived(js, "PGW_OUTBOUND", 3, timeout=10)
         await until_drained(js, "PGW_INBOUND", "pgw-gateway", timeout=10)
         counts = {s: (await js.stream_info(s)).state.messages for s in ("PGW_SURFACE", "PGW_VERDICTS", "PGW_OUTBOUND")}
         dry = await Replayer(nc, gw_subjects(), dedup_lookup=_cached(js)).replay(
