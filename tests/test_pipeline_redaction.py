@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import unicodedata
 
 import msgspec
@@ -264,3 +265,54 @@ def test_the_bytes_of_a_member_given_twice_are_read_through_their_escapes() -> N
     assert red.bytes_hold_secret(disguised)
     assert not red.bytes_hold_secret(b'{"nodeId": "node-a", "nodeId": "node-clean"}')
     assert not red.bytes_hold_secret(b'{"nodeId": "caf\\u00e9", "nodeId": "node-clean"}')
+
+
+_body_pieces = st.sampled_from([
+    b'{"a":', b'"b":', b'"text"', b'"secret:x1"', b'"SeCrEt:y2"', b'"sec\\u0072et:z"', b'"\\uff53ecret:w"',
+    b'"a\\bb"', b'"a\\fb"', b'"a\\nb"', b'"a\\\\b"', b'"a\\/b"', b'\x07', b'\x00', b'\x1b', b'\x7f', b'\t',
+    b'\n', b' ', b'secret :', b'1e5', b'[', b']', b'}', b',', b'caf\xc3\xa9', b'\xff',
+])
+_bodies = st.one_of(
+    _graphs.map(lambda g: json.dumps(g).encode()),  # non-ASCII and controls written as \u escapes
+    _graphs.map(lambda g: json.dumps(g, ensure_ascii=False).encode()),
+    _body_pieces,
+    st.lists(_body_pieces, max_size=12).map(b"".join),  # JSON or not, raw controls, escapes, tokens
+    st.text(max_size=40).map(str.encode),
+    st.binary(max_size=40),
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(body=_bodies)
+def test_bytes_plainly_clean_never_skips_what_the_full_read_would_find(body: bytes) -> None:
+    """The one-scan check of a message's bytes (what settling a turn at rest takes first) is exact in
+    one direction: bytes it calls clean hold nothing the full read finds, parsed (redacted_turn), as
+    text, or member by member with duplicates kept (bytes_hold_secret)."""
+    from gateway.at_rest import redacted_turn
+
+    red = Redactor()
+    if red.bytes_plainly_clean(body):
+        assert redacted_turn(red, body) is None
+        assert not red.bytes_hold_secret(body)
+
+
+def test_bytes_plainly_clean_passes_a_plain_moment_and_reads_every_disguise() -> None:
+    """An ordinary turn is judged by the scan; each form that may hide a token or an invisible
+    character takes the full read; so does every body once a secret is configured."""
+    red = Redactor()
+    plain = msgspec.json.encode(moment_env("alice", good_moment()))
+    assert red.bytes_plainly_clean(plain)
+    assert red.bytes_plainly_clean(b'{"a": "line\\nbreak\\ttab \\"quoted\\" back\\\\slash"}')
+    for body in (
+        b'{"a": "SECRET:abcdefgh"}',  # a token, any case
+        b'{"a": "\\u0073ecret:abcdefgh"}',  # a letter escaped
+        b'{"a": "\\uff53ecret:abcdefgh"}',  # a full-width letter escaped
+        b'{"a": "caf\xc3\xa9"}',  # not ASCII
+        b'{"a": "bell\x07here"}',  # a raw control character (not JSON: read as text)
+        b'{"a": "del\x7fhere"}',
+        b'{"a": "back\\bspace"}',  # an escaped control character
+        b'{"a": "form\\ffeed"}',
+    ):
+        assert not red.bytes_plainly_clean(body), body
+    assert not Redactor([SECRET]).bytes_plainly_clean(plain)
+
