@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.security import msgid
-from gateway.security.text import hidden_controls
+from gateway.security.text import hidden_controls, may_hide, visible
 from gateway.stages.base import Refuse
 from gateway.stages.moment_grammar import check_binding_moment
 from gateway.stages.redaction import MARK, Redactor
@@ -211,3 +211,24 @@ def test_redactor_removes_a_planted_secret_anywhere(graph: Any, where: int, befo
 def test_hidden_controls_examples(text: str, refused: bool) -> None:
     """Bidi controls and stray tag characters are found; RTL marks, emoji joiners and flag tags are not."""
     assert (hidden_controls(text) is not None) is refused
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=24) | st.text(max_size=24))
+def test_may_hide_is_false_only_where_visible_drops_nothing(text: str) -> None:
+    """The cheap pre-check says False only for a text ``visible`` leaves as it is; on ASCII text it says
+    True exactly where a control character other than tab, LF and CR is in it (every ASCII character
+    is tried below, not left to chance)."""
+    if not may_hide(text):
+        assert visible(text) == text
+    if text.isascii():
+        assert may_hide(text) == any((ord(c) < 0x20 and c not in "\t\n\r") or c == "\x7f" for c in text)
+
+
+def test_may_hide_on_every_ascii_character() -> None:
+    for code in range(128):
+        c = chr(code)
+        hides = (code < 0x20 and c not in "\t\n\r") or code == 0x7F
+        for text in (c, f"plain {c} text", f"tab\there {c}", f"{c}\n"):
+            assert may_hide(text) == hides, (code, text)
+

@@ -70,7 +70,8 @@ _ASCII_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 def may_hide(text: str) -> bool:
     """False when ``text`` certainly has nothing :func:`visible` would drop (cheap, for whole batches)."""
-    return not text.isascii() or _ASCII_CONTROLS.search(text) is not None
+    # An ASCII text that is printable holds no control character at all (one C loop, no regex).
+    return not text.isascii() or (not text.isprintable() and _ASCII_CONTROLS.search(text) is not None)
 
 
 def visible(text: str) -> str:

@@ -79,7 +79,9 @@ T = TypeVar("T")
 _WS_TEXT = " \t\n\r\f\v"
 _WS = re.compile(r"[ \t\n\r\f\v]")
 _ENC_TOKEN = re.compile(r"[A-Za-z0-9+/_=%:-]+")  # a piece of a base64, hex or URL-encoded run
-_RAW_CONTROLS = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")  # what visible() drops, but DEL and JSON's white space
+# The ASCII control bytes visible() drops but DEL (which _clean_json refuses): all but JSON's white space
+# (tab, LF, CR). Found by deleting them with bytes.translate, a quarter of a regex search's cost on 1 KB.
+_RAW_CONTROLS = bytes([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20)])
 _MAX_TOKENS = 32  # pieces of one run broken by white space (a 76-column wrap of a long secret's base64 fits)
 
 
@@ -417,7 +419,7 @@ class Redactor:
         caller takes the full read."""
         if self._needles or b"\\u" in body:
             return False
-        return self._clean_json(body) and _RAW_CONTROLS.search(body) is None
+        return self._clean_json(body) and len(body.translate(None, _RAW_CONTROLS)) == len(body)
 
     def bytes_hold_secret(self, body: bytes) -> bool:
         """Whether the bytes of a message hold a secret anywhere, also where a parse would not show it: a
