@@ -633,3 +633,41 @@ async def test_a_disguised_token_in_a_member_given_twice_is_erased_with_no_confi
 
             await until(erased, timeout=20, what="the envelope erased from PGW_INBOUND")
     await gone_after_restart(nats_server, tmp_path, logs, (TOKEN_BODY,))
+
+
+async def test_with_no_configured_secret_a_clean_turn_stays_and_each_form_the_scan_refuses_is_erased(
+        tmp_path, nats_server, make_config) -> None:
+    """The default gateway (no configured secret) judges most turns by one scan of their bytes
+    (``Redactor.bytes_plainly_clean``). Through the bus: a clean moment stays in PGW_INBOUND byte for byte;
+    a token in mixed case, a token split by an escaped backspace (JSON ``\\b``, which the surface drops) and
+    one split by a raw BEL (not JSON: read as text) each take the full read, and are erased with their
+    redacted copies kept; after a restart the token is in no file or log."""
+    from pgwcore.streams import INBOUND_REDACTED_BUCKET
+    from tests.pipeline_helpers import moment_env
+    from tests.stored import arrived
+
+    config = make_config()
+    clean = json.dumps(moment_env("alice", good_moment(), envelope_id="clean-1")).encode()
+    plain = json.dumps(envelope("ai.generation", {"text": f"the key SeCrEt:{TOKEN_BODY} here"},
+                                envelope_id="mixed-case")).encode()
+    escaped = json.dumps(envelope("ai.generation", {"text": "X"}, envelope_id="escaped-bs")).encode().replace(
+        b'"X"', f'"the key sec\\bret:{TOKEN_BODY} here"'.encode())
+    raw_bel = b'{"type": "ai.generation", "payload": {"text": "sec\x07ret:' + TOKEN_BODY.encode() + b'"}}'
+    with capture_logs_with_context() as logs:
+        async with gateway_and_client(nats_server, config) as (_, nc):
+            js = nc.jetstream()
+            for i, body in enumerate((clean, plain, escaped, raw_bel)):
+                await js.publish("pgw.agent.bot.envelope", body, headers={"Nats-Msg-Id": f"bot:scan-{i}"})
+            await arrived(js, "PGW_OUTBOUND", 4, timeout=20)  # every turn answered (three refused or accepted)
+
+            async def settled() -> bool:  # the three erased once recorded; the clean one kept
+                info = await js.stream_info("PGW_INBOUND")
+                return info.state.messages == 1 and info.state.last_seq == 4
+
+            await until(settled, timeout=20, what="the three turns holding a token erased from PGW_INBOUND")
+            kept = await js.get_msg("PGW_INBOUND", 1)
+            assert kept.data == clean  # judged clean by the scan: as sent
+            copies = await arrived(js, f"KV_{INBOUND_REDACTED_BUCKET}", 3, timeout=20)
+            assert sorted(c.subject.rsplit(".", 1)[-1] for c in copies) == ["2", "3", "4"]
+            assert all(TOKEN_BODY.encode() not in c.data for c in copies)
+    await gone_after_restart(nats_server, tmp_path, logs, (TOKEN_BODY,))

@@ -315,4 +315,3 @@ def test_bytes_plainly_clean_passes_a_plain_moment_and_reads_every_disguise() ->
     ):
         assert not red.bytes_plainly_clean(body), body
     assert not Redactor([SECRET]).bytes_plainly_clean(plain)
-
