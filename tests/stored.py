@@ -1,9 +1,12 @@
 """Reading back what a stream stored, for assertions (direct gets by sequence, no consumer), and
-waiting for what a stream is about to store (its arrivals, on a consumer)."""
+waiting for what a stream is about to store (its arrivals, on a consumer) or for a consumer's client
+to be done with what it took (its acks)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -61,3 +64,40 @@ async def arrived(js: Any, stream: str, n: int = 1, subject: str | None = None, 
     finally:
         await sub.unsubscribe()
     return await read_stream(js, stream, subject)
+
+
+@contextlib.asynccontextmanager
+async def acks(nc: Any, stream: str, durable: str) -> AsyncIterator[Callable[..., Awaitable[None]]]:
+    """Follow the positive acks the client of ``durable`` sends for ``stream``'s messages, subscribed
+    before the inputs are sent; yields ``wait(n, *, timeout)``, which returns once ``n`` have been sent.
+
+    A client acks a message by publishing ``+ACK`` to its reply subject (``$JS.ACK.{stream}.{durable}.>``)
+    once it is done with it: for the gateway, after every record the turn caused is stored and its raw
+    message settled at rest (gateway/pipeline.py). So this waits on the event itself, where polling the
+    stream's state would only see its effects."""
+    count = 0
+    waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    async def seen(msg: Any) -> None:
+        nonlocal count
+        if msg.data in (b"+ACK", b""):
+            count += 1
+            for want, fut in waiters:
+                if count >= want and not fut.done():
+                    fut.set_result(None)
+
+    async def wait(n: int, *, timeout: float) -> None:
+        if count >= n:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters.append((n, fut))
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            raise TimeoutError(f"{n} ack(s) of {durable} on {stream} not within {timeout} s ({count} came)") from None
+
+    sub = await nc.subscribe(f"$JS.ACK.{stream}.{durable}.>", cb=seen)
+    try:
+        yield wait
+    finally:
+        await sub.unsubscribe()

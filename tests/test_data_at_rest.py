@@ -618,20 +618,20 @@ async def test_a_disguised_token_in_a_member_given_twice_is_erased_with_no_confi
     """A gateway with no configured secret (the default): an agent's envelope whose first ``nodeId`` holds a secret:
     token with its "s" an escaped full-width letter, and whose second ``nodeId`` is clean (the parser keeps that one),
     is erased from PGW_INBOUND once answered; after a clean shutdown and a restart the token is in no file or log."""
+    from gateway.stages.base import INBOUND_DURABLE
+    from tests.stored import acks
+
     config = make_config()
     with capture_logs_with_context() as logs:
-        async with gateway_and_client(nats_server, config) as (_, nc):
+        async with gateway_and_client(nats_server, config) as (_, nc), acks(nc, "PGW_INBOUND", INBOUND_DURABLE) as acked:
             js = nc.jetstream()
             env = envelope("ai.generation", {"text": "nothing to see"}, envelope_id="disguised-twice")
             raw = json.dumps(env).encode()[:-1]
             raw += f', "nodeId": "\\uff53ecret:{TOKEN_BODY}", "nodeId": "node-clean"}}'.encode()
             await js.publish("pgw.agent.bot.envelope", raw, headers={"Nats-Msg-Id": "bot:disguised-twice"})
-
-            async def erased() -> bool:
-                info = await js.stream_info("PGW_INBOUND")
-                return info.state.messages == 0 and info.state.last_seq == 1
-
-            await until(erased, timeout=20, what="the envelope erased from PGW_INBOUND")
+            await acked(1, timeout=20)  # answered and settled at rest
+            info = await js.stream_info("PGW_INBOUND")
+            assert (info.state.messages, info.state.last_seq) == (0, 1)  # erased
     await gone_after_restart(nats_server, tmp_path, logs, (TOKEN_BODY,))
 
 
@@ -642,9 +642,10 @@ async def test_with_no_configured_secret_a_clean_turn_stays_and_each_form_the_sc
     a token in mixed case, a token split by an escaped backspace (JSON ``\\b``, which the surface drops) and
     one split by a raw BEL (not JSON: read as text) each take the full read, and are erased with their
     redacted copies kept; after a restart the token is in no file or log."""
+    from gateway.stages.base import INBOUND_DURABLE
     from pgwcore.streams import INBOUND_REDACTED_BUCKET
     from tests.pipeline_helpers import moment_env
-    from tests.stored import arrived
+    from tests.stored import acks, arrived
 
     config = make_config()
     clean = json.dumps(moment_env("alice", good_moment(), envelope_id="clean-1")).encode()
@@ -654,17 +655,13 @@ async def test_with_no_configured_secret_a_clean_turn_stays_and_each_form_the_sc
         b'"X"', f'"the key sec\\bret:{TOKEN_BODY} here"'.encode())
     raw_bel = b'{"type": "ai.generation", "payload": {"text": "sec\x07ret:' + TOKEN_BODY.encode() + b'"}}'
     with capture_logs_with_context() as logs:
-        async with gateway_and_client(nats_server, config) as (_, nc):
+        async with gateway_and_client(nats_server, config) as (_, nc), acks(nc, "PGW_INBOUND", INBOUND_DURABLE) as acked:
             js = nc.jetstream()
             for i, body in enumerate((clean, plain, escaped, raw_bel)):
                 await js.publish("pgw.agent.bot.envelope", body, headers={"Nats-Msg-Id": f"bot:scan-{i}"})
-            await arrived(js, "PGW_OUTBOUND", 4, timeout=20)  # every turn answered (three refused or accepted)
-
-            async def settled() -> bool:  # the three erased once recorded; the clean one kept
-                info = await js.stream_info("PGW_INBOUND")
-                return info.state.messages == 1 and info.state.last_seq == 4
-
-            await until(settled, timeout=20, what="the three turns holding a token erased from PGW_INBOUND")
+            await acked(4, timeout=20)  # every turn answered and settled at rest
+            info = await js.stream_info("PGW_INBOUND")
+            assert (info.state.messages, info.state.last_seq) == (1, 4)  # the three holding a token erased
             kept = await js.get_msg("PGW_INBOUND", 1)
             assert kept.data == clean  # judged clean by the scan: as sent
             copies = await arrived(js, f"KV_{INBOUND_REDACTED_BUCKET}", 3, timeout=20)
