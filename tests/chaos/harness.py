@@ -207,15 +207,29 @@ class Load:
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(stop.wait(), 0.1 + random.random() * 0.2)
 
-        tasks = []
-        for i in range(n):
-            if rate:
-                # Open-loop pacing: envelope i is due at t0 + i/rate.
-                delay = t0 + i / rate - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i)))
-        await asyncio.gather(*tasks)
+        if not rate:
+            await asyncio.gather(*(one(i) for i in range(n)))
+            return
+        # Open-loop pacing: envelope i is started by the loop's timer at t0 + i/rate (its own
+        # clock), and the send is done once the last one has been started and every one finished.
+        loop = asyncio.get_running_loop()
+        start = loop.time() - (time.monotonic() - t0)
+        tasks: list[asyncio.Task[None]] = []
+        all_started = loop.create_future()
+
+        def launch(i: int) -> None:
+            tasks.append(loop.create_task(one(i)))
+            if len(tasks) == n:
+                all_started.set_result(None)
+
+        timers = [loop.call_at(start + i / rate, launch, i) for i in range(n)]
+        try:
+            if n:
+                await all_started
+            await asyncio.gather(*tasks)
+        finally:
+            for t in timers:
+                t.cancel()
 
 
 def chaos_config(path: Path, *, extra: str = "", **gateway: object) -> Path:
