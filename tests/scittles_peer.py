@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -147,8 +147,25 @@ class Scittles:
                 self.proc.wait()
 
 
+READY_LINE = b"Uvicorn running on "  # uvicorn's own line once it listens (printed at any SCITT_LOG_LEVEL)
+
+
+def _copy_until_ready(proc: subprocess.Popen[bytes], log: Path, ready: threading.Event) -> None:
+    """Copy the process's output to ``log`` line by line for as long as it runs; set ``ready`` at the
+    line that says it listens, or at the end of its output (it exited: the caller reads why)."""
+    assert proc.stdout is not None
+    with open(log, "wb") as out:
+        for line in proc.stdout:
+            out.write(line)
+            out.flush()
+            if READY_LINE in line:
+                ready.set()
+    ready.set()
+
+
 def start(data: Path, *, venv: Path | None = None, timeout: float = 60.0) -> Scittles:
-    """Start scittles on a free loopback port with its own database and key; wait until it answers."""
+    """Start scittles on a free loopback port with its own database and key; return once it says it
+    listens (its output is read as it comes) and answers its configuration."""
     venv = venv or ensure_venv()
     data.mkdir(parents=True, exist_ok=True)
     for _ in range(3):  # the port is free when picked; retry if someone takes it before uvicorn binds
@@ -159,20 +176,21 @@ def start(data: Path, *, venv: Path | None = None, timeout: float = 60.0) -> Sci
                "SCITT_KEY_FILE": str(data / "ts-key.pem"), "SCITT_OTEL_ENABLED": "false",
                "SCITT_LOG_LEVEL": "WARNING"}
         log = data / f"scittles-{port}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen([str(venv / "venv" / "bin" / "python"), "-m", "src.main"], cwd=data,
-                                    env={**env, "PYTHONPATH": str(venv / "scittles-src")},
-                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([str(venv / "venv" / "bin" / "python"), "-m", "src.main"], cwd=data,
+                                env={**env, "PYTHONPATH": str(venv / "scittles-src")},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         peer = Scittles(url, data, proc, log)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"{url}/.well-known/transparency-configuration", timeout=2) as r:
-                    if r.status == 200:
-                        return peer
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.2)
+        ready = threading.Event()
+        copier = threading.Thread(target=_copy_until_ready, args=(proc, log, ready), name=f"scittles-{port}-log",
+                                  daemon=True)
+        copier.start()
+        if ready.wait(timeout) and proc.poll() is None:
+            with contextlib.suppress(urllib.error.URLError, OSError), urllib.request.urlopen(
+                    f"{url}/.well-known/transparency-configuration", timeout=10) as r:
+                if r.status == 200:
+                    return peer
         peer.stop()
+        copier.join(10)  # its last lines in the log before they are read
         if "address already in use" not in peer.log_tail().lower():
             raise PeerUnavailable(f"scittles did not start:\n{peer.log_tail()}")
     raise PeerUnavailable("scittles: no free port after 3 tries")
