@@ -137,7 +137,6 @@ async def ask_through_mcp(url: str, tmp_path: Path, web: Surface) -> tuple[str, 
     return mid, result.structuredContent["text"]
 
 
-
 @contextlib.asynccontextmanager
 async def gateway_and_client(nats_server: Any, config: Any) -> AsyncIterator[tuple[Gateway, Any]]:
     """A gateway on its own connection and the test's connection (what an agent sends), both drained after."""
@@ -149,6 +148,7 @@ async def gateway_and_client(nats_server: Any, config: Any) -> AsyncIterator[tup
     finally:
         await nc.drain()
         await gw_nc.drain()
+
 
 async def test_secrets_and_free_text_are_gone_from_every_byte_after_the_window(
         tmp_path, nats_server, make_config, monkeypatch) -> None:

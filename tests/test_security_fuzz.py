@@ -231,4 +231,3 @@ def test_may_hide_on_every_ascii_character() -> None:
         hides = (code < 0x20 and c not in "\t\n\r") or code == 0x7F
         for text in (c, f"plain {c} text", f"tab\there {c}", f"{c}\n"):
             assert may_hide(text) == hides, (code, text)
-

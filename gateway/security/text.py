@@ -65,7 +65,10 @@ def _pictographic(ch: str) -> bool:
     return c >= 0x1F000 or 0x2600 <= c <= 0x27BF or c in (0xFE0F, 0x20E3) or 0x1F3FB <= c <= 0x1F3FF
 
 
-_ASCII_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# The ASCII characters visible() drops: every control but tab, LF and CR, and DEL. As bytes too, for
+# scanning a message's bytes (bytes.translate deletes them in one C loop).
+ASCII_CONTROL_BYTES = bytes([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
+_ASCII_CONTROLS = re.compile("[" + re.escape(ASCII_CONTROL_BYTES.decode()) + "]")
 
 
 def may_hide(text: str) -> bool:

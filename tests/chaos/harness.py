@@ -185,7 +185,6 @@ class Load:
         js = self.nc.jetstream(timeout=2.0)
         subject = f"pgw.agent.{self.agent}.envelope"
         sem = asyncio.Semaphore(self.concurrency)
-        t0 = time.monotonic()
 
         async def one(i: int) -> None:
             env, kind = make(i, tag)
@@ -210,10 +209,10 @@ class Load:
         if not rate:
             await asyncio.gather(*(one(i) for i in range(n)))
             return
-        # Open-loop pacing: envelope i is started by the loop's timer at t0 + i/rate (its own
-        # clock), and the send is done once the last one has been started and every one finished.
+        # Open-loop pacing: envelope i is started by the loop's timer at start + i/rate, and the
+        # send is done once the last one has been started and every one finished.
         loop = asyncio.get_running_loop()
-        start = loop.time() - (time.monotonic() - t0)
+        start = loop.time()
         tasks: list[asyncio.Task[None]] = []
         all_started = loop.create_future()
 
