@@ -40,6 +40,7 @@ from mcp.client.stdio import get_default_environment, stdio_client
 from consumers.notify.service import Notifier
 from consumers.slack.service import SlackSurface
 from gateway.app import Gateway
+from gateway.stages.base import INBOUND_DURABLE
 from pgwcore.connect import connect
 from pgwcore.kvread import live_keys
 from subjects.client import Agent, Surface, envelope
@@ -56,6 +57,7 @@ from tests.slack_standin import (
     slack_standin,
     view_submission,
 )
+from tests.stored import acks, arrived
 from tests.test_answer_retention import everything_stored
 from tests.test_notify_email_answers import answer_links, parts
 
@@ -298,10 +300,7 @@ async def test_a_dead_lettered_turn_and_a_transition_report_leave_no_secret_in_i
             ack = await js.publish("pgw.agent.bot.envelope", json.dumps(poison).encode(),
                                    headers={"Nats-Msg-Id": "bot:poison"})
 
-            async def dead_lettered() -> bool:
-                return (await js.stream_info("PGW_DEADLETTER")).state.messages == 1
-
-            await until(dead_lettered, timeout=15, what="the poison turn dead-lettered")
+            await arrived(js, "PGW_DEADLETTER", 1, timeout=15)  # the poison turn dead-lettered
             # -- a transition report with the secret and the token in its effect
             so = str(uuid.uuid4())
             token, jti = issuer.mandate(agent="bot", so_id=so)
@@ -618,9 +617,6 @@ async def test_a_disguised_token_in_a_member_given_twice_is_erased_with_no_confi
     """A gateway with no configured secret (the default): an agent's envelope whose first ``nodeId`` holds a secret:
     token with its "s" an escaped full-width letter, and whose second ``nodeId`` is clean (the parser keeps that one),
     is erased from PGW_INBOUND once answered; after a clean shutdown and a restart the token is in no file or log."""
-    from gateway.stages.base import INBOUND_DURABLE
-    from tests.stored import acks
-
     config = make_config()
     with capture_logs_with_context() as logs:
         async with gateway_and_client(nats_server, config) as (_, nc), acks(nc, "PGW_INBOUND", INBOUND_DURABLE) as acked:
@@ -642,10 +638,8 @@ async def test_with_no_configured_secret_a_clean_turn_stays_and_each_form_the_sc
     a token in mixed case, a token split by an escaped backspace (JSON ``\\b``, which the surface drops) and
     one split by a raw BEL (not JSON: read as text) each take the full read, and are erased with their
     redacted copies kept; after a restart the token is in no file or log."""
-    from gateway.stages.base import INBOUND_DURABLE
     from pgwcore.streams import INBOUND_REDACTED_BUCKET
     from tests.pipeline_helpers import moment_env
-    from tests.stored import acks, arrived
 
     config = make_config()
     clean = json.dumps(moment_env("alice", good_moment(), envelope_id="clean-1")).encode()

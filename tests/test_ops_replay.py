@@ -162,14 +162,16 @@ async def test_a_processed_turn_that_held_a_secret_leaves_inbound_and_replays_re
     kept redacted in PGW_INBOUND_REDACTED at its own sequence, while a clean turn stays as sent; a replay of the
     range yields all three in order at their own sequences and Nats-Msg-Ids, no secret in any, and re-driven to the
     gateway the copy is published once and adds no verdict."""
+    from gateway.stages.base import INBOUND_DURABLE
     from pgwcore.streams import INBOUND_REDACTED_BUCKET
     from subjects.client import Agent
     from tests.pipeline_helpers import running_gateway
-    from tests.polling import until
+    from tests.stored import acks
 
     secret = "NYX-inbound-Key-7719-Quartz"
     js = nc.jetstream()
-    async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"secrets": {"values": [secret]}}):
+    async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"secrets": {"values": [secret]}}), \
+            acks(nc, "PGW_INBOUND", INBOUND_DURABLE) as acked:
         agent = Agent(nc, "bot")
         try:
             bodies = [json.loads(_env(i)) for i in (1, 2, 3)]
@@ -179,10 +181,8 @@ async def test_a_processed_turn_that_held_a_secret_leaves_inbound_and_replays_re
                 await agent.send(b)
                 await agent.outcome_for(b["envelopeId"], timeout=10)
 
-            async def settled() -> bool:
-                return (await js.stream_info("PGW_INBOUND")).state.messages == 1
-
-            await until(settled, timeout=10, what="the turns that held a secret erased from PGW_INBOUND")
+            await acked(3, timeout=10)  # each turn settled at rest, then acked
+            assert (await js.stream_info("PGW_INBOUND")).state.messages == 1  # the two that held a secret erased
             kept = await js.get_msg("PGW_INBOUND", 2)
             assert json.loads(kept.data)["envelopeId"] == "e2"  # the clean turn, as sent
             copies = await js.stream_info(f"KV_{INBOUND_REDACTED_BUCKET}")
@@ -197,13 +197,7 @@ async def test_a_processed_turn_that_held_a_secret_leaves_inbound_and_replays_re
             again = await Replayer(nc, S).replay(ReplayRange(stream="PGW_INBOUND", to_seq=1), "gateway",
                                                  fresh_msg_id=True)
             assert again.counts() == {"published": 1}
-            last = (await js.stream_info("PGW_INBOUND")).state.last_seq
-
-            async def taken() -> bool:  # the gateway has taken and acked the replayed turn
-                ci = await js.consumer_info("PGW_INBOUND", "pgw-gateway")
-                return ci.ack_floor.stream_seq >= last and ci.num_ack_pending == 0
-
-            await until(taken, timeout=10, what="the replayed turn acked by the gateway")
+            await acked(4, timeout=10)  # the gateway has taken and acked the replayed turn
             assert (await js.stream_info("PGW_VERDICTS")).state.messages == verdicts
         finally:
             await agent.close()
