@@ -23,8 +23,10 @@ from tests.chaos.harness import (
     chaos_config,
     env_int,
     free_port,
+    unsettled,
     wait_drained,
     wait_services,
+    wait_settled,
 )
 from tests.polling import until
 from tests.ports import held_port
@@ -118,6 +120,13 @@ async def test_r3_cluster_node_killed_under_load(tmp_path: Path) -> None:
         victim = random.choice(nodes)
         victim.kill()
         await victim._proc.wait()
+        # What a test waits out after a restart is seen while the node is down: its replicas offline.
+        server = f"pgw-{victim.data_dir.name}"  # its server_name
+
+        async def its_replicas() -> list[str]:
+            return [u for u in await unsettled(js) if f"replica {server} " in u]
+
+        seen_down = await until(its_replicas, timeout=60, interval=0.25, what=f"{server}'s replicas seen down")
         down_at = await _outcomes(js)
         # Still serving with a node down: a further batch sent now is processed now.
         extra = n // 10
@@ -127,6 +136,7 @@ async def test_r3_cluster_node_killed_under_load(tmp_path: Path) -> None:
         await _restart(victim)
         await sending
         await wait_drained(js, timeout=120)
+        await wait_settled(js)  # and settled again once it is back
         report = await check_streams(js, load.acked, sent=load.sent, agents=[load.agent])
         info = await js.stream_info("PGW_INBOUND")
         # What the streams hold, beside what the checker read back (a short read vs a lost write).
@@ -139,7 +149,7 @@ async def test_r3_cluster_node_killed_under_load(tmp_path: Path) -> None:
         for node in nodes:
             await node.stop()
     print(f"\n[chaos R3 cluster, killed {victim.data_dir.name}] {report.summary()}; outcomes while down "
-          f"{served_while_down}; publish retries {load.failures}; replicas {replicas}")
+          f"{served_while_down}; publish retries {load.failures}; replicas {replicas}; seen down: {seen_down[:3]}")
     assert report.acked == n + extra and report.ok, f"{report.summary()}; the streams hold {held}"
     assert served_while_down >= extra
 

@@ -33,8 +33,10 @@ from tests.chaos.harness import (
     ServiceProc,
     chaos_config,
     env_int,
+    unsettled,
     wait_drained,
     wait_services,
+    wait_settled,
 )
 from tests.chaos.test_chaos_cluster import _outcomes, _restart, _wait_outcomes, start_cluster
 from tests.gauntlet.bed import flushed
@@ -143,6 +145,10 @@ async def test_operator_mode_tls_r3_cluster_two_gateways_kill9(tmp_path: Path, s
                     what=lambda: "registration queue drained: " + "\n".join(p.log_tail() for p in procs))
         caps, ledger = await capsule_verdict_ids(js)
         report = await check_streams(js, load.acked, sent=load.sent, agents=[AGENT], capsules=caps)
+        # The restarted node has caught up and every group has its leader before the end-to-end requests
+        # (CI, once: the IDP sent after the drains timed out in the kernel's JetStream writes and failed
+        # closed, KERNEL_UNAVAILABLE, while the kernel's consumer answered "service unavailable").
+        await wait_settled(js)
         # End to end across the cluster, after the burst is checked (its records are not the burst's):
         # a moment answered by alice as herself, and an IDP permitted, with a node and a gateway restarted.
         alice_nc = await connect(url, creds=str(auth.creds_for(Party("principal", PRINCIPAL))), tls=tls, name="alice")
@@ -168,6 +174,7 @@ async def test_operator_mode_tls_r3_cluster_two_gateways_kill9(tmp_path: Path, s
             await e2e_nc.close()
 
     except Exception as e:  # a failure names what each service logged (a timeout alone says little)
+        e.add_note("cluster not settled: " + ("; ".join(await unsettled(js)) or "nothing"))
         e.add_note("services' logs:\n" + "\n".join(f"--- {p.role} {p.data_dir.name}\n{p.log_tail()}" for p in procs))
         raise
     finally:
