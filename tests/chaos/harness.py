@@ -107,19 +107,23 @@ class ServiceProc:
         return ""
 
 
-async def count_micro(nc: Client, name: str, timeout: float = 0.5) -> int:
-    """How many instances of ``name`` answer ``$SRV.PING.name`` (nats.micro)."""
+async def count_micro(nc: Client, name: str, timeout: float = 0.5, *, enough: int | None = None) -> int:
+    """How many instances of ``name`` answer ``$SRV.PING.name`` (nats.micro) within ``timeout``; as soon
+    as ``enough`` have answered, when given (the window is only for those that never will)."""
     inbox = nc.new_inbox()
     got: list[bytes] = []
+    all_in = asyncio.Event()
 
     async def cb(msg) -> None:
         got.append(msg.data)
+        if enough is not None and len(got) >= enough:
+            all_in.set()
 
     sub = await nc.subscribe(inbox, cb=cb)
     await nc.publish(f"$SRV.PING.{name}", b"", reply=inbox)
     await nc.flush()
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.Event().wait(), timeout)  # collect replies for the window
+        await asyncio.wait_for(all_in.wait(), timeout)  # the replies of the window, or enough of them
     await sub.unsubscribe()
     return len(got)
 
@@ -127,7 +131,7 @@ async def count_micro(nc: Client, name: str, timeout: float = 0.5) -> int:
 async def wait_services(nc: Client, name: str, n: int, procs: list[ServiceProc], timeout: float = 30) -> None:
     """Wait until ``n`` instances of ``name`` are registered (they are then serving)."""
     deadline = time.monotonic() + timeout
-    while await count_micro(nc, name) < n:
+    while await count_micro(nc, name, enough=n) < n:
         for p in procs:
             if p.proc is not None and not p.alive:
                 raise RuntimeError(f"{p.role} exited early:\n{p.log_tail()}")
