@@ -101,10 +101,30 @@ class ServiceProc:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 
-    def log_tail(self) -> str:
+    def log_tail(self, n: int = 3000) -> str:
+        """The log's last ``n`` characters, for a failing test's message, and before them the service's
+        last few errors in full wherever they are in the log (a traceback is one JSON line, longer than
+        the tail: cut, only its last lines showed), each up to ``ERROR_CHARS``."""
+        if self.log is None:
+            return ""
         with contextlib.suppress(OSError):
-            return self.log.read_text(errors="replace")[-3000:] if self.log else ""
+            return log_excerpt(self.log.read_text(errors="replace"), n)
         return ""
+
+
+ERROR_CHARS = 12_000  # one error's record in a log excerpt: a traceback's JSON line, whole in practice
+ERRORS_KEPT = 3
+
+
+def log_excerpt(text: str, n: int = 3000) -> str:
+    """``text``'s last ``n`` characters, preceded by its last ``ERRORS_KEPT`` lines that record an error
+    (a ``Traceback`` or a JSON record with an ``exception``) that the tail does not hold whole."""
+    tail = text[-n:]
+    errors = [line for line in text.splitlines() if "Traceback" in line or '"exception"' in line]
+    earlier = [line[:ERROR_CHARS] for line in errors[-ERRORS_KEPT:] if line not in tail]
+    if not earlier:
+        return tail
+    return "[the last errors, in full]\n" + "\n".join(earlier) + "\n[the log's tail]\n" + tail
 
 
 async def count_micro(nc: Client, name: str, timeout: float = 0.5, *, enough: int | None = None) -> int:
