@@ -47,6 +47,9 @@ ROLES: tuple[str, ...] = ("agent", "principal", "service", "ops", "audit", "slac
 DEFAULT_INBOX = "_INBOX"  # nats' shared prefix: only on a server without per-party credentials
 ANY = "*"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# White space (``\s`` of a str pattern is the set ``str.isspace`` accepts) or a control character:
+# what no literal subject holds. One search in C, where a check per character cost 1.5 us a reply.
+_NOT_LITERAL = re.compile(r"[\s\x00-\x1f\x7f]")
 # The gateway's two identities: alone, or all services in one process (`pgw up`).
 _GATEWAY_NAMES = ("gateway", "services")
 
@@ -112,7 +115,7 @@ def _literal(rest: str) -> bool:
     for tok in rest.split("."):
         if not tok or tok in ("*", ">"):
             return False
-    return not any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in rest)
+    return _NOT_LITERAL.search(rest) is None
 
 
 def reply_allowed(reply: str, who: tuple[Asker, ...], *, shared_inbox: bool) -> bool:
