@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import functools
 
-from gateway.security.skeleton import fast_skeleton
+from gateway.security.skeleton import seen_words
 
 
 @functools.lru_cache(maxsize=8192)
 def seen(text: str) -> str:
     """The seen form of ``text`` (module docstring); idempotent: ``seen(seen(t)) == seen(t)``."""
-    return " ".join(fast_skeleton(text, keep_space=True).split())
+    return seen_words(text)
 
 
 @functools.lru_cache(maxsize=2048)

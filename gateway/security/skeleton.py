@@ -106,13 +106,35 @@ def drop_ascii_ws(text: str) -> str:
     return text.encode("ascii").translate(None, _ASCII_WS_BYTES).decode("ascii")
 
 
-def _fold_ascii(text: str) -> str:
-    table, delete, multi = _ascii_fold()
+def _fold_ascii(text: str, spaced: bool = False) -> str:
+    table, delete, multi = _ascii_fold_spaced() if spaced else _ascii_fold()
     out = text.encode("ascii").translate(table, delete).decode("ascii")
     for ch, to in multi:
         if ch in out:
             out = out.replace(ch, to)
     return out
+
+
+@functools.cache
+def _ascii_fold_spaced() -> tuple[bytes, bytes, tuple[tuple[str, str], ...]]:
+    """:func:`_ascii_fold` with every ASCII white space character (``str.isspace``) read as a space.
+    No fold makes or takes a white space character, so the order of the two steps does not matter."""
+    table, delete, multi = _ascii_fold()
+    spaced = bytearray(table)
+    for c in _ASCII_WS_BYTES:
+        spaced[c] = 0x20
+    return bytes(spaced), delete, multi
+
+
+def seen_words(text: str) -> str:
+    """The skeleton of ``text`` (``keep_space``) with its white space runs as one space, none at
+    either end: ``" ".join(fast_skeleton(text, keep_space=True).split())``. ASCII text is folded
+    with its white space read as spaces in the same byte table, so its split and join (most of
+    the cost on a long text) only run when two spaces meet."""
+    if text.isascii():
+        out = _fold_ascii(text, spaced=True)
+        return out.strip(" ") if "  " not in out else " ".join(out.split())
+    return " ".join(skeleton(text, keep_space=True)[0].split())
 
 
 def skeleton(text: str, *, keep_space: bool, tags: bool = False) -> tuple[str, list[int]]:
