@@ -23,6 +23,10 @@ the same driver with the same envelope bytes:
   no logic), reported beside the floor: what the gateway's received messages
   cost before its own code runs.
 
+Each envelope the driver sends carries its own texts (every text slot of the moment carries
+the envelope's number, ``benchmarks.harness.moment_of_kb``), as principals' moments do: one
+moment sent again and again would find the gateway's per-text caches full.
+
 Every ratio is against a baseline measured in the same run. Throughput is
 counted until every input is **acked** (all it caused stored). CPU per
 envelope of each process (gateway, relay, nats-server, driver) and the

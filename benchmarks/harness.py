@@ -73,20 +73,52 @@ def env_int(name: str, default: int) -> int:
         return default
 
 
-def moment_of_kb(kb: int) -> dict:
+def moment_of_kb(kb: int, case: int | None = None) -> dict:
     """The bench moment grown to about ``kb`` KB of JSON: findings, then recommendations, of 1,900
-    characters each (the grammar's limits: 32 items of at most 2,000; so at most about 125 KB)."""
+    characters each (the grammar's limits: 32 items of at most 2,000; so at most about 125 KB).
+
+    With ``case``, every text slot of the moment carries that number (``#case``), so each envelope the
+    driver sends carries its own texts, as principals' moments do: one text sent again and again
+    would find the gateway's per-text caches full (the seen forms, ``gateway/security/seen.py``)
+    on every envelope after the first, and the bench would not count the folds a real moment
+    costs. Without it, the same moment every time (the size check, ``size_breakdown``)."""
+    base = MOMENT if case is None else _numbered(case)
     if kb <= 1:
-        return MOMENT
-    line = ("Ledger line 2025-03-14: transfer to Harbor Accounting, invoice 4711, reviewed and matched. " * 21)[:1900]
-    lists = {"findings": list(MOMENT["findings"]), "recommendations": list(MOMENT["recommendations"])}
-    size = len(json.dumps(MOMENT))
+        return base
+    lists = {"findings": list(base["findings"]), "recommendations": list(base["recommendations"])}
+    size = len(json.dumps(base))
     for name in ("findings", "recommendations"):
         while size < kb * 1024 and len(lists[name]) < 32:
+            k = len(lists["findings"]) + len(lists["recommendations"])
+            line = _LEDGER_LINE if case is None else (
+                f"Ledger line {k} of #{case}: transfer to Harbor Accounting, invoice {4711 + k}, "
+                "reviewed and matched. " * 21)[:1900]
             part = line[: max(1, min(len(line), kb * 1024 - size))]
             lists[name].append(part)
             size += len(part) + 4
-    return {**MOMENT, **lists}
+    return {**base, **lists}
+
+
+_LEDGER_LINE = ("Ledger line 2025-03-14: transfer to Harbor Accounting, invoice 4711, reviewed and matched. " * 21)[:1900]
+
+
+def _numbered(case: int) -> dict:
+    """The bench moment with ``#case`` in each of its texts (the grammar and the lints as clean)."""
+    q = MOMENT["question"]
+    tag = f"#{case}"
+    return {
+        "synopsis": MOMENT["synopsis"].replace("Harbor Accounting", f"Harbor Accounting {tag}"),
+        "findings": [f"Harbor {tag} requested the full ledger for the 2025 filing.",
+                     f"Their engagement letter {tag} covers the annual filing only."],
+        "recommendations": [f"Send the 2025 tax summary PDF {tag} through the client portal."],
+        "offer": f"Ask for detail on any item ({tag}).",
+        "question": {
+            **q,
+            "stem": q["stem"].replace("Harbor Accounting", f"Harbor Accounting {tag}"),
+            "options": [{"label": f"{o['label']} ({tag})", "reasoning": f"{o['reasoning'][:-1]} ({tag})."}
+                        for o in q["options"]],
+        },
+    }
 
 
 # -- processes ---------------------------------------------------------------
@@ -350,7 +382,6 @@ class Driver:
         self.js = nc.jetstream(timeout=30)
         self.tag = uuid.uuid4().hex[:8]
         self.seq = 0
-        self._bodies: dict[int, dict] = {}
 
     async def watch(self, system: System) -> None:
         async def cb(msg, s=system) -> None:
@@ -366,7 +397,7 @@ class Driver:
     def body(self, kb: int) -> tuple[str, bytes]:
         self.seq += 1
         eid = f"b{self.tag}-{self.seq}"
-        moment = self._bodies.setdefault(kb, moment_of_kb(kb))
+        moment = moment_of_kb(kb, self.seq)  # each envelope its own texts (moment_of_kb)
         env = envelope(BINDING_MOMENT_KIND, {"principal": PRINCIPAL, "binding_moment": moment}, envelope_id=eid)
         return eid, json.dumps(env).encode()
 

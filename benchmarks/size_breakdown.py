@@ -3,7 +3,7 @@
 parse and the writes require"; benchmarks/performance-log.md).
 
 Each step of the binding-moment path whose cost depends on the moment's bytes, called the way the
-pipeline calls it, on the bench's moments of 1, 16 and 120 KB (``benchmarks.harness.moment_of_kb``),
+pipeline calls it, on the bench's moments of 1, 16 and 120 KB (``benchmarks.harness.moment_of_kb``, numbered),
 best of seven rounds. No NATS: what the bench's gateway spends beyond these and beyond the contract
 floor (``benchmarks/relay.py floor``) is messaging. The steps:
 
@@ -13,7 +13,8 @@ floor (``benchmarks/relay.py floor``) is messaging. The steps:
 - ``envelope``: the closed AIEnvelope top level (``msgspec.convert``);
 - ``grammar``: spec 000 §5's slot grammar (``check_binding_moment``);
 - ``payload``: the typed payload (``msgspec.convert``);
-- ``lints``: spec 000 §6's construction lints (``lints.check``);
+- ``lints``: spec 000 §6's construction lints (``lints.check``), the seen forms' cache emptied
+  before each call, so each call folds the moment's texts as a new moment's are folded;
 - ``redaction``: SR-1's pre-check on the envelope (``Redactor.plainly_clean``; a body that needs the
   full walk costs more, and is not the common case measured here);
 - ``encode x2``: the moment record and the surface item, as written (msgspec).
@@ -30,6 +31,7 @@ from typing import Any
 import msgspec
 
 from benchmarks.harness import PRINCIPAL, envelope, moment_of_kb
+from gateway.security.seen import seen
 from gateway.stages import lints, shape
 from gateway.stages.moment_grammar import check_binding_moment
 from gateway.stages.redaction import Redactor
@@ -57,7 +59,7 @@ def _best(fn: Callable[[], Any], rounds: int = 7) -> float:
 
 def steps(kb: int) -> dict[str, float]:
     limits = Config().limits
-    body = json.dumps(envelope(BINDING_MOMENT_KIND, {"principal": PRINCIPAL, "binding_moment": moment_of_kb(kb)},
+    body = json.dumps(envelope(BINDING_MOMENT_KIND, {"principal": PRINCIPAL, "binding_moment": moment_of_kb(kb, 1)},
                                envelope_id="size-1")).encode()
     (raw,) = shape.decode_body(body, limits)
     env = msgspec.convert(raw, AIEnvelope)
@@ -74,7 +76,7 @@ def steps(kb: int) -> dict[str, float]:
         "envelope": _best(lambda: msgspec.convert(raw, AIEnvelope)),
         "grammar": _best(lambda: check_binding_moment(raw["payload"]["binding_moment"])),
         "payload": _best(lambda: msgspec.convert(env.payload, BindingMomentPayload)),
-        "lints": _best(lambda: lints.check(bm)),
+        "lints": _best(lambda: (seen.cache_clear(), lints.check(bm))),
         "redaction": _best(lambda: red.plainly_clean(env)),
         "encode x2": _best(lambda: (enc.encode(item), enc.encode(item))),
     }

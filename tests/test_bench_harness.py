@@ -63,8 +63,50 @@ def test_the_cpu_meter_reads_another_process_to_below_a_tick() -> None:
 
 def test_moments_have_the_sizes_asked_for() -> None:
     for kb in (16, 120):
-        size = len(json.dumps(moment_of_kb(kb)))
-        assert kb * 1024 * 0.9 <= size <= kb * 1024 * 1.1, (kb, size)
+        for case in (None, 1, 99_999, 1_234_567):
+            size = len(json.dumps(moment_of_kb(kb, case)))
+            assert kb * 1024 * 0.9 <= size <= kb * 1024 * 1.1, (kb, case, size)
+
+
+def _texts(moment: dict) -> list[str]:
+    """Every text slot of a bench moment, in order."""
+    q = moment["question"]
+    return [moment["synopsis"], *moment["findings"], *moment["recommendations"], moment["offer"], q["stem"],
+            *(o["label"] for o in q["options"]), *(o["reasoning"] for o in q["options"])]
+
+
+async def test_each_envelope_the_driver_sends_carries_its_own_texts(nats_server: EmbeddedServer) -> None:
+    """The driver's moments differ in every text slot from one envelope to the next (a text sent again finds
+    the gateway's per-text caches full, so the bench would not count what folding a new moment costs), and
+    each still passes the grammar, the lints and SR-1's pre-check, at every size (else it would time refusals)."""
+    import msgspec
+
+    from benchmarks.harness import Driver
+    from gateway.stages import lints, shape
+    from gateway.stages.moment_grammar import check_binding_moment
+    from gateway.stages.redaction import Redactor
+    from pgwcore.config import Config
+    from subjects.wire import AIEnvelope, BindingMomentPayload
+
+    nc = await connect(nats_server.client_url, name="driver-bodies")
+    try:
+        drv = Driver(nc)
+        limits, red = Config().limits, Redactor()
+        for kb in (1, 16, 120):
+            seen: set[str] = set()
+            for _ in range(3):
+                eid, body = drv.body(kb)
+                (raw,) = shape.decode_body(body, limits)
+                assert raw["envelopeId"] == eid
+                moment = raw["payload"]["binding_moment"]
+                texts = _texts(moment)
+                assert not seen & set(texts), (kb, seen & set(texts))  # no text of an earlier envelope again
+                seen |= set(texts)
+                assert check_binding_moment(moment) == []
+                assert lints.check(msgspec.convert(raw["payload"], BindingMomentPayload).binding_moment) == []
+                assert red.plainly_clean(msgspec.convert(raw, AIEnvelope))
+    finally:
+        await nc.close()
 
 
 
