@@ -81,7 +81,7 @@ def moment_of_kb(kb: int, case: int | None = None) -> dict:
     driver sends carries its own texts, as principals' moments do: one text sent again and again
     would find the gateway's per-text caches full (the seen forms, ``gateway/security/seen.py``)
     on every envelope after the first, and the bench would not count the folds a real moment
-    costs. Without it, the same moment every time (the size check, ``size_breakdown``)."""
+    costs. Without it, the same moment every time."""
     base = MOMENT if case is None else _numbered(case)
     if kb <= 1:
         return base
