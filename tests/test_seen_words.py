@@ -1,9 +1,12 @@
-"""``seen_words``, the seen form's fold with its white space normalised, is exactly its definition.
+"""The seen form's fast paths give exactly what its definition gives.
 
 ``gateway.security.seen.seen`` returns ``seen_words(text)``, whose ASCII path folds white space to
 spaces in the fold's own byte table and splits only when two spaces meet. Every rule that judges
 text judges this form, so the fast path must give the definition's answer on every input:
-``" ".join(fast_skeleton(text, keep_space=True).split())``.
+``" ".join(fast_skeleton(text, keep_space=True).split())``. Non-ASCII text is folded through
+``str.translate`` tables filled as characters are met; they must fold every character as
+``skeleton``'s loop does, and ``seen_cased`` as it was defined. A text longer than
+``CACHED_CHARS`` reads the same and is not kept.
 """
 
 from __future__ import annotations
@@ -14,8 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.harness import moment_of_kb
-from gateway.security.seen import seen
-from gateway.security.skeleton import fast_skeleton, seen_words
+from gateway.security.seen import (
+    CACHED_CHARS,
+    _seen_cased_short,
+    _seen_short,
+    clear_caches,
+    seen,
+    seen_cased,
+)
+from gateway.security.skeleton import fast_skeleton, seen_words, skeleton
 from tests.disguises import disguises
 
 
@@ -62,3 +72,43 @@ def test_the_disguises_and_the_bench_moments_read_as_their_definition() -> None:
         moment = moment_of_kb(kb, 7)
         for text in (moment["synopsis"], *moment["findings"], *moment["recommendations"], moment["question"]["stem"]):
             assert seen_words(text) == definition(text)
+
+
+def _reference_cased(text: str) -> str:
+    """``seen_cased`` as it was defined: each character's seen form, upper-cased where it was a capital."""
+    out = []
+    for ch in text:
+        f = seen(ch) if not ch.isspace() else " "
+        out.append(f.upper() if ch.isupper() else f)
+    return " ".join("".join(out).split())
+
+
+# Every code point of the Basic Multilingual Plane (surrogates included), the tag block, and every seventh
+# code point above them: one string, folded through the translate tables and through skeleton()'s loop.
+_CODE_POINTS = "".join(chr(c) for c in [*range(0x10000), *range(0xE0000, 0xE0080), *range(0x10000, 0x110000, 7)])
+
+
+def test_the_translate_tables_fold_every_character_as_skeleton_does() -> None:
+    for keep_space in (True, False):
+        for tags in (True, False):
+            want = skeleton(_CODE_POINTS, keep_space=keep_space, tags=tags)[0]
+            assert fast_skeleton(_CODE_POINTS, keep_space=keep_space, tags=tags) == want, (keep_space, tags)
+    assert seen_words(_CODE_POINTS) == " ".join(skeleton(_CODE_POINTS, keep_space=True)[0].split())
+
+
+def test_seen_cased_reads_every_character_as_before() -> None:
+    assert seen_cased(_CODE_POINTS) == _reference_cased(_CODE_POINTS)
+    for base in ("The oracle BLOCKED it.", "Your reading crossed the threshold."):
+        for _name, text in disguises(base):
+            assert seen_cased(text) == _reference_cased(text)
+
+
+def test_a_long_text_reads_the_same_and_is_not_kept() -> None:
+    short, long = "\u0405hared ledger " * 18, "\u0405hared ledger " * 19  # 252 and 266 characters
+    assert len(short) <= CACHED_CHARS < len(long)
+    want_short, want_long = definition(short), definition(long)
+    clear_caches()
+    assert seen(short) == want_short and seen(long) == want_long
+    assert _seen_short.cache_info().currsize == 1  # the short text only
+    assert seen_cased(long) == _reference_cased(long)
+    assert _seen_cased_short.cache_info().currsize == 0

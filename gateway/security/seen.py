@@ -25,8 +25,11 @@ What the surface renders is what was judged: SR-1 renders a slot without
 its invisible characters (``gateway.security.text.visible``), and the seen
 form of that rendering is the seen form of the text as sent (this module
 drops every character ``visible`` drops, and more), so a rule that refuses
-a rendering refuses every disguise of it. The form is computed once per
-string (a bounded cache: one envelope's slots are judged by several rules).
+a rendering refuses every disguise of it. The form of a short text is computed
+once (a bounded cache: one envelope's slots are judged by several rules); a
+text longer than ``CACHED_CHARS`` is folded each time it is judged, so what the
+cache holds stays small whatever an agent sends (a 64,000-character string in
+each of 4,096 entries would hold gigabytes).
 """
 
 from __future__ import annotations
@@ -35,14 +38,39 @@ import functools
 
 from gateway.security.skeleton import seen_words
 
+CACHED_CHARS = 256  # the longest text whose seen form is remembered (module docstring)
 
-@functools.lru_cache(maxsize=8192)
-def seen(text: str) -> str:
-    """The seen form of ``text`` (module docstring); idempotent: ``seen(seen(t)) == seen(t)``."""
+
+@functools.lru_cache(maxsize=4096)
+def _seen_short(text: str) -> str:
     return seen_words(text)
 
 
+def seen(text: str) -> str:
+    """The seen form of ``text`` (module docstring); idempotent: ``seen(seen(t)) == seen(t)``."""
+    return _seen_short(text) if len(text) <= CACHED_CHARS else seen_words(text)
+
+
+class _CasedTable(dict[int, str]):
+    """Each character's seen form with its case kept, as a ``str.translate`` table filled as characters
+    are met (one entry per distinct character, as the fold's own tables)."""
+
+    def __missing__(self, cp: int) -> str:
+        ch = chr(cp)
+        f = " " if ch.isspace() else seen(ch)
+        f = f.upper() if ch.isupper() else f
+        self[cp] = f
+        return f
+
+
+_CASED = _CasedTable()
+
+
 @functools.lru_cache(maxsize=2048)
+def _seen_cased_short(text: str) -> str:
+    return " ".join(text.translate(_CASED).split())
+
+
 def seen_cased(text: str) -> str:
     """The seen form with each letter's case kept (a letter written as a capital is a capital).
 
@@ -50,11 +78,13 @@ def seen_cased(text: str) -> str:
     ``BLOCKED`` are control-plane detail where the word "blocked" is not): the same fold as
     :func:`seen`, then upper-cased where the source character was a capital.
     """
-    out: list[str] = []
-    for ch in text:
-        f = seen(ch) if not ch.isspace() else " "
-        out.append(f.upper() if ch.isupper() else f)
-    return " ".join("".join(out).split())
+    return _seen_cased_short(text) if len(text) <= CACHED_CHARS else " ".join(text.translate(_CASED).split())
+
+
+def clear_caches() -> None:
+    """Forget every remembered seen form (a benchmark timing what a new text costs)."""
+    _seen_short.cache_clear()
+    _seen_cased_short.cache_clear()
 
 
 def seen_pattern(source: str) -> str:
@@ -82,4 +112,4 @@ def seen_pattern(source: str) -> str:
     return "".join(out)
 
 
-__all__ = ["seen", "seen_cased", "seen_pattern"]
+__all__ = ["CACHED_CHARS", "clear_caches", "seen", "seen_cased", "seen_pattern"]

@@ -27,12 +27,13 @@ def _is_int(v: Any) -> bool:
 
 def _text(out: list[Detail], v: Any, path: str, rule: str, limit: int) -> None:
     # Non-empty as the principal reads it (spec 000 §6): a slot of spaces and invisible
-    # characters (" \u200b") renders blank, so its seen form is judged, not its length.
-    if not isinstance(v, str) or not seen(v):
+    # characters (" \u200b") renders blank, so its seen form is judged, not its length. The
+    # length is judged first: an over-long slot is refused without folding all of it.
+    if isinstance(v, str) and len(v) > limit:
+        out.append(Detail(message=f"{path} is longer than {limit} characters", path=path, rule="string_too_long"))
+    elif not isinstance(v, str) or not seen(v):
         out.append(Detail(message=f"{path} must be a non-empty string (it shows nothing once invisible "
                                   "characters are removed)", path=path, rule=rule))
-    elif len(v) > limit:
-        out.append(Detail(message=f"{path} is longer than {limit} characters", path=path, rule="string_too_long"))
     # issue 7: spoofing. Bidi controls and tag characters are not ASCII, so an
     # ASCII slot (the common case) skips the per-character scan.
     elif not v.isascii() and (hidden := hidden_controls(v, tags=rule in ("synopsis", "stem", "option_label"))):
