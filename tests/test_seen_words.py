@@ -25,7 +25,14 @@ from gateway.security.seen import (
     seen,
     seen_cased,
 )
-from gateway.security.skeleton import fast_skeleton, seen_words, skeleton
+from gateway.security.skeleton import (
+    _TABLES,
+    CHARS_KEPT,
+    _fold,
+    fast_skeleton,
+    seen_words,
+    skeleton,
+)
 from tests.disguises import disguises
 
 
@@ -83,9 +90,14 @@ def _reference_cased(text: str) -> str:
     return " ".join("".join(out).split())
 
 
-# Every code point of the Basic Multilingual Plane (surrogates included), the tag block, and every seventh
-# code point above them: one string, folded through the translate tables and through skeleton()'s loop.
-_CODE_POINTS = "".join(chr(c) for c in [*range(0x10000), *range(0xE0000, 0xE0080), *range(0x10000, 0x110000, 7)])
+# Every code point of the scripts, symbols and invisible characters the disguises use (Latin, Greek,
+# Cyrillic, Armenian, Cherokee, general punctuation and format characters, letter-like symbols,
+# variation selectors, half- and full-width forms, mathematical alphanumerics, the tag block), and a
+# sample of the rest, lone surrogates included: more distinct characters than the tables keep.
+_CODE_POINTS = "".join(chr(c) for c in [
+    *range(0x0, 0x600), *range(0x13A0, 0x1400), *range(0x2000, 0x2200), *range(0xFE00, 0x10000),
+    *range(0x1D400, 0x1D800), *range(0xE0000, 0xE0080), *range(0x600, 0x13A0, 3), *range(0x2200, 0xFE00, 5),
+    *range(0x10000, 0x1D400, 53), *range(0x1D800, 0xE0000, 89), *range(0xE0080, 0x110000, 97)])
 
 
 def test_the_translate_tables_fold_every_character_as_skeleton_does() -> None:
@@ -94,6 +106,10 @@ def test_the_translate_tables_fold_every_character_as_skeleton_does() -> None:
             want = skeleton(_CODE_POINTS, keep_space=keep_space, tags=tags)[0]
             assert fast_skeleton(_CODE_POINTS, keep_space=keep_space, tags=tags) == want, (keep_space, tags)
     assert seen_words(_CODE_POINTS) == " ".join(skeleton(_CODE_POINTS, keep_space=True)[0].split())
+    # More distinct characters than the tables keep have been met: they stopped growing, and still fold right.
+    assert len(set(_CODE_POINTS)) > CHARS_KEPT
+    assert all(len(table) <= CHARS_KEPT for table in _TABLES.values())
+    assert _fold.cache_info().currsize <= CHARS_KEPT
 
 
 def test_seen_cased_reads_every_character_as_before() -> None:

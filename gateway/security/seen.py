@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 
-from gateway.security.skeleton import seen_words
+from gateway.security.skeleton import CHARS_KEPT, seen_words
 
 CACHED_CHARS = 256  # the longest text whose seen form is remembered (module docstring)
 
@@ -53,13 +53,14 @@ def seen(text: str) -> str:
 
 class _CasedTable(dict[int, str]):
     """Each character's seen form with its case kept, as a ``str.translate`` table filled as characters
-    are met (one entry per distinct character, as the fold's own tables)."""
+    are met (the first ``CHARS_KEPT`` distinct ones, as the fold's own tables)."""
 
     def __missing__(self, cp: int) -> str:
         ch = chr(cp)
         f = " " if ch.isspace() else seen(ch)
         f = f.upper() if ch.isupper() else f
-        self[cp] = f
+        if len(self) < CHARS_KEPT:  # as the fold's own tables (gateway/security/skeleton.py)
+            self[cp] = f
         return f
 
 

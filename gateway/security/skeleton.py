@@ -51,7 +51,13 @@ def _ascii_fold_table() -> dict[int, str | None]:
     return t
 
 
-@functools.cache
+# The most characters each per-character table or cache below keeps: a text of every code point
+# (about 1.1 million) would otherwise stay in each of them for good (hundreds of MB). The characters
+# met beyond it are folded each time, which is what the tables save.
+CHARS_KEPT = 16_384
+
+
+@functools.lru_cache(maxsize=CHARS_KEPT)
 def _fold(ch: str) -> str:
     """The skeleton of one character: '' for invisible ones (tag characters included)."""
     cp = ord(ch)
@@ -64,7 +70,7 @@ def _fold(ch: str) -> str:
     return fold_char(ch)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=CHARS_KEPT)
 def _fold_tags(ch: str) -> str:
     """As :func:`_fold`, but a tag character reads as the ASCII it smuggles.
 
@@ -158,7 +164,8 @@ class _FoldTable(dict[int, str]):
     """The fold as a ``str.translate`` table, filled as characters are met: ``text.translate(table)``
     is ``skeleton(text, ...)[0]`` (the fold is one character at a time), looked up in C for every
     character met before instead of a Python call per character (a 64,000-character non-ASCII text:
-    25 ms -> 2 ms). It holds one entry per distinct character met, as :func:`_fold`'s cache does."""
+    25 ms -> 2 ms). It keeps the first ``CHARS_KEPT`` distinct characters met; others are folded
+    each time they are met."""
 
     def __init__(self, keep_space: bool, tags: bool) -> None:
         super().__init__()
@@ -169,7 +176,8 @@ class _FoldTable(dict[int, str]):
         f = self.fold(chr(cp))
         if not self.keep_space:
             f = "".join(c for c in f if not c.isspace())
-        self[cp] = f
+        if len(self) < CHARS_KEPT:
+            self[cp] = f
         return f
 
 

@@ -135,8 +135,7 @@ class Redactor:
             self._scan(texts, joined, spans, tags)
         # A mark holds no white space, so one in the text is in it with its white space taken out too:
         # one search covers a run as written and one broken by white space.
-        if self._needles and (not joined.isascii() or "%" in joined
-                              or any(m in _WS.sub("", joined) for m in self._marks)):
+        if self._needles and (not joined.isascii() or "%" in joined or self._holds_mark(_WS.sub("", joined))):
             for li, t in enumerate(texts):
                 spans[li].extend(self._encoded_spans(t))
         if not may_hide(joined):
@@ -221,10 +220,19 @@ class Redactor:
                     out += [(where[s], where[e - 1] + 1) for s, e, dec in decodings(view) if self._holds_secret(dec)]
         return out
 
+    def _holds_mark(self, squeezed: str) -> bool:
+        """Whether ``squeezed`` (a text with its white space taken out) holds a mark of a secret's encodings."""
+        return any(m in squeezed for m in self._marks)
+
     def _spaced_spans(self, text: str) -> list[tuple[int, int]]:
         """Runs broken by white space ("RW5jS2l3 aVNl...", a hex dump "45 6e 63", a wrapped line): the
         shortest window of adjacent tokens, joined without the white space between them, that decodes to
         text holding a secret; its span from the first token to the last."""
+        # Every window below is its tokens without the white space between them, so it is a piece of the
+        # text with its white space taken out: no mark there, none in any window (the common case, and
+        # a text built to make the window search costly holds none).
+        if not self._holds_mark(_WS.sub("", text)):
+            return []
         toks = [(m.start(), m.end()) for m in _ENC_TOKEN.finditer(text)]
         found: list[tuple[int, int]] = []
         for i in range(len(toks)):
