@@ -29,7 +29,7 @@ a rendering refuses every disguise of it. The form of a short text is computed
 once (a bounded cache: one envelope's slots are judged by several rules); a
 text longer than ``CACHED_CHARS`` is folded each time it is judged, so what the
 cache holds stays small whatever an agent sends (a 64,000-character string in
-each of 4,096 entries would hold gigabytes).
+each of 4,096 entries would hold about a gigabyte).
 """
 
 from __future__ import annotations
