@@ -97,7 +97,13 @@ def _skel_compat(s: str, proto: dict[str, str]) -> str:
     return _strip_marks("".join(proto.get(c, c) for c in _strip_marks(s)))
 
 
-@lru_cache(maxsize=16_384)  # skeleton.CHARS_KEPT: a text of every code point would stay here for good
+# The most characters each per-character table or cache keeps (here and in gateway/security/skeleton.py,
+# seen.py): a text of every code point (about 1.1 million) would otherwise stay in each of them for good
+# (hundreds of MB). The characters met beyond it are folded each time, which is what the caches save.
+CHARS_KEPT = 16_384
+
+
+@lru_cache(maxsize=CHARS_KEPT)
 def fold_char(ch: str) -> str:
     """The fold of one visible character (invisible ones are the caller's business).
 

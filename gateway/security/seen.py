@@ -36,14 +36,10 @@ from __future__ import annotations
 
 import functools
 
-from gateway.security.skeleton import CHARS_KEPT, seen_words
+from gateway.security.skeleton import CharTable, seen_words
 
 CACHED_CHARS = 256  # the longest text whose seen form is remembered (module docstring)
-
-
-@functools.lru_cache(maxsize=4096)
-def _seen_short(text: str) -> str:
-    return seen_words(text)
+_seen_short = functools.lru_cache(maxsize=4096)(seen_words)
 
 
 def seen(text: str) -> str:
@@ -51,25 +47,19 @@ def seen(text: str) -> str:
     return _seen_short(text) if len(text) <= CACHED_CHARS else seen_words(text)
 
 
-class _CasedTable(dict[int, str]):
-    """Each character's seen form with its case kept, as a ``str.translate`` table filled as characters
-    are met (the first ``CHARS_KEPT`` distinct ones, as the fold's own tables)."""
-
-    def __missing__(self, cp: int) -> str:
-        ch = chr(cp)
-        f = " " if ch.isspace() else seen(ch)
-        f = f.upper() if ch.isupper() else f
-        if len(self) < CHARS_KEPT:  # as the fold's own tables (gateway/security/skeleton.py)
-            self[cp] = f
-        return f
+def _cased_char(ch: str) -> str:
+    f = " " if ch.isspace() else seen(ch)
+    return f.upper() if ch.isupper() else f
 
 
-_CASED = _CasedTable()
+_CASED = CharTable(_cased_char)  # each character's seen form with its case kept
 
 
-@functools.lru_cache(maxsize=2048)
-def _seen_cased_short(text: str) -> str:
+def _cased(text: str) -> str:
     return " ".join(text.translate(_CASED).split())
+
+
+_seen_cased_short = functools.lru_cache(maxsize=2048)(_cased)
 
 
 def seen_cased(text: str) -> str:
@@ -79,7 +69,7 @@ def seen_cased(text: str) -> str:
     ``BLOCKED`` are control-plane detail where the word "blocked" is not): the same fold as
     :func:`seen`, then upper-cased where the source character was a capital.
     """
-    return _seen_cased_short(text) if len(text) <= CACHED_CHARS else " ".join(text.translate(_CASED).split())
+    return _seen_cased_short(text) if len(text) <= CACHED_CHARS else _cased(text)
 
 
 def clear_caches() -> None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from gateway.security.confusables import ascii_table, fold_char
+from gateway.security.confusables import CHARS_KEPT, ascii_table, fold_char
 
 MARK = "[REDACTED]"
 MIN_SECRET = 4
@@ -49,12 +49,6 @@ def _ascii_fold_table() -> dict[int, str | None]:
         if chr(cp) not in _ASCII_WS_CHARS:
             t[cp] = None  # NUL and other controls are invisible
     return t
-
-
-# The most characters each per-character table or cache below keeps: a text of every code point
-# (about 1.1 million) would otherwise stay in each of them for good (hundreds of MB). The characters
-# met beyond it are folded each time, which is what the tables save.
-CHARS_KEPT = 16_384
 
 
 @functools.lru_cache(maxsize=CHARS_KEPT)
@@ -140,7 +134,7 @@ def seen_words(text: str) -> str:
     if text.isascii():
         out = _fold_ascii(text, spaced=True)
         return out.strip(" ") if "  " not in out else " ".join(out.split())
-    return " ".join(text.translate(_TABLES[True, False]).split())
+    return " ".join(fast_skeleton(text, keep_space=True).split())
 
 
 def skeleton(text: str, *, keep_space: bool, tags: bool = False) -> tuple[str, list[int]]:
@@ -160,28 +154,31 @@ def skeleton(text: str, *, keep_space: bool, tags: bool = False) -> tuple[str, l
 
 
 
-class _FoldTable(dict[int, str]):
-    """The fold as a ``str.translate`` table, filled as characters are met: ``text.translate(table)``
-    is ``skeleton(text, ...)[0]`` (the fold is one character at a time), looked up in C for every
+class CharTable(dict[int, str]):
+    """A per-character fold as a ``str.translate`` table, filled as characters are met:
+    ``text.translate(table)`` is ``"".join(fold(ch) for ch in text)``, looked up in C for every
     character met before instead of a Python call per character (a 64,000-character non-ASCII text:
-    25 ms -> 2 ms). It keeps the first ``CHARS_KEPT`` distinct characters met; others are folded
-    each time they are met."""
+    25 ms -> 2 ms). It keeps the first ``CHARS_KEPT`` distinct characters met; others are folded each
+    time they are met."""
 
-    def __init__(self, keep_space: bool, tags: bool) -> None:
+    def __init__(self, fold: Callable[[str], str]) -> None:
         super().__init__()
-        self.keep_space = keep_space
-        self.fold = _fold_tags if tags else _fold
+        self.fold = fold
 
     def __missing__(self, cp: int) -> str:
         f = self.fold(chr(cp))
-        if not self.keep_space:
-            f = "".join(c for c in f if not c.isspace())
         if len(self) < CHARS_KEPT:
             self[cp] = f
         return f
 
 
-_TABLES = {(keep_space, tags): _FoldTable(keep_space, tags) for keep_space in (True, False) for tags in (True, False)}
+def _without_space(fold: Callable[[str], str]) -> Callable[[str], str]:
+    return lambda ch: "".join(c for c in fold(ch) if not c.isspace())
+
+
+# fast_skeleton's tables: ``skeleton(text, keep_space=..., tags=...)[0]`` (its fold is one character at a time).
+_TABLES = {(keep_space, tags): CharTable(fold if keep_space else _without_space(fold))
+           for keep_space in (True, False) for tags, fold in ((True, _fold_tags), (False, _fold))}
 
 
 def fast_skeleton(text: str, *, keep_space: bool, tags: bool = False) -> str:
