@@ -11,7 +11,9 @@ whose findings are 60,000 characters of look-alike letters and invisible charact
 text), and spec 001 narratives of 4,000 characters (the most their schema takes) carrying a
 disguised forbidden marker at their very end. Afterwards: each moment was refused as too long and none reached the principal; each
 narrative was refused for the marker (a long text is judged to its last character); and neither
-seen-form cache holds any text longer than ``CACHED_CHARS``.
+seen-form cache holds any text longer than ``CACHED_CHARS``. And narratives naming 256 markers of their
+own, of the longest fold the schema allows (each compiled into a pattern per envelope until the ninth
+session), are judged by them: refused where a marker stands as words, delivered where it does not.
 """
 
 from __future__ import annotations
@@ -100,3 +102,28 @@ def test_an_over_long_slot_is_refused_before_it_is_folded(monkeypatch: pytest.Mo
     monkeypatch.setattr(moment_grammar, "seen", no_fold)
     details = moment_grammar.check_binding_moment(m)
     assert [d.rule for d in details] == ["string_too_long"], details
+
+
+async def test_an_agents_own_longest_markers_are_judged_through_the_bus(nats_server, tmp_path, nc) -> None:
+    """spec 001's ``policy.forbidden_markers``: 256 of 200 characters each, every one folding to 3,600
+    (U+FDFA), new in each envelope. Whole words are refused, the same characters inside a word delivered."""
+    async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"workflows": WORKFLOWS}), \
+            Recorder(nc) as rec:
+        bodies = []
+        for i in range(3):
+            own = [f"{i}x{k} " + "\ufdfa" * 190 for k in range(256)]
+            for text in (f"It may rain, {own[255]}.", f"It may rain, y{own[255]}."):
+                bodies.append(env("vendor.pgw.authorization", {"workflow_id": "chat", "principal": "alice", "envelope": {
+                    "kind": "narrative", "text": text, "policy": {
+                        "grammar_mode": "hedged", "forbidden_markers": own, "max_specificity": "contextualized",
+                        "scrub_measurements": False}}}))
+        for b in bodies:
+            await rec.send("planner", b)
+        outs = await asyncio.gather(*(rec.outcome(b["envelopeId"], timeout=120) for b in bodies))
+        for whole, inside in zip(outs[::2], outs[1::2], strict=True):
+            assert whole.code == "forbidden_marker", (whole.code, whole.reason)
+            assert inside.status == "accepted", (inside.code, inside.reason)
+        # The principal reads each delivered narrative as sent, and of each refused one the gateway's words only.
+        await rec.until(lambda: len([i for i in rec.items if isinstance(i, AuthorizationItem)]) == len(bodies), 30)
+        shown = [str(i.envelope) for i in rec.items if isinstance(i, AuthorizationItem)]
+        assert sum("\ufdfa" in text for text in shown) == len(bodies) // 2, [t[:80] for t in shown]
