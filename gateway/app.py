@@ -123,6 +123,10 @@ class Gateway:
             await self.worker.start()
             await self.nc.flush()
             await self.rnc.flush()
+            for part in self.parts:  # found by the services API only now that it serves (MetricsPart.ready)
+                ready = getattr(part, "ready", None)
+                if ready is not None:
+                    await ready()
         except BaseException:
             # A part that fails at start (e.g. a bad configuration) must not leave
             # the parts started before it running (their tasks would outlive us).
@@ -138,6 +142,11 @@ class Gateway:
         if self._drained:
             return
         self._drained = True
+        for part in self.parts:
+            leaving = getattr(part, "leaving", None)
+            if leaving is not None:
+                with contextlib.suppress(Exception):
+                    await leaving()
         await self.worker.drain()
         for part in reversed(self.parts):
             try:

@@ -49,8 +49,6 @@ class MetricsPart:
         ops = gw.config.ops  # type: ignore[attr-defined]
         gw.outcome_hooks.append(self._on_outcome)  # type: ignore[attr-defined]
         gw.timing_hooks.append(self._on_timing)  # type: ignore[attr-defined]
-        if ops.micro:
-            self._micro = await MicroRegistration(gw.nc, "gateway", gw.subjects.prefix).start()  # type: ignore[attr-defined]
         if ops.metrics_port is not None:
             self._release = acquire_server(ops.metrics_addr, ops.metrics_port)
             js = gw.js  # type: ignore[attr-defined]
@@ -59,6 +57,20 @@ class MetricsPart:
                 lambda: js.consumer_info("PGW_INBOUND", DURABLE), ops.stall_after_s))
         self._lag_task = asyncio.create_task(self._lag_loop(ops.lag_interval_s), name="metrics-lag")
         return self
+
+    async def ready(self) -> None:
+        """Register with ``nats.micro``: called by the gateway once it takes work (every part started,
+        its consumer open). An instance ``$SRV.PING`` finds is one that serves: a gateway registered as
+        it began to start was counted by an operator (and a test) while it could still fail to start,
+        as when a node of its cluster went down meanwhile."""
+        if self.gw.config.ops.micro and self._micro is None:  # type: ignore[attr-defined]
+            self._micro = await MicroRegistration(self.gw.nc, "gateway", self.gw.subjects.prefix).start()  # type: ignore[attr-defined]
+
+    async def leaving(self) -> None:
+        """Deregister first when the gateway drains: no longer found, then no longer serving."""
+        micro, self._micro = self._micro, None
+        if micro is not None:
+            await micro.drain()  # type: ignore[attr-defined]
 
     async def _lag_loop(self, interval: float) -> None:
         while not self._stop.is_set():

@@ -220,10 +220,12 @@ class PullService:
         return await fetch_batch(fetch, self.stopping, self.nc, log, what=what)
 
     async def __aenter__(self) -> Self:
-        self._micro = await micro.register(self.nc, self.name, self.config, stats=self.ops_stats)  # nats micro ls
         try:
             await self.start()
             self._serve_ops()
+            # nats micro ls: registered once it takes work, so an instance $SRV.PING finds is one that
+            # serves (a start that fails, as when a cluster node goes down meanwhile, was never counted).
+            self._micro = await micro.register(self.nc, self.name, self.config, stats=self.ops_stats)
         except BaseException:
             await self.drain()
             raise

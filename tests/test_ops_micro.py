@@ -78,3 +78,94 @@ async def test_status_endpoint_answers(nc) -> None:
     body = json.loads(msg.data)
     assert body["service"] == "pgw-signer"
     assert body["id"] == reg_id is not None
+
+
+class HeldPart:
+    """A gateway part whose start waits until the test lets it go (a start still under way)."""
+
+    release: asyncio.Event | None = None
+    entered: asyncio.Event | None = None
+
+    def __init__(self, gw: object) -> None:
+        self.gw = gw
+
+    async def __aenter__(self) -> HeldPart:
+        assert HeldPart.release is not None and HeldPart.entered is not None
+        HeldPart.entered.set()
+        await HeldPart.release.wait()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+    async def drain(self) -> None:
+        pass
+
+
+async def _pinged(nc, role: str) -> list[dict]:
+    with contextlib.suppress(TimeoutError):
+        return await _collect(nc, f"$SRV.PING.{service_name(role)}", 1, timeout=0.3)
+    return []
+
+
+async def test_a_gateway_is_found_only_once_it_serves(nats_server, nc, tmp_path, monkeypatch) -> None:
+    """$SRV.PING finds a gateway once every part has started and its consumer is open, not while it starts
+    (a gateway found while starting was counted as serving, and killed as such, by the cluster's chaos
+    test: it then failed to start when a node went down). It is no longer found once it drains."""
+    from gateway import app
+    from tests.pipeline_helpers import running_gateway
+
+    HeldPart.release, HeldPart.entered = asyncio.Event(), asyncio.Event()
+    monkeypatch.setattr(app, "GATEWAY_PARTS", [*app.GATEWAY_PARTS, f"{__name__}:HeldPart"])
+    started = asyncio.Event()
+    stop = asyncio.Event()
+
+    async def run() -> None:
+        async with running_gateway(nats_server, str(tmp_path / "d")) as gw:
+            started.set()
+            await stop.wait()
+            await gw.drain()
+            assert await _pinged(nc, "gateway") == []  # drained: no longer found
+
+    task = asyncio.create_task(run())
+    try:
+        await asyncio.wait_for(HeldPart.entered.wait(), 30)
+        assert await _pinged(nc, "gateway") == []  # its parts before HeldPart have started, MetricsPart first
+        HeldPart.release.set()
+        await asyncio.wait_for(started.wait(), 30)
+        assert [r["name"] for r in await _pinged(nc, "gateway")] == [service_name("gateway")]
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    finally:
+        HeldPart.release.set()
+        stop.set()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_pull_service_is_found_only_once_it_serves(nc) -> None:
+    """The signer, registrar and notifier (``PullService``) likewise: found once ``start()`` has returned."""
+    from pgwcore.config import Config
+    from pgwcore.service import PullService
+
+    release, entered = asyncio.Event(), asyncio.Event()
+
+    class Probe(PullService):
+        name = "signer"
+
+        async def start(self) -> None:
+            entered.set()
+            await release.wait()
+
+    svc = Probe(Config(), nc)
+    task = asyncio.create_task(svc.__aenter__())
+    try:
+        await asyncio.wait_for(entered.wait(), 10)
+        assert await _pinged(nc, "signer") == []
+        release.set()
+        await asyncio.wait_for(task, 10)
+        assert [r["name"] for r in await _pinged(nc, "signer")] == [service_name("signer")]
+    finally:
+        release.set()
+        await asyncio.gather(task, return_exceptions=True)
+        await svc.drain()
+    assert await _pinged(nc, "signer") == []

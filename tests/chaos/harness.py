@@ -149,7 +149,8 @@ async def count_micro(nc: Client, name: str, timeout: float = 0.5, *, enough: in
 
 
 async def wait_services(nc: Client, name: str, n: int, procs: list[ServiceProc], timeout: float = 30) -> None:
-    """Wait until ``n`` instances of ``name`` are registered (they are then serving)."""
+    """Wait until ``n`` instances of ``name`` are registered: each has then started and serves (a service
+    registers only once its start is done: ``PullService.__aenter__``, ``MetricsPart.ready``)."""
     deadline = time.monotonic() + timeout
     while await count_micro(nc, name, enough=n) < n:
         for p in procs:
