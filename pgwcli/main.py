@@ -20,7 +20,9 @@ import importlib
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 from nats.errors import TimeoutError as NatsTimeout
 
@@ -199,10 +201,10 @@ def _main(argv: Sequence[str] | None) -> int:
     except PgwError as e:
         print(f"pgw: {e}", file=sys.stderr)
         return 1
-    except (NatsTimeout, TimeoutError):  # nats' own, and a client's wait (subjects/client.py)
+    except (NatsTimeout, TimeoutError) as e:  # nats' own, and a client's wait (subjects/client.py)
         # A request the server never answered. Most often the credentials may not make it: the
         # server drops what a user may not publish and tells the requester nothing.
-        print(f"pgw: the server did not answer a request in time: these credentials may not be allowed it "
+        print(f"pgw: the server did not answer a request in time{_asked_at(e)}: these credentials may not be allowed it "
               f"(it spoke as {timeout_hint(chosen)}; ops users read, the services write; `pgw creds` lists the "
               "parties, --as ROLE:NAME chooses one), or the server is overloaded", file=sys.stderr)
         return 1
@@ -217,6 +219,27 @@ def _main(argv: Sequence[str] | None) -> int:
         return 1
     finally:
         tracing.shutdown()
+
+
+_OURS = ("pgwcli", "pgwcore", "gateway", "consumers", "subjects", "integrations")
+
+
+def _asked_at(e: BaseException) -> str:
+    """`` (asked at gateway/kernel/revocation.py:113)``: where in this project the unanswered request was
+    made (the innermost of its frames), so an operator can tell which request a service's start or a
+    command was waiting on; "" when no frame of ours is in the traceback."""
+    here = Path(__file__).resolve()
+    root = here.parent.parent
+    where = ""
+    for frame in traceback.extract_tb(e.__traceback__):
+        path = Path(frame.filename).resolve()
+        try:
+            rel = path.relative_to(root)
+        except ValueError:
+            continue
+        if path != here and rel.parts and rel.parts[0] in _OURS:
+            where = f" (asked at {rel.as_posix()}:{frame.lineno})"
+    return where
 
 
 def _cannot_start(args: argparse.Namespace, line: str) -> int:

@@ -123,7 +123,9 @@ async def test_what_the_credentials_may_not_do_is_said(secured: tuple[str, Embed
         _pgw("--server", url, "--creds", agent, "streams"),
         _pgw("--server", url, "--creds", ops, "replay", "--stream", "PGW_INBOUND", "--from-seq", "1"))
     assert rc1 == 1 and "Traceback" not in err1
-    assert "did not answer a request in time: these credentials may not be allowed it" in err1
+    assert "did not answer a request in time (asked at " in err1, err1  # which request, in this project's code
+    assert ".py:" in err1.split("(asked at ", 1)[1].split(")", 1)[0], err1
+    assert "these credentials may not be allowed it" in err1
     assert rc2 != 0 and "Traceback" not in err2
     assert "these credentials may not publish it" in err2 and "--dry-run" in err2
 
