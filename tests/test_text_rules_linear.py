@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import re
 import sys
+import unicodedata
 
 import pytest
 from hypothesis import given, settings
@@ -176,3 +177,78 @@ def test_no_pattern_is_compiled_for_a_marker(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(re, "_compile", no_compile)
     assert authorization.has_marker(text, own) == own[200]
     assert authorization.has_marker(text.replace("200 ", "200x"), own) is None
+
+
+def _old_visible(text: str) -> str:
+    """``text.visible`` as it was: each character judged in a Python loop."""
+    from gateway.security import text as t
+
+    if text.isascii():
+        return t._ASCII_CONTROLS.sub("", text)
+    out: list[str] = []
+    in_flag = False
+    for i, ch in enumerate(text):
+        c = ord(ch)
+        if t._TAG_FIRST <= c <= t._TAG_LAST:
+            if in_flag:
+                out.append(ch)
+                in_flag = c != t._CANCEL_TAG
+            continue
+        in_flag = c == t._BLACK_FLAG
+        if c in t._KEEP_CF:
+            out.append(ch)
+            continue
+        if c == t._ZWJ:
+            if out and i + 1 < len(text) and t._pictographic(out[-1]) and t._pictographic(text[i + 1]):
+                out.append(ch)
+            continue
+        if c in t._FILLERS:
+            continue
+        cat = unicodedata.category(ch)
+        if cat == "Cf" or (cat == "Cc" and ch not in "\t\n\r"):
+            continue
+        out.append(ch)
+    return "".join(out)
+
+
+def test_visible_drops_what_it_did_on_every_code_point() -> None:
+    """``visible``'s one-translate path (no joiner, no tag) keeps and drops every code point as the loop did."""
+    from gateway.security.text import visible
+
+    for start in range(0, sys.maxunicode + 1, 1000):
+        chunk = "é" + "".join(chr(cp) for cp in range(start, min(start + 1000, sys.maxunicode + 1))
+                              if not 0xD800 <= cp <= 0xDFFF)
+        assert visible(chunk) == _old_visible(chunk), hex(start)
+
+
+VISIBLE_ALPHABET = ["a", " ", "\n", "\t", "é", "д", "\u200b", "\u200d", "\u200e", "\u00ad", "\u3164", "\x00", "\x7f",
+                    "\U0001f468", "\U0001f3f4", "\U000e0067", "\U000e007f", "\u202e", "\ufeff", "\u2764", "\ufe0f"]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.text(alphabet=st.sampled_from(VISIBLE_ALPHABET), max_size=24))
+def test_visible_reads_joiners_and_tags_as_before(text: str) -> None:
+    from gateway.security.text import visible
+
+    assert visible(text) == _old_visible(text)
+
+
+class _EachLeafFolded(Redactor):
+    """The redactor as it was: a text that is not ASCII had each leaf folded and searched for a token."""
+
+    def _scan(self, texts, joined, spans, tags) -> None:  # type: ignore[no-untyped-def]
+        if joined.isascii():
+            return super()._scan(texts, joined, spans, tags)
+        for li, t in enumerate(texts):
+            spans[li].extend(self._token_spans(t, tags))
+        return None
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(["secret:", "s\u0435cret:", "SECRET:", "\u0455", "ecret", ":", "x", " ",
+                                          "\n", "é", "\u200b", "\U000e0073", "\U000e0065", "\u0663"]),
+                        max_size=8).map("".join), min_size=1, max_size=5))
+def test_one_fold_of_the_joined_leaves_finds_every_token(leaves: list[str]) -> None:
+    """Leaves that are not all ASCII are folded once, joined, before any is searched for a ``secret:`` token:
+    the same redactions as each leaf folded and searched."""
+    assert Redactor([])._leaves(leaves) == _EachLeafFolded([])._leaves(leaves)

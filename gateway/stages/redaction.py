@@ -144,15 +144,17 @@ class Redactor:
 
     def _scan(self, texts: list[str], joined: str, spans: list[list[tuple[int, int]]], tags: bool) -> None:
         """Add the spans of ``secret:`` tokens and configured secrets, tags read as ``tags`` says."""
-        low = fast_skeleton(joined, keep_space=True) if joined.isascii() else None
-        if low is None or "secret:" in low:
-            # All ASCII without "secret:" in the folded text: no leaf holds a token.
+        # The folded text of the leaves joined by newlines is their folded texts so joined (a character
+        # folds alone, a newline to itself): without "secret:" in it no leaf holds a token. One fold of
+        # the whole, ASCII or not (each leaf's own fold and search cost a Python call per leaf).
+        low = fast_skeleton(joined, keep_space=True, tags=tags)
+        if "secret:" in low:
             for li, t in enumerate(texts):
                 spans[li].extend(self._token_spans(t, tags))
         if not self._needles:
             return
         fast = (
-            drop_ascii_ws(low) if low is not None
+            drop_ascii_ws(low) if joined.isascii()
             else "".join(fast_skeleton(t, keep_space=False, tags=tags) for t in texts)
         )
         whole = [n for n in self._needles if n in fast]
