@@ -4,7 +4,8 @@ A disguise changes the characters of a text but not what a person reading
 the surface takes it to be: look-alike letters from several scripts
 (Cyrillic, Greek, Armenian, Cherokee, mathematical alphanumerics),
 zero-width and other format characters, soft hyphens, full-width forms,
-combining marks, case, spacing, and mixtures of them. Each leaves the seen
+combining marks, case, spacing, letters drawn as small capitals or enclosed
+or parenthesized, and mixtures of them. Each leaves the seen
 form (gateway/security/seen.py) unchanged, which ``test_seen_disguises``
 checks for every disguise of every example, so a rule that refuses a text
 must refuse each disguise of it.
@@ -15,6 +16,7 @@ their own rule (``hidden_characters``), whatever the text says.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 
 ZWSP, ZWNJ, ZWJ, WJ, BOM, SHY, CGJ, NBSP = "\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad", "\u034f", "\u00a0"
@@ -76,6 +78,19 @@ def _cherokee(s: str) -> str:
     return s.upper().translate(CHEROKEE)
 
 
+def _styled(prefix: str) -> Callable[[str], str]:
+    """Each Latin letter as the character named ``prefix`` + that letter, where Unicode has one."""
+    def style(s: str) -> str:
+        out = []
+        for c in s:
+            try:
+                out.append(unicodedata.lookup(prefix + c.upper()) if c.isascii() and c.isalpha() else c)
+            except KeyError:
+                out.append(c)
+        return "".join(out)
+    return style
+
+
 DISGUISES: dict[str, Callable[[str], str]] = {
     "Cyrillic look-alikes": lambda s: s.translate(CYRILLIC),
     "Greek look-alikes": lambda s: s.translate(GREEK),
@@ -95,6 +110,11 @@ DISGUISES: dict[str, Callable[[str], str]] = {
     "mixed: Cyrillic, zero-width, soft hyphens": lambda s: _soft_hyphens(_letters(s.translate(CYRILLIC), ZWSP)),
     "mixed: full-width upper case, combining marks": lambda s: _combining(_full_width(s.upper())),
     "mixed: Greek, word joiners, spacing": lambda s: _spacing(_letters(s.translate(GREEK), WJ)),
+    # Letters drawn in styles UTS #39 does not list (the docs-only attack of the ninth session).
+    "small capitals": _styled("LATIN LETTER SMALL CAPITAL "),
+    "negative circled letters": _styled("NEGATIVE CIRCLED LATIN CAPITAL LETTER "),
+    "negative squared letters": _styled("NEGATIVE SQUARED LATIN CAPITAL LETTER "),
+    "parenthesized letters": _styled("PARENTHESIZED LATIN SMALL LETTER "),
 }
 
 

@@ -204,8 +204,9 @@ async def test_no_disguise_reaches_any_downstream_byte(nats_server, tmp_path, nc
                     slack={"enabled": True, "api_url": slack.url, "http_port": 0,
                            "principals": {"alice": {"user": "U0ALICE"}}}), environ=SLACK_ENV):
             m = good_moment()
-            m["findings"] = [f"{n}: {DISGUISES[n](SECRET)}" for n in names[:10]]
-            m["recommendations"] = [f"{n}: {DISGUISES[n](SECRET)}" for n in names[10:]]
+            half = len(names) // 2  # each list takes at most 32 entries
+            m["findings"] = [f"{n}: {DISGUISES[n](SECRET)}" for n in names[:half]]
+            m["recommendations"] = [f"{n}: {DISGUISES[n](SECRET)}" for n in names[half:]]
             m["offer"] = f"Ask about {tags_only(SECRET)}{ZWJ} anytime{BOM}\x00."
             m["question"]["options"][1]["reasoning"] = f"Matches their request\U000e0041\U000e0042 ({ZWSP}{greek_capitals(SECRET)})."
             out = await rec.roundtrip("planner", moment_env("alice", m, reasoning=split_with_text(SECRET)))

@@ -161,6 +161,28 @@ async def test_a_disguised_forbidden_marker_is_refused(nats_server, tmp_path, nc
             assert item.envelope["kind"] == "refusal" and seen(marker) not in seen(str(item.envelope)), item.envelope
 
 
+EDGES = ["\u2014", "|", "%", "\u00d72", "\u2122", "\u00b9", "_", "\u30fc", "\u4e00"]
+
+
+async def test_a_forbidden_marker_beside_a_symbol_is_refused(nats_server, tmp_path, nc) -> None:
+    """A marker beside a dash, a bar, a symbol, a footnote mark or an underscore reads as a word and is refused,
+    though the seen form joins it to what the neighbour folds to (the em dash to a katakana mark, the bar to a
+    letter); inside a longer word it is delivered (the docs-only attack of the ninth session)."""
+    async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"workflows": WORKFLOWS}), \
+            Recorder(nc) as rec:
+        bodies = []
+        for edge in EDGES:
+            bodies.append(_auth(_narrative(f"The result may be verified{edge}the lab says.")))
+            bodies.append(_auth(_refusal(f"This is approved{edge} please wait.")))
+        delivered = [_auth(_narrative("The result may be unverified by the lab.")),
+                     _auth(_narrative("It may be reapproved|officially later."))]
+        outs = await _all(rec, [*bodies, *delivered])
+        for body, out in zip(bodies, outs, strict=False):
+            assert out.code == "forbidden_marker", (body["payload"]["envelope"], out.code, out.reason)
+        for body, out in zip(delivered, outs[len(bodies):], strict=True):
+            assert out.status == "accepted", (body["payload"]["envelope"], out.code, out.reason)
+
+
 async def test_disguised_control_plane_detail_is_withheld(nats_server, tmp_path, nc) -> None:
     """An agent refusal whose user_message names a control-plane word, in any disguise, reaches the principal
     with the gateway's own message instead (spec 001 RefusalReason)."""

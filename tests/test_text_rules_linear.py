@@ -127,41 +127,77 @@ def test_the_mark_prechecks_change_no_redaction(pieces: list[str], seps: list[st
     assert Redactor([SECRET]).text(text) == _NoPrecheck([SECRET]).text(text)
 
 
-def _old_has_marker(text: str, markers: list[str]) -> str | None:
-    t = seen(text)
+# A word character (\w) that is of no script written without spaces (those are read as none).
+WORD = "[^\\W" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in authorization._UNSPACED) + "]"
+
+
+def _marker_rule(text: str, markers: list[str]) -> str | None:
+    """The marker rule written as patterns (one per marker, as it was judged until the ninth session): a
+    word-character edge of the marker meets no word character in the seen form of the text, or, for a
+    marker of letters, digits and spaces, in the seen form of the text's reader words."""
+    t, tw = seen(text), seen(authorization._reader_words(text))
     for m in markers:
-        m2 = seen(m)
-        if m2 and re.search(r"(?<!\w)" + re.escape(m2) + r"(?!\w)", t):
+        s = seen(m)
+        if not s:
+            continue
+        plain = seen(authorization._reader_words(m)) == s
+        pattern = ((f"(?<!{WORD})" if re.match(WORD, s[0]) else "") + re.escape(s)
+                   + (f"(?!{WORD})" if re.match(WORD, s[-1]) else ""))
+        if re.search(pattern, t) or (plain and re.search(pattern, tw)):
             return m
     return None
 
 
-MARKER_ALPHABET = [*"ab _-.'1,!x", "\u00e9", "\u0430", "\u200b", "\u03a9", "\u0663", "\ufdfa", "\u00ad", "\n"]
+MARKER_ALPHABET = [*"ab _-.'1,!x|%", "\u00e9", "\u0430", "\u200b", "\u03a9", "\u0663", "\ufdfa", "\u00ad", "\n",
+                   "\u2014", "\u2122", "\u00b9", "\u1d20", "\u4e00", "\u30fc"]
 
 
 @settings(max_examples=3000, deadline=None)
 @given(st.text(alphabet=st.sampled_from(MARKER_ALPHABET), max_size=16),
        st.lists(st.text(alphabet=st.sampled_from(MARKER_ALPHABET), max_size=5), min_size=1, max_size=4))
-def test_a_forbidden_marker_is_found_as_before(text: str, markers: list[str]) -> None:
-    """The same marker found (the first, in order) or none, as the pattern per marker found it."""
-    assert authorization.has_marker(text, markers) == _old_has_marker(text, markers)
+def test_a_forbidden_marker_is_found_as_the_patterns_find_it(text: str, markers: list[str]) -> None:
+    """The same marker found (the first, in order) or none, as a pattern per marker finds it."""
+    assert authorization.has_marker(text, markers) == _marker_rule(text, markers)
 
 
-def test_the_marker_rule_reads_word_characters_as_the_pattern_did() -> None:
-    """``Markers`` reads a word character as ``str.isalnum()`` or ``_``: ``\\w``, on every code point."""
+def test_the_marker_rule_reads_word_characters_as_the_pattern_does() -> None:
+    """``Markers`` reads a word character as ``str.isalnum()`` or ``_``: ``\\w``, on every code point (but
+    those of scripts written without spaces, which it reads as none)."""
     word = re.compile(r"\w")
     differ = [cp for cp in range(sys.maxunicode + 1)
-              if (chr(cp).isalnum() or cp == 95) != bool(word.match(chr(cp)))]
-    assert differ == []
+              if authorization._word_char(chr(cp)) != bool(word.match(chr(cp)))]
+    assert differ and all(any(lo <= cp <= hi for lo, hi in authorization._UNSPACED) for cp in differ)
 
 
 def test_a_marker_at_either_end_and_beside_any_character() -> None:
-    """A marker between every pair of ASCII characters: found exactly where the pattern found it."""
+    """A marker between every pair of ASCII characters: found exactly where the patterns find it."""
     for a in map(chr, range(1, 128)):
-        for b in ("", " ", "x", "_", ".", a):
-            for marker in ("verified", "-ok-", "a b"):
+        for b in ("", " ", "x", "_", ".", "|", a):
+            for marker in ("verified", "-ok-", "a b", "!!!"):
                 text = f"{a}{marker}{b}"
-                assert authorization.has_marker(text, [marker]) == _old_has_marker(text, [marker]), (text, marker)
+                assert authorization.has_marker(text, [marker]) == _marker_rule(text, [marker]), (text, marker)
+
+
+def test_what_a_reader_takes_for_a_words_edge() -> None:
+    """A marker next to a dash, a bar, a symbol, a footnote mark or an underscore reads as a word, and so does
+    one drawn in small capitals or enclosed letters; inside a longer word it does not. A marker in a script
+    written without spaces is found wherever it stands (the docs-only attack of the ninth session)."""
+    markers = ["verified", "approved", "clinically tested"]
+    for text in ("It may be verified\u2014nothing more.", "Status: verified|approved.", "It may be verified%.",
+                 "It may be verified\u00d72.", "It may be verified\u2122.", "It may be verified\u00b9.",
+                 "It may be _verified_.", "It may be \u30fcverified\u30fc now.", "It may be \u4e00verified\u4e00.",
+                 "It may be \u1d20\u1d07\u0280\u026a\ua730\u026a\u1d07\u1d05.",
+                 "It may be \U0001f165\U0001f154\U0001f161\U0001f158\U0001f155\U0001f158\U0001f154\U0001f153.",
+                 "It may be \u24b1\u24a0\u24ad\u24a4\u24a1\u24a4\u24a0\u249f.", "It is clinically\u2014tested."):
+        assert authorization.has_marker(text, markers) is not None, text
+    for text in ("It may be unverified.", "It may be reapproved.", "It is officially so.", "It may be modern."):
+        assert authorization.has_marker(text, markers) is None, text
+    assert authorization.has_marker("It may be true: \u3053\u308c\u306f\u8a8d\u8a3c\u6e08\u307f\u3067\u3059\u3002",
+                                    ["\u8a8d\u8a3c\u6e08\u307f"])
+    assert authorization.has_marker("\u0e1c\u0e25\u0e19\u0e35\u0e49\u0e44\u0e14\u0e49\u0e23\u0e31\u0e1a\u0e01\u0e32\u0e23"
+                                    "\u0e23\u0e31\u0e1a\u0e23\u0e2d\u0e07\u0e41\u0e25\u0e49\u0e27", ["\u0e23\u0e31\u0e1a\u0e23\u0e2d\u0e07"])
+    assert authorization.has_marker("It may be: \u0645\u0640\u0648\u062b\u0640\u0642 now.", ["\u0645\u0648\u062b\u0642"])  # tatweel
+    assert authorization.has_marker("It may be safe!!!", ["!!!"]) == "!!!"
 
 
 def test_no_pattern_is_compiled_for_a_marker(monkeypatch: pytest.MonkeyPatch) -> None:

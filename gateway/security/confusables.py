@@ -103,14 +103,36 @@ def _skel_compat(s: str, proto: dict[str, str]) -> str:
 CHARS_KEPT = 16_384
 
 
+# Letters drawn in another style that UTS #39 does not list and compatibility forms leave as they
+# are (or wrap): each is read as its Latin letter ("ᴠᴇʀɪꜰɪᴇᴅ", "🅥🅔🅡🅘🅕🅘🅔🅓", "⒱⒠⒭⒤⒡⒤⒠⒟" read "verified").
+# By the character's name: the prefix and then one letter.
+_LETTER_STYLES = ("LATIN LETTER SMALL CAPITAL ", "NEGATIVE CIRCLED LATIN CAPITAL LETTER ",
+                  "NEGATIVE SQUARED LATIN CAPITAL LETTER ", "PARENTHESIZED LATIN SMALL LETTER ")
+TATWEEL = "\u0640"  # Arabic's elongation stroke: it lengthens a word as drawn and is no letter of it
+
+
+def _styled_letter(ch: str) -> str | None:
+    name = unicodedata.name(ch, "")
+    for prefix in _LETTER_STYLES:
+        if name.startswith(prefix) and len(name) == len(prefix) + 1:
+            return name[-1].lower()
+    return None
+
+
 @lru_cache(maxsize=CHARS_KEPT)
 def fold_char(ch: str) -> str:
     """The fold of one visible character (invisible ones are the caller's business).
 
     Two orders are tried, the UTS #39 mapping first and compatibility first;
     where they differ the one that lands on ASCII wins, since the secrets to
-    protect, and so the characters a disguise imitates, are ASCII.
+    protect, and so the characters a disguise imitates, are ASCII. A letter drawn
+    in a style neither knows (:data:`_LETTER_STYLES`) folds as its Latin letter, and
+    a tatweel to nothing.
     """
+    if ch == TATWEEL:
+        return ""
+    if not ch.isascii() and (letter := _styled_letter(ch)) is not None:
+        return fold_char(letter)
     proto = prototypes()
     out = _skel(_skel(ch, proto).casefold(), proto).casefold()
     if not out.isascii():

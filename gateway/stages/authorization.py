@@ -279,45 +279,98 @@ _DIRECTIVE = re.compile(
 )
 
 
-# A marker is found as whole words: where it begins no word character (``\w``: ``str.isalnum()`` or
-# ``_``) comes before it, where it ends none after it (``(?<!\w)marker(?!\w)``). That is judged without
-# compiling a pattern per marker (an agent's own 256 markers of up to 200 characters were 256 patterns
-# compiled per envelope, 0.5 s at their longest fold): :func:`_bounded` writes every character that is
-# no word character as _END, itself, _START, and the text between a _START and an _END. Then ``m`` is
-# in ``t`` as whole words exactly when ``_bounded(m)`` is a substring of ``_bounded(t)``: inside the
-# marker both read alike, as each mark depends only on the character beside it; ``_bounded(m)`` begins
-# with _START, which ``_bounded(t)`` has before the marker's first character only where ``t`` begins or
-# a character that is no word character comes before it, and ends with _END, which it has after the
-# marker's last only where ``t`` ends or such a character follows. Neither mark is in a seen form
-# (seen() drops every control character), so they meet only each other.
+# A marker is found as whole words: where it begins with a word character (``\w``: ``str.isalnum()`` or
+# ``_``) no word character comes before it, where it ends with one none comes after it (a marker that
+# begins or ends otherwise, "!!!", is found after or before anything). That is judged without compiling a
+# pattern per marker (an agent's own 256 markers of up to 200 characters were 256 patterns compiled per
+# envelope, 0.5 s at their longest fold): :func:`_bounded` writes every character that is no word
+# character as _END, itself, _START, and the text between a _START and an _END. Then ``m`` is in ``t`` as
+# whole words exactly when ``_marker_form(m)`` is a substring of ``_bounded(t)``: inside the marker both
+# read alike, as each mark depends only on the character beside it; a marker beginning with a word
+# character begins with _START, which ``_bounded(t)`` has before it only where ``t`` begins or a character
+# that is no word character comes before it, and one ending with a word character ends with _END, which
+# follows it only where ``t`` ends or such a character follows. Neither mark is in a seen form (seen()
+# drops every control character), so they meet only each other.
+#
+# Scripts written without spaces between words (Han, kana, Thai, Lao, Khmer, Myanmar) have no word
+# boundary to find: their characters are read as no word characters here, so a marker in them is found
+# wherever it stands, and a Latin marker in their text ("これはverifiedです") stands as a word.
 _START, _END = "\x00", "\x01"
-_BOUNDED = CharTable(lambda ch: ch if ch.isalnum() or ch == "_" else f"{_END}{ch}{_START}")
+_UNSPACED = ((0x0E00, 0x0EFF), (0x1000, 0x109F), (0x1780, 0x17FF), (0x3040, 0x30FF), (0x31F0, 0x31FF),
+             (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0xFF66, 0xFF9F), (0x20000, 0x3134F))
+
+
+def _word_char(ch: str) -> bool:
+    cp = ord(ch)
+    return (ch.isalnum() or ch == "_") and not any(lo <= cp <= hi for lo, hi in _UNSPACED)
+
+
+_BOUNDED = CharTable(lambda ch: ch if _word_char(ch) else f"{_END}{ch}{_START}")
 
 
 def _bounded(seen_text: str) -> str:
     return f"{_START}{seen_text.translate(_BOUNDED)}{_END}"
 
 
+def _marker_form(seen_marker: str) -> str:
+    """``_bounded(seen_marker)`` without the marks its edges need not meet (an edge that is no word character)."""
+    b = seen_marker.translate(_BOUNDED)
+    return (_START if _word_char(seen_marker[0]) else "") + b + (_END if _word_char(seen_marker[-1]) else "")
+
+
+# What a reader takes for a word's edge is a character that is not a letter or a digit, whatever it folds
+# to: "verified—nothing", "verified|approved", "verified™", "_verified_" read "verified" as a word, while
+# their seen forms join it to a letter (the em dash folds to a katakana mark, the bar to "l", the trade
+# mark to "tm") or to ``_``. So each marker of letters, digits and spaces is also looked for in the seen
+# form of the text with every other visible character written as a space (:func:`_reader_words`).
+_READER_BYTES = bytes(c if chr(c).isalnum() or chr(c).isspace() or c < 0x20 or c >= 0x7F else 0x20 for c in range(256))
+
+
+def _reader_char(ch: str) -> str:
+    cat = unicodedata.category(ch)
+    return ch if cat[0] in "LMC" or cat == "Nd" or ch.isspace() else " "  # controls and formats: seen() drops them
+
+
+_READER = CharTable(_reader_char)
+
+
+def _reader_words(text: str) -> str:
+    if text.isascii():
+        return text.encode().translate(_READER_BYTES).decode()
+    return text.translate(_READER)
+
+
 class Markers:
     """Forbidden markers folded once, judged against many texts (every string of an envelope)."""
 
     def __init__(self, markers: list[str]) -> None:
-        self._forms = [(m, s) for m in markers if (s := seen(m))]
-        self._bounded: dict[str, str] = {}
+        # (marker, its seen form, whether it is all letters, digits and spaces: looked for in reader words too)
+        self._forms = [(m, s, seen(_reader_words(m)) == s) for m in markers if (s := seen(m))]
+        self._marker_forms: dict[str, str] = {}
+
+    def _form(self, s: str) -> str:
+        f = self._marker_forms.get(s)
+        if f is None:
+            f = self._marker_forms[s] = _marker_form(s)
+        return f
 
     def first_in(self, text: str) -> str | None:
         """The first marker (in the given order) ``text`` carries, matched as whole words in the seen
-        form of both (gateway/security/seen.py): "v\u0435r\u0456fied" (Cyrillic ie and i) reads "verified"."""
+        form of both (gateway/security/seen.py): "v\u0435r\u0456fied" (Cyrillic ie and i) reads "verified";
+        or, for a marker of letters, digits and spaces, in the seen form of the text's reader words:
+        "verified\u2014nothing" reads "verified"."""
         t = seen(text)
-        present = [(m, s) for m, s in self._forms if s in t]  # a substring search each: most texts end here
+        words = _reader_words(text)
+        tw = t if words == text else seen(words)
+        # A substring search each: most texts end here.
+        present = [(m, s, plain) for m, s, plain in self._forms if s in t or (plain and s in tw)]
         if not present:
             return None
         bt = _bounded(t)
-        for m, s in present:
-            b = self._bounded.get(s)
-            if b is None:
-                b = self._bounded[s] = _bounded(s)
-            if b in bt:
+        btw = bt if tw == t else _bounded(tw)
+        for m, s, plain in present:
+            f = self._form(s)
+            if f in bt or (plain and f in btw):
                 return m
         return None
 
