@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from gateway.security.confusables import CHARS_KEPT
+from gateway.security.skeleton import CharTable
 
 _BIDI_CONTROLS = {
     0x202A: "LEFT-TO-RIGHT EMBEDDING",
@@ -90,18 +90,7 @@ def _visible_char(ch: str) -> str:
     return "" if cat == "Cf" or (cat == "Cc" and ch not in "\t\n\r") else ch
 
 
-class _VisibleTable(dict[int, str]):
-    """:func:`_visible_char` as a ``str.translate`` table, filled as characters are met (at most
-    ``CHARS_KEPT`` of them; others are judged each time)."""
-
-    def __missing__(self, cp: int) -> str:
-        f = _visible_char(chr(cp))
-        if len(self) < CHARS_KEPT:
-            self[cp] = f
-        return f
-
-
-_VISIBLE = _VisibleTable()
+_VISIBLE = CharTable(_visible_char)  # each character met (up to CHARS_KEPT), as visible() keeps it alone
 _IN_CONTEXT = re.compile("[\u200d\U000e0000-\U000e007f]")  # a ZWJ or a tag: kept or dropped by its neighbours
 
 
