@@ -161,7 +161,9 @@ async def test_a_disguised_forbidden_marker_is_refused(nats_server, tmp_path, nc
             assert item.envelope["kind"] == "refusal" and seen(marker) not in seen(str(item.envelope)), item.envelope
 
 
-EDGES = ["\u2014", "|", "%", "\u00d72", "\u2122", "\u00b9", "_", "\u30fc", "\u4e00"]
+EDGES = ["\u2014", "|", "%", "\u00d72", "\u2122", "\u00b9", "_", "\u30fc", "\u4e00",
+         # the second attack: a raised T M, a click and a Greek iota drawn as bars, a low line, a tatweel
+         "\u1d40\u1d39", "\u01c0", "\u03b9", "\u0332", "\u0640"]
 
 
 async def test_a_forbidden_marker_beside_a_symbol_is_refused(nats_server, tmp_path, nc) -> None:
@@ -174,6 +176,12 @@ async def test_a_forbidden_marker_beside_a_symbol_is_refused(nats_server, tmp_pa
         for edge in EDGES:
             bodies.append(_auth(_narrative(f"The result may be verified{edge}the lab says.")))
             bodies.append(_auth(_refusal(f"This is approved{edge} please wait.")))
+        # An agent's own marker in Cyrillic, sent in capitals and after a Latin word.
+        own = "\u043f\u0440\u043e\u0432\u0435\u0440\u0435\u043d\u043e"
+        for text in ("It may be: \u041f\u0420\u041e\u0412\u0415\u0420\u0415\u041d\u041e.", f"It may be ok{own}."):
+            narrative = _narrative(text)
+            narrative["policy"]["forbidden_markers"] = [own]
+            bodies.append(_auth(narrative))
         delivered = [_auth(_narrative("The result may be unverified by the lab.")),
                      _auth(_narrative("It may be reapproved|officially later."))]
         outs = await _all(rec, [*bodies, *delivered])

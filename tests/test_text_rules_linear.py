@@ -134,22 +134,28 @@ WORD = "[^\\W" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in authorization._UNS
 def _marker_rule(text: str, markers: list[str]) -> str | None:
     """The marker rule written as patterns (one per marker, as it was judged until the ninth session): a
     word-character edge of the marker meets no word character in the seen form of the text, or, for a
-    marker of letters, digits and spaces, in the seen form of the text's reader words."""
-    t, tw = seen(text), seen(authorization._reader_words(text))
+    marker of letters, digits and spaces of one script, case folded, in the seen form of the text's
+    reader words (``authorization._reader_words``, tested on its own below)."""
+    t, tw = seen(text), seen(authorization._reader_words(text).casefold())
     for m in markers:
         s = seen(m)
         if not s:
             continue
-        plain = seen(authorization._reader_words(m)) == s
-        pattern = ((f"(?<!{WORD})" if re.match(WORD, s[0]) else "") + re.escape(s)
-                   + (f"(?!{WORD})" if re.match(WORD, s[-1]) else ""))
-        if re.search(pattern, t) or (plain and re.search(pattern, tw)):
+        if re.search(_whole(s), t):
+            return m
+        r = seen(m.casefold()) if authorization._reader_words(m) == m else ""
+        if r and re.search(_whole(r), tw):
             return m
     return None
 
 
+def _whole(s: str) -> str:
+    return (f"(?<!{WORD})" if re.match(WORD, s[0]) else "") + re.escape(s) + (f"(?!{WORD})" if re.match(WORD, s[-1]) else "")
+
+
 MARKER_ALPHABET = [*"ab _-.'1,!x|%", "\u00e9", "\u0430", "\u200b", "\u03a9", "\u0663", "\ufdfa", "\u00ad", "\n",
-                   "\u2014", "\u2122", "\u00b9", "\u1d20", "\u4e00", "\u30fc"]
+                   "\u2014", "\u2122", "\u00b9", "\u1d20", "\u4e00", "\u30fc",
+                   "\u0411", "\u0431", "\u1d40", "\u01c0", "\u0332", "\u0640", "\u20dd", "\u03b9"]
 
 
 @settings(max_examples=3000, deadline=None)
@@ -158,6 +164,26 @@ MARKER_ALPHABET = [*"ab _-.'1,!x|%", "\u00e9", "\u0430", "\u200b", "\u03a9", "\u
 def test_a_forbidden_marker_is_found_as_the_patterns_find_it(text: str, markers: list[str]) -> None:
     """The same marker found (the first, in order) or none, as a pattern per marker finds it."""
     assert authorization.has_marker(text, markers) == _marker_rule(text, markers)
+
+
+def test_reader_words_end_where_a_reader_ends_a_word() -> None:
+    """What ``_reader_words`` writes as a space, by class, on every code point: a character a reader takes for a
+    word's edge (no letter or digit, a raised or lowered letter, a click, a line-drawing or enclosing mark), and
+    nothing else; a script change between two letters is a space too."""
+    for cp in range(sys.maxunicode + 1):
+        ch = chr(cp)
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        cat = unicodedata.category(ch)
+        letter = cat[0] == "L" and cat != "Lm" and not 0x01C0 <= cp <= 0x01C3 \
+            and not unicodedata.decomposition(ch).startswith(("<super>", "<sub>"))
+        kept = (ch.isspace() or cat[0] == "C" or cat == "Nd" or letter
+                or (cat[0] == "M" and cat != "Me" and cp not in authorization._LINE_MARKS))
+        assert (authorization._reader_words(f"a{ch}") == f"a{ch}") == (kept and (
+            (not letter and cat != "Nd") or authorization._script_code(ch) == authorization._script_code("a")
+            or (cat == "Nd" and unicodedata.normalize("NFKC", ch).isascii()))) or ch.isspace(), hex(cp)
+    assert authorization._reader_words("verified\u043f\u0440\u0430\u0432\u0434\u0430 x") == "verified \u043f\u0440\u0430\u0432\u0434\u0430 x"
+    assert authorization._reader_words("e\u0301\u043f") == "e\u0301 \u043f"  # the mark stays with its letter
 
 
 def test_the_marker_rule_reads_word_characters_as_the_pattern_does() -> None:
@@ -190,8 +216,23 @@ def test_what_a_reader_takes_for_a_words_edge() -> None:
                  "It may be \U0001f165\U0001f154\U0001f161\U0001f158\U0001f155\U0001f158\U0001f154\U0001f153.",
                  "It may be \u24b1\u24a0\u24ad\u24a4\u24a1\u24a4\u24a0\u249f.", "It is clinically\u2014tested."):
         assert authorization.has_marker(text, markers) is not None, text
-    for text in ("It may be unverified.", "It may be reapproved.", "It is officially so.", "It may be modern."):
+    # The second docs-only attack: raised letters, bars and dashes that are letters of another script or
+    # clicks, line-drawing and enclosing marks, a tatweel between words, a change of script.
+    for text in ("It may be verified\u1d40\u1d39.", "It may be verified\u00aa.", "verified\u01c0approved",
+                 "verified\u0399x", "verified\u04c0x", "verified\u3127nothing", "official\u0640verified",
+                 "official\u0332verified", "official\u0361verified", "verifiedA\u20dd", "verified\u043f\u0440\u0430\u0432\u0434\u0430",
+                 "verified\u05d0\u05de\u05ea", "\u0432\u0435\u0440\u0438\u0444\u0438\u0446\u0438\u0440\u043e\u0432\u0430\u043dverified"):
+        assert authorization.has_marker(text, markers) is not None, text
+    for text in ("It may be unverified.", "It may be reapproved.", "It is officially so.", "It may be modern.",
+                 "caf\u00e9verified", "cafe\u0301verified"):
         assert authorization.has_marker(text, markers) is None, text
+    # Case is folded for every script: a Cyrillic or Greek marker in capitals, or at a sentence's start.
+    own = ["\u043f\u0440\u043e\u0432\u0435\u0440\u0435\u043d\u043e", "\u03b5\u03c0\u03af\u03c3\u03b7\u03bc\u03bf"]
+    for text in ("It may be: \u041f\u0420\u041e\u0412\u0415\u0420\u0415\u041d\u041e.", "\u0395\u03c0\u03af\u03c3\u03b7\u03bc\u03bf.",
+                 "\u0395\u03a0\u0399\u03a3\u0397\u039c\u039f"):
+        assert authorization.has_marker(text, own) is not None, text
+    assert authorization.has_marker("\u044d\u0442\u043e \u043f\u0440\u043e\u0432\u0435\u0440\u0435\u043d\u043e",
+                                    ["\u041f\u0420\u041e\u0412\u0415\u0420\u0415\u041d\u041e"])
     assert authorization.has_marker("It may be true: \u3053\u308c\u306f\u8a8d\u8a3c\u6e08\u307f\u3067\u3059\u3002",
                                     ["\u8a8d\u8a3c\u6e08\u307f"])
     assert authorization.has_marker("\u0e1c\u0e25\u0e19\u0e35\u0e49\u0e44\u0e14\u0e49\u0e23\u0e31\u0e1a\u0e01\u0e32\u0e23"

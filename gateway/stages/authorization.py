@@ -321,31 +321,88 @@ def _marker_form(seen_marker: str) -> str:
 # What a reader takes for a word's edge is a character that is not a letter or a digit, whatever it folds
 # to: "verified—nothing", "verified|approved", "verified™", "_verified_" read "verified" as a word, while
 # their seen forms join it to a letter (the em dash folds to a katakana mark, the bar to "l", the trade
-# mark to "tm") or to ``_``. So each marker of letters, digits and spaces is also looked for in the seen
-# form of the text with every other visible character written as a space (:func:`_reader_words`).
+# mark to "tm") or to ``_``. So each marker of letters, digits and spaces is also looked for in the text's
+# reader words (:func:`_reader_words`), case folded, then in their seen form. There a word also ends:
+# - at a letter drawn raised or lowered (a modifier letter, a superscript or subscript: "verified" then
+#   U+1D40 U+1D39 for a trade mark), a click letter drawn as a bar (U+01C0), a tatweel between two words;
+# - at a combining mark that draws a line under, through or between letters ("official\u0332verified"),
+#   and at a character an enclosing mark encloses ("verifiedA\u20dd");
+# - where the script changes from one letter to the next ("verified" then a Cyrillic word, or a Greek iota
+#   drawn as a bar). A disguise mixing scripts inside the marker ("verified" with a Cyrillic ie) is read by
+#   the seen form of the text as written (above).
+# Case is folded first: the seen form folds each letter to its look-alike prototype, and a capital's (the
+# Cyrillic capital ve, like "B") need not be its small letter's, so a Cyrillic word in capitals read as
+# another word than in small letters.
 _READER_BYTES = bytes(c if chr(c).isalnum() or chr(c).isspace() or c < 0x20 or c >= 0x7F else 0x20 for c in range(256))
+_LINE_MARKS = frozenset([0x0332, 0x0333, *range(0x0335, 0x0339), *range(0x035C, 0x0363)])
+_ENCLOSING = "\u0488\u0489\u1abe\u20dd-\u20e0\u20e2-\u20e4\ua670-\ua672"
+_ENCLOSED = re.compile(f".?[{_ENCLOSING}]")
+_SCRIPTS: dict[str, str] = {}  # a script's name (its letters' first name word) -> its code, a private-use character
 
 
-def _reader_char(ch: str) -> str:
+def _script_code(ch: str) -> str:
+    base = unicodedata.normalize("NFKC", ch)[:1] or ch  # full-width and mathematical letters: their script's
+    words = unicodedata.name(base, "?").replace("-", " ").split()
+    name = words[1] if words[0] == "EXTENDED" and len(words) > 1 else words[0]
+    code = _SCRIPTS.get(name)
+    if code is None:
+        code = chr(0xE000 + len(_SCRIPTS) % 0x1900)
+        if len(_SCRIPTS) < 0x1900:
+            _SCRIPTS[name] = code
+    return code
+
+
+def _reader_class(ch: str) -> str:
+    """A space for what ends a word, ``"\x00"`` for what seen() drops (controls, formats, marks), ``"0"`` for a
+    digit any script writes, else the code of the letter's (or digit's) script."""
+    cp = ord(ch)
+    if ch.isspace():
+        return " "
     cat = unicodedata.category(ch)
-    return ch if cat[0] in "LMC" or cat == "Nd" or ch.isspace() else " "  # controls and formats: seen() drops them
+    if cat[0] == "C":
+        return "\x00"
+    if cat[0] == "M":
+        return " " if cp in _LINE_MARKS or cat == "Me" else "\x00"
+    if cat == "Nd":
+        return "0" if unicodedata.normalize("NFKC", ch).isascii() else _script_code(ch)
+    if cat[0] == "L" and cat != "Lm" and not 0x01C0 <= cp <= 0x01C3 \
+            and not unicodedata.decomposition(ch).startswith(("<super>", "<sub>")):
+        return _script_code(ch)
+    return " "
 
 
-_READER = CharTable(_reader_char)
+_CLASS = CharTable(_reader_class)
+_AS_READ = CharTable(lambda ch: " " if _reader_class(ch) == " " else ch)
+# A letter's script code, then any marks, then a letter of another script: a word ends there.
+_SCRIPT_CHANGE = re.compile("([\ue000-\uf8ff])\x00*(?!\\1)(?=[\ue000-\uf8ff])")
 
 
 def _reader_words(text: str) -> str:
+    """``text`` with every character that ends a word for a reader written as a space, and a space where the
+    script changes between two letters (the comment above)."""
     if text.isascii():
         return text.encode().translate(_READER_BYTES).decode()
-    return text.translate(_READER)
+    if _ENCLOSED.search(text) is not None:
+        text = _ENCLOSED.sub(" ", text)
+    words = text.translate(_AS_READ)
+    cuts = [m.end() for m in _SCRIPT_CHANGE.finditer(text.translate(_CLASS))]
+    if not cuts:
+        return words
+    return " ".join(words[a:b] for a, b in zip([0, *cuts], [*cuts, len(words)], strict=True))
+
+
+def _read_form(text: str) -> str:
+    """The seen form of ``text``'s reader words, case folded first."""
+    return seen(_reader_words(text).casefold())
 
 
 class Markers:
     """Forbidden markers folded once, judged against many texts (every string of an envelope)."""
 
     def __init__(self, markers: list[str]) -> None:
-        # (marker, its seen form, whether it is all letters, digits and spaces: looked for in reader words too)
-        self._forms = [(m, s, seen(_reader_words(m)) == s) for m in markers if (s := seen(m))]
+        # (marker, its seen form, for a marker of letters, digits and spaces of one script the seen form of
+        # its reader words, else None)
+        self._forms = [(m, s, _read_form(m) if _reader_words(m) == m else None) for m in markers if (s := seen(m))]
         self._marker_forms: dict[str, str] = {}
 
     def _form(self, s: str) -> str:
@@ -360,17 +417,15 @@ class Markers:
         or, for a marker of letters, digits and spaces, in the seen form of the text's reader words:
         "verified\u2014nothing" reads "verified"."""
         t = seen(text)
-        words = _reader_words(text)
-        tw = t if words == text else seen(words)
+        tw = _read_form(text)
         # A substring search each: most texts end here.
-        present = [(m, s, plain) for m, s, plain in self._forms if s in t or (plain and s in tw)]
+        present = [(m, s, r) for m, s, r in self._forms if s in t or (r and r in tw)]
         if not present:
             return None
         bt = _bounded(t)
         btw = bt if tw == t else _bounded(tw)
-        for m, s, plain in present:
-            f = self._form(s)
-            if f in bt or (plain and f in btw):
+        for m, s, r in present:
+            if (s in t and self._form(s) in bt) or (r and r in tw and self._form(r) in btw):
                 return m
         return None
 
