@@ -303,11 +303,17 @@ def test_bytes_plainly_clean_passes_a_plain_moment_and_reads_every_disguise() ->
     plain = msgspec.json.encode(moment_env("alice", good_moment()))
     assert red.bytes_plainly_clean(plain)
     assert red.bytes_plainly_clean(b'{"a": "line\\nbreak\\ttab \\"quoted\\" back\\\\slash"}')
+    # Not ASCII: judged by two translates of the text (a reader sees every character, no token in its fold).
+    assert red.bytes_plainly_clean('{"a": "caf\u00e9 \u0434\u043e\u0436\u0434\u044c"}'.encode())
     for body in (
         b'{"a": "SECRET:abcdefgh"}',  # a token, any case
         b'{"a": "\\u0073ecret:abcdefgh"}',  # a letter escaped
         b'{"a": "\\uff53ecret:abcdefgh"}',  # a full-width letter escaped
-        b'{"a": "caf\xc3\xa9"}',  # not ASCII
+        '{"a": "caf\u00e9 \uff53ecret:abcdefgh"}'.encode(),  # a full-width letter, not escaped
+        '{"a": "caf\u00e9 \u0455ecret:abcdefgh"}'.encode(),  # a Cyrillic look-alike
+        '{"a": "caf\u00e9\u00a0x"}'.encode(),  # a no-break space (marked for approval)
+        '{"a": "caf\u00e9\u200bx"}'.encode(),  # a zero-width space (dropped)
+        b'{"a": "caf\xc3"}',  # not UTF-8
         b'{"a": "bell\x07here"}',  # a raw control character (not JSON: read as text)
         b'{"a": "del\x7fhere"}',
         b'{"a": "back\\bspace"}',  # an escaped control character

@@ -141,6 +141,15 @@ def _unseen(ch: str) -> bool:
             or 0xFE00 <= c <= 0xFE0F or 0xE0100 <= c <= 0xE01EF)
 
 
+_SEEN_ONLY = CharTable(lambda ch: "" if _unseen(ch) else ch)  # each character met (up to CHARS_KEPT)
+
+
+def all_seen(text: str) -> bool:
+    """``text`` holds no character a reader cannot see: :func:`marked` marks none and :func:`visible` drops
+    none (what it drops, a reader cannot see). One ``str.translate``."""
+    return len(text.translate(_SEEN_ONLY)) == len(text)
+
+
 def marked(text: str) -> str:
     """``text`` with every character a reader could not see written as ``⟦U+XXXX⟧`` where it stands.
 

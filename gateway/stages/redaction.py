@@ -67,7 +67,7 @@ from gateway.security.skeleton import (
     secret_skeleton,
     skeleton,
 )
-from gateway.security.text import ASCII_CONTROL_BYTES, may_hide, visible
+from gateway.security.text import ASCII_CONTROL_BYTES, all_seen, may_hide, visible
 from gateway.stages.base import Ctx, Refuse
 from pgwcore.logs import get_logger
 from subjects.wire import Detail
@@ -85,6 +85,22 @@ _MAX_TOKENS = 32  # pieces of one run broken by white space (a 76-column wrap of
 def _number(x: float) -> str:
     """A JSON number's text, as a leaf to judge (``msgspec`` writes it as it is sent)."""
     return msgspec.json.encode(x).decode()
+
+
+def _clean_text_json(blob: bytes) -> bool:
+    """``Redactor._clean_json`` for JSON text that is not ASCII, exact in the same direction: with no escape
+    but the plain ones (no ``\\u``, ``\\b``, ``\\f``), every string of it stands in the text as written, so
+    no character a reader cannot see in the whole text (:func:`all_seen`) is none in any string, and no
+    ``secret:`` in the fold of the whole text is none in the fold of any string (a character folds alone).
+    Two translates of the text instead of a walk of every string (about 1 us a character, issue 48's
+    hostile-input work)."""
+    if b"\\u" in blob or b"\\b" in blob or b"\\f" in blob:
+        return False
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all_seen(text) and "secret:" not in fast_skeleton(text, keep_space=True)
 
 
 class Redactor:
@@ -273,7 +289,9 @@ class Redactor:
         # ("sec\\bret:"), so take the walk: JSON writes most as b"\\u00..", backspace and
         # form feed as b"\\b" / b"\\f", and DEL (0x7f) as itself. (b"\\" first: one
         # memchr proves the longer searches unneeded for most bodies.)
-        if not blob.isascii() or b"secret:" in blob.lower() or b"\x7f" in blob:
+        if not blob.isascii():
+            return _clean_text_json(blob)
+        if b"secret:" in blob.lower() or b"\x7f" in blob:
             return False
         return b"\\" not in blob or (b"\\u00" not in blob and b"\\b" not in blob and b"\\f" not in blob)
 
