@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from nats.js.errors import APIError
 
+from gateway.stages.redaction import json_unescaped
 from pgwcore.logs import get_logger
 from pgwcore.streams import (
     DAY,
@@ -64,16 +65,27 @@ def redacted_turn(red: Any, body: bytes) -> bytes | None:
     try:
         value = msgspec.json.decode(body)
     except (msgspec.DecodeError, RecursionError):
-        text = body.decode("utf-8", "replace")
-        out = red.text(text)
-        return None if out == text else out.encode()
+        return _redacted_text(red, body)
     try:
         graph = red.graph(value)
     except RecursionError:  # deeper than redaction walks (the shape stage refuses it): judged whole, as text
-        text = body.decode("utf-8", "replace")
-        out = red.text(text)
-        return None if out == text else out.encode()
+        return _redacted_text(red, body)
     return None if graph == value else msgspec.json.encode(graph)
+
+
+def _redacted_text(red: Any, body: bytes) -> bytes | None:
+    """A body no parser read (not JSON, or JSON deeper than they go), judged whole as text and as the JSON
+    text it may be, its escapes read: the redacted text, or None when neither reading holds anything to
+    redact. Where the escapes hide a secret ("\\u0073ecret:"), what is kept is the text with them read."""
+    text = body.decode("utf-8", "replace")
+    out = red.text(text)
+    if out != text:
+        return out.encode()
+    read = json_unescaped(text)
+    if read == text:
+        return None
+    out = red.text(read)
+    return None if out == read else out.encode("utf-8", "replace")
 
 
 def _as_read(body: bytes) -> bytes:

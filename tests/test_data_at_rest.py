@@ -662,3 +662,36 @@ async def test_with_no_configured_secret_a_clean_turn_stays_and_each_form_the_sc
             assert sorted(c.subject.rsplit(".", 1)[-1] for c in copies) == ["2", "3", "4"]
             assert all(TOKEN_BODY.encode() not in c.data for c in copies)
     await gone_after_restart(nats_server, tmp_path, logs, (TOKEN_BODY,))
+
+
+async def test_an_escaped_token_in_a_body_no_parser_reads_is_erased_and_text_not_ascii_stays(
+        tmp_path, nats_server, make_config) -> None:
+    """The default gateway (no configured secret), through the bus. A moment written in French and Russian is
+    judged clean by the scan of its text (``_clean_text_json``) and stays in PGW_INBOUND byte for byte. A
+    token whose "s" is a JSON escape, in a body deeper than any parser reads and in one with a byte that is not
+    UTF-8, is read with its escapes decoded, erased, and kept redacted (the third docs-only attack of the ninth
+    session: both stayed as sent); after a restart the token is in no file or log."""
+    from pgwcore.streams import INBOUND_REDACTED_BUCKET
+    from tests.pipeline_helpers import moment_env
+
+    config = make_config()
+    moment = good_moment()
+    moment["findings"] = ["Le cabinet Harbor veut le grand livre complet, pas seulement le r\u00e9sum\u00e9.",
+                          "\u0411\u0443\u0445\u0433\u0430\u043b\u0442\u0435\u0440 \u0445\u043e\u0447\u0435\u0442 \u0432\u0441\u0451."]
+    clean = json.dumps(moment_env("alice", moment, envelope_id="text-1"), ensure_ascii=False).encode()
+    token = f'"\\u0073ecret:{TOKEN_BODY}"'.encode()
+    deep = b'{"type": "ai.generation", "note": ' + token + b', "deep": ' + b"[" * 2000 + b"]" * 2000 + b"}"
+    not_utf8 = b'{"type": "ai.generation", "note": ' + token + b', "x": "caf\xe9"}'
+    with capture_logs_with_context() as logs:
+        async with gateway_and_client(nats_server, config) as (_, nc), acks(nc, "PGW_INBOUND", INBOUND_DURABLE) as acked:
+            js = nc.jetstream()
+            for i, body in enumerate((clean, deep, not_utf8)):
+                await js.publish("pgw.agent.bot.envelope", body, headers={"Nats-Msg-Id": f"bot:esc-{i}"})
+            await acked(3, timeout=20)
+            info = await js.stream_info("PGW_INBOUND")
+            assert (info.state.messages, info.state.last_seq) == (1, 3)  # the two holding a token erased
+            assert (await js.get_msg("PGW_INBOUND", 1)).data == clean
+            copies = await arrived(js, f"KV_{INBOUND_REDACTED_BUCKET}", 2, timeout=20)
+            assert sorted(c.subject.rsplit(".", 1)[-1] for c in copies) == ["2", "3"]
+            assert all(TOKEN_BODY.encode() not in c.data and b"[REDACTED]" in c.data for c in copies)
+    await gone_after_restart(nats_server, tmp_path, logs, (TOKEN_BODY,))

@@ -258,7 +258,7 @@ def test_no_pattern_is_compiled_for_a_marker(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def _old_visible(text: str) -> str:
-    """``text.visible`` as it was: each character judged in a Python loop."""
+    """``text.visible`` as a Python loop over the characters (as it was, and the reference of its translate)."""
     from gateway.security import text as t
 
     if text.isascii():
@@ -278,6 +278,10 @@ def _old_visible(text: str) -> str:
             continue
         if c == t._ZWJ:
             if out and i + 1 < len(text) and t._pictographic(out[-1]) and t._pictographic(text[i + 1]):
+                out.append(ch)
+            continue
+        if 0xFE00 <= c <= 0xFE0F or 0xE0100 <= c <= 0xE01EF:  # one selector, after what it selects a form of
+            if i and out and out[-1] == text[i - 1] and t._selects(c, text[i - 1]):
                 out.append(ch)
             continue
         if c in t._FILLERS:
@@ -300,7 +304,21 @@ def test_visible_drops_what_it_did_on_every_code_point() -> None:
 
 
 VISIBLE_ALPHABET = ["a", " ", "\n", "\t", "é", "д", "\u200b", "\u200d", "\u200e", "\u00ad", "\u3164", "\x00", "\x7f",
-                    "\U0001f468", "\U0001f3f4", "\U000e0067", "\U000e007f", "\u202e", "\ufeff", "\u2764", "\ufe0f"]
+                    "\U0001f468", "\U0001f3f4", "\U000e0067", "\U000e007f", "\u202e", "\ufeff", "\u2764", "\ufe0f",
+                    "\ufe00", "\U000e0100", "\u8fbb"]
+
+
+def test_variation_selectors_carry_no_hidden_data() -> None:
+    """One selector after what it selects a form of is kept (an emoji's presentation, a Han variant); a run of
+    them after an emoji, or one of the supplement's after a Latin letter, is data a reader cannot see, and is
+    dropped (the third docs-only attack: "hunter2-zulu" written as sixteen selectors after an emoji)."""
+    from gateway.security.text import visible
+
+    smuggled = "".join(chr(0xE0100 + b) for b in b"hunter2-zulu")
+    assert visible("ledger \U0001f600" + smuggled + " done") == "ledger \U0001f600 done"
+    assert visible("a\ufe00\ufe01b") == "a\ufe00b"
+    assert visible("x\U000e0100") == "x"
+    assert visible("\u2764\ufe0f and \u8fbb\U000e0100") == "\u2764\ufe0f and \u8fbb\U000e0100"
 
 
 @settings(max_examples=3000, deadline=None)

@@ -56,7 +56,9 @@ def hidden_controls(text: str, *, tags: bool = True) -> str | None:
 # invisible format character: they hide text from the reader (tags, "ASCII smuggling"),
 # split words so filters miss them (zero-width joiners and spaces), or truncate a
 # rendering (NUL after a BOM). Kept: the bidi *marks* right-to-left text needs
-# (LRM, RLM, ALM), a ZWJ inside an emoji sequence, and an emoji flag's tag sequence.
+# (LRM, RLM, ALM), a ZWJ inside an emoji sequence, an emoji flag's tag sequence, and one
+# variation selector after the character it selects a form of (an emoji's presentation, a Han
+# ideograph's variant); a run of them, or one after anything else, carries data no one sees.
 _KEEP_CF = {0x200E, 0x200F, 0x061C}
 _FILLERS = {0x034F, 0x115F, 0x1160, 0x3164, 0xFFA0, 0x180B, 0x180C, 0x180D, 0x180F}
 _ZWJ = 0x200D
@@ -91,13 +93,29 @@ def _visible_char(ch: str) -> str:
 
 
 _VISIBLE = CharTable(_visible_char)  # each character met (up to CHARS_KEPT), as visible() keeps it alone
-_IN_CONTEXT = re.compile("[\u200d\U000e0000-\U000e007f]")  # a ZWJ or a tag: kept or dropped by its neighbours
+# A ZWJ, a tag or a variation selector: kept or dropped by its neighbours.
+_IN_CONTEXT = re.compile("[\u200d\ufe00-\ufe0f\U000e0000-\U000e007f\U000e0100-\U000e01ef]")
+_HAN = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0x20000, 0x3134F))
+
+
+def _variation_selector(c: int) -> bool:
+    return 0xFE00 <= c <= 0xFE0F or 0xE0100 <= c <= 0xE01EF
+
+
+def _selects(vs: int, base: str) -> bool:
+    """Whether a variation selector ``vs`` right after ``base`` selects a form of it, as each is used: one
+    selector after a character that is no selector, the supplement's (U+E0100 ...) after a Han ideograph
+    only. Any other is invisible data: a run of selectors after one emoji can carry any bytes."""
+    b = ord(base)
+    if _variation_selector(b):
+        return False
+    return vs < 0xE0100 or any(lo <= b <= hi for lo, hi in _HAN)
 
 
 def visible(text: str) -> str:
     """``text`` without the invisible characters above (idempotent; ASCII text is checked cheaply).
 
-    Text with no joiner and no tag character is one ``str.translate`` (each character judged on its
+    Text with no joiner, tag or variation selector is one ``str.translate`` (each character judged on its
     own, as the loop below judges it there): the loop's Python call per character cost about 1 us, so
     a megabyte of French or Russian in an envelope's strings cost the gateway half a second."""
     if text.isascii():
@@ -120,6 +138,10 @@ def visible(text: str) -> str:
             continue
         if c == _ZWJ:
             if out and i + 1 < n and _pictographic(out[-1]) and _pictographic(text[i + 1]):
+                out.append(ch)
+            continue
+        if _variation_selector(c):
+            if i and out and out[-1] == text[i - 1] and _selects(c, text[i - 1]):
                 out.append(ch)
             continue
         if c in _FILLERS:

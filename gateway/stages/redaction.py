@@ -87,6 +87,20 @@ def _number(x: float) -> str:
     return msgspec.json.encode(x).decode()
 
 
+_JSON_ESCAPE = re.compile(r"\\u([dD][89abAB][0-9a-fA-F]{2})\\u([dD][c-fC-F][0-9a-fA-F]{2})|\\u([0-9a-fA-F]{4})")
+
+
+def json_unescaped(text: str) -> str:
+    """``text`` with its JSON ``\\uXXXX`` escapes read (a surrogate pair as its character, a lone surrogate as
+    U+FFFD): how a message no parser could read would read once parsed, for judging it as text."""
+    def char(m: re.Match[str]) -> str:
+        if m.group(3) is not None:
+            cp = int(m.group(3), 16)
+            return "\ufffd" if 0xD800 <= cp <= 0xDFFF else chr(cp)
+        return chr(0x10000 + ((int(m.group(1), 16) - 0xD800) << 10) + (int(m.group(2), 16) - 0xDC00))
+    return _JSON_ESCAPE.sub(char, text) if "\\u" in text else text
+
+
 def _clean_text_json(blob: bytes) -> bool:
     """``Redactor._clean_json`` for JSON text that is not ASCII, exact in the same direction: with no escape
     but the plain ones (no ``\\u``, ``\\b``, ``\\f``), every string of it stands in the text as written, so
@@ -437,7 +451,9 @@ class Redactor:
 
         Exact in this direction, and only with no configured secrets, as :meth:`plainly_clean` is:
         the bytes are ASCII with no ``\\u`` escape, no ``secret:`` in any letter case, no ``\\b`` or
-        ``\\f`` escape, no DEL and no control character but JSON's white space. Parsed, such bytes
+        ``\\f`` escape, no DEL and no control character but JSON's white space (or, not ASCII, UTF-8
+        with no such escape, no character a reader cannot see and no ``secret:`` in its fold:
+        :func:`_clean_text_json`). Parsed, such bytes
         give strings of those same characters (the escapes left, ``\\n \\r \\t \\" \\\\ \\/``,
         make no letter and nothing :func:`visible` drops), whose JSON text the graph's pre-check
         passes; read as text they hold no token and nothing invisible. Anything else: False, and the
@@ -462,7 +478,10 @@ class Redactor:
                 return bool(self.holding(json.loads(body, object_pairs_hook=lambda pairs: [list(p) for p in pairs])))
             except (ValueError, RecursionError):
                 pass
-        return bool(self.holding(body.decode("utf-8", "replace")))
+        text = body.decode("utf-8", "replace")
+        # Neither parser read it (not JSON, or JSON deeper than they go): judged as text, and as the JSON
+        # text it may be, its escapes decoded ("\\u0073ecret:" is "secret:").
+        return bool(self.holding(text)) or bool(self.holding(json_unescaped(text)))
 
     def clean(self, value: Any) -> bool:
         """True when ``value`` (a JSON graph) would come out of redaction unchanged."""
