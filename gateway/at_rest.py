@@ -88,6 +88,15 @@ def _redacted_text(red: Any, body: bytes) -> bytes | None:
     return None if out == read else out.encode("utf-8", "replace")
 
 
+def _headers_hold_secret(red: Any, headers: Any) -> bool:
+    """Whether a message's headers hold a secret as they stand in its bytes: each name and value, each line
+    as written (``Name:value`` holds ``secret:value`` where the name is ``secret``), and the lines the parse
+    did not keep (``pgwcore.headerparse.Headers.dropped``)."""
+    lines = "\n".join(f"{k}:{v}" for k, v in headers.items())  # a name holds no ":", so each leaf is whole
+    dropped = getattr(headers, "dropped", b"").decode("utf-8", "replace")
+    return bool(red.holding(lines) or (dropped and red.holding(dropped)))
+
+
 def _as_read(body: bytes) -> bytes:
     """``body`` as the gateway parsed it (a member given twice kept once, as msgspec keeps it), or as sent
     when it is not JSON."""
@@ -107,8 +116,8 @@ async def settle_raw(js: JetStreamContext, red: Any, turn: Turn) -> bool:
     clean = red.bytes_plainly_clean(turn.body)
     redacted = None if clean else redacted_turn(red, turn.body)
     if redacted is None:
-        headers = dict(turn.headers or {})
-        if (clean or not red.bytes_hold_secret(turn.body)) and not (headers and red.holding(headers)):
+        if (clean or not red.bytes_hold_secret(turn.body)) and not (
+                turn.headers is not None and _headers_hold_secret(red, turn.headers)):
             return False
         # The body as the gateway read it (one value per member), or as sent when that held nothing.
         redacted = _as_read(turn.body)

@@ -18,14 +18,26 @@ from nats.aio.client import Client
 _CRLF = b"\r\n"
 
 
+class Headers(dict[str, str]):
+    """The parsed headers of a message whose header block held lines the parse does not keep (no name, a
+    name that is not ASCII or holds white space, the first of two equal names): ``dropped`` is those lines
+    as sent. They are in the message's bytes all the same, so what is judged of its bytes (a secret kept at
+    rest, ``gateway/at_rest.py``) judges them too."""
+
+    dropped: bytes = b""
+
+
 def parse_header_lines(raw: bytes) -> dict[str, str]:
-    """``Client._parse_header_lines(raw)``: ``Name: Value`` per line, same skips, same decoding."""
+    """``Client._parse_header_lines(raw)``: ``Name: Value`` per line, same skips, same decoding (a
+    :class:`Headers` naming the lines it does not keep, where there are any)."""
     out: dict[str, str] = {}
+    dropped: list[bytes] | None = None
     for line in raw.split(_CRLF):
         if not line:
             continue
         name, sep, value = line.partition(b":")
         if not sep:
+            (dropped := dropped or []).append(line)
             continue
         if name.replace(b"-", b"").isalnum():  # ASCII letters, digits and hyphens only: nothing to strip or skip
             key = name.decode("ascii")
@@ -33,11 +45,19 @@ def parse_header_lines(raw: bytes) -> dict[str, str]:
             try:
                 key = name.strip().decode("ascii")
             except UnicodeDecodeError:
+                (dropped := dropped or []).append(line)
                 continue
             if any(c.isspace() for c in key):
+                (dropped := dropped or []).append(line)
                 continue
+        if key in out:  # the later line wins: the earlier one is in the bytes only
+            (dropped := dropped or []).append(f"{key}: {out[key]}".encode())
         out[key] = value.strip().decode("utf-8", "replace")
-    return out
+    if dropped is None:
+        return out
+    headers = Headers(out)
+    headers.dropped = b"\r\n".join(dropped)
+    return headers
 
 
 def install(nc: Client) -> Client:

@@ -695,3 +695,31 @@ async def test_an_escaped_token_in_a_body_no_parser_reads_is_erased_and_text_not
             assert sorted(c.subject.rsplit(".", 1)[-1] for c in copies) == ["2", "3"]
             assert all(TOKEN_BODY.encode() not in c.data and b"[REDACTED]" in c.data for c in copies)
     await gone_after_restart(nats_server, tmp_path, logs, (TOKEN_BODY,))
+
+
+async def test_a_token_in_a_header_line_the_parse_does_not_keep_is_erased(tmp_path, nats_server, make_config) -> None:
+    """Header lines as an agent may write them on the wire (a raw HPUB, which nats-py's publish would refuse):
+    a line ``secret:...`` (parsed as a name and a value), a name that is not ASCII, the first of two equal names,
+    a name with a space. Each message is erased once answered, though the parse kept no header holding the
+    token (the third docs-only attack of the ninth session); a message with clean headers stays."""
+    from tests.pipeline_helpers import moment_env
+
+    config = make_config()
+    lines = [b"secret:" + TOKEN_BODY.encode(), "X-Not\u00e9: secret:".encode() + TOKEN_BODY.encode(),
+             b"X-Note: secret:" + TOKEN_BODY.encode() + b"\r\nX-Note: fine", b"X Note: secret:" + TOKEN_BODY.encode(),
+             b"X-Note: fine"]
+    with capture_logs_with_context() as logs:
+        async with gateway_and_client(nats_server, config) as (_, nc), acks(nc, "PGW_INBOUND", INBOUND_DURABLE) as acked:
+            js = nc.jetstream()
+            for i, line in enumerate(lines):
+                body = json.dumps(moment_env("alice", good_moment(), envelope_id=f"hdr-{i}")).encode()
+                hdr = b"NATS/1.0\r\nNats-Msg-Id: bot:hdr-" + str(i).encode() + b"\r\n" + line + b"\r\n\r\n"
+                await nc._send_command(b"HPUB pgw.agent.bot.envelope %d %d\r\n" % (len(hdr), len(hdr) + len(body))
+                                       + hdr + body + b"\r\n")
+            await nc.flush()
+            await acked(len(lines), timeout=30)
+            info = await js.stream_info("PGW_INBOUND")
+            assert (info.state.messages, info.state.last_seq) == (1, len(lines)), info.state  # four erased
+            kept = await js.get_msg("PGW_INBOUND", len(lines))  # the one with clean headers, as sent
+            assert (kept.headers or {}).get("X-Note") == "fine", kept.headers
+    await gone_after_restart(nats_server, tmp_path, logs, (TOKEN_BODY,))
