@@ -90,11 +90,17 @@ def _redacted_text(red: Any, body: bytes) -> bytes | None:
 
 def _headers_hold_secret(red: Any, headers: Any) -> bool:
     """Whether a message's headers hold a secret as they stand in its bytes: each name and value, each line
-    as written (``Name:value`` holds ``secret:value`` where the name is ``secret``), and the lines the parse
-    did not keep (``pgwcore.headerparse.Headers.dropped``)."""
-    lines = "\n".join(f"{k}:{v}" for k, v in headers.items())  # a name holds no ":", so each leaf is whole
-    dropped = getattr(headers, "dropped", b"").decode("utf-8", "replace")
-    return bool(red.holding(lines) or (dropped and red.holding(dropped)))
+    as written (``secret:value`` where the name is ``secret``), and the lines the parse did not keep
+    (``pgwcore.headerparse.Headers.dropped``)."""
+    if red.holding(dict(headers)):
+        return True
+    # A line joins its name and value with ":". With no configured secret only a name ending in "secret"
+    # (its capitals are the only ASCII folding to it, and names are ASCII) makes a token of the two.
+    whole = [f"{k}:{v}" for k, v in headers.items() if red.has_secrets or k.lower().endswith("secret")]
+    dropped = getattr(headers, "dropped", b"")
+    if dropped:
+        whole.append(dropped.decode("utf-8", "replace"))
+    return bool(whole) and bool(red.holding(" ".join(whole)))
 
 
 def _as_read(body: bytes) -> bytes:

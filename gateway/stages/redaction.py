@@ -281,6 +281,11 @@ class Redactor:
         return [w for w in found if not any(o != w and w[0] <= o[0] and o[1] <= w[1] for o in found)]
 
     # -- graphs ----------------------------------------------------------
+    @property
+    def has_secrets(self) -> bool:
+        """Whether any secret is configured (``pipeline.secrets``)."""
+        return bool(self._needles)
+
     def plainly_clean(self, obj: Any) -> bool:
         """True when ``obj`` (a JSON graph or a wire Struct) certainly holds nothing to redact.
 
