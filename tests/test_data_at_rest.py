@@ -672,7 +672,7 @@ async def test_an_escaped_token_in_a_body_no_parser_reads_is_erased_and_text_not
     UTF-8, is read with its escapes decoded, erased, and kept redacted (the third docs-only attack of the ninth
     session: both stayed as sent); after a restart the token is in no file or log."""
     from pgwcore.streams import INBOUND_REDACTED_BUCKET
-    from tests.pipeline_helpers import moment_env
+    from tests.pipeline_helpers import Recorder, moment_env
 
     config = make_config()
     moment = good_moment()
@@ -682,17 +682,26 @@ async def test_an_escaped_token_in_a_body_no_parser_reads_is_erased_and_text_not
     token = f'"\\u0073ecret:{TOKEN_BODY}"'.encode()
     deep = b'{"type": "ai.generation", "note": ' + token + b', "deep": ' + b"[" * 2000 + b"]" * 2000 + b"}"
     not_utf8 = b'{"type": "ai.generation", "note": ' + token + b', "x": "caf\xe9"}'
+    long_s = dict(moment, findings=[f"Le r\u00e9sum\u00e9 suffit: \u017fecret:{TOKEN_BODY}", *moment["findings"]])
+    long_s_body = json.dumps(moment_env("alice", long_s, envelope_id="text-2"), ensure_ascii=False).encode()
     with capture_logs_with_context() as logs:
-        async with gateway_and_client(nats_server, config) as (_, nc), acks(nc, "PGW_INBOUND", INBOUND_DURABLE) as acked:
+        async with gateway_and_client(nats_server, config) as (_, nc), acks(nc, "PGW_INBOUND", INBOUND_DURABLE) as acked, \
+                Recorder(nc) as rec:
             js = nc.jetstream()
-            for i, body in enumerate((clean, deep, not_utf8)):
-                await js.publish("pgw.agent.bot.envelope", body, headers={"Nats-Msg-Id": f"bot:esc-{i}"})
-            await acked(3, timeout=20)
+            for msg_id, body in (("bot:text-1", clean), ("bot:esc-1", deep), ("bot:esc-2", not_utf8),
+                                 ("bot:text-2", long_s_body)):
+                await js.publish("pgw.agent.bot.envelope", body, headers={"Nats-Msg-Id": msg_id})
+            await acked(4, timeout=20)
             info = await js.stream_info("PGW_INBOUND")
-            assert (info.state.messages, info.state.last_seq) == (1, 3)  # the two holding a token erased
+            assert (info.state.messages, info.state.last_seq) == (1, 4)  # the three holding a token erased
             assert (await js.get_msg("PGW_INBOUND", 1)).data == clean
-            copies = await arrived(js, f"KV_{INBOUND_REDACTED_BUCKET}", 2, timeout=20)
-            assert sorted(c.subject.rsplit(".", 1)[-1] for c in copies) == ["2", "3"]
+            copies = await arrived(js, f"KV_{INBOUND_REDACTED_BUCKET}", 3, timeout=20)
+            assert sorted(c.subject.rsplit(".", 1)[-1] for c in copies) == ["2", "3", "4"]
+            # A token written with a long s ("\u017f", which UTS #39 draws as "f") reaches the principal redacted.
+            assert (await rec.outcome("text-2")).status == "accepted"
+            item = await rec.item(lambda i: getattr(i, "envelope_id", None) == "text-2")
+            assert TOKEN_BODY not in str(item.binding_moment.findings) and "[REDACTED]" in item.binding_moment.findings[0]
+            assert all(TOKEN_BODY.encode() not in raw for raw in rec.raw)
             assert all(TOKEN_BODY.encode() not in c.data and b"[REDACTED]" in c.data for c in copies)
     await gone_after_restart(nats_server, tmp_path, logs, (TOKEN_BODY,))
 

@@ -101,6 +101,8 @@ TOKEN = "secret:tok-88-ZULU"
 TOKEN_DISGUISES = {
     "secret: token in tag characters": tags_only,
     "secret: token, NUL inside": lambda s: s[:3] + "\x00" + s[3:],
+    # UTS #39 draws the long s as "f"; it reads "s" (the third docs-only attack of the ninth session).
+    "secret: token with a long s": lambda s: "\u017f" + s[1:],
 }
 
 

@@ -33,8 +33,10 @@ _INVISIBLE_RANGES = (
     (0xFFA0, 0xFFA0), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
 )
 # ``secret:`` folds to itself (none of its characters has another fold), so the
-# token is found in the skeleton as written.
-SECRET_TOKEN = re.compile(r"secret:[^\s]+")
+# token is found in the skeleton as written. A long s (U+017F) folds to "f", as UTS #39
+# draws it, and reads "s": the token may begin with either (TOKEN_HEADS).
+SECRET_TOKEN = re.compile(r"[sf]ecret:[^\s]+")
+TOKEN_HEADS = ("secret:", "fecret:")
 _TAG_ASCII = (0xE0020, 0xE007E)  # tag characters mirroring printable ASCII ("ASCII smuggling")
 _ASCII_WS_CHARS = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
 

@@ -57,6 +57,7 @@ from gateway.security.skeleton import (
     MIN_SECRET,
     SECRET_TOKEN,
     TAGS,
+    TOKEN_HEADS,
     apply_spans,
     display_view,
     drop_ascii_ws,
@@ -114,7 +115,8 @@ def _clean_text_json(blob: bytes) -> bool:
         text = blob.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    return all_seen(text) and "secret:" not in fast_skeleton(text, keep_space=True)
+    fold = fast_skeleton(text, keep_space=True)
+    return all_seen(text) and not any(head in fold for head in TOKEN_HEADS)
 
 
 class Redactor:
@@ -178,7 +180,7 @@ class Redactor:
         # folds alone, a newline to itself): without "secret:" in it no leaf holds a token. One fold of
         # the whole, ASCII or not (each leaf's own fold and search cost a Python call per leaf).
         low = fast_skeleton(joined, keep_space=True, tags=tags)
-        if "secret:" in low:
+        if any(head in low for head in TOKEN_HEADS):
             for li, t in enumerate(texts):
                 spans[li].extend(self._token_spans(t, tags))
         if not self._needles:
@@ -310,7 +312,8 @@ class Redactor:
         # memchr proves the longer searches unneeded for most bodies.)
         if not blob.isascii():
             return _clean_text_json(blob)
-        if b"secret:" in blob.lower() or b"\x7f" in blob:
+        low = blob.lower()
+        if b"secret:" in low or b"fecret:" in low or b"\x7f" in blob:
             return False
         return b"\\" not in blob or (b"\\u00" not in blob and b"\\b" not in blob and b"\\f" not in blob)
 
