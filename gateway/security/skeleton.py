@@ -37,6 +37,11 @@ _INVISIBLE_RANGES = (
 # draws it, and reads "s": the token may begin with either (TOKEN_HEADS).
 SECRET_TOKEN = re.compile(r"[sf]ecret:[^\s]+")
 TOKEN_HEADS = ("secret:", "fecret:")
+
+
+def may_hold_token(fold: str) -> bool:
+    """Whether a folded text may hold a ``secret:`` token (:data:`SECRET_TOKEN`): one of its heads is in it."""
+    return any(head in fold for head in TOKEN_HEADS)
 _TAG_ASCII = (0xE0020, 0xE007E)  # tag characters mirroring printable ASCII ("ASCII smuggling")
 _ASCII_WS_CHARS = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
 

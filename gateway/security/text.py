@@ -95,7 +95,7 @@ def _visible_char(ch: str) -> str:
 _VISIBLE = CharTable(_visible_char)  # each character met (up to CHARS_KEPT), as visible() keeps it alone
 # A ZWJ, a tag or a variation selector: kept or dropped by its neighbours.
 _IN_CONTEXT = re.compile("[\u200d\ufe00-\ufe0f\U000e0000-\U000e007f\U000e0100-\U000e01ef]")
-_HAN = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0x20000, 0x3134F))
+HAN = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0x20000, 0x3134F))  # the Han ideographs' blocks
 
 
 def _variation_selector(c: int) -> bool:
@@ -109,7 +109,7 @@ def _selects(vs: int, base: str) -> bool:
     b = ord(base)
     if _variation_selector(b):
         return False
-    return vs < 0xE0100 or any(lo <= b <= hi for lo, hi in _HAN)
+    return vs < 0xE0100 or any(lo <= b <= hi for lo, hi in HAN)
 
 
 def visible(text: str) -> str:
@@ -160,7 +160,7 @@ def _unseen(ch: str) -> bool:
         return False
     cat = unicodedata.category(ch)
     return (cat in ("Cf", "Cc", "Zl", "Zp", "Zs", "Co", "Cn") or c in _FILLERS or _TAG_FIRST <= c <= _TAG_LAST
-            or 0xFE00 <= c <= 0xFE0F or 0xE0100 <= c <= 0xE01EF)
+            or _variation_selector(c))
 
 
 _SEEN_ONLY = CharTable(lambda ch: "" if _unseen(ch) else ch)  # each character met (up to CHARS_KEPT)

@@ -79,7 +79,7 @@ from msgspec import Meta, Struct
 
 from gateway.security.seen import seen, seen_cased, seen_pattern
 from gateway.security.skeleton import CharTable
-from gateway.security.text import visible
+from gateway.security.text import HAN, visible
 from subjects.wire import Detail
 
 # ---------------------------------------------------------------------------
@@ -296,8 +296,9 @@ _DIRECTIVE = re.compile(
 # boundary to find: their characters are read as no word characters here, so a marker in them is found
 # wherever it stands, and a Latin marker in their text ("これはverifiedです") stands as a word.
 _START, _END = "\x00", "\x01"
+# Thai, Lao, Myanmar, Khmer, kana (with half-width katakana), and the Han ideographs.
 _UNSPACED = ((0x0E00, 0x0EFF), (0x1000, 0x109F), (0x1780, 0x17FF), (0x3040, 0x30FF), (0x31F0, 0x31FF),
-             (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0xFF66, 0xFF9F), (0x20000, 0x3134F))
+             (0xFF66, 0xFF9F), *HAN)
 
 
 def _word_char(ch: str) -> bool:

@@ -57,12 +57,12 @@ from gateway.security.skeleton import (
     MIN_SECRET,
     SECRET_TOKEN,
     TAGS,
-    TOKEN_HEADS,
     apply_spans,
     display_view,
     drop_ascii_ws,
     fast_skeleton,
     find_all,
+    may_hold_token,
     min_piece,
     piece_spans,
     secret_skeleton,
@@ -116,7 +116,7 @@ def _clean_text_json(blob: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     fold = fast_skeleton(text, keep_space=True)
-    return all_seen(text) and not any(head in fold for head in TOKEN_HEADS)
+    return all_seen(text) and not may_hold_token(fold)
 
 
 class Redactor:
@@ -180,7 +180,7 @@ class Redactor:
         # folds alone, a newline to itself): without "secret:" in it no leaf holds a token. One fold of
         # the whole, ASCII or not (each leaf's own fold and search cost a Python call per leaf).
         low = fast_skeleton(joined, keep_space=True, tags=tags)
-        if any(head in low for head in TOKEN_HEADS):
+        if may_hold_token(low):
             for li, t in enumerate(texts):
                 spans[li].extend(self._token_spans(t, tags))
         if not self._needles:
