@@ -31,13 +31,13 @@ def parse_header_lines(raw: bytes) -> dict[str, str]:
     """``Client._parse_header_lines(raw)``: ``Name: Value`` per line, same skips, same decoding (a
     :class:`Headers` naming the lines it does not keep, where there are any)."""
     out: dict[str, str] = {}
-    dropped: list[bytes] | None = None
+    dropped: list[bytes] = []
     for line in raw.split(_CRLF):
         if not line:
             continue
         name, sep, value = line.partition(b":")
         if not sep:
-            (dropped := dropped or []).append(line)
+            dropped.append(line)
             continue
         if name.replace(b"-", b"").isalnum():  # ASCII letters, digits and hyphens only: nothing to strip or skip
             key = name.decode("ascii")
@@ -45,15 +45,15 @@ def parse_header_lines(raw: bytes) -> dict[str, str]:
             try:
                 key = name.strip().decode("ascii")
             except UnicodeDecodeError:
-                (dropped := dropped or []).append(line)
+                dropped.append(line)
                 continue
             if any(c.isspace() for c in key):
-                (dropped := dropped or []).append(line)
+                dropped.append(line)
                 continue
         if key in out:  # the later line wins: the earlier one is in the bytes only
-            (dropped := dropped or []).append(f"{key}: {out[key]}".encode())
+            dropped.append(f"{key}: {out[key]}".encode())
         out[key] = value.strip().decode("utf-8", "replace")
-    if dropped is None:
+    if not dropped:
         return out
     headers = Headers(out)
     headers.dropped = b"\r\n".join(dropped)
