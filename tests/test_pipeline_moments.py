@@ -417,3 +417,33 @@ async def test_untrusted_moment_cannot_approve(nats_server, tmp_path, nc):
         )
         reply = await Surface(nc, "alice").resolve(mid, OptionChoice(index=0))
         assert (reply.status, reply.code) == ("refused", "untrusted_content_blocks_approval")
+
+
+async def test_decision_classes_counted_apart_are_bounded(nats_server, tmp_path, nc):
+    """The agent writes meta.decision_class (spec 000 §6.9): each new class its principal answered was a new key in
+    the rates and two new series in /metrics for the life of the process. Past MAX_DECISION_CLASSES an agent's
+    further classes are counted as ``other``, and its rates stay whole."""
+    import uuid
+
+    from gateway.stages.state import MAX_DECISION_CLASSES, OTHER_CLASS
+    from pgwcore import metrics
+
+    agent = f"flood{uuid.uuid4().hex[:8]}"  # the metrics registry is the process's: a name of this test's own
+    n = MAX_DECISION_CLASSES + 8
+    async with running_gateway(nats_server, str(tmp_path / "d")) as gw, Recorder(nc) as rec:
+        for i in range(n):
+            m = good_moment(stem=f"Which summary should go out, number {i}?")
+            m["meta"] = {"decision_class": f"class-{i}"}
+            out = await rec.roundtrip(agent, moment_env("alice", m))
+            assert out.status == "accepted", out
+            await Surface(nc, "alice").resolve(out.moment_id, OptionChoice(index=0))
+        st = await gw.stage_state.get()
+        await rec.until(lambda: sum(v for (a, _), v in st.stats.resolutions.items() if a == agent) == n, timeout=30)
+        classes = {c for (a, c) in st.stats.resolutions if a == agent}
+        assert len(classes) == MAX_DECISION_CLASSES + 1 and OTHER_CLASS in classes
+        assert st.stats.resolutions[(agent, OTHER_CLASS)] == n - MAX_DECISION_CLASSES
+        series = {s.labels["decision_class"] for f in metrics.REGISTRY.collect() for s in f.samples
+                  if s.name == "pgw_resolutions_total" and s.labels.get("agent") == agent}
+        assert len(series) == MAX_DECISION_CLASSES + 1, sorted(series)
+        assert sum(metrics.REGISTRY.get_sample_value("pgw_resolutions_total", {"agent": agent, "decision_class": c})
+                   for c in series) == n

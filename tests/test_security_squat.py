@@ -178,3 +178,53 @@ async def test_squat_right_after_the_victim_leaves_one_outcome(tmp_path: Path, s
             await b.close()
     security_table.record(TABLE, "re-use a's id right after a", "agent:b", "agent:a",
                           "a gets its outcome, once", "a accepted once, one dispatch", True)
+
+
+async def test_the_watch_holds_bounded_bytes_and_still_rescues(tmp_path: Path, security_table, monkeypatch) -> None:
+    """An agent sending large envelopes cannot make the watch hold them all (it held every body for two seconds,
+    300 MB after 300 bodies of 1 MB, and let go only when the next message came). Past ``MAX_HELD_BYTES`` the
+    oldest bodies are let go and their ids kept: b squats a's id, floods b's own subject past the budget, and a's
+    envelope is still re-published and answered once. With no traffic the watch lets go of everything on time."""
+    from gateway.security import squat
+
+    budget = 64 * 1024
+    monkeypatch.setattr(squat, "MAX_HELD_BYTES", budget, raising=False)  # a watch without it fails below
+    async with secured_bed(tmp_path) as bed:
+        assert bed.gw is not None
+        watch = next(p for p in bed.gw.parts if type(p).__name__ == "SecurityPart").squat
+        a, b = await raw_agent(bed, "a"), await raw_agent(bed, "b")
+        try:
+            x = uuid.uuid4().hex
+            stolen = f"a:{x}"
+            await b.jetstream().publish(bed.config.subjects.envelope("b"), b'{"any": "body"}',
+                                        headers={"Nats-Msg-Id": stolen})
+            big = b'{"pad": "' + b"z" * 20_000 + b'"}'
+            for i in range(6):  # 120 KB: the budget's twice, held within HOLD_S
+                await b.jetstream().publish(bed.config.subjects.envelope("b"), big,
+                                            headers={"Nats-Msg-Id": f"b:flood-{x}-{i}"})
+            async def flood_seen() -> bool:
+                return f"b:flood-{x}-5" in watch._seen
+
+            async def let_go() -> bool:
+                return not watch._seen and watch.held_bytes == 0
+
+            await until(flood_seen, timeout=WAIT, what="the watch saw the flood")
+            held = [v for v in watch._seen.values() if v[2] is not None]
+            assert sum(len(v[2]) for v in held) <= budget, "the watch holds more body bytes than its budget"
+            assert watch._seen[stolen][2] is None, "b's first body should have been let go, its id kept"
+            rescues = watch.rescues
+            ack = await a.jetstream().publish(bed.config.subjects.envelope("a"), raw_envelope("p", x),
+                                              headers={"Nats-Msg-Id": stolen})
+            outs = await outcomes_for(a, "a", x)
+            assert [o.status for o in outs] == ["accepted"], outs
+            await settled(bed, "a", 1 if ack.duplicate else 2)  # the watch's copy, and a's original if stored
+            assert await stored_outcomes(bed, "a", x) == 1
+            assert watch.rescues == rescues + 1  # a's, not b's whose body was let go
+            # No traffic now: the sweep lets go of every id and body past HOLD_S.
+            await until(let_go, timeout=squat.HOLD_S * 4,
+                        what="the watch let go of everything with no traffic")
+        finally:
+            await a.close()
+            await b.close()
+    security_table.record(TABLE, "flood past the watch's byte budget, then squat", "agent:b", "agent:a",
+                          "a gets its outcome, once; bounded memory", "a accepted once; held <= budget", True)

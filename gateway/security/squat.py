@@ -24,10 +24,21 @@ this for every client (nats CLI, Go, TypeScript, raw nats-py), not only for
 Identity comes from the subject, which the server authenticated
 (``agent.{agent}.envelope`` is publishable only by that agent, DESIGN §7).
 What remains: a squat while *no* gateway instance is connected is not seen.
+
+What the watch holds is bounded by count and by bytes, and let go on time even
+when no message comes (a sweep every ``HOLD_S``): an agent sending the largest
+messages the server takes made it hold every body it saw, 300 MB after 300
+bodies of 1 MB, until the next message came. Past ``MAX_HELD_BYTES`` the oldest
+bodies are let go and their ids kept: a collision with an id whose body was let
+go still re-publishes the later message, the one the server drops when the ids
+arrive in the order the watch saw them (only the earlier publish's own copy,
+needed if the server had stored them in the other order, is lost).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 import os
@@ -48,6 +59,8 @@ log = get_logger("pgw.security")
 HOLD_S = 2.0
 RESCUE_PREFIX = "rescue-"
 MAX_HELD = 200_000
+# Bodies and header values held at most (bytes): beyond it the oldest bodies are let go, their ids kept.
+MAX_HELD_BYTES = 64 * 1024 * 1024
 
 
 class SquatWatch:
@@ -56,10 +69,14 @@ class SquatWatch:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self._key = os.urandom(32)
-        # msg id -> (monotonic time, subject, body, headers) of the first publish seen with it
-        self._seen: OrderedDict[str, tuple[float, str, bytes, dict[str, str]]] = OrderedDict()
+        # msg id -> (monotonic time, subject, body, headers) of the first publish seen with it; body and
+        # headers None once let go (MAX_HELD_BYTES)
+        self._seen: OrderedDict[str, tuple[float, str, bytes | None, dict[str, str] | None]] = OrderedDict()
+        self._bodies: OrderedDict[str, int] = OrderedDict()  # msg id -> bytes held for it, oldest first
+        self.held_bytes = 0
         self._rescued: dict[str, set[str]] = {}  # msg id -> agents whose publish was re-published
         self._sub: Any = None
+        self._sweep: asyncio.Task[None] | None = None
         self.rescues = 0
 
     def rescue_id(self, subject: str, body: bytes) -> str:
@@ -68,8 +85,20 @@ class SquatWatch:
 
     async def start(self) -> None:
         self._sub = await self.gw.nc.subscribe(self.gw.subjects.all_agents("envelope"), cb=self._on_msg)
+        self._sweep = asyncio.create_task(self._sweeping(), name="squat-watch-sweep")
+
+    async def _sweeping(self) -> None:
+        """Lets go of what is past ``HOLD_S`` when no message comes to do it."""
+        while True:
+            await asyncio.sleep(HOLD_S)
+            self._expire(time.monotonic())
 
     async def drain(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweep
+            self._sweep = None
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
@@ -82,6 +111,27 @@ class SquatWatch:
         while seen and (now - next(iter(seen.values()))[0] > HOLD_S or len(seen) > MAX_HELD):
             mid, _ = seen.popitem(last=False)
             self._rescued.pop(mid, None)
+            size = self._bodies.pop(mid, None)
+            if size is not None:
+                self.held_bytes -= size
+
+    def _hold(self, mid: str, now: float, subject: str, body: bytes, headers: dict[str, str]) -> None:
+        """Remembers the first publish of ``mid``, its body and headers within ``MAX_HELD_BYTES``."""
+        size = len(body)
+        for k, v in headers.items():
+            size += len(k) + len(v)
+        if size > MAX_HELD_BYTES:
+            self._seen[mid] = (now, subject, None, None)
+            return
+        self._seen[mid] = (now, subject, body, headers)
+        self._bodies[mid] = size
+        self.held_bytes += size
+        bodies, seen = self._bodies, self._seen
+        while self.held_bytes > MAX_HELD_BYTES:
+            old, old_size = bodies.popitem(last=False)
+            self.held_bytes -= old_size
+            t, sub, _, _ = seen[old]
+            seen[old] = (t, sub, None, None)  # the id stays, in its place: a collision is still seen
 
     async def _on_msg(self, msg: Any) -> None:
         # Every instance runs this for every envelope published (issue 18): the
@@ -99,14 +149,21 @@ class SquatWatch:
         self._expire(now)
         first = self._seen.get(mid)
         if first is None:
-            self._seen[mid] = (now, subject, msg.data, headers)
+            self._hold(mid, now, subject, msg.data, headers)
             return
         if first[1] == subject:
             return  # the same agent re-using its own id: JetStream's ordinary dedup, its own business
         # Two agents, one id: whichever the stream stored, the other was dropped. Re-publish
         # both (the stored one and its copy are one envelope to the pipeline's exactly-once);
-        # a side whose subject names no agent is one the pipeline would drop anyway.
-        for sub, body, hdrs in ((first[1], first[2], first[3]), (subject, msg.data, headers)):
+        # a side whose subject names no agent is one the pipeline would drop anyway. A first
+        # publish whose body was let go (MAX_HELD_BYTES) cannot be: the later one still is.
+        sides = [(subject, msg.data, headers)]
+        if first[2] is not None and first[3] is not None:
+            sides.insert(0, (first[1], first[2], first[3]))
+        else:
+            log.warning("Nats-Msg-Id used by two agents; the first publish's body was no longer held",
+                        msg_id=mid[:128])
+        for sub, body, hdrs in sides:
             try:
                 agent = self.gw.subjects.parse(sub).token or ""
             except SubjectError:

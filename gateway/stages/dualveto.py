@@ -199,7 +199,7 @@ async def remember_resolution(st: StageState, rec: MomentRecord) -> None:
     if not isinstance(item, BindingMomentItem) or rec.resolution is None or rec.hem is not None:
         return
     bm = item.binding_moment
-    dc = (bm.meta.decision_class if bm.meta else None) or "none"
+    dc = st.stats.decision_class(rec.agent, (bm.meta.decision_class if bm.meta else None) or "none")
     kind = rec.resolution.__struct_config__.tag
     st.stats.resolutions[(rec.agent, dc)] += 1
     try:
