@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import get_default_environment, stdio_client
 
@@ -732,3 +733,76 @@ async def test_a_token_in_a_header_line_the_parse_does_not_keep_is_erased(tmp_pa
             kept = await js.get_msg("PGW_INBOUND", len(lines))  # the one with clean headers, as sent
             assert (kept.headers or {}).get("X-Note") == "fine", kept.headers
     await gone_after_restart(nats_server, tmp_path, logs, (TOKEN_BODY,))
+
+
+async def test_a_secret_in_a_gated_calls_folder_or_tool_is_offered_no_standing_approval(
+        tmp_path, nats_server, make_config) -> None:
+    """Found by an attack from the docs: an agent speaking the bus put a configured secret in the folder of a
+    gated write's path, or in its tool's name. The card redacted it, but the standing-approval options built
+    from the same folder and tool did not: the option text she read (PGW_SURFACE, the moments bucket), the offer
+    in ``HEM_ESCALATED`` and ``APPROVAL_SCOPE_GRANTED`` (the event log, kept for good), the open dispatch and the
+    scope's key all held it. Such a call is now offered Approve and Deny only, asked each time; after a clean
+    shutdown and a restart the secret is in no file under the server's store and no log line."""
+    from subjects.executor import Executor
+    from tests.kernel_support import Issuer, policy_dir, read_log, running_gateway
+    from tests.test_gate_scopes import AGENT, ALLOW, POLICY, PRINCIPAL, Env, Files
+    from tests.test_kernel_hem import _moment
+
+    class Quiet(Files):
+        """Files whose results do not repeat the path: an executor's results are its own to keep
+        (docs/security.md "What this does not cover"); this test is about what the kernel keeps."""
+
+        def __init__(self, nc: Any) -> None:
+            self.files: dict[str, str] = {}
+            self.calls = 0
+            self.ex = Executor(nc, "files")
+
+            @self.ex.action("WriteFile")
+            async def write(args: dict[str, Any]) -> Any:
+                self.calls += 1
+                self.files[args["arguments"]["path"]] = args["arguments"]["content"]
+                return {"content": [{"type": "text", "text": "written"}]}
+
+    nc = await connect(nats_server.client_url, name="test")
+    issuer = Issuer(tmp_path / "issuer")
+    files = Quiet(nc)
+    cfg = make_config(
+        kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path, POLICY)),
+                "executors": {"files": {"actions": ["WriteFile"], "timeout_s": 2.0}}, "gate_sweep_s": 0},
+        agents={AGENT: {"principals": [PRINCIPAL]}},
+        pipeline={"secrets": {"values": [SECRET]}},
+    )
+    with capture_logs_with_context() as logs:
+        try:
+            async with files.ex, running_gateway(cfg, nc) as gw:
+                env = Env(nc, gw, issuer, files)
+                asked = []
+                for path, tool in ((f"/notes/dir_{SECRET}/s1.txt", "write_file"), ("/notes/s2.txt", f"wr_{SECRET}")):
+                    args = {"tool": tool, "arguments": {"path": path, "content": "v"}}
+                    rec, r = await env.act(AGENT, args, "s-1", hem_urgency="REQUIRED")
+                    assert type(r).__name__ == "HemPending", r
+                    item = await _moment(env.surface, rec["idp_id"])
+                    labels = [o.label for o in item.binding_moment.question.options]
+                    assert labels == ["Approve", "Deny"], labels
+                    assert SECRET not in json.dumps(msgspec.to_builtins(item))
+                    assert (await env.surface.choose(item, ALLOW)).status == "accepted"
+                    asked.append(rec["idp_id"])
+
+                async def ran() -> bool:
+                    return files.calls == 2
+
+                await until(ran, timeout=15, what="both approved calls")
+                # The same folder again is asked again: nothing was granted.
+                _, again = await env.act(AGENT, {"tool": "write_file", "arguments": {
+                    "path": f"/notes/dir_{SECRET}/s3.txt", "content": "v"}}, "s-1")
+                assert type(again).__name__ == "EnrichedDeny" and again.hem_available, again
+                assert await read_log(env.js, "APPROVAL_SCOPE_GRANTED") == []
+                kv = await env.js.key_value("PGW_KERNEL_GATE")
+
+                async def closed() -> bool:
+                    return not await live_keys(env.js, kv, "PGW_KERNEL_GATE")
+
+                await until(closed, timeout=15, what="every open dispatch closed")
+        finally:
+            await nc.drain()
+    await gone_after_restart(nats_server, tmp_path, logs, (SECRET,))

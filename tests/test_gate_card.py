@@ -220,3 +220,19 @@ async def test_her_own_words_reach_the_model_with_the_refusal(gate_env: GateEnv,
     assert body["principal_answer"] == words
     assert "nothing ran" in body["reason"]
 
+
+
+async def test_a_call_naming_two_paths_is_asked_about_both(gate_env: GateEnv) -> None:  # noqa: F811 - gate_env is the fixture
+    """``{"file": "harmless.txt", "path": "sub/private.txt"}``: which one a tool acts on is the tool's to decide
+    (the reference filesystem server writes ``path`` and drops ``file``). The card named the first only, so she
+    approved a write of harmless.txt and private.txt was written (found by an attack from the docs). The
+    headline and the question now name every path the call carries."""
+    harmless, private = str(gate_env.files / "harmless.txt"), str(gate_env.files / "sub" / "private.txt")
+    item = await ask(gate_env, {"file": harmless, "path": private, "content": "x"}, harmless)
+    bm = item.binding_moment
+    _plan, text, slack = rendered(item)
+    for where in (bm.synopsis, bm.question.stem, slack):
+        assert harmless in where and private in where, where
+    headline = text.split("Findings")[0]  # the terminal wraps long paths: their ends, in the headline
+    assert "harmless.txt" in headline and "sub/private.txt" in headline, headline
+    assert f'on "{harmless}" and "{private}"' in bm.question.stem

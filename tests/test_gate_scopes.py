@@ -282,3 +282,55 @@ async def test_fifty_edits_in_one_folder_ask_once(env: Env) -> None:
         await env.call(f"/srv/after/note-{i % 7}.md", answer=SESSION, session="s-after")
     assert (before, env.moments) == (50, 1)
     assert sum(p.startswith("/srv/after/") for p in env.files.files) == 7 and env.files.calls == 100
+
+
+async def test_an_action_a_forbid_policy_denies_is_never_put_to_the_principal(make_config: Any, nc: Any,
+                                                                               tmp_path: Path) -> None:
+    """A Cedar ``forbid`` is final: the Enriched DENY says ``hem_available: false``, and a resubmission with
+    ``hem_urgency: REQUIRED`` is denied again instead of asking her (before, an agent speaking the bus got a
+    delete the gate's own rules refuse put to the principal as an ordinary card, and "Allow for this session"
+    then let later deletes run unasked). A write, denied only for want of a permit, is still asked."""
+    issuer = Issuer(tmp_path / "issuer")
+    files = Files(nc)
+    deleted: list[str] = []
+
+    @files.ex.action("DeleteFile")
+    async def delete(args: dict[str, Any]) -> Any:
+        deleted.append(args["arguments"]["path"])
+        return {"content": [{"type": "text", "text": "deleted"}]}
+
+    policy = POLICY + 'forbid(principal, action == Action::"DeleteFile", resource);\n'
+    cfg = make_config(
+        kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path, policy)),
+                "executors": {"files": {"actions": ["WriteFile", "DeleteFile"], "timeout_s": 2.0}}, "gate_sweep_s": 0},
+        agents={AGENT: {"principals": [PRINCIPAL]}},
+    )
+    async with files.ex, running_gateway(cfg, nc) as gw:
+        env = Env(nc, gw, issuer, files)
+        env.mandates[AGENT] = issuer.mandate(agent=AGENT, so_id=env.so, principal=PRINCIPAL,
+                                             actions=["WriteFile", "DeleteFile"])
+
+        async def act(action: str, **over: Any) -> tuple[dict[str, Any], Any]:
+            token, jti = env.mandates[AGENT]
+            env.step += 1
+            rec = idp(so_id=env.so, mandate_id=jti, step=env.step, action=action, session="s-1", **over)
+            args = {"tool": "delete_file" if action == "DeleteFile" else "write_file",
+                    "arguments": {"path": "/notes/victim.txt", "content": "x"}}
+            body = {"mandate": token, "action": action, "idp": rec, "arguments": args}
+            msg = await nc.request(f"pgw.agent.{AGENT}.act", msgspec.json.encode(body), timeout=15)
+            return rec, act_result_decoder.decode(msg.data)
+
+        _, r = await act("DeleteFile")
+        assert isinstance(r, EnrichedDeny) and r.deny_code == "POLICY_DENY" and r.hem_available is False, r
+        assert "forbids DeleteFile" in r.deny_reason and "not escalated" in r.deny_reason
+        rec, r = await act("DeleteFile", hem_urgency="REQUIRED")
+        assert isinstance(r, EnrichedDeny) and r.deny_code == "POLICY_DENY" and r.hem_available is False, r
+        # Still not asked, and a write (no permit, no forbid) in the same session still is: the kernel went on.
+        wrec, w = await act("WriteFile", hem_urgency="REQUIRED")
+        assert isinstance(w, HemPending), w
+        await _moment(env.surface, wrec["idp_id"])
+        escalated = [ev.body for _, ev in await read_log(env.js, "HEM_ESCALATED")]
+        assert [b.get("idp_id") for b in escalated] == [wrec["idp_id"]], escalated
+        assert deleted == [] and not any(
+            (b.get("idp_id") == rec["idp_id"]) for _, ev in await read_log(env.js, "CEDAR_PERMIT_RECORDED")
+            for b in [ev.body])

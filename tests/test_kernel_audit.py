@@ -151,3 +151,37 @@ async def test_a_long_session_record_comes_in_pages(make_config: Any, nc: Any, t
             seqs += [e["seq"] for e in reply.record["events"]]
             start, pages = reply.record["next_from_seq"], pages + 1
     assert pages > 1 and seqs == sorted(set(seqs)) and len(seqs) == 10  # 5 x IDP_SUBMITTED + CEDAR_PERMIT_RECORDED
+
+
+async def test_a_secret_in_an_audit_query_is_not_kept_in_the_event_log(
+    make_config: Any, nats_server: Any, tmp_path: Path
+) -> None:
+    """An auditor's query is logged first as AUDIT_QUERY, in the event log that is never deleted; a configured
+    secret typed into its id (found by an attack from the docs: `pgw audit session s-<secret>`) was kept there
+    as asked. It is kept redacted now, the rest of the query as asked; after a clean shutdown and a restart the
+    secret is in no file under the server's store and no log line."""
+    from pgwcore.config import Config
+    from pgwcore.connect import connect
+    from pgwcore.streams import ensure_streams
+    from tests.logcapture import capture_logs_with_context
+    from tests.test_data_at_rest import gone_after_restart
+
+    secret = "Zq7PlumBaGo9xK-audit"
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = make_config(kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path)),
+                              "checkpoint_interval_s": 0},
+                      pipeline={"secrets": {"values": [secret]}})
+    url = nats_server.client_url
+    nc = await connect(url, name="test")
+    await ensure_streams(nc.jetstream(), Config().subjects)
+    with capture_logs_with_context() as logs:
+        try:
+            async with running_gateway(cfg, nc):
+                await _audit(url, "session", f"s-{secret}", "--agent", AGENT, "--auditor", "carol")
+                await _audit(url, "idp", secret, "--auditor", "carol")
+                queries = [e.body for _s, e in await read_log(nc.jetstream(), "AUDIT_QUERY")]
+        finally:
+            await nc.drain()
+    assert [q["id"] for q in queries] == ["s-[REDACTED]", "[REDACTED]"], queries
+    assert [q["auditor"] for q in queries] == ["carol", "carol"] and queries[0]["agent"] == AGENT
+    await gone_after_restart(nats_server, tmp_path, logs, (secret,))

@@ -517,3 +517,16 @@ def test_nbf_and_iat_get_the_clock_skew_and_their_own_refusal(
             with pytest.raises(MandateError) as e:
                 v.verify(token, agent=AGENT)
             assert (e.value.code, e.value.reason) == refusal
+
+
+async def test_a_resource_naming_the_agent_itself_is_refused_before_anything_is_committed(env: Env) -> None:
+    """``resource = Agent::"bot"`` from agent bot: Cedar's principal is that entity already, and handing it
+    twice made cedarpy fail after IDP_SUBMITTED was committed (KERNEL_UNAVAILABLE, a traceback in the log;
+    found by an attack from the docs). Now a REQUEST_MALFORMED before the commit; another agent's entity
+    as the resource is evaluated as before, and the kernel goes on serving."""
+    r = await env.send(env.idp(1), resource=f'Agent::"{AGENT}"')
+    assert isinstance(r, Reject) and r.error_code == "REQUEST_MALFORMED", r
+    assert "agent itself" in r.reason
+    assert await read_log(env.js, "IDP_SUBMITTED") == []
+    other = await env.send(env.idp(1), resource='Agent::"someone-else"')
+    assert isinstance(other, Permit), other  # the example policies permit CloseBooking on any resource

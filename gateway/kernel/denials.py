@@ -35,6 +35,9 @@ log = get_logger("pgw.kernel")
 
 _DENY_REASONS = {
     "POLICY_DENY": "The governing policy does not permit {action} on this object in the declared context.",
+    # POLICY_DENY by a forbid policy (the reason only: the code stays POLICY_DENY, spec 003 §6.2)
+    "forbidden": "The governing policy forbids {action} on this object in the declared context; no human may "
+                 "allow it, so it is not escalated (hem_available is false).",
     "MANDATE_SCOPE": "{action} is outside the scope of the presented mandate.",
     "HEM_PENDING": "The session awaits a human decision; no transition proceeds until it is resolved.",
     "IDP_MISSION_REF_MISMATCH": "The IDP mission_ref does not match the mission bound to the mandate; see mismatch_detail.",
@@ -57,9 +60,10 @@ class Denials:
     async def _deny(
         self, agent: str, idp: Idp, m: Mandate, code: str, idp_raw: Any, *, available: list[str],
         hem_available: bool, tp: str | None, submitted_seq: int | None = None, log_event: bool = False,
-        mismatch: MismatchDetail | None = None,
+        mismatch: MismatchDetail | None = None, forbidden: bool = False,
     ) -> EnrichedDeny:
-        reason = _DENY_REASONS.get(code, "The transition is not permitted now.").format(action=idp.requested_action)
+        why = "forbidden" if forbidden and code == "POLICY_DENY" else code
+        reason = _DENY_REASONS.get(why, "The transition is not permitted now.").format(action=idp.requested_action)
         res = EnrichedDeny(
             timestamp=now_rfc3339(), deny_code=code, deny_reason=reason, idp_received=idp_raw,  # type: ignore[arg-type]
             available_actions=available, hem_available=hem_available,

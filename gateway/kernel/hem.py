@@ -70,6 +70,7 @@ def _clip(text: str, n: int = 400) -> str:
 MAX_ARG_FINDINGS = 12
 ARG_CHARS = 300
 # Arguments that name what the action touches, shown first and quoted in the question.
+MAX_PATHS_ASKED = 3  # paths named in the question; past them it counts the rest
 PATH_KEYS = ("path", "file_path", "filepath", "file", "filename", "source", "destination", "target", "dir",
              "directory", "folder", "uri", "url", "repo_path")
 
@@ -105,7 +106,11 @@ class Shown:
         self.hidden = self.hidden or any("⟦U+" in k + v for k, v in self.raw_text.items())
         first = [i for i in items if i[0].lower() in PATH_KEYS]
         self.items = first + [i for i in items if i not in first]
-        self.path = next((self.raw_text[k] for k, _ in first if k in self.raw_text), None)
+        # Every path it names, each once: the question names them all, since which one a tool acts on is
+        # the tool's to decide (a card that named the first only was approved for a file the tool never
+        # wrote, while it wrote the other; found by an attack from the docs).
+        self.paths = list(dict.fromkeys(self.raw_text[k] for k, _ in first if k in self.raw_text))
+        self.path = self.paths[0] if self.paths else None
 
 
 def argument_findings(arguments: dict[str, Any], shown: Shown | None = None) -> list[str]:
@@ -168,9 +173,13 @@ def _ask(action: str, shown: Shown | None) -> str:
     if shown is None:
         return f"do {act}"
     verb = f"run {_clip(shown.tool, 100)}" if shown.tool is not None else f"do {act}"
-    if shown.path is not None:
-        return f"{verb} on \"{_clip(shown.path, 160)}\""
-    return verb
+    if not shown.paths:
+        return verb
+    named = [f'"{_clip(p, 160)}"' for p in shown.paths[:MAX_PATHS_ASKED]]
+    more = len(shown.paths) - len(named)
+    if more:
+        named.append(f"{more} more path{'s' if more > 1 else ''} (the findings list each)")
+    return f"{verb} on " + (named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1])
 
 
 def _why(trigger: str, agent: str, action: str, cedar: str | None, verification: dict[str, Any] | None) -> str:

@@ -95,6 +95,9 @@ def split_statements(text: str) -> list[tuple[int, str]]:
 class Decision:
     allowed: bool
     errors: tuple[str, ...]
+    # Denied by a ``forbid`` policy that applied (Cedar's reasons for a DENY), not merely for want of a
+    # permit: no human may allow it (gateway/kernel/service.py, docs/kernel.md "Policies").
+    forbidden: bool = False
 
 
 def entity_uid(value: str) -> dict[str, str] | None:
@@ -264,7 +267,8 @@ class PolicyEngine:
                 errors = tuple(str(e) for e in (r.diagnostics.errors or []))
                 # Fail closed: an evaluation error (an absent IDP_THIN attribute, a
                 # type error) may have silenced a forbid, so it is never a PERMIT.
-                d = Decision(bool(r.allowed) and not errors, errors)
+                allowed = bool(r.allowed) and not errors
+                d = Decision(allowed, errors, forbidden=not r.allowed and bool(r.diagnostics.reasons))
                 _bounded_put(self._decisions, (actions[i], ekey, ctx), d)
                 out[i] = d
         return out  # type: ignore[return-value]

@@ -186,8 +186,14 @@ def folder_of(args: dict[str, Any]) -> str | None:
     return folders.pop() if len(folders) == 1 else None
 
 
-def offer_for(*, action: str, executor: str, arguments: dict[str, Any], mandate: Any) -> ScopeOffer | None:
-    """The standing approval a gated call's moment may offer, or None (no clean path: ask every time)."""
+def offer_for(*, action: str, executor: str, arguments: dict[str, Any], mandate: Any,
+              redactor: Any = None) -> ScopeOffer | None:
+    """The standing approval a gated call's moment may offer, or None (no clean path: ask every time).
+
+    None too where the folder or the tool holds a secret (spec 002 SR-1, as ``redactor`` judges it):
+    an offer names both in the option the principal reads, in ``HEM_ESCALATED`` and
+    ``APPROVAL_SCOPE_GRANTED`` (the event log keeps them for good), on the open dispatch and in the
+    scope's key; redacted, it would allow nothing the next call names. Such a call is asked each time."""
     if not offered():
         return None
     try:
@@ -197,6 +203,8 @@ def offer_for(*, action: str, executor: str, arguments: dict[str, Any], mandate:
     tool, args = call_of(arguments)
     folder = folder_of(args)
     if folder is None:
+        return None
+    if redactor is not None and redactor.holding([folder, tool or ""]):
         return None
     return ScopeOffer(action=action, executor=executor, folder=folder, mandate_id=mandate.jti, tool=tool,
                       mandate_exp=float(mandate.exp) if getattr(mandate, "exp", None) else None)

@@ -429,10 +429,17 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         ctx = self._context(agent, idp, m, gated=gate is not None)
         action = idp.requested_action
         in_scope = action in m.actions
-        allowed = in_scope and self.policy.evaluate(
+        decision = self.policy.evaluate(
             action, agent=agent, principal=m.principal, resource=resource, so_id=idp.so_id, context=ctx
-        ).allowed
+        ) if in_scope else None
+        allowed = decision is not None and decision.allowed
         deny_code = "POLICY_DENY" if in_scope else "MANDATE_SCOPE"
+        if decision is not None and decision.forbidden:
+            # A forbid policy applied: the deployment says nobody may allow this action, so HEM is not
+            # configured for it (spec 003 §6.2 hem_available "false ... if HEM is not configured"), and
+            # neither a resubmission with hem_urgency REQUIRED (§4.4, §6.3) nor a standing approval puts
+            # it to the principal, who would be asked to override the policy unawares (docs/kernel.md).
+            hem_available = False
         warnings = [Detail(message=f"possible personal data ({p.split('@')[0]})", path=p.split("@")[1], rule="pii") for p in pii]
 
         if gate is not None:
@@ -450,8 +457,9 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                 agent, idp, m, "GATE_REQUIRED", raw["idp"], available=self._available(agent, idp, m, resource, ctx),
                 hem_available=False, tp=tp, submitted_seq=sub.seq, log_event=True,
             )
-        if idp.hem_urgency == "REQUIRED" and self.cfg.hem_enabled:
-            # spec 003 §4.4: HEM regardless of the Cedar outcome; §6.3 a resubmission after DENY.
+        if idp.hem_urgency == "REQUIRED" and self.cfg.hem_enabled and not (decision is not None and decision.forbidden):
+            # spec 003 §4.4: HEM regardless of the Cedar outcome; §6.3 a resubmission after DENY. Not for an
+            # action a forbid policy denies (above): that one ends with the Enriched DENY below.
             entry.status = "hem_pending"
             entry.moment_id = self._moment_id("HEM_URGENCY_REQUIRED", idp)
             await self._put_entry(entry)
@@ -459,8 +467,9 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             if gate is not None:
                 # Besides Approve and Deny, a standing approval where one could ever apply: an action of
                 # the mandate, a call that names a clean path (scopes.py).
-                offer = gate.scope_offer = offer_for(action=action, executor=gate.kind, arguments=gate.arguments,
-                                                     mandate=m) if in_scope else None
+                offer = gate.scope_offer = offer_for(
+                    action=action, executor=gate.kind, arguments=gate.arguments, mandate=m,
+                    redactor=(await self.gw.stage_state.get()).redactor) if in_scope else None
                 # The arguments (and the offer) are stored before the principal can answer (gate.py).
                 await self._gate_hold(entry, gate, entry.moment_id)
             moment_id, _seq = await self._escalate(
@@ -473,7 +482,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                 timestamp=now_rfc3339(), idp_id=idp.idp_id, session_id=idp.session_id,
                 moment_id=moment_id, trigger="HEM_URGENCY_REQUIRED", event_seq=sub.seq,
             )
-        if idp.hem_urgency == "REQUIRED":
+        if idp.hem_urgency == "REQUIRED" and not (decision is not None and decision.forbidden):
             # The agent asked for a human and none can be asked: fail closed, with a
             # code of its own (policy may well permit; the missing human is the reason).
             allowed, deny_code, hem_available = False, "HEM_UNAVAILABLE", False
@@ -530,7 +539,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         await self._put_entry(entry)
         return await self._deny(
             agent, idp, m, deny_code, raw["idp"], available=available, hem_available=hem_available,
-            tp=tp, submitted_seq=sub.seq, log_event=True,
+            tp=tp, submitted_seq=sub.seq, log_event=True, forbidden=decision is not None and decision.forbidden,
         )
 
     def _moment_id(self, trigger: str, idp: Idp) -> str:

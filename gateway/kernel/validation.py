@@ -142,6 +142,11 @@ class RequestValidation:
             uid = entity_uid(res_raw) if isinstance(res_raw, str) else None
             if uid is None:
                 raise self._reject("REQUEST_MALFORMED", 'resource must be a Cedar entity id like Type::"id"', idp_id=idp.idp_id)
+            if uid == {"type": "Agent", "id": agent}:
+                # The request's principal is this entity already (gateway/kernel/policy.py): Cedar would be
+                # handed it twice and fail after IDP_SUBMITTED was committed (a KERNEL_UNAVAILABLE).
+                raise self._reject("REQUEST_MALFORMED", "resource must not be the agent itself: Cedar's principal is "
+                                   f'Agent::"{agent}" already', idp_id=idp.idp_id)
             resource = uid
         pii: list[str] = []
         for path, text in (
