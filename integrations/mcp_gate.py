@@ -18,7 +18,10 @@
    sent and answers with the upstream's actual result, whose JSON-DIGEST is
    what the capsule's ``confirmed`` effect is bound to (spec 004 §5.2). It
    refuses a request whose tool is not one the configured action covers, so a
-   direct ``act`` with a read action cannot run a write tool.
+   direct ``act`` with a read action cannot run a write tool, and one whose path
+   argument goes through a symbolic link (:func:`path_refusal`), so the server
+   acts on the file the kernel judged. What it refuses with is kept: it never
+   quotes the caller's text, and the upstream's words are redacted (SR-1).
 
 The upstreams' commands, environment and HTTP headers (their credentials)
 live only in the gate's configuration; the host sees tool names and schemas.
@@ -51,6 +54,8 @@ import re
 import sys
 import time
 import tomllib
+import urllib.parse
+import urllib.request
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
@@ -539,12 +544,21 @@ class Upstreams:
         tool_name = arguments.get("tool")
         tool_args = arguments.get("arguments", {})
         gated = self.tools.get(tool_name) if isinstance(tool_name, str) else None
+        # What a refusal says is kept (the executor's bucket, the kernel's records): it names the gate's own
+        # tools and actions, never the text the caller sent, which may hold a secret the arguments' redaction
+        # would have caught (docs/gate.md "What the executor refuses").
         if gated is None:
-            raise ExecutionRefused("unknown_tool", f"no tool {tool_name!r} behind this gate")
+            names = ", ".join(sorted(self.tools))
+            raise ExecutionRefused("unknown_tool", _clip(f"no such tool behind this gate; it serves {len(self.tools)}: {names}"))
         if gated.action != action:
-            raise ExecutionRefused("action_mismatch", f"tool {tool_name!r} is governed as {gated.action!r}, not {action!r}")
+            raise ExecutionRefused("action_mismatch", f"tool {gated.name!r} is governed as {gated.action!r}, not {action!r}")
         if not isinstance(tool_args, dict):
             raise ExecutionRefused("invalid_arguments", "arguments must be an object")
+        if self.config.upstreams[gated.upstream].command is not None:
+            # A stdio upstream runs on this host and opens these very paths (an HTTP one's are another host's).
+            refused = await asyncio.to_thread(path_refusal, tool_args)
+            if refused is not None:
+                raise refused
         session = await self.session(gated.upstream, wait=UPSTREAM_WAIT_S)
         if session is None:
             raise ExecutionRefused("upstream_unavailable",
@@ -678,6 +692,74 @@ class ExecutionRefused(Exception):
     def __init__(self, code: str, message: str) -> None:
         self.code, self.message = code, message
         super().__init__(f"{code}: {message}")
+
+
+def _clip(text: str, n: int = 1000) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+# The arguments that name what a call touches: the approval card's own list (``PATH_KEYS`` of
+# gateway/kernel/hem.py, which this package may not import: STYLE.md "The shape of the house";
+# tests/test_mcp_gate_refusals.py holds the two equal). A standing approval is judged on these.
+PATH_KEYS = ("path", "file_path", "filepath", "file", "filename", "source", "destination", "target", "dir",
+             "directory", "folder", "uri", "url", "repo_path")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def path_refusal(arguments: dict[str, Any]) -> ExecutionRefused | None:
+    """Why a call's path arguments may not reach a server on this host, or ``None``.
+
+    The kernel judges a path as sent (its standing approvals cover "a file directly in
+    this folder", docs/gate.md "Standing approvals"); a server opens what the path
+    resolves to. So every argument named in ``PATH_KEYS`` (a string, or a list of
+    them; a ``file://`` URL as its path; any other URL is not a path here) must be an
+    absolute path that goes through no symbolic link: its real path (every link
+    resolved) is its normal form. A relative path is refused too: what it is
+    resolved against is the server's choice (the reference server tries each of its
+    allowed folders), so the gate cannot check it.
+
+    What this cannot close: the check runs just before the upstream is called, so a
+    link made between the two by someone else on the host (the reference server's
+    tools make none) is followed; and a hard link is a file like any other.
+    """
+    for key, value in arguments.items():
+        if not isinstance(key, str) or key.lower() not in PATH_KEYS:
+            continue
+        name = key.lower()  # one of PATH_KEYS: said in the refusal, the caller's own spelling is not
+        for item in value if isinstance(value, list) else [value]:
+            if not isinstance(item, str):
+                continue  # not a path: the server refuses it
+            why = _path_problem(item)
+            if why == "path_not_absolute":
+                return ExecutionRefused(why, f"argument {name!r} is not an absolute path: what a server resolves a "
+                                        "relative path against is its own choice, so the gate cannot check that it "
+                                        "names no symbolic link; name the file by its absolute path. The tool did not run")
+            if why == "symbolic_link":
+                return ExecutionRefused(why, f"argument {name!r} goes through a symbolic link (or is one): the tool "
+                                        "would act on another file than the path the kernel judged; name the file by "
+                                        "its real path. The tool did not run")
+    return None
+
+
+def _path_problem(value: str) -> str | None:
+    """``symbolic_link``, ``path_not_absolute``, or ``None`` for a path a server on this host may open."""
+    if value.startswith("file://"):
+        parts = urllib.parse.urlsplit(value)
+        if parts.netloc not in ("", "localhost"):
+            return None  # a file of another host
+        value = urllib.request.url2pathname(parts.path)
+    elif _URL.match(value):
+        return None  # a URL, not a path on this host
+    if not value.startswith("/"):
+        return "path_not_absolute"
+    norm = os.path.normpath(value)
+    norm = "/" + norm.lstrip("/")  # POSIX keeps a leading "//" apart; the system reads it as "/"
+    # The real path resolves every link on the way, whether ``..`` is read lexically (the reference server's
+    # path.resolve) or by the system (after a link, ``..`` leaves the link's target): equal to the normal form
+    # only when no component is a link. A missing tail is kept as it is (a file about to be written).
+    if os.path.realpath(value) != norm:
+        return "symbolic_link"
+    return None
 
 
 def result_json(result: types.CallToolResult) -> dict[str, Any]:
@@ -956,10 +1038,14 @@ class Gate:
     """
 
     def __init__(self, config: GateConfig, agent: str, *, connect: Callable[[], Awaitable[Bus]], prefix: str = "pgw",
-                 base: Path | None = None, request_timeout: float = 30.0, where: str = "the bus") -> None:
+                 base: Path | None = None, request_timeout: float = 30.0, where: str = "the bus",
+                 redact: Callable[[str], str] | None = None) -> None:
         from subjects.names import Subjects, agent_token
 
         self.config = config
+        # The configured secrets' redaction (SR-1, ``pipeline.secrets``), applied to the executor's error
+        # messages: an upstream's words may quote the arguments, and the executor's answer is kept.
+        self.redact: Callable[[str], str] = redact or (lambda text: text)
         self._base = base
         self.builder = IdpBuilder(config.mandate_token(base), config.session_id)
         self.agent_name = agent_token(agent)
@@ -1049,11 +1135,12 @@ class Gate:
             try:
                 result = await self.upstreams.call(action, arguments)
             except ExecutionRefused as e:
-                raise ActionError(e.code, e.message) from None
+                raise ActionError(e.code, self.redact(e.message)) from None
             if result.get("isError"):
-                # The tool ran and failed: the kernel records failed (spec 004 §5.2), with its words.
+                # The tool ran and failed: the kernel records failed (spec 004 §5.2), with its words, which
+                # may quote the arguments (the reference server's "Access denied - path outside ...: PATH").
                 text = " ".join(c.get("text", "") for c in result.get("content", []) if isinstance(c, dict))
-                raise ActionError("tool_error", text[:2000])
+                raise ActionError("tool_error", self.redact(text)[:2000])
             return result
 
         return run

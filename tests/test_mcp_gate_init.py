@@ -95,3 +95,53 @@ async def test_init_on_a_folder_that_does_not_exist_is_one_line(tmp_path: Path) 
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "nowhere" in err and "is not a folder" in err
     assert not (tmp_path / "data").exists()
+
+
+async def test_init_from_a_configuration_with_relative_folders_and_a_secret_writes_them_absolute_and_private(
+        tmp_path: Path) -> None:
+    """From a 0600 configuration naming a secret inline and its folders (data_dir, security.creds_dir, keys.dir)
+    relative to itself, run from another folder: the generated configuration names those same folders, absolute, so
+    the kernel started from it trusts the mandate init issued (a data folder named by --data-dir is the one it
+    names); and it is written 0600 (like the gate file and the mandate), also over a file an earlier init left
+    readable to others."""
+    from gateway.kernel.mandate import MandateVerifier
+
+    conf_dir, elsewhere, folder = tmp_path / "conf", tmp_path / "elsewhere", tmp_path / "notes"
+    for d in (conf_dir, elsewhere, folder):
+        d.mkdir()
+    source = conf_dir / "pgw.toml"
+    source.write_text('data_dir = "data"\n[security]\ncreds_dir = "creds"\n[keys]\ndir = "keys"\n'
+                      '[pipeline.secrets]\nvalues = ["Zq7PlumBaGo9xK"]\n')
+    source.chmod(0o600)
+    out_dir = conf_dir / "data" / "gates" / "files"
+
+    async def init(*extra: str) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            PGW, "--config", str(source), *extra, "mcp-gate", "init", str(folder), "--upstream-command", "true",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(elsewhere))
+        _out, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, err.decode()
+
+    await init()
+    generated = out_dir / "pgw.toml"
+    conf = tomllib.loads(generated.read_text())
+    assert conf["data_dir"] == str(conf_dir / "data")
+    assert conf["security"]["creds_dir"] == str(conf_dir / "creds") and conf["keys"]["dir"] == str(conf_dir / "keys")
+    assert (conf_dir / "creds" / "agent-planner.creds").exists() and list(elsewhere.iterdir()) == []
+    config = load_config(generated)
+    mandate = (out_dir / "planner.mandate").read_text().strip()
+    verified = MandateVerifier(config.kernel, config.data_path, keys_dir=config.keys_path).verify(mandate, agent="planner")
+    assert verified.sub == "planner"
+    assert not (out_dir / "data").exists()
+    for f in ("pgw.toml", "gate.toml", "planner.mandate"):
+        assert (out_dir / f).stat().st_mode & 0o777 == 0o600, f
+    assert "Zq7PlumBaGo9xK" in generated.read_text()  # why it must be private
+
+    generated.chmod(0o644)  # as an earlier init wrote it
+    await init()
+    assert generated.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in out_dir.iterdir()) == ["gate.toml", "pgw.toml", "planner.mandate", "policies"]  # no temporary file left
+
+    other = tmp_path / "other"  # a data folder named on the command line: the one this run used, and its gate's
+    await init("--data-dir", "../other")
+    assert tomllib.loads((other / "gates" / "files" / "pgw.toml").read_text())["data_dir"] == str(other)

@@ -17,8 +17,10 @@ reference filesystem server on FOLDER, the agent's mandate (lifetime
 ``--mandate-ttl``, said when issued; running it again renews it for the same
 governed object), the gateway settings the gate needs (the agent bound to its
 principal, the dev issuer trusted, the example policy, the executor) in a
-configuration file beside it, the credentials, and the host's JSON with absolute
-paths (on stdout).
+configuration file beside it (its folders absolute), the credentials, and the
+host's JSON with absolute paths (on stdout). The three files are 0600 from their
+first byte: the configuration may hold inline secrets, the mandate is a bearer
+token.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import re
 import shlex
 import shutil
 import sys
+import tempfile
 import time
 import tomllib
 import uuid
@@ -204,8 +207,18 @@ async def run_mcp_gate(args: argparse.Namespace, config: Config) -> int:
             raise
         return nc, exec_nc
 
+    from gateway.stages.redaction import Redactor
+    from subjects.errors import ConfigError
+
     try:
-        gate = Gate(gate_config, agent, connect=connect_bus, prefix=config.prefix, base=base, where=config.nats_url)
+        # The executor's error messages are kept (its bucket, the kernel's records): the configured secrets
+        # are redacted from them, as from everything else pgw keeps (SR-1, docs/gate.md).
+        redactor = Redactor.from_config(config.pipeline.secrets)
+    except ConfigError as e:
+        return await serve_problem(args, f"pgw mcp-gate: {e}")
+    try:
+        gate = Gate(gate_config, agent, connect=connect_bus, prefix=config.prefix, base=base, where=config.nats_url,
+                    redact=redactor.text)
     except GateConfigError as e:
         return await serve_problem(args, f"pgw mcp-gate: {args.gate_config}: {e}")
     async with gate:
@@ -308,6 +321,21 @@ def _pgw_command() -> list[str]:
     return [sys.executable, "-m", "pgwcli.main"]
 
 
+def _write_private(path: Path, text: str) -> None:
+    """Write ``path`` readable by its owner alone from the first byte: a new file made 0600 beside it, then
+    renamed over it (a file written first and narrowed after would be readable in between, and a reader that
+    opened the old one would read the new text through it)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mkstemp makes it 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 async def init_gate(args: argparse.Namespace, config: Config) -> int:
     """``pgw mcp-gate init FOLDER`` (module docstring). Every refusal is one line naming what to mend."""
     import asyncio
@@ -318,7 +346,7 @@ async def init_gate(args: argparse.Namespace, config: Config) -> int:
 def _init_gate(args: argparse.Namespace, config: Config) -> int:
     from gateway.kernel.mandate import DEV_ISSUER_ROLE, issue_mandate
     from gateway.security import embedded_auth
-    from pgwcore.config import load_config
+    from pgwcore.config import _relative_to, load_config
     from pgwcore.keys import load_or_create
     from subjects.errors import ConfigError
     from subjects.names import principal_token
@@ -362,6 +390,9 @@ def _init_gate(args: argparse.Namespace, config: Config) -> int:
             raw = tomllib.loads(Path(given).read_text())
         except (OSError, tomllib.TOMLDecodeError) as e:
             return fail(f"cannot read the configuration {given}: {e}")
+        # The folders it names relative to itself (data_dir, security.creds_dir, keys.dir) would name others
+        # beside the new file: written absolute, resolved as pgw resolves them (docs/configuration.md).
+        _relative_to(raw, Path(given).resolve().parent)
     added: list[str] = []
     agents = raw.setdefault("agents", {})
     bound = agents.setdefault(agent, {}).setdefault("principals", [])
@@ -385,8 +416,7 @@ def _init_gate(args: argparse.Namespace, config: Config) -> int:
     if ex.get("actions") != actions:
         ex["actions"] = actions
         added.append(f"kernel.executors.{kind}.actions = {actions} (the gate's executor)")
-    if "data_dir" not in raw:
-        raw["data_dir"] = str(data)
+    raw["data_dir"] = str(data)  # the data folder of this run (--data-dir, $PGW_DATA_DIR, the file's), absolute
     if config.nats_url and "nats_url" not in raw:
         raw["nats_url"] = config.nats_url
     text = "\n".join(_toml(raw)) + "\n"
@@ -398,7 +428,7 @@ def _init_gate(args: argparse.Namespace, config: Config) -> int:
         gw_config = load_config(None, **raw)
     except ConfigError as e:
         return fail(f"the merged configuration does not load: {e}")
-    conf_path.write_text(header + text)
+    _write_private(conf_path, header + text)  # it may hold inline secrets (pipeline.secrets.values)
 
     # The mandate: the same governed object as before when renewing (its so_id), a new one the first time.
     mandate_path = out / f"{agent}.mandate"
@@ -411,13 +441,11 @@ def _init_gate(args: argparse.Namespace, config: Config) -> int:
     key = load_or_create(gw_config.data_path, DEV_ISSUER_ROLE, keys_dir=gw_config.keys_path)
     token = issue_mandate(key.private, key.kid, agent=agent, so_id=so_id, principal=principal,
                           actions=GATE_ACTIONS, ttl_s=args.mandate_ttl)
-    mandate_path.write_text(token + "\n")
-    mandate_path.chmod(0o600)
+    _write_private(mandate_path, token + "\n")
     expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + args.mandate_ttl))
 
     gate_path = out / "gate.toml"
-    gate_path.write_text(_gate_file(args.name, folder, command, mandate_path.name, expires))
-    gate_path.chmod(0o600)
+    _write_private(gate_path, _gate_file(args.name, folder, command, mandate_path.name, expires))
 
     # The credentials the gateway will accept with this configuration (agent and executor among them).
     auth = embedded_auth(gw_config)
