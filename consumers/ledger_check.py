@@ -35,6 +35,14 @@ class LedgerReport(msgspec.Struct, omit_defaults=True):
     links: int
     issues: list[LedgerIssue] = msgspec.field(default_factory=list)
     capsule_ids: list[str] = msgspec.field(default_factory=list)  # in ledger order
+    positions: list[int] = msgspec.field(default_factory=list)  # each capsule's position, as capsule_ids
+    # Positions of records that are no link at all (not a JSON object with a link's members): the
+    # server's acknowledgement a party aimed at the ledger's subjects (docs/security.md "Replies"). The
+    # links around one still chain onto each other, so it hides nothing; listed, not an issue.
+    foreign: list[int] = msgspec.field(default_factory=list)
+
+
+_LINK_MEMBERS = frozenset({"position", "verdict_id", "capsule_id", "prev_hash", "hash", "payload"})
 
 
 def _payload_id(payload: dict[str, Any]) -> str:
@@ -47,11 +55,19 @@ def check_ledger(raw_entries: Iterable[bytes]) -> LedgerReport:
     """Walk the ledger's messages in stream order: positions 1..n, each link hashed onto the one before."""
     issues: list[LedgerIssue] = []
     ids: list[str] = []
+    positions: list[int] = []
     prev = capm.GENESIS_HASH
     n = 0
+    foreign: list[int] = []
     for n, raw in enumerate(raw_entries, start=1):
         try:
             e = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            e = None
+        if not isinstance(e, dict) or not (_LINK_MEMBERS & e.keys()):
+            foreign.append(n)  # the next link must still chain onto the last one before it
+            continue
+        try:
             payload = json.loads(e["payload"])
             chain = payload.get("chain") if isinstance(payload.get("chain"), dict) else None
             if e["position"] != n:
@@ -63,10 +79,12 @@ def check_ledger(raw_entries: Iterable[bytes]) -> LedgerReport:
             if _payload_id(payload) != e["capsule_id"] or payload.get("capsule_id") != e["capsule_id"]:
                 issues.append(LedgerIssue(n, "ledger_payload_mismatch", "the stored payload is not the capsule listed"))
             ids.append(e["capsule_id"])
+            positions.append(n)
             prev = e["hash"]
         except Exception as exc:  # noqa: BLE001 - a verifier reports, never throws
             issues.append(LedgerIssue(n, "ledger_entry_malformed", f"{type(exc).__name__}: {exc}"))
-    return LedgerReport(ok=not issues, links=n, issues=issues, capsule_ids=ids)
+    return LedgerReport(ok=not issues, links=n - len(foreign), issues=issues, capsule_ids=ids, positions=positions,
+                        foreign=foreign)
 
 
 def missing_from(report: LedgerReport, present: Iterable[str]) -> list[str]:

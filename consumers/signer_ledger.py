@@ -51,6 +51,18 @@ class LedgerEntry(msgspec.Struct, frozen=True):
 _entry_decoder = msgspec.json.Decoder(LedgerEntry)
 
 
+def _entry_of(data: bytes, seq: int) -> LedgerEntry | None:
+    """The signer's link stored at ``seq``, or None (with a warning) for a record it did not write."""
+    try:
+        return _entry_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        from pgwcore.logs import get_logger
+
+        get_logger("pgw.signer").warning("a record of PGW_SIGNER_LEDGER is no link of the signer's; passed over",
+                                         seq=seq)
+        return None
+
+
 @dataclass
 class _Head:
     seq: int
@@ -138,16 +150,33 @@ class LedgerMixin:
             raw = await self.js.get_last_msg(LEDGER_STREAM, self._ledger_subject(verdict_id))
         except NotFoundError:
             return None
-        return _entry_decoder.decode(raw.data)
+        return _entry_of(raw.data, raw.seq)
 
     async def _read_head(self) -> _Head:
+        """The link to chain onto: the stream's last sequence (the next link's position is the one after it,
+        and its append expects it), with the hash and capsule of the last link the signer wrote.
+
+        A record that is no link of the signer's is passed over: a party's JetStream publish with a
+        ``signer.ledger.*`` subject as its reply subject makes nats-server store its acknowledgement here
+        (docs/security.md "Replies"), and the stream denies deletes. Before, the head was read from the
+        last record alone, and one such publish stopped all signing for good. The chain stays whole across
+        it (``consumers.ledger_check`` reports it as a foreign record)."""
         info = await self.js.stream_info(LEDGER_STREAM)
         last = info.state.last_seq
         if not last:
             return _Head(0, cap_mod.GENESIS_HASH, None)
-        raw = await self.js.get_msg(LEDGER_STREAM, last)
-        e = _entry_decoder.decode(raw.data)
-        return _Head(last, e.hash, e.capsule_id)
+        seq = last
+        while seq >= (info.state.first_seq or 1):
+            try:
+                raw = await self.js.get_msg(LEDGER_STREAM, seq)
+            except NotFoundError:
+                seq -= 1
+                continue
+            e = _entry_of(raw.data, seq)
+            if e is not None:
+                return _Head(last, e.hash, e.capsule_id)
+            seq -= 1
+        return _Head(last, cap_mod.GENESIS_HASH, None)  # no link yet, only foreign records
 
     @staticmethod
     def _link(head: _Head, job: _Job, linked_ids: dict[str, str]) -> tuple[LedgerEntry, _Head]:

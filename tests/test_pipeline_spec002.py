@@ -66,6 +66,20 @@ async def test_no_choice_of_run_id_or_node_id_escapes_the_clarification_cap(nats
         assert (await rec.roundtrip("planner", clar(), headers=ALICE)).status == "accepted"
 
 
+async def test_writing_the_principal_as_a_handle_gives_no_second_allowance(nats_server, tmp_path, rec):
+    """``~alice`` and ``alice`` are one principal (spec 000 §3): the clarification cap counted them apart, so an
+    agent had each cap twice by writing the handle both ways (found by an attack from the docs). One count now,
+    per node and over all nodes."""
+    async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"clarification_rounds": 2}):
+        got = [(await rec.roundtrip("planner", clar(), headers={"Pgw-Principal": who})).status
+               for who in ("alice", "~alice", "~alice", "alice")]
+        assert got == ["accepted", "accepted", "breached", "breached"], got
+        node = [(await rec.roundtrip("planner", clar(correlation_id=f"r:nx:{i}:k", node_id="nx"),
+                                     headers={"Pgw-Principal": who})).status
+                for i, who in enumerate(("~bob", "bob", "~bob"))]
+        assert node == ["accepted", "accepted", "breached"], node
+
+
 async def test_a_refused_clarification_uses_no_round(nats_server, tmp_path, rec):
     """A clarification refused after the limits stage (no principal named) does not use up the allowance."""
     async with running_gateway(nats_server, str(tmp_path / "d"), pipeline={"clarification_rounds": 1}):

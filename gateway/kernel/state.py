@@ -269,6 +269,28 @@ class KernelState:
         # its client CPU (pgwcore.kvread); the request and the server's work are the same.
         return await get_last(self.js._nc, self.js._prefix, BUCKET, key, self.js._timeout)
 
+    async def position(self, key: str) -> int:
+        """A log position the kernel keeps in the bucket (``_checkpoint``, ``_permit_sweep``); 0 when absent.
+
+        A value that is not the decimal the kernel writes is not its own: a party's JetStream publish with
+        this key's subject as its reply subject makes nats-server store its acknowledgement here
+        (docs/security.md "Replies"). It is read as 0, so the whole log is walked again (every step of
+        that walk is idempotent), never trusted: before, one such publish made every start of the kernel
+        fail."""
+        return (await self._position(key))[0]
+
+    async def _position(self, key: str) -> tuple[int, bool]:
+        """(the position, whether the stored value was foreign)."""
+        got = await self._get(key)
+        if got is None:
+            return 0, False
+        text = got[0]
+        if text.isdigit() and text.isascii() and len(text) <= 20:
+            return int(text), False
+        log.warning("a kernel position is no record of the kernel's; read as 0 (the log is walked again)",
+                    key=key, revision=got[1])
+        return 0, True
+
     async def idp(self, so_id: str, idp_id: str) -> tuple[IdpEntry, int] | None:
         got = await self._get(idp_key(so_id, idp_id))
         return (_idp_dec.decode(got[0]), got[1]) if got else None
@@ -455,11 +477,12 @@ class KernelState:
         The walk is the log's one reader (``eventlog.walk_log``): a record that is not the
         kernel's own (undecodable, not signed by a kernel key, not chained) is never applied
         (spec 003 §8.2: only the kernel writes the log), and is reported with its sequence."""
-        got = await self._get("_checkpoint")
-        start = int(got[0]) if got else 0
+        start, foreign_position = await self._position("_checkpoint")
         info = await eventlog.js.stream_info(eventlog.stream)
         last = info.state.last_seq or 0
         if last <= start:
+            if foreign_position:
+                await self.kv.put("_checkpoint", str(last).encode())  # the kernel's own value back
             return 0
         applied = foreign = 0
         async for rec in walk_log(eventlog.js, eventlog.subjects, eventlog.keys, stream=eventlog.stream,

@@ -89,7 +89,18 @@ async def cached_outcome_exists(js: Any, agent: str, correlation_id: str) -> boo
         entry = await kv.get(corr_key(agent, correlation_id))
     except Exception:  # noqa: BLE001 - no bucket, no key: not cached
         return False
-    return bool(entry.value) and _dec.decode(entry.value).status == "done"
+    rec = _record(entry.value, entry.key) if entry.value else None
+    return rec is not None and rec.status == "done"
+
+
+def _record(value: bytes, key: str) -> DedupRecord | None:
+    """The claim stored at ``key``, or None for a value that is no record of the gateway's: the server's
+    acknowledgement a party aimed at the key (docs/security.md "Replies"), taken as no claim at all."""
+    try:
+        return _dec.decode(value)
+    except msgspec.DecodeError:
+        log.warning("a correlationId claim is no record of the gateway's; taken as released", key=key[:200])
+        return None
 
 
 def _owner(ctx: Ctx) -> str:
@@ -126,8 +137,8 @@ async def run(ctx: Ctx) -> None:
             continue  # released meanwhile: claim it
         if not entry.value:
             continue
-        rec = _dec.decode(entry.value)
-        if rec.status == "refused":
+        rec = _record(entry.value, key)
+        if rec is None or rec.status == "refused":
             # Released by a refusal: a re-emission is processed afresh.
             if await _take_over(ctx, kv, key, mine, entry.revision):
                 return
@@ -299,7 +310,7 @@ async def mark_refused(ctx: Ctx, kv: Any, correlation_id: str) -> None:
         except KeyNotFoundError:
             entry = None
         try:
-            if entry is None or not entry.value:
+            if entry is None or not entry.value or _record(entry.value, key) is None:
                 # Neither type nor ids: the refusal may come before redaction (SR-1).
                 marker = DedupRecord("", _owner(ctx), time.time(), status="refused")
                 if entry is None:

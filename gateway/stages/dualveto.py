@@ -163,7 +163,11 @@ class VetoCache:
         self.apply(msg.subject[len(self._pre):], msg.metadata.sequence.stream, None if op else msg.data)
 
     def apply(self, key: str, revision: int, value: bytes | list[Veto] | None) -> None:
-        """Record ``key`` at ``revision`` unless a later revision is cached already."""
+        """Record ``key`` at ``revision`` unless a later revision is cached already.
+
+        A value that is no veto record is not the gateway's (``_foreign``): the vetoes cached for the key
+        stay, so a running gateway goes on enforcing them (before, it read as "no veto", and the agent's
+        vetoed question was delivered again)."""
         have = self._entries.get(key)
         if have is not None and have[0] >= revision:
             return
@@ -171,7 +175,8 @@ class VetoCache:
             try:
                 value = _dec.decode(value) if value else None
             except msgspec.DecodeError:
-                value = None
+                _foreign(key)
+                value = have[1] if have is not None else None
         self._entries[key] = (revision, value)
 
     def forget(self, key: str) -> None:
@@ -180,6 +185,27 @@ class VetoCache:
     def get(self, key: str) -> list[Veto] | None:
         have = self._entries.get(key)
         return have[1] if have else None
+
+
+def _foreign(key: str) -> None:
+    log.warning("a dual-veto record is no record of the gateway's; the vetoes known for it are kept", key=key[:200])
+
+
+def _stored(st: StageState, key: str, value: bytes) -> list[Veto]:
+    """The vetoes of ``key`` as stored; for a value that is no veto record, those this process knows.
+
+    Such a value is the server's acknowledgement a party aimed at the key (its JetStream publish with
+    ``$KV.PGW_DEDUP.veto.…`` as its reply subject, docs/security.md "Replies"). The vetoes known here are
+    kept, and written back over it with the next write of the key; a gateway that started after the
+    acknowledgement and before that write knows none for the pair (the residual said there)."""
+    if not value:
+        return []
+    try:
+        return _dec.decode(value)
+    except msgspec.DecodeError:
+        _foreign(key)
+        known = st.vetoes.get(key) if st.vetoes is not None else None
+        return list(known or [])
 
 
 def _repeats(vetoes: list[Veto], stem: str, opts: list[str]) -> tuple[Veto, str] | None:
@@ -217,7 +243,7 @@ async def remember_resolution(st: StageState, rec: MomentRecord) -> None:
     for _ in range(10):
         try:
             entry = await st.kv.get(key)
-            vetoes, rev = _dec.decode(entry.value), entry.revision
+            vetoes, rev = _stored(st, key, entry.value), entry.revision
         except KeyNotFoundError:
             vetoes, rev = [], None
         if any(v.moment_id == veto.moment_id for v in vetoes):
@@ -255,9 +281,9 @@ async def check(ctx: Ctx, st: StageState, principal: str, bm: BindingMoment) -> 
         if cache is not None:
             cache.forget(key)  # expired or deleted in the bucket
         return
+    vetoes = _stored(st, key, entry.value)
     if cache is not None:
         cache.apply(key, entry.revision, entry.value)
-    vetoes = _dec.decode(entry.value) if entry.value else []
     found = _repeats(vetoes, stem, opts)
     if found:
         v, what = found
@@ -307,7 +333,7 @@ async def _mark_acknowledged(st: StageState, key: str, moment_ids: set[str]) -> 
             entry = await st.kv.get(key)
         except KeyNotFoundError:
             return
-        vetoes = _dec.decode(entry.value) if entry.value else []
+        vetoes = _stored(st, key, entry.value)
         for v in vetoes:
             if v.moment_id in moment_ids:
                 v.acknowledged = True

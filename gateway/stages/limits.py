@@ -105,12 +105,18 @@ def round_key(family: str, agent: str, correlation_id: str, node_id: str | None)
     return f"{family}.{agent}.{_h(chain_of(correlation_id, node_id))}"
 
 
+def _principal(principal: str) -> str:
+    """The principal as its token: ``~alice`` and ``alice`` are one principal (spec 000 §3 handles), so one
+    count (an agent writing the handle both ways had each cap twice; found by an attack from the docs)."""
+    return principal[1:] if principal.startswith("~") else principal
+
+
 def clar_node_key(agent: str, principal: str, node_id: str | None) -> str:
-    return f"clarnode.{agent}.{_h(principal + chr(0) + (node_id or '-'))}"
+    return f"clarnode.{agent}.{_h(_principal(principal) + chr(0) + (node_id or '-'))}"
 
 
 def clar_principal_key(agent: str, principal: str) -> str:
-    return f"clarpr.{agent}.{_h(principal)}"
+    return f"clarpr.{agent}.{_h(_principal(principal))}"
 
 
 COUNTED = "round_counted"  # ctx.extra: the [(key, member)] this envelope added to rounds sets
@@ -121,7 +127,17 @@ async def _get_set(kv: Any, key: str) -> tuple[list[str], int | None]:
         e = await kv.get(key)
     except KeyNotFoundError:
         return [], None
-    return (_dec.decode(e.value) if e.value else []), e.revision
+    if not e.value:
+        return [], e.revision
+    try:
+        return _dec.decode(e.value), e.revision
+    except msgspec.DecodeError:
+        # Not a counter the gateway wrote: the server's acknowledgement a party aimed at this key (its
+        # JetStream publish with ``$KV.PGW_DEDUP.…`` as its reply subject, docs/security.md "Replies").
+        # Read as empty and written over by this count; before, every count of the key failed (an
+        # agent's clarifications to its principal were refused engine_failure for 30 days).
+        log.warning("a limit counter is no record of the gateway's; read as empty", key=key[:200])
+        return [], e.revision
 
 
 async def add_to_set(kv: Any, key: str, member: str) -> int:

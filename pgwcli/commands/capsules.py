@@ -370,15 +370,21 @@ async def _verify_ledger(config: Config, results: list[Result], as_json: bool) -
     report = check_ledger(d for _, d in await read_stream(config, LEDGER_STREAM))
     missing = missing_from(report, (r.capsule_id for r in results if r.capsule_id)) if results else []
     for cid in missing:
-        report.issues.append(LedgerIssue(report.capsule_ids.index(cid) + 1, "capsule_missing",
+        report.issues.append(LedgerIssue(report.positions[report.capsule_ids.index(cid)], "capsule_missing",
                                          f"capsule {cid} is in the ledger but not among the verified statements"))
     ok = not report.issues
     if as_json:
-        print(_enc.encode({"ledger": {"ok": ok, "links": report.links, "issues": report.issues}}).decode())
+        print(_enc.encode({"ledger": {"ok": ok, "links": report.links, "issues": report.issues,
+                                      "foreign": report.foreign}}).decode())
     else:
         print(f"{'OK  ' if ok else 'FAIL'} ledger {LEDGER_STREAM}: {report.links} link(s)")
         for i in report.issues:
             print(f"      position {i.position}: {i.code}: {i.message}")
+        if report.foreign:
+            # docs/security.md "Replies": the server's acknowledgement a party aimed at the ledger
+            print(f"      {len(report.foreign)} record(s) that are no link, passed over (the chain is whole "
+                  f"across them): position(s) {', '.join(map(str, report.foreign[:20]))}"
+                  f"{' ...' if len(report.foreign) > 20 else ''}")
     return ok
 
 

@@ -1,0 +1,211 @@
+"""The server's acknowledgement, aimed at the gateway's stores by an agent (docs/security.md "Replies").
+
+An agent's JetStream publish on its own ``agent.{agent}.envelope`` with a reply subject makes nats-server
+send its acknowledgement, ``{"stream": "PGW_INBOUND", "seq": N}``, to that subject with the account's
+rights, and a bucket or stream capturing it stores it. No permission names a reply subject, so the server
+lets any agent do it. What holds is that every reader skips a record it did not write. A docs-only attack
+found readers that did not: the kernel's log positions (every start of the gateway failed after one such
+publish), its open permits (every overdue sweep failed), the signer's ledger (no capsule was signed again).
+
+Each test here is the attack through the bus, with an agent's real credentials on a secured server, and
+shows the reader goes on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from gateway.kernel.service import KernelService
+from tests.gauntlet.bed import Bed, flushed, secured_bed
+from tests.polling import until
+
+pytestmark = pytest.mark.security
+WAIT = 15.0
+
+
+async def aim(bed: Bed, agent: str, target: str) -> None:
+    """``agent`` publishes an empty envelope with ``target`` as its reply subject; returns once the server's
+    acknowledgement is stored under ``target`` (read by the services' connection)."""
+    nc = bed.ncs[f"agent:{agent}"]
+    await nc.publish(bed.config.subjects.envelope(agent), b"{}", reply=target)
+    await flushed(nc)
+    stream = _stream_of(target)
+    watch = bed.ncs["_watch"]
+
+    async def stored() -> bool:
+        got = await watch.request(f"$JS.API.STREAM.MSG.GET.{stream}",
+                                  msgspec.json.encode({"last_by_subj": target}), timeout=WAIT)
+        return b'"message"' in got.data and b"PGW_INBOUND" in _data_of(got.data)
+
+    await until(stored, timeout=WAIT, what=f"the acknowledgement stored under {target}")
+
+
+def _stream_of(subject: str) -> str:
+    if subject.startswith("$KV."):
+        return "KV_" + subject.split(".")[1]
+    if ".signer.ledger." in subject:
+        return "PGW_SIGNER_LEDGER"
+    raise ValueError(subject)
+
+
+def _data_of(reply: bytes) -> bytes:
+    import base64
+
+    return base64.b64decode(msgspec.json.decode(reply)["message"].get("data", ""))
+
+
+def kernel(bed: Bed) -> Any:
+    assert bed.gw is not None
+    return next(p for p in bed.gw.parts if isinstance(p, KernelService))
+
+
+async def test_the_kernels_log_positions_overwritten_do_not_stop_a_start(tmp_path: Path) -> None:
+    """``PGW_KERNEL._checkpoint`` and ``_permit_sweep`` hold the last log sequence the rebuild and the overdue
+    sweep applied; both names are in the documentation. Overwritten by an agent's acknowledgement, every start of
+    the gateway failed (``invalid literal for int()``). Now such a value is read as 0: the gateway starts, walks
+    the log again (idempotent), and writes its own position back."""
+    async with secured_bed(tmp_path) as bed:
+        for key in ("_checkpoint", "_permit_sweep"):
+            await aim(bed, "a", f"$KV.PGW_KERNEL.{key}")
+        await bed.stop_gateway()
+        await bed.start_gateway()  # failed here before
+        k = kernel(bed)
+        kv = await bed.ncs["_watch"].jetstream().key_value("PGW_KERNEL")
+        assert (await kv.get("_checkpoint")).value.isdigit()
+        assert await k.overdue.sweep() == 0  # and the sweep reads its position
+        assert (await k.state.position("_permit_sweep")) >= 0
+
+
+async def test_a_foreign_open_permit_does_not_stop_the_overdue_sweep(tmp_path: Path) -> None:
+    """Any key of ``PGW_KERNEL_OPEN`` (the permits waiting for their transition report): an agent's
+    acknowledgement there made every sweep fail from then on, for every agent. It is deleted and the sweep
+    goes on."""
+    async with secured_bed(tmp_path) as bed:
+        target = "$KV.PGW_KERNEL_OPEN.zz.junk"
+        await aim(bed, "b", target)
+        k = kernel(bed)
+        assert await k.overdue.sweep() == 0  # raised before
+        kv = await bed.ncs["_watch"].jetstream().key_value("PGW_KERNEL_OPEN")
+
+        async def gone() -> bool:
+            try:
+                e = await kv.get("zz.junk")
+            except Exception:  # noqa: BLE001 - deleted: not found
+                return True
+            return not e.value
+
+        assert await gone()
+
+
+async def test_an_acknowledgement_in_the_signers_ledger_does_not_stop_signing(tmp_path: Path) -> None:
+    """``PGW_SIGNER_LEDGER`` (subjects ``signer.ledger.*``, deny delete) is the signer's hash chain; it read
+    the head to chain onto from the last record alone, so an agent's acknowledgement stored there stopped all
+    signing for good (every batch failed, the verdicts redelivered in a loop, also after a restart). Now the
+    record is passed over: the next capsules are signed, by the running signer and by a restarted one, the
+    chain is whole across it, and the ledger check lists it as foreign."""
+    from consumers.ledger_check import check_ledger
+    from consumers.signer import LEDGER_STREAM, Signer
+    from pgwcore.publish import Publisher
+    from tests.stored import stored_msgs
+    from tests.test_capsule_model import verdict
+    from tests.test_capsule_signer import wait_count
+
+    async with secured_bed(tmp_path) as bed:
+        svc = bed.ncs["_watch"]
+        js = svc.jetstream()
+        pub = Publisher(js, bed.config.subjects)
+        async with Signer(bed.config, svc):
+            await pub.verdict(verdict("puback-1", "blocked"))
+            await wait_count(js, "PGW_REGISTRATION", 1)
+            await aim(bed, "a", f"{bed.config.prefix}.signer.ledger.x")
+            await pub.verdict(verdict("puback-2", "blocked"))
+            await wait_count(js, "PGW_REGISTRATION", 2)  # waited forever before
+        async with Signer(bed.config, svc):  # a restarted signer reads the head afresh
+            await pub.verdict(verdict("puback-3", "blocked"))
+            await wait_count(js, "PGW_REGISTRATION", 3)
+        stored = await stored_msgs(js, LEDGER_STREAM)
+        ledger = check_ledger([m.data for m in stored])
+        # Every record but the acknowledgement is a link (the gateway's refusal of the empty envelope that
+        # carried it has its verdict and capsule too), chained across it.
+        assert ledger.ok and ledger.foreign == [2] and ledger.links == len(stored) - 1 >= 3, ledger
+        assert ledger.positions == [1, *range(3, len(stored) + 1)]
+
+
+async def test_another_agents_acknowledgement_over_a_clarification_counter_blocks_nothing(tmp_path: Path) -> None:
+    """``PGW_DEDUP`` key ``clarpr.{agent}.{hash(principal)}`` counts an agent's clarifications to a principal (the
+    contract names it). Agent b, bound only to q, aimed its acknowledgement at a's counter for p: every
+    clarification a sent p was then refused ``engine_failure`` for the bucket's 30 days. The counter now reads as
+    empty and is written over; a's clarifications to p are answered."""
+    from gateway.stages.limits import clar_principal_key
+    from subjects.client import envelope
+
+    async with secured_bed(tmp_path) as bed:
+        await aim(bed, "b", f"$KV.PGW_DEDUP.{clar_principal_key('a', 'p')}")
+        a = bed.agents["a"]
+        eid = await a.send(envelope("clarification.request", {"questions": [{"id": "q1", "question": "Which account?"}]}),
+                           principal="p")
+        out = await a.outcome_for(eid)
+        assert out.status == "accepted", out
+
+
+async def test_another_agents_acknowledgement_over_a_veto_keeps_the_veto(tmp_path: Path) -> None:
+    """``veto.{agent}.{principal}`` holds the questions a principal rejected through the question-space hatch
+    (spec 000 §7.2). Agent b aimed its acknowledgement at a's record for p, and a's vetoed question was delivered
+    to p again. The running gateway now keeps the vetoes it knows for the key, refuses the repeat
+    (``broken_handshake``), and writes them back over the acknowledgement with the next veto."""
+    from subjects.wire import DialogueVeto
+    from tests.moments import good_moment
+
+    async with secured_bed(tmp_path) as bed:
+        a = bed.agents["a"]
+        out = await a.outcome_for(await a.send_moment("p", good_moment()))
+        assert out.status == "accepted", out
+        reply = await bed.surfaces["p"].resolve(out.moment_id, DialogueVeto(objection="Ask about the vendor first."))
+        assert reply.status == "accepted", reply
+
+        async def refused() -> Any:
+            o = await a.outcome_for(await a.send_moment("p", good_moment()))
+            return o if o.code == "broken_handshake" else None
+
+        await until(refused, timeout=WAIT, what="the veto recorded")
+        await aim(bed, "b", "$KV.PGW_DEDUP.veto.a.p")
+        again = await a.outcome_for(await a.send_moment("p", good_moment()))
+        assert again.code == "broken_handshake", again  # "accepted" before
+        # The next veto of the pair writes the known vetoes back over the acknowledgement.
+        from tests.test_pipeline_moments import GOOD
+
+        other = GOOD[1]  # another decision altogether (merging a pull request)
+        o2 = await a.outcome_for(await a.send_moment("p", other))
+        assert o2.status == "accepted", o2
+        assert (await bed.surfaces["p"].resolve(o2.moment_id, DialogueVeto(objection="Not now."))).status == "accepted"
+        kv = await bed.ncs["_watch"].jetstream().key_value("PGW_DEDUP")
+
+        async def both() -> bool:
+            try:
+                stored = msgspec.json.decode((await kv.get("veto.a.p")).value)
+            except msgspec.DecodeError:
+                return False
+            return isinstance(stored, list) and len(stored) == 2
+
+        await until(both, timeout=WAIT, what="both vetoes stored over the acknowledgement")
+
+
+async def test_an_acknowledgement_over_a_correlation_claim_is_taken_as_no_claim(tmp_path: Path) -> None:
+    """``corr.{agent}.{sha256(correlationId)}`` is the claim of a correlationId. An acknowledgement aimed there
+    made each envelope with that correlationId fail (``engine_failure``, redelivered) until it was dead-lettered.
+    It is now taken as no claim: the envelope is answered."""
+    from gateway.stages.dedup import corr_key
+    from subjects.client import envelope
+    from tests.moments import good_moment
+
+    async with secured_bed(tmp_path) as bed:
+        await aim(bed, "b", f"$KV.PGW_DEDUP.{corr_key('a', 'run-7:node:0:k')}")
+        a = bed.agents["a"]
+        body = envelope("vendor.pgw.binding_moment", {"principal": "p", "binding_moment": good_moment()},
+                        correlation_id="run-7:node:0:k")
+        out = await a.outcome_for(await a.send(body))
+        assert out.status == "accepted", out
