@@ -209,3 +209,37 @@ async def test_an_acknowledgement_over_a_correlation_claim_is_taken_as_no_claim(
                         correlation_id="run-7:node:0:k")
         out = await a.outcome_for(await a.send(body))
         assert out.status == "accepted", out
+
+
+async def test_pgw_verify_passes_over_an_acknowledgement_in_the_capsule_streams(tmp_path: Path) -> None:
+    """``PGW_REGISTRATION`` and ``PGW_CAPSULES`` (kept forever) capture ``capsule.register`` and
+    ``capsule.registered``: an agent's acknowledgement there made ``pgw verify --stream`` fail for good, with no
+    way to remove it. It is no statement: ``pgw verify`` passes over it and says so, and still verifies every
+    capsule and the ledger."""
+    import subprocess
+    import sys
+
+    from consumers.signer import Signer
+    from pgwcore.publish import Publisher
+    from tests.test_capsule_model import verdict
+    from tests.test_capsule_signer import wait_count
+
+    async with secured_bed(tmp_path) as bed:
+        svc = bed.ncs["_watch"]
+        js = svc.jetstream()
+        async with Signer(bed.config, svc):
+            await Publisher(js, bed.config.subjects).verdict(verdict("verify-1", "blocked"))
+            await wait_count(js, "PGW_REGISTRATION", 1)
+        for subject in ("capsule.register", "capsule.registered"):
+            nc = bed.ncs["agent:a"]
+            await nc.publish(bed.config.subjects.envelope("a"), b"{}", reply=f"{bed.config.prefix}.{subject}")
+            await flushed(nc)
+        await wait_count(js, "PGW_CAPSULES", 1)
+        pgw = str(Path(sys.executable).parent / "pgw")
+        proc = subprocess.run(  # noqa: ASYNC221 - the CLI as an auditor runs it, to its end
+            [pgw, "--server", bed.server.client_url, "--creds", str(bed.auth.service_creds),
+             "--data-dir", str(bed.config.data_path), "verify", "--stream", "PGW_REGISTRATION",
+             "--stream", "PGW_CAPSULES", "--ledger"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.count("SKIP ") == 2 and "publish acknowledgement" in proc.stdout, proc.stdout
+        assert "0 failed" in proc.stdout, proc.stdout

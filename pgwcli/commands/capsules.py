@@ -291,11 +291,36 @@ def trusted_ts_keys(config: Config, extra: list[str]) -> dict[str, TsKey]:
     return keys
 
 
-async def _gather(config: Config, paths: list[str], streams: list[str]) -> list[tuple[str, bytes]]:
+async def _gather(config: Config, paths: list[str], streams: list[str],
+                  foreign: list[str] | None = None) -> list[tuple[str, bytes]]:
+    """The statements of ``paths`` and ``streams``; a stream's record that is the server's publish
+    acknowledgement is left out, its source appended to ``foreign`` when given."""
     items = _read_paths(paths)
     for s in streams:
-        items += await read_stream(config, s)
+        for source, data in await read_stream(config, s):
+            if is_pub_ack(data):
+                if foreign is not None:
+                    foreign.append(source)
+                continue
+            items.append((source, data))
     return items
+
+
+_PUB_ACK_MEMBERS = frozenset({"stream", "seq", "duplicate", "domain", "batch", "count", "val"})
+
+
+def is_pub_ack(data: bytes) -> bool:
+    """Whether a stored record is nats-server's acknowledgement of a JetStream publish (``{"stream", "seq"}``):
+    a party's publish with a stream's subject as its reply subject makes the server store it there
+    (docs/security.md "Replies"). It is no statement and hides none: passed over, and said so."""
+    if not data.startswith(b"{") or len(data) > 512:
+        return False
+    try:
+        d = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return False
+    return (isinstance(d, dict) and set(d) <= _PUB_ACK_MEMBERS and isinstance(d.get("stream"), str)
+            and type(d.get("seq")) is int)
 
 
 # Notes a person sees only with --verbose: spec 004 §9's registries do not hold the names a
@@ -327,7 +352,11 @@ async def handle_verify(args: argparse.Namespace, config: Config) -> int:
     if not args.paths and not args.stream:
         print("pgw verify: give statement files/directories or --stream NAME", file=sys.stderr)
         return 2
-    items = await _gather(config, args.paths, args.stream)
+    foreign: list[str] = []
+    items = await _gather(config, args.paths, args.stream, foreign)
+    for source in foreign:
+        print(f"SKIP {source}: the server's publish acknowledgement, stored by a party's reply subject (no statement; "
+              "docs/security.md \"Replies\")", file=sys.stderr if args.json else sys.stdout)
     extra_store: list[tuple[str, bytes]] = []
     for s in args.store:
         extra_store += await read_stream(config, s[7:]) if s.startswith("stream:") else _read_paths([s])
