@@ -18,7 +18,10 @@ surface), with one link per option and one per open hatch.
   pasted into this URL) gets a page saying which, and answers nothing.
 - **Single use across restarts and instances**: the POST first *creates* the
   key ``{P}.{moment}.{nonce}.{answer}`` in the KV bucket ``PGW_ANSWER_LINKS``
-  (its TTL outlives every token); a second POST finds it and is refused.
+  (its TTL outlives every token); a second POST finds it and is refused. A
+  value under that key that is no used-link record (one the notifier did not
+  write: docs/security.md "Replies") uses no link: it is skipped with a
+  warning and taken by compare-and-set on its revision, still one winner.
 - **The principal's own identity**: the answer goes to ``principal.P.resolve``
   (the same path and first-answer-wins rule as every surface: the other
   surfaces get ``withdrawn``), P being the token's principal, over a
@@ -62,6 +65,7 @@ from zoneinfo import ZoneInfo
 import msgspec
 from aiohttp import web
 
+from consumers.notify.store import foreign
 from consumers.surfaces.model import (
     AuthorizationPlan,
     ClarificationPlan,
@@ -98,6 +102,15 @@ _DOMAIN = b"pgw-answer-link/v1\n"  # the MAC covers this label too: a token of n
 CHOICES = ("o0", "o1", "o2", "o3", "free_text", "dialogue", "answers")
 WHOLE = "arguments"  # the link to a gateway-made moment's arguments in full: it shows, never answers
 MAX_TEXT = 4000
+
+
+class _Used(msgspec.Struct):
+    """A used link's record in ``PGW_ANSWER_LINKS``, as ``AnswerLinks._mark_used`` writes it."""
+
+    at: float
+
+
+_used_dec = msgspec.json.Decoder(_Used)
 
 
 class AnswerKeyError(PgwError):
@@ -527,13 +540,46 @@ class AnswerLinks:
         return claims
 
     async def _is_used(self, claims: Claims) -> bool:
+        return (await self._use_of(claims.used_key))[0]
+
+    async def _use_of(self, key: str) -> tuple[bool, int]:
+        """(used, revision of the key's value, 0 if none). A value that is no used-link record was not
+        written here: it is logged and uses nothing."""
         from nats.js.errors import KeyNotFoundError
 
         try:
-            entry = await self.used.get(claims.used_key)
+            entry = await self.used.get(key)
         except KeyNotFoundError:
+            return False, 0
+        if entry.value is None:
+            return False, 0
+        try:
+            _used_dec.decode(entry.value)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            foreign(USED_BUCKET, key, entry.revision)
+            return False, entry.revision
+        return True, entry.revision
+
+    async def _mark_used(self, key: str) -> bool:
+        """Mark a link used; False if it was already (``create``: one winner). A value under the key that
+        is no used-link record is taken by compare-and-set on its revision: one winner all the same."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        value = msgspec.json.encode(_Used(time.time()))
+        try:
+            await self.used.create(key, value)
+        except KeyWrongLastSequenceError:
+            pass
+        else:
+            return True
+        used, revision = await self._use_of(key)
+        if used or not revision:
             return False
-        return entry.value is not None
+        try:
+            await self.used.update(key, value, last=revision)
+        except KeyWrongLastSequenceError:
+            return False
+        return True
 
     async def _surface(self, principal: str) -> Surface:
         """P's own connection (``pgw creds``'s file) when there is one, so the server confines it to P."""
@@ -627,8 +673,6 @@ class AnswerLinks:
 
     async def _post(self, request: web.Request) -> web.Response:
         """Answer once: mark the token used (create: one winner), then resolve as the token's principal."""
-        from nats.js.errors import KeyWrongLastSequenceError
-
         try:
             claims = await self._check(request)
             if claims.c == WHOLE:
@@ -636,10 +680,8 @@ class AnswerLinks:
                                    "Nothing was answered.")
             plan = await self._moment(claims)
             resolution = self._resolution(plan, claims, await request.post())
-            try:
-                await self.used.create(claims.used_key, msgspec.json.encode({"at": time.time()}))
-            except KeyWrongLastSequenceError:
-                raise TokenRefused("used", 409, "This answer link was already used. Each link answers once.") from None
+            if not await self._mark_used(claims.used_key):
+                raise TokenRefused("used", 409, "This answer link was already used. Each link answers once.")
             surface = await self._surface(claims.p)
             try:
                 reply = await surface.resolve(claims.m, resolution)

@@ -26,6 +26,13 @@ them) can be repeated, once per crash. The repeat carries the same id (webhook
 send one job twice while both live (compare-and-set on ``sending``).
 
 The notifier is its own consumer: a slow or dead channel never holds the gateway.
+
+What it reads may hold records no service wrote (the server's publish
+acknowledgement, aimed by an agent at a bucket key or stream subject:
+docs/security.md "Replies"): a surface message that is no surface item of a
+valid principal, a ``PGW_MOMENTS`` value that is no moment record and every
+foreign value of its own buckets (consumers/notify/store.py) are skipped with
+one warning naming the key; none stops a principal's notifications or a start.
 """
 
 from __future__ import annotations
@@ -46,12 +53,13 @@ from consumers.notify.answers import AnswerLinks
 from consumers.notify.channels import Mailer, Notice, read_secret, render, send_webhook
 from consumers.notify.quiet import quiet_until
 from consumers.notify.responders import Presence, Responders
-from consumers.notify.store import OPEN, Job, Store
+from consumers.notify.store import OPEN, Job, Store, foreign
 from consumers.notify.vapid import load_or_create_vapid_key
 from consumers.notify.webpush import PushResult
 from consumers.notify.webpush import send as push_send
 from pgwcore.logs import get_logger
 from pgwcore.service import PullService
+from subjects.errors import SubjectError
 from subjects.names import check_token
 from subjects.util import parse_rfc3339
 from subjects.wire import BindingMomentItem, ClarificationItem, WithdrawnItem, surface_item_decoder
@@ -69,6 +77,12 @@ MOMENTS_BUCKET = "PGW_MOMENTS"
 
 
 class _MomentState(msgspec.Struct):
+    """What the notifier reads of the gateway's moment record (gateway/moment_record.py): the fields every
+    record has are required, so a value the gateway did not write is told apart. ``status`` is left out
+    of the record while ``pending`` (``omit_defaults``)."""
+
+    moment_id: str
+    principal: str
     status: str = "pending"
     expires_at: float | None = None
 
@@ -160,11 +174,14 @@ class Notifier(PullService):
                 await msg.ack()
 
     async def on_item(self, msg: Msg) -> None:
-        principal = check_token(msg.subject.split(".")[len(self.subjects.prefix.split(".")) + 1], "principal token")
         try:
+            principal = check_token(msg.subject.split(".")[len(self.subjects.prefix.split(".")) + 1],
+                                    "principal token")
             item = surface_item_decoder.decode(msg.data)
-        except (msgspec.DecodeError, UnicodeDecodeError):
-            return  # not a moment we could name: the surfaces show their notice, nothing to tell
+        except (SubjectError, msgspec.DecodeError, UnicodeDecodeError):
+            # Not the gateway's: no principal or no item (a publish acknowledgement aimed here); acked.
+            foreign(SURFACE_STREAM, msg.subject, msg.metadata.sequence.stream)
+            return
         if isinstance(item, WithdrawnItem):
             self._closed[item.moment_id] = None
             if len(self._closed) > 50_000:
@@ -273,7 +290,13 @@ class Notifier(PullService):
             return False
         if not entry.value:
             return False
-        state = _moment_dec.decode(entry.value)
+        try:
+            state = _moment_dec.decode(entry.value)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            state = None
+        if state is None or (state.principal, state.moment_id) != (principal, moment_id):
+            foreign(MOMENTS_BUCKET, f"{principal}.{moment_id}", entry.revision)
+            return False  # no record of the gateway's: no moment that waits, as for a key with none
         return state.status == "pending" and not (state.expires_at and state.expires_at <= now)
 
     async def _finish(self, job: Job, rev: int, status: str, error: str | None = None) -> None:

@@ -12,6 +12,19 @@
   ``dropped``, ``dead``) by compare-and-set.
 - ``PGW_NOTIFY_DLQ`` (stream, ``{prefix}.notify.deadletter``): jobs given up
   on, with the last error (``pgw notifications dead``).
+
+Records the notifier did not write. A bucket's keys and a stream's subjects
+can receive a value no service wrote: nats-server sends its publish
+acknowledgement (``{"stream": "PGW_INBOUND", "seq": N}``) to whatever reply
+subject an agent names on its own envelope publish, and a bucket or stream
+capturing that subject stores it (docs/security.md "Replies"). Every read here
+takes a value only if it decodes as the record the notifier writes *and* sits
+under the key that record names; anything else is skipped, with one warning
+per key and revision naming the key, never the value (:func:`foreign`). So a
+junk key under ``PGW_PUSH_SUBS.{P}.`` costs P no channel, and a junk key in
+``PGW_NOTIFY`` costs no start its resumed jobs. A job or subscription key that
+holds such a value is written over when the notifier writes that key again
+(:meth:`Store.create_job` takes the key by compare-and-set).
 """
 
 from __future__ import annotations
@@ -26,9 +39,12 @@ from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from pgwcore.kvread import kv_keys
+from pgwcore.logs import get_logger
 from pgwcore.msgget import stored_range
 from pgwcore.streams import ensure_kv, ensure_stream
 from subjects.names import Subjects
+
+log = get_logger("pgw.notifier")
 
 SUBS_BUCKET = "PGW_PUSH_SUBS"
 JOBS_BUCKET = "PGW_NOTIFY"
@@ -100,6 +116,46 @@ enc = msgspec.json.Encoder()
 job_dec = msgspec.json.Decoder(Job)
 sub_dec = msgspec.json.Decoder(PushSubscription)
 
+_WARNED_MOST = 10_000
+_warned: dict[tuple[str, str, int], None] = {}  # (store, key, revision) already logged by this process
+
+
+def foreign(store: str, key: str, revision: int) -> None:
+    """Log a stored value the notifier did not write, once per key and revision; the caller skips it.
+
+    The value itself is never logged: it is not ours, and may be anything a subject can carry."""
+    mark = (store, key, revision)
+    if mark in _warned:
+        return
+    _warned[mark] = None
+    if len(_warned) > _WARNED_MOST:
+        _warned.pop(next(iter(_warned)))
+    log.warning("a stored value the notifier did not write; skipped", store=store, key=key[:200], revision=revision)
+
+
+def decode_job(key: str, value: bytes, revision: int) -> Job | None:
+    """The job stored under ``key``, or None (logged) for a value that is no job of that key."""
+    try:
+        job = job_dec.decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        job = None
+    if job is None or job.key != key:
+        foreign(JOBS_BUCKET, key, revision)
+        return None
+    return job
+
+
+def decode_subscription(key: str, value: bytes, revision: int) -> PushSubscription | None:
+    """The subscription stored under ``key`` (``{P}.{id}``), or None (logged) for a value that is not one."""
+    try:
+        sub = sub_dec.decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        sub = None
+    if sub is None or key.split(".", 1)[-1] != subscription_id(sub.endpoint):
+        foreign(SUBS_BUCKET, key, revision)
+        return None
+    return sub
+
 
 class Store:
     """The notifier's buckets and dead-letter stream."""
@@ -145,26 +201,42 @@ class Store:
                 entry = await self.subs.get(key)
             except KeyNotFoundError:
                 continue
-            if entry.value:
-                out[key.split(".", 1)[1]] = sub_dec.decode(entry.value)
+            if entry.value and (sub := decode_subscription(key, entry.value, entry.revision)) is not None:
+                out[key.split(".", 1)[1]] = sub
         return out
 
     async def subscription(self, principal: str, sid: str) -> PushSubscription | None:
+        key = f"{principal}.{sid}"
         try:
-            entry = await self.subs.get(f"{principal}.{sid}")
+            entry = await self.subs.get(key)
         except KeyNotFoundError:
             return None
-        return sub_dec.decode(entry.value) if entry.value else None
+        return decode_subscription(key, entry.value, entry.revision) if entry.value else None
 
     # -- jobs -----------------------------------------------------------------
     async def create_job(self, job: Job) -> bool:
-        """Record a job once; False if it exists already (a redelivered item)."""
+        """Record a job once; False if it exists already (a redelivered item).
+
+        A key holding a value the notifier did not write is no job: it is taken by compare-and-set
+        on that value's revision, so the job is written once all the same."""
         from nats.js.errors import KeyWrongLastSequenceError
 
         try:
             await self.jobs.create(job.key, enc.encode(job))
         except KeyWrongLastSequenceError:
+            pass
+        else:
+            return True
+        try:
+            entry = await self.jobs.get(job.key)
+        except KeyNotFoundError:
+            return False  # gone since (its TTL): the item is acked with its jobs made once already
+        if not entry.value or decode_job(job.key, entry.value, entry.revision) is not None:
             return False
+        try:
+            await self.jobs.update(job.key, enc.encode(job), last=entry.revision)
+        except KeyWrongLastSequenceError:
+            return False  # another notifier wrote it first
         return True
 
     async def get_job(self, key: str) -> tuple[Job, int] | None:
@@ -174,7 +246,8 @@ class Store:
             return None
         if not entry.value:
             return None
-        return job_dec.decode(entry.value), entry.revision
+        job = decode_job(key, entry.value, entry.revision)
+        return None if job is None else (job, entry.revision)
 
     async def update_job(self, job: Job, revision: int) -> int | None:
         """Compare-and-set; None if someone else changed the job first."""
@@ -215,7 +288,15 @@ async def status(js: JetStreamContext, subjects: Subjects) -> Status:
                 counts[got[0].status] = counts.get(got[0].status, 0) + 1
     except BucketNotFoundError:
         pass
-    subs = len(await store._keys(SUBS_BUCKET, ""))
+    subs = 0
+    try:
+        store.subs = await js.key_value(SUBS_BUCKET)
+        for key in await store._keys(SUBS_BUCKET, ""):
+            principal, _, sid = key.partition(".")
+            if await store.subscription(principal, sid) is not None:
+                subs += 1
+    except BucketNotFoundError:
+        pass
     try:
         dead = (await js.stream_info(DLQ_STREAM)).state.messages
     except NotFoundError:
@@ -231,4 +312,12 @@ async def dead_letters(js: JetStreamContext, limit: int = 100) -> list[DeadLette
         return []
     dec = msgspec.json.Decoder(DeadLetter)
     first = max(state.first_seq, state.last_seq - limit + 1)
-    return [dec.decode(m.data) async for m in stored_range(js, DLQ_STREAM, first, state.last_seq) if m.data]
+    out: list[DeadLetter] = []
+    async for m in stored_range(js, DLQ_STREAM, first, state.last_seq):
+        if not m.data:
+            continue
+        try:
+            out.append(dec.decode(m.data))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            foreign(DLQ_STREAM, m.subject, m.seq)
+    return out
