@@ -243,3 +243,48 @@ async def test_pgw_verify_passes_over_an_acknowledgement_in_the_capsule_streams(
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert proc.stdout.count("SKIP ") == 2 and "publish acknowledgement" in proc.stdout, proc.stdout
         assert "0 failed" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("record", ["tr", "idp"])
+async def test_an_agent_overwriting_its_own_step_records_does_not_escape_a_commitment_gap(
+        tmp_path: Path, record: str) -> None:
+    """``tr.{agent}.{idp_id}`` and ``idp.{so_id}.{idp_id}`` of ``PGW_KERNEL`` index a declared step (both in
+    the contract, both values the agent's own). An agent aimed its acknowledgement at one before reporting an
+    action other than the one it declared: its report read as undeclared (``tr``) or failed until dead-lettered
+    (``idp``), no IDP_COMMITMENT_GAP was logged, nobody was asked, and its next step was permitted (found by an
+    attack from the docs). The kernel now writes the step's records again from its signed log and judges the
+    report as it would have: a commitment gap, escalated, the session held."""
+    import uuid
+
+    from gateway.kernel.state import idp_key, tr_key
+    from subjects.idp import EnrichedDeny, Permit
+    from tests.kernel_support import Issuer, idp, policy_dir, read_log, request
+
+    issuer = Issuer(tmp_path / "issuer")
+    kernel = {"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))}
+    async with secured_bed(tmp_path, kernel=kernel) as bed:
+        nc = bed.ncs["agent:a"]
+        so = str(uuid.uuid4())
+        token, jti = issuer.mandate(agent="a", so_id=so, principal="p")
+        rec = idp(so_id=so, mandate_id=jti, step=1, action="ReadBooking")
+        assert isinstance(await request(nc, "a", {"mandate": token, "idp": rec}), Permit)
+        key = tr_key("a", rec["idp_id"]) if record == "tr" else idp_key(so, rec["idp_id"])
+        await aim(bed, "a", f"$KV.PGW_KERNEL.{key}")
+        report = {"idp_id": rec["idp_id"], "executed_action": "CloseBooking",
+                  "effect": {"type": "booking.close", "status": "dispatched"}}
+        await nc.jetstream().publish(bed.config.subjects.agent("a", "transition"), msgspec.json.encode(report),
+                                     headers={"Nats-Msg-Id": f"a:{uuid.uuid4()}"})
+        js = bed.ncs["_watch"].jetstream()
+
+        async def gap() -> Any:
+            return [e for _, e in await read_log(js, "IDP_COMMITMENT_GAP")]
+
+        [found] = await until(gap, timeout=WAIT, what="the commitment gap logged")
+        assert found.body["record"]["idp_id"] == rec["idp_id"]
+
+        async def escalated() -> Any:
+            return [e for _, e in await read_log(js, "HEM_ESCALATED") if e.body["trigger"] == "IDP_COMMITMENT_GAP"]
+
+        await until(escalated, timeout=WAIT, what="the gap escalated to the principal")
+        nxt = await request(nc, "a", {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=2, action="ReadBooking")})
+        assert isinstance(nxt, EnrichedDeny) and nxt.deny_code == "HEM_PENDING", nxt

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 from typing import Any, Literal
 
 import msgspec
@@ -179,6 +180,17 @@ def hold_key(agent: str, so_id: str) -> str:
     return f"hold.{stable_id('hold', agent, so_id.lower())}"
 
 
+class ForeignRecord(PgwError):
+    """A key of the kernel's holds a value the kernel never wrote (docs/security.md "Replies")."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"{key} holds no record of the kernel's")
+        self.key = key
+
+
+_SO_ID_VALUE = re.compile(rb"[0-9A-Fa-f-]{36}")  # what put_tr writes: the so_id, a UUID v4 (spec 003 §4.2)
+
+
 class ConflictError(PgwError):
     """A compare-and-set lost against another writer; re-read and decide again."""
 
@@ -293,11 +305,67 @@ class KernelState:
 
     async def idp(self, so_id: str, idp_id: str) -> tuple[IdpEntry, int] | None:
         got = await self._get(idp_key(so_id, idp_id))
-        return (_idp_dec.decode(got[0]), got[1]) if got else None
+        if not got:
+            return None
+        try:
+            return _idp_dec.decode(got[0]), got[1]
+        except msgspec.DecodeError:
+            raise ForeignRecord(idp_key(so_id, idp_id)) from None
 
     async def so_of(self, agent: str, idp_id: str) -> str | None:
         got = await self._get(tr_key(agent, idp_id))
-        return got[0].decode() if got else None
+        if not got:
+            return None
+        if not _SO_ID_VALUE.fullmatch(got[0]):
+            raise ForeignRecord(tr_key(agent, idp_id))
+        return got[0].decode()
+
+    async def repair_step(self, eventlog: EventLog, agent: str, idp_id: str) -> bool:
+        """Write the kernel's records of one step (``tr.`` and ``idp.``) again from the event log.
+
+        For a step whose record holds a value the kernel never wrote: a party's JetStream publish with
+        the key's subject as its reply subject makes nats-server store its acknowledgement there
+        (docs/security.md "Replies"). The agent knows both keys of its own steps, and such a value made
+        its next report of the step read as undeclared, or fail until dead-lettered: a commitment gap or
+        a second report escaped its escalation (found by an attack from the docs). The step's signed
+        events are in the log, which only the kernel writes (``walk_log`` passes over what it did not):
+        each foreign key is deleted and the step's events applied again, idempotently, as the rebuild
+        does. A walk of the whole log, only when such a value is found. False if the log has no
+        IDP_SUBMITTED of the step."""
+        idp_low = idp_id.lower()
+        info = await eventlog.js.stream_info(eventlog.stream)
+        events: list[tuple[str, dict[str, Any], int]] = []
+        async for rec in walk_log(eventlog.js, eventlog.subjects, eventlog.keys, stream=eventlog.stream,
+                                  from_seq=1, to_seq=info.state.last_seq or 0):
+            if rec.problem is not None or rec.event is None:
+                continue
+            body = rec.event.body
+            named = body.get("idp_id") or (body.get("record") or {}).get("idp_id")
+            if isinstance(named, str) and named.lower() == idp_low and body.get("agent", agent) == agent:
+                events.append((rec.event.event_type, body, rec.seq))
+        submitted = next((b for t, b, _ in events if t == "IDP_SUBMITTED"), None)
+        if submitted is None:
+            return False
+        for key in (tr_key(agent, idp_id), idp_key(submitted["so_id"], idp_id)):
+            got = await self._get(key)
+            if got is not None and not self._kernels(key, got[0]):
+                log.critical("a kernel record of a step holds no record of the kernel's; written again from the log",
+                             key=key, agent=agent, idp_id=idp_id)
+                with contextlib.suppress(Exception):
+                    await self.kv.delete(key)
+        for event_type, body, seq in events:
+            await self.apply(event_type, body, seq)
+        return True
+
+    @staticmethod
+    def _kernels(key: str, value: bytes) -> bool:
+        if key.startswith("tr."):
+            return _SO_ID_VALUE.fullmatch(value) is not None
+        try:
+            _idp_dec.decode(value)
+        except msgspec.DecodeError:
+            return False
+        return True
 
     async def session(self, agent: str, session_id: str) -> tuple[SessionEntry, int]:
         got = await self._get(session_key(agent, session_id))

@@ -37,7 +37,7 @@ from gateway.at_rest import settle_raw
 from gateway.kernel.eventlog import Appended, EventLog
 from gateway.kernel.hem import WHY, held_report_moment, held_report_notice
 from gateway.kernel.overdue import OverdueReports
-from gateway.kernel.state import IdpEntry, KernelState
+from gateway.kernel.state import ForeignRecord, IdpEntry, KernelState
 from gateway.stages.base import Turn
 from pgwcore.logs import get_logger
 from pgwcore.metrics import REGISTRY
@@ -238,8 +238,15 @@ class TransitionReports:
         # with its secrets redacted, ``rep`` from here on; the report as sent (``raw``) is only compared
         # (the gate rule, §5.5.3's string-exact match) and digested (docs/security.md "Data at rest").
         rep = await self._kept(raw)
-        so_id = await self.state.so_of(agent, rep.idp_id)
-        got = await self.state.idp(so_id, rep.idp_id) if so_id else None
+        try:
+            so_id = await self.state.so_of(agent, rep.idp_id)
+            got = await self.state.idp(so_id, rep.idp_id) if so_id else None
+        except ForeignRecord:
+            # The step's records were overwritten by a value the kernel never wrote: written again from
+            # the signed log, then the report is judged as it would have been (state.repair_step).
+            await self.state.repair_step(self.eventlog, agent, rep.idp_id)
+            so_id = await self.state.so_of(agent, rep.idp_id)
+            got = await self.state.idp(so_id, rep.idp_id) if so_id else None
         if got is None:
             # spec 003 §5.3: no STATE_TRANSITIONED without a preceding IDP_SUBMITTED. A gated action
             # claimed with no declaration at all is the §8.7 finding below as well.
