@@ -288,3 +288,24 @@ async def test_an_agent_overwriting_its_own_step_records_does_not_escape_a_commi
         await until(escalated, timeout=WAIT, what="the gap escalated to the principal")
         nxt = await request(nc, "a", {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=2, action="ReadBooking")})
         assert isinstance(nxt, EnrichedDeny) and nxt.deny_code == "HEM_PENDING", nxt
+
+
+async def test_another_agents_acknowledgement_over_an_envelope_id_claim_blocks_nothing(tmp_path: Path) -> None:
+    """``authz.{sha256(workflow_id)}.{sha256(envelope_id)}`` claims a spec 001 authorization envelope's
+    ``provenance.envelope_id`` in its workflow. Agent b aimed its acknowledgement at the key of an id agent a was
+    about to deliver: each delivery of a's envelope failed (``engine_failure``) until dead-lettered, and the
+    principal got nothing, for the bucket's 30 days. The value is no claim: it is taken over, a's envelope is
+    delivered, and a second delivery of the id is still refused."""
+    from gateway.stages import authorization as authz
+    from tests.test_pipeline_authorization import WORKFLOWS, env, measurement
+
+    def auth(envelope: dict) -> dict:
+        return env("vendor.pgw.authorization", {"workflow_id": "labs", "principal": "p", "envelope": envelope})
+
+    async with secured_bed(tmp_path, pipeline={"workflows": WORKFLOWS}) as bed:
+        await aim(bed, "b", f"$KV.PGW_DEDUP.{authz.envelope_id_key('labs', 'm-1')}")
+        a = bed.agents["a"]
+        out = await a.outcome_for(await a.send(auth(measurement("m-1"))))
+        assert out.status == "accepted", out
+        again = await a.outcome_for(await a.send(auth(measurement("m-1"))))
+        assert (again.status, again.code) == ("gated", "envelope_id_reused"), again

@@ -377,8 +377,21 @@ async def _claim_envelope_id(ctx: Ctx, workflow_id: str, envelope_id: str) -> No
                 entry = await ctx.state.kv.get(key)
             except KeyNotFoundError:
                 continue  # expired (bucket TTL) between the two calls: claim it afresh
-        if entry.value and _claim_dec.decode(entry.value).owner == ctx.envelope_key:
-            return  # the redelivery of the envelope that claimed it (a crash after the claim)
+        if entry.value:
+            try:
+                owner = _claim_dec.decode(entry.value).owner
+            except msgspec.DecodeError:
+                # No claim of the gateway's: the server's acknowledgement a party aimed at this key
+                # (docs/security.md "Replies"), which made every delivery of the envelope fail until it
+                # was dead-lettered. Taken over by compare-and-set: no envelope delivered this id.
+                log.warning("an envelope-id claim is no record of the gateway's; taken over", key=key)
+                try:
+                    await ctx.state.kv.update(key, claim, last=entry.revision)
+                    return
+                except KeyWrongLastSequenceError:
+                    continue
+            if owner == ctx.envelope_key:
+                return  # the redelivery of the envelope that claimed it (a crash after the claim)
         break
     raise authz.PolicyRefusal(
         "envelope_id_reused",
