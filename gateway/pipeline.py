@@ -35,6 +35,7 @@ from gateway.stages import contract, dedup, kind, limits, payload, redaction, ro
 from gateway.stages.base import INBOUND_DURABLE, Ctx, Refuse, Turn
 from gateway.stages.state import StageStateCell, StateHost
 from pgwcore import tracing
+from pgwcore.atomic import stored_by_reply
 from pgwcore.logs import enabled, get_logger
 from pgwcore.loop import together
 from pgwcore.service import delivery
@@ -301,6 +302,12 @@ class EnvelopeWorker:
             # Not even the agent id can be read: drop with a logged reason.
             log.warning("dropped message on an invalid subject", subject=msg.subject[:200], reason=str(e))
             await msg.term()
+            return
+        if stored_by_reply(msg):
+            log.warning("passed over the server's publish acknowledgement stored on an agent's subject",
+                        subject=msg.subject[:200], seq=stream_seq)
+            with contextlib.suppress(Exception):
+                await msg.term()
             return
         headers = msg.headers or {}
         tp = await self.gw.traceparent(headers) if "traceparent" in headers else None

@@ -149,6 +149,38 @@ class _AckWaiter:
             self.out.set_exception(nats.errors.TimeoutError())
 
 
+_PUB_ACK_MEMBERS = frozenset({"stream", "seq", "duplicate", "domain", "batch", "count", "val"})
+
+
+def is_pub_ack(data: bytes) -> bool:
+    """Whether a stored record is nats-server's acknowledgement of a JetStream publish (``{"stream", "seq"}``).
+
+    A party's publish with a stream's or a bucket's subject as its reply subject makes the server store
+    its acknowledgement there (docs/security.md "Replies"): no record any service wrote, and it carries
+    nothing a party chose. Readers that walk a stream pass over it and say so."""
+    if not data.startswith(b"{") or len(data) > 512:
+        return False
+    try:
+        d = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return False
+    return (isinstance(d, dict) and set(d) <= _PUB_ACK_MEMBERS and isinstance(d.get("stream"), str)
+            and type(d.get("seq")) is int)
+
+
+def stored_by_reply(msg: Any) -> bool:
+    """Whether an input message is the server's acknowledgement stored under a party's subject.
+
+    An agent's publish with another agent's ``agent.{agent}.envelope`` (or ``.transition``) as its reply
+    subject makes the server store its acknowledgement there, on that agent's subject: no message that
+    agent sent. It has no header (every client's JetStream publish has a ``Nats-Msg-Id``, and the server
+    adds none to an acknowledgement) and the acknowledgement's body; read as the agent's, it made a refusal,
+    a signed verdict and capsule and an outcome that name an agent which sent nothing (found by an attack
+    from the docs). A message an agent sent with such a body and no header is passed over too: it was
+    no envelope or report, and is not answered."""
+    return not msg.headers and is_pub_ack(msg.data)
+
+
 _tokens = itertools.count(1)
 
 

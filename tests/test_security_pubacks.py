@@ -309,3 +309,57 @@ async def test_another_agents_acknowledgement_over_an_envelope_id_claim_blocks_n
         assert out.status == "accepted", out
         again = await a.outcome_for(await a.send(auth(measurement("m-1"))))
         assert (again.status, again.code) == ("gated", "envelope_id_reused"), again
+
+
+async def test_an_acknowledgement_stored_on_another_agents_subject_is_not_that_agents(tmp_path: Path) -> None:
+    """Agent b aims its acknowledgement at agent a's own input subjects (``agent.a.envelope``,
+    ``agent.a.transition``): the server stores it in ``PGW_INBOUND`` on a's subject. Read as a's, it made a
+    ``blocked`` and a ``denied`` verdict (each signed into a capsule), a signed TRANSITION_REFUSED and an outcome,
+    all naming a, which sent nothing (found by an attack from the docs). Both consumers now pass it over: no
+    verdict, event or outcome names a, and a's own envelope is answered as ever."""
+    from tests.kernel_support import read_log
+    from tests.polling import consumer_drained
+
+    async with secured_bed(tmp_path) as bed:
+        nc = bed.ncs["agent:b"]
+        for target in (bed.config.subjects.envelope("a"), bed.config.subjects.agent("a", "transition")):
+            await nc.publish(bed.config.subjects.envelope("b"), b"{}", reply=target)
+        await flushed(nc)
+        js = bed.ncs["_watch"].jetstream()
+
+        async def stored_and_taken() -> bool:
+            info = await js.stream_info("PGW_INBOUND", subjects_filter=f"{bed.config.prefix}.agent.a.>")
+            return (sum((info.state.subjects or {}).values()) >= 2
+                    and await consumer_drained(js, "PGW_INBOUND", "pgw-gateway")
+                    and await consumer_drained(js, "PGW_INBOUND", "pgw-kernel"))
+
+        await until(stored_and_taken, timeout=WAIT, what="both acknowledgements stored on a's subjects and taken")
+        a = bed.agents["a"]
+        from tests.moments import good_moment
+
+        out = await a.outcome_for(await a.send_moment("p", good_moment()))
+        assert out.status == "accepted", out  # a's first outcome is its own envelope's
+        await bed.verdict(lambda v: v.agent == "a" and v.verdict_class == "hitl_dispatched")
+        assert [v.verdict_class for v in bed.verdicts if v.agent == "a"] == ["hitl_dispatched"]
+        assert not [e for _, e in await read_log(js, "TRANSITION_REFUSED") if e.body.get("agent") == "a"]
+
+
+async def test_replay_passes_over_an_acknowledgement_among_the_redacted_copies(tmp_path: Path) -> None:
+    """``PGW_INBOUND_REDACTED`` keys ``{agent}.{stream seq}`` hold the redacted form of a message that held a
+    secret, which ``pgw replay`` reads in its place. An acknowledgement aimed at ``a.{seq}`` was replayed as
+    agent a's envelope at that sequence (and a sequence whose original was still stored was listed twice). The
+    range now yields each stored message once and no acknowledgement."""
+    from consumers.replay import ReplayRange, read_range
+
+    async with secured_bed(tmp_path) as bed:
+        a = bed.agents["a"]
+        from tests.moments import good_moment
+
+        out = await a.outcome_for(await a.send_moment("p", good_moment()))
+        assert out.status == "accepted", out
+        await aim(bed, "b", "$KV.PGW_INBOUND_REDACTED.a.1")  # a's envelope is stream sequence 1
+        await aim(bed, "b", "$KV.PGW_INBOUND_REDACTED.a.500")
+        got = [m async for m in read_range(bed.ncs["_watch"], ReplayRange(stream="PGW_INBOUND"),
+                                           prefix=bed.config.prefix)]
+        assert [m.seq for m in got if m.subject.endswith(".a.envelope")] == [1], [(m.seq, m.subject) for m in got]
+        assert all(b"PGW_INBOUND" not in m.data or b"binding_moment" in m.data for m in got)

@@ -39,6 +39,7 @@ from gateway.kernel.hem import WHY, held_report_moment, held_report_notice
 from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.state import ForeignRecord, IdpEntry, KernelState
 from gateway.stages.base import Turn
+from pgwcore.atomic import stored_by_reply
 from pgwcore.logs import get_logger
 from pgwcore.metrics import REGISTRY
 from subjects import jcs
@@ -185,6 +186,11 @@ class TransitionReports:
         for msg in msgs:
             structlog.contextvars.clear_contextvars()
             try:
+                if stored_by_reply(msg):  # no report of the agent's (pgwcore.atomic.stored_by_reply)
+                    log.warning("passed over the server's publish acknowledgement stored on an agent's subject",
+                                subject=msg.subject[:200])
+                    await msg.term()
+                    continue
                 agent = self.subjects.parse(msg.subject).token or ""
                 headers = msg.headers or {}
                 tp = await self.gw.traceparent(headers)

@@ -35,6 +35,7 @@ from consumers.verifier import (
     verify_many,
     verify_statement,
 )
+from pgwcore.atomic import is_pub_ack
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.keys import KeyFileError, kid_of, public_keys, read_ed25519_public, rotate
@@ -304,23 +305,6 @@ async def _gather(config: Config, paths: list[str], streams: list[str],
                 continue
             items.append((source, data))
     return items
-
-
-_PUB_ACK_MEMBERS = frozenset({"stream", "seq", "duplicate", "domain", "batch", "count", "val"})
-
-
-def is_pub_ack(data: bytes) -> bool:
-    """Whether a stored record is nats-server's acknowledgement of a JetStream publish (``{"stream", "seq"}``):
-    a party's publish with a stream's subject as its reply subject makes the server store it there
-    (docs/security.md "Replies"). It is no statement and hides none: passed over, and said so."""
-    if not data.startswith(b"{") or len(data) > 512:
-        return False
-    try:
-        d = msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        return False
-    return (isinstance(d, dict) and set(d) <= _PUB_ACK_MEMBERS and isinstance(d.get("stream"), str)
-            and type(d.get("seq")) is int)
 
 
 # Notes a person sees only with --verbose: spec 004 §9's registries do not hold the names a
