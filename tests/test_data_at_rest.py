@@ -743,29 +743,16 @@ async def test_a_secret_in_a_gated_calls_folder_or_tool_is_offered_no_standing_a
     in ``HEM_ESCALATED`` and ``APPROVAL_SCOPE_GRANTED`` (the event log, kept for good), the open dispatch and the
     scope's key all held it. Such a call is now offered Approve and Deny only, asked each time; after a clean
     shutdown and a restart the secret is in no file under the server's store and no log line."""
-    from subjects.executor import Executor
     from tests.kernel_support import Issuer, policy_dir, read_log, running_gateway
     from tests.test_gate_scopes import AGENT, ALLOW, POLICY, PRINCIPAL, Env, Files
     from tests.test_kernel_hem import _moment
 
-    class Quiet(Files):
-        """Files whose results do not repeat the path: an executor's results are its own to keep
-        (docs/security.md "What this does not cover"); this test is about what the kernel keeps."""
-
-        def __init__(self, nc: Any) -> None:
-            self.files: dict[str, str] = {}
-            self.calls = 0
-            self.ex = Executor(nc, "files")
-
-            @self.ex.action("WriteFile")
-            async def write(args: dict[str, Any]) -> Any:
-                self.calls += 1
-                self.files[args["arguments"]["path"]] = args["arguments"]["content"]
-                return {"content": [{"type": "text", "text": "written"}]}
 
     nc = await connect(nats_server.client_url, name="test")
     issuer = Issuer(tmp_path / "issuer")
-    files = Quiet(nc)
+    # Its results do not repeat the path: an executor's results are its own to keep (docs/security.md "What
+    # this does not cover"); this test is about what the kernel keeps.
+    files = Files(nc, echo=False)
     cfg = make_config(
         kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path, POLICY)),
                 "executors": {"files": {"actions": ["WriteFile"], "timeout_s": 2.0}}, "gate_sweep_s": 0},

@@ -38,7 +38,8 @@ ALLOW, DENY, SESSION, HOUR = 0, 1, 2, 3
 class Files:
     """An MCP-shaped executor: ``WriteFile`` with ``{"tool", "arguments": {"path", "content"}}``."""
 
-    def __init__(self, nc: Any) -> None:
+    def __init__(self, nc: Any, *, echo: bool = True) -> None:
+        """``echo``: its result names the path written (an executor's results are its own to keep)."""
         self.files: dict[str, str] = {}
         self.calls = 0
         self.ex = Executor(nc, "files")
@@ -48,7 +49,7 @@ class Files:
             self.calls += 1
             inner = args["arguments"]
             self.files[inner["path"]] = inner["content"]
-            return {"content": [{"type": "text", "text": f"wrote {inner['path']}"}]}
+            return {"content": [{"type": "text", "text": f"wrote {inner['path']}" if echo else "written"}]}
 
 
 class Env:

@@ -71,6 +71,17 @@ async def outcomes_for(nc: nats.NATS, agent: str, envelope_id: str, *, want: int
     return got
 
 
+async def victim_publishes(bed: Bed, a: nats.NATS, x: str, stolen: str) -> Any:
+    """a publishes its envelope ``x`` under the squatted id; it is answered exactly once. The PubAck."""
+    ack = await a.jetstream().publish(bed.config.subjects.envelope("a"), raw_envelope("p", x),
+                                      headers={"Nats-Msg-Id": stolen})
+    outs = await outcomes_for(a, "a", x)
+    assert [o.status for o in outs] == ["accepted"], outs
+    await settled(bed, "a", 1 if ack.duplicate else 2)  # the watch's copy, and a's original if stored
+    assert await stored_outcomes(bed, "a", x) == 1
+    return ack
+
+
 async def settled(bed: Bed, agent: str, stored: int) -> None:
     """Wait until PGW_INBOUND holds ``stored`` envelopes on ``agent``'s subject (the watch's re-published copy
     included) and the gateway has acked every delivery: after that no further outcome can come."""
@@ -114,12 +125,7 @@ async def test_squatted_msg_id_does_not_drop_the_victims_envelope(tmp_path: Path
             stolen = stolen_form.format(x=x)
             await b.jetstream().publish(bed.config.subjects.envelope("b"), b'{"any": "body"}',
                                         headers={"Nats-Msg-Id": stolen})
-            ack = await a.jetstream().publish(bed.config.subjects.envelope("a"), raw_envelope("p", x),
-                                              headers={"Nats-Msg-Id": stolen})
-            outs = await outcomes_for(a, "a", x)
-            assert [o.status for o in outs] == ["accepted"], outs
-            await settled(bed, "a", 1 if ack.duplicate else 2)  # the watch's copy, and a's original if stored
-            assert await stored_outcomes(bed, "a", x) == 1
+            ack = await victim_publishes(bed, a, x, stolen)
         finally:
             await a.close()
             await b.close()
@@ -213,12 +219,7 @@ async def test_the_watch_holds_bounded_bytes_and_still_rescues(tmp_path: Path, s
             assert sum(len(v[2]) for v in held) <= budget, "the watch holds more body bytes than its budget"
             assert watch._seen[stolen][2] is None, "b's first body should have been let go, its id kept"
             rescues = watch.rescues
-            ack = await a.jetstream().publish(bed.config.subjects.envelope("a"), raw_envelope("p", x),
-                                              headers={"Nats-Msg-Id": stolen})
-            outs = await outcomes_for(a, "a", x)
-            assert [o.status for o in outs] == ["accepted"], outs
-            await settled(bed, "a", 1 if ack.duplicate else 2)  # the watch's copy, and a's original if stored
-            assert await stored_outcomes(bed, "a", x) == 1
+            await victim_publishes(bed, a, x, stolen)
             assert watch.rescues == rescues + 1  # a's, not b's whose body was let go
             # No traffic now: the sweep lets go of every id and body past HOLD_S.
             await until(let_go, timeout=squat.HOLD_S * 4,
