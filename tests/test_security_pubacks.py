@@ -363,3 +363,23 @@ async def test_replay_passes_over_an_acknowledgement_among_the_redacted_copies(t
                                            prefix=bed.config.prefix)]
         assert [m.seq for m in got if m.subject.endswith(".a.envelope")] == [1], [(m.seq, m.subject) for m in got]
         assert all(b"PGW_INBOUND" not in m.data or b"binding_moment" in m.data for m in got)
+
+
+async def test_a_foreign_open_dispatch_is_deleted_by_the_gate_sweep(tmp_path: Path) -> None:
+    """Any key of ``PGW_KERNEL_GATE`` (the gated actions dispatched and not yet recorded): an agent's
+    acknowledgement there made every gate sweep log an error for it, every few seconds, for good. The sweep now
+    deletes it and goes on."""
+    from tests.logcapture import capture_logs_with_context
+
+    async with secured_bed(tmp_path) as bed:
+        await aim(bed, "b", "$KV.PGW_KERNEL_GATE.zz_junk")
+        k = kernel(bed)
+        with capture_logs_with_context() as logs:
+            assert await k.gate_sweep() == 0
+        assert not [e for e in logs if e.get("log_level") == "error"], logs
+        kv = await bed.ncs["_watch"].jetstream().key_value("PGW_KERNEL_GATE")
+        try:
+            gone = not (await kv.get("zz_junk")).value
+        except Exception:  # noqa: BLE001 - deleted: not found
+            gone = True
+        assert gone
