@@ -22,6 +22,7 @@ import msgspec
 
 from consumers import capsule as capm
 from consumers import capsule_v4 as v4
+from pgwcore.atomic import is_pub_ack
 
 
 class LedgerIssue(msgspec.Struct, omit_defaults=True):
@@ -36,13 +37,10 @@ class LedgerReport(msgspec.Struct, omit_defaults=True):
     issues: list[LedgerIssue] = msgspec.field(default_factory=list)
     capsule_ids: list[str] = msgspec.field(default_factory=list)  # in ledger order
     positions: list[int] = msgspec.field(default_factory=list)  # each capsule's position, as capsule_ids
-    # Positions of records that are no link at all (not a JSON object with a link's members): the
-    # server's acknowledgement a party aimed at the ledger's subjects (docs/security.md "Replies"). The
-    # links around one still chain onto each other, so it hides nothing; listed, not an issue.
+    # Positions of the server's acknowledgements a party aimed at the ledger's subjects (docs/security.md
+    # "Replies"; pgwcore.atomic.is_pub_ack): no link, and the links around one still chain onto each
+    # other, so it hides nothing; listed, not an issue. Any other record that is no link is one.
     foreign: list[int] = msgspec.field(default_factory=list)
-
-
-_LINK_MEMBERS = frozenset({"position", "verdict_id", "capsule_id", "prev_hash", "hash", "payload"})
 
 
 def _payload_id(payload: dict[str, Any]) -> str:
@@ -60,14 +58,11 @@ def check_ledger(raw_entries: Iterable[bytes]) -> LedgerReport:
     n = 0
     foreign: list[int] = []
     for n, raw in enumerate(raw_entries, start=1):
-        try:
-            e = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            e = None
-        if not isinstance(e, dict) or not (_LINK_MEMBERS & e.keys()):
+        if is_pub_ack(raw):
             foreign.append(n)  # the next link must still chain onto the last one before it
             continue
         try:
+            e = msgspec.json.decode(raw)
             payload = json.loads(e["payload"])
             chain = payload.get("chain") if isinstance(payload.get("chain"), dict) else None
             if e["position"] != n:

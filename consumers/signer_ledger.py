@@ -26,6 +26,7 @@ from consumers.capsule import Ledger, ledger_entry_hash
 from consumers.cose import sign_statement
 from pgwcore.atomic import ERR_ATOMIC_DISABLED, ERR_WRONG_LAST_SEQ, enable_atomic, publish_atomic
 from pgwcore.keys import SigningKey
+from pgwcore.logs import get_logger
 from pgwcore.streams import ensure_stream
 from subjects.errors import PgwError
 from subjects.wire import Verdict
@@ -49,17 +50,15 @@ class LedgerEntry(msgspec.Struct, frozen=True):
 
 
 _entry_decoder = msgspec.json.Decoder(LedgerEntry)
+log = get_logger("pgw.signer")
 
 
 def _entry_of(data: bytes, seq: int) -> LedgerEntry | None:
     """The signer's link stored at ``seq``, or None (with a warning) for a record it did not write."""
     try:
         return _entry_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        from pgwcore.logs import get_logger
-
-        get_logger("pgw.signer").warning("a record of PGW_SIGNER_LEDGER is no link of the signer's; passed over",
-                                         seq=seq)
+    except msgspec.DecodeError:
+        log.warning("a record of PGW_SIGNER_LEDGER is no link of the signer's; passed over", seq=seq)
         return None
 
 

@@ -72,6 +72,7 @@ from mcp.shared.exceptions import McpError
 from msgspec import Meta, Struct
 from nats.errors import Error as NatsError
 
+from subjects.gate import PATH_KEYS
 from subjects.idp import canonical_id
 from subjects.util import now_rfc3339
 
@@ -698,11 +699,6 @@ def _clip(text: str, n: int = 1000) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-# The arguments that name what a call touches: the approval card's own list (``PATH_KEYS`` of
-# gateway/kernel/hem.py, which this package may not import: STYLE.md "The shape of the house";
-# tests/test_mcp_gate_refusals.py holds the two equal). A standing approval is judged on these.
-PATH_KEYS = ("path", "file_path", "filepath", "file", "filename", "source", "destination", "target", "dir",
-             "directory", "folder", "uri", "url", "repo_path")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 

@@ -45,6 +45,12 @@ from subjects.idp import CedarAction, EnrichedDeny, HemPending, KernelResultBase
 from subjects.util import stable_id
 from subjects.wire import ActionResult
 
+# The arguments of a gated call that name what it touches, a path first: the approval card shows them
+# first and names them in its question (gateway/kernel/hem.py), a standing approval is judged on them
+# (gateway/kernel/scopes.py), and the MCP gate's executor checks them for links (integrations/mcp_gate.py).
+PATH_KEYS = ("path", "file_path", "filepath", "file", "filename", "source", "destination", "target", "dir",
+             "directory", "folder", "uri", "url", "repo_path")
+
 # The header every dispatch carries besides the body (so a proxy or a log can key on it).
 IDEMPOTENCY_HEADER = "Pgw-Idempotency-Key"
 # The kernel's queue group on agent.*.act (the same group as agent.*.idp).

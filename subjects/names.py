@@ -60,15 +60,18 @@ def agent_token(agent: str) -> str:
     return check_token(agent, "agent token")
 
 
+def principal_unhandled(principal: str) -> str:
+    """A principal handle (``~alice`` or ``alice``) without its one leading ``~`` (spec 000 §3), unchecked."""
+    return principal[1:] if isinstance(principal, str) and principal.startswith("~") else principal
+
+
 def principal_token(principal: str) -> str:
     """Map a principal handle (``~alice`` or ``alice``) to its subject token.
 
     Only one leading ``~`` is removed (spec 000 §3 handles); the rest must be a
     valid token as it stands.
     """
-    if isinstance(principal, str) and principal.startswith("~"):
-        principal = principal[1:]
-    return check_token(principal, "principal token")
+    return check_token(principal_unhandled(principal), "principal token")
 
 
 @dataclass(frozen=True, slots=True)

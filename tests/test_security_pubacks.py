@@ -383,3 +383,34 @@ async def test_a_foreign_open_dispatch_is_deleted_by_the_gate_sweep(tmp_path: Pa
         except Exception:  # noqa: BLE001 - deleted: not found
             gone = True
         assert gone
+
+
+async def test_a_report_of_an_undeclared_step_over_a_foreign_record_is_refused_once(tmp_path: Path) -> None:
+    """The acknowledgement aimed at ``tr.{agent}.{X}`` for a step X the agent never declared, then a report of X:
+    the log has no step to write back, so the report is refused as undeclared (as without the value), once, and
+    the foreign value is gone (it is not redelivered and the log walked again on each delivery)."""
+    import uuid
+
+    from gateway.kernel.state import tr_key
+    from tests.kernel_support import read_log
+
+    async with secured_bed(tmp_path) as bed:
+        x = str(uuid.uuid4())
+        await aim(bed, "a", f"$KV.PGW_KERNEL.{tr_key('a', x)}")
+        nc = bed.ncs["agent:a"]
+        report = {"idp_id": x, "executed_action": "CloseBooking", "effect": {"type": "booking.close", "status": "dispatched"}}
+        await nc.jetstream().publish(bed.config.subjects.agent("a", "transition"), msgspec.json.encode(report),
+                                     headers={"Nats-Msg-Id": f"a:{uuid.uuid4()}"})
+        js = bed.ncs["_watch"].jetstream()
+
+        async def refused() -> Any:
+            return [e for _, e in await read_log(js, "TRANSITION_REFUSED") if e.body.get("idp_id") == x]
+
+        [ev] = await until(refused, timeout=WAIT, what="the report refused as undeclared")
+        assert ev.body["reason"] == "no IDP_SUBMITTED for this step", ev.body
+        kv = await js.key_value("PGW_KERNEL")
+        try:
+            gone = not (await kv.get(tr_key("a", x))).value
+        except Exception:  # noqa: BLE001 - deleted: not found
+            gone = True
+        assert gone

@@ -52,11 +52,6 @@ _STRUCTURAL = ("idp_id", "so_id", "session_id", "agent", "step_sequence", "idp_s
                "state_transition_seq", "kernel_receipt_ts", "audit_accessible", "session_state")
 
 
-def _as_asked(text: str) -> str:
-    """A redacted leaf of a logged query: as asked, its secrets aside (no character dropped or marked)."""
-    return text
-
-
 class AuditError(Exception):
     def __init__(self, code: str, reason: str) -> None:
         self.code, self.reason = code, reason
@@ -142,7 +137,7 @@ class AuditService:
         # query's id is redacted there (spec 002 SR-1), the rest kept as asked. No IDP or session holding a
         # secret was ever committed (gateway/kernel/validation.py), so such a query matched nothing anyway.
         red = (await self.kernel.gw.stage_state.get()).redactor
-        full = red.graph({"auditor": auditor, "asked_at": now_rfc3339(), **body}, show=_as_asked)
+        full = red.graph({"auditor": auditor, "asked_at": now_rfc3339(), **body}, show=str)  # each leaf as asked, its secrets aside
         ev = await self.kernel.eventlog.append(EVENT, full, msg_id=stable_id(EVENT, auditor, msgspec.json.encode(full).decode()))
         return ev.seq
 

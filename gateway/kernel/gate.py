@@ -326,9 +326,17 @@ class Gate:
         """``d`` as ``PGW_KERNEL_GATE`` holds it: arguments that hold a secret apart (gate_args.py)."""
         return await gate_args.stored(self.js, (await self.gw.stage_state.get()).redactor, d)
 
-    async def _read_open(self, value: bytes) -> OpenDispatch | None:
-        """An open dispatch read back, with its arguments as sent; None (logged) when they are gone."""
-        d = _od_dec.decode(value)
+    async def _read_open(self, key: str, value: bytes) -> OpenDispatch | None:
+        """An open dispatch read back, with its arguments as sent; None (logged) when they are gone, or when
+        ``key``'s value is no open dispatch of the kernel's: the server's acknowledgement a party aimed at it
+        (docs/security.md "Replies"), which is deleted (before, every gate sweep logged an error for it)."""
+        try:
+            d = _od_dec.decode(value)
+        except msgspec.DecodeError:
+            log.warning("an open dispatch's key holds no record of the kernel's; deleted", key=key[:200])
+            with contextlib.suppress(KeyNotFoundError):
+                await self.gate_kv.delete(key)
+            return None
         try:
             return await gate_args.restored(self.js, d)
         except gate_args.ArgumentsGone as e:
@@ -664,7 +672,7 @@ class Gate:
             return
         if not e.value:
             return
-        d = await self._read_open(e.value)
+        d = await self._read_open(key, e.value)
         if d is None or d.state != "awaiting_approval":
             return
         if decision == "approve":
@@ -744,15 +752,7 @@ class Gate:
                 return False
             if not e.value:
                 return False
-            try:
-                d = await self._read_open(e.value)
-            except msgspec.DecodeError:
-                # No open dispatch of the kernel's: the server's acknowledgement a party aimed at this key
-                # (docs/security.md "Replies"); before, every sweep logged an error for it, for good.
-                log.warning("an open dispatch's key holds no record of the kernel's; deleted", key=key[:200])
-                with contextlib.suppress(KeyNotFoundError):
-                    await self.gate_kv.delete(key)
-                return False
+            d = await self._read_open(key, e.value)
             if d is None:
                 return False
             got = await self.state.idp(d.so_id, d.idp_id)

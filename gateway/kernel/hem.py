@@ -43,6 +43,7 @@ import msgspec
 from gateway.security.secret_scan import redact_graph
 from gateway.security.text import marked
 from subjects.constraints import MAX_LIST_ITEMS
+from subjects.gate import PATH_KEYS
 from subjects.idp import Idp
 from subjects.wire import BindingMoment, Hatches, MomentMeta, MomentOption, Question
 
@@ -69,10 +70,7 @@ def _clip(text: str, n: int = 400) -> str:
 # findings of at most 2,000 characters each).
 MAX_ARG_FINDINGS = 12
 ARG_CHARS = 300
-# Arguments that name what the action touches, shown first and quoted in the question.
-MAX_PATHS_ASKED = 3  # paths named in the question; past them it counts the rest
-PATH_KEYS = ("path", "file_path", "filepath", "file", "filename", "source", "destination", "target", "dir",
-             "directory", "folder", "uri", "url", "repo_path")
+MAX_PATHS_ASKED = 3  # paths named in the question (subjects.gate.PATH_KEYS); past them it counts the rest
 
 
 def _json(value: Any) -> str:
@@ -110,7 +108,6 @@ class Shown:
         # the tool's to decide (a card that named the first only was approved for a file the tool never
         # wrote, while it wrote the other; found by an attack from the docs).
         self.paths = list(dict.fromkeys(self.raw_text[k] for k, _ in first if k in self.raw_text))
-        self.path = self.paths[0] if self.paths else None
 
 
 def argument_findings(arguments: dict[str, Any], shown: Shown | None = None) -> list[str]:

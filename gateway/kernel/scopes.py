@@ -187,7 +187,7 @@ def folder_of(args: dict[str, Any]) -> str | None:
 
 
 def offer_for(*, action: str, executor: str, arguments: dict[str, Any], mandate: Any,
-              redactor: Any = None) -> ScopeOffer | None:
+              redactor: Any) -> ScopeOffer | None:
     """The standing approval a gated call's moment may offer, or None (no clean path: ask every time).
 
     None too where the folder or the tool holds a secret (spec 002 SR-1, as ``redactor`` judges it):
@@ -204,7 +204,7 @@ def offer_for(*, action: str, executor: str, arguments: dict[str, Any], mandate:
     folder = folder_of(args)
     if folder is None:
         return None
-    if redactor is not None and redactor.holding([folder, tool or ""]):
+    if redactor.holding([folder, tool or ""]):
         return None
     return ScopeOffer(action=action, executor=executor, folder=folder, mandate_id=mandate.jti, tool=tool,
                       mandate_exp=float(mandate.exp) if getattr(mandate, "exp", None) else None)

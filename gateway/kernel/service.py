@@ -433,8 +433,9 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             action, agent=agent, principal=m.principal, resource=resource, so_id=idp.so_id, context=ctx
         ) if in_scope else None
         allowed = decision is not None and decision.allowed
+        forbidden = decision is not None and decision.forbidden
         deny_code = "POLICY_DENY" if in_scope else "MANDATE_SCOPE"
-        if decision is not None and decision.forbidden:
+        if forbidden:
             # A forbid policy applied: the deployment says nobody may allow this action, so HEM is not
             # configured for it (spec 003 §6.2 hem_available "false ... if HEM is not configured"), and
             # neither a resubmission with hem_urgency REQUIRED (§4.4, §6.3) nor a standing approval puts
@@ -457,7 +458,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                 agent, idp, m, "GATE_REQUIRED", raw["idp"], available=self._available(agent, idp, m, resource, ctx),
                 hem_available=False, tp=tp, submitted_seq=sub.seq, log_event=True,
             )
-        if idp.hem_urgency == "REQUIRED" and self.cfg.hem_enabled and not (decision is not None and decision.forbidden):
+        if idp.hem_urgency == "REQUIRED" and self.cfg.hem_enabled and not forbidden:
             # spec 003 §4.4: HEM regardless of the Cedar outcome; §6.3 a resubmission after DENY. Not for an
             # action a forbid policy denies (above): that one ends with the Enriched DENY below.
             entry.status = "hem_pending"
@@ -482,7 +483,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                 timestamp=now_rfc3339(), idp_id=idp.idp_id, session_id=idp.session_id,
                 moment_id=moment_id, trigger="HEM_URGENCY_REQUIRED", event_seq=sub.seq,
             )
-        if idp.hem_urgency == "REQUIRED" and not (decision is not None and decision.forbidden):
+        if idp.hem_urgency == "REQUIRED" and not forbidden:
             # The agent asked for a human and none can be asked: fail closed, with a
             # code of its own (policy may well permit; the missing human is the reason).
             allowed, deny_code, hem_available = False, "HEM_UNAVAILABLE", False
@@ -539,7 +540,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         await self._put_entry(entry)
         return await self._deny(
             agent, idp, m, deny_code, raw["idp"], available=available, hem_available=hem_available,
-            tp=tp, submitted_seq=sub.seq, log_event=True, forbidden=decision is not None and decision.forbidden,
+            tp=tp, submitted_seq=sub.seq, log_event=True, forbidden=forbidden,
         )
 
     def _moment_id(self, trigger: str, idp: Idp) -> str:

@@ -333,11 +333,11 @@ class KernelState:
         does. A walk of the whole log, only when such a value is found. False if the log has no
         IDP_SUBMITTED of the step."""
         idp_low = idp_id.lower()
-        info = await eventlog.js.stream_info(eventlog.stream)
+        await self._drop_foreign(tr_key(agent, idp_id))  # whether or not the log declared the step
         events: list[tuple[str, dict[str, Any], int]] = []
-        async for rec in walk_log(eventlog.js, eventlog.subjects, eventlog.keys, stream=eventlog.stream,
-                                  from_seq=1, to_seq=info.state.last_seq or 0):
+        async for rec in walk_log(eventlog.js, eventlog.subjects, eventlog.keys, stream=eventlog.stream):
             if rec.problem is not None or rec.event is None:
+                eventlog.report_foreign(rec, "the repair of a step's records")
                 continue
             body = rec.event.body
             named = body.get("idp_id") or (body.get("record") or {}).get("idp_id")
@@ -346,16 +346,18 @@ class KernelState:
         submitted = next((b for t, b, _ in events if t == "IDP_SUBMITTED"), None)
         if submitted is None:
             return False
-        for key in (tr_key(agent, idp_id), idp_key(submitted["so_id"], idp_id)):
-            got = await self._get(key)
-            if got is not None and not self._kernels(key, got[0]):
-                log.critical("a kernel record of a step holds no record of the kernel's; written again from the log",
-                             key=key, agent=agent, idp_id=idp_id)
-                with contextlib.suppress(Exception):
-                    await self.kv.delete(key)
+        await self._drop_foreign(idp_key(submitted["so_id"], idp_id))
         for event_type, body, seq in events:
             await self.apply(event_type, body, seq)
         return True
+
+    async def _drop_foreign(self, key: str) -> None:
+        got = await self._get(key)
+        if got is not None and not self._kernels(key, got[0]):
+            log.critical("a kernel record of a step holds no record of the kernel's; deleted, written again from "
+                         "the log where it declared the step", key=key)
+            with contextlib.suppress(Exception):
+                await self.kv.delete(key)
 
     @staticmethod
     def _kernels(key: str, value: bytes) -> bool:

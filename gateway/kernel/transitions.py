@@ -249,10 +249,12 @@ class TransitionReports:
             got = await self.state.idp(so_id, rep.idp_id) if so_id else None
         except ForeignRecord:
             # The step's records were overwritten by a value the kernel never wrote: written again from
-            # the signed log, then the report is judged as it would have been (state.repair_step).
-            await self.state.repair_step(self.eventlog, agent, rep.idp_id)
-            so_id = await self.state.so_of(agent, rep.idp_id)
-            got = await self.state.idp(so_id, rep.idp_id) if so_id else None
+            # the signed log, then the report is judged as it would have been (state.repair_step). A step
+            # the log never declared is judged as undeclared, as before the value was written.
+            got = None
+            if await self.state.repair_step(self.eventlog, agent, rep.idp_id):
+                so_id = await self.state.so_of(agent, rep.idp_id)
+                got = await self.state.idp(so_id, rep.idp_id) if so_id else None
         if got is None:
             # spec 003 §5.3: no STATE_TRANSITIONED without a preceding IDP_SUBMITTED. A gated action
             # claimed with no declaration at all is the §8.7 finding below as well.

@@ -309,8 +309,9 @@ async def mark_refused(ctx: Ctx, kv: Any, correlation_id: str) -> None:
             entry = await kv.get(key)
         except KeyNotFoundError:
             entry = None
+        rec = _record(entry.value, key) if entry is not None and entry.value else None
         try:
-            if entry is None or not entry.value or _record(entry.value, key) is None:
+            if entry is None or rec is None:
                 # Neither type nor ids: the refusal may come before redaction (SR-1).
                 marker = DedupRecord("", _owner(ctx), time.time(), status="refused")
                 if entry is None:
@@ -318,7 +319,7 @@ async def mark_refused(ctx: Ctx, kv: Any, correlation_id: str) -> None:
                 else:
                     await kv.update(key, _enc.encode(marker), last=entry.revision)
                 return
-            if _dec.decode(entry.value).status == "pending":
+            if rec.status == "pending":
                 return
             await kv.update(key, entry.value, last=entry.revision)
             return

@@ -283,7 +283,7 @@ async def check(ctx: Ctx, st: StageState, principal: str, bm: BindingMoment) -> 
         return
     vetoes = _stored(st, key, entry.value)
     if cache is not None:
-        cache.apply(key, entry.revision, entry.value)
+        cache.apply(key, entry.revision, vetoes)
     found = _repeats(vetoes, stem, opts)
     if found:
         v, what = found

@@ -105,18 +105,12 @@ def round_key(family: str, agent: str, correlation_id: str, node_id: str | None)
     return f"{family}.{agent}.{_h(chain_of(correlation_id, node_id))}"
 
 
-def _principal(principal: str) -> str:
-    """The principal as its token: ``~alice`` and ``alice`` are one principal (spec 000 §3 handles), so one
-    count (an agent writing the handle both ways had each cap twice; found by an attack from the docs)."""
-    return principal[1:] if principal.startswith("~") else principal
-
-
 def clar_node_key(agent: str, principal: str, node_id: str | None) -> str:
-    return f"clarnode.{agent}.{_h(_principal(principal) + chr(0) + (node_id or '-'))}"
+    return f"clarnode.{agent}.{_h(principal + chr(0) + (node_id or '-'))}"
 
 
 def clar_principal_key(agent: str, principal: str) -> str:
-    return f"clarpr.{agent}.{_h(_principal(principal))}"
+    return f"clarpr.{agent}.{_h(principal)}"
 
 
 COUNTED = "round_counted"  # ctx.extra: the [(key, member)] this envelope added to rounds sets

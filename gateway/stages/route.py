@@ -26,6 +26,7 @@ from gateway.stages import dualveto
 from gateway.stages.base import Ctx, Refuse
 from pgwcore.logs import get_logger
 from subjects.client import PRINCIPAL_HEADER
+from subjects.names import principal_unhandled
 from subjects.util import now_rfc3339, stable_id
 from subjects.wire import (
     AuthorizationItem,
@@ -86,11 +87,12 @@ def addressed_principal(ctx: Ctx) -> str | None:
     (no warning, no refusal; None when it will refuse): for the limits stage, which runs first and
     counts clarifications per principal (gateway/stages/limits.py)."""
     assert ctx.env is not None and ctx.env.meta is not None
+    # As resolve_principal reads it: ``~alice`` is ``alice`` (one count, not two; found by an attack from the docs).
     if ctx.turn.principal is not None:
-        return ctx.turn.principal
+        return principal_unhandled(ctx.turn.principal)
     legacy = ctx.env.meta.pgw.get("principal") if isinstance(ctx.env.meta.pgw, dict) else None
     if isinstance(legacy, str):
-        return legacy
+        return principal_unhandled(legacy)
     bound = ctx.gw.config.bound_principals(ctx.agent) or []
     return bound[0] if len(bound) == 1 else None
 

@@ -65,20 +65,15 @@ class Stats:
     hatch_suppressions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (agent, hatch)
     resolutions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (agent, decision_class)
     dialogue_hatch: Counter[tuple[str, str]] = field(default_factory=Counter)  # (agent, decision_class)
-    classes: dict[str, set[str]] = field(default_factory=dict)  # agent -> the decision classes counted apart
-
     def decision_class(self, agent: str, dc: str) -> str:
         """The class ``dc`` is counted under for ``agent``: itself for the agent's first
         ``MAX_DECISION_CLASSES`` classes, ``other`` after them. The agent writes the class (spec
         000 §6.9), so without a bound each new one was a new key here and two new series in
         /metrics for as long as the process ran; the rates of §12.2 stay whole per agent."""
-        seen = self.classes.setdefault(agent, set())
-        if dc in seen:
+        if (agent, dc) in self.resolutions:
             return dc
-        if len(seen) < MAX_DECISION_CLASSES:
-            seen.add(dc)
-            return dc
-        return OTHER_CLASS
+        apart = sum(1 for a, c in self.resolutions if a == agent and c != OTHER_CLASS)
+        return dc if apart < MAX_DECISION_CLASSES else OTHER_CLASS
 
     def rate(self, agent: str, what: str) -> float:
         """dialogue-hatch or calibration_note rate for ``agent`` (0 when nothing seen)."""

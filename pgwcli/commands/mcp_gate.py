@@ -33,7 +33,6 @@ import re
 import shlex
 import shutil
 import sys
-import tempfile
 import time
 import tomllib
 import uuid
@@ -321,21 +320,6 @@ def _pgw_command() -> list[str]:
     return [sys.executable, "-m", "pgwcli.main"]
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Write ``path`` readable by its owner alone from the first byte: a new file made 0600 beside it, then
-    renamed over it (a file written first and narrowed after would be readable in between, and a reader that
-    opened the old one would read the new text through it)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mkstemp makes it 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 async def init_gate(args: argparse.Namespace, config: Config) -> int:
     """``pgw mcp-gate init FOLDER`` (module docstring). Every refusal is one line naming what to mend."""
     import asyncio
@@ -347,6 +331,7 @@ def _init_gate(args: argparse.Namespace, config: Config) -> int:
     from gateway.kernel.mandate import DEV_ISSUER_ROLE, issue_mandate
     from gateway.security import embedded_auth
     from pgwcore.config import _relative_to, load_config
+    from pgwcore.identity import write_private
     from pgwcore.keys import load_or_create
     from subjects.errors import ConfigError
     from subjects.names import principal_token
@@ -428,7 +413,7 @@ def _init_gate(args: argparse.Namespace, config: Config) -> int:
         gw_config = load_config(None, **raw)
     except ConfigError as e:
         return fail(f"the merged configuration does not load: {e}")
-    _write_private(conf_path, header + text)  # it may hold inline secrets (pipeline.secrets.values)
+    write_private(conf_path, header + text)  # it may hold inline secrets (pipeline.secrets.values)
 
     # The mandate: the same governed object as before when renewing (its so_id), a new one the first time.
     mandate_path = out / f"{agent}.mandate"
@@ -441,11 +426,11 @@ def _init_gate(args: argparse.Namespace, config: Config) -> int:
     key = load_or_create(gw_config.data_path, DEV_ISSUER_ROLE, keys_dir=gw_config.keys_path)
     token = issue_mandate(key.private, key.kid, agent=agent, so_id=so_id, principal=principal,
                           actions=GATE_ACTIONS, ttl_s=args.mandate_ttl)
-    _write_private(mandate_path, token + "\n")
+    write_private(mandate_path, token + "\n")
     expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + args.mandate_ttl))
 
     gate_path = out / "gate.toml"
-    _write_private(gate_path, _gate_file(args.name, folder, command, mandate_path.name, expires))
+    write_private(gate_path, _gate_file(args.name, folder, command, mandate_path.name, expires))
 
     # The credentials the gateway will accept with this configuration (agent and executor among them).
     auth = embedded_auth(gw_config)
