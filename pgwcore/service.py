@@ -73,9 +73,13 @@ ServiceFactory = Callable[["Config", "Client"], Service]
 # hundred or so (dicts, Structs, futures, tasks) that nearly all die with its turn; at the default
 # the collector ran every seven envelopes and promoted the turns in flight to the older
 # generations, about 5 % of the gateway's CPU at 1,000 envelopes/s (benchmarks/performance-changes.md,
-# "Gateway CPU per envelope"); a signer's batch or a kernel request is alike. Cycles are still
-# collected, only in larger steps.
-GC_THRESHOLDS = (20_000, 20, 20)
+# "Gateway CPU per envelope"); a signer's batch or a kernel request is alike. At 20,000 it still ran
+# every few hundred envelopes under a closed loop of 256, each time over the turns in flight (7 ms a
+# collection, about 20 us an envelope: "The collector's threshold", same file); the turns in flight of
+# a full gateway (``gateway.batch`` x 4) stay below 100,000, so a collection comes only when what is
+# left over adds up to that. Cycles are still collected, only in larger steps; what dies without a
+# cycle is freed at once, as always.
+GC_THRESHOLDS = (100_000, 20, 20)
 
 
 def freeze_startup_heap() -> None:
