@@ -128,3 +128,39 @@ def test_a_long_text_reads_the_same_and_is_not_kept() -> None:
     assert _seen_short.cache_info().currsize == 1  # the short text only
     assert seen_cased(long) == _reference_cased(long)
     assert _seen_cased_short.cache_info().currsize == 0
+
+
+def test_the_joining_character_of_seen_all_folds_to_itself_alone() -> None:
+    """``seen_all`` splits one fold of the joined texts on ``_JOIN``: exact only if the fold keeps it as itself,
+    makes it of no other character (alone or inside a longer fold) and it is no white space."""
+    from gateway.security.seen import _JOIN
+
+    assert not _JOIN.isspace() and _JOIN.isascii()
+    for c in map(chr, range(128)):
+        folded = fast_skeleton(c, keep_space=True)
+        assert (folded == _JOIN) if c == _JOIN else (_JOIN not in folded), repr(c)
+
+
+_PIECES = [*string.printable, "~", "~~", "  ", "\t\n", "m", "M", "%", '"', "\x00", "\x7f", "\u00a0", "\u200b", "\u0405",
+           "\u00e9", "l1I", "secret:", "\U0001f600"]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_PIECES), max_size=10).map("".join), max_size=9))
+def test_seen_all_reads_each_text_as_seen_does(texts: list[str]) -> None:
+    """One fold of the joined texts, split again, is each text's own seen form: white space at either end and
+    inside, empty and blank texts, the fold's longer outputs (``m`` to ``rn``), texts holding the joining
+    character (folded one by one) and texts that are not ASCII."""
+    from gateway.security.seen import seen_all
+
+    assert seen_all(texts) == [definition(t) for t in texts]
+
+
+def test_seen_all_reads_the_bench_moments_as_seen_does() -> None:
+    from gateway.security.seen import seen_all
+
+    for kb in (1, 16, 120):
+        m = moment_of_kb(kb, 7)
+        texts = [m["synopsis"], m["question"]["stem"], *(o["label"] for o in m["question"]["options"]),
+                 *m["findings"], *m["recommendations"]]
+        assert seen_all(texts) == [seen(t) for t in texts]

