@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from nats.js.errors import APIError
 
-from gateway.stages.redaction import json_unescaped
+from gateway.stages.redaction import body_plainly_clean, json_unescaped
 from pgwcore.logs import get_logger
 from pgwcore.streams import (
     DAY,
@@ -119,7 +119,7 @@ async def settle_raw(js: JetStreamContext, red: Any, turn: Turn) -> bool:
     """
     # Most bodies are judged clean by one scan of their bytes (Redactor.bytes_plainly_clean); the
     # rest are parsed and walked, and their bytes read member by member.
-    clean = red.bytes_plainly_clean(turn.body)
+    clean = body_plainly_clean(red, turn)  # judged once per turn: the redaction stage asked it first
     redacted = None if clean else redacted_turn(red, turn.body)
     if redacted is None:
         if (clean or not red.bytes_hold_secret(turn.body)) and not (

@@ -192,3 +192,26 @@ def test_every_label_the_hatch_regex_matches_passes_the_first_word_filter(label:
 def test_words_split_in_c_are_the_word_regexs(text: str) -> None:
     """A text's words split by the byte table are exactly the word regex's over the lower-cased text."""
     assert lints._words(text) == lints._WORD.findall(text.lower())
+
+
+def test_a_turns_bytes_are_judged_once_per_redactor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The redaction stage and the settling at rest ask ``body_plainly_clean`` of one turn: the bytes are
+    scanned once, the answer is ``bytes_plainly_clean``'s, and a reloaded redactor judges them afresh."""
+    from gateway.stages.redaction import body_plainly_clean
+
+    calls: list[bytes] = []
+    real = Redactor.bytes_plainly_clean
+
+    def counted(self: Redactor, body: bytes) -> bool:
+        calls.append(body)
+        return real(self, body)
+
+    monkeypatch.setattr(Redactor, "bytes_plainly_clean", counted)
+    plain, held = Redactor([]), Redactor(["hunter2-zulu-9"])
+    for body in (b'{"a": "plain"}', b'{"a": "secret: x"}', b'{"a": "hunter2-zulu-9"}'):
+        turn = Turn(agent="a", subject="s", stream_seq=1, body=body, msg_id=None, traceparent=None)
+        calls.clear()
+        assert body_plainly_clean(plain, turn) == real(plain, body) == body_plainly_clean(plain, turn)
+        assert len(calls) == 1
+        assert body_plainly_clean(held, turn) is False  # a configured secret: never plainly clean
+        assert len(calls) == 2

@@ -76,6 +76,8 @@ class Turn:
     num_delivered: int = 1
     principal: str | None = None  # the Pgw-Principal header (gateway.stages.route.resolve_principal)
     headers: Mapping[str, str] | None = None  # every header as sent (gateway/at_rest.py judges them too)
+    # (the redactor, whether it judged the body plainly clean): gateway.stages.redaction.body_plainly_clean
+    clean: tuple[Any, bool] | None = field(default=None, repr=False, compare=False)
 
     @cached_property
     def digest(self) -> str:

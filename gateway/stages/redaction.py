@@ -69,7 +69,7 @@ from gateway.security.skeleton import (
     skeleton,
 )
 from gateway.security.text import ASCII_CONTROL_BYTES, all_seen, may_hide, visible
-from gateway.stages.base import Ctx, Refuse
+from gateway.stages.base import Ctx, Refuse, Turn
 from pgwcore.logs import get_logger
 from subjects.wire import Detail
 
@@ -312,8 +312,10 @@ class Redactor:
         # memchr proves the longer searches unneeded for most bodies.)
         if not blob.isascii():
             return _clean_text_json(blob)
-        low = blob.lower()
-        if b"secret:" in low or b"fecret:" in low or b"\x7f" in blob:
+        # One search for what both heads of the token end with (TOKEN_HEADS: "secret:", "fecret:"): a
+        # text holding "ecret:" after another letter takes the walk too, which is exact in this direction,
+        # and the common text costs one search of its bytes instead of two.
+        if b"ecret:" in blob.lower() or b"\x7f" in blob:
             return False
         return b"\\" not in blob or (b"\\u00" not in blob and b"\\b" not in blob and b"\\f" not in blob)
 
@@ -474,7 +476,8 @@ class Redactor:
         """The pre-check both judgements of a message's bytes start with: exact on text msgspec wrote, which
         escapes nothing but controls (\\u00xx); an agent's bytes may escape any character ("\\uff53ecret:" is a
         full-width "secret:"), so those take the read."""
-        return not self._needles and b"\\u" not in body and self._clean_json(body)
+        # b"\\" first: one memchr where the two-byte search costs six times as much, and most bodies hold no escape.
+        return not self._needles and (b"\\" not in body or b"\\u" not in body) and self._clean_json(body)
 
     def bytes_hold_secret(self, body: bytes) -> bool:
         """Whether the bytes of a message hold a secret anywhere, also where a parse would not show it: a
@@ -529,12 +532,24 @@ class Redactor:
             return msgspec.convert(self.graph(builtins, checked=True, numbers=False), type(obj))
 
 
+def body_plainly_clean(red: Redactor, turn: Turn) -> bool:
+    """``red.bytes_plainly_clean(turn.body)``, judged once per turn and redactor: each envelope's
+    redaction asks it, and the turn's settling at rest (gateway/at_rest.py) asks it again."""
+    if turn.clean is not None and turn.clean[0] is red:
+        return turn.clean[1]
+    clean = red.bytes_plainly_clean(turn.body)
+    turn.clean = (red, clean)
+    return clean
+
+
 async def run(ctx: Ctx) -> None:
     """Redact the envelope in place: payload, meta, ids; re-type the payload."""
     env = ctx.env
     assert env is not None and ctx.kind is not None
     r = ctx.state.redactor
-    if r.plainly_clean(env):
+    # The turn's bytes plainly clean: so is every envelope parsed from them (bytes_plainly_clean says
+    # why), and none is encoded again to be judged.
+    if body_plainly_clean(r, ctx.turn) or r.plainly_clean(env):
         return
     raw = msgspec.to_builtins(env)
     red = r.graph(raw, checked=True)
