@@ -122,6 +122,20 @@ async def test_correlation_ids_differing_inside_a_secret_are_not_one_key(nats_se
             assert "AAAA1111" not in str(o) and "BBBB2222" not in str(o)
 
 
+async def test_a_synthesized_correlation_id_holding_a_secret_token_is_refused(nats_server, tmp_path, rec):
+    """A correlationId the gateway synthesizes (spec 002 Migration 3: agent, nodeId and envelopeId joined by
+    ":") can hold a token none of its parts holds: nodeId "nodesecret" makes "planner:nodesecret:<id>". The
+    body's bytes hold no token, yet the envelope is judged as synthesized, and refused as one that sent it."""
+    async with running_gateway(nats_server, str(tmp_path / "d")):
+        e = env("error", {"code": "x", "message": "y"}, envelope_id="e-77")
+        e.pop("correlationId", None)
+        e["nodeId"] = "nodesecret"
+        o = await rec.roundtrip("planner", e, official=False)  # Migration 3: no correlationId, on purpose
+        assert (o.status, o.code) == ("invalid", "identifier_redacted")
+        assert [d.path for d in o.details] == ["$.correlationId"]
+        assert b"secret:e-77" not in b"".join(rec.raw)
+
+
 async def test_an_envelope_id_holding_a_secret_is_refused_not_rewritten(nats_server, tmp_path, rec):
     """An envelopeId holding a secret is refused with its own code (never routed, no surface item), and the
     outcome names the sha256 of the id as sent so the agent can match it."""

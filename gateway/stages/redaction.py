@@ -548,8 +548,11 @@ async def run(ctx: Ctx) -> None:
     assert env is not None and ctx.kind is not None
     r = ctx.state.redactor
     # The turn's bytes plainly clean: so is every envelope parsed from them (bytes_plainly_clean says
-    # why), and none is encoded again to be judged.
-    if body_plainly_clean(r, ctx.turn) or r.plainly_clean(env):
+    # why), and none is encoded again to be judged; unless the shape stage synthesized its correlationId
+    # (spec 002 Migration 3): the agent's name, the nodeId and the envelopeId joined by ":" can make a
+    # token none of them holds ("planner:nodesecret:e-77"), so that envelope is judged as it now stands.
+    own_ids = isinstance(ctx.raw, dict) and ctx.raw.get("correlationId") == env.correlationId
+    if (own_ids and body_plainly_clean(r, ctx.turn)) or r.plainly_clean(env):
         return
     raw = msgspec.to_builtins(env)
     red = r.graph(raw, checked=True)
