@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
@@ -79,10 +78,15 @@ class Turn:
     # (the redactor, whether it judged the body plainly clean): gateway.stages.redaction.body_plainly_clean
     clean: tuple[Any, bool] | None = field(default=None, repr=False, compare=False)
 
-    @cached_property
+    _digest: str | None = field(default=None, repr=False, compare=False)
+
+    @property
     def digest(self) -> str:
-        """sha256 of the body: the same turn stored twice (an agent's retry) has the same digest."""
-        return hashlib.sha256(self.body).hexdigest()
+        """sha256 of the body: the same turn stored twice (an agent's retry) has the same digest. Computed
+        once (not a ``functools.cached_property``, whose every first read takes a lock on Python 3.11)."""
+        if self._digest is None:
+            self._digest = hashlib.sha256(self.body).hexdigest()
+        return self._digest
 
 
 @dataclass
