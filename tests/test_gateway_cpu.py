@@ -4,6 +4,8 @@ encoded text, the envelope's key."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 from datetime import UTC, datetime
 
@@ -215,3 +217,9 @@ def test_a_turns_bytes_are_judged_once_per_redactor(monkeypatch: pytest.MonkeyPa
         assert len(calls) == 1
         assert body_plainly_clean(held, turn) is False  # a configured secret: never plainly clean
         assert len(calls) == 2
+    # A copy of a turn with another body (dataclasses.replace) is judged, and hashed, for its own body.
+    clean = Turn(agent="a", subject="s", stream_seq=1, body=b'{"a": "plain"}', msg_id=None, traceparent=None)
+    assert body_plainly_clean(plain, clean) is True and clean.digest == hashlib.sha256(clean.body).hexdigest()
+    other = dataclasses.replace(clean, body=b'{"a": "secret: x"}')
+    assert body_plainly_clean(plain, other) is False
+    assert other.digest == hashlib.sha256(other.body).hexdigest() != clean.digest

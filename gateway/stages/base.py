@@ -75,18 +75,19 @@ class Turn:
     num_delivered: int = 1
     principal: str | None = None  # the Pgw-Principal header (gateway.stages.route.resolve_principal)
     headers: Mapping[str, str] | None = None  # every header as sent (gateway/at_rest.py judges them too)
-    # (the redactor, whether it judged the body plainly clean): gateway.stages.redaction.body_plainly_clean
-    clean: tuple[Any, bool] | None = field(default=None, repr=False, compare=False)
-
-    _digest: str | None = field(default=None, repr=False, compare=False)
+    # (the redactor, the body judged, whether it was plainly clean): gateway.stages.redaction.body_plainly_clean
+    clean: tuple[Any, bytes, bool] | None = field(default=None, repr=False, compare=False)
+    _digest: tuple[bytes, str] | None = field(default=None, repr=False, compare=False)  # (the body, its sha256)
 
     @property
     def digest(self) -> str:
         """sha256 of the body: the same turn stored twice (an agent's retry) has the same digest. Computed
-        once (not a ``functools.cached_property``, whose every first read takes a lock on Python 3.11)."""
-        if self._digest is None:
-            self._digest = hashlib.sha256(self.body).hexdigest()
-        return self._digest
+        once per body (not a ``functools.cached_property``, whose every first read takes a lock on Python
+        3.11); a copy of the turn with another body (``dataclasses.replace``) computes its own."""
+        cached = self._digest
+        if cached is None or cached[0] is not self.body:
+            cached = self._digest = (self.body, hashlib.sha256(self.body).hexdigest())
+        return cached[1]
 
 
 @dataclass

@@ -533,12 +533,13 @@ class Redactor:
 
 
 def body_plainly_clean(red: Redactor, turn: Turn) -> bool:
-    """``red.bytes_plainly_clean(turn.body)``, judged once per turn and redactor: each envelope's
+    """``red.bytes_plainly_clean(turn.body)``, judged once per turn, redactor and body: each envelope's
     redaction asks it, and the turn's settling at rest (gateway/at_rest.py) asks it again."""
-    if turn.clean is not None and turn.clean[0] is red:
-        return turn.clean[1]
+    cached = turn.clean
+    if cached is not None and cached[0] is red and cached[1] is turn.body:
+        return cached[2]
     clean = red.bytes_plainly_clean(turn.body)
-    turn.clean = (red, clean)
+    turn.clean = (red, turn.body, clean)
     return clean
 
 
