@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 
-from gateway.security.skeleton import CharTable, fold_ascii_spaced, seen_words
+from gateway.security.skeleton import CharTable, seen_words, seen_words_split
 
 CACHED_CHARS = 256  # the longest text whose seen form is remembered (module docstring)
 _seen_short = functools.lru_cache(maxsize=4096)(seen_words)
@@ -61,10 +61,7 @@ def seen_all(texts: list[str]) -> list[str]:
     joined = _JOIN.join(texts)
     if not joined.isascii() or joined.count(_JOIN) != len(texts) - 1:
         return [seen(t) for t in texts]
-    out = fold_ascii_spaced(joined)
-    if "  " in out:
-        return [" ".join(piece.split()) for piece in out.split(_JOIN)]
-    return [piece.strip(" ") for piece in out.split(_JOIN)]
+    return seen_words_split(joined, _JOIN)
 
 
 def _cased_char(ch: str) -> str:

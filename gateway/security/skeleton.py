@@ -133,9 +133,17 @@ def _ascii_fold_spaced() -> tuple[bytes, bytes, tuple[tuple[str, str], ...]]:
     return bytes(spaced), delete, multi
 
 
-def fold_ascii_spaced(text: str) -> str:
-    """The skeleton of an ASCII ``text`` (``keep_space``), each white space character a space, runs kept."""
-    return _fold_ascii(text, spaced=True)
+def _words_of_spaced(out: str) -> str:
+    """A fold with its white space read as spaces, as :func:`seen_words` gives it: each run of spaces one,
+    none at either end (the split and join only where two spaces meet)."""
+    return out.strip(" ") if "  " not in out else " ".join(out.split())
+
+
+def seen_words_split(text: str, sep: str) -> list[str]:
+    """``[seen_words(piece) for piece in text.split(sep)]`` for an ASCII ``text``, folded once; exact where
+    ``sep`` is an ASCII character the fold keeps as itself and makes of no other (the fold is one
+    character at a time)."""
+    return [_words_of_spaced(piece) for piece in _fold_ascii(text, spaced=True).split(sep)]
 
 
 def seen_words(text: str) -> str:
@@ -144,8 +152,7 @@ def seen_words(text: str) -> str:
     with its white space read as spaces in the same byte table, so its split and join (most of
     the cost on a long text) only run when two spaces meet."""
     if text.isascii():
-        out = _fold_ascii(text, spaced=True)
-        return out.strip(" ") if "  " not in out else " ".join(out.split())
+        return _words_of_spaced(_fold_ascii(text, spaced=True))
     return " ".join(fast_skeleton(text, keep_space=True).split())
 
 
