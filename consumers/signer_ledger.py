@@ -164,17 +164,13 @@ class LedgerMixin:
         last = info.state.last_seq
         if not last:
             return _Head(0, cap_mod.GENESIS_HASH, None)
-        seq = last
-        while seq >= (info.state.first_seq or 1):
+        for seq in range(last, (info.state.first_seq or 1) - 1, -1):
             try:
                 raw = await self.js.get_msg(LEDGER_STREAM, seq)
             except NotFoundError:
-                seq -= 1
                 continue
-            e = _entry_of(raw.data, seq)
-            if e is not None:
+            if (e := _entry_of(raw.data, seq)) is not None:
                 return _Head(last, e.hash, e.capsule_id)
-            seq -= 1
         return _Head(last, cap_mod.GENESIS_HASH, None)  # no link yet, only foreign records
 
     @staticmethod

@@ -535,12 +535,9 @@ class AnswerLinks:
         if pc is None or not pc.answer_by_email or claims.c not in (*CHOICES, WHOLE):
             raise TokenRefused("not_enabled", 403, "Answering by e-mail is not turned on for this principal. "
                                "Nothing was answered.")
-        if await self._is_used(claims):
+        if (await self._use_of(claims.used_key))[0]:
             raise TokenRefused("used", 409, "This answer link was already used. Each link answers once.")
         return claims
-
-    async def _is_used(self, claims: Claims) -> bool:
-        return (await self._use_of(claims.used_key))[0]
 
     async def _use_of(self, key: str) -> tuple[bool, int]:
         """(used, revision of the key's value, 0 if none). A value that is no used-link record was not
@@ -555,7 +552,7 @@ class AnswerLinks:
             return False, 0
         try:
             _used_dec.decode(entry.value)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except msgspec.DecodeError:  # a ValidationError is one
             foreign(USED_BUCKET, key, entry.revision)
             return False, entry.revision
         return True, entry.revision

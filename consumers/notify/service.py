@@ -292,7 +292,7 @@ class Notifier(PullService):
             return False
         try:
             state = _moment_dec.decode(entry.value)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except msgspec.DecodeError:  # a ValidationError is one
             state = None
         if state is None or (state.principal, state.moment_id) != (principal, moment_id):
             foreign(MOMENTS_BUCKET, f"{principal}.{moment_id}", entry.revision)
