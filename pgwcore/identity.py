@@ -18,9 +18,11 @@ content is never logged.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
@@ -121,16 +123,22 @@ def render_creds(party: Party, seed: str) -> str:
     )
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically with mode 0600 (folder 0700)."""
+def write_private(path: Path, text: str, *, private_dir: bool = True) -> None:
+    """Write ``text`` to ``path`` atomically, readable by its owner alone from the first byte: a new file
+    made 0600 beside it (``mkstemp``), then renamed over it, and removed if the write fails. Its folder is
+    made 0700 too, unless ``private_dir`` is False (a folder the user named, ``pgw mcp-gate init --out``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    tmp.replace(path)
+    if private_dir:
+        os.chmod(path.parent, 0o700)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read_creds(path: str | os.PathLike[str]) -> Credentials:

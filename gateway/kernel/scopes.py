@@ -16,7 +16,7 @@ What one covers (all of it, or the call asks as before):
 - the same governed object (``so_id``); for "session", the same session too;
 - the same action, executor and tool (an MCP tool call through the gate is
   ``{"tool": NAME, "arguments": {...}}``);
-- every argument that names a path (``hem.PATH_KEYS``) a file directly in
+- every argument that names a path (``subjects.gate.PATH_KEYS``) a file directly in
   the folder of the asked path: no subfolder, no ``..``, no path that is not
   in its normal form (so ``a/../b`` or ``a//b`` never match), and a call that
   names no path is not covered. A call whose asked path is not such a path is
@@ -68,7 +68,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
-from gateway.kernel.hem import PATH_KEYS, _clip
+from gateway.kernel.hem import _clip
 from gateway.kernel.state import BUCKET as STATE_BUCKET
 from gateway.kernel.state import ConflictError
 from gateway.security.text import marked
@@ -82,6 +82,7 @@ from subjects.approvals import (
     approvals_subject,
 )
 from subjects.errors import SubjectError
+from subjects.gate import PATH_KEYS
 from subjects.names import principal_token
 from subjects.util import now_rfc3339, stable_id, to_rfc3339
 from subjects.wire import BindingMoment, MomentOption, OptionChoice, Refusal, Verdict
@@ -168,7 +169,7 @@ def call_of(arguments: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
 
 
 def paths_of(args: dict[str, Any]) -> list[Any]:
-    """The values of every argument that names a path (``hem.PATH_KEYS``, as the card shows them)."""
+    """The values of every argument that names a path (``subjects.gate.PATH_KEYS``, as the card shows them)."""
     return [v for k, v in args.items() if isinstance(k, str) and k.lower() in PATH_KEYS]
 
 

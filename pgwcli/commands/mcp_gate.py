@@ -413,7 +413,7 @@ def _init_gate(args: argparse.Namespace, config: Config) -> int:
         gw_config = load_config(None, **raw)
     except ConfigError as e:
         return fail(f"the merged configuration does not load: {e}")
-    write_private(conf_path, header + text)  # it may hold inline secrets (pipeline.secrets.values)
+    write_private(conf_path, header + text, private_dir=False)  # it may hold inline secrets (pipeline.secrets.values)
 
     # The mandate: the same governed object as before when renewing (its so_id), a new one the first time.
     mandate_path = out / f"{agent}.mandate"
@@ -426,11 +426,11 @@ def _init_gate(args: argparse.Namespace, config: Config) -> int:
     key = load_or_create(gw_config.data_path, DEV_ISSUER_ROLE, keys_dir=gw_config.keys_path)
     token = issue_mandate(key.private, key.kid, agent=agent, so_id=so_id, principal=principal,
                           actions=GATE_ACTIONS, ttl_s=args.mandate_ttl)
-    write_private(mandate_path, token + "\n")
+    write_private(mandate_path, token + "\n", private_dir=False)
     expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + args.mandate_ttl))
 
     gate_path = out / "gate.toml"
-    write_private(gate_path, _gate_file(args.name, folder, command, mandate_path.name, expires))
+    write_private(gate_path, _gate_file(args.name, folder, command, mandate_path.name, expires), private_dir=False)
 
     # The credentials the gateway will accept with this configuration (agent and executor among them).
     auth = embedded_auth(gw_config)
