@@ -414,3 +414,96 @@ async def test_a_report_of_an_undeclared_step_over_a_foreign_record_is_refused_o
         except Exception:  # noqa: BLE001 - deleted: not found
             gone = True
         assert gone
+
+
+async def test_reports_over_foreign_records_share_walks_of_the_log(tmp_path: Path) -> None:
+    """Each acknowledgement aimed at a step's ``tr.`` key followed by a report of the step made the kernel walk
+    (read and check the signature of) its whole log, one walk per report: two publishes of an agent's cost the
+    kernel a pass over every record it ever wrote, and every other agent's reports waited behind it. Twelve such
+    pairs (undeclared steps) and one over a declared step now share walks (gateway/kernel/repairs.py): each report
+    is judged as before (refused as undeclared once; the declared step's gap logged), in far fewer walks."""
+    import uuid
+
+    from gateway.kernel.state import tr_key
+    from subjects.idp import Permit
+    from tests.kernel_support import Issuer, idp, policy_dir, read_log, request
+
+    issuer = Issuer(tmp_path / "issuer")
+    kernel_cfg = {"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))}
+    async with secured_bed(tmp_path, kernel=kernel_cfg) as bed:
+        nc = bed.ncs["agent:a"]
+        so = str(uuid.uuid4())
+        token, jti = issuer.mandate(agent="a", so_id=so, principal="p")
+        rec = idp(so_id=so, mandate_id=jti, step=1, action="ReadBooking")
+        assert isinstance(await request(nc, "a", {"mandate": token, "idp": rec}), Permit)
+        xs = [str(uuid.uuid4()) for _ in range(12)]
+        for step in [*xs, rec["idp_id"]]:
+            await aim(bed, "a", f"$KV.PGW_KERNEL.{tr_key('a', step)}")
+        js_a = nc.jetstream()
+        for step in [*xs, rec["idp_id"]]:
+            report = {"idp_id": step, "executed_action": "CloseBooking",
+                      "effect": {"type": "booking.close", "status": "dispatched"}}
+            await js_a.publish(bed.config.subjects.agent("a", "transition"), msgspec.json.encode(report),
+                               headers={"Nats-Msg-Id": f"a:{uuid.uuid4()}"})
+        js = bed.ncs["_watch"].jetstream()
+
+        async def judged() -> Any:
+            refused = [e.body["idp_id"] for _, e in await read_log(js, "TRANSITION_REFUSED")]
+            gaps = [e.body["record"]["idp_id"] for _, e in await read_log(js, "IDP_COMMITMENT_GAP")]
+            return (refused, gaps) if len(refused) >= len(xs) and gaps else None
+
+        refused, gaps = await until(judged, timeout=WAIT * 2, what="every report judged")
+        assert sorted(refused) == sorted(xs)  # each undeclared step refused, once
+        assert gaps == [rec["idp_id"]]
+        walks = kernel(bed).repairs.walks
+        assert 1 <= walks <= 3, walks  # one walk per report before: 13
+
+
+async def test_a_report_held_for_a_walk_holds_up_no_other_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reports are judged one after another. A report waiting for a walk of the log (here: the walks spaced
+    30 s apart, after a first one) is held aside, and the next report, of a declared step, is verified meanwhile;
+    before, it waited for the walk."""
+    import uuid
+
+    from gateway.kernel import repairs
+    from gateway.kernel.state import tr_key
+    from subjects.idp import Permit
+    from tests.kernel_support import Issuer, idp, policy_dir, read_log, request
+
+    monkeypatch.setattr(repairs, "MIN_GAP_S", 30.0)
+    issuer = Issuer(tmp_path / "issuer")
+    kernel_cfg = {"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))}
+    async with secured_bed(tmp_path, kernel=kernel_cfg) as bed:
+        nc = bed.ncs["agent:a"]
+        so = str(uuid.uuid4())
+        token, jti = issuer.mandate(agent="a", so_id=so, principal="p")
+        rec = idp(so_id=so, mandate_id=jti, step=1, action="ReadBooking")
+        assert isinstance(await request(nc, "a", {"mandate": token, "idp": rec}), Permit)
+        js = bed.ncs["_watch"].jetstream()
+        js_a = nc.jetstream()
+
+        async def report(step: str, action: str, kind: str) -> None:
+            await js_a.publish(bed.config.subjects.agent("a", "transition"), msgspec.json.encode(
+                {"idp_id": step, "executed_action": action, "effect": {"type": kind, "status": "dispatched"}}),
+                headers={"Nats-Msg-Id": f"a:{uuid.uuid4()}"})
+
+        async def refused_of(step: str) -> Any:
+            return [e for _, e in await read_log(js, "TRANSITION_REFUSED") if e.body.get("idp_id") == step]
+
+        first, second = str(uuid.uuid4()), str(uuid.uuid4())
+        await aim(bed, "a", f"$KV.PGW_KERNEL.{tr_key('a', first)}")
+        await report(first, "CloseBooking", "booking.close")
+        await until(lambda: refused_of(first), timeout=WAIT, what="the first report judged after its walk")
+        k = kernel(bed)
+        assert k.repairs.walks == 1
+        await aim(bed, "a", f"$KV.PGW_KERNEL.{tr_key('a', second)}")
+        await report(second, "CloseBooking", "booking.close")  # its walk may begin 30 s after the first
+        await report(rec["idp_id"], "ReadBooking", "booking.read")
+
+        async def verified() -> Any:
+            return [e for _, e in await read_log(js, "IDP_COMMITMENT_VERIFIED")
+                    if e.body["record"]["idp_id"] == rec["idp_id"]]
+
+        await until(verified, timeout=WAIT, what="the declared step's report verified")
+        assert k.repairs.holds(("a", second)) and not await refused_of(second)
+        assert k.repairs.walks == 1

@@ -50,6 +50,7 @@ from gateway.kernel.mandate import Mandate, MandateVerifier
 from gateway.kernel.overdue import OverdueReports
 from gateway.kernel.policy import PolicyEngine, idp_context
 from gateway.kernel.received import commit_received, commit_refused
+from gateway.kernel.repairs import StepRepairs
 from gateway.kernel.revocation import Revocations
 from gateway.kernel.scopes import Scopes, offer_for, with_options
 from gateway.kernel.state import (
@@ -146,6 +147,9 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         self.eventlog = EventLog(self.nc, self.subjects, self.key, keys=kernel_keys)
         self.state = KernelState(self.js, self.eventlog.acks)  # one inbox of the kernel's own for both writers' PubAcks
         self.overdue = OverdueReports(self, self.cfg.report_deadline_s)
+        # Reports whose step's records are foreign wait for a shared walk of the log there (repairs.py).
+        self.repairs = StepRepairs(self.state, self.eventlog, lambda msg: self._one_report(msg, held=True),
+                                   beat_s=max(0.5, self.config.gateway.ack_wait_s / 3))
         self.revocations = Revocations(self)
         self.scopes = Scopes(self)  # standing approvals (scopes.py)
         self.audit = AuditService(self)
@@ -221,6 +225,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                 await asyncio.wait_for(self._loop_task, timeout=30)
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
+        await self.repairs.close()  # a report still held there is redelivered (repairs.py)
         if self._psub is not None:
             with contextlib.suppress(Exception):
                 await self._psub.unsubscribe()

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import functools
 import re
+from collections.abc import Collection
 from typing import Any, Literal
 
 import msgspec
@@ -320,36 +321,47 @@ class KernelState:
             raise ForeignRecord(tr_key(agent, idp_id))
         return got[0].decode()
 
-    async def repair_step(self, eventlog: EventLog, agent: str, idp_id: str) -> bool:
-        """Write the kernel's records of one step (``tr.`` and ``idp.``) again from the event log.
+    async def repair_steps(self, eventlog: EventLog, steps: Collection[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Write the kernel's records of some steps (``tr.`` and ``idp.``) again from the event log.
 
-        For a step whose record holds a value the kernel never wrote: a party's JetStream publish with
-        the key's subject as its reply subject makes nats-server store its acknowledgement there
-        (docs/security.md "Replies"). The agent knows both keys of its own steps, and such a value made
-        its next report of the step read as undeclared, or fail until dead-lettered: a commitment gap or
-        a second report escaped its escalation (found by an attack from the docs). The step's signed
-        events are in the log, which only the kernel writes (``walk_log`` passes over what it did not):
-        each foreign key is deleted and the step's events applied again, idempotently, as the rebuild
-        does. A walk of the whole log, only when such a value is found. False if the log has no
-        IDP_SUBMITTED of the step."""
-        idp_low = idp_id.lower()
-        await self._drop_foreign(tr_key(agent, idp_id))  # whether or not the log declared the step
-        events: list[tuple[str, dict[str, Any], int]] = []
+        For steps ``(agent, idp_id)`` whose records hold a value the kernel never wrote: a party's JetStream
+        publish with the key's subject as its reply subject makes nats-server store its acknowledgement there
+        (docs/security.md "Replies"). The agent knows both keys of its own steps, and such a value made its
+        next report of the step read as undeclared, or fail until dead-lettered: a commitment gap or a second
+        report escaped its escalation (found by an attack from the docs). The steps' signed events are in the
+        log, which only the kernel writes (``walk_log`` passes over what it did not): each foreign key is
+        deleted and each step's events applied again, idempotently, as the rebuild does.
+
+        One walk of the whole log for every step given (``gateway.kernel.repairs`` gathers them: a walk per
+        step made two publishes of an agent's cost the kernel a read of every record). Returns the steps the
+        log declared (an ``IDP_SUBMITTED``); the others' foreign ``tr.`` value is deleted all the same."""
+        steps = list(dict.fromkeys(steps))
+        wanted: dict[str, set[str]] = {}  # idp_id lower-cased -> the agents asking for it
+        for agent, idp_id in steps:
+            await self._drop_foreign(tr_key(agent, idp_id))  # whether or not the log declared the step
+            wanted.setdefault(idp_id.lower(), set()).add(agent)
+        events: dict[tuple[str, str], list[tuple[str, dict[str, Any], int]]] = {}
         async for rec in walk_log(eventlog.js, eventlog.subjects, eventlog.keys, stream=eventlog.stream):
             if rec.problem is not None or rec.event is None:
                 eventlog.report_foreign(rec, "the repair of a step's records")
                 continue
             body = rec.event.body
             named = body.get("idp_id") or (body.get("record") or {}).get("idp_id")
-            if isinstance(named, str) and named.lower() == idp_low and body.get("agent", agent) == agent:
-                events.append((rec.event.event_type, body, rec.seq))
-        submitted = next((b for t, b, _ in events if t == "IDP_SUBMITTED"), None)
-        if submitted is None:
-            return False
-        await self._drop_foreign(idp_key(submitted["so_id"], idp_id))
-        for event_type, body, seq in events:
-            await self.apply(event_type, body, seq)
-        return True
+            agents = wanted.get(named.lower()) if isinstance(named, str) else None
+            for agent in agents or ():
+                if body.get("agent", agent) == agent:
+                    events.setdefault((agent, named.lower()), []).append((rec.event.event_type, body, rec.seq))
+        declared: set[tuple[str, str]] = set()
+        for agent, idp_id in steps:
+            step = events.get((agent, idp_id.lower()), [])
+            submitted = next((b for t, b, _ in step if t == "IDP_SUBMITTED"), None)
+            if submitted is None:
+                continue
+            declared.add((agent, idp_id))
+            await self._drop_foreign(idp_key(submitted["so_id"], idp_id))
+            for event_type, body, seq in step:
+                await self.apply(event_type, body, seq)
+        return declared
 
     async def _drop_foreign(self, key: str) -> None:
         got = await self._get(key)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import structlog
@@ -37,6 +37,7 @@ from gateway.at_rest import settle_raw
 from gateway.kernel.eventlog import Appended, EventLog
 from gateway.kernel.hem import WHY, held_report_moment, held_report_notice
 from gateway.kernel.overdue import OverdueReports
+from gateway.kernel.repairs import StepNeedsRepair, StepRepairs
 from gateway.kernel.state import ForeignRecord, IdpEntry, KernelState
 from gateway.stages.base import Turn
 from pgwcore.atomic import stored_by_reply
@@ -149,6 +150,7 @@ class TransitionReports:
     state: KernelState
     eventlog: EventLog
     overdue: OverdueReports
+    repairs: StepRepairs
     publisher: Any
     key: Any
     _psub: Any
@@ -184,34 +186,45 @@ class TransitionReports:
 
     async def _process_batch(self, msgs: list[Any]) -> None:
         for msg in msgs:
-            structlog.contextvars.clear_contextvars()
-            try:
-                if stored_by_reply(msg):  # no report of the agent's (pgwcore.atomic.stored_by_reply)
-                    log.warning("passed over the server's publish acknowledgement stored on an agent's subject",
-                                subject=msg.subject[:200])
-                    await msg.term()
-                    continue
-                agent = self.subjects.parse(msg.subject).token or ""
-                headers = msg.headers or {}
-                tp = await self.gw.traceparent(headers)
-                structlog.contextvars.bind_contextvars(agent=agent, traceparent=tp)
-                seq = msg.metadata.sequence.stream
-                await self.handle_transition(agent, msg.data, seq, traceparent=tp)
-                # Recorded: a report that held a secret leaves PGW_INBOUND (module docstring).
-                report = Turn(agent=agent, subject=msg.subject, stream_seq=seq, body=msg.data,
-                              msg_id=headers.get("Nats-Msg-Id"), traceparent=tp,
-                              principal=headers.get("Pgw-Principal"), headers=headers)
-                await settle_raw(self.js, (await self.gw.stage_state.get()).redactor, report)
-                with contextlib.suppress(Exception):  # erased already: nothing left to redeliver
-                    await msg.ack()
-            except SubjectError:
+            await self._one_report(msg)
+
+    async def _one_report(self, msg: Any, *, held: bool = False) -> None:
+        """Judge one report and settle its message; ``held``: it comes back from ``self.repairs`` (repairs.py),
+        its step's records written again, and is judged as it stands."""
+        structlog.contextvars.clear_contextvars()
+        try:
+            if stored_by_reply(msg):  # no report of the agent's (pgwcore.atomic.stored_by_reply)
+                log.warning("passed over the server's publish acknowledgement stored on an agent's subject",
+                            subject=msg.subject[:200])
                 await msg.term()
-            except Exception:
-                if await self._dead_letter(msg):
-                    continue
-                log.exception("transition report failed; will be redelivered", subject=msg.subject)
-                with contextlib.suppress(Exception):
-                    await msg.nak(delay=1)
+                return
+            agent = self.subjects.parse(msg.subject).token or ""
+            headers = msg.headers or {}
+            tp = await self.gw.traceparent(headers)
+            structlog.contextvars.bind_contextvars(agent=agent, traceparent=tp)
+            seq = msg.metadata.sequence.stream
+            try:
+                await self.handle_transition(agent, msg.data, seq, traceparent=tp, foreign="fail" if held else "hold")
+            except StepNeedsRepair as e:
+                # Held until the walk that repairs the step, or in order behind a report of it held there;
+                # the loop goes on with the next report (repairs.py).
+                self.repairs.hold(msg, e.step, walk=e.walk)
+                return
+            # Recorded: a report that held a secret leaves PGW_INBOUND (module docstring).
+            report = Turn(agent=agent, subject=msg.subject, stream_seq=seq, body=msg.data,
+                          msg_id=headers.get("Nats-Msg-Id"), traceparent=tp,
+                          principal=headers.get("Pgw-Principal"), headers=headers)
+            await settle_raw(self.js, (await self.gw.stage_state.get()).redactor, report)
+            with contextlib.suppress(Exception):  # erased already: nothing left to redeliver
+                await msg.ack()
+        except SubjectError:
+            await msg.term()
+        except Exception:
+            if await self._dead_letter(msg):
+                return
+            log.exception("transition report failed; will be redelivered", subject=msg.subject)
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=1)
 
     async def _dead_letter(self, msg: Any) -> bool:
         """On a report's last allowed delivery: its dead letter (gateway/deadletter.py), so it does not stay
@@ -231,8 +244,14 @@ class TransitionReports:
             log.exception("dead-lettering a transition report failed", subject=msg.subject)
             return False
 
-    async def handle_transition(self, agent: str, data: bytes, msg_seq: int, *, traceparent: str | None = None) -> str:
-        """Process one report; return what happened (``verified``, ``gap`` or ``refused:...``)."""
+    async def handle_transition(self, agent: str, data: bytes, msg_seq: int, *, traceparent: str | None = None,
+                                foreign: Literal["repair", "hold", "fail"] = "repair") -> str:
+        """Process one report; return what happened (``verified``, ``gap`` or ``refused:...``).
+
+        ``foreign``: what a foreign record of the report's step does (repairs.py). ``repair``: the step is
+        repaired in the next walk and the report judged after it; ``hold`` (the reports' loop):
+        ``StepNeedsRepair`` is raised, and also while a report of the step is held; ``fail`` (a held report
+        judged after its walk): ``ForeignRecord`` is raised."""
         tp = traceparent
         try:
             rep = msgspec.json.decode(data, type=TransitionReport)
@@ -244,15 +263,23 @@ class TransitionReports:
         # with its secrets redacted, ``rep`` from here on; the report as sent (``raw``) is only compared
         # (the gate rule, §5.5.3's string-exact match) and digested (docs/security.md "Data at rest").
         rep = await self._kept(raw)
+        step = (agent, rep.idp_id)
+        if foreign == "hold" and self.repairs.holds(step):
+            raise StepNeedsRepair(*step, walk=False)  # judged after the report of the step held before it
         try:
             so_id = await self.state.so_of(agent, rep.idp_id)
             got = await self.state.idp(so_id, rep.idp_id) if so_id else None
         except ForeignRecord:
             # The step's records were overwritten by a value the kernel never wrote: written again from
-            # the signed log, then the report is judged as it would have been (state.repair_step). A step
-            # the log never declared is judged as undeclared, as before the value was written.
+            # the signed log, then the report is judged as it would have been (state.repair_steps). A step
+            # the log never declared is judged as undeclared, as before the value was written. The walk
+            # is shared and spaced (repairs.py); the reports' loop holds the report there and goes on.
+            if foreign == "fail":
+                raise
+            if foreign == "hold":
+                raise StepNeedsRepair(*step) from None
             got = None
-            if await self.state.repair_step(self.eventlog, agent, rep.idp_id):
+            if await self.repairs.repair(step):
                 so_id = await self.state.so_of(agent, rep.idp_id)
                 got = await self.state.idp(so_id, rep.idp_id) if so_id else None
         if got is None:
