@@ -507,3 +507,35 @@ async def test_a_report_held_for_a_walk_holds_up_no_other_report(tmp_path: Path,
         await until(verified, timeout=WAIT, what="the declared step's report verified")
         assert k.repairs.holds(("a", second)) and not await refused_of(second)
         assert k.repairs.walks == 1
+
+
+async def test_an_acknowledgement_over_the_sweeps_position_does_not_make_it_read_every_permit_again(
+        tmp_path: Path) -> None:
+    """``PGW_KERNEL._permit_sweep`` is the log position the overdue sweep has read to. An agent's acknowledgement
+    there read as 0, so the next sweep read every ``CEDAR_PERMIT_RECORDED`` the log ever held again (and each
+    permit's index entry): one publish, a pass over every permit, as often as the agent sent it. The sweep now
+    goes on from the position it last swept to and writes it back over the acknowledgement."""
+    import uuid
+
+    from subjects.idp import Permit
+    from tests.kernel_support import Issuer, idp, policy_dir, request
+
+    issuer = Issuer(tmp_path / "issuer")
+    kernel_cfg = {"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path)),
+                  "report_deadline_s": 3600}
+    async with secured_bed(tmp_path, kernel=kernel_cfg) as bed:
+        nc = bed.ncs["agent:a"]
+        so = str(uuid.uuid4())
+        token, jti = issuer.mandate(agent="a", so_id=so, principal="p")
+        for step in (1, 2, 3):
+            rec = idp(so_id=so, mandate_id=jti, step=step, action="ReadBooking")
+            assert isinstance(await request(nc, "a", {"mandate": token, "idp": rec}), Permit)
+        k = kernel(bed)
+        assert await k.overdue.sweep(now=1e12) == 3  # each permit past its deadline: closed
+        read = k.overdue.read_events
+        assert read >= 3
+        position = await k.state.position("_permit_sweep")
+        await aim(bed, "a", "$KV.PGW_KERNEL._permit_sweep")
+        assert await k.overdue.sweep(now=1e12) == 0
+        assert k.overdue.read_events == read  # read the three permits again before
+        assert await k.state.position("_permit_sweep") == position  # its own position back

@@ -97,6 +97,12 @@ class OverdueReports:
         self._task: asyncio.Task[None] | None = None
         self._stop_loop = False
         self.log_ready = False  # the log pass waits for the kernel's rebuild (start)
+        # The position this process last swept to (or read as the kernel's). A value in the bucket that is no
+        # position (an acknowledgement aimed at the key, docs/security.md "Replies") reads as 0; the pass then
+        # starts here, not over every permit the log ever recorded: one publish of an agent's had made
+        # each sweep read them all again (and an index entry for each).
+        self.swept_to = 0
+        self.read_events = 0  # log events the log pass has read (tests)
 
     async def start(self) -> None:
         """Open the bucket and place the log position; call after ``state.open`` and before the rebuild."""
@@ -196,7 +202,10 @@ class OverdueReports:
         """The log pass: ``CEDAR_PERMIT_RECORDED`` events after the position, up to the first
         one still inside its deadline; how many permits it closed."""
         k = self.kernel
-        pos = await k.state.position(POSITION_KEY)
+        stored, foreign = await k.state._position(POSITION_KEY)
+        pos = self.swept_to = max(stored, self.swept_to)
+        if foreign:  # the kernel's own value back (read as 0 at a start, when this process knows none)
+            await k.state.kv.put(POSITION_KEY, str(pos).encode())
         subject = k.subjects.log(PERMIT_EVENT)
         try:
             last = (await k.js.get_last_msg(LOG_STREAM, subject)).seq or 0
@@ -213,6 +222,7 @@ class OverdueReports:
             while swept < last:
                 msg = await sub.next_msg(timeout=10)
                 seq = msg.metadata.sequence.stream
+                self.read_events += 1
                 try:
                     ev = log_event_decoder.decode(msg.data)
                 except (msgspec.DecodeError, msgspec.ValidationError):
@@ -231,6 +241,7 @@ class OverdueReports:
             # A plain put: two gateways sweeping at once may set it back a little; a
             # permit read twice is skipped by its overdue_seq.
             await k.state.kv.put(POSITION_KEY, str(swept).encode())
+            self.swept_to = swept
         return closed
 
     async def _log_permit(self, body: dict[str, Any]) -> int:
