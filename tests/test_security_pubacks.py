@@ -13,6 +13,9 @@ shows the reader goes on.
 
 from __future__ import annotations
 
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +64,39 @@ def _data_of(reply: bytes) -> bytes:
 def kernel(bed: Bed) -> Any:
     assert bed.gw is not None
     return next(p for p in bed.gw.parts if isinstance(p, KernelService))
+
+
+@contextlib.asynccontextmanager
+async def kernel_bed(tmp_path: Path, **kernel_cfg: Any) -> AsyncIterator[tuple[Bed, Callable[..., Awaitable[Any]]]]:
+    """A secured bed whose kernel trusts one mandate issuer, and ``declare(step)``: agent a declares step
+    ``step`` of one session (``ReadBooking``); its IDP record, asserted permitted (``answer=True``: the record and
+    the kernel's answer, whatever it is)."""
+    from subjects.idp import Permit
+    from tests.kernel_support import Issuer, idp, policy_dir, request
+
+    issuer = Issuer(tmp_path / "issuer")
+    cfg = {"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path)), **kernel_cfg}
+    async with secured_bed(tmp_path, kernel=cfg) as bed:
+        so = str(uuid.uuid4())
+        token, jti = issuer.mandate(agent="a", so_id=so, principal="p")
+
+        async def declare(step: int, *, answer: bool = False) -> Any:
+            rec = idp(so_id=so, mandate_id=jti, step=step, action="ReadBooking")
+            got = await request(bed.ncs["agent:a"], "a", {"mandate": token, "idp": rec})
+            if answer:
+                return rec, got
+            assert isinstance(got, Permit), got
+            return rec
+
+        yield bed, declare
+
+
+async def report(bed: Bed, idp_id: str, action: str = "CloseBooking", kind: str = "booking.close") -> None:
+    """Agent a's transition report of step ``idp_id``: ``action`` executed, its effect dispatched."""
+    await bed.ncs["agent:a"].jetstream().publish(
+        bed.config.subjects.agent("a", "transition"),
+        msgspec.json.encode({"idp_id": idp_id, "executed_action": action, "effect": {"type": kind, "status": "dispatched"}}),
+        headers={"Nats-Msg-Id": f"a:{uuid.uuid4()}"})
 
 
 async def test_the_kernels_log_positions_overwritten_do_not_stop_a_start(tmp_path: Path) -> None:
@@ -254,26 +290,15 @@ async def test_an_agent_overwriting_its_own_step_records_does_not_escape_a_commi
     (``idp``), no IDP_COMMITMENT_GAP was logged, nobody was asked, and its next step was permitted (found by an
     attack from the docs). The kernel now writes the step's records again from its signed log and judges the
     report as it would have: a commitment gap, escalated, the session held."""
-    import uuid
-
     from gateway.kernel.state import idp_key, tr_key
-    from subjects.idp import EnrichedDeny, Permit
-    from tests.kernel_support import Issuer, idp, policy_dir, read_log, request
+    from subjects.idp import EnrichedDeny
+    from tests.kernel_support import read_log
 
-    issuer = Issuer(tmp_path / "issuer")
-    kernel = {"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))}
-    async with secured_bed(tmp_path, kernel=kernel) as bed:
-        nc = bed.ncs["agent:a"]
-        so = str(uuid.uuid4())
-        token, jti = issuer.mandate(agent="a", so_id=so, principal="p")
-        rec = idp(so_id=so, mandate_id=jti, step=1, action="ReadBooking")
-        assert isinstance(await request(nc, "a", {"mandate": token, "idp": rec}), Permit)
-        key = tr_key("a", rec["idp_id"]) if record == "tr" else idp_key(so, rec["idp_id"])
+    async with kernel_bed(tmp_path) as (bed, declare):
+        rec = await declare(1)
+        key = tr_key("a", rec["idp_id"]) if record == "tr" else idp_key(rec["so_id"], rec["idp_id"])
         await aim(bed, "a", f"$KV.PGW_KERNEL.{key}")
-        report = {"idp_id": rec["idp_id"], "executed_action": "CloseBooking",
-                  "effect": {"type": "booking.close", "status": "dispatched"}}
-        await nc.jetstream().publish(bed.config.subjects.agent("a", "transition"), msgspec.json.encode(report),
-                                     headers={"Nats-Msg-Id": f"a:{uuid.uuid4()}"})
+        await report(bed, rec["idp_id"])
         js = bed.ncs["_watch"].jetstream()
 
         async def gap() -> Any:
@@ -286,7 +311,7 @@ async def test_an_agent_overwriting_its_own_step_records_does_not_escape_a_commi
             return [e for _, e in await read_log(js, "HEM_ESCALATED") if e.body["trigger"] == "IDP_COMMITMENT_GAP"]
 
         await until(escalated, timeout=WAIT, what="the gap escalated to the principal")
-        nxt = await request(nc, "a", {"mandate": token, "idp": idp(so_id=so, mandate_id=jti, step=2, action="ReadBooking")})
+        _, nxt = await declare(2, answer=True)
         assert isinstance(nxt, EnrichedDeny) and nxt.deny_code == "HEM_PENDING", nxt
 
 
@@ -389,18 +414,13 @@ async def test_a_report_of_an_undeclared_step_over_a_foreign_record_is_refused_o
     """The acknowledgement aimed at ``tr.{agent}.{X}`` for a step X the agent never declared, then a report of X:
     the log has no step to write back, so the report is refused as undeclared (as without the value), once, and
     the foreign value is gone (it is not redelivered and the log walked again on each delivery)."""
-    import uuid
-
     from gateway.kernel.state import tr_key
     from tests.kernel_support import read_log
 
     async with secured_bed(tmp_path) as bed:
         x = str(uuid.uuid4())
         await aim(bed, "a", f"$KV.PGW_KERNEL.{tr_key('a', x)}")
-        nc = bed.ncs["agent:a"]
-        report = {"idp_id": x, "executed_action": "CloseBooking", "effect": {"type": "booking.close", "status": "dispatched"}}
-        await nc.jetstream().publish(bed.config.subjects.agent("a", "transition"), msgspec.json.encode(report),
-                                     headers={"Nats-Msg-Id": f"a:{uuid.uuid4()}"})
+        await report(bed, x)
         js = bed.ncs["_watch"].jetstream()
 
         async def refused() -> Any:
@@ -422,29 +442,16 @@ async def test_reports_over_foreign_records_share_walks_of_the_log(tmp_path: Pat
     kernel a pass over every record it ever wrote, and every other agent's reports waited behind it. Twelve such
     pairs (undeclared steps) and one over a declared step now share walks (gateway/kernel/repairs.py): each report
     is judged as before (refused as undeclared once; the declared step's gap logged), in far fewer walks."""
-    import uuid
-
     from gateway.kernel.state import tr_key
-    from subjects.idp import Permit
-    from tests.kernel_support import Issuer, idp, policy_dir, read_log, request
+    from tests.kernel_support import read_log
 
-    issuer = Issuer(tmp_path / "issuer")
-    kernel_cfg = {"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))}
-    async with secured_bed(tmp_path, kernel=kernel_cfg) as bed:
-        nc = bed.ncs["agent:a"]
-        so = str(uuid.uuid4())
-        token, jti = issuer.mandate(agent="a", so_id=so, principal="p")
-        rec = idp(so_id=so, mandate_id=jti, step=1, action="ReadBooking")
-        assert isinstance(await request(nc, "a", {"mandate": token, "idp": rec}), Permit)
+    async with kernel_bed(tmp_path) as (bed, declare):
+        rec = await declare(1)
         xs = [str(uuid.uuid4()) for _ in range(12)]
         for step in [*xs, rec["idp_id"]]:
             await aim(bed, "a", f"$KV.PGW_KERNEL.{tr_key('a', step)}")
-        js_a = nc.jetstream()
         for step in [*xs, rec["idp_id"]]:
-            report = {"idp_id": step, "executed_action": "CloseBooking",
-                      "effect": {"type": "booking.close", "status": "dispatched"}}
-            await js_a.publish(bed.config.subjects.agent("a", "transition"), msgspec.json.encode(report),
-                               headers={"Nats-Msg-Id": f"a:{uuid.uuid4()}"})
+            await report(bed, step)
         js = bed.ncs["_watch"].jetstream()
 
         async def judged() -> Any:
@@ -463,42 +470,27 @@ async def test_a_report_held_for_a_walk_holds_up_no_other_report(tmp_path: Path,
     """The reports are judged one after another. A report waiting for a walk of the log (here: the walks spaced
     30 s apart, after a first one) is held aside, and the next report, of a declared step, is verified meanwhile;
     before, it waited for the walk."""
-    import uuid
-
     from gateway.kernel import repairs
     from gateway.kernel.state import tr_key
-    from subjects.idp import Permit
-    from tests.kernel_support import Issuer, idp, policy_dir, read_log, request
+    from tests.kernel_support import read_log
 
     monkeypatch.setattr(repairs, "MIN_GAP_S", 30.0)
-    issuer = Issuer(tmp_path / "issuer")
-    kernel_cfg = {"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path))}
-    async with secured_bed(tmp_path, kernel=kernel_cfg) as bed:
-        nc = bed.ncs["agent:a"]
-        so = str(uuid.uuid4())
-        token, jti = issuer.mandate(agent="a", so_id=so, principal="p")
-        rec = idp(so_id=so, mandate_id=jti, step=1, action="ReadBooking")
-        assert isinstance(await request(nc, "a", {"mandate": token, "idp": rec}), Permit)
+    async with kernel_bed(tmp_path) as (bed, declare):
+        rec = await declare(1)
         js = bed.ncs["_watch"].jetstream()
-        js_a = nc.jetstream()
-
-        async def report(step: str, action: str, kind: str) -> None:
-            await js_a.publish(bed.config.subjects.agent("a", "transition"), msgspec.json.encode(
-                {"idp_id": step, "executed_action": action, "effect": {"type": kind, "status": "dispatched"}}),
-                headers={"Nats-Msg-Id": f"a:{uuid.uuid4()}"})
 
         async def refused_of(step: str) -> Any:
             return [e for _, e in await read_log(js, "TRANSITION_REFUSED") if e.body.get("idp_id") == step]
 
         first, second = str(uuid.uuid4()), str(uuid.uuid4())
         await aim(bed, "a", f"$KV.PGW_KERNEL.{tr_key('a', first)}")
-        await report(first, "CloseBooking", "booking.close")
+        await report(bed, first)
         await until(lambda: refused_of(first), timeout=WAIT, what="the first report judged after its walk")
         k = kernel(bed)
         assert k.repairs.walks == 1
         await aim(bed, "a", f"$KV.PGW_KERNEL.{tr_key('a', second)}")
-        await report(second, "CloseBooking", "booking.close")  # its walk may begin 30 s after the first
-        await report(rec["idp_id"], "ReadBooking", "booking.read")
+        await report(bed, second)  # its walk may begin 30 s after the first
+        await report(bed, rec["idp_id"], "ReadBooking", "booking.read")
 
         async def verified() -> Any:
             return [e for _, e in await read_log(js, "IDP_COMMITMENT_VERIFIED")
@@ -515,21 +507,9 @@ async def test_an_acknowledgement_over_the_sweeps_position_does_not_make_it_read
     there read as 0, so the next sweep read every ``CEDAR_PERMIT_RECORDED`` the log ever held again (and each
     permit's index entry): one publish, a pass over every permit, as often as the agent sent it. The sweep now
     goes on from the position it last swept to and writes it back over the acknowledgement."""
-    import uuid
-
-    from subjects.idp import Permit
-    from tests.kernel_support import Issuer, idp, policy_dir, request
-
-    issuer = Issuer(tmp_path / "issuer")
-    kernel_cfg = {"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path)),
-                  "report_deadline_s": 3600}
-    async with secured_bed(tmp_path, kernel=kernel_cfg) as bed:
-        nc = bed.ncs["agent:a"]
-        so = str(uuid.uuid4())
-        token, jti = issuer.mandate(agent="a", so_id=so, principal="p")
+    async with kernel_bed(tmp_path, report_deadline_s=3600) as (bed, declare):
         for step in (1, 2, 3):
-            rec = idp(so_id=so, mandate_id=jti, step=step, action="ReadBooking")
-            assert isinstance(await request(nc, "a", {"mandate": token, "idp": rec}), Permit)
+            await declare(step)
         k = kernel(bed)
         assert await k.overdue.sweep(now=1e12) == 3  # each permit past its deadline: closed
         read = k.overdue.read_events
