@@ -13,6 +13,7 @@ shows the reader goes on.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -67,7 +68,8 @@ def kernel(bed: Bed) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def kernel_bed(tmp_path: Path, **kernel_cfg: Any) -> AsyncIterator[tuple[Bed, Callable[..., Awaitable[Any]]]]:
+async def kernel_bed(tmp_path: Path, *, gateway: dict[str, Any] | None = None,
+                     **kernel_cfg: Any) -> AsyncIterator[tuple[Bed, Callable[..., Awaitable[Any]]]]:
     """A secured bed whose kernel trusts one mandate issuer, and ``declare(step)``: agent a declares step
     ``step`` of one session (``ReadBooking``); its IDP record, asserted permitted (``answer=True``: the record and
     the kernel's answer, whatever it is)."""
@@ -76,7 +78,7 @@ async def kernel_bed(tmp_path: Path, **kernel_cfg: Any) -> AsyncIterator[tuple[B
 
     issuer = Issuer(tmp_path / "issuer")
     cfg = {"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path)), **kernel_cfg}
-    async with secured_bed(tmp_path, kernel=cfg) as bed:
+    async with secured_bed(tmp_path, kernel=cfg, **({"gateway": gateway} if gateway else {})) as bed:
         so = str(uuid.uuid4())
         token, jti = issuer.mandate(agent="a", so_id=so, principal="p")
 
@@ -519,3 +521,73 @@ async def test_an_acknowledgement_over_the_sweeps_position_does_not_make_it_read
         assert await k.overdue.sweep(now=1e12) == 0
         assert k.overdue.read_events == read  # read the three permits again before
         assert await k.state.position("_permit_sweep") == position  # its own position back
+
+
+async def held_behind_a_first_walk(bed: Bed, monkeypatch: pytest.MonkeyPatch, gap_s: float) -> tuple[Any, str]:
+    """Walks spaced ``gap_s`` apart, one walk done (a report over a foreign record, refused as undeclared), and
+    the key of a second undeclared step aimed at: (the kernel, that step), whose reports are then held."""
+    from gateway.kernel import repairs
+    from gateway.kernel.state import tr_key
+    from tests.kernel_support import read_log
+
+    monkeypatch.setattr(repairs, "MIN_GAP_S", gap_s)
+    js = bed.ncs["_watch"].jetstream()
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    await aim(bed, "a", f"$KV.PGW_KERNEL.{tr_key('a', first)}")
+    await report(bed, first)
+
+    async def refused() -> Any:
+        return [e for _, e in await read_log(js, "TRANSITION_REFUSED") if e.body.get("idp_id") == first]
+
+    await until(refused, timeout=WAIT, what="the first report judged after its walk")
+    await aim(bed, "a", f"$KV.PGW_KERNEL.{tr_key('a', second)}")
+    return kernel(bed), second
+
+
+async def test_an_agent_holds_at_most_its_share_of_held_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each held report holds a place of the kernel consumer's unacknowledged messages, which every agent's reports
+    need. Past ``MAX_HELD_PER_AGENT`` (3 here) an agent's reports over foreign records are handed back to the
+    server (redelivered later), not held; the other reports are judged meanwhile."""
+    from gateway.kernel import repairs
+    from tests.kernel_support import read_log
+
+    monkeypatch.setattr(repairs, "MAX_HELD_PER_AGENT", 3)
+    async with kernel_bed(tmp_path) as (bed, declare):
+        rec = await declare(1)
+        k, step = await held_behind_a_first_walk(bed, monkeypatch, 30.0)
+        for _ in range(6):
+            await report(bed, step)
+        await report(bed, rec["idp_id"], "ReadBooking", "booking.read")  # read after the six
+        js = bed.ncs["_watch"].jetstream()
+
+        async def verified() -> Any:
+            return [e for _, e in await read_log(js, "IDP_COMMITMENT_VERIFIED")
+                    if e.body["record"]["idp_id"] == rec["idp_id"]]
+
+        await until(verified, timeout=WAIT, what="the declared step's report verified")
+        assert k.repairs.waiting("a") == 3
+
+
+async def test_a_held_report_is_kept_in_progress_and_not_redelivered(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report held for a walk longer than the consumer's ``ack_wait`` (2 s here; the next walk 8 s away) is told
+    to the server as in progress, so it is not redelivered meanwhile, and is judged once its walk is done."""
+    from tests.kernel_support import read_log
+
+    async with kernel_bed(tmp_path, gateway={"ack_wait_s": 2.0}) as (bed, _):
+        k, step = await held_behind_a_first_walk(bed, monkeypatch, 8.0)
+        await report(bed, step)
+        js = bed.ncs["_watch"].jetstream()
+        async def held() -> bool:
+            return k.repairs.holds(("a", step))
+
+        await until(held, timeout=WAIT, what="the report held")
+        await asyncio.sleep(5.0)  # past two ack_waits: what is awaited is that nothing happens
+        info = await js.consumer_info("PGW_INBOUND", "pgw-kernel")
+        assert k.repairs.holds(("a", step))
+        assert (info.num_ack_pending, info.num_redelivered) == (1, 0)
+
+        async def refused() -> Any:
+            return [e for _, e in await read_log(js, "TRANSITION_REFUSED") if e.body.get("idp_id") == step]
+
+        await until(refused, timeout=WAIT, what="the held report judged after its walk")

@@ -18,10 +18,15 @@ report waited behind each walk. So:
   reports come, the walks take at most a fifth of the time;
 - each report is judged after its walk, in the order the reports came; a later report of a step that still
   has one waiting here waits too (its turn after them, with no walk of its own), so the step's reports are
-  judged in order.
+  judged in order;
+- a held report holds a place of the consumer's unacknowledged messages (its ``max_ack_pending``), which
+  every agent's reports need: at most ``MAX_HELD_PER_AGENT`` of one agent's and ``MAX_HELD`` in all are held.
+  Past that a report is handed back to the server (a nak, redelivered after ``OVERFLOW_DELAY_S``); a step's
+  order then holds only as far as the redeliveries keep it.
 
 A report whose record is foreign again when it is judged (the value aimed at the key once more meanwhile)
-fails as any report that cannot be recorded: redelivered, and dead-lettered after ``max_deliver``.
+fails as any report that cannot be recorded: redelivered, and dead-lettered after ``max_deliver``
+(docs/security.md "Replies", the residual).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import structlog
+
 from gateway.kernel.eventlog import EventLog
 from gateway.kernel.state import KernelState
 from pgwcore.logs import get_logger
@@ -41,6 +48,11 @@ log = get_logger("pgw.kernel")
 
 SPACING = 4.0  # the gap after a walk, in walks of its length: walks take at most 1 / (1 + SPACING) of the time
 MIN_GAP_S = 1.0
+# Reports held at most, of one agent and in all: each holds a place of the consumer's unacknowledged
+# messages (its max_ack_pending, the server's 1,000), which the other agents' reports need.
+MAX_HELD_PER_AGENT = 32
+MAX_HELD = 256
+OVERFLOW_DELAY_S = 2.0  # a report past those limits is handed back, redelivered after this
 
 Step = tuple[str, str]  # (agent, idp_id)
 
@@ -65,16 +77,27 @@ class StepRepairs:
         self.judge = judge  # judges a held report again and settles its message (acks, naks or dead-letters it)
         self.beat_s = beat_s  # how often a held report is said to be in progress
         self._steps: dict[Step, asyncio.Future[bool] | None] = {}  # the next walk's steps; a future if awaited
+        self._walking: dict[Step, asyncio.Future[bool] | None] = {}  # the steps of the walk under way
         self._held: list[tuple[Step, Any]] = []  # (step, message), in the order they came
-        self._judging: list[tuple[Step, Any]] = []  # taken for the walk under way, judged after it
+        self._judging: list[tuple[Step, Any]] = []  # taken for the walk under way, not judged yet
         self._next_at = 0.0  # monotonic time before which no walk begins
         self._runner: asyncio.Task[None] | None = None
+        self._in_judgement = False  # close() lets a judgement finish; it cuts a wait or a walk short
+        self._closing = False
         self.walks = 0  # walks of the log made (tests, docs/kernel.md)
 
     def holds(self, step: Step) -> bool:
         """Whether a report of ``step`` is waiting here (a later one waits behind it)."""
         key = (step[0], step[1].lower())
         return any((s[0], s[1].lower()) == key for s, _ in (*self._judging, *self._held))
+
+    def waiting(self, agent: str | None = None) -> int:
+        """How many reports are held (of ``agent``, or of all agents)."""
+        return sum(agent is None or s[0] == agent for s, _ in (*self._judging, *self._held))
+
+    def room(self, agent: str) -> bool:
+        """Whether one more report of ``agent`` may be held (``MAX_HELD_PER_AGENT``, ``MAX_HELD``)."""
+        return self.waiting() < MAX_HELD and self.waiting(agent) < MAX_HELD_PER_AGENT
 
     def hold(self, msg: Any, step: Step, *, walk: bool) -> None:
         """Keep ``msg`` (a report of ``step``) until its walk; ``walk`` False: only in order behind another."""
@@ -92,38 +115,46 @@ class StepRepairs:
         return await asyncio.shield(fut)
 
     def _start(self) -> None:
-        if self._runner is None or self._runner.done():
+        if not self._closing and (self._runner is None or self._runner.done()):
             self._runner = asyncio.create_task(self._run(), name="kernel-step-repairs")
 
     async def _run(self) -> None:
+        structlog.contextvars.clear_contextvars()  # its log lines name no one report's agent
         beat = asyncio.create_task(self._beat(), name="kernel-step-repairs-beat")
         try:
-            while self._steps or self._held:
+            while not self._closing:
+                if not (self._steps or self._held):
+                    self._runner = None  # at once, before any await: the next hold starts a runner of its own
+                    return
+                self._judging, self._held = self._held, []
                 if self._steps:
                     await asyncio.sleep(max(0.0, self._next_at - time.monotonic()))
-                    steps, self._steps = self._steps, {}
-                    self._judging, self._held = self._held, []
-                    await self._walk(steps)
-                else:  # only reports in order behind others: no walk
-                    self._judging, self._held = self._held, []
-                for _, msg in self._judging:
+                    self._judging += self._held  # those held while it waited: their steps are in this walk
+                    self._held = []
+                    self._walking, self._steps = self._steps, {}
+                    await self._walk(self._walking)
+                    self._walking = {}
+                # else: only reports in order behind others, whose walk is done: judged without one
+                while self._judging and not self._closing:
+                    msg = self._judging[0][1]
+                    self._in_judgement = True
                     try:
                         await self.judge(msg)
-                    except Exception:  # the judge settles every message itself; a report unsettled is redelivered
+                    except Exception:  # the judge settles every message itself; one unsettled is redelivered
                         log.exception("judging a report held for a walk of the log failed")
-                self._judging = []
+                    finally:
+                        self._in_judgement = False
+                        self._judging.pop(0)
         finally:
-            self._judging = []
             beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
 
     async def _walk(self, steps: dict[Step, asyncio.Future[bool] | None]) -> None:
         t0 = time.monotonic()
         error: BaseException | None = None
         declared: set[Step] = set()
+        failed: set[Step] = set()
         try:
-            declared = await self.state.repair_steps(self.eventlog, list(steps))
+            declared, failed = await self.state.repair_steps(self.eventlog, list(steps))
         except Exception as e:
             log.exception("repairing the records of steps from the log failed", steps=len(steps))
             error = e
@@ -132,12 +163,12 @@ class StepRepairs:
             took = time.monotonic() - t0
             self._next_at = time.monotonic() + max(MIN_GAP_S, SPACING * took)
             log.info("steps' records written again from the log", steps=len(steps), declared=len(declared),
-                     walk_s=round(took, 3))
+                     failed=len(failed), walk_s=round(took, 3))
         for step, fut in steps.items():
             if fut is None or fut.done():
                 continue
-            if error is not None:
-                fut.set_exception(error)
+            if error is not None or step in failed:
+                fut.set_exception(error or RuntimeError(f"the records of step {step[1]} could not be written again"))
                 fut.add_done_callback(retrieve)
             else:
                 fut.set_result(step in declared)
@@ -151,13 +182,19 @@ class StepRepairs:
                     await msg.in_progress()
 
     async def close(self) -> None:
-        """Stop; a report still held is redelivered after its ``ack_wait`` (nothing is acked unjudged)."""
+        """Stop: a judgement under way finishes; the reports still held are handed back to the server at once
+        (a nak: redelivered, to this kernel after a restart or to another), the waits for a walk cancelled."""
+        self._closing = True
         runner, self._runner = self._runner, None
         if runner is not None and not runner.done():
-            runner.cancel()
+            if not self._in_judgement:
+                runner.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await runner
-        for fut in self._steps.values():
+        for fut in (*self._steps.values(), *self._walking.values()):
             if fut is not None and not fut.done():
                 fut.cancel()
-        self._steps, self._held, self._judging = {}, [], []
+        for _, msg in (*self._judging, *self._held):
+            with contextlib.suppress(Exception):
+                await msg.nak()
+        self._steps, self._walking, self._held, self._judging = {}, {}, [], []

@@ -321,7 +321,8 @@ class KernelState:
             raise ForeignRecord(tr_key(agent, idp_id))
         return got[0].decode()
 
-    async def repair_steps(self, eventlog: EventLog, steps: Collection[tuple[str, str]]) -> set[tuple[str, str]]:
+    async def repair_steps(self, eventlog: EventLog, steps: Collection[tuple[str, str]],
+                           ) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
         """Write the kernel's records of some steps (``tr.`` and ``idp.``) again from the event log.
 
         For steps ``(agent, idp_id)`` whose records hold a value the kernel never wrote: a party's JetStream
@@ -334,7 +335,8 @@ class KernelState:
 
         One walk of the whole log for every step given (``gateway.kernel.repairs`` gathers them: a walk per
         step made two publishes of an agent's cost the kernel a read of every record). Returns the steps the
-        log declared (an ``IDP_SUBMITTED``); the others' foreign ``tr.`` value is deleted all the same."""
+        log declared (an ``IDP_SUBMITTED``), written again, and those whose records could not be (each step on
+        its own); the others' foreign ``tr.`` value is deleted all the same."""
         steps = list(dict.fromkeys(steps))
         wanted: dict[str, set[str]] = {}  # idp_id lower-cased -> the agents asking for it
         for agent, idp_id in steps:
@@ -352,16 +354,22 @@ class KernelState:
                 if body.get("agent", agent) == agent:
                     events.setdefault((agent, named.lower()), []).append((rec.event.event_type, body, rec.seq))
         declared: set[tuple[str, str]] = set()
+        failed: set[tuple[str, str]] = set()
         for agent, idp_id in steps:
             step = events.get((agent, idp_id.lower()), [])
             submitted = next((b for t, b, _ in step if t == "IDP_SUBMITTED"), None)
             if submitted is None:
                 continue
+            try:
+                await self._drop_foreign(idp_key(submitted["so_id"], idp_id))
+                for event_type, body, seq in step:
+                    await self.apply(event_type, body, seq)
+            except Exception:  # e.g. the key aimed at again meanwhile: this step's reports fail, not the others'
+                log.exception("writing a step's records again from the log failed", agent=agent, idp_id=idp_id)
+                failed.add((agent, idp_id))
+                continue
             declared.add((agent, idp_id))
-            await self._drop_foreign(idp_key(submitted["so_id"], idp_id))
-            for event_type, body, seq in step:
-                await self.apply(event_type, body, seq)
-        return declared
+        return declared, failed
 
     async def _drop_foreign(self, key: str) -> None:
         got = await self._get(key)

@@ -37,7 +37,7 @@ from gateway.at_rest import settle_raw
 from gateway.kernel.eventlog import Appended, EventLog
 from gateway.kernel.hem import WHY, held_report_moment, held_report_notice
 from gateway.kernel.overdue import OverdueReports
-from gateway.kernel.repairs import StepNeedsRepair, StepRepairs
+from gateway.kernel.repairs import OVERFLOW_DELAY_S, StepNeedsRepair, StepRepairs
 from gateway.kernel.state import ForeignRecord, IdpEntry, KernelState
 from gateway.stages.base import Turn
 from pgwcore.atomic import stored_by_reply
@@ -207,8 +207,15 @@ class TransitionReports:
                 await self.handle_transition(agent, msg.data, seq, traceparent=tp, foreign="fail" if held else "hold")
             except StepNeedsRepair as e:
                 # Held until the walk that repairs the step, or in order behind a report of it held there;
-                # the loop goes on with the next report (repairs.py).
-                self.repairs.hold(msg, e.step, walk=e.walk)
+                # the loop goes on with the next report (repairs.py). Past the limits of what may be held,
+                # handed back: redelivered later (and dead-lettered after max_deliver, as any report).
+                if self.repairs.room(agent):
+                    self.repairs.hold(msg, e.step, walk=e.walk)
+                    return
+                log.warning("too many reports wait for a walk of the log; this one is handed back", idp_id=e.step[1])
+                if not await self._dead_letter(msg):
+                    with contextlib.suppress(Exception):
+                        await msg.nak(delay=OVERFLOW_DELAY_S)
                 return
             # Recorded: a report that held a secret leaves PGW_INBOUND (module docstring).
             report = Turn(agent=agent, subject=msg.subject, stream_seq=seq, body=msg.data,
