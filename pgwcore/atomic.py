@@ -149,23 +149,31 @@ class _AckWaiter:
             self.out.set_exception(nats.errors.TimeoutError())
 
 
-_PUB_ACK_MEMBERS = frozenset({"stream", "seq", "duplicate", "domain", "batch", "count", "val"})
+_PUB_ACK_MEMBERS = frozenset({"stream", "seq", "duplicate", "domain", "batch", "count", "val", "error"})
+_PUB_ACK_ERROR = frozenset({"code", "err_code", "description"})
 
 
 def is_pub_ack(data: bytes) -> bool:
-    """Whether a stored record is nats-server's acknowledgement of a JetStream publish (``{"stream", "seq"}``).
+    """Whether a stored record is nats-server's acknowledgement of a JetStream publish (``{"stream", "seq"}``),
+    or its answer to one it refused (``{"error": {"code", "err_code", "description"}, ...}``).
 
     A party's publish with a stream's or a bucket's subject as its reply subject makes the server store
-    its acknowledgement there (docs/security.md "Replies"): no record any service wrote, and it carries
-    nothing a party chose. Readers that walk a stream pass over it and say so."""
-    if not data.startswith(b"{") or len(data) > 512:
+    its acknowledgement there (docs/security.md "Replies"): no record any service wrote. Readers that walk
+    a stream pass over it and say so. The refused form costs the party nothing stored (its publish was
+    refused, e.g. a ``Nats-Expected-Last-Sequence`` it set to fail), and its description can echo text the
+    party chose (``wrong last msg ID: ...``), so it is recognised at any length."""
+    if not data.startswith(b"{") or (len(data) > 512 and not data.startswith(b'{"error":')):
         return False
     try:
         d = msgspec.json.decode(data)
     except msgspec.DecodeError:
         return False
-    return (isinstance(d, dict) and set(d) <= _PUB_ACK_MEMBERS and isinstance(d.get("stream"), str)
-            and type(d.get("seq")) is int)
+    if not isinstance(d, dict) or not set(d) <= _PUB_ACK_MEMBERS:
+        return False
+    err = d.get("error")
+    if err is not None:
+        return isinstance(err, dict) and set(err) <= _PUB_ACK_ERROR and type(err.get("code")) is int
+    return isinstance(d.get("stream"), str) and type(d.get("seq")) is int
 
 
 def stored_by_reply(msg: Any) -> bool:

@@ -343,20 +343,27 @@ async def test_an_acknowledgement_stored_on_another_agents_subject_is_not_that_a
     ``agent.a.transition``): the server stores it in ``PGW_INBOUND`` on a's subject. Read as a's, it made a
     ``blocked`` and a ``denied`` verdict (each signed into a capsule), a signed TRANSITION_REFUSED and an outcome,
     all naming a, which sent nothing (found by an attack from the docs). Both consumers now pass it over: no
-    verdict, event or outcome names a, and a's own envelope is answered as ever."""
+    verdict, event or outcome names a, and a's own envelope is answered as ever. So too the server's answer to
+    a publish it refused (``{"error": ...}``: b's publish carried an expectation set to fail, so nothing of b's
+    is stored and it costs b nothing), also when its description echoes a long message id of b's choosing
+    (found by a second attack from the docs)."""
     from tests.kernel_support import read_log
     from tests.polling import consumer_drained
 
     async with secured_bed(tmp_path) as bed:
         nc = bed.ncs["agent:b"]
+        refused = [{"Nats-Expected-Last-Sequence": "999999999"},
+                   {"Nats-Msg-Id": "b:x", "Nats-Expected-Last-Msg-Id": "b:" + "y" * 2000}]
         for target in (bed.config.subjects.envelope("a"), bed.config.subjects.agent("a", "transition")):
             await nc.publish(bed.config.subjects.envelope("b"), b"{}", reply=target)
+            for headers in refused:
+                await nc.publish(bed.config.subjects.envelope("b"), b"{}", reply=target, headers=headers)
         await flushed(nc)
         js = bed.ncs["_watch"].jetstream()
 
         async def stored_and_taken() -> bool:
             info = await js.stream_info("PGW_INBOUND", subjects_filter=f"{bed.config.prefix}.agent.a.>")
-            return (sum((info.state.subjects or {}).values()) >= 2
+            return (sum((info.state.subjects or {}).values()) >= 6
                     and await consumer_drained(js, "PGW_INBOUND", "pgw-gateway")
                     and await consumer_drained(js, "PGW_INBOUND", "pgw-kernel"))
 
@@ -591,3 +598,38 @@ async def test_a_held_report_is_kept_in_progress_and_not_redelivered(tmp_path: P
             return [e for _, e in await read_log(js, "TRANSITION_REFUSED") if e.body.get("idp_id") == step]
 
         await until(refused, timeout=WAIT, what="the held report judged after its walk")
+
+
+async def test_refused_publishes_aimed_at_the_event_log_are_passed_over_and_logged_in_bulk(tmp_path: Path) -> None:
+    """An agent's publish the server refuses (an expectation set to fail, so nothing of the agent's is stored)
+    with an event log subject as its reply subject: the server stores its refusal in ``PGW_EVENTLOG``, for free,
+    as fast as the agent sends (found by an attack from the docs). The kernel's start walks the log over them;
+    it logged a CRITICAL line for each on every walk (a flood of 700,000 wrote 360 MB at each start). Now the
+    first 100 are logged one by one and the rest only counted; the kernel still permits the next step."""
+    from structlog.testing import capture_logs
+
+    from gateway.kernel.eventlog import FOREIGN_RECORDS, LOGGED_ONE_BY_ONE
+
+    async with kernel_bed(tmp_path) as (bed, declare):
+        await declare(1)
+        nc = bed.ncs["agent:b"]
+        junk = LOGGED_ONE_BY_ONE + 50
+        for _ in range(junk):
+            await nc.publish(bed.config.subjects.envelope("b"), b"{}", reply=f"{bed.config.prefix}.log.IDP_SUBMITTED",
+                             headers={"Nats-Expected-Last-Sequence": "999999999"})
+        await flushed(nc)
+        js = bed.ncs["_watch"].jetstream()
+
+        async def stored() -> bool:
+            info = await js.stream_info("PGW_EVENTLOG", subjects_filter=f"{bed.config.prefix}.log.IDP_SUBMITTED")
+            return sum((info.state.subjects or {}).values()) >= junk + 1
+
+        await until(stored, timeout=WAIT, what="the refusals stored in the event log")
+        await bed.stop_gateway()
+        counted = FOREIGN_RECORDS._value.get()
+        with capture_logs() as logs:
+            await bed.start_gateway()  # its rebuild walks the log
+        alarms = [e for e in logs if e.get("alert_trigger") == "EVENTLOG_FOREIGN_RECORD" and e["log_level"] == "critical"]
+        assert len(alarms) == LOGGED_ONE_BY_ONE + 1, len(alarms)
+        assert FOREIGN_RECORDS._value.get() - counted == junk
+        await declare(2)

@@ -74,6 +74,7 @@ QUARANTINED = "LOG_RECORD_QUARANTINED"
 # reported by its newest records and by pgw log verify, never walked whole on the append path).
 HEAD_LOOKBACK = 64
 
+LOGGED_ONE_BY_ONE = 100  # foreign records logged one line each by a process; the rest counted
 FOREIGN_RECORDS = Counter(
     "pgw_eventlog_foreign_records_total",
     "Records of the event log that are not the kernel's own (undecodable, unsigned or unchained), "
@@ -148,6 +149,7 @@ class EventLog:
         self._sign_bytes = fast_signer(key)
         self.stream = stream
         self._reported: set[int] = set()  # foreign sequences already logged by this process
+        self._foreign_logged = 0  # foreign records met by this process (LOGGED_ONE_BY_ONE)
         # The foreign records an operator quarantined (``load_quarantine``): reported, not alarmed.
         self.quarantine: dict[int, Quarantine] = {}
         self._lock = asyncio.Lock()
@@ -209,21 +211,31 @@ class EventLog:
         """Log a foreign record once per process: CRITICAL and counted, unless an operator quarantined it."""
         if rec.seq in self._reported:
             return
-        if len(self._reported) > 100_000:  # bounded: a flood is counted, not remembered for ever
-            self._reported.clear()
-        self._reported.add(rec.seq)
+        if len(self._reported) < 100_000:  # bounded: past it a record is counted again on each walk
+            self._reported.add(rec.seq)
         q = self.quarantine.get(rec.seq)
         if q is not None and q.sha256 == rec.digest:
             log.info("event log record is not the kernel's own; quarantined, so not applied", seq=rec.seq,
                      subject=rec.subject, problem=rec.problem, quarantined_by=q.by_seq, found_in=where)
             return
         FOREIGN_RECORDS.inc()
-        log.critical(
-            "event log record is not the kernel's own: it is not applied or trusted; the log goes on over it. "
-            f"Inspect it, then record it as quarantined: pgw log quarantine {rec.seq} --reason ...",
-            seq=rec.seq, subject=rec.subject, problem=rec.problem, found_in=where, stream=self.stream,
-            alert_trigger="EVENTLOG_FOREIGN_RECORD",
-        )
+        # One line each for the first LOGGED_ONE_BY_ONE, then one line saying the rest are only counted: a
+        # party's publishes the server refused put its answers in the log for free, at thousands a second
+        # (docs/security.md "Replies"), and a line for each made every walk of the log write as many.
+        self._foreign_logged += 1
+        if self._foreign_logged <= LOGGED_ONE_BY_ONE:
+            log.critical(
+                "event log record is not the kernel's own: it is not applied or trusted; the log goes on over it. "
+                f"Inspect it, then record it as quarantined: pgw log quarantine {rec.seq} --reason ...",
+                seq=rec.seq, subject=rec.subject, problem=rec.problem, found_in=where, stream=self.stream,
+                alert_trigger="EVENTLOG_FOREIGN_RECORD",
+            )
+        elif self._foreign_logged == LOGGED_ONE_BY_ONE + 1:
+            log.critical(
+                f"more than {LOGGED_ONE_BY_ONE} event log records are not the kernel's own: the others are counted "
+                "(pgw_eventlog_foreign_records_total), not logged one by one; pgw log verify lists every one",
+                seq=rec.seq, found_in=where, stream=self.stream, alert_trigger="EVENTLOG_FOREIGN_RECORD",
+            )
 
     def sign_record(self, record: Mapping[str, Any]) -> str:
         """The kernel's signature over the JCS of ``record`` (a commitment record, spec 003 §5.5),
