@@ -179,16 +179,20 @@ class DeadLetters:
         it, settle it (a report that held a secret leaves PGW_INBOUND) and terminate it."""
         if report.num_delivered < self.gw.config.gateway.max_deliver:
             return False
+        await self.give_up_report(
+            report, msg, f"the kernel could not record this report on each of {report.num_delivered} deliveries (max_deliver)")
+        return True
+
+    async def give_up_report(self, report: Turn, msg: Msg, reason: str) -> None:
+        """Dead-letter a transition report now, settle it and terminate it (``reason``: why it is given up)."""
         await self.record(
             stream_seq=report.stream_seq, subject=report.subject, agent=report.agent,
             deliveries=report.num_delivered, body=report.body, msg_id=report.msg_id,
-            traceparent=report.traceparent, consumer=KERNEL_DURABLE,
-            reason=f"the kernel could not record this report on each of {report.num_delivered} deliveries (max_deliver)",
+            traceparent=report.traceparent, consumer=KERNEL_DURABLE, reason=reason,
         )
         await self._settle(report)
         with contextlib.suppress(Exception):
             await msg.term()
-        return True
 
     async def _settle(self, turn: Turn) -> None:
         """The dead letter is recorded: a turn that held a secret leaves PGW_INBOUND (gateway/at_rest.py)."""

@@ -553,8 +553,9 @@ async def held_behind_a_first_walk(bed: Bed, monkeypatch: pytest.MonkeyPatch, ga
 
 async def test_an_agent_holds_at_most_its_share_of_held_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each held report holds a place of the kernel consumer's unacknowledged messages, which every agent's reports
-    need. Past ``MAX_HELD_PER_AGENT`` (3 here) an agent's reports over foreign records are handed back to the
-    server (redelivered later), not held; the other reports are judged meanwhile."""
+    need. Past ``MAX_HELD_PER_AGENT`` (3 here) an agent's reports over foreign records are dead-lettered at once,
+    with the reason, not held (handed back, each came again until max_deliver, holding a place each time; found
+    by an attack from the docs); the other reports are judged meanwhile."""
     from gateway.kernel import repairs
     from tests.kernel_support import read_log
 
@@ -573,6 +574,12 @@ async def test_an_agent_holds_at_most_its_share_of_held_reports(tmp_path: Path, 
 
         await until(verified, timeout=WAIT, what="the declared step's report verified")
         assert k.repairs.waiting("a") == 3
+        info = await js.stream_info("PGW_DEADLETTER")
+        assert info.state.messages == 3
+        last = await js.get_msg("PGW_DEADLETTER", info.state.last_seq)
+        assert b"waiting for the kernel to write their steps' records again" in last.data
+        pending = await js.consumer_info("PGW_INBOUND", "pgw-kernel")
+        assert pending.num_ack_pending == 3  # the three held; the others gone, not cycling
 
 
 async def test_a_held_report_is_kept_in_progress_and_not_redelivered(tmp_path: Path,

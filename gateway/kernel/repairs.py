@@ -21,8 +21,9 @@ report waited behind each walk. So:
   judged in order;
 - a held report holds a place of the consumer's unacknowledged messages (its ``max_ack_pending``), which
   every agent's reports need: at most ``MAX_HELD_PER_AGENT`` of one agent's and ``MAX_HELD`` in all are held.
-  Past that a report is handed back to the server (a nak, redelivered after ``OVERFLOW_DELAY_S``); a step's
-  order then holds only as far as the redeliveries keep it.
+  Past that a report is dead-lettered at once, recorded in ``PGW_DEADLETTER`` with the reason
+  (``OVERFLOW_REASON``): handed back, it would come again and again until ``max_deliver``, holding a place
+  each time.
 
 A report whose record is foreign again when it is judged (the value aimed at the key once more meanwhile)
 fails as any report that cannot be recorded: redelivered, and dead-lettered after ``max_deliver``
@@ -52,7 +53,11 @@ MIN_GAP_S = 1.0
 # messages (its max_ack_pending, the server's 1,000), which the other agents' reports need.
 MAX_HELD_PER_AGENT = 32
 MAX_HELD = 256
-OVERFLOW_DELAY_S = 2.0  # a report past those limits is handed back, redelivered after this
+# A report past those limits is dead-lettered at once (handed back, it would cycle through the consumer's
+# places until max_deliver); with dead letters off (ops.dead_letter), handed back and redelivered after this.
+OVERFLOW_DELAY_S = 2.0
+OVERFLOW_REASON = (f"more than {MAX_HELD_PER_AGENT} of this agent's transition reports (or {MAX_HELD} in all) were "
+                   "waiting for the kernel to write their steps' records again from its log (docs/kernel.md)")
 
 Step = tuple[str, str]  # (agent, idp_id)
 

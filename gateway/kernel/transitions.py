@@ -37,7 +37,7 @@ from gateway.at_rest import settle_raw
 from gateway.kernel.eventlog import Appended, EventLog
 from gateway.kernel.hem import WHY, held_report_moment, held_report_notice
 from gateway.kernel.overdue import OverdueReports
-from gateway.kernel.repairs import OVERFLOW_DELAY_S, StepNeedsRepair, StepRepairs
+from gateway.kernel.repairs import OVERFLOW_DELAY_S, OVERFLOW_REASON, StepNeedsRepair, StepRepairs
 from gateway.kernel.state import ForeignRecord, IdpEntry, KernelState
 from gateway.stages.base import Turn
 from pgwcore.atomic import stored_by_reply
@@ -212,8 +212,8 @@ class TransitionReports:
                 if self.repairs.room(agent):
                     self.repairs.hold(msg, e.step, walk=e.walk)
                     return
-                log.warning("too many reports wait for a walk of the log; this one is handed back", idp_id=e.step[1])
-                if not await self._dead_letter(msg):
+                log.warning("too many reports wait for a walk of the log; this one is given up", idp_id=e.step[1])
+                if not await self._dead_letter(msg, reason=OVERFLOW_REASON):
                     with contextlib.suppress(Exception):
                         await msg.nak(delay=OVERFLOW_DELAY_S)
                 return
@@ -233,9 +233,10 @@ class TransitionReports:
             with contextlib.suppress(Exception):
                 await msg.nak(delay=1)
 
-    async def _dead_letter(self, msg: Any) -> bool:
+    async def _dead_letter(self, msg: Any, *, reason: str | None = None) -> bool:
         """On a report's last allowed delivery: its dead letter (gateway/deadletter.py), so it does not stay
-        in PGW_INBOUND as sent for the stream's 7 days; True when it was recorded and terminated."""
+        in PGW_INBOUND as sent for the stream's 7 days; True when it was recorded and terminated. With
+        ``reason``: now, whatever its deliveries (a report past the limits of what may be held, repairs.py)."""
         dead = getattr(self.gw, "dead_letters", None)
         if dead is None:  # ops.dead_letter off: the report stays, as a turn does
             return False
@@ -246,6 +247,9 @@ class TransitionReports:
                           stream_seq=md.sequence.stream, body=msg.data, msg_id=headers.get("Nats-Msg-Id"),
                           traceparent=await self.gw.traceparent(headers), num_delivered=md.num_delivered,
                           principal=headers.get("Pgw-Principal"), headers=headers)
+            if reason is not None:
+                await dead.give_up_report(report, msg, reason)
+                return True
             return bool(await dead.on_report_failure(report, msg))
         except Exception:  # the advisory records it once max_deliver is reached
             log.exception("dead-lettering a transition report failed", subject=msg.subject)
