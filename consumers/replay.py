@@ -52,7 +52,7 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from consumers.history import StoredMsg, read_stored
-from pgwcore.atomic import is_pub_ack
+from pgwcore.atomic import is_pub_ack, is_server_answer
 from pgwcore.logs import get_logger
 from pgwcore.streams import INBOUND_MSG_ID_HEADER, INBOUND_REDACTED_BUCKET, INBOUND_SUBJECT_HEADER
 from subjects.errors import PgwError, SubjectError
@@ -290,6 +290,11 @@ class Replayer:
                    fresh_msg_id: bool) -> ReplayAction:
         seq = msg.seq
         headers = dict(msg.headers or {})
+        if not headers and is_server_answer(msg.data):
+            # An answer of the server's a party aimed at this subject (docs/security.md "Replies"): the
+            # consumers pass it over, and republished with a message id it would no longer be.
+            return ReplayAction(seq, msg.subject, None, None, "skip",
+                                reason="the server's answer to a party's request or publish, stored here; no message")
         if target == GATEWAY:
             try:
                 parsed = self.subjects.parse(msg.subject)

@@ -13,7 +13,9 @@ two ways, and both end here, once:
 
 A transition report the kernel cannot record (durable ``pgw-kernel``, the same
 ``max_deliver``) ends here the same two ways: the kernel's last delivery
-(``on_report_failure``) or the advisory of ``pgw-kernel``. Its dead letter is the
+(``on_report_failure``) or the advisory of ``pgw-kernel``; and a report past its agent's share of the
+reports the kernel holds for a walk of its log is dead-lettered at once (``give_up_report``,
+gateway/kernel/repairs.py). Its dead letter is the
 record (``consumer`` ``pgw-kernel``, the report's ``idp_id`` redacted) and the
 ``engine_failure`` verdict; a report has no outcome, so none is sent.
 
@@ -184,15 +186,20 @@ class DeadLetters:
         return True
 
     async def give_up_report(self, report: Turn, msg: Msg, reason: str) -> None:
-        """Dead-letter a transition report now, settle it and terminate it (``reason``: why it is given up)."""
+        """Dead-letter a transition report now, settle it and terminate it (``reason``: why it is given up).
+
+        Once the dead letter is recorded the message is terminated, whether or not the settle succeeds:
+        redelivered, the report could be judged too, and have a dead letter and a verdict of its own."""
         await self.record(
             stream_seq=report.stream_seq, subject=report.subject, agent=report.agent,
             deliveries=report.num_delivered, body=report.body, msg_id=report.msg_id,
             traceparent=report.traceparent, consumer=KERNEL_DURABLE, reason=reason,
         )
-        await self._settle(report)
-        with contextlib.suppress(Exception):
-            await msg.term()
+        try:
+            await self._settle(report)
+        finally:
+            with contextlib.suppress(Exception):
+                await msg.term()
 
     async def _settle(self, turn: Turn) -> None:
         """The dead letter is recorded: a turn that held a secret leaves PGW_INBOUND (gateway/at_rest.py)."""

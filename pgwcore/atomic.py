@@ -161,7 +161,8 @@ def is_pub_ack(data: bytes) -> bool:
     its acknowledgement there (docs/security.md "Replies"): no record any service wrote. Readers that walk
     a stream pass over it and say so. The refused form costs the party nothing stored (its publish was
     refused, e.g. a ``Nats-Expected-Last-Sequence`` it set to fail), and its description can echo text the
-    party chose (``wrong last msg ID: ...``), so it is recognised at any length."""
+    stream chose (``wrong last msg ID: ...``: the last stored message's id, which may be long), so it is
+    recognised at any length."""
     if not data.startswith(b"{") or (len(data) > 512 and not data.startswith(b'{"error":')):
         return False
     try:
@@ -176,17 +177,36 @@ def is_pub_ack(data: bytes) -> bool:
     return isinstance(d.get("stream"), str) and type(d.get("seq")) is int
 
 
+def is_server_answer(data: bytes) -> bool:
+    """Whether a stored record is an answer nats-server sends to a reply subject: a publish's acknowledgement
+    or refusal (:func:`is_pub_ack`), or a JetStream API answer (a JSON object whose ``type`` is ``io.nats.``...).
+
+    Not an empty body, which the server also answers to some requests (an ``$JS.ACK`` sent with a reply
+    subject): an agent's own empty publish is one too, and is answered (a refusal, docs/security.md)."""
+    if is_pub_ack(data):
+        return True
+    if not data.startswith(b'{"type":"io.nats.'):
+        return False
+    try:
+        d = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return False
+    return isinstance(d, dict) and isinstance(d.get("type"), str) and d["type"].startswith("io.nats.")
+
+
 def stored_by_reply(msg: Any) -> bool:
-    """Whether an input message is the server's acknowledgement stored under a party's subject.
+    """Whether an input message is an answer of the server's stored under a party's subject.
 
     An agent's publish with another agent's ``agent.{agent}.envelope`` (or ``.transition``) as its reply
     subject makes the server store its acknowledgement there, on that agent's subject: no message that
     agent sent. It has no header (every client's JetStream publish has a ``Nats-Msg-Id``, and the server
     adds none to an acknowledgement) and the acknowledgement's body; read as the agent's, it made a refusal,
     a signed verdict and capsule and an outcome that name an agent which sent nothing (found by an attack
-    from the docs). A message an agent sent with such a body and no header is passed over too: it was
-    no envelope or report, and is not answered."""
-    return not msg.headers and is_pub_ack(msg.data)
+    from the docs). So too any answer of the server's (:func:`is_server_answer`): a JetStream API request of
+    the party's own (``$JS.API.CONSUMER.INFO`` of its consumer) with that subject as its reply stored the
+    server's answer there (found by a review). A message an agent sent with such a body and no header is
+    passed over too: it was no envelope or report, and is not answered."""
+    return not msg.headers and is_server_answer(msg.data)
 
 
 _tokens = itertools.count(1)

@@ -345,25 +345,27 @@ async def test_an_acknowledgement_stored_on_another_agents_subject_is_not_that_a
     all naming a, which sent nothing (found by an attack from the docs). Both consumers now pass it over: no
     verdict, event or outcome names a, and a's own envelope is answered as ever. So too the server's answer to
     a publish it refused (``{"error": ...}``: b's publish carried an expectation set to fail, so nothing of b's
-    is stored and it costs b nothing), also when its description echoes a long message id of b's choosing
-    (found by a second attack from the docs)."""
+    is stored and it costs b nothing; found by a second attack from the docs), and its answer to b's JetStream
+    API request about b's own consumer (consumer info: found by a review); and ``pgw replay`` of the range
+    republishes none of them."""
+    from consumers.replay import GATEWAY, Replayer, ReplayRange
     from tests.kernel_support import read_log
     from tests.polling import consumer_drained
 
     async with secured_bed(tmp_path) as bed:
         nc = bed.ncs["agent:b"]
-        refused = [{"Nats-Expected-Last-Sequence": "999999999"},
-                   {"Nats-Msg-Id": "b:x", "Nats-Expected-Last-Msg-Id": "b:" + "y" * 2000}]
+        refused = [{"Nats-Expected-Last-Sequence": "999999999"}, {"Nats-Expected-Last-Msg-Id": "nope"}]
         for target in (bed.config.subjects.envelope("a"), bed.config.subjects.agent("a", "transition")):
             await nc.publish(bed.config.subjects.envelope("b"), b"{}", reply=target)
             for headers in refused:
                 await nc.publish(bed.config.subjects.envelope("b"), b"{}", reply=target, headers=headers)
+            await nc.publish("$JS.API.CONSUMER.INFO.PGW_OUTBOUND.outcome-b", b"", reply=target)
         await flushed(nc)
         js = bed.ncs["_watch"].jetstream()
 
         async def stored_and_taken() -> bool:
             info = await js.stream_info("PGW_INBOUND", subjects_filter=f"{bed.config.prefix}.agent.a.>")
-            return (sum((info.state.subjects or {}).values()) >= 6
+            return (sum((info.state.subjects or {}).values()) >= 8
                     and await consumer_drained(js, "PGW_INBOUND", "pgw-gateway")
                     and await consumer_drained(js, "PGW_INBOUND", "pgw-kernel"))
 
@@ -376,6 +378,27 @@ async def test_an_acknowledgement_stored_on_another_agents_subject_is_not_that_a
         await bed.verdict(lambda v: v.agent == "a" and v.verdict_class == "hitl_dispatched")
         assert [v.verdict_class for v in bed.verdicts if v.agent == "a"] == ["hitl_dispatched"]
         assert not [e for _, e in await read_log(js, "TRANSITION_REFUSED") if e.body.get("agent") == "a"]
+        report = await Replayer(bed.ncs["_watch"], bed.config.subjects).replay(
+            ReplayRange(subject=f"{bed.config.prefix}.agent.a.>"), GATEWAY, dry_run=True)
+        assert [x.action for x in report.actions].count("republish") == 1, report.actions  # a's own envelope
+
+
+async def test_a_long_refusal_of_the_server_is_taken_for_its_answer(tmp_path: Path) -> None:
+    """The server's refusal ``wrong last msg ID: ...`` echoes the id of the stream's last stored message, which
+    can be long; such a refusal (past the 512 bytes of an acknowledgement) is still taken for the server's."""
+    from pgwcore.atomic import is_pub_ack, stored_by_reply
+
+    async with secured_bed(tmp_path) as bed:
+        nc = bed.ncs["agent:b"]
+        js = nc.jetstream()
+        await js.publish(bed.config.subjects.envelope("b"), b"{}", headers={"Nats-Msg-Id": "b:" + "y" * 2000})
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await nc.publish(bed.config.subjects.envelope("b"), b"{}", reply=inbox,
+                         headers={"Nats-Expected-Last-Msg-Id": "nope"})
+        answer = await sub.next_msg(timeout=WAIT)
+        assert len(answer.data) > 2000 and answer.data.startswith(b'{"error":'), answer.data[:200]
+        assert is_pub_ack(answer.data) and stored_by_reply(answer)
 
 
 async def test_replay_passes_over_an_acknowledgement_among_the_redacted_copies(tmp_path: Path) -> None:
@@ -551,15 +574,19 @@ async def held_behind_a_first_walk(bed: Bed, monkeypatch: pytest.MonkeyPatch, ga
     return kernel(bed), second
 
 
-async def test_an_agent_holds_at_most_its_share_of_held_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("limit", ["share", "all"])
+async def test_an_agent_holds_at_most_its_share_of_held_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                limit: str) -> None:
     """Each held report holds a place of the kernel consumer's unacknowledged messages, which every agent's reports
-    need. Past ``MAX_HELD_PER_AGENT`` (3 here) an agent's reports over foreign records are dead-lettered at once,
-    with the reason, not held (handed back, each came again until max_deliver, holding a place each time; found
-    by an attack from the docs); the other reports are judged meanwhile."""
+    need. Past ``MAX_HELD_PER_AGENT`` (3 here, ``share``) an agent's reports over foreign records are dead-lettered
+    at once, with the reason, not held (handed back, each came again until max_deliver, holding a place each time;
+    found by an attack from the docs). Past ``MAX_HELD`` (3 here, ``all``: the places of every agent taken) a
+    report is handed back instead, redelivered later: another agent's flood dead-letters no one's report (found
+    by a review). The other reports are judged meanwhile."""
     from gateway.kernel import repairs
     from tests.kernel_support import read_log
 
-    monkeypatch.setattr(repairs, "MAX_HELD_PER_AGENT", 3)
+    monkeypatch.setattr(repairs, "MAX_HELD_PER_AGENT" if limit == "share" else "MAX_HELD", 3)
     async with kernel_bed(tmp_path) as (bed, declare):
         rec = await declare(1)
         k, step = await held_behind_a_first_walk(bed, monkeypatch, 30.0)
@@ -574,6 +601,15 @@ async def test_an_agent_holds_at_most_its_share_of_held_reports(tmp_path: Path, 
 
         await until(verified, timeout=WAIT, what="the declared step's report verified")
         assert k.repairs.waiting("a") == 3
+        if limit == "all":
+            from nats.js.errors import NotFoundError
+
+            try:
+                dead = (await js.stream_info("PGW_DEADLETTER")).state.messages
+            except NotFoundError:
+                dead = 0  # no stream yet: no dead letter at all
+            assert dead == 0
+            return
         info = await js.stream_info("PGW_DEADLETTER")
         assert info.state.messages == 3
         last = await js.get_msg("PGW_DEADLETTER", info.state.last_seq)

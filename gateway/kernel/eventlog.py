@@ -55,7 +55,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from prometheus_client import Counter
 
-from pgwcore.atomic import ERR_WRONG_LAST_MSG_ID, ERR_WRONG_LAST_SEQ, AckInbox
+from pgwcore.atomic import ERR_WRONG_LAST_MSG_ID, ERR_WRONG_LAST_SEQ, AckInbox, is_server_answer
 from pgwcore.keys import SigningKey
 from pgwcore.logs import get_logger
 from pgwcore.metrics import REGISTRY
@@ -74,7 +74,7 @@ QUARANTINED = "LOG_RECORD_QUARANTINED"
 # reported by its newest records and by pgw log verify, never walked whole on the append path).
 HEAD_LOOKBACK = 64
 
-LOGGED_ONE_BY_ONE = 100  # foreign records logged one line each by a process; the rest counted
+LOGGED_ONE_BY_ONE = 100  # server answers in the log logged one line each by a process; the rest counted
 FOREIGN_RECORDS = Counter(
     "pgw_eventlog_foreign_records_total",
     "Records of the event log that are not the kernel's own (undecodable, unsigned or unchained), "
@@ -211,19 +211,23 @@ class EventLog:
         """Log a foreign record once per process: CRITICAL and counted, unless an operator quarantined it."""
         if rec.seq in self._reported:
             return
-        if len(self._reported) < 100_000:  # bounded: past it a record is counted again on each walk
-            self._reported.add(rec.seq)
+        if len(self._reported) > 100_000:  # bounded: a flood is counted, not remembered for ever
+            self._reported.clear()
+        self._reported.add(rec.seq)
         q = self.quarantine.get(rec.seq)
         if q is not None and q.sha256 == rec.digest:
             log.info("event log record is not the kernel's own; quarantined, so not applied", seq=rec.seq,
                      subject=rec.subject, problem=rec.problem, quarantined_by=q.by_seq, found_in=where)
             return
         FOREIGN_RECORDS.inc()
-        # One line each for the first LOGGED_ONE_BY_ONE, then one line saying the rest are only counted: a
-        # party's publishes the server refused put its answers in the log for free, at thousands a second
-        # (docs/security.md "Replies"), and a line for each made every walk of the log write as many.
-        self._foreign_logged += 1
-        if self._foreign_logged <= LOGGED_ONE_BY_ONE:
+        # The server's answers (a party's publishes it refused put them in the log for free, at thousands a
+        # second, docs/security.md "Replies"): one line each for the first LOGGED_ONE_BY_ONE, then one line
+        # saying the rest are only counted; a line for each made every walk of the log write as many. Any
+        # other foreign record (a forged event, an insider's) is logged each time, whatever came before.
+        server_answer = is_server_answer(rec.data)
+        if server_answer:
+            self._foreign_logged += 1
+        if not server_answer or self._foreign_logged <= LOGGED_ONE_BY_ONE:
             log.critical(
                 "event log record is not the kernel's own: it is not applied or trusted; the log goes on over it. "
                 f"Inspect it, then record it as quarantined: pgw log quarantine {rec.seq} --reason ...",
@@ -232,7 +236,8 @@ class EventLog:
             )
         elif self._foreign_logged == LOGGED_ONE_BY_ONE + 1:
             log.critical(
-                f"more than {LOGGED_ONE_BY_ONE} event log records are not the kernel's own: the others are counted "
+                f"more than {LOGGED_ONE_BY_ONE} event log records are answers of the server's (a publish's "
+                "acknowledgement or refusal aimed at the log): the others are counted "
                 "(pgw_eventlog_foreign_records_total), not logged one by one; pgw log verify lists every one",
                 seq=rec.seq, found_in=where, stream=self.stream, alert_trigger="EVENTLOG_FOREIGN_RECORD",
             )

@@ -21,9 +21,10 @@ report waited behind each walk. So:
   judged in order;
 - a held report holds a place of the consumer's unacknowledged messages (its ``max_ack_pending``), which
   every agent's reports need: at most ``MAX_HELD_PER_AGENT`` of one agent's and ``MAX_HELD`` in all are held.
-  Past that a report is dead-lettered at once, recorded in ``PGW_DEADLETTER`` with the reason
-  (``OVERFLOW_REASON``): handed back, it would come again and again until ``max_deliver``, holding a place
-  each time.
+  A report past its agent's share is dead-lettered at once, recorded in ``PGW_DEADLETTER`` with the reason
+  (:func:`overflow_reason`): handed back, it would come again and again until ``max_deliver``, holding a
+  place each time. One that finds only the places of all taken (by other agents' reports) is handed back
+  and redelivered after ``OVERFLOW_DELAY_S``, so no agent's flood dead-letters another agent's report.
 
 A report whose record is foreign again when it is judged (the value aimed at the key once more meanwhile)
 fails as any report that cannot be recorded: redelivered, and dead-lettered after ``max_deliver``
@@ -36,7 +37,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -53,11 +54,17 @@ MIN_GAP_S = 1.0
 # messages (its max_ack_pending, the server's 1,000), which the other agents' reports need.
 MAX_HELD_PER_AGENT = 32
 MAX_HELD = 256
-# A report past those limits is dead-lettered at once (handed back, it would cycle through the consumer's
-# places until max_deliver); with dead letters off (ops.dead_letter), handed back and redelivered after this.
+# A report past its agent's share is dead-lettered at once (handed back, it would cycle through the consumer's
+# places until max_deliver); one that finds only the places of all taken (MAX_HELD: other agents' reports) is
+# handed back and redelivered after OVERFLOW_DELAY_S, as is any with dead letters off (ops.dead_letter).
 OVERFLOW_DELAY_S = 2.0
-OVERFLOW_REASON = (f"more than {MAX_HELD_PER_AGENT} of this agent's transition reports (or {MAX_HELD} in all) were "
-                   "waiting for the kernel to write their steps' records again from its log (docs/kernel.md)")
+
+
+def overflow_reason() -> str:
+    """The dead letter's reason for a report past its agent's share."""
+    return (f"more than {MAX_HELD_PER_AGENT} of this agent's transition reports were waiting for the kernel to "
+            "write their steps' records again from its log (docs/kernel.md)")
+
 
 Step = tuple[str, str]  # (agent, idp_id)
 
@@ -100,9 +107,12 @@ class StepRepairs:
         """How many reports are held (of ``agent``, or of all agents)."""
         return sum(agent is None or s[0] == agent for s, _ in (*self._judging, *self._held))
 
-    def room(self, agent: str) -> bool:
-        """Whether one more report of ``agent`` may be held (``MAX_HELD_PER_AGENT``, ``MAX_HELD``)."""
-        return self.waiting() < MAX_HELD and self.waiting(agent) < MAX_HELD_PER_AGENT
+    def room(self, agent: str) -> Literal["yes", "share", "all"]:
+        """Whether one more report of ``agent`` may be held: ``yes``; ``share``: ``agent`` has
+        ``MAX_HELD_PER_AGENT`` held; ``all``: ``MAX_HELD`` are held, of every agent."""
+        if self.waiting(agent) >= MAX_HELD_PER_AGENT:
+            return "share"
+        return "all" if self.waiting() >= MAX_HELD else "yes"
 
     def hold(self, msg: Any, step: Step, *, walk: bool) -> None:
         """Keep ``msg`` (a report of ``step``) until its walk; ``walk`` False: only in order behind another."""

@@ -37,7 +37,7 @@ from gateway.at_rest import settle_raw
 from gateway.kernel.eventlog import Appended, EventLog
 from gateway.kernel.hem import WHY, held_report_moment, held_report_notice
 from gateway.kernel.overdue import OverdueReports
-from gateway.kernel.repairs import OVERFLOW_DELAY_S, OVERFLOW_REASON, StepNeedsRepair, StepRepairs
+from gateway.kernel.repairs import OVERFLOW_DELAY_S, StepNeedsRepair, StepRepairs, overflow_reason
 from gateway.kernel.state import ForeignRecord, IdpEntry, KernelState
 from gateway.stages.base import Turn
 from pgwcore.atomic import stored_by_reply
@@ -209,13 +209,18 @@ class TransitionReports:
                 # Held until the walk that repairs the step, or in order behind a report of it held there;
                 # the loop goes on with the next report (repairs.py). Past the limits of what may be held,
                 # handed back: redelivered later (and dead-lettered after max_deliver, as any report).
-                if self.repairs.room(agent):
+                room = self.repairs.room(agent)
+                if room == "yes":
                     self.repairs.hold(msg, e.step, walk=e.walk)
                     return
-                log.warning("too many reports wait for a walk of the log; this one is given up", idp_id=e.step[1])
-                if not await self._dead_letter(msg, reason=OVERFLOW_REASON):
-                    with contextlib.suppress(Exception):
-                        await msg.nak(delay=OVERFLOW_DELAY_S)
+                if room == "share" and await self._dead_letter(msg, reason=overflow_reason()):
+                    log.warning("too many of the agent's reports wait for a walk of the log; this one is "
+                                "dead-lettered", idp_id=e.step[1])
+                    return
+                log.warning("too many reports wait for a walk of the log; this one is handed back",
+                            idp_id=e.step[1], limit=room)
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=OVERFLOW_DELAY_S)
                 return
             # Recorded: a report that held a secret leaves PGW_INBOUND (module docstring).
             report = Turn(agent=agent, subject=msg.subject, stream_seq=seq, body=msg.data,
@@ -236,7 +241,8 @@ class TransitionReports:
     async def _dead_letter(self, msg: Any, *, reason: str | None = None) -> bool:
         """On a report's last allowed delivery: its dead letter (gateway/deadletter.py), so it does not stay
         in PGW_INBOUND as sent for the stream's 7 days; True when it was recorded and terminated. With
-        ``reason``: now, whatever its deliveries (a report past the limits of what may be held, repairs.py)."""
+        ``reason``: now, whatever its deliveries (a report past its agent's share of what may be held,
+        repairs.py)."""
         dead = getattr(self.gw, "dead_letters", None)
         if dead is None:  # ops.dead_letter off: the report stays, as a turn does
             return False
