@@ -20,6 +20,7 @@ from gateway.stages.base import Ctx, Turn
 from gateway.stages.redaction import Redactor
 from subjects.util import to_rfc3339
 from subjects.wire import EnvelopeOutcome
+from tests.spies import count_calls
 
 
 def _reference_rfc3339(ts: float) -> str:
@@ -104,14 +105,8 @@ def test_scrub_json_encodes_once_per_text_it_returns_or_checks(monkeypatch: pyte
     redacted one twice (the check, then the redacted copy), never a third time for a second pre-check."""
     from gateway.stages import redaction
 
-    calls: list[object] = []
     real = msgspec.json.encode
-
-    def counting(obj: object, *a: object, **k: object) -> bytes:
-        calls.append(obj)
-        return real(obj, *a, **k)
-
-    monkeypatch.setattr(redaction.msgspec.json, "encode", counting)
+    calls = count_calls(monkeypatch, redaction.msgspec.json, "encode")
     out = EnvelopeOutcome(agent="a1", ts="2026-11-28T00:00:00.000Z", status="invalid", envelope_id="e",
                           code="envelope_invalid", reason=reason)
     scrubbed, body = Redactor(()).scrub_json(out)
@@ -201,14 +196,8 @@ def test_a_turns_bytes_are_judged_once_per_redactor(monkeypatch: pytest.MonkeyPa
     scanned once, the answer is ``bytes_plainly_clean``'s, and a reloaded redactor judges them afresh."""
     from gateway.stages.redaction import body_plainly_clean
 
-    calls: list[bytes] = []
     real = Redactor.bytes_plainly_clean
-
-    def counted(self: Redactor, body: bytes) -> bool:
-        calls.append(body)
-        return real(self, body)
-
-    monkeypatch.setattr(Redactor, "bytes_plainly_clean", counted)
+    calls = count_calls(monkeypatch, Redactor, "bytes_plainly_clean")
     plain, held = Redactor([]), Redactor(["hunter2-zulu-9"])
     for body in (b'{"a": "plain"}', b'{"a": "secret: x"}', b'{"a": "hunter2-zulu-9"}'):
         turn = Turn(agent="a", subject="s", stream_seq=1, body=body, msg_id=None, traceparent=None)

@@ -20,6 +20,7 @@ from gateway.stages.base import Refuse
 from pgwcore.config import LimitsConfig
 from subjects.client import BINDING_MOMENT_KIND, envelope
 from tests.moments import GOOD_MOMENT
+from tests.spies import count_calls
 
 SMALL = LimitsConfig(max_depth=4, max_string_chars=64, max_body_bytes=1024 * 1024)
 DEFAULT = LimitsConfig()
@@ -160,14 +161,7 @@ def test_the_fast_path_is_taken_for_an_ordinary_envelope(monkeypatch) -> None:
 
 def test_an_escape_other_than_u_keeps_the_fast_path(monkeypatch) -> None:
     r"""A backslash alone (\n, \", \\) does not send a body to the strict decoder; a \u escape does."""
-    calls: list[str] = []
-    strict = shape._strict
-
-    def counting(text: str, limits: LimitsConfig) -> Any:
-        calls.append(text)
-        return strict(text, limits)
-
-    monkeypatch.setattr(shape, "_strict", counting)
+    calls = count_calls(monkeypatch, shape, "_strict")
     body = b'{"a": "line\\nbreak \\"quoted\\" back\\\\slash"}'
     assert shape.decode_body(body, DEFAULT) == [{"a": 'line\nbreak "quoted" back\\slash'}]
     assert calls == []

@@ -149,7 +149,7 @@ class EventLog:
         self._sign_bytes = fast_signer(key)
         self.stream = stream
         self._reported: set[int] = set()  # foreign sequences already logged by this process
-        self._foreign_logged = 0  # foreign records met by this process (LOGGED_ONE_BY_ONE)
+        self._foreign_logged = 0  # server answers in the log this process has met (LOGGED_ONE_BY_ONE)
         # The foreign records an operator quarantined (``load_quarantine``): reported, not alarmed.
         self.quarantine: dict[int, Quarantine] = {}
         self._lock = asyncio.Lock()

@@ -202,7 +202,7 @@ class OverdueReports:
         """The log pass: ``CEDAR_PERMIT_RECORDED`` events after the position, up to the first
         one still inside its deadline; how many permits it closed."""
         k = self.kernel
-        stored, foreign = await k.state._position(POSITION_KEY)
+        stored, foreign = await k.state.position_read(POSITION_KEY)
         pos = self.swept_to = max(stored, self.swept_to)
         if foreign:  # the kernel's own value back (read as 0 at a start, when this process knows none)
             await k.state.kv.put(POSITION_KEY, str(pos).encode())

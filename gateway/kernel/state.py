@@ -290,10 +290,10 @@ class KernelState:
         (docs/security.md "Replies"). It is read as 0, so the whole log is walked again (every step of
         that walk is idempotent), never trusted: before, one such publish made every start of the kernel
         fail."""
-        return (await self._position(key))[0]
+        return (await self.position_read(key))[0]
 
-    async def _position(self, key: str) -> tuple[int, bool]:
-        """(the position, whether the stored value was foreign)."""
+    async def position_read(self, key: str) -> tuple[int, bool]:
+        """(``position(key)``, whether the stored value was foreign: its reader may write its own back)."""
         got = await self._get(key)
         if got is None:
             return 0, False
@@ -567,7 +567,7 @@ class KernelState:
         The walk is the log's one reader (``eventlog.walk_log``): a record that is not the
         kernel's own (undecodable, not signed by a kernel key, not chained) is never applied
         (spec 003 §8.2: only the kernel writes the log), and is reported with its sequence."""
-        start, foreign_position = await self._position("_checkpoint")
+        start, foreign_position = await self.position_read("_checkpoint")
         info = await eventlog.js.stream_info(eventlog.stream)
         last = info.state.last_seq or 0
         if last <= start:

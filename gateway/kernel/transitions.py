@@ -207,8 +207,9 @@ class TransitionReports:
                 await self.handle_transition(agent, msg.data, seq, traceparent=tp, foreign="fail" if held else "hold")
             except StepNeedsRepair as e:
                 # Held until the walk that repairs the step, or in order behind a report of it held there;
-                # the loop goes on with the next report (repairs.py). Past the limits of what may be held,
-                # handed back: redelivered later (and dead-lettered after max_deliver, as any report).
+                # the loop goes on with the next report (repairs.py). Past the agent's share of what may be
+                # held, dead-lettered at once; when only the places of all are taken (or dead letters are
+                # off), handed back and redelivered later.
                 room = self.repairs.room(agent)
                 if room == "yes":
                     self.repairs.hold(msg, e.step, walk=e.walk)
