@@ -52,7 +52,7 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from consumers.history import StoredMsg, read_stored
-from pgwcore.atomic import is_pub_ack, is_server_answer
+from pgwcore.atomic import is_server_answer
 from pgwcore.logs import get_logger
 from pgwcore.streams import INBOUND_MSG_ID_HEADER, INBOUND_REDACTED_BUCKET, INBOUND_SUBJECT_HEADER
 from subjects.errors import PgwError, SubjectError
@@ -150,10 +150,10 @@ async def redacted_turns(nc: Client, rng: ReplayRange, prefix: str) -> list[Stor
         return []
     out: list[StoredMsg] = []
     async for m in read_stored(nc, stream, from_seq=info.state.first_seq or 1, to_seq=info.state.last_seq):
-        if is_pub_ack(m.data):
-            # The server's acknowledgement a party aimed at this key (docs/security.md "Replies"): no
-            # redacted copy, never replayed as the agent's message.
-            log.warning("a redacted copy is the server's publish acknowledgement; passed over", subject=m.subject)
+        if is_server_answer(m.data):
+            # An answer of the server's (an acknowledgement or refusal, a JetStream API answer) a party aimed at
+            # this key (docs/security.md "Replies"): no redacted copy, never replayed as the agent's message.
+            log.warning("a redacted copy is an answer of the server's; passed over", subject=m.subject)
             continue
         agent, _, seq = m.subject[len(pre):].rpartition(".")
         # The message's own subject, one of the agent's two inputs (a copy without it is an envelope's).

@@ -31,21 +31,27 @@ pytestmark = pytest.mark.security
 WAIT = 15.0
 
 
-async def aim(bed: Bed, agent: str, target: str) -> None:
+async def aim(bed: Bed, agent: str, target: str, *, api: bool = False) -> None:
     """``agent`` publishes an empty envelope with ``target`` as its reply subject; returns once the server's
-    acknowledgement is stored under ``target`` (read by the services' connection)."""
+    acknowledgement is stored under ``target`` (read by the services' connection). ``api``: a JetStream API
+    request about the agent's own consumer instead, whose answer (``{"type": "io.nats.jetstream.api...``) is
+    stored there."""
     nc = bed.ncs[f"agent:{agent}"]
-    await nc.publish(bed.config.subjects.envelope(agent), b"{}", reply=target)
+    if api:
+        await nc.publish(f"$JS.API.CONSUMER.INFO.PGW_OUTBOUND.outcome-{agent}", b"", reply=target)
+    else:
+        await nc.publish(bed.config.subjects.envelope(agent), b"{}", reply=target)
     await flushed(nc)
     stream = _stream_of(target)
     watch = bed.ncs["_watch"]
+    mark = b'"io.nats.jetstream.api.' if api else b"PGW_INBOUND"
 
     async def stored() -> bool:
         got = await watch.request(f"$JS.API.STREAM.MSG.GET.{stream}",
                                   msgspec.json.encode({"last_by_subj": target}), timeout=WAIT)
-        return b'"message"' in got.data and b"PGW_INBOUND" in _data_of(got.data)
+        return b'"message"' in got.data and mark in _data_of(got.data)
 
-    await until(stored, timeout=WAIT, what=f"the acknowledgement stored under {target}")
+    await until(stored, timeout=WAIT, what=f"the server's answer stored under {target}")
 
 
 def _stream_of(subject: str) -> str:
@@ -53,6 +59,8 @@ def _stream_of(subject: str) -> str:
         return "KV_" + subject.split(".")[1]
     if ".signer.ledger." in subject:
         return "PGW_SIGNER_LEDGER"
+    if subject.endswith(".capsule.registered"):
+        return "PGW_CAPSULES"
     raise ValueError(subject)
 
 
@@ -144,7 +152,8 @@ async def test_an_acknowledgement_in_the_signers_ledger_does_not_stop_signing(tm
     the head to chain onto from the last record alone, so an agent's acknowledgement stored there stopped all
     signing for good (every batch failed, the verdicts redelivered in a loop, also after a restart). Now the
     record is passed over: the next capsules are signed, by the running signer and by a restarted one, the
-    chain is whole across it, and the ledger check lists it as foreign."""
+    chain is whole across it, and the ledger check lists it as foreign; so too the server's answer to a
+    JetStream API request aimed there."""
     from consumers.ledger_check import check_ledger
     from consumers.signer import LEDGER_STREAM, Signer
     from pgwcore.publish import Publisher
@@ -160,6 +169,7 @@ async def test_an_acknowledgement_in_the_signers_ledger_does_not_stop_signing(tm
             await pub.verdict(verdict("puback-1", "blocked"))
             await wait_count(js, "PGW_REGISTRATION", 1)
             await aim(bed, "a", f"{bed.config.prefix}.signer.ledger.x")
+            await aim(bed, "a", f"{bed.config.prefix}.signer.ledger.y", api=True)
             await pub.verdict(verdict("puback-2", "blocked"))
             await wait_count(js, "PGW_REGISTRATION", 2)  # waited forever before
         async with Signer(bed.config, svc):  # a restarted signer reads the head afresh
@@ -167,10 +177,12 @@ async def test_an_acknowledgement_in_the_signers_ledger_does_not_stop_signing(tm
             await wait_count(js, "PGW_REGISTRATION", 3)
         stored = await stored_msgs(js, LEDGER_STREAM)
         ledger = check_ledger([m.data for m in stored])
-        # Every record but the acknowledgement is a link (the gateway's refusal of the empty envelope that
-        # carried it has its verdict and capsule too), chained across it.
-        assert ledger.ok and ledger.foreign == [2] and ledger.links == len(stored) - 1 >= 3, ledger
-        assert ledger.positions == [1, *range(3, len(stored) + 1)]
+        # Every record but the acknowledgement and the API answer is a link (the gateway's refusal of the
+        # empty envelope that carried the acknowledgement has its verdict and capsule too), chained across them.
+        # (The refusal's capsule may be linked before or after the API answer is stored.)
+        assert ledger.ok and len(ledger.foreign) == 2 and ledger.foreign[0] == 2, ledger
+        assert ledger.links == len(stored) - 2 >= 3, ledger
+        assert ledger.positions == [n for n in range(1, len(stored) + 1) if n not in ledger.foreign]
 
 
 async def test_another_agents_acknowledgement_over_a_clarification_counter_blocks_nothing(tmp_path: Path) -> None:
@@ -253,7 +265,7 @@ async def test_pgw_verify_passes_over_an_acknowledgement_in_the_capsule_streams(
     """``PGW_REGISTRATION`` and ``PGW_CAPSULES`` (kept forever) capture ``capsule.register`` and
     ``capsule.registered``: an agent's acknowledgement there made ``pgw verify --stream`` fail for good, with no
     way to remove it. It is no statement: ``pgw verify`` passes over it and says so, and still verifies every
-    capsule and the ledger."""
+    capsule and the ledger. So too the server's answer to a JetStream API request aimed there."""
     import subprocess
     import sys
 
@@ -272,14 +284,14 @@ async def test_pgw_verify_passes_over_an_acknowledgement_in_the_capsule_streams(
             nc = bed.ncs["agent:a"]
             await nc.publish(bed.config.subjects.envelope("a"), b"{}", reply=f"{bed.config.prefix}.{subject}")
             await flushed(nc)
-        await wait_count(js, "PGW_CAPSULES", 1)
+        await aim(bed, "a", f"{bed.config.prefix}.capsule.registered", api=True)
         pgw = str(Path(sys.executable).parent / "pgw")
         proc = subprocess.run(  # noqa: ASYNC221 - the CLI as an auditor runs it, to its end
             [pgw, "--server", bed.server.client_url, "--creds", str(bed.auth.service_creds),
              "--data-dir", str(bed.config.data_path), "verify", "--stream", "PGW_REGISTRATION",
              "--stream", "PGW_CAPSULES", "--ledger"], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert proc.stdout.count("SKIP ") == 2 and "publish acknowledgement" in proc.stdout, proc.stdout
+        assert proc.stdout.count("SKIP ") == 3 and "publish acknowledgement" in proc.stdout, proc.stdout
         assert "0 failed" in proc.stdout, proc.stdout
 
 
@@ -405,7 +417,8 @@ async def test_replay_passes_over_an_acknowledgement_among_the_redacted_copies(t
     """``PGW_INBOUND_REDACTED`` keys ``{agent}.{stream seq}`` hold the redacted form of a message that held a
     secret, which ``pgw replay`` reads in its place. An acknowledgement aimed at ``a.{seq}`` was replayed as
     agent a's envelope at that sequence (and a sequence whose original was still stored was listed twice). The
-    range now yields each stored message once and no acknowledgement."""
+    range now yields each stored message once and no acknowledgement, nor the server's answer to a JetStream
+    API request aimed there."""
     from consumers.replay import ReplayRange, read_range
 
     async with secured_bed(tmp_path) as bed:
@@ -416,6 +429,7 @@ async def test_replay_passes_over_an_acknowledgement_among_the_redacted_copies(t
         assert out.status == "accepted", out
         await aim(bed, "b", "$KV.PGW_INBOUND_REDACTED.a.1")  # a's envelope is stream sequence 1
         await aim(bed, "b", "$KV.PGW_INBOUND_REDACTED.a.500")
+        await aim(bed, "b", "$KV.PGW_INBOUND_REDACTED.a.501", api=True)
         got = [m async for m in read_range(bed.ncs["_watch"], ReplayRange(stream="PGW_INBOUND"),
                                            prefix=bed.config.prefix)]
         assert [m.seq for m in got if m.subject.endswith(".a.envelope")] == [1], [(m.seq, m.subject) for m in got]
