@@ -72,7 +72,7 @@ from mcp.shared.exceptions import McpError
 from msgspec import Meta, Struct
 from nats.errors import Error as NatsError
 
-from subjects.gate import PATH_KEYS
+from subjects.gate import PATH_KEYS, ExecRequest
 from subjects.idp import canonical_id
 from subjects.util import now_rfc3339
 
@@ -536,11 +536,13 @@ class Upstreams:
         return tools
 
     # the executor half ------------------------------------------------------
-    async def call(self, action: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Run one dispatched action: ``arguments`` is ``{"tool": host name, "arguments": {...}}``.
+    async def call(self, action: str, arguments: dict[str, Any], *, resource: str | None = None) -> dict[str, Any]:
+        """Run one dispatched action: ``arguments`` is ``{"tool": host name, "arguments": {...}}``;
+        ``resource``: the Cedar resource the kernel judged it against, as declared (``ExecRequest.resource``).
 
         Returns the upstream's ``CallToolResult`` as JSON (what the kernel digests);
-        raises ``ExecutionRefused`` when the tool is unknown or not covered by ``action``.
+        raises ``ExecutionRefused`` when the tool is unknown or not covered by ``action``, or when
+        ``resource`` is not the one the tool's rule takes from its arguments (``resource_of``).
         """
         tool_name = arguments.get("tool")
         tool_args = arguments.get("arguments", {})
@@ -555,6 +557,22 @@ class Upstreams:
             raise ExecutionRefused("action_mismatch", f"tool {gated.name!r} is governed as {gated.action!r}, not {action!r}")
         if not isinstance(tool_args, dict):
             raise ExecutionRefused("invalid_arguments", "arguments must be an object")
+        # The kernel judged the call against the resource the agent declared, and does not read the arguments;
+        # an agent speaking agent.{agent}.act itself could declare File::"a.txt" for a call whose path is
+        # b.txt, or no resource at all (the governed object) and so pass a policy that forbids by resource.
+        # What runs is what was judged: the rule's resource from these arguments, or none without a rule.
+        try:
+            expected = resource_of(gated, tool_args)
+        except ValueError as e:
+            raise ExecutionRefused("invalid_arguments", f"{e}; the tool did not run") from None
+        if expected != resource:
+            said = (f"its argument {gated.resource.argument!r} as a {gated.resource.type}" if gated.resource
+                    else "none: its rule names no resource")
+            raise ExecutionRefused(
+                "resource_mismatch",
+                f"the kernel judged this call against {'another resource' if resource else 'no declared resource'}, "
+                f"but tool {gated.name!r} acts on {said}; the tool did not run (declare the resource the gate's "
+                "rule takes from the arguments: docs/gate.md)")
         if self.config.upstreams[gated.upstream].command is not None:
             # A stdio upstream runs on this host and opens these very paths (an HTTP one's are another host's).
             refused = await asyncio.to_thread(path_refusal, tool_args)
@@ -1124,12 +1142,12 @@ class Gate:
             if action not in self.executor.handlers:
                 self.executor.action(action)(self._handler(action))
 
-    def _handler(self, action: str) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+    def _handler(self, action: str) -> Callable[[dict[str, Any], ExecRequest], Awaitable[Any]]:
         from subjects.executor import ActionError
 
-        async def run(arguments: dict[str, Any]) -> Any:
+        async def run(arguments: dict[str, Any], request: ExecRequest) -> Any:
             try:
-                result = await self.upstreams.call(action, arguments)
+                result = await self.upstreams.call(action, arguments, resource=request.resource)
             except ExecutionRefused as e:
                 raise ActionError(e.code, self.redact(e.message)) from None
             if result.get("isError"):

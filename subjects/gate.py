@@ -171,6 +171,12 @@ class ExecRequest(Struct, kw_only=True, omit_defaults=True):
     so_id: str
     agent: str
     principal: str
+    # The Cedar resource the kernel judged the call against, as the agent declared it (``Type::"id"``);
+    # absent when none was declared (the kernel then judged the governed object, ``GovernedObject::"{so_id}"``).
+    # An executor that acts on a resource one of its arguments names checks that this names it, and refuses
+    # the call otherwise (docs/gate.md "What the executor refuses"): the kernel judges the resource as declared
+    # and does not read the arguments (spec 003 §5.4: the resource is an evaluation input).
+    resource: str | None = None
 
 
 class ExecResponse(Struct, kw_only=True, omit_defaults=True):

@@ -50,12 +50,31 @@ async def env(make_config: Any, nc: Any, nats_server: Any, tmp_path: Path) -> As
                 "executors": {"mcp-files": {"actions": ACTIONS, "timeout_s": 20}}},
         agents={AGENT: {"principals": [PRINCIPAL]}}, pipeline=secrets,
     )
+    # A read the policy forbids by resource (the resource-mismatch test): what an agent must not escape by
+    # declaring another resource, or none.
+    (pdir / "forbid-private.cedar").write_text(
+        f'forbid(principal, action == Action::"ReadFile", resource == File::"{tmp_path / "files" / "private.txt"}");\n')
     gate_conf = tmp_path / "gate-pgw.toml"
     gate_conf.write_text(f'[pipeline.secrets]\nvalues = ["{SECRET}"]\n')
     async with running_gateway(cfg, nc) as gw:
         gate = SecretGateEnv(nats_server.client_url, nc, gw, tmp_path, token)
         gate.extra = ("--config", str(gate_conf))
         yield gate
+
+
+async def act(env: SecretGateEnv, step: int, arguments: dict[str, Any], resource: str | None = None) -> Any:
+    """Agent ``AGENT`` speaks ``agent.{agent}.act`` itself with its own credentials (not through `pgw mcp-gate`):
+    ``ReadFile`` with ``arguments`` (``{"tool", "arguments"}``) and the ``resource`` it declares; the kernel's answer."""
+    from subjects.gate import ActRequest, act_result_decoder
+    from subjects.util import now_rfc3339
+
+    claims = mandate_claims(env.token)
+    idp = {"idp_id": str(uuid.uuid4()), "session_id": "direct", "so_id": claims["so_id"],
+           "mandate_id": claims["jti"], "step_sequence": step, "requested_action": "ReadFile",
+           "timestamp": now_rfc3339(), "profile": "IDP_THIN"}
+    req = ActRequest(mandate=env.token, action="ReadFile", idp=idp, arguments=arguments, resource=resource)
+    msg = await env.nc.request(f"pgw.agent.{AGENT}.act", msgspec.json.encode(req), timeout=30)
+    return act_result_decoder.decode(msg.data)
 
 
 def test_the_executor_judges_the_arguments_the_card_shows_as_paths() -> None:
@@ -101,39 +120,76 @@ async def test_a_standing_approval_does_not_reach_through_a_symbolic_link(env: S
 
 async def test_the_executor_keeps_none_of_the_callers_text_in_its_refusals(env: SecretGateEnv) -> None:
     """An agent speaking the bus itself may name any tool: an `act` whose tool name holds a configured secret is
-    refused unknown_tool in words that name the gate's tools, not the caller's; a read the server refuses in words
-    quoting a path that holds the secret keeps its words with the secret redacted. Neither the answers nor the
+    refused unknown_tool in words that name the gate's tools, not the caller's; a read of a path that holds the secret,
+    with no resource declared (its rule takes the resource from the path), is refused resource_mismatch before the
+    server is called, in words that quote neither (a declared resource holding the secret is refused by the
+    kernel); a read the server refuses keeps the server's words. Neither the answers nor the
     executor's bucket (KV_PGW_EXEC_MCP-FILES, whose deleted values stay in its files) hold the secret, nor a tool
     name that is no configured secret."""
-    from subjects.gate import ActDone, ActRequest, act_result_decoder
-    from subjects.util import now_rfc3339
+    from subjects.gate import ActDone
 
-    claims = mandate_claims(env.token)
     steps = itertools.count(1)
 
-    async def act(arguments: dict[str, Any]) -> ActDone:
-        idp = {"idp_id": str(uuid.uuid4()), "session_id": "direct", "so_id": claims["so_id"],
-               "mandate_id": claims["jti"], "step_sequence": next(steps), "requested_action": "ReadFile",
-               "timestamp": now_rfc3339(), "profile": "IDP_THIN"}
-        req = ActRequest(mandate=env.token, action="ReadFile", idp=idp, arguments=arguments)
-        msg = await env.nc.request(f"pgw.agent.{AGENT}.act", msgspec.json.encode(req), timeout=30)
-        result = act_result_decoder.decode(msg.data)
+    async def done(arguments: dict[str, Any], resource: str | None = None) -> ActDone:
+        result = await act(env, next(steps), arguments, resource)
         assert isinstance(result, ActDone), result
         return result
 
     async with env.session(env.gate_file(), None, *env.extra) as session:
         # The gate reaches the bus after answering initialize: one call through it shows its executor is serving.
         assert not (await asyncio.wait_for(session.call_tool("list_allowed_directories", {}), 30)).isError
-        named = await act({"tool": f"read_{SECRET}", "arguments": {"path": str(env.files / "a.txt")}})
-        unconfigured = await act({"tool": f"read_{MARK}", "arguments": {"path": str(env.files / "a.txt")}})
-        quoted = await act({"tool": "read_text_file", "arguments": {"path": f"/etc/{SECRET}.txt"}})
+        named = await done({"tool": f"read_{SECRET}", "arguments": {"path": str(env.files / "a.txt")}})
+        unconfigured = await done({"tool": f"read_{MARK}", "arguments": {"path": str(env.files / "a.txt")}})
+        undeclared = await done({"tool": "read_text_file", "arguments": {"path": f"/etc/{SECRET}.txt"}})
+        quoted = await done({"tool": "read_text_file", "arguments": {"path": "/etc/pgw-nope.txt"}},
+                            resource='File::"/etc/pgw-nope.txt"')
     assert named.status == "failed" and named.response["code"] == "unknown_tool"
     assert "no such tool behind this gate" in named.response["message"] and "read_text_file" in named.response["message"]
-    assert quoted.status == "failed" and quoted.response["code"] == "tool_error"
+    assert undeclared.status == "failed" and undeclared.response["code"] == "resource_mismatch", undeclared
+    assert quoted.status == "failed" and quoted.response["code"] == "tool_error", quoted
     assert "Access denied" in quoted.response["message"]  # the server's own words, kept
     assert unconfigured.response["message"] == named.response["message"]
-    answered = msgspec.json.encode([named.response, unconfigured.response, quoted.response]).decode()
+    answered = msgspec.json.encode([named.response, unconfigured.response, undeclared.response, quoted.response]).decode()
     assert SECRET not in answered and MARK not in answered
     stored = await stream_items(env.js, "KV_PGW_EXEC_MCP-FILES")
     assert b"unknown_tool" in b"".join(data for _src, data, _h in stored)  # the refusals were stored
     assert not [src for src, data, _h in stored if SECRET.encode() in data or MARK.encode() in data]
+
+
+async def test_a_call_runs_only_against_the_resource_it_was_judged_on(env: SecretGateEnv) -> None:
+    """The kernel judges a call against the resource the agent declares and does not read the arguments; the
+    policy here forbids reading ``private.txt`` by resource. An agent speaking ``agent.{agent}.act`` itself (its
+    own credentials, not through `pgw mcp-gate`) read it anyway by declaring ``public.txt``, or no resource
+    (the governed object), for a call whose path is ``private.txt`` (found by an attack from the docs). The
+    gate's executor now runs a call only when the declared resource is the one its rule takes from the
+    arguments: both are refused ``resource_mismatch`` before the server is called, and so is a resource declared
+    for a tool whose rule names none. Declared honestly, the private read is denied by the policy and the
+    public one runs."""
+    from subjects.gate import ActDone
+    from subjects.idp import EnrichedDeny
+
+    public, private = env.files / "public.txt", env.files / "private.txt"
+    public.write_text("public words")
+    private.write_text("private words")
+
+    def file(path: Path) -> str:
+        return f'File::"{path}"'
+
+    def read(path: Path) -> dict[str, Any]:
+        return {"tool": "read_text_file", "arguments": {"path": str(path)}}
+
+    async with env.session(env.gate_file(), None, *env.extra) as session:
+        assert not (await asyncio.wait_for(session.call_tool("list_allowed_directories", {}), 30)).isError
+        other = await act(env, 1, read(private), file(public))
+        undeclared = await act(env, 2, read(private))
+        no_rule = await act(env, 3, {"tool": "list_allowed_directories", "arguments": {}}, file(public))
+        honest_private = await act(env, 4, read(private), file(private))
+        honest_public = await act(env, 5, read(public), file(public))
+    for result in (other, undeclared, no_rule):
+        assert isinstance(result, ActDone) and result.status == "failed", result
+        assert result.response["code"] == "resource_mismatch", result.response
+        assert "did not run" in result.response["message"] and "private words" not in str(result.response)
+        assert str(env.files) not in result.response["message"]  # it names the rule, not the caller's text
+    assert isinstance(honest_private, EnrichedDeny), honest_private
+    assert isinstance(honest_public, ActDone) and honest_public.status == "confirmed", honest_public
+    assert honest_public.response["content"][0]["text"] == "public words"

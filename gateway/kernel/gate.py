@@ -121,9 +121,10 @@ _TAIL: contextvars.ContextVar[asyncio.Task[None] | None] = contextvars.ContextVa
 class GateCall:
     """What ``agent.{agent}.act`` carries beyond a transition request; filled in on the way."""
 
-    def __init__(self, kind: str, arguments: dict[str, Any]) -> None:
+    def __init__(self, kind: str, arguments: dict[str, Any], resource: str | None = None) -> None:
         self.kind = kind
         self.arguments = arguments
+        self.resource = resource  # as declared (validated with the request): handed to the executor
         self.entry: IdpEntry | None = None
         # The revision the permit's batch stored the index entry at (None: unknown, read it).
         self.entry_rev: int | None = None
@@ -162,10 +163,14 @@ class OpenDispatch(Struct, kw_only=True, omit_defaults=True):
     # gateway/kernel/gate_args.py: arguments that hold a secret are stored apart (erasable), and this
     # record holds them redacted; the sequence of the message holding them as sent.
     arguments_seq: int | None = None
+    # The Cedar resource the call was judged against, as declared (None: none declared); sent to the executor,
+    # which checks it names what the arguments act on (subjects.gate.ExecRequest.resource).
+    resource: str | None = None
 
     def request(self) -> ExecRequest:
         return ExecRequest(idempotency_key=self.idempotency_key, action=self.action, arguments=self.arguments,
-                           idp_id=self.idp_id, so_id=self.so_id, agent=self.agent, principal=self.principal)
+                           idp_id=self.idp_id, so_id=self.so_id, agent=self.agent, principal=self.principal,
+                           resource=self.resource)
 
 
 _od_dec = msgspec.json.Decoder(OpenDispatch)
@@ -290,7 +295,7 @@ class Gate:
         raw: dict[str, Any] = {"mandate": req.mandate, "action": req.action, "idp": req.idp}
         if req.resource is not None:
             raw["resource"] = req.resource
-        gate = GateCall(kind, req.arguments)
+        gate = GateCall(kind, req.arguments, req.resource)
         gate.traceparent = tp
         res = await self.handle_raw(agent, raw, data, receipt, tp, gate=gate)  # type: ignore[attr-defined]
         if not isinstance(res, Permit):
@@ -309,7 +314,7 @@ class Gate:
             agent=entry.agent, principal=entry.principal, session_id=entry.session_id,
             step_sequence=entry.step_sequence, submitted_seq=entry.submitted_seq, moment_id=moment_id,
             traceparent=gate.traceparent, scope_offer=gate.scope_offer if state == "awaiting_approval" else None,
-            scope=scope_detail(gate.scope) if gate.scope is not None else None,
+            scope=scope_detail(gate.scope) if gate.scope is not None else None, resource=gate.resource,
         )
 
     async def _gate_open(self, entry: IdpEntry, gate: GateCall) -> None:
