@@ -335,3 +335,67 @@ async def test_an_action_a_forbid_policy_denies_is_never_put_to_the_principal(ma
         assert deleted == [] and not any(
             (b.get("idp_id") == rec["idp_id"]) for _, ev in await read_log(env.js, "CEDAR_PERMIT_RECORDED")
             for b in [ev.body])
+
+
+
+@pytest.mark.parametrize("path", ["act", "idp"])
+async def test_an_action_the_mandate_does_not_grant_is_never_put_to_the_principal(
+        make_config: Any, nc: Any, tmp_path: Path, path: str) -> None:
+    """An action outside the mandate is ``DENY MANDATE_SCOPE`` with ``hem_available: false``, also declared with
+    ``hem_urgency: REQUIRED`` (spec 003 §6.3 routes a POLICY_DENY to a human; an approval cannot widen the mandate
+    its issuer signed). Before, such a declaration went to the principal with Cedar never run, so an agent whose
+    mandate granted only writes had a delete the policy forbids put to her, and ran it on her Approve (a
+    narrower mandate gave more power), and could name its action in free text ("read your calendar (nothing is
+    changed)") for the card's question (found by an attack from the docs). A granted write is still asked; on
+    the gate (``act``) and on the declaration path (``idp``) alike."""
+    from tests.kernel_support import request
+
+    issuer = Issuer(tmp_path / "issuer")
+    files = Files(nc)
+    ran: list[str] = []
+
+    @files.ex.action("DeleteFile")
+    async def delete(args: dict[str, Any]) -> Any:
+        ran.append(args["arguments"]["path"])
+        return {"content": [{"type": "text", "text": "deleted"}]}
+
+    policy = POLICY + 'forbid(principal, action == Action::"DeleteFile", resource);\n'
+    cfg = make_config(
+        kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path, policy)),
+                "executors": {"files": {"actions": ["WriteFile", "DeleteFile"], "timeout_s": 2.0}}, "gate_sweep_s": 0},
+        agents={AGENT: {"principals": [PRINCIPAL]}},
+    )
+    free_text = "read your calendar (nothing is changed)"
+    async with files.ex, running_gateway(cfg, nc) as gw:
+        env = Env(nc, gw, issuer, files)
+        token, jti = issuer.mandate(agent=AGENT, so_id=env.so, principal=PRINCIPAL, actions=["WriteFile"])
+
+        async def declare(action: str, **over: Any) -> tuple[dict[str, Any], Any]:
+            env.step += 1
+            rec = idp(so_id=env.so, mandate_id=jti, step=env.step, action=action, session="s-1", **over)
+            if path == "idp" or action == free_text:  # no executor serves a free-text action: declared only
+                return rec, await request(nc, AGENT, {"mandate": token, "idp": rec})
+            args = {"tool": "delete_file" if action == "DeleteFile" else "write_file",
+                    "arguments": {"path": "/notes/victim.txt", "content": "x"}}
+            body = {"mandate": token, "action": action, "idp": rec, "arguments": args}
+            msg = await nc.request(f"pgw.agent.{AGENT}.act", msgspec.json.encode(body), timeout=15)
+            return rec, act_result_decoder.decode(msg.data)
+
+        refused = []
+        for action in ("DeleteFile", free_text):
+            _, r = await declare(action)
+            assert isinstance(r, EnrichedDeny) and r.deny_code == "MANDATE_SCOPE" and r.hem_available is False, r
+            rec, r = await declare(action, hem_urgency="REQUIRED")
+            assert isinstance(r, EnrichedDeny) and r.deny_code == "MANDATE_SCOPE" and r.hem_available is False, r
+            assert "not escalated" in r.deny_reason
+            refused.append(rec["idp_id"])
+        if path == "act":
+            wrec, w = await declare("WriteFile", hem_urgency="REQUIRED")
+            assert isinstance(w, HemPending), w  # a granted action is still put to her
+            await _moment(env.surface, wrec["idp_id"])
+            asked = [wrec["idp_id"]]
+        else:
+            asked = []
+        escalated = [ev.body.get("idp_id") for _, ev in await read_log(env.js, "HEM_ESCALATED")]
+        assert escalated == asked and not set(refused) & set(escalated), escalated
+        assert ran == []

@@ -38,7 +38,8 @@ _DENY_REASONS = {
     # POLICY_DENY by a forbid policy (the reason only: the code stays POLICY_DENY, spec 003 §6.2)
     "forbidden": "The governing policy forbids {action} on this object in the declared context; no human may "
                  "allow it, so it is not escalated (hem_available is false).",
-    "MANDATE_SCOPE": "{action} is outside the scope of the presented mandate.",
+    "MANDATE_SCOPE": "{action} is outside the scope of the presented mandate; no human may widen it, so it is not "
+                     "escalated (hem_available is false): a mandate that grants it is needed.",
     "HEM_PENDING": "The session awaits a human decision; no transition proceeds until it is resolved.",
     "IDP_MISSION_REF_MISMATCH": "The IDP mission_ref does not match the mission bound to the mandate; see mismatch_detail.",
     "GATE_REQUIRED": "{action} may only execute through a kernel gate, which this gateway does not provide.",

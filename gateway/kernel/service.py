@@ -440,12 +440,18 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         allowed = decision is not None and decision.allowed
         forbidden = decision is not None and decision.forbidden
         deny_code = "POLICY_DENY" if in_scope else "MANDATE_SCOPE"
-        if forbidden:
+        if forbidden or not in_scope:
             # A forbid policy applied: the deployment says nobody may allow this action, so HEM is not
             # configured for it (spec 003 §6.2 hem_available "false ... if HEM is not configured"), and
             # neither a resubmission with hem_urgency REQUIRED (§4.4, §6.3) nor a standing approval puts
             # it to the principal, who would be asked to override the policy unawares (docs/kernel.md).
+            # Likewise an action the mandate does not grant (MANDATE_SCOPE): §6.3 routes a POLICY_DENY to a
+            # human, and an approval cannot widen the mandate its issuer signed. Before, a REQUIRED
+            # declaration of such an action went to the principal, and Cedar was not even run for it, so an
+            # agent whose mandate was narrower escaped a forbid, and could name its action in free text
+            # (found by an attack from the docs).
             hem_available = False
+        final = forbidden or not in_scope
         warnings = [Detail(message=f"possible personal data ({p.split('@')[0]})", path=p.split("@")[1], rule="pii") for p in pii]
 
         if gate is not None:
@@ -463,9 +469,10 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                 agent, idp, m, "GATE_REQUIRED", raw["idp"], available=self._available(agent, idp, m, resource, ctx),
                 hem_available=False, tp=tp, submitted_seq=sub.seq, log_event=True,
             )
-        if idp.hem_urgency == "REQUIRED" and self.cfg.hem_enabled and not forbidden:
+        if idp.hem_urgency == "REQUIRED" and self.cfg.hem_enabled and not final:
             # spec 003 §4.4: HEM regardless of the Cedar outcome; §6.3 a resubmission after DENY. Not for an
-            # action a forbid policy denies (above): that one ends with the Enriched DENY below.
+            # action a forbid policy denies or the mandate does not grant (above): those end with the
+            # Enriched DENY below.
             entry.status = "hem_pending"
             entry.moment_id = self._moment_id("HEM_URGENCY_REQUIRED", idp)
             await self._put_entry(entry)
@@ -475,7 +482,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                 # the mandate, a call that names a clean path (scopes.py).
                 offer = gate.scope_offer = offer_for(
                     action=action, executor=gate.kind, arguments=gate.arguments, mandate=m,
-                    redactor=(await self.gw.stage_state.get()).redactor) if in_scope else None
+                    redactor=(await self.gw.stage_state.get()).redactor)
                 # The arguments (and the offer) are stored before the principal can answer (gate.py).
                 await self._gate_hold(entry, gate, entry.moment_id)
             moment_id, _seq = await self._escalate(
@@ -488,7 +495,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                 timestamp=now_rfc3339(), idp_id=idp.idp_id, session_id=idp.session_id,
                 moment_id=moment_id, trigger="HEM_URGENCY_REQUIRED", event_seq=sub.seq,
             )
-        if idp.hem_urgency == "REQUIRED" and not forbidden:
+        if idp.hem_urgency == "REQUIRED" and not final:
             # The agent asked for a human and none can be asked: fail closed, with a
             # code of its own (policy may well permit; the missing human is the reason).
             allowed, deny_code, hem_available = False, "HEM_UNAVAILABLE", False
