@@ -54,7 +54,7 @@ class Files:
 
 class Env:
     def __init__(self, nc: Any, gw: Any, issuer: Issuer, files: Files) -> None:
-        self.nc, self.gw, self.files = nc, gw, files
+        self.nc, self.gw, self.files, self.issuer = nc, gw, files, issuer
         self.js = nc.jetstream()
         self.so = str(uuid.uuid4())
         self.mandates = {a: issuer.mandate(agent=a, so_id=self.so, principal=PRINCIPAL, actions=["WriteFile", "ReadBooking"])
@@ -399,3 +399,44 @@ async def test_an_action_the_mandate_does_not_grant_is_never_put_to_the_principa
         escalated = [ev.body.get("idp_id") for _, ev in await read_log(env.js, "HEM_ESCALATED")]
         assert escalated == asked and not set(refused) & set(escalated), escalated
         assert ran == []
+
+
+async def test_an_approval_after_the_mandate_was_revoked_runs_nothing(env: Env, nats_server: Any, tmp_path: Path) -> None:
+    """A gated write waits for her answer; ops revoke the agent's mandate (`pgw mandate revoke`, "on every
+    gateway at once"). Before, her Approve then dispatched the write all the same (found by an attack from the
+    docs). Now her answer is logged as given, with why it did not count (``HEM_RESOLVED`` ``void:
+    MANDATE_REVOKED``), the step is refused, nothing runs, and the agent is told why."""
+    from cryptography.hazmat.primitives import serialization
+
+    from tests.test_kernel_revocation import _revoke
+
+    _, idp_id = await env.call("/srv/notes/late.md", answer=None)
+    item = await _moment(env.surface, idp_id)
+    _, jti = env.mandates[AGENT]
+    key = tmp_path / "issuer.pem"
+    key.write_bytes(env.issuer.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                 serialization.NoEncryption()))
+    rc, out = await _revoke(nats_server.client_url, tmp_path / "cli", jti, key)
+    assert rc == 0 and out["ok"], out
+    async def applied() -> bool:  # the gateway's live list (a new act of the mandate is refused)
+        _, r = await env.act(AGENT, {"tool": "write_file", "arguments": {"path": "/srv/notes/x.md", "content": "x"}},
+                             "s-2")
+        return isinstance(r, EnrichedDeny) and r.deny_code == "MANDATE_REVOKED"
+
+    await until(applied, timeout=10, what="the revocation applied")
+    before = env.files.calls
+    outcomes = await env.nc.subscribe(f"pgw.agent.{AGENT}.outcome")
+    assert (await env.surface.choose(item, ALLOW)).status == "accepted"
+    resolved = await _event(env, "HEM_RESOLVED", idp_id=idp_id)
+    assert resolved.body["decision"] == "approve" and resolved.body["void"] == "MANDATE_REVOKED", resolved.body
+
+    async def told() -> Any:
+        while True:
+            msg = await outcomes.next_msg(timeout=10)
+            got = msgspec.json.decode(msg.data)
+            if got.get("outcome") == "action_result" and got.get("idp_id") == idp_id:
+                return got
+
+    result = await told()
+    assert result["status"] == "not_run" and "revoked" in result["reason"], result
+    assert env.files.calls == before and "/srv/notes/late.md" not in env.files.files

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -118,7 +119,7 @@ class Denials:
         self, *, agent: str, principal: str, idp: Idp, trigger: str, mandate_id: str, cedar: str | None = None,
         verification: dict[str, Any] | None = None, tp: str | None = None, moment_id: str | None = None,
         retell: Callable[[BindingMoment], BindingMoment] | None = None, extra: dict[str, Any] | None = None,
-        arguments: dict[str, Any] | None = None,
+        arguments: dict[str, Any] | None = None, mandate_exp: float | None = None,
     ) -> tuple[str, int]:
         """Escalate to the mandate's principal: log ``HEM_ESCALATED``, queue its moment on the
         session and on the hold of the governed object (every session of the agent on it is
@@ -132,7 +133,8 @@ class Denials:
         body = {"idp_id": idp.idp_id, "so_id": idp.so_id if trigger != "MISSION_REF_MISMATCH_THRESHOLD" else None,
                 "session_id": idp.session_id, "agent": agent, "principal": principal, "trigger": trigger,
                 "moment_id": moment_id, "cedar": cedar, "requested_action": idp.requested_action,
-                "scope": {"so_id": idp.so_id.lower(), "mandate_id": mandate_id}, **(extra or {})}
+                "scope": {"so_id": idp.so_id.lower(), "mandate_id": mandate_id,
+                          **({"mandate_exp": mandate_exp} if mandate_exp is not None else {})}, **(extra or {})}
         if verification:
             body["verification"] = verification
         # §5.5.2 "the session enters HEM_PENDING immediately": the session moves together
@@ -166,13 +168,21 @@ class Denials:
             moment = retell(moment)
         await self.desk.dispatch(
             agent=agent, principal=principal, binding_moment=moment, envelope_id=idp.idp_id,
-            correlation_id=idp.session_id, expires_in_s=self.cfg.hem_expires_in_s, traceparent=tp,
+            correlation_id=idp.session_id, expires_in_s=self._hem_expiry(mandate_exp), traceparent=tp,
             hem=HemContext(idp.idp_id, idp.session_id, idp.requested_action,
                            permits=trigger == "HEM_URGENCY_REQUIRED"), moment_id=moment_id, conventional=attached,
         )
         log.info("hem escalated", agent=agent, idp_id=idp.idp_id, trigger=trigger, moment_id=moment_id,
                  session_state=sess.state)
         return moment_id, ev.seq
+
+    def _hem_expiry(self, mandate_exp: float | None) -> float:
+        """A moment's lifetime: ``hem_expires_in_s``, and no longer than the mandate it would permit under
+        (with ``clock_skew_s``): an approval after that permits nothing (``_apply_hem``), so she is not left a
+        question whose answer cannot count."""
+        if mandate_exp is None:
+            return self.cfg.hem_expires_in_s
+        return max(1.0, min(self.cfg.hem_expires_in_s, mandate_exp + self.cfg.clock_skew_s - time.time()))
 
     # -- HEM decisions --------------------------------------------------------
     async def _on_hem_decision(self, record: Any, decision: str, resolution: Any) -> None:
@@ -206,6 +216,16 @@ class Denials:
             body["scope"] = {"so_id": held.so_id, "mandate_id": held.mandate_id}
         if option is not None:
             body["option_index"] = option
+        if decision == "approve" and held.trigger == "HEM_URGENCY_REQUIRED" and held.mandate_id:
+            # Her approval permits the step under the mandate it was declared with: revoked meanwhile ("on every
+            # gateway at once", docs/kernel.md), or expired, it permits nothing; her answer is logged as given,
+            # with why it did not count (found by an attack from the docs: the step ran after the revocation).
+            void = self.mandates.lapsed(held.mandate_id, held.mandate_exp)
+            if void is not None:
+                body["void"] = void
+                decision = "mandate_revoked" if void == "MANDATE_REVOKED" else "mandate_expired"
+                log.warning("an approval came after its mandate lapsed; nothing is permitted", agent=agent,
+                            idp_id=idp_id, moment_id=moment_id, code=void)
         await self.eventlog.append("HEM_RESOLVED", body, msg_id=stable_id("HEM_RESOLVED", moment_id))
         settled = await self.state.resolve_hem(body)
         if decision == "approve" and so_id and held.trigger == "HEM_URGENCY_REQUIRED":

@@ -113,6 +113,10 @@ NOT_RUN = {
                 "her objection, if she wrote one, is the text of this moment's hem_decision outcome",
     "expired": "nobody answered before the approval expired: nothing ran (an expiry is never a consent)",
     "unknown": "the principal did not approve: nothing ran",
+    "mandate_revoked": "the principal approved after the mandate was revoked: nothing ran (an approval permits "
+                       "a step only under a mandate that still stands)",
+    "mandate_expired": "the principal approved after the mandate expired: nothing ran (an approval permits a "
+                       "step only under a mandate that still stands)",
 }
 # The tail task _finish left running in this act's task (awaited by _serve_act after it answered).
 _TAIL: contextvars.ContextVar[asyncio.Task[None] | None] = contextvars.ContextVar("pgw_gate_tail", default=None)

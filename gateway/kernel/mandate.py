@@ -181,6 +181,16 @@ class MandateVerifier:
         if want is not None and claims.get("iss") != want:
             raise MandateError("MANDATE_INVALID", "the mandate iss is not the name configured for its issuer key")
 
+    def lapsed(self, jti: str, exp: float | None, now: float | None = None) -> str | None:
+        """``MANDATE_REVOKED`` or ``MANDATE_EXPIRED`` for a mandate that passed once and no longer stands
+        (``exp`` None: not known, only revocation is checked); None while it stands. For an answer that
+        arrives after the request it was asked for: a principal's approval of a pending step (denials.py)."""
+        try:
+            self._check_standing(jti, float("inf") if exp is None else exp, None, None, now)
+        except MandateError as e:
+            return e.code
+        return None
+
     def _check_standing(self, jti: str, exp: Any, nbf: Any, iat: Any, now: float | None,
                         claims: dict[str, Any] | None = None, kid: str = "") -> None:
         """The rules whose answer changes after a mandate passed: revocation (spec 003 §6.2 and

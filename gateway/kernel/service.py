@@ -487,6 +487,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
                 await self._gate_hold(entry, gate, entry.moment_id)
             moment_id, _seq = await self._escalate(
                 agent=agent, principal=m.principal, idp=idp, trigger="HEM_URGENCY_REQUIRED", mandate_id=m.jti,
+                mandate_exp=m.exp,
                 cedar="PERMIT" if allowed else "DENY", tp=tp, arguments=gate.arguments if gate is not None else None,
                 retell=(lambda moment: with_options(moment, offer, agent)) if offer is not None else None,
                 extra={"approval_scope_offered": msgspec.to_builtins(offer)} if offer is not None else None,

@@ -106,6 +106,9 @@ class HemHold(Struct, frozen=True, kw_only=True, omit_defaults=True):
     principal: str
     so_id: str | None = None
     mandate_id: str | None = None
+    # The mandate's exp (a HEM_URGENCY_REQUIRED escalation): an approval after it, or after the mandate's
+    # revocation, permits nothing (denials.py ``_apply_hem``). None for one recorded before it was kept.
+    mandate_exp: float | None = None
 
 
 class SessionEntry(Struct, kw_only=True, omit_defaults=True):
@@ -656,7 +659,8 @@ class KernelState:
         refused. The session is ACTIVE again once its queue is empty.
         """
         trigger, decision = body["trigger"], body["decision"]
-        approve = decision == "approve"
+        # ``void``: she approved after the mandate was revoked or had expired (denials.py): no permit.
+        approve = decision == "approve" and not body.get("void")
         ends = trigger != "HEM_URGENCY_REQUIRED" and not approve
         if trigger == "HEM_URGENCY_REQUIRED" and body.get("so_id"):
             await self.advance_idp(body["so_id"], body["idp_id"], "hem_approved" if approve else "hem_denied")
@@ -699,7 +703,8 @@ def _hem_hold(body: dict[str, Any]) -> HemHold:
     scope = body.get("scope") or {}
     return HemHold(moment_id=body["moment_id"], idp_id=body["idp_id"], session_id=body["session_id"],
                    trigger=body["trigger"], principal=body["principal"],
-                   so_id=scope.get("so_id"), mandate_id=scope.get("mandate_id"))
+                   so_id=scope.get("so_id"), mandate_id=scope.get("mandate_id"),
+                   mandate_exp=scope.get("mandate_exp") if isinstance(scope.get("mandate_exp"), int | float) else None)
 
 
 def _mirror(s: SessionEntry) -> None:
