@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import time
 from datetime import UTC, datetime
 
@@ -72,3 +73,14 @@ def stable_id(*parts: str, length: int = 32) -> str:
         h.update(len(b).to_bytes(4, "big"))
         h.update(b)
     return h.hexdigest()[:length]
+
+
+# Every character ``str.splitlines`` breaks a line at (CR, LF, VT, FF, the file/group/record separators, NEL,
+# the line and paragraph separators). A text meant for one line holds none: a terminal draws a CR as a
+# return to the line's start, over what was drawn before it.
+LINE_BREAKS = re.compile("[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with each line break (:data:`LINE_BREAKS`) shown as a space."""
+    return LINE_BREAKS.sub(" ", text) if LINE_BREAKS.search(text) else text

@@ -72,6 +72,35 @@ async def test_a_disguised_hatch_or_blank_option_is_refused(nats_server, tmp_pat
         assert not [i for i in rec.items if isinstance(i, BindingMomentItem)]
 
 
+async def test_an_option_label_with_a_line_break_is_refused(nats_server, tmp_path, nc) -> None:
+    """An option label holding a line break, a CR above all, is refused: on the terminal surface a CR drew the
+    next option's text over the label, so she read "Hold the wire" and chose "Send 95,000 EUR to the new
+    IBAN", as the signed verdict then recorded (found by an attack from the docs). Each of the characters a
+    line breaks at. And a moment stored before (built here past the grammar) shows the label on one line."""
+    from consumers.surfaces.model import plan_item
+    from consumers.surfaces.text import render_plan
+
+    disguised = "Send 95,000 EUR to the new IBAN{}  1. Hold the wire              "
+    breaks = ["\r", "\n", "\r\n", "\v", "\f", "\x1c", "\x85", "\u2028", "\u2029"]
+    async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:
+        bodies = []
+        for br in breaks:
+            m = good_moment()
+            m["question"]["options"][0]["label"] = disguised.format(br)
+            bodies.append(moment_env("alice", m))
+        outs = await _all(rec, bodies)
+        for br, out in zip(breaks, outs, strict=True):
+            rules = {d.rule for d in out.details or []}
+            assert out.code == "envelope_invalid" and "option_label" in rules, (br, out.code, rules)
+        assert not [i for i in rec.items if isinstance(i, BindingMomentItem)]
+    m = good_moment()
+    m["question"]["options"][0]["label"] = disguised.format("\r")
+    item = {"item": "binding_moment", "agent": "planner", "principal": "alice", "created_at": "2026-12-07T00:00:00Z",
+            "moment_id": "a" * 32, "envelope_id": "e-1", "correlation_id": "c-1", "binding_moment": m}
+    shown = "\n".join(render_plan(plan_item(item), width=120))
+    assert "\r" not in shown and "1. Send 95,000 EUR to the new IBAN   1. Hold the wire" in shown, shown
+
+
 async def test_a_disguised_hedge_or_leading_stem_is_refused(nats_server, tmp_path, nc) -> None:
     """A hedged synopsis (spec 000 §6.1) and a leading stem (§6.5), in any disguise, are refused."""
     async with running_gateway(nats_server, str(tmp_path / "d")), Recorder(nc) as rec:

@@ -31,6 +31,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import Struct
 
+from subjects.util import one_line
 from subjects.wire import (
     AuthorizationItem,
     BindingMomentItem,
@@ -276,7 +277,9 @@ def _decision(item: BindingMomentItem, base: dict[str, Any]) -> Plan:
         offer=bm.offer,
         stem=q.stem,
         options=[
-            OptionView(i, o.label, o.reasoning, i == q.recommended_idx) for i, o in enumerate(q.options)
+            # One line each, whatever the moment holds: a CR in a label drew another option's text over it on
+            # a terminal (the grammar refuses such a label; a moment stored before it did not).
+            OptionView(i, one_line(o.label), o.reasoning, i == q.recommended_idx) for i, o in enumerate(q.options)
         ],
         recommended_idx=q.recommended_idx,
         hatches=hatches,

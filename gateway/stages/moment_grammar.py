@@ -12,6 +12,7 @@ from typing import Any
 from gateway.security.seen import seen
 from gateway.security.text import hidden_controls, may_hide
 from subjects.constraints import MAX_LIST_ITEMS, MAX_OPTIONS, MIN_OPTIONS
+from subjects.util import LINE_BREAKS
 from subjects.wire import Detail
 
 SLOT_MAX = 2000
@@ -38,6 +39,15 @@ def _text(out: list[Detail], v: Any, path: str, rule: str, limit: int) -> None:
     # ASCII slot (the common case) skips the per-character scan.
     elif not v.isascii() and (hidden := hidden_controls(v, tags=rule in ("synopsis", "stem", "option_label"))):
         out.append(Detail(message=f"{path} contains an invisible control ({hidden})", path=path, rule="hidden_characters"))
+
+
+def _label(out: list[Detail], v: Any, path: str) -> None:
+    """An option's label: a slot (``_text``) on one line. A line break in it (a CR) let the terminal draw
+    another option's text over it, so that she read one option and chose another (found by an attack from
+    the docs); every surface shows a label as one line."""
+    _text(out, v, path, "option_label", LABEL_MAX)
+    if isinstance(v, str) and LINE_BREAKS.search(v):
+        out.append(Detail(message=f"{path} must be one line (it holds a line break)", path=path, rule="option_label"))
 
 
 def _plain(v: Any, limit: int) -> bool:
@@ -119,7 +129,7 @@ def _check_question(out: list[Detail], q: Any, path: str) -> None:
             ))
         for i, opt in enumerate(options[:MAX_OPTIONS + 1]):
             if (isinstance(opt, dict) and len(opt) == 2 and _plain(opt.get("label"), LABEL_MAX)
-                    and _plain(opt.get("reasoning"), REASONING_MAX)):
+                    and not LINE_BREAKS.search(opt["label"]) and _plain(opt.get("reasoning"), REASONING_MAX)):
                 continue  # exactly label and reasoning, both plain: nothing below would be said
             op = f"{path}.options[{i}]"
             if not isinstance(opt, dict):
@@ -131,7 +141,7 @@ def _check_question(out: list[Detail], q: Any, path: str) -> None:
             if "label" not in opt:
                 out.append(Detail(message=f"{op}.label is REQUIRED (spec 000 §6.6)", path=f"{op}.label", rule="option_label"))
             else:
-                _text(out, opt["label"], f"{op}.label", "option_label", LABEL_MAX)
+                _label(out, opt["label"], f"{op}.label")
             if "reasoning" not in opt:
                 out.append(Detail(message=f"{op}.reasoning is REQUIRED (spec 000 §6.6)", path=f"{op}.reasoning", rule="option_reasoning"))
             else:
