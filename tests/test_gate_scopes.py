@@ -25,7 +25,7 @@ from subjects.approvals import ApprovalsRequest, approvals_reply_decoder, approv
 from subjects.client import Surface
 from subjects.executor import Executor
 from subjects.gate import ActDone, act_result_decoder
-from subjects.idp import EnrichedDeny, HemPending
+from subjects.idp import EnrichedDeny, HemPending, Reject
 from tests.kernel_support import Issuer, idp, policy_dir, read_log, running_gateway, stored_verdicts
 from tests.polling import until
 from tests.test_kernel_hem import _moment
@@ -440,3 +440,41 @@ async def test_an_approval_after_the_mandate_was_revoked_runs_nothing(env: Env, 
     result = await told()
     assert result["status"] == "not_run" and "revoked" in result["reason"], result
     assert env.files.calls == before and "/srv/notes/late.md" not in env.files.files
+
+
+async def test_arguments_the_kernel_cannot_record_are_refused_before_anything_is_committed(env: Env) -> None:
+    """A gated call whose arguments hold an integer beyond +-(2**53 - 1) cannot be recorded (GATE_DISPATCHED and
+    the verdict digest them as RFC 8785 JSON). Before, the kernel answered KERNEL_UNAVAILABLE after storing its
+    open dispatch, and every gate sweep then failed on the key for good, also after a restart (found by an attack
+    from the docs). Now it is REQUEST_MALFORMED before anything is committed; and an open dispatch such a gateway
+    stored before is ended once by the sweep (the agent told nothing ran), not failed at every sweep."""
+    from gateway.kernel.gate import BUCKET, OpenDispatch, idempotency_key
+
+    big = 123456789012345678901234567890
+    rec, r = await env.act(AGENT, {"tool": "write_file", "arguments": {"path": "/srv/notes/n.md", "n": big}}, "s-1")
+    assert isinstance(r, Reject) and r.error_code == "REQUEST_MALFORMED" and "2**53" in r.reason, r
+    assert not [ev for _, ev in await read_log(env.js, "IDP_SUBMITTED") if ev.body.get("idp_id") == rec["idp_id"]]
+    gate_kv = await env.js.key_value(BUCKET)
+    assert not await _has_keys(gate_kv)
+
+    # As a gateway before this change stored it: permitted, dispatched, its arguments unrecordable.
+    so, idp_id = env.so, str(uuid.uuid4())
+    d = OpenDispatch(idempotency_key=idempotency_key(so, idp_id), state="dispatched", kind="files", action="WriteFile",
+                     arguments={"tool": "write_file", "arguments": {"n": big}}, idp_id=idp_id, so_id=so, agent=AGENT,
+                     principal=PRINCIPAL, session_id="s-9", step_sequence=1, submitted_seq=1, dispatched_at=0.0)
+    await gate_kv.put(d.idempotency_key, msgspec.json.encode(d))
+    outcomes = await env.nc.subscribe(f"pgw.agent.{AGENT}.outcome")
+    assert await kernel(env).gate_sweep() == 1
+    assert not await _has_keys(gate_kv)
+    told = msgspec.json.decode((await outcomes.next_msg(timeout=10)).data)
+    assert told["outcome"] == "action_result" and told["status"] == "not_run" and told["idp_id"] == idp_id, told
+    assert await kernel(env).gate_sweep() == 0 and env.files.calls == 0
+
+
+async def _has_keys(kv: Any) -> bool:
+    from nats.js.errors import NoKeysError
+
+    try:
+        return bool(await kv.keys())
+    except NoKeysError:
+        return False

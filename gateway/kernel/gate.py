@@ -193,6 +193,16 @@ def observed(resp: ExecResponse) -> tuple[Literal["confirmed", "failed"], Any]:
     return "failed", err
 
 
+def recordable(value: Any) -> bool:
+    """Whether ``value`` has an RFC 8785 form (what the kernel digests and signs): no integer beyond
+    +-(2**53 - 1), no lone surrogate, no non-string key."""
+    try:
+        jcs.normalized_bytes(value)
+    except Exception:  # noqa: BLE001 - rfc8785 raises its own errors (IntegerDomainError, ...) and TypeError
+        return False
+    return True
+
+
 def _request_record(request: ExecRequest) -> tuple[Any, str]:
     """The executor request as builtins (what the verdict carries) and its JSON-DIGEST (spec 004)."""
     req = msgspec.to_builtins(request)
@@ -289,6 +299,17 @@ class Gate:
             return Reject(timestamp=now_rfc3339(), error_code="REQUEST_MALFORMED",
                           reason="the body must be an ActRequest {mandate, action, idp, arguments?, resource?}",
                           details=[_detail(str(e))])
+        if not recordable(req.arguments):
+            # The arguments are digested into GATE_DISPATCHED and the verdict (spec 004 JSON-DIGEST, RFC 8785),
+            # which an integer beyond +-(2**53 - 1) cannot be: refused before anything is committed. Before, the
+            # permit stored its open dispatch and then failed, and every gate sweep failed on the key for good
+            # (found by an attack from the docs: 3,000 such calls in 6 s, 15 MB of log a minute after a restart).
+            key = stable_id("request", agent, data.decode("utf-8", "replace"))
+            why = ("the arguments cannot be recorded: the kernel digests them as RFC 8785 JSON, which holds integers "
+                   "within +-(2**53 - 1) only (send a larger number as a string)")
+            await self._deny_verdict(agent, None, key, "REQUEST_MALFORMED", why, None, tp)  # type: ignore[attr-defined]
+            return Reject(timestamp=now_rfc3339(), error_code="REQUEST_MALFORMED", reason=why,
+                          details=[_detail("not canonicalizable at `$.arguments`")])
         kind = self.cfg.executor_of(req.action)
         if kind is None:
             return Reject(timestamp=now_rfc3339(), error_code="REQUEST_MALFORMED",
@@ -764,6 +785,15 @@ class Gate:
             d = await self._read_open(key, e.value)
             if d is None:
                 return False
+            if not recordable(d.arguments):
+                # Stored before the act refused such arguments (handle_act): never dispatched, and never to be,
+                # as its dispatch cannot be recorded. Ended once, not failed at every sweep.
+                log.warning("an open dispatch whose arguments cannot be recorded is ended; nothing ran",
+                            agent=d.agent, idp_id=d.idp_id)
+                await self._not_run(d, "its arguments cannot be recorded (an integer beyond +-(2**53 - 1)): nothing ran")
+                with contextlib.suppress(KeyNotFoundError, KeyWrongLastSequenceError):
+                    await self.gate_kv.delete(key)
+                return True
             got = await self.state.idp(d.so_id, d.idp_id)
             if d.state == "dispatched" and got is not None and got[0].status in ("permitted", "hem_approved"):
                 # A crash between the request and its index entry (_dispatch): the step was sent.
