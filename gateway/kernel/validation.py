@@ -18,6 +18,7 @@ from gateway.kernel.mandate import Mandate, MandateError
 from gateway.kernel.policy import entity_uid
 from gateway.kernel.received import commit_received
 from gateway.kernel.state import KernelState, SessionEntry
+from gateway.security.seen import seen_latin
 from pgwcore.logs import get_logger
 from subjects import jcs
 from subjects.idp import (
@@ -63,9 +64,15 @@ def names_source(description: str, *ids: str) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _pii_kinds(text: str, names: tuple[str, ...]) -> tuple[str, ...]:
-    """``pii_markers(text, names)`` (spec 003 §9), remembered: a pure function of its arguments, and
-    agents repeat their goal and reasoning descriptions from one step to the next."""
-    return tuple(pii_markers(text, names))
+    """``pii_markers(text, names)`` (spec 003 §9) of the text as sent and as a person reads it
+    (``seen_latin``: full-width or mathematical letters, a Cyrillic ``а``, a zero-width space inside a name,
+    a full-width ``＠``; found by an attack from the docs, each logged for good), remembered: a pure function
+    of its arguments, and agents repeat their goal and reasoning descriptions from one step to the next."""
+    found = pii_markers(text, names)
+    read = seen_latin(text)
+    if read != text:
+        found += [k for k in pii_markers(read, names) if k not in found]
+    return tuple(found)
 
 
 class RefusalError(Exception):

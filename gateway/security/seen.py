@@ -35,8 +35,11 @@ each of 4,096 entries would hold about a gigabyte).
 from __future__ import annotations
 
 import functools
+import unicodedata
 
+from gateway.security.confusables import prototypes
 from gateway.security.skeleton import CharTable, seen_words, seen_words_split
+from gateway.security.text import visible
 
 CACHED_CHARS = 256  # the longest text whose seen form is remembered (module docstring)
 _seen_short = functools.lru_cache(maxsize=4096)(seen_words)
@@ -87,6 +90,35 @@ def seen_cased(text: str) -> str:
     :func:`seen`, then upper-cased where the source character was a capital.
     """
     return _seen_cased_short(text) if len(text) <= CACHED_CHARS else _cased(text)
+
+
+def _latin_char(ch: str) -> str:
+    if ch.isascii():
+        return ch
+    if ch == "\u2800":  # the Braille blank: drawn as a space
+        return " "
+    out = []
+    for c in unicodedata.normalize("NFKD", ch):  # full-width, mathematical, ligatures; accents split off
+        if unicodedata.category(c) in ("Mn", "Me"):
+            continue  # a mark on a letter (enclosing ones too) is drawn on it: the letter is read
+        if not c.isascii():
+            proto = unicodedata.normalize("NFKD", prototypes().get(c, c))
+            if proto.isascii() and proto.isalpha():
+                c = proto.upper() if c.isupper() else proto  # a Cyrillic or Greek look-alike of a Latin letter
+        out.append(c)
+    return "".join(out)
+
+
+_LATIN = CharTable(_latin_char)
+
+
+def seen_latin(text: str) -> str:
+    """``text`` as a person reads it, in Latin letters and ASCII where a character looks like one: invisible
+    characters dropped (``visible``), compatibility forms and look-alike letters folded, marks dropped, but
+    case, digits, punctuation and spacing kept, where :func:`seen` folds them. For rules whose patterns read
+    those (an e-mail address, a phone number, a title before a capitalised name: spec 003 §9)."""
+    text = visible(text)
+    return text if text.isascii() else text.translate(_LATIN)
 
 
 def clear_caches() -> None:
