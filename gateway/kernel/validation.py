@@ -65,8 +65,8 @@ def names_source(description: str, *ids: str) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _pii_kinds(text: str, names: tuple[str, ...]) -> tuple[str, ...]:
     """``pii_markers(text, names)`` (spec 003 §9) of the text as sent and as a person reads it
-    (``seen_latin``: full-width or mathematical letters, a Cyrillic ``а``, a zero-width space inside a name,
-    a full-width ``＠``; found by an attack from the docs, each logged for good), remembered: a pure function
+    (``seen_latin``: full-width or mathematical letters, a Cyrillic a (U+0430), a zero-width space inside a name,
+    a full-width at sign (U+FF20); found by an attack from the docs, each logged for good), remembered: a pure function
     of its arguments, and agents repeat their goal and reasoning descriptions from one step to the next."""
     found = pii_markers(text, names)
     read = seen_latin(text)

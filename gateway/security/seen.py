@@ -101,11 +101,12 @@ def _latin_char(ch: str) -> str:
     for c in unicodedata.normalize("NFKD", ch):  # full-width, mathematical, ligatures; accents split off
         if unicodedata.category(c) in ("Mn", "Me"):
             continue  # a mark on a letter (enclosing ones too) is drawn on it: the letter is read
+        read = c
         if not c.isascii():
             proto = unicodedata.normalize("NFKD", prototypes().get(c, c))
             if proto.isascii() and proto.isalpha():
-                c = proto.upper() if c.isupper() else proto  # a Cyrillic or Greek look-alike of a Latin letter
-        out.append(c)
+                read = proto.upper() if c.isupper() else proto  # a Cyrillic or Greek look-alike of a Latin letter
+        out.append(read)
     return "".join(out)
 
 
