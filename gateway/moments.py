@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from gateway.moment_list import INDEX_BUCKET, AgentIndex
 from gateway.moment_record import (
@@ -122,6 +122,7 @@ def _record(value: bytes, key: str) -> MomentRecord | None:
         log.warning("a PGW_MOMENTS value is not a moment record; skipped", key=key[:200], size=len(value))
         return None
 _res_dec = msgspec.json.Decoder(Resolution)
+HELD_FOR = "Pgw-Agent"  # on a held text: the agent its outcome went to (MomentDesk._forget_apart)
 _enc = msgspec.json.Encoder()
 
 
@@ -367,11 +368,47 @@ class MomentDesk:
         except (APIError, msgspec.DecodeError, msgspec.ValidationError):
             log.warning("held answer text unreadable; the record's digests stand for it", moment_id=rec.moment_id)
 
-    async def _hold(self, principal: str, moment_id: str, resolution: Resolution) -> int:
-        """Store ``resolution`` (it holds free text) apart; its stream sequence."""
+    async def _hold(self, principal: str, moment_id: str, resolution: Resolution, agent: str) -> int:
+        """Store ``resolution`` (it holds free text) apart; its stream sequence. It names the agent its outcome
+        goes to, so it is forgotten with that outcome even where its record is gone (``_forget_apart``)."""
         subject = f"$KV.{TEXT_BUCKET}.{moment_key(principal, moment_id)}.{secrets.token_hex(8)}"
-        ack = await self.js.publish(subject, _enc.encode(resolution), stream=TEXT_STREAM)
+        ack = await self.js.publish(subject, _enc.encode(resolution), stream=TEXT_STREAM, headers={HELD_FOR: agent})
         return ack.seq
+
+    async def _held_apart(self, key: str) -> list[Any]:
+        """The held texts of moment record ``key`` (``{principal}.{moment_id}``), oldest first."""
+        out, seq = [], 1
+        while True:
+            try:
+                msg = await self.js.get_msg(TEXT_STREAM, seq=seq, subject=f"$KV.{TEXT_BUCKET}.{key}.*", next=True)
+            except (NotFoundError, APIError):
+                return out
+            out.append(msg)
+            seq = (msg.seq or seq) + 1
+
+    async def _schedule_apart(self, key: str) -> None:
+        """A record that is not the desk's (a party's publish acknowledgement aimed at its key, docs/security.md
+        "Replies") says nothing of when its answer's text is due: each held text of the key is due
+        ``answer_text_keep_s`` after it was stored (when she answered), whatever the record holds. Before, such
+        a record kept the text and the agent's outcome on disk for good (found by an attack from the docs)."""
+        for msg in await self._held_apart(key):
+            stored = msg.time.timestamp() if msg.time else time.time()
+            heapq.heappush(self._heap, (stored + self.answer_text_keep_s, key))
+            self._wake.set()
+
+    async def _forget_apart(self, key: str) -> None:
+        """Forget the held texts of ``key`` that are due, and their outcomes, without the record (gone or not the
+        desk's): the same erases ``_forget`` makes from a record."""
+        mid = key.partition(".")[2]
+        for msg in await self._held_apart(key):
+            stored = msg.time.timestamp() if msg.time else 0.0
+            if stored + self.answer_text_keep_s > time.time():
+                continue
+            agent = (msg.headers or {}).get(HELD_FOR)
+            if agent:
+                await self._delete_outcome(agent, mid, stored)
+            await self._erase(msg.seq)
+            log.info("principal's free text forgotten without its record", moment_id=mid, agent=agent)
 
     async def _erase(self, seq: int) -> None:
         """Delete held text ``seq`` with erase (STREAM.MSG.DELETE without no_erase overwrites the bytes)."""
@@ -446,7 +483,7 @@ class MomentDesk:
             if rec.status == "expired" or (rec.expires_at and rec.expires_at <= time.time()):
                 raise Refused("expired", "this moment expired before it was answered")
             self._check(rec, resolution)
-            held = await self._hold(principal, moment_id, resolution) if has_text(resolution) else None
+            held = await self._hold(principal, moment_id, resolution, rec.agent) if has_text(resolution) else None
             rec.status = "resolved"
             rec.resolution = resolution
             rec.text_seq = held
@@ -608,6 +645,8 @@ class MomentDesk:
             rec = found[0]
             self.agents.add(rec.agent, created_ms(rec), rec.principal, rec.moment_id)
             self._track(key, rec.status, rec.expires_at, rec.published, self._forget_at(rec))
+        else:
+            await self._schedule_apart(key)
 
     def _redrive_soon(self, key: str) -> None:
         if not self._closing:
@@ -640,6 +679,7 @@ class MomentDesk:
         principal, _, mid = key.partition(".")
         found = await self.get(principal, mid)
         if not found:
+            await self._forget_apart(key)
             return
         rec, rev = found
         if rec.status == "resolved":
@@ -662,7 +702,7 @@ class MomentDesk:
         forget_at = self._forget_at(rec)
         if forget_at is None or forget_at > time.time():
             return
-        await self._delete_outcome(rec)
+        await self._delete_outcome(rec.agent, rec.moment_id, rec.resolved_at or rec.created_at, rec.created_at)
         principal, _, mid = key.partition(".")
         found = await self.get(principal, mid, hydrate=False)  # the record as stored: its markers
         if found is None or found[0].forgotten:
@@ -677,18 +717,18 @@ class MomentDesk:
             await self._writer.update(key, self._stored(stored), rev, self._header(stored))
             log.info("principal's free text forgotten", moment_id=rec.moment_id, agent=rec.agent)
 
-    async def _delete_outcome(self, rec: MomentRecord) -> None:
-        """Delete the closing outcome (``final:{moment_id}``) of ``rec`` from ``PGW_OUTBOUND``.
+    async def _delete_outcome(self, agent: str, moment_id: str, resolved_at: float, created_at: float = 0.0) -> None:
+        """Delete the closing outcome (``final:{moment_id}``) of a moment from ``PGW_OUTBOUND``.
 
         Found by its ``Nats-Msg-Id`` among the agent's outcomes stored since just before the
         moment was resolved, headers only; gone already (an earlier pass) is fine.
         """
         from nats.js.api import ConsumerConfig
 
-        want = f"final:{rec.moment_id}"
-        start = to_rfc3339(max(rec.created_at, (rec.resolved_at or rec.created_at) - 5.0))
+        want = f"final:{moment_id}"
+        start = to_rfc3339(max(created_at, resolved_at - 5.0))
         sub = await self.js.subscribe(
-            self.subjects.outcome(rec.agent), stream="PGW_OUTBOUND", ordered_consumer=True, headers_only=True,
+            self.subjects.outcome(agent), stream="PGW_OUTBOUND", ordered_consumer=True, headers_only=True,
             config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start),
         )
         try:

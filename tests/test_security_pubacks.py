@@ -690,3 +690,38 @@ async def test_refused_publishes_aimed_at_the_event_log_are_passed_over_and_logg
         assert len(alarms) == LOGGED_ONE_BY_ONE + 1, len(alarms)
         assert FOREIGN_RECORDS._value.get() - counted == junk
         await declare(2)
+
+
+@pytest.mark.parametrize("restart", [False, True])
+async def test_an_acknowledgement_over_an_answered_moment_does_not_keep_her_words(tmp_path: Path, restart: bool) -> None:
+    """Agent a, bound to p, has p's free-text answer, then aims its acknowledgement at the moment's record
+    (``$KV.PGW_MOMENTS.p.{moment_id}``). The desk forgot her words from the record's state, which it now could not
+    read, so they stayed in ``KV_PGW_ANSWER_TEXT`` and in a's outcome in ``PGW_OUTBOUND`` for good, also after a
+    restart (found by an attack from the docs). Now each held text is due ``answer_text_keep_s`` after she
+    answered, whatever its record holds: her words are gone from every stream, and from the server's files; so
+    too when the gateway restarts before they are due."""
+    from subjects.wire import FreeTextAnswer
+    from tests.moments import good_moment
+    from tests.test_answer_retention import everything_stored
+
+    words = "WORDS-7731 keep this between us, my landlord is the problem"
+    async with secured_bed(tmp_path, gateway={"answer_text_keep_s": 3.0}) as bed:
+        a, p = bed.agents["a"], bed.surfaces["p"]
+        out = await a.outcome_for(await a.send_moment("p", good_moment()))
+        assert out.status == "accepted", out
+        assert (await p.resolve(out.moment_id, FreeTextAnswer(text=words))).status == "accepted"
+        got = await a.resolution_for(out.moment_id, principal="p", timeout=15)
+        assert got.resolution == FreeTextAnswer(text=words)  # the agent had her words
+        await aim(bed, "a", f"$KV.PGW_MOMENTS.p.{out.moment_id}")
+        if restart:  # the gateway that saw the answer is gone before her words are due: a new one finds them
+            await bed.stop_gateway()
+            await bed.start_gateway()
+        watch = bed.ncs["_watch"]
+
+        async def forgotten() -> bool:
+            return words.encode() not in await everything_stored(watch)
+
+        await until(forgotten, timeout=30, interval=0.3, what="her words gone from every stream")
+        store = bed.server.data_dir / "jetstream"
+        held = [f for f in store.rglob("*") if f.is_file() and words.encode() in f.read_bytes()]
+        assert held == [], held
