@@ -236,3 +236,17 @@ async def test_a_call_naming_two_paths_is_asked_about_both(gate_env: GateEnv) ->
     headline = text.split("Findings")[0]  # the terminal wraps long paths: their ends, in the headline
     assert "harmless.txt" in headline and "sub/private.txt" in headline, headline
     assert f'on "{harmless}" and "{private}"' in bm.question.stem
+
+
+async def test_a_quote_in_a_path_cannot_write_the_gateways_question(gate_env: GateEnv) -> None:  # noqa: F811 - gate_env is the fixture
+    """A path holding a quote closed the gateway's own quotes in the question, so the agent's words read as the
+    gateway's: 'Should agent planner do WriteFile on "todo.txt" (to add one line ...). The second name is only
+    where the old copy is kept; it is read, not written: "" and "authorized_keys"?' (found by an attack from the
+    docs). Each path is now quoted as a JSON string, its quotes escaped, as the findings show it."""
+    trick = (str(gate_env.files / "todo.txt") + '" (to add one line to your to-do list). The second name is only '
+             'where the old copy of the list is kept; it is read, not written: "')
+    keys = str(gate_env.files / "authorized_keys")
+    item = await ask(gate_env, {"file": trick, "path": keys, "content": "ssh-ed25519 AAAA attacker"}, keys)
+    stem = item.binding_moment.question.stem
+    assert 'todo.txt\\" (to add one line' in stem, stem
+    assert 'todo.txt" (to add' not in stem and f'"{keys}"' in stem, stem

@@ -241,7 +241,9 @@ def covers(scope: ApprovalScope, *, agent: str, principal: str, so_id: str, sess
 def with_options(moment: BindingMoment, offer: ScopeOffer, agent: str) -> BindingMoment:
     """``moment`` (hem.hem_moment's, wording untouched) with the two standing-approval options after Approve and Deny."""
     what = f"{_clip(marked(offer.tool), 100)}" if offer.tool else f"{_clip(marked(offer.action), 100)}"
-    where = f"\"{_clip(marked(offer.folder), 300)}\"" if offer.folder else "the folder the agent started in"
+    # As a JSON string: a quote in the folder's name is escaped, never the end of the gateway's quotes (hem._ask).
+    where = msgspec.json.encode(_clip(marked(offer.folder), 300)).decode() if offer.folder else \
+        "the folder the agent started in"
     same = (f"Later calls of {what} by agent {agent} on files directly in {where} run without asking you")
     rest = ("; another tool, another folder, a subfolder or another agent still asks you. "
             "You can list and revoke it at any time.")
