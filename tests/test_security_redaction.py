@@ -83,6 +83,8 @@ DISGUISES = {
     "NUL after BOM": lambda s: BOM + "\x00" + "\x00".join(s),
     "bidi override": lambda s: "\u202e" + s + "\u202c",
     "combining marks (zalgo)": lambda s: "".join(c + "\u0301" for c in s),
+    "enclosing marks": lambda s: "".join(c + "\u20dd" for c in s),
+    "Braille blanks between letters": "\u2800".join,
     "upper case": str.upper,
     "base64": lambda s: base64.b64encode(s.encode()).decode(),
     "base64url of a sentence": lambda s: base64.urlsafe_b64encode(f"the key: {s}!".encode()).decode(),

@@ -67,7 +67,9 @@ def parse(text: str) -> tuple[str, dict[str, str]]:
 
 
 def _strip_marks(s: str) -> str:
-    return "".join(c for c in unicodedata.normalize("NFKD", s) if unicodedata.category(c) != "Mn")
+    # Nonspacing and enclosing marks (Mn, Me): a mark drawn on or around a letter leaves the letter to be read
+    # (a secret written s⃝k⃝-⃝l⃝i⃝v⃝e⃝, each letter in U+20DD, passed SR-1; found by an attack from the docs).
+    return "".join(c for c in unicodedata.normalize("NFKD", s) if unicodedata.category(c) not in ("Mn", "Me"))
 
 
 @cache
@@ -109,6 +111,7 @@ CHARS_KEPT = 16_384
 _LETTER_STYLES = ("LATIN LETTER SMALL CAPITAL ", "NEGATIVE CIRCLED LATIN CAPITAL LETTER ",
                   "NEGATIVE SQUARED LATIN CAPITAL LETTER ", "PARENTHESIZED LATIN SMALL LETTER ")
 TATWEEL = "\u0640"  # Arabic's elongation stroke: it lengthens a word as drawn and is no letter of it
+BRAILLE_BLANK = "\u2800"  # drawn as a space (a symbol, not white space, to Unicode): read as one
 
 
 def _styled_letter(ch: str) -> str | None:
@@ -131,6 +134,8 @@ def fold_char(ch: str) -> str:
     """
     if ch == TATWEEL:
         return ""
+    if ch == BRAILLE_BLANK:
+        return " "
     if not ch.isascii() and (letter := _styled_letter(ch)) is not None:
         return fold_char(letter)
     proto = prototypes()
