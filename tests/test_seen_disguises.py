@@ -124,7 +124,9 @@ async def test_a_disguised_hedge_or_leading_stem_is_refused(nats_server, tmp_pat
 
 async def test_a_disguised_repeat_of_a_vetoed_question_is_refused(nats_server, tmp_path, nc) -> None:
     """After alice's dialogue veto, the same stem or the same option labels in any disguise are broken_handshake
-    (spec 000 §7.2), even from a moment that acknowledges the objection and keeps the dialogue hatch open."""
+    (spec 000 §7.2), even from a moment that acknowledges the objection and keeps the dialogue hatch open; also
+    with the spaces removed, or replaced by Hangul fillers (found by an attack from the docs: "spacing removed",
+    the docs said, and the stem without spaces was delivered to her)."""
     async with running_gateway(nats_server, str(tmp_path / "d")) as gw, Recorder(nc) as rec:
         first = await rec.roundtrip("planner", moment_env("alice", good_moment()))
         reply = await Surface(nc, "alice").resolve(first.moment_id, DialogueVeto(objection="Why share anything?"))
@@ -135,8 +137,9 @@ async def test_a_disguised_repeat_of_a_vetoed_question_is_refused(nats_server, t
         base = good_moment()
         ack = f"Your objection to moment {first.moment_id}: this asks it again."
         bodies = []
-        for name in DISGUISES:
-            f = DISGUISES[name]
+        unspaced = {"spaces removed": lambda t: t.replace(" ", ""),
+                    "Hangul fillers for spaces": lambda t: t.replace(" ", "\u3164")}
+        for f in [*DISGUISES.values(), *unspaced.values()]:
             same_stem = copy.deepcopy(base)
             same_stem["question"]["stem"] = f(base["question"]["stem"])
             same_stem["question"]["options"] = [{"label": "Keep Harbor", "reasoning": "Continuity."},

@@ -208,12 +208,20 @@ def _stored(st: StageState, key: str, value: bytes) -> list[Veto]:
         return list(known or [])
 
 
+def _unspaced(text: str) -> str:
+    """A normed text with its spacing removed too, as a repeat is compared (docs/pipeline.md: "after NFKC,
+    case folding, punctuation and spacing removed"): the same stem with its spaces deleted, or replaced by a
+    filler, read as a new question (found by an attack from the docs)."""
+    return text.replace(" ", "")
+
+
 def _repeats(vetoes: list[Veto], stem: str, opts: list[str]) -> tuple[Veto, str] | None:
+    stem_u, opts_u = _unspaced(stem), sorted({_unspaced(o) for o in opts})
     for v in vetoes:
         # norm() again: a veto recorded under the earlier fold (NFKC and case only) compares as
         # it is compared now; norm() of a normed text is the normed text.
-        what = ("stem" if norm(v.stem) == stem
-                else "option set" if sorted({norm(o) for o in v.options}) == opts else None)
+        what = ("stem" if _unspaced(norm(v.stem)) == stem_u
+                else "option set" if sorted({_unspaced(norm(o)) for o in v.options}) == opts_u else None)
         if what:
             return v, what
     return None
