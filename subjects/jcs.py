@@ -208,3 +208,13 @@ def _floats_raw(value: Any) -> Any:
     if t is list:
         return [_floats_raw(v) for v in value]
     return value
+
+
+def recordable(value: Any) -> bool:
+    """Whether ``value`` has an RFC 8785 form (what the kernel digests and signs): no integer beyond
+    +-(2**53 - 1), no lone surrogate, no non-string key."""
+    try:
+        normalized_bytes(value)
+    except Exception:  # noqa: BLE001 - rfc8785 raises its own errors (IntegerDomainError, ...) and TypeError
+        return False
+    return True

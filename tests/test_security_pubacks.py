@@ -725,3 +725,34 @@ async def test_an_acknowledgement_over_an_answered_moment_does_not_keep_her_word
         store = bed.server.data_dir / "jetstream"
         held = [f for f in store.rglob("*") if f.is_file() and words.encode() in f.read_bytes()]
         assert held == [], held
+
+
+async def test_a_report_that_cannot_be_recorded_is_refused_once(tmp_path: Path) -> None:
+    """A transition report whose effect holds an integer beyond +-(2**53 - 1) has no RFC 8785 form, so its digest
+    cannot be taken. It failed ten times and was dead-lettered, and a report naming another action than the one
+    declared so escaped its gap check without a word logged (found by an attack from the docs). It is now refused
+    as malformed, at once and once (``TRANSITION_REFUSED``), with nothing dead-lettered: the step stays
+    unreported, as if no report came."""
+    from tests.kernel_support import read_log
+    from tests.polling import consumer_drained
+
+    async with kernel_bed(tmp_path) as (bed, declare):
+        rec = await declare(1)
+        await bed.ncs["agent:a"].jetstream().publish(
+            bed.config.subjects.agent("a", "transition"),
+            msgspec.json.encode({"idp_id": rec["idp_id"], "executed_action": "SendMail",
+                                 "effect": {"type": "mail.sent", "status": "dispatched",
+                                            "response": {"n": 123456789012345678901234567890}}}),
+            headers={"Nats-Msg-Id": f"a:{uuid.uuid4()}"})
+        js = bed.ncs["_watch"].jetstream()
+
+        async def refused() -> Any:
+            return [ev for _, ev in await read_log(js, "TRANSITION_REFUSED") if "cannot be recorded" in str(ev.body)]
+
+        [_refusal] = await until(refused, timeout=WAIT, what="the report refused as malformed")
+        await until(lambda: consumer_drained(js, "PGW_INBOUND", "pgw-kernel"), timeout=WAIT, what="the report acked")
+        info = await js.consumer_info("PGW_INBOUND", "pgw-kernel")
+        assert info.num_redelivered == 0, info
+        dead = await js.stream_info("PGW_DEADLETTER")
+        assert dead.state.messages == 0, dead.state
+        assert not await read_log(js, "STATE_TRANSITIONED")

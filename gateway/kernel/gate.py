@@ -193,16 +193,6 @@ def observed(resp: ExecResponse) -> tuple[Literal["confirmed", "failed"], Any]:
     return "failed", err
 
 
-def recordable(value: Any) -> bool:
-    """Whether ``value`` has an RFC 8785 form (what the kernel digests and signs): no integer beyond
-    +-(2**53 - 1), no lone surrogate, no non-string key."""
-    try:
-        jcs.normalized_bytes(value)
-    except Exception:  # noqa: BLE001 - rfc8785 raises its own errors (IntegerDomainError, ...) and TypeError
-        return False
-    return True
-
-
 def _request_record(request: ExecRequest) -> tuple[Any, str]:
     """The executor request as builtins (what the verdict carries) and its JSON-DIGEST (spec 004)."""
     req = msgspec.to_builtins(request)
@@ -299,7 +289,7 @@ class Gate:
             return Reject(timestamp=now_rfc3339(), error_code="REQUEST_MALFORMED",
                           reason="the body must be an ActRequest {mandate, action, idp, arguments?, resource?}",
                           details=[_detail(str(e))])
-        if not recordable(req.arguments):
+        if not jcs.recordable(req.arguments):
             # The arguments are digested into GATE_DISPATCHED and the verdict (spec 004 JSON-DIGEST, RFC 8785),
             # which an integer beyond +-(2**53 - 1) cannot be: refused before anything is committed. Before, the
             # permit stored its open dispatch and then failed, and every gate sweep failed on the key for good
@@ -785,7 +775,7 @@ class Gate:
             d = await self._read_open(key, e.value)
             if d is None:
                 return False
-            if not recordable(d.arguments):
+            if not jcs.recordable(d.arguments):
                 # Stored before the act refused such arguments (handle_act): never dispatched, and never to be,
                 # as its dispatch cannot be recorded. Ended once, not failed at every sweep.
                 log.warning("an open dispatch whose arguments cannot be recorded is ended; nothing ran",

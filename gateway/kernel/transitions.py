@@ -275,6 +275,13 @@ class TransitionReports:
             rep = msgspec.json.decode(data, type=TransitionReport)
         except Exception as e:  # noqa: BLE001 - any malformed report is refused and logged
             return await self._refuse_transition(agent, None, f"malformed report: {str(e)[:200]}", msg_seq, tp)
+        if not jcs.recordable(msgspec.to_builtins(rep)):
+            # Its digest (spec 004 JSON-DIGEST, RFC 8785) cannot be taken: an integer beyond +-(2**53 - 1). Refused
+            # like any malformed report, once; before, it failed until dead-lettered (found by an attack from the
+            # docs). Its step stays unreported, as if no report came: the overdue sweep closes it.
+            return await self._refuse_transition(
+                agent, None, "malformed report: it cannot be recorded (RFC 8785 JSON holds integers within "
+                "+-(2**53 - 1) only; send a larger number as a string)", msg_seq, tp)
         raw = msgspec.structs.replace(rep, idp_id=canonical_id(rep.idp_id))
         # spec 002 SR-1: the kernel's signed events are never deleted, so what it keeps and says of a
         # report (its events, refusals, findings, log lines, what the principal is told) is the report
