@@ -115,7 +115,7 @@ DISGUISES: dict[str, Callable[[str], str]] = {
     "negative circled letters": _styled("NEGATIVE CIRCLED LATIN CAPITAL LETTER "),
     "negative squared letters": _styled("NEGATIVE SQUARED LATIN CAPITAL LETTER "),
     "parenthesized letters": _styled("PARENTHESIZED LATIN SMALL LETTER "),
-    # A mark drawn around each letter, and a blank that Unicode calls a symbol (the thirteenth session's attack).
+    # A mark drawn around each letter, and a blank that Unicode calls a symbol (a docs-only attack).
     "enclosing marks": lambda s: "".join(c + "\u20dd" if c.isalnum() else c for c in s),
     "Braille blanks for spaces": lambda s: s.replace(" ", "\u2800"),
 }
