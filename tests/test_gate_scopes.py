@@ -9,6 +9,7 @@ principal on her surface; a call inside a standing approval runs on its first su
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -285,19 +286,16 @@ async def test_fifty_edits_in_one_folder_ask_once(env: Env) -> None:
     assert sum(p.startswith("/srv/after/") for p in env.files.files) == 7 and env.files.calls == 100
 
 
-async def test_an_action_a_forbid_policy_denies_is_never_put_to_the_principal(make_config: Any, nc: Any,
-                                                                               tmp_path: Path) -> None:
-    """A Cedar ``forbid`` is final: the Enriched DENY says ``hem_available: false``, and a resubmission with
-    ``hem_urgency: REQUIRED`` is denied again instead of asking her (before, an agent speaking the bus got a
-    delete the gate's own rules refuse put to the principal as an ordinary card, and "Allow for this session"
-    then let later deletes run unasked). A write, denied only for want of a permit, is still asked."""
+@contextlib.asynccontextmanager
+async def forbidding_deletes(make_config: Any, nc: Any, tmp_path: Path, ran: list[str]) -> AsyncIterator[Env]:
+    """A gateway whose kernel dispatches WriteFile and DeleteFile to the files executor (each delete's path is
+    appended to ``ran``); Cedar denies every WriteFile for want of a permit and forbids every DeleteFile."""
     issuer = Issuer(tmp_path / "issuer")
     files = Files(nc)
-    deleted: list[str] = []
 
     @files.ex.action("DeleteFile")
     async def delete(args: dict[str, Any]) -> Any:
-        deleted.append(args["arguments"]["path"])
+        ran.append(args["arguments"]["path"])
         return {"content": [{"type": "text", "text": "deleted"}]}
 
     policy = POLICY + 'forbid(principal, action == Action::"DeleteFile", resource);\n'
@@ -307,9 +305,19 @@ async def test_an_action_a_forbid_policy_denies_is_never_put_to_the_principal(ma
         agents={AGENT: {"principals": [PRINCIPAL]}},
     )
     async with files.ex, running_gateway(cfg, nc) as gw:
-        env = Env(nc, gw, issuer, files)
-        env.mandates[AGENT] = issuer.mandate(agent=AGENT, so_id=env.so, principal=PRINCIPAL,
-                                             actions=["WriteFile", "DeleteFile"])
+        yield Env(nc, gw, issuer, files)
+
+
+async def test_an_action_a_forbid_policy_denies_is_never_put_to_the_principal(make_config: Any, nc: Any,
+                                                                               tmp_path: Path) -> None:
+    """A Cedar ``forbid`` is final: the Enriched DENY says ``hem_available: false``, and a resubmission with
+    ``hem_urgency: REQUIRED`` is denied again instead of asking her (before, an agent speaking the bus got a
+    delete the gate's own rules refuse put to the principal as an ordinary card, and "Allow for this session"
+    then let later deletes run unasked). A write, denied only for want of a permit, is still asked."""
+    deleted: list[str] = []
+    async with forbidding_deletes(make_config, nc, tmp_path, deleted) as env:
+        env.mandates[AGENT] = env.issuer.mandate(agent=AGENT, so_id=env.so, principal=PRINCIPAL,
+                                                 actions=["WriteFile", "DeleteFile"])
 
         async def act(action: str, **over: Any) -> tuple[dict[str, Any], Any]:
             token, jti = env.mandates[AGENT]
@@ -350,25 +358,10 @@ async def test_an_action_the_mandate_does_not_grant_is_never_put_to_the_principa
     the gate (``act``) and on the declaration path (``idp``) alike."""
     from tests.kernel_support import request
 
-    issuer = Issuer(tmp_path / "issuer")
-    files = Files(nc)
     ran: list[str] = []
-
-    @files.ex.action("DeleteFile")
-    async def delete(args: dict[str, Any]) -> Any:
-        ran.append(args["arguments"]["path"])
-        return {"content": [{"type": "text", "text": "deleted"}]}
-
-    policy = POLICY + 'forbid(principal, action == Action::"DeleteFile", resource);\n'
-    cfg = make_config(
-        kernel={"issuers": {issuer.kid: str(issuer.pem_path)}, "policy_dir": str(policy_dir(tmp_path, policy)),
-                "executors": {"files": {"actions": ["WriteFile", "DeleteFile"], "timeout_s": 2.0}}, "gate_sweep_s": 0},
-        agents={AGENT: {"principals": [PRINCIPAL]}},
-    )
     free_text = "read your calendar (nothing is changed)"
-    async with files.ex, running_gateway(cfg, nc) as gw:
-        env = Env(nc, gw, issuer, files)
-        token, jti = issuer.mandate(agent=AGENT, so_id=env.so, principal=PRINCIPAL, actions=["WriteFile"])
+    async with forbidding_deletes(make_config, nc, tmp_path, ran) as env:
+        token, jti = env.issuer.mandate(agent=AGENT, so_id=env.so, principal=PRINCIPAL, actions=["WriteFile"])
 
         async def declare(action: str, **over: Any) -> tuple[dict[str, Any], Any]:
             env.step += 1
