@@ -123,6 +123,7 @@ def _record(value: bytes, key: str) -> MomentRecord | None:
         return None
 _res_dec = msgspec.json.Decoder(Resolution)
 HELD_FOR = "Pgw-Agent"  # on a held text: the agent its outcome went to (MomentDesk._forget_apart)
+HELD_SCAN = 16  # the most messages read under one moment's key (one answer holds one; a lost race, one more)
 _enc = msgspec.json.Encoder()
 
 
@@ -156,6 +157,7 @@ class MomentDesk:
         self._hem_callbacks: list[HemCallback] = []
         self._resolved_callbacks: list[Callable[[MomentRecord], Awaitable[None]]] = []
         self._heap: list[tuple[float, str]] = []
+        self._apart: dict[str, float] = {}  # keys whose held texts are due without a record of the desk's
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._watcher: Any = None
@@ -376,39 +378,63 @@ class MomentDesk:
         return ack.seq
 
     async def _held_apart(self, key: str) -> list[Any]:
-        """The held texts of moment record ``key`` (``{principal}.{moment_id}``), oldest first."""
-        out, seq = [], 1
-        while True:
+        """The held texts of moment record ``key`` (``{principal}.{moment_id}``), oldest first: at most
+        ``HELD_SCAN`` messages read. A message there that the desk did not write (no ``HELD_FOR`` header: a
+        party's acknowledgement aimed at the subject, docs/security.md "Replies", or a text held before the
+        header existed, which a record names) is left out, and erased when it is no answer of hers."""
+        out: list[Any] = []
+        seq = 1
+        for _ in range(HELD_SCAN):
             try:
                 msg = await self.js.get_msg(TEXT_STREAM, seq=seq, subject=f"$KV.{TEXT_BUCKET}.{key}.*", next=True)
             except (NotFoundError, APIError):
-                return out
-            out.append(msg)
+                break
             seq = (msg.seq or seq) + 1
+            if (msg.headers or {}).get(HELD_FOR):
+                out.append(msg)
+                continue
+            try:
+                _res_dec.decode(msg.data or b"")
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                await self._erase(msg.seq)  # no answer of hers: nothing to keep, nothing to schedule again
+        return out
 
     async def _schedule_apart(self, key: str) -> None:
         """A record that is not the desk's (a party's publish acknowledgement aimed at its key, docs/security.md
-        "Replies") says nothing of when its answer's text is due: each held text of the key is due
-        ``answer_text_keep_s`` after it was stored (when she answered), whatever the record holds. Before, such
-        a record kept the text and the agent's outcome on disk for good (found by an attack from the docs)."""
-        for msg in await self._held_apart(key):
-            stored = msg.time.timestamp() if msg.time else time.time()
-            heapq.heappush(self._heap, (stored + self.answer_text_keep_s, key))
+        "Replies") says nothing of when its answer's text is due: the key's held texts are due
+        ``answer_text_keep_s`` after they were stored (when she answered), whatever the record holds. Before,
+        such a record kept the text and the agent's outcome on disk for good (found by an attack from the docs).
+        One entry per key, at its earliest due text, however many writes are aimed at the record (a review:
+        each write scheduled each text again)."""
+        if key in self._apart:
+            return
+        held = await self._held_apart(key)
+        if held:
+            due = min((m.time.timestamp() if m.time else time.time()) for m in held) + self.answer_text_keep_s
+            self._apart[key] = due
+            heapq.heappush(self._heap, (due, key))
             self._wake.set()
 
     async def _forget_apart(self, key: str) -> None:
         """Forget the held texts of ``key`` that are due, and their outcomes, without the record (gone or not the
-        desk's): the same erases ``_forget`` makes from a record."""
+        desk's): the same erases ``_forget`` makes from a record; the next text of the key not yet due is
+        scheduled."""
+        self._apart.pop(key, None)
         mid = key.partition(".")[2]
+        later = None
         for msg in await self._held_apart(key):
             stored = msg.time.timestamp() if msg.time else 0.0
             if stored + self.answer_text_keep_s > time.time():
+                later = stored + self.answer_text_keep_s if later is None else min(later, stored + self.answer_text_keep_s)
                 continue
-            agent = (msg.headers or {}).get(HELD_FOR)
-            if agent:
-                await self._delete_outcome(agent, mid, stored)
+            agent = msg.headers.get(HELD_FOR)
+            await self._delete_outcome(agent, mid, stored)
             await self._erase(msg.seq)
             log.info("principal's free text forgotten without its record", moment_id=mid, agent=agent)
+        if later is not None:
+            self._apart[key] = later
+            heapq.heappush(self._heap, (later, key))
+            self._wake.set()
 
     async def _erase(self, seq: int) -> None:
         """Delete held text ``seq`` with erase (STREAM.MSG.DELETE without no_erase overwrites the bytes)."""

@@ -712,7 +712,10 @@ async def test_an_acknowledgement_over_an_answered_moment_does_not_keep_her_word
         assert (await p.resolve(out.moment_id, FreeTextAnswer(text=words))).status == "accepted"
         got = await a.resolution_for(out.moment_id, principal="p", timeout=15)
         assert got.resolution == FreeTextAnswer(text=words)  # the agent had her words
-        await aim(bed, "a", f"$KV.PGW_MOMENTS.p.{out.moment_id}")
+        for _ in range(3):  # each write aimed at the record schedules nothing more than the first did
+            await aim(bed, "a", f"$KV.PGW_MOMENTS.p.{out.moment_id}")
+        for i in range(2):  # acknowledgements among her held texts are no answer of hers: erased, not kept
+            await aim(bed, "a", f"$KV.PGW_ANSWER_TEXT.p.{out.moment_id}.junk{i}")
         if restart:  # the gateway that saw the answer is gone before her words are due: a new one finds them
             await bed.stop_gateway()
             await bed.start_gateway()
@@ -722,6 +725,12 @@ async def test_an_acknowledgement_over_an_answered_moment_does_not_keep_her_word
             return words.encode() not in await everything_stored(watch)
 
         await until(forgotten, timeout=30, interval=0.3, what="her words gone from every stream")
+
+        async def nothing_held() -> bool:
+            info = await watch.jetstream().stream_info("KV_PGW_ANSWER_TEXT", subjects_filter=">")
+            return not info.state.subjects
+
+        await until(nothing_held, timeout=30, interval=0.3, what="nothing left under the moment's held texts")
         store = bed.server.data_dir / "jetstream"
         held = [f for f in store.rglob("*") if f.is_file() and words.encode() in f.read_bytes()]
         assert held == [], held
