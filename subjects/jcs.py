@@ -26,6 +26,7 @@ values, hostile strings and both walk modes included.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -208,6 +209,17 @@ def _floats_raw(value: Any) -> Any:
     if t is list:
         return [_floats_raw(v) for v in value]
     return value
+
+
+# What in a JSON text can make its value unrecordable: an integer of 16 digits or more (2**53 has 16), or an
+# escaped surrogate (a lone one decodes to a str RFC 8785 refuses). A text without either is recordable, and
+# :func:`recordable` (a full canonicalization: 30-90 ms for half a megabyte) need not run on it.
+_MAYBE_UNRECORDABLE = re.compile(rb"\d{16}|\\[uU][dD][89a-fA-F]")
+
+
+def maybe_unrecordable(data: bytes) -> bool:
+    """False when the JSON text ``data`` certainly decodes to a recordable value (one C scan)."""
+    return _MAYBE_UNRECORDABLE.search(data) is not None
 
 
 def recordable(value: Any) -> bool:

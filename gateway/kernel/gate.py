@@ -193,6 +193,16 @@ def observed(resp: ExecResponse) -> tuple[Literal["confirmed", "failed"], Any]:
     return "failed", err
 
 
+def _unrecordable(value: Any) -> bool:
+    """Whether ``value`` has no RFC 8785 form: one JSON encode and a C scan, the full check only where they
+    find a long number or an escaped surrogate (``jcs.maybe_unrecordable``)."""
+    try:
+        text = _enc.encode(value)
+    except Exception:  # noqa: BLE001 - a lone surrogate, say: let the full check say
+        return not jcs.recordable(value)
+    return jcs.maybe_unrecordable(text) and not jcs.recordable(value)
+
+
 def _request_record(request: ExecRequest) -> tuple[Any, str]:
     """The executor request as builtins (what the verdict carries) and its JSON-DIGEST (spec 004)."""
     req = msgspec.to_builtins(request)
@@ -289,7 +299,7 @@ class Gate:
             return Reject(timestamp=now_rfc3339(), error_code="REQUEST_MALFORMED",
                           reason="the body must be an ActRequest {mandate, action, idp, arguments?, resource?}",
                           details=[_detail(str(e))])
-        if not jcs.recordable(req.arguments):
+        if jcs.maybe_unrecordable(data) and not jcs.recordable(req.arguments):
             # The arguments are digested into GATE_DISPATCHED and the verdict (spec 004 JSON-DIGEST, RFC 8785),
             # which an integer beyond +-(2**53 - 1) cannot be: refused before anything is committed. Before, the
             # permit stored its open dispatch and then failed, and every gate sweep failed on the key for good
@@ -775,7 +785,7 @@ class Gate:
             d = await self._read_open(key, e.value)
             if d is None:
                 return False
-            if not jcs.recordable(d.arguments):
+            if _unrecordable(d.arguments):
                 # Stored before the act refused such arguments (handle_act): never dispatched, and never to be,
                 # as its dispatch cannot be recorded. Ended once, not failed at every sweep.
                 log.warning("an open dispatch whose arguments cannot be recorded is ended; nothing ran",

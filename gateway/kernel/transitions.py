@@ -275,7 +275,7 @@ class TransitionReports:
             rep = msgspec.json.decode(data, type=TransitionReport)
         except Exception as e:  # noqa: BLE001 - any malformed report is refused and logged
             return await self._refuse_transition(agent, None, f"malformed report: {str(e)[:200]}", msg_seq, tp)
-        if not jcs.recordable(msgspec.to_builtins(rep)):
+        if jcs.maybe_unrecordable(data) and not jcs.recordable(msgspec.to_builtins(rep)):
             # Its digest (spec 004 JSON-DIGEST, RFC 8785) cannot be taken: an integer beyond +-(2**53 - 1). Refused
             # like any malformed report, once; before, it failed until dead-lettered (found by an attack from the
             # docs). Its step stays unreported, as if no report came: the overdue sweep closes it.
