@@ -150,7 +150,7 @@ async def redacted_turns(nc: Client, rng: ReplayRange, prefix: str) -> list[Stor
         return []
     out: list[StoredMsg] = []
     async for m in read_stored(nc, stream, from_seq=info.state.first_seq or 1, to_seq=info.state.last_seq):
-        if is_server_answer(m.data):
+        if not m.headers and is_server_answer(m.data):  # the gateway's copies carry headers; the server's answers none
             # An answer of the server's (an acknowledgement or refusal, a JetStream API answer) a party aimed at
             # this key (docs/security.md "Replies"): no redacted copy, never replayed as the agent's message.
             log.warning("a redacted copy is an answer of the server's; passed over", subject=m.subject)

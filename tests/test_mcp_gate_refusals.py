@@ -164,7 +164,8 @@ async def test_a_call_runs_only_against_the_resource_it_was_judged_on(env: Secre
     gate's executor now runs a call only when the declared resource is the one its rule takes from the
     arguments: both are refused ``resource_mismatch`` before the server is called, and so is a resource declared
     for a tool whose rule names none. Declared honestly, the private read is denied by the policy and the
-    public one runs."""
+    public one runs. A path not in its normal form (``/./``), which names the forbidden file as another
+    resource, is refused too (found by a review)."""
     from subjects.gate import ActDone
     from subjects.idp import EnrichedDeny
 
@@ -185,11 +186,16 @@ async def test_a_call_runs_only_against_the_resource_it_was_judged_on(env: Secre
         no_rule = await act(env, 3, {"tool": "list_allowed_directories", "arguments": {}}, file(public))
         honest_private = await act(env, 4, read(private), file(private))
         honest_public = await act(env, 5, read(public), file(public))
+        # One file under another name: the policy's resource == File::".../private.txt" would not match it.
+        dotted = f"{env.files}/./private.txt"
+        other_name = await act(env, 6, {"tool": "read_text_file", "arguments": {"path": dotted}}, f'File::"{dotted}"')
     for result in (other, undeclared, no_rule):
         assert isinstance(result, ActDone) and result.status == "failed", result
         assert result.response["code"] == "resource_mismatch", result.response
         assert "did not run" in result.response["message"] and "private words" not in str(result.response)
         assert str(env.files) not in result.response["message"]  # it names the rule, not the caller's text
     assert isinstance(honest_private, EnrichedDeny), honest_private
+    assert isinstance(other_name, ActDone) and other_name.status == "failed", other_name
+    assert other_name.response["code"] == "invalid_arguments" and "normal form" in other_name.response["message"]
     assert isinstance(honest_public, ActDone) and honest_public.status == "confirmed", honest_public
     assert honest_public.response["content"][0]["text"] == "public words"

@@ -190,7 +190,8 @@ def test_the_resource_comes_from_the_configured_argument() -> None:
     t = GatedTool(name="w", upstream="fs", tool=types.Tool(name="w", inputSchema={"type": "object"}), action="WriteFile",
                   resource=ResourceFrom(type="File", argument="path"), escalate=False)
     assert resource_of(t, {"path": "/tmp/a b"}) == 'File::"/tmp/a b"'
-    for bad in ({}, {"path": '/tmp/a"b'}, {"path": "x" * 257}, {"path": True}):
+    for bad in ({}, {"path": '/tmp/a"b'}, {"path": "x" * 257}, {"path": True}, {"path": "/tmp/./a"},
+                {"path": "/tmp/x/../a"}, {"path": "//tmp/a"}, {"path": "/tmp//a"}):
         with pytest.raises(ValueError, match="path"):
             resource_of(t, bad)
     assert resource_of(msgspec.structs.replace(t, resource=None), {}) is None

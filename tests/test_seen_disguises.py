@@ -138,7 +138,8 @@ async def test_a_disguised_repeat_of_a_vetoed_question_is_refused(nats_server, t
         ack = f"Your objection to moment {first.moment_id}: this asks it again."
         bodies = []
         unspaced = {"spaces removed": lambda t: t.replace(" ", ""),
-                    "Hangul fillers for spaces": lambda t: t.replace(" ", "\u3164")}
+                    "Hangul fillers for spaces": lambda t: t.replace(" ", "\u3164"),
+                    "underscores for spaces": lambda t: t.replace(" ", "_")}
         for f in [*DISGUISES.values(), *unspaced.values()]:
             same_stem = copy.deepcopy(base)
             same_stem["question"]["stem"] = f(base["question"]["stem"])

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 log = get_logger("pgw.dualveto")
 KEEP = 64  # vetoed moments remembered per (agent, principal)
 
-_PUNCT = re.compile(r"[^\w\s]+")
+_PUNCT = re.compile(r"[^\w\s]+|_+")  # the underscore too: \w holds it, and "Which_way_should" reads as words
 _WS = re.compile(r"\s+")
 
 
