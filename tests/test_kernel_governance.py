@@ -226,13 +226,13 @@ async def test_configured_names_are_personal_data(env: Env) -> None:
     assert isinstance(await env.send(ok), Permit)
 
 
-@pytest.mark.kernel(pii_names=["Jane Doe"])
+@pytest.mark.kernel(pii_names=["Jane Doe", "Ivan Doe"])
 async def test_disguised_personal_data_is_refused_and_never_logged(env: Env) -> None:
     """The rule judges what a person reads: a name, a titled name, an e-mail address or a phone number written in
     full-width or mathematical letters, with a Cyrillic look-alike, a zero-width space inside, an accent, or a
     full-width or small at sign is IDP_MALFORMED (rule pii), and no log event holds it. Before, each was permitted
     and kept in the event log, which denies delete and purge (found by an attack from the docs)."""
-    disguised = ["Refund \uff2a\uff41\uff4e\uff45 \uff24\uff4f\uff45", "Refund \U0001d409\U0001d41a\U0001d427\U0001d41e Doe",
+    disguised = ["Refund \u0406van Doe", "Refund \uff2a\uff41\uff4e\uff45 \uff24\uff4f\uff45", "Refund \U0001d409\U0001d41a\U0001d427\U0001d41e Doe",
                  "Refund J\u0430ne Doe", "Refund Ja\u200bne Doe", "Refund Jan\u00e9 Doe", "Ask \uff2d\uff52 Smith",
                  "Ask M\u200br Smith", "Mail jroe\uff20example.com", "Mail jroe\ufe6bexample.com",
                  "Mail jroe@\u200bexample.com", "Mail jr\u043e\u0435@\u0435x\u0430mple.com",

@@ -105,7 +105,8 @@ def _latin_char(ch: str) -> str:
         if not c.isascii():
             proto = unicodedata.normalize("NFKD", prototypes().get(c, c))
             if proto.isascii() and proto.isalpha():
-                read = proto.upper() if c.isupper() else proto  # a Cyrillic or Greek look-alike of a Latin letter
+                # A Cyrillic or Greek look-alike of a Latin letter, in its case: UTS #39 draws a capital I as l.
+                read = ("I" if proto == "l" else proto.upper()) if c.isupper() else proto
         out.append(read)
     return "".join(out)
 
