@@ -76,7 +76,9 @@ async def test_an_option_label_with_a_line_break_is_refused(nats_server, tmp_pat
     """An option label holding a line break, a CR above all, is refused: on the terminal surface a CR drew the
     next option's text over the label, so she read "Hold the wire" and chose "Send 95,000 EUR to the new
     IBAN", as the signed verdict then recorded (found by an attack from the docs). Each of the characters a
-    line breaks at. And a moment stored before (built here past the grammar) shows the label on one line."""
+    line breaks at. And a moment stored before (built here past the grammar) shows the label on one line, and
+    its stem and each reasoning too (a line break there drew a row that read as an option, found re-running
+    the attack)."""
     from consumers.surfaces.model import plan_item
     from consumers.surfaces.text import render_plan
 
@@ -95,10 +97,14 @@ async def test_an_option_label_with_a_line_break_is_refused(nats_server, tmp_pat
         assert not [i for i in rec.items if isinstance(i, BindingMomentItem)]
     m = good_moment()
     m["question"]["options"][0]["label"] = disguised.format("\r")
+    m["question"]["stem"] += "\n  9. Fake row in the stem"  # a stem or a reasoning drew a row like an option
+    m["question"]["options"][1]["reasoning"] += "\r\n  8. Fake row in a reasoning"
     item = {"item": "binding_moment", "agent": "planner", "principal": "alice", "created_at": "2026-12-07T00:00:00Z",
             "moment_id": "a" * 32, "envelope_id": "e-1", "correlation_id": "c-1", "binding_moment": m}
     shown = "\n".join(render_plan(plan_item(item), width=120))
     assert "\r" not in shown and "1. Send 95,000 EUR to the new IBAN   1. Hold the wire" in shown, shown
+    rows = [line.strip() for line in shown.split("\n")]
+    assert not [r for r in rows if r.startswith(("9. Fake", "8. Fake"))], shown
 
 
 async def test_a_disguised_hedge_or_leading_stem_is_refused(nats_server, tmp_path, nc) -> None:

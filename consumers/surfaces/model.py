@@ -275,11 +275,13 @@ def _decision(item: BindingMomentItem, base: dict[str, Any]) -> Plan:
         findings=list(bm.findings),
         recommendations=list(bm.recommendations),
         offer=bm.offer,
-        stem=q.stem,
+        stem=one_line(q.stem),  # the stem and each option's reasoning too: a line break drew a fake option row
         options=[
             # One line each, whatever the moment holds: a CR in a label drew another option's text over it on
-            # a terminal (the grammar refuses such a label; a moment stored before it did not).
-            OptionView(i, one_line(o.label), o.reasoning, i == q.recommended_idx) for i, o in enumerate(q.options)
+            # a terminal (the grammar refuses such a label; a moment stored before it did not), and one in the
+            # stem or a reasoning drew a row that looked like an option.
+            OptionView(i, one_line(o.label), one_line(o.reasoning), i == q.recommended_idx)
+            for i, o in enumerate(q.options)
         ],
         recommended_idx=q.recommended_idx,
         hatches=hatches,

@@ -46,6 +46,7 @@ from consumers.surfaces.text import (
     render_plan,
     render_standing,
 )
+from subjects.util import one_line
 from subjects.wire import (
     ClarificationAnswers,
     DialogueVeto,
@@ -387,7 +388,7 @@ class TerminalSurface:
         elif isinstance(plan, ClarificationPlan):
             if key == "enter":
                 ids = [q.id for q in plan.questions]
-                self.prompt = Prompt("answers", f"1. {plan.questions[0].question}", mkey, question_ids=ids)
+                self.prompt = Prompt("answers", f"1. {one_line(plan.questions[0].question)}", mkey, question_ids=ids)
         elif key == "char:x":
             self.board.pop(mkey, None)
             self.status = "Dismissed."
@@ -443,7 +444,7 @@ class TerminalSurface:
                 plan = self.board.get(p.key)
                 if len(p.answers) < len(p.question_ids) and isinstance(plan, ClarificationPlan):
                     nxt = len(p.answers)
-                    p.label = f"{nxt + 1}. {plan.questions[nxt].question}"
+                    p.label = f"{nxt + 1}. {one_line(plan.questions[nxt].question)}"
                 else:
                     self.prompt = None
                     await self.send(p.key, ClarificationAnswers(answers=p.answers), "your answers")
