@@ -230,3 +230,19 @@ def recordable(value: Any) -> bool:
     except Exception:  # noqa: BLE001 - rfc8785 raises its own errors (IntegerDomainError, ...) and TypeError
         return False
     return True
+
+
+def recordable_form(value: Any) -> Any:
+    """``value`` with what RFC 8785 cannot write made writable: an integer beyond +-(2**53 - 1) as its decimal
+    string, a lone surrogate as U+FFFD, a non-string key as its ``str``. For what the kernel must record though
+    it came that way (an executor's result: the tool ran), stated where it is recorded."""
+    t = type(value)
+    if t is int and abs(value) > _MAX_SAFE_INT:
+        return str(value)
+    if t is str:
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace") if not value.isascii() else value
+    if isinstance(value, Mapping):
+        return {k if type(k) is str else str(k): recordable_form(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [recordable_form(v) for v in value]
+    return value

@@ -471,3 +471,48 @@ async def _has_keys(kv: Any) -> bool:
         return bool(await kv.keys())
     except NoKeysError:
         return False
+
+
+async def test_a_result_holding_a_large_integer_is_recorded_and_answered(make_config: Any, nc: Any, tmp_path: Path) -> None:
+    """A tool that ran and answered with an integer beyond +-(2**53 - 1) (a database id, a nanosecond time): its
+    digest failed, the agent got KERNEL_UNAVAILABLE, and every gate sweep failed on the step for good (found by
+    a review). The result is now recorded with such an integer as its decimal string, and the agent gets it so;
+    nothing is left open."""
+    from gateway.kernel.gate import BUCKET
+
+    big = 1733580000000000000123
+    issuer = Issuer(tmp_path / "issuer")
+    files = Files(nc)
+
+    @files.ex.action("ReadRepo")
+    async def read_repo(args: dict[str, Any]) -> Any:
+        return {"structuredContent": {"id": big, "small": 7}}
+
+    cfg = make_config(
+        kernel={"issuers": {issuer.kid: str(issuer.pem_path)},
+                "policy_dir": str(policy_dir(tmp_path, POLICY + 'permit(principal, action == Action::"ReadRepo", resource);\n')),
+                "executors": {"files": {"actions": ["WriteFile", "ReadRepo"], "timeout_s": 2.0}}, "gate_sweep_s": 0},
+        agents={AGENT: {"principals": [PRINCIPAL]}},
+    )
+    async with files.ex, running_gateway(cfg, nc) as gw:
+        env = Env(nc, gw, issuer, files)
+        env.mandates[AGENT] = issuer.mandate(agent=AGENT, so_id=env.so, principal=PRINCIPAL, actions=["ReadRepo"])
+        token, jti = env.mandates[AGENT]
+        rec = idp(so_id=env.so, mandate_id=jti, step=1, action="ReadRepo", session="s-1")
+        body = {"mandate": token, "action": "ReadRepo", "idp": rec, "arguments": {"repo": "/srv/repo"}}
+        msg = await nc.request(f"pgw.agent.{AGENT}.act", msgspec.json.encode(body), timeout=15)
+        r = act_result_decoder.decode(msg.data)
+        assert isinstance(r, ActDone) and r.status == "confirmed", r
+        assert r.response == {"structuredContent": {"id": str(big), "small": 7}}, r.response
+        assert (await _event(env, "STATE_TRANSITIONED", idp_id=rec["idp_id"])).body["effect"]["status"] == "confirmed"
+        gate_kv = await env.js.key_value(BUCKET)
+
+        async def closed() -> bool:
+            from nats.js.errors import NoKeysError
+
+            try:
+                return not await gate_kv.keys()
+            except NoKeysError:
+                return True
+
+        await until(closed, timeout=10, what="the step's open dispatch closed")

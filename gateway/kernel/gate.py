@@ -188,9 +188,20 @@ def observed(resp: ExecResponse) -> tuple[Literal["confirmed", "failed"], Any]:
     ``failed`` with the error object (spec 004 §5.2 ``failed``: attempted, failure reported).
     """
     if resp.status == "ok":
-        return "confirmed", ({} if resp.result is None else resp.result)
+        return "confirmed", _as_recorded({} if resp.result is None else resp.result)
     err = msgspec.to_builtins(resp.error) if resp.error is not None else {"code": "EXECUTOR_ERROR"}
-    return "failed", err
+    return "failed", _as_recorded(err)
+
+
+def _as_recorded(response: Any) -> Any:
+    """``response`` as the kernel can record it: the tool ran, so a result with an integer beyond +-(2**53 - 1)
+    (a database id, a nanosecond time) is recorded with it as a decimal string (``jcs.recordable_form``), and
+    the agent gets it so. Before, its digest failed, the agent got KERNEL_UNAVAILABLE, and every gate sweep
+    failed on the step for good (found by a review)."""
+    if not _unrecordable(response):
+        return response
+    log.warning("an executor's result holds what RFC 8785 cannot write; recorded with it as strings")
+    return jcs.recordable_form(response)
 
 
 def _unrecordable(value: Any) -> bool:
