@@ -433,6 +433,8 @@ async def test_an_approval_after_the_mandate_was_revoked_runs_nothing(env: Env, 
     result = await told()
     assert result["status"] == "not_run" and "revoked" in result["reason"], result
     assert env.files.calls == before and "/srv/notes/late.md" not in env.files.files
+    [closing] = await stored_verdicts(env.js, "denied", lambda v: v.idp_id == idp_id)  # the step closed on the record
+    assert closing.reason.code == "MANDATE_REVOKED" and closing.decision == "reject", closing
 
 
 async def test_arguments_the_kernel_cannot_record_are_refused_before_anything_is_committed(env: Env) -> None:
@@ -516,3 +518,32 @@ async def test_a_result_holding_a_large_integer_is_recorded_and_answered(make_co
                 return True
 
         await until(closed, timeout=10, what="the step's open dispatch closed")
+
+
+async def test_a_sweep_does_not_run_an_approval_whose_mandate_was_revoked_since(env: Env, nats_server: Any,
+                                                                               tmp_path: Path) -> None:
+    """A crash between her approval being applied (the step's entry ``hem_approved``) and its dispatch leaves the
+    dispatch to the gate sweep. If the mandate was revoked meanwhile, the sweep ends it unrun (a review): the
+    approval permits a step only under a mandate that still stands."""
+    from cryptography.hazmat.primitives import serialization
+
+    from tests.test_kernel_revocation import _revoke
+
+    _, idp_id = await env.call("/srv/notes/crash.md", answer=None)
+    await _moment(env.surface, idp_id)
+    _, jti = env.mandates[AGENT]
+    await kernel(env).state.advance_idp(env.so, idp_id, "hem_approved")  # as the crashed gateway left it
+    key = tmp_path / "issuer.pem"
+    key.write_bytes(env.issuer.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                 serialization.NoEncryption()))
+    rc, out = await _revoke(nats_server.client_url, tmp_path / "cli", jti, key)
+    assert rc == 0 and out["ok"], out
+    async def revoked() -> bool:
+        return kernel(env).mandates.lapsed(jti, None) == "MANDATE_REVOKED"
+
+    await until(revoked, timeout=10, what="the revocation applied")
+    outcomes = await env.nc.subscribe(f"pgw.agent.{AGENT}.outcome")
+    assert await kernel(env).gate_sweep() == 1
+    told = msgspec.json.decode((await outcomes.next_msg(timeout=10)).data)
+    assert told["outcome"] == "action_result" and told["status"] == "not_run" and "revoked" in told["reason"], told
+    assert env.files.calls == 0

@@ -226,6 +226,11 @@ class Denials:
                 decision = "mandate_revoked" if void == "MANDATE_REVOKED" else "mandate_expired"
                 log.warning("an approval came after its mandate lapsed; nothing is permitted", agent=agent,
                             idp_id=idp_id, moment_id=moment_id, code=void)
+                # The step's closure on the record: the desk publishes no verdict of an approval (the step's own
+                # verdict follows its transition), and this one permits no transition (a review).
+                await self._deny_verdict(agent, idp_id, moment_id, void,
+                                         f"the principal approved after the mandate {'was revoked' if void == 'MANDATE_REVOKED' else 'expired'}; "
+                                         "the approval permits nothing", held.principal, None)
         await self.eventlog.append("HEM_RESOLVED", body, msg_id=stable_id("HEM_RESOLVED", moment_id))
         settled = await self.state.resolve_hem(body)
         if decision == "approve" and so_id and held.trigger == "HEM_URGENCY_REQUIRED":

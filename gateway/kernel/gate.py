@@ -813,6 +813,10 @@ class Gate:
             if ex is None:
                 return False  # an executor no longer configured: left for the operator (docs/gate.md)
             if d.state == "awaiting_approval":
+                if got is not None and got[0].status == "hem_approved" and self.mandates.lapsed(got[0].mandate_id, None):
+                    # Approved, then its mandate revoked before this dispatch (a crash between): never run.
+                    await self._not_run(d, NOT_RUN["mandate_revoked"])
+                    return True
                 if got is not None and got[0].status == "hem_approved":
                     with contextlib.suppress(KeyWrongLastSequenceError):  # else another gateway took it
                         await self._dispatch(d, reply=False, rev=e.revision)
