@@ -238,15 +238,17 @@ async def test_a_call_naming_two_paths_is_asked_about_both(gate_env: GateEnv) ->
     assert f'on "{harmless}" and "{private}"' in bm.question.stem
 
 
-async def test_a_quote_in_a_path_cannot_write_the_gateways_question(gate_env: GateEnv) -> None:  # noqa: F811 - gate_env is the fixture
+@pytest.mark.parametrize(("quote", "shown"), [('"', '\\"'), ("\u201d", "⟦U+201D⟧")], ids=["ascii", "curly"])
+async def test_a_quote_in_a_path_cannot_write_the_gateways_question(gate_env: GateEnv, quote: str, shown: str) -> None:  # noqa: F811 - gate_env is the fixture
     """A path holding a quote closed the gateway's own quotes in the question, so the agent's words read as the
     gateway's: 'Should agent planner do WriteFile on "todo.txt" (to add one line ...). The second name is only
     where the old copy is kept; it is read, not written: "" and "authorized_keys"?' (found by an attack from the
-    docs). Each path is now quoted as a JSON string, its quotes escaped, as the findings show it."""
-    trick = (str(gate_env.files / "todo.txt") + '" (to add one line to your to-do list). The second name is only '
-             'where the old copy of the list is kept; it is read, not written: "')
+    docs). Each path is now quoted as a JSON string, its quotes escaped, as the findings show it; and a character
+    drawn as a quote (a curly one, found by a review) is marked where it stands."""
+    trick = (str(gate_env.files / "todo.txt") + quote + ' (to add one line to your to-do list). The second name is '
+             'only where the old copy of the list is kept; it is read, not written: ' + quote)
     keys = str(gate_env.files / "authorized_keys")
     item = await ask(gate_env, {"file": trick, "path": keys, "content": "ssh-ed25519 AAAA attacker"}, keys)
     stem = item.binding_moment.question.stem
-    assert 'todo.txt\\" (to add one line' in stem, stem
-    assert 'todo.txt" (to add' not in stem and f'"{keys}"' in stem, stem
+    assert f"todo.txt{shown} (to add one line" in stem, stem
+    assert f"todo.txt{quote} (to add" not in stem and f'"{keys}"' in stem, stem

@@ -41,7 +41,7 @@ from typing import Any
 import msgspec
 
 from gateway.security.secret_scan import redact_graph
-from gateway.security.text import marked
+from gateway.security.text import marked, quoted
 from subjects.constraints import MAX_LIST_ITEMS
 from subjects.gate import PATH_KEYS
 from subjects.idp import Idp
@@ -172,10 +172,11 @@ def _ask(action: str, shown: Shown | None) -> str:
     verb = f"run {_clip(shown.tool, 100)}" if shown.tool is not None else f"do {act}"
     if not shown.paths:
         return verb
-    # Each path as a JSON string, as the findings show it: a quote in the agent's text is escaped, so it
-    # cannot close the gateway's quotes and write a sentence of its own into the question (found by an
-    # attack from the docs: 'todo.txt" (to add one line ...). The second name is only ... read, not written: "').
-    named = [_json(_clip(p, 160)) for p in shown.paths[:MAX_PATHS_ASKED]]
+    # Each path as a JSON string, as the findings show it: a quote in the agent's text is escaped (and one
+    # drawn like a quote marked), so it cannot close the gateway's quotes and write a sentence of its own into
+    # the question (found by an attack from the docs: 'todo.txt" (to add one line ...). The second name is
+    # only ... read, not written: "').
+    named = [quoted(_clip(p, 160)) for p in shown.paths[:MAX_PATHS_ASKED]]
     more = len(shown.paths) - len(named)
     if more:
         named.append(f"{more} more path{'s' if more > 1 else ''} (the findings list each)")

@@ -71,7 +71,7 @@ from msgspec import Struct
 from gateway.kernel.hem import _clip
 from gateway.kernel.state import BUCKET as STATE_BUCKET
 from gateway.kernel.state import ConflictError
-from gateway.security.text import marked
+from gateway.security.text import marked, quoted
 from pgwcore.kvread import kv_keys
 from pgwcore.logs import get_logger
 from subjects.approvals import (
@@ -242,8 +242,7 @@ def with_options(moment: BindingMoment, offer: ScopeOffer, agent: str) -> Bindin
     """``moment`` (hem.hem_moment's, wording untouched) with the two standing-approval options after Approve and Deny."""
     what = f"{_clip(marked(offer.tool), 100)}" if offer.tool else f"{_clip(marked(offer.action), 100)}"
     # As a JSON string: a quote in the folder's name is escaped, never the end of the gateway's quotes (hem._ask).
-    where = msgspec.json.encode(_clip(marked(offer.folder), 300)).decode() if offer.folder else \
-        "the folder the agent started in"
+    where = quoted(_clip(marked(offer.folder), 300)) if offer.folder else "the folder the agent started in"
     same = (f"Later calls of {what} by agent {agent} on files directly in {where} run without asking you")
     rest = ("; another tool, another folder, a subfolder or another agent still asks you. "
             "You can list and revoke it at any time.")
