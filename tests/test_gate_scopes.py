@@ -26,7 +26,7 @@ from subjects.approvals import ApprovalsRequest, approvals_reply_decoder, approv
 from subjects.client import Surface
 from subjects.executor import Executor
 from subjects.gate import ActDone, act_result_decoder
-from subjects.idp import EnrichedDeny, HemPending, Reject
+from subjects.idp import EnrichedDeny, HemPending, Permit, Reject
 from tests.kernel_support import Issuer, idp, policy_dir, read_log, running_gateway, stored_verdicts
 from tests.polling import until
 from tests.test_kernel_hem import _moment
@@ -546,4 +546,36 @@ async def test_a_sweep_does_not_run_an_approval_whose_mandate_was_revoked_since(
     assert await kernel(env).gate_sweep() == 1
     told = msgspec.json.decode((await outcomes.next_msg(timeout=10)).data)
     assert told["outcome"] == "action_result" and told["status"] == "not_run" and "revoked" in told["reason"], told
+    assert env.files.calls == 0
+
+
+async def test_an_approval_after_its_mandate_was_ended_runs_nothing(env: Env) -> None:
+    """Two escalations wait on one governed object: a gated write the agent asked her about, and a commitment gap
+    of an earlier step. She denies the gap, which ends the mandate (spec 003 §5.5.2: every session under it is
+    refused), then approves the write. Before, the write then ran under the ended mandate (found by a review);
+    now her approval is logged void (``SESSION_TERMINATED``) and nothing runs."""
+    from tests.kernel_support import request
+
+    token, jti = env.mandates[AGENT]
+    env.step += 1
+    read = idp(so_id=env.so, mandate_id=jti, step=env.step, action="ReadBooking", session="s-1")
+    assert isinstance(await request(env.nc, AGENT, {"mandate": token, "idp": read}), Permit)
+    _, write_id = await env.call("/srv/notes/ended.md", answer=None)
+    write_item = await _moment(env.surface, write_id)
+    await env.js.publish(f"pgw.agent.{AGENT}.transition", msgspec.json.encode(
+        {"idp_id": read["idp_id"], "executed_action": "CloseBooking", "effect": {"type": "booking.close",
+                                                                                  "status": "dispatched"}}),
+        headers={"Nats-Msg-Id": f"{AGENT}:{read['idp_id']}"})
+    gap_item = await _moment(env.surface, read["idp_id"])
+    assert (await env.surface.choose(gap_item, DENY)).status == "accepted"
+    await _event(env, "HEM_RESOLVED", idp_id=read["idp_id"])
+    outcomes = await env.nc.subscribe(f"pgw.agent.{AGENT}.outcome")
+    assert (await env.surface.choose(write_item, ALLOW)).status == "accepted"
+    resolved = await _event(env, "HEM_RESOLVED", idp_id=write_id)
+    assert resolved.body["decision"] == "approve" and resolved.body["void"] == "SESSION_TERMINATED", resolved.body
+    while True:
+        got = msgspec.json.decode((await outcomes.next_msg(timeout=10)).data)
+        if got.get("outcome") == "action_result" and got.get("idp_id") == write_id:
+            break
+    assert got["status"] == "not_run" and "ended" in got["reason"], got
     assert env.files.calls == 0

@@ -34,6 +34,13 @@ from subjects.wire import BindingMoment, Refusal, Verdict
 
 log = get_logger("pgw.kernel")
 
+# Why an approval permits nothing (``_apply_hem``): the decision the gate is told (gate.py ``NOT_RUN``), and words.
+_VOIDED = {
+    "MANDATE_REVOKED": ("mandate_revoked", "was revoked"),
+    "MANDATE_EXPIRED": ("mandate_expired", "expired"),
+    "SESSION_TERMINATED": ("mandate_terminated", "was ended (a step she did not approve ended it)"),
+}
+
 _DENY_REASONS = {
     "POLICY_DENY": "The governing policy does not permit {action} on this object in the declared context.",
     # POLICY_DENY by a forbid policy (the reason only: the code stays POLICY_DENY, spec 003 §6.2)
@@ -221,16 +228,20 @@ class Denials:
             # gateway at once", docs/kernel.md), or expired, it permits nothing; her answer is logged as given,
             # with why it did not count (found by an attack from the docs: the step ran after the revocation).
             void = self.mandates.lapsed(held.mandate_id, held.mandate_exp)
+            if void is None and held.so_id and held.mandate_id in (await self.state.hold(agent, held.so_id))[0].terminated:
+                # Ended by a human meanwhile (a gap, a second report she did not approve, §5.5.2): every session
+                # under it is refused, and so is this approval (found by a review).
+                void = "SESSION_TERMINATED"
             if void is not None:
                 body["void"] = void
-                decision = "mandate_revoked" if void == "MANDATE_REVOKED" else "mandate_expired"
+                decision, how = _VOIDED[void]
                 log.warning("an approval came after its mandate lapsed; nothing is permitted", agent=agent,
                             idp_id=idp_id, moment_id=moment_id, code=void)
                 # The step's closure on the record: the desk publishes no verdict of an approval (the step's own
                 # verdict follows its transition), and this one permits no transition (a review).
                 await self._deny_verdict(agent, idp_id, moment_id, void,
-                                         f"the principal approved after the mandate {'was revoked' if void == 'MANDATE_REVOKED' else 'expired'}; "
-                                         "the approval permits nothing", held.principal, None)
+                                         f"the principal approved after the mandate {how}; the approval permits nothing",
+                                         held.principal, None)
         await self.eventlog.append("HEM_RESOLVED", body, msg_id=stable_id("HEM_RESOLVED", moment_id))
         settled = await self.state.resolve_hem(body)
         if decision == "approve" and so_id and held.trigger == "HEM_URGENCY_REQUIRED":

@@ -117,6 +117,8 @@ NOT_RUN = {
                        "a step only under a mandate that still stands)",
     "mandate_expired": "the principal approved after the mandate expired: nothing ran (an approval permits a "
                        "step only under a mandate that still stands)",
+    "mandate_terminated": "the principal approved after the mandate was ended (a step she did not approve ended it): "
+                          "nothing ran (an approval permits a step only under a mandate that still stands)",
 }
 # The tail task _finish left running in this act's task (awaited by _serve_act after it answered).
 _TAIL: contextvars.ContextVar[asyncio.Task[None] | None] = contextvars.ContextVar("pgw_gate_tail", default=None)
