@@ -47,9 +47,17 @@ async def aim(bed: Bed, agent: str, target: str, *, api: bool = False) -> None:
     mark = b'"io.nats.jetstream.api.' if api else b"PGW_INBOUND"
 
     async def stored() -> bool:
-        got = await watch.request(f"$JS.API.STREAM.MSG.GET.{stream}",
-                                  msgspec.json.encode({"last_by_subj": target}), timeout=WAIT)
-        return b'"message"' in got.data and mark in _data_of(got.data)
+        # Any message under the subject, not only the last: another answer aimed there before this one may be
+        # stored after it (the server sends a publish's acknowledgement and an API answer from different places).
+        seq = 1
+        while True:
+            got = await watch.request(f"$JS.API.STREAM.MSG.GET.{stream}",
+                                      msgspec.json.encode({"seq": seq, "next_by_subj": target}), timeout=WAIT)
+            if b'"message"' not in got.data:
+                return False
+            if mark in _data_of(got.data):
+                return True
+            seq = msgspec.json.decode(got.data)["message"]["seq"] + 1
 
     await until(stored, timeout=WAIT, what=f"the server's answer stored under {target}")
 
