@@ -52,7 +52,7 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from consumers.history import StoredMsg, read_stored
-from pgwcore.atomic import is_server_answer
+from pgwcore.atomic import stored_by_reply
 from pgwcore.logs import get_logger
 from pgwcore.streams import INBOUND_MSG_ID_HEADER, INBOUND_REDACTED_BUCKET, INBOUND_SUBJECT_HEADER
 from subjects.errors import PgwError, SubjectError
@@ -150,7 +150,7 @@ async def redacted_turns(nc: Client, rng: ReplayRange, prefix: str) -> list[Stor
         return []
     out: list[StoredMsg] = []
     async for m in read_stored(nc, stream, from_seq=info.state.first_seq or 1, to_seq=info.state.last_seq):
-        if not m.headers and is_server_answer(m.data):  # the gateway's copies carry headers; the server's answers none
+        if stored_by_reply(m):  # the gateway's copies carry headers; the server's answers none
             # An answer of the server's (an acknowledgement or refusal, a JetStream API answer) a party aimed at
             # this key (docs/security.md "Replies"): no redacted copy, never replayed as the agent's message.
             log.warning("a redacted copy is an answer of the server's; passed over", subject=m.subject)
@@ -290,7 +290,7 @@ class Replayer:
                    fresh_msg_id: bool) -> ReplayAction:
         seq = msg.seq
         headers = dict(msg.headers or {})
-        if not headers and is_server_answer(msg.data):
+        if stored_by_reply(msg):
             # An answer of the server's a party aimed at this subject (docs/security.md "Replies"): the
             # consumers pass it over, and republished with a message id it would no longer be.
             return ReplayAction(seq, msg.subject, None, None, "skip",

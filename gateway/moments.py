@@ -410,10 +410,16 @@ class MomentDesk:
             return
         held = await self._held_apart(key)
         if held:
-            due = min((m.time.timestamp() if m.time else time.time()) for m in held) + self.answer_text_keep_s
-            self._apart[key] = due
-            heapq.heappush(self._heap, (due, key))
-            self._wake.set()
+            self._schedule(key, min(self._held_due(m) for m in held))
+
+    def _held_due(self, msg: Any) -> float:
+        """When held text ``msg`` is to be forgotten: ``answer_text_keep_s`` after it was stored."""
+        return (msg.time.timestamp() if msg.time else 0.0) + self.answer_text_keep_s
+
+    def _schedule(self, key: str, due: float) -> None:
+        self._apart[key] = due
+        heapq.heappush(self._heap, (due, key))
+        self._wake.set()
 
     async def _forget_apart(self, key: str) -> None:
         """Forget the held texts of ``key`` that are due, and their outcomes, without the record (gone or not the
@@ -421,20 +427,18 @@ class MomentDesk:
         scheduled."""
         self._apart.pop(key, None)
         mid = key.partition(".")[2]
-        later = None
+        later: list[float] = []
         for msg in await self._held_apart(key):
-            stored = msg.time.timestamp() if msg.time else 0.0
-            if stored + self.answer_text_keep_s > time.time():
-                later = stored + self.answer_text_keep_s if later is None else min(later, stored + self.answer_text_keep_s)
+            due = self._held_due(msg)
+            if due > time.time():
+                later.append(due)
                 continue
             agent = msg.headers.get(HELD_FOR)
-            await self._delete_outcome(agent, mid, stored)
+            await self._delete_outcome(agent, mid, due - self.answer_text_keep_s)
             await self._erase(msg.seq)
             log.info("principal's free text forgotten without its record", moment_id=mid, agent=agent)
-        if later is not None:
-            self._apart[key] = later
-            heapq.heappush(self._heap, (later, key))
-            self._wake.set()
+        if later:
+            self._schedule(key, min(later))
 
     async def _erase(self, seq: int) -> None:
         """Delete held text ``seq`` with erase (STREAM.MSG.DELETE without no_erase overwrites the bytes)."""

@@ -935,7 +935,7 @@ def resource_of(gated: GatedTool, arguments: dict[str, Any]) -> str | None:
     text = str(value)
     if not 1 <= len(text) <= 256 or '"' in text or "\\" in text:
         raise ValueError(f"argument {gated.resource.argument!r} cannot name a Cedar resource (1-256 characters, no quote or backslash)")
-    if text.startswith("/") and ("/" + os.path.normpath(text).lstrip("/") != text or text.endswith("/.")):
+    if text.startswith("/") and "/" + os.path.normpath(text).lstrip("/") != text:
         # One file, one name: /x/./f, /x/../x/f and //x/f name /x/f, which a policy's resource == File::"/x/f"
         # would not match (a review found the forbidden file read so).
         raise ValueError(f"argument {gated.resource.argument!r} is not in normal form (no ., .. or // in it, no "

@@ -246,3 +246,13 @@ def recordable_form(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [recordable_form(v) for v in value]
     return value
+
+
+def unrecordable(value: Any) -> bool:
+    """``not recordable(value)``, at the cost of one JSON encode and a C scan where the value is recordable: the
+    full check runs only where they find a long number or an escaped surrogate (:func:`maybe_unrecordable`)."""
+    try:
+        text = msgspec.json.encode(value)
+    except Exception:  # noqa: BLE001 - a lone surrogate, say: let the full check say
+        return not recordable(value)
+    return maybe_unrecordable(text) and not recordable(value)

@@ -394,23 +394,23 @@ async def test_an_action_the_mandate_does_not_grant_is_never_put_to_the_principa
         assert ran == []
 
 
+async def revoke(env: Env, nats_server: Any, tmp_path: Path, jti: str) -> None:
+    """``pgw mandate revoke JTI``, signed with the mandate issuer's key, as ops run it."""
+    from tests.test_kernel_revocation import _private_pem, _revoke
+
+    rc, out = await _revoke(nats_server.client_url, tmp_path / "cli", jti, _private_pem(env.issuer.key, tmp_path / "issuer.pem"))
+    assert rc == 0 and out["ok"], out
+
+
 async def test_an_approval_after_the_mandate_was_revoked_runs_nothing(env: Env, nats_server: Any, tmp_path: Path) -> None:
     """A gated write waits for her answer; ops revoke the agent's mandate (`pgw mandate revoke`, "on every
     gateway at once"). Before, her Approve then dispatched the write all the same (found by an attack from the
     docs). Now her answer is logged as given, with why it did not count (``HEM_RESOLVED`` ``void:
     MANDATE_REVOKED``), the step is refused, nothing runs, and the agent is told why."""
-    from cryptography.hazmat.primitives import serialization
-
-    from tests.test_kernel_revocation import _revoke
-
     _, idp_id = await env.call("/srv/notes/late.md", answer=None)
     item = await _moment(env.surface, idp_id)
     _, jti = env.mandates[AGENT]
-    key = tmp_path / "issuer.pem"
-    key.write_bytes(env.issuer.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                 serialization.NoEncryption()))
-    rc, out = await _revoke(nats_server.client_url, tmp_path / "cli", jti, key)
-    assert rc == 0 and out["ok"], out
+    await revoke(env, nats_server, tmp_path, jti)
     async def applied() -> bool:  # the gateway's live list (a new act of the mandate is refused)
         _, r = await env.act(AGENT, {"tool": "write_file", "arguments": {"path": "/srv/notes/x.md", "content": "x"}},
                              "s-2")
@@ -525,19 +525,11 @@ async def test_a_sweep_does_not_run_an_approval_whose_mandate_was_revoked_since(
     """A crash between her approval being applied (the step's entry ``hem_approved``) and its dispatch leaves the
     dispatch to the gate sweep. If the mandate was revoked meanwhile, the sweep ends it unrun (a review): the
     approval permits a step only under a mandate that still stands."""
-    from cryptography.hazmat.primitives import serialization
-
-    from tests.test_kernel_revocation import _revoke
-
     _, idp_id = await env.call("/srv/notes/crash.md", answer=None)
     await _moment(env.surface, idp_id)
     _, jti = env.mandates[AGENT]
     await kernel(env).state.advance_idp(env.so, idp_id, "hem_approved")  # as the crashed gateway left it
-    key = tmp_path / "issuer.pem"
-    key.write_bytes(env.issuer.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                 serialization.NoEncryption()))
-    rc, out = await _revoke(nats_server.client_url, tmp_path / "cli", jti, key)
-    assert rc == 0 and out["ok"], out
+    await revoke(env, nats_server, tmp_path, jti)
     async def revoked() -> bool:
         return kernel(env).mandates.lapsed(jti, None) == "MANDATE_REVOKED"
 

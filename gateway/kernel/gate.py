@@ -200,20 +200,10 @@ def _as_recorded(response: Any) -> Any:
     (a database id, a nanosecond time) is recorded with it as a decimal string (``jcs.recordable_form``), and
     the agent gets it so. Before, its digest failed, the agent got KERNEL_UNAVAILABLE, and every gate sweep
     failed on the step for good (found by a review)."""
-    if not _unrecordable(response):
+    if not jcs.unrecordable(response):
         return response
     log.warning("an executor's result holds what RFC 8785 cannot write; recorded with it as strings")
     return jcs.recordable_form(response)
-
-
-def _unrecordable(value: Any) -> bool:
-    """Whether ``value`` has no RFC 8785 form: one JSON encode and a C scan, the full check only where they
-    find a long number or an escaped surrogate (``jcs.maybe_unrecordable``)."""
-    try:
-        text = _enc.encode(value)
-    except Exception:  # noqa: BLE001 - a lone surrogate, say: let the full check say
-        return not jcs.recordable(value)
-    return jcs.maybe_unrecordable(text) and not jcs.recordable(value)
 
 
 def _request_record(request: ExecRequest) -> tuple[Any, str]:
@@ -798,7 +788,7 @@ class Gate:
             d = await self._read_open(key, e.value)
             if d is None:
                 return False
-            if _unrecordable(d.arguments):
+            if jcs.unrecordable(d.arguments):
                 # Stored before the act refused such arguments (handle_act): never dispatched, and never to be,
                 # as its dispatch cannot be recorded. Ended once, not failed at every sweep.
                 log.warning("an open dispatch whose arguments cannot be recorded is ended; nothing ran",
@@ -815,11 +805,11 @@ class Gate:
             if ex is None:
                 return False  # an executor no longer configured: left for the operator (docs/gate.md)
             if d.state == "awaiting_approval":
-                if got is not None and got[0].status == "hem_approved" and self.mandates.lapsed(got[0].mandate_id, None):
-                    # Approved, then its mandate revoked before this dispatch (a crash between): never run.
-                    await self._not_run(d, NOT_RUN["mandate_revoked"])
-                    return True
                 if got is not None and got[0].status == "hem_approved":
+                    if self.mandates.lapsed(got[0].mandate_id, None):
+                        # Approved, then its mandate revoked before this dispatch (a crash between): never run.
+                        await self._not_run(d, NOT_RUN["mandate_revoked"])
+                        return True
                     with contextlib.suppress(KeyWrongLastSequenceError):  # else another gateway took it
                         await self._dispatch(d, reply=False, rev=e.revision)
                     return True

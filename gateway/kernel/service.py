@@ -440,7 +440,8 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         allowed = decision is not None and decision.allowed
         forbidden = decision is not None and decision.forbidden
         deny_code = "POLICY_DENY" if in_scope else "MANDATE_SCOPE"
-        if forbidden or not in_scope:
+        final = forbidden or not in_scope
+        if final:
             # A forbid policy applied: the deployment says nobody may allow this action, so HEM is not
             # configured for it (spec 003 §6.2 hem_available "false ... if HEM is not configured"), and
             # neither a resubmission with hem_urgency REQUIRED (§4.4, §6.3) nor a standing approval puts
@@ -451,7 +452,6 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             # agent whose mandate was narrower escaped a forbid, and could name its action in free text
             # (found by an attack from the docs).
             hem_available = False
-        final = forbidden or not in_scope
         warnings = [Detail(message=f"possible personal data ({p.split('@')[0]})", path=p.split("@")[1], rule="pii") for p in pii]
 
         if gate is not None:

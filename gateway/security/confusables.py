@@ -66,7 +66,7 @@ def parse(text: str) -> tuple[str, dict[str, str]]:
     return version, table
 
 
-def _strip_marks(s: str) -> str:
+def strip_marks(s: str) -> str:
     # Nonspacing and enclosing marks (Mn, Me): a mark drawn on or around a letter leaves the letter to be read
     # (a secret written s⃝k⃝-⃝l⃝i⃝v⃝e⃝, each letter in U+20DD, passed SR-1; found by an attack from the docs).
     return "".join(c for c in unicodedata.normalize("NFKD", s) if unicodedata.category(c) not in ("Mn", "Me"))
@@ -90,13 +90,13 @@ def _skel(s: str, proto: dict[str, str]) -> str:
     # The UTS #39 mapping first, on the canonical decomposition (as its skeleton()
     # does), then compatibility forms, then the mapping again for what NFKD revealed.
     first = "".join(proto.get(c, c) for c in unicodedata.normalize("NFD", s))
-    return _strip_marks("".join(proto.get(c, c) for c in _strip_marks(first)))
+    return strip_marks("".join(proto.get(c, c) for c in strip_marks(first)))
 
 
 def _skel_compat(s: str, proto: dict[str, str]) -> str:
     # Compatibility forms first: UTS #39 maps full-width U+FF0D to a katakana mark,
     # while NFKD makes it the ASCII hyphen it is drawn as.
-    return _strip_marks("".join(proto.get(c, c) for c in _strip_marks(s)))
+    return strip_marks("".join(proto.get(c, c) for c in strip_marks(s)))
 
 
 # The most characters each per-character table or cache keeps (here and in gateway/security/skeleton.py,

@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import unicodedata
 
-from gateway.security.confusables import prototypes
+from gateway.security.confusables import BRAILLE_BLANK, prototypes, strip_marks
 from gateway.security.skeleton import CharTable, seen_words, seen_words_split
 from gateway.security.text import visible
 
@@ -95,12 +95,10 @@ def seen_cased(text: str) -> str:
 def _latin_char(ch: str) -> str:
     if ch.isascii():
         return ch
-    if ch == "\u2800":  # the Braille blank: drawn as a space
+    if ch == BRAILLE_BLANK:
         return " "
     out = []
-    for c in unicodedata.normalize("NFKD", ch):  # full-width, mathematical, ligatures; accents split off
-        if unicodedata.category(c) in ("Mn", "Me"):
-            continue  # a mark on a letter (enclosing ones too) is drawn on it: the letter is read
+    for c in strip_marks(ch):  # full-width, mathematical, ligatures; a mark on a letter leaves the letter read
         read = c
         if not c.isascii():
             proto = unicodedata.normalize("NFKD", prototypes().get(c, c))
