@@ -538,6 +538,37 @@ async def test_a_sweep_does_not_run_an_approval_whose_mandate_was_revoked_since(
     assert await kernel(env).gate_sweep() == 1
     told = msgspec.json.decode((await outcomes.next_msg(timeout=10)).data)
     assert told["outcome"] == "action_result" and told["status"] == "not_run" and "revoked" in told["reason"], told
+    assert "before the call was sent" in told["reason"], told
+    assert env.files.calls == 0
+
+
+async def test_a_sweep_does_not_run_an_approval_whose_mandate_was_ended_since(env: Env) -> None:
+    """The same crash, and meanwhile she ended the mandate by denying a commitment gap on the same object
+    (spec 003 §5.5.2): the sweep ends the approved step unrun. Before, the sweep checked revocation only, apart
+    from the answer's own check (a review); now both ask ``approval_void``."""
+    from tests.kernel_support import request
+
+    token, jti = env.mandates[AGENT]
+    env.step += 1
+    read = idp(so_id=env.so, mandate_id=jti, step=env.step, action="ReadBooking", session="s-1")
+    assert isinstance(await request(env.nc, AGENT, {"mandate": token, "idp": read}), Permit)
+    _, write_id = await env.call("/srv/notes/ended-crash.md", answer=None)
+    await _moment(env.surface, write_id)
+    await kernel(env).state.advance_idp(env.so, write_id, "hem_approved")  # as the crashed gateway left it
+    await env.js.publish(f"pgw.agent.{AGENT}.transition", msgspec.json.encode(
+        {"idp_id": read["idp_id"], "executed_action": "CloseBooking", "effect": {"type": "booking.close",
+                                                                                  "status": "dispatched"}}),
+        headers={"Nats-Msg-Id": f"{AGENT}:{read['idp_id']}"})
+    gap_item = await _moment(env.surface, read["idp_id"])
+    assert (await env.surface.choose(gap_item, DENY)).status == "accepted"
+    await _event(env, "HEM_RESOLVED", idp_id=read["idp_id"])
+    outcomes = await env.nc.subscribe(f"pgw.agent.{AGENT}.outcome")
+    assert await kernel(env).gate_sweep() == 1
+    while True:
+        got = msgspec.json.decode((await outcomes.next_msg(timeout=10)).data)
+        if got.get("outcome") == "action_result" and got.get("idp_id") == write_id:
+            break
+    assert got["status"] == "not_run" and "was ended" in got["reason"], got
     assert env.files.calls == 0
 
 

@@ -19,7 +19,7 @@ import msgspec
 
 from gateway.kernel.eventlog import EventLog
 from gateway.kernel.hem import attachment, hem_moment
-from gateway.kernel.mandate import Mandate
+from gateway.kernel.mandate import LAPSED_HOW, Mandate
 from gateway.kernel.state import HemHold, KernelState, SessionEntry
 from gateway.security.text import marked
 from pgwcore.logs import get_logger
@@ -34,12 +34,6 @@ from subjects.wire import BindingMoment, Refusal, Verdict
 
 log = get_logger("pgw.kernel")
 
-# Why an approval permits nothing (``_apply_hem``): the decision the gate is told (gate.py ``NOT_RUN``), and words.
-_VOIDED = {
-    "MANDATE_REVOKED": ("mandate_revoked", "was revoked"),
-    "MANDATE_EXPIRED": ("mandate_expired", "expired"),
-    "SESSION_TERMINATED": ("mandate_terminated", "was ended (a step she did not approve ended it)"),
-}
 
 _DENY_REASONS = {
     "POLICY_DENY": "The governing policy does not permit {action} on this object in the declared context.",
@@ -227,14 +221,10 @@ class Denials:
             # Her approval permits the step under the mandate it was declared with: revoked meanwhile ("on every
             # gateway at once", docs/kernel.md), or expired, it permits nothing; her answer is logged as given,
             # with why it did not count (found by an attack from the docs: the step ran after the revocation).
-            void = self.mandates.lapsed(held.mandate_id, held.mandate_exp)
-            if void is None and held.so_id and held.mandate_id in (await self.state.hold(agent, held.so_id))[0].terminated:
-                # Ended by a human meanwhile (a gap, a second report she did not approve, §5.5.2): every session
-                # under it is refused, and so is this approval (found by a review).
-                void = "SESSION_TERMINATED"
+            void = await self.approval_void(agent, held.so_id, held.mandate_id, held.mandate_exp)
             if void is not None:
                 body["void"] = void
-                decision, how = _VOIDED[void]
+                decision, how = f"void:{void}", LAPSED_HOW[void]  # the gate's NOT_RUN words (gate.py)
                 log.warning("an approval came after its mandate lapsed; nothing is permitted", agent=agent,
                             idp_id=idp_id, moment_id=moment_id, code=void)
                 # The step's closure on the record: the desk publishes no verdict of an approval (the step's own
@@ -252,6 +242,18 @@ class Denials:
             # A gated step (gateway/kernel/gate.py) runs now, or never.
             await self._gate_after_hem(so_id, idp_id, decision, option)  # type: ignore[attr-defined]
         return settled
+
+    async def approval_void(self, agent: str, so_id: str | None, mandate_id: str, exp: float | None) -> str | None:
+        """Why a principal's approval of a step under ``mandate_id`` permits nothing now, or None while the mandate
+        stands: revoked or expired (``MandateVerifier.lapsed``; ``exp`` None: expiry not known), or ended by a human
+        on the step's governed object ``so_id`` (a gap or a second report she did not approve, spec 003 §5.5.2:
+        every session under it is refused, and so is an approval; found by a review): ``SESSION_TERMINATED``.
+        The one check of her answer (``_apply_hem``) and of the gate's sweep, which dispatches an approved step a
+        crash left unsent (gate.py)."""
+        void = self.mandates.lapsed(mandate_id, exp)
+        if void is None and so_id and mandate_id in (await self.state.hold(agent, so_id))[0].terminated:
+            void = "SESSION_TERMINATED"
+        return void
 
     async def _settle_decided(self, agent: str, holds: list[HemHold]) -> bool:
         """Apply the answers the desk already holds for these moments (its callback may not

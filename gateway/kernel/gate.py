@@ -64,6 +64,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from gateway.kernel import gate_args
 from gateway.kernel.eventlog import Appended
+from gateway.kernel.mandate import LAPSED_HOW
 from gateway.kernel.scopes import ApprovalScope, ScopeOffer, scope_detail
 from gateway.kernel.state import ConflictError, IdpEntry
 from pgwcore.kvread import listing, sweep_markers
@@ -113,13 +114,12 @@ NOT_RUN = {
                 "her objection, if she wrote one, is the text of this moment's hem_decision outcome",
     "expired": "nobody answered before the approval expired: nothing ran (an expiry is never a consent)",
     "unknown": "the principal did not approve: nothing ran",
-    "mandate_revoked": "the principal approved after the mandate was revoked: nothing ran (an approval permits "
-                       "a step only under a mandate that still stands)",
-    "mandate_expired": "the principal approved after the mandate expired: nothing ran (an approval permits a "
-                       "step only under a mandate that still stands)",
-    "mandate_terminated": "the principal approved after the mandate was ended (a step she did not approve ended it): "
-                          "nothing ran (an approval permits a step only under a mandate that still stands)",
 }
+_STANDS = "(an approval permits a step only under a mandate that still stands)"
+NOT_RUN.update({f"void:{code}": f"the principal approved after the mandate {how}: nothing ran {_STANDS}"
+                for code, how in LAPSED_HOW.items()})
+# The sweep's case: approved while the mandate stood, which lapsed before the call was sent (a crash between).
+NOT_SENT = "the mandate {how} after the principal approved and before the call was sent: nothing ran " + _STANDS
 # The tail task _finish left running in this act's task (awaited by _serve_act after it answered).
 _TAIL: contextvars.ContextVar[asyncio.Task[None] | None] = contextvars.ContextVar("pgw_gate_tail", default=None)
 
@@ -806,9 +806,10 @@ class Gate:
                 return False  # an executor no longer configured: left for the operator (docs/gate.md)
             if d.state == "awaiting_approval":
                 if got is not None and got[0].status == "hem_approved":
-                    if self.mandates.lapsed(got[0].mandate_id, None):
-                        # Approved, then its mandate revoked before this dispatch (a crash between): never run.
-                        await self._not_run(d, NOT_RUN["mandate_revoked"])
+                    void = await self.approval_void(d.agent, d.so_id, got[0].mandate_id, None)  # type: ignore[attr-defined]
+                    if void is not None:
+                        # Approved, then its mandate revoked or ended before this dispatch (a crash between): never run.
+                        await self._not_run(d, NOT_SENT.format(how=LAPSED_HOW[void]))
                         return True
                     with contextlib.suppress(KeyWrongLastSequenceError):  # else another gateway took it
                         await self._dispatch(d, reply=False, rev=e.revision)

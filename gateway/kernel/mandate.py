@@ -33,6 +33,15 @@ DEV_ISSUER_ROLE = "mandate_issuer"
 _NUMBER = (int, float)  # a tuple built once: ``int | float`` in isinstance builds a union on every call
 
 
+# Why an approval of a step permits nothing (``Denials.approval_void``, HEM_RESOLVED ``void``): how its mandate
+# lapsed, in words for the agent and the verdict.
+LAPSED_HOW = {
+    "MANDATE_REVOKED": "was revoked",
+    "MANDATE_EXPIRED": "expired",
+    "SESSION_TERMINATED": "was ended (a step she did not approve ended it)",
+}
+
+
 class MandateError(PgwError):
     """The mandate failed verification; ``code`` is the REJECT code for the agent."""
 
