@@ -458,6 +458,10 @@ async def test_ungated_actions_keep_the_declare_and_report_path(genv: GateEnv) -
     assert cap["effect"]["effect_attestation"] == "runtime_claimed"
     refused = await genv.act("CloseBooking", {})
     assert refused.error_code == "REQUEST_MALFORMED" and "no executor serves CloseBooking" in refused.reason
+    # Its verdict, as every refusal's (before, this one had none, so no capsule recorded it: a review).
+    denied = await stored_verdicts(genv.js, "denied", lambda v: v.reason is not None and
+                                   "no executor serves CloseBooking" in v.reason.reason)
+    assert len(denied) == 1 and denied[0].reason.code == "REQUEST_MALFORMED" and denied[0].agent == AGENT, denied
 
 
 def test_only_the_kernels_marker_grades_up() -> None:

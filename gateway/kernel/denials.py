@@ -286,8 +286,13 @@ class Denials:
         )
         await self.publisher.verdict(v)
 
+    async def _malformed_verdict(self, agent: str, data: bytes, why: str, tp: str | None) -> None:
+        """The ``denied`` verdict of a request refused ``REQUEST_MALFORMED`` before anything is committed: no
+        IDP was read, so the request's bytes name it (``request_key``), and so its capsule."""
+        await self._deny_verdict(agent, None, request_key(agent, data), "REQUEST_MALFORMED", why, None, tp)
+
     async def _verdict_failure(self, agent: str, data: bytes, tp: str | None) -> None:
-        key = stable_id("request", agent, data.decode("utf-8", "replace"))
+        key = request_key(agent, data)
         await self.publisher.verdict(
             Verdict(
                 verdict_id=stable_id("idp-engine-failure", agent, key), verdict_class="engine_failure",
@@ -296,6 +301,11 @@ class Denials:
                 reason=Refusal(code="KERNEL_UNAVAILABLE", reason="the kernel could not evaluate the request"),
             )
         )
+
+
+def request_key(agent: str, data: bytes) -> str:
+    """A request's own id where no IDP names it (a refusal before the IDP was read): its agent and bytes."""
+    return stable_id("request", agent, data.decode("utf-8", "replace"))
 
 
 def _option(resolution: Any) -> int | None:

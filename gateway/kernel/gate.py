@@ -297,8 +297,7 @@ class Gate:
         try:
             req = msgspec.json.decode(data, type=ActRequest)
         except Exception as e:  # noqa: BLE001 - not JSON or not an ActRequest: a refusal with the path
-            key = stable_id("request", agent, data.decode("utf-8", "replace"))
-            await self._deny_verdict(agent, None, key, "REQUEST_MALFORMED", "the act request is malformed", None, tp)  # type: ignore[attr-defined]
+            await self._malformed_verdict(agent, data, "the act request is malformed", tp)  # type: ignore[attr-defined]
             return Reject(timestamp=now_rfc3339(), error_code="REQUEST_MALFORMED",
                           reason="the body must be an ActRequest {mandate, action, idp, arguments?, resource?}",
                           details=[_detail(str(e))])
@@ -307,16 +306,17 @@ class Gate:
             # which an integer beyond +-(2**53 - 1) cannot be: refused before anything is committed. Before, the
             # permit stored its open dispatch and then failed, and every gate sweep failed on the key for good
             # (found by an attack from the docs: 3,000 such calls in 6 s, 15 MB of log a minute after a restart).
-            key = stable_id("request", agent, data.decode("utf-8", "replace"))
             why = ("the arguments cannot be recorded: the kernel digests them as RFC 8785 JSON, which holds integers "
                    "within +-(2**53 - 1) only (send a larger number as a string)")
-            await self._deny_verdict(agent, None, key, "REQUEST_MALFORMED", why, None, tp)  # type: ignore[attr-defined]
+            await self._malformed_verdict(agent, data, why, tp)  # type: ignore[attr-defined]
             return Reject(timestamp=now_rfc3339(), error_code="REQUEST_MALFORMED", reason=why,
                           details=[_detail("not canonicalizable at `$.arguments`")])
         kind = self.cfg.executor_of(req.action)
         if kind is None:
-            return Reject(timestamp=now_rfc3339(), error_code="REQUEST_MALFORMED",
-                          reason=f"no executor serves {req.action[:128]} here: declare it on agent.{{agent}}.idp and report it")
+            # A refusal has its verdict, as every other (docs/kernel.md); before, this one had none (a review).
+            why = f"no executor serves {req.action[:128]} here: declare it on agent.{{agent}}.idp and report it"
+            await self._malformed_verdict(agent, data, why, tp)  # type: ignore[attr-defined]
+            return Reject(timestamp=now_rfc3339(), error_code="REQUEST_MALFORMED", reason=why)
         # spec 003 §5.1 (6) "processes result before next ACT", §5.5: the previous step's
         # commitment record was stored before its answer (_finish), so this session's next
         # step waits for nothing of the previous one's tail.

@@ -43,7 +43,7 @@ from prometheus_client import Counter
 from gateway.at_rest import ensure_copies
 from gateway.kernel.audit import AuditService
 from gateway.kernel.checkpoint import Checkpointer
-from gateway.kernel.denials import Denials
+from gateway.kernel.denials import Denials, request_key
 from gateway.kernel.eventlog import EventLog
 from gateway.kernel.gate import GATE_CONTEXT, Gate, GateCall
 from gateway.kernel.mandate import Mandate, MandateVerifier
@@ -295,8 +295,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         except Exception:  # noqa: BLE001 - not JSON, not UTF-8, too deep: all a refusal
             raw = None
         if not isinstance(raw, dict):
-            digest = stable_id("request", agent, data.decode("utf-8", "replace"))
-            await self._deny_verdict(agent, None, digest, "REQUEST_MALFORMED", "the request is not a JSON object", None, tp)
+            await self._malformed_verdict(agent, data, "the request is not a JSON object", tp)
             raise self._reject("REQUEST_MALFORMED", "the request body must be a JSON object {mandate, action, resource?, idp}")
         return await self._handle_raw(agent, raw, data, receipt, tp)
 
@@ -314,7 +313,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         self, agent: str, raw: dict[str, Any], data: bytes, receipt: str, tp: str | None, gate: GateCall | None = None
     ) -> KernelResult:
         def digest() -> str:  # only a refusal needs it: hashing every request body is not free
-            return stable_id("request", agent, data.decode("utf-8", "replace"))
+            return request_key(agent, data)
 
         try:
             idp, mandate, resource, pii, read = await self._validate(agent, raw)
