@@ -65,6 +65,10 @@ class MomentRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     expires_at: float | None = None
     untrusted: bool = False
     hem: HemInfo | None = None
+    # An approval of a step its mandate no longer permits (MomentDesk.judge_approval): why, and whether the
+    # kernel judged this answer (it is judged once, when she answers; the record then holds its judgement).
+    void: str | None = None
+    void_judged: bool = False
     status: Literal["pending", "resolved", "expired"] = "pending"
     published: bool = True
     resolution: Resolution | None = None
@@ -79,6 +83,8 @@ class MomentRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 HemCallback = Callable[[MomentRecord, str, Resolution | None], Awaitable[None]]
+# Why an approval of this record's step permits nothing now (a code), or None (MomentDesk.judge_approval).
+ApprovalJudge = Callable[[MomentRecord], Awaitable[str | None]]
 
 
 class Refused(Exception):
@@ -201,7 +207,9 @@ def closing_outcome(rec: MomentRecord) -> ResolutionOutcome | MomentExpired | He
     if rec.hem:
         return HemDecision(
             **common, idp_id=rec.hem.idp_id, session_id=rec.hem.session_id,
-            decision=hem_decision_of(res),  # type: ignore[arg-type]
+            # A void approval permits nothing: the agent is told deny, and why (HemDecision).
+            decision="deny" if rec.void else hem_decision_of(res),  # type: ignore[arg-type]
+            void=rec.void,  # type: ignore[arg-type]
             # The principal's own words, an answer or an objection, reach the agent (the MCP gate hands them
             # to the model with the refusal, docs/gate.md); forgotten with this outcome (spec 000 §13).
             text=res.text if isinstance(res, FreeTextAnswer) else res.objection if isinstance(res, DialogueVeto) else None,

@@ -52,6 +52,7 @@ from gateway.moment_list import INDEX_BUCKET, AgentIndex
 from gateway.moment_record import (
     AGENT_HEADER,
     STATE_HEADER,
+    ApprovalJudge,
     HemCallback,
     HemContext,
     HemInfo,
@@ -155,6 +156,7 @@ class MomentDesk:
         self._followed = 0  # the stream sequence of the last write of the bucket the watcher has handled
         self._catching_up: list[tuple[int, asyncio.Future[None]]] = []
         self._hem_callbacks: list[HemCallback] = []
+        self._judge: ApprovalJudge | None = None
         self._resolved_callbacks: list[Callable[[MomentRecord], Awaitable[None]]] = []
         self._heap: list[tuple[float, str]] = []
         self._apart: dict[str, float] = {}  # keys whose held texts are due without a record of the desk's
@@ -197,6 +199,12 @@ class MomentDesk:
 
     def on_hem_decision(self, callback: HemCallback) -> None:
         self._hem_callbacks.append(callback)
+
+    def judge_approval(self, judge: ApprovalJudge) -> None:
+        """``judge(record)``: why her approval of the step a HEM moment gates permits nothing now (the kernel:
+        its mandate revoked, expired or ended), or None. Asked once, as she approves, and stored in the same write
+        as her answer, so the agent's outcome, the moment query and the kernel's log all read one judgement."""
+        self._judge = judge
 
     def on_resolved(self, callback: Callable[[MomentRecord], Awaitable[None]]) -> None:
         """Called once a principal's answer is published (dual veto, spec 000 §7.2; rates §12.2)."""
@@ -513,6 +521,12 @@ class MomentDesk:
             if rec.status == "expired" or (rec.expires_at and rec.expires_at <= time.time()):
                 raise Refused("expired", "this moment expired before it was answered")
             self._check(rec, resolution)
+            if rec.hem is not None and rec.hem.permits and self._judge is not None \
+                    and hem_decision_of(resolution) == "approve":
+                try:
+                    rec.void, rec.void_judged = await self._judge(rec), True
+                except Exception:  # not judged: the kernel judges it as it applies her answer, as before
+                    log.exception("could not judge an approval as it was given", moment_id=moment_id)
             held = await self._hold(principal, moment_id, resolution, rec.agent) if has_text(resolution) else None
             rec.status = "resolved"
             rec.resolution = resolution

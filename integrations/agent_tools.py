@@ -246,10 +246,13 @@ def closing_answer(final: Outcome, labels: list[str] | None = None) -> ToolAnswe
         case MomentExpired():
             # DESIGN §6: an expiry is a refusal, never a consent.
             body = {"status": "expired", "reason": "the principal did not answer before the moment expired"}
-        case HemDecision(decision=decision, text=text, idp_id=idp_id):
+        case HemDecision(decision=decision, text=text, idp_id=idp_id, void=void):
             body = {"status": "decided", "decision": decision, "idp_id": idp_id}
             if text is not None:
                 body["text"] = text
+            if void is not None:  # she approved; the mandate no longer stood, so the step is not permitted
+                body["void"] = void
+                body["reason"] = "the principal approved after the mandate lapsed: the approval permits nothing"
         case _:
             body = {"status": "unexpected", "outcome": msgspec.to_builtins(final)}
     body["moment_id"] = getattr(final, "moment_id", None)

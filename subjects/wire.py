@@ -408,7 +408,12 @@ class MomentExpired(OutcomeBase, tag="moment_expired"):
 
 
 class HemDecision(OutcomeBase, tag="hem_decision"):
-    """The principal's answer to a human-escalation moment (spec 003 HEM)."""
+    """The principal's answer to a human-escalation moment (spec 003 HEM).
+
+    ``void``: she approved a step under a mandate that no longer stood when she answered (revoked, expired, or
+    ended by a human on the same object: ``MANDATE_REVOKED``, ``MANDATE_EXPIRED``, ``SESSION_TERMINATED``), so
+    her approval permits nothing; ``decision`` is then ``deny`` (what the agent may do), the event log's
+    ``HEM_RESOLVED`` records ``approve`` with the same ``void`` (what she said). docs/kernel.md."""
 
     moment_id: HexId
     principal: PrincipalToken
@@ -416,6 +421,7 @@ class HemDecision(OutcomeBase, tag="hem_decision"):
     session_id: str
     decision: Literal["approve", "deny", "free_text", "dialogue", "expired"]
     text: str | None = None
+    void: Literal["MANDATE_REVOKED", "MANDATE_EXPIRED", "SESSION_TERMINATED"] | None = None
 
 
 class SchemaOutcome(OutcomeBase, tag="schema"):

@@ -437,6 +437,50 @@ async def test_an_approval_after_the_mandate_was_revoked_runs_nothing(env: Env, 
     assert closing.reason.code == "MANDATE_REVOKED" and closing.decision == "reject", closing
 
 
+async def test_an_approval_after_the_mandate_was_revoked_is_told_void_on_the_declaration_path(
+        env: Env, nats_server: Any, tmp_path: Path) -> None:
+    """A declared step (``agent.{agent}.idp``, ``hem_urgency: REQUIRED``) waits for her answer; ops revoke the
+    mandate; she approves. The agent acts on its own on this path, and its ``hem_decision`` outcome said
+    ``approve`` (documented as a residual: the agent had to check its mandate again). Now her approval is judged
+    as she gives it and stored with her answer: the outcome says ``deny`` with ``void: MANDATE_REVOKED``, the
+    moment query says the same, the log records ``approve`` with the same ``void``, and the step's report is
+    refused."""
+    from subjects.momentquery import MomentQuery, moment_state_decoder
+    from tests.kernel_support import request
+
+    token, jti = env.mandates[AGENT]
+    env.step += 1
+    rec = idp(so_id=env.so, mandate_id=jti, step=env.step, action="ReadBooking", session="s-1", hem_urgency="REQUIRED")
+    pending = await request(env.nc, AGENT, {"mandate": token, "idp": rec})
+    assert isinstance(pending, HemPending), pending
+    item = await _moment(env.surface, rec["idp_id"])
+    await revoke(env, nats_server, tmp_path, jti)
+
+    async def revoked() -> bool:
+        return kernel(env).mandates.lapsed(jti, None) == "MANDATE_REVOKED"
+
+    await until(revoked, timeout=10, what="the revocation applied")
+    outcomes = await env.nc.subscribe(f"pgw.agent.{AGENT}.outcome")
+    assert (await env.surface.choose(item, ALLOW)).status == "accepted"
+    while True:
+        told = msgspec.json.decode((await outcomes.next_msg(timeout=10)).data)
+        if told.get("outcome") == "hem_decision" and told.get("idp_id") == rec["idp_id"]:
+            break
+    assert told["decision"] == "deny" and told["void"] == "MANDATE_REVOKED", told
+    resolved = await _event(env, "HEM_RESOLVED", idp_id=rec["idp_id"])
+    assert resolved.body["decision"] == "approve" and resolved.body["void"] == "MANDATE_REVOKED", resolved.body
+    asked = await env.nc.request(f"pgw.agent.{AGENT}.moment",
+                                 msgspec.json.encode(MomentQuery(moment_id=pending.moment_id)), timeout=10)
+    state = moment_state_decoder.decode(asked.data)
+    assert state.outcome is not None and state.outcome.decision == "deny" and state.outcome.void == "MANDATE_REVOKED", state
+    await env.js.publish(f"pgw.agent.{AGENT}.transition", msgspec.json.encode(
+        {"idp_id": rec["idp_id"], "executed_action": "ReadBooking", "effect": {"type": "booking.read",
+                                                                               "status": "confirmed"}}),
+        headers={"Nats-Msg-Id": f"{AGENT}:{rec['idp_id']}"})
+    refused = await _event(env, "TRANSITION_REFUSED", idp_id=rec["idp_id"])
+    assert refused.body["idp_id"] == rec["idp_id"]
+
+
 async def test_arguments_the_kernel_cannot_record_are_refused_before_anything_is_committed(env: Env) -> None:
     """A gated call whose arguments hold an integer beyond +-(2**53 - 1) cannot be recorded (GATE_DISPATCHED and
     the verdict digest them as RFC 8785 JSON). Before, the kernel answered KERNEL_UNAVAILABLE after storing its

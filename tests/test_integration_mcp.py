@@ -456,3 +456,18 @@ async def _answer_first_moment(nc: Any) -> Any:
         if isinstance(item, BindingMomentItem):
             return await surface.choose(item, 0)
     return None
+
+
+def test_a_void_approval_reaches_the_model_as_a_denial_with_its_reason() -> None:
+    """A ``hem_decision`` whose approval the mandate no longer permitted (``void``) is handed to the model as the
+    gateway told it: ``deny``, with the code and why, never as an approval."""
+    from integrations.agent_tools import closing_answer
+    from subjects.wire import HemDecision
+
+    told = HemDecision(agent="planner", ts="2026-12-07T14:00:00Z", moment_id="ab" * 16, principal="alice",
+                       idp_id="i-1", session_id="s-1", decision="deny", void="MANDATE_REVOKED")
+    body = closing_answer(told).body
+    assert body["decision"] == "deny" and body["void"] == "MANDATE_REVOKED" and "permits nothing" in body["reason"], body
+    plain = closing_answer(HemDecision(agent="planner", ts="2026-12-07T14:00:00Z", moment_id="ab" * 16,
+                                       principal="alice", idp_id="i-1", session_id="s-1", decision="approve")).body
+    assert plain["decision"] == "approve" and "void" not in plain and "reason" not in plain, plain

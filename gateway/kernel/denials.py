@@ -192,19 +192,30 @@ class Denials:
             return
         try:
             await self._apply_hem(record.agent, hem.session_id, hem.idp_id, record.moment_id, decision,
-                                  option=_option(resolution))
+                                  option=_option(resolution), judged=_judged(record))
         except Exception:
             log.exception("could not apply HEM decision", moment_id=record.moment_id)
 
+    async def _judge_approval(self, record: Any) -> str | None:
+        """``MomentDesk.judge_approval``: why her approval of the step this moment gates permits nothing now, or
+        None (a moment the session no longer lists is not judged here: ``_apply_hem`` passes it over too)."""
+        hem = record.hem
+        sess, _ = await self.state.session(record.agent, hem.session_id)
+        held = next((h for h in sess.hem_queue if h.moment_id == record.moment_id), None)
+        if held is None or held.trigger != "HEM_URGENCY_REQUIRED" or not held.mandate_id:
+            return None
+        return await self.approval_void(record.agent, held.so_id, held.mandate_id, held.mandate_exp)
+
     async def _apply_hem(
         self, agent: str, session_id: str, idp_id: str, moment_id: str, decision: str, held: HemHold | None = None,
-        option: int | None = None,
+        option: int | None = None, judged: tuple[str | None] | None = None,
     ) -> SessionEntry:
         """Log and act on a human's answer to one moment of the session's queue (spec 003
         §5.5.2): every answer, whichever moment it is and however many are queued. ``held``:
         the moment as the object's hold has it, for one its session does not list; ``option``:
         the option index she chose (2 and 3 of a gated step also grant a standing approval,
-        gateway/kernel/scopes.py)."""
+        gateway/kernel/scopes.py); ``judged``: the judgement of her approval the moment's record
+        holds (``_judge_approval``, made as she answered and told the agent), used as it is."""
         sess, _ = await self.state.session(agent, session_id)
         held = next((h for h in sess.hem_queue if h.moment_id == moment_id), held)
         if held is None:
@@ -221,7 +232,10 @@ class Denials:
             # Her approval permits the step under the mandate it was declared with: revoked meanwhile ("on every
             # gateway at once", docs/kernel.md), or expired, it permits nothing; her answer is logged as given,
             # with why it did not count (found by an attack from the docs: the step ran after the revocation).
-            void = await self.approval_void(agent, held.so_id, held.mandate_id, held.mandate_exp)
+            if judged is not None:
+                (void,) = judged
+            else:  # a record from before answers were judged as they were given
+                void = await self.approval_void(agent, held.so_id, held.mandate_id, held.mandate_exp)
             if void is not None:
                 body["void"] = void
                 decision, how = f"void:{void}", LAPSED_HOW[void]  # the gate's NOT_RUN words (gate.py)
@@ -267,7 +281,8 @@ class Denials:
                 rec = found[0]
                 decision = hem_decision_of(rec.resolution) if rec.status == "resolved" else "expired"
                 await self._apply_hem(agent, h.session_id, h.idp_id, h.moment_id, decision, held=h,
-                                      option=_option(rec.resolution) if rec.status == "resolved" else None)
+                                      option=_option(rec.resolution) if rec.status == "resolved" else None,
+                                      judged=_judged(rec))
                 applied = True
         return applied
 
@@ -306,6 +321,11 @@ class Denials:
 def request_key(agent: str, data: bytes) -> str:
     """A request's own id where no IDP names it (a refusal before the IDP was read): its agent and bytes."""
     return stable_id("request", agent, data.decode("utf-8", "replace"))
+
+
+def _judged(record: Any) -> tuple[str | None] | None:
+    """The judgement of an approval a moment's record holds, as ``_apply_hem`` takes it (None: not judged)."""
+    return (record.void,) if record.void_judged else None
 
 
 def _option(resolution: Any) -> int | None:

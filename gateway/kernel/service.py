@@ -183,6 +183,7 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
         if not self.policy.files:
             log.warning("no Cedar policies configured (kernel.policy_dir): every action is denied")
         self.desk.on_hem_decision(self._on_hem_decision)
+        self.desk.judge_approval(self._judge_approval)
         # Each request's task started as it is read (pgwcore.delivery).
         self._sub = await subscribe_inline(self.gw.rnc, self.subjects.all_agents("idp"), self._spawn, queue=QUEUE)
         await self._gate_start(QUEUE)  # agent.*.act and the sweep of open dispatches (gate.py)
