@@ -22,7 +22,7 @@ import msgspec
 
 from consumers import capsule as capm
 from consumers import capsule_v4 as v4
-from pgwcore.atomic import is_server_answer
+from pgwcore.atomic import not_written_by_us
 
 
 class LedgerIssue(msgspec.Struct, omit_defaults=True):
@@ -38,9 +38,9 @@ class LedgerReport(msgspec.Struct, omit_defaults=True):
     capsule_ids: list[str] = msgspec.field(default_factory=list)  # in ledger order
     positions: list[int] = msgspec.field(default_factory=list)  # each capsule's position, as capsule_ids
     # Positions of the server's answers a party aimed at the ledger's subjects (docs/security.md "Replies";
-    # pgwcore.atomic.is_server_answer: acknowledgements, refusals, JetStream API answers): no link, and the
-    # links around one still chain onto each other, so it hides nothing; listed, not an issue. Any other
-    # record that is no link is one.
+    # pgwcore.atomic.not_written_by_us: acknowledgements, refusals, JetStream API answers, an empty status
+    # answer): no link, and the links around one still chain onto each other, so it hides nothing; listed,
+    # not an issue. Any other record that is no link is one.
     foreign: list[int] = msgspec.field(default_factory=list)
 
 
@@ -59,7 +59,7 @@ def check_ledger(raw_entries: Iterable[bytes]) -> LedgerReport:
     n = 0
     foreign: list[int] = []
     for n, raw in enumerate(raw_entries, start=1):
-        if is_server_answer(raw):
+        if not_written_by_us(raw):
             foreign.append(n)  # the next link must still chain onto the last one before it
             continue
         try:

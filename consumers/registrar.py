@@ -69,6 +69,7 @@ from consumers.ts_keys import (
 )
 from consumers.verifier import payload_of
 from pgwcore import tracing
+from pgwcore.atomic import not_written_by_us
 from pgwcore.logs import get_logger
 from pgwcore.service import PullService, hand_back
 from pgwcore.streams import ensure_stream
@@ -290,6 +291,15 @@ class Registrar(PullService):
     async def handle(self, msg: Msg) -> bool:
         """Register one statement; False if the TS is unavailable (the caller pauses)."""
         hdrs = msg.headers or {}
+        if not hdrs and not_written_by_us(msg.data):
+            # An answer of the server's a party aimed at capsule.register (docs/security.md "Replies"): no
+            # statement of the signer's (each carries Pgw-Capsule-Id), so nothing to register or dead-letter; it
+            # was sent to the Transparency Service, and while the service was down it held the queue.
+            log.warning("passed over an answer of the server's stored on capsule.register (no statement)",
+                        seq=msg.metadata.sequence.stream if msg.metadata else None)
+            with contextlib.suppress(Exception):
+                await msg.term()
+            return True
         with tracing.span("pgw.registrar.register", hdrs.get("traceparent"),
                           capsule_id=hdrs.get("Pgw-Capsule-Id") or ""):
             return await self._handle(msg, hdrs)

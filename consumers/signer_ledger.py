@@ -53,10 +53,11 @@ _entry_decoder = msgspec.json.Decoder(LedgerEntry)
 log = get_logger("pgw.signer")
 
 
-def _entry_of(data: bytes, seq: int) -> LedgerEntry | None:
-    """The signer's link stored at ``seq``, or None (with a warning) for a record it did not write."""
+def _entry_of(data: bytes | None, seq: int) -> LedgerEntry | None:
+    """The signer's link stored at ``seq``, or None (with a warning) for a record it did not write (an empty one
+    included: ``pgwcore.atomic.not_written_by_us``; nats-py reads it as None)."""
     try:
-        return _entry_decoder.decode(data)
+        return _entry_decoder.decode(data or b"")
     except msgspec.DecodeError:
         log.warning("a record of PGW_SIGNER_LEDGER is no link of the signer's; passed over", seq=seq)
         return None

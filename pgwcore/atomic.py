@@ -194,6 +194,15 @@ def is_server_answer(data: bytes) -> bool:
     return isinstance(d, dict) and isinstance(d.get("type"), str) and d["type"].startswith("io.nats.")
 
 
+def not_written_by_us(data: bytes | None) -> bool:
+    """For a store whose writers never store an empty record (the signer's ledger, the capsule streams, the event
+    log): whether a record there is an answer of the server's a party aimed at it. :func:`is_server_answer`, or an
+    empty body: the server's status answers (a no-wait pull's ``404 No Messages``, an ``$JS.ACK``'s empty answer)
+    are stored without their status line, as nothing (found by a docs-only attack: one such record in
+    ``PGW_SIGNER_LEDGER`` stopped all signing, as the reader took the empty record for a link)."""
+    return not data or is_server_answer(data)
+
+
 def stored_by_reply(msg: Any) -> bool:
     """Whether an input message is an answer of the server's stored under a party's subject.
 

@@ -314,3 +314,33 @@ async def test_a_failure_the_registrar_does_not_settle_hands_the_statement_back(
             await wait_count(nc.jetstream(), "PGW_CAPSULES", 2)
             await counted(reg, 2)
             assert reg.registered == 2 and len(failed) == 1
+
+
+async def test_an_empty_answer_of_the_servers_on_capsule_register_is_passed_over(nc: Any, make_config: Any) -> None:
+    """A party's no-wait pull with ``capsule.register`` as its reply subject makes nats-server store its ``404 No
+    Messages`` answer there as an empty record (found by a docs-only attack). It is no statement of the signer's:
+    the registrar passes over it, neither sending it to the Transparency Service (where, while the service was
+    down, it held the queue) nor dead-lettering it, and registers the statements around it."""
+    from nats.js.api import StreamConfig
+
+    async with ScittTS() as ts:
+        config = _config(make_config, ts, ts_public_key=ts.public_hex)
+        js = nc.jetstream()
+        await _signed(nc, config, design_rows()[:1])
+        await js.add_stream(StreamConfig(name="EMPTY_PULL", subjects=["empty.pull"]))
+        await js.pull_subscribe("empty.pull", durable="nothing", stream="EMPTY_PULL")
+        await nc.publish("$JS.API.CONSUMER.MSG.NEXT.EMPTY_PULL.nothing", b'{"batch": 1, "no_wait": true}',
+                         reply=f"{config.prefix}.capsule.register")
+        await wait_count(js, "PGW_REGISTRATION", 2)
+        stored = (await js.get_msg("PGW_REGISTRATION", 2))
+        assert not stored.data and not stored.headers, stored  # the server's answer, as it is stored
+        async with Registrar(config, nc) as reg:
+            await wait_count(js, "PGW_CAPSULES", 1)
+
+            async def settled() -> bool:
+                info = await js.consumer_info("PGW_REGISTRATION", config.registrar.durable)
+                return info.num_pending == 0 and info.num_ack_pending == 0
+
+            await until(settled, timeout=30, what="both records of capsule.register settled")
+            assert reg.dead_lettered == 0
+        assert ts.posts == 1, ts.posts

@@ -31,13 +31,27 @@ pytestmark = pytest.mark.security
 WAIT = 15.0
 
 
-async def aim(bed: Bed, agent: str, target: str, *, api: bool = False) -> None:
+async def aim(bed: Bed, agent: str, target: str, *, api: bool = False, empty: bool = False) -> None:
     """``agent`` publishes an empty envelope with ``target`` as its reply subject; returns once the server's
     acknowledgement is stored under ``target`` (read by the services' connection). ``api``: a JetStream API
     request about the agent's own consumer instead, whose answer (``{"type": "io.nats.jetstream.api...``) is
-    stored there."""
+    stored there. ``empty``: a no-wait pull of the agent's own outcome consumer, emptied first, whose answer
+    (a ``404 No Messages`` status) is stored there as an empty record."""
     nc = bed.ncs[f"agent:{agent}"]
-    if api:
+    pull = f"$JS.API.CONSUMER.MSG.NEXT.PGW_OUTBOUND.outcome-{agent}"
+    if empty:
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        while True:  # the consumer's pending outcomes acknowledged, so the next pull finds none
+            await nc.publish(pull, b'{"batch": 1, "no_wait": true}', reply=inbox)
+            got = await sub.next_msg(timeout=WAIT)
+            if not got.data and (got.headers or {}).get("Status") in ("404", "408"):
+                break
+            if got.reply:
+                await nc.publish(got.reply, b"+ACK")
+        await sub.unsubscribe()
+        await nc.publish(pull, b'{"batch": 1, "no_wait": true}', reply=target)
+    elif api:
         await nc.publish(f"$JS.API.CONSUMER.INFO.PGW_OUTBOUND.outcome-{agent}", b"", reply=target)
     else:
         await nc.publish(bed.config.subjects.envelope(agent), b"{}", reply=target)
@@ -45,6 +59,9 @@ async def aim(bed: Bed, agent: str, target: str, *, api: bool = False) -> None:
     stream = _stream_of(target)
     watch = bed.ncs["_watch"]
     mark = b'"io.nats.jetstream.api.' if api else b"PGW_INBOUND"
+
+    def found(data: bytes) -> bool:
+        return data == b"" if empty else mark in data
 
     async def stored() -> bool:
         # Any message under the subject, not only the last: another answer aimed there before this one may be
@@ -55,7 +72,7 @@ async def aim(bed: Bed, agent: str, target: str, *, api: bool = False) -> None:
                                       msgspec.json.encode({"seq": seq, "next_by_subj": target}), timeout=WAIT)
             if b'"message"' not in got.data:
                 return False
-            if mark in _data_of(got.data):
+            if found(_data_of(got.data)):
                 return True
             seq = msgspec.json.decode(got.data)["message"]["seq"] + 1
 
@@ -69,6 +86,10 @@ def _stream_of(subject: str) -> str:
         return "PGW_SIGNER_LEDGER"
     if subject.endswith(".capsule.registered"):
         return "PGW_CAPSULES"
+    if subject.endswith(".capsule.register"):
+        return "PGW_REGISTRATION"
+    if ".log." in subject:
+        return "PGW_EVENTLOG"
     raise ValueError(subject)
 
 
@@ -161,7 +182,7 @@ async def test_an_acknowledgement_in_the_signers_ledger_does_not_stop_signing(tm
     signing for good (every batch failed, the verdicts redelivered in a loop, also after a restart). Now the
     record is passed over: the next capsules are signed, by the running signer and by a restarted one, the
     chain is whole across it, and the ledger check lists it as foreign; so too the server's answer to a
-    JetStream API request aimed there."""
+    JetStream API request aimed there, and its empty status answer to a no-wait pull."""
     from consumers.ledger_check import check_ledger
     from consumers.signer import LEDGER_STREAM, Signer
     from pgwcore.publish import Publisher
@@ -178,6 +199,9 @@ async def test_an_acknowledgement_in_the_signers_ledger_does_not_stop_signing(tm
             await wait_count(js, "PGW_REGISTRATION", 1)
             await aim(bed, "a", f"{bed.config.prefix}.signer.ledger.x")
             await aim(bed, "a", f"{bed.config.prefix}.signer.ledger.y", api=True)
+            # An empty record (a no-wait pull's 404 answer): read as None, it failed every append, for good
+            # (found by a docs-only attack).
+            await aim(bed, "a", f"{bed.config.prefix}.signer.ledger.z", empty=True)
             await pub.verdict(verdict("puback-2", "blocked"))
             await wait_count(js, "PGW_REGISTRATION", 2)  # waited forever before
         async with Signer(bed.config, svc):  # a restarted signer reads the head afresh
@@ -188,8 +212,8 @@ async def test_an_acknowledgement_in_the_signers_ledger_does_not_stop_signing(tm
         # Every record but the acknowledgement and the API answer is a link (the gateway's refusal of the
         # empty envelope that carried the acknowledgement has its verdict and capsule too), chained across them.
         # (The refusal's capsule may be linked before or after the API answer is stored.)
-        assert ledger.ok and len(ledger.foreign) == 2 and ledger.foreign[0] == 2, ledger
-        assert ledger.links == len(stored) - 2 >= 3, ledger
+        assert ledger.ok and len(ledger.foreign) == 3 and ledger.foreign[0] == 2, ledger
+        assert ledger.links == len(stored) - 3 >= 3, ledger
         assert ledger.positions == [n for n in range(1, len(stored) + 1) if n not in ledger.foreign]
 
 
@@ -273,7 +297,8 @@ async def test_pgw_verify_passes_over_an_acknowledgement_in_the_capsule_streams(
     """``PGW_REGISTRATION`` and ``PGW_CAPSULES`` (kept forever) capture ``capsule.register`` and
     ``capsule.registered``: an agent's acknowledgement there made ``pgw verify --stream`` fail for good, with no
     way to remove it. It is no statement: ``pgw verify`` passes over it and says so, and still verifies every
-    capsule and the ledger. So too the server's answer to a JetStream API request aimed there."""
+    capsule and the ledger. So too the server's answer to a JetStream API request aimed there, and its empty
+    status answer to a no-wait pull (which failed it as ``not CBOR``; found by a docs-only attack)."""
     import subprocess
     import sys
 
@@ -293,13 +318,15 @@ async def test_pgw_verify_passes_over_an_acknowledgement_in_the_capsule_streams(
             await nc.publish(bed.config.subjects.envelope("a"), b"{}", reply=f"{bed.config.prefix}.{subject}")
             await flushed(nc)
         await aim(bed, "a", f"{bed.config.prefix}.capsule.registered", api=True)
+        for subject in ("capsule.register", "capsule.registered"):  # empty records (docs-only attack)
+            await aim(bed, "a", f"{bed.config.prefix}.{subject}", empty=True)
         pgw = str(Path(sys.executable).parent / "pgw")
         proc = subprocess.run(  # noqa: ASYNC221 - the CLI as an auditor runs it, to its end
             [pgw, "--server", bed.server.client_url, "--creds", str(bed.auth.service_creds),
              "--data-dir", str(bed.config.data_path), "verify", "--stream", "PGW_REGISTRATION",
              "--stream", "PGW_CAPSULES", "--ledger"], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert proc.stdout.count("SKIP ") == 3 and "publish acknowledgement" in proc.stdout, proc.stdout
+        assert proc.stdout.count("SKIP ") == 5 and "publish acknowledgement" in proc.stdout, proc.stdout
         assert "0 failed" in proc.stdout, proc.stdout
 
 
@@ -683,6 +710,9 @@ async def test_refused_publishes_aimed_at_the_event_log_are_passed_over_and_logg
             await nc.publish(bed.config.subjects.envelope("b"), b"{}", reply=f"{bed.config.prefix}.log.IDP_SUBMITTED",
                              headers={"Nats-Expected-Last-Sequence": "999999999"})
         await flushed(nc)
+        # And an empty status answer (a no-wait pull's 404), which was logged one by one whatever came before.
+        await aim(bed, "b", f"{bed.config.prefix}.log.IDP_SUBMITTED", empty=True)
+        junk += 1
         js = bed.ncs["_watch"].jetstream()
 
         async def stored() -> bool:

@@ -55,7 +55,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from prometheus_client import Counter
 
-from pgwcore.atomic import ERR_WRONG_LAST_MSG_ID, ERR_WRONG_LAST_SEQ, AckInbox, is_server_answer
+from pgwcore.atomic import ERR_WRONG_LAST_MSG_ID, ERR_WRONG_LAST_SEQ, AckInbox, not_written_by_us
 from pgwcore.keys import SigningKey
 from pgwcore.logs import get_logger
 from pgwcore.metrics import REGISTRY
@@ -224,7 +224,7 @@ class EventLog:
         # second, docs/security.md "Replies"): one line each for the first LOGGED_ONE_BY_ONE, then one line
         # saying the rest are only counted; a line for each made every walk of the log write as many. Any
         # other foreign record (a forged event, an insider's) is logged each time, whatever came before.
-        server_answer = is_server_answer(rec.data)
+        server_answer = not_written_by_us(rec.data)
         if server_answer:
             self._foreign_logged += 1
         if not server_answer or self._foreign_logged <= LOGGED_ONE_BY_ONE:

@@ -35,7 +35,7 @@ from consumers.verifier import (
     verify_many,
     verify_statement,
 )
-from pgwcore.atomic import is_server_answer
+from pgwcore.atomic import not_written_by_us
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.keys import KeyFileError, kid_of, public_keys, read_ed25519_public, rotate
@@ -295,12 +295,13 @@ def trusted_ts_keys(config: Config, extra: list[str]) -> dict[str, TsKey]:
 async def _gather(config: Config, paths: list[str], streams: list[str],
                   foreign: list[str] | None = None) -> list[tuple[str, bytes]]:
     """The statements of ``paths`` and ``streams``; a stream's record that is an answer of the server's (a
-    publish acknowledgement or refusal, a JetStream API answer: ``is_server_answer``) is left out, its source
+    publish acknowledgement or refusal, a JetStream API answer, an empty status answer: ``not_written_by_us``) is
+    left out, its source
     appended to ``foreign`` when given."""
     items = _read_paths(paths)
     for s in streams:
         for source, data in await read_stream(config, s):
-            if is_server_answer(data):
+            if not_written_by_us(data):
                 if foreign is not None:
                     foreign.append(source)
                 continue
@@ -340,8 +341,8 @@ async def handle_verify(args: argparse.Namespace, config: Config) -> int:
     foreign: list[str] = []
     items = await _gather(config, args.paths, args.stream, foreign)
     for source in foreign:
-        print(f"SKIP {source}: an answer of the server's (a publish acknowledgement or refusal, or a JetStream API "
-              "answer), stored by a party's reply subject (no statement; "
+        print(f"SKIP {source}: an answer of the server's (a publish acknowledgement or refusal, a JetStream API "
+              "answer, or an empty status answer), stored by a party's reply subject (no statement; "
               "docs/security.md \"Replies\")", file=sys.stderr if args.json else sys.stdout)
     extra_store: list[tuple[str, bytes]] = []
     for s in args.store:
