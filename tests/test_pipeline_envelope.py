@@ -140,6 +140,26 @@ async def test_clarification_lifted_and_answers_come_back_as_resolution(nats_ser
         assert res.resolution == ClarificationAnswers(answers={"q1": "The Visa card."})
 
 
+@pytest.mark.parametrize("second", ["ok", "ok\u200b", "ok\u0007", "\u200b"])
+async def test_questions_under_one_id_or_an_id_rewritten_are_refused(nats_server, tmp_path, nc, rec, second):
+    """Answers come back keyed by the question's id: two questions under one id (``ok`` twice), or an id the
+    redaction would rewrite into another (``ok`` + U+200B: her "NO" to the first question reached the agent as
+    "yes" under its id; found by a docs-only attack), or one that is nothing to see, are refused with the path
+    of the id, and nothing reaches her."""
+    questions = [{"id": "ok", "question": "May I wire 99,999 EUR to a new payee?"},
+                 {"id": second, "question": "May I pay 12 EUR to ACME?"}]
+    async with running_gateway(nats_server, str(tmp_path / "d"), agents={"planner": {"principals": ["alice"]}}):
+        out = await rec.roundtrip("planner", clar(questions))
+        assert (out.status, out.code) == ("invalid", "envelope_invalid"), out
+        assert [d.path for d in out.details] == ["$.payload.questions[1].id"], out.details
+        assert "question id" in out.details[0].message or "share the id" in out.details[0].message, out.details
+        fine = await rec.roundtrip("planner", clar([questions[0], {"id": "ok2", "question": "May I pay 12 EUR?"}]))
+        assert fine.status == "accepted", fine
+        await rec.item(lambda i: isinstance(i, ClarificationItem) and i.moment_id == fine.moment_id)
+        items = [i for i in rec.items if isinstance(i, ClarificationItem)]
+        assert [i.moment_id for i in items] == [fine.moment_id], items  # the refused one reached no surface
+
+
 async def test_clarification_principal_from_meta_pgw(gw, rec):
     """In open mode, a clarification may still name its principal in meta.pgw.principal (deprecated, not official)."""
     e = clar()

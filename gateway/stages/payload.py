@@ -21,9 +21,10 @@ from typing import Any
 
 import msgspec
 
+from gateway.security.text import visible
 from gateway.stages import lints
 from gateway.stages.base import Ctx, Refuse
-from gateway.stages.kind import BINDING_MOMENT
+from gateway.stages.kind import BINDING_MOMENT, CLARIFICATION
 from gateway.stages.moment_grammar import check_binding_moment
 from subjects.names import principal_token
 from subjects.wire import Detail
@@ -142,6 +143,8 @@ async def run(ctx: Ctx) -> None:
             f"payload does not match the schema of {ctx.kind.name}",
             details=[Detail(message=str(e), path=_path_of(e), rule="schema")],
         ) from None
+    if ctx.kind.name == CLARIFICATION:
+        _check_question_ids(ctx.payload.questions)
     if ctx.kind.name == BINDING_MOMENT:
         reject, warn = lints.apply(ctx.payload.binding_moment, ctx.gw.config.pipeline.lints)
         ctx.warnings.extend(warn)
@@ -152,6 +155,28 @@ async def run(ctx: Ctx) -> None:
                 details=reject,
                 notice=fallback(ctx, raw),
             )
+
+
+def _check_question_ids(questions: list[Any]) -> None:
+    """Each question of a ``clarification.request`` is answered under its ``id`` (spec 002: the answers come back
+    keyed by it), so two questions under one id would hand her answer to one as the answer to the other, in
+    the agent's resolution and in the record; and an id holding a character the gateway drops (redaction keeps
+    what a person sees, gateway.security.text.visible) would be rewritten into another's. Both are refused, as
+    ids are, not rewritten (found by a docs-only attack: ``ok`` and ``ok`` + U+200B, her "NO" to a wire of
+    99,999 EUR lost under the id of a 12 EUR payment)."""
+    details: list[Detail] = []
+    seen: set[str] = set()
+    for i, q in enumerate(questions):
+        path = f"$.payload.questions[{i}].id"
+        if visible(q.id) != q.id or not q.id.strip():
+            details.append(Detail(message="a question id holds a character that is not shown (a control or "
+                                  "invisible character), or only white space", path=path, rule="question_id"))
+        elif q.id in seen:
+            details.append(Detail(message=f"two questions share the id {q.id!r}: each answer is keyed by its "
+                                  "question's id", path=path, rule="question_id"))
+        seen.add(q.id)
+    if details:
+        raise Refuse(CODE, f"malformed clarification: {details[0].message}", details=details)
 
 
 def _check_moment_payload(ctx: Ctx, raw: object) -> None:
