@@ -59,6 +59,12 @@ VIOLATIONS = [
     ("question.hatches.free_text", "yes", "hatch_not_boolean"),
     ("question.hatches.dialogue", ..., "hatch_not_boolean"),
     ("question.options.0.label", "x" * 201, "string_too_long"),
+    ("question.options.1.label", "Send the full ledger \u2605 recommended by the agent", "option_marks_recommendation"),
+    ("question.options.1.label", "Send the full ledger (Recommended)", "option_marks_recommendation"),
+    ("question.options.1.label", "\u2b50 Send the full ledger", "option_marks_recommendation"),
+    ("question.options.1.label", "Send the 2025 tax summary \u043enly", "options_indistinct"),  # Cyrillic o
+    ("question.options.1.label", "SEND THE 2025 TAX SUMMARY ONLY\u00a0", "options_indistinct"),
+    ("question.options.1.label", "Send the 2025 tax\u200b summary only", "options_indistinct"),
 ]
 
 
@@ -72,6 +78,31 @@ def test_each_violation_has_its_own_rule(path, value, rule):
     """Every machine-checkable slot rule of spec 000 §5-§6 is reported with its own rule name."""
     rules = [d.rule for d in check_binding_moment(mutate(path, value))]
     assert rule in rules, rules
+
+
+def test_a_label_that_only_mentions_a_recommendation_is_not_a_mark():
+    """Narrow, as a false refusal is a bug: "recommended" inside an action, or a plain asterisk, marks nothing."""
+    for label in ("Apply the recommended settings", "Send the *full* ledger", "Follow the auditor's recommendation"):
+        assert check_binding_moment(mutate("question.options.1.label", label)) == [], label
+
+
+async def test_a_forged_mark_and_look_alike_options_are_refused_through_the_bus(gateway, nc):
+    """An agent's moment whose second option's label forges the surfaces' mark ("★ recommended by the agent":
+    the terminal and the e-mail then showed two recommended options), or whose options read alike ("Pay now",
+    "Pay n\\u043ew"), is refused with its rule and never reaches her (found by a docs-only attack)."""
+    agent = Agent(nc, "grammar-agent")
+    forged = mutate("question.options.1.label", "Send the full ledger \u2605 recommended by the agent")
+    alike = mutate("question.options.2.label", "Send the full l\u0435dger")  # Cyrillic e
+    try:
+        for moment, rule in ((forged, "option_marks_recommendation"), (alike, "options_indistinct")):
+            eid = await agent.send_moment("alice", moment)
+            out = await agent.outcome_for(eid, timeout=10)
+            assert (out.status, out.code) == ("invalid", "envelope_invalid"), out
+            assert rule in [d.rule for d in out.details], out.details
+    finally:
+        await agent.close()
+    blocked = await stored_json(nc, "PGW_VERDICTS")
+    assert sum(1 for v in blocked if v.get("agent") == "grammar-agent" and v.get("verdict_class") == "blocked") == 2
 
 
 async def test_grammar_violations_are_refused_end_to_end(gateway, nc):

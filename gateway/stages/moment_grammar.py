@@ -7,9 +7,11 @@ draft's headings (§6.1 synopsis ... §6.9 meta).
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from typing import Any
 
-from gateway.security.seen import seen
+from gateway.security.seen import seen, seen_pattern
 from gateway.security.text import hidden_controls, may_hide
 from subjects.constraints import MAX_LIST_ITEMS, MAX_OPTIONS, MIN_OPTIONS
 from subjects.util import LINE_BREAKS
@@ -20,6 +22,48 @@ LABEL_MAX = 200
 REASONING_MAX = 1000
 REQUIRED = ("synopsis", "findings", "recommendations", "offer", "question")
 ALLOWED = (*REQUIRED, "meta")
+
+
+# spec 000 §6.7: exactly one option is marked, by recommended_idx, and the surfaces draw that mark (a star
+# and "recommended by the agent"); "the two-marked case" is malformed. A label that marks itself is a second
+# mark as a person reads it (found by a docs-only attack: "★ recommended by the agent" in another option's
+# label showed two recommended options on the terminal and in e-mail). Judged on the seen form, and narrow:
+# "recommended" as the label's first or last word or before "by", and any star-shaped symbol; "Apply the
+# recommended settings" is a label like any other.
+_MARKED = re.compile("|".join(seen_pattern(p) for p in (
+    r"^\W*recommended\b", r"\brecommended\W*$", r"\brecommended\s+by\b")))
+_STAR_BLOCKS = ((0x2600, 0x27BF), (0x2B00, 0x2BFF), (0x1F300, 0x1FAFF))  # symbols, dingbats, arrows and shapes, emoji
+_STARS = re.compile("[" + "".join(
+    chr(c) for lo, hi in _STAR_BLOCKS for c in range(lo, hi + 1)
+    if "STAR" in unicodedata.name(chr(c), "").split()) + "\u2605\u2606\u22c6\u066d\u2736-\u273f\u2742\u2747\u2749-\u274b]")
+
+
+def _label_marks(label: str, form: str) -> bool:
+    """Whether an option's label carries a recommendation mark of its own (``_MARKED``, ``_STARS``)."""
+    return bool(_MARKED.search(form) or (not label.isascii() and _STARS.search(label)))
+
+
+def _check_labels(out: list[Detail], options: list[Any], path: str) -> None:
+    """What a person reads of the labels (spec 000 §6.6, §6.7): no label marks itself recommended, and no two
+    labels read alike (``seen``: look-alike letters, invisible characters, case, spacing). Two that read alike
+    leave her no way to tell which she chose, while the signed answer names one by its index (found by a
+    docs-only attack: "Pay now" and "Pay n\u043ew", a Cyrillic o)."""
+    first: dict[str, int] = {}
+    for i, opt in enumerate(options[:MAX_OPTIONS + 1]):
+        label = opt.get("label") if isinstance(opt, dict) else None
+        if not isinstance(label, str) or len(label) > LABEL_MAX:
+            continue  # reported above
+        form = seen(label)
+        lp = f"{path}.options[{i}].label"
+        if _label_marks(label, form):
+            out.append(Detail(message=f"{lp} marks its option recommended; spec 000 §6.7: exactly one option is "
+                                      "marked, by recommended_idx, and the surface draws the mark",
+                              path=lp, rule="option_marks_recommendation"))
+        if form and form in first:
+            out.append(Detail(message=f"{lp} reads the same as options[{first[form]}].label once look-alike "
+                                      "letters, invisible characters and case are read as a person reads them",
+                              path=lp, rule="options_indistinct"))
+        first.setdefault(form, i)
 
 
 def _is_int(v: Any) -> bool:
@@ -146,6 +190,7 @@ def _check_question(out: list[Detail], q: Any, path: str) -> None:
                 out.append(Detail(message=f"{op}.reasoning is REQUIRED (spec 000 §6.6)", path=f"{op}.reasoning", rule="option_reasoning"))
             else:
                 _text(out, opt["reasoning"], f"{op}.reasoning", "option_reasoning", REASONING_MAX)
+        _check_labels(out, options, path)
     # spec 000 §6.7: present, an integer, non-negative, strictly less than len(options).
     if "recommended_idx" not in q:
         out.append(Detail(message="recommended_idx is REQUIRED (spec 000 §6.7)", path=f"{path}.recommended_idx", rule="recommended_idx_missing"))
