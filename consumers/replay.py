@@ -54,6 +54,7 @@ from nats.js.errors import NotFoundError
 from consumers.history import StoredMsg, read_stored
 from pgwcore.atomic import stored_by_reply
 from pgwcore.logs import get_logger
+from pgwcore.msgget import subject_matches
 from pgwcore.streams import INBOUND_MSG_ID_HEADER, INBOUND_REDACTED_BUCKET, INBOUND_SUBJECT_HEADER
 from subjects.errors import PgwError, SubjectError
 from subjects.names import Subjects
@@ -127,15 +128,6 @@ async def stream_of(js: Any, rng: ReplayRange) -> str:
         raise ReplayError(f"no stream holds subject {rng.subject!r} (`pgw streams` lists each stream's subjects)") from None
 
 
-def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS subject matching: ``*`` one token, ``>`` one or more at the end."""
-    want, have = pattern.split("."), subject.split(".")
-    for i, t in enumerate(want):
-        if t == ">":
-            return len(have) > i
-        if i >= len(have) or t not in ("*", have[i]):
-            return False
-    return len(want) == len(have)
 
 
 async def redacted_turns(nc: Client, rng: ReplayRange, prefix: str) -> list[StoredMsg]:

@@ -34,6 +34,41 @@ async def stored_on(js: JetStreamContext, stream: str, subject: str, from_seq: i
 WINDOW = 64  # gets in flight while reading a range of sequences
 
 
+def subject_matches(pattern: str, subject: str) -> bool:
+    """nats-server subject matching: ``*`` is one token, a final ``>`` is one or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, t in enumerate(want):
+        if t == ">":
+            return len(have) > i
+        if i >= len(have) or t not in ("*", have[i]):
+            return False
+    return len(want) == len(have)
+
+
+def outside(subject: str | None, patterns: list[str]) -> bool:
+    """Whether a stored message's subject is none of its stream's subjects (``patterns``, as configured).
+
+    nats-server stores a message it delivers to a reply subject a stream captures under the message's own
+    subject: a party's pull of its own consumer (``$JS.API.CONSUMER.MSG.NEXT``) with a store's subject as its
+    reply subject put its outcome, with the gateway's bytes and ``Nats-Msg-Id``, in that store, under
+    ``pgw.agent.{agent}.outcome`` (found by a docs-only attack: one in ``PGW_REVOKED`` stopped every later
+    start of the gateway). No writer of the project's stores the like: such a record is foreign."""
+    return not any(subject_matches(p, subject or "") for p in patterns)
+
+
+async def last_seq_under(js: JetStreamContext, stream: str, subject: str) -> int:
+    """The sequence of the last message of ``stream`` stored under ``subject`` (wildcards allowed), 0 if none.
+
+    Not the stream's last sequence, which may be a message stored under another subject (``outside``): a
+    reader that waits, through a watch of ``subject``, until it has seen the stream's last sequence would
+    wait for ever."""
+    try:
+        raw = await js.get_msg(stream, subject=subject)
+    except NotFoundError:
+        return 0
+    return raw.seq or 0
+
+
 async def stored_range(js: JetStreamContext, stream: str, first: int, last: int) -> AsyncIterator[RawStreamMsg]:
     """Yield the messages of ``stream`` at sequences [first, last], in order, ``WINDOW`` gets at a time.
 

@@ -24,6 +24,7 @@ import msgspec
 import pytest
 
 from gateway.kernel.service import KernelService
+from pgwcore.msgget import last_seq_under
 from tests.gauntlet.bed import Bed, flushed, secured_bed
 from tests.polling import until
 
@@ -803,3 +804,74 @@ async def test_a_report_that_cannot_be_recorded_is_refused_once(tmp_path: Path) 
         dead = await js.stream_info("PGW_DEADLETTER")
         assert dead.state.messages == 0, dead.state
         assert not await read_log(js, "STATE_TRANSITIONED")
+
+
+async def deliver(bed: Bed, agent: str, target: str) -> None:
+    """``agent`` pulls its own outcome consumer (as it may) with ``target`` as the pull's reply subject, one outcome
+    waiting there: the server delivers the outcome to ``target``, and the stream that captures ``target`` stores
+    it, under the outcome's own subject (``pgw.agent.{agent}.outcome``) with the gateway's bytes and headers.
+    Returns once it is stored there."""
+    nc = bed.ncs[f"agent:{agent}"]
+    js = bed.ncs["_watch"].jetstream()
+    outcome = f"{bed.config.prefix}.agent.{agent}.outcome"
+    stream = _stream_of(target)
+    before = await last_seq_under(js, stream, outcome)
+    await nc.publish(bed.config.subjects.envelope(agent), b"{}")  # refused: an outcome in its consumer
+
+    async def waiting() -> bool:
+        return (await js.consumer_info("PGW_OUTBOUND", f"outcome-{agent}")).num_pending > 0
+
+    await until(waiting, timeout=WAIT, what="an outcome waiting in the agent's consumer")
+    await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.PGW_OUTBOUND.outcome-{agent}", b'{"batch": 1, "no_wait": true}',
+                     reply=target)
+    await flushed(nc)
+
+    async def stored() -> bool:
+        return await last_seq_under(js, stream, outcome) > before
+
+    await until(stored, timeout=WAIT, what=f"an outcome delivered to {target} stored in {stream}")
+
+
+async def test_outcomes_delivered_into_the_stores_stop_no_start_and_raise_no_false_alarm(tmp_path: Path) -> None:
+    """An agent may pull its own outcome consumer with any reply subject: the server delivers the outcome there,
+    and a store that captures that subject keeps it under the outcome's subject (found by a docs-only attack).
+    In ``PGW_REVOKED`` one such record made every later start of the gateway fail (the revocation watch waited
+    for the stream's last sequence, which it never sees); in the event log ``pgw log verify`` reported a missing
+    sequence, a false gap; in the capsule streams and the signer's ledger ``pgw verify`` failed for good. Now the
+    gateway starts and permits, the log check lists such a record as foreign (not missing, the chain whole across
+    it), and ``pgw verify`` passes over it."""
+    import subprocess
+    import sys
+
+    from consumers.signer import Signer
+    from gateway.kernel.eventlog import verify_stream
+    from tests.test_capsule_signer import wait_count
+
+    async with kernel_bed(tmp_path) as (bed, declare):
+        await declare(1)
+        prefix = bed.config.prefix
+        targets = ["$KV.PGW_REVOKED.x", "$KV.PGW_MOMENTS.x", f"{prefix}.log.IDP_SUBMITTED",
+                   f"{prefix}.signer.ledger.x", f"{prefix}.capsule.registered"]
+        async with Signer(bed.config, bed.ncs["_watch"]):  # its ledger (and a capsule of each refusal)
+            for target in targets:
+                await deliver(bed, "b", target)
+            await wait_count(bed.ncs["_watch"].jetstream(), "PGW_REGISTRATION", len(targets))
+        await bed.stop_gateway()
+        await bed.start_gateway()  # failed at every start before (the revocations' watch)
+        await declare(2)
+        # The moment list reads the desk's index once the desk has followed the bucket: it waited for the stream's
+        # last sequence, the delivered outcome, and every agent's list failed after 3 s until the next moment.
+        asked = await bed.ncs["agent:b"].request(f"{prefix}.agent.b.moment", b'{"list": "open"}', timeout=WAIT)
+        assert msgspec.json.decode(asked.data)["status"] == "listed", asked.data
+        js = bed.ncs["_watch"].jetstream()
+        k = kernel(bed)
+        result = await verify_stream(js, k.subjects, k.eventlog.keys)
+        assert not [p for p in result.problems if (p["problem"] or "").startswith("missing")], result.problems
+        assert [p["subject"] for p in result.problems] == [f"{prefix}.agent.b.outcome"], result.problems
+        pgw = str(Path(sys.executable).parent / "pgw")
+        proc = subprocess.run(  # noqa: ASYNC221 - the CLI as an auditor runs it, to its end
+            [pgw, "--server", bed.server.client_url, "--creds", str(bed.auth.service_creds),
+             "--data-dir", str(bed.config.data_path), "verify", "--stream", "PGW_CAPSULES", "--ledger"],
+            capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "SKIP PGW_CAPSULES#" in proc.stdout and "message it delivered" in proc.stdout, proc.stdout

@@ -49,6 +49,7 @@ from nats.js.kv import KV_DEL, KV_PURGE
 
 from gateway.kernel.eventlog import walk_log
 from pgwcore.logs import get_logger
+from pgwcore.msgget import last_seq_under
 from pgwcore.streams import ensure_kv, retrying
 from subjects.kernelops import RevokeReply, revoke_request_decoder, revoke_subject
 from subjects.util import now_rfc3339, stable_id
@@ -110,8 +111,10 @@ class Revocations:
             self._hold(rec)
         # nats-py's watcher may signal "initial values done" before an entry already delivered reaches it,
         # so the kernel is ready when the bucket's last entry as it stood before the watch has been seen.
-        info = await self.kernel.js.stream_info(f"KV_{BUCKET}")
-        self._upto = info.state.last_seq if info.state.messages else 0
+        # The bucket's last entry, not the stream's last message: one stored under another subject (a party's
+        # outcome the server delivered to a reply subject in the bucket, pgwcore.msgget.outside) never reaches
+        # the watch, and every later start failed waiting for it (found by a docs-only attack).
+        self._upto = await last_seq_under(self.kernel.js, f"KV_{BUCKET}", f"$KV.{BUCKET}.>")
         self._watcher = await self.kv.watchall()
         ready = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._watch(ready), name="kernel-revocations")

@@ -28,19 +28,9 @@ from gateway.security.permissions import (
     principal_durable,
 )
 from pgwcore.identity import Party
+from pgwcore.msgget import subject_matches
 from pgwcore.slack_config import SLACK_BUCKET, slack_durable
 from subjects.gate import exec_bucket
-
-
-def subject_matches(pattern: str, subject: str) -> bool:
-    """nats-server subject matching: ``*`` is one token, a final ``>`` is one or more."""
-    p, s = pattern.split("."), subject.split(".")
-    for i, tok in enumerate(p):
-        if tok == ">":
-            return len(s) > i
-        if i >= len(s) or (tok != "*" and tok != s[i]):
-            return False
-    return len(p) == len(s)
 
 
 def may_publish(perms: Permissions, subject: str) -> bool:

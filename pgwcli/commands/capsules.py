@@ -40,7 +40,7 @@ from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.keys import KeyFileError, kid_of, public_keys, read_ed25519_public, rotate
 from pgwcore.micro import service_name
-from pgwcore.msgget import stored_range
+from pgwcore.msgget import outside, stored_range
 from pgwcore.service import serve_alone
 from subjects.errors import PgwError
 
@@ -236,10 +236,14 @@ async def read_stream(config: Config, stream: str) -> list[tuple[str, bytes]]:
     try:
         js = nc.jetstream()
         try:
-            state = (await js.stream_info(stream)).state
+            info = await js.stream_info(stream)
         except NotFoundError:
             raise SystemExit(f"pgw verify: stream {stream!r} does not exist (`pgw streams` lists them)") from None
-        return [(f"{stream}#{m.seq}", m.data or b"")
+        state, own = info.state, list(info.config.subjects or [])
+        # A message stored under a subject that is not the stream's is one the server delivered to a party's
+        # reply subject (pgwcore.msgget.outside): read as an empty record, which no writer of these streams
+        # stores, so each reader takes it for the server's (not_written_by_us).
+        return [(f"{stream}#{m.seq}", b"" if outside(m.subject, own) else m.data or b"")
                 async for m in stored_range(js, stream, state.first_seq, state.last_seq)]
     finally:
         await nc.close()
@@ -342,7 +346,7 @@ async def handle_verify(args: argparse.Namespace, config: Config) -> int:
     items = await _gather(config, args.paths, args.stream, foreign)
     for source in foreign:
         print(f"SKIP {source}: an answer of the server's (a publish acknowledgement or refusal, a JetStream API "
-              "answer, or an empty status answer), stored by a party's reply subject (no statement; "
+              "answer, an empty status answer, or a message it delivered), stored by a party's reply subject (no statement; "
               "docs/security.md \"Replies\")", file=sys.stderr if args.json else sys.stdout)
     extra_store: list[tuple[str, bytes]] = []
     for s in args.store:
