@@ -29,7 +29,7 @@ import structlog
 from nats.aio.client import Client
 
 from gateway.moment_list import list_moments
-from gateway.moment_record import Refused, closing_outcome
+from gateway.moment_record import Refused, blank_text, closing_outcome
 from gateway.moments import MomentDesk
 from gateway.pipeline import EnvelopeWorker
 from gateway.stages.kind import BUILTIN_KINDS, KindSpec
@@ -198,6 +198,11 @@ class Gateway:
             return ResolveReply(status="refused", code="invalid_resolution", reason=str(e)[:300])
         except Exception:  # noqa: BLE001 - hostile input (e.g. recursion) must not kill the callback
             return ResolveReply(status="refused", code="invalid_resolution", reason="undecodable resolution")
+        blank = blank_text(req.resolution)
+        if blank is not None:
+            log.info("resolution refused", principal=principal, code="invalid_resolution")
+            return ResolveReply(status="refused", moment_id=req.moment_id, code="invalid_resolution",
+                                reason=f"the answer's {blank} shows nothing (only white space or invisible characters)")
         try:
             # SR-1 covers the principal's own words too (docs/pipeline.md "SR-1 redaction"):
             # a free-text answer becomes the agent's outcome, the KV record and a digest.

@@ -151,6 +151,23 @@ def has_text(res: Resolution | None) -> bool:
             or isinstance(res, ClarificationAnswers))
 
 
+def blank_text(res: Resolution) -> str | None:
+    """Where an answer holds a text of hers that shows nothing (white space, invisible characters only), or None.
+
+    The redaction keeps what a person sees, so such a text became empty and failed its own check: an answer of
+    U+200B got ``engine_failure`` and a traceback, and one of a space was recorded and signed as her answer
+    (found by a docs-only attack). It is refused as an answer no person gave."""
+    from gateway.security.seen import seen
+
+    if isinstance(res, FreeTextAnswer):
+        return None if seen(res.text) else "text"
+    if isinstance(res, DialogueVeto):
+        return "objection" if res.objection is not None and not seen(res.objection) else None
+    if isinstance(res, ClarificationAnswers):
+        return next((f"answers.{k}" for k, v in res.answers.items() if not seen(v)), None)
+    return None
+
+
 def forget_text(res: Resolution, digests: DigestKey) -> Resolution:
     """``res`` with each free text replaced by a marker holding its keyed digest (the verdict's ``text_digest``).
 

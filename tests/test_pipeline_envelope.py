@@ -160,6 +160,30 @@ async def test_questions_under_one_id_or_an_id_rewritten_are_refused(nats_server
         assert [i.moment_id for i in items] == [fine.moment_id], items  # the refused one reached no surface
 
 
+async def test_an_answer_that_shows_nothing_is_refused_and_a_real_one_then_accepted(nats_server, tmp_path, nc, rec):
+    """Her free text, objection or clarification answer of white space or invisible characters only: a U+200B got
+    engine_failure (the redaction emptied it), a space was recorded and signed as her answer (found by a docs-only
+    attack). Each is refused ``invalid_resolution`` naming the field, the moment stays open, and her real answer
+    is then accepted."""
+    from subjects.wire import BindingMomentItem, DialogueVeto, FreeTextAnswer
+
+    async with running_gateway(nats_server, str(tmp_path / "d"), agents={"planner": {"principals": ["alice"]}}):
+        surface = Surface(nc, "alice")
+        out = await rec.roundtrip("planner", moment_env("alice", good_moment()))
+        assert out.status == "accepted", out
+        await rec.item(lambda i: isinstance(i, BindingMomentItem) and i.moment_id == out.moment_id)
+        for blank in (FreeTextAnswer(text="\u200b"), FreeTextAnswer(text=" \u00a0\u2800"), DialogueVeto(objection="\u200b")):
+            reply = await surface.resolve(out.moment_id, blank)
+            assert (reply.status, reply.code) == ("refused", "invalid_resolution"), (blank, reply)
+            assert "shows nothing" in (reply.reason or ""), reply
+        assert (await surface.resolve(out.moment_id, FreeTextAnswer(text="Only the summary."))).status == "accepted"
+        ask = await rec.roundtrip("planner", clar())
+        await rec.item(lambda i: isinstance(i, ClarificationItem) and i.moment_id == ask.moment_id)
+        reply = await surface.resolve(ask.moment_id, ClarificationAnswers(answers={"q1": "\u200b "}))
+        assert (reply.status, reply.code) == ("refused", "invalid_resolution") and "answers.q1" in reply.reason, reply
+        assert (await surface.resolve(ask.moment_id, ClarificationAnswers(answers={"q1": "Visa."}))).status == "accepted"
+
+
 async def test_clarification_principal_from_meta_pgw(gw, rec):
     """In open mode, a clarification may still name its principal in meta.pgw.principal (deprecated, not official)."""
     e = clar()
