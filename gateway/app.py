@@ -226,7 +226,7 @@ class Gateway:
         except Exception:
             log.exception("pending lookup failed", subject=msg.subject[:200])
             items = []
-        await self.responder.answer(msg, _enc.encode(PendingReply(items=items)))
+        await self.responder.answer(msg, pending_reply(items, self.nc.max_payload - PENDING_HEADROOM))
 
     # -- agent.{a}.moment --------------------------------------------------
     async def _on_moment(self, msg: Msg) -> None:
@@ -275,3 +275,34 @@ class Gateway:
 
 async def wait_forever(stop: asyncio.Event) -> None:
     await stop.wait()
+
+
+PENDING_HEADROOM = 4096  # of max_payload: the reply's own envelope and the server's protocol line
+
+
+def pending_reply(items: list[Any], budget: int) -> bytes:
+    """``PendingReply`` of ``items`` (oldest first) within ``budget`` bytes: all of them when they fit; else each
+    agent's oldest in turn while they fit, in their order, and ``more``. One agent's many large moments made the
+    reply larger than the server takes, so she got no answer and no surface could list any moment, another
+    agent's included, for as long as they stayed (found by a docs-only attack)."""
+    whole = _enc.encode(PendingReply(items=items))
+    if len(whole) <= budget:
+        return whole
+    queues: dict[str, list[tuple[int, Any, int]]] = {}
+    for i, item in enumerate(items):
+        queues.setdefault(getattr(item, "agent", ""), []).append((i, item, len(_enc.encode(item)) + 1))
+    chosen: list[tuple[int, Any]] = []
+    used = len(_enc.encode(PendingReply(items=[], more=True)))
+    while queues:
+        for agent in list(queues):
+            i, item, size = queues[agent].pop(0)
+            if used + size <= budget:
+                chosen.append((i, item))
+                used += size
+            if not queues[agent]:
+                del queues[agent]
+        if used >= budget:
+            break
+    chosen.sort(key=lambda c: c[0])
+    return _enc.encode(PendingReply(items=[item for _, item in chosen], more=True))
+

@@ -344,10 +344,14 @@ class ResolveReply(Struct, omit_defaults=True):
     resolution: Resolution | None = None
 
 
-class PendingReply(Struct):
-    """Reply on ``principal.{principal}.pending``: items still awaiting the principal."""
+class PendingReply(Struct, omit_defaults=True):
+    """Reply on ``principal.{principal}.pending``: items still awaiting the principal.
+
+    ``more``: there are more than one reply can carry (the server's max_payload); ``items`` then holds each
+    agent's oldest in turn, so no agent's moments keep another's out, and the rest follow as she answers."""
 
     items: list[SurfaceItem]
+    more: bool = False
 
 
 # ---------------------------------------------------------------------------

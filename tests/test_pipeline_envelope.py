@@ -348,3 +348,40 @@ async def test_schema_requests_bound_to_schema_rounds(nats_server, tmp_path, rec
         second = await rec.roundtrip("planner", env("schema.request", {"envelopeType": "error"}, node_id="n1",
                                                     correlation_id="run-1:n1:1:k"))
         assert (second.code, second.cap_kind) == ("cap.breached", "schema")
+
+
+async def test_pending_moments_beyond_one_reply_are_listed_fairly_and_say_more(tmp_path):
+    """One agent's many large moments made the principal's pending reply larger than the server's max_payload:
+    she got no answer, and no surface could list any moment, another agent's included (found by a docs-only
+    attack). Now the reply fits: each agent's oldest moments in turn, ``more`` set, and the rest follow as she
+    answers."""
+    from benchmarks.harness import moment_of_kb
+    from pgwcore.connect import connect
+    from pgwcore.server import EmbeddedServer
+    from subjects.client import Agent
+    from subjects.wire import pending_reply_decoder
+
+    async with EmbeddedServer(tmp_path / "nats-small", port=-1, websocket_port=None, max_payload=128 * 1024) as server:
+        nc = await connect(server.client_url, name="test")
+        try:
+            async with running_gateway(server, str(tmp_path / "d"),
+                                       agents={"flooder": {"principals": ["alice"]}, "helper": {"principals": ["alice"]}}):
+                flooder, helper = Agent(nc, "flooder"), Agent(nc, "helper")
+                try:
+                    for i in range(12):  # about 17 KB each: 200 KB in all
+                        eid = await flooder.send_moment("alice", moment_of_kb(16, i))
+                        assert (await flooder.outcome_for(eid, timeout=15)).status == "accepted"
+                    eid = await helper.send_moment("alice", good_moment())
+                    theirs = await helper.outcome_for(eid, timeout=15)
+                    assert theirs.status == "accepted"
+                finally:
+                    await flooder.close()
+                    await helper.close()
+                got = await nc.request("pgw.principal.alice.pending", b"{}", timeout=15)
+                assert len(got.data) <= 128 * 1024, len(got.data)
+                reply = pending_reply_decoder.decode(got.data)
+                assert reply.more and 1 < len(reply.items) < 13, (reply.more, len(reply.items))
+                assert theirs.moment_id in [i.moment_id for i in reply.items]  # the other agent's is not kept out
+                assert [i.created_at for i in reply.items] == sorted(i.created_at for i in reply.items)
+        finally:
+            await nc.close()
