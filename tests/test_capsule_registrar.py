@@ -278,6 +278,15 @@ async def test_cli_verify_files_and_keys(tmp_path: Any, nc: Any, make_config: An
     assert out.count("OK  ") == 2 and "FAIL" in out and "junk.cose" in out and "cose_malformed" in out
     args = argparse.Namespace(paths=[str(d / "0.cose")], stream=[], key=[], ts_key=[], store=[], json=False)
     assert await cli.handle_verify(args, config) == 0
+    # Its capsule as a bare JSON file passes on its content alone, and says so: its line read as a signed
+    # statement's, and a docs-only attack's hand-made "approve by a human" printed a plain OK.
+    bare = tmp_path / "bare.json"
+    bare.write_bytes(json.dumps(payload_of(items[0][1])).encode())
+    capsys.readouterr()
+    args = argparse.Namespace(paths=[str(bare)], stream=[], key=[], ts_key=[], store=[], json=False)
+    assert await cli.handle_verify(args, config) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("OK (UNSIGNED") and not out.startswith("OK  "), out
     assert await cli.handle_keys(argparse.Namespace(rotate=None, role=None), config) == 0
     out = capsys.readouterr().out
     from pgwcore.keys import public_keys

@@ -325,6 +325,10 @@ def _shown(findings: Iterable[Finding], verbose: bool) -> list[Finding]:
 
 def format_result(r: Result, *, verbose: bool = True) -> str:
     head = "OK  " if r.ok else "FAIL"
+    if r.ok and r.kid is None:
+        # A bare capsule JSON is verified by its content alone (Class 1, docs/capsules.md): anyone can write one
+        # that passes, so its line must not read as a signed statement's (a docs-only attack's forged "approve").
+        head = "OK (UNSIGNED: content only, no signature checked)"
     a = r.assurance or {}
     line = (f"{head} {r.source}  format={r.profile or '-'} statement={r.statement_type or '-'} "
             f"capsule_id={r.capsule_id or '-'} verdict_class={r.verdict_class or '-'} "
