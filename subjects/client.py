@@ -485,10 +485,17 @@ class Agent:
             try:
                 msgs = await self._sub.fetch(64, timeout=1.0)
             except (NatsTimeout, TimeoutError):
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # The cancel that wait_for turned into its timeout (above): a program that ends without
+                    # close() cancels this task at exit, and it went on fetching, so the program never ended.
+                    raise asyncio.CancelledError from None
                 continue
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - reconnecting; try again
+                if self.nc.is_closed:
+                    return  # closed for good: nothing to wait for
                 await asyncio.sleep(0.2)
                 continue
             for m in msgs:
