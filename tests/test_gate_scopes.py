@@ -586,19 +586,20 @@ async def test_a_sweep_does_not_run_an_approval_whose_mandate_was_revoked_since(
     assert env.files.calls == 0
 
 
-async def test_a_sweep_does_not_run_an_approval_whose_mandate_was_ended_since(env: Env) -> None:
-    """The same crash, and meanwhile she ended the mandate by denying a commitment gap on the same object
-    (spec 003 §5.5.2): the sweep ends the approved step unrun. Before, the sweep checked revocation only, apart
-    from the answer's own check (a review); now both ask ``approval_void``."""
+async def declared_read(env: Env) -> dict[str, Any]:
+    """An earlier step of the session, declared and permitted (``ReadBooking``): its report can open a gap."""
     from tests.kernel_support import request
 
     token, jti = env.mandates[AGENT]
     env.step += 1
     read = idp(so_id=env.so, mandate_id=jti, step=env.step, action="ReadBooking", session="s-1")
     assert isinstance(await request(env.nc, AGENT, {"mandate": token, "idp": read}), Permit)
-    _, write_id = await env.call("/srv/notes/ended-crash.md", answer=None)
-    await _moment(env.surface, write_id)
-    await kernel(env).state.advance_idp(env.so, write_id, "hem_approved")  # as the crashed gateway left it
+    return read
+
+
+async def deny_the_gap(env: Env, read: dict[str, Any]) -> None:
+    """``read``'s report names another action (a commitment gap on the same object), and she denies it: the
+    mandate is ended (spec 003 §5.5.2: every session under it is refused)."""
     await env.js.publish(f"pgw.agent.{AGENT}.transition", msgspec.json.encode(
         {"idp_id": read["idp_id"], "executed_action": "CloseBooking", "effect": {"type": "booking.close",
                                                                                   "status": "dispatched"}}),
@@ -606,6 +607,17 @@ async def test_a_sweep_does_not_run_an_approval_whose_mandate_was_ended_since(en
     gap_item = await _moment(env.surface, read["idp_id"])
     assert (await env.surface.choose(gap_item, DENY)).status == "accepted"
     await _event(env, "HEM_RESOLVED", idp_id=read["idp_id"])
+
+
+async def test_a_sweep_does_not_run_an_approval_whose_mandate_was_ended_since(env: Env) -> None:
+    """The same crash, and meanwhile she ended the mandate by denying a commitment gap on the same object
+    (spec 003 §5.5.2): the sweep ends the approved step unrun. Before, the sweep checked revocation only, apart
+    from the answer's own check (a review); now both ask ``approval_void``."""
+    read = await declared_read(env)
+    _, write_id = await env.call("/srv/notes/ended-crash.md", answer=None)
+    await _moment(env.surface, write_id)
+    await kernel(env).state.advance_idp(env.so, write_id, "hem_approved")  # as the crashed gateway left it
+    await deny_the_gap(env, read)
     outcomes = await env.nc.subscribe(f"pgw.agent.{AGENT}.outcome")
     assert await kernel(env).gate_sweep() == 1
     while True:
@@ -621,21 +633,10 @@ async def test_an_approval_after_its_mandate_was_ended_runs_nothing(env: Env) ->
     of an earlier step. She denies the gap, which ends the mandate (spec 003 §5.5.2: every session under it is
     refused), then approves the write. Before, the write then ran under the ended mandate (found by a review);
     now her approval is logged void (``SESSION_TERMINATED``) and nothing runs."""
-    from tests.kernel_support import request
-
-    token, jti = env.mandates[AGENT]
-    env.step += 1
-    read = idp(so_id=env.so, mandate_id=jti, step=env.step, action="ReadBooking", session="s-1")
-    assert isinstance(await request(env.nc, AGENT, {"mandate": token, "idp": read}), Permit)
+    read = await declared_read(env)
     _, write_id = await env.call("/srv/notes/ended.md", answer=None)
     write_item = await _moment(env.surface, write_id)
-    await env.js.publish(f"pgw.agent.{AGENT}.transition", msgspec.json.encode(
-        {"idp_id": read["idp_id"], "executed_action": "CloseBooking", "effect": {"type": "booking.close",
-                                                                                  "status": "dispatched"}}),
-        headers={"Nats-Msg-Id": f"{AGENT}:{read['idp_id']}"})
-    gap_item = await _moment(env.surface, read["idp_id"])
-    assert (await env.surface.choose(gap_item, DENY)).status == "accepted"
-    await _event(env, "HEM_RESOLVED", idp_id=read["idp_id"])
+    await deny_the_gap(env, read)
     outcomes = await env.nc.subscribe(f"pgw.agent.{AGENT}.outcome")
     assert (await env.surface.choose(write_item, ALLOW)).status == "accepted"
     resolved = await _event(env, "HEM_RESOLVED", idp_id=write_id)
