@@ -528,6 +528,7 @@ async def _one_setting(sync: str, root: Path) -> list[dict]:
                         progress(f"gate ({tag}): {name} ladder down at {rate}/s")
                         if _passed(*await _drive(send, max(10, int(rate * STEP_S)), rate), rate):
                             return rate, failed
+                        failed = rate  # the lowest rate that failed (threshold_step tries nothing above it)
                     return top, failed
                 top = int(RATE)
                 for rate in (r for r in RATES if r > RATE):

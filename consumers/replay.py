@@ -142,9 +142,10 @@ async def redacted_turns(nc: Client, rng: ReplayRange, prefix: str) -> list[Stor
         return []
     out: list[StoredMsg] = []
     async for m in read_stored(nc, stream, from_seq=info.state.first_seq or 1, to_seq=info.state.last_seq):
-        if stored_by_reply(m):  # the gateway's copies carry headers; the server's answers none
-            # An answer of the server's (an acknowledgement or refusal, a JetStream API answer) a party aimed at
-            # this key (docs/security.md "Replies"): no redacted copy, never replayed as the agent's message.
+        if not m.headers or not m.subject.startswith(pre):  # each of the gateway's copies carries its headers
+            # An answer of the server's (an acknowledgement or refusal, a JetStream API answer, an empty status
+            # answer) a party aimed at this key, or a message the server delivered there, stored under its own
+            # subject (docs/security.md "Replies"): no redacted copy, never replayed as the agent's message.
             log.warning("a redacted copy is an answer of the server's; passed over", subject=m.subject)
             continue
         agent, _, seq = m.subject[len(pre):].rpartition(".")

@@ -71,6 +71,7 @@ class Result(Struct, omit_defaults=True):
     effect_grade: str | None = None
     profile: str | None = None  # the capsule format the statement was verified as: "2" or "4"
     statement_type: str | None = None  # capsule_statement_type: agent_action or outcome (§3.1, §3.3); checkpoint
+    unsigned: bool = False  # a bare capsule JSON: its content checked, no signature (anyone can write one)
 
 
 def _is_json(data: bytes) -> bool:
@@ -199,6 +200,7 @@ def _verify(data: bytes, keys: Mapping[str, TrustedKey], ts_keys: dict[str, Trus
             run.add(1, "payload_not_json", "not a JSON object (or it has duplicate keys)")
             return
         res.capsule_id = payload.get("capsule_id") if isinstance(payload.get("capsule_id"), str) else None
+        res.unsigned = True
         verify_v4.check_capsule(payload, run, res, store=store)
         return
     # -- 0: substrate -------------------------------------------------------

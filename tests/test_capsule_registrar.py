@@ -287,6 +287,9 @@ async def test_cli_verify_files_and_keys(tmp_path: Any, nc: Any, make_config: An
     assert await cli.handle_verify(args, config) == 0
     out = capsys.readouterr().out
     assert out.startswith("OK (UNSIGNED") and not out.startswith("OK  "), out
+    args = argparse.Namespace(paths=[str(bare)], stream=[], key=[], ts_key=[], store=[], json=True)
+    assert await cli.handle_verify(args, config) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["unsigned"] is True
     assert await cli.handle_keys(argparse.Namespace(rotate=None, role=None), config) == 0
     out = capsys.readouterr().out
     from pgwcore.keys import public_keys

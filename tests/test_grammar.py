@@ -61,7 +61,7 @@ VIOLATIONS = [
     ("question.options.0.label", "x" * 201, "string_too_long"),
     ("question.options.1.label", "Send the full ledger \u2605 recommended by the agent", "option_marks_recommendation"),
     ("question.options.1.label", "Send the full ledger (Recommended)", "option_marks_recommendation"),
-    ("question.options.1.label", "\u2b50 Send the full ledger", "option_marks_recommendation"),
+    ("question.options.1.label", "Send the full ledger - RECOMMENDED", "option_marks_recommendation"),
     ("question.options.1.label", "Send the 2025 tax summary \u043enly", "options_indistinct"),  # Cyrillic o
     ("question.options.1.label", "SEND THE 2025 TAX SUMMARY ONLY\u00a0", "options_indistinct"),
     ("question.options.1.label", "Send the 2025 tax\u200b summary only", "options_indistinct"),
@@ -82,7 +82,9 @@ def test_each_violation_has_its_own_rule(path, value, rule):
 
 def test_a_label_that_only_mentions_a_recommendation_is_not_a_mark():
     """Narrow, as a false refusal is a bug: "recommended" inside an action, or a plain asterisk, marks nothing."""
-    for label in ("Apply the recommended settings", "Send the *full* ledger", "Follow the auditor's recommendation"):
+    for label in ("Apply the recommended settings", "Send the *full* ledger", "Follow the auditor's recommendation",
+                  "Skip the backup (not recommended)", "Proceed as recommended", "Use the settings recommended by IT",
+                  "Book Hotel Astoria 4\u2605", "Recommended settings"):
         assert check_binding_moment(mutate("question.options.1.label", label)) == [], label
 
 

@@ -215,7 +215,8 @@ class Denials:
         the moment as the object's hold has it, for one its session does not list; ``option``:
         the option index she chose (2 and 3 of a gated step also grant a standing approval,
         gateway/kernel/scopes.py); ``judged``: the judgement of her approval the moment's record
-        holds (``_judge_approval``, made as she answered and told the agent), used as it is."""
+        holds (``_judge_approval``, made as she answered and told the agent): a void there stands, and
+        the mandate is judged again as her answer is applied."""
         sess, _ = await self.state.session(agent, session_id)
         held = next((h for h in sess.hem_queue if h.moment_id == moment_id), held)
         if held is None:
@@ -232,10 +233,11 @@ class Denials:
             # Her approval permits the step under the mandate it was declared with: revoked meanwhile ("on every
             # gateway at once", docs/kernel.md), or expired, it permits nothing; her answer is logged as given,
             # with why it did not count (found by an attack from the docs: the step ran after the revocation).
-            if judged is not None:
-                (void,) = judged
-            else:  # a record from before answers were judged as they were given
-                void = await self.approval_void(agent, held.so_id, held.mandate_id, held.mandate_exp)
+            # The judgement made as she answered (what the agent was told) can only add a void: the mandate is
+            # judged again now, since a crash or a failed callback can apply her answer much later, after a
+            # revocation (a review: taking the stored judgement as final let such a step run).
+            void = (judged[0] if judged is not None else None) or \
+                await self.approval_void(agent, held.so_id, held.mandate_id, held.mandate_exp)
             if void is not None:
                 body["void"] = void
                 decision, how = f"void:{void}", LAPSED_HOW[void]  # the gate's NOT_RUN words (gate.py)

@@ -224,7 +224,9 @@ class EventLog:
         # second, docs/security.md "Replies"): one line each for the first LOGGED_ONE_BY_ONE, then one line
         # saying the rest are only counted; a line for each made every walk of the log write as many. Any
         # other foreign record (a forged event, an insider's) is logged each time, whatever came before.
-        server_answer = not_written_by_us(rec.data)
+        # A sequence missing from the log (``walk_log`` yields it with no subject and no data) is no answer of the
+        # server's: a gap is logged each time, never lost among the first LOGGED_ONE_BY_ONE answers (a review).
+        server_answer = bool(rec.subject) and not_written_by_us(rec.data)
         if server_answer:
             self._foreign_logged += 1
         if not server_answer or self._foreign_logged <= LOGGED_ONE_BY_ONE:

@@ -8,7 +8,6 @@ draft's headings (§6.1 synopsis ... §6.9 meta).
 from __future__ import annotations
 
 import re
-import unicodedata
 from typing import Any
 
 from gateway.security.seen import seen, seen_pattern
@@ -24,23 +23,21 @@ REQUIRED = ("synopsis", "findings", "recommendations", "offer", "question")
 ALLOWED = (*REQUIRED, "meta")
 
 
-# spec 000 §6.7: exactly one option is marked, by recommended_idx, and the surfaces draw that mark (a star
-# and "recommended by the agent"); "the two-marked case" is malformed. A label that marks itself is a second
-# mark as a person reads it (found by a docs-only attack: "★ recommended by the agent" in another option's
-# label showed two recommended options on the terminal and in e-mail). Judged on the seen form, and narrow:
-# "recommended" as the label's first or last word or before "by", and any star-shaped symbol; "Apply the
-# recommended settings" is a label like any other.
+# spec 000 §6.7: exactly one option is marked, by recommended_idx, and the surfaces draw that mark ("★
+# recommended by the agent", or by the gateway's policy); "the two-marked case" is malformed. A label that
+# carries the surfaces' mark is a second mark as a person reads it (found by a docs-only attack: "★ recommended
+# by the agent" in another option's label showed two recommended options on the terminal and in e-mail).
+# Judged on the seen form, and narrow, as a false refusal is a bug (a review): the surfaces' own words
+# ("recommended by the agent", "... by the gateway"), or "recommended" set off at the label's end ("Pay now
+# (recommended)", "Pay now - RECOMMENDED"). "Recommended settings", "Proceed as recommended", "Skip it (not
+# recommended)", "Use the settings recommended by IT", "Hotel Astoria 4★" are labels like any other.
 _MARKED = re.compile("|".join(seen_pattern(p) for p in (
-    r"^\W*recommended\b", r"\brecommended\W*$", r"\brecommended\s+by\b")))
-_STAR_BLOCKS = ((0x2600, 0x27BF), (0x2B00, 0x2BFF), (0x1F300, 0x1FAFF))  # symbols, dingbats, arrows and shapes, emoji
-_STARS = re.compile("[" + "".join(
-    chr(c) for lo, hi in _STAR_BLOCKS for c in range(lo, hi + 1)
-    if "STAR" in unicodedata.name(chr(c), "").split()) + "\u2605\u2606\u22c6\u066d\u2736-\u273f\u2742\u2747\u2749-\u274b]")
+    r"\brecommended\s+by\s+the\s+(?:agent|gateway)\b", r"[(\[\-\u2013\u2014:|,*/]\s*recommended\W*$")))
 
 
-def _label_marks(label: str, form: str) -> bool:
-    """Whether an option's label carries a recommendation mark of its own (``_MARKED``, ``_STARS``)."""
-    return bool(_MARKED.search(form) or (not label.isascii() and _STARS.search(label)))
+def _label_marks(form: str) -> bool:
+    """Whether an option's label (its seen form) carries the surfaces' recommendation mark (``_MARKED``)."""
+    return _MARKED.search(form) is not None
 
 
 def _check_labels(out: list[Detail], options: list[Any], path: str) -> None:
@@ -55,7 +52,7 @@ def _check_labels(out: list[Detail], options: list[Any], path: str) -> None:
             continue  # reported above
         form = seen(label)
         lp = f"{path}.options[{i}].label"
-        if _label_marks(label, form):
+        if _label_marks(form):
             out.append(Detail(message=f"{lp} marks its option recommended; spec 000 §6.7: exactly one option is "
                                       "marked, by recommended_idx, and the surface draws the mark",
                               path=lp, rule="option_marks_recommendation"))

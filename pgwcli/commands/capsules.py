@@ -242,8 +242,9 @@ async def read_stream(config: Config, stream: str) -> list[tuple[str, bytes]]:
         state, own = info.state, list(info.config.subjects or [])
         # A message stored under a subject that is not the stream's is one the server delivered to a party's
         # reply subject (pgwcore.msgget.outside): read as an empty record, which no writer of these streams
-        # stores, so each reader takes it for the server's (not_written_by_us).
-        return [(f"{stream}#{m.seq}", b"" if outside(m.subject, own) else m.data or b"")
+        # stores, so each reader takes it for the server's (not_written_by_us). A mirror or sourced stream
+        # names no subjects of its own: nothing to compare with.
+        return [(f"{stream}#{m.seq}", b"" if own and outside(m.subject, own) else m.data or b"")
                 async for m in stored_range(js, stream, state.first_seq, state.last_seq)]
     finally:
         await nc.close()
@@ -325,7 +326,7 @@ def _shown(findings: Iterable[Finding], verbose: bool) -> list[Finding]:
 
 def format_result(r: Result, *, verbose: bool = True) -> str:
     head = "OK  " if r.ok else "FAIL"
-    if r.ok and r.kid is None:
+    if r.ok and r.unsigned:
         # A bare capsule JSON is verified by its content alone (Class 1, docs/capsules.md): anyone can write one
         # that passes, so its line must not read as a signed statement's (a docs-only attack's forged "approve").
         head = "OK (UNSIGNED: content only, no signature checked)"
