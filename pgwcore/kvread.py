@@ -30,6 +30,7 @@ from nats.js.errors import APIError
 from pgwcore.atomic import Deadlines, reply_token
 from pgwcore.delivery import ReplyInbox
 from pgwcore.logs import get_logger
+from pgwcore.msgget import last_seq_under
 from pgwcore.pubbatch import publish_soon
 
 log = get_logger("pgw.kvread")
@@ -134,8 +135,11 @@ async def listing(js: Any, kv: Any, bucket: str, pattern: str = ">", timeout: fl
     and a bucket with no key at all is told by the server before any watch (its message count for the
     whole bucket, which the sweeps list every few seconds; its subject index for a pattern).
     """
-    if pattern == ">":  # the whole bucket: its message count says it, without listing every subject
-        if not (await js.stream_info(f"KV_{bucket}")).state.messages:
+    if pattern == ">":  # the whole bucket: its last entry says it, without listing every subject
+        # Not the stream's message count: a message the server delivered to a party's reply subject in the
+        # bucket is stored under another subject (pgwcore.msgget.outside), so a bucket with no key held one
+        # message, and the watch that no entry comes to waited out its timeout at every sweep (a review).
+        if not await last_seq_under(js, f"KV_{bucket}", f"$KV.{bucket}.>"):
             return [], []
     elif not await kv_keys(js, bucket, pattern):
         return [], []

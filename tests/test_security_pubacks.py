@@ -24,6 +24,7 @@ import msgspec
 import pytest
 
 from gateway.kernel.service import KernelService
+from pgwcore.kvread import listing
 from pgwcore.msgget import last_seq_under
 from tests.gauntlet.bed import Bed, flushed, secured_bed
 from tests.polling import until
@@ -850,8 +851,8 @@ async def test_outcomes_delivered_into_the_stores_stop_no_start_and_raise_no_fal
     async with kernel_bed(tmp_path) as (bed, declare):
         await declare(1)
         prefix = bed.config.prefix
-        targets = ["$KV.PGW_REVOKED.x", "$KV.PGW_MOMENTS.x", f"{prefix}.log.IDP_SUBMITTED",
-                   f"{prefix}.signer.ledger.x", f"{prefix}.capsule.registered"]
+        targets = ["$KV.PGW_REVOKED.x", "$KV.PGW_MOMENTS.x", "$KV.PGW_KERNEL_GATE.x", "$KV.PGW_KERNEL_OPEN.x",
+                   f"{prefix}.log.IDP_SUBMITTED", f"{prefix}.signer.ledger.x", f"{prefix}.capsule.registered"]
         async with Signer(bed.config, bed.ncs["_watch"]):  # its ledger (and a capsule of each refusal)
             for target in targets:
                 await deliver(bed, "b", target)
@@ -863,6 +864,11 @@ async def test_outcomes_delivered_into_the_stores_stop_no_start_and_raise_no_fal
         # last sequence, the delivered outcome, and every agent's list failed after 3 s until the next moment.
         asked = await bed.ncs["agent:b"].request(f"{prefix}.agent.b.moment", b'{"list": "open"}', timeout=WAIT)
         assert msgspec.json.decode(asked.data)["status"] == "listed", asked.data
+        # The gate's sweep lists its bucket, which holds no key here (no gated call) but such a record: the
+        # listing waited out its timeout (10 s) at every sweep (a review).
+        js_watch = bed.ncs["_watch"].jetstream()
+        got = await asyncio.wait_for(listing(js_watch, await js_watch.key_value("PGW_KERNEL_GATE"), "PGW_KERNEL_GATE"), 5)
+        assert got == ([], []), got
         js = bed.ncs["_watch"].jetstream()
         k = kernel(bed)
         result = await verify_stream(js, k.subjects, k.eventlog.keys)
