@@ -62,6 +62,7 @@ from subjects.wire import (
     NoticeItem,
     OptionChoice,
     Outcome,
+    PendingReply,
     Resolution,
     ResolutionOutcome,
     ResolveReply,
@@ -641,9 +642,14 @@ class Surface:
                 await asyncio.sleep(0.1)  # nobody subscribed yet: no event to await but the gateway's return
 
     async def pending(self) -> list[SurfaceItem]:
-        """Items still awaiting this principal (also those sent while it was offline)."""
+        """Items still awaiting this principal (also those sent while it was offline); a part of them when
+        there are more than one reply holds (:meth:`pending_reply` says so)."""
+        return list((await self.pending_reply()).items)
+
+    async def pending_reply(self) -> PendingReply:
+        """The gateway's pending reply: ``items``, and ``more`` when they are a part of the list."""
         msg = await self._request(self.subjects.pending(self.principal), b"{}")
-        return list(pending_reply_decoder.decode(msg.data).items)
+        return pending_reply_decoder.decode(msg.data)
 
     async def items(self) -> AsyncIterator[SurfaceItem]:
         """Pending items first, then live ones; each item once; ``withdrawn`` as it happens."""

@@ -355,10 +355,15 @@ async def test_pending_moments_beyond_one_reply_are_listed_fairly_and_say_more(t
     she got no answer, and no surface could list any moment, another agent's included (found by a docs-only
     attack). Now the reply fits: each agent's oldest moments in turn, ``more`` set, and the rest follow as she
     answers."""
+    import types
+
     from benchmarks.harness import moment_of_kb
+    from consumers.slack.service import Lane
+    from consumers.surfaces.feed import SurfaceFeed
     from pgwcore.connect import connect
     from pgwcore.server import EmbeddedServer
     from subjects.client import Agent
+    from subjects.names import Subjects
     from subjects.wire import pending_reply_decoder
 
     async with EmbeddedServer(tmp_path / "nats-small", port=-1, websocket_port=None, max_payload=128 * 1024) as server:
@@ -368,9 +373,12 @@ async def test_pending_moments_beyond_one_reply_are_listed_fairly_and_say_more(t
                                        agents={"flooder": {"principals": ["alice"]}, "helper": {"principals": ["alice"]}}):
                 flooder, helper = Agent(nc, "flooder"), Agent(nc, "helper")
                 try:
+                    flooded = []
                     for i in range(12):  # about 17 KB each: 200 KB in all
                         eid = await flooder.send_moment("alice", moment_of_kb(16, i))
-                        assert (await flooder.outcome_for(eid, timeout=15)).status == "accepted"
+                        got = await flooder.outcome_for(eid, timeout=15)
+                        assert got.status == "accepted"
+                        flooded.append(got.moment_id)
                     eid = await helper.send_moment("alice", good_moment())
                     theirs = await helper.outcome_for(eid, timeout=15)
                     assert theirs.status == "accepted"
@@ -383,5 +391,15 @@ async def test_pending_moments_beyond_one_reply_are_listed_fairly_and_say_more(t
                 assert reply.more and 1 < len(reply.items) < 13, (reply.more, len(reply.items))
                 assert theirs.moment_id in [i.moment_id for i in reply.items]  # the other agent's is not kept out
                 assert [i.created_at for i in reply.items] == sorted(i.created_at for i in reply.items)
+                # Each reader of the list takes a part for a part (a review): a moment it leaves out is not gone.
+                left_out = next(m for m in flooded if m not in {i.moment_id for i in reply.items})
+                feed = SurfaceFeed(nc, "alice")
+                await feed.pending()
+                assert feed.partial
+                feed._open[left_out] = msgspec.json.encode(reply.items[0])  # as if shown before a reconnect
+                assert feed._gone_since([]) == []  # before: a withdrawn item made up for it
+                lane = types.SimpleNamespace(nc=nc, subjects=Subjects("pgw"), principal="alice")
+                assert await Lane.pending_ids(lane) is None  # before: Slack closed it for good
+                assert (await Surface(nc, "alice").pending_reply()).more
         finally:
             await nc.close()

@@ -601,12 +601,17 @@ class AnswerLinks:
 
     async def _moment(self, claims: Claims) -> Plan:
         surface = await self._surface(claims.p)
-        for item in await surface.pending():
+        reply = await surface.pending_reply()
+        for item in reply.items:
             if getattr(item, "moment_id", None) == claims.m:
                 plan = plan_item(item)
                 if claims.c in answer_choices(plan) or (claims.c == WHOLE and arguments_chars(plan)):
                     return plan
                 raise TokenRefused("not_answerable", 409, "This moment cannot be answered with this link.")
+        if reply.more:  # a part of the list: not there is not gone (a review)
+            raise TokenRefused("not_listed", 503, "More decisions wait than the gateway lists at once, and this "
+                               "one is not among them yet: answer some others first, then open this link again. "
+                               "Nothing was answered.")
         raise TokenRefused("gone", 410, "This decision no longer waits: it was answered (here or on another "
                            "surface), withdrawn, or it expired. Nothing was answered.")
 

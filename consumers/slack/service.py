@@ -334,10 +334,12 @@ class Lane:
         """The gateway's list of P's moments still awaiting an answer; None when it does not answer."""
         try:
             msg = await self.nc.request(self.subjects.pending(self.principal), b"{}", timeout=5)
-            items = pending_reply_decoder.decode(msg.data).items
+            reply = pending_reply_decoder.decode(msg.data)
         except (NoRespondersError, NatsTimeout, msgspec.DecodeError, msgspec.ValidationError):
             return None
-        return {getattr(i, "moment_id", ""): None for i in items}
+        if reply.more:  # a part of the list (one message's worth): a moment left out of it may still wait
+            return None
+        return {getattr(i, "moment_id", ""): None for i in reply.items}
 
     async def on_item(self, raw: bytes, pending: dict[str, None] | None) -> None:
         plan = plan_item(raw)

@@ -59,6 +59,7 @@ class SurfaceError(PgwError):
 
 class _RawPending(msgspec.Struct):
     items: list[msgspec.Raw]
+    more: bool = False  # a part of the list (PendingReply): what it leaves out may still wait
 
 
 class _Ident(msgspec.Struct):
@@ -178,6 +179,7 @@ class SurfaceFeed:
         self.timeout = timeout
         self._seen: set[tuple[str, str]] = set()
         self._closed_ids: set[str] = set()
+        self.partial = False  # the last pending reply said "more"
 
     def _fresh(self, raw: bytes) -> bool:
         """First sighting of this item, and not of a moment already withdrawn."""
@@ -205,6 +207,8 @@ class SurfaceFeed:
         while we were away, and a moment leaves the pending set only by being
         answered or expiring, so this local stand-in says which, by its expiry.
         """
+        if self.partial:  # a part of the list: a moment it leaves out is not gone (a review)
+            return []
         still = {k[1] for k in map(item_key, snapshot) if k}
         out = []
         for ident, raw in list(self._open.items()):
@@ -258,9 +262,11 @@ class SurfaceFeed:
             except NatsTimeout:
                 raise SurfaceError("the gateway did not answer the pending request in time") from None
         try:
-            return [bytes(r) for r in _pending_dec.decode(msg.data).items]
+            reply = _pending_dec.decode(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             raise SurfaceError(f"the gateway's pending reply is not valid: {e}") from e
+        self.partial = reply.more
+        return [bytes(r) for r in reply.items]
 
     async def items(self, on_snapshot: Callable[[], object] | None = None) -> AsyncIterator[bytes]:
         """Yield raw surface items: the pending snapshot, then live ones, each once.

@@ -617,9 +617,11 @@ async function loadPending({ reconcile = false } = {}) {
   const msg = await state.nc.request(state.subjects.pending, enc.encode("{}"), { timeout: 10000 });
   const reply = JSON.parse(dec.decode(msg.data));
   const items = reply.items || [];
-  if (reconcile) {
+  if (reconcile && !reply.more) {
     // After a reconnect: a moment that left the pending set while we were
-    // offline had its `withdrawn` sent then; drop its card now.
+    // offline had its `withdrawn` sent then; drop its card now. Not on a reply
+    // that says `more`: it is a part of the list, and what it leaves out may
+    // still wait.
     const still = new Set(items.map((i) => i && (i.moment_id || i.item_id)));
     for (const [key, card] of [...state.cards]) {
       const answerable = card.plan.plan === "decision" || card.plan.plan === "clarification";
