@@ -27,6 +27,7 @@ from consumers.cose import sign_statement
 from pgwcore.atomic import ERR_ATOMIC_DISABLED, ERR_WRONG_LAST_SEQ, enable_atomic, publish_atomic
 from pgwcore.keys import SigningKey
 from pgwcore.logs import get_logger
+from pgwcore.msgget import stored_on
 from pgwcore.streams import ensure_stream
 from subjects.errors import PgwError
 from subjects.wire import Verdict
@@ -146,11 +147,21 @@ class LedgerMixin:
         self._atomic_register = await enable_atomic(self.js, REGISTRATION_STREAM)
 
     async def _lookup(self, verdict_id: str) -> LedgerEntry | None:
+        subject = self._ledger_subject(verdict_id)
         try:
-            raw = await self.js.get_last_msg(LEDGER_STREAM, self._ledger_subject(verdict_id))
+            raw = await self.js.get_last_msg(LEDGER_STREAM, subject)
         except NotFoundError:
             return None
-        return _entry_of(raw.data, raw.seq)
+        entry = _entry_of(raw.data, raw.seq)
+        if entry is not None or not raw.seq:
+            return entry
+        # A record that is no link, aimed at the subject after the verdict's link (a party's reply subject,
+        # docs/security.md "Replies"), hid the link: a child superseding the verdict waited for it for ever, and a
+        # redelivery linked the verdict twice (a review). The subject's last link before it.
+        found = None
+        async for m in stored_on(self.js, LEDGER_STREAM, subject, 1, raw.seq - 1):
+            found = _entry_of(m.data, m.seq) or found
+        return found
 
     async def _read_head(self) -> _Head:
         """The link to chain onto: the stream's last sequence (the next link's position is the one after it,

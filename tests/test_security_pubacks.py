@@ -881,3 +881,34 @@ async def test_outcomes_delivered_into_the_stores_stop_no_start_and_raise_no_fal
             capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "SKIP PGW_CAPSULES#" in proc.stdout and "message it delivered" in proc.stdout, proc.stdout
+
+
+async def test_a_record_aimed_at_a_verdicts_ledger_subject_does_not_hide_its_link(tmp_path: Path) -> None:
+    """The signer finds a verdict's link by its subject (``signer.ledger.{verdict_id}``, the last message there).
+    A record aimed at that subject after the link (here the empty answer to a no-wait pull) hid it: a verdict
+    superseding it waited for its parent for ever, and the verdict redelivered after the ledger's duplicate window
+    was linked a second time (a review). Now the subject's last link is found before such a record: the verdict
+    superseding it is signed."""
+    from consumers.ledger_check import check_ledger
+    from consumers.signer import LEDGER_STREAM, Signer
+    from pgwcore.publish import Publisher
+    from tests.stored import stored_msgs
+    from tests.test_capsule_model import verdict
+    from tests.test_capsule_signer import wait_count
+
+    async with secured_bed(tmp_path) as bed:
+        svc = bed.ncs["_watch"]
+        js = svc.jetstream()
+        pub = Publisher(js, bed.config.subjects)
+        v = verdict("hidden-1", "hitl_dispatched", decision="needs_input", moment_id="ab" * 16, action_id="bot:m1")
+        await pub.verdict(v)
+        async with Signer(bed.config, svc) as signer:
+            await wait_count(js, "PGW_REGISTRATION", 1)
+            await aim(bed, "a", signer._ledger_subject(v.verdict_id), empty=True)
+            # Its resolution supersedes it: signed with its parent's capsule found (it waited for ever before).
+            await pub.verdict(verdict("hidden-2", "resolved", decision="accept", approver="human", human_disposed=True,
+                                      supersedes=v.verdict_id, resolution_kind="option", option_index=0,
+                                      moment_id="ab" * 16, action_id="bot:m1"))
+            await wait_count(js, "PGW_REGISTRATION", 2)
+        ledger = check_ledger([m.data for m in await stored_msgs(js, LEDGER_STREAM)])
+        assert ledger.ok and ledger.links == 2 and len(set(ledger.capsule_ids)) == 2, ledger
