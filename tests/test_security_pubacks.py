@@ -42,6 +42,15 @@ async def aim(bed: Bed, agent: str, target: str, *, api: bool = False, empty: bo
     nc = bed.ncs[f"agent:{agent}"]
     pull = f"$JS.API.CONSUMER.MSG.NEXT.PGW_OUTBOUND.outcome-{agent}"
     if empty:
+        # Every envelope sent before answered first, so its outcome is not delivered to ``target`` in place of
+        # the empty answer (each is published before its input is acknowledged).
+        from gateway.pipeline import DURABLE
+
+        async def answered() -> bool:
+            info = await bed.ncs["_watch"].jetstream().consumer_info("PGW_INBOUND", DURABLE)
+            return info.num_pending == 0 and info.num_ack_pending == 0
+
+        await until(answered, timeout=WAIT, what="the gateway's answer to every envelope sent before")
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox)
         while True:  # the consumer's pending outcomes acknowledged, so the next pull finds none

@@ -114,7 +114,9 @@ class Revocations:
         # The bucket's last entry, not the stream's last message: one stored under another subject (a party's
         # outcome the server delivered to a reply subject in the bucket, pgwcore.msgget.outside) never reaches
         # the watch, and every later start failed waiting for it (found by a docs-only attack).
-        self._upto = await last_seq_under(self.kernel.js, f"KV_{BUCKET}", f"$KV.{BUCKET}.>")
+        # Asked again while the stream's leader is elected (a node restarted): as the log's read above.
+        self._upto = await retrying(lambda: last_seq_under(self.kernel.js, f"KV_{BUCKET}", f"$KV.{BUCKET}.>"),
+                                    "the revocation bucket's last entry", 60.0)
         self._watcher = await self.kv.watchall()
         ready = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._watch(ready), name="kernel-revocations")
