@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
+from gateway.security.seen import seen
 from subjects.util import stable_id, to_rfc3339
 from subjects.wire import (
     ClarificationAnswers,
@@ -65,10 +66,8 @@ class MomentRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     expires_at: float | None = None
     untrusted: bool = False
     hem: HemInfo | None = None
-    # An approval of a step its mandate no longer permits (MomentDesk.judge_approval): why, and whether the
-    # kernel judged this answer (it is judged once, when she answers; the record then holds its judgement).
+    # An approval of a step its mandate no longer permitted when she gave it (MomentDesk.judge_approval): why.
     void: str | None = None
-    void_judged: bool = False
     status: Literal["pending", "resolved", "expired"] = "pending"
     published: bool = True
     resolution: Resolution | None = None
@@ -157,7 +156,6 @@ def blank_text(res: Resolution) -> str | None:
     The redaction keeps what a person sees, so such a text became empty and failed its own check: an answer of
     U+200B got ``engine_failure`` and a traceback, and one of a space was recorded and signed as her answer
     (found by a docs-only attack). It is refused as an answer no person gave."""
-    from gateway.security.seen import seen
 
     if isinstance(res, FreeTextAnswer):
         return None if seen(res.text) else "text"

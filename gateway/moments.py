@@ -526,7 +526,7 @@ class MomentDesk:
             if rec.hem is not None and rec.hem.permits and self._judge is not None \
                     and hem_decision_of(resolution) == "approve":
                 try:
-                    rec.void, rec.void_judged = await self._judge(rec), True
+                    rec.void = await self._judge(rec)
                 except Exception:  # not judged: the kernel judges it as it applies her answer, as before
                     log.exception("could not judge an approval as it was given", moment_id=moment_id)
             held = await self._hold(principal, moment_id, resolution, rec.agent) if has_text(resolution) else None

@@ -192,7 +192,7 @@ class Denials:
             return
         try:
             await self._apply_hem(record.agent, hem.session_id, hem.idp_id, record.moment_id, decision,
-                                  option=_option(resolution), judged=_judged(record))
+                                  option=_option(resolution), void=record.void)
         except Exception:
             log.exception("could not apply HEM decision", moment_id=record.moment_id)
 
@@ -202,21 +202,21 @@ class Denials:
         hem = record.hem
         sess, _ = await self.state.session(record.agent, hem.session_id)
         held = next((h for h in sess.hem_queue if h.moment_id == record.moment_id), None)
-        if held is None or held.trigger != "HEM_URGENCY_REQUIRED" or not held.mandate_id:
+        if held is None or not _permits_step(held):
             return None
         return await self.approval_void(record.agent, held.so_id, held.mandate_id, held.mandate_exp)
 
     async def _apply_hem(
         self, agent: str, session_id: str, idp_id: str, moment_id: str, decision: str, held: HemHold | None = None,
-        option: int | None = None, judged: tuple[str | None] | None = None,
+        option: int | None = None, void: str | None = None,
     ) -> SessionEntry:
         """Log and act on a human's answer to one moment of the session's queue (spec 003
         §5.5.2): every answer, whichever moment it is and however many are queued. ``held``:
         the moment as the object's hold has it, for one its session does not list; ``option``:
         the option index she chose (2 and 3 of a gated step also grant a standing approval,
-        gateway/kernel/scopes.py); ``judged``: the judgement of her approval the moment's record
-        holds (``_judge_approval``, made as she answered and told the agent): a void there stands, and
-        the mandate is judged again as her answer is applied."""
+        gateway/kernel/scopes.py); ``void``: why her approval was void as she gave it, as the moment's record
+        holds it (``_judge_approval``; what the agent was told): it stands, and the mandate is judged again as
+        her answer is applied."""
         sess, _ = await self.state.session(agent, session_id)
         held = next((h for h in sess.hem_queue if h.moment_id == moment_id), held)
         if held is None:
@@ -229,15 +229,14 @@ class Denials:
             body["scope"] = {"so_id": held.so_id, "mandate_id": held.mandate_id}
         if option is not None:
             body["option_index"] = option
-        if decision == "approve" and held.trigger == "HEM_URGENCY_REQUIRED" and held.mandate_id:
+        if decision == "approve" and _permits_step(held):
             # Her approval permits the step under the mandate it was declared with: revoked meanwhile ("on every
             # gateway at once", docs/kernel.md), or expired, it permits nothing; her answer is logged as given,
             # with why it did not count (found by an attack from the docs: the step ran after the revocation).
             # The judgement made as she answered (what the agent was told) can only add a void: the mandate is
             # judged again now, since a crash or a failed callback can apply her answer much later, after a
             # revocation (a review: taking the stored judgement as final let such a step run).
-            void = (judged[0] if judged is not None else None) or \
-                await self.approval_void(agent, held.so_id, held.mandate_id, held.mandate_exp)
+            void = void or await self.approval_void(agent, held.so_id, held.mandate_id, held.mandate_exp)
             if void is not None:
                 body["void"] = void
                 decision, how = f"void:{void}", LAPSED_HOW[void]  # the gate's NOT_RUN words (gate.py)
@@ -284,7 +283,7 @@ class Denials:
                 decision = hem_decision_of(rec.resolution) if rec.status == "resolved" else "expired"
                 await self._apply_hem(agent, h.session_id, h.idp_id, h.moment_id, decision, held=h,
                                       option=_option(rec.resolution) if rec.status == "resolved" else None,
-                                      judged=_judged(rec))
+                                      void=rec.void)
                 applied = True
         return applied
 
@@ -325,9 +324,10 @@ def request_key(agent: str, data: bytes) -> str:
     return stable_id("request", agent, data.decode("utf-8", "replace"))
 
 
-def _judged(record: Any) -> tuple[str | None] | None:
-    """The judgement of an approval a moment's record holds, as ``_apply_hem`` takes it (None: not judged)."""
-    return (record.void,) if record.void_judged else None
+def _permits_step(held: HemHold) -> bool:
+    """Whether her approval of ``held`` permits a step under a mandate (an approval the agent asked for,
+    ``hem_urgency: REQUIRED``), which that mandate must still stand for."""
+    return held.trigger == "HEM_URGENCY_REQUIRED" and bool(held.mandate_id)
 
 
 def _option(resolution: Any) -> int | None:

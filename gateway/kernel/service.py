@@ -313,9 +313,6 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
     async def _handle_raw(
         self, agent: str, raw: dict[str, Any], data: bytes, receipt: str, tp: str | None, gate: GateCall | None = None
     ) -> KernelResult:
-        def digest() -> str:  # only a refusal needs it: hashing every request body is not free
-            return request_key(agent, data)
-
         try:
             idp, mandate, resource, pii, read = await self._validate(agent, raw)
         except RefusalError as r:
@@ -323,11 +320,11 @@ class KernelService(RequestValidation, Denials, TransitionReports, Gate):
             # A well-formed IDP refused by (c)-(f) is still committed first (received.py).
             if isinstance(res, EnrichedDeny):  # MANDATE_REVOKED, a deny code (spec 003 §6.2)
                 res.event_seq = await commit_refused(self, agent, raw.get("idp"), receipt, res.deny_code, tp)
-                await self._deny_verdict(agent, res.idp_id, digest(), res.deny_code, res.deny_reason, None, tp, result="DENY")
+                await self._deny_verdict(agent, res.idp_id, request_key(agent, data), res.deny_code, res.deny_reason, None, tp, result="DENY")
                 raise
             assert isinstance(res, Reject)
             await commit_refused(self, agent, raw.get("idp"), receipt, res.error_code, tp)
-            await self._deny_verdict(agent, res.idp_id, digest(), res.error_code, res.reason, None, tp)
+            await self._deny_verdict(agent, res.idp_id, request_key(agent, data), res.error_code, res.reason, None, tp)
             raise
         return await self._decide(agent, raw, idp, mandate, resource, pii, read, receipt, tp, gate)
 
