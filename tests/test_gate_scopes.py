@@ -402,6 +402,14 @@ async def revoke(env: Env, nats_server: Any, tmp_path: Path, jti: str) -> None:
     assert rc == 0 and out["ok"], out
 
 
+async def told(outcomes: Any, outcome: str, idp_id: str) -> dict[str, Any]:
+    """The next ``outcome`` (``action_result``, ``hem_decision``) of step ``idp_id`` the agent's subscription sees."""
+    while True:
+        got = msgspec.json.decode((await outcomes.next_msg(timeout=10)).data)
+        if got.get("outcome") == outcome and got.get("idp_id") == idp_id:
+            return got
+
+
 async def test_an_approval_after_the_mandate_was_revoked_runs_nothing(env: Env, nats_server: Any, tmp_path: Path) -> None:
     """A gated write waits for her answer; ops revoke the agent's mandate (`pgw mandate revoke`, "on every
     gateway at once"). Before, her Approve then dispatched the write all the same (found by an attack from the
@@ -423,14 +431,7 @@ async def test_an_approval_after_the_mandate_was_revoked_runs_nothing(env: Env, 
     resolved = await _event(env, "HEM_RESOLVED", idp_id=idp_id)
     assert resolved.body["decision"] == "approve" and resolved.body["void"] == "MANDATE_REVOKED", resolved.body
 
-    async def told() -> Any:
-        while True:
-            msg = await outcomes.next_msg(timeout=10)
-            got = msgspec.json.decode(msg.data)
-            if got.get("outcome") == "action_result" and got.get("idp_id") == idp_id:
-                return got
-
-    result = await told()
+    result = await told(outcomes, "action_result", idp_id)
     assert result["status"] == "not_run" and "revoked" in result["reason"], result
     assert env.files.calls == before and "/srv/notes/late.md" not in env.files.files
     [closing] = await stored_verdicts(env.js, "denied", lambda v: v.idp_id == idp_id)  # the step closed on the record
@@ -462,11 +463,8 @@ async def test_an_approval_after_the_mandate_was_revoked_is_told_void_on_the_dec
     await until(revoked, timeout=10, what="the revocation applied")
     outcomes = await env.nc.subscribe(f"pgw.agent.{AGENT}.outcome")
     assert (await env.surface.choose(item, ALLOW)).status == "accepted"
-    while True:
-        told = msgspec.json.decode((await outcomes.next_msg(timeout=10)).data)
-        if told.get("outcome") == "hem_decision" and told.get("idp_id") == rec["idp_id"]:
-            break
-    assert told["decision"] == "deny" and told["void"] == "MANDATE_REVOKED", told
+    said = await told(outcomes, "hem_decision", rec["idp_id"])
+    assert said["decision"] == "deny" and said["void"] == "MANDATE_REVOKED", said
     resolved = await _event(env, "HEM_RESOLVED", idp_id=rec["idp_id"])
     assert resolved.body["decision"] == "approve" and resolved.body["void"] == "MANDATE_REVOKED", resolved.body
     asked = await env.nc.request(f"pgw.agent.{AGENT}.moment",
@@ -620,10 +618,7 @@ async def test_a_sweep_does_not_run_an_approval_whose_mandate_was_ended_since(en
     await deny_the_gap(env, read)
     outcomes = await env.nc.subscribe(f"pgw.agent.{AGENT}.outcome")
     assert await kernel(env).gate_sweep() == 1
-    while True:
-        got = msgspec.json.decode((await outcomes.next_msg(timeout=10)).data)
-        if got.get("outcome") == "action_result" and got.get("idp_id") == write_id:
-            break
+    got = await told(outcomes, "action_result", write_id)
     assert got["status"] == "not_run" and "was ended" in got["reason"], got
     assert env.files.calls == 0
 
@@ -641,9 +636,6 @@ async def test_an_approval_after_its_mandate_was_ended_runs_nothing(env: Env) ->
     assert (await env.surface.choose(write_item, ALLOW)).status == "accepted"
     resolved = await _event(env, "HEM_RESOLVED", idp_id=write_id)
     assert resolved.body["decision"] == "approve" and resolved.body["void"] == "SESSION_TERMINATED", resolved.body
-    while True:
-        got = msgspec.json.decode((await outcomes.next_msg(timeout=10)).data)
-        if got.get("outcome") == "action_result" and got.get("idp_id") == write_id:
-            break
+    got = await told(outcomes, "action_result", write_id)
     assert got["status"] == "not_run" and "ended" in got["reason"], got
     assert env.files.calls == 0
