@@ -11,10 +11,11 @@ floor (``benchmarks/relay.py floor``) is messaging. The steps:
   (DESIGN §3.2 step 1, ``gateway/stages/shape.py``);
 - ``digest``: sha256 of the body (the envelope's identity, ``Turn.digest``);
 - ``envelope``: the closed AIEnvelope top level (``msgspec.convert``);
-- ``grammar``: spec 000 §5's slot grammar (``check_binding_moment``);
+- ``grammar``: spec 000 §5's slot grammar and the fold of the texts the lints read (``check_and_fold``,
+  the seen forms' cache emptied before each call);
 - ``payload``: the typed payload (``msgspec.convert``);
-- ``lints``: spec 000 §6's construction lints (``lints.check``), the seen forms' cache emptied
-  before each call, so each call folds the moment's texts as a new moment's are folded;
+- ``lints``: spec 000 §6's construction lints (``lints.check``) on the forms the grammar folded, the
+  seen forms' cache emptied before each call, as for a new moment;
 - ``redaction``: SR-1's pre-check on the envelope (``Redactor.plainly_clean``; a body that needs the
   full walk costs more, and is not the common case measured here);
 - ``encode x2``: the moment record and the surface item, as written (msgspec).
@@ -33,7 +34,7 @@ import msgspec
 from benchmarks.harness import PRINCIPAL, envelope, moment_of_kb
 from gateway.security.seen import clear_caches
 from gateway.stages import lints, shape
-from gateway.stages.moment_grammar import check_binding_moment
+from gateway.stages.moment_grammar import check_and_fold
 from gateway.stages.redaction import Redactor
 from pgwcore.config import Config
 from subjects.client import BINDING_MOMENT_KIND
@@ -65,6 +66,7 @@ def steps(kb: int) -> dict[str, float]:
     env = msgspec.convert(raw, AIEnvelope)
     payload = msgspec.convert(env.payload, BindingMomentPayload)
     bm = payload.binding_moment
+    _, forms = check_and_fold(raw["payload"]["binding_moment"])
     item = BindingMomentItem(binding_moment=bm, agent="bench", principal=PRINCIPAL, created_at="2026-11-26T00:00:00Z",
                              moment_id="m", envelope_id="size-1", correlation_id="c")
     enc = msgspec.json.Encoder()
@@ -74,9 +76,9 @@ def steps(kb: int) -> dict[str, float]:
         "decode_body": _best(lambda: shape.decode_body(body, limits)),
         "digest": _best(lambda: hashlib.sha256(body).hexdigest()),
         "envelope": _best(lambda: msgspec.convert(raw, AIEnvelope)),
-        "grammar": _best(lambda: check_binding_moment(raw["payload"]["binding_moment"])),
+        "grammar": _best(lambda: (clear_caches(), check_and_fold(raw["payload"]["binding_moment"]))),
         "payload": _best(lambda: msgspec.convert(env.payload, BindingMomentPayload)),
-        "lints": _best(lambda: (clear_caches(), lints.check(bm))),
+        "lints": _best(lambda: (clear_caches(), lints.check(bm, forms))),
         "redaction": _best(lambda: red.plainly_clean(env)),
         "encode x2": _best(lambda: (enc.encode(item), enc.encode(item))),
     }

@@ -234,20 +234,24 @@ def restates(finding: str, syn_words: set[str], syn_n: str) -> bool:
     return " ".join(words) == syn_n or (jaccard >= 0.75 and len(fw) >= 3)
 
 
-def check(bm: Any) -> list[tuple[str, Detail]]:
+def check(bm: Any, forms: list[str] | None = None) -> list[tuple[str, Detail]]:
     """Every lint finding of a grammatically valid moment as (lint name, detail).
 
     Each lint but the sentence count judges the seen form of its slot (gateway/security/seen.py),
     the text the principal reads: a hedge, a leading word or a hatch written with look-alike
     letters, invisible characters or another case is the same hedge, word or hatch. The sentence
     count reads the slot as written, since it needs the capitals that begin a sentence.
+
+    ``forms``: the seen forms of those slots, when the grammar folded them already
+    (``moment_grammar.check_and_fold``, on the same texts).
     """
     out: list[tuple[str, Detail]] = []
     raw_syn: str = bm.synopsis
     q = bm.question
     # Every slot a lint reads, folded at once (seen_all): the synopsis, the stem, the option labels,
     # the findings and the recommendations.
-    forms = seen_all([raw_syn, q.stem, *(o.label for o in q.options), *bm.findings, *bm.recommendations])
+    if forms is None:
+        forms = seen_all([raw_syn, q.stem, *(o.label for o in q.options), *bm.findings, *bm.recommendations])
     syn, stem = forms[0], forms[1]
     after_labels = 2 + len(q.options)
     labels = forms[2:after_labels]
@@ -306,11 +310,11 @@ def check(bm: Any) -> list[tuple[str, Detail]]:
     return out
 
 
-def apply(bm: Any, modes: Any) -> tuple[list[Detail], list[Detail]]:
-    """(rejections, warnings) under the configured modes."""
+def apply(bm: Any, modes: Any, forms: list[str] | None = None) -> tuple[list[Detail], list[Detail]]:
+    """(rejections, warnings) under the configured modes (``forms``: as :func:`check`'s)."""
     reject: list[Detail] = []
     warn: list[Detail] = []
-    for name, detail in check(bm):
+    for name, detail in check(bm, forms):
         mode = getattr(modes, name)
         if mode == "reject":
             reject.append(detail)

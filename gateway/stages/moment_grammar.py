@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gateway.security.seen import seen, seen_pattern
+from gateway.security.seen import seen, seen_all, seen_pattern
 from gateway.security.text import hidden_controls, may_hide
 from subjects.constraints import MAX_LIST_ITEMS, MAX_OPTIONS, MIN_OPTIONS
 from subjects.util import LINE_BREAKS
@@ -19,6 +19,7 @@ from subjects.wire import Detail
 SLOT_MAX = 2000
 LABEL_MAX = 200
 REASONING_MAX = 1000
+META_MAX = 1000
 REQUIRED = ("synopsis", "findings", "recommendations", "offer", "question")
 ALLOWED = (*REQUIRED, "meta")
 
@@ -35,22 +36,28 @@ _MARKED = re.compile("|".join(seen_pattern(p) for p in (
     r"\brecommended\s+by\s+the\s+(?:agent|gateway)\b", r"[(\[\-\u2013\u2014:|,*/]\s*recommended\W*$")))
 
 
+# Both of _MARKED's alternatives hold the word, so a label without it is searched no further (one
+# substring scan instead of a regex attempt at every position).
+_MARK_WORD = seen("recommended")
+
+
 def _label_marks(form: str) -> bool:
     """Whether an option's label (its seen form) carries the surfaces' recommendation mark (``_MARKED``)."""
-    return _MARKED.search(form) is not None
+    return _MARK_WORD in form and _MARKED.search(form) is not None
 
 
-def _check_labels(out: list[Detail], options: list[Any], path: str) -> None:
+def _check_labels(out: list[Detail], options: list[Any], path: str, forms: list[str] | None = None) -> None:
     """What a person reads of the labels (spec 000 §6.6, §6.7): no label marks itself recommended, and no two
     labels read alike (``seen``: look-alike letters, invisible characters, case, spacing). Two that read alike
     leave her no way to tell which she chose, while the signed answer names one by its index (found by a
-    docs-only attack: "Pay now" and "Pay n\u043ew", a Cyrillic o)."""
+    docs-only attack: "Pay now" and "Pay n\u043ew", a Cyrillic o). ``forms``: every label's seen form, when
+    the caller folded them already (:func:`check_and_fold`)."""
     first: dict[str, int] = {}
     for i, opt in enumerate(options[:MAX_OPTIONS + 1]):
         label = opt.get("label") if isinstance(opt, dict) else None
         if not isinstance(label, str) or len(label) > LABEL_MAX:
             continue  # reported above
-        form = seen(label)
+        form = seen(label) if forms is None else forms[i]
         lp = f"{path}.options[{i}].label"
         if _label_marks(form):
             out.append(Detail(message=f"{lp} marks its option recommended; spec 000 §6.7: exactly one option is "
@@ -110,6 +117,80 @@ def _text_list(out: list[Detail], v: Any, path: str, rule: str) -> None:
             _text(out, s, f"{path}[{i}]", rule, SLOT_MAX)
 
 
+_MEMBERS = frozenset(REQUIRED)
+_QUESTION_MEMBERS = frozenset(("stem", "options", "recommended_idx", "hatches"))
+_OPTION_MEMBERS = frozenset(("label", "reasoning"))
+_HATCH_MEMBERS = frozenset(("free_text", "dialogue"))
+_WITH_META = frozenset(ALLOWED)
+_META_MEMBERS = frozenset(("decision_class", "calibration_note"))
+
+
+def _plain_moment(bm: Any) -> tuple[list[str], list[Any]] | None:
+    """The common moment, judged in one pass: exactly the five required members (and ``meta``), every
+    member of the type and count the grammar asks for, and every text within its limit, not blank,
+    and printable ASCII (so no control, invisible or line-break character, and nothing for
+    ``_text`` to say). Then (the texts the lints fold, in their order: the synopsis, the stem, the
+    option labels, the findings, the recommendations; the options); else None, and the moment is
+    judged member by member. Each test here is one :func:`check_binding_moment` makes, or a stricter
+    one (exact types), so a moment it passes is one the full walk finds nothing in but the labels'
+    marks and look-alikes, which :func:`check_and_fold` still judges."""
+    if type(bm) is not dict or not (bm.keys() == _MEMBERS or bm.keys() == _WITH_META):
+        return None
+    meta = bm.get("meta")
+    notes: list[Any] = []
+    if meta is not None:  # §6.9: both members OPTIONAL, each a text of at most 1,000 characters, or null
+        if type(meta) is not dict or not meta.keys() <= _META_MEMBERS:
+            return None
+        notes = [v for v in meta.values() if v is not None]
+        if any(type(v) is not str or len(v) > META_MAX for v in notes):
+            return None
+    q, findings, recommendations = bm["question"], bm["findings"], bm["recommendations"]
+    if (type(q) is not dict or q.keys() != _QUESTION_MEMBERS or type(findings) is not list
+            or type(recommendations) is not list or len(findings) > MAX_LIST_ITEMS
+            or len(recommendations) > MAX_LIST_ITEMS):
+        return None
+    options, idx, hatches = q["options"], q["recommended_idx"], q["hatches"]
+    if (type(options) is not list or not MIN_OPTIONS <= len(options) <= MAX_OPTIONS or type(idx) is not int
+            or not 0 <= idx < len(options) or type(hatches) is not dict or hatches.keys() != _HATCH_MEMBERS
+            or type(hatches["free_text"]) is not bool or type(hatches["dialogue"]) is not bool):
+        return None
+    labels: list[Any] = []
+    reasonings: list[Any] = []
+    for opt in options:
+        if type(opt) is not dict or opt.keys() != _OPTION_MEMBERS:
+            return None
+        label, reasoning = opt["label"], opt["reasoning"]
+        if type(label) is not str or type(reasoning) is not str or len(label) > LABEL_MAX or len(reasoning) > REASONING_MAX:
+            return None
+        labels.append(label)
+        reasonings.append(reasoning)
+    texts = [bm["synopsis"], q["stem"], *labels, *findings, *recommendations]
+    rest = [bm["offer"], *reasonings, *notes]
+    for t in (*texts, *rest):
+        if type(t) is not str or len(t) > SLOT_MAX or not t or t.isspace():
+            return None
+    # One C pass for all of them: printable ASCII holds no control character (so none _text or
+    # may_hide would report) and no line break (LINE_BREAKS are controls or not ASCII).
+    joined = "".join(texts) + "".join(rest)
+    if not (joined.isascii() and joined.isprintable()):
+        return None
+    return texts, options
+
+
+def check_and_fold(bm: Any, path: str = "$.payload.binding_moment") -> tuple[list[Detail], list[str] | None]:
+    """:func:`check_binding_moment`, and the seen forms of the texts the construction lints read (in the
+    order ``lints.check`` folds them) when the moment is the common one (:func:`_plain_moment`), else None:
+    the labels are folded once, for the grammar's label rules and for the lints."""
+    plain = _plain_moment(bm)
+    if plain is None:
+        return check_binding_moment(bm, path), None
+    texts, options = plain
+    forms = seen_all(texts)
+    out: list[Detail] = []
+    _check_labels(out, options, f"{path}.question", forms[2:2 + len(options)])
+    return out, forms
+
+
 def check_binding_moment(bm: Any, path: str = "$.payload.binding_moment") -> list[Detail]:
     """All grammar violations of ``bm``; an empty list means well-formed."""
     out: list[Detail] = []
@@ -140,7 +221,7 @@ def check_binding_moment(bm: Any, path: str = "$.payload.binding_moment") -> lis
                 if k not in ("decision_class", "calibration_note"):
                     out.append(Detail(message=f"unknown meta member {str(k)[:64]!r}", path=f"{path}.meta.{k}", rule="unknown_member"))
                 elif v is not None:
-                    _text(out, v, f"{path}.meta.{k}", "meta", 1000)
+                    _text(out, v, f"{path}.meta.{k}", "meta", META_MAX)
     return out
 
 

@@ -25,7 +25,7 @@ from gateway.security.text import visible
 from gateway.stages import lints
 from gateway.stages.base import Ctx, Refuse
 from gateway.stages.kind import BINDING_MOMENT, CLARIFICATION
-from gateway.stages.moment_grammar import check_binding_moment
+from gateway.stages.moment_grammar import check_and_fold
 from subjects.names import principal_token
 from subjects.wire import Detail
 
@@ -127,8 +127,9 @@ async def run(ctx: Ctx) -> None:
     assert ctx.env is not None and ctx.kind is not None
     _check_version(ctx)
     raw = ctx.env.payload
+    forms = None  # a binding moment's texts as the lints read them, folded once (check_and_fold)
     if ctx.kind.name == BINDING_MOMENT:
-        _check_moment_payload(ctx, raw)
+        forms = _check_moment_payload(ctx, raw)
     if ctx.kind.payload_type is None:
         details = _json_schema_errors(ctx, raw)
         if details:
@@ -146,7 +147,7 @@ async def run(ctx: Ctx) -> None:
     if ctx.kind.name == CLARIFICATION:
         _check_question_ids(ctx.payload.questions)
     if ctx.kind.name == BINDING_MOMENT:
-        reject, warn = lints.apply(ctx.payload.binding_moment, ctx.gw.config.pipeline.lints)
+        reject, warn = lints.apply(ctx.payload.binding_moment, ctx.gw.config.pipeline.lints, forms)
         ctx.warnings.extend(warn)
         if reject:
             raise Refuse(
@@ -179,10 +180,12 @@ def _check_question_ids(questions: list[Any]) -> None:
         raise Refuse(CODE, f"malformed clarification: {details[0].message}", details=details)
 
 
-def _check_moment_payload(ctx: Ctx, raw: object) -> None:
+def _check_moment_payload(ctx: Ctx, raw: object) -> list[str] | None:
+    """The moment's grammar (spec 000 §5-§6), refused whole; the seen forms ``check_and_fold`` folded, or None."""
     if not isinstance(raw, dict):
         raise Refuse(CODE, "payload must be an object", details=[Detail(message="payload must be an object", path="$.payload", rule="payload_type")])
     details: list[Detail] = []
+    forms = None
     principal = raw.get("principal")
     try:
         ctx.principal = principal_token(principal)  # type: ignore[arg-type]
@@ -191,7 +194,8 @@ def _check_moment_payload(ctx: Ctx, raw: object) -> None:
     if "binding_moment" not in raw:
         details.append(Detail(message="binding_moment is REQUIRED", path="$.payload.binding_moment", rule="missing_member"))
     else:
-        details.extend(check_binding_moment(raw["binding_moment"]))
+        grammar, forms = check_and_fold(raw["binding_moment"])
+        details.extend(grammar)
     if details:
         notice = fallback(ctx, raw) if ctx.principal else None
         raise Refuse(
@@ -200,3 +204,4 @@ def _check_moment_payload(ctx: Ctx, raw: object) -> None:
             details=details,
             notice=notice,
         )
+    return forms
