@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -285,7 +286,9 @@ class EnvelopeWorker:
                     await asyncio.sleep(0.5)
                     continue
                 for m in msgs:
-                    task = asyncio.create_task(self.handle(m))
+                    # Each turn in a context of its own, empty: nothing bound for the log (its agent, its seq)
+                    # or a trace is inherited from another turn, with no clearing to pay for per turn.
+                    task = asyncio.create_task(self.handle(m), context=contextvars.Context())
                     inflight.add(task)
                     task.add_done_callback(inflight.discard)
         finally:
@@ -295,7 +298,6 @@ class EnvelopeWorker:
 
     async def handle(self, msg: Msg) -> None:
         stream_seq, num_delivered = delivery(msg)
-        structlog.contextvars.clear_contextvars()
         try:
             parsed = self.gw.subjects.parse(msg.subject)  # remembered per subject (Subjects.parse)
         except SubjectError as e:

@@ -39,17 +39,61 @@ if TYPE_CHECKING:
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
+
+class _Tally:
+    """The counts the hot path takes once per envelope or verdict (``count_envelope``, ``count_verdict``,
+    ``count_moment``), kept as plain integers and added to their counters whenever one is read (issue 48,
+    target 3: the Prometheus client's layers and its lock on every increment were a few per cent of the
+    gateway's CPU). Only the main thread, where every pgw process runs its event loop, counts here; another
+    thread increments the counter itself. The counts only grow, and a read adds what each grew by since the
+    last read (under a lock, as two scrapes may read at once), so nothing is counted twice or lost: the main
+    thread is the only writer of ``counts``, and a reader copies it in one C call."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[Any, tuple[str, ...]], int] = {}
+        self._added: dict[tuple[Any, tuple[str, ...]], int] = {}
+        self._lock = threading.Lock()
+        self._thread = threading.main_thread().ident
+
+    def add(self, metric: Any, labels: tuple[str, ...]) -> None:
+        if threading.get_ident() != self._thread:
+            child(metric, *labels).inc()
+            return
+        key = (metric, labels)
+        counts = self.counts
+        counts[key] = counts.get(key, 0) + 1
+
+    def flush(self) -> None:
+        with self._lock:
+            for key, n in list(self.counts.items()):
+                grew = n - self._added.get(key, 0)
+                if grew:
+                    child(key[0], *key[1]).inc(grew)
+                    self._added[key] = n
+
+
+_TALLY = _Tally()
+
+
+class _TalliedCounter(Counter):
+    """A counter the hot path counts into through ``_TALLY``, which takes the tally in whenever it is read
+    (the registry's exposition and ``get_sample_value``, or its own ``collect``)."""
+
+    def collect(self) -> Any:
+        _TALLY.flush()
+        return super().collect()
+
 # Sub-millisecond to tens of seconds: the binding-moment path is ~1-10 ms on
 # the embedded default, a human resolution is seconds to hours (capped bucket).
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-ENVELOPES = Counter(
+ENVELOPES = _TalliedCounter(
     "pgw_envelopes_total",
     "Envelopes processed, by outcome status (accepted/gated/invalid/breached) and code",
     ["outcome", "code"],
     registry=REGISTRY,
 )
-VERDICTS = Counter(
+VERDICTS = _TalliedCounter(
     "pgw_verdicts_total",
     "Verdicts published, by verdict_class (DESIGN §6)",
     ["verdict_class"],
@@ -80,7 +124,7 @@ CALIBRATION_NOTES = Counter(
     ["agent"],
     registry=REGISTRY,
 )
-MOMENTS = Counter(
+MOMENTS = _TalliedCounter(
     "pgw_binding_moments_total",
     "Binding moments delivered, per agent: the denominator of the calibration_note rate",
     ["agent"],
@@ -160,11 +204,11 @@ def timed(stage: str) -> Iterator[None]:
 
 
 def count_envelope(status: str, code: str | None) -> None:
-    child(ENVELOPES, safe_label(status), safe_label(code)).inc()
+    _TALLY.add(ENVELOPES, (safe_label(status), safe_label(code)))
 
 
 def count_verdict(verdict_class: str) -> None:
-    child(VERDICTS, safe_label(verdict_class)).inc()
+    _TALLY.add(VERDICTS, (safe_label(verdict_class),))
 
 
 def count_moment(agent: str, binding_moment: object) -> None:
@@ -174,7 +218,7 @@ def count_moment(agent: str, binding_moment: object) -> None:
     this module does not import the wire types).
     """
     a = safe_label(agent)
-    child(MOMENTS, a).inc()
+    _TALLY.add(MOMENTS, (a,))
     meta = getattr(binding_moment, "meta", None)
     if meta is not None and getattr(meta, "calibration_note", None):
         CALIBRATION_NOTES.labels(agent=a).inc()
