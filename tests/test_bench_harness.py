@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import nats.errors
 import pytest
@@ -394,7 +396,7 @@ def test_size_breakdown_times_each_step_on_a_valid_moment() -> None:
     from benchmarks.harness import PRINCIPAL, envelope, moment_of_kb
     from benchmarks.size_breakdown import steps
     from gateway.stages import lints, shape
-    from gateway.stages.moment_grammar import check_binding_moment
+    from gateway.stages.moment_grammar import check_and_fold, check_binding_moment
     from pgwcore.config import Config
     from subjects.client import BINDING_MOMENT_KIND
     from subjects.wire import BindingMomentPayload
@@ -406,6 +408,30 @@ def test_size_breakdown_times_each_step_on_a_valid_moment() -> None:
     (raw,) = shape.decode_body(body, Config().limits)
     assert check_binding_moment(raw["payload"]["binding_moment"]) == []
     assert lints.check(msgspec.convert(raw["payload"], BindingMomentPayload).binding_moment) == []
+    # The bench's moments take the grammar's one pass, as a principal's plain moment does (check_and_fold).
+    for kb in (1, 16, 120):
+        assert check_and_fold(moment_of_kb(kb, 7)) == ([], ANY), kb
+        assert check_and_fold(moment_of_kb(kb, 7))[1] is not None
+
+
+async def test_side_by_side_drives_two_trees_at_once_and_swaps_their_servers(tmp_path: Path) -> None:
+    """benchmarks.side_by_side: each round starts both trees' gateways, one per server, drives both, and swaps the
+    servers next round; every envelope is acked (Driver.throughput), each figure is a CPU time, the report has the
+    median of the rounds' ratios; a directory without the gateway's sources is refused before anything starts."""
+    from benchmarks.harness import REPO
+    from benchmarks.side_by_side import main, measure, report
+
+    copy = tmp_path / "copy"  # a second tree: the project's packages copied (an A/A run)
+    for d in ("gateway", "pgwcore", "pgwcli", "subjects", "consumers", "integrations"):
+        if (Path(REPO) / d).is_dir():
+            shutil.copytree(Path(REPO) / d, copy / d, ignore=shutil.ignore_patterns("__pycache__", "node_modules"))
+    trees = (Path(REPO), copy)
+    got = await measure(trees, n=120, rounds=2, warm=0)
+    assert all(len(got[t]) == 2 and all(x > 0 for x in got[t]) for t in trees), got
+    assert "median" in report(trees, got)
+    with pytest.raises(SystemExit) as e:
+        main([str(REPO), str(tmp_path / "empty")])
+    assert e.value.code == 2
 
 
 @pytest.mark.parametrize(("gated", "floor", "failed", "expected"), [
