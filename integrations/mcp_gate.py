@@ -337,6 +337,22 @@ class Upstreams:
         if runners:
             await asyncio.wait(runners, timeout=15)
 
+    @property
+    def started_all(self) -> bool:
+        """Whether every upstream's first start has ended (:meth:`started`)."""
+        return all(f.done() for f in self._first.values())
+
+    async def started(self) -> bool:
+        """Wait until every upstream's first start has ended, up or not (each is bounded by its initialize's
+        ``UPSTREAM_START_S``); whether one had not. The gate begins serving after ``UPSTREAM_FIRST_WAIT_S``, so
+        a host may call a tool of an upstream still starting (an ``npx -y`` fetching its package, a loaded
+        machine): that call is served once the upstream is up, or told why it is down, not told the tool is
+        unknown (found by a loaded run of the quick start: "no tool 'read_text_file' behind this gate")."""
+        pending = [f for f in self._first.values() if not f.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=UPSTREAM_START_S)
+        return bool(pending)
+
     async def session(self, upstream: str, wait: float = 0.0) -> ClientSession | None:
         """The upstream's session; waiting up to ``wait`` s for one being restarted."""
         task = self._runners.get(upstream)
@@ -547,6 +563,8 @@ class Upstreams:
         tool_name = arguments.get("tool")
         tool_args = arguments.get("arguments", {})
         gated = self.tools.get(tool_name) if isinstance(tool_name, str) else None
+        if gated is None and isinstance(tool_name, str) and await self.started():
+            gated = self.tools.get(tool_name)  # an upstream still on its first start (started())
         # What a refusal says is kept (the executor's bucket, the kernel's records): it names the gate's own
         # tools and actions, never the text the caller sent, which may hold a secret the arguments' redaction
         # would have caught (docs/gate.md "What the executor refuses").
@@ -973,6 +991,10 @@ def build_server(upstreams: Upstreams, call: Callable[[GatedTool, dict[str, Any]
                 await ctx.session.send_progress_notification(token, elapsed, None, message, related_request_id=str(ctx.request_id))
 
         gated = upstreams.tools.get(name)
+        if gated is None and not upstreams.started_all:
+            await progress(0.0, "waiting for the gate's upstream servers to start")
+            if await upstreams.started():
+                gated = upstreams.tools.get(name)
         if gated is None:
             if upstreams.down:  # the gate_problem tool, or a tool of an upstream that never started
                 return tool_error({"status": "unavailable", "code": "upstream_unavailable",

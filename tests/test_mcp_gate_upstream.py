@@ -400,3 +400,41 @@ async def test_a_call_its_upstream_dies_in_is_upstream_exited_and_later_calls_up
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_call_of_an_upstream_still_on_its_first_start_waits_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate serves after UPSTREAM_FIRST_WAIT_S, upstreams still starting or not (an ``npx -y`` fetching its
+    package, a loaded machine). A host's call of such an upstream's tool, and a dispatch to the executor half, wait
+    for its first start and are served, with a progress notice to the host, instead of "no tool ... behind this gate"
+    (found by a loaded run of the quick start). The upstream is the real git server, started 2 s late."""
+    from mcp import types
+    from mcp.shared.memory import create_connected_server_and_client_session
+
+    import integrations.mcp_gate as gate
+
+    monkeypatch.setattr(gate, "UPSTREAM_FIRST_WAIT_S", 0.2)
+    repo = git_repo(tmp_path / "repo")
+    late = {"command": "sh", "args": ["-c", f"sleep 2; exec {sys.executable} -m mcp_server_git --repository {repo}"]}
+    config = parse_gate_config({"name": "git", "upstreams": {"git": late}, "tools": {}})
+    async with Upstreams(config) as ups:
+        assert ups.tools == {} and not ups.started_all  # serving already, the upstream not up yet
+        status = await ups.call("git_status", {"tool": "git_status", "arguments": {"repo_path": str(repo)}})
+        assert "On branch main" in status["content"][0]["text"]
+
+    async with Upstreams(config) as ups:
+        assert not ups.started_all
+
+        async def run(gated: Any, args: dict[str, Any], _intent: Any, _progress: Any) -> types.CallToolResult:
+            out = await ups.call(gated.action, {"tool": gated.name, "arguments": args})
+            return types.CallToolResult(**out)
+
+        notes: list[str] = []
+
+        async def on_progress(_p: float, _total: float | None, message: str | None) -> None:
+            notes.append(message or "")
+
+        async with create_connected_server_and_client_session(gate.build_server(ups, run)) as host:
+            result = await host.call_tool("git_status", {"repo_path": str(repo)}, progress_callback=on_progress)
+        assert not result.isError, result
+        assert "On branch main" in result.content[0].text  # type: ignore[union-attr]
+        assert notes == ["waiting for the gate's upstream servers to start"]

@@ -17,14 +17,14 @@ def _read() -> float:
 def test_counts_taken_while_another_thread_scrapes_are_all_counted_once():
     before = _read()
     stop = threading.Event()
-    seen: list[float] = []
+    seen: list[list[float]] = [[], []]  # each scraper's reads, in its order
 
-    def scrape() -> None:
+    def scrape(reads: list[float]) -> None:
         while not stop.is_set():
-            seen.append(_read())
+            reads.append(_read())
             metrics.render()
 
-    scrapers = [threading.Thread(target=scrape) for _ in range(2)]
+    scrapers = [threading.Thread(target=scrape, args=(reads,)) for reads in seen]
     for t in scrapers:
         t.start()
     try:
@@ -35,7 +35,8 @@ def test_counts_taken_while_another_thread_scrapes_are_all_counted_once():
         for t in scrapers:
             t.join()
     assert _read() - before == 20_000
-    assert len(seen) > 1 and seen == sorted(seen) and seen[-1] - before <= 20_000  # never ahead, never back
+    for reads in seen:  # each scraper saw the count grow, never go back, never run ahead
+        assert reads and reads == sorted(reads) and reads[-1] - before <= 20_000, reads[:5]
 
 
 def test_a_count_off_the_main_thread_and_a_direct_read_of_the_counter_see_every_count():
