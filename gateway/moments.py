@@ -106,6 +106,7 @@ MOMENT_TTL_S = 30 * 86400.0
 # The principal's free text, held apart until it is forgotten (the module docstring).
 TEXT_BUCKET = "PGW_ANSWER_TEXT"
 TEXT_STREAM = f"KV_{TEXT_BUCKET}"
+_TEXT_PRE = f"$KV.{TEXT_BUCKET}."
 
 
 _dec = msgspec.json.Decoder(MomentRecord)
@@ -164,6 +165,8 @@ class MomentDesk:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._watcher: Any = None
+        self._text_watcher: Any = None
+        self._sweeping: dict[str, bool] = {}  # moment keys whose held texts are being read: whether to read again
         self._closing = False
 
     # -- life cycle -------------------------------------------------------
@@ -184,13 +187,23 @@ class MomentDesk:
             f"{_PRE}>", stream=f"KV_{BUCKET}", cb=self._on_record, ordered_consumer=True,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=300.0, headers_only=True,
         )
+        # The held texts' stream, headers only (the desk's own writes carry HELD_FOR and cost nothing more): a
+        # message under a moment's key that the desk did not write, a party's acknowledgement aimed there
+        # (docs/security.md "Replies"), is read and erased when it is no answer of hers, whenever it lands
+        # (``_sweep_text``). Before, only a pass over the key's texts (a foreign record, the texts' due time)
+        # erased it, so one landing after her words were forgotten stayed (found by a loaded run of the suite).
+        self._text_watcher = await self.js.subscribe(
+            f"$KV.{TEXT_BUCKET}.>", stream=TEXT_STREAM, cb=self._on_text, ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL, inactive_threshold=300.0, headers_only=True,
+        )
         self._tasks = [asyncio.create_task(self._expiry_loop(), name="moments-expiry")]
 
     async def close(self) -> None:
         self._closing = True
-        if self._watcher is not None:
-            with contextlib.suppress(Exception):
-                await self._watcher.unsubscribe()
+        for watcher in (self._watcher, self._text_watcher):
+            if watcher is not None:
+                with contextlib.suppress(Exception):
+                    await watcher.unsubscribe()
         tasks, self._tasks = list(self._tasks), []
         for t in tasks:
             t.cancel()
@@ -408,6 +421,36 @@ class MomentDesk:
             except (msgspec.DecodeError, msgspec.ValidationError):
                 await self._erase(msg.seq)  # no answer of hers: nothing to keep, nothing to schedule again
         return out
+
+    async def _on_text(self, msg: Msg) -> None:
+        """A message stored among the held texts (headers only): one the desk did not write under a moment's key
+        (``{principal}.{moment_id}.{token}``; the gate's arguments, ``gate.{key}``, are the kernel's) has its
+        key's texts read, and what is no answer of hers erased (``_held_apart``)."""
+        if self._closing or (msg.headers or {}).get(HELD_FOR):
+            return
+        parts = msg.subject[len(_TEXT_PRE):].split(".")
+        if len(parts) != 3:
+            return
+        key = f"{parts[0]}.{parts[1]}"
+        if key in self._sweeping:
+            self._sweeping[key] = True  # landed while the key is read: read it again after
+            return
+        self._sweeping[key] = False
+        task = asyncio.create_task(self._sweep_text(key))
+        self._tasks.append(task)
+        task.add_done_callback(self._task_done)
+
+    async def _sweep_text(self, key: str) -> None:
+        try:
+            while True:
+                await self._held_apart(key)
+                if not self._sweeping.get(key):
+                    return
+                self._sweeping[key] = False
+        except Exception:  # logged; the next message under the key, or its texts' due time, reads it again
+            log.exception("could not read a moment's held texts", key=key)
+        finally:
+            self._sweeping.pop(key, None)
 
     async def _schedule_apart(self, key: str) -> None:
         """A record that is not the desk's (a party's publish acknowledgement aimed at its key, docs/security.md

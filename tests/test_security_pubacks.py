@@ -33,13 +33,19 @@ pytestmark = pytest.mark.security
 WAIT = 15.0
 
 
-async def aim(bed: Bed, agent: str, target: str, *, api: bool = False, empty: bool = False) -> None:
+async def aim(bed: Bed, agent: str, target: str, *, api: bool = False, empty: bool = False,
+              erased_ok: bool = False) -> None:
     """``agent`` publishes an empty envelope with ``target`` as its reply subject; returns once the server's
     acknowledgement is stored under ``target`` (read by the services' connection). ``api``: a JetStream API
     request about the agent's own consumer instead, whose answer (``{"type": "io.nats.jetstream.api...``) is
     stored there. ``empty``: a no-wait pull of the agent's own outcome consumer, emptied first, whose answer
-    (a ``404 No Messages`` status) is stored there as an empty record."""
+    (a ``404 No Messages`` status) is stored there as an empty record. ``erased_ok``: the gateway may erase it
+    as soon as it is stored (a held text already due), so a sequence stored after the publish and since erased
+    counts too (the target's stream takes no other write that is erased meanwhile)."""
     nc = bed.ncs[f"agent:{agent}"]
+    stream = _stream_of(target)
+    watch = bed.ncs["_watch"]
+    before = (await watch.jetstream().stream_info(stream)).state.last_seq if erased_ok else 0
     pull = f"$JS.API.CONSUMER.MSG.NEXT.PGW_OUTBOUND.outcome-{agent}"
     if empty:
         # Every envelope sent before answered first, so its outcome is not delivered to ``target`` in place of
@@ -67,16 +73,24 @@ async def aim(bed: Bed, agent: str, target: str, *, api: bool = False, empty: bo
     else:
         await nc.publish(bed.config.subjects.envelope(agent), b"{}", reply=target)
     await flushed(nc)
-    stream = _stream_of(target)
-    watch = bed.ncs["_watch"]
     mark = b'"io.nats.jetstream.api.' if api else b"PGW_INBOUND"
 
     def found(data: bytes) -> bool:
         return data == b"" if empty else mark in data
 
+    async def erased_since() -> bool:
+        # A sequence stored after the publish and gone: deleted inside the stream, or below its first (a stream
+        # whose every message is deleted lists no gap).
+        got = await watch.request(f"$JS.API.STREAM.INFO.{stream}", b'{"deleted_details": true}', timeout=WAIT)
+        state = msgspec.json.decode(got.data)["state"]
+        gone = set(state.get("deleted") or [])
+        return any(seq in gone or seq < state["first_seq"] for seq in range(before + 1, state["last_seq"] + 1))
+
     async def stored() -> bool:
         # Any message under the subject, not only the last: another answer aimed there before this one may be
         # stored after it (the server sends a publish's acknowledgement and an API answer from different places).
+        if erased_ok and await erased_since():
+            return True
         seq = 1
         while True:
             got = await watch.request(f"$JS.API.STREAM.MSG.GET.{stream}",
@@ -764,7 +778,7 @@ async def test_an_acknowledgement_over_an_answered_moment_does_not_keep_her_word
         for _ in range(3):  # each write aimed at the record schedules nothing more than the first did
             await aim(bed, "a", f"$KV.PGW_MOMENTS.p.{out.moment_id}")
         for i in range(2):  # acknowledgements among her held texts are no answer of hers: erased, not kept
-            await aim(bed, "a", f"$KV.PGW_ANSWER_TEXT.p.{out.moment_id}.junk{i}")
+            await aim(bed, "a", f"$KV.PGW_ANSWER_TEXT.p.{out.moment_id}.junk{i}", erased_ok=True)
         if restart:  # the gateway that saw the answer is gone before her words are due: a new one finds them
             await bed.stop_gateway()
             await bed.start_gateway()
@@ -783,6 +797,36 @@ async def test_an_acknowledgement_over_an_answered_moment_does_not_keep_her_word
         store = bed.server.data_dir / "jetstream"
         held = [f for f in store.rglob("*") if f.is_file() and words.encode() in f.read_bytes()]
         assert held == [], held
+
+
+async def test_an_acknowledgement_among_her_held_texts_after_they_are_forgotten_is_erased(tmp_path: Path) -> None:
+    """Agent a aims acknowledgements at p's held texts (``$KV.PGW_ANSWER_TEXT.p.{moment_id}.*``) after her words
+    were forgotten: each is erased as it lands, by the gateway that is running. Before, only a pass over the key's
+    texts (at their due time, or for a foreign record) erased them, so one landing later stayed for good (found
+    by a loaded run of the test above). The gate's arguments (``gate.{key}``) are not touched."""
+    from subjects.wire import FreeTextAnswer
+    from tests.moments import good_moment
+    from tests.test_answer_retention import everything_stored
+
+    words = "WORDS-5190 between us only"
+    async with secured_bed(tmp_path, gateway={"answer_text_keep_s": 1.0}) as bed:
+        a, p = bed.agents["a"], bed.surfaces["p"]
+        out = await a.outcome_for(await a.send_moment("p", good_moment()))
+        assert (await p.resolve(out.moment_id, FreeTextAnswer(text=words))).status == "accepted"
+        watch = bed.ncs["_watch"]
+
+        async def forgotten() -> bool:
+            return words.encode() not in await everything_stored(watch)
+
+        await until(forgotten, timeout=30, interval=0.3, what="her words gone from every stream")
+        for i in range(3):
+            await aim(bed, "a", f"$KV.PGW_ANSWER_TEXT.p.{out.moment_id}.late{i}", erased_ok=True)
+
+        async def nothing_held() -> bool:
+            info = await watch.jetstream().stream_info("KV_PGW_ANSWER_TEXT", subjects_filter=">")
+            return not info.state.subjects
+
+        await until(nothing_held, timeout=30, interval=0.3, what="nothing left under the moment's held texts")
 
 
 async def test_a_report_that_cannot_be_recorded_is_refused_once(tmp_path: Path) -> None:
