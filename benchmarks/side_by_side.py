@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", type=int, default=2000, help="envelopes before each round's measure (default 2000)")
     args = ap.parse_args(argv)
     trees = (args.tree_a.resolve(), args.tree_b.resolve())
+    if trees[0] == trees[1]:
+        ap.error("the two trees are one directory: for an A/A run, copy it (git archive HEAD | tar -x -C COPY)")
     for t in trees:
         if not (t / "gateway" / "pipeline.py").is_file():
             ap.error(f"{t} holds no gateway sources (gateway/pipeline.py)")

@@ -196,7 +196,8 @@ class MomentDesk:
             f"$KV.{TEXT_BUCKET}.>", stream=TEXT_STREAM, cb=self._on_text, ordered_consumer=True,
             deliver_policy=DeliverPolicy.ALL, inactive_threshold=300.0, headers_only=True,
         )
-        self._tasks = [asyncio.create_task(self._expiry_loop(), name="moments-expiry")]
+        # Appended: the watches' callbacks may have started tasks of their own meanwhile, which close() ends too.
+        self._tasks.append(asyncio.create_task(self._expiry_loop(), name="moments-expiry"))
 
     async def close(self) -> None:
         self._closing = True

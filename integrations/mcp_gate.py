@@ -302,6 +302,7 @@ class Upstreams:
         self._up: dict[str, asyncio.Event] = {name: asyncio.Event() for name in config.upstreams}
         self._ended: dict[str, asyncio.Event] = {}  # set when the upstream's current session's stream ends
         self._first: dict[str, asyncio.Future[None]] = {}
+        self._first_deadline = 0.0  # no call waits for a first start past it (started())
         self._runners: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Future[None]] = set()
         self.list_changes = 0  # how many tools/list_changed of the upstreams were followed
@@ -316,6 +317,7 @@ class Upstreams:
 
     async def __aenter__(self) -> Upstreams:
         loop = asyncio.get_running_loop()
+        self._first_deadline = loop.time() + UPSTREAM_START_S
         for name, up in self.config.upstreams.items():
             self._first[name] = loop.create_future()
             self._runners[name] = asyncio.create_task(self._run(name, up), name=f"upstream-{name}")
@@ -342,16 +344,17 @@ class Upstreams:
         """Whether every upstream's first start has ended (:meth:`started`)."""
         return all(f.done() for f in self._first.values())
 
-    async def started(self) -> bool:
-        """Wait until every upstream's first start has ended, up or not (each is bounded by its initialize's
-        ``UPSTREAM_START_S``); whether one had not. The gate begins serving after ``UPSTREAM_FIRST_WAIT_S``, so
-        a host may call a tool of an upstream still starting (an ``npx -y`` fetching its package, a loaded
-        machine): that call is served once the upstream is up, or told why it is down, not told the tool is
-        unknown (found by a loaded run of the quick start: "no tool 'read_text_file' behind this gate")."""
+    async def started(self) -> None:
+        """Wait until every upstream's first start has ended, up or not, but not past ``UPSTREAM_START_S`` after
+        the gate began starting them (an upstream that never lists its tools makes no call wait again). The
+        gate begins serving after ``UPSTREAM_FIRST_WAIT_S``, so a host may call a tool of an upstream still
+        starting (an ``npx -y`` fetching its package, a loaded machine): that call is served once the upstream
+        is up, or told why it is down, not told the tool is unknown (found by a loaded run of the quick start:
+        "no tool 'read_text_file' behind this gate")."""
         pending = [f for f in self._first.values() if not f.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=UPSTREAM_START_S)
-        return bool(pending)
+        left = self._first_deadline - asyncio.get_running_loop().time()
+        if pending and left > 0:
+            await asyncio.wait(pending, timeout=left)
 
     async def session(self, upstream: str, wait: float = 0.0) -> ClientSession | None:
         """The upstream's session; waiting up to ``wait`` s for one being restarted."""
@@ -563,8 +566,6 @@ class Upstreams:
         tool_name = arguments.get("tool")
         tool_args = arguments.get("arguments", {})
         gated = self.tools.get(tool_name) if isinstance(tool_name, str) else None
-        if gated is None and isinstance(tool_name, str) and await self.started():
-            gated = self.tools.get(tool_name)  # an upstream still on its first start (started())
         # What a refusal says is kept (the executor's bucket, the kernel's records): it names the gate's own
         # tools and actions, never the text the caller sent, which may hold a secret the arguments' redaction
         # would have caught (docs/gate.md "What the executor refuses").
@@ -992,9 +993,8 @@ def build_server(upstreams: Upstreams, call: Callable[[GatedTool, dict[str, Any]
 
         gated = upstreams.tools.get(name)
         if gated is None and not upstreams.started_all:
-            await progress(0.0, "waiting for the gate's upstream servers to start")
-            if await upstreams.started():
-                gated = upstreams.tools.get(name)
+            await upstreams.started()
+            gated = upstreams.tools.get(name)  # looked up again whatever the wait found: it may have ended meanwhile
         if gated is None:
             if upstreams.down:  # the gate_problem tool, or a tool of an upstream that never started
                 return tool_error({"status": "unavailable", "code": "upstream_unavailable",

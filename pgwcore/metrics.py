@@ -65,7 +65,7 @@ class _Tally:
 
     def flush(self) -> None:
         with self._lock:
-            for key, n in list(self.counts.items()):
+            for key, n in self.counts.copy().items():  # one C copy: the main thread may add a key meanwhile
                 grew = n - self._added.get(key, 0)
                 if grew:
                     child(key[0], *key[1]).inc(grew)

@@ -429,9 +429,10 @@ async def test_side_by_side_drives_two_trees_at_once_and_swaps_their_servers(tmp
     got = await measure(trees, n=120, rounds=2, warm=0)
     assert all(len(got[t]) == 2 and all(x > 0 for x in got[t]) for t in trees), got
     assert "median" in report(trees, got)
-    with pytest.raises(SystemExit) as e:
-        main([str(REPO), str(tmp_path / "empty")])
-    assert e.value.code == 2
+    for other in (tmp_path / "empty", Path(REPO)):  # no sources; the same tree twice
+        with pytest.raises(SystemExit) as e:
+            main([str(REPO), str(other)])
+        assert e.value.code == 2
 
 
 @pytest.mark.parametrize(("gated", "floor", "failed", "expected"), [

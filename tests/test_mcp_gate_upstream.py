@@ -404,9 +404,10 @@ async def _true(value: bool) -> bool:
 
 async def test_a_call_of_an_upstream_still_on_its_first_start_waits_for_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The gate serves after UPSTREAM_FIRST_WAIT_S, upstreams still starting or not (an ``npx -y`` fetching its
-    package, a loaded machine). A host's call of such an upstream's tool, and a dispatch to the executor half, wait
-    for its first start and are served, with a progress notice to the host, instead of "no tool ... behind this gate"
-    (found by a loaded run of the quick start). The upstream is the real git server, started 2 s late."""
+    package, a loaded machine). A host's call of such an upstream's tool waits for its first start and is served,
+    instead of "no tool ... behind this gate" (found by a loaded run of the quick start); a name no upstream has is
+    still unknown_tool, and once the wait's bound has passed no call waits again. The upstream is the real git
+    server, started 2 s late."""
     from mcp import types
     from mcp.shared.memory import create_connected_server_and_client_session
 
@@ -416,25 +417,24 @@ async def test_a_call_of_an_upstream_still_on_its_first_start_waits_for_it(tmp_p
     repo = git_repo(tmp_path / "repo")
     late = {"command": "sh", "args": ["-c", f"sleep 2; exec {sys.executable} -m mcp_server_git --repository {repo}"]}
     config = parse_gate_config({"name": "git", "upstreams": {"git": late}, "tools": {}})
+
+    async def run_with(ups: Upstreams) -> Any:
+        async def run(gated: Any, args: dict[str, Any], _intent: Any, _progress: Any) -> types.CallToolResult:
+            return types.CallToolResult(**await ups.call(gated.action, {"tool": gated.name, "arguments": args}))
+        return gate.build_server(ups, run)
+
     async with Upstreams(config) as ups:
         assert ups.tools == {} and not ups.started_all  # serving already, the upstream not up yet
-        status = await ups.call("git_status", {"tool": "git_status", "arguments": {"repo_path": str(repo)}})
-        assert "On branch main" in status["content"][0]["text"]
+        async with create_connected_server_and_client_session(await run_with(ups)) as host:
+            result = await host.call_tool("git_status", {"repo_path": str(repo)})
+            assert not result.isError, result
+            assert "On branch main" in result.content[0].text  # type: ignore[union-attr]
+            nope = await host.call_tool("no_such_tool", {})
+            assert nope.isError and "unknown_tool" in nope.content[0].text  # type: ignore[union-attr]
 
-    async with Upstreams(config) as ups:
-        assert not ups.started_all
-
-        async def run(gated: Any, args: dict[str, Any], _intent: Any, _progress: Any) -> types.CallToolResult:
-            out = await ups.call(gated.action, {"tool": gated.name, "arguments": args})
-            return types.CallToolResult(**out)
-
-        notes: list[str] = []
-
-        async def on_progress(_p: float, _total: float | None, message: str | None) -> None:
-            notes.append(message or "")
-
-        async with create_connected_server_and_client_session(gate.build_server(ups, run)) as host:
-            result = await host.call_tool("git_status", {"repo_path": str(repo)}, progress_callback=on_progress)
-        assert not result.isError, result
-        assert "On branch main" in result.content[0].text  # type: ignore[union-attr]
-        assert notes == ["waiting for the gate's upstream servers to start"]
+    async with Upstreams(config) as ups, create_connected_server_and_client_session(await run_with(ups)) as host:
+        ups._first_deadline = 0.0  # the wait's bound (UPSTREAM_START_S from the gate's start) passed
+        t0 = asyncio.get_running_loop().time()
+        nope = await host.call_tool("git_status", {"repo_path": str(repo)})
+        assert asyncio.get_running_loop().time() - t0 < 1.5  # told at once, not kept waiting for the start
+        assert nope.isError and "unknown_tool" in nope.content[0].text and not ups.started_all  # type: ignore[union-attr]

@@ -49,7 +49,9 @@ def test_a_count_off_the_main_thread_and_a_direct_read_of_the_counter_see_every_
               if s.name.endswith("_total")}
     assert direct[tuple(LABELS.items())] - before == 6
     assert _read() - before == 6
+    verdicts = metrics.REGISTRY.get_sample_value("pgw_verdicts_total", {"verdict_class": "tally_test"}) or 0.0
+    moments = metrics.REGISTRY.get_sample_value("pgw_binding_moments_total", {"agent": "tally_test"}) or 0.0
     metrics.count_verdict("tally_test")
     metrics.count_moment("tally_test", None)
-    assert metrics.REGISTRY.get_sample_value("pgw_verdicts_total", {"verdict_class": "tally_test"}) == 1
-    assert metrics.REGISTRY.get_sample_value("pgw_binding_moments_total", {"agent": "tally_test"}) == 1
+    assert metrics.REGISTRY.get_sample_value("pgw_verdicts_total", {"verdict_class": "tally_test"}) == verdicts + 1
+    assert metrics.REGISTRY.get_sample_value("pgw_binding_moments_total", {"agent": "tally_test"}) == moments + 1

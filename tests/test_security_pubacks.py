@@ -803,7 +803,7 @@ async def test_an_acknowledgement_among_her_held_texts_after_they_are_forgotten_
     """Agent a aims acknowledgements at p's held texts (``$KV.PGW_ANSWER_TEXT.p.{moment_id}.*``) after her words
     were forgotten: each is erased as it lands, by the gateway that is running. Before, only a pass over the key's
     texts (at their due time, or for a foreign record) erased them, so one landing later stayed for good (found
-    by a loaded run of the test above). The gate's arguments (``gate.{key}``) are not touched."""
+    by a loaded run of the test above)."""
     from subjects.wire import FreeTextAnswer
     from tests.moments import good_moment
     from tests.test_answer_retention import everything_stored
