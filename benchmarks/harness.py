@@ -182,7 +182,9 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-async def start_gateway(url: str, data: Path, extra_toml: str = "") -> asyncio.subprocess.Process:
+async def start_gateway(url: str, data: Path, extra_toml: str = "", *, tree: Path | None = None) -> asyncio.subprocess.Process:
+    """``pgw gateway`` on ``url`` with its data in ``data``; ``tree``: from that directory's sources (first on
+    ``PYTHONPATH``, run by this interpreter) instead of the installed project (benchmarks.side_by_side)."""
     data.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - process start-up, not a hot path
     cfg = data / "bench.toml"
     batch = env_int("PGW_BENCH_BATCH", 0)  # 0: the gateway's default (gateway.batch)
@@ -192,9 +194,12 @@ async def start_gateway(url: str, data: Path, extra_toml: str = "") -> asyncio.s
     # PGW_BENCH_GW_PROFILE=FILE: the gateway runs under cProfile and writes FILE at exit (SIGTERM).
     prof = os.environ.get("PGW_BENCH_GW_PROFILE")
     cmd = [sys.executable, "-m", "cProfile", "-o", prof, "-m", "pgwcli"] if prof else [PGW]
+    if tree is not None:
+        cmd = [sys.executable, "-m", "pgwcli"]
     proc = await asyncio.create_subprocess_exec(
         *cmd, "--server", url, "--data-dir", str(data), "--config", str(cfg), "--log-format", "json",
-        "--log-level", "WARNING", "gateway", stdout=log, stderr=log, start_new_session=True)
+        "--log-level", "WARNING", "gateway", stdout=log, stderr=log, start_new_session=True,
+        cwd=tree, env=None if tree is None else {**os.environ, "PYTHONPATH": str(tree)})
     log.close()
     return proc
 

@@ -18,31 +18,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import PRINCIPAL, Driver, System, cpu_s, progress, stop, wait_gateway
+from benchmarks.harness import (
+    PRINCIPAL,
+    Driver,
+    System,
+    cpu_s,
+    progress,
+    start_gateway,
+    stop,
+    wait_gateway,
+)
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
 from pgwcore.streams import ensure_streams
-
-
-async def _gateway(tree: Path, url: str, data: Path) -> asyncio.subprocess.Process:
-    """``pgw gateway`` from ``tree``'s sources, as the bench starts it (benchmarks.harness.start_gateway)."""
-    data.mkdir(parents=True)  # noqa: ASYNC240 - start-up, not a measured path
-    cfg = data / "bench.toml"
-    cfg.write_text("[ops]\nlag_interval_s = 60.0\n")
-    log = open(data / "gateway.log", "wb")  # noqa: SIM115, ASYNC230 - handed to the child
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pgwcli", "--server", url, "--data-dir", str(data), "--config", str(cfg),
-        "--log-format", "json", "--log-level", "WARNING", "gateway", stdout=log, stderr=log,
-        start_new_session=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
-    log.close()
-    return proc
 
 
 async def measure(trees: tuple[Path, Path], n: int, rounds: int, warm: int) -> dict[Path, list[float]]:
@@ -68,7 +61,7 @@ async def measure(trees: tuple[Path, Path], n: int, rounds: int, warm: int) -> d
                     procs = []
                     try:
                         for i, tree in enumerate(order):
-                            procs.append(await _gateway(tree, servers[i].client_url, root / f"gw{r}-{i}"))
+                            procs.append(await start_gateway(servers[i].client_url, root / f"gw{r}-{i}", tree=tree))
                             await wait_gateway(ncs[i])
                         if warm:
                             await asyncio.gather(*(drivers[i].throughput(systems[i], warm) for i in range(2)))

@@ -193,7 +193,7 @@ class MomentDesk:
         # (``_sweep_text``). Before, only a pass over the key's texts (a foreign record, the texts' due time)
         # erased it, so one landing after her words were forgotten stayed (found by a loaded run of the suite).
         self._text_watcher = await self.js.subscribe(
-            f"$KV.{TEXT_BUCKET}.>", stream=TEXT_STREAM, cb=self._on_text, ordered_consumer=True,
+            f"{_TEXT_PRE}>", stream=TEXT_STREAM, cb=self._on_text, ordered_consumer=True,
             deliver_policy=DeliverPolicy.ALL, inactive_threshold=300.0, headers_only=True,
         )
         # Appended: the watches' callbacks may have started tasks of their own meanwhile, which close() ends too.
@@ -397,7 +397,7 @@ class MomentDesk:
     async def _hold(self, principal: str, moment_id: str, resolution: Resolution, agent: str) -> int:
         """Store ``resolution`` (it holds free text) apart; its stream sequence. It names the agent its outcome
         goes to, so it is forgotten with that outcome even where its record is gone (``_forget_apart``)."""
-        subject = f"$KV.{TEXT_BUCKET}.{moment_key(principal, moment_id)}.{secrets.token_hex(8)}"
+        subject = f"{_TEXT_PRE}{moment_key(principal, moment_id)}.{secrets.token_hex(8)}"
         ack = await self.js.publish(subject, _enc.encode(resolution), stream=TEXT_STREAM, headers={HELD_FOR: agent})
         return ack.seq
 
@@ -410,7 +410,7 @@ class MomentDesk:
         seq = 1
         for _ in range(HELD_SCAN):
             try:
-                msg = await self.js.get_msg(TEXT_STREAM, seq=seq, subject=f"$KV.{TEXT_BUCKET}.{key}.*", next=True)
+                msg = await self.js.get_msg(TEXT_STREAM, seq=seq, subject=f"{_TEXT_PRE}{key}.*", next=True)
             except (NotFoundError, APIError):
                 break
             seq = (msg.seq or seq) + 1
