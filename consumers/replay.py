@@ -128,8 +128,6 @@ async def stream_of(js: Any, rng: ReplayRange) -> str:
         raise ReplayError(f"no stream holds subject {rng.subject!r} (`pgw streams` lists each stream's subjects)") from None
 
 
-
-
 async def redacted_turns(nc: Client, rng: ReplayRange, prefix: str) -> list[StoredMsg]:
     """The redacted forms of settled messages of ``PGW_INBOUND`` in ``rng``, as the messages were stored."""
     js = nc.jetstream()

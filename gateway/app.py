@@ -19,6 +19,7 @@ delivers them all.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import importlib
 from collections.abc import Awaitable, Callable
@@ -288,14 +289,14 @@ def pending_reply(items: list[Any], budget: int) -> bytes:
     whole = _enc.encode(PendingReply(items=items))
     if len(whole) <= budget:
         return whole
-    queues: dict[str, list[tuple[int, Any, int]]] = {}
+    queues: dict[str, collections.deque[tuple[int, Any, int]]] = {}
     for i, item in enumerate(items):
-        queues.setdefault(getattr(item, "agent", ""), []).append((i, item, len(_enc.encode(item)) + 1))
+        queues.setdefault(getattr(item, "agent", ""), collections.deque()).append((i, item, len(_enc.encode(item)) + 1))
     chosen: list[tuple[int, Any]] = []
     used = len(_enc.encode(PendingReply(items=[], more=True)))
     while queues:
         for agent in list(queues):
-            i, item, size = queues[agent].pop(0)
+            i, item, size = queues[agent].popleft()
             if used + size <= budget:
                 chosen.append((i, item))
                 used += size
@@ -305,4 +306,3 @@ def pending_reply(items: list[Any], budget: int) -> bytes:
             break
     chosen.sort(key=lambda c: c[0])
     return _enc.encode(PendingReply(items=[item for _, item in chosen], more=True))
-

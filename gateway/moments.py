@@ -70,10 +70,9 @@ from gateway.moment_record import (
     state_header,
 )
 from pgwcore.keys import DigestKey
-from pgwcore.kvread import kv_keys
+from pgwcore.kvread import kv_keys, kv_last_seq
 from pgwcore.logs import get_logger
 from pgwcore.loop import together
-from pgwcore.msgget import last_seq_under
 from pgwcore.publish import KvWriter, Publisher
 from pgwcore.service import delivery
 from pgwcore.streams import ensure_kv, ensure_stream
@@ -338,9 +337,9 @@ class MomentDesk:
         The moment list reads the derived index (gateway.moment_list) only then, so a moment
         stored (by any instance) before the query is in it, as when the index was its own write.
         """
-        # The bucket's last record, not the stream's last message (pgwcore.msgget.last_seq_under): one stored
+        # The bucket's last record, not the stream's last message (pgwcore.kvread.kv_last_seq): one stored
         # under another subject never reaches the watcher, and each moment list waited for it until its timeout.
-        target = await last_seq_under(self.js, f"KV_{BUCKET}", f"{_PRE}>")
+        target = await kv_last_seq(self.js, BUCKET)
         if self._followed >= target:
             return True
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

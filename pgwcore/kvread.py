@@ -100,6 +100,12 @@ async def get_last(nc: Client, api_prefix: str, bucket: str, key: str, timeout: 
     return value, m.seq
 
 
+async def kv_last_seq(js: Any, bucket: str) -> int:
+    """The stream sequence of bucket ``bucket``'s last entry, 0 when it holds none: its last message under the
+    bucket's own subjects, not the stream's last message (one stored outside them: pgwcore.msgget.outside)."""
+    return await last_seq_under(js, f"KV_{bucket}", f"$KV.{bucket}.>")
+
+
 async def kv_keys(js: Any, bucket: str, pattern: str = ">") -> list[str]:
     """The keys of bucket ``bucket`` matching ``pattern`` that have an entry (a delete marker counts: the
     caller's read finds it gone), from the server's per-subject index of the bucket's stream; none when
@@ -139,7 +145,7 @@ async def listing(js: Any, kv: Any, bucket: str, pattern: str = ">", timeout: fl
         # Not the stream's message count: a message the server delivered to a party's reply subject in the
         # bucket is stored under another subject (pgwcore.msgget.outside), so a bucket with no key held one
         # message, and the watch that no entry comes to waited out its timeout at every sweep (a review).
-        if not await last_seq_under(js, f"KV_{bucket}", f"$KV.{bucket}.>"):
+        if not await kv_last_seq(js, bucket):
             return [], []
     elif not await kv_keys(js, bucket, pattern):
         return [], []

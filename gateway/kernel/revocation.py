@@ -48,8 +48,8 @@ from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KV_DEL, KV_PURGE
 
 from gateway.kernel.eventlog import walk_log
+from pgwcore.kvread import kv_last_seq
 from pgwcore.logs import get_logger
-from pgwcore.msgget import last_seq_under
 from pgwcore.streams import ensure_kv, retrying
 from subjects.kernelops import RevokeReply, revoke_request_decoder, revoke_subject
 from subjects.util import now_rfc3339, stable_id
@@ -115,7 +115,7 @@ class Revocations:
         # outcome the server delivered to a reply subject in the bucket, pgwcore.msgget.outside) never reaches
         # the watch, and every later start failed waiting for it (found by a docs-only attack).
         # Asked again while the stream's leader is elected (a node restarted): as the log's read above.
-        self._upto = await retrying(lambda: last_seq_under(self.kernel.js, f"KV_{BUCKET}", f"$KV.{BUCKET}.>"),
+        self._upto = await retrying(lambda: kv_last_seq(self.kernel.js, BUCKET),
                                     "the revocation bucket's last entry", 60.0)
         self._watcher = await self.kv.watchall()
         ready = asyncio.get_running_loop().create_future()
