@@ -509,3 +509,29 @@ def test_the_gate_floor_shapes_parse() -> None:
     for bad in ("sess+submitted", "read:idp / reply / reply", "sess+bogus / reply", "read:gate / reply"):
         with pytest.raises(ValueError):
             parse_gate_shape(bad)
+
+
+async def test_an_instance_count_is_of_answers_never_of_the_no_responders_status(nats_server: EmbeddedServer) -> None:
+    """The bench's wait_gateway and the suite's count_micro count instances answering ``$SRV.PING``. With none
+    registered, the server answers the ping itself, with its "no responders" status: counted as an instance,
+    wait_gateway returned at once for a gateway that never started (its driver then waited 900 s on envelopes
+    nobody read), and wait_services went on before a service had registered."""
+    from benchmarks.harness import wait_gateway
+    from pgwcore.micro import MicroRegistration
+    from tests.chaos.harness import count_micro
+
+    nc = await connect(nats_server.client_url, name="instance-count")
+    try:
+        assert await count_micro(nc, "pgw-gateway", timeout=0.5) == 0
+        with pytest.raises(TimeoutError, match="did not start"):
+            await wait_gateway(nc, timeout=1)
+        reg = await MicroRegistration(nc, "gateway").start()
+        try:
+            await wait_gateway(nc, timeout=10)
+            assert await count_micro(nc, "pgw-gateway", enough=1) == 1
+            with pytest.raises(TimeoutError):
+                await wait_gateway(nc, timeout=1, count=2)  # one instance and no status make no second
+        finally:
+            await reg.drain()
+    finally:
+        await nc.close()
