@@ -1,13 +1,19 @@
-"""Two trees' gateways driven at the same time: ``python -m benchmarks.side_by_side TREE_A TREE_B``.
+"""Two gateways, or a gateway and its contract floor, driven at the same time: ``python -m benchmarks.side_by_side
+TREE_A TREE_B`` / ``python -m benchmarks.side_by_side --floor TREE``.
 
 What a change to the gateway's own code moved, on a shared host (issue 48, target 3). Gateways run one
 after the other read their CPU per envelope under different loads of the host's other tenants, and a
 change of a few per cent drowned in that (the seventh look, benchmarks/performance-changes.md). Here
-each tree's gateway has an embedded server of its own, both are driven at once with the same closed
+each contender has an embedded server of its own, both are driven at once with the same closed
 loop (the bench's driver, new 1 KB moments, 256 in flight), so whatever the host does it does to both;
-each round swaps which server each tree runs on, and starts both afresh. A round's figure is tree B's
-CPU per envelope over tree A's (each process's CPU-time clock); the median of the rounds is the answer,
+each round swaps which server each contender runs on, and starts both afresh. A round's figure is B's
+CPU per envelope over A's (each process's CPU-time clock); the median of the rounds is the answer,
 and two copies of one tree (an A/A run) show the spread that is noise.
+
+``--floor TREE``: A is the contract floor with the two watches every instance keeps (``benchmarks/relay.py``
+``floor-watch``, from this checkout), B the gateway of TREE: target 3's ratio (``make bench``'s "gateway CPU
+per envelope vs the contract floor with its two watches") judged side by side, as a report beside the
+bench's, which runs the two one after the other.
 
 A tree is a directory holding the project's sources (``git worktree add`` or ``git archive | tar -x``);
 its gateway runs with this interpreter and that directory first on ``PYTHONPATH``.
@@ -20,8 +26,12 @@ import argparse
 import asyncio
 import statistics
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
+from nats.aio.client import Client
+
+from benchmarks import relay as relay_mod
 from benchmarks.harness import (
     PRINCIPAL,
     Driver,
@@ -29,6 +39,7 @@ from benchmarks.harness import (
     cpu_s,
     progress,
     start_gateway,
+    start_ready,
     stop,
     wait_gateway,
 )
@@ -37,10 +48,38 @@ from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
 from pgwcore.streams import ensure_streams
 
+FLOOR = "floor-watch"
 
-async def measure(trees: tuple[Path, Path], n: int, rounds: int, warm: int) -> dict[Path, list[float]]:
-    """Each tree's gateway CPU per envelope (ms), one figure a round."""
-    got: dict[Path, list[float]] = {t: [] for t in trees}
+
+@dataclass(frozen=True)
+class Contender:
+    """One side: a tree's gateway, or (``tree`` None) the contract floor with its two watches."""
+
+    tree: Path | None
+
+    @property
+    def name(self) -> str:
+        return str(self.tree) if self.tree is not None else f"contract floor + its 2 watches ({FLOOR})"
+
+    def system(self) -> System:
+        if self.tree is None:
+            return System(FLOOR, "bench.fwagent", f"bench.fwsurface.{PRINCIPAL}", "BENCH_FW_IN",
+                          relay_mod.durable(FLOOR))
+        return System("gateway", "pgw.agent", f"pgw.principal.{PRINCIPAL}.surface", "PGW_INBOUND", "pgw-gateway")
+
+    async def start(self, nc: Client, url: str, data: Path) -> asyncio.subprocess.Process:
+        if self.tree is None:
+            data.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - process start-up, not a hot path
+            return await start_ready(nc, f"bench.relay.ready.{FLOOR}", "benchmarks.relay", url, FLOOR,
+                                     log_path=data / "relay.log")
+        proc = await start_gateway(url, data, tree=self.tree)
+        await wait_gateway(nc)
+        return proc
+
+
+async def measure(sides: tuple[Contender, Contender], n: int, rounds: int, warm: int) -> dict[Contender, list[float]]:
+    """Each side's CPU per envelope (ms), one figure a round."""
+    got: dict[Contender, list[float]] = {c: [] for c in sides}
     with tempfile.TemporaryDirectory(prefix="pgw-side-") as d:
         root = Path(d)
         async with EmbeddedServer(root / "n0", port=-1, monitor_port=-1, websocket_port=None) as s0, \
@@ -49,32 +88,39 @@ async def measure(trees: tuple[Path, Path], n: int, rounds: int, warm: int) -> d
             for s in servers:
                 nc = await connect(s.client_url, name="side-by-side-driver")
                 await ensure_streams(nc.jetstream(), Config().subjects)
-                system = System("gateway", "pgw.agent", f"pgw.principal.{PRINCIPAL}.surface", "PGW_INBOUND", "pgw-gateway")
+                if any(c.tree is None for c in sides):
+                    await relay_mod.ensure_relay_streams(nc)
                 driver = Driver(nc)
-                await driver.watch(system)
+                # Each server runs either side, a round each: both sides' systems are watched on both (two
+                # gateways are one system there, watched once: only one runs on a server at a time).
+                by_name: dict[str, System] = {}
+                for c in sides:
+                    by_name.setdefault(c.system().name, c.system())
+                for system in by_name.values():
+                    await driver.watch(system)
                 ncs.append(nc)
                 drivers.append(driver)
-                systems.append(system)
+                systems.append({c: by_name[c.system().name] for c in sides})
             try:
                 for r in range(rounds):
-                    order = trees if r % 2 == 0 else trees[::-1]
+                    order = sides if r % 2 == 0 else sides[::-1]
                     procs = []
                     try:
-                        for i, tree in enumerate(order):
-                            procs.append(await start_gateway(servers[i].client_url, root / f"gw{r}-{i}", tree=tree))
-                            await wait_gateway(ncs[i])
+                        for i, c in enumerate(order):
+                            procs.append(await c.start(ncs[i], servers[i].client_url, root / f"p{r}-{i}"))
                         if warm:
-                            await asyncio.gather(*(drivers[i].throughput(systems[i], warm) for i in range(2)))
+                            await asyncio.gather(*(drivers[i].throughput(systems[i][c], warm)
+                                                   for i, c in enumerate(order)))
                         before = [cpu_s(p.pid) for p in procs]
-                        await asyncio.gather(*(drivers[i].throughput(systems[i], n, label=f"round {r + 1}, {order[i].name}")
-                                               for i in range(2)))
+                        await asyncio.gather(*(drivers[i].throughput(systems[i][c], n, label=f"round {r + 1}, side {i}")
+                                               for i, c in enumerate(order)))
                         after = [cpu_s(p.pid) for p in procs]
                     finally:
                         for p in procs:
                             await stop(p)
-                    for i, tree in enumerate(order):
-                        got[tree].append((after[i] - before[i]) * 1000 / n)
-                    a, b = (got[t][-1] for t in trees)
+                    for i, c in enumerate(order):
+                        got[c].append((after[i] - before[i]) * 1000 / n)
+                    a, b = (got[c][-1] for c in sides)
                     progress(f"round {r + 1}/{rounds}: A {a:.4f} ms, B {b:.4f} ms an envelope, B/A {b / a:.3f}")
             finally:
                 for nc in ncs:
@@ -82,31 +128,36 @@ async def measure(trees: tuple[Path, Path], n: int, rounds: int, warm: int) -> d
     return got
 
 
-def report(trees: tuple[Path, Path], got: dict[Path, list[float]]) -> str:
-    """The table: each tree's figures and mean, each round's B/A, and their median."""
-    a, b = trees
+def report(sides: tuple[Contender, Contender], got: dict[Contender, list[float]]) -> str:
+    """The table: each side's figures and mean, each round's B/A, and their median."""
+    a, b = sides
     ratios = [y / x for x, y in zip(got[a], got[b], strict=True)]
-    lines = [f"{label} {t!s:40} " + " ".join(f"{x:.4f}" for x in got[t]) + f"  mean {statistics.fmean(got[t]):.4f} ms"
-             for label, t in (("A", a), ("B", b))]
+    lines = [f"{label} {c.name:40} " + " ".join(f"{x:.4f}" for x in got[c]) + f"  mean {statistics.fmean(got[c]):.4f} ms"
+             for label, c in (("A", a), ("B", b))]
     lines.append("B/A by round: " + " ".join(f"{x:.3f}" for x in ratios) + f"  median {statistics.median(ratios):.3f}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.side_by_side", description=__doc__.split("\n\n")[0])
-    ap.add_argument("tree_a", type=Path)
-    ap.add_argument("tree_b", type=Path)
+    ap.add_argument("trees", type=Path, nargs="+", metavar="TREE",
+                    help="TREE_A TREE_B: two trees' gateways; with --floor, one tree, against the contract floor")
+    ap.add_argument("--floor", action="store_true",
+                    help=f"A is the contract floor with its two watches ({FLOOR}), B the one TREE's gateway")
     ap.add_argument("--n", type=int, default=8000, help="envelopes a round (default 8000)")
     ap.add_argument("--rounds", type=int, default=6, help="rounds, each swapping the servers (default 6)")
     ap.add_argument("--warm", type=int, default=2000, help="envelopes before each round's measure (default 2000)")
     args = ap.parse_args(argv)
-    trees = (args.tree_a.resolve(), args.tree_b.resolve())
-    if trees[0] == trees[1]:
+    trees = [t.resolve() for t in args.trees]
+    if len(trees) != (1 if args.floor else 2):
+        ap.error("--floor takes one TREE" if args.floor else "two trees: TREE_A TREE_B (or --floor TREE)")
+    if not args.floor and trees[0] == trees[1]:
         ap.error("the two trees are one directory: for an A/A run, copy it (git archive HEAD | tar -x -C COPY)")
     for t in trees:
         if not (t / "gateway" / "pipeline.py").is_file():
             ap.error(f"{t} holds no gateway sources (gateway/pipeline.py)")
-    print(report(trees, asyncio.run(measure(trees, args.n, args.rounds, args.warm))))
+    sides = (Contender(None), Contender(trees[0])) if args.floor else (Contender(trees[0]), Contender(trees[1]))
+    print(report(sides, asyncio.run(measure(sides, args.n, args.rounds, args.warm))))
     return 0
 
 

@@ -419,20 +419,34 @@ async def test_side_by_side_drives_two_trees_at_once_and_swaps_their_servers(tmp
     servers next round; every envelope is acked (Driver.throughput), each figure is a CPU time, the report has the
     median of the rounds' ratios; a directory without the gateway's sources is refused before anything starts."""
     from benchmarks.harness import REPO
-    from benchmarks.side_by_side import main, measure, report
+    from benchmarks.side_by_side import Contender, main, measure, report
 
     copy = tmp_path / "copy"  # a second tree: the project's packages copied (an A/A run)
     for d in ("gateway", "pgwcore", "pgwcli", "subjects", "consumers", "integrations"):
         if (Path(REPO) / d).is_dir():
             shutil.copytree(Path(REPO) / d, copy / d, ignore=shutil.ignore_patterns("__pycache__", "node_modules"))
-    trees = (Path(REPO), copy)
-    got = await measure(trees, n=120, rounds=2, warm=0)
-    assert all(len(got[t]) == 2 and all(x > 0 for x in got[t]) for t in trees), got
-    assert "median" in report(trees, got)
-    for other in (tmp_path / "empty", Path(REPO)):  # no sources; the same tree twice
+    sides = (Contender(Path(REPO)), Contender(copy))
+    got = await measure(sides, n=120, rounds=2, warm=0)
+    assert all(len(got[c]) == 2 and all(x > 0 for x in got[c]) for c in sides), got
+    assert "median" in report(sides, got)
+    for args in ([str(REPO), str(tmp_path / "empty")], [str(REPO), str(REPO)],  # no sources; the same tree twice
+                 [str(REPO)], ["--floor", str(REPO), str(copy)]):  # one tree, or two with --floor
         with pytest.raises(SystemExit) as e:
-            main([str(REPO), str(other)])
+            main(args)
         assert e.value.code == 2
+
+
+async def test_side_by_side_drives_a_gateway_beside_its_contract_floor() -> None:
+    """``--floor``: side A is the contract floor with its two watches (the relay's floor-watch), B the tree's
+    gateway, on swapped servers each round; each side's inputs all acked, each figure a CPU time."""
+    from benchmarks.harness import REPO
+    from benchmarks.side_by_side import Contender, measure, report
+
+    sides = (Contender(None), Contender(Path(REPO)))
+    assert sides[0].system().name == "floor-watch" and sides[1].system().name == "gateway"
+    got = await measure(sides, n=120, rounds=2, warm=0)
+    assert all(len(got[c]) == 2 and all(x > 0 for x in got[c]) for c in sides), got
+    assert "contract floor + its 2 watches" in report(sides, got)
 
 
 @pytest.mark.parametrize(("gated", "floor", "failed", "expected"), [
