@@ -6,9 +6,12 @@ after the other read their CPU per envelope under different loads of the host's 
 change of a few per cent drowned in that (the seventh look, benchmarks/performance-changes.md). Here
 each contender has an embedded server of its own, both are driven at once with the same closed
 loop (the bench's driver, new 1 KB moments, 256 in flight), so whatever the host does it does to both;
-each round swaps which server each contender runs on, and starts both afresh. A round's figure is B's
-CPU per envelope over A's (each process's CPU-time clock); the median of the rounds is the answer,
-and two copies of one tree (an A/A run) show the spread that is noise.
+each round swaps which server each contender runs on, and starts both processes afresh (the servers
+keep what earlier rounds stored: the warm-up, ``--warm``, takes in the watches' replay of it). A round's
+figure is B's CPU per envelope over A's (each process's CPU-time clock); the median of the rounds is
+the answer, and two copies of one tree (an A/A run) show the spread that is noise. Each side's loop is
+the bench's own: a gateway's slot is free once the envelope's outcome is out, the floor's once its
+surface item is (``bench_gateway._systems``).
 
 ``--floor TREE``: A is the contract floor with the two watches every instance keeps (``benchmarks/relay.py``
 ``floor-watch``, from this checkout), B the gateway of TREE: target 3's ratio (``make bench``'s "gateway CPU
@@ -32,8 +35,8 @@ from pathlib import Path
 from nats.aio.client import Client
 
 from benchmarks import relay as relay_mod
+from benchmarks.bench_gateway import _systems
 from benchmarks.harness import (
-    PRINCIPAL,
     Driver,
     System,
     cpu_s,
@@ -62,10 +65,10 @@ class Contender:
         return str(self.tree) if self.tree is not None else f"contract floor + its 2 watches ({FLOOR})"
 
     def system(self) -> System:
-        if self.tree is None:
-            return System(FLOOR, "bench.fwagent", f"bench.fwsurface.{PRINCIPAL}", "BENCH_FW_IN",
-                          relay_mod.durable(FLOOR))
-        return System("gateway", "pgw.agent", f"pgw.principal.{PRINCIPAL}.surface", "PGW_INBOUND", "pgw-gateway")
+        """The bench's own system for this side (``bench_gateway._systems``): the gateway's closed loop frees a
+        slot on the envelope's outcome, the floor's on its surface item, as in ``make bench``."""
+        gw, *_, floor_watch = _systems()
+        return floor_watch if self.tree is None else gw
 
     async def start(self, nc: Client, url: str, data: Path) -> asyncio.subprocess.Process:
         if self.tree is None:
@@ -73,7 +76,11 @@ class Contender:
             return await start_ready(nc, f"bench.relay.ready.{FLOOR}", "benchmarks.relay", url, FLOOR,
                                      log_path=data / "relay.log")
         proc = await start_gateway(url, data, tree=self.tree)
-        await wait_gateway(nc)
+        try:
+            await wait_gateway(nc)
+        except BaseException:  # not in the caller's hands yet: stopped here, or it outlives the run
+            await stop(proc)
+            raise
         return proc
 
 
@@ -94,13 +101,15 @@ async def measure(sides: tuple[Contender, Contender], n: int, rounds: int, warm:
                 # Each server runs either side, a round each: both sides' systems are watched on both (two
                 # gateways are one system there, watched once: only one runs on a server at a time).
                 by_name: dict[str, System] = {}
+                mine: dict[Contender, System] = {}
                 for c in sides:
-                    by_name.setdefault(c.system().name, c.system())
+                    fresh = c.system()
+                    mine[c] = by_name.setdefault(fresh.name, fresh)
                 for system in by_name.values():
                     await driver.watch(system)
                 ncs.append(nc)
                 drivers.append(driver)
-                systems.append({c: by_name[c.system().name] for c in sides})
+                systems.append(mine)
             try:
                 for r in range(rounds):
                     order = sides if r % 2 == 0 else sides[::-1]
@@ -112,7 +121,7 @@ async def measure(sides: tuple[Contender, Contender], n: int, rounds: int, warm:
                             await asyncio.gather(*(drivers[i].throughput(systems[i][c], warm)
                                                    for i, c in enumerate(order)))
                         before = [cpu_s(p.pid) for p in procs]
-                        await asyncio.gather(*(drivers[i].throughput(systems[i][c], n, label=f"round {r + 1}, side {i}")
+                        await asyncio.gather(*(drivers[i].throughput(systems[i][c], n, label=f"round {r + 1}, {'AB'[sides.index(c)]}")
                                                for i, c in enumerate(order)))
                         after = [cpu_s(p.pid) for p in procs]
                     finally:
@@ -132,7 +141,7 @@ def report(sides: tuple[Contender, Contender], got: dict[Contender, list[float]]
     """The table: each side's figures and mean, each round's B/A, and their median."""
     a, b = sides
     ratios = [y / x for x, y in zip(got[a], got[b], strict=True)]
-    lines = [f"{label} {c.name:40} " + " ".join(f"{x:.4f}" for x in got[c]) + f"  mean {statistics.fmean(got[c]):.4f} ms"
+    lines = [f"{label} {c.name:46} " + " ".join(f"{x:.4f}" for x in got[c]) + f"  mean {statistics.fmean(got[c]):.4f} ms"
              for label, c in (("A", a), ("B", b))]
     lines.append("B/A by round: " + " ".join(f"{x:.3f}" for x in ratios) + f"  median {statistics.median(ratios):.3f}")
     return "\n".join(lines)

@@ -549,3 +549,31 @@ async def test_an_instance_count_is_of_answers_never_of_the_no_responders_status
             await reg.drain()
     finally:
         await nc.close()
+
+
+async def test_side_by_side_stops_a_gateway_that_never_registers(nats_server: EmbeddedServer, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gateway started for a round that is not found serving (wait_gateway fails) is stopped before the error
+    goes on: it is in no round's hands yet, and in a session of its own it would outlive the run."""
+    import benchmarks.side_by_side as sbs
+    from benchmarks.harness import REPO
+
+    started: list[asyncio.subprocess.Process] = []
+    real_start = sbs.start_gateway
+
+    async def recording_start(*args: Any, **kw: Any) -> asyncio.subprocess.Process:
+        started.append(await real_start(*args, **kw))
+        return started[-1]
+
+    async def never_found(nc: Any, timeout: float = 30, count: int = 1) -> None:
+        raise TimeoutError(f"{count} gateway instance(s) did not start")
+
+    monkeypatch.setattr(sbs, "start_gateway", recording_start)
+    monkeypatch.setattr(sbs, "wait_gateway", never_found)
+    nc = await connect(nats_server.client_url, name="side-by-side-start")
+    try:
+        with pytest.raises(TimeoutError, match="did not start"):
+            await sbs.Contender(Path(REPO)).start(nc, nats_server.client_url, tmp_path / "gw")
+    finally:
+        await nc.close()
+    assert len(started) == 1 and started[0].returncode is not None
