@@ -194,9 +194,8 @@ async def start_gateway(url: str, data: Path, extra_toml: str = "", *, tree: Pat
     log = open(data / "gateway.log", "wb")  # noqa: SIM115, ASYNC230 - handed to the child
     # PGW_BENCH_GW_PROFILE=FILE: the gateway runs under cProfile and writes FILE at exit (SIGTERM).
     prof = os.environ.get("PGW_BENCH_GW_PROFILE")
-    cmd = [sys.executable, "-m", "cProfile", "-o", prof, "-m", "pgwcli"] if prof else [PGW]
-    if tree is not None:
-        cmd = [sys.executable, "-m", "pgwcli"]
+    cmd = ([sys.executable, "-m", "pgwcli"] if tree is not None  # the tree's sources, not the installed pgw
+           else [sys.executable, "-m", "cProfile", "-o", prof, "-m", "pgwcli"] if prof else [PGW])
     proc = await asyncio.create_subprocess_exec(
         *cmd, "--server", url, "--data-dir", str(data), "--config", str(cfg), "--log-format", "json",
         "--log-level", "WARNING", "gateway", stdout=log, stderr=log, start_new_session=True,
