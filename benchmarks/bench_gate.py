@@ -82,6 +82,7 @@ from typing import Any
 
 import msgspec
 
+from benchmarks import harness
 from benchmarks.harness import pct, serve_each
 from pgwcore import loop as pgw_loop
 
@@ -629,7 +630,7 @@ def run() -> list[dict]:
     import structlog
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    return pgw_loop.run(_main())
+    return harness.run(_main())
 
 
 if __name__ == "__main__":

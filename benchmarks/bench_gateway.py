@@ -56,6 +56,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks import harness
 from benchmarks import relay as relay_mod
 from benchmarks.harness import (
     PRINCIPAL,
@@ -71,7 +72,6 @@ from benchmarks.harness import (
     stop,
     wait_gateway,
 )
-from pgwcore import loop as pgw_loop
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
@@ -460,7 +460,7 @@ async def measure(*, n: int, lat_runs: int, rate_s: float, soak_s: float, lat_ru
 
 def run() -> list[dict]:
     """Rows for ``python -m benchmarks`` (starts its own servers and processes)."""
-    return pgw_loop.run(measure(
+    return harness.run(measure(
         n=env_int("PGW_BENCH_N", 2000),
         lat_runs=env_int("PGW_BENCH_LAT_RUNS", 5),
         # Under ``always`` the p99 target is a ratio to the contract floor's window: as many gateway

@@ -82,6 +82,7 @@ from typing import Any
 
 import msgspec
 
+from benchmarks import harness
 from benchmarks.harness import pct, serve_each
 from pgwcore import loop as pgw_loop
 
@@ -494,7 +495,7 @@ def run() -> list[dict]:
 
     # The kernel logs one line per request; keep the benchmark's output to its table.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    return pgw_loop.run(_main())
+    return harness.run(_main())
 
 
 async def _shapes(shapes: list[str], rounds: int) -> list[list[tuple[int, float, float]]]:
@@ -554,7 +555,7 @@ def shapes_main(argv: list[str]) -> int:
             print(f"bad shape: {e}", file=sys.stderr)
             return 2
     rounds = max(1, int(os.environ.get("PGW_BENCH_IDP_ROUNDS", "2")))
-    results = pgw_loop.run(_shapes(shapes, rounds))
+    results = harness.run(_shapes(shapes, rounds))
     width = max(len(s) for s in shapes)
     print(f"p99 in ms at each offered rate ({SECONDS:g} s per step; * = a request failed or under 95 % of offered achieved)")
     for k, steps in enumerate(results):

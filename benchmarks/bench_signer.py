@@ -46,11 +46,11 @@ import msgspec
 import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from benchmarks import harness
 from benchmarks.harness import cpu_s
 from consumers import capsule as capm
 from consumers import capsule_map, capsule_v4, profiles
 from consumers.signer import Signer, _Head, _Job, claims_for, sign_payload
-from pgwcore import loop as pgw_loop
 from pgwcore.config import load_config
 from pgwcore.connect import connect
 from pgwcore.keys import SigningKey, kid_of
@@ -204,9 +204,9 @@ def run() -> list[dict]:
     raw4_cpu = (time.process_time() - c0) / len(payloads4)
     cpu: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as d:
-        signer = pgw_loop.run(_through_signer(verdicts, Path(d), cpu=cpu))
+        signer = harness.run(_through_signer(verdicts, Path(d), cpu=cpu))
     with tempfile.TemporaryDirectory() as d:  # the same, signing in the signer's own process
-        signer0 = pgw_loop.run(_through_signer(verdicts, Path(d), workers=0))
+        signer0 = harness.run(_through_signer(verdicts, Path(d), workers=0))
     raw4b = _raw_format4(payloads4, priv, key.kid)  # again after both: the load may have changed
 
     def row(name: str, value: float, baseline: float, note: str) -> dict:

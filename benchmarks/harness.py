@@ -25,12 +25,14 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Awaitable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.aio.client import Client
 
+from pgwcore import loop as pgw_loop
 from pgwcore.delivery import no_responders
 from subjects.client import BINDING_MOMENT_KIND, envelope
 
@@ -59,6 +61,48 @@ _T0 = time.monotonic()
 def progress(msg: str) -> None:
     """One line on stderr, with the seconds since the harness started: a long module shows it is alive."""
     print(f"  [{time.monotonic() - _T0:6.1f} s] {msg}", file=sys.stderr, flush=True)
+
+
+T = TypeVar("T")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+async def until_signal(main: Coroutine[Any, Any, T]) -> T:
+    """``await main``, stopped by SIGTERM or SIGHUP the way Ctrl-C stops it: the run's task is cancelled,
+    so its ``finally`` blocks stop the servers and processes it started, then the process exits with 128 +
+    the signal's number. Those processes run in sessions of their own (a Ctrl-C in the terminal reaches
+    only the run, which stops them in order), so a run ended by ``timeout`` or a closed terminal left
+    them running, gateways and servers beside the next run's measure. A second signal is left to its
+    default action."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    got: list[int] = []
+
+    def stop(sig: int) -> None:
+        got.append(sig)
+        for s in STOP_SIGNALS:
+            loop.remove_signal_handler(s)
+        progress(f"{signal.Signals(sig).name}: stopping the servers and processes this run started")
+        task.cancel()
+
+    for s in STOP_SIGNALS:
+        loop.add_signal_handler(s, stop, s)
+    try:
+        return await main
+    except asyncio.CancelledError:
+        if got:
+            raise SystemExit(128 + got[0]) from None
+        raise
+    finally:
+        if not got:
+            for s in STOP_SIGNALS:
+                loop.remove_signal_handler(s)
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """A benchmark's run on the project's loop (``pgwcore.loop.run``), stopped cleanly by a signal (``until_signal``)."""
+    return pgw_loop.run(until_signal(main))
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -452,7 +496,7 @@ class Driver:
         reporter = asyncio.create_task(report())
         try:
             t0 = time.perf_counter()
-            await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), 900)
+            await asyncio.wait_for(_gathered(one(i) for i in range(n)), 900)
             await self.acked_through(system, last[0])
             system.check()
             return n / (time.perf_counter() - t0)
@@ -474,7 +518,7 @@ class Driver:
                 next_report += 5
                 progress(f"{label or system.name}: {i:,}/{n:,} sent at {rate:.0f}/s")
             tasks.append(asyncio.create_task(self._timed(system, sent)))
-        await asyncio.wait_for(asyncio.gather(*tasks), 900)
+        await asyncio.wait_for(_gathered(tasks), 900)
         system.check()
         lat = sorted((system.received[e] - t0) * 1000 for e, t0 in sent.items())
         span = max(system.received[e] for e in sent) - t_start
@@ -488,6 +532,15 @@ class Driver:
                 break
             await asyncio.sleep(0.01)
         sent[eid] = t0
+
+
+def _gathered(aws: Iterable[Awaitable[Any]]) -> asyncio.Future[list[Any]]:
+    """``asyncio.gather`` whose failure is marked retrieved: cancelled inside ``wait_for`` (a run stopped by a
+    signal, ``until_signal``), Python 3.11's gathering future ends holding a ``CancelledError`` nobody reads,
+    and the loop prints it as "never retrieved" for every driver that was running."""
+    gathered = asyncio.gather(*aws)
+    gathered.add_done_callback(pgw_loop.retrieve)
+    return gathered
 
 
 def row(name: str, value: float, baseline: float | None, unit: str, *, digits: int = 3) -> dict:

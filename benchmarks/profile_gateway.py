@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import PRINCIPAL, Driver, System, wait_gateway
+from benchmarks.harness import PRINCIPAL, Driver, System, until_signal, wait_gateway
 from pgwcore.config import Config
 from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer
@@ -59,7 +59,7 @@ async def _profile(n: int, out: Path) -> None:
 
 def main() -> int:
     out = Path(os.environ.get("PGW_PROFILE_OUT", "gateway-profile.pstats"))
-    asyncio.run(_profile(int(os.environ.get("PGW_PROFILE_N", "3000")), out))
+    asyncio.run(until_signal(_profile(int(os.environ.get("PGW_PROFILE_N", "3000")), out)))
     stats = pstats.Stats(str(out))
     print(f"== top 25 by own time (profile: {out}) ==")
     stats.sort_stats("tottime").print_stats(25)

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import harness
 from benchmarks.harness import progress
-from pgwcore import loop as pgw_loop
 from pgwcore.server import EmbeddedServer
 
 
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.seconds < 1 or args.rate <= 0:
         ap.error("--seconds must be >= 1 and --rate > 0")
-    print(pgw_loop.run(_main(args.rate, args.seconds, args.sync, args.top)))
+    print(harness.run(_main(args.rate, args.seconds, args.sync, args.top)))
     return 0
 
 

@@ -44,6 +44,7 @@ from benchmarks.harness import (
     start_gateway,
     start_ready,
     stop,
+    until_signal,
     wait_gateway,
 )
 from pgwcore.config import Config
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (t / "gateway" / "pipeline.py").is_file():
             ap.error(f"{t} holds no gateway sources (gateway/pipeline.py)")
     sides = (Contender(None), Contender(trees[0])) if args.floor else (Contender(trees[0]), Contender(trees[1]))
-    print(report(sides, asyncio.run(measure(sides, args.n, args.rounds, args.warm))))
+    print(report(sides, asyncio.run(until_signal(measure(sides, args.n, args.rounds, args.warm)))))
     return 0
 
 

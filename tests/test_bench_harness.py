@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -577,3 +579,65 @@ async def test_side_by_side_stops_a_gateway_that_never_registers(nats_server: Em
     finally:
         await nc.close()
     assert len(started) == 1 and started[0].returncode is not None
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The processes whose parent is ``pid`` (``/proc``), with their command lines."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rpartition(")")[2].split()[1])
+                if ppid == pid:
+                    out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, IndexError, ValueError):
+                continue  # exited meanwhile
+    return out
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (dead, waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+async def test_a_run_stopped_by_sigterm_stops_the_servers_and_gateways_it_started(tmp_path: Path) -> None:
+    """``timeout`` or a closed terminal (SIGTERM, SIGHUP) stops a benchmark run the way Ctrl-C does
+    (``harness.until_signal``): its servers and gateways run in sessions of their own, and a run killed mid-round
+    left them running beside the next run's measure. A real ``side_by_side --floor`` is signalled mid-round:
+    it exits with 143, and every process it started is gone, its temporary directory too."""
+    from benchmarks.harness import REPO
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.side_by_side", "--floor", REPO, "--rounds", "1", "--n", "50000",
+        "--warm", "0", cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.stderr is not None
+    seen: list[bytes] = []
+    try:
+        async def until_driven() -> None:  # the first progress line of the measured round: both sides driven
+            async for line in proc.stderr:
+                seen.append(line)
+                if b"round 1, " in line:
+                    return
+            raise AssertionError("side_by_side ended before its round: " + b"".join(seen[-20:]).decode(errors="replace"))
+
+        await asyncio.wait_for(until_driven(), 180)
+        started = _children(proc.pid)
+        assert sum("nats-server" in c for c in started.values()) == 2, started
+        assert any("pgwcli" in c and " gateway" in c for c in started.values()), started
+        assert any("benchmarks.relay" in c for c in started.values()), started
+        proc.send_signal(signal.SIGTERM)
+        rest = await asyncio.wait_for(proc.stderr.read(), 120)
+        assert await proc.wait() == 143, rest.decode(errors="replace")[-3000:]
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    left = {pid: c for pid, c in started.items() if _running(pid)}
+    assert not left, f"left running after the run ended: {left}"
+    assert list(tmp_path.glob("pgw-side-*")) == []  # noqa: ASYNC240 - after the run, not a hot path
+    assert b"never retrieved" not in rest, rest.decode(errors="replace")[-3000:]
+    assert b"SIGTERM: stopping the servers and processes this run started" in rest
