@@ -22,16 +22,26 @@ async def until(
     interval: float = 0.05,
     what: str | Callable[[], str] = "condition",
 ) -> T:
-    """Call ``probe()`` until it returns something truthy; return that. TimeoutError after ``timeout``."""
+    """Call ``probe()`` until it returns something truthy; return that. TimeoutError after ``timeout``.
+
+    A probe that times out (a request the server answered late: on a loaded machine a stream's info took
+    over nats-py's 5 s, and a chaos test failed on the probe, not on what it waited for) counts as not yet,
+    within the same bound; the last such timeout is the cause of the TimeoutError. Any other error of the
+    probe is raised at once."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    late: TimeoutError | None = None
     while True:
-        value = await probe()
+        try:
+            value = await probe()
+        except TimeoutError as e:  # nats.errors.TimeoutError is one too
+            value, late = None, e
         if value:
             return value
         if loop.time() > deadline:
             desc = what() if callable(what) else what
-            raise TimeoutError(f"{desc} not reached within {timeout} s")
+            raise TimeoutError(f"{desc} not reached within {timeout} s"
+                               + (f" (the probe's last request timed out: {late!r})" if late else "")) from late
         await asyncio.sleep(interval)
 
 
