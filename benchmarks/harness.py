@@ -15,6 +15,7 @@ floor has passed the last envelope's stream sequence.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import functools
 import json
@@ -23,6 +24,7 @@ import signal
 import statistics
 import sys
 import time
+import traceback
 import urllib.request
 import uuid
 from collections.abc import Awaitable, Coroutine, Iterable
@@ -67,37 +69,76 @@ T = TypeVar("T")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
-async def until_signal(main: Coroutine[Any, Any, T]) -> T:
-    """``await main``, stopped by SIGTERM or SIGHUP the way Ctrl-C stops it: the run's task is cancelled,
-    so its ``finally`` blocks stop the servers and processes it started, then the process exits with 128 +
-    the signal's number. Those processes run in sessions of their own (a Ctrl-C in the terminal reaches
-    only the run, which stops them in order), so a run ended by ``timeout`` or a closed terminal left
-    them running, gateways and servers beside the next run's measure. A second signal is left to its
-    default action."""
+async def until_signal(main: Coroutine[Any, Any, T], *, grace: float = 15.0) -> T:
+    """``await main``, stopped by SIGTERM or SIGHUP the way Ctrl-C stops it, then exit with 128 + the signal.
+
+    The servers, gateways and relays a run starts are in sessions of their own (a Ctrl-C in the
+    terminal reaches only the run, which stops them in order), so a run killed by ``timeout`` or a
+    closed terminal left them running beside the next run's measure. Here the first signal cancels
+    the run's task, whose ``finally`` blocks stop what it started; then every child process still
+    running (one whose stop the cancel cut short) gets SIGTERM, and SIGKILL after ``grace`` seconds.
+    Later signals are only noted: ``timeout`` signals the process and then its group, and the
+    second must not cut the cleanup short (``timeout -k`` still kills). A signal ignored when the run
+    started (``nohup``) stays ignored."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
     got: list[int] = []
 
-    def stop(sig: int) -> None:
+    def on_signal(sig: int) -> None:
         got.append(sig)
-        for s in STOP_SIGNALS:
-            loop.remove_signal_handler(s)
-        progress(f"{signal.Signals(sig).name}: stopping the servers and processes this run started")
-        task.cancel()
+        if len(got) == 1:
+            task.cancel()
+        with contextlib.suppress(OSError):  # a hung-up terminal fails the write (EIO)
+            progress(f"{signal.Signals(sig).name}: " + ("stopping the servers and processes this run started"
+                                                        if len(got) == 1 else "already stopping"))
 
-    for s in STOP_SIGNALS:
-        loop.add_signal_handler(s, stop, s)
+    mine = [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+    for s in mine:
+        loop.add_signal_handler(s, on_signal, s)
     try:
-        return await main
-    except asyncio.CancelledError:
-        if got:
-            raise SystemExit(128 + got[0]) from None
-        raise
+        try:
+            result = await main
+        except BaseException as e:
+            if not got:
+                raise
+            if not isinstance(e, asyncio.CancelledError):  # the cleanup itself failed: said, then the signal's exit
+                traceback.print_exc()
+        else:
+            if not got:
+                return result
+        await stop_children(grace)  # the cancel is spent: these awaits run to their end
+        raise SystemExit(128 + got[0])
     finally:
-        if not got:
-            for s in STOP_SIGNALS:
-                loop.remove_signal_handler(s)
+        for s in mine:
+            loop.remove_signal_handler(s)
+
+
+def children(pid: int) -> list[int]:
+    """The running processes whose parent is ``pid`` (``/proc``; an exited one waiting to be reaped is not)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):  # gone meanwhile
+                state, ppid = (d / "stat").read_text().rpartition(")")[2].split()[:2]
+                if int(ppid) == pid and state not in ("Z", "X"):
+                    out.append(int(d.name))
+    return out
+
+
+async def stop_children(grace: float) -> None:
+    """SIGTERM every child process of this one still running; SIGKILL those alive after ``grace`` seconds."""
+    kids = children(os.getpid())
+    for k in kids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(k, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    # No event announces the exit of a process we hold no handle to: polled, bounded by ``grace``.
+    while (left := [k for k in children(os.getpid()) if k in kids]) and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    for k in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(k, signal.SIGKILL)
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

@@ -5,7 +5,8 @@ What a change to the gateway's own code moved, on a shared host (issue 48, targe
 after the other read their CPU per envelope under different loads of the host's other tenants, and a
 change of a few per cent drowned in that (the seventh look, benchmarks/performance-changes.md). Here
 each contender has an embedded server of its own, both are driven at once with the same closed
-loop (the bench's driver, new 1 KB moments, 256 in flight), so whatever the host does it does to both;
+loop (the bench's driver, new 1 KB moments, 256 in flight, on the bench's event loop: uvloop where installed;
+the twelfth and thirteenth looks' figures drove it on asyncio's), so whatever the host does it does to both;
 each round swaps which server each contender runs on, and starts both processes afresh (the servers
 keep what earlier rounds stored: the warm-up, ``--warm``, takes in the watches' replay of it). A round's
 figure is B's CPU per envelope over A's (each process's CPU-time clock); the median of the rounds is
@@ -44,8 +45,10 @@ from benchmarks.harness import (
     start_gateway,
     start_ready,
     stop,
-    until_signal,
     wait_gateway,
+)
+from benchmarks.harness import (
+    run as harness_run,
 )
 from pgwcore.config import Config
 from pgwcore.connect import connect
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (t / "gateway" / "pipeline.py").is_file():
             ap.error(f"{t} holds no gateway sources (gateway/pipeline.py)")
     sides = (Contender(None), Contender(trees[0])) if args.floor else (Contender(trees[0]), Contender(trees[1]))
-    print(report(sides, asyncio.run(until_signal(measure(sides, args.n, args.rounds, args.warm)))))
+    print(report(sides, harness_run(measure(sides, args.n, args.rounds, args.warm))))
     return 0
 
 

@@ -26,7 +26,8 @@ async def until(
 
     A probe that times out (a request the server answered late: on a loaded machine a stream's info took
     over nats-py's 5 s, and a chaos test failed on the probe, not on what it waited for) counts as not yet,
-    within the same bound; the last such timeout is the cause of the TimeoutError. Any other error of the
+    within the same bound; the last such timeout is the cause of the TimeoutError, whatever the probes
+    said after it. Any other error of the
     probe is raised at once."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -41,7 +42,7 @@ async def until(
         if loop.time() > deadline:
             desc = what() if callable(what) else what
             raise TimeoutError(f"{desc} not reached within {timeout} s"
-                               + (f" (the probe's last request timed out: {late!r})" if late else "")) from late
+                               + (f" (a probe's request timed out, the last time: {late!r})" if late else "")) from late
         await asyncio.sleep(interval)
 
 

@@ -581,34 +581,25 @@ async def test_side_by_side_stops_a_gateway_that_never_registers(nats_server: Em
     assert len(started) == 1 and started[0].returncode is not None
 
 
-def _children(pid: int) -> dict[int, str]:
-    """The processes whose parent is ``pid`` (``/proc``), with their command lines."""
-    out = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rpartition(")")[2].split()[1])
-                if ppid == pid:
-                    out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except (OSError, IndexError, ValueError):
-                continue  # exited meanwhile
-    return out
 
-
-def _running(pid: int) -> bool:
-    """``pid`` exists and is not a zombie (dead, waiting to be reaped)."""
+def _started_at(pid: int) -> int | None:
+    """``pid``'s start time (clock ticks since boot, ``/proc/<pid>/stat`` field 22) while it runs, not a zombie;
+    None once it is gone: with the start time, a pid the kernel gave again to another process is not it."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
+@pytest.mark.slow
 async def test_a_run_stopped_by_sigterm_stops_the_servers_and_gateways_it_started(tmp_path: Path) -> None:
     """``timeout`` or a closed terminal (SIGTERM, SIGHUP) stops a benchmark run the way Ctrl-C does
     (``harness.until_signal``): its servers and gateways run in sessions of their own, and a run killed mid-round
-    left them running beside the next run's measure. A real ``side_by_side --floor`` is signalled mid-round:
-    it exits with 143, and every process it started is gone, its temporary directory too."""
-    from benchmarks.harness import REPO
+    left them running beside the next run's measure. A real ``side_by_side --floor`` (on the bench's loop,
+    ``harness.run``) is signalled mid-round twice, as ``timeout`` does (the process, then its group): it exits
+    with 143, and every process it started is gone, its temporary directory too."""
+    from benchmarks.harness import REPO, children
 
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "benchmarks.side_by_side", "--floor", REPO, "--rounds", "1", "--n", "50000",
@@ -616,28 +607,88 @@ async def test_a_run_stopped_by_sigterm_stops_the_servers_and_gateways_it_starte
         env={**os.environ, "TMPDIR": str(tmp_path)})
     assert proc.stderr is not None
     seen: list[bytes] = []
-    try:
-        async def until_driven() -> None:  # the first progress line of the measured round: both sides driven
-            async for line in proc.stderr:
-                seen.append(line)
-                if b"round 1, " in line:
-                    return
-            raise AssertionError("side_by_side ended before its round: " + b"".join(seen[-20:]).decode(errors="replace"))
 
-        await asyncio.wait_for(until_driven(), 180)
-        started = _children(proc.pid)
-        assert sum("nats-server" in c for c in started.values()) == 2, started
-        assert any("pgwcli" in c and " gateway" in c for c in started.values()), started
-        assert any("benchmarks.relay" in c for c in started.values()), started
+    async def until_line(marker: bytes) -> None:
+        assert proc.stderr is not None
+        async for line in proc.stderr:
+            seen.append(line)
+            if marker in line:
+                return
+        raise AssertionError(f"no {marker!r}: " + b"".join(seen[-20:]).decode(errors="replace"))
+
+    try:
+        await asyncio.wait_for(until_line(b"round 1, "), 180)  # the measured round's first progress: both driven
+        started = {pid: (_started_at(pid), _cmdline(pid)) for pid in children(proc.pid)}
+        commands = [c for _, c in started.values()]
+        assert sum("nats-server" in c for c in commands) == 2, commands
+        assert any("pgwcli" in c and " gateway" in c for c in commands), commands
+        assert any("benchmarks.relay" in c for c in commands), commands
         proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(until_line(b"SIGTERM: stopping the servers and processes this run started"), 60)
+        proc.send_signal(signal.SIGTERM)  # a second, once the cleanup is under way: it must not cut it short
         rest = await asyncio.wait_for(proc.stderr.read(), 120)
         assert await proc.wait() == 143, rest.decode(errors="replace")[-3000:]
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    left = {pid: c for pid, c in started.items() if _running(pid)}
+    left = {pid: c for pid, (t, c) in started.items() if t is not None and _started_at(pid) == t}
     assert not left, f"left running after the run ended: {left}"
     assert list(tmp_path.glob("pgw-side-*")) == []  # noqa: ASYNC240 - after the run, not a hot path
     assert b"never retrieved" not in rest, rest.decode(errors="replace")[-3000:]
-    assert b"SIGTERM: stopping the servers and processes this run started" in rest
+    assert b"SIGTERM: already stopping" in rest
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# A run that starts a process of its own session and never stops it: only until_signal's sweep of the
+# children can. With "nohup", it ignores SIGHUP first, as nohup makes a process do.
+_ABANDONING_RUN = """
+import asyncio, signal, sys
+from pathlib import Path
+if sys.argv[1] == "nohup":
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+from benchmarks.harness import run, start_module
+
+async def main() -> None:
+    p = await start_module("http.server", "--bind", "127.0.0.1", "0", log_path=Path(sys.argv[2]))
+    print("child", p.pid, flush=True)
+    await asyncio.Event().wait()
+
+run(main())
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "nohup"])
+async def test_a_signalled_run_stops_the_children_its_own_cleanup_did_not(tmp_path: Path, mode: str) -> None:
+    """``harness.run``: after the run's task is cancelled, every child process still running gets SIGTERM (a
+    cancel that cut a ``stop`` short, or no ``finally`` at all); the run exits with 128 + the signal. A signal
+    ignored when the run started stays ignored (``nohup``): a SIGHUP then neither stops the run nor is said."""
+    from benchmarks.harness import REPO
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _ABANDONING_RUN, mode, str(tmp_path / "child.log"), cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        assert line.startswith(b"child "), line + await proc.stderr.read()
+        child = int(line.split()[1])
+        born = _started_at(child)
+        assert born is not None
+        if mode == "nohup":
+            proc.send_signal(signal.SIGHUP)  # ignored: the run goes on until the SIGTERM
+        proc.send_signal(signal.SIGTERM)
+        err = await asyncio.wait_for(proc.stderr.read(), 60)
+        assert await proc.wait() == 143, err.decode(errors="replace")
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert _started_at(child) != born, f"the child {child} was left running"
+    assert b"SIGTERM: stopping" in err and b"SIGHUP" not in err, err.decode(errors="replace")
