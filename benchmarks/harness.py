@@ -75,11 +75,15 @@ async def until_signal(main: Coroutine[Any, Any, T], *, grace: float = 15.0) -> 
     The servers, gateways and relays a run starts are in sessions of their own (a Ctrl-C in the
     terminal reaches only the run, which stops them in order), so a run killed by ``timeout`` or a
     closed terminal left them running beside the next run's measure. Here the first signal cancels
-    the run's task, whose ``finally`` blocks stop what it started; then every child process still
-    running (one whose stop the cancel cut short) gets SIGTERM, and SIGKILL after ``grace`` seconds.
-    Later signals are only noted: ``timeout`` signals the process and then its group, and the
-    second must not cut the cleanup short (``timeout -k`` still kills). A signal ignored when the run
-    started (``nohup``) stays ignored."""
+    the run's task, whose ``finally`` blocks stop what it started; then every child that leads a
+    session of its own and still runs (one whose stop the cancel cut short, a server started
+    before its ``try``) has its group sent SIGTERM, and SIGKILL after ``grace`` seconds. Children in
+    this process's session (a pool's forkserver, multiprocessing's resource tracker) are left to
+    their owners. Later signals are only noted: ``timeout`` signals the process and then its group,
+    and the second must not cut the cleanup short; so a cancel the run swallows (Python 3.11's
+    ``wait_for`` can, as its inner future completes) leaves it to run to its end, and ``timeout -k``
+    is the hard stop. A signal ignored when the run started (``nohup``) stays ignored; one that
+    arrives after ``main`` has returned changes nothing."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -99,11 +103,12 @@ async def until_signal(main: Coroutine[Any, Any, T], *, grace: float = 15.0) -> 
     try:
         try:
             result = await main
-        except BaseException as e:
+        except (Exception, asyncio.CancelledError) as e:
             if not got:
                 raise
             if not isinstance(e, asyncio.CancelledError):  # the cleanup itself failed: said, then the signal's exit
-                traceback.print_exc()
+                with contextlib.suppress(OSError):
+                    traceback.print_exc()
         else:
             if not got:
                 return result
@@ -126,19 +131,30 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def _session_leaders() -> list[int]:
+    """This process's running children that lead a session of their own (``start_new_session``)."""
+    out = []
+    for k in children(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            if os.getsid(k) == k:
+                out.append(k)
+    return out
+
+
 async def stop_children(grace: float) -> None:
-    """SIGTERM every child process of this one still running; SIGKILL those alive after ``grace`` seconds."""
-    kids = children(os.getpid())
+    """SIGTERM the group of every child still running that leads a session of its own (what the harness and
+    ``EmbeddedServer`` start); SIGKILL the groups whose leader is alive after ``grace`` seconds."""
+    kids = _session_leaders()
     for k in kids:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(k, signal.SIGTERM)
+            os.killpg(k, signal.SIGTERM)
     deadline = time.monotonic() + grace
     # No event announces the exit of a process we hold no handle to: polled, bounded by ``grace``.
     while (left := [k for k in children(os.getpid()) if k in kids]) and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
     for k in left:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(k, signal.SIGKILL)
+            os.killpg(k, signal.SIGKILL)
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

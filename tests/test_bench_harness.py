@@ -15,6 +15,7 @@ reads another process's CPU as that process reads its own, finer than the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -581,7 +582,6 @@ async def test_side_by_side_stops_a_gateway_that_never_registers(nats_server: Em
     assert len(started) == 1 and started[0].returncode is not None
 
 
-
 def _started_at(pid: int) -> int | None:
     """``pid``'s start time (clock ticks since boot, ``/proc/<pid>/stat`` field 22) while it runs, not a zombie;
     None once it is gone: with the start time, a pid the kernel gave again to another process is not it."""
@@ -597,8 +597,8 @@ async def test_a_run_stopped_by_sigterm_stops_the_servers_and_gateways_it_starte
     """``timeout`` or a closed terminal (SIGTERM, SIGHUP) stops a benchmark run the way Ctrl-C does
     (``harness.until_signal``): its servers and gateways run in sessions of their own, and a run killed mid-round
     left them running beside the next run's measure. A real ``side_by_side --floor`` (on the bench's loop,
-    ``harness.run``) is signalled mid-round twice, as ``timeout`` does (the process, then its group): it exits
-    with 143, and every process it started is gone, its temporary directory too."""
+    ``harness.run``) is signalled mid-round: it exits with 143, and every process it started is gone, its
+    temporary directory too."""
     from benchmarks.harness import REPO, children
 
     proc = await asyncio.create_subprocess_exec(
@@ -624,8 +624,6 @@ async def test_a_run_stopped_by_sigterm_stops_the_servers_and_gateways_it_starte
         assert any("pgwcli" in c and " gateway" in c for c in commands), commands
         assert any("benchmarks.relay" in c for c in commands), commands
         proc.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(until_line(b"SIGTERM: stopping the servers and processes this run started"), 60)
-        proc.send_signal(signal.SIGTERM)  # a second, once the cleanup is under way: it must not cut it short
         rest = await asyncio.wait_for(proc.stderr.read(), 120)
         assert await proc.wait() == 143, rest.decode(errors="replace")[-3000:]
     finally:
@@ -636,7 +634,7 @@ async def test_a_run_stopped_by_sigterm_stops_the_servers_and_gateways_it_starte
     assert not left, f"left running after the run ended: {left}"
     assert list(tmp_path.glob("pgw-side-*")) == []  # noqa: ASYNC240 - after the run, not a hot path
     assert b"never retrieved" not in rest, rest.decode(errors="replace")[-3000:]
-    assert b"SIGTERM: already stopping" in rest
+    assert b"SIGTERM: stopping the servers and processes this run started" in rest
 
 
 def _cmdline(pid: int) -> str:
@@ -646,49 +644,72 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-# A run that starts a process of its own session and never stops it: only until_signal's sweep of the
-# children can. With "nohup", it ignores SIGHUP first, as nohup makes a process do.
+# A run that starts a child in a session of its own and never stops it (only until_signal's sweep can),
+# and one in the run's own session (not the sweep's: multiprocessing's helpers are such children). "nohup":
+# SIGHUP ignored first, as nohup does; "stubborn": the first child ignores SIGTERM, so the sweep's grace
+# (argv[2] seconds) runs out and SIGKILL ends it.
 _ABANDONING_RUN = """
-import asyncio, signal, sys
-from pathlib import Path
+import asyncio, signal, subprocess, sys
 if sys.argv[1] == "nohup":
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-from benchmarks.harness import run, start_module
+from benchmarks.harness import until_signal
+from pgwcore import loop as pgw_loop
+
+SLEEP = "import time; time.sleep(600)"
+STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(600)"
 
 async def main() -> None:
-    p = await start_module("http.server", "--bind", "127.0.0.1", "0", log_path=Path(sys.argv[2]))
-    print("child", p.pid, flush=True)
+    p = await asyncio.create_subprocess_exec(sys.executable, "-c", STUBBORN if sys.argv[1] == "stubborn" else SLEEP,
+                                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    if sys.argv[1] == "stubborn":
+        await p.stdout.readline()  # it ignores SIGTERM from here on
+    q = subprocess.Popen([sys.executable, "-c", SLEEP], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print("children", p.pid, q.pid, flush=True)
     await asyncio.Event().wait()
 
-run(main())
+pgw_loop.run(until_signal(main(), grace=float(sys.argv[2])))
 """
 
 
-@pytest.mark.parametrize("mode", ["plain", "nohup"])
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["plain", "nohup", "stubborn"])
 async def test_a_signalled_run_stops_the_children_its_own_cleanup_did_not(tmp_path: Path, mode: str) -> None:
-    """``harness.run``: after the run's task is cancelled, every child process still running gets SIGTERM (a
-    cancel that cut a ``stop`` short, or no ``finally`` at all); the run exits with 128 + the signal. A signal
-    ignored when the run started stays ignored (``nohup``): a SIGHUP then neither stops the run nor is said."""
+    """``until_signal``: after the run's task is cancelled, every child still running that leads a session of its
+    own (what the harness starts) has its group sent SIGTERM, and SIGKILL after the grace (``stubborn``); a child
+    in the run's own session is left to its owner. The run exits with 128 + the signal. A second signal during
+    the cleanup is only noted (``timeout`` signals twice). A signal ignored when the run started stays ignored
+    (``nohup``): a SIGHUP then neither stops the run nor is said."""
     from benchmarks.harness import REPO
 
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _ABANDONING_RUN, mode, str(tmp_path / "child.log"), cwd=REPO,
+        sys.executable, "-c", _ABANDONING_RUN, mode, "10" if mode == "stubborn" else "30", cwd=REPO,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
+    ours = other = None
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 60)
-        assert line.startswith(b"child "), line + await proc.stderr.read()
-        child = int(line.split()[1])
-        born = _started_at(child)
-        assert born is not None
+        assert line.startswith(b"children "), line + await proc.stderr.read()
+        ours, other = (int(x) for x in line.split()[1:])
+        born, other_born = _started_at(ours), _started_at(other)
+        assert born is not None and other_born is not None
         if mode == "nohup":
             proc.send_signal(signal.SIGHUP)  # ignored: the run goes on until the SIGTERM
         proc.send_signal(signal.SIGTERM)
+        if mode == "stubborn":  # the sweep waits out its grace on the child: a second signal meanwhile
+            said = await asyncio.wait_for(proc.stderr.readline(), 60)
+            assert b"SIGTERM: stopping" in said, said
+            proc.send_signal(signal.SIGTERM)
         err = await asyncio.wait_for(proc.stderr.read(), 60)
         assert await proc.wait() == 143, err.decode(errors="replace")
+        assert _started_at(ours) != born, f"the child {ours} was left running"
+        assert _started_at(other) == other_born, "a child in the run's own session was stopped by the sweep"
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    assert _started_at(child) != born, f"the child {child} was left running"
-    assert b"SIGTERM: stopping" in err and b"SIGHUP" not in err, err.decode(errors="replace")
+        for pid in (ours, other):
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    assert (b"SIGTERM: already stopping" in err) == (mode == "stubborn"), err.decode(errors="replace")
+    assert b"SIGHUP" not in err, err.decode(errors="replace")
