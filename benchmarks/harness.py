@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from nats.aio.client import Client
 
 from pgwcore import loop as pgw_loop
-from pgwcore.delivery import no_responders
+from pgwcore.micro import count_instances
 from subjects.client import BINDING_MOMENT_KIND, envelope
 
 PGW = str(Path(sys.executable).parent / "pgw")
@@ -354,23 +354,12 @@ async def wait_message(nc: Client, subject: str, timeout: float) -> None:
 
 
 async def wait_gateway(nc: Client, timeout: float = 30, count: int = 1) -> None:
-    """Until ``count`` gateway instances answer ``$SRV.PING`` (the server's "no responders" status is no
-    instance: counted as one, a gateway that never started was waited for as if it had, and the driver
-    then waited on its envelopes for the throughput's 900 s)."""
+    """Until ``count`` gateway instances answer ``$SRV.PING`` (``pgwcore.micro.count_instances``: the server's
+    "no responders" status is no instance; counted as one, a gateway that never started was waited for as if
+    it had, and the driver then waited on its envelopes for the throughput's 900 s)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        inbox = nc.new_inbox()
-        got: list[bytes] = []
-
-        async def cb(m, got=got) -> None:
-            if not no_responders(m):
-                got.append(m.data)
-
-        sub = await nc.subscribe(inbox, cb=cb)
-        await nc.publish("$SRV.PING.pgw-gateway", b"", reply=inbox)
-        await asyncio.sleep(0.3)
-        await sub.unsubscribe()
-        if len(got) >= count:
+        if await count_instances(nc, "pgw-gateway", 0.3, enough=count) >= count:
             return
     raise TimeoutError(f"{count} gateway instance(s) did not start")
 

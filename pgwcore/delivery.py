@@ -28,13 +28,6 @@ from pgwcore.logs import get_logger
 log = get_logger("pgw.delivery")
 
 
-def no_responders(msg: Any) -> bool:
-    """Whether ``msg`` is the server's "no responders" status (``503``, no body), which it sends to a
-    request's reply inbox when nobody subscribes to the request's subject: no answer of anyone's. Counted
-    as one, a scatter-gather of ``$SRV.PING`` found an instance where none was running."""
-    return not msg.data and bool(msg.headers) and msg.headers.get("Status") == "503"
-
-
 class _Inline:
     """Stands in for a subscription's pending queue (the calls nats-py makes on it)."""
 

@@ -15,6 +15,8 @@ Usage, inside a service's ``__aenter__``::
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +42,40 @@ VERSION = "0.1.0"
 def service_name(role: str) -> str:
     """``pgw-gateway``, ``pgw-signer``, ``pgw-registrar``: the kind ``nats micro ls`` lists."""
     return f"pgw-{role}"
+
+
+def no_responders(msg: Any) -> bool:
+    """Whether ``msg`` is the server's "no responders" status (``503``, no body), which it sends to a
+    request's reply inbox when nobody subscribes to the request's subject: no answer of anyone's. Counted
+    as one, a scatter-gather of ``$SRV.PING`` found an instance where none was running."""
+    return not msg.data and bool(msg.headers) and msg.headers.get("Status") == "503"
+
+
+async def count_instances(nc: Client, name: str, timeout: float = 0.5, *, enough: int | None = None) -> int:
+    """How many instances of the service ``name`` (``pgw-gateway``: ``service_name``) answer ``$SRV.PING.name``
+    within ``timeout``; as soon as ``enough`` have answered, when given (the window is only for those that never
+    will). The server's "no responders" status is no instance (``no_responders``)."""
+    inbox = nc.new_inbox()
+    got = 0
+    all_in = asyncio.Event()
+
+    async def cb(msg: Any) -> None:
+        nonlocal got
+        if no_responders(msg):
+            return
+        got += 1
+        if enough is not None and got >= enough:
+            all_in.set()
+
+    sub = await nc.subscribe(inbox, cb=cb)
+    try:
+        await nc.publish(f"$SRV.PING.{name}", b"", reply=inbox)
+        await nc.flush()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_in.wait(), timeout)  # the replies of the window, or enough of them
+    finally:
+        await sub.unsubscribe()
+    return got
 
 
 def _counters() -> dict[str, float]:

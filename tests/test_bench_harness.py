@@ -529,23 +529,23 @@ def test_the_gate_floor_shapes_parse() -> None:
 
 
 async def test_an_instance_count_is_of_answers_never_of_the_no_responders_status(nats_server: EmbeddedServer) -> None:
-    """The bench's wait_gateway and the suite's count_micro count instances answering ``$SRV.PING``. With none
+    """The bench's wait_gateway and the suite's wait_services count instances answering ``$SRV.PING``
+    (``pgwcore.micro.count_instances``). With none
     registered, the server answers the ping itself, with its "no responders" status: counted as an instance,
     wait_gateway returned at once for a gateway that never started (its driver then waited 900 s on envelopes
     nobody read), and wait_services went on before a service had registered."""
     from benchmarks.harness import wait_gateway
-    from pgwcore.micro import MicroRegistration
-    from tests.chaos.harness import count_micro
+    from pgwcore.micro import MicroRegistration, count_instances
 
     nc = await connect(nats_server.client_url, name="instance-count")
     try:
-        assert await count_micro(nc, "pgw-gateway", timeout=0.5) == 0
+        assert await count_instances(nc, "pgw-gateway", timeout=0.5) == 0
         with pytest.raises(TimeoutError, match="did not start"):
             await wait_gateway(nc, timeout=1)
         reg = await MicroRegistration(nc, "gateway").start()
         try:
             await wait_gateway(nc, timeout=10)
-            assert await count_micro(nc, "pgw-gateway", enough=1) == 1
+            assert await count_instances(nc, "pgw-gateway", enough=1) == 1
             with pytest.raises(TimeoutError):
                 await wait_gateway(nc, timeout=1, count=2)  # one instance and no status make no second
         finally:

@@ -35,7 +35,7 @@ from pathlib import Path
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from pgwcore.delivery import no_responders
+from pgwcore.micro import count_instances
 from subjects.client import BINDING_MOMENT_KIND, envelope
 from tests.moments import good_moment
 from tests.polling import until
@@ -128,34 +128,11 @@ def log_excerpt(text: str, n: int = 3000) -> str:
     return "[the last errors, in full]\n" + "\n".join(earlier) + "\n[the log's tail]\n" + tail
 
 
-async def count_micro(nc: Client, name: str, timeout: float = 0.5, *, enough: int | None = None) -> int:
-    """How many instances of ``name`` answer ``$SRV.PING.name`` (nats.micro) within ``timeout``; as soon
-    as ``enough`` have answered, when given (the window is only for those that never will)."""
-    inbox = nc.new_inbox()
-    got: list[bytes] = []
-    all_in = asyncio.Event()
-
-    async def cb(msg) -> None:
-        if no_responders(msg):
-            return  # no instance at all: the server's 503 status, not an answer
-        got.append(msg.data)
-        if enough is not None and len(got) >= enough:
-            all_in.set()
-
-    sub = await nc.subscribe(inbox, cb=cb)
-    await nc.publish(f"$SRV.PING.{name}", b"", reply=inbox)
-    await nc.flush()
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(all_in.wait(), timeout)  # the replies of the window, or enough of them
-    await sub.unsubscribe()
-    return len(got)
-
-
 async def wait_services(nc: Client, name: str, n: int, procs: list[ServiceProc], timeout: float = 30) -> None:
     """Wait until ``n`` instances of ``name`` are registered: each has then started and serves (a service
     registers only once its start is done: ``PullService.__aenter__``, ``MetricsPart.ready``)."""
     deadline = time.monotonic() + timeout
-    while await count_micro(nc, name, enough=n) < n:
+    while await count_instances(nc, name, enough=n) < n:
         for p in procs:
             if p.proc is not None and not p.alive:
                 raise RuntimeError(f"{p.role} exited early:\n{p.log_tail()}")
