@@ -119,15 +119,23 @@ async def until_signal(main: Coroutine[Any, Any, T], *, grace: float = 15.0) -> 
             loop.remove_signal_handler(s)
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat``'s fields after the command's name (so ``[0]`` is field 3, the state; ``[1]`` the
+    parent; ``[11]``, ``[12]`` the user and system ticks; ``[19]`` the start time); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
 def children(pid: int) -> list[int]:
     """The running processes whose parent is ``pid`` (``/proc``; an exited one waiting to be reaped is not)."""
     out = []
     for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):  # gone meanwhile
-                state, ppid = (d / "stat").read_text().rpartition(")")[2].split()[:2]
-                if int(ppid) == pid and state not in ("Z", "X"):
-                    out.append(int(d.name))
+        if d.name.isdigit() and (fields := proc_stat(int(d.name))) and fields[1] == str(pid) \
+                and fields[0] not in ("Z", "X"):
+            out.append(int(d.name))
     return out
 
 
@@ -260,10 +268,8 @@ def cpu_s(pid: int) -> float:
             return time.clock_gettime_ns(clock) / 1e9
         except OSError:
             pass  # gone, or the clock unreadable: /proc says which
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
+    fields = proc_stat(pid)
+    if fields is None:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 

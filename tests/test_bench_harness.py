@@ -585,11 +585,10 @@ async def test_side_by_side_stops_a_gateway_that_never_registers(nats_server: Em
 def _started_at(pid: int) -> int | None:
     """``pid``'s start time (clock ticks since boot, ``/proc/<pid>/stat`` field 22) while it runs, not a zombie;
     None once it is gone: with the start time, a pid the kernel gave again to another process is not it."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return None
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+    from benchmarks.harness import proc_stat
+
+    fields = proc_stat(pid)
+    return None if fields is None or fields[0] in ("Z", "X") else int(fields[19])
 
 
 @pytest.mark.slow
