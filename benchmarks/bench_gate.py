@@ -373,7 +373,7 @@ async def _one_setting(sync: str, root: Path) -> list[dict]:
     root.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - set-up, not a timed path
     tag = "always" if sync == "always" else "default sync"
     rows: list[dict] = []
-    async with EmbeddedServer(root / "nats", port=-1, monitor_port=-1, websocket_port=None,
+    async with EmbeddedServer(root / "nats", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=None,
                               sync_interval="always" if sync == "always" else None) as server:
         driver = await connect(server.client_url, name="bench-gate-driver")
         gw = ex = fl = None

@@ -334,7 +334,7 @@ async def _main() -> list[dict]:
     from subjects.util import now_rfc3339
 
     tmp = Path(tempfile.mkdtemp(prefix="pgw-bench-idp-"))
-    server = EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=-1)
+    server = EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=-1)
     await server.start()
     driver = await connect(server.client_url, name="bench-driver")
     gw = echo_proc = floor_proc = None
@@ -509,7 +509,7 @@ async def _shapes(shapes: list[str], rounds: int) -> list[list[tuple[int, float,
     tmp = Path(tempfile.mkdtemp(prefix="pgw-bench-shapes-"))
     procs: list[Any] = []
     out: list[list[tuple[int, float, float]]] = []
-    async with EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=None) as server:
+    async with EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=None) as server:
         nc = await connect(server.client_url, name="bench-shapes-driver")
         try:
             for i, shape in enumerate(shapes):

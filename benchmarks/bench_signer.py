@@ -149,7 +149,7 @@ async def _through_signer(verdicts: list[Verdict], tmp: Path, workers: int | str
                           cpu: dict[str, float] | None = None) -> float:
     """capsules/s through a real signer (``signer.workers`` = ``workers``); ``cpu`` gets the CPU
     seconds per capsule of the signer's process and of its signing workers over the same window."""
-    async with EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=-1) as srv:
+    async with EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=-1) as srv:
         nc = await connect(srv.client_url, name="bench")
         try:
             js = nc.jetstream()

@@ -36,6 +36,7 @@ from nats.aio.client import Client
 
 from pgwcore import loop as pgw_loop
 from pgwcore.micro import count_instances
+from pgwcore.server import bound_to_parent
 from subjects.client import BINDING_MOMENT_KIND, envelope
 
 PGW = str(Path(sys.executable).parent / "pgw")
@@ -303,9 +304,10 @@ async def start_gateway(url: str, data: Path, extra_toml: str = "", *, tree: Pat
     prof = os.environ.get("PGW_BENCH_GW_PROFILE")
     cmd = ([sys.executable, "-m", "pgwcli"] if tree is not None  # the tree's sources, not the installed pgw
            else [sys.executable, "-m", "cProfile", "-o", prof, "-m", "pgwcli"] if prof else [PGW])
+    cmd += ["--server", url, "--data-dir", str(data), "--config", str(cfg), "--log-format", "json",
+            "--log-level", "WARNING", "gateway"]
     proc = await asyncio.create_subprocess_exec(
-        *cmd, "--server", url, "--data-dir", str(data), "--config", str(cfg), "--log-format", "json",
-        "--log-level", "WARNING", "gateway", stdout=log, stderr=log, start_new_session=True,
+        *bound_to_parent(cmd), stdout=log, stderr=log, start_new_session=True,
         cwd=tree, env=None if tree is None else {**os.environ, "PYTHONPATH": str(tree)})
     log.close()
     return proc
@@ -316,7 +318,8 @@ async def start_module(module: str, *args: str, log_path: Path) -> asyncio.subpr
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "wb")  # noqa: SIM115, ASYNC230 - handed to the child
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, *args, stdout=log, stderr=log, start_new_session=True, cwd=REPO)
+        *bound_to_parent([sys.executable, "-m", module, *args]), stdout=log, stderr=log, start_new_session=True,
+        cwd=REPO)
     log.close()
     return proc
 

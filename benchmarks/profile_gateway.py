@@ -20,14 +20,14 @@ from pathlib import Path
 from benchmarks.harness import PRINCIPAL, Driver, System, until_signal, wait_gateway
 from pgwcore.config import Config
 from pgwcore.connect import connect
-from pgwcore.server import EmbeddedServer
+from pgwcore.server import EmbeddedServer, bound_to_parent
 from pgwcore.streams import ensure_streams
 
 
 async def _profile(n: int, out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="pgw-prof-") as d:
         root = Path(d)
-        async with EmbeddedServer(root / "nats", port=-1, monitor_port=-1, websocket_port=None) as server:
+        async with EmbeddedServer(root / "nats", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=None) as server:
             nc = await connect(server.client_url, name="profile-driver")
             await ensure_streams(nc.jetstream(), Config().subjects)
             gw = System("gateway", "pgw.agent", f"pgw.principal.{PRINCIPAL}.surface", "PGW_INBOUND", "pgw-gateway")
@@ -40,8 +40,9 @@ async def _profile(n: int, out: Path) -> None:
             profiler = (["-m", "cProfile", "-o", str(out)] if os.environ.get("PGW_PROFILER") == "cprofile"
                         else ["-m", "pyinstrument", "-r", "pstats", "-o", str(out)])
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, *profiler, "-m", "pgwcli", "--server", server.client_url, "--data-dir", str(root / "gw"),
-                "--log-level", "WARNING", "--log-format", "json", "gateway",
+                *bound_to_parent([sys.executable, *profiler, "-m", "pgwcli", "--server", server.client_url,
+                                  "--data-dir", str(root / "gw"), "--log-level", "WARNING", "--log-format", "json",
+                                  "gateway"]),
                 stdout=log, stderr=log, start_new_session=True)
             log.close()
             try:

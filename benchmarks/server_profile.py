@@ -168,7 +168,7 @@ async def _main(rate: float, seconds: int, sync: str, top: int) -> str:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="pgw-srvprof-") as d:
         root = Path(d)
-        async with EmbeddedServer(root / "nats", port=-1, monitor_port=-1, websocket_port=None,
+        async with EmbeddedServer(root / "nats", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=None,
                                   sync_interval="always" if sync == "always" else None,
                                   extra_conf=f'prof_port: {port}') as server:
             b = Bench(server, root, f"server profile ({sync})")

@@ -93,8 +93,8 @@ async def measure(sides: tuple[Contender, Contender], n: int, rounds: int, warm:
     got: dict[Contender, list[float]] = {c: [] for c in sides}
     with tempfile.TemporaryDirectory(prefix="pgw-side-") as d:
         root = Path(d)
-        async with EmbeddedServer(root / "n0", port=-1, monitor_port=-1, websocket_port=None) as s0, \
-                EmbeddedServer(root / "n1", port=-1, monitor_port=-1, websocket_port=None) as s1:
+        async with EmbeddedServer(root / "n0", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=None) as s0, \
+                EmbeddedServer(root / "n1", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=None) as s1:
             servers, ncs, drivers, systems = (s0, s1), [], [], []
             for s in servers:
                 nc = await connect(s.client_url, name="side-by-side-driver")

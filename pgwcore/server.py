@@ -44,6 +44,20 @@ class AlreadyRunning(ServerError):
         )
 
 
+def bound_to_parent(cmd: list[str]) -> list[str]:
+    """``cmd`` started so that the kernel sends it SIGTERM when the thread that starts it ends, its
+    process killed by SIGKILL included (``PR_SET_PDEATHSIG``). util-linux's ``setpriv`` sets it and then
+    execs ``cmd`` in its place, under the same pid; the setting survives the exec. Without ``setpriv``
+    (a system that is not Linux): ``cmd`` as it is.
+
+    For the children of a process that must not outlive it (the benchmarks' servers, gateways and
+    relays): start them from the thread that lives as long as the process (the event loop's), or they
+    are signalled when that thread ends. A parent killed in the instant between the fork and
+    ``setpriv``'s ``prctl`` still leaves the child running."""
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    return [setpriv, "--pdeathsig", "TERM", "--", *cmd] if setpriv else list(cmd)
+
+
 def nats_server_binary() -> str:
     """Path of the nats-server binary: next to this Python first, then PATH."""
     here = Path(sys.executable).parent / "nats-server"
@@ -88,6 +102,9 @@ class EmbeddedServer:
     # DESIGN §7: an fsync per write. None: nats-server's own default (the benchmarks compare both).
     sync_interval: str | None = "always"
     lock: bool = True
+    # SIGTERM to the server when the thread that started it ends, even by SIGKILL (bound_to_parent): the
+    # benchmarks', whose runs a SIGKILL must not leave running. Off for the services' own server.
+    stop_with_parent: bool = False
     client_url: str = ""
     monitor_url: str = ""
     websocket_url: str = ""
@@ -172,10 +189,9 @@ class EmbeddedServer:
         conf.write_text(self.config_text(run_dir))
         os.chmod(conf, 0o600)
         log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115, ASYNC230 - a local file handed to the child at start
+        cmd = [nats_server_binary(), "-c", str(conf)]
         self._proc = await asyncio.create_subprocess_exec(
-            nats_server_binary(),
-            "-c",
-            str(conf),
+            *(bound_to_parent(cmd) if self.stop_with_parent else cmd),
             stdout=log,
             stderr=log,
             start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it in order

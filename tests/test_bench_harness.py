@@ -636,6 +636,59 @@ async def test_a_run_stopped_by_sigterm_stops_the_servers_and_gateways_it_starte
     assert b"SIGTERM: stopping the servers and processes this run started" in rest
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="no util-linux setpriv: children are not bound to the run")
+async def test_a_run_killed_by_sigkill_leaves_no_server_or_gateway_running(tmp_path: Path) -> None:
+    """A SIGKILL (``timeout -k``, the kernel's out-of-memory killer) runs no cleanup of the run's own, so its
+    servers, gateways and relays, each in a session of its own, used to run on beside the next run's measure.
+    Each is started bound to the run (``pgwcore.server.bound_to_parent``: the kernel sends it SIGTERM when the
+    run is gone). A real ``side_by_side --floor`` is killed mid-round: every process it started stops."""
+    from benchmarks.harness import REPO, children
+    from tests.polling import until
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.side_by_side", "--floor", REPO, "--rounds", "1", "--n", "50000",
+        "--warm", "0", cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.stderr is not None
+    seen: list[bytes] = []
+    started: dict[int, tuple[int | None, str]] = {}
+    try:
+        async def until_line(marker: bytes) -> None:
+            assert proc.stderr is not None
+            async for line in proc.stderr:
+                seen.append(line)
+                if marker in line:
+                    return
+            raise AssertionError(f"no {marker!r}: " + b"".join(seen[-20:]).decode(errors="replace"))
+
+        await asyncio.wait_for(until_line(b"round 1, "), 180)  # the measured round's first progress: both driven
+        started = {pid: (_started_at(pid), _cmdline(pid)) for pid in children(proc.pid)}
+        commands = [c for _, c in started.values()]
+        assert sum("nats-server" in c for c in commands) == 2, commands
+        assert any("pgwcli" in c and " gateway" in c for c in commands), commands
+        assert any("benchmarks.relay" in c for c in commands), commands
+        proc.kill()
+        assert await proc.wait() == -signal.SIGKILL
+
+        def running() -> dict[int, str]:
+            return {pid: c for pid, (t, c) in started.items() if t is not None and _started_at(pid) == t}
+
+        async def all_gone() -> bool:
+            return not running()
+
+        # A gateway whose server stopped with it waits out one request's timeout to anchor its log (5 s).
+        await until(all_gone, timeout=60, what=lambda: f"the run's children stopped; still running: {running()}")
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for pid, (t, _) in started.items():  # a failed run of this test leaves nothing behind either
+            if t is not None and _started_at(pid) == t:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
