@@ -354,6 +354,7 @@ async def _one_setting(sync: str, root: Path) -> list[dict]:
 
     from benchmarks.harness import (
         Meter,
+        bench_server,
         progress,
         row,
         start_gateway,
@@ -364,7 +365,6 @@ async def _one_setting(sync: str, root: Path) -> list[dict]:
     from gateway.kernel.mandate import issue_mandate
     from pgwcore.connect import connect
     from pgwcore.keys import kid_of
-    from pgwcore.server import EmbeddedServer
     from subjects.executor import decode_response
     from subjects.gate import IDEMPOTENCY_HEADER, ActDone, ExecRequest, act_result_decoder
     from subjects.idp import Permit, kernel_result_decoder
@@ -373,8 +373,8 @@ async def _one_setting(sync: str, root: Path) -> list[dict]:
     root.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - set-up, not a timed path
     tag = "always" if sync == "always" else "default sync"
     rows: list[dict] = []
-    async with EmbeddedServer(root / "nats", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=None,
-                              sync_interval="always" if sync == "always" else None) as server:
+    async with bench_server(root / "nats", websocket_port=None,
+                            sync_interval="always" if sync == "always" else None) as server:
         driver = await connect(server.client_url, name="bench-gate-driver")
         gw = ex = fl = None
         try:

@@ -63,6 +63,7 @@ from benchmarks.harness import (
     Driver,
     Meter,
     System,
+    bench_server,
     env_int,
     progress,
     row,
@@ -247,7 +248,7 @@ def _floor_rows(tag: str, g: dict, f: dict, r: dict, fmin: dict | None, fw: dict
 
 async def _on_always(root: Path, n: int, lat_runs: int, rate_s: float, soak_s: float) -> list[dict]:
     rows: list[dict] = []
-    async with EmbeddedServer(root / "nats", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=None) as server:
+    async with bench_server(root / "nats", websocket_port=None) as server:
         b = Bench(server, root, "always")
         try:
             await b.start()
@@ -341,8 +342,7 @@ async def _instances(b: Bench, root: Path, n: int) -> list[dict]:
 
 
 async def _on_default_interval(root: Path, n: int, lat_runs: int, rate_s: float) -> list[dict]:
-    async with EmbeddedServer(root / "nats-default", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=None,
-                              sync_interval=None) as server:
+    async with bench_server(root / "nats-default", websocket_port=None, sync_interval=None) as server:
         b = Bench(server, root / "default", "default sync")
         try:
             await b.start(group_commit_relay=False)

@@ -325,16 +325,23 @@ async def _main() -> list[dict]:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from nats.errors import NoRespondersError
 
-    from benchmarks.harness import Meter, row, start_gateway, start_ready, stop, wait_gateway
+    from benchmarks.harness import (
+        Meter,
+        bench_server,
+        row,
+        start_gateway,
+        start_ready,
+        stop,
+        wait_gateway,
+    )
     from gateway.kernel.mandate import issue_mandate
     from pgwcore.connect import connect
     from pgwcore.keys import kid_of
-    from pgwcore.server import EmbeddedServer
     from subjects.idp import Permit, kernel_result_decoder
     from subjects.util import now_rfc3339
 
     tmp = Path(tempfile.mkdtemp(prefix="pgw-bench-idp-"))
-    server = EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=-1)
+    server = bench_server(tmp / "nats", websocket_port=-1)
     await server.start()
     driver = await connect(server.client_url, name="bench-driver")
     gw = echo_proc = floor_proc = None
@@ -502,14 +509,13 @@ async def _shapes(shapes: list[str], rounds: int) -> list[list[tuple[int, float,
     """Each shape's floor as its own process on one embedded server; in each of ``rounds``
     rounds, every shape in turn at every rate of the ladder (no stop at a failure):
     [[(rate, p99 ms, achieved / offered or 0.0 if a request failed) per rate] per shape per round]."""
-    from benchmarks.harness import progress, start_ready, stop
+    from benchmarks.harness import bench_server, progress, start_ready, stop
     from pgwcore.connect import connect
-    from pgwcore.server import EmbeddedServer
 
     tmp = Path(tempfile.mkdtemp(prefix="pgw-bench-shapes-"))
     procs: list[Any] = []
     out: list[list[tuple[int, float, float]]] = []
-    async with EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=None) as server:
+    async with bench_server(tmp / "nats", websocket_port=None) as server:
         nc = await connect(server.client_url, name="bench-shapes-driver")
         try:
             for i, shape in enumerate(shapes):

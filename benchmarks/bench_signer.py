@@ -47,7 +47,7 @@ import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from benchmarks import harness
-from benchmarks.harness import cpu_s
+from benchmarks.harness import bench_server, cpu_s
 from consumers import capsule as capm
 from consumers import capsule_map, capsule_v4, profiles
 from consumers.signer import Signer, _Head, _Job, claims_for, sign_payload
@@ -55,7 +55,6 @@ from pgwcore.config import load_config
 from pgwcore.connect import connect
 from pgwcore.keys import SigningKey, kid_of
 from pgwcore.publish import Publisher
-from pgwcore.server import EmbeddedServer
 from pgwcore.service import freeze_startup_heap
 from pgwcore.streams import ensure_streams
 from subjects import jcs
@@ -149,7 +148,7 @@ async def _through_signer(verdicts: list[Verdict], tmp: Path, workers: int | str
                           cpu: dict[str, float] | None = None) -> float:
     """capsules/s through a real signer (``signer.workers`` = ``workers``); ``cpu`` gets the CPU
     seconds per capsule of the signer's process and of its signing workers over the same window."""
-    async with EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=-1) as srv:
+    async with bench_server(tmp / "nats", websocket_port=-1) as srv:
         nc = await connect(srv.client_url, name="bench")
         try:
             js = nc.jetstream()

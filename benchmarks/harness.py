@@ -36,7 +36,7 @@ from nats.aio.client import Client
 
 from pgwcore import loop as pgw_loop
 from pgwcore.micro import count_instances
-from pgwcore.server import bound_to_parent
+from pgwcore.server import EmbeddedServer, bound_to_parent
 from subjects.client import BINDING_MOMENT_KIND, envelope
 
 PGW = str(Path(sys.executable).parent / "pgw")
@@ -289,6 +289,12 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def bench_server(data_dir: Path, **kw: Any) -> EmbeddedServer:
+    """A benchmark's embedded nats-server: free ports, the monitor's too, and bound to the run
+    (``EmbeddedServer.stop_with_parent``: a run killed by SIGKILL leaves it stopped)."""
+    return EmbeddedServer(data_dir, port=-1, monitor_port=-1, stop_with_parent=True, **kw)
 
 
 async def start_gateway(url: str, data: Path, extra_toml: str = "", *, tree: Path | None = None) -> asyncio.subprocess.Process:

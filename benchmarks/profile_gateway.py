@@ -17,17 +17,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import PRINCIPAL, Driver, System, until_signal, wait_gateway
+from benchmarks.harness import PRINCIPAL, Driver, System, bench_server, until_signal, wait_gateway
 from pgwcore.config import Config
 from pgwcore.connect import connect
-from pgwcore.server import EmbeddedServer, bound_to_parent
+from pgwcore.server import bound_to_parent
 from pgwcore.streams import ensure_streams
 
 
 async def _profile(n: int, out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="pgw-prof-") as d:
         root = Path(d)
-        async with EmbeddedServer(root / "nats", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=None) as server:
+        async with bench_server(root / "nats", websocket_port=None) as server:
             nc = await connect(server.client_url, name="profile-driver")
             await ensure_streams(nc.jetstream(), Config().subjects)
             gw = System("gateway", "pgw.agent", f"pgw.principal.{PRINCIPAL}.surface", "PGW_INBOUND", "pgw-gateway")

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import harness
-from benchmarks.harness import progress
-from pgwcore.server import EmbeddedServer
+from benchmarks.harness import bench_server, progress
 
 
 @dataclass
@@ -168,9 +167,9 @@ async def _main(rate: float, seconds: int, sync: str, top: int) -> str:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="pgw-srvprof-") as d:
         root = Path(d)
-        async with EmbeddedServer(root / "nats", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=None,
-                                  sync_interval="always" if sync == "always" else None,
-                                  extra_conf=f'prof_port: {port}') as server:
+        async with bench_server(root / "nats", websocket_port=None,
+                                sync_interval="always" if sync == "always" else None,
+                                extra_conf=f'prof_port: {port}') as server:
             b = Bench(server, root, f"server profile ({sync})")
             try:
                 await b.start(group_commit_relay=False)

@@ -40,6 +40,7 @@ from benchmarks.bench_gateway import _systems
 from benchmarks.harness import (
     Driver,
     System,
+    bench_server,
     cpu_s,
     progress,
     start_gateway,
@@ -52,7 +53,6 @@ from benchmarks.harness import (
 )
 from pgwcore.config import Config
 from pgwcore.connect import connect
-from pgwcore.server import EmbeddedServer
 from pgwcore.streams import ensure_streams
 
 FLOOR = "floor-watch"
@@ -93,8 +93,8 @@ async def measure(sides: tuple[Contender, Contender], n: int, rounds: int, warm:
     got: dict[Contender, list[float]] = {c: [] for c in sides}
     with tempfile.TemporaryDirectory(prefix="pgw-side-") as d:
         root = Path(d)
-        async with EmbeddedServer(root / "n0", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=None) as s0, \
-                EmbeddedServer(root / "n1", port=-1, monitor_port=-1, stop_with_parent=True, websocket_port=None) as s1:
+        async with bench_server(root / "n0", websocket_port=None) as s0, \
+                bench_server(root / "n1", websocket_port=None) as s1:
             servers, ncs, drivers, systems = (s0, s1), [], [], []
             for s in servers:
                 nc = await connect(s.client_url, name="side-by-side-driver")

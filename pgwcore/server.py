@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
+import functools
 import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -44,17 +47,34 @@ class AlreadyRunning(ServerError):
         )
 
 
+@functools.cache
+def _pdeathsig_setpriv() -> str | None:
+    """util-linux's ``setpriv`` where it takes ``--pdeathsig`` (2.33 and newer, on Linux); else None."""
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    if setpriv is None:
+        return None
+    try:
+        probe = subprocess.run([setpriv, "--pdeathsig", "TERM", "--", "true"], check=False, capture_output=True,
+                               timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return setpriv if probe.returncode == 0 else None
+
+
 def bound_to_parent(cmd: list[str]) -> list[str]:
     """``cmd`` started so that the kernel sends it SIGTERM when the thread that starts it ends, its
     process killed by SIGKILL included (``PR_SET_PDEATHSIG``). util-linux's ``setpriv`` sets it and then
-    execs ``cmd`` in its place, under the same pid; the setting survives the exec. Without ``setpriv``
-    (a system that is not Linux): ``cmd`` as it is.
+    execs ``cmd`` in its place, under the same pid; the setting survives the exec. Where no ``setpriv``
+    takes ``--pdeathsig`` (not Linux, util-linux before 2.33, none installed): ``cmd`` as it is.
 
     For the children of a process that must not outlive it (the benchmarks' servers, gateways and
     relays): start them from the thread that lives as long as the process (the event loop's), or they
     are signalled when that thread ends. A parent killed in the instant between the fork and
-    ``setpriv``'s ``prctl`` still leaves the child running."""
-    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    ``setpriv``'s ``prctl`` still leaves the child running. A ``cmd`` whose program is not there raises
+    FileNotFoundError here, as starting it would (not a ``setpriv`` that fails in the child)."""
+    if shutil.which(cmd[0]) is None:
+        raise FileNotFoundError(errno.ENOENT, "no such program", cmd[0])
+    setpriv = _pdeathsig_setpriv()
     return [setpriv, "--pdeathsig", "TERM", "--", *cmd] if setpriv else list(cmd)
 
 

@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from unittest.mock import ANY
@@ -35,7 +36,7 @@ from benchmarks.bench_gateway import Bench, _instances, _latency_rows
 from benchmarks.harness import System, connz, cpu_s, moment_of_kb
 from benchmarks.server_profile import decode, fetch_profile, free_port, report
 from pgwcore.connect import connect
-from pgwcore.server import EmbeddedServer
+from pgwcore.server import EmbeddedServer, bound_to_parent
 
 # A child that burns CPU in a thread that then exits, then in its main thread up to an odd
 # amount (not a whole tick), prints its own CPU time and waits for its stdin to close.
@@ -591,13 +592,15 @@ def _started_at(pid: int) -> int | None:
     return None if fields is None or fields[0] in ("Z", "X") else int(fields[19])
 
 
-@pytest.mark.slow
-async def test_a_run_stopped_by_sigterm_stops_the_servers_and_gateways_it_started(tmp_path: Path) -> None:
-    """``timeout`` or a closed terminal (SIGTERM, SIGHUP) stops a benchmark run the way Ctrl-C does
-    (``harness.until_signal``): its servers and gateways run in sessions of their own, and a run killed mid-round
-    left them running beside the next run's measure. A real ``side_by_side --floor`` (on the bench's loop,
-    ``harness.run``) is signalled mid-round: it exits with 143, and every process it started is gone, its
-    temporary directory too."""
+_Started = dict[int, tuple[int | None, str]]  # a run's children by pid: (start time, command line)
+
+
+@contextlib.asynccontextmanager
+async def _side_by_side_mid_round(tmp_path: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, _Started]]:
+    """A real ``side_by_side --floor`` run (on the bench's loop, ``harness.run``), yielded once its measured round
+    has begun: its two nats-servers, the gateway and the relay run. Yielded with the processes it started, by pid:
+    (start time, command line). On the way out the run, and every one of them still running, is killed, whatever
+    the test found (before the round too: what the run had started by then)."""
     from benchmarks.harness import REPO, children
 
     proc = await asyncio.create_subprocess_exec(
@@ -605,31 +608,67 @@ async def test_a_run_stopped_by_sigterm_stops_the_servers_and_gateways_it_starte
         "--warm", "0", cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env={**os.environ, "TMPDIR": str(tmp_path)})
     assert proc.stderr is not None
-    seen: list[bytes] = []
+    started: _Started = {}
 
-    async def until_line(marker: bytes) -> None:
+    def snapshot() -> None:
+        started.update({pid: (_started_at(pid), _cmdline(pid)) for pid in children(proc.pid)})
+
+    async def until_round() -> None:
         assert proc.stderr is not None
+        seen: list[bytes] = []
         async for line in proc.stderr:
             seen.append(line)
-            if marker in line:
+            if b"round 1, " in line:  # the measured round's first progress: both driven
                 return
-        raise AssertionError(f"no {marker!r}: " + b"".join(seen[-20:]).decode(errors="replace"))
+        raise AssertionError("no round: " + b"".join(seen[-20:]).decode(errors="replace"))
 
     try:
-        await asyncio.wait_for(until_line(b"round 1, "), 180)  # the measured round's first progress: both driven
-        started = {pid: (_started_at(pid), _cmdline(pid)) for pid in children(proc.pid)}
+        await asyncio.wait_for(until_round(), 180)
+        snapshot()
         commands = [c for _, c in started.values()]
         assert sum("nats-server" in c for c in commands) == 2, commands
         assert any("pgwcli" in c and " gateway" in c for c in commands), commands
         assert any("benchmarks.relay" in c for c in commands), commands
+        yield proc, started
+    finally:
+        if proc.returncode is None:
+            snapshot()
+            proc.kill()
+            await proc.wait()
+        for pid in _running(started):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)  # each leads a session (and group) of its own
+
+
+def test_a_bound_command_whose_program_is_missing_fails_as_starting_it_would() -> None:
+    """``bound_to_parent`` raises FileNotFoundError for a program that is not there, as ``exec`` would: not a
+    ``setpriv`` that starts and fails in the child, where a gateway that never came left its run waiting 30 s
+    for it and said only "did not start"."""
+    with pytest.raises(FileNotFoundError):
+        bound_to_parent([str(Path(sys.executable).parent / "no-such-program")])
+    cmd = [sys.executable, "-c", "pass"]
+    bound = bound_to_parent(cmd)
+    assert bound[-3:] == cmd and (bound == cmd or bound[1:5] == ["--pdeathsig", "TERM", "--", sys.executable])
+
+
+def _running(started: _Started) -> dict[int, str]:
+    """Those of ``started`` still running: the same pid with the same start time (not a reused pid)."""
+    return {pid: c for pid, (t, c) in started.items() if t is not None and _started_at(pid) == t}
+
+
+@pytest.mark.slow
+async def test_a_run_stopped_by_sigterm_stops_the_servers_and_gateways_it_started(tmp_path: Path) -> None:
+    """``timeout`` or a closed terminal (SIGTERM, SIGHUP) stops a benchmark run the way Ctrl-C does
+    (``harness.until_signal``): its servers and gateways run in sessions of their own, and a run killed mid-round
+    left them running beside the next run's measure. A real ``side_by_side --floor`` is signalled mid-round: it
+    exits with 143, every process it started is gone as it exits, and its temporary directory too (what only its
+    own cleanup does)."""
+    async with _side_by_side_mid_round(tmp_path) as (proc, started):
+        assert proc.stderr is not None
         proc.send_signal(signal.SIGTERM)
         rest = await asyncio.wait_for(proc.stderr.read(), 120)
         assert await proc.wait() == 143, rest.decode(errors="replace")[-3000:]
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    left = {pid: c for pid, (t, c) in started.items() if t is not None and _started_at(pid) == t}
+        left = _running(started)
     assert not left, f"left running after the run ended: {left}"
     assert list(tmp_path.glob("pgw-side-*")) == []  # noqa: ASYNC240 - after the run, not a hot path
     assert b"never retrieved" not in rest, rest.decode(errors="replace")[-3000:]
@@ -637,56 +676,27 @@ async def test_a_run_stopped_by_sigterm_stops_the_servers_and_gateways_it_starte
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("setpriv") is None, reason="no util-linux setpriv: children are not bound to the run")
+@pytest.mark.skipif(
+    shutil.which("setpriv") is None
+    or subprocess.run(["setpriv", "--pdeathsig", "TERM", "--", "true"], check=False, capture_output=True).returncode,
+    reason="no util-linux setpriv that takes --pdeathsig (2.33 or newer): children are not bound to the run")
 async def test_a_run_killed_by_sigkill_leaves_no_server_or_gateway_running(tmp_path: Path) -> None:
     """A SIGKILL (``timeout -k``, the kernel's out-of-memory killer) runs no cleanup of the run's own, so its
     servers, gateways and relays, each in a session of its own, used to run on beside the next run's measure.
     Each is started bound to the run (``pgwcore.server.bound_to_parent``: the kernel sends it SIGTERM when the
     run is gone). A real ``side_by_side --floor`` is killed mid-round: every process it started stops."""
-    from benchmarks.harness import REPO, children
     from tests.polling import until
 
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "benchmarks.side_by_side", "--floor", REPO, "--rounds", "1", "--n", "50000",
-        "--warm", "0", cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        env={**os.environ, "TMPDIR": str(tmp_path)})
-    assert proc.stderr is not None
-    seen: list[bytes] = []
-    started: dict[int, tuple[int | None, str]] = {}
-    try:
-        async def until_line(marker: bytes) -> None:
-            assert proc.stderr is not None
-            async for line in proc.stderr:
-                seen.append(line)
-                if marker in line:
-                    return
-            raise AssertionError(f"no {marker!r}: " + b"".join(seen[-20:]).decode(errors="replace"))
-
-        await asyncio.wait_for(until_line(b"round 1, "), 180)  # the measured round's first progress: both driven
-        started = {pid: (_started_at(pid), _cmdline(pid)) for pid in children(proc.pid)}
-        commands = [c for _, c in started.values()]
-        assert sum("nats-server" in c for c in commands) == 2, commands
-        assert any("pgwcli" in c and " gateway" in c for c in commands), commands
-        assert any("benchmarks.relay" in c for c in commands), commands
+    async with _side_by_side_mid_round(tmp_path) as (proc, started):
         proc.kill()
         assert await proc.wait() == -signal.SIGKILL
 
-        def running() -> dict[int, str]:
-            return {pid: c for pid, (t, c) in started.items() if t is not None and _started_at(pid) == t}
-
         async def all_gone() -> bool:
-            return not running()
+            return not _running(started)
 
         # A gateway whose server stopped with it waits out one request's timeout to anchor its log (5 s).
-        await until(all_gone, timeout=60, what=lambda: f"the run's children stopped; still running: {running()}")
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        for pid, (t, _) in started.items():  # a failed run of this test leaves nothing behind either
-            if t is not None and _started_at(pid) == t:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        await until(all_gone, timeout=60,
+                    what=lambda: f"the run's children stopped; still running: {_running(started)}")
 
 
 def _cmdline(pid: int) -> str:
