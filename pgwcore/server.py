@@ -122,8 +122,9 @@ class EmbeddedServer:
     # DESIGN §7: an fsync per write. None: nats-server's own default (the benchmarks compare both).
     sync_interval: str | None = "always"
     lock: bool = True
-    # SIGTERM to the server when the thread that started it ends, even by SIGKILL (bound_to_parent): the
-    # benchmarks', whose runs a SIGKILL must not leave running. Off for the services' own server.
+    # SIGTERM to the server when the thread that started it ends, even by SIGKILL (bound_to_parent): `pgw up`'s
+    # and the benchmarks', whose process a SIGKILL must not leave running. Start it from the thread that lives as
+    # long as its owner (the event loop's). Off by default.
     stop_with_parent: bool = False
     client_url: str = ""
     monitor_url: str = ""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +77,49 @@ def test_gives_up_after_the_restart_limit_with_one_line(tmp_path: Path) -> None:
     assert at < 0, text[max(0, at - 1500):at + 2500]
     lines = [ln for ln in text.splitlines() if ln.startswith("pgw up:")]
     assert len(lines) == 1 and "gave up after 0 restarts" in lines[0], text[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("setpriv") is None
+    or subprocess.run(["setpriv", "--pdeathsig", "TERM", "--", "true"], check=False, capture_output=True).returncode,
+    reason="no util-linux setpriv that takes --pdeathsig (2.33 or newer): the server is not bound to `pgw up`")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
+def test_a_pgw_up_killed_outright_leaves_no_server_running(tmp_path: Path, sig: signal.Signals) -> None:
+    """`pgw up` killed with no stop of its own (SIGKILL; SIGHUP, a closed terminal's, which it does not catch):
+    its embedded server, in a session of its own, ran on holding the ports and the store. It is started bound
+    to `pgw up` (EmbeddedServer.stop_with_parent), so the kernel stops it; the next `pgw up` then starts."""
+    proc, data, _url = _start(tmp_path)
+    server = _server_pid(data)
+    try:
+        with open(f"/proc/{server}/stat") as f:
+            born = f.read().rpartition(")")[2].split()[19]
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == -sig
+
+        def alive() -> bool:
+            try:
+                with open(f"/proc/{server}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+            except OSError:
+                return False
+            return fields[19] == born and fields[0] not in ("Z", "X")
+
+        deadline = time.monotonic() + 30
+        while alive() and time.monotonic() < deadline:  # no event tells of a process that is not our child
+            time.sleep(0.05)
+        assert not alive(), f"the embedded nats-server {server} ran on after `pgw up` was killed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGKILL)
+    again, data2, _ = _start(tmp_path)  # the same config and data folder, started again
+    assert data2 == data
+    again.send_signal(signal.SIGINT)
+    again.communicate(timeout=60)
+    assert again.returncode == 0
 
 
 def test_connection_errors_are_logged_in_one_line(capsys) -> None:

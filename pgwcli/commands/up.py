@@ -182,6 +182,9 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
         websocket_origins=browser_origins(config),
         max_payload=s.max_payload,
         authorization=auth.server_block if auth else None,
+        # A `pgw up` killed outright (SIGKILL, a closed terminal's SIGHUP) runs none of its own stop: its
+        # server, in a session of its own, would hold the ports and store for the next `pgw up`.
+        stop_with_parent=True,
         **tls,  # type: ignore[arg-type]
     )
     await server.start()  # AlreadyRunning / ServerError are reported by the CLI
