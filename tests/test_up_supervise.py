@@ -79,47 +79,89 @@ def test_gives_up_after_the_restart_limit_with_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and "gave up after 0 restarts" in lines[0], text[-2000:]
 
 
+def _born(pid: int) -> str | None:
+    """``pid``'s start time (``/proc/<pid>/stat`` field 22) while it runs, not a zombie; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _gone(pid: int, born: str | None, timeout: float = 30) -> bool:
+    """Whether the process ``pid`` that started at ``born`` is gone within ``timeout`` (a reused pid is not it).
+    Polled: no event tells of the end of a process that is not this one's child."""
+    deadline = time.monotonic() + timeout
+    while _born(pid) == born and born is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _born(pid) != born or born is None
+
+
+def _kill_if_running(pid: int | None, born: str | None) -> None:
+    if pid is not None and born is not None and _born(pid) == born:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+_BINDS = not (shutil.which("setpriv") is None or subprocess.run(
+    ["setpriv", "--pdeathsig", "TERM", "--", "true"], check=False, capture_output=True).returncode)
+_NO_SETPRIV = "no util-linux setpriv that takes --pdeathsig (2.33 or newer): the server is not bound to its command"
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(
-    shutil.which("setpriv") is None
-    or subprocess.run(["setpriv", "--pdeathsig", "TERM", "--", "true"], check=False, capture_output=True).returncode,
-    reason="no util-linux setpriv that takes --pdeathsig (2.33 or newer): the server is not bound to `pgw up`")
+@pytest.mark.skipif(not _BINDS, reason=_NO_SETPRIV)
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
 def test_a_pgw_up_killed_outright_leaves_no_server_running(tmp_path: Path, sig: signal.Signals) -> None:
     """`pgw up` killed with no stop of its own (SIGKILL; SIGHUP, a closed terminal's, which it does not catch):
-    its embedded server, in a session of its own, ran on holding the ports and the store. It is started bound
-    to `pgw up` (EmbeddedServer.stop_with_parent), so the kernel stops it; the next `pgw up` then starts."""
+    its embedded server, in a session of its own, ran on holding its store. It is started bound to `pgw up`
+    (EmbeddedServer.stop_with_parent), so the kernel stops it; `pgw up` then starts again on the same folder."""
+    if sig == signal.SIGHUP and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        pytest.skip("SIGHUP is ignored here (nohup), and `pgw up` would inherit that")
+    server = born = again = None
     proc, data, _url = _start(tmp_path)
-    server = _server_pid(data)
     try:
-        with open(f"/proc/{server}/stat") as f:
-            born = f.read().rpartition(")")[2].split()[19]
+        server = _server_pid(data)
+        born = _born(server)
+        assert born is not None
         proc.send_signal(sig)
         assert proc.wait(timeout=30) == -sig
+        assert _gone(server, born), f"the embedded nats-server {server} ran on after `pgw up` was killed"
+        again, _, _ = _start(tmp_path)  # the same config and data folder
+        again.send_signal(signal.SIGINT)
+        again.communicate(timeout=60)
+        assert again.returncode == 0
+    finally:
+        for p in (proc, again):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        _kill_if_running(server, born)
 
-        def alive() -> bool:
-            try:
-                with open(f"/proc/{server}/stat") as f:
-                    fields = f.read().rpartition(")")[2].split()
-            except OSError:
-                return False
-            return fields[19] == born and fields[0] not in ("Z", "X")
 
-        deadline = time.monotonic() + 30
-        while alive() and time.monotonic() < deadline:  # no event tells of a process that is not our child
-            time.sleep(0.05)
-        assert not alive(), f"the embedded nats-server {server} ran on after `pgw up` was killed"
+@pytest.mark.slow
+@pytest.mark.skipif(not _BINDS, reason=_NO_SETPRIV)
+def test_a_pgw_demo_killed_outright_leaves_no_server_running(tmp_path: Path) -> None:
+    """`pgw demo` with nothing listening starts an embedded server "(it goes when the demo ends)"; killed, the
+    demo runs no stop of its own, and its server ran on for good. Bound to the demo, it is stopped."""
+    from benchmarks.harness import children
+
+    proc = subprocess.Popen([PGW, "--data-dir", str(tmp_path / "d"), "demo", "--server", "nats://127.0.0.1:1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    server = born = None
+    try:
+        read_until(proc, r"started an embedded server at nats://")
+        servers = [k for k in children(proc.pid) if b"nats-server" in Path(f"/proc/{k}/cmdline").read_bytes()]
+        assert len(servers) == 1, servers
+        server, born = servers[0], _born(servers[0])
+        proc.kill()
+        assert proc.wait(timeout=30) == -signal.SIGKILL  # killed mid-demo, not ended on its own
+        assert _gone(server, born), f"the demo's nats-server {server} ran on after the demo was killed"
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(server, signal.SIGKILL)
-    again, data2, _ = _start(tmp_path)  # the same config and data folder, started again
-    assert data2 == data
-    again.send_signal(signal.SIGINT)
-    again.communicate(timeout=60)
-    assert again.returncode == 0
+        _kill_if_running(server, born)
 
 
 def test_connection_errors_are_logged_in_one_line(capsys) -> None:

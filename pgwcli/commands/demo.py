@@ -145,7 +145,8 @@ async def handle(args: argparse.Namespace, config: Config) -> int:
 
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pgw-demo-")))
             server = await stack.enter_async_context(
-                EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=None)
+                # Bound to the demo: killed outright, it runs no stop of its own (EmbeddedServer.stop_with_parent).
+                EmbeddedServer(tmp / "nats", port=-1, monitor_port=-1, websocket_port=None, stop_with_parent=True)
             )
             reason = "" if args.embedded else f"nothing listens at {url}; "
             print(f"[demo] {reason}started an embedded server at {server.client_url} (it goes when the demo ends)")
