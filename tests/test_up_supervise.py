@@ -81,12 +81,10 @@ def test_gives_up_after_the_restart_limit_with_one_line(tmp_path: Path) -> None:
 
 def _born(pid: int) -> str | None:
     """``pid``'s start time (``/proc/<pid>/stat`` field 22) while it runs, not a zombie; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
-        return None
-    return None if fields[0] in ("Z", "X") else fields[19]
+    from benchmarks.harness import proc_stat
+
+    fields = proc_stat(pid)
+    return None if fields is None or fields[0] in ("Z", "X") else fields[19]
 
 
 def _gone(pid: int, born: str | None, timeout: float = 30) -> bool:
