@@ -130,6 +130,13 @@ def proc_stat(pid: int) -> list[str] | None:
         return None
 
 
+def started_at(pid: int) -> int | None:
+    """``pid``'s start time (clock ticks since boot) while it runs, not a zombie; None once it is gone: with it,
+    a pid the kernel gave again to another process is not taken for the one seen before."""
+    fields = proc_stat(pid)
+    return None if fields is None or fields[0] in ("Z", "X") else int(fields[19])
+
+
 def children(pid: int) -> list[int]:
     """The running processes whose parent is ``pid`` (``/proc``; an exited one waiting to be reaped is not)."""
     out = []

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
+from benchmarks import harness
 from benchmarks import relay as relay_mod
 from benchmarks.bench_gateway import _systems
 from benchmarks.harness import (
@@ -47,9 +48,6 @@ from benchmarks.harness import (
     start_ready,
     stop,
     wait_gateway,
-)
-from benchmarks.harness import (
-    run as harness_run,
 )
 from pgwcore.config import Config
 from pgwcore.connect import connect
@@ -170,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (t / "gateway" / "pipeline.py").is_file():
             ap.error(f"{t} holds no gateway sources (gateway/pipeline.py)")
     sides = (Contender(None), Contender(trees[0])) if args.floor else (Contender(trees[0]), Contender(trees[1]))
-    print(report(sides, harness_run(measure(sides, args.n, args.rounds, args.warm))))
+    print(report(sides, harness.run(measure(sides, args.n, args.rounds, args.warm))))
     return 0
 
 

@@ -27,8 +27,7 @@ async def until(
     A probe that times out (a request the server answered late: on a loaded machine a stream's info took
     over nats-py's 5 s, and a chaos test failed on the probe, not on what it waited for) counts as not yet,
     within the same bound; the last such timeout is the cause of the TimeoutError, whatever the probes
-    said after it. Any other error of the
-    probe is raised at once."""
+    said after it. Any other error of the probe is raised at once."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     late: TimeoutError | None = None

@@ -33,10 +33,11 @@ from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
 from benchmarks.bench_gateway import Bench, _instances, _latency_rows
-from benchmarks.harness import System, connz, cpu_s, moment_of_kb
+from benchmarks.harness import System, connz, cpu_s, moment_of_kb, started_at
 from benchmarks.server_profile import decode, fetch_profile, free_port, report
 from pgwcore.connect import connect
 from pgwcore.server import EmbeddedServer, bound_to_parent
+from tests.procs import NO_PDEATHSIG, PDEATHSIG
 
 # A child that burns CPU in a thread that then exits, then in its main thread up to an odd
 # amount (not a whole tick), prints its own CPU time and waits for its stdin to close.
@@ -583,15 +584,6 @@ async def test_side_by_side_stops_a_gateway_that_never_registers(nats_server: Em
     assert len(started) == 1 and started[0].returncode is not None
 
 
-def _started_at(pid: int) -> int | None:
-    """``pid``'s start time (clock ticks since boot, ``/proc/<pid>/stat`` field 22) while it runs, not a zombie;
-    None once it is gone: with the start time, a pid the kernel gave again to another process is not it."""
-    from benchmarks.harness import proc_stat
-
-    fields = proc_stat(pid)
-    return None if fields is None or fields[0] in ("Z", "X") else int(fields[19])
-
-
 _Started = dict[int, tuple[int | None, str]]  # a run's children by pid: (start time, command line)
 
 
@@ -611,7 +603,7 @@ async def _side_by_side_mid_round(tmp_path: Path) -> AsyncIterator[tuple[asyncio
     started: _Started = {}
 
     def snapshot() -> None:
-        started.update({pid: (_started_at(pid), _cmdline(pid)) for pid in children(proc.pid)})
+        started.update({pid: (started_at(pid), _cmdline(pid)) for pid in children(proc.pid)})
 
     async def until_round() -> None:
         assert proc.stderr is not None
@@ -653,7 +645,7 @@ def test_a_bound_command_whose_program_is_missing_fails_as_starting_it_would() -
 
 def _running(started: _Started) -> dict[int, str]:
     """Those of ``started`` still running: the same pid with the same start time (not a reused pid)."""
-    return {pid: c for pid, (t, c) in started.items() if t is not None and _started_at(pid) == t}
+    return {pid: c for pid, (t, c) in started.items() if t is not None and started_at(pid) == t}
 
 
 @pytest.mark.slow
@@ -676,10 +668,7 @@ async def test_a_run_stopped_by_sigterm_stops_the_servers_and_gateways_it_starte
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    shutil.which("setpriv") is None
-    or subprocess.run(["setpriv", "--pdeathsig", "TERM", "--", "true"], check=False, capture_output=True).returncode,
-    reason="no util-linux setpriv that takes --pdeathsig (2.33 or newer): children are not bound to the run")
+@pytest.mark.skipif(not PDEATHSIG, reason=NO_PDEATHSIG)
 async def test_a_run_killed_by_sigkill_leaves_no_server_or_gateway_running(tmp_path: Path) -> None:
     """A SIGKILL (``timeout -k``, the kernel's out-of-memory killer) runs no cleanup of the run's own, so its
     servers, gateways and relays, each in a session of its own, used to run on beside the next run's measure.
@@ -752,7 +741,7 @@ async def test_a_signalled_run_stops_the_children_its_own_cleanup_did_not(tmp_pa
         line = await asyncio.wait_for(proc.stdout.readline(), 60)
         assert line.startswith(b"children "), line + await proc.stderr.read()
         ours, other = (int(x) for x in line.split()[1:])
-        born, other_born = _started_at(ours), _started_at(other)
+        born, other_born = started_at(ours), started_at(other)
         assert born is not None and other_born is not None
         if mode == "nohup":
             proc.send_signal(signal.SIGHUP)  # ignored: the run goes on until the SIGTERM
@@ -763,8 +752,8 @@ async def test_a_signalled_run_stops_the_children_its_own_cleanup_did_not(tmp_pa
             proc.send_signal(signal.SIGTERM)
         err = await asyncio.wait_for(proc.stderr.read(), 60)
         assert await proc.wait() == 143, err.decode(errors="replace")
-        assert _started_at(ours) != born, f"the child {ours} was left running"
-        assert _started_at(other) == other_born, "a child in the run's own session was stopped by the sweep"
+        assert started_at(ours) != born, f"the child {ours} was left running"
+        assert started_at(other) == other_born, "a child in the run's own session was stopped by the sweep"
     finally:
         if proc.returncode is None:
             proc.kill()

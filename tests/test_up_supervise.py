@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.harness import started_at
+from tests.procs import NO_PDEATHSIG, PDEATHSIG
 from tests.test_up import PGW, read_until
 
 
@@ -79,36 +80,23 @@ def test_gives_up_after_the_restart_limit_with_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and "gave up after 0 restarts" in lines[0], text[-2000:]
 
 
-def _born(pid: int) -> str | None:
-    """``pid``'s start time (``/proc/<pid>/stat`` field 22) while it runs, not a zombie; None once it is gone."""
-    from benchmarks.harness import proc_stat
-
-    fields = proc_stat(pid)
-    return None if fields is None or fields[0] in ("Z", "X") else fields[19]
-
-
-def _gone(pid: int, born: str | None, timeout: float = 30) -> bool:
+def _gone(pid: int, born: int | None, timeout: float = 30) -> bool:
     """Whether the process ``pid`` that started at ``born`` is gone within ``timeout`` (a reused pid is not it).
     Polled: no event tells of the end of a process that is not this one's child."""
     deadline = time.monotonic() + timeout
-    while _born(pid) == born and born is not None and time.monotonic() < deadline:
+    while started_at(pid) == born and born is not None and time.monotonic() < deadline:
         time.sleep(0.05)
-    return _born(pid) != born or born is None
+    return started_at(pid) != born or born is None
 
 
-def _kill_if_running(pid: int | None, born: str | None) -> None:
-    if pid is not None and born is not None and _born(pid) == born:
+def _kill_if_running(pid: int | None, born: int | None) -> None:
+    if pid is not None and born is not None and started_at(pid) == born:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
 
-_BINDS = not (shutil.which("setpriv") is None or subprocess.run(
-    ["setpriv", "--pdeathsig", "TERM", "--", "true"], check=False, capture_output=True).returncode)
-_NO_SETPRIV = "no util-linux setpriv that takes --pdeathsig (2.33 or newer): the server is not bound to its command"
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _BINDS, reason=_NO_SETPRIV)
+@pytest.mark.skipif(not PDEATHSIG, reason=NO_PDEATHSIG)
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
 def test_a_pgw_up_killed_outright_leaves_no_server_running(tmp_path: Path, sig: signal.Signals) -> None:
     """`pgw up` killed with no stop of its own (SIGKILL; SIGHUP, a closed terminal's, which it does not catch):
@@ -120,7 +108,7 @@ def test_a_pgw_up_killed_outright_leaves_no_server_running(tmp_path: Path, sig: 
     proc, data, _url = _start(tmp_path)
     try:
         server = _server_pid(data)
-        born = _born(server)
+        born = started_at(server)
         assert born is not None
         proc.send_signal(sig)
         assert proc.wait(timeout=30) == -sig
@@ -138,7 +126,7 @@ def test_a_pgw_up_killed_outright_leaves_no_server_running(tmp_path: Path, sig: 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _BINDS, reason=_NO_SETPRIV)
+@pytest.mark.skipif(not PDEATHSIG, reason=NO_PDEATHSIG)
 def test_a_pgw_demo_killed_outright_leaves_no_server_running(tmp_path: Path) -> None:
     """`pgw demo` with nothing listening starts an embedded server "(it goes when the demo ends)"; killed, the
     demo runs no stop of its own, and its server ran on for good. Bound to the demo, it is stopped."""
@@ -151,7 +139,7 @@ def test_a_pgw_demo_killed_outright_leaves_no_server_running(tmp_path: Path) -> 
         read_until(proc, r"started an embedded server at nats://")
         servers = [k for k in children(proc.pid) if b"nats-server" in Path(f"/proc/{k}/cmdline").read_bytes()]
         assert len(servers) == 1, servers
-        server, born = servers[0], _born(servers[0])
+        server, born = servers[0], started_at(servers[0])
         proc.kill()
         assert proc.wait(timeout=30) == -signal.SIGKILL  # killed mid-demo, not ended on its own
         assert _gone(server, born), f"the demo's nats-server {server} ran on after the demo was killed"
